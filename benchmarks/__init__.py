@@ -1,0 +1,1 @@
+"""How fast tasktape is, measured side by side: ``python -m benchmarks --help``."""

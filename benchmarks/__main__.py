@@ -1,0 +1,31 @@
+"""Run the benchmarks and print a markdown report: ``python -m benchmarks [NAME...]``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from . import decoder, eventlog_bench
+from .harness import machine
+
+SUITES = {"decoder": decoder.run, "log": eventlog_bench.run}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[[], *SUITES], help="suites to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
+    parser.add_argument("--report", type=Path, help="also write the markdown report to this file")
+    args = parser.parse_args()
+    parts = [f"## tasktape benchmarks\n\n{machine()}; {time.strftime('%Y-%m-%d')}"]
+    for name in args.names or SUITES:
+        for section in SUITES[name](args.quick):
+            parts.append(section.markdown())
+            print(parts[-1] + "\n", flush=True)
+    if args.report:
+        args.report.write_text("\n\n".join(parts) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""What the log indexes about one SSE ``data`` payload.
+
+This runs for every recorded event, so it reads the decoded JSON directly instead of
+building the pydantic models; ``tests/test_classify.py`` holds the two to agreement.
+It never raises: content that is not an A2A frame is classified ``other`` (with a
+``parse_error`` when it is not even JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+import orjson
+
+from .models import STREAM_KINDS, V03_KINDS, is_jsonrpc, normalize_state
+
+
+class Classification(NamedTuple):
+    kind: str  # task, message, statusUpdate, artifactUpdate, error or other
+    binding: str | None = None  # rest, jsonrpc, or None when not A2A
+    task_id: str | None = None
+    context_id: str | None = None
+    state: str | None = None
+    artifact_id: str | None = None
+    artifact_type: str | None = None
+    append: bool | None = None
+    last_chunk: bool | None = None
+    text: str | None = None
+    usage: dict[str, Any] | None = None
+    parse_error: str | None = None
+
+
+def _loads(data: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # orjson is strict where the standard library is not (integers beyond 64
+        # bits, NaN): let json decide, and word the error.
+        return json.loads(data)
+
+
+def classify(data: str) -> Classification:
+    """Classify one event's data (a REST frame, a JSON-RPC response, A2A 0.3, or anything)."""
+    if not data:
+        return _EMPTY
+    try:
+        obj = _loads(data)
+    except (ValueError, RecursionError) as exc:
+        return Classification("other", parse_error=f"not JSON: {exc}"[:500])
+    if not isinstance(obj, dict):
+        return Classification("other", parse_error=f"not a JSON object but {type(obj).__name__}")
+    binding = "rest"
+    if is_jsonrpc(obj):
+        binding = "jsonrpc"
+        if obj.get("result") is None and "error" in obj:
+            return _error(obj["error"], binding)
+        obj = obj.get("result")
+        if not isinstance(obj, dict):
+            return Classification("other", binding, parse_error="JSON-RPC result is not an object")
+    present = [k for k in STREAM_KINDS if k in obj]
+    v03_kind = obj.get("kind")
+    if len(present) == 1:
+        kind = present[0]
+        body = obj[kind]
+    elif present:
+        return Classification(
+            "other", binding, parse_error=f"more than one of {', '.join(present)} in one frame"
+        )
+    elif isinstance(v03_kind, str) and v03_kind in V03_KINDS:
+        kind = V03_KINDS[v03_kind]
+        body = obj
+    elif "error" in obj:
+        return _error(obj["error"], binding)
+    else:
+        return Classification("other", None if binding == "rest" else binding)
+    if not isinstance(body, dict):
+        return Classification("other", binding, parse_error=f"{kind} is not an object")
+    return _EXTRACT[kind](body, binding)
+
+
+_EMPTY = Classification("other")
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(parts: Any) -> str | None:
+    if not isinstance(parts, list):
+        return None
+    texts = [t for p in parts if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
+    return "".join(texts) if texts else None
+
+
+def _usage(metadata: Any) -> dict[str, Any] | None:
+    usage = _dict(metadata).get("$usage")
+    return usage if isinstance(usage, dict) else None
+
+
+def _state(status: dict[str, Any]) -> str | None:
+    state = status.get("state")
+    return normalize_state(state) if isinstance(state, str) else None
+
+
+def _task(t: dict[str, Any], binding: str) -> Classification:
+    status = _dict(t.get("status"))
+    return Classification(
+        "task",
+        binding,
+        task_id=_str(t.get("id")),
+        context_id=_str(t.get("contextId")),
+        state=_state(status),
+        text=_text(_dict(status.get("message")).get("parts")),
+        usage=_usage(t.get("metadata")),
+    )
+
+
+def _message(m: dict[str, Any], binding: str) -> Classification:
+    return Classification(
+        "message",
+        binding,
+        task_id=_str(m.get("taskId")),
+        context_id=_str(m.get("contextId")),
+        text=_text(m.get("parts")),
+        usage=_usage(m.get("metadata")),
+    )
+
+
+def _status_update(s: dict[str, Any], binding: str) -> Classification:
+    status = _dict(s.get("status"))
+    return Classification(
+        "statusUpdate",
+        binding,
+        task_id=_str(s.get("taskId")),
+        context_id=_str(s.get("contextId")),
+        state=_state(status),
+        text=_text(_dict(status.get("message")).get("parts")),
+        usage=_usage(s.get("metadata")),
+    )
+
+
+def _artifact_update(a: dict[str, Any], binding: str) -> Classification:
+    artifact = _dict(a.get("artifact"))
+    return Classification(
+        "artifactUpdate",
+        binding,
+        task_id=_str(a.get("taskId")),
+        context_id=_str(a.get("contextId")),
+        artifact_id=_str(artifact.get("artifactId")),
+        artifact_type=_str(_dict(artifact.get("metadata")).get("type")),
+        append=a.get("append") is True,
+        last_chunk=a.get("lastChunk") is True,
+        text=_text(artifact.get("parts")),
+        usage=_usage(a.get("metadata")),
+    )
+
+
+def _error(error: Any, binding: str) -> Classification:
+    err = _dict(error)
+    message = _str(err.get("message"))
+    code = err.get("code")
+    text = f"{code}: {message}" if code is not None and message else message
+    return Classification("error", binding, text=text)
+
+
+_EXTRACT = {
+    "task": _task,
+    "message": _message,
+    "statusUpdate": _status_update,
+    "artifactUpdate": _artifact_update,
+}

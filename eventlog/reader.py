@@ -1,0 +1,97 @@
+"""Reading an event log back: captures, exchanges, chunks and the events of a task.
+
+Rows come back as dicts keyed by the public column names. Safe to use while a
+writer is appending (WAL): each call sees the rows committed when it starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import UnknownEventId
+from .schema import open_db
+
+Row = dict[str, Any]
+
+# Events of a task in time order across exchanges (a stream, then a resubscribe...).
+_TASK_EVENTS = """
+SELECT e.*, x.started_ns + e.offset_ns AS at_ns
+FROM events e JOIN exchanges x ON x.id = e.exchange_id
+WHERE e.task_id = ?
+ORDER BY at_ns, e.exchange_id, e.seq
+"""
+
+
+class EventLog:
+    """Read access to one log file (opened read-only unless ``readonly=False``)."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = True) -> None:
+        self.path = Path(path)
+        self.db = open_db(self.path, readonly=readonly)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        return list(self.db.query(sql, params))
+
+    def captures(self) -> list[Row]:
+        return self._rows("SELECT * FROM captures ORDER BY id")
+
+    def exchanges(self, capture_id: int | None = None) -> list[Row]:
+        """Exchanges in id order, all of them or those of one capture."""
+        if capture_id is None:
+            return self._rows("SELECT * FROM exchanges ORDER BY id")
+        return self._rows("SELECT * FROM exchanges WHERE capture_id = ? ORDER BY id", (capture_id,))
+
+    def exchange(self, exchange_id: int) -> Row:
+        rows = self._rows("SELECT * FROM exchanges WHERE id = ?", (exchange_id,))
+        if not rows:
+            raise KeyError(f"no exchange {exchange_id} in {self.path}")
+        return rows[0]
+
+    def chunks(self, exchange_id: int) -> list[Row]:
+        return self._rows("SELECT * FROM chunks WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+
+    def body(self, exchange_id: int) -> bytes:
+        """The response body exactly as received: its chunks joined."""
+        return b"".join(r["data"] for r in self.chunks(exchange_id))
+
+    def events(self, exchange_id: int) -> list[Row]:
+        return self._rows("SELECT * FROM events WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+
+    def task_events(self, task_id: str) -> list[Row]:
+        """Every event of a task, in time order across its exchanges."""
+        return self._rows(_TASK_EVENTS, (task_id,))
+
+    def task_events_after(self, task_id: str, event_id: str) -> list[Row]:
+        """The task's events after the first one whose SSE id is ``event_id``: what a
+        client resuming with ``Last-Event-ID: event_id`` has not seen yet. An event
+        sent again with the same id (a resubscribe that overlaps) is returned once."""
+        events = self.task_events(task_id)
+        for i, event in enumerate(events):
+            if event["event_id"] == event_id:
+                seen = {e["event_id"] for e in events[: i + 1]}
+                after = []
+                for e in events[i + 1 :]:
+                    if e["event_id"] is None or e["event_id"] not in seen:
+                        seen.add(e["event_id"])
+                        after.append(e)
+                return after
+        known = [e["event_id"] for e in events if e["event_id"] is not None]
+        hint = f"its ids run from {known[0]!r} to {known[-1]!r}" if known else "it has no event ids"
+        raise UnknownEventId(
+            f"task {task_id!r} has no event with id {event_id!r} ({len(events)} events; {hint})"
+        )
+
+    def task_ids(self) -> list[str]:
+        return [
+            r["task_id"] for r in self._rows("SELECT DISTINCT task_id FROM events WHERE task_id IS NOT NULL")
+        ]

@@ -1,0 +1,317 @@
+"""The event log's SQLite schema: tables, indexes and views, applied as migrations.
+
+Table and column names are a public contract (people write SQL against them), so a
+change is always a new migration; opening an older log upgrades it, and a log with
+migrations this version does not know is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from .errors import LogError, SchemaTooNew
+
+migrations = Migrations("tasktape")
+MigrationFn = Callable[[sqlite_utils.Database], None]
+KNOWN: list[str] = []  # migration names in order; the schema version is their count
+
+
+def _migration(name: str) -> Callable[[MigrationFn], MigrationFn]:
+    KNOWN.append(name)
+    return migrations(name=name)
+
+
+@_migration("0001_tables")
+def _tables(db: sqlite_utils.Database) -> None:
+    db["captures"].create(
+        {
+            "id": int,
+            "started_at": str,
+            "ended_at": str,
+            "source": str,
+            "upstream": str,
+            "tool_version": str,
+            "argv": str,
+        },
+        pk="id",
+    )
+    db["exchanges"].create(
+        {
+            "id": int,
+            "capture_id": int,
+            "started_at": str,
+            "started_ns": int,
+            "method": str,
+            "path": str,
+            "query": str,
+            "request_headers": str,
+            "request_body": bytes,
+            "status": int,
+            "response_headers": str,
+            "response_body": bytes,
+            "is_sse": int,
+            "binding": str,
+            "rpc_method": str,
+            "task_id": str,
+            "context_id": str,
+            "ttfb_ns": int,
+            "duration_ns": int,
+            "outcome": str,
+            "error": str,
+        },
+        pk="id",
+        foreign_keys=[("capture_id", "captures", "id")],
+    )
+    db["chunks"].create(
+        {"exchange_id": int, "seq": int, "offset_ns": int, "data": bytes},
+        pk=("exchange_id", "seq"),
+        foreign_keys=[("exchange_id", "exchanges", "id")],
+    )
+    db["events"].create(
+        {
+            "exchange_id": int,
+            "seq": int,
+            "offset_ns": int,
+            "event_id": str,
+            "last_event_id": str,
+            "event_type": str,
+            "data": str,
+            "retry": int,
+            "complete": int,
+            "kind": str,
+            "task_id": str,
+            "context_id": str,
+            "state": str,
+            "artifact_id": str,
+            "artifact_type": str,
+            "append": int,
+            "last_chunk": int,
+            "text": str,
+            "usage": str,
+            "parse_error": str,
+        },
+        pk=("exchange_id", "seq"),
+        foreign_keys=[("exchange_id", "exchanges", "id")],
+    )
+    db["events"].create_index(["task_id", "event_id"], index_name="events_task_event")
+    db["events"].create_index(["context_id"], index_name="events_context")
+    db["exchanges"].create_index(["task_id"], index_name="exchanges_task")
+    db["exchanges"].create_index(["context_id"], index_name="exchanges_context")
+    db["exchanges"].create_index(["capture_id"], index_name="exchanges_capture")
+
+
+# Absolute time of an event: its exchange's start plus its offset within it.
+_AT = "x.started_ns + e.offset_ns"
+_ISO = "strftime('%Y-%m-%dT%H:%M:%fZ', ({}) / 1e9, 'unixepoch')"
+
+
+def _event_at(rowid: str) -> str:
+    """Absolute time of the event with that rowid."""
+    return (
+        f"(SELECT x.started_ns + e.offset_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id"
+        f" WHERE e.rowid = {rowid})"
+    )
+
+
+def _task_time(agg: str, expr: str) -> str:
+    """An aggregate over the times of one task's events (``{at}`` = event time)."""
+    return (
+        f"(SELECT {agg}({expr.format(at=_AT)}) FROM events e JOIN exchanges x ON x.id = e.exchange_id"
+        " WHERE e.task_id = t.task_id)"
+    )
+
+
+def _artifact_text(task: str, artifact: str) -> str:
+    """An artifact's text: its last lastChunk consolidation, else its deltas in order
+    (an event seen again with the same SSE id, e.g. on a resubscribe, counts once)."""
+    return f"""coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
+     WHERE e.task_id = {task} AND e.artifact_id = {artifact} AND e.last_chunk = 1
+     ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT group_concat(d.text, '') FROM (
+       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.task_id = {task} AND e.artifact_id = {artifact} AND e.last_chunk = 0
+         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
+                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       ORDER BY {_AT}, e.exchange_id, e.seq) d))"""
+
+
+def _answer(op: str) -> str:
+    """The task's artifacts joined in order of appearance: ``<>`` the answer (all but
+    intermediate thinking), ``=`` the intermediate thinking."""
+    return f"""(SELECT group_concat(part, char(10)) FROM (
+    SELECT {_artifact_text("t.task_id", "g.artifact_id")} AS part
+    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
+          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') {op} 'intermediate-thinking'
+          ORDER BY first_row) g))"""
+
+
+def _usage(field: str) -> str:
+    """A field of the task's last ``$usage``."""
+    return (
+        f"json_extract((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id"
+        f" WHERE e.task_id = t.task_id AND e.usage IS NOT NULL"
+        f" ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), '$.{field}')"
+    )
+
+
+VIEWS = {
+    "task_timeline": f"""
+SELECT
+  e.task_id,
+  e.exchange_id,
+  e.seq,
+  {_ISO.format(_AT)} AS at,
+  round(e.offset_ns / 1e6, 3) AS offset_ms,
+  round(({_AT} - lag({_AT}) OVER win) / 1e6, 3) AS gap_ms,
+  e.kind,
+  e.state,
+  e.artifact_id,
+  e.artifact_type,
+  e.append,
+  e.last_chunk,
+  e.text,
+  e.event_id,
+  e.complete,
+  e.parse_error
+FROM events e JOIN exchanges x ON x.id = e.exchange_id
+WHERE e.task_id IS NOT NULL
+WINDOW win AS (PARTITION BY e.task_id ORDER BY {_AT}, e.exchange_id, e.seq)
+ORDER BY e.task_id, {_AT}, e.exchange_id, e.seq
+""",
+    "task_artifacts": f"""
+SELECT
+  a.task_id,
+  a.artifact_id,
+  a.artifact_type,
+  a.events,
+  a.closed,
+  {_ISO.format(_event_at("a.first_row"))} AS first_seen,
+  {_artifact_text("a.task_id", "a.artifact_id")} AS text
+FROM (
+  SELECT task_id, artifact_id, max(artifact_type) AS artifact_type, count(*) AS events,
+         max(last_chunk) AS closed, min(rowid) AS first_row
+  FROM events
+  WHERE kind = 'artifactUpdate' AND task_id IS NOT NULL AND artifact_id IS NOT NULL
+  GROUP BY task_id, artifact_id
+  ORDER BY first_row
+) a
+""",
+    "task_summary": f"""
+SELECT
+  t.task_id,
+  (SELECT e.context_id FROM events e
+   WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1) AS context_id,
+  {_ISO.format(_task_time("min", "{at}"))} AS first_seen,
+  {_ISO.format(_task_time("max", "{at}"))} AS last_seen,
+  (SELECT e.state FROM events e JOIN exchanges x ON x.id = e.exchange_id
+   WHERE e.task_id = t.task_id AND e.state IS NOT NULL
+   ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) AS final_state,
+  t.events,
+  (SELECT count(DISTINCT e.exchange_id) FROM events e WHERE e.task_id = t.task_id) AS exchanges,
+  round(({_task_time("min", "{at}")} - {_task_time("min", "x.started_ns")}) / 1e6, 3) AS ttfe_ms,
+  round(({_task_time("max", "{at}")} - {_task_time("min", "x.started_ns")}) / 1e6, 3) AS duration_ms,
+  {_answer("<>")} AS answer,
+  {_answer("=")} AS thinking,
+  {_usage("model")} AS model,
+  {_usage("inputTokens")} AS input_tokens,
+  {_usage("outputTokens")} AS output_tokens,
+  {_usage("cachedInputTokens")} AS cached_input_tokens,
+  {_usage("totalTokens")} AS total_tokens,
+  {_usage("credits")} AS credits
+FROM (
+  -- rowid follows arrival, and the (task_id, event_id) index holds it: ordering by
+  -- the first rowid needs no table read, so listing tasks stays cheap on big logs.
+  SELECT task_id, count(*) AS events, min(rowid) AS first_row
+  FROM events WHERE task_id IS NOT NULL
+  GROUP BY task_id
+  ORDER BY first_row
+) t
+""",
+    "exchange_metrics": """
+SELECT
+  x.id AS exchange_id,
+  x.capture_id,
+  x.started_at,
+  x.method,
+  x.path,
+  x.status,
+  x.binding,
+  x.rpc_method,
+  x.task_id,
+  x.is_sse,
+  x.outcome,
+  (SELECT count(*) FROM chunks c WHERE c.exchange_id = x.id) AS chunks,
+  (SELECT coalesce(sum(length(c.data)), 0) FROM chunks c WHERE c.exchange_id = x.id) AS bytes,
+  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
+  round(x.ttfb_ns / 1e6, 3) AS ttfb_ms,
+  (SELECT round(min(e.offset_ns) / 1e6, 3) FROM events e WHERE e.exchange_id = x.id) AS ttfe_ms,
+  round(x.duration_ns / 1e6, 3) AS duration_ms
+FROM exchanges x
+ORDER BY x.id
+""",
+}
+
+
+@_migration("0002_views")
+def _views(db: sqlite_utils.Database) -> None:
+    for name, sql in VIEWS.items():
+        db.create_view(name, sql.strip())
+
+
+SCHEMA_VERSION = len(KNOWN)
+
+
+def open_db(
+    path: str | Path, *, readonly: bool = False, check_same_thread: bool = True
+) -> sqlite_utils.Database:
+    """Open (creating and upgrading as needed) an event log; refuse what is not one."""
+    path = Path(path)
+    try:
+        if readonly:
+            conn = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=check_same_thread
+            )
+        else:
+            conn = sqlite3.connect(path, check_same_thread=check_same_thread, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 5000")
+        db = sqlite_utils.Database(conn)
+        _check_and_upgrade(db, path, readonly=readonly)
+    except sqlite3.DatabaseError as exc:
+        raise LogError(f"cannot open {path} as an event log: {exc}") from exc
+    return db
+
+
+def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool) -> None:
+    applied = [m.name for m in migrations.applied(db)]
+    unknown = [name for name in applied if name not in KNOWN]
+    if unknown:
+        raise SchemaTooNew(
+            f"{path} was written by a newer tasktape (schema migrations {', '.join(unknown)} "
+            f"are unknown to this version, which knows schema version {SCHEMA_VERSION}); "
+            "upgrade tasktape to read it"
+        )
+    if not applied and db.table_names():
+        raise LogError(f"{path} is an SQLite database but not a tasktape event log")
+    if len(applied) < len(KNOWN):
+        if readonly:
+            raise LogError(
+                f"{path} uses schema version {len(applied)}, older than this tasktape's "
+                f"{SCHEMA_VERSION}: open it once with write access to upgrade it"
+            )
+        migrations.apply(db)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    if not readonly:
+        db.enable_wal()
+        db.execute("PRAGMA synchronous = NORMAL")
+
+
+def schema_version(db: sqlite_utils.Database) -> int:
+    return len([m for m in migrations.applied(db) if m.name in KNOWN])

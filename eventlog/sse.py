@@ -1,0 +1,202 @@
+"""Incremental Server-Sent Events decoder following the W3C EventSource parsing rules.
+
+Unlike a browser, it keeps every byte: each event carries the exact bytes it was
+decoded from (``raw``), and ``close()`` hands back an unterminated tail instead of
+dropping it, so ``b"".join(e.raw for e in events)`` is always the whole input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import DecoderClosed
+
+_BOM = b"\xef\xbb\xbf"
+_LF = 0x0A
+_CR = 0x0D
+_COLON = 0x3A
+_NUL = 0x00
+# Larger retry values cannot be stored as a SQLite INTEGER; they are ignored like
+# any other invalid retry field.
+_MAX_RETRY = 2**63 - 1
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One dispatched event (or, with ``complete=False``, the tail of a cut-off stream)."""
+
+    data: str
+    event: str | None
+    id: str | None
+    retry: int | None
+    last_event_id: str
+    raw: bytes
+    complete: bool = True
+
+
+class SSEDecoder:
+    """Turns a byte stream, fed in chunks of any size, into :class:`SSEEvent` objects.
+
+    >>> dec = SSEDecoder()
+    >>> [e.data for e in dec.feed(b"data: hello\\n\\nda")]
+    ['hello']
+    >>> [(e.data, e.complete) for e in dec.close()]
+    [('', False)]
+    """
+
+    __slots__ = (
+        "_at_start",
+        "_buf",
+        "_closed",
+        "_data",
+        "_event",
+        "_id",
+        "_last_id",
+        "_line_start",
+        "_retry",
+        "_skip_lf",
+    )
+
+    def __init__(self) -> None:
+        # Bytes received since the end of the last dispatched event.
+        self._buf = bytearray()
+        # Offset in _buf of the first byte not yet parsed (the start of a partial line).
+        self._line_start = 0
+        # The last parsed line ended with a CR at the end of a chunk: an LF that
+        # starts the next chunk completes that CRLF instead of ending a blank line.
+        self._skip_lf = False
+        self._at_start = True
+        self._closed = False
+        self._data: list[bytes] = []
+        self._event: bytes | None = None
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._last_id = ""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one more chunk; return the events whose blank line it completed."""
+        if self._skip_lf or self._at_start or self._closed or _LF in chunk or _CR in chunk:
+            return self._feed_lines(chunk)
+        self._buf += chunk  # still inside one line: nothing to parse yet
+        return []
+
+    def _feed_lines(self, chunk: bytes) -> list[SSEEvent]:
+        if self._closed:
+            raise DecoderClosed("feed() called on a closed SSEDecoder")
+        if not chunk:
+            return []
+        buf = self._buf
+        buf += chunk
+        if self._at_start:
+            if len(buf) < 3 and _BOM.startswith(buf):
+                return []  # may still turn out to be a leading BOM
+            self._at_start = False
+            if buf.startswith(_BOM):
+                self._line_start = 3
+        if self._skip_lf:
+            self._skip_lf = False
+            if buf[self._line_start] == _LF:
+                self._line_start += 1
+        return self._parse()
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: return the bytes after the last dispatched event, if any,
+        as one event with ``complete=False`` (parsed as far as they go)."""
+        if self._closed:
+            return []
+        self._closed = True
+        buf = self._buf
+        if not buf:
+            return []
+        tail = bytes(buf[self._line_start :])
+        if tail:
+            self._field(tail)
+        event = self._make_event(bytes(buf), complete=False)
+        buf.clear()
+        return [event]
+
+    def _parse(self) -> list[SSEEvent]:
+        buf = self._buf
+        start = self._line_start
+        # Copy only the unparsed part: the parsed lines of a long pending event are
+        # never copied again, so huge events fed in small chunks stay linear.
+        text = bytes(memoryview(buf)[start:])
+        events: list[SSEEvent] = []
+        pos = 0  # end of the last complete line, in text
+        cut = -1  # end of the last event dispatched by this call, in text
+        data = self._data
+        line = b""
+        for line in text.splitlines(True):
+            end = line[-1]
+            if end == _LF:
+                body = line[:-2] if len(line) > 1 and line[-2] == _CR else line[:-1]
+            elif end == _CR:
+                body = line[:-1]
+            else:
+                break  # unterminated: wait for the rest of the line
+            pos += len(line)
+            if body:
+                # Fast path for the commonest line; everything else goes to _field.
+                if body.startswith(b"data:"):
+                    data.append(body[6:] if body[5:6] == b" " else body[5:])
+                elif body.startswith(b"id: ") and _NUL not in body:
+                    self._id = self._last_id = body[4:].decode("utf-8", "replace")
+                elif body[0] != _COLON:
+                    self._field(body)
+                continue
+            # A blank line: dispatch the block if it holds data, then reset it.
+            if data:
+                if cut < 0:
+                    raw = bytes(memoryview(buf)[:start]) + text[:pos] if start else text[:pos]
+                else:
+                    raw = text[cut:pos]
+                events.append(self._make_event(raw, complete=True))
+                data = self._data
+                cut = pos
+            else:
+                self._event = self._id = self._retry = None
+        else:
+            if line and line[-1] == _CR:
+                self._skip_lf = True
+        if cut < 0:
+            self._line_start = start + pos
+        else:
+            del buf[: start + cut]
+            self._line_start = pos - cut
+        return events
+
+    def _field(self, line: bytes) -> None:
+        name, colon, value = line.partition(b":")
+        if not name and colon:
+            return  # a comment
+        if value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value
+        elif name == b"id":
+            if b"\x00" not in value:
+                self._id = self._last_id = value.decode("utf-8", "replace")
+        elif name == b"retry" and value.isdigit():
+            digits = value.lstrip(b"0")
+            if len(digits) <= 19 and int(digits or b"0") <= _MAX_RETRY:
+                self._retry = int(digits or b"0")
+
+    def _make_event(self, raw: bytes, *, complete: bool) -> SSEEvent:
+        data = self._data
+        event = self._event
+        result = SSEEvent(
+            (data[0] if len(data) == 1 else b"\n".join(data)).decode("utf-8", "replace"),
+            None if event is None else event.decode("utf-8", "replace"),
+            self._id,
+            self._retry,
+            self._last_id,
+            raw,
+            complete,
+        )
+        self._data = []
+        self._event = None
+        self._id = None
+        self._retry = None
+        return result

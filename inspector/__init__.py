@@ -1,0 +1,1 @@
+"""Shows the record: Datasette plugin, metadata and the lifecycle checker."""

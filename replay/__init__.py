@@ -1,0 +1,1 @@
+"""Reads the record back as live HTTP: matching, timing, resume and faults."""

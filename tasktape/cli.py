@@ -1,0 +1,13 @@
+"""The ``tasktape`` command line."""
+
+from __future__ import annotations
+
+import click
+
+from eventlog import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tasktape")
+def main() -> None:
+    """Record, replay and inspect streaming agent traffic (A2A over Server-Sent Events)."""

@@ -1,0 +1,291 @@
+"""The log writer: rows from many producers, batched commits, flush/close, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from a2a_frames import completed_run, sse
+
+from eventlog import EventLog, LogBusy, LogWriter, WriterClosed
+
+
+def count(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_one_exchange_round_trip(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    stream = b"".join(sse(completed_run(), ids="e"))
+    with LogWriter(db) as w:
+        cap = w.begin_capture(source="test", upstream="http://agent", argv=["tasktape", "record"])
+        ex = w.begin_exchange(
+            cap,
+            method="POST",
+            path="/message:stream",
+            query="a=1",
+            request_headers=[("content-type", "application/json"), ("a2a-version", "1.0")],
+            request_body=b'{"message": {}}',
+            started_ns=1_700_000_000_000_000_000,
+        )
+        w.response_head(
+            ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=5_000_000
+        )
+        for i in range(0, len(stream), 100):
+            w.chunk(ex, 10_000_000 + i, stream[i : i + 100])
+        summary = w.end_exchange(ex, duration_ns=90_000_000).result(timeout=5)
+        w.end_capture(cap)
+    assert (summary.task_id, summary.context_id, summary.binding, summary.final_state) == (
+        "task.1",
+        "ctx.1",
+        "rest",
+        "TASK_STATE_COMPLETED",
+    )
+    assert (summary.events, summary.bytes, summary.outcome) == (10, len(stream), "complete")
+
+    with EventLog(db) as log:
+        (capture,) = log.captures()
+        assert (
+            capture["source"] == "test"
+            and capture["ended_at"]
+            and json.loads(capture["argv"]) == ["tasktape", "record"]
+        )
+        (x,) = log.exchanges(cap)
+        assert x["started_at"] == "2023-11-14T22:13:20.000000Z"
+        assert (x["method"], x["path"], x["query"], x["status"], x["is_sse"], x["binding"]) == (
+            "POST",
+            "/message:stream",
+            "a=1",
+            200,
+            1,
+            "rest",
+        )
+        assert json.loads(x["request_headers"]) == [
+            ["content-type", "application/json"],
+            ["a2a-version", "1.0"],
+        ]
+        assert x["request_body"] == '{"message": {}}'
+        assert (x["task_id"], x["context_id"], x["ttfb_ns"], x["duration_ns"], x["outcome"]) == (
+            "task.1",
+            "ctx.1",
+            5_000_000,
+            90_000_000,
+            "complete",
+        )
+        assert log.body(ex) == stream
+        events = log.events(ex)
+        assert [e["seq"] for e in events] == list(range(10))
+        assert [e["event_id"] for e in events] == [f"e{n}" for n in range(1, 11)]
+        assert events[-1]["state"] == "TASK_STATE_COMPLETED"
+        assert json.loads(events[-1]["usage"])["credits"] == 1.2
+        assert all(e["complete"] == 1 and e["parse_error"] is None for e in events)
+        # Each event carries the offset of the chunk that completed it.
+        ends, total = [], 0
+        for frame in sse(completed_run(), ids="e"):
+            total += len(frame)
+            ends.append(10_000_000 + (total - 1) // 100 * 100)
+        assert [e["offset_ns"] for e in events] == ends
+        assert summary.first_event_ns == ends[0]
+
+
+def test_binary_and_text_bodies_round_trip(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    with LogWriter(db) as w:
+        cap = w.begin_capture(source="test")
+        a = w.begin_exchange(cap, method="POST", path="/bin", request_body=b"\xff\x00\xfe")
+        w.end_exchange(a, duration_ns=1, response_body=b"\x89PNG\r\n")
+        b = w.begin_exchange(cap, method="POST", path="/text", request_body="héllo".encode())
+        w.end_exchange(b, duration_ns=1, response_body=b'{"ok": true}')
+    with EventLog(db) as log:
+        x, y = log.exchanges()
+    assert (x["request_body"], x["response_body"]) == (b"\xff\x00\xfe", b"\x89PNG\r\n")
+    assert (y["request_body"], y["response_body"]) == ("héllo", '{"ok": true}')
+
+
+async def test_concurrent_producers_lose_and_reorder_nothing(tmp_path: Path) -> None:
+    """50 streams from the event loop and 4 from threads, fed in random chunk sizes."""
+    db = tmp_path / "log.db"
+    w = LogWriter(db)
+    cap = w.begin_capture(source="test")
+    streams: dict[int, bytes] = {}
+
+    def produce(n: int, rng: random.Random) -> tuple[int, bytes, list[bytes]]:
+        frames = completed_run(f"task.{n}", f"ctx.{n}") * 16  # 160 events
+        stream = b"".join(sse(frames, ids=f"{n}-"))
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+        w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
+        cuts = sorted(rng.sample(range(1, len(stream)), 300))
+        return ex, stream, [stream[a:b] for a, b in pairwise([0, *cuts, len(stream)])]
+
+    async def loop_producer(n: int) -> None:
+        ex, stream, pieces = produce(n, random.Random(n))
+        streams[ex] = stream
+        for i, piece in enumerate(pieces):
+            w.chunk(ex, i, piece)
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+        w.end_exchange(ex, duration_ns=len(pieces))
+
+    def thread_producer(n: int) -> None:
+        ex, stream, pieces = produce(n, random.Random(n))
+        streams[ex] = stream
+        for i, piece in enumerate(pieces):
+            w.chunk(ex, i, piece)
+        w.end_exchange(ex, duration_ns=len(pieces))
+
+    threads = [threading.Thread(target=thread_producer, args=(1000 + n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    await asyncio.gather(*(loop_producer(n) for n in range(50)))
+    await asyncio.to_thread(lambda: [t.join() for t in threads])
+    await w.aflush()
+    await w.aclose()
+    assert w.stats.rows_lost == 0 and w.stats.failed_batches == 0
+
+    with EventLog(db) as log:
+        exchanges = log.exchanges()
+        assert len(exchanges) == 54
+        for x in exchanges:
+            chunks = log.chunks(x["id"])
+            assert [c["seq"] for c in chunks] == list(range(len(chunks))) == [c["offset_ns"] for c in chunks]
+            assert b"".join(c["data"] for c in chunks) == streams[x["id"]]
+            events = log.events(x["id"])
+            assert len(events) == 160 and [e["seq"] for e in events] == list(range(160))
+            n = x["task_id"].removeprefix("task.")
+            assert [e["event_id"] for e in events] == [f"{n}-{i}" for i in range(1, 161)]
+            assert x["outcome"] == "complete" and x["duration_ns"] == len(chunks)
+
+
+def test_rows_are_committed_without_flush(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    with LogWriter(db) as w:
+        cap = w.begin_capture(source="test")
+        ex = w.begin_exchange(cap, method="GET", path="/")
+        w.chunk(ex, 0, b"hello")
+        deadline = time.monotonic() + 5
+        while count(db, "chunks") == 0:
+            assert time.monotonic() < deadline, "the chunk was never committed"
+            time.sleep(0.005)
+
+
+def test_close_finishes_open_exchanges_and_loses_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    w = LogWriter(db)
+    cap = w.begin_capture(source="test")
+    ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+    w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
+    for i in range(20_000):
+        w.chunk(ex, i, b"data: {}\n\n")
+    w.chunk(ex, 20_000, b'id: 9\ndata: {"par')
+    w.close()
+    w.close()  # twice is fine
+    with pytest.raises(WriterClosed):
+        w.chunk(ex, 1, b"late")
+    with EventLog(db) as log:
+        (x,) = log.exchanges()
+        events = log.events(ex)
+    assert (x["outcome"], x["error"]) == ("log_closed", "the log was closed before the exchange ended")
+    assert count(db, "chunks") == 20_001 and len(events) == 20_001
+    assert (events[-1]["complete"], events[-1]["data"], events[-1]["event_id"]) == (0, '{"par', "9")
+    assert events[-1]["parse_error"].startswith("not JSON")
+
+
+def test_one_writer_per_log(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    with LogWriter(db):
+        with pytest.raises(LogBusy, match="another tasktape writer"):
+            LogWriter(db)
+        with EventLog(db) as log:  # readers are welcome meanwhile
+            assert log.exchanges() == []
+    LogWriter(db).close()
+
+
+def test_ids_continue_after_reopening(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    with LogWriter(db) as w:
+        a = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    with LogWriter(db) as w:
+        cap = w.begin_capture(source="test")
+        b = w.begin_exchange(cap, method="GET", path="/")
+    assert (a, cap, b) == (1, 2, 2)
+
+
+def test_a_failing_log_is_reported_and_the_writer_keeps_going(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    failures: list[tuple[str, int]] = []
+    w = LogWriter(db, busy_timeout=0.05, on_error=lambda exc, rows: failures.append((str(exc), rows)))
+    cap = w.begin_capture(source="test")
+    ex = w.begin_exchange(cap, method="GET", path="/")
+    w.flush()
+    # Another process locks the log for longer than the writer waits.
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    w.chunk(ex, 0, b"lost")
+    w.flush()
+    blocker.rollback()
+    blocker.close()
+    w.chunk(ex, 1, b"kept")
+    w.end_exchange(ex, duration_ns=2).result(timeout=5)
+    w.close()
+    assert failures and "locked" in failures[0][0] and failures[0][1] == 1
+    assert (w.stats.rows_lost, w.stats.failed_batches) == (1, 1)
+    with EventLog(db) as log:
+        assert [c["data"] for c in log.chunks(ex)] == [b"kept"]
+        assert log.exchange(ex)["outcome"] == "complete"
+
+
+def test_failure_without_handler_is_loud(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "log.db"
+    w = LogWriter(db, busy_timeout=0.05)
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    w.flush()
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    w.chunk(ex, 0, b"x")
+    w.flush()
+    blocker.rollback()
+    blocker.close()
+    w.close()
+    err = capsys.readouterr().err
+    assert "WRITING THE LOG FAILED" in err and "1 rows lost" in err and "Traffic is not affected" in err
+
+
+def test_size_cap_stops_writing_not_traffic(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    failures: list[int] = []
+    w = LogWriter(db, max_bytes=256 * 1024, on_error=lambda exc, rows: failures.append(rows))
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    for i in range(200):
+        w.chunk(ex, i, bytes(4096))
+        if i % 20 == 0:
+            w.flush()
+    w.close()
+    assert failures and w.stats.rows_lost == sum(failures) and "full" in (w.stats.last_error or "")
+    written = count(db, "chunks")
+    assert 0 < written < 200 and written + w.stats.rows_lost == 200
+    assert db.stat().st_size <= 256 * 1024
+
+
+def test_a_writer_left_open_is_closed_at_exit(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    code = (
+        "from eventlog import LogWriter\n"
+        f"w = LogWriter({str(db)!r})\n"
+        "ex = w.begin_exchange(w.begin_capture(source='test'), method='GET', path='/')\n"
+        "for i in range(5000):\n"
+        "    w.chunk(ex, i, b'x')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert count(db, "chunks") == 5000
+    with EventLog(db) as log:
+        assert log.exchanges()[0]["outcome"] == "log_closed"

@@ -1,0 +1,243 @@
+"""The incremental SSE decoder against the W3C EventSource rules and any chunking."""
+
+from __future__ import annotations
+
+import re
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from eventlog import DecoderClosed, SSEDecoder, SSEEvent
+
+WIRE = Path(__file__).resolve().parent / "data" / "wire"
+
+
+def reference(stream: bytes) -> tuple[list[tuple], list[int]]:
+    """A deliberately plain reading of the W3C rules over the whole input at once.
+
+    Returns the dispatched events as (data, event, id, retry, last_event_id) and
+    the byte offsets just after each dispatching blank line."""
+    body_start = 3 if stream.startswith(b"\xef\xbb\xbf") else 0
+    events, ends = [], []
+    data: list[str] = []
+    event = ident = retry = None
+    last_id = ""
+    pos = body_start
+    for m in re.finditer(rb"\r\n|\r|\n", stream[body_start:]):
+        line = stream[pos : body_start + m.start()].decode("utf-8", "replace")
+        pos = body_start + m.end()
+        if line == "":
+            if data:
+                events.append(("\n".join(data), event, ident, retry, last_id))
+                ends.append(pos)
+            data, event, ident, retry = [], None, None, None
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+        elif name == "id" and "\x00" not in value:
+            ident = last_id = value
+        elif name == "retry" and value and all(c in "0123456789" for c in value):
+            retry = int(value)
+    return events, ends
+
+
+def decode(chunks: list[bytes]) -> list[SSEEvent]:
+    dec = SSEDecoder()
+    out: list[SSEEvent] = []
+    for c in chunks:
+        out += dec.feed(c)
+    return out + dec.close()
+
+
+def fields(e: SSEEvent) -> tuple:
+    return (e.data, e.event, e.id, e.retry, e.last_event_id)
+
+
+def split(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    bounds = [0, *points, len(stream)]
+    return [stream[a:b] for a, b in pairwise(bounds)]
+
+
+# Fragments that make SSE interesting: every line end, field names with and
+# without colon/space, comments, NUL, digits, multi-byte and invalid UTF-8, BOMs.
+FRAGMENTS = [
+    b"data",
+    b"data:",
+    b"data: ",
+    b"id",
+    b"id:",
+    b"id: ",
+    b"event:",
+    b"event: ",
+    b"retry:",
+    b"retry: ",
+    b":",
+    b": ping",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b"\n\n",
+    b"\r\n\r\n",
+    b" ",
+    b"x",
+    b'{"task":1}',
+    b"0",
+    b"42",
+    b"\x00",
+    "é".encode(),
+    "€".encode(),
+    "𝄞".encode(),
+    b"\xe2\x82",
+    b"\xff",
+    b"\x80",
+    b"\xef\xbb\xbf",
+    b"dat",
+    b"a:",
+]
+streams = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map(b"".join)
+cut_lists = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)
+
+
+@settings(max_examples=600, deadline=None)
+@given(stream=streams, cuts=cut_lists)
+@example(stream=b"data: a\r\n\r\ndata: b\r\n\r\n", cuts=[10])
+@example(stream=b"\xef\xbb\xbfdata: x\n\n", cuts=[1, 2])
+@example(stream="data: é\n\n".encode(), cuts=[7])
+def test_matches_the_w3c_reference_for_any_chunking(stream: bytes, cuts: list[int]) -> None:
+    chunks = split(stream, cuts)
+    got = decode(chunks)
+    expected, ends = reference(stream)
+    complete = [e for e in got if e.complete]
+    assert [fields(e) for e in complete] == expected
+    assert b"".join(e.raw for e in got) == stream
+    assert all(not e.complete for e in got[len(complete) :])
+    assert len(got) - len(complete) <= 1
+    # Raw boundaries sit just after each dispatching blank line, except that an
+    # LF that arrives in the chunk after its CR belongs to the next event.
+    boundaries, total = [], 0
+    for e in complete:
+        total += len(e.raw)
+        boundaries.append(total)
+    chunk_starts, at = set(), 0
+    for c in chunks:
+        chunk_starts.add(at)
+        at += len(c)
+    for b, end in zip(boundaries, ends, strict=True):
+        assert b == end or (b == end - 1 and stream[b : b + 1] == b"\n" and b in chunk_starts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=streams, cuts=cut_lists)
+def test_one_byte_chunks_equal_one_chunk(stream: bytes, cuts: list[int]) -> None:
+    whole = [e for e in decode([stream]) if e.complete]
+    bytewise = [e for e in decode([bytes([b]) for b in stream]) if e.complete]
+    assert [fields(e) for e in bytewise] == [fields(e) for e in whole]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.binary(max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b)))
+def test_decoding_line_by_line_equals_decoding_the_whole_stream(lines: list[bytes]) -> None:
+    # The decoder decodes UTF-8 per line; this holds because CR and LF always end
+    # an invalid UTF-8 sequence, so the replacement characters come out the same.
+    assert "\n".join(x.decode("utf-8", "replace") for x in lines) == b"\n".join(lines).decode(
+        "utf-8", "replace"
+    )
+
+
+def test_fields_of_one_block() -> None:
+    (e,) = decode([b"event: update\nid: 7\nretry: 1500\ndata: a\ndata:b\ndata\n\n"])
+    assert (e.data, e.event, e.id, e.retry, e.last_event_id) == ("a\nb\n", "update", "7", 1500, "7")
+    assert e.complete and e.raw.endswith(b"data\n\n")
+
+
+def test_id_and_last_event_id() -> None:
+    a, b, c = decode([b"id: 1\ndata: a\n\nid\n\ndata: b\n\nid: x\x00y\ndata: c\n\n"])
+    assert (a.id, a.last_event_id) == ("1", "1")
+    # An id-only block resets the last event id (here to "") without dispatching.
+    assert (b.id, b.last_event_id) == (None, "")
+    # An id containing NUL is ignored.
+    assert (c.id, c.last_event_id) == (None, "")
+    (d,) = decode([b"id:\ndata: x\n\n"])
+    assert (d.id, d.last_event_id) == ("", "")
+
+
+def test_retry_needs_ascii_digits() -> None:
+    events = decode([b"retry: 12a\ndata: a\n\nretry: -1\ndata: b\n\nretry:\ndata: c\n\n"])
+    assert [e.retry for e in events] == [None, None, None]
+    big = decode([b"retry: " + b"9" * 5000 + b"\ndata: x\n\nretry: 000" + b"0" * 5000 + b"5\ndata: y\n\n"])
+    assert [e.retry for e in big] == [None, 5]
+
+
+def test_blank_line_without_data_dispatches_nothing() -> None:
+    events = decode([b": keep-alive\n\nevent: x\n\ndata: y\n\n"])
+    assert len(events) == 1
+    assert events[0].event is None  # the event type was reset by the empty block
+    assert events[0].raw == b": keep-alive\n\nevent: x\n\ndata: y\n\n"
+
+
+def test_leading_bom_dropped_once() -> None:
+    (e,) = decode([b"\xef\xbb\xbf\xef\xbb\xbfdata: x\n\ndata: y\n\n"])
+    # The second BOM is part of the field name, which is then unknown.
+    assert e.data == "y"
+    (f,) = decode([b"\xef", b"\xbb", b"\xbf", b"data: x\n\n"])
+    assert f.data == "x" and f.raw == b"\xef\xbb\xbfdata: x\n\n"
+
+
+def test_cr_at_chunk_end_dispatches_at_once() -> None:
+    dec = SSEDecoder()
+    (e,) = dec.feed(b"data: x\r\n\r")
+    assert e.raw == b"data: x\r\n\r"
+    assert dec.feed(b"\ndata: y\r") == []
+    (f,) = dec.feed(b"\r")
+    assert f.raw == b"\ndata: y\r\r" and f.data == "y"
+    assert dec.close() == []
+
+
+def test_close_returns_the_unterminated_tail() -> None:
+    dec = SSEDecoder()
+    assert dec.feed(b'data: one\n\nid: 9\ndata: {"par') == [
+        SSEEvent("one", None, None, None, "", b"data: one\n\n")
+    ]
+    (tail,) = dec.close()
+    assert tail == SSEEvent('{"par', None, "9", None, "9", b'id: 9\ndata: {"par', complete=False)
+    assert SSEDecoder().close() == []
+    with pytest.raises(DecoderClosed):
+        dec.feed(b"more")
+    assert dec.close() == []
+
+
+def test_replacement_of_invalid_utf8() -> None:
+    (e,) = decode([b"data: \xff\xe2\x82 ok\n\n"])
+    assert e.data == "\ufffd\ufffd ok"
+
+
+def test_huge_event_in_small_chunks_is_linear() -> None:
+    line = b"data: " + b"x" * 4096 + b"\n"
+    stream = line * 4096 + b"\n"  # a 16 MiB event of 4096 lines
+    dec = SSEDecoder()
+    out: list[SSEEvent] = []
+    for i in range(0, len(stream), 1000):
+        out += dec.feed(stream[i : i + 1000])
+    (e,) = out
+    assert len(e.data) == 4096 * 4096 + 4095 and e.raw == stream
+
+
+@pytest.mark.parametrize("name", ["rest_message_stream.sse", "jsonrpc_SendStreamingMessage.sse"])
+def test_official_sdk_wire_bytes(name: str) -> None:
+    stream = (WIRE / name).read_bytes()
+    events = decode([stream[i : i + 7] for i in range(0, len(stream), 7)])
+    assert len(events) == 8 and all(e.complete for e in events)
+    assert b"".join(e.raw for e in events) == stream
+    assert all(e.id is None and e.event is None for e in events)
+    assert events[0].data.startswith(('{"task"', '{"result": {"task"'))
