@@ -9,6 +9,7 @@ It never raises: content that is not an A2A frame is classified ``other`` (with 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import orjson
@@ -107,16 +108,17 @@ def _state(status: dict[str, Any]) -> str | None:
     return normalize_state(state) if isinstance(state, str) else None
 
 
-def _task(t: dict[str, Any], binding: str) -> Classification:
-    status = _dict(t.get("status"))
+def _with_status(kind: str, body: dict[str, Any], binding: str, id_field: str) -> Classification:
+    """A task snapshot (id in ``id``) or a status update (id in ``taskId``)."""
+    status = _dict(body.get("status"))
     return Classification(
-        "task",
+        kind,
         binding,
-        task_id=_str(t.get("id")),
-        context_id=_str(t.get("contextId")),
+        task_id=_str(body.get(id_field)),
+        context_id=_str(body.get("contextId")),
         state=_state(status),
         text=_text(_dict(status.get("message")).get("parts")),
-        usage=_usage(t.get("metadata")),
+        usage=_usage(body.get("metadata")),
     )
 
 
@@ -128,19 +130,6 @@ def _message(m: dict[str, Any], binding: str) -> Classification:
         context_id=_str(m.get("contextId")),
         text=_text(m.get("parts")),
         usage=_usage(m.get("metadata")),
-    )
-
-
-def _status_update(s: dict[str, Any], binding: str) -> Classification:
-    status = _dict(s.get("status"))
-    return Classification(
-        "statusUpdate",
-        binding,
-        task_id=_str(s.get("taskId")),
-        context_id=_str(s.get("contextId")),
-        state=_state(status),
-        text=_text(_dict(status.get("message")).get("parts")),
-        usage=_usage(s.get("metadata")),
     )
 
 
@@ -168,9 +157,9 @@ def _error(error: Any, binding: str) -> Classification:
     return Classification("error", binding, text=text)
 
 
-_EXTRACT = {
-    "task": _task,
+_EXTRACT: dict[str, Callable[[dict[str, Any], str], Classification]] = {
+    "task": lambda body, binding: _with_status("task", body, binding, "id"),
     "message": _message,
-    "statusUpdate": _status_update,
+    "statusUpdate": lambda body, binding: _with_status("statusUpdate", body, binding, "taskId"),
     "artifactUpdate": _artifact_update,
 }

@@ -220,20 +220,24 @@ def test_ids_continue_after_reopening(tmp_path: Path) -> None:
     assert (a, cap, b) == (1, 2, 2)
 
 
+def write_while_locked(w: LogWriter, db: Path, exchange_id: int, data: bytes) -> None:
+    """Queue one chunk while another process holds the log longer than the writer waits."""
+    w.flush()
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    w.chunk(exchange_id, 0, data)
+    w.flush()
+    blocker.rollback()
+    blocker.close()
+
+
 def test_a_failing_log_is_reported_and_the_writer_keeps_going(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
     failures: list[tuple[str, int]] = []
     w = LogWriter(db, busy_timeout=0.05, on_error=lambda exc, rows: failures.append((str(exc), rows)))
     cap = w.begin_capture(source="test")
     ex = w.begin_exchange(cap, method="GET", path="/")
-    w.flush()
-    # Another process locks the log for longer than the writer waits.
-    blocker = sqlite3.connect(db, timeout=0)
-    blocker.execute("BEGIN EXCLUSIVE")
-    w.chunk(ex, 0, b"lost")
-    w.flush()
-    blocker.rollback()
-    blocker.close()
+    write_while_locked(w, db, ex, b"lost")
     w.chunk(ex, 1, b"kept")
     w.end_exchange(ex, duration_ns=2).result(timeout=5)
     w.close()
@@ -248,13 +252,7 @@ def test_failure_without_handler_is_loud(tmp_path: Path, capsys: pytest.CaptureF
     db = tmp_path / "log.db"
     w = LogWriter(db, busy_timeout=0.05)
     ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
-    w.flush()
-    blocker = sqlite3.connect(db, timeout=0)
-    blocker.execute("BEGIN EXCLUSIVE")
-    w.chunk(ex, 0, b"x")
-    w.flush()
-    blocker.rollback()
-    blocker.close()
+    write_while_locked(w, db, ex, b"x")
     w.close()
     err = capsys.readouterr().err
     assert "WRITING THE LOG FAILED" in err and "1 rows lost" in err and "Traffic is not affected" in err
