@@ -6,10 +6,10 @@ import argparse
 import time
 from pathlib import Path
 
-from . import decoder, eventlog_bench
+from . import decoder, eventlog_bench, proxy_bench
 from .harness import machine
 
-SUITES = {"decoder": decoder.run, "log": eventlog_bench.run}
+SUITES = {"decoder": decoder.run, "log": eventlog_bench.run, "proxy": proxy_bench.run}
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from .errors import (
     UnknownEventId,
     WriterClosed,
 )
+from .exchange_rows import ExchangeSummary
 from .models import (
     Artifact,
     JsonRpcError,
@@ -26,11 +27,13 @@ from .models import (
     Usage,
     parse_stream_response,
 )
+from .process_writer import ProcessLogWriter
+from .producer import LogProducer, WriterStats
 from .reader import EventLog
 from .schema import SCHEMA_VERSION, open_db
 from .sse import SSEDecoder, SSEEvent
 from .version import __version__
-from .writer import ExchangeSummary, LogWriter, WriterStats
+from .writer import LogWriter
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -44,9 +47,11 @@ __all__ = [
     "JsonRpcResponse",
     "LogBusy",
     "LogError",
+    "LogProducer",
     "LogWriter",
     "Message",
     "Part",
+    "ProcessLogWriter",
     "SSEDecoder",
     "SSEEvent",
     "SchemaTooNew",

@@ -32,7 +32,8 @@ class Classification(NamedTuple):
     parse_error: str | None = None
 
 
-def _loads(data: str) -> Any:
+def load_json(data: str | bytes) -> Any:
+    """JSON as the standard library reads it, at orjson's speed."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -41,12 +42,15 @@ def _loads(data: str) -> Any:
         return json.loads(data)
 
 
-def classify(data: str) -> Classification:
-    """Classify one event's data (a REST frame, a JSON-RPC response, A2A 0.3, or anything)."""
+def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
+    """Classify one event's data (a REST frame, a JSON-RPC response, A2A 0.3, or anything).
+
+    With ``bare_task``, an object that is a Task itself (``id`` and ``status``, as in the
+    body of a GetTask or CancelTask response) is a ``task`` too."""
     if not data:
         return _EMPTY
     try:
-        obj = _loads(data)
+        obj = load_json(data)
     except (ValueError, RecursionError) as exc:
         return Classification("other", parse_error=f"not JSON: {exc}"[:500])
     if not isinstance(obj, dict):
@@ -73,6 +77,8 @@ def classify(data: str) -> Classification:
         body = obj
     elif "error" in obj:
         return _error(obj["error"], binding)
+    elif bare_task and "id" in obj and isinstance(obj.get("status"), dict):
+        kind, body = "task", obj
     else:
         return Classification("other", None if binding == "rest" else binding)
     if not isinstance(body, dict):

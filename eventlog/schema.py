@@ -266,6 +266,14 @@ def _views(db: sqlite_utils.Database) -> None:
         db.create_view(name, sql.strip())
 
 
+@_migration("0003_body_flags")
+def _body_flags(db: sqlite_utils.Database) -> None:
+    exchanges = db["exchanges"]
+    exchanges.add_column("request_body_truncated", int)
+    exchanges.add_column("response_body_truncated", int)
+    exchanges.add_column("body_encoding", str)
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 

@@ -6,8 +6,13 @@ import click
 
 from eventlog import __version__
 
+from .record import record
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tasktape")
 def main() -> None:
     """Record, replay and inspect streaming agent traffic (A2A over Server-Sent Events)."""
+
+
+main.add_command(record)

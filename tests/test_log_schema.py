@@ -35,6 +35,9 @@ CONTRACT = {
         "duration_ns",
         "outcome",
         "error",
+        "request_body_truncated",
+        "response_body_truncated",
+        "body_encoding",
     ],
     "chunks": ["exchange_id", "seq", "offset_ns", "data"],
     "events": [

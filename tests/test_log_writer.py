@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 from a2a_frames import completed_run, sse
 
-from eventlog import EventLog, LogBusy, LogWriter, WriterClosed
+from eventlog import EventLog, LogBusy, LogError, LogProducer, LogWriter, ProcessLogWriter, WriterClosed
+
+
+@pytest.fixture(params=[LogWriter, ProcessLogWriter])
+def writer_class(request: pytest.FixtureRequest) -> type[LogProducer]:
+    """The same tests for the writer in this process and the one in a child process."""
+    return request.param
 
 
 def count(path: Path, table: str) -> int:
@@ -24,10 +30,10 @@ def count(path: Path, table: str) -> int:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
-def test_one_exchange_round_trip(tmp_path: Path) -> None:
+def test_one_exchange_round_trip(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
     stream = b"".join(sse(completed_run(), ids="e"))
-    with LogWriter(db) as w:
+    with writer_class(db) as w:
         cap = w.begin_capture(source="test", upstream="http://agent", argv=["tasktape", "record"])
         ex = w.begin_exchange(
             cap,
@@ -98,24 +104,36 @@ def test_one_exchange_round_trip(tmp_path: Path) -> None:
         assert summary.first_event_ns == ends[0]
 
 
-def test_binary_and_text_bodies_round_trip(tmp_path: Path) -> None:
+def test_binary_and_text_bodies_round_trip(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
-    with LogWriter(db) as w:
+    with writer_class(db) as w:
         cap = w.begin_capture(source="test")
         a = w.begin_exchange(cap, method="POST", path="/bin", request_body=b"\xff\x00\xfe")
-        w.end_exchange(a, duration_ns=1, response_body=b"\x89PNG\r\n")
+        w.response_head(a, status=200, headers=None, is_sse=False, ttfb_ns=1)
+        w.chunk(a, 1, b"\x89PNG")
+        w.chunk(a, 2, b"\r\n")
+        w.end_exchange(a, duration_ns=3)
         b = w.begin_exchange(cap, method="POST", path="/text", request_body="héllo".encode())
-        w.end_exchange(b, duration_ns=1, response_body=b'{"ok": true}')
+        w.response_head(b, status=200, headers=None, is_sse=False, ttfb_ns=1)
+        w.chunk(b, 1, b'{"ok": true}')
+        w.end_exchange(b, duration_ns=2)
     with EventLog(db) as log:
         x, y = log.exchanges()
-    assert (x["request_body"], x["response_body"]) == (b"\xff\x00\xfe", b"\x89PNG\r\n")
+        assert [c["data"] for c in log.chunks(a)] == [b"\x89PNG", b"\r\n"]
+    assert (x["request_body"], x["response_body"], x["response_body_truncated"]) == (
+        b"\xff\x00\xfe",
+        b"\x89PNG\r\n",
+        0,
+    )
     assert (y["request_body"], y["response_body"]) == ("héllo", '{"ok": true}')
 
 
-async def test_concurrent_producers_lose_and_reorder_nothing(tmp_path: Path) -> None:
+async def test_concurrent_producers_lose_and_reorder_nothing(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
     """50 streams from the event loop and 4 from threads, fed in random chunk sizes."""
     db = tmp_path / "log.db"
-    w = LogWriter(db)
+    w = writer_class(db)
     cap = w.begin_capture(source="test")
     streams: dict[int, bytes] = {}
 
@@ -166,9 +184,9 @@ async def test_concurrent_producers_lose_and_reorder_nothing(tmp_path: Path) -> 
             assert x["outcome"] == "complete" and x["duration_ns"] == len(chunks)
 
 
-def test_rows_are_committed_without_flush(tmp_path: Path) -> None:
+def test_rows_are_committed_without_flush(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
-    with LogWriter(db) as w:
+    with writer_class(db) as w:
         cap = w.begin_capture(source="test")
         ex = w.begin_exchange(cap, method="GET", path="/")
         w.chunk(ex, 0, b"hello")
@@ -178,9 +196,11 @@ def test_rows_are_committed_without_flush(tmp_path: Path) -> None:
             time.sleep(0.005)
 
 
-def test_close_finishes_open_exchanges_and_loses_nothing(tmp_path: Path) -> None:
+def test_close_finishes_open_exchanges_and_loses_nothing(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
     db = tmp_path / "log.db"
-    w = LogWriter(db)
+    w = writer_class(db)
     cap = w.begin_capture(source="test")
     ex = w.begin_exchange(cap, method="POST", path="/message:stream")
     w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
@@ -200,27 +220,27 @@ def test_close_finishes_open_exchanges_and_loses_nothing(tmp_path: Path) -> None
     assert events[-1]["parse_error"].startswith("not JSON")
 
 
-def test_one_writer_per_log(tmp_path: Path) -> None:
+def test_one_writer_per_log(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
-    with LogWriter(db):
+    with writer_class(db):
         with pytest.raises(LogBusy, match="another tasktape writer"):
-            LogWriter(db)
+            writer_class(db)
         with EventLog(db) as log:  # readers are welcome meanwhile
             assert log.exchanges() == []
-    LogWriter(db).close()
+    writer_class(db).close()
 
 
-def test_ids_continue_after_reopening(tmp_path: Path) -> None:
+def test_ids_continue_after_reopening(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
-    with LogWriter(db) as w:
+    with writer_class(db) as w:
         a = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
-    with LogWriter(db) as w:
+    with writer_class(db) as w:
         cap = w.begin_capture(source="test")
         b = w.begin_exchange(cap, method="GET", path="/")
     assert (a, cap, b) == (1, 2, 2)
 
 
-def write_while_locked(w: LogWriter, db: Path, exchange_id: int, data: bytes) -> None:
+def write_while_locked(w: LogProducer, db: Path, exchange_id: int, data: bytes) -> None:
     """Queue one chunk while another process holds the log longer than the writer waits."""
     w.flush()
     blocker = sqlite3.connect(db, timeout=0)
@@ -231,10 +251,12 @@ def write_while_locked(w: LogWriter, db: Path, exchange_id: int, data: bytes) ->
     blocker.close()
 
 
-def test_a_failing_log_is_reported_and_the_writer_keeps_going(tmp_path: Path) -> None:
+def test_a_failing_log_is_reported_and_the_writer_keeps_going(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
     db = tmp_path / "log.db"
     failures: list[tuple[str, int]] = []
-    w = LogWriter(db, busy_timeout=0.05, on_error=lambda exc, rows: failures.append((str(exc), rows)))
+    w = writer_class(db, busy_timeout=0.05, on_error=lambda exc, rows: failures.append((str(exc), rows)))
     cap = w.begin_capture(source="test")
     ex = w.begin_exchange(cap, method="GET", path="/")
     write_while_locked(w, db, ex, b"lost")
@@ -248,9 +270,11 @@ def test_a_failing_log_is_reported_and_the_writer_keeps_going(tmp_path: Path) ->
         assert log.exchange(ex)["outcome"] == "complete"
 
 
-def test_failure_without_handler_is_loud(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_failure_without_handler_is_loud(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], writer_class: type[LogProducer]
+) -> None:
     db = tmp_path / "log.db"
-    w = LogWriter(db, busy_timeout=0.05)
+    w = writer_class(db, busy_timeout=0.05)
     ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
     write_while_locked(w, db, ex, b"x")
     w.close()
@@ -258,10 +282,10 @@ def test_failure_without_handler_is_loud(tmp_path: Path, capsys: pytest.CaptureF
     assert "WRITING THE LOG FAILED" in err and "1 rows lost" in err and "Traffic is not affected" in err
 
 
-def test_size_cap_stops_writing_not_traffic(tmp_path: Path) -> None:
+def test_size_cap_stops_writing_not_traffic(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
     failures: list[int] = []
-    w = LogWriter(db, max_bytes=256 * 1024, on_error=lambda exc, rows: failures.append(rows))
+    w = writer_class(db, max_bytes=256 * 1024, on_error=lambda exc, rows: failures.append(rows))
     ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
     for i in range(200):
         w.chunk(ex, i, bytes(4096))
@@ -274,11 +298,11 @@ def test_size_cap_stops_writing_not_traffic(tmp_path: Path) -> None:
     assert db.stat().st_size <= 256 * 1024
 
 
-def test_a_writer_left_open_is_closed_at_exit(tmp_path: Path) -> None:
+def test_a_writer_left_open_is_closed_at_exit(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
     code = (
-        "from eventlog import LogWriter\n"
-        f"w = LogWriter({str(db)!r})\n"
+        "from eventlog import LogWriter, ProcessLogWriter\n"
+        f"w = {writer_class.__name__}({str(db)!r})\n"
         "ex = w.begin_exchange(w.begin_capture(source='test'), method='GET', path='/')\n"
         "for i in range(5000):\n"
         "    w.chunk(ex, i, b'x')\n"
@@ -287,3 +311,43 @@ def test_a_writer_left_open_is_closed_at_exit(tmp_path: Path) -> None:
     assert count(db, "chunks") == 5000
     with EventLog(db) as log:
         assert log.exchanges()[0]["outcome"] == "log_closed"
+
+
+def test_a_writer_far_behind_drops_chunks_instead_of_growing(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    lost: list[int] = []
+    w = LogWriter(db, max_backlog=10_000, busy_timeout=5, on_error=lambda exc, rows: lost.append(rows))
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    w.flush()
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # the writer stalls on its next commit
+    w.chunk(ex, 0, b"a" * 1000)
+    time.sleep(0.2)  # the stalled batch holds this one; the next ones pile up
+    for i in range(1, 100):
+        w.chunk(ex, i, b"b" * 1000)
+    blocker.rollback()
+    blocker.close()
+    w.end_exchange(ex, duration_ns=1).result(timeout=10)
+    w.close()
+    assert sum(lost) == w.stats.rows_lost > 0 and "behind" in (w.stats.last_error or "")
+    with EventLog(db) as log:
+        recorded = len(log.chunks(ex))
+        assert recorded + w.stats.rows_lost == 100 and recorded <= 12
+        assert "chunks were not recorded: the log writer fell behind" in log.exchange(ex)["error"]
+
+
+def test_a_dead_writer_process_is_reported_and_never_hangs(tmp_path: Path) -> None:
+    errors: list[str] = []
+    w = ProcessLogWriter(tmp_path / "log.db", on_error=lambda exc, rows: errors.append(str(exc)))
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    w.flush()
+    w._process.kill()
+    w._process.wait()
+    w.chunk(ex, 0, b"lost")
+    done = w.end_exchange(ex, duration_ns=1)
+    with pytest.raises(LogError, match="log writer"):
+        w.flush(timeout=10)
+    with pytest.raises(LogError, match="process is gone"):
+        done.result(timeout=10)
+    w.close()
+    assert errors and "process is gone" in errors[0]

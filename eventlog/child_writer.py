@@ -1,0 +1,75 @@
+"""The child side of ``ProcessLogWriter``: ``python -m eventlog.child_writer FD`` runs a
+``LogWriter`` on the operations received over the socket FD, and answers there."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .producer import CHUNK, END, FLUSH, STOP
+from .writer import LogWriter
+
+
+def main(fd: int) -> None:
+    conn = Connection(fd)
+    path, options = conn.recv()
+    # Ctrl-C reaches the whole process group: the recorder decides when to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # When the CPU is short, forwarding goes first and the log catches up after.
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    send_lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        # If the recorder is gone, nobody hears the answer; the rows still get committed.
+        with send_lock, contextlib.suppress(OSError):
+            conn.send(message)
+
+    try:
+        writer = LogWriter(
+            path,
+            on_error=lambda exc, rows: send(("failed_batch", f"{type(exc).__name__}: {exc}", rows)),
+            **options,
+        )
+    except BaseException as exc:  # reported to the recorder, which raises it
+        conn.send(("failed", exc))
+        return
+    conn.send(("ready", *writer.first_ids))
+    while True:
+        try:
+            ops = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            writer.close()  # the recorder died: keep what it sent
+            return
+        for op in ops:
+            code = op[0]
+            if code == END:
+                done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                done.add_done_callback(lambda f, token=op[5]: send(("done", token, f.result())))
+                writer._put((*op[:5], done))
+            elif code == FLUSH:
+                writer._put((FLUSH, lambda token=op[1]: send(("flushed", token))))
+            elif code == STOP:
+                writer.close()
+                send(("closed", writer.stats))
+                return
+            elif code == CHUNK:
+                # Hold the pipe (and so the recorder's own backlog check) back rather
+                # than queue without bound here.
+                while writer.backlog > writer.max_backlog // 2:
+                    time.sleep(0.002)
+                writer.chunk(*op[1:])
+            else:
+                writer._put(op)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,430 @@
+"""One exchange turned into rows, in the writer's thread: request classification,
+content decoding, SSE decoding and classification, body caps and redaction."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import zlib
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from .classify import classify
+from .redact import Redactor
+from .requests import classify_request
+from .sse import SSEDecoder, SSEEvent
+
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+Statement = tuple[str, tuple[Any, ...]]
+Rows = list[tuple[Any, ...]]
+
+INSERT_CHUNK = "INSERT INTO chunks (exchange_id, seq, offset_ns, data) VALUES (?, ?, ?, ?)"
+INSERT_EVENT = (
+    "INSERT INTO events (exchange_id, seq, offset_ns, event_id, last_event_id, event_type, data,"
+    " retry, complete, kind, task_id, context_id, state, artifact_id, artifact_type, append,"
+    " last_chunk, text, usage, parse_error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_INSERT_EXCHANGE = (
+    "INSERT INTO exchanges (id, capture_id, started_at, started_ns, method, path, query,"
+    " request_headers, request_body, request_body_truncated, binding, rpc_method, task_id,"
+    " context_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_UPDATE_BODY = (
+    "UPDATE exchanges SET request_body = ?, request_body_truncated = ?, binding = ?, rpc_method = ?,"
+    " task_id = ?, context_id = ? WHERE id = ?"
+)
+_UPDATE_HEAD = (
+    "UPDATE exchanges SET status = ?, response_headers = ?, is_sse = ?, ttfb_ns = ?,"
+    " body_encoding = ? WHERE id = ?"
+)
+_UPDATE_END = (
+    "UPDATE exchanges SET duration_ns = coalesce(?, duration_ns), outcome = ?,"
+    " error = coalesce(?, error), response_body = ?, response_body_truncated = ?,"
+    " binding = coalesce(binding, ?), task_id = coalesce(task_id, ?),"
+    " context_id = coalesce(context_id, ?) WHERE id = ?"
+)
+
+# SQLite stores a bound NaN as NULL, and Python's sqlite3 binds a float several
+# times faster than None (which goes through its adapter lookup): most event
+# columns are NULL, so this roughly halves the cost of inserting an event row.
+_NULL = float("nan")
+
+
+@dataclass(slots=True)
+class ExchangeSummary:
+    """What the writer learnt from one finished exchange."""
+
+    exchange_id: int
+    is_sse: bool = False
+    method: str | None = None
+    path: str | None = None
+    status: int | None = None
+    chunks: int = 0
+    bytes: int = 0
+    events: int = 0
+    task_id: str | None = None
+    context_id: str | None = None
+    binding: str | None = None
+    rpc_method: str | None = None
+    final_state: str | None = None
+    first_event_ns: int | None = None
+    duration_ns: int | None = None
+    outcome: str | None = None
+
+
+def utc_iso(ns: int) -> str:
+    """Nanoseconds since the epoch as ``2026-11-30T10:18:28.123456Z``."""
+    seconds, rest = divmod(ns, 1_000_000_000)
+    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=rest // 1000)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def stored_body(body: bytes | None) -> bytes | str | None:
+    """Bodies that are UTF-8 are stored as text so they read well in SQL and Datasette;
+    anything else as a BLOB. Both round-trip to the exact bytes."""
+    if body is None:
+        return None
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return body
+
+
+class ExchangeRows:
+    """The rows of one exchange, built as its parts arrive."""
+
+    def __init__(self, exchange_id: int, redactor: Redactor, max_body: int) -> None:
+        self.summary = ExchangeSummary(exchange_id)
+        self._redactor = redactor
+        self._max_body = max_body
+        self._is_sse = False
+        self._decoder: SSEDecoder | None = None
+        self._inflate: _Inflate | None = None
+        self._chunk_seq = 0
+        self._event_seq = 0
+        self._last_offset = 0
+        self._error: str | None = None
+        # SSE chunks waiting for their events to complete before JSON redaction, as
+        # [arrival number, offset, bytes]; or a non-streamed body (kept up to max_body).
+        self._held: deque[list[Any]] = deque()
+        self._arrivals = 0
+        self._body: list[bytes] = []
+        self._body_len = 0
+        self._truncated = False
+
+    def request(
+        self,
+        capture_id: int,
+        started_ns: int,
+        method: str,
+        path: str,
+        query: str | None,
+        headers: Headers | None,
+        body: bytes | None,
+        body_truncated: bool,
+    ) -> Statement:
+        info = classify_request(method, path, body)
+        s = self.summary
+        s.method, s.path, s.binding, s.rpc_method = method, path, info.binding, info.rpc_method
+        s.task_id, s.context_id = info.task_id, info.context_id
+        if body is not None:
+            body = self._redactor.json_bytes(body)
+        return _INSERT_EXCHANGE, (
+            s.exchange_id,
+            capture_id,
+            utc_iso(started_ns),
+            started_ns,
+            method,
+            path,
+            query,
+            self._headers(headers),
+            stored_body(body),
+            int(body_truncated),
+            info.binding,
+            info.rpc_method,
+            info.task_id,
+            info.context_id,
+        )
+
+    def late_request_body(self, body: bytes, truncated: bool) -> Statement:
+        s = self.summary
+        if s.binding is None and s.method and s.path:
+            info = classify_request(s.method, s.path, body)
+            s.binding, s.rpc_method = info.binding, info.rpc_method
+            s.task_id, s.context_id = s.task_id or info.task_id, s.context_id or info.context_id
+        return _UPDATE_BODY, (
+            stored_body(self._redactor.json_bytes(body)),
+            int(truncated),
+            s.binding,
+            s.rpc_method,
+            s.task_id,
+            s.context_id,
+            s.exchange_id,
+        )
+
+    def head(
+        self, status: int, headers: Headers | None, is_sse: bool, ttfb_ns: int, content_encoding: str | None
+    ) -> Statement:
+        self.summary.status = status
+        self.summary.is_sse = is_sse
+        decoded_from = None
+        if content_encoding and content_encoding.strip().lower() != "identity":
+            self._inflate = _Inflate.for_encoding(content_encoding)
+            if self._inflate is None:
+                self._error = f"body stored as received: cannot decode Content-Encoding {content_encoding}"
+            else:
+                decoded_from = content_encoding
+        self._is_sse = is_sse
+        if is_sse and self._error is None:
+            self._decoder = SSEDecoder()
+        return _UPDATE_HEAD, (
+            status,
+            self._headers(headers),
+            int(is_sse),
+            ttfb_ns,
+            decoded_from,
+            self.summary.exchange_id,
+        )
+
+    def chunk(self, offset_ns: int, data: bytes, chunk_rows: Rows, event_rows: Rows) -> None:
+        if self._inflate is not None:
+            try:
+                data = self._inflate.feed(data)
+            except zlib.error as exc:
+                self._inflate = None
+                self._error = f"content decoding failed ({exc}); the rest is stored as received"
+        if not data:
+            return
+        self._last_offset = offset_ns
+        self.summary.chunks += 1
+        self.summary.bytes += len(data)
+        if self._decoder is None:
+            if self._is_sse:  # a stream we cannot decode: kept whole, without events
+                self._chunk_row(offset_ns, data, chunk_rows)
+            else:
+                self._body_chunk(offset_ns, data, chunk_rows)
+        elif self._redactor.json_pointers:
+            self._held.append([self._arrivals, offset_ns, data])
+            self._arrivals += 1
+            self._release(self._decoder.feed(data), offset_ns, chunk_rows, event_rows)
+        else:
+            self._chunk_row(offset_ns, data, chunk_rows)
+            for event in self._decoder.feed(data):
+                self._event(event, event.data, offset_ns, event_rows)
+
+    def end(
+        self, duration_ns: int | None, outcome: str, error: str | None, chunk_rows: Rows, event_rows: Rows
+    ) -> Statement:
+        if self._inflate is not None:
+            with contextlib.suppress(zlib.error):
+                tail = self._inflate.flush()
+                if tail:
+                    self.chunk(self._last_offset, tail, chunk_rows, event_rows)
+        body = None
+        if self._decoder is not None:
+            self._release(self._decoder.close(), self._last_offset, chunk_rows, event_rows)
+        elif not self._is_sse:
+            body = b"".join(self._body)
+            if self._redactor.json_pointers:
+                redacted = self._redactor.json_bytes(body)
+                if redacted is body:
+                    for _, offset, data in self._held:
+                        self._chunk_row(offset, data, chunk_rows)
+                elif self._held:
+                    self._chunk_row(self._held[-1][1], redacted, chunk_rows)
+                body = redacted
+            self._classify_body(body)
+        s = self.summary
+        s.outcome, s.duration_ns = outcome, duration_ns
+        return _UPDATE_END, (
+            duration_ns,
+            outcome,
+            error or self._error,
+            stored_body(body) if s.chunks else None,
+            int(self._truncated),
+            s.binding,
+            s.task_id,
+            s.context_id,
+            s.exchange_id,
+        )
+
+    def _classify_body(self, body: bytes) -> None:
+        """A non-streamed A2A answer (a task, a message, a JSON-RPC result) names the
+        task and its state just as a stream does."""
+        c = classify(body, bare_task=True) if body and not self._truncated else None
+        if c is None or c.kind in ("other", "error"):
+            return
+        s = self.summary
+        s.task_id = s.task_id or c.task_id
+        s.context_id = s.context_id or c.context_id
+        s.binding = s.binding or c.binding
+        s.final_state = c.state or s.final_state
+
+    def _headers(self, headers: Headers | None) -> str | None:
+        if headers is None:
+            return None
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        return json.dumps(self._redactor.header_pairs(pairs), ensure_ascii=False)
+
+    def _chunk_row(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
+        chunk_rows.append((self.summary.exchange_id, self._chunk_seq, offset_ns, data))
+        self._chunk_seq += 1
+
+    def _body_chunk(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
+        """A chunk of a body that is not an event stream: kept up to max_body."""
+        if self._truncated:
+            return
+        room = self._max_body - self._body_len
+        if len(data) > room:
+            data, self._truncated = data[:room], True
+            if not data:
+                return
+        self._body_len += len(data)
+        self._body.append(data)
+        if self._redactor.json_pointers:
+            self._held.append([0, offset_ns, data])  # redacted as a whole at the end
+        else:
+            self._chunk_row(offset_ns, data, chunk_rows)
+
+    def _release(self, events: list[SSEEvent], offset_ns: int, chunk_rows: Rows, event_rows: Rows) -> None:
+        """Emit the held bytes that these completed events cover, redacted. Chunks keep
+        their boundaries; an event whose data was redacted becomes a chunk of its own."""
+        pieces: list[list[Any]] = []  # [arrival number or None, offset, bytes]
+        for event in events:
+            data = self._redactor.json_text(event.data) if event.data else event.data
+            taken = self._take(len(event.raw))
+            if data is event.data:
+                pieces.extend(taken)
+            else:
+                pieces.append([None, taken[-1][1] if taken else offset_ns, _reframe(event, data)])
+            self._event(event, data, offset_ns, event_rows)
+        merged: list[list[Any]] = []
+        for piece in pieces:
+            if merged and piece[0] is not None and merged[-1][0] == piece[0]:
+                merged[-1][2] += piece[2]
+            else:
+                merged.append(piece)
+        for _, offset, data in merged:
+            self._chunk_row(offset, data, chunk_rows)
+
+    def _take(self, size: int) -> list[list[Any]]:
+        """The first ``size`` held bytes, as pieces of the chunks they arrived in."""
+        taken = []
+        while size > 0 and self._held:
+            arrival, offset, data = self._held[0]
+            if len(data) <= size:
+                self._held.popleft()
+                taken.append([arrival, offset, data])
+                size -= len(data)
+            else:
+                taken.append([arrival, offset, data[:size]])
+                self._held[0][2] = data[size:]
+                size = 0
+        return taken
+
+    def _event(self, event: SSEEvent, data: str, offset_ns: int, event_rows: Rows) -> None:
+        c = classify(data)
+        s = self.summary
+        seq = self._event_seq
+        self._event_seq = seq + 1
+        s.events += 1
+        if s.first_event_ns is None:
+            s.first_event_ns = offset_ns
+        if c.task_id and s.task_id is None:
+            s.task_id = c.task_id
+        if c.context_id and s.context_id is None:
+            s.context_id = c.context_id
+        if c.binding and s.binding is None:
+            s.binding = c.binding
+        if c.state:
+            s.final_state = c.state
+        row = (
+            s.exchange_id,
+            seq,
+            offset_ns,
+            event.id,
+            event.last_event_id,
+            event.event,
+            data,
+            event.retry,
+            int(event.complete),
+            c.kind,
+            c.task_id,
+            c.context_id,
+            c.state,
+            c.artifact_id,
+            c.artifact_type,
+            _int(c.append),
+            _int(c.last_chunk),
+            c.text,
+            None if c.usage is None else orjson.dumps(c.usage).decode(),
+            c.parse_error,
+        )
+        event_rows.append(tuple([_NULL if v is None else v for v in row]))
+
+
+def _int(flag: bool | None) -> int | None:
+    return None if flag is None else int(flag)  # a bool is bound through the slow path too
+
+
+def _reframe(event: SSEEvent, data: str) -> bytes:
+    """An event's bytes with its data replaced: in place when the data is one line of
+    the original bytes, else written afresh (comments before it are dropped)."""
+    old = event.data.encode()
+    if "\n" not in event.data and event.raw.count(old) == 1:
+        return event.raw.replace(old, data.encode())
+    lines = [
+        f"id: {event.id}" if event.id is not None else None,
+        f"event: {event.event}" if event.event is not None else None,
+        f"retry: {event.retry}" if event.retry is not None else None,
+        *(f"data: {line}" for line in data.split("\n")),
+    ]
+    return ("\n".join(line for line in lines if line is not None) + "\n\n").encode()
+
+
+class _Inflate:
+    """Incremental Content-Encoding decoding (gzip, deflate, and br when brotli is installed)."""
+
+    def __init__(self, decompress: Any, flush: Any, *, raw_deflate_fallback: bool = False) -> None:
+        self._decompress = decompress
+        self._flush = flush
+        self._fallback = raw_deflate_fallback
+
+    @classmethod
+    def for_encoding(cls, encoding: str) -> _Inflate | None:
+        name = encoding.strip().lower()
+        if name in ("gzip", "x-gzip"):
+            z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            return cls(z.decompress, z.flush)
+        if name == "deflate":
+            z = zlib.decompressobj()
+            return cls(z.decompress, z.flush, raw_deflate_fallback=True)
+        if name == "br":
+            try:
+                import brotli  # noqa: PLC0415 - optional, as for aiohttp
+            except ImportError:
+                return None
+            b = brotli.Decompressor()
+            return cls(b.process, lambda: b"")
+        return None
+
+    def feed(self, data: bytes) -> bytes:
+        try:
+            out = self._decompress(data)
+        except zlib.error:
+            if not self._fallback:
+                raise
+            # "deflate" is often sent as raw deflate, without the zlib wrapper.
+            z = zlib.decompressobj(-zlib.MAX_WBITS)
+            self._decompress, self._flush, self._fallback = z.decompress, z.flush, False
+            out = self._decompress(data)
+        self._fallback = False
+        return out
+
+    def flush(self) -> bytes:
+        return self._flush()

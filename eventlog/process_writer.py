@@ -1,0 +1,178 @@
+"""A log writer in a child process, for recorders that must not share their CPU (and
+GIL) with decoding, classifying and SQLite.
+
+The producer API is the same as ``LogWriter``'s. A feeder thread sends queued operations
+to the child in batches over a pipe; the child runs a ``LogWriter`` on them and answers
+with exchange summaries, flush acknowledgements and failure reports, which a reader
+thread hands back. If the recorder is killed, the child sees the pipe close, commits
+everything it received, and exits.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import os
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .errors import LogError
+from .producer import CHUNK, END, FLUSH, STOP, LogProducer
+
+_HOME = str(Path(__file__).resolve().parent.parent)  # where the eventlog package lives
+_BATCH = 4096  # operations per message at most
+_GATHER = 0.002  # seconds
+_STARTUP_TIMEOUT = 60.0
+
+
+class ProcessLogWriter(LogProducer):
+    """Like :class:`LogWriter` (same methods, same keyword options), but the writing
+    happens in a child process."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        on_error: Callable[[BaseException, int], None] | None = None,
+        max_backlog: int = 256 * 1024 * 1024,
+        **options: Any,
+    ) -> None:
+        super().__init__(path, on_error, max_backlog)
+        ours, theirs = socket.socketpair()
+        # A plain child process (not multiprocessing's spawn, which re-imports the
+        # caller's main module): it gets one end of the socket pair, then its settings.
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "eventlog.child_writer", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [_HOME, os.environ.get("PYTHONPATH")])),
+            },
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._name = f"tasktape-writer:{self.path.name}"
+        try:
+            self._conn.send((str(self.path), {**options, "max_backlog": max_backlog}))
+            if not self._conn.poll(_STARTUP_TIMEOUT):
+                raise LogError(f"{self.path}: the log writer process did not start")
+            reply = self._conn.recv()
+        except (OSError, EOFError, LogError) as exc:
+            self._process.kill()
+            self._process.wait()
+            raise LogError(f"{self.path}: the log writer process failed to start ({exc})") from None
+        if reply[0] == "failed":
+            self._process.wait()
+            raise reply[1]
+        _, next_capture, next_exchange = reply
+        self._waiting: dict[int, Any] = {}  # token -> Future or waker
+        self._tokens = itertools.count()
+        self._lock = threading.Lock()
+        self._child_gone = False
+        self._feeder = threading.Thread(target=self._feed, name=f"{self._name}:feed", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"{self._name}:read", daemon=True)
+        self._feeder.start()
+        self._reader.start()
+        self._start_ids(next_capture, next_exchange)
+
+    def _alive(self) -> bool:
+        return self._process.poll() is None and not self._child_gone
+
+    def _shutdown(self) -> None:
+        self._feeder.join()
+        self._reader.join()
+        try:
+            self._process.wait(30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._conn.close()
+
+    def _token(self, waiter: Any) -> int:
+        token = next(self._tokens)
+        with self._lock:
+            self._waiting[token] = waiter
+        return token
+
+    def _feed(self) -> None:
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        while True:
+            batch = [get()]
+            # Let a few milliseconds of operations gather: one wake-up and one message
+            # per batch keeps this thread from contending with the event loop per chunk.
+            time.sleep(_GATHER)
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(get_nowait())
+                except queue.Empty:
+                    break
+            stop = False
+            for i, op in enumerate(batch):
+                code = op[0]
+                if code == CHUNK:
+                    self._taken += len(op[3])
+                elif code == END:
+                    batch[i] = (*op[:5], self._token(op[5]))
+                elif code == FLUSH:
+                    batch[i] = (FLUSH, self._token(op[1]))
+                elif code == STOP:
+                    stop = True
+            if not self._child_gone:
+                try:
+                    self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
+                except OSError as exc:
+                    self._lost(f"the log writer process is gone ({exc})", len(batch))
+            else:
+                self._lost("the log writer process is gone", len(batch))
+            if stop:
+                return
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                self._lost("the log writer process is gone", 0)
+                return
+            kind = message[0]
+            if kind == "done":
+                future = self._pop(message[1])
+                if future.set_running_or_notify_cancel():
+                    future.set_result(message[2])
+            elif kind == "flushed":
+                self._pop(message[1])()
+            elif kind == "failed_batch":
+                self._failed(message[1], message[2])
+            elif kind == "closed":
+                stats = message[1]
+                self.stats.rows_written, self.stats.batches = stats.rows_written, stats.batches
+                return
+
+    def _pop(self, token: int) -> Any:
+        with self._lock:
+            return self._waiting.pop(token)
+
+    def _lost(self, error: str, rows: int) -> None:
+        """The child died: say so once, and release everyone waiting on it."""
+        if not self._child_gone:
+            self._child_gone = True
+            self._failed(error, rows)
+        elif rows:
+            self.stats.rows_lost += rows
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            if isinstance(waiter, concurrent.futures.Future):
+                if waiter.set_running_or_notify_cancel():
+                    waiter.set_exception(LogError(f"{self.path}: {error}"))
+            else:
+                waiter()

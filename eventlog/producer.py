@@ -1,0 +1,271 @@
+"""The producer side of a log writer: what recorders call, from any thread or the event
+loop. Every call only appends an operation to a queue and returns; ids are handed out
+in memory. ``LogWriter`` (threads) and ``ProcessLogWriter`` (a child process) consume
+the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import json
+import queue
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+from .errors import LogError, WriterClosed
+from .exchange_rows import ExchangeSummary, Headers, utc_iso
+from .version import __version__
+
+# Operations, as tuples whose first element is one of these codes.
+CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP = range(9)
+
+_REPORT_EVERY = 5.0  # seconds between two reports of failed writes on stderr
+
+
+@dataclass
+class WriterStats:
+    rows_written: int = 0
+    rows_lost: int = 0
+    batches: int = 0
+    failed_batches: int = 0
+    last_error: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class LogProducer:
+    """Queue operations for one log; subclasses write them."""
+
+    def __init__(
+        self, path: str | Path, on_error: Callable[[BaseException, int], None] | None, max_backlog: int
+    ) -> None:
+        self.path = Path(path)
+        self.stats = WriterStats()
+        self.max_backlog = max_backlog
+        self._on_error = on_error
+        self._last_report = -_REPORT_EVERY
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._closed = False
+        # Chunk bytes queued and taken by the consumer (one thread): their difference
+        # is the backlog, which must not grow without bound when the disk is slower
+        # than the traffic.
+        self._queued = 0
+        self._taken = 0
+        self._queued_lock = threading.Lock()
+        self._dropped: dict[int, int] = {}
+        self._capture_ids = count(1)
+        self._exchange_ids = count(1)
+
+    def _start_ids(self, next_capture: int, next_exchange: int) -> None:
+        self._capture_ids = count(next_capture)
+        self._exchange_ids = count(next_exchange)
+        _open_writers.add(self)
+
+    def begin_capture(
+        self,
+        *,
+        source: str,
+        upstream: str | None = None,
+        argv: list[str] | None = None,
+        tool_version: str | None = None,
+    ) -> int:
+        """Start a recording run (or import); returns its id."""
+        capture_id = next(self._capture_ids)
+        self._put(
+            (
+                CAPTURE,
+                capture_id,
+                utc_iso(time.time_ns()),
+                source,
+                upstream,
+                tool_version or __version__,
+                json.dumps(sys.argv if argv is None else argv),
+            )
+        )
+        return capture_id
+
+    def end_capture(self, capture_id: int) -> None:
+        self._put((CAPTURE_END, capture_id, utc_iso(time.time_ns())))
+
+    def begin_exchange(
+        self,
+        capture_id: int,
+        *,
+        method: str,
+        path: str,
+        query: str | None = None,
+        request_headers: Headers | None = None,
+        request_body: bytes | None = None,
+        request_body_truncated: bool = False,
+        started_ns: int | None = None,
+    ) -> int:
+        """Start one request/response exchange; returns its id at once. The writer
+        classifies the request (binding, operation, task and context) and redacts it."""
+        exchange_id = next(self._exchange_ids)
+        self._put(
+            (
+                EXCHANGE,
+                exchange_id,
+                capture_id,
+                started_ns or time.time_ns(),
+                method,
+                path,
+                query,
+                request_headers,
+                request_body,
+                request_body_truncated,
+            )
+        )
+        return exchange_id
+
+    def late_request_body(self, exchange_id: int, body: bytes, *, truncated: bool = False) -> None:
+        """The request body of an exchange begun without it (a body streamed through)."""
+        self._put((BODY, exchange_id, body, truncated))
+
+    def response_head(
+        self,
+        exchange_id: int,
+        *,
+        status: int,
+        headers: Headers | None,
+        is_sse: bool,
+        ttfb_ns: int,
+        content_encoding: str | None = None,
+    ) -> None:
+        """The response's status and headers. Chunks of a body sent with a
+        ``content_encoding`` (gzip, deflate, br) are stored decoded."""
+        self._put((HEAD, exchange_id, status, headers, is_sse, ttfb_ns, content_encoding))
+
+    def chunk(self, exchange_id: int, offset_ns: int, data: bytes) -> None:
+        """One piece of the response body, exactly as received, ``offset_ns`` after the
+        request arrived. SSE bodies are decoded and classified by the writer; other
+        bodies are kept up to ``max_body`` bytes."""
+        if self._closed:
+            raise WriterClosed(f"{self.path}: chunk() after close()")
+        with self._queued_lock:
+            if self._queued - self._taken > self.max_backlog:
+                self._drop(exchange_id)
+                return
+            self._queued += len(data)
+        self._queue.put((CHUNK, exchange_id, offset_ns, data))
+
+    @property
+    def backlog(self) -> int:
+        """Chunk bytes queued but not yet taken by the writer."""
+        return self._queued - self._taken
+
+    def _drop(self, exchange_id: int) -> None:
+        """The writer is more than max_backlog behind: this chunk is not recorded (the
+        traffic itself is untouched). Counted, reported, and noted on the exchange."""
+        self._dropped[exchange_id] = self._dropped.get(exchange_id, 0) + 1
+        self._failed(f"the log writer is {self.max_backlog // 2**20} MiB behind: chunks are not recorded", 1)
+
+    def end_exchange(
+        self,
+        exchange_id: int,
+        *,
+        duration_ns: int,
+        outcome: str = "complete",
+        error: str | None = None,
+    ) -> concurrent.futures.Future[ExchangeSummary]:
+        """Finish an exchange. The future resolves once its rows are committed (or
+        their batch failed: see :attr:`stats`)."""
+        done: concurrent.futures.Future[ExchangeSummary] = concurrent.futures.Future()
+        dropped = self._dropped.pop(exchange_id, 0)
+        if dropped:
+            note = f"{dropped} chunks were not recorded: the log writer fell behind"
+            error = f"{error}; {note}" if error else note
+        self._put((END, exchange_id, duration_ns, outcome, error, done))
+        return done
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything queued so far is committed."""
+        done = threading.Event()
+        self._put((FLUSH, done.set))
+        if not self._alive():
+            raise LogError(f"{self.path}: the log writer has stopped")
+        if not done.wait(timeout):
+            raise LogError(f"{self.path}: flush timed out after {timeout} s")
+
+    async def aflush(self) -> None:
+        """Like :meth:`flush`, awaited without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed while we waited
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        self._put((FLUSH, wake))
+        await done
+
+    def close(self) -> None:
+        """Commit everything queued, finish exchanges still open (outcome
+        ``log_closed``), and release the log. Safe to call twice."""
+        if self._closed:
+            return
+        self._put((STOP,))
+        self._closed = True
+        self._shutdown()
+        _open_writers.discard(self)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> LogProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _put(self, op: tuple[Any, ...]) -> None:
+        if self._closed:
+            raise WriterClosed(f"{self.path}: the log writer is closed")
+        self._queue.put(op)
+
+    def _alive(self) -> bool:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        """Wait until everything queued before STOP is written, then release the log."""
+        raise NotImplementedError
+
+    def _failed(self, error: str, rows: int, exc: BaseException | None = None) -> None:
+        """Rows could not be written: count them and say so, loudly."""
+        stats = self.stats
+        stats.failed_batches += 1
+        stats.rows_lost += rows
+        stats.last_error = error
+        if len(stats.errors) < 100:
+            stats.errors.append(error)
+        if self._on_error is not None:
+            with contextlib.suppress(Exception):
+                self._on_error(exc or LogError(error), rows)
+        elif time.monotonic() - self._last_report >= _REPORT_EVERY:
+            # Loud, but not a line per batch while the disk stays full.
+            self._last_report = time.monotonic()
+            print(
+                f"tasktape: WRITING THE LOG FAILED ({error}); {rows} rows lost, "
+                f"{stats.rows_lost} in all so far. Traffic is not affected.",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+_open_writers: weakref.WeakSet[LogProducer] = weakref.WeakSet()
+
+
+@atexit.register
+def close_open_writers() -> None:
+    """Writers still open when the interpreter exits are closed then, so nothing queued
+    is lost to a forgotten ``close()``."""
+    for writer in list(_open_writers):
+        writer.close()

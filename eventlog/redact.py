@@ -1,0 +1,125 @@
+"""Redaction: credentials and chosen JSON fields never reach the log.
+
+Headers are redacted by name (case-insensitive). JSON fields are named by JSON
+pointers (RFC 6901, plus ``*`` for any key or index, e.g. ``/params/message/metadata/apiKey``
+or ``/*/metadata/token``). A redacted JSON value is replaced in the original bytes, so
+the rest of the document keeps its exact formatting; when that cannot be done safely,
+the document is re-serialized with the values replaced. Every copy of a redacted value
+in the same document is replaced too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .classify import load_json
+
+REDACTED = "[REDACTED]"
+DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
+
+
+class Redactor:
+    """What to redact; applied by the log writer to everything it stores."""
+
+    def __init__(
+        self, headers: Iterable[str] = (), json_pointers: Iterable[str] = (), *, defaults: bool = True
+    ) -> None:
+        names = [*DEFAULT_HEADERS, *headers] if defaults else list(headers)
+        self.headers = frozenset(n.lower() for n in names)
+        self.json_pointers = tuple(json_pointers)
+        self._paths = [parse_pointer(p) for p in self.json_pointers]
+
+    def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(k, REDACTED if k.lower() in self.headers else v) for k, v in pairs]
+
+    def json_bytes(self, body: bytes) -> bytes:
+        """``body`` with the chosen JSON fields redacted (unchanged when none is present
+        or when it is not JSON)."""
+        if not self._paths or not body:
+            return body
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return body
+        redacted = self.json_text(text)
+        return body if redacted is text else redacted.encode("utf-8")
+
+    def json_text(self, text: str) -> str:
+        """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed."""
+        if not self._paths:
+            return text
+        try:
+            doc = load_json(text)
+        except (ValueError, RecursionError):
+            return text
+        secrets = [v for path in self._paths for v in _find(doc, path) if v != REDACTED and v is not None]
+        if not secrets:
+            return text
+        if all(isinstance(v, str) for v in secrets):
+            # A string literal keeps its quotes, so it cannot match inside another token.
+            out = text
+            for value in secrets:
+                for literal in _literals(value):
+                    out = out.replace(literal, json.dumps(REDACTED))
+            if out != text and self._clean(out):
+                return out
+        # The literal was spelt differently (escapes, spacing): replace structurally.
+        for path in self._paths:
+            doc = _replace(doc, path)
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+    def _clean(self, text: str) -> bool:
+        try:
+            doc = load_json(text)
+        except (ValueError, RecursionError):
+            return False
+        return all(v in (REDACTED, None) for path in self._paths for v in _find(doc, path))
+
+
+def parse_pointer(pointer: str) -> tuple[str, ...]:
+    if pointer and not pointer.startswith("/"):
+        raise ValueError(f"not a JSON pointer (it must start with '/'): {pointer!r}")
+    return tuple(p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:])
+
+
+def _children(node: Any, key: str) -> Iterator[tuple[Any, Any]]:
+    """(container key, child) pairs that ``key`` selects in ``node``."""
+    if isinstance(node, dict):
+        if key == "*":
+            yield from node.items()
+        elif key in node:
+            yield key, node[key]
+    elif isinstance(node, list):
+        if key == "*":
+            yield from enumerate(node)
+        elif key.isdigit() and int(key) < len(node):
+            yield int(key), node[int(key)]
+
+
+def _find(node: Any, path: tuple[str, ...]) -> Iterator[Any]:
+    if not path:
+        yield node
+        return
+    for _, child in _children(node, path[0]):
+        yield from _find(child, path[1:])
+
+
+def _replace(node: Any, path: tuple[str, ...]) -> Any:
+    if not path:
+        return REDACTED
+    for key, child in list(_children(node, path[0])):
+        node[key] = _replace(child, path[1:])
+    return node
+
+
+def _literals(value: Any) -> list[str]:
+    """The usual spellings of ``value`` in a JSON document."""
+    spellings = {
+        json.dumps(value),
+        json.dumps(value, ensure_ascii=False),
+        json.dumps(value, separators=(",", ":")),
+        json.dumps(value, ensure_ascii=False, separators=(",", ":")),
+    }
+    return sorted(spellings, key=len, reverse=True)

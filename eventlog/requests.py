@@ -1,0 +1,73 @@
+"""What the log indexes about a request: binding, A2A operation, task and context ids.
+
+REST requests are recognised by the path's tail (any prefix or tenant before it is
+fine); JSON-RPC requests by their body. ``rpc_method`` holds the A2A operation for both
+bindings (the JSON-RPC method name; for REST, the equivalent name).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from .classify import load_json
+
+
+class RequestInfo(NamedTuple):
+    binding: str | None = None
+    rpc_method: str | None = None
+    task_id: str | None = None
+    context_id: str | None = None
+    rpc_id: Any = None
+
+
+_TASK = r"/tasks/(?P<task>[^/:]+)"
+_REST_ROUTES = [
+    (re.compile(r"(?:^|/)message:send$"), {"POST": "SendMessage"}),
+    (re.compile(r"(?:^|/)message:stream$"), {"POST": "SendStreamingMessage"}),
+    (re.compile(rf"{_TASK}:cancel$"), {"POST": "CancelTask"}),
+    (re.compile(rf"{_TASK}:subscribe$"), {"GET": "SubscribeToTask", "POST": "SubscribeToTask"}),
+    (
+        re.compile(rf"{_TASK}/pushNotificationConfigs(?:/[^/]+)?$"),
+        {
+            "POST": "CreateTaskPushNotificationConfig",
+            "GET": "GetTaskPushNotificationConfig",
+            "DELETE": "DeleteTaskPushNotificationConfig",
+        },
+    ),
+    (re.compile(rf"{_TASK}$"), {"GET": "GetTask"}),
+    (re.compile(r"(?:^|/)tasks$"), {"GET": "ListTasks"}),
+    (re.compile(r"(?:^|/)extendedAgentCard$"), {"GET": "GetExtendedAgentCard"}),
+]
+
+
+def classify_request(method: str, path: str, body: bytes | str | None) -> RequestInfo:
+    """Classify one request. Never raises: what is not A2A gives an empty RequestInfo."""
+    obj = _json(body)
+    if isinstance(obj, dict) and "jsonrpc" in obj and isinstance(obj.get("method"), str):
+        params = obj.get("params") if isinstance(obj.get("params"), dict) else {}
+        message = params.get("message") if isinstance(params.get("message"), dict) else {}
+        task_id = params.get("id") if isinstance(params.get("id"), str) else None
+        task_id = task_id or _str(params.get("taskId")) or _str(message.get("taskId"))
+        return RequestInfo("jsonrpc", obj["method"], task_id, _str(message.get("contextId")), obj.get("id"))
+    for pattern, operations in _REST_ROUTES:
+        match = pattern.search(path)
+        if match and method in operations:
+            message = obj.get("message") if isinstance(obj, dict) else None
+            message = message if isinstance(message, dict) else {}
+            task_id = match.groupdict().get("task") or _str(message.get("taskId"))
+            return RequestInfo("rest", operations[method], task_id, _str(message.get("contextId")))
+    return RequestInfo()
+
+
+def _json(body: bytes | str | None) -> Any:
+    if not body:
+        return None
+    try:
+        return load_json(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,69 @@
+"""Agent card rewriting: the official a2a-sdk client dials the URLs a card lists, so a
+card served through the proxy must list the proxy, or the client's traffic bypasses it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from yarl import URL
+
+# Where cards are served: the well-known paths (v1.0 and 0.3), the REST extended card.
+CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json", "/extendedAgentCard")
+# JSON-RPC methods whose result is a card (v1.0 and 0.3).
+CARD_METHODS = ("GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def is_card_request(method: str, path: str, body: bytes | None) -> bool:
+    if method == "GET" and path.endswith(CARD_PATHS):
+        return True
+    return method == "POST" and body is not None and any(m.encode() in body for m in CARD_METHODS)
+
+
+def rewrite_card(body: bytes, upstream: URL, public: URL) -> bytes | None:
+    """The card with every ``url`` that points at the upstream pointing at ``public``
+    instead; None when the body is not JSON or nothing pointed at the upstream."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    changed = _rewrite(doc, upstream, public)
+    if not changed:
+        return None
+    return json.dumps(doc, ensure_ascii=False).encode()
+
+
+def _rewrite(node: Any, upstream: URL, public: URL) -> bool:
+    changed = False
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "url" and isinstance(value, str) and (moved := _move(value, upstream, public)):
+                node[key] = moved
+                changed = True
+            else:
+                changed |= _rewrite(value, upstream, public)
+    elif isinstance(node, list):
+        for item in node:
+            changed |= _rewrite(item, upstream, public)
+    return changed
+
+
+def _move(value: str, upstream: URL, public: URL) -> str | None:
+    try:
+        url = URL(value)
+    except ValueError:
+        return None
+    if not url.is_absolute() or url.scheme != upstream.scheme or url.port != upstream.port:
+        return None
+    same_host = url.host == upstream.host or {url.host, upstream.host} <= _LOOPBACK
+    prefix = upstream.path.rstrip("/")
+    if not same_host or not (url.path == prefix or url.path.startswith(prefix + "/") or not prefix):
+        return None
+    rest = url.raw_path[len(upstream.raw_path.rstrip("/")) :]
+    if rest == "/" and not value.split("?", maxsplit=1)[0].endswith("/"):
+        rest = ""  # keep "http://host:port" without the slash yarl adds
+    moved = str(public).rstrip("/") + rest
+    if url.raw_query_string:
+        moved += "?" + url.raw_query_string
+    return moved

@@ -1,0 +1,51 @@
+"""Which headers a reverse proxy passes on, and what it adds (RFC 9110 section 7.6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from multidict import CIMultiDict
+
+# Hop-by-hop: meaningful for one connection only, never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+def end_to_end(headers: Iterable[tuple[str, str]], connection: str = "") -> CIMultiDict[str]:
+    """The headers minus hop-by-hop ones, including any the Connection header names."""
+    named = {token.strip().lower() for token in connection.split(",") if token.strip()}
+    return CIMultiDict((k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named)
+
+
+def for_upstream(
+    headers: Iterable[tuple[str, str]],
+    *,
+    connection: str,
+    upstream_host: str,
+    client_ip: str | None,
+    scheme: str,
+    host: str | None,
+) -> CIMultiDict[str]:
+    """Request headers for the upstream: end-to-end ones untouched (A2A-Version among
+    them), Host set to the upstream's, and the X-Forwarded-* trail extended."""
+    out = end_to_end(headers, connection)
+    out.popall("Expect", None)  # the proxy has already answered any 100-continue
+    out["Host"] = upstream_host
+    if client_ip:
+        previous = out.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{previous}, {client_ip}" if previous else client_ip
+    out.setdefault("X-Forwarded-Proto", scheme)
+    if host:
+        out.setdefault("X-Forwarded-Host", host)
+    return out

@@ -1,0 +1,308 @@
+"""The recording reverse proxy: every request goes to one upstream, every response
+streams back chunk by chunk, and everything is teed into the event log.
+
+The hot path does as little as it can: each upstream chunk is written to the client
+and handed to the log writer's queue with its offset; decoding, classification,
+redaction and SQLite all happen on the writer's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from eventlog import LogProducer
+from eventlog.exchange_rows import ExchangeSummary
+
+from .card import is_card_request, rewrite_card
+from .headers import end_to_end, for_upstream
+
+# Request bodies up to this size (with a Content-Length) are read whole before they
+# are forwarded; larger or chunked ones are streamed through.
+READ_WHOLE = 64 * 1024
+
+
+class RecordingProxy:
+    """An aiohttp application forwarding to ``upstream`` and recording into ``writer``."""
+
+    def __init__(
+        self,
+        upstream: str,
+        writer: LogProducer,
+        *,
+        capture_id: int | None = None,
+        public_url: str | None = None,
+        rewrite_cards: bool = True,
+        max_request_body: int = 16 * 1024 * 1024,
+        connect_timeout: float = 10.0,
+        on_exchange: Callable[[ExchangeSummary], None] | None = None,
+    ) -> None:
+        self.upstream = URL(upstream)
+        if not self.upstream.is_absolute() or self.upstream.scheme not in ("http", "https"):
+            raise ValueError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
+        self.writer = writer
+        self.capture_id = capture_id
+        self.public_url = URL(public_url) if public_url else None
+        self.rewrite_cards = rewrite_cards
+        self.max_request_body = max_request_body
+        self.connect_timeout = connect_timeout
+        self.on_exchange = on_exchange
+        self._base = str(self.upstream).rstrip("/")
+        self._upstream_host = self.upstream.raw_authority
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.app = web.Application(middlewares=[self._refuse_forward_proxying])
+        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.app.on_startup.append(self._open)
+        self.app.on_cleanup.append(self._close)
+
+    async def _open(self, _app: web.Application) -> None:
+        if self.capture_id is None:
+            self.capture_id = self.writer.begin_capture(source="record", upstream=str(self.upstream))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def _close(self, _app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @web.middleware
+    async def _refuse_forward_proxying(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Only the configured upstream is ever contacted: CONNECT and absolute-form
+        targets (what a client sends to a forward proxy) are refused, before routing."""
+        if request.method == "CONNECT":
+            return self._refuse(request, 405, "CONNECT is not accepted: tasktape record is a reverse proxy")
+        if not request.raw_path.startswith("/"):
+            return self._refuse(
+                request,
+                400,
+                "absolute-form request targets are not accepted: tasktape record is a reverse proxy",
+            )
+        return await handler(request)
+
+    async def wait_idle(self) -> None:
+        """Return once no exchange is in flight (each one has been handed to the log)."""
+        await self._idle.wait()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._forward(request)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter_ns()
+        started_ns = time.time_ns()
+        body, teed = await self._request_body(request)
+        exchange = self.writer.begin_exchange(
+            self.capture_id,  # type: ignore[arg-type]
+            method=request.method,
+            path=request.rel_url.raw_path,
+            query=request.rel_url.raw_query_string or None,
+            request_headers=list(request.headers.items()),
+            request_body=body,
+            started_ns=started_ns,
+        )
+        return await Exchange(self, request, exchange, t0).run(teed or body)
+
+    def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:
+        exchange = self.writer.begin_exchange(
+            self.capture_id,  # type: ignore[arg-type]
+            method=request.method,
+            path=request.raw_path,
+            request_headers=list(request.headers.items()),
+        )
+        response = error_response(status, reason)
+        self.writer.response_head(exchange, status=status, headers=None, is_sse=False, ttfb_ns=0)
+        self.writer.chunk(exchange, 0, response.body)  # type: ignore[arg-type]
+        self.writer.end_exchange(exchange, duration_ns=0, outcome="refused", error=reason)
+        return response
+
+    async def _request_body(self, request: web.Request) -> tuple[bytes | None, _TeedBody | None]:
+        """Small bodies (with a Content-Length) are read whole, so the log gets them with
+        the request; bigger or chunked ones stream through while their first bytes are kept."""
+        if not request.body_exists:
+            return None, None
+        length = request.content_length
+        if length is not None and length <= READ_WHOLE:
+            return await request.read(), None
+        return None, _TeedBody(request.content, self.max_request_body)
+
+    def upstream_url(self, raw_path: str) -> URL:
+        return URL(self._base + raw_path, encoded=True)
+
+    def public_for(self, request: web.Request) -> URL:
+        return self.public_url or URL.build(scheme=request.scheme, authority=request.host)
+
+
+class _TeedBody:
+    """A request body streamed to the upstream while its first ``cap`` bytes are kept."""
+
+    def __init__(self, content: aiohttp.StreamReader, cap: int) -> None:
+        self.content = content
+        self.cap = cap
+        self.kept = bytearray()
+        self.truncated = False
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        async for chunk in self.content.iter_any():
+            room = self.cap - len(self.kept)
+            if len(chunk) > room:
+                self.truncated = True
+            self.kept += chunk[: max(room, 0)]
+            yield chunk
+
+
+class Exchange:
+    """One request forwarded and its response streamed back."""
+
+    def __init__(self, proxy: RecordingProxy, request: web.Request, exchange_id: int, t0: int) -> None:
+        self.proxy = proxy
+        self.request = request
+        self.id = exchange_id
+        self.t0 = t0
+        self.writer = proxy.writer
+
+    def _offset(self) -> int:
+        return time.perf_counter_ns() - self.t0
+
+    async def run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
+        request, proxy = self.request, self.proxy
+        headers = for_upstream(
+            request.headers.items(),
+            connection=request.headers.get("Connection", ""),
+            upstream_host=proxy._upstream_host,
+            client_ip=request.remote,
+            scheme=request.scheme,
+            host=request.host,
+        )
+        data = body.stream() if isinstance(body, _TeedBody) else body
+        assert proxy._session is not None
+        try:
+            upstream = await proxy._session.request(
+                request.method,
+                proxy.upstream_url(request.raw_path),
+                headers=headers,
+                data=data,
+                allow_redirects=False,
+            )
+        except asyncio.CancelledError:
+            self._end("client_disconnected", "the client went away before the upstream answered")
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            reason = f"upstream {proxy.upstream} failed before answering: {_describe(exc)}"
+            response = error_response(502, reason)
+            self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self._offset())
+            self.writer.chunk(self.id, self._offset(), response.body)  # type: ignore[arg-type]
+            self._end("upstream_error", reason)
+            return response
+        try:
+            return await self._relay(upstream, body)
+        finally:
+            upstream.close()
+
+    async def _relay(self, upstream: aiohttp.ClientResponse, body: Any) -> web.StreamResponse:
+        request, proxy = self.request, self.proxy
+        is_sse = upstream.content_type == "text/event-stream"
+        self.writer.response_head(
+            self.id,
+            status=upstream.status,
+            headers=list(upstream.headers.items()),
+            is_sse=is_sse,
+            ttfb_ns=self._offset(),
+            content_encoding=upstream.headers.get("Content-Encoding"),
+        )
+        if isinstance(body, _TeedBody):
+            self.writer.late_request_body(self.id, bytes(body.kept), truncated=body.truncated)
+            body = bytes(body.kept)
+        headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
+        if proxy.rewrite_cards and not is_sse and is_card_request(request.method, request.path, body):
+            return await self._relay_card(upstream, headers)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        # Whatever the upstream has sent so far is forwarded (and recorded) as one chunk:
+        # one event at a time when it paces them, bigger pieces when the client lags.
+        read, write, chunk_to_log, offset = (
+            upstream.content.readany,
+            response.write,
+            self.writer.chunk,
+            self._offset,
+        )
+        try:
+            await response.prepare(request)
+            while True:
+                try:
+                    data = await read()
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
+                    # The upstream dropped mid-stream: end the client's stream just as
+                    # abruptly (no terminating chunk), so the client sees the same failure.
+                    self._end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
+                    request.protocol.force_close()
+                    return response
+                if not data:
+                    break
+                chunk_to_log(self.id, offset(), data)
+                await write(data)
+            await response.write_eof()
+        except asyncio.CancelledError:
+            self._end("client_disconnected", "the client went away mid-response")
+            raise
+        except ConnectionError as exc:
+            self._end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
+            return response
+        self._end("complete")
+        return response
+
+    async def _relay_card(self, upstream: aiohttp.ClientResponse, headers: Any) -> web.Response:
+        """Agent cards are small: read whole, record as served, rewrite for the client."""
+        try:
+            original = await upstream.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            self._end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
+            self.request.protocol.force_close()
+            raise web.HTTPBadGateway() from exc
+        self.writer.chunk(self.id, self._offset(), original)
+        encoded = "Content-Encoding" in upstream.headers
+        rewritten = (
+            None
+            if encoded
+            else rewrite_card(original, self.proxy.upstream, self.proxy.public_for(self.request))
+        )
+        headers.popall("Content-Length", None)
+        self._end("complete")
+        return web.Response(
+            status=upstream.status, reason=upstream.reason, headers=headers, body=rewritten or original
+        )
+
+    def _end(self, outcome: str, error: str | None = None) -> None:
+        done = self.writer.end_exchange(self.id, duration_ns=self._offset(), outcome=outcome, error=error)
+        if self.proxy.on_exchange is not None:
+            callback = self.proxy.on_exchange
+            done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
+
+
+def error_response(status: int, message: str) -> web.Response:
+    body = json.dumps({"error": {"code": status, "message": message, "source": "tasktape"}})
+    return web.Response(status=status, text=body, content_type="application/json")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,50 @@
+"""Listening addresses: the documented default ports, HOST:PORT parsing, and a loud
+warning when told to listen beyond loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import click
+
+DEFAULT_RECORD_PORT = 7470
+
+
+class HostPort(click.ParamType):
+    """``HOST:PORT``, ``[IPv6]:PORT`` or just ``PORT`` (on 127.0.0.1); port 0 picks a free one."""
+
+    name = "HOST:PORT"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value  # type: ignore[return-value]
+        text = str(value)
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            host, port = "127.0.0.1", text
+        host = host.strip("[]") or "127.0.0.1"
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            self.fail(f"{text!r} is not HOST:PORT with a port from 0 to 65535", param, ctx)
+        return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(command: str, host: str) -> None:
+    if not is_loopback(host):
+        click.secho(
+            f"WARNING: {command} is listening on {host}, beyond this machine's loopback: anyone who "
+            "can reach it can use it, and what they send is recorded.",
+            fg="red",
+            bold=True,
+            err=True,
+        )

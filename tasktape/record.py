@@ -1,0 +1,176 @@
+"""``tasktape record``: the recording reverse proxy, from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import click
+from aiohttp import web
+
+from eventlog import LogError
+from eventlog.exchange_rows import ExchangeSummary
+from eventlog.process_writer import ProcessLogWriter
+from eventlog.redact import Redactor, parse_pointer
+from proxy import RecordingProxy
+
+from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
+
+# Exit status when traffic flowed but some of it could not be written to the log.
+EXIT_LOG_FAILED = 3
+
+
+@click.command()
+@click.option("--upstream", required=True, metavar="URL", help="Base URL of the agent to forward to.")
+@click.option(
+    "--listen",
+    type=HostPort(),
+    default=f"127.0.0.1:{DEFAULT_RECORD_PORT}",
+    show_default=True,
+    help="Address to listen on (HOST:PORT, or just PORT).",
+)
+@click.option(
+    "--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="The event log."
+)
+@click.option(
+    "--redact-header",
+    multiple=True,
+    metavar="NAME",
+    help="Also redact this header (repeatable). Authorization, Proxy-Authorization, Cookie, "
+    "Set-Cookie, X-Api-Key and Api-Key always are.",
+)
+@click.option(
+    "--redact-json",
+    multiple=True,
+    metavar="POINTER",
+    help="Redact this JSON field in request bodies, response bodies and events: a JSON pointer, "
+    "'*' matching any key or index (repeatable), e.g. /params/message/metadata/apiKey.",
+)
+@click.option(
+    "--public-url",
+    metavar="URL",
+    help="The proxy's URL as clients see it, written into agent cards "
+    "(default: the scheme and Host of each card request).",
+)
+@click.option("--no-rewrite-card", is_flag=True, help="Serve agent cards exactly as the upstream sends them.")
+@click.option(
+    "--max-body",
+    type=click.IntRange(min=0),
+    default=16 * 1024 * 1024,
+    show_default=True,
+    metavar="BYTES",
+    help="Keep at most this much of a request body or of a response body that is not an event stream.",
+)
+@click.option(
+    "--max-log-size",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Stop writing the log once it reaches this size; traffic keeps flowing, and the "
+    "lost rows are reported (and make the exit status 3).",
+)
+@click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
+def record(
+    upstream: str,
+    listen: tuple[str, int],
+    db: str,
+    redact_header: tuple[str, ...],
+    redact_json: tuple[str, ...],
+    public_url: str | None,
+    no_rewrite_card: bool,
+    max_body: int,
+    max_log_size: int | None,
+    quiet: bool,
+) -> None:
+    """Forward everything to the agent at --upstream and record it into the event log.
+
+    Point your A2A client at the address printed when ready, and change nothing else:
+    responses stream through unchanged, chunk by chunk, while every request, chunk and
+    SSE event lands in the log. Stop with Ctrl-C (or SIGTERM): the log is flushed and
+    the exit status is 0, or 3 if anything could not be written to the log.
+    """
+    for pointer in redact_json:
+        try:
+            parse_pointer(pointer)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--redact-json") from None
+    redactor = Redactor(headers=redact_header, json_pointers=redact_json)
+    host, port = listen
+    warn_if_exposed("tasktape record", host)
+    try:
+        writer = ProcessLogWriter(db, redactor=redactor, max_body=max_body, max_bytes=max_log_size)
+    except LogError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        proxy = RecordingProxy(
+            upstream,
+            writer,
+            public_url=public_url,
+            rewrite_cards=not no_rewrite_card,
+            max_request_body=max_body,
+            on_exchange=None if quiet else _print_exchange,
+        )
+    except ValueError as exc:
+        writer.close()
+        raise click.BadParameter(str(exc), param_hint="--upstream") from None
+    try:
+        asyncio.run(_serve(proxy, host, port, db))
+    finally:
+        writer.close()
+    stats = writer.stats
+    if stats.rows_lost:
+        click.echo(
+            f"tasktape record: {stats.rows_lost} rows could not be written to {db} "
+            f"({stats.failed_batches} failed batches; last error: {stats.last_error})",
+            err=True,
+        )
+        sys.exit(EXIT_LOG_FAILED)
+
+
+async def _serve(proxy: RecordingProxy, host: str, port: int, db: str) -> None:
+    runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    address = _address(runner, host)
+    click.echo(f"tasktape record: listening on {address} -> {proxy.upstream} (log: {db})", err=False)
+    sys.stdout.flush()
+    await stop.wait()
+    click.echo("tasktape record: stopping; flushing the log", err=True)
+    await runner.cleanup()
+
+
+def _address(runner: web.AppRunner, host: str) -> str:
+    sock = runner.addresses[0]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{sock[1]}"
+
+
+def describe_exchange(s: ExchangeSummary) -> str:
+    """One line per finished exchange: request, status, task, final state, events, times."""
+    operation = f" ({s.rpc_method})" if s.binding == "jsonrpc" and s.rpc_method else ""
+    parts = [f"{s.method} {s.path}{operation} {s.status or '-'}"]
+    if s.task_id:
+        parts.append(f"task {s.task_id}")
+    if s.final_state:
+        parts.append(s.final_state.removeprefix("TASK_STATE_"))
+    if s.is_sse:
+        ttfe = "-" if s.first_event_ns is None else f"{s.first_event_ns / 1e6:.1f} ms"
+        parts.append(f"{s.events} events, first after {ttfe}")
+    if s.duration_ns is not None:
+        parts.append(f"took {s.duration_ns / 1e6:.1f} ms")
+    if s.outcome != "complete":
+        parts.append(f"[{s.outcome}]")
+    return "  ".join(parts)
+
+
+def _print_exchange(summary: ExchangeSummary) -> None:
+    click.echo(describe_exchange(summary))

@@ -1,0 +1,78 @@
+"""Shared fixtures: a recording proxy in front of any aiohttp upstream, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from eventlog import EventLog, LogWriter
+from eventlog.redact import Redactor
+from proxy import RecordingProxy
+
+
+@dataclass
+class Recording:
+    """A running proxy: ``url`` to send requests to, ``log()`` to read what it recorded."""
+
+    url: str
+    upstream: str
+    proxy: RecordingProxy
+    writer: LogWriter
+    db: Path
+    session: aiohttp.ClientSession
+
+    async def log(self) -> EventLog:
+        """The log once every exchange so far has ended and been committed."""
+        await asyncio.wait_for(self.proxy.wait_idle(), 10)
+        await self.writer.aflush()
+        return EventLog(self.db)
+
+
+RecordFactory = Callable[..., Awaitable[Recording]]
+
+
+@pytest.fixture
+async def record(tmp_path: Path) -> AsyncIterator[RecordFactory]:
+    """``await record(upstream_app_or_url, **proxy_options)`` starts an upstream (when
+    given an app) and a recording proxy in front of it."""
+    servers: list[TestServer] = []
+    writers: list[LogWriter] = []
+    session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def start(
+        upstream: web.Application | str,
+        *,
+        redactor: Redactor | None = None,
+        max_body: int = 16 * 1024 * 1024,
+        **options: Any,
+    ) -> Recording:
+        if isinstance(upstream, web.Application):
+            up = TestServer(upstream, host="127.0.0.1")
+            await up.start_server()
+            servers.append(up)
+            upstream_url = str(up.make_url("")).rstrip("/")
+        else:
+            upstream_url = upstream
+        db = tmp_path / f"log{len(writers)}.db"
+        writer = LogWriter(db, redactor=redactor, max_body=max_body)
+        writers.append(writer)
+        proxy = RecordingProxy(upstream_url, writer, max_request_body=max_body, **options)
+        server = TestServer(proxy.app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return Recording(str(server.make_url("")).rstrip("/"), upstream_url, proxy, writer, db, session)
+
+    yield start
+    await session.close()
+    for server in reversed(servers):
+        await server.close()
+    for writer in writers:
+        await writer.aclose()

@@ -1,0 +1,189 @@
+"""The recording proxy forwards like a reverse proxy should: methods, paths, queries,
+bodies and headers untouched; hop-by-hop headers handled; redirects passed back;
+errors and disconnects mirrored; not an open proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import RecordFactory
+from yarl import URL
+
+
+def echo_app() -> web.Application:
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response(
+            {
+                "method": request.method,
+                "path": request.raw_path,
+                "headers": [[k, v] for k, v in request.headers.items()],
+                "body": body.decode("latin-1"),
+            },
+            headers={"X-Upstream": "yes", "Keep-Alive": "timeout=5", "Connection": "keep-alive, X-Drop"},
+        )
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/elsewhere")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("GET", "/prefix/redirect", redirect)
+    app.router.add_route("*", "/{tail:.*}", echo)
+    return app
+
+
+async def test_methods_paths_queries_and_bodies_pass_untouched(record: RecordFactory) -> None:
+    rec = await record(echo_app())
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+        url = URL(f"{rec.url}/a/b%20c/tasks/t1:cancel?x=1&y=%2F", encoded=True)
+        async with rec.session.request(method, url) as r:
+            seen = await r.json()
+        assert (seen["method"], seen["path"]) == (method, "/a/b%20c/tasks/t1:cancel?x=1&y=%2F")
+    body = bytes(range(256)) * 1000
+    async with rec.session.post(f"{rec.url}/upload", data=body) as r:
+        assert (await r.json())["body"].encode("latin-1") == body
+    log = await rec.log()
+    exchanges = log.exchanges()
+    assert [x["method"] for x in exchanges[:6]] == ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    assert exchanges[0]["path"] == "/a/b%20c/tasks/t1:cancel" and exchanges[0]["query"] == "x=1&y=%2F"
+    assert exchanges[1]["rpc_method"] == "CancelTask" and exchanges[1]["task_id"] == "t1"
+    assert exchanges[-1]["request_body"] == body and exchanges[-1]["request_body_truncated"] == 0
+    log.close()
+
+
+async def test_a_path_prefix_on_the_upstream_is_kept(record: RecordFactory) -> None:
+    rec = await record(echo_app())
+    rec2 = await record(rec.upstream + "/prefix")
+    async with rec2.session.get(f"{rec2.url}/tasks/t1?q=1") as r:
+        assert (await r.json())["path"] == "/prefix/tasks/t1?q=1"
+    async with rec2.session.get(f"{rec2.url}/redirect", allow_redirects=False) as r:
+        assert (r.status, r.headers["Location"]) == (302, "/elsewhere")  # passed back, not followed
+
+
+async def test_headers_end_to_end_hop_by_hop_and_forwarding(record: RecordFactory) -> None:
+    rec = await record(echo_app())
+    headers = {
+        "A2A-Version": "1.0",
+        "Accept": "text/event-stream",
+        "X-Custom": "kept",
+        "X-Hop": "dropped because Connection names it",
+        "Connection": "X-Hop",
+        "TE": "trailers",
+        "Proxy-Authorization": "Basic eA==",
+        "X-Forwarded-For": "10.0.0.9",
+        "Host": "evil.example",
+    }
+    async with rec.session.get(f"{rec.url}/h", headers=headers) as r:
+        seen = dict((await r.json())["headers"])
+        response_headers = r.headers
+    assert (
+        seen["A2A-Version"] == "1.0" and seen["Accept"] == "text/event-stream" and seen["X-Custom"] == "kept"
+    )
+    assert not {"X-Hop", "TE", "Proxy-Authorization"} & set(seen)
+    assert seen["Host"] == rec.upstream.removeprefix("http://")  # the Host header never picks the target
+    assert seen["X-Forwarded-For"] == "10.0.0.9, 127.0.0.1"
+    assert (seen["X-Forwarded-Proto"], seen["X-Forwarded-Host"]) == ("http", "evil.example")
+    assert "User-Agent" not in seen or seen["User-Agent"].startswith("Python")  # ours, not added by the proxy
+    assert response_headers["X-Upstream"] == "yes"
+    assert "X-Drop" not in response_headers and "Keep-Alive" not in response_headers
+
+
+async def test_unreachable_upstream_gives_a_502_naming_the_reason(record: RecordFactory) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    rec = await record(f"http://127.0.0.1:{port}")
+    async with rec.session.post(f"{rec.url}/message:stream", json={"message": {}}) as r:
+        assert r.status == 502
+        error = (await r.json())["error"]
+    assert f"127.0.0.1:{port}" in error["message"] and "ClientConnectorError" in error["message"]
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert (x["status"], x["outcome"]) == (502, "upstream_error") and "failed before answering" in x["error"]
+    assert json.loads(x["response_body"])["error"]["code"] == 502
+
+
+async def test_not_an_open_proxy(record: RecordFactory) -> None:
+    contacted = []
+
+    async def anything(request: web.Request) -> web.Response:
+        contacted.append(request.raw_path)
+        return web.Response(text="upstream")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    rec = await record(app)
+    host, port = rec.url.removeprefix("http://").split(":")
+    for request_line in (b"GET http://example.com/x HTTP/1.1", b"CONNECT example.com:443 HTTP/1.1"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request_line + b"\r\nHost: example.com\r\nConnection: close\r\n\r\n")
+        response = await reader.read()
+        writer.close()
+        assert response.split(b"\r\n")[0] in (b"HTTP/1.1 400 Bad Request", b"HTTP/1.1 405 Method Not Allowed")
+        assert b"not accepted" in response
+    assert contacted == []
+    with await rec.log() as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["refused", "refused"]
+
+
+async def test_client_disconnect_cancels_the_upstream_at_once(record: RecordFactory) -> None:
+    cancelled = asyncio.Event()
+    first_sent = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"n": 1}\n\n')
+        first_sent.set()
+        try:
+            await asyncio.sleep(60)  # idle: the proxy must notice the client leaving anyway
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", endless)
+    rec = await record(app)
+    async with aiohttp.ClientSession() as client:
+        response = await client.post(f"{rec.url}/message:stream", json={})
+        assert await response.content.readuntil(b"\n\n") == b'data: {"n": 1}\n\n'
+        response.close()  # the client goes away mid-stream
+    await asyncio.wait_for(cancelled.wait(), 5)
+    await asyncio.sleep(0.1)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "client_disconnected" and log.body(x["id"]) == b'data: {"n": 1}\n\n'
+
+
+async def test_upstream_dropping_mid_stream_is_mirrored(record: RecordFactory) -> None:
+    async def dropping(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"n": 1}\n\n')
+        await response.write(b'data: {"n": 2}\n\ndata: {"cut')
+        await asyncio.sleep(0.05)
+        request.transport.close()  # gone, without the terminating chunk
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", dropping)
+    rec = await record(app)
+    received = b""
+    async with rec.session.post(f"{rec.url}/message:stream", json={}) as response:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for data in response.content.iter_any():
+                received += data
+    assert received == b'data: {"n": 1}\n\ndata: {"n": 2}\n\ndata: {"cut'
+    await asyncio.sleep(0.1)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "upstream_disconnected" and "dropped mid-response" in x["error"]
+        assert log.body(x["id"]) == received
+        events = log.events(x["id"])
+        assert [e["complete"] for e in events] == [1, 1, 0] and events[-1]["data"] == '{"cut'

@@ -1,0 +1,185 @@
+"""Streams through the proxy: never buffered, byte-exact for the client, complete in the
+log, whatever the upstream sends (tiny chunks, CR line ends, huge events, binary, gzip,
+slow streams, many at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import itertools
+import os
+import random
+import zlib
+
+from a2a_frames import completed_run, sse
+from aiohttp import web
+from conftest import RecordFactory, Recording
+
+
+def streaming_app(
+    pieces: list[bytes],
+    *,
+    delay: float = 0.0,
+    content_type: str = "text/event-stream",
+    headers: dict[str, str] | None = None,
+) -> web.Application:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": content_type, **(headers or {})})
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+            if delay:
+                await asyncio.sleep(delay)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
+
+
+async def fetch(rec: Recording) -> bytes:
+    async with rec.session.post(f"{rec.url}/message:stream", json={"message": {}}) as response:
+        return await response.read()
+
+
+async def check_recorded(rec: Recording, received: bytes, n_events: int | None = None) -> None:
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "complete"
+        assert log.body(x["id"]) == received
+        if n_events is not None:
+            assert len([e for e in log.events(x["id"]) if e["complete"]]) == n_events
+
+
+async def test_each_chunk_reaches_the_client_before_the_next_is_produced(record: RecordFactory) -> None:
+    frames = sse(completed_run(), ids="e")
+    delivered = [asyncio.Event() for _ in frames]
+
+    async def lockstep(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for frame, seen in zip(frames, delivered, strict=True):
+            await response.write(frame)
+            await asyncio.wait_for(seen.wait(), 5)  # deadlocks if the proxy holds the chunk back
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", lockstep)
+    rec = await record(app)
+    received = b""
+    async with rec.session.post(f"{rec.url}/message:stream", json={}) as response:
+        for frame, seen in zip(frames, delivered, strict=True):
+            received += await response.content.readexactly(len(frame))
+            seen.set()
+        received += await response.read()  # to the end, so the exchange completes
+    assert received == b"".join(frames)
+    await check_recorded(rec, received, len(frames))
+
+
+async def test_byte_by_byte_and_cr_line_ends(record: RecordFactory) -> None:
+    stream = b"".join(sse(completed_run()[:3], ids="e")).replace(b"\n", b"\r")
+    # Paced, so that the bytes really arrive one by one.
+    rec = await record(streaming_app([bytes([b]) for b in stream], delay=0.0005))
+    received = await fetch(rec)
+    assert received == stream
+    await check_recorded(rec, received, 3)
+    with await rec.log() as log:
+        events = log.events(1)
+        assert [e["kind"] for e in events] == ["task", "statusUpdate", "artifactUpdate"]
+        assert len(log.chunks(1)) > len(stream) / 4
+
+
+async def test_a_16_mib_event(record: RecordFactory) -> None:
+    text = "x" * (16 * 1024 * 1024)
+    stream = b'data: {"message": {"parts": [{"text": "' + text.encode() + b'"}]}}\n\n'
+    rec = await record(streaming_app([stream[i : i + 65536] for i in range(0, len(stream), 65536)]))
+    received = await fetch(rec)
+    assert received == stream
+    with await rec.log() as log:
+        (event,) = log.events(1)
+        assert event["kind"] == "message" and len(event["text"]) == len(text)
+        assert log.body(1) == stream
+
+
+async def test_binary_garbage(record: RecordFactory) -> None:
+    garbage = random.Random(3).randbytes(300_000)
+    for content_type in ("text/event-stream", "application/octet-stream"):
+        rec = await record(
+            streaming_app(
+                [garbage[i : i + 4096] for i in range(0, len(garbage), 4096)], content_type=content_type
+            )
+        )
+        received = await fetch(rec)
+        assert received == garbage
+        await check_recorded(rec, garbage)
+
+
+async def test_gzip_is_forwarded_untouched_and_recorded_decoded(record: RecordFactory) -> None:
+    stream = b"".join(sse(completed_run(), ids="e"))
+    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    pieces = [
+        packer.compress(frame) + packer.flush(zlib.Z_SYNC_FLUSH) for frame in sse(completed_run(), ids="e")
+    ]
+    pieces.append(packer.flush())
+    rec = await record(streaming_app(pieces, headers={"Content-Encoding": "gzip"}))
+    async with rec.session.post(f"{rec.url}/message:stream", json={}) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        received = await response.read()  # the session does not decompress
+    assert received == b"".join(pieces) and gzip.decompress(received) == stream
+    with await rec.log() as log:
+        x = log.exchange(1)
+        assert x["body_encoding"] == "gzip" and log.body(1) == stream
+        assert [e["kind"] for e in log.events(1)][-1] == "statusUpdate"
+
+
+async def test_slow_stream_offsets_follow_the_upstream(record: RecordFactory) -> None:
+    frames = sse(completed_run()[:4], ids="e")
+    rec = await record(streaming_app(frames, delay=0.1))
+    assert await fetch(rec) == b"".join(frames)
+    with await rec.log() as log:
+        offsets = [e["offset_ns"] / 1e6 for e in log.events(1)]
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert all(90 <= gap <= 400 for gap in gaps), gaps
+
+
+async def test_200_concurrent_streams(record: RecordFactory) -> None:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        n = int(request.query["n"])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for frame in sse(completed_run(f"task.{n}", f"ctx.{n}") * 5, ids=f"{n}-"):
+            await response.write(frame)
+            await asyncio.sleep(random.random() / 100)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    rec = await record(app)
+
+    async def one(n: int) -> tuple[int, bytes]:
+        async with rec.session.post(f"{rec.url}/message:stream?n={n}", json={}) as response:
+            return n, await response.read()
+
+    results = dict(await asyncio.gather(*(one(n) for n in range(200))))
+    for n, body in results.items():
+        assert body == b"".join(sse(completed_run(f"task.{n}", f"ctx.{n}") * 5, ids=f"{n}-"))
+    with await rec.log() as log:
+        exchanges = log.exchanges()
+        assert len(exchanges) == 200
+        for x in exchanges:
+            n = int(x["query"].removeprefix("n="))
+            assert x["outcome"] == "complete" and x["task_id"] == f"task.{n}"
+            assert log.body(x["id"]) == results[n]
+            assert [e["event_id"] for e in log.events(x["id"])] == [f"{n}-{i}" for i in range(1, 51)]
+
+
+async def test_non_streamed_bodies_are_recorded_with_a_cap(record: RecordFactory) -> None:
+    big = os.urandom(1000)
+    rec = await record(
+        streaming_app([big[:600], big[600:]], content_type="application/octet-stream"), max_body=700
+    )
+    assert await fetch(rec) == big  # the client gets everything
+    with await rec.log() as log:
+        x = log.exchange(1)
+        assert x["response_body_truncated"] == 1 and x["response_body"] == big[:700]

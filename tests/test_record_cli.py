@@ -1,0 +1,235 @@
+"""`tasktape record` as a user runs it: a real process, signals, exit statuses, and a
+SIGKILL that loses nothing forwarded more than 100 ms before it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from a2a_frames import completed_run, sse
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from eventlog import EventLog, ExchangeSummary
+from tasktape.record import describe_exchange
+
+
+def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        frames = sse((completed_run() * (events // 10 + 1))[:events], ids="e")
+        for frame in frames:
+            await response.write(frame)
+            if delay:
+                await asyncio.sleep(delay)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
+
+
+@asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@asynccontextmanager
+async def tasktape_record(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tasktape",
+        "record",
+        "--listen",
+        "127.0.0.1:0",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+) -> ", line)
+        assert match, line + (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+        yield proc, match.group(1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def post_stream(url: str) -> bytes:
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/message:stream", json={}) as r:
+        return await r.read()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_prints_one_line_per_exchange_and_flushes_on_signal(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    db = tmp_path / "captures.db"
+    async with (
+        serve(upstream_app()) as upstream,
+        tasktape_record("--upstream", upstream, "--db", str(db)) as (
+            proc,
+            url,
+        ),
+    ):
+        for _ in range(2):
+            assert await post_stream(url) == b"".join(sse(completed_run(), ids="e"))
+        lines = [(await asyncio.wait_for(proc.stdout.readline(), 10)).decode() for _ in range(2)]  # type: ignore[union-attr]
+        proc.send_signal(sig)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    for line in lines:
+        pattern = (
+            r"POST /message:stream 200  task task\.1  COMPLETED  10 events, first after [\d.]+ ms  took "
+        )
+        assert re.match(pattern + r"[\d.]+ ms$", line.strip()), line
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["complete", "complete"]
+        (capture,) = log.captures()
+        assert capture["source"] == "record" and capture["upstream"] == upstream
+
+
+async def test_a_full_log_never_stops_traffic_and_sets_the_exit_status(tmp_path: Path) -> None:
+    db = tmp_path / "captures.db"
+    async with (
+        serve(upstream_app(events=3000)) as upstream,
+        tasktape_record("--upstream", upstream, "--db", str(db), "--max-log-size", "200000", "--quiet") as (
+            proc,
+            url,
+        ),
+    ):
+        received = await post_stream(url)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 3
+        err = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+    assert len(received) == len(b"".join(sse((completed_run() * 301)[:3000], ids="e")))
+    assert "WRITING THE LOG FAILED" in err and "rows could not be written" in err
+    with EventLog(db) as log:  # what was written stays readable
+        assert log.exchanges()[0]["method"] == "POST"
+
+
+async def read_timed(url: str, arrivals: list[tuple[float, bytes]]) -> None:
+    """Read a stream, noting when each piece arrived."""
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/message:stream", json={}) as r:
+        async for data in r.content.iter_any():
+            arrivals.append((time.monotonic(), data))
+
+
+async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    async with serve(upstream_app(events=400, delay=0.005)) as upstream:
+        for run in range(3):
+            db = tmp_path / f"killed{run}.db"
+            async with tasktape_record("--upstream", upstream, "--db", str(db), "--quiet") as (proc, url):
+                arrivals: list[tuple[float, bytes]] = []
+                reader = asyncio.create_task(read_timed(url, arrivals))
+                await asyncio.sleep(0.3 + rng.random())
+                killed_at = time.monotonic()
+                os.kill(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                with pytest.raises(aiohttp.ClientError):
+                    await reader
+            durable = b"".join(data for at, data in arrivals if at < killed_at - 0.1)
+            assert durable, "nothing was forwarded before the kill"
+            with sqlite3.connect(db) as conn:
+                assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            with EventLog(db) as log:
+                (x,) = log.exchanges()
+                assert log.body(x["id"]).startswith(durable)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--upstream", "ftp://x"], "http:// or https:// URL"),
+        (["--upstream", "http://x", "--listen", "127.0.0.1:99999"], "port from 0 to 65535"),
+        (["--upstream", "http://x", "--redact-json", "no/slash"], "must start with '/'"),
+        ([], "Missing option '--upstream'"),
+    ],
+)
+async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tasktape",
+        "record",
+        "--db",
+        str(tmp_path / "x.db"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 2 and message in err.decode()
+
+
+async def test_a_busy_port_is_explained(tmp_path: Path) -> None:
+    async with serve(upstream_app()) as upstream:
+        port = upstream.rsplit(":", 1)[1]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tasktape",
+            "record",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--db",
+            str(tmp_path / "x.db"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in err.decode()
+
+
+def test_lines_for_other_exchanges() -> None:
+    rpc = ExchangeSummary(
+        7,
+        is_sse=True,
+        method="POST",
+        path="/",
+        status=200,
+        events=3,
+        task_id="t1",
+        binding="jsonrpc",
+        rpc_method="SubscribeToTask",
+        final_state="TASK_STATE_CANCELED",
+        first_event_ns=2_500_000,
+        duration_ns=9_000_000,
+        outcome="client_disconnected",
+    )
+    assert describe_exchange(rpc) == (
+        "POST / (SubscribeToTask) 200  task t1  CANCELED  3 events, first after 2.5 ms  took 9.0 ms  "
+        "[client_disconnected]"
+    )
+    plain = ExchangeSummary(
+        8,
+        method="GET",
+        path="/.well-known/agent-card.json",
+        status=200,
+        duration_ns=1_200_000,
+        outcome="complete",
+    )
+    assert describe_exchange(plain) == "GET /.well-known/agent-card.json 200  took 1.2 ms"

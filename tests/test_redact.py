@@ -1,0 +1,189 @@
+"""Redaction rules, and the writer applying them to everything it stores."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+from a2a_frames import completed_run, sse
+
+from eventlog import EventLog, LogWriter
+from eventlog.redact import REDACTED, Redactor, parse_pointer
+
+SECRET = "sk-live-0123456789"
+
+
+def test_headers_by_name_case_insensitive() -> None:
+    r = Redactor(headers=["X-Tenant-Token"])
+    pairs = [
+        ("Authorization", "Bearer x"),
+        ("cookie", "a=b"),
+        ("X-TENANT-TOKEN", "t"),
+        ("A2A-Version", "1.0"),
+    ]
+    assert r.header_pairs(pairs) == [
+        ("Authorization", REDACTED),
+        ("cookie", REDACTED),
+        ("X-TENANT-TOKEN", REDACTED),
+        ("A2A-Version", "1.0"),
+    ]
+    assert Redactor(defaults=False).header_pairs([("Authorization", "x")]) == [("Authorization", "x")]
+
+
+def test_json_pointer_keeps_formatting() -> None:
+    r = Redactor(json_pointers=["/params/metadata/apiKey"])
+    body = '{"jsonrpc": "2.0",\n  "params": {"metadata": {"apiKey": "SECRET", "x": 1}}}'.replace(
+        "SECRET", SECRET
+    )
+    assert r.json_text(body) == body.replace(f'"{SECRET}"', f'"{REDACTED}"')
+    untouched = '{"params": {}}'
+    assert r.json_text(untouched) is untouched
+    assert r.json_text("not json") == "not json"
+
+
+def test_wildcards_escapes_and_every_copy() -> None:
+    r = Redactor(json_pointers=["/*/metadata/a~1b", "/list/*/token"])
+    doc = {"task": {"metadata": {"a/b": SECRET}}, "list": [{"token": "t1"}, {"token": "t2"}], "echo": SECRET}
+    out = json.loads(r.json_text(json.dumps(doc)))
+    assert out == {
+        "task": {"metadata": {"a/b": REDACTED}},
+        "list": [{"token": REDACTED}, {"token": REDACTED}],
+        "echo": REDACTED,
+    }
+
+
+def test_values_spelt_differently_are_replaced_structurally() -> None:
+    r = Redactor(json_pointers=["/key", "/n"])
+    escaped = '{"key": "sk\\u002dlive", "n": 12345, "m": 12345}'
+    out = r.json_text(escaped)
+    assert json.loads(out) == {"key": REDACTED, "n": REDACTED, "m": 12345}
+    assert "sk" not in out and "12345" in out  # numbers are never replaced textually
+
+
+def test_bad_pointer() -> None:
+    with pytest.raises(ValueError, match="must start with '/'"):
+        parse_pointer("params/key")
+
+
+def record(
+    db: Path,
+    redactor: Redactor,
+    chunks: list[bytes],
+    *,
+    is_sse: bool = True,
+    encoding: str | None = None,
+    request_body: bytes | None = None,
+    max_body: int = 1 << 20,
+) -> int:
+    with LogWriter(db, redactor=redactor, max_body=max_body) as w:
+        ex = w.begin_exchange(
+            w.begin_capture(source="test"),
+            method="POST",
+            path="/message:stream",
+            request_headers=[("Authorization", f"Bearer {SECRET}"), ("A2A-Version", "1.0")],
+            request_body=request_body,
+        )
+        w.response_head(
+            ex,
+            status=200,
+            headers=[("Set-Cookie", f"s={SECRET}")],
+            is_sse=is_sse,
+            ttfb_ns=1,
+            content_encoding=encoding,
+        )
+        for i, chunk in enumerate(chunks):
+            w.chunk(ex, i + 1, chunk)
+        w.end_exchange(ex, duration_ns=len(chunks) + 1)
+    return ex
+
+
+def assert_secret_nowhere(db: Path) -> None:
+    for path in db.parent.iterdir():
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_writer_redacts_headers_bodies_events_and_chunks(tmp_path: Path) -> None:
+    frames = completed_run()
+    frames[0]["task"]["metadata"] = {"apiKey": SECRET}
+    stream = b"".join(sse(frames, ids="e"))
+    # Chunks cut anywhere, so the secret is split across two of them.
+    cut = stream.index(SECRET.encode()) + 4
+    chunks = [stream[:100], stream[100:cut], stream[cut : cut + 50], stream[cut + 50 :]]
+    body = json.dumps({"message": {"metadata": {"apiKey": SECRET}, "parts": []}}).encode()
+    db = tmp_path / "log.db"
+    ex = record(
+        db,
+        Redactor(json_pointers=["/task/metadata/apiKey", "/message/metadata/apiKey"]),
+        chunks,
+        request_body=body,
+    )
+    assert_secret_nowhere(db)
+    with EventLog(db) as log:
+        x = log.exchange(ex)
+        assert json.loads(x["request_headers"])[0] == ["Authorization", REDACTED]
+        assert json.loads(x["response_headers"]) == [["Set-Cookie", REDACTED]]
+        assert json.loads(x["request_body"])["message"]["metadata"]["apiKey"] == REDACTED
+        events = log.events(ex)
+        assert json.loads(events[0]["data"])["task"]["metadata"]["apiKey"] == REDACTED
+        assert [e["event_id"] for e in events] == [f"e{n}" for n in range(1, 11)]
+        # The stored chunks are the stream with the secret replaced; untouched events
+        # keep their chunk boundaries.
+        assert log.body(ex) == stream.replace(SECRET.encode(), REDACTED.encode())
+        assert [c["data"] for c in log.chunks(ex)][-1] == chunks[-1]
+
+
+def test_without_json_rules_chunks_are_stored_as_received(tmp_path: Path) -> None:
+    stream = b"".join(sse(completed_run(), ids="e"))
+    chunks = [stream[i : i + 37] for i in range(0, len(stream), 37)]
+    db = tmp_path / "log.db"
+    ex = record(db, Redactor(), chunks)
+    with EventLog(db) as log:
+        assert [c["data"] for c in log.chunks(ex)] == chunks
+
+
+def test_non_streamed_json_body_redacted_whole(tmp_path: Path) -> None:
+    body = json.dumps({"task": {"id": "t", "metadata": {"apiKey": SECRET}}}).encode()
+    db = tmp_path / "log.db"
+    ex = record(db, Redactor(json_pointers=["/task/metadata/apiKey"]), [body[:20], body[20:]], is_sse=False)
+    assert_secret_nowhere(db)
+    with EventLog(db) as log:
+        assert json.loads(log.exchange(ex)["response_body"])["task"]["metadata"]["apiKey"] == REDACTED
+        assert log.body(ex) == body.replace(SECRET.encode(), REDACTED.encode())
+
+
+def test_compressed_bodies_are_stored_decoded(tmp_path: Path) -> None:
+    stream = b"".join(sse(completed_run(), ids="e"))
+    packed = gzip.compress(stream)
+    db = tmp_path / "log.db"
+    ex = record(db, Redactor(), [packed[i : i + 50] for i in range(0, len(packed), 50)], encoding="gzip")
+    with EventLog(db) as log:
+        x = log.exchange(ex)
+        assert (x["body_encoding"], x["error"]) == ("gzip", None)
+        assert log.body(ex) == stream and len(log.events(ex)) == 10
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    deflated = raw.compress(b'{"ok": 1}') + raw.flush()
+    ex = record(tmp_path / "d.db", Redactor(), [deflated], is_sse=False, encoding="deflate")
+    with EventLog(tmp_path / "d.db") as log:
+        assert log.exchange(ex)["response_body"] == '{"ok": 1}'
+    ex = record(tmp_path / "z.db", Redactor(), [b"\x00zstd"], is_sse=True, encoding="zstd")
+    with EventLog(tmp_path / "z.db") as log:
+        x = log.exchange(ex)
+        assert x["body_encoding"] is None and "cannot decode Content-Encoding zstd" in x["error"]
+        assert log.body(ex) == b"\x00zstd" and log.events(ex) == []
+
+
+def test_non_streamed_bodies_are_capped(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    ex = record(db, Redactor(), [b"a" * 600, b"b" * 600], is_sse=False, max_body=1000)
+    with EventLog(db) as log:
+        x = log.exchange(ex)
+        assert x["response_body_truncated"] == 1 and x["response_body"] == "a" * 600 + "b" * 400
+        assert log.body(ex) == b"a" * 600 + b"b" * 400
+    # Event streams are never capped.
+    stream = b"".join(sse(completed_run()))
+    ex = record(tmp_path / "s.db", Redactor(), [stream], max_body=10)
+    with EventLog(tmp_path / "s.db") as log:
+        assert log.body(ex) == stream and log.exchange(ex)["response_body_truncated"] == 0
