@@ -6,6 +6,8 @@ import click
 
 from eventlog import __version__
 
+from .agent_command import agent
+from .demo import demo
 from .record import record
 
 
@@ -16,3 +18,5 @@ def main() -> None:
 
 
 main.add_command(record)
+main.add_command(agent)
+main.add_command(demo)

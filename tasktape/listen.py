@@ -8,6 +8,7 @@ import ipaddress
 import click
 
 DEFAULT_RECORD_PORT = 7470
+DEFAULT_AGENT_PORT = 7473
 
 
 class HostPort(click.ParamType):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 
 import click
-from aiohttp import web
 
 from eventlog import LogError
 from eventlog.exchange_rows import ExchangeSummary
@@ -16,6 +14,7 @@ from eventlog.redact import Redactor, parse_pointer
 from proxy import RecordingProxy
 
 from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
+from .serving import serve_until_stopped
 
 # Exit status when traffic flowed but some of it could not be written to the log.
 EXIT_LOG_FAILED = 3
@@ -114,7 +113,15 @@ def record(
         writer.close()
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
     try:
-        asyncio.run(_serve(proxy, host, port, db))
+        asyncio.run(
+            serve_until_stopped(
+                proxy.app,
+                host,
+                port,
+                ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
+                stopping="tasktape record: stopping; flushing the log",
+            )
+        )
     finally:
         writer.close()
     stats = writer.stats
@@ -125,33 +132,6 @@ def record(
             err=True,
         )
         sys.exit(EXIT_LOG_FAILED)
-
-
-async def _serve(proxy: RecordingProxy, host: str, port: int, db: str) -> None:
-    runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    address = _address(runner, host)
-    click.echo(f"tasktape record: listening on {address} -> {proxy.upstream} (log: {db})", err=False)
-    sys.stdout.flush()
-    await stop.wait()
-    click.echo("tasktape record: stopping; flushing the log", err=True)
-    await runner.cleanup()
-
-
-def _address(runner: web.AppRunner, host: str) -> str:
-    sock = runner.addresses[0]
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{sock[1]}"
 
 
 def describe_exchange(s: ExchangeSummary) -> str:

@@ -77,8 +77,11 @@ async def sdk_client(
             await client.close()
 
 
-def _request(text: str) -> SendMessageRequest:
-    return SendMessageRequest(message=new_text_message(text, role=Role.ROLE_USER))
+def _request(text: str, task_id: str | None = None) -> SendMessageRequest:
+    message = new_text_message(text, role=Role.ROLE_USER)
+    if task_id:
+        message.task_id = task_id  # input for a task that asked for it
+    return SendMessageRequest(message=message)
 
 
 async def _collect(stream: AsyncIterator[StreamResponse], on_event: OnEvent | None) -> list[Event]:
@@ -92,14 +95,18 @@ async def _collect(stream: AsyncIterator[StreamResponse], on_event: OnEvent | No
 
 
 async def stream_message(
-    base_url: str, text: str, binding: Binding = "rest", on_event: OnEvent | None = None
+    base_url: str,
+    text: str,
+    binding: Binding = "rest",
+    on_event: OnEvent | None = None,
+    task_id: str | None = None,
 ) -> list[Event]:
     """Send ``text`` as a streaming message; return every ``StreamResponse`` (as a dict) until the end.
 
     ``on_event`` is called with each event as it arrives (e.g. to grab the task id mid-stream).
     """
     async with sdk_client(base_url, binding) as client:
-        return await _collect(client.send_message(_request(text)), on_event)
+        return await _collect(client.send_message(_request(text, task_id)), on_event)
 
 
 async def send_message(base_url: str, text: str, binding: Binding = "rest") -> Event:

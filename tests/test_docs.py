@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    (command,) = re.findall(r"## Run the tests\n\n```console\n(.+)\n```", README)
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert command in ci
+def test_the_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
+    (block,) = re.findall(r"## Quick start\n\n.*?\n\n```console\n(.+?)\n```", README, re.S)
+    demo, tests = block.split("\n")
+    assert demo == "python -m pip install . && tasktape demo"
+    assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 def test_cli_help_and_version() -> None:

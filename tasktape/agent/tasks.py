@@ -1,0 +1,192 @@
+"""Tasks of the demo agent: their state, the events they emitted, and live fan-out to
+every stream watching them (the original ``message:stream`` and any subscribers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from .ids import new_id
+
+TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"}
+INTERRUPTED = {"TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED"}
+
+Frame = dict[str, Any]
+Event = tuple[str, Frame]  # (SSE id, StreamResponse)
+
+
+class NotCancelable(Exception):
+    pass
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def text_message(role: str, text: str, *, task_id: str, context_id: str) -> Frame:
+    return {
+        "messageId": new_id("msg"),
+        "contextId": context_id,
+        "taskId": task_id,
+        "role": role,
+        "parts": [{"text": text}],
+    }
+
+
+class TaskRun:
+    """One task: everything it emitted, and the streams watching it."""
+
+    def __init__(self, context_id: str, pace: float) -> None:
+        self.id = new_id("task")
+        self.context_id = context_id
+        self.pace = pace
+        self.state = "TASK_STATE_SUBMITTED"
+        self.status_message: Frame | None = None
+        self.history: list[Frame] = []
+        self.artifacts: dict[str, Frame] = {}
+        self.metadata: dict[str, Any] = {}
+        self.events: list[Event] = []
+        self.watchers: set[asyncio.Queue[Event | None]] = set()
+        self.drop_after: int | None = None  # the "drop" scenario cuts its stream here
+        self._runner: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()  # terminal or interrupted
+
+    # -- what the agent does -----------------------------------------------------------------
+
+    def start(self, message: Frame, script: Callable[[TaskRun, str], Awaitable[None]]) -> None:
+        """Run ``script`` for this user message (a first message, or input that resumes
+        an interrupted task)."""
+        message = {**message, "taskId": self.id, "contextId": self.context_id}
+        self.history.append(message)
+        self._settled.clear()
+        text = "".join(p.get("text", "") for p in message.get("parts", []) if isinstance(p, dict))
+        self._runner = asyncio.get_running_loop().create_task(self._run(script, text))
+
+    async def _run(self, script: Callable[[TaskRun, str], Awaitable[None]], text: str) -> None:
+        try:
+            await script(self, text)
+        finally:
+            self._settle()
+
+    async def pause(self, seconds: float) -> None:
+        if self.pace:
+            await asyncio.sleep(seconds * self.pace)
+
+    def emit(self, frame: Frame) -> None:
+        event = (new_id("evt"), frame)
+        self.events.append(event)
+        for watcher in self.watchers:
+            watcher.put_nowait(event)
+
+    def snapshot_event(self) -> None:
+        self.emit({"task": self.snapshot()})
+
+    def set_status(
+        self, state: str, *, message: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> None:
+        self.state = state
+        self.status_message = (
+            text_message("ROLE_AGENT", message, task_id=self.id, context_id=self.context_id)
+            if message
+            else None
+        )
+        if self.status_message:
+            self.history.append(self.status_message)
+        if metadata:
+            self.metadata.update(metadata)
+        body: Frame = {"taskId": self.id, "contextId": self.context_id, "status": self._status()}
+        if metadata:
+            body["metadata"] = metadata
+        self.emit({"statusUpdate": body})
+        if state in TERMINAL or state in INTERRUPTED:
+            self._settle()
+
+    def artifact_update(self, artifact: Frame, *, append: bool = False, last_chunk: bool = False) -> None:
+        body: Frame = {"taskId": self.id, "contextId": self.context_id, "artifact": artifact}
+        # Protobuf JSON leaves false out, as the hosted API does.
+        if append:
+            body["append"] = True
+        if last_chunk:
+            body["lastChunk"] = True
+            self.artifacts[artifact["artifactId"]] = artifact
+        self.emit({"artifactUpdate": body})
+
+    def cancel(self) -> None:
+        if self.state in TERMINAL:
+            raise NotCancelable(f"task {self.id} is {self.state}: a terminal task cannot be canceled")
+        if self._runner is not None:
+            self._runner.cancel()
+        self.set_status("TASK_STATE_CANCELED", message="Canceled at the client's request.")
+
+    # -- what clients see --------------------------------------------------------------------
+
+    def _status(self) -> Frame:
+        status: Frame = {"state": self.state, "timestamp": now()}
+        if self.status_message:
+            status["message"] = self.status_message
+        return status
+
+    def snapshot(self) -> Frame:
+        task: Frame = {
+            "id": self.id,
+            "contextId": self.context_id,
+            "status": self._status(),
+            "history": list(self.history),
+        }
+        if self.artifacts:
+            task["artifacts"] = list(self.artifacts.values())
+        if self.metadata:
+            task["metadata"] = dict(self.metadata)
+        return task
+
+    def watch(self) -> asyncio.Queue[Event | None]:
+        """A queue of the events from now on, ending with None once the task settles."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        if self._settled.is_set():
+            queue.put_nowait(None)
+        else:
+            self.watchers.add(queue)
+        return queue
+
+    def unwatch(self, queue: asyncio.Queue[Event | None]) -> None:
+        self.watchers.discard(queue)
+
+    async def settled(self) -> None:
+        await self._settled.wait()
+
+    def _settle(self) -> None:
+        if self._settled.is_set():
+            return
+        self._settled.set()
+        for watcher in self.watchers:
+            watcher.put_nowait(None)
+        self.watchers.clear()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._runner
+
+
+class TaskStore:
+    def __init__(self, pace: float) -> None:
+        self.pace = pace
+        self.tasks: dict[str, TaskRun] = {}
+        self.contexts: dict[str, list[str]] = {}
+
+    def new(self, context_id: str | None) -> TaskRun:
+        run = TaskRun(context_id or new_id("ctx"), self.pace)
+        self.tasks[run.id] = run
+        self.contexts.setdefault(run.context_id, []).append(run.id)
+        return run
+
+    def get(self, task_id: str) -> TaskRun | None:
+        return self.tasks.get(task_id)
+
+    async def close(self) -> None:
+        for run in self.tasks.values():
+            await run.stop()

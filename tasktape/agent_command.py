@@ -1,0 +1,63 @@
+"""``tasktape agent``: the built-in demo agent, from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from .agent import create_agent_app
+from .listen import DEFAULT_AGENT_PORT, HostPort, warn_if_exposed
+from .serving import serve_until_stopped
+
+
+@click.command()
+@click.option(
+    "--listen",
+    type=HostPort(),
+    default=f"127.0.0.1:{DEFAULT_AGENT_PORT}",
+    show_default=True,
+    help="Address to listen on (HOST:PORT, or just PORT).",
+)
+@click.option(
+    "--pace",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Scale every delay (think time, time per token): 0 streams as fast as possible.",
+)
+@click.option(
+    "--public-url", metavar="URL", help="Base URL its agent card lists (default: the one each request used)."
+)
+def agent(listen: tuple[str, int], pace: float, public_url: str | None) -> None:
+    """Run the built-in A2A v1.0 demo agent (REST and JSON-RPC bindings).
+
+    Streams like the hosted API the A2A lifecycle document describes: SSE ids on every
+    event, prefixed UUIDv7 ids, a task event first, intermediate thinking, the answer as
+    token deltas closed by a lastChunk with citations, and $usage on the closing status.
+    Words in the message choose how the task ends:
+
+    \b
+    input   INPUT_REQUIRED (send a message with the task id to resume)
+    auth    AUTH_REQUIRED (REST shows FAILED)
+    fail    FAILED, with a status message
+    reject  REJECTED (REST shows FAILED)
+    cancel  a slow answer, for tasks/{id}:cancel
+    long    400 token deltas
+    drop    the connection drops mid-answer
+    (none)  COMPLETED
+    """
+    host, port = listen
+    warn_if_exposed("tasktape agent", host)
+    app = create_agent_app(pace=pace, public_url=public_url)
+    asyncio.run(
+        serve_until_stopped(
+            app,
+            host,
+            port,
+            ready=lambda url: (
+                f"tasktape agent: listening on {url} (REST at {url}, JSON-RPC at {url}/jsonrpc)"
+            ),
+            stopping="tasktape agent: stopping",
+        )
+    )

@@ -1,0 +1,264 @@
+"""``tasktape demo``: the main job in one command. The demo agent and the recording proxy
+start on free loopback ports; a client drives every scenario through the proxy (streaming
+and not, both bindings); then the log is read back and checked against what the client
+received, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import click
+
+from eventlog import EventLog, ProcessLogWriter, classify
+from proxy import RecordingProxy
+
+from .a2a_client import A2AClient, StreamResult
+from .agent import create_agent_app
+from .serving import start_site
+
+
+@dataclass
+class Run:
+    """One scenario as the client lived it."""
+
+    name: str
+    binding: str
+    expected: str  # the final state the client must see
+    streams: list[StreamResult] = field(default_factory=list)
+    task_id: str | None = None
+    final_state: str | None = None
+    expect_cut: bool = False  # the stream is meant to break off
+    problems: list[str] = field(default_factory=list)
+
+
+async def _stream(client: A2AClient, run: Run, text: str, **kw: Any) -> StreamResult:
+    result = await client.stream(text, **kw)
+    run.streams.append(result)
+    run.task_id = run.task_id or result.task_id
+    run.final_state = result.final_state or run.final_state
+    return result
+
+
+def scenarios(session: aiohttp.ClientSession, url: str) -> list[tuple[Run, Callable[[], Awaitable[None]]]]:
+    """The scenarios, each with the coroutine that drives it through the proxy at ``url``."""
+    plans: list[tuple[Run, Callable[[], Awaitable[None]]]] = []
+
+    def plan(name: str, binding: str, expected: str, *, cut: bool = False):  # noqa: ANN202
+        def add(drive: Callable[[A2AClient, Run], Awaitable[None]]) -> None:
+            run = Run(name, binding, expected, expect_cut=cut)
+
+            async def go() -> None:
+                await drive(await A2AClient.connect(session, url, binding), run)
+
+            plans.append((run, go))
+
+        return add
+
+    for name, binding, expected, text in [
+        ("completed", "rest", "COMPLETED", "What does J45.909 mean?"),
+        ("completed", "jsonrpc", "COMPLETED", "What does J45.909 mean?"),
+        ("auth required", "jsonrpc", "AUTH_REQUIRED", "Open my records (auth needed)"),
+        ("auth required (REST: FAILED)", "rest", "FAILED", "Open my records (auth needed)"),
+        ("failed", "rest", "FAILED", "This will fail"),
+        ("rejected", "jsonrpc", "REJECTED", "Reject this, please"),
+        ("rejected (REST: FAILED)", "rest", "FAILED", "Reject this, please"),
+        ("long token stream", "jsonrpc", "COMPLETED", "A long answer, please"),
+    ]:
+
+        @plan(name, binding, expected)
+        async def _(client: A2AClient, run: Run, text: str = text) -> None:
+            await _stream(client, run, text)
+
+    @plan("completed, not streamed", "rest", "COMPLETED")
+    async def _(client: A2AClient, run: Run) -> None:
+        task = (await client.send("Summarise the last visit"))["task"]
+        run.task_id, run.final_state = task["id"], task["status"]["state"]
+
+    @plan("input required, then resumed", "rest", "COMPLETED")
+    async def _(client: A2AClient, run: Run) -> None:
+        first = await _stream(client, run, "What input do you need?")
+        if first.final_state != "TASK_STATE_INPUT_REQUIRED":
+            run.problems.append(f"the first stream ended {first.final_state}, not INPUT_REQUIRED")
+        await _stream(client, run, "Record 42", task_id=run.task_id)
+
+    @plan("canceled mid-stream", "rest", "CANCELED")
+    async def _(client: A2AClient, run: Run) -> None:
+        answering = asyncio.get_running_loop().create_future()
+
+        def on_event(frame: dict[str, Any]) -> None:
+            artifact = frame.get("artifactUpdate", {}).get("artifact", {})
+            if artifact.get("name") == "answer" and not answering.done():
+                answering.set_result(frame["artifactUpdate"]["taskId"])
+
+        streaming = asyncio.create_task(_stream(client, run, "Cancel me halfway", on_event=on_event))
+        task_id = await asyncio.wait_for(answering, 30)
+        await client.cancel(task_id)
+        await streaming
+
+    @plan("dropped connection", "rest", "COMPLETED", cut=True)
+    async def _(client: A2AClient, run: Run) -> None:
+        await _stream(client, run, "Drop the line mid-answer")
+        # The agent finishes the task anyway: ask for it once it is done.
+        for _ in range(300):
+            task = await client.get_task(run.task_id or "")
+            if task["status"]["state"] != "TASK_STATE_WORKING":
+                break
+            await asyncio.sleep(0.05)
+        run.final_state = task["status"]["state"]
+
+    return plans
+
+
+async def run_demo(db: Path, pace: float) -> tuple[list[Run], str, str]:
+    """Start the agent and the recorder, drive every scenario, stop; return the runs and
+    the two URLs."""
+    writer = ProcessLogWriter(db)
+    agent_runner, agent_url = await start_site(create_agent_app(pace=pace), "127.0.0.1", 0)
+    proxy = RecordingProxy(agent_url, writer)
+    proxy_runner, proxy_url = await start_site(proxy.app, "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            plans = scenarios(session, proxy_url)
+            outcomes = await asyncio.gather(*(go() for _, go in plans), return_exceptions=True)
+        runs = [run for run, _ in plans]
+        for run, outcome in zip(runs, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                run.problems.append(f"the client failed: {type(outcome).__name__}: {outcome}")
+        await asyncio.wait_for(proxy.wait_idle(), 30)
+    finally:
+        await proxy_runner.cleanup()
+        await agent_runner.cleanup()
+        await writer.aclose()
+    return runs, agent_url, proxy_url
+
+
+def check(runs: list[Run], log: EventLog) -> None:
+    """Hold each run against the log: final states, byte-exact streams, outcomes."""
+    exchanges = log.exchanges()
+    for run in runs:
+        if run.final_state != f"TASK_STATE_{run.expected}":
+            run.problems.append(f"the client saw {run.final_state}, expected {run.expected}")
+        mine = [x for x in exchanges if x["task_id"] == run.task_id and x["rpc_method"] != "GetTask"]
+        streamed = [x for x in mine if x["is_sse"]]
+        if len(streamed) != len(run.streams):
+            run.problems.append(f"{len(run.streams)} streams sent, {len(streamed)} recorded")
+        for result, x in zip(run.streams, streamed, strict=False):
+            if log.body(x["id"]) != result.raw:
+                run.problems.append(f"exchange {x['id']}: the log's bytes differ from what the client got")
+            events = log.events(x["id"])
+            complete = [e for e in events if e["complete"]]
+            if len(complete) != len(result.events):
+                run.problems.append(f"exchange {x['id']}: {len(complete)} events in the log")
+            if run.expect_cut and len(events) != len(complete) + 1:
+                run.problems.append(f"exchange {x['id']}: the cut-off last event is missing")
+            expected = "upstream_disconnected" if run.expect_cut else "complete"
+            if x["outcome"] != expected:
+                run.problems.append(f"exchange {x['id']}: outcome {x['outcome']}, expected {expected}")
+        if not run.streams and not any(
+            classify(x["response_body"] or "", bare_task=True).task_id == run.task_id for x in mine
+        ):
+            run.problems.append("the non-streamed answer is not in the log")
+
+
+def report(runs: list[Run], log: EventLog) -> list[str]:
+    summary = {r["task_id"]: r for r in log.db.query("SELECT * FROM task_summary")}
+    for x in log.exchanges():  # tasks answered without a stream: from the exchange
+        c = classify(x["response_body"] or "", bare_task=True) if not x["is_sse"] else None
+        if c and c.task_id and c.task_id not in summary:
+            summary[c.task_id] = {
+                "duration_ms": (x["duration_ns"] or 0) / 1e6,
+                "credits": (c.usage or {}).get("credits"),
+            }
+    rows = [
+        ("scenario", "binding", "final state", "events", "first event", "duration", "credits", "recorded")
+    ]
+    for run in runs:
+        s = summary.get(run.task_id or "", {})
+        rows.append(
+            (
+                run.name,
+                run.binding,
+                (run.final_state or "-").removeprefix("TASK_STATE_"),
+                str(s.get("events", "-")),
+                f"{s['ttfe_ms']:.0f} ms" if s.get("ttfe_ms") is not None else "-",
+                f"{s['duration_ms']:.0f} ms" if s.get("duration_ms") is not None else "-",
+                f"{s['credits']:.2f}" if s.get("credits") is not None else "-",
+                "ok" if not run.problems else "NO: " + "; ".join(run.problems),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
+
+
+@click.command()
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to keep the log (default: a new tasktape-demo-<time>.db here).",
+)
+@click.option(
+    "--pace",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Scale the agent's think time and time per token (0: as fast as possible).",
+)
+def demo(db: Path | None, pace: float) -> None:
+    """Record a realistic A2A session end to end, on loopback, and check the recording.
+
+    Starts the built-in demo agent and the recording proxy, drives every scenario through
+    the proxy as a client would (streaming and not, REST and JSON-RPC), then reads the
+    log back: each stream must be in it byte for byte, with the events and final state
+    the client saw. Exits 0 only if every scenario was recorded completely.
+    """
+    db = db or Path(f"tasktape-demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
+    if db.exists():
+        raise click.ClickException(f"{db} exists already: choose another --db (the demo starts a new log)")
+    click.echo(f"tasktape demo: starting the demo agent and the recorder; the log goes to {db}")
+    started = time.perf_counter()
+    runs, agent_url, proxy_url = asyncio.run(run_demo(db, pace))
+    with EventLog(db) as log:
+        check(runs, log)
+        lines = report(runs, log)
+        counts = {
+            t: log.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("exchanges", "events")
+        }
+    click.echo(f"agent {agent_url}, recorder {proxy_url}, {time.perf_counter() - started:.1f} s\n")
+    for line in lines:
+        click.echo(line)
+    failed = [run for run in runs if run.problems]
+    click.echo("")
+    if failed:
+        click.secho(
+            f"{len(failed)} of {len(runs)} scenarios were NOT recorded completely.", fg="red", err=True
+        )
+    else:
+        click.echo(
+            f"All {len(runs)} scenarios recorded completely: {counts['exchanges']} exchanges, "
+            f"{counts['events']} events."
+        )
+    click.echo(f"\nThe log: {db.resolve()}\n\nNext:")
+    for line in next_steps(db):
+        click.echo(f"  {line}")
+    if failed:
+        raise SystemExit(1)
+
+
+def next_steps(db: Path) -> list[str]:
+    """What to try next with the log the demo wrote."""
+    summary = "SELECT task_id, final_state, events, ttfe_ms, credits FROM task_summary"
+    return [
+        f'sqlite-utils query {db} "{summary}" -t',
+        f'sqlite-utils query {db} "SELECT seq, gap_ms, kind, state, text FROM task_timeline LIMIT 20" -t',
+        "tasktape agent     # the demo agent on http://127.0.0.1:7473, for your own client",
+        "tasktape record --upstream http://127.0.0.1:7473 --db mine.db     # then point the client at :7470",
+    ]

@@ -1,0 +1,77 @@
+"""`tasktape demo` end to end, as a user runs it: a real process, a real log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from eventlog import EventLog, LogWriter
+from tasktape.demo import Run, check
+
+
+def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "tasktape", "demo", "--db", str(db), "--pace", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "All 12 scenarios recorded completely" in out and f"The log: {db}" in out
+    for name in (
+        "completed",
+        "input required, then resumed",
+        "canceled mid-stream",
+        "dropped connection",
+        "long token stream",
+        "completed, not streamed",
+    ):
+        assert any(
+            line.startswith(name + " ") and line.rstrip().endswith("ok") for line in out.splitlines()
+        ), name
+    with EventLog(db) as log:
+        states = {r["final_state"] for r in log.db.query("SELECT final_state FROM task_summary")}
+        assert states >= {
+            "TASK_STATE_COMPLETED",
+            "TASK_STATE_FAILED",
+            "TASK_STATE_REJECTED",
+            "TASK_STATE_AUTH_REQUIRED",
+            "TASK_STATE_CANCELED",
+        }
+        outcomes = [x["outcome"] for x in log.exchanges()]
+        assert outcomes.count("upstream_disconnected") == 1 and set(outcomes) <= {
+            "complete",
+            "upstream_disconnected",
+        }
+    # Nothing is left behind but the log (and SQLite's WAL files): not even a lock file.
+    assert {p.name for p in tmp_path.iterdir()} <= {"demo.db", "demo.db-shm", "demo.db-wal"}
+
+
+def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    db.write_bytes(b"")
+    result = subprocess.run(
+        [sys.executable, "-m", "tasktape", "demo", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1 and "exists already" in result.stderr
+
+
+def test_a_recording_that_does_not_match_is_reported(tmp_path: Path) -> None:
+    run = Run("completed", "rest", "COMPLETED", task_id="task.missing", final_state="TASK_STATE_FAILED")
+    db = tmp_path / "empty.db"
+    LogWriter(db).close()
+    with EventLog(db) as log:
+        check([run], log)
+    assert run.problems == [
+        "the client saw TASK_STATE_FAILED, expected COMPLETED",
+        "the non-streamed answer is not in the log",
+    ]
