@@ -226,7 +226,8 @@ def demo(db: Path | None, pace: float) -> None:
     click.echo(f"tasktape demo: starting the demo agent and the recorder; the log goes to {db}")
     started = time.perf_counter()
     runs, agent_url, proxy_url = asyncio.run(run_demo(db, pace))
-    with EventLog(db) as log:
+    # Read-write, so that closing it folds the WAL back into the file and tidies up.
+    with EventLog(db, readonly=False) as log:
         check(runs, log)
         lines = report(runs, log)
         counts = {
