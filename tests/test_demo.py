@@ -34,6 +34,8 @@ def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
         assert any(
             line.startswith(name + " ") and line.rstrip().endswith("ok") for line in out.splitlines()
         ), name
+    # Nothing is left behind but the log: no lock file, no WAL.
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
     with EventLog(db) as log:
         states = {r["final_state"] for r in log.db.query("SELECT final_state FROM task_summary")}
         assert states >= {
@@ -48,8 +50,6 @@ def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
             "complete",
             "upstream_disconnected",
         }
-    # Nothing is left behind but the log: no lock file, no WAL.
-    assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
 
 
 def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path) -> None:
