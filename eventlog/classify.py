@@ -37,8 +37,8 @@ def load_json(data: str | bytes) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        # orjson is strict where the standard library is not (integers beyond 64
-        # bits, NaN): let json decide, and word the error.
+        # orjson refuses what the standard library reads (NaN, infinities, lone
+        # surrogates): let json decide, and word the error.
         return json.loads(data)
 
 

@@ -103,6 +103,7 @@ class ExchangeRows:
         self._redactor = redactor
         self._max_body = max_body
         self._is_sse = False
+        self._withheld = False
         self._decoder: SSEDecoder | None = None
         self._inflate: _Inflate | None = None
         self._chunk_seq = 0
@@ -168,20 +169,26 @@ class ExchangeRows:
         )
 
     def head(
-        self, status: int, headers: Headers | None, is_sse: bool, ttfb_ns: int, content_encoding: str | None
+        self,
+        status: int,
+        headers: Headers | None,
+        is_sse: bool,
+        ttfb_ns: int,
+        content_encoding: str | None,
+        decoded_from: str | None,
     ) -> Statement:
         self.summary.status = status
         self.summary.is_sse = is_sse
-        decoded_from = None
         if content_encoding and content_encoding.strip().lower() != "identity":
             self._inflate = _Inflate.for_encoding(content_encoding)
             if self._inflate is None:
-                self._error = f"body stored as received: cannot decode Content-Encoding {content_encoding}"
+                self._undecodable(f"cannot decode Content-Encoding {content_encoding}")
             else:
                 decoded_from = content_encoding
         self._is_sse = is_sse
         if is_sse and self._error is None:
-            self._decoder = SSEDecoder()
+            # Raw event bytes are only needed to redact them inside the stored chunks.
+            self._decoder = SSEDecoder(keep_raw=bool(self._redactor.json_pointers))
         return _UPDATE_HEAD, (
             status,
             self._headers(headers),
@@ -197,8 +204,8 @@ class ExchangeRows:
                 data = self._inflate.feed(data)
             except zlib.error as exc:
                 self._inflate = None
-                self._error = f"content decoding failed ({exc}); the rest is stored as received"
-        if not data:
+                self._undecodable(f"content decoding failed ({exc})", rest=True)
+        if not data or self._withheld:
             return
         self._last_offset = offset_ns
         self.summary.chunks += 1
@@ -265,11 +272,23 @@ class ExchangeRows:
         s.binding = s.binding or c.binding
         s.final_state = c.state or s.final_state
 
+    def _undecodable(self, why: str, *, rest: bool = False) -> None:
+        """A body that cannot be decoded is stored as received, unless JSON fields are to
+        be redacted from it: then it is not stored at all, since it cannot be redacted."""
+        part = "the rest of the body" if rest else "the body"
+        if self._redactor.json_pointers:
+            self._withheld = True
+            self._error = f"{why}: {part} is not stored, since it could not be redacted"
+        else:
+            self._error = f"{why}: {part} is stored as received"
+
     def _headers(self, headers: Headers | None) -> str | None:
         if headers is None:
             return None
         pairs = headers.items() if isinstance(headers, Mapping) else headers
-        return json.dumps(self._redactor.header_pairs(pairs), ensure_ascii=False)
+        return json.dumps(
+            [(k, _header_text(v)) for k, v in self._redactor.header_pairs(pairs)], ensure_ascii=False
+        )
 
     def _chunk_row(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
         chunk_rows.append((self.summary.exchange_id, self._chunk_seq, offset_ns, data))
@@ -362,10 +381,29 @@ class ExchangeRows:
             _int(c.append),
             _int(c.last_chunk),
             c.text,
-            None if c.usage is None else orjson.dumps(c.usage).decode(),
+            None if c.usage is None else _usage_json(c.usage),
             c.parse_error,
         )
         event_rows.append(tuple([_NULL if v is None else v for v in row]))
+
+
+def _header_text(value: str) -> str:
+    """Header bytes that are not UTF-8 reach us surrogate-escaped (aiohttp): store them
+    as the Latin-1 text HTTP defines them to be."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape").decode("latin-1")
+    return value
+
+
+def _usage_json(usage: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(usage).decode()
+    except TypeError:  # lone surrogates, from escapes in the JSON: ASCII escapes keep them
+        return json.dumps(usage, ensure_ascii=True)
 
 
 def _int(flag: bool | None) -> int | None:
@@ -388,43 +426,48 @@ def _reframe(event: SSEEvent, data: str) -> bytes:
 
 
 class _Inflate:
-    """Incremental Content-Encoding decoding (gzip, deflate, and br when brotli is installed)."""
+    """Incremental Content-Encoding decoding: gzip (every member of it), deflate (with or
+    without the zlib wrapper), and br when brotli is installed."""
 
-    def __init__(self, decompress: Any, flush: Any, *, raw_deflate_fallback: bool = False) -> None:
-        self._decompress = decompress
-        self._flush = flush
-        self._fallback = raw_deflate_fallback
+    def __init__(self, wbits: int | None, brotli_decoder: Any = None) -> None:
+        self._wbits = wbits
+        self._z = zlib.decompressobj(wbits) if wbits is not None else None
+        self._brotli = brotli_decoder
+        self._first = True
 
     @classmethod
     def for_encoding(cls, encoding: str) -> _Inflate | None:
         name = encoding.strip().lower()
         if name in ("gzip", "x-gzip"):
-            z = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            return cls(z.decompress, z.flush)
+            return cls(16 + zlib.MAX_WBITS)
         if name == "deflate":
-            z = zlib.decompressobj()
-            return cls(z.decompress, z.flush, raw_deflate_fallback=True)
+            return cls(zlib.MAX_WBITS)
         if name == "br":
             try:
                 import brotli  # noqa: PLC0415 - optional, as for aiohttp
             except ImportError:
                 return None
-            b = brotli.Decompressor()
-            return cls(b.process, lambda: b"")
+            return cls(None, brotli.Decompressor())
         return None
 
     def feed(self, data: bytes) -> bytes:
+        if self._z is None:
+            return self._brotli.process(data)
         try:
-            out = self._decompress(data)
+            out = self._z.decompress(data)
         except zlib.error:
-            if not self._fallback:
+            if not (self._first and self._wbits == zlib.MAX_WBITS):
                 raise
             # "deflate" is often sent as raw deflate, without the zlib wrapper.
-            z = zlib.decompressobj(-zlib.MAX_WBITS)
-            self._decompress, self._flush, self._fallback = z.decompress, z.flush, False
-            out = self._decompress(data)
-        self._fallback = False
+            self._wbits = -zlib.MAX_WBITS
+            self._z = zlib.decompressobj(self._wbits)
+            out = self._z.decompress(data)
+        self._first = False
+        while self._z.eof and self._z.unused_data:  # gzip: members one after another
+            rest = self._z.unused_data
+            self._z = zlib.decompressobj(self._wbits)
+            out += self._z.decompress(rest)
         return out
 
     def flush(self) -> bytes:
-        return self._flush()
+        return self._z.flush() if self._z is not None else b""

@@ -126,15 +126,23 @@ class ProcessLogWriter(LogProducer):
                     batch[i] = (FLUSH, self._token(op[1]))
                 elif code == STOP:
                     stop = True
-            if not self._child_gone:
-                try:
-                    self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
-                except OSError as exc:
-                    self._lost(f"the log writer process is gone ({exc})", len(batch))
-            else:
-                self._lost("the log writer process is gone", len(batch))
+            self._send(batch)
             if stop:
                 return
+
+    def _send(self, batch: list[tuple[Any, ...]]) -> None:
+        if self._child_gone:
+            self._lost("the log writer process is gone", len(batch))
+            return
+        try:
+            message = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # something a producer passed that cannot travel
+            self._failed(f"cannot send {len(batch)} operations to the log writer: {exc}", len(batch), exc)
+            message = pickle.dumps([op for op in batch if op[0] in (END, FLUSH, STOP)])
+        try:
+            self._conn.send_bytes(message)
+        except OSError as exc:
+            self._lost(f"the log writer process is gone ({exc})", len(batch))
 
     def _read(self) -> None:
         while True:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -35,6 +35,7 @@ _REPORT_EVERY = 5.0  # seconds between two reports of failed writes on stderr
 class WriterStats:
     rows_written: int = 0
     rows_lost: int = 0
+    chunks_dropped: int = 0  # not recorded because the writer fell too far behind (in rows_lost)
     batches: int = 0
     failed_batches: int = 0
     last_error: str | None = None
@@ -61,6 +62,7 @@ class LogProducer:
         self._taken = 0
         self._queued_lock = threading.Lock()
         self._dropped: dict[int, int] = {}
+        self._stats_lock = threading.Lock()
         self._capture_ids = count(1)
         self._exchange_ids = count(1)
 
@@ -119,7 +121,7 @@ class LogProducer:
                 method,
                 path,
                 query,
-                request_headers,
+                _pairs(request_headers),
                 request_body,
                 request_body_truncated,
             )
@@ -139,10 +141,14 @@ class LogProducer:
         is_sse: bool,
         ttfb_ns: int,
         content_encoding: str | None = None,
+        decoded_from: str | None = None,
     ) -> None:
         """The response's status and headers. Chunks of a body sent with a
-        ``content_encoding`` (gzip, deflate, br) are stored decoded."""
-        self._put((HEAD, exchange_id, status, headers, is_sse, ttfb_ns, content_encoding))
+        ``content_encoding`` (gzip, deflate, br) are stored decoded; ``decoded_from``
+        says chunks given already decoded were sent with that encoding."""
+        self._put(
+            (HEAD, exchange_id, status, _pairs(headers), is_sse, ttfb_ns, content_encoding, decoded_from)
+        )
 
     def chunk(self, exchange_id: int, offset_ns: int, data: bytes) -> None:
         """One piece of the response body, exactly as received, ``offset_ns`` after the
@@ -166,7 +172,12 @@ class LogProducer:
         """The writer is more than max_backlog behind: this chunk is not recorded (the
         traffic itself is untouched). Counted, reported, and noted on the exchange."""
         self._dropped[exchange_id] = self._dropped.get(exchange_id, 0) + 1
-        self._failed(f"the log writer is {self.max_backlog // 2**20} MiB behind: chunks are not recorded", 1)
+        self.stats.chunks_dropped += 1
+        self._failed(
+            f"the log writer is {self.max_backlog // 2**20} MiB behind: chunks are not recorded",
+            1,
+            batch=False,
+        )
 
     def end_exchange(
         self,
@@ -205,6 +216,8 @@ class LogProducer:
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
         self._put((FLUSH, wake))
+        if not self._alive():
+            raise LogError(f"{self.path}: the log writer has stopped")
         await done
 
     def close(self) -> None:
@@ -238,14 +251,15 @@ class LogProducer:
         """Wait until everything queued before STOP is written, then release the log."""
         raise NotImplementedError
 
-    def _failed(self, error: str, rows: int, exc: BaseException | None = None) -> None:
+    def _failed(self, error: str, rows: int, exc: BaseException | None = None, *, batch: bool = True) -> None:
         """Rows could not be written: count them and say so, loudly."""
         stats = self.stats
-        stats.failed_batches += 1
-        stats.rows_lost += rows
-        stats.last_error = error
-        if len(stats.errors) < 100:
-            stats.errors.append(error)
+        with self._stats_lock:  # from the writer's threads and the producers' alike
+            stats.failed_batches += batch
+            stats.rows_lost += rows
+            stats.last_error = error
+            if len(stats.errors) < 100:
+                stats.errors.append(error)
         if self._on_error is not None:
             with contextlib.suppress(Exception):
                 self._on_error(exc or LogError(error), rows)
@@ -258,6 +272,14 @@ class LogProducer:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _pairs(headers: Headers | None) -> list[tuple[str, str]] | None:
+    """Headers as a plain list of pairs: what any writer can keep, or send to a process."""
+    if headers is None:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [(str(k), str(v)) for k, v in items]
 
 
 _open_writers: weakref.WeakSet[LogProducer] = weakref.WeakSet()

@@ -5,7 +5,8 @@ pointers (RFC 6901, plus ``*`` for any key or index, e.g. ``/params/message/meta
 or ``/*/metadata/token``). A redacted JSON value is replaced in the original bytes, so
 the rest of the document keeps its exact formatting; when that cannot be done safely,
 the document is re-serialized with the values replaced. Every copy of a redacted value
-in the same document is replaced too.
+in the same document is replaced too (a key equal to one included). Text that looks like
+JSON but cannot be read is replaced whole, since it could hold what should not be kept.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
-
-from .classify import load_json
 
 REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
@@ -47,35 +46,108 @@ class Redactor:
         return body if redacted is text else redacted.encode("utf-8")
 
     def json_text(self, text: str) -> str:
-        """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed."""
-        if not self._paths:
+        """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed.
+
+        Text that looks like JSON but cannot be read (cut off, malformed) might hold a
+        value it should not: it is replaced by :data:`UNREADABLE`. JSON Lines are
+        redacted line by line."""
+        if not self._paths or not text:
             return text
         try:
-            doc = load_json(text)
+            doc = _load(text)
         except (ValueError, RecursionError):
-            return text
-        secrets = [v for path in self._paths for v in _find(doc, path) if v != REDACTED and v is not None]
+            if "\n" in text.strip():
+                lines = text.split("\n")
+                redacted = [self.json_text(line) for line in lines]
+                return (
+                    text if all(a is b for a, b in zip(lines, redacted, strict=True)) else "\n".join(redacted)
+                )
+            return UNREADABLE if _looks_like_json(text) else text
+        secrets = [
+            v for path in self._paths for v in _find(doc.value, path) if v != REDACTED and v is not None
+        ]
         if not secrets:
             return text
-        if all(isinstance(v, str) for v in secrets):
+        if not doc.duplicate_keys and all(isinstance(v, str) for v in secrets):
             # A string literal keeps its quotes, so it cannot match inside another token.
             out = text
             for value in secrets:
                 for literal in _literals(value):
                     out = out.replace(literal, json.dumps(REDACTED))
-            if out != text and self._clean(out):
+            if out != text and self._clean(out, secrets):
                 return out
-        # The literal was spelt differently (escapes, spacing): replace structurally.
+        # Spelt differently (escapes, spacing), or a key given twice: rebuild the
+        # document with every pointed-at value, and every copy of one, replaced.
+        value = doc.value
         for path in self._paths:
-            doc = _replace(doc, path)
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+            value = _replace(value, path)
+        return json.dumps(
+            _scrub(value, {v for v in secrets if isinstance(v, str)}),
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
 
-    def _clean(self, text: str) -> bool:
+    def _clean(self, text: str, secrets: list[Any]) -> bool:
         try:
-            doc = load_json(text)
+            doc = _load(text)
         except (ValueError, RecursionError):
             return False
-        return all(v in (REDACTED, None) for path in self._paths for v in _find(doc, path))
+        strings = {v for v in secrets if isinstance(v, str)}
+        return all(v in (REDACTED, None) for path in self._paths for v in _find(doc.value, path)) and not any(
+            _strings(doc.value) & strings
+        )
+
+
+UNREADABLE = "[REDACTED: not readable as JSON]"
+
+
+class _Doc:
+    __slots__ = ("duplicate_keys", "value")
+
+    def __init__(self, value: Any, duplicate_keys: bool) -> None:
+        self.value, self.duplicate_keys = value, duplicate_keys
+
+
+def _load(text: str) -> _Doc:
+    """Parse exactly (the standard library: big integers stay integers), noting a key
+    given twice in one object (readers keep only the last one)."""
+    duplicates = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal duplicates
+        obj = dict(items)
+        duplicates |= len(obj) != len(items)
+        return obj
+
+    return _Doc(json.loads(text, object_pairs_hook=pairs), duplicates)
+
+
+def _looks_like_json(text: str) -> bool:
+    stripped = text.lstrip()
+    return stripped.startswith("{") or (
+        stripped.startswith("[") and stripped[1:2] in '{["-0123456789tfn] \t\r\n'
+    )
+
+
+def _strings(node: Any) -> set[str]:
+    if isinstance(node, str):
+        return {node}
+    if isinstance(node, dict):
+        return set().union(*(_strings(v) | {k} for k, v in node.items())) if node else set()
+    if isinstance(node, list):
+        return set().union(*(_strings(v) for v in node)) if node else set()
+    return set()
+
+
+def _scrub(node: Any, secrets: set[str]) -> Any:
+    """Every string (key or value) equal to a secret, replaced."""
+    if isinstance(node, str):
+        return REDACTED if node in secrets else node
+    if isinstance(node, dict):
+        return {(REDACTED if k in secrets else k): _scrub(v, secrets) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_scrub(v, secrets) for v in node]
+    return node
 
 
 def parse_pointer(pointer: str) -> tuple[str, ...]:

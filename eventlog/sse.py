@@ -42,6 +42,10 @@ class SSEDecoder:
     ['hello']
     >>> [(e.data, e.complete) for e in dec.close()]
     [('', False)]
+
+    With ``keep_raw=False`` events carry ``raw=b""`` and parsed bytes are dropped at
+    once: less work, and memory bounded by the longest line rather than by what came
+    since the last event (a stream of nothing but keep-alives, say).
     """
 
     __slots__ = (
@@ -49,17 +53,22 @@ class SSEDecoder:
         "_buf",
         "_closed",
         "_data",
+        "_dropped",
         "_event",
         "_id",
+        "_keep_raw",
         "_last_id",
         "_line_start",
         "_retry",
         "_skip_lf",
     )
 
-    def __init__(self) -> None:
-        # Bytes received since the end of the last dispatched event.
+    def __init__(self, *, keep_raw: bool = True) -> None:
+        self._keep_raw = keep_raw
+        # Bytes received since the end of the last dispatched event (without keep_raw:
+        # since the last parsed line; _dropped counts the ones already let go).
         self._buf = bytearray()
+        self._dropped = 0
         # Offset in _buf of the first byte not yet parsed (the start of a partial line).
         self._line_start = 0
         # The last parsed line ended with a CR at the end of a chunk: an LF that
@@ -106,12 +115,12 @@ class SSEDecoder:
             return []
         self._closed = True
         buf = self._buf
-        if not buf:
+        if not buf and not self._dropped:
             return []
         tail = bytes(buf[self._line_start :])
         if tail:
             self._field(tail)
-        event = self._make_event(bytes(buf), complete=False)
+        event = self._make_event(bytes(buf) if self._keep_raw else b"", complete=False)
         buf.clear()
         return [event]
 
@@ -146,7 +155,9 @@ class SSEDecoder:
                 continue
             # A blank line: dispatch the block if it holds data, then reset it.
             if data:
-                if cut < 0:
+                if not self._keep_raw:
+                    raw = b""
+                elif cut < 0:
                     raw = bytes(memoryview(buf)[:start]) + text[:pos] if start else text[:pos]
                 else:
                     raw = text[cut:pos]
@@ -158,7 +169,11 @@ class SSEDecoder:
         else:
             if line and line[-1] == _CR:
                 self._skip_lf = True
-        if cut < 0:
+        if not self._keep_raw:
+            del buf[: start + pos]
+            self._line_start = 0
+            self._dropped = pos - cut if cut >= 0 else self._dropped + start + pos
+        elif cut < 0:
             self._line_start = start + pos
         else:
             del buf[: start + cut]

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LogBusy
+from .errors import LogBusy, LogError, WriterClosed
 from .exchange_rows import INSERT_CHUNK, INSERT_EVENT, ExchangeRows, ExchangeSummary
 from .producer import (
     BODY,
@@ -60,6 +61,28 @@ class _Batch:
         default_factory=list
     )
     stop: bool = False
+    cleaned: bool = False
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: Any) -> Any:
+    """A lone surrogate (no UTF-8 spelling) becomes U+FFFD, as invalid UTF-8 does."""
+    return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else value
+
+
+def _clean_batch(batch: _Batch) -> None:
+    batch.statements = [(sql, tuple(map(_clean, params))) for sql, params in batch.statements]
+    batch.event_rows = [tuple(map(_clean, row)) for row in batch.event_rows]
+
+
+def _release(op: tuple[Any, ...], error: Exception) -> None:
+    """Wake whoever waits on an operation that will not be written."""
+    if op[0] == END and op[5].set_running_or_notify_cancel():
+        op[5].set_exception(error)
+    elif op[0] == FLUSH:
+        op[1]()
 
 
 class LogWriter(LogProducer):
@@ -138,7 +161,7 @@ class LogWriter(LogProducer):
         batch = _Batch()
         while not batch.stop:
             batch = _Batch()
-            self._apply(get(), batch)
+            self._apply_safely(get(), batch)
             # Take what is queued until the queue is empty or the batch has used its
             # time, then commit: transactions stay short under any load.
             deadline = time.monotonic() + self._max_batch
@@ -147,8 +170,30 @@ class LogWriter(LogProducer):
                     op = get_nowait()
                 except queue.Empty:
                     break
-                self._apply(op, batch)
+                self._apply_safely(op, batch)
             self._batches.put(batch)
+        # Whoever raced close() with a last operation is not left waiting.
+        while True:
+            try:
+                op = get_nowait()
+            except queue.Empty:
+                return
+            _release(op, WriterClosed(f"{self.path}: the log writer closed first"))
+
+    def _apply_safely(self, op: tuple[Any, ...], batch: _Batch) -> None:
+        """An operation that cannot be turned into rows (a bug, or content nothing
+        expected) loses its own rows, loudly, and never stops the writer."""
+        try:
+            self._apply(op, batch)
+        except Exception as exc:
+            self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
+            if op[0] == END:
+                self._exchanges.pop(op[1], None)
+                _release(op, LogError(f"{self.path}: exchange {op[1]} could not be recorded: {exc}"))
+            elif op[0] == FLUSH:
+                batch.wakers.append(op[1])
+            elif op[0] == STOP:
+                batch.stop = True
 
     def _commit_loop(self) -> None:
         while True:
@@ -217,6 +262,17 @@ class LogWriter(LogProducer):
             conn.execute("COMMIT")
             self.stats.rows_written += rows
             self.stats.batches += 1
+        except UnicodeEncodeError:
+            # A string SQLite cannot take (a lone surrogate, from an escape in JSON):
+            # store the batch again with such characters replaced.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not batch.cleaned:
+                batch.cleaned = True
+                _clean_batch(batch)
+                self._commit(batch)
+                return
+            self._failed("UnicodeEncodeError: text that is not valid Unicode", rows)
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

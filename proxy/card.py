@@ -16,9 +16,16 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def is_card_request(method: str, path: str, body: bytes | None) -> bool:
+    """A request whose answer is an agent card (a well-known path, or a JSON-RPC call)."""
     if method == "GET" and path.endswith(CARD_PATHS):
         return True
-    return method == "POST" and body is not None and any(m.encode() in body for m in CARD_METHODS)
+    if method != "POST" or not body or not any(m.encode() in body for m in CARD_METHODS):
+        return False
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("method") in CARD_METHODS
 
 
 def rewrite_card(body: bytes, upstream: URL, public: URL) -> bytes | None:

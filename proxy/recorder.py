@@ -60,12 +60,15 @@ class RecordingProxy:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.stopping = False
         self.app = web.Application(middlewares=[self._refuse_forward_proxying])
-        self.app.router.add_route("*", "/{tail:.*}", self._handle)
-        self.app.on_startup.append(self._open)
-        self.app.on_cleanup.append(self._close)
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.app.on_startup.append(lambda _app: self.start())
+        self.app.on_shutdown.append(lambda _app: self._mark_stopping())
+        self.app.on_cleanup.append(lambda _app: self.close())
 
-    async def _open(self, _app: web.Application) -> None:
+    async def start(self) -> None:
+        """Open the pooled upstream session (and the capture, unless one was given)."""
         if self.capture_id is None:
             self.capture_id = self.writer.begin_capture(source="record", upstream=str(self.upstream))
         self._session = aiohttp.ClientSession(
@@ -76,9 +79,14 @@ class RecordingProxy:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
 
-    async def _close(self, _app: web.Application) -> None:
+    async def _mark_stopping(self) -> None:
+        self.stopping = True  # exchanges cut short from now on were stopped, not abandoned
+
+    async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self.capture_id is not None:
+            self.writer.end_capture(self.capture_id)
 
     @web.middleware
     async def _refuse_forward_proxying(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -98,7 +106,9 @@ class RecordingProxy:
         """Return once no exchange is in flight (each one has been handed to the log)."""
         await self._idle.wait()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Forward one request to the upstream and record it: the aiohttp handler, also
+        usable from another application's handler."""
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -118,7 +128,8 @@ class RecordingProxy:
             path=request.rel_url.raw_path,
             query=request.rel_url.raw_query_string or None,
             request_headers=list(request.headers.items()),
-            request_body=body,
+            request_body=None if body is None else body[: self.max_request_body],
+            request_body_truncated=body is not None and len(body) > self.max_request_body,
             started_ns=started_ns,
         )
         return await Exchange(self, request, exchange, t0).run(teed or body)
@@ -152,6 +163,13 @@ class RecordingProxy:
     def public_for(self, request: web.Request) -> URL:
         return self.public_url or URL.build(scheme=request.scheme, authority=request.host)
 
+    def local_location(self, location: str, request: web.Request) -> str:
+        """A redirect to the upstream itself points at the proxy instead, so the client
+        does not leave the recording by following it."""
+        if location == self._base or location.startswith(self._base + "/"):
+            return str(self.public_for(request)).rstrip("/") + location[len(self._base) :]
+        return location
+
 
 class _TeedBody:
     """A request body streamed to the upstream while its first ``cap`` bytes are kept."""
@@ -164,15 +182,23 @@ class _TeedBody:
 
     async def stream(self) -> AsyncIterator[bytes]:
         async for chunk in self.content.iter_any():
-            room = self.cap - len(self.kept)
-            if len(chunk) > room:
-                self.truncated = True
-            self.kept += chunk[: max(room, 0)]
+            self._keep(chunk)
             yield chunk
+
+    async def drain(self) -> None:
+        """Read what the upstream never took (it failed first), for the log."""
+        async for chunk in self.content.iter_any():
+            self._keep(chunk)
+
+    def _keep(self, chunk: bytes) -> None:
+        room = self.cap - len(self.kept)
+        if len(chunk) > room:
+            self.truncated = True
+        self.kept += chunk[: max(room, 0)]
 
 
 class Exchange:
-    """One request forwarded and its response streamed back."""
+    """One request forwarded and its response streamed back; ended (in the log) exactly once."""
 
     def __init__(self, proxy: RecordingProxy, request: web.Request, exchange_id: int, t0: int) -> None:
         self.proxy = proxy
@@ -180,11 +206,23 @@ class Exchange:
         self.id = exchange_id
         self.t0 = t0
         self.writer = proxy.writer
+        self.ended = False
+        self.teed: _TeedBody | None = None
 
     def _offset(self) -> int:
         return time.perf_counter_ns() - self.t0
 
     async def run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
+        try:
+            return await self._run(body)
+        finally:
+            if not self.ended:  # cancelled: the client left, or the proxy is stopping
+                if self.proxy.stopping:
+                    self._end("proxy_stopped", "tasktape record stopped during the exchange")
+                else:
+                    self._end("client_disconnected", "the client went away mid-exchange")
+
+    async def _run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
         request, proxy = self.request, self.proxy
         headers = for_upstream(
             request.headers.items(),
@@ -194,7 +232,13 @@ class Exchange:
             scheme=request.scheme,
             host=request.host,
         )
-        data = body.stream() if isinstance(body, _TeedBody) else body
+        if isinstance(body, _TeedBody):
+            self.teed, data, sent = body, body.stream(), None
+        else:
+            data = sent = body
+        card = proxy.rewrite_cards and is_card_request(request.method, request.path, sent)
+        if card:
+            headers.popall("Accept-Encoding", None)  # a compressed card could not be rewritten
         assert proxy._session is not None
         try:
             upstream = await proxy._session.request(
@@ -204,23 +248,22 @@ class Exchange:
                 data=data,
                 allow_redirects=False,
             )
-        except asyncio.CancelledError:
-            self._end("client_disconnected", "the client went away before the upstream answered")
-            raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             reason = f"upstream {proxy.upstream} failed before answering: {_describe(exc)}"
+            if self.teed is not None:
+                await self.teed.drain()
             response = error_response(502, reason)
             self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self._offset())
             self.writer.chunk(self.id, self._offset(), response.body)  # type: ignore[arg-type]
             self._end("upstream_error", reason)
             return response
         try:
-            return await self._relay(upstream, body)
+            return await self._relay(upstream, card)
         finally:
             upstream.close()
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, body: Any) -> web.StreamResponse:
-        request, proxy = self.request, self.proxy
+    async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
+        request = self.request
         is_sse = upstream.content_type == "text/event-stream"
         self.writer.response_head(
             self.id,
@@ -230,11 +273,10 @@ class Exchange:
             ttfb_ns=self._offset(),
             content_encoding=upstream.headers.get("Content-Encoding"),
         )
-        if isinstance(body, _TeedBody):
-            self.writer.late_request_body(self.id, bytes(body.kept), truncated=body.truncated)
-            body = bytes(body.kept)
         headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
-        if proxy.rewrite_cards and not is_sse and is_card_request(request.method, request.path, body):
+        if "Location" in headers:
+            headers["Location"] = self.proxy.local_location(headers["Location"], request)
+        if card and not is_sse:
             return await self._relay_card(upstream, headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         # Whatever the upstream has sent so far is forwarded (and recorded) as one chunk:
@@ -261,9 +303,6 @@ class Exchange:
                 chunk_to_log(self.id, offset(), data)
                 await write(data)
             await response.write_eof()
-        except asyncio.CancelledError:
-            self._end("client_disconnected", "the client went away mid-response")
-            raise
         except ConnectionError as exc:
             self._end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
             return response
@@ -279,7 +318,7 @@ class Exchange:
             self.request.protocol.force_close()
             raise web.HTTPBadGateway() from exc
         self.writer.chunk(self.id, self._offset(), original)
-        encoded = "Content-Encoding" in upstream.headers
+        encoded = "Content-Encoding" in upstream.headers  # sent anyway: it stays as it is
         rewritten = (
             None
             if encoded
@@ -292,6 +331,11 @@ class Exchange:
         )
 
     def _end(self, outcome: str, error: str | None = None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self.teed is not None:  # a body streamed through: the log gets what was kept
+            self.writer.late_request_body(self.id, bytes(self.teed.kept), truncated=self.teed.truncated)
         done = self.writer.end_exchange(self.id, duration_ns=self._offset(), outcome=outcome, error=error)
         if self.proxy.on_exchange is not None:
             callback = self.proxy.on_exchange

@@ -9,11 +9,14 @@ from collections.abc import Callable
 import click
 from aiohttp import web
 
+STOP_GRACE = 1.0  # seconds
+
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Start ``app`` (a client that goes away cancels its handler); return the runner and
     the base URL it listens on (port 0 picks a free port)."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # On stop, exchanges in flight get a moment to finish, then are cancelled.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=STOP_GRACE)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from a2a_frames import completed_run, sse
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from eventlog import EventLog, LogBusy, LogError, LogProducer, LogWriter, ProcessLogWriter, WriterClosed
 
@@ -351,3 +352,41 @@ def test_a_dead_writer_process_is_reported_and_never_hangs(tmp_path: Path) -> No
         done.result(timeout=10)
     w.close()
     assert errors and "process is gone" in errors[0]
+
+
+def test_content_nothing_expected_never_stops_the_writer(tmp_path: Path) -> None:
+    """A lone surrogate (a JSON escape) in a task id and in $usage, beside a good exchange
+    in the same batch: both are stored, the writer lives on, every future resolves."""
+    db = tmp_path / "log.db"
+    frame = (
+        b'data: {"statusUpdate": {"taskId": "t\\ud800", "metadata": {"$usage": {"model": "m\\ud800"}}}}\n\n'
+    )
+    with LogWriter(db) as w:
+        cap = w.begin_capture(source="test")
+        bad = w.begin_exchange(
+            cap, method="POST", path="/message:stream", request_headers=[("X-Note", "caf\udce9")]
+        )  # undecodable header bytes
+        good = w.begin_exchange(cap, method="GET", path="/ok")
+        w.response_head(bad, status=200, headers=None, is_sse=True, ttfb_ns=1)
+        w.chunk(bad, 1, frame)
+        done = [w.end_exchange(bad, duration_ns=2), w.end_exchange(good, duration_ns=2)]
+        assert [f.result(timeout=10).exchange_id for f in done] == [bad, good]
+        w.flush(timeout=10)
+    assert w.stats.rows_lost == 0
+    with EventLog(db) as log:
+        (event,) = log.events(bad)
+        assert event["task_id"] == "t\ufffd" and json.loads(event["usage"]) == {"model": "m\ud800"}
+        assert json.loads(log.exchange(bad)["request_headers"]) == [["X-Note", "café"]]
+        assert log.exchange(good)["outcome"] == "complete"
+
+
+def test_headers_of_any_mapping_travel_to_the_writer_process(tmp_path: Path) -> None:
+    headers = CIMultiDictProxy(CIMultiDict([("A2A-Version", "1.0"), ("Accept", "text/event-stream")]))
+    with ProcessLogWriter(tmp_path / "log.db") as w:
+        ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/", request_headers=headers)
+        w.end_exchange(ex, duration_ns=1).result(timeout=10)
+    with EventLog(tmp_path / "log.db") as log:
+        assert json.loads(log.exchange(ex)["request_headers"]) == [
+            ["A2A-Version", "1.0"],
+            ["Accept", "text/event-stream"],
+        ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
+import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
 from conftest import RecordFactory
@@ -120,3 +123,64 @@ async def test_secrets_appear_nowhere_in_the_log_files(record: RecordFactory) ->
     assert {p.name for p in files} >= {rec.db.name, f"{rec.db.name}-wal"}
     for path in files:
         assert SECRET.encode() not in path.read_bytes(), path.name
+
+
+async def test_a_client_asking_for_gzip_still_gets_a_rewritten_card(record: RecordFactory) -> None:
+    base: list[str] = []
+    seen: list[str | None] = []
+
+    async def card(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Accept-Encoding"))
+        response = web.json_response(
+            {"supportedInterfaces": [{"url": base[0], "protocolBinding": "JSONRPC"}]}
+        )
+        if request.headers.get("Accept-Encoding"):
+            response.enable_compression()
+        return response
+
+    async def send(request: web.Request) -> web.Response:
+        # An answer that mentions GetExtendedAgentCard and carries a url: not a card.
+        return web.json_response(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "result": {
+                    "message": {
+                        "parts": [{"url": f"{base[0]}/files/report.pdf", "text": "GetExtendedAgentCard"}]
+                    }
+                },
+            }
+        )
+
+    app = web.Application()
+    app.router.add_get("/.well-known/agent-card.json", card)
+    app.router.add_post("/", send)
+    rec = await record(app)
+    base.append(rec.upstream)
+    async with aiohttp.ClientSession() as client:  # decompresses, as httpx does
+        async with client.get(
+            f"{rec.url}/.well-known/agent-card.json", headers={"Accept-Encoding": "gzip"}
+        ) as r:
+            assert (await r.json())["supportedInterfaces"][0]["url"] == rec.url
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"text": "GetExtendedAgentCard"}}
+        async with client.post(f"{rec.url}/", json=rpc) as r:
+            assert (await r.json())["result"]["message"]["parts"][0][
+                "url"
+            ] == f"{rec.upstream}/files/report.pdf"
+    assert seen == [None]  # the proxy asked for the card uncompressed
+
+
+async def test_a_client_leaving_while_the_card_loads_ends_the_exchange(record: RecordFactory) -> None:
+    async def slow_card(request: web.Request) -> web.Response:
+        await asyncio.sleep(1)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/.well-known/agent-card.json", slow_card)
+    rec = await record(app)
+    with pytest.raises(asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as client:
+            await client.get(f"{rec.url}/.well-known/agent-card.json")
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "client_disconnected"

@@ -187,3 +187,62 @@ async def test_upstream_dropping_mid_stream_is_mirrored(record: RecordFactory) -
         assert log.body(x["id"]) == received
         events = log.events(x["id"])
         assert [e["complete"] for e in events] == [1, 1, 0] and events[-1]["data"] == '{"cut'
+
+
+async def test_small_request_bodies_respect_the_cap(record: RecordFactory) -> None:
+    rec = await record(echo_app(), max_body=1000)
+    body = b"x" * 5000
+    async with rec.session.post(f"{rec.url}/echo", data=body) as r:
+        assert (await r.json())["body"].encode() == body  # forwarded whole
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["request_body"] == "x" * 1000 and x["request_body_truncated"] == 1
+
+
+async def test_a_streamed_body_is_recorded_even_when_the_upstream_fails(record: RecordFactory) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rec = await record(f"http://127.0.0.1:{port}")
+
+    async def body():
+        yield b'{"message": '
+        yield b'{"parts": []}}'
+
+    async with rec.session.post(f"{rec.url}/message:send", data=body()) as r:
+        assert r.status == 502
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "upstream_error" and x["request_body"] == '{"message": {"parts": []}}'
+
+
+async def test_redirects_to_the_upstream_stay_on_the_proxy(record: RecordFactory) -> None:
+    where: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPMovedPermanently(f"{where[0]}/v2/card", headers={"X-Seen": "1"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        raise web.HTTPFound("https://auth.example/login")
+
+    app = web.Application()
+    app.router.add_get("/card", moved)
+    app.router.add_get("/login", elsewhere)
+    rec = await record(app)
+    where.append(rec.upstream)
+    async with rec.session.get(f"{rec.url}/card", allow_redirects=False) as r:
+        assert r.headers["Location"] == f"{rec.url}/v2/card"
+    async with rec.session.get(f"{rec.url}/login", allow_redirects=False) as r:
+        assert r.headers["Location"] == "https://auth.example/login"
+
+
+async def test_header_bytes_that_are_not_utf8_are_kept_as_latin1(record: RecordFactory) -> None:
+    rec = await record(echo_app())
+    host, port = rec.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Note: caf\xe9\r\nConnection: close\r\n\r\n")
+    assert (await reader.read()).startswith(b"HTTP/1.1 200")
+    writer.close()
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert ["X-Note", "café"] in json.loads(x["request_headers"])

@@ -233,3 +233,23 @@ def test_lines_for_other_exchanges() -> None:
         outcome="complete",
     )
     assert describe_exchange(plain) == "GET /.well-known/agent-card.json 200  took 1.2 ms"
+
+
+async def test_stopping_with_a_stream_open_is_quick_and_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "captures.db"
+    async with (
+        serve(upstream_app(events=1000, delay=0.05)) as upstream,
+        tasktape_record("--upstream", upstream, "--db", str(db), "--quiet") as (proc, url),
+    ):
+        reader = asyncio.create_task(read_timed(url, []))
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        assert time.monotonic() - started < 10
+        with pytest.raises(aiohttp.ClientError):
+            await reader
+    with EventLog(db) as log:
+        (x,) = log.exchanges()
+        assert (x["outcome"], x["error"]) == ("proxy_stopped", "tasktape record stopped during the exchange")
+        assert log.captures()[0]["ended_at"]

@@ -11,7 +11,7 @@ import pytest
 from a2a_frames import completed_run, sse
 
 from eventlog import EventLog, LogWriter
-from eventlog.redact import REDACTED, Redactor, parse_pointer
+from eventlog.redact import REDACTED, UNREADABLE, Redactor, parse_pointer
 
 SECRET = "sk-live-0123456789"
 
@@ -187,3 +187,66 @@ def test_non_streamed_bodies_are_capped(tmp_path: Path) -> None:
     ex = record(tmp_path / "s.db", Redactor(), [stream], max_body=10)
     with EventLog(tmp_path / "s.db") as log:
         assert log.body(ex) == stream and log.exchange(ex)["response_body_truncated"] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A key given twice: readers keep the last value, the first must not survive.
+        ('{"apiKey": "SECRET", "apiKey": "x"}', {"apiKey": REDACTED}),
+        # Spelt with an escape at the pointer, plainly elsewhere: every copy goes.
+        ('{"apiKey": "ESCAPED", "echo": "SECRET"}', {"apiKey": REDACTED, "echo": REDACTED}),
+    ],
+)
+def test_redaction_leaves_no_copy(text: str, expected: dict) -> None:
+    text = text.replace("ESCAPED", SECRET.replace("0", "\\u0030")).replace("SECRET", SECRET)
+    out = Redactor(json_pointers=["/apiKey"]).json_text(text)
+    assert json.loads(out) == expected and SECRET not in out
+
+
+def test_what_cannot_be_read_is_not_kept() -> None:
+    r = Redactor(json_pointers=["/apiKey"])
+    cut = f'{{"apiKey": "{SECRET}", "more'
+    assert r.json_text(cut) == UNREADABLE
+    assert r.json_text("[DONE]") == "[DONE]" and r.json_text("plain text") == "plain text"
+    lines = f'{{"apiKey": "{SECRET}"}}\n{{"ok": 1}}'
+    assert r.json_text(lines) == '{"apiKey": "[REDACTED]"}\n{"ok": 1}'
+
+
+def test_cut_and_truncated_bodies_leak_nothing(tmp_path: Path) -> None:
+    redactor = Redactor(json_pointers=["/task/metadata/apiKey", "/message/metadata/apiKey"])
+    body = json.dumps({"task": {"id": "t", "metadata": {"apiKey": SECRET}, "pad": "x" * 100}}).encode()
+    # A JSON answer longer than max_body: what is kept cannot be parsed.
+    record(tmp_path / "a.db", redactor, [body], is_sse=False, max_body=60)
+    assert_secret_nowhere(tmp_path / "a.db")
+    # A stream cut in the middle of the event that carries the secret.
+    frame = b"".join(sse([{"task": {"id": "t", "metadata": {"apiKey": SECRET}}}]))
+    record(tmp_path / "b.db", redactor, [frame[: len(frame) - 10]])
+    assert_secret_nowhere(tmp_path / "b.db")
+
+
+def test_an_undecodable_body_is_withheld_when_fields_must_be_redacted(tmp_path: Path) -> None:
+    ex = record(
+        tmp_path / "z.db",
+        Redactor(json_pointers=["/apiKey"]),
+        [b"\x28\xb5\x2f\xfd compressed"],
+        is_sse=False,
+        encoding="zstd",
+    )
+    with EventLog(tmp_path / "z.db") as log:
+        x = log.exchange(ex)
+        assert log.chunks(ex) == [] and x["response_body"] is None
+        assert "is not stored, since it could not be redacted" in x["error"]
+
+
+def test_every_gzip_member_is_decoded(tmp_path: Path) -> None:
+    frames = sse(completed_run(), ids="e")
+    members = b"".join(gzip.compress(f) for f in frames)  # one member per event
+    ex = record(
+        tmp_path / "m.db",
+        Redactor(),
+        [members[i : i + 100] for i in range(0, len(members), 100)],
+        encoding="gzip",
+    )
+    with EventLog(tmp_path / "m.db") as log:
+        assert log.body(ex) == b"".join(frames) and len(log.events(ex)) == 10

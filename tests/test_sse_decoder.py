@@ -241,3 +241,26 @@ def test_official_sdk_wire_bytes(name: str) -> None:
     assert b"".join(e.raw for e in events) == stream
     assert all(e.id is None and e.event is None for e in events)
     assert events[0].data.startswith(('{"task"', '{"result": {"task"'))
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=streams, cuts=cut_lists)
+def test_without_raw_the_same_events(stream: bytes, cuts: list[int]) -> None:
+    chunks = split(stream, cuts)
+    dec = SSEDecoder(keep_raw=False)
+    lean: list[SSEEvent] = []
+    for c in chunks:
+        lean += dec.feed(c)
+    lean += dec.close()
+    full = decode(chunks)
+    assert [(fields(e), e.complete) for e in lean] == [(fields(e), e.complete) for e in full]
+    assert all(e.raw == b"" for e in lean)
+
+
+def test_without_raw_memory_stays_bounded() -> None:
+    dec = SSEDecoder(keep_raw=False)
+    for _ in range(100_000):
+        dec.feed(b": keep-alive\n\n")
+    assert len(dec._buf) == 0
+    (tail,) = dec.close()  # the keep-alives since the last event are still reported
+    assert not tail.complete and tail.data == ""
