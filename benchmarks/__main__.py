@@ -6,10 +6,15 @@ import argparse
 import time
 from pathlib import Path
 
-from . import decoder, eventlog_bench, proxy_bench
+from . import decoder, eventlog_bench, proxy_bench, replay_bench
 from .harness import machine
 
-SUITES = {"decoder": decoder.run, "log": eventlog_bench.run, "proxy": proxy_bench.run}
+SUITES = {
+    "decoder": decoder.run,
+    "log": eventlog_bench.run,
+    "proxy": proxy_bench.run,
+    "replay": replay_bench.run,
+}
 
 
 def main() -> None:

@@ -291,3 +291,26 @@ def close_open_writers() -> None:
     is lost to a forgotten ``close()``."""
     for writer in list(_open_writers):
         writer.close()
+
+
+class NullWriter(LogProducer):
+    """Takes every operation and writes nothing: for forwarding without recording."""
+
+    def __init__(self) -> None:
+        super().__init__("(nowhere)", None, max_backlog=0)
+        self._start_ids(1, 1)
+
+    def chunk(self, exchange_id: int, offset_ns: int, data: bytes) -> None:
+        return None
+
+    def _put(self, op: tuple[Any, ...]) -> None:
+        if op[0] == END and op[5].set_running_or_notify_cancel():
+            op[5].set_result(ExchangeSummary(op[1]))
+        elif op[0] == FLUSH:
+            op[1]()
+
+    def _alive(self) -> bool:
+        return True
+
+    def _shutdown(self) -> None:
+        return None

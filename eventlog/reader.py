@@ -6,6 +6,7 @@ writer is appending (WAL): each call sees the rows committed when it starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,46 @@ class EventLog:
         raise UnknownEventId(
             f"task {task_id!r} has no event with id {event_id!r} ({len(events)} events; {hint})"
         )
+
+    def select(
+        self,
+        *,
+        tasks: Iterable[str] = (),
+        contexts: Iterable[str] = (),
+        exchanges: Iterable[int] = (),
+        with_cards: bool = True,
+    ) -> list[int]:
+        """Ids of the exchanges of these tasks and contexts (named by the exchange or by
+        any of its events), and these exchanges; nothing named means all. With
+        ``with_cards``, the last agent card read before the first of them comes too, so
+        a client replaying them can start by reading it."""
+        tasks, contexts, chosen = list(tasks), list(contexts), set(exchanges)
+        if not (tasks or contexts or chosen):
+            return [x["id"] for x in self.exchanges()]
+        for column, values in (("task_id", tasks), ("context_id", contexts)):
+            if values:
+                marks = ",".join("?" * len(values))
+                chosen |= {
+                    r["id"]
+                    for r in self._rows(
+                        f"SELECT id FROM exchanges WHERE {column} IN ({marks}) UNION "
+                        f"SELECT DISTINCT exchange_id FROM events WHERE {column} IN ({marks})",
+                        (*values, *values),
+                    )
+                }
+        if with_cards and chosen:
+            first = min(chosen)
+            cards = self._rows(
+                "SELECT id, path FROM exchanges WHERE id < ? AND (rpc_method = 'GetExtendedAgentCard'"
+                " OR path LIKE '%/.well-known/agent-card.json' OR path LIKE '%/.well-known/agent.json'"
+                " OR path LIKE '%/extendedAgentCard') ORDER BY id DESC",
+                (first,),
+            )
+            latest: dict[str, int] = {}
+            for card in cards:
+                latest.setdefault(card["path"], card["id"])
+            chosen |= set(latest.values())
+        return sorted(chosen)
 
     def task_ids(self) -> list[str]:
         return [

@@ -74,3 +74,37 @@ def _move(value: str, upstream: URL, public: URL) -> str | None:
     if url.raw_query_string:
         moved += "?" + url.raw_query_string
     return moved
+
+
+def point_card_at(body: bytes, public: URL) -> bytes | None:
+    """A recorded card with every interface URL (``supportedInterfaces``, and the 0.3
+    ``url`` and ``additionalInterfaces``) moved to ``public``, paths kept: a replayed card
+    must send the client back to the replay server. None when nothing moved."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    changed = False
+    holders = [
+        doc,
+        *(
+            i
+            for key in ("supportedInterfaces", "additionalInterfaces")
+            for i in doc.get(key) or []
+            if isinstance(i, dict)
+        ),
+    ]
+    for holder in holders:
+        value = holder.get("url")
+        if isinstance(value, str):
+            try:
+                origin = URL(value).origin()
+            except ValueError:
+                continue
+            moved = _move(value, origin, public)
+            if moved and moved != value:
+                holder["url"] = moved
+                changed = True
+    return json.dumps(doc, ensure_ascii=False).encode() if changed else None

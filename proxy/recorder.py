@@ -9,6 +9,7 @@ redaction and SQLite all happen on the writer's threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from eventlog import LogProducer
+from eventlog import LogProducer, WriterClosed
 from eventlog.exchange_rows import ExchangeSummary
 
 from .card import is_card_request, rewrite_card
@@ -86,7 +87,8 @@ class RecordingProxy:
         if self._session is not None:
             await self._session.close()
         if self.capture_id is not None:
-            self.writer.end_capture(self.capture_id)
+            with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
+                self.writer.end_capture(self.capture_id)
 
     @web.middleware
     async def _refuse_forward_proxying(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -7,8 +7,10 @@ import click
 from eventlog import __version__
 
 from .agent_command import agent
+from .cassette_commands import export, import_
 from .demo import demo
 from .record import record
+from .replay_command import replay
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,3 +22,6 @@ def main() -> None:
 main.add_command(record)
 main.add_command(agent)
 main.add_command(demo)
+main.add_command(replay)
+main.add_command(export)
+main.add_command(import_)

@@ -6,6 +6,7 @@ received, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,8 +16,10 @@ from typing import Any
 import aiohttp
 import click
 
-from eventlog import EventLog, ProcessLogWriter, classify
+from eventlog import EventLog, ProcessLogWriter, SSEDecoder, classify
+from eventlog.recorded import Recorded, from_log
 from proxy import RecordingProxy
+from replay import ReplayServer
 
 from .a2a_client import A2AClient, StreamResult
 from .agent import create_agent_app
@@ -213,12 +216,14 @@ def report(runs: list[Run], log: EventLog) -> list[str]:
     help="Scale the agent's think time and time per token (0: as fast as possible).",
 )
 def demo(db: Path | None, pace: float) -> None:
-    """Record a realistic A2A session end to end, on loopback, and check the recording.
+    """Record a realistic A2A session end to end, on loopback, check it, and replay it.
 
     Starts the built-in demo agent and the recording proxy, drives every scenario through
     the proxy as a client would (streaming and not, REST and JSON-RPC), then reads the
     log back: each stream must be in it byte for byte, with the events and final state
-    the client saw. Exits 0 only if every scenario was recorded completely.
+    the client saw. Then it replays one recorded stream at its recorded pace and reports
+    its pacing error and byte equality. Exits 0 only if every scenario was recorded
+    completely and the replay was byte-identical.
     """
     db = db or Path(f"tasktape-demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
     if db.exists():
@@ -233,6 +238,7 @@ def demo(db: Path | None, pace: float) -> None:
         counts = {
             t: log.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("exchanges", "events")
         }
+        recorded = from_log(log)
     click.echo(f"agent {agent_url}, recorder {proxy_url}, {time.perf_counter() - started:.1f} s\n")
     for line in lines:
         click.echo(line)
@@ -247,6 +253,12 @@ def demo(db: Path | None, pace: float) -> None:
             f"All {len(runs)} scenarios recorded completely: {counts['exchanges']} exchanges, "
             f"{counts['events']} events."
         )
+    replayed = next((run for run in runs if run.name == "completed" and run.binding == "rest"), None)
+    if replayed is not None and replayed.task_id and not replayed.problems:
+        check_line, same = asyncio.run(replay_check(recorded, replayed.task_id))
+        click.echo(check_line)
+        if not same:
+            failed.append(replayed)
     click.echo(f"\nThe log: {db.resolve()}\n\nNext:")
     for line in next_steps(db):
         click.echo(f"  {line}")
@@ -254,10 +266,54 @@ def demo(db: Path | None, pace: float) -> None:
         raise SystemExit(1)
 
 
+async def replay_check(recorded: list[Recorded], task_id: str) -> tuple[str, bool]:
+    """Replay the task's recorded stream at its recorded pace, as a client: are the bytes
+    the same, and how far from its recorded moment did each event arrive?"""
+    (stream,) = [r for r in recorded if r.is_sse and r.task_id == task_id]
+    runner, url = await start_site(ReplayServer(recorded, speed=1.0).app, "127.0.0.1", 0)
+    received, arrivals = b"", []
+    try:
+        async with aiohttp.ClientSession() as session:
+            start = time.perf_counter()
+            async with session.post(
+                f"{url}{stream.path}", data=stream.request_body, headers={"Content-Type": "application/json"}
+            ) as response:
+                async for data in response.content.iter_any():
+                    arrivals.append((time.perf_counter() - start, data))
+                    received += data
+    finally:
+        await runner.cleanup()
+    same = received == stream.body
+    errors = pacing_errors(stream.chunks, arrivals)
+    line = (
+        f"Replayed the completed REST stream from the log ({len(stream.chunks)} chunks): "
+        f"{'byte-identical' if same else 'BYTES DIFFER'}; each event within "
+        f"{statistics.median(errors):.2f} ms (median), {max(errors):.2f} ms (max) of its recorded moment."
+    )
+    return line, same
+
+
+def pacing_errors(recorded: list[tuple[int, bytes]], arrivals: list[tuple[float, bytes]]) -> list[float]:
+    """For each recorded event, how far (ms) its arrival was from its recorded offset,
+    both counted from the first event."""
+
+    def event_times(pieces: list[tuple[float, bytes]]) -> list[float]:
+        decoder, times = SSEDecoder(keep_raw=False), []
+        for moment, data in pieces:
+            times += [moment] * len(decoder.feed(data))
+        return times
+
+    wanted = event_times([(offset / 1e9, data) for offset, data in recorded])
+    got = event_times(arrivals)
+    return [abs((g - got[0]) - (w - wanted[0])) * 1000 for g, w in zip(got, wanted, strict=False)] or [0.0]
+
+
 def next_steps(db: Path) -> list[str]:
     """What to try next with the log the demo wrote."""
     summary = "SELECT task_id, final_state, events, ttfe_ms, credits FROM task_summary"
     return [
+        f"tasktape replay {db}     # serve these recordings again, at their pace",
+        f"tasktape export {db} -o session.jsonl     # as a cassette, for your tests",
         f'sqlite-utils query {db} "{summary}" -t',
         f'sqlite-utils query {db} "SELECT seq, gap_ms, kind, state, text FROM task_timeline LIMIT 20" -t',
         "tasktape agent     # the demo agent on http://127.0.0.1:7473, for your own client",

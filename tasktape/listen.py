@@ -8,6 +8,7 @@ import ipaddress
 import click
 
 DEFAULT_RECORD_PORT = 7470
+DEFAULT_REPLAY_PORT = 7471
 DEFAULT_AGENT_PORT = 7473
 
 

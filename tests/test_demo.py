@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,11 @@ def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "All 12 scenarios recorded completely" in out and f"The log: {db}" in out
+    assert re.search(
+        r"Replayed the completed REST stream from the log \(\d+ chunks\): byte-identical; each event "
+        r"within [\d.]+ ms \(median\)",
+        out,
+    ), out
     for name in (
         "completed",
         "input required, then resumed",

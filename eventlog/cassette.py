@@ -1,0 +1,325 @@
+"""Cassettes: recorded exchanges as a portable, diffable JSON Lines file.
+
+The first line is a versioned header; then each exchange is a line with its request and
+response head, followed by one line per response chunk (its offset, and its bytes as text
+when they are UTF-8, else base64) and an ``end`` line::
+
+    {"tasktape_cassette": 1, "created_at": "2026-11-30T11:00:00Z", "tool_version": "0.1.0"}
+    {"exchange": {"request": {"method": "POST", "path": "/message:stream", "headers": [...], "body": "{...}"},
+                  "response": {"status": 200, "headers": [...], "ttfb_ms": 1.2}}}
+    {"chunk": {"offset_ms": 12.5, "text": "id: 1\\ndata: {...}\\n\\n"}}
+    {"end": {"duration_ms": 140.2, "outcome": "complete"}}
+
+A hand-written cassette may give events instead of chunks,
+``{"event": {"offset_ms": 10, "data": "{...}", "id": "1"}}``, which become SSE bytes.
+Offsets are milliseconds with up to six decimals, so log -> cassette -> log is exact.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import TasktapeError
+from .producer import LogProducer
+from .recorded import Recorded
+from .version import __version__
+
+VERSION = 1
+
+
+class CassetteError(TasktapeError, ValueError):
+    """A cassette that cannot be read; the message names the file and line."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Request(_Strict):
+    method: str = Field(min_length=1)
+    path: str = Field(pattern=r"^/")
+    query: str | None = None
+    headers: list[tuple[str, str]] = []
+    body: str | None = None
+    body_base64: str | None = None
+    body_truncated: bool = False
+
+    @model_validator(mode="after")
+    def _one_body(self) -> Request:
+        if self.body is not None and self.body_base64 is not None:
+            raise ValueError("give the body as 'body' or 'body_base64', not both")
+        return self
+
+
+class Response(_Strict):
+    status: int = Field(ge=100, le=599)
+    headers: list[tuple[str, str]] = []
+    sse: bool | None = None  # default: from the Content-Type
+    ttfb_ms: float = Field(default=0.0, ge=0)
+    decoded_from: str | None = None
+    body_truncated: bool = False
+
+
+class Exchange(_Strict):
+    request: Request
+    response: Response | None = None
+    started_at: str | None = None
+
+
+class Chunk(_Strict):
+    offset_ms: float = Field(ge=0)
+    text: str | None = None
+    base64: str | None = None
+
+    @model_validator(mode="after")
+    def _one_spelling(self) -> Chunk:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError("give the bytes as exactly one of 'text' or 'base64'")
+        return self
+
+    def data(self) -> bytes:
+        if self.text is not None:
+            return self.text.encode("utf-8")
+        return base64.b64decode(self.base64 or "", validate=True)
+
+
+class Event(_Strict):
+    offset_ms: float = Field(ge=0)
+    data: str
+    id: str | None = None
+    event: str | None = None
+    retry: int | None = Field(default=None, ge=0)
+
+    def sse(self) -> bytes:
+        lines = [
+            f"{name}: {value}"
+            for name, value in (("id", self.id), ("event", self.event), ("retry", self.retry))
+            if value is not None
+        ]
+        lines += [f"data: {line}" for line in self.data.split("\n")]
+        return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+class End(_Strict):
+    duration_ms: float | None = Field(default=None, ge=0)
+    outcome: str = "complete"
+    error: str | None = None
+
+
+_LINES: dict[str, type[BaseModel]] = {"exchange": Exchange, "chunk": Chunk, "event": Event, "end": End}
+
+
+def _ns(ms: float) -> int:
+    return round(ms * 1_000_000)
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1_000_000, 6)
+
+
+def read_cassette(path: str | Path) -> list[Recorded]:
+    """Read and validate a cassette; raises :class:`CassetteError` naming the line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CassetteError(f"{path}: cannot read it as a cassette: {exc}") from None
+    recorded: list[Recorded] = []
+    current: Recorded | None = None
+    header_seen = False
+    for number, line in enumerate(lines, 1):
+        where = f"{path}:{number}"
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError as exc:
+            raise CassetteError(f"{where}: not JSON: {exc}") from None
+        if not header_seen:
+            _check_header(doc, where)
+            header_seen = True
+            continue
+        if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in _LINES:
+            raise CassetteError(f"{where}: expected one of {', '.join(_LINES)} as the line's only key")
+        kind, body = next(iter(doc.items()))
+        try:
+            item = _LINES[kind].model_validate(body)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg']}" for e in exc.errors()
+            )
+            raise CassetteError(f"{where}: {kind}: {problems}") from None
+        except ValueError as exc:  # base64 that does not decode
+            raise CassetteError(f"{where}: {kind}: {exc}") from None
+        if isinstance(item, Exchange):
+            current = _exchange(item, f"{path.name}:{number}")
+            recorded.append(current)
+            continue
+        if current is None:
+            raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
+        if isinstance(item, End):
+            current.duration_ns = None if item.duration_ms is None else _ns(item.duration_ms)
+            current.outcome, current.error = item.outcome, item.error
+            current = None
+            continue
+        offset = _ns(item.offset_ms)
+        if current.chunks and offset < current.chunks[-1][0]:
+            raise CassetteError(f"{where}: offset_ms goes back in time (the previous chunk was later)")
+        try:
+            data = item.sse() if isinstance(item, Event) else item.data()  # type: ignore[attr-defined]
+        except ValueError as exc:
+            raise CassetteError(f"{where}: {kind}: {exc}") from None
+        current.chunks.append((offset, data))
+    if not header_seen:
+        raise CassetteError(f"{path}: empty; a cassette starts with its header line")
+    for r in recorded:
+        if r.duration_ns is None:
+            r.duration_ns = r.chunks[-1][0] if r.chunks else r.ttfb_ns
+        r.outcome = r.outcome or "complete"
+    return recorded
+
+
+def _check_header(doc: Any, where: str) -> None:
+    if not isinstance(doc, dict) or "tasktape_cassette" not in doc:
+        raise CassetteError(f"{where}: the first line must be the cassette header, with 'tasktape_cassette'")
+    version = doc["tasktape_cassette"]
+    if not isinstance(version, int) or version < 1:
+        raise CassetteError(f"{where}: 'tasktape_cassette' must be a version number")
+    if version > VERSION:
+        raise CassetteError(
+            f"{where}: cassette version {version} was written by a newer tasktape (this one reads "
+            f"version {VERSION}); upgrade tasktape"
+        )
+
+
+def _exchange(item: Exchange, origin: str) -> Recorded:
+    req, resp = item.request, item.response
+    body = req.body.encode("utf-8") if req.body is not None else None
+    if req.body_base64 is not None:
+        body = base64.b64decode(req.body_base64)
+    headers = resp.headers if resp else []
+    content_type = next((v for k, v in headers if k.lower() == "content-type"), "")
+    return Recorded(
+        method=req.method,
+        path=req.path,
+        query=req.query,
+        request_headers=list(req.headers),
+        request_body=body,
+        request_body_truncated=req.body_truncated,
+        status=resp.status if resp else None,
+        response_headers=list(headers),
+        is_sse=resp.sse if resp and resp.sse is not None else content_type.startswith("text/event-stream"),
+        ttfb_ns=_ns(resp.ttfb_ms) if resp else 0,
+        decoded_from=resp.decoded_from if resp else None,
+        response_body_truncated=resp.body_truncated if resp else False,
+        started_at=item.started_at,
+        origin=origin,
+    )
+
+
+def _text_or_base64(data: bytes, text_key: str, base64_key: str) -> dict[str, str]:
+    try:
+        return {text_key: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {base64_key: base64.b64encode(data).decode("ascii")}
+
+
+def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]:
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    head = {"tasktape_cassette": VERSION, "created_at": created, "tool_version": __version__, **header}
+    yield json.dumps(head, ensure_ascii=False)
+    for r in recorded:
+        request: dict[str, Any] = {"method": r.method, "path": r.path}
+        if r.query:
+            request["query"] = r.query
+        request["headers"] = r.request_headers
+        if r.request_body is not None:
+            request |= _text_or_base64(r.request_body, "body", "body_base64")
+        if r.request_body_truncated:
+            request["body_truncated"] = True
+        exchange: dict[str, Any] = {"request": request}
+        if r.status is not None:
+            response: dict[str, Any] = {
+                "status": r.status,
+                "headers": r.response_headers,
+                "sse": r.is_sse,
+                "ttfb_ms": _ms(r.ttfb_ns),
+            }
+            if r.decoded_from:
+                response["decoded_from"] = r.decoded_from
+            if r.response_body_truncated:
+                response["body_truncated"] = True
+            exchange["response"] = response
+        if r.started_at:
+            exchange["started_at"] = r.started_at
+        yield json.dumps({"exchange": exchange}, ensure_ascii=False)
+        for offset, data in r.chunks:
+            yield json.dumps(
+                {"chunk": {"offset_ms": _ms(offset), **_text_or_base64(data, "text", "base64")}},
+                ensure_ascii=False,
+            )
+        end: dict[str, Any] = {
+            "duration_ms": None if r.duration_ns is None else _ms(r.duration_ns),
+            "outcome": r.outcome or "complete",
+        }
+        if r.error:
+            end["error"] = r.error
+        yield json.dumps({"end": end}, ensure_ascii=False)
+
+
+def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any) -> None:
+    """Write exchanges as a cassette (the header gets the version and ``header``)."""
+    text = "\n".join(cassette_lines(recorded, **header)) + "\n"
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int) -> list[int]:
+    """Write exchanges into a log through ``writer``; returns their new exchange ids."""
+    ids = []
+    for r in recorded:
+        exchange = writer.begin_exchange(
+            capture_id,
+            method=r.method,
+            path=r.path,
+            query=r.query,
+            request_headers=r.request_headers,
+            request_body=r.request_body,
+            request_body_truncated=r.request_body_truncated,
+            started_ns=_started_ns(r.started_at),
+        )
+        if r.status is not None:
+            writer.response_head(
+                exchange,
+                status=r.status,
+                headers=r.response_headers,
+                is_sse=r.is_sse,
+                ttfb_ns=r.ttfb_ns,
+                decoded_from=r.decoded_from,
+            )
+        for offset, data in r.chunks:
+            writer.chunk(exchange, offset, data)
+        writer.end_exchange(
+            exchange, duration_ns=r.duration_ns or 0, outcome=r.outcome or "complete", error=r.error
+        )
+        ids.append(exchange)
+    return ids
+
+
+def _started_ns(started_at: str | None) -> int | None:
+    if not started_at:
+        return None
+    try:
+        moment = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    seconds = int(moment.timestamp())
+    return seconds * 1_000_000_000 + moment.microsecond * 1000

@@ -1,0 +1,93 @@
+"""Recorded exchanges in memory: what replay serves and cassettes hold, loaded from a log
+or a cassette alike."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .reader import EventLog
+
+Headers = list[tuple[str, str]]
+
+
+@dataclass
+class Recorded:
+    """One request and its response, as recorded: chunk bytes and offsets exact."""
+
+    method: str
+    path: str
+    query: str | None = None
+    request_headers: Headers = field(default_factory=list)
+    request_body: bytes | None = None
+    request_body_truncated: bool = False
+    status: int | None = None
+    response_headers: Headers = field(default_factory=list)
+    is_sse: bool = False
+    ttfb_ns: int = 0
+    chunks: list[tuple[int, bytes]] = field(default_factory=list)  # (offset_ns, data)
+    decoded_from: str | None = None  # Content-Encoding the chunks were decoded from
+    response_body_truncated: bool = False
+    duration_ns: int | None = None
+    outcome: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    # Where it came from (log exchange id, or position in a cassette), for messages.
+    origin: str = ""
+    task_id: str | None = None
+    context_id: str | None = None
+    binding: str | None = None
+    rpc_method: str | None = None
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(data for _, data in self.chunks)
+
+    @property
+    def request_line(self) -> str:
+        return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def _headers(value: str | None) -> Headers:
+    return [(k, v) for k, v in json.loads(value)] if value else []
+
+
+def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recorded]:
+    """The exchanges of a log (all, or those ids), in id order, with their chunks."""
+    rows = log.exchanges() if exchange_ids is None else [log.exchange(i) for i in sorted(set(exchange_ids))]
+    recorded = []
+    for x in rows:
+        recorded.append(
+            Recorded(
+                method=x["method"],
+                path=x["path"],
+                query=x["query"],
+                request_headers=_headers(x["request_headers"]),
+                request_body=_bytes(x["request_body"]),
+                request_body_truncated=bool(x["request_body_truncated"]),
+                status=x["status"],
+                response_headers=_headers(x["response_headers"]),
+                is_sse=bool(x["is_sse"]),
+                ttfb_ns=x["ttfb_ns"] or 0,
+                chunks=[(c["offset_ns"], bytes(c["data"])) for c in log.chunks(x["id"])],
+                decoded_from=x["body_encoding"],
+                response_body_truncated=bool(x["response_body_truncated"]),
+                duration_ns=x["duration_ns"],
+                outcome=x["outcome"],
+                error=x["error"],
+                started_at=x["started_at"],
+                origin=f"{log.path.name} exchange {x['id']}",
+                task_id=x["task_id"],
+                context_id=x["context_id"],
+                binding=x["binding"],
+                rpc_method=x["rpc_method"],
+            )
+        )
+    return recorded

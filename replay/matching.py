@@ -1,0 +1,136 @@
+"""Does an incoming request match a recorded one? Matchers are plain functions,
+registered by name: each returns None when the two agree, or a short reason why not.
+
+Bodies are compared the A2A way: as JSON, ignoring what clients regenerate on every run
+(``messageId`` anywhere, timestamps, the JSON-RPC ``id``), values that were redacted in
+the recording, and any JSON pointer the user names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from eventlog.recorded import Recorded
+from eventlog.redact import REDACTED, parse_pointer
+
+
+@dataclass
+class Incoming:
+    method: str
+    path: str
+    query: str | None
+    body: bytes | None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def request_line(self) -> str:
+        return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
+
+
+# Keys whose values clients make up afresh on every run.
+VOLATILE_KEYS = frozenset({"messageId", "timestamp", "$timestamp"})
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class BodyRules:
+    """What body comparison ignores beyond the volatile keys: JSON pointers."""
+
+    ignore: tuple[tuple[str, ...], ...] = ()
+
+    @classmethod
+    def from_pointers(cls, pointers: Iterable[str]) -> BodyRules:
+        return cls(tuple(parse_pointer(p) for p in pointers))
+
+
+def method(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+    return None if incoming.method == recorded.method else f"method {incoming.method} vs {recorded.method}"
+
+
+def path(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+    return None if incoming.path == recorded.path else f"path {incoming.path} vs {recorded.path}"
+
+
+def query(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+    mine = sorted(parse_qsl(incoming.query or "", keep_blank_values=True))
+    theirs = sorted(parse_qsl(recorded.query or "", keep_blank_values=True))
+    return None if mine == theirs else f"query {incoming.query or '(none)'} vs {recorded.query or '(none)'}"
+
+
+def body(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+    mine, theirs = incoming.body or b"", recorded.request_body or b""
+    if mine == theirs:
+        return None
+    a, b = _json(mine), _json(theirs)
+    if a is _MISSING or b is _MISSING:
+        return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
+    jsonrpc = isinstance(b, dict) and "jsonrpc" in b
+    differences = list(_differences(a, b, (), rules, jsonrpc=jsonrpc))
+    if not differences:
+        return None
+    shown = ", ".join(differences[:3]) + (f" and {len(differences) - 3} more" if len(differences) > 3 else "")
+    return f"body differs at {shown}"
+
+
+MATCHERS: dict[str, Callable[[Incoming, Recorded, BodyRules], str | None]] = {
+    "method": method,
+    "path": path,
+    "query": query,
+    "body": body,
+}
+DEFAULT_MATCHERS = ("method", "path", "query", "body")
+
+
+def mismatches(
+    incoming: Incoming, recorded: Recorded, rules: BodyRules, matchers: Iterable[str] = DEFAULT_MATCHERS
+) -> list[str]:
+    """Why ``incoming`` does not match ``recorded``: empty when it does."""
+    return [reason for name in matchers if (reason := MATCHERS[name](incoming, recorded, rules))]
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return _MISSING
+
+
+def _ignored(path: tuple[str, ...], rules: BodyRules, *, jsonrpc: bool) -> bool:
+    if path and path[-1] in VOLATILE_KEYS:
+        return True
+    if jsonrpc and path == ("id",):
+        return True
+    return any(
+        len(rule) == len(path) and all(r in ("*", p) for r, p in zip(rule, path, strict=True))
+        for rule in rules.ignore
+    )
+
+
+def _differences(a: Any, b: Any, at: tuple[str, ...], rules: BodyRules, *, jsonrpc: bool) -> Iterable[str]:
+    """JSON pointers where the incoming value ``a`` and the recorded ``b`` differ."""
+    if _ignored(at, rules, jsonrpc=jsonrpc) or b == REDACTED:
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            yield from _differences(
+                a.get(key, _MISSING), b.get(key, _MISSING), (*at, key), rules, jsonrpc=jsonrpc
+            )
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _differences(x, y, (*at, str(i)), rules, jsonrpc=jsonrpc)
+    elif a != b or type(a) is not type(b):
+        yield "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
+
+
+def _values(a: Any, b: Any) -> str:
+    def show(v: Any) -> str:
+        if v is _MISSING:
+            return "(absent)"
+        text = json.dumps(v, ensure_ascii=False)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    return f" ({show(a)} vs {show(b)})"

@@ -1,0 +1,195 @@
+"""Recorded response bodies as chunks ``(offset_ns, bytes)``, and the few changes replay
+makes to them: resuming after an event, adding SSE ids, answering with the JSON-RPC id
+of the request at hand. Chunk boundaries and offsets are kept wherever bytes are kept."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from eventlog import SSEDecoder
+
+Chunks = list[tuple[int, bytes]]
+Edit = tuple[int, int, bytes]  # (position in the body, bytes removed, bytes put there)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    start: int  # byte span of the event in the whole body
+    end: int
+    id: str | None
+    data: str
+    complete: bool
+    offset_ns: int  # when the chunk that completed it arrived
+
+    @property
+    def terminator(self) -> bytes:
+        return b"\r\n" if self.raw_end == b"\r\n" else self.raw_end[-1:]
+
+    raw_end: bytes = b"\n"
+
+
+def events_in(chunks: Chunks) -> list[StreamEvent]:
+    """The SSE events of a recorded body, with their byte spans."""
+    decoder = SSEDecoder()
+    events: list[StreamEvent] = []
+    position = 0
+    last_offset = 0
+    for offset, data in chunks:
+        last_offset = offset
+        for event in decoder.feed(data):
+            events.append(_span(event, position, offset))
+            position += len(event.raw)
+    events += [_span(e, position, last_offset) for e in decoder.close()]
+    return events
+
+
+def _span(event: object, start: int, offset: int) -> StreamEvent:
+    raw: bytes = event.raw  # type: ignore[attr-defined]
+    return StreamEvent(
+        start,
+        start + len(raw),
+        event.id,
+        event.data,
+        event.complete,
+        offset,  # type: ignore[attr-defined]
+        raw_end=raw[-2:],
+    )
+
+
+def apply_edits(chunks: Chunks, edits: list[Edit]) -> Chunks:
+    """The chunks with ``edits`` made (non-overlapping): each chunk keeps its offset and
+    its share of the bytes; an edit belongs to the chunk it starts in, and a chunk whose
+    bytes all went disappears."""
+    if not edits:
+        return chunks
+    edits = sorted(edits)
+    body = b"".join(data for _, data in chunks)
+    pieces, last = [], 0
+    for at, removed, inserted in edits:
+        pieces += [body[last:at], inserted]
+        last = at + removed
+    edited = b"".join([*pieces, body[last:]])
+
+    def moved(boundary: int) -> int:
+        shift = 0
+        for at, removed, inserted in edits:
+            if at >= boundary:
+                break
+            if at + removed > boundary:  # the boundary fell inside what this edit removed
+                return at + shift + len(inserted)
+            shift += len(inserted) - removed
+        return boundary + shift
+
+    out: Chunks = []
+    start, new_start = 0, 0
+    for n, (offset, data) in enumerate(chunks):
+        end = start + len(data)
+        new_end = len(edited) if n == len(chunks) - 1 else moved(end)
+        piece = edited[new_start:new_end]
+        if piece or not data:
+            out.append((offset, piece))
+        start, new_start = end, max(new_start, new_end)
+    return out
+
+
+def with_ids(events: list[StreamEvent], prefix: str) -> list[Edit]:
+    """Edits giving every complete event without an SSE id a stable one, ``prefix`` and
+    its number: the line goes last in the event's block, so it is the event's own id."""
+    edits = []
+    for n, event in enumerate(events, 1):
+        if event.complete and event.id is None:
+            terminator = event.terminator
+            edits.append((event.end - len(terminator), 0, f"id: {prefix}{n}".encode() + terminator))
+    return edits
+
+
+def added_id(events: list[StreamEvent], prefix: str, n: int) -> str:
+    return events[n - 1].id or f"{prefix}{n}"
+
+
+def after(chunks: Chunks, end: int, since_ns: int) -> Chunks:
+    """What comes after byte ``end``, with offsets counted from ``since_ns`` (so the rest
+    keeps its own pacing)."""
+    out: Chunks = []
+    position = 0
+    for offset, data in chunks:
+        start, position = position, position + len(data)
+        if position <= end:
+            continue
+        out.append((max(0, offset - since_ns), data[max(0, end - start) :]))
+    return out
+
+
+def jsonrpc_id_edits(chunks: Chunks, events: list[StreamEvent] | None, new_id: object) -> list[Edit]:
+    """Edits making each JSON-RPC response (the body, or each event's data) carry
+    ``new_id`` as its top-level id, byte-exact elsewhere."""
+    replacement = json.dumps(new_id).encode()
+    if events is None:
+        body = b"".join(data for _, data in chunks)
+        span = _top_level_span(body, 0, body.decode("utf-8", "replace"), "id")
+        return [(span[0], span[1] - span[0], replacement)] if span else []
+    body = b"".join(data for _, data in chunks)
+    edits = []
+    for event in events:
+        raw = body[event.start : event.end]
+        if "\n" in event.data:
+            continue  # a JSON-RPC frame on several data lines: left as recorded
+        at = raw.find(event.data.encode())
+        span = _top_level_span(raw, at, event.data, "id") if at >= 0 else None
+        if span:
+            edits.append((event.start + span[0], span[1] - span[0], replacement))
+    return edits
+
+
+def _top_level_span(raw: bytes, base: int, text: str, key: str) -> tuple[int, int] | None:
+    """The byte span in ``raw`` (``text`` starts at byte ``base``) of the value of the
+    top-level ``key`` of the JSON object ``text``."""
+    decoder = json.JSONDecoder()
+    i = _skip(text, 0)
+    if i >= len(text) or text[i] != "{":
+        return None
+    i += 1
+    try:
+        while True:
+            i = _skip(text, i)
+            if i < len(text) and text[i] == "}":
+                return None
+            name, i = decoder.raw_decode(text, i)
+            i = _skip(text, i)
+            if text[i] != ":":
+                return None
+            start = _skip(text, i + 1)
+            _, end = decoder.raw_decode(text, start)
+            if name == key:
+                return base + len(text[:start].encode()), base + len(text[:end].encode())
+            i = _skip(text, end)
+            if text[i] != ",":
+                return None
+            i += 1
+    except (ValueError, IndexError):
+        return None
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def split_at(chunks: Chunks, position: int) -> tuple[Chunks, Chunks]:
+    """The chunks before byte ``position`` and from it on (a chunk across it is cut)."""
+    before: Chunks = []
+    rest: Chunks = []
+    start = 0
+    for offset, data in chunks:
+        end = start + len(data)
+        if end <= position:
+            before.append((offset, data))
+        elif start >= position:
+            rest.append((offset, data))
+        else:
+            before.append((offset, data[: position - start]))
+            rest.append((offset, data[position - start :]))
+        start = end
+    return before, rest

@@ -1,0 +1,95 @@
+"""``tasktape export`` and ``tasktape import``: between event logs and cassettes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from eventlog import EventLog, LogError, LogWriter
+from eventlog.cassette import CassetteError, cassette_lines, load_into, read_cassette
+from eventlog.recorded import from_log
+
+
+@click.command("export")
+@click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="The cassette to write (- for standard output).",
+)
+@click.option("--task", "tasks", multiple=True, metavar="ID", help="The exchanges of this task (repeatable).")
+@click.option(
+    "--context", "contexts", multiple=True, metavar="ID", help="The exchanges of this context (repeatable)."
+)
+@click.option(
+    "--exchange", "exchanges", multiple=True, type=int, metavar="N", help="This exchange (repeatable)."
+)
+@click.option("--no-cards", is_flag=True, help="Leave out the agent card read before the chosen exchanges.")
+def export(
+    log: Path,
+    output: str,
+    tasks: tuple[str, ...],
+    contexts: tuple[str, ...],
+    exchanges: tuple[int, ...],
+    no_cards: bool,
+) -> None:
+    """Write exchanges of an event log as a cassette (all of them unless some are chosen).
+
+    A cassette is JSON Lines: a versioned header, then each exchange with its request,
+    response head, and every chunk with its offset (text when UTF-8, else base64).
+    Redacted values stay redacted. Unless --no-cards, the last agent card read before the
+    chosen exchanges is included, so a client replaying them can start by reading it.
+    """
+    try:
+        with EventLog(log) as opened:
+            ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
+            recorded = from_log(opened, ids)
+            captures = opened.captures()
+    except (LogError, KeyError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if not recorded:
+        raise click.ClickException(f"{log}: nothing matches what was chosen")
+    upstreams = sorted({c["upstream"] for c in captures if c["upstream"]})
+    lines = cassette_lines(recorded, source=log.name, upstream=upstreams[0] if len(upstreams) == 1 else None)
+    text = "\n".join(lines) + "\n"
+    if output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(output).write_text(text, encoding="utf-8")
+        click.echo(f"tasktape export: {len(recorded)} exchanges from {log} -> {output}", err=True)
+
+
+@click.command("import")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--db",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The event log to add them to (created if needed).",
+)
+def import_(files: tuple[Path, ...], db: Path) -> None:
+    """Read cassettes into an event log (each file becomes one capture)."""
+    try:
+        loaded = [(f, read_cassette(f)) for f in files]  # all valid before anything is written
+    except CassetteError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        writer = LogWriter(db)
+    except LogError as exc:
+        raise click.ClickException(str(exc)) from None
+    with writer:
+        for path, recorded in loaded:
+            capture = writer.begin_capture(source="import", upstream=None, argv=[str(path)])
+            load_into(writer, recorded, capture)
+            writer.end_capture(capture)
+            click.echo(f"tasktape import: {len(recorded)} exchanges from {path} -> {db}")
+    if writer.stats.rows_lost:
+        raise click.ClickException(
+            f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
+        )

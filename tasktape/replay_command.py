@@ -1,0 +1,186 @@
+"""``tasktape replay``: serve recordings as live HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+
+from eventlog import LogError, TasktapeError
+from eventlog.process_writer import ProcessLogWriter
+from replay import ReplayMode, ReplayServer, load
+from replay.faults import FaultError, Faults
+from replay.source import is_log
+
+from .listen import DEFAULT_REPLAY_PORT, HostPort, warn_if_exposed
+from .serving import serve_until_stopped
+
+
+def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
+    try:
+        return ReplayMode.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--listen",
+    type=HostPort(),
+    default=f"127.0.0.1:{DEFAULT_REPLAY_PORT}",
+    show_default=True,
+    help="Address to listen on (HOST:PORT, or just PORT).",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Replay this many times faster than recorded; 0: as fast as possible.",
+)
+@click.option(
+    "--add-ids",
+    is_flag=True,
+    help="Give events recorded without an SSE id a stable one, so clients can resume them.",
+)
+@click.option(
+    "--mode",
+    default="replay",
+    show_default=True,
+    callback=_mode,
+    help="replay: a miss is an error; record-missing: misses go to --upstream and are recorded; "
+    "passthrough: everything goes to --upstream.",
+)
+@click.option("--upstream", metavar="URL", help="The agent, for record-missing and passthrough.")
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The log record-missing adds to (default: SOURCE, when it is one log).",
+)
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    metavar="SPEC",
+    help="Inject a fault into every answer: drop-after=N, stall=N:MS, status=S, delay-headers=MS "
+    "(repeatable; per request, send the X-Tasktape-Fault header).",
+)
+@click.option(
+    "--ignore",
+    multiple=True,
+    metavar="POINTER",
+    help="A JSON pointer of the request body to leave out of matching (repeatable; * for any key).",
+)
+@click.option(
+    "--miss-status",
+    type=click.IntRange(100, 599),
+    default=404,
+    show_default=True,
+    help="The HTTP status of the answer to a request nothing recorded matches.",
+)
+@click.option(
+    "--allow-repeats",
+    is_flag=True,
+    help="Once identical recordings are used up, answer with the last one again (agent cards always are).",
+)
+def replay(
+    sources: tuple[Path, ...],
+    listen: tuple[str, int],
+    speed: float,
+    add_ids: bool,
+    mode: ReplayMode,
+    upstream: str | None,
+    db: Path | None,
+    faults: tuple[str, ...],
+    ignore: tuple[str, ...],
+    miss_status: int,
+    allow_repeats: bool,
+) -> None:
+    """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of them.
+
+    Requests match on method, path, query and body (compared as JSON, ignoring what
+    clients regenerate: messageId, timestamps, the JSON-RPC id; and redacted values).
+    Identical requests are answered in recorded order. Streams are sent at their recorded
+    pace (--speed), chunk by chunk, byte for byte; a Last-Event-ID header resumes one after
+    that event; tasks/{id}:subscribe gets the task's recorded events. On exit, it says what
+    was served, what missed, and which recordings were never used.
+    """
+    try:
+        fault = Faults()
+        for spec in faults:
+            fault = Faults.parse(spec, fault)
+        recorded = load(list(sources))
+    except (FaultError, TasktapeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    writer = None
+    if mode is not ReplayMode.REPLAY and not upstream:
+        raise click.BadParameter(f"mode {mode.value} needs --upstream", param_hint="--upstream")
+    if mode is ReplayMode.RECORD_MISSING:
+        if db is None:
+            logs = [s for s in sources if s.is_file() and is_log(s)]
+            if len(sources) != 1 or not logs:
+                raise click.BadParameter(
+                    "record-missing needs --db (unless SOURCE is one log)", param_hint="--db"
+                )
+            db = logs[0]
+        try:
+            writer = ProcessLogWriter(db)
+        except LogError as exc:
+            raise click.ClickException(str(exc)) from None
+    host, port = listen
+    warn_if_exposed("tasktape replay", host)
+    logging.basicConfig(format="%(message)s")
+    server = ReplayServer(
+        recorded,
+        speed=speed,
+        mode=mode,
+        upstream=upstream,
+        writer=writer,
+        log_path=db,
+        add_ids=add_ids,
+        faults=fault,
+        miss_status=miss_status,
+        ignore=ignore,
+        allow_repeats=allow_repeats,
+    )
+    names = ", ".join(str(s) for s in sources)
+    try:
+        asyncio.run(
+            serve_until_stopped(
+                server.app,
+                host,
+                port,
+                ready=lambda url: (
+                    f"tasktape replay: {len(recorded)} exchanges from {names} on {url} "
+                    f"(speed {speed:g}, mode {mode.value})"
+                ),
+                stopping="tasktape replay: stopping",
+            )
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+    for line in report(server):
+        click.echo(line, err=True)
+
+
+def report(server: ReplayServer) -> list[str]:
+    """What was served, what missed, and which recordings were never used."""
+    stats = server.stats
+    lines = [
+        f"tasktape replay: {stats.served} served, {len(stats.missed)} missed"
+        + (f", {stats.forwarded} forwarded" if stats.forwarded else "")
+    ]
+    for miss in stats.missed:
+        lines.append(f"  missed {miss.request}")
+        lines += [
+            f"    closest: {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest
+        ]
+    unused = server.unused()
+    if unused:
+        lines.append(f"  {len(unused)} recorded exchanges were never used:")
+        lines += [f"    {r.request_line} ({r.origin})" for r in unused]
+    return lines

@@ -1,0 +1,234 @@
+"""Cassettes: log -> cassette -> log byte-exact, hand-written events, validation errors
+with line numbers, and the export/import commands."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from a2a_frames import completed_run, sse
+from click.testing import CliRunner
+
+from eventlog import EventLog, LogWriter
+from eventlog.cassette import CassetteError, load_into, read_cassette, write_cassette
+from eventlog.recorded import Recorded, from_log
+from tasktape.cli import main
+
+
+def make_log(path: Path) -> Path:
+    """Two tasks on two bindings, a card, a binary chunk, a cut-off stream."""
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record", upstream="http://127.0.0.1:9")
+        card = w.begin_exchange(cap, method="GET", path="/.well-known/agent-card.json")
+        w.response_head(
+            card, status=200, headers=[("Content-Type", "application/json")], is_sse=False, ttfb_ns=1
+        )
+        w.chunk(card, 2, b'{"supportedInterfaces": [{"url": "http://127.0.0.1:9"}]}')
+        w.end_exchange(card, duration_ns=3)
+        for n, (path_, rpc) in enumerate([("/message:stream", None), ("/", 7)], 1):
+            body = {"message": {"messageId": f"m{n}", "parts": [{"text": f"question {n}"}]}}
+            if rpc is not None:
+                body = {"jsonrpc": "2.0", "id": rpc, "method": "SendStreamingMessage", "params": body}
+            ex = w.begin_exchange(
+                cap,
+                method="POST",
+                path=path_,
+                request_headers=[("A2A-Version", "1.0")],
+                request_body=json.dumps(body).encode(),
+                started_ns=1_800_000_000_123_456_789,
+            )
+            w.response_head(
+                ex,
+                status=200,
+                headers=[("Content-Type", "text/event-stream")],
+                is_sse=True,
+                ttfb_ns=1_234_567,
+            )
+            for i, frame in enumerate(
+                sse(completed_run(f"task.{n}", f"ctx.{n}"), ids=f"{n}-", jsonrpc_id=rpc)
+            ):
+                w.chunk(ex, 10_000_123 * (i + 1), frame)
+            if n == 2:
+                w.chunk(ex, 200_000_001, b"\xff\xfe\x00binary")
+            w.end_exchange(
+                ex,
+                duration_ns=300_000_001,
+                outcome="upstream_disconnected" if n == 2 else "complete",
+                error="cut" if n == 2 else None,
+            )
+    return path
+
+
+def comparable(r: Recorded) -> tuple:
+    return (
+        r.method,
+        r.path,
+        r.query,
+        r.request_headers,
+        r.request_body,
+        r.status,
+        r.response_headers,
+        r.is_sse,
+        r.ttfb_ns,
+        r.chunks,
+        r.duration_ns,
+        r.outcome,
+        r.error,
+        r.started_at,
+    )
+
+
+def test_log_to_cassette_to_log_is_byte_exact(tmp_path: Path) -> None:
+    log_path = make_log(tmp_path / "a.db")
+    with EventLog(log_path) as log:
+        original = from_log(log)
+    write_cassette(tmp_path / "c.jsonl", original)
+    text = (tmp_path / "c.jsonl").read_text()
+    assert '"text": "id: 1-1\\ndata: {' in text  # reads well in a review
+    assert '"base64": "' + base64.b64encode(b"\xff\xfe\x00binary").decode() in text
+    back = read_cassette(tmp_path / "c.jsonl")
+    assert [comparable(r) for r in back] == [comparable(r) for r in original]
+    with LogWriter(tmp_path / "b.db") as w:
+        load_into(w, back, w.begin_capture(source="import"))
+    with EventLog(tmp_path / "b.db") as log:
+        again = from_log(log)
+        assert [comparable(r) for r in again] == [comparable(r) for r in original]
+        # The events are derived again, the same.
+        assert [e["event_id"] for e in log.events(3)] == [f"2-{i}" for i in range(1, 11)] + [None]
+
+
+def test_hand_written_events(tmp_path: Path) -> None:
+    cassette = tmp_path / "hand.jsonl"
+    lines = [
+        {"tasktape_cassette": 1},
+        {
+            "exchange": {
+                "request": {"method": "POST", "path": "/message:stream", "body": "{}"},
+                "response": {"status": 200, "headers": [["Content-Type", "text/event-stream"]]},
+            }
+        },
+        {
+            "event": {
+                "offset_ms": 5,
+                "id": "1",
+                "data": '{"task": {"id": "t", "status": {"state": "TASK_STATE_WORKING"}}}',
+            }
+        },
+        {"event": {"offset_ms": 7.5, "event": "note", "data": "two\nlines"}},
+        {
+            "event": {
+                "offset_ms": 9,
+                "data": '{"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_COMPLETED"}}}',
+            }
+        },
+    ]
+    cassette.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    (r,) = read_cassette(cassette)
+    assert r.is_sse and r.outcome == "complete" and r.duration_ns == 9_000_000
+    assert r.chunks[1] == (7_500_000, b"event: note\ndata: two\ndata: lines\n\n")
+    with LogWriter(tmp_path / "h.db") as w:
+        load_into(w, [r], w.begin_capture(source="import"))
+    with EventLog(tmp_path / "h.db") as log:
+        events = log.events(1)
+        assert [(e["event_id"], e["kind"], e["state"]) for e in events] == [
+            ("1", "task", "TASK_STATE_WORKING"),
+            (None, "other", None),
+            (None, "statusUpdate", "TASK_STATE_COMPLETED"),
+        ]
+        assert events[1]["data"] == "two\nlines" and events[1]["event_type"] == "note"
+
+
+@pytest.mark.parametrize(
+    ("lines", "where", "message"),
+    [
+        ([], "", "empty"),
+        (['{"not": "a header"}'], ":1", "cassette header"),
+        (['{"tasktape_cassette": 9}'], ":1", "newer tasktape"),
+        (['{"tasktape_cassette": 1}', "{broken"], ":2", "not JSON"),
+        (
+            ['{"tasktape_cassette": 1}', '{"chunk": {"offset_ms": 1, "text": "x"}}'],
+            ":2",
+            "must follow an exchange",
+        ),
+        (['{"tasktape_cassette": 1}', '{"wat": {}}'], ":2", "expected one of exchange, chunk, event, end"),
+        (
+            ['{"tasktape_cassette": 1}', '{"exchange": {"request": {"method": "GET", "path": "nope"}}}'],
+            ":2",
+            "request.path",
+        ),
+        (
+            [
+                '{"tasktape_cassette": 1}',
+                '{"exchange": {"request": {"method": "GET", "path": "/"}}}',
+                '{"chunk": {"offset_ms": 1, "base64": "***"}}',
+            ],
+            ":3",
+            "chunk",
+        ),
+        (
+            [
+                '{"tasktape_cassette": 1}',
+                '{"exchange": {"request": {"method": "GET", "path": "/"}}}',
+                '{"chunk": {"offset_ms": 1, "text": "a", "base64": "YQ=="}}',
+            ],
+            ":3",
+            "exactly one of",
+        ),
+        (
+            [
+                '{"tasktape_cassette": 1}',
+                '{"exchange": {"request": {"method": "GET", "path": "/"}}}',
+                '{"chunk": {"offset_ms": 5, "text": "a"}}',
+                '{"chunk": {"offset_ms": 2, "text": "b"}}',
+            ],
+            ":4",
+            "back in time",
+        ),
+        (
+            [
+                '{"tasktape_cassette": 1}',
+                '{"exchange": {"request": {"method": "GET", "path": "/"}, "response": {"status": 99}}}',
+            ],
+            ":2",
+            "response.status",
+        ),
+    ],
+)
+def test_broken_cassettes_are_rejected_with_their_line(
+    tmp_path: Path, lines: list[str], where: str, message: str
+) -> None:
+    cassette = tmp_path / "broken.jsonl"
+    cassette.write_text("\n".join(lines) + ("\n" if lines else ""))
+    with pytest.raises(CassetteError) as caught:
+        read_cassette(cassette)
+    assert str(caught.value).startswith(f"{cassette}{where}") and message in str(caught.value)
+
+
+def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
+    log_path = make_log(tmp_path / "a.db")
+    runner = CliRunner()
+    out = tmp_path / "task2.jsonl"
+    result = runner.invoke(main, ["export", str(log_path), "-o", str(out), "--task", "task.2"])
+    assert result.exit_code == 0, result.output
+    chosen = read_cassette(out)
+    assert [r.path for r in chosen] == ["/.well-known/agent-card.json", "/"]  # the card comes along
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["tasktape_cassette"] == 1 and header["upstream"] == "http://127.0.0.1:9"
+    result = runner.invoke(
+        main, ["export", str(log_path), "-o", str(out), "--context", "ctx.1", "--no-cards"]
+    )
+    assert [r.path for r in read_cassette(out)] == ["/message:stream"]
+    result = runner.invoke(main, ["export", str(log_path), "-o", "-", "--exchange", "1"])
+    assert result.exit_code == 0 and result.output.count("\n") == 4
+    result = runner.invoke(main, ["export", str(log_path), "-o", str(out), "--task", "task.nope"])
+    assert result.exit_code == 1 and "nothing matches" in result.output
+    result = runner.invoke(main, ["import", str(out), str(out), "--db", str(tmp_path / "new.db")])
+    with EventLog(tmp_path / "new.db") as log:
+        assert [c["source"] for c in log.captures()] == ["import", "import"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"tasktape_cassette": 1}\n{oops\n')
+    result = runner.invoke(main, ["import", str(broken), "--db", str(tmp_path / "x.db")])
+    assert result.exit_code == 1 and "broken.jsonl:2: not JSON" in result.output
+    assert not (tmp_path / "x.db").exists()  # nothing written when a cassette is broken

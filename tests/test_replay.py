@@ -1,0 +1,383 @@
+"""The replay server against real recordings: bytes, pacing, speed, resume, subscribe,
+misses, JSON-RPC ids, faults, modes, and real clients (the official a2a-sdk too)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from conftest import RecordFactory
+from sdk_agent import run_sdk_agent
+from sdk_client import stream_message
+
+from eventlog import EventLog, LogWriter, SSEDecoder
+from eventlog.cassette import write_cassette
+from eventlog.recorded import Recorded, from_log
+from replay import Faults, ReplayMode, ReplayServer, load
+from tasktape.a2a_client import A2AClient
+from tasktape.agent import create_agent_app
+
+Serve = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """``await serve(app)`` -> its base URL on loopback; stopped after the test."""
+    servers: list[TestServer] = []
+
+    async def start(app: web.Application) -> str:
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/")
+
+    yield start
+    for server in reversed(servers):
+        await server.close()
+
+
+async def recorded_demo(
+    record: RecordFactory, serve: Serve, *texts_and_bindings: tuple[str, str], pace: float = 0.2
+) -> tuple[Path, list[Any]]:
+    """Record demo-agent streams through the proxy; returns the log and the client's results."""
+    agent = await serve(create_agent_app(pace=pace))
+    rec = await record(agent)
+    results = []
+    for text, binding in texts_and_bindings:
+        client = await A2AClient.connect(rec.session, rec.url, binding)
+        results.append(await client.stream(text))
+    (await rec.log()).close()
+    return rec.db, results
+
+
+def stream_exchange(db: Path, task_id: str) -> Recorded:
+    with EventLog(db) as log:
+        ids = [x["id"] for x in log.exchanges() if x["task_id"] == task_id and x["is_sse"]]
+        return from_log(log, ids)[0]
+
+
+async def timed_post(
+    url: str, body: Any, headers: dict[str, str] | None = None
+) -> tuple[bytes, list[float], int]:
+    """POST and read the answer, noting when each piece arrived (s after the request)."""
+    received, arrivals = b"", []
+    async with aiohttp.ClientSession() as session:
+        start = time.perf_counter()
+        async with session.post(url, json=body, headers=headers or {}) as r:
+            async for data in r.content.iter_any():
+                arrivals.append(time.perf_counter() - start)
+                received += data
+            return received, arrivals, r.status
+
+
+def message(text: str, message_id: str = "m-other") -> dict[str, Any]:
+    return {"message": {"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]}}
+
+
+async def test_bytes_identical_and_at_the_recorded_pace(record: RecordFactory, serve: Serve) -> None:
+    db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"))
+    recorded = stream_exchange(db, result.task_id)
+    url = await serve(ReplayServer(load([db]), speed=1.0).app)
+    # A different messageId, as every client run makes: still a match.
+    body, arrivals, status = await timed_post(f"{url}/message:stream", message("What does J45.909 mean?"))
+    assert status == 200 and body == recorded.body == result.raw
+    # Each event arrives at its recorded offset: compare the gaps since the first one.
+    offsets = [o / 1e9 for o, _ in recorded.chunks]
+    if len(arrivals) == len(offsets):
+        errors = [
+            abs((a - arrivals[0]) - (o - offsets[0])) * 1000 for a, o in zip(arrivals, offsets, strict=True)
+        ]
+        assert statistics.median(errors) < 5 and errors[-1] < 15, errors
+    assert abs(arrivals[-1] - offsets[-1]) < 0.25  # and the whole run takes as long as it did
+
+
+async def test_speed_0_and_speed_10(record: RecordFactory, serve: Serve) -> None:
+    db, (result,) = await recorded_demo(record, serve, ("a long answer", "rest"), pace=0.5)
+    recorded = stream_exchange(db, result.task_id)
+    took = recorded.chunks[-1][0] / 1e9
+    assert took > 1.0
+    for speed, low, high in ((0.0, 0.0, 0.3), (10.0, took / 10 * 0.7, took / 10 * 2 + 0.1)):
+        url = await serve(ReplayServer(load([db]), speed=speed).app)
+        body, arrivals, _ = await timed_post(f"{url}/message:stream", message("a long answer"))
+        assert body == recorded.body and low <= arrivals[-1] <= high, (speed, arrivals[-1], took)
+
+
+def events_of(body: bytes) -> list[Any]:
+    decoder = SSEDecoder()
+    return decoder.feed(body) + decoder.close()
+
+
+async def test_resume_after_every_event(record: RecordFactory, serve: Serve) -> None:
+    db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.05)
+    recorded = stream_exchange(db, result.task_id)
+    events = events_of(recorded.body)
+    url = await serve(ReplayServer(load([db]), speed=0, allow_repeats=True).app)
+    position = 0
+    for event in events:
+        position += len(event.raw)
+        body, _, status = await timed_post(
+            f"{url}/message:stream", message("What does J45.909 mean?"), {"Last-Event-ID": event.id}
+        )
+        assert status == 200 and body == recorded.body[position:], event.id
+    body, _, status = await timed_post(
+        f"{url}/message:stream", message("What does J45.909 mean?"), {"Last-Event-ID": "evt.never"}
+    )
+    error = json.loads(body)["error"]
+    assert (
+        status == 400
+        and "'evt.never' names no event" in error["message"]
+        and "ids run from" in error["message"]
+    )
+
+
+async def test_resume_streams_recorded_without_ids_with_add_ids(record: RecordFactory) -> None:
+    with run_sdk_agent() as agent:
+        rec = await record(agent.url)
+        await stream_message(rec.url, "hello", "rest")
+        (await rec.log()).close()
+    recorded = [r for r in load([rec.db]) if r.is_sse]
+    assert all(e.id is None for e in events_of(recorded[0].body))
+    plain = TestServer(ReplayServer(load([rec.db]), speed=0, allow_repeats=True).app, host="127.0.0.1")
+    ided = TestServer(
+        ReplayServer(load([rec.db]), speed=0, add_ids=True, allow_repeats=True).app, host="127.0.0.1"
+    )
+    for server in (plain, ided):
+        await server.start_server()
+    try:
+        body = json.loads(recorded[0].request_body or b"{}")
+        answer, _, status = await timed_post(
+            str(plain.make_url("/message:stream")), body, {"Last-Event-ID": "x"}
+        )
+        assert status == 400 and "--add-ids" in json.loads(answer)["error"]["message"]
+        full, _, _ = await timed_post(str(ided.make_url("/message:stream")), body)
+        with_ids = events_of(full)
+        number = next(n for n, r in enumerate(load([rec.db]), 1) if r.is_sse)  # its place in the source
+        assert [e.id for e in with_ids] == [f"tt{number}.{n}" for n in range(1, len(with_ids) + 1)]
+        assert [e.data for e in with_ids] == [
+            e.data for e in events_of(recorded[0].body)
+        ]  # only ids were added
+        for n, event in enumerate(with_ids):
+            rest, _, status = await timed_post(
+                str(ided.make_url("/message:stream")), body, {"Last-Event-ID": event.id}
+            )
+            assert status == 200 and [e.data for e in events_of(rest)] == [e.data for e in with_ids[n + 1 :]]
+    finally:
+        await plain.close()
+        await ided.close()
+
+
+async def test_subscribe_serves_the_task_recorded_events(record: RecordFactory, serve: Serve) -> None:
+    db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.05)
+    url = await serve(ReplayServer(load([db]), speed=0).app)
+    task_id = result.task_id
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/tasks/{task_id}:subscribe") as r:
+            events = events_of(await r.read())
+        assert [e.data for e in events] == [e.data for e in events_of(result.raw)]
+        async with session.post(
+            f"{url}/tasks/{task_id}:subscribe", headers={"Last-Event-ID": events[4].id}
+        ) as r:
+            assert [e.id for e in events_of(await r.read())] == [e.id for e in events[5:]]
+        rpc = {"jsonrpc": "2.0", "id": "sub-9", "method": "SubscribeToTask", "params": {"id": task_id}}
+        async with session.post(f"{url}/jsonrpc", json=rpc) as r:
+            frames = [json.loads(e.data) for e in events_of(await r.read())]
+        assert {f["id"] for f in frames} == {"sub-9"} and frames[-1]["result"]["statusUpdate"]["status"][
+            "state"
+        ] == ("TASK_STATE_COMPLETED")
+        async with session.get(f"{url}/tasks/{task_id}:subscribe", headers={"Last-Event-ID": "nope"}) as r:
+            assert r.status == 400
+
+
+async def test_jsonrpc_answers_carry_the_request_id(record: RecordFactory, serve: Serve) -> None:
+    db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "jsonrpc"), pace=0.05)
+    recorded = stream_exchange(db, result.task_id)
+    url = await serve(ReplayServer(load([db]), speed=0).app)
+    rpc = {
+        "jsonrpc": "2.0",
+        "id": "another-id-42",
+        "method": "SendStreamingMessage",
+        "params": message("What does J45.909 mean?"),
+    }
+    body, _, _ = await timed_post(f"{url}/jsonrpc", rpc)
+    frames = [json.loads(e.data) for e in events_of(body)]
+    assert {f["id"] for f in frames} == {"another-id-42"}
+    original_id = json.loads(recorded.request_body or b"{}")["id"]
+    assert body == recorded.body.replace(f'"id":{json.dumps(original_id)}'.encode(), b'"id":"another-id-42"')
+
+
+async def test_a_miss_names_the_closest_recordings(record: RecordFactory, serve: Serve) -> None:
+    db, _ = await recorded_demo(
+        record, serve, ("What does J45.909 mean?", "rest"), ("This will fail", "rest"), pace=0.05
+    )
+    server = ReplayServer(load([db]), speed=0, miss_status=418)
+    url = await serve(server.app)
+    body, _, status = await timed_post(f"{url}/message:stream", message("Something else"))
+    error = json.loads(body)["error"]
+    assert status == 418 and error["message"] == "no recorded exchange matches POST /message:stream"
+    assert error["closest"][0]["request"] == "POST /message:stream"
+    assert 'body differs at /message/parts/0/text ("Something else" vs' in error["closest"][0]["differs"][0]
+    assert len(server.stats.missed) == 1 and server.stats.served == 0
+    assert {r.path for r in server.unused()} == {"/.well-known/agent-card.json", "/message:stream"}
+
+
+async def test_identical_requests_replay_in_order(tmp_path: Path, serve: Serve) -> None:
+    def answer(text: str) -> Recorded:
+        return Recorded(
+            method="POST",
+            path="/message:send",
+            request_body=b'{"message": {"messageId": "a"}}',
+            status=200,
+            response_headers=[("Content-Type", "application/json")],
+            chunks=[(1000, text.encode())],
+            duration_ns=2000,
+            outcome="complete",
+        )
+
+    write_cassette(tmp_path / "two.jsonl", [answer('{"n": 1}'), answer('{"n": 2}')])
+    for repeats, third in ((False, 404), (True, 200)):
+        url = await serve(ReplayServer(load([tmp_path / "two.jsonl"]), speed=0, allow_repeats=repeats).app)
+        got = []
+        for _ in range(3):
+            body, _, status = await timed_post(f"{url}/message:send", {"message": {"messageId": "b"}})
+            got.append(status if status != 200 else json.loads(body)["n"])
+        assert got == [1, 2, third if third != 200 else 2]
+
+
+async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
+    rec = Recorded(
+        method="POST",
+        path="/x",
+        request_body=b'{"trace": "abc", "q": 1}',
+        status=200,
+        chunks=[(0, b"ok")],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "c.jsonl", [rec])
+    strict = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0).app)
+    lenient = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, ignore=("/trace",)).app)
+    assert (await timed_post(f"{strict}/x", {"trace": "xyz", "q": 1}))[2] == 404
+    assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
+
+
+@pytest.mark.parametrize("where", ["server", "request"])
+async def test_faults(record: RecordFactory, serve: Serve, where: str) -> None:
+    db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.05)
+
+    async def run(spec: str) -> tuple[bytes, list[float], int, str | None]:
+        server = ReplayServer(load([db]), speed=0, faults=Faults.parse(spec) if where == "server" else None)
+        url = await serve(server.app)
+        headers = {"X-Tasktape-Fault": spec} if where == "request" else {}
+        received, arrivals = b"", []
+        async with aiohttp.ClientSession() as session:
+            start = time.perf_counter()
+            async with session.post(
+                f"{url}/message:stream", json=message("What does J45.909 mean?"), headers=headers
+            ) as r:
+                try:
+                    async for data in r.content.iter_any():
+                        arrivals.append(time.perf_counter() - start)
+                        received += data
+                except aiohttp.ClientPayloadError as exc:
+                    return received, arrivals, r.status, type(exc).__name__
+                return received, arrivals, r.status, None
+
+    body, _, _, error = await run("drop-after=3")
+    assert error == "ClientPayloadError" and len([e for e in events_of(body) if e.complete]) == 3
+    body, arrivals, _, error = await run("stall=2:300")
+    assert error is None and body == result.raw and arrivals[-1] >= 0.3
+    body, _, status, _ = await run("status=503")
+    assert status == 503 and "fault injected" in body.decode()
+    body, arrivals, status, _ = await run("delay-headers=250")
+    assert status == 200 and body == result.raw and arrivals[0] >= 0.25
+
+
+async def test_a_bad_fault_header_is_explained(tmp_path: Path, serve: Serve) -> None:
+    write_cassette(tmp_path / "c.jsonl", [Recorded(method="GET", path="/", status=200, outcome="complete")])
+    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"])).app)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"X-Tasktape-Fault": "explode=1"}) as r,
+    ):
+        assert r.status == 400 and "unknown fault 'explode'" in (await r.text())
+    with pytest.raises(ValueError, match="stall=N:MS"):
+        Faults.parse("stall=two")
+
+
+async def test_record_missing_records_misses_for_the_next_run(tmp_path: Path, serve: Serve) -> None:
+    agent = await serve(create_agent_app(pace=0.02))
+    db = tmp_path / "grows.db"
+    with LogWriter(db) as writer:
+        server = ReplayServer(
+            [], speed=0, mode=ReplayMode.RECORD_MISSING, upstream=agent, writer=writer, log_path=db
+        )
+        url = await serve(server.app)
+        answers = [
+            (await timed_post(f"{url}/message:stream", message("What does J45.909 mean?")))[0]
+            for _ in range(2)
+        ]
+        for _ in range(100):  # each recording is added once the log has it
+            if len(server.recorded) == 2:
+                break
+            await asyncio.sleep(0.02)
+        # Identical requests in one run are new episodes: both went to the agent.
+        assert server.stats.forwarded == 2 and len(server.recorded) == 2 and server.unused() == []
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["complete", "complete"]
+    # The next run replays them, in order, without the agent.
+    again = ReplayServer(load([db]), speed=0)
+    url = await serve(again.app)
+    replayed = [
+        (await timed_post(f"{url}/message:stream", message("What does J45.909 mean?")))[0] for _ in range(2)
+    ]
+    assert replayed == answers and again.stats.forwarded == 0
+
+
+async def test_passthrough_forwards_everything(tmp_path: Path, serve: Serve) -> None:
+    agent = await serve(create_agent_app(pace=0))
+    server = ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent)
+    url = await serve(server.app)
+    body, _, status = await timed_post(f"{url}/message:stream", message("hello"))
+    assert status == 200 and b"TASK_STATE_COMPLETED" in body and server.stats.forwarded == 1
+    with pytest.raises(ValueError, match="give one"):
+        ReplayServer([], mode=ReplayMode.PASSTHROUGH)
+    with pytest.raises(
+        ValueError, match="not a replay mode; choose one of replay, record-missing, passthrough"
+    ):
+        ReplayMode.parse("record_missing")
+
+
+@pytest.mark.parametrize("binding", ["rest", "jsonrpc"])
+async def test_the_official_sdk_client_against_a_replay(
+    record: RecordFactory, serve: Serve, binding: str
+) -> None:
+    agent = await serve(create_agent_app(pace=0.05))
+    rec = await record(agent)
+    live = await stream_message(rec.url, "What does J45.909 mean?", binding)
+    (await rec.log()).close()
+    url = await serve(ReplayServer(load([rec.db]), speed=0).app)
+    replayed = await stream_message(url, "What does J45.909 mean?", binding)  # a new client run
+    assert replayed == live
+
+
+async def test_a_reconnecting_client_resumes_the_stream_it_was_served(
+    record: RecordFactory, serve: Serve
+) -> None:
+    db, _ = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.05)
+    server = ReplayServer(load([db]), speed=0)  # no repeats allowed: the stream is used once served
+    url = await serve(server.app)
+    full, _, _ = await timed_post(f"{url}/message:stream", message("What does J45.909 mean?"))
+    events = events_of(full)
+    rest, _, status = await timed_post(
+        f"{url}/message:stream", message("What does J45.909 mean?"), {"Last-Event-ID": events[20].id}
+    )
+    assert status == 200 and [e.id for e in events_of(rest)] == [e.id for e in events[21:]]
+    assert server.stats.missed == []

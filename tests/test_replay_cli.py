@@ -1,0 +1,109 @@
+"""`tasktape replay` as a user runs it: ready line, answers, and the report on exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from eventlog.cassette import write_cassette
+from eventlog.recorded import Recorded
+
+
+def cassette(path: Path) -> Path:
+    answer = Recorded(
+        method="POST",
+        path="/message:send",
+        request_body=b'{"message": {"parts": [{"text": "hi"}]}}',
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(1_000_000, b'{"task": {"id": "t1", "status": {"state": "TASK_STATE_COMPLETED"}}}')],
+        duration_ns=2_000_000,
+        outcome="complete",
+    )
+    unused = Recorded(method="GET", path="/tasks/t1", status=200, chunks=[(0, b"{}")], outcome="complete")
+    write_cassette(path, [answer, unused])
+    return path
+
+
+async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
+    source = cassette(tmp_path / "session.jsonl")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tasktape",
+        "replay",
+        str(source),
+        "--listen",
+        "127.0.0.1:0",
+        "--speed",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()  # type: ignore[union-attr]
+        match = re.search(
+            r"2 exchanges from .*session.jsonl on (http://127\.0\.0\.1:\d+) \(speed 0, mode replay\)", line
+        )
+        assert match, line
+        url = match.group(1)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"{url}/message:send", json={"message": {"parts": [{"text": "hi"}]}}
+            ) as r:
+                assert (await r.json())["task"]["id"] == "t1"
+            async with session.post(
+                f"{url}/message:send", json={"message": {"parts": [{"text": "other"}]}}
+            ) as r:
+                assert r.status == 404 and "closest" in json.loads(await r.text())["error"]
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        err = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "tasktape replay: 1 served, 1 missed" in err
+    assert (
+        "missed POST /message:send" in err
+        and 'body differs at /message/parts/0/text ("other" vs "hi")' in err
+    )
+    assert "1 recorded exchanges were never used:" in err and "GET /tasks/t1 (session.jsonl:" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (
+            ["--mode", "record_missing"],
+            2,
+            "not a replay mode; choose one of replay, record-missing, passthrough",
+        ),
+        (["--mode", "passthrough"], 2, "mode passthrough needs --upstream"),
+        (["--fault", "drop-after=x"], 1, "cannot read the fault 'drop-after=x'"),
+        (["--mode", "record-missing", "--upstream", "http://127.0.0.1:9"], 2, "record-missing needs --db"),
+    ],
+)
+async def test_bad_arguments_are_explained(
+    tmp_path: Path, args: list[str], status: int, message: str
+) -> None:
+    source = cassette(tmp_path / "session.jsonl")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tasktape",
+        "replay",
+        str(source),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == status and message in err.decode(), err.decode()
