@@ -68,7 +68,11 @@ class ReplayServer:
         if mode is ReplayMode.RECORD_MISSING and (writer is None or log_path is None):
             raise ValueError("mode record-missing records into a log: give its writer and path")
         self.log_path = Path(log_path) if log_path else None
-        self.recorded = list(recorded)
+        self.recorded: list[Recorded] = []
+        self.used: list[int] = []  # times each recording was served
+        self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
+        for r in recorded:
+            self._add(r)
         self.speed = speed
         self.mode = mode
         self.add_ids = add_ids
@@ -77,7 +81,6 @@ class ReplayServer:
         self.rules = BodyRules.from_pointers(ignore)
         self.allow_repeats = allow_repeats
         self.stats = ReplayStats()
-        self.used: list[int] = [0] * len(self.recorded)
         self._events: dict[int, list[StreamEvent]] = {}
         self.proxy: RecordingProxy | None = None
         if upstream:
@@ -138,8 +141,18 @@ class ReplayServer:
             return await self._forward(request)
         return self._miss(incoming)
 
+    def _matching(self, incoming: Incoming) -> list[int]:
+        """Indexes of the recordings that match, in recorded order."""
+        candidates = self._by_route.get((incoming.method, incoming.path), [])
+        return [i for i in candidates if not mismatches(incoming, self.recorded[i], self.rules)]
+
+    def _add(self, recorded: Recorded, used: int = 0) -> None:
+        self._by_route.setdefault((recorded.method, recorded.path), []).append(len(self.recorded))
+        self.recorded.append(recorded)
+        self.used.append(used)
+
     def _match(self, incoming: Incoming) -> int | None:
-        matching = [i for i, r in enumerate(self.recorded) if not mismatches(incoming, r, self.rules)]
+        matching = self._matching(incoming)
         unused = [i for i in matching if not self.used[i]]
         if unused:
             index = unused[0]  # identical requests are answered in recorded order
@@ -154,7 +167,7 @@ class ReplayServer:
         """A reconnecting client repeats its request with Last-Event-ID: it resumes the
         recorded stream that holds that event (served before, most likely), or else
         the one the request would get anyway."""
-        matching = [i for i, r in enumerate(self.recorded) if not mismatches(incoming, r, self.rules)]
+        matching = self._matching(incoming)
         holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
         if holding:
             return holding[-1]
@@ -207,8 +220,7 @@ class ReplayServer:
         def add() -> None:
             # It answered the request that recorded it: an identical request in this run
             # is a new episode (recorded too), and a later run replays both in order.
-            self.recorded.append(recorded)
-            self.used.append(1)
+            self._add(recorded, used=1)
 
         self._loop.call_soon_threadsafe(add)
 
