@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -275,9 +276,16 @@ def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]
 
 
 def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any) -> None:
-    """Write exchanges as a cassette (the header gets the version and ``header``)."""
+    """Write exchanges as a cassette (the header gets the version and ``header``), all at
+    once: a reader never sees half a cassette."""
     text = "\n".join(cassette_lines(recorded, **header)) + "\n"
-    Path(path).write_text(text, encoding="utf-8")
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int) -> list[int]:

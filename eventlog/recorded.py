@@ -12,6 +12,10 @@ from .reader import EventLog
 Headers = list[tuple[str, str]]
 
 
+# Outcomes whose recorded response stops where the connection broke.
+CUT_SHORT = frozenset({"upstream_disconnected", "client_disconnected", "proxy_stopped"})
+
+
 @dataclass
 class Recorded:
     """One request and its response, as recorded: chunk bytes and offsets exact."""
@@ -39,6 +43,11 @@ class Recorded:
     context_id: str | None = None
     binding: str | None = None
     rpc_method: str | None = None
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether the response broke off mid-way (rather than ending or being refused)."""
+        return self.outcome in CUT_SHORT
 
     @property
     def body(self) -> bytes:

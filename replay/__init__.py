@@ -1,9 +1,48 @@
-"""Reads the record back as live HTTP: matching, timing, resume and faults."""
+"""Reads the record back as live HTTP: matching, timing, resume and faults.
 
-from .faults import Faults
-from .matching import BodyRules, Incoming, mismatches
-from .modes import ReplayMode
-from .server import ReplayServer
-from .source import load
+Names load on first use, so that pytest, which imports the plugin in every run, does not
+pay for the replay server unless a test asks for a cassette.
+"""
 
-__all__ = ["BodyRules", "Faults", "Incoming", "ReplayMode", "ReplayServer", "load", "mismatches"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .faults import Faults
+    from .matching import BodyRules, Incoming, mismatches
+    from .modes import ReplayMode
+    from .record_mode import RecordMode
+    from .server import ReplayServer
+    from .source import load
+    from .tape import Tape
+
+_WHERE = {
+    "BodyRules": ".matching",
+    "Faults": ".faults",
+    "Incoming": ".matching",
+    "RecordMode": ".record_mode",
+    "ReplayMode": ".modes",
+    "ReplayServer": ".server",
+    "Tape": ".tape",
+    "load": ".source",
+    "mismatches": ".matching",
+}
+__all__ = [
+    "BodyRules",
+    "Faults",
+    "Incoming",
+    "RecordMode",
+    "ReplayMode",
+    "ReplayServer",
+    "Tape",
+    "load",
+    "mismatches",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name], __name__), name)

@@ -114,6 +114,11 @@ def _differences(a: Any, b: Any, at: tuple[str, ...], rules: BodyRules, *, jsonr
     """JSON pointers where the incoming value ``a`` and the recorded ``b`` differ."""
     if _ignored(at, rules, jsonrpc=jsonrpc) or b == REDACTED:
         return
+    if _unset(a) and _unset(b):
+        return
+    if _MISSING in (a, b) and dict in (type(a), type(b)):
+        # An object left out is one whose every field is at its default.
+        a, b = ({} if v is _MISSING else v for v in (a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             yield from _differences(
@@ -124,6 +129,12 @@ def _differences(a: Any, b: Any, at: tuple[str, ...], rules: BodyRules, *, jsonr
             yield from _differences(x, y, (*at, str(i)), rules, jsonrpc=jsonrpc)
     elif a != b or type(a) is not type(b):
         yield "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
+
+
+def _unset(value: Any) -> bool:
+    """A2A's JSON is protobuf JSON: a field left out, null, or at its default says the same,
+    so one client's ``"configuration": {}`` matches another's omission."""
+    return value is _MISSING or value in (None, {}, [], "", 0)
 
 
 def _values(a: Any, b: Any) -> str:

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
+
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def parse_choice(cls: type[Choice], value: str, what: str) -> Choice:
+    """The member of ``cls`` named ``value``; a typo is an error that lists them all."""
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise ValueError(f"{value!r} is not {what}; choose one of {choices}") from None
 
 
 class ReplayMode(StrEnum):
@@ -12,10 +24,4 @@ class ReplayMode(StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> ReplayMode:
-        """The mode named ``value``; a typo is an error that lists the modes."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(
-                f"{value!r} is not a replay mode; choose one of {', '.join(m.value for m in cls)}"
-            ) from None
+        return parse_choice(cls, value, "a replay mode")

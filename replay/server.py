@@ -236,18 +236,29 @@ class ReplayServer:
         if faults.status:
             return _error(faults.status, f"fault injected: status {faults.status}")
         chunks, changed = self._prepared(recorded, index, incoming, request)
+        # A recording that was cut short replays cut short, at the recorded moment.
+        cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
         if recorded.is_sse and "Last-Event-ID" in request.headers:
             resumed = self._resume(recorded, chunks, request.headers["Last-Event-ID"])
             if isinstance(resumed, web.Response):
                 return resumed
-            chunks, changed = resumed, True
+            (chunks, since_ns), changed = resumed, True
+            cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
         headers = end_to_end(recorded.response_headers)
         if changed or recorded.decoded_from or recorded.response_body_truncated:
             headers.popall("Content-Length", None)
         if recorded.decoded_from:
             headers.popall("Content-Encoding", None)  # the recording holds the decoded body
         return await self._send(
-            request, recorded.status or 200, headers, recorded.ttfb_ns, chunks, recorded.is_sse, faults, start
+            request,
+            recorded.status or 200,
+            headers,
+            recorded.ttfb_ns,
+            chunks,
+            recorded.is_sse,
+            faults,
+            start,
+            cut_ns=cut_ns,
         )
 
     def _prepared(
@@ -272,11 +283,12 @@ class ReplayServer:
                 return [(chunks[-1][0], card)], True
         return chunks, bool(edits)
 
-    def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> Chunks | web.Response:
+    def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | web.Response:
+        """What follows the event ``last_id``, and that event's offset (the rest's new zero)."""
         events = events_in(chunks)
         for event in events:
             if event.id == last_id:
-                return after(chunks, event.end, event.offset_ns)
+                return after(chunks, event.end, event.offset_ns), event.offset_ns
         known = [e.id for e in events if e.id is not None]
         if not known:
             hint = "this stream was recorded without event ids: replay with add_ids (--add-ids) to resume it"
@@ -340,9 +352,12 @@ class ReplayServer:
         is_sse: bool,
         faults: Faults,
         start: float,
+        *,
+        cut_ns: int | None = None,
     ) -> web.StreamResponse:
         """Status and headers at the recorded time to first byte, each chunk at
-        ``start + offset / speed`` (an absolute schedule: no drift builds up)."""
+        ``start + offset / speed`` (an absolute schedule: no drift builds up); with
+        ``cut_ns``, the connection drops at that offset instead of ending cleanly."""
         loop = asyncio.get_running_loop()
         speed = self.speed
         shift = faults.delay_headers_ms / 1000
@@ -363,6 +378,10 @@ class ReplayServer:
         for offset, data in rest:
             await _until(loop, start + (offset / 1e9 / speed if speed else 0) + shift)
             await response.write(data)
+        if cut_ns is not None:
+            await _until(loop, start + (cut_ns / 1e9 / speed if speed else 0) + shift)
+            request.protocol.force_close()
+            return response
         await response.write_eof()
         return response
 

@@ -17,6 +17,8 @@ from eventlog import EventLog, LogWriter
 from eventlog.redact import Redactor
 from proxy import RecordingProxy
 
+pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest as its users do
+
 
 @dataclass
 class Recording:

@@ -268,6 +268,62 @@ async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
     assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
 
 
+async def test_a_field_at_its_default_matches_its_absence(tmp_path: Path, serve: Serve) -> None:
+    # A2A's JSON is protobuf JSON: the official SDK sends "configuration": {} where other
+    # clients leave it out, and both mean the same.
+    rec = Recorded(
+        method="POST",
+        path="/message:send",
+        request_body=b'{"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}]}, "metadata": {}}',
+        status=200,
+        chunks=[(0, b"ok")],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "c.jsonl", [rec])
+    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, allow_repeats=True).app)
+    hi = {"role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    for same in (
+        {"message": hi},
+        {"message": {**hi, "taskId": ""}, "configuration": {}, "metadata": None},
+        {"message": hi, "configuration": {"blocking": False, "acceptedOutputModes": []}},
+    ):
+        assert (await timed_post(f"{url}/message:send", same))[2] == 200, same
+    for different in (
+        {"message": hi, "configuration": {"blocking": True}},
+        {"message": {**hi, "taskId": "t"}},
+    ):
+        assert (await timed_post(f"{url}/message:send", different))[2] == 404, different
+
+
+async def test_a_recording_cut_short_replays_cut_short(tmp_path: Path, serve: Serve) -> None:
+    events = [b"id: 1\ndata: {}\n\n", b'id: 2\ndata: {"half']
+    rec = Recorded(
+        method="GET",
+        path="/events",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(1_000_000, events[0]), (2_000_000, events[1])],
+        duration_ns=60_000_000,  # the upstream went away 58 ms after its last bytes
+        outcome="upstream_disconnected",
+    )
+    write_cassette(tmp_path / "c.jsonl", [rec])
+    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=1, allow_repeats=True).app)
+    for last_id, expected in ((None, b"".join(events)), ("1", events[1])):
+        received = b""
+        async with aiohttp.ClientSession() as session:
+            start = time.perf_counter()
+            async with session.get(
+                f"{url}/events", headers={"Last-Event-ID": last_id} if last_id else {}
+            ) as r:
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    async for data in r.content.iter_any():
+                        received += data
+            dropped = time.perf_counter() - start
+        assert received == expected
+        assert dropped >= 0.059 - (0.001 if last_id else 0)  # never before the recorded moment
+
+
 @pytest.mark.parametrize("where", ["server", "request"])
 async def test_faults(record: RecordFactory, serve: Serve, where: str) -> None:
     db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.05)

@@ -1,0 +1,455 @@
+"""The pytest plugin, used as a user would: test files in a temporary project, run by a
+pytest of their own (``pytester``, in a subprocess) with the official a2a-sdk client."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from eventlog.cassette import read_cassette
+from tasktape.agent import create_agent_app
+from tasktape.serving import start_site
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPERS = '''
+"""What the tests of this project share: the official a2a-sdk client."""
+import httpx
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.helpers import new_text_message
+from a2a.types.a2a_pb2 import Role, SendMessageRequest
+from google.protobuf.json_format import MessageToDict
+
+BINDINGS = {"rest": "HTTP+JSON", "jsonrpc": "JSONRPC"}
+
+
+async def ask(url, text, binding="rest", seen=None, headers=None):
+    """Stream ``text``; every event as a dict (also appended to ``seen`` as it arrives)."""
+    seen = [] if seen is None else seen
+    async with httpx.AsyncClient(headers=headers) as http:
+        card = await A2ACardResolver(http, url).get_agent_card()
+        config = ClientConfig(httpx_client=http, supported_protocol_bindings=[BINDINGS[binding]])
+        client = ClientFactory(config).create(card)
+        request = SendMessageRequest(message=new_text_message(text, role=Role.ROLE_USER))
+        async for event in client.send_message(request):
+            seen.append(MessageToDict(event))
+    return seen
+
+
+def final_state(events):
+    return [e["statusUpdate"]["status"]["state"] for e in events if "statusUpdate" in e][-1]
+'''
+
+
+@dataclass
+class Agent:
+    """The demo agent on loopback, counting the requests that reach it."""
+
+    url: str = ""
+    requests: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def agent() -> Iterator[Agent]:
+    found = Agent()
+    app = create_agent_app(pace=0.05)
+
+    async def count(request: web.Request, response: web.StreamResponse) -> None:
+        found.requests.append(f"{request.method} {request.path}")
+
+    app.on_response_prepare.append(count)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner, found.url = asyncio.run_coroutine_threadsafe(start_site(app, "127.0.0.1", 0), loop).result()
+    yield found
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A temporary project: the shared client helpers, pytest-asyncio in auto mode."""
+    pytester.makepyfile(helpers=HELPERS)
+    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    return pytester
+
+
+def sample(project: pytest.Pytester, *names: str) -> None:
+    (project.path / "cassettes").mkdir(exist_ok=True)
+    for name in names:
+        shutil.copy(ROOT / "cassettes" / name, project.path / "cassettes" / name)
+
+
+def run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return project.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
+
+
+def exchanges(cassette: Path) -> list[str]:
+    return [r.request_line for r in read_cassette(cassette)]
+
+
+def test_the_readme_example_works_as_written(pytester: pytest.Pytester) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Use cassettes in your tests") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    pytester.makepyfile(test_answers=code.group(1))  # as the README says: no ini, no conftest
+    sample(pytester, "completed.jsonl", "completed_jsonrpc.jsonl")
+    run(pytester).assert_outcomes(passed=3)
+
+
+def test_async_and_sync_tests_with_the_official_client(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl", "completed_jsonrpc.jsonl", "failed.jsonl")
+    project.makepyfile(
+        test_user="""
+        import asyncio
+        import pytest
+        from helpers import ask, final_state
+
+        QUESTION = "What does J45.909 mean?"
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_async_in_the_tests_loop(tasktape):
+            events = await ask(tasktape.url, QUESTION)
+            assert final_state(events) == "TASK_STATE_COMPLETED"
+            closing = [e for e in events if e.get("artifactUpdate", {}).get("lastChunk")][-1]
+            assert "citations" in closing["artifactUpdate"]["artifact"]["parts"][0]["metadata"]
+            assert tasktape.served == 2 and tasktape.missed == [] and tasktape.unused == []
+            assert len(tasktape.events) == len(events)
+            assert tasktape.url.startswith("http://127.0.0.1:")
+
+        @pytest.mark.tasktape("cassettes/completed_jsonrpc.jsonl")
+        def test_sync_with_a_server_in_a_thread(tasktape):
+            events = asyncio.run(ask(tasktape.url, QUESTION, "jsonrpc"))
+            assert final_state(events) == "TASK_STATE_COMPLETED"
+
+        @pytest.mark.asyncio(loop_scope="module")
+        class TestInAModuleLoop:
+            urls = []
+
+            @pytest.mark.tasktape("cassettes/failed.jsonl")
+            async def test_one(self, tasktape):
+                assert final_state(await ask(tasktape.url, "This will fail")) == "TASK_STATE_FAILED"
+                self.urls.append(tasktape.url)
+
+            @pytest.mark.tasktape("cassettes/failed.jsonl")
+            async def test_two_gets_a_server_of_its_own(self, tasktape):
+                assert final_state(await ask(tasktape.url, "This will fail")) == "TASK_STATE_FAILED"
+                assert tasktape.served == 2 and tasktape.url not in self.urls
+        """
+    )
+    run(project).assert_outcomes(passed=4)
+    # The same tests with pytest-asyncio in strict mode: the marked ones still run in its loop.
+    run(project, "-o", "asyncio_mode=strict", "-k", "thread or Module").assert_outcomes(passed=3)
+
+
+def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_miss="""
+        import httpx
+        import pytest
+        from helpers import ask
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_something_else(tasktape):
+            await ask(tasktape.url, "Something else")
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        def test_a_client_that_shrugs_off_a_404(tasktape):
+            assert httpx.get(f"{tasktape.url}/tasks/task.unknown").status_code == 404
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        def test_fails_on_its_own(tasktape):
+            assert 1 == 2
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*tasktape: the cassette and the requests disagree",
+            "POST /message:stream matches nothing in cassettes/completed.jsonl; the closest recordings:",
+            "  POST /message:stream (completed.jsonl:5): body differs at /message/parts/0/text "
+            '("Something else" vs "What does J45.909 mean?")',
+            "  GET /.well-known/agent-card.json (completed.jsonl:2): method POST vs GET; *",
+            "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL*",
+            "and the test failed: MethodNotFoundError: Resource not found: *",
+        ]
+    )
+    result.stdout.fnmatch_lines(["GET /tasks/task.unknown matches nothing in cassettes/completed.jsonl*"])
+    # A test failing for its own reasons fails as it would without tasktape.
+    result.stdout.fnmatch_lines(["*def test_fails_on_its_own*", "E       assert 1 == 2"])
+
+
+def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_mistakes="""
+        import pytest
+
+        def test_no_cassette(tasktape):
+            pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", sped=0)
+        def test_typo_in_an_option(tasktape):
+            pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", faults="drop-afterwards=3")
+        def test_bad_fault(tasktape):
+            pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", ignore=["metadata"])
+        def test_bad_pointer(tasktape):
+            pass
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(errors=4)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*tasktape: no cassette */cassettes/test_mistakes/test_no_cassette.jsonl; record it with "
+            "--tasktape-record-mode=once --tasktape-upstream URL*",
+            "*@pytest.mark.tasktape: unknown option(s) sped; known: speed, faults, *",
+            "*@pytest.mark.tasktape: unknown fault 'drop-afterwards'*",
+            "*@pytest.mark.tasktape: not a JSON pointer (it must start with '/'): 'metadata'*",
+        ]
+    )
+    typo = run(project, "--tasktape-record-mode=onse")
+    assert typo.ret == pytest.ExitCode.USAGE_ERROR
+    typo.stderr.fnmatch_lines(
+        [
+            "*--tasktape-record-mode: 'onse' is not a tasktape record mode; choose one of none, once, "
+            "new_episodes, all"
+        ]
+    )
+    run(project, "--tasktape-record-mode=all", "-k", "typo or no_cassette").stdout.fnmatch_lines(
+        [
+            "*--tasktape-record-mode=all records */test_no_cassette.jsonl from an agent: give it with "
+            "--tasktape-upstream URL*"
+        ]
+    )
+
+
+RECORDED_TESTS = """
+import pytest
+from helpers import ask, final_state
+
+@pytest.mark.parametrize("binding", ["rest", "jsonrpc"])
+async def test_ask(tasktape, binding):
+    secret = {"Authorization": "Bearer s3cret"}
+    events = await ask(tasktape.url, "What does J45.909 mean?", binding, headers=secret)
+    assert final_state(events) == "TASK_STATE_COMPLETED"
+"""
+
+
+def test_record_once_then_replay_without_the_agent(project: pytest.Pytester, agent: Agent) -> None:
+    project.makepyfile(test_recorded=RECORDED_TESTS)
+    before = len(agent.requests)
+    run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={agent.url}").assert_outcomes(passed=2)
+    folder = project.path / "cassettes" / "test_recorded"
+    assert sorted(p.name for p in folder.iterdir()) == ["test_ask[jsonrpc].jsonl", "test_ask[rest].jsonl"]
+    card = "GET /.well-known/agent-card.json"
+    assert exchanges(folder / "test_ask[rest].jsonl") == [card, "POST /message:stream"]
+    assert exchanges(folder / "test_ask[jsonrpc].jsonl") == [card, "POST /jsonrpc"]
+    text = (folder / "test_ask[rest].jsonl").read_text()
+    assert "s3cret" not in text and '["Authorization", "[REDACTED]"]' in text
+    recorded = len(agent.requests)
+    assert recorded - before == 4
+    # Replayed: no agent needed, nothing reaches it; `once` leaves existing cassettes alone.
+    run(project).assert_outcomes(passed=2)
+    run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={agent.url}").assert_outcomes(passed=2)
+    assert len(agent.requests) == recorded and (folder / "test_ask[rest].jsonl").read_text() == text
+
+
+def test_new_episodes_adds_what_missed(project: pytest.Pytester, agent: Agent) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_more="""
+        import pytest
+        from helpers import ask, final_state
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_two_questions(tasktape):
+            assert final_state(await ask(tasktape.url, "What does J45.909 mean?")) == "TASK_STATE_COMPLETED"
+            assert final_state(await ask(tasktape.url, "This will fail")) == "TASK_STATE_FAILED"
+        """
+    )
+    cassette = project.path / "cassettes" / "completed.jsonl"
+    run(project).assert_outcomes(failed=1)
+    before = len(agent.requests)
+    run(project, "--tasktape-record-mode=new_episodes", f"--tasktape-upstream={agent.url}").assert_outcomes(
+        passed=1
+    )
+    # Only the miss went to the agent (the card is replayed, however often it is read).
+    assert agent.requests[before:] == ["POST /message:stream"]
+    assert exchanges(cassette) == [
+        "GET /.well-known/agent-card.json",
+        "POST /message:stream",
+        "POST /message:stream",
+    ]
+    assert read_cassette(cassette)[1].body == read_cassette(ROOT / "cassettes" / "completed.jsonl")[1].body
+    run(project).assert_outcomes(passed=1)
+
+
+def test_all_records_everything_again(project: pytest.Pytester, agent: Agent) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_again="""
+        import pytest
+        from helpers import ask, final_state
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_first(tasktape):
+            assert final_state(await ask(tasktape.url, "What does J45.909 mean?")) == "TASK_STATE_COMPLETED"
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_second_shares_the_cassette(tasktape):
+            assert final_state(await ask(tasktape.url, "This will fail")) == "TASK_STATE_FAILED"
+        """
+    )
+    cassette = project.path / "cassettes" / "completed.jsonl"
+    old = read_cassette(cassette)
+    before = len(agent.requests)
+    run(project, "--tasktape-record-mode=all", f"--tasktape-upstream={agent.url}")
+    # Both streams recorded anew; the card too, once: the second test reads it from what the
+    # first one recorded in this run.
+    assert agent.requests[before:] == ["GET /.well-known/agent-card.json", *["POST /message:stream"] * 2]
+    new = read_cassette(cassette)
+    assert [r.request_line for r in new] == [
+        "GET /.well-known/agent-card.json",
+        "POST /message:stream",
+        "POST /message:stream",
+    ]
+    assert old[1].body not in (new[1].body, new[2].body)  # new task ids: recorded, not kept
+    run(project).assert_outcomes(passed=2)
+
+
+def test_parallel_workers_record_and_replay_apart(project: pytest.Pytester, agent: Agent) -> None:
+    project.makepyfile(
+        test_parallel="""
+        import pytest
+        from helpers import ask, final_state
+
+        @pytest.mark.parametrize("n", range(6))
+        async def test_ask(tasktape, n):
+            events = await ask(tasktape.url, f"Question {n}")
+            assert final_state(events) == "TASK_STATE_COMPLETED"
+            assert tasktape.served == (2 if tasktape.recorded else 0)
+        """
+    )
+    upstream = f"--tasktape-upstream={agent.url}"
+    run(project, "-n", "3", "--tasktape-record-mode=once", upstream).assert_outcomes(passed=6)
+    folder = project.path / "cassettes" / "test_parallel"
+    assert len(list(folder.glob("*.jsonl"))) == 6
+    for n in range(6):
+        (_, stream) = read_cassette(folder / f"test_ask[{n}].jsonl")
+        assert f"Question {n}".encode() in (stream.request_body or b"")
+    run(project, "-n", "3").assert_outcomes(passed=6)
+
+
+def test_a_fault_through_the_marker(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_faults="""
+        import pytest
+        from a2a.client import A2AClientError
+        from helpers import ask
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", faults="drop-after=3")
+        async def test_the_stream_drops_after_three_events(tasktape):
+            seen = []
+            with pytest.raises(A2AClientError, match="incomplete chunked read"):
+                await ask(tasktape.url, "What does J45.909 mean?", seen=seen)
+            assert [next(iter(e)) for e in seen] == ["task", "statusUpdate", "artifactUpdate"]
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", faults="status=503")
+        async def test_the_agent_is_unavailable(tasktape):
+            with pytest.raises(A2AClientError, match="503"):
+                await ask(tasktape.url, "What does J45.909 mean?")
+
+        @pytest.mark.tasktape("cassettes/dropped_connection.jsonl")
+        async def test_a_recorded_drop_replays_as_one(tasktape):
+            seen = []
+            with pytest.raises(A2AClientError, match="incomplete chunked read"):
+                await ask(tasktape.url, "Drop the line mid-answer", seen=seen)
+            assert len(seen) == sum(e.complete for e in tasktape.events)
+        """
+    )
+    sample(project, "dropped_connection.jsonl")
+    run(project).assert_outcomes(passed=3)
+
+
+def test_resume_with_last_event_id(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl", "sdk_echo.jsonl")
+    project.makepyfile(
+        test_resume="""
+        import httpx
+        import pytest
+
+        BODY = {"message": {"role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}}
+
+        def ids_in(text):
+            return [line[4:] for line in text.splitlines() if line.startswith("id: ")]
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_async_resume(tasktape):
+            recorded = [e.id for e in tasktape.events]
+            async with httpx.AsyncClient() as http:
+                response = await http.post(
+                    f"{tasktape.url}/message:stream", json=BODY, headers={"Last-Event-ID": recorded[9]}
+                )
+            assert ids_in(response.text) == recorded[10:]
+            assert response.text.encode() == b"".join(e.raw for e in tasktape.events[10:])
+
+        @pytest.mark.tasktape("cassettes/sdk_echo.jsonl", add_ids=True)
+        def test_resume_a_stream_recorded_without_ids(tasktape):
+            assert all(e.id is None for e in tasktape.events)
+            body = {"message": {"role": "ROLE_USER", "parts": [{"text": "hello"}]}}
+            first = httpx.post(f"{tasktape.url}/message:stream", json=body).text
+            ids = [f"tt2.{n}" for n in range(1, len(tasktape.events) + 1)]  # the card is exchange 1
+            assert ids_in(first) == ids
+            rest = httpx.post(f"{tasktape.url}/message:stream", json=body, headers={"Last-Event-ID": "tt2.2"})
+            assert ids_in(rest.text) == ids[2:] and "Echo: hello -- done." in rest.text
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        def test_an_unknown_id_is_an_error(tasktape):
+            unknown = {"Last-Event-ID": "nope"}
+            response = httpx.post(f"{tasktape.url}/message:stream", json=BODY, headers=unknown)
+            assert response.status_code == 400 and "names no event of the recorded stream" in response.text
+        """
+    )
+    run(project).assert_outcomes(passed=3)
+
+
+def test_unused_recordings(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_unused="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", fail_on_unused=True)
+        def test_only_reads_the_card(tasktape):
+            httpx.get(f"{tasktape.url}/.well-known/agent-card.json").raise_for_status()
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        def test_lenient(tasktape):
+            httpx.get(f"{tasktape.url}/.well-known/agent-card.json").raise_for_status()
+            assert [r.request_line for r in tasktape.unused] == ["POST /message:stream"]
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["recorded but never requested: POST /message:stream (completed.jsonl:5)"])
+    run(project, "--tasktape-fail-on-unused").assert_outcomes(failed=2)
