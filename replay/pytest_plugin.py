@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,24 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .faults import FaultError
+from .marker import MARKER, SIGNATURE, MarkerError, tape_options
 from .record_mode import RecordMode
 
 if TYPE_CHECKING:
     from .tape import Tape, TapeOptions, TapeSession
 
-MARKER = "tasktape"
-MARKER_OPTIONS = (
-    "speed",
-    "faults",
-    "add_ids",
-    "allow_repeats",
-    "ignore",
-    "redact_headers",
-    "redact_json",
-    "fail_on_unused",
-)
 LOOP_SCOPES = ("function", "class", "module", "package", "session")
 _TAPE = pytest.StashKey["Tape"]()
+_OPTIONS = pytest.StashKey["TapeOptions"]()
 _WRITTEN = pytest.StashKey[set[Path]]()
 
 
@@ -66,88 +57,57 @@ def pytest_configure(config: pytest.Config) -> None:
     """Declare the marker; a misspelt record mode stops the run before any test."""
     config.addinivalue_line(
         "markers",
-        "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
-        "redact_headers=(), redact_json=(), fail_on_unused=None): serve this cassette (a path relative to "
-        "the test file; by default cassettes/<module>/<test>.jsonl beside it) to the tasktape fixture.",
+        f"{SIGNATURE}: serve this cassette (a path relative to the test file; by default "
+        "cassettes/<module>/<test>.jsonl beside it) to the tasktape fixture.",
     )
     try:
-        RecordMode.parse(config.getoption("--tasktape-record-mode"))
+        mode = RecordMode.parse(config.getoption("--tasktape-record-mode"))
     except ValueError as exc:
         raise pytest.UsageError(f"--tasktape-record-mode: {exc}") from None
+    parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+    if mode is RecordMode.ALL and parallel:
+        # Each worker would replace the cassettes the others wrote.
+        raise pytest.UsageError(
+            "--tasktape-record-mode=all replaces cassettes: run it without pytest-xdist's -n"
+        )
     config.stash[_WRITTEN] = set()
 
 
-def default_cassette(item: pytest.Item) -> Path:
-    """``cassettes/<module>/<Class.>test[params].jsonl`` beside the test module."""
-    test_file = Path(item.path)
-    name = re.sub(r"[^\w.\-\[\]]", "_", item.name)
-    cls = getattr(item, "cls", None)
-    prefix = f"{cls.__name__}." if cls else ""
-    return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}.jsonl"
-
-
 def _options(request: pytest.FixtureRequest) -> TapeOptions:
-    """The marker's word for this test, with the command line's; a mistake fails the test."""
-    # Here, not at the top: a run whose tests use no cassette never loads any of it.
-    from eventlog.redact import Redactor, parse_pointer  # noqa: PLC0415
-
-    from .faults import FaultError, Faults  # noqa: PLC0415
-    from .tape import TapeOptions  # noqa: PLC0415
-
-    marker = request.node.get_closest_marker(MARKER)
-    args, kwargs = (marker.args, dict(marker.kwargs)) if marker else ((), {})
-    where = f"@pytest.mark.{MARKER}"
-    if len(args) > 1:
-        pytest.fail(f"{where} takes one cassette path, not {len(args)}", pytrace=False)
-    unknown = sorted(set(kwargs) - set(MARKER_OPTIONS))
-    if unknown:
-        pytest.fail(
-            f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(MARKER_OPTIONS)}",
-            pytrace=False,
-        )
-    config = request.config
-    fail_on_unused = kwargs.get("fail_on_unused")
-    try:
-        speed = float(kwargs.get("speed", 0))
-        if not 0 <= speed < float("inf"):
-            raise ValueError(f"speed must be 0 (as fast as possible) or more, not {speed}")
-        faults = kwargs.get("faults")
-        ignore = tuple(kwargs.get("ignore", ()))
-        for pointer in ignore:
-            parse_pointer(pointer)
-        redactor = Redactor(kwargs.get("redact_headers", ()), kwargs.get("redact_json", ()))
-        return TapeOptions(
-            cassette=Path(request.node.path).parent / args[0] if args else default_cassette(request.node),
-            mode=RecordMode.parse(config.getoption("--tasktape-record-mode")),
-            upstream=config.getoption("--tasktape-upstream"),
-            speed=speed,
-            faults=Faults.parse(faults) if isinstance(faults, str) else faults,
-            add_ids=bool(kwargs.get("add_ids", False)),
-            allow_repeats=bool(kwargs.get("allow_repeats", False)),
-            ignore=ignore,
-            redactor=redactor,
-            fail_on_unused=bool(
-                config.getoption("--tasktape-fail-on-unused") if fail_on_unused is None else fail_on_unused
-            ),
-        )
-    except (FaultError, ValueError, TypeError) as exc:
-        pytest.fail(f"{where}: {exc}", pytrace=False)
+    """The test's options (read once, kept on the test); a mistake fails the test."""
+    options = request.node.stash.get(_OPTIONS, None)
+    if options is None:
+        try:
+            options = request.node.stash[_OPTIONS] = tape_options(request.node, request.config)
+        except (MarkerError, FaultError, ValueError) as exc:
+            pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
+    return options
 
 
 def _session(request: pytest.FixtureRequest) -> TapeSession:
-    from .tape import TapeSession  # noqa: PLC0415 - see _options
+    from .tape import TapeSession  # noqa: PLC0415 - loaded once a test asks for a tape
 
     return TapeSession(_options(request), request.config.stash[_WRITTEN])
 
 
 async def _started(session: TapeSession) -> Tape:
-    from .tape import TapeError  # noqa: PLC0415 - see _options
+    from .tape import TapeError  # noqa: PLC0415 - see _session
 
     try:
         return await session.start()
     except TapeError as exc:
         await session.stop()
         pytest.fail(f"tasktape: {exc}", pytrace=False)
+
+
+async def _stopped(session: TapeSession) -> None:
+    failed = await session.stop()
+    if failed:
+        where = session.options.cassette
+        pytest.fail(
+            f"tasktape: the upstream failed to answer, so {where} did not get:\n  " + "\n  ".join(failed),
+            pytrace=False,
+        )
 
 
 def _loop_fixture(scope: str) -> Any:
@@ -159,7 +119,7 @@ def _loop_fixture(scope: str) -> Any:
         try:
             yield tape
         finally:
-            await session.stop()
+            await _stopped(session)
 
     fixture.__name__ = f"_tasktape_in_{scope}_loop"
     return pytest_asyncio.fixture(fixture, loop_scope=scope)  # type: ignore[call-overload]
@@ -178,7 +138,7 @@ else:
 def tasktape(request: pytest.FixtureRequest) -> Iterator[Tape]:
     """A replay server for this test's cassette (see ``@pytest.mark.tasktape``): ``.url`` to
     point the client at, then ``.served``, ``.missed``, ``.unused`` and ``.events``."""
-    if _in_test_loop(request):
+    if not _options(request).in_thread and _in_test_loop(request):
         tape = request.getfixturevalue(f"_tasktape_in_{_loop_scope(request)}_loop")
         request.node.stash[_TAPE] = tape
         yield tape
@@ -188,26 +148,36 @@ def tasktape(request: pytest.FixtureRequest) -> Iterator[Tape]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="tasktape-replay", daemon=True)
     thread.start()
+
+    def run(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
     try:
-        tape = asyncio.run_coroutine_threadsafe(_started(session), loop).result()
+        tape = run(_started(session))
         request.node.stash[_TAPE] = tape
         yield tape
     finally:
-        asyncio.run_coroutine_threadsafe(session.stop(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        try:
+            run(_stopped(session))
+        finally:
+            run(loop.shutdown_default_executor())
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
 
 
 def _in_test_loop(request: pytest.FixtureRequest) -> bool:
     """Whether pytest-asyncio runs this test (anyio and others run theirs in loops of their own)."""
     function = getattr(request.node, "function", None)
+    config = request.config
     if pytest_asyncio is None or not inspect.iscoroutinefunction(function):
+        return False
+    # Before the asyncio marker: in auto mode pytest-asyncio marks anyio's tests too.
+    if request.node.get_closest_marker("anyio") is not None or not config.pluginmanager.has_plugin("asyncio"):
         return False
     if request.node.get_closest_marker("asyncio") is not None:
         return True
-    mode = request.config.getoption("asyncio_mode", None) or request.config.getini("asyncio_mode")
-    return mode == "auto" and request.node.get_closest_marker("anyio") is None
+    return (config.getoption("asyncio_mode", None) or config.getini("asyncio_mode")) == "auto"
 
 
 def _loop_scope(request: pytest.FixtureRequest) -> str:
@@ -226,17 +196,17 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     """A request that missed the cassette fails the test, saying what was closest."""
     try:
         result = yield
-    except BaseException as exc:
+    except (Exception, pytest.fail.Exception):
+        # The test failed on its own (most likely because of the miss): keep its error,
+        # and add what the cassette lacked beside it.
         problems = _problems(item)
-        if problems is None or isinstance(exc, pytest.skip.Exception):
-            raise
-        # The miss is most likely why the test failed: say it first, then what the test said.
-        message = f"{problems}\n\nand the test failed: {type(exc).__name__}: {exc}"
-    else:
-        message = _problems(item)
-        if message is None:
-            return result
-    pytest.fail(message, pytrace=False)
+        if problems:
+            item.add_report_section("call", "tasktape", problems)
+        raise
+    problems = _problems(item)
+    if problems:
+        pytest.fail(problems, pytrace=False)
+    return result
 
 
 def _problems(item: pytest.Item) -> str | None:

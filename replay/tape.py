@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,9 @@ from .faults import Faults
 from .modes import ReplayMode
 from .record_mode import RecordMode
 from .server import Miss, ReplayServer
+
+# Outcomes where the answer came from the recorder, not the agent.
+NOT_RECORDINGS = frozenset({"upstream_error", "refused"})
 
 
 class TapeError(Exception):
@@ -40,6 +47,7 @@ class TapeOptions:
     ignore: tuple[str, ...] = ()
     redactor: Redactor = field(default_factory=Redactor)
     fail_on_unused: bool = False
+    in_thread: bool = False
 
 
 @dataclass
@@ -127,7 +135,8 @@ class TapeSession:
     def records(self) -> bool:
         o = self.options
         if o.mode is RecordMode.ONCE:
-            return not o.cassette.exists()
+            # A cassette this run created is still being recorded (tests may share one).
+            return not o.cassette.exists() or o.cassette in self.written
         return o.mode in (RecordMode.NEW_EPISODES, RecordMode.ALL)
 
     async def start(self) -> Tape:
@@ -178,27 +187,46 @@ class TapeSession:
         """Whether what the cassette holds now stays in it."""
         return self.options.mode is not RecordMode.ALL or self.options.cassette in self.written
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[str]:
+        """Stop serving; a recording run writes the cassette. Returns what could not be
+        recorded (the upstream failed to answer), which the cassette does not get."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._writer is not None:
-            await asyncio.to_thread(self._finish)
+        if self._writer is None:
+            return []
+        return await asyncio.to_thread(self._finish)
 
-    def _finish(self) -> None:
+    def _finish(self) -> list[str]:
         assert self._writer is not None and self._folder is not None
         o = self.options
         try:
             self._writer.close()
             with EventLog(self._folder / "recording.db") as log:
-                new = from_log(log)
-            if not new:
-                return
-            # Read again: another test sharing this cassette may have added to it meanwhile.
-            kept = read_cassette(o.cassette) if o.cassette.exists() and self._keeps() else []
-            o.cassette.parent.mkdir(parents=True, exist_ok=True)
-            write_cassette(o.cassette, [*kept, *new], source="pytest", upstream=o.upstream)
-            self.written.add(o.cassette)
+                recorded = from_log(log)
+            # tasktape's own answer to a failed upstream is no recording of the agent.
+            new = [r for r in recorded if r.outcome not in NOT_RECORDINGS]
+            failed = [f"{r.request_line}: {r.error}" for r in recorded if r.outcome in NOT_RECORDINGS]
+            if new:
+                o.cassette.parent.mkdir(parents=True, exist_ok=True)
+                with _locked(o.cassette.parent):
+                    # Read again: a test sharing this cassette (in this process or another
+                    # worker) may have added to it meanwhile.
+                    kept = read_cassette(o.cassette) if o.cassette.exists() and self._keeps() else []
+                    write_cassette(o.cassette, [*kept, *new], source="pytest", upstream=o.upstream)
+                self.written.add(o.cassette)
+            return failed
         finally:
             self._writer = None
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (no lock file left behind)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

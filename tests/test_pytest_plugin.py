@@ -91,7 +91,7 @@ def sample(project: pytest.Pytester, *names: str) -> None:
 
 
 def run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return project.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
+    return project.runpytest_inprocess("-p", "no:cacheprovider", *args)
 
 
 def exchanges(cassette: Path) -> list[str]:
@@ -105,7 +105,8 @@ def test_the_readme_example_works_as_written(pytester: pytest.Pytester) -> None:
     assert code is not None
     pytester.makepyfile(test_answers=code.group(1))  # as the README says: no ini, no conftest
     sample(pytester, "completed.jsonl", "completed_jsonrpc.jsonl")
-    run(pytester).assert_outcomes(passed=3)
+    # Without an ini, pytest-asyncio asks for its loop scope setting: not the example's concern.
+    run(pytester, "-W", "ignore::pytest.PytestDeprecationWarning").assert_outcomes(passed=3)
 
 
 def test_async_and_sync_tests_with_the_official_client(project: pytest.Pytester) -> None:
@@ -184,8 +185,11 @@ def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pyt
             '("Something else" vs "What does J45.909 mean?")',
             "  GET /.well-known/agent-card.json (completed.jsonl:2): method POST vs GET; *",
             "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL*",
-            "and the test failed: MethodNotFoundError: Resource not found: *",
         ]
+    )
+    # The client's own error stays, traceback and all; the cassette's story is told beside it.
+    result.stdout.fnmatch_lines(
+        ["E *MethodNotFoundError: Resource not found: *", "*- Captured tasktape call -*", "tasktape: the *"]
     )
     result.stdout.fnmatch_lines(["GET /tasks/task.unknown matches nothing in cassettes/completed.jsonl*"])
     # A test failing for its own reasons fails as it would without tasktape.
@@ -212,17 +216,32 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
         @pytest.mark.tasktape("cassettes/completed.jsonl", ignore=["metadata"])
         def test_bad_pointer(tasktape):
             pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", add_ids="no")
+        def test_not_a_flag(tasktape):
+            pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", faults=["drop-after=3"])
+        def test_faults_in_a_list(tasktape):
+            pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", cassette="cassettes/other.jsonl")
+        def test_two_cassettes(tasktape):
+            pass
         """
     )
     result = run(project)
-    result.assert_outcomes(errors=4)
+    result.assert_outcomes(errors=7)
     result.stdout.fnmatch_lines_random(
         [
             "*tasktape: no cassette */cassettes/test_mistakes/test_no_cassette.jsonl; record it with "
             "--tasktape-record-mode=once --tasktape-upstream URL*",
-            "*@pytest.mark.tasktape: unknown option(s) sped; known: speed, faults, *",
+            "*@pytest.mark.tasktape: unknown option(s) sped; known: cassette, speed, faults, *",
             "*@pytest.mark.tasktape: unknown fault 'drop-afterwards'*",
             "*@pytest.mark.tasktape: not a JSON pointer (it must start with '/'): 'metadata'*",
+            "*@pytest.mark.tasktape: add_ids is True or False, not 'no'*",
+            "*@pytest.mark.tasktape: faults are written as a string, such as 'drop-after=3', not ?'drop-*",
+            "*@pytest.mark.tasktape: the cassette is given twice (as the argument and as cassette=)*",
         ]
     )
     typo = run(project, "--tasktape-record-mode=onse")
@@ -239,15 +258,21 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
             "--tasktape-upstream URL*"
         ]
     )
+    parallel = run(project, "--tasktape-record-mode=all", "-n", "2")
+    assert parallel.ret == pytest.ExitCode.USAGE_ERROR
+    parallel.stderr.fnmatch_lines(
+        ["*--tasktape-record-mode=all replaces cassettes: run it without pytest-xdist's -n"]
+    )
 
 
 RECORDED_TESTS = """
 import pytest
 from helpers import ask, final_state
 
+@pytest.mark.tasktape(redact_headers="X-Team-Secret")
 @pytest.mark.parametrize("binding", ["rest", "jsonrpc"])
 async def test_ask(tasktape, binding):
-    secret = {"Authorization": "Bearer s3cret"}
+    secret = {"Authorization": "Bearer s3cret", "X-Team-Secret": "hunter2"}
     events = await ask(tasktape.url, "What does J45.909 mean?", binding, headers=secret)
     assert final_state(events) == "TASK_STATE_COMPLETED"
 """
@@ -264,6 +289,7 @@ def test_record_once_then_replay_without_the_agent(project: pytest.Pytester, age
     assert exchanges(folder / "test_ask[jsonrpc].jsonl") == [card, "POST /jsonrpc"]
     text = (folder / "test_ask[rest].jsonl").read_text()
     assert "s3cret" not in text and '["Authorization", "[REDACTED]"]' in text
+    assert "hunter2" not in text and '["X-Team-Secret", "[REDACTED]"]' in text
     recorded = len(agent.requests)
     assert recorded - before == 4
     # Replayed: no agent needed, nothing reaches it; `once` leaves existing cassettes alone.
@@ -341,7 +367,7 @@ def test_parallel_workers_record_and_replay_apart(project: pytest.Pytester, agen
         import pytest
         from helpers import ask, final_state
 
-        @pytest.mark.parametrize("n", range(6))
+        @pytest.mark.parametrize("n", range(4))
         async def test_ask(tasktape, n):
             events = await ask(tasktape.url, f"Question {n}")
             assert final_state(events) == "TASK_STATE_COMPLETED"
@@ -349,13 +375,13 @@ def test_parallel_workers_record_and_replay_apart(project: pytest.Pytester, agen
         """
     )
     upstream = f"--tasktape-upstream={agent.url}"
-    run(project, "-n", "3", "--tasktape-record-mode=once", upstream).assert_outcomes(passed=6)
+    run(project, "-n", "2", "--tasktape-record-mode=once", upstream).assert_outcomes(passed=4)
     folder = project.path / "cassettes" / "test_parallel"
-    assert len(list(folder.glob("*.jsonl"))) == 6
-    for n in range(6):
+    assert len(list(folder.glob("*.jsonl"))) == 4
+    for n in range(4):
         (_, stream) = read_cassette(folder / f"test_ask[{n}].jsonl")
         assert f"Question {n}".encode() in (stream.request_body or b"")
-    run(project, "-n", "3").assert_outcomes(passed=6)
+    run(project, "-n", "2").assert_outcomes(passed=4)
 
 
 def test_a_fault_through_the_marker(project: pytest.Pytester) -> None:
@@ -453,3 +479,85 @@ def test_unused_recordings(project: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["recorded but never requested: POST /message:stream (completed.jsonl:5)"])
     run(project, "--tasktape-fail-on-unused").assert_outcomes(failed=2)
+
+
+def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl", "failed.jsonl")
+    project.makepyfile(
+        test_merge="""
+        import httpx
+        import pytest
+        from helpers import ask, final_state
+
+        pytestmark = pytest.mark.tasktape(cassette="cassettes/completed.jsonl")
+
+        @pytest.mark.tasktape(speed=1)
+        def test_the_module_names_the_cassette(tasktape):
+            assert tasktape.cassette.name == "completed.jsonl"
+            assert tasktape.server.speed == 1
+
+        @pytest.mark.tasktape("cassettes/failed.jsonl")
+        async def test_the_closest_marker_wins(tasktape):
+            assert final_state(await ask(tasktape.url, "This will fail")) == "TASK_STATE_FAILED"
+
+        @pytest.mark.anyio
+        async def test_anyio_gets_a_server_it_can_reach(tasktape):
+            events = await ask(tasktape.url, "What does J45.909 mean?")
+            assert final_state(events) == "TASK_STATE_COMPLETED"
+
+        @pytest.fixture
+        def card(tasktape):
+            return httpx.get(f"{tasktape.url}/.well-known/agent-card.json").json()
+
+        @pytest.mark.tasktape(in_thread=True)
+        async def test_a_blocking_fixture_in_an_async_test(card):
+            # Served from the test's own loop, this would deadlock.
+            assert card["name"] == "tasktape demo agent"
+        """
+    )
+    run(project).assert_outcomes(passed=4)
+
+
+def test_recording_from_an_upstream_that_is_down(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_down="""
+        import httpx
+
+        def test_ask(tasktape):
+            assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").status_code == 502
+        """
+    )
+    result = run(project, "--tasktape-record-mode=once", "--tasktape-upstream=http://127.0.0.1:9")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*tasktape: the upstream failed to answer, so */test_down/test_ask.jsonl did not get:",
+            "  GET /.well-known/agent-card.json: upstream http://127.0.0.1:9 failed before answering: *",
+        ]
+    )
+    assert not (project.path / "cassettes").exists()
+
+
+def test_once_records_a_cassette_two_tests_share(project: pytest.Pytester, agent: Agent) -> None:
+    project.makepyfile(
+        test_shared="""
+        import pytest
+        from helpers import ask, final_state
+
+        pytestmark = pytest.mark.tasktape("cassettes/shared.jsonl")
+
+        async def test_first(tasktape):
+            assert final_state(await ask(tasktape.url, "What does J45.909 mean?")) == "TASK_STATE_COMPLETED"
+
+        async def test_second(tasktape):
+            assert final_state(await ask(tasktape.url, "This will fail")) == "TASK_STATE_FAILED"
+        """
+    )
+    upstream = f"--tasktape-upstream={agent.url}"
+    run(project, "--tasktape-record-mode=once", upstream).assert_outcomes(passed=2)
+    assert exchanges(project.path / "cassettes" / "shared.jsonl") == [
+        "GET /.well-known/agent-card.json",
+        "POST /message:stream",
+        "POST /message:stream",
+    ]
+    run(project).assert_outcomes(passed=2)

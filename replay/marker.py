@@ -1,0 +1,133 @@
+"""``@pytest.mark.tasktape``: what the marker may say, merged and checked."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .faults import Faults
+from .record_mode import RecordMode
+
+if TYPE_CHECKING:
+    from .tape import TapeOptions
+
+MARKER = "tasktape"
+OPTIONS = (
+    "cassette",
+    "speed",
+    "faults",
+    "add_ids",
+    "allow_repeats",
+    "ignore",
+    "redact_headers",
+    "redact_json",
+    "fail_on_unused",
+    "in_thread",
+)
+SIGNATURE = (
+    "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
+    "redact_headers=(), redact_json=(), fail_on_unused=None, in_thread=False)"
+)
+
+
+class MarkerError(ValueError):
+    """The marker says something that cannot be meant."""
+
+
+def merged(item: pytest.Item) -> dict[str, Any]:
+    """Every tasktape marker on the test, its class and its module: the closest says
+    each option (a module's cassette, a test's speed)."""
+    options: dict[str, Any] = {}
+    for marker in item.iter_markers(MARKER):  # closest first
+        given = dict(marker.kwargs)
+        if len(marker.args) > 1:
+            raise MarkerError(f"it takes one cassette path, not {len(marker.args)}")
+        if marker.args:
+            if "cassette" in given:
+                raise MarkerError("the cassette is given twice (as the argument and as cassette=)")
+            given["cassette"] = marker.args[0]
+        unknown = sorted(set(given) - set(OPTIONS))
+        if unknown:
+            raise MarkerError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+        for name, value in given.items():
+            options.setdefault(name, value)
+    return options
+
+
+def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
+    """The test's tape as its markers and the command line say."""
+    # Here, not at the top: pytest imports the plugin in every run, and a run whose
+    # tests use no cassette should not pay for the replay server.
+    from eventlog.redact import Redactor, parse_pointer  # noqa: PLC0415
+
+    from .tape import TapeOptions  # noqa: PLC0415
+
+    o = merged(item)
+    cassette = o.get("cassette")
+    if cassette is not None and not isinstance(cassette, str | PathLike):
+        raise MarkerError(f"the cassette is a path, not {cassette!r}")
+    speed = o.get("speed", 0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not 0 <= speed < float("inf"):
+        raise MarkerError(f"speed is 0 (as fast as possible) or a number above it, not {speed!r}")
+    faults = o.get("faults")
+    if faults is not None and not isinstance(faults, str | Faults):
+        raise MarkerError(f"faults are written as a string, such as 'drop-after=3', not {faults!r}")
+    ignore = _strings("ignore", o.get("ignore", ()))
+    for pointer in ignore:
+        parse_pointer(pointer)
+    fail_on_unused = o.get("fail_on_unused")
+    return TapeOptions(
+        cassette=Path(item.path).parent / cassette if cassette is not None else default_cassette(item),
+        mode=RecordMode.parse(config.getoption("--tasktape-record-mode")),
+        upstream=config.getoption("--tasktape-upstream"),
+        speed=float(speed),
+        faults=Faults.parse(faults) if isinstance(faults, str) else faults,
+        add_ids=_flag("add_ids", o.get("add_ids", False)),
+        allow_repeats=_flag("allow_repeats", o.get("allow_repeats", False)),
+        ignore=ignore,
+        redactor=Redactor(
+            _strings("redact_headers", o.get("redact_headers", ())),
+            _strings("redact_json", o.get("redact_json", ())),
+        ),
+        fail_on_unused=_flag(
+            "fail_on_unused",
+            config.getoption("--tasktape-fail-on-unused") if fail_on_unused is None else fail_on_unused,
+        ),
+        in_thread=_flag("in_thread", o.get("in_thread", False)),
+    )
+
+
+def default_cassette(item: pytest.Item) -> Path:
+    """``cassettes/<module>/<Class.>test[params].jsonl`` beside the test module; a name
+    that had to change to be a file name gets a short hash of the original, so two
+    tests never share a cassette by accident."""
+    raw = item.name
+    name = re.sub(r"[^\w.\-\[\]]", "_", raw)
+    if name != raw or len(name) > 120:
+        name = f"{name[:100]}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
+    cls = getattr(item, "cls", None)
+    prefix = f"{cls.__name__}." if cls else ""
+    test_file = Path(item.path)
+    return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}.jsonl"
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise MarkerError(f"{name} is True or False, not {value!r}")
+    return value
+
+
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    """One string, or a list of them (a lone string is one item, never its letters)."""
+    if isinstance(value, str):
+        return (value,)
+    values = list(value) if isinstance(value, Iterable) else [value]
+    if all(isinstance(v, str) for v in values):
+        return tuple(values)
+    raise MarkerError(f"{name} is a string or a list of strings, not {value!r}")
