@@ -40,7 +40,7 @@ from .producer import (
     WriterStats,
 )
 from .redact import Redactor
-from .schema import open_db
+from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 
 __all__ = ["LogWriter", "WriterStats"]
 
@@ -135,6 +135,7 @@ class LogWriter(LogProducer):
         if max_bytes is not None:
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
+        (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
         self._exchanges: dict[int, ExchangeRows] = {}
         self._batches: queue.Queue[_Batch] = queue.Queue(maxsize=2)
         name = f"tasktape-writer:{self.path.name}"
@@ -259,7 +260,11 @@ class LogWriter(LogProducer):
                 conn.executemany(INSERT_CHUNK, chunk_rows)
             if event_rows:
                 conn.executemany(INSERT_EVENT, event_rows)
+                conn.execute(INDEX_TEXT, (self._indexed_through,))
+                (last_event,) = conn.execute("SELECT max(rowid) FROM events").fetchone()
             conn.execute("COMMIT")
+            if event_rows:
+                self._indexed_through = last_event
             self.stats.rows_written += rows
             self.stats.batches += 1
         except UnicodeEncodeError:

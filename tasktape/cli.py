@@ -8,7 +8,9 @@ from eventlog import __version__
 
 from .agent_command import agent
 from .cassette_commands import export, import_
+from .check_command import check
 from .demo import demo
+from .inspect_command import inspect
 from .record import record
 from .replay_command import replay
 
@@ -22,6 +24,8 @@ def main() -> None:
 main.add_command(record)
 main.add_command(agent)
 main.add_command(demo)
+main.add_command(inspect)
 main.add_command(replay)
 main.add_command(export)
 main.add_command(import_)
+main.add_command(check)

@@ -23,6 +23,8 @@ from replay import ReplayServer
 
 from .a2a_client import A2AClient, StreamResult
 from .agent import create_agent_app
+from .inspect_command import serve_inspector
+from .listen import DEFAULT_INSPECT_PORT
 from .serving import start_site
 
 
@@ -215,7 +217,13 @@ def report(runs: list[Run], log: EventLog) -> list[str]:
     show_default=True,
     help="Scale the agent's think time and time per token (0: as fast as possible).",
 )
-def demo(db: Path | None, pace: float) -> None:
+@click.option(
+    "--inspect",
+    is_flag=True,
+    help=f"Then browse the log with tasktape inspect (on port {DEFAULT_INSPECT_PORT}, or a free one "
+    "if it is taken) until Ctrl-C.",
+)
+def demo(db: Path | None, pace: float, inspect: bool) -> None:
     """Record a realistic A2A session end to end, on loopback, check it, and replay it.
 
     Starts the built-in demo agent and the recording proxy, drives every scenario through
@@ -223,7 +231,8 @@ def demo(db: Path | None, pace: float) -> None:
     log back: each stream must be in it byte for byte, with the events and final state
     the client saw. Then it replays one recorded stream at its recorded pace and reports
     its pacing error and byte equality. Exits 0 only if every scenario was recorded
-    completely and the replay was byte-identical.
+    completely and the replay was byte-identical. With --inspect, it then serves the log
+    in the inspector until Ctrl-C.
     """
     db = db or Path(f"tasktape-demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
     if db.exists():
@@ -262,6 +271,9 @@ def demo(db: Path | None, pace: float) -> None:
     click.echo(f"\nThe log: {db.resolve()}\n\nNext:")
     for line in next_steps(db):
         click.echo(f"  {line}")
+    if inspect:
+        click.echo("")
+        serve_inspector(db, "127.0.0.1", DEFAULT_INSPECT_PORT, or_any_port=True)
     if failed:
         raise SystemExit(1)
 
@@ -312,6 +324,7 @@ def next_steps(db: Path) -> list[str]:
     """What to try next with the log the demo wrote."""
     summary = "SELECT task_id, final_state, events, ttfe_ms, credits FROM task_summary"
     return [
+        f"tasktape inspect {db}     # browse it: each task's run on a time axis, charts, search",
         f"tasktape replay {db}     # serve these recordings again, at their pace",
         f"tasktape export {db} -o session.jsonl     # as a cassette, for your tests",
         f'sqlite-utils query {db} "{summary}" -t',

@@ -75,6 +75,16 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
     assert {fk.column: fk.other_table for fk in db["events"].foreign_keys} == {"exchange_id": "exchanges"}
     assert {fk.column: fk.other_table for fk in db["exchanges"].foreign_keys} == {"capture_id": "captures"}
     assert set(db.view_names()) == {"task_timeline", "task_artifacts", "task_summary", "exchange_metrics"}
+    assert [c.name for c in db["findings"].columns] == [
+        "id",
+        "checked_at",
+        "rule",
+        "task_id",
+        "exchange_id",
+        "seq",
+        "message",
+    ]
+    assert db["events"].detect_fts() == "events_fts"
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 

@@ -1,0 +1,79 @@
+"""What ``tasktape inspect`` serves: Datasette over one event log, read-only, with
+tasktape's metadata (the plugin itself is loaded through its entry point), under uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import signal
+import socket
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import uvicorn
+from datasette.app import Datasette
+from datasette.database import Database
+
+from .metadata import metadata
+
+SETTINGS = {
+    # Views such as task_summary aggregate per task: give them time on big logs.
+    "sql_time_limit_ms": 5000,
+    "facet_time_limit_ms": 1000,
+    # Answers and raw frames are long: tables show their start, row and task pages all of it.
+    "truncate_cells_html": 240,
+}
+
+
+class ReadOnlyLog(Database):
+    """A log opened read-only for every connection, writes included: nothing Datasette or a
+    plugin does can change it. Not immutable, so rows a recorder is still writing show up."""
+
+    def connect(self, write: bool = False) -> sqlite3.Connection:
+        return super().connect(write=False)
+
+
+def create_datasette(path: str | Path) -> Datasette:
+    """Datasette over the log at ``path``, served as the database named after its file."""
+    path = Path(path).resolve()
+    ds = Datasette(metadata=metadata(path.stem), settings=SETTINGS)
+    ds.add_database(ReadOnlyLog(ds, path=str(path)), name=path.stem)
+    return ds
+
+
+class Server(uvicorn.Server):
+    """uvicorn, stopped the way tasktape's other servers are: a first SIGINT or SIGTERM
+    stops it gracefully and ``serve`` returns (uvicorn would re-raise the signal once
+    done, killing the process), a second one stops it at once."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def stop(self) -> None:
+        self.force_exit = self.should_exit
+        self.should_exit = True
+
+
+async def serve(ds: Datasette, sock: socket.socket, ready: Callable[[], None], grace: float) -> None:
+    """Serve ``ds`` on the listening socket ``sock`` until SIGINT or SIGTERM; call ``ready``
+    once it answers; give requests in flight ``grace`` seconds to finish."""
+    config = uvicorn.Config(
+        ds.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=math.ceil(grace)
+    )
+    server = Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        ready()
+    await serving

@@ -1,0 +1,128 @@
+"""The lifecycle checker's public API: check recorded streams, get findings, save them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from eventlog.reader import EventLog
+from eventlog.recorded import Recorded, from_log
+from eventlog.schema import open_db
+
+from .frames import Stream, streams_of
+from .rules import RULES, Problem
+
+CUT_SHORT_RULE = "cut-short"  # a note, not a rule: the stream broke off, so how it ends is unknown
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken rule, and where."""
+
+    rule: str
+    task_id: str | None
+    exchange: str  # where: the log exchange id as text, or the cassette "file:line" (Recorded.origin)
+    exchange_id: int | None  # the log's exchanges.id when the source is a log, else None
+    seq: int | None  # the event's seq within its exchange (as the events table numbers it)
+    message: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a check found, and what it looked at."""
+
+    findings: list[Finding]
+    cut_short: list[Finding]  # streams that broke off (rule "cut-short"): noted, not broken rules
+    streams: int  # SSE exchanges checked
+    exchanges: int  # A2A exchanges checked, streams included
+    tasks: int
+
+
+def check_recorded(recorded: Iterable[Recorded]) -> list[Finding]:
+    """Findings about these exchanges, checked in order (a task's state carries across them)."""
+    return report_recorded(recorded).findings
+
+
+def check_log(log: EventLog, exchange_ids: Iterable[int] | None = None) -> list[Finding]:
+    """Findings about a log's exchanges: all of them, or those ids."""
+    return report_log(log, exchange_ids).findings
+
+
+def report_recorded(recorded: Iterable[Recorded]) -> Report:
+    """The full report on these exchanges (their place is ``Recorded.origin``)."""
+    return _report(streams_of([(r, r.origin, None) for r in recorded]))
+
+
+def report_log(log: EventLog, exchange_ids: Iterable[int] | None = None) -> Report:
+    """The full report on a log's exchanges: all of them, or those ids."""
+    ids = [x["id"] for x in log.exchanges()] if exchange_ids is None else sorted(set(exchange_ids))
+    recorded = from_log(log, ids)
+    return _report(streams_of([(r, str(i), i) for r, i in zip(recorded, ids, strict=True)]))
+
+
+def save_findings(
+    db_path: str | Path, findings: Iterable[Finding], *, exchange_ids: Iterable[int] | None = None
+) -> int:
+    """Write findings into the log's ``findings`` table, replacing the earlier findings of
+    the exchanges checked: ``exchange_ids`` (pass them so a now clean exchange loses its
+    old findings), else those the findings name. Returns how many were written."""
+    findings = list(findings)
+    if any(f.exchange_id is None for f in findings):
+        raise ValueError("only findings about a log's exchanges can be saved into it")
+    checked = {f.exchange_id for f in findings} if exchange_ids is None else set(exchange_ids)
+    checked_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with closing(open_db(db_path)) as db:
+        db.execute("BEGIN IMMEDIATE")  # a recorder may be writing too: take the lock first
+        try:
+            marks = ",".join("?" * len(checked))
+            db.execute(f"DELETE FROM findings WHERE exchange_id IN ({marks})", sorted(checked))
+            db.conn.executemany(
+                "INSERT INTO findings (checked_at, rule, task_id, exchange_id, seq, message)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(checked_at, f.rule, f.task_id, f.exchange_id, f.seq, f.message) for f in findings],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    return len(findings)
+
+
+def _report(streams: list[Stream]) -> Report:
+    found: list[tuple[int, int, int, Finding]] = []
+    for order, (name, rule) in enumerate(RULES.items()):
+        for problem in rule(streams):
+            seq = problem.frame.seq if problem.frame else None
+            found.append((problem.stream.index, -1 if seq is None else seq, order, _finding(name, problem)))
+    found.sort(key=lambda item: item[:3])
+    tasks = {f.task_id for s in streams for f in s.frames if f.task_id}
+    return Report(
+        [f for *_, f in found],
+        [_cut_short(s) for s in streams if s.is_sse and not s.complete],
+        sum(s.is_sse for s in streams),
+        len(streams),
+        len(tasks),
+    )
+
+
+def _finding(rule: str, problem: Problem) -> Finding:
+    stream, frame = problem.stream, problem.frame
+    task_id = frame.task_id if frame else stream.task_id
+    return Finding(
+        rule, task_id, stream.where, stream.exchange_id, frame.seq if frame else None, problem.message
+    )
+
+
+def _cut_short(stream: Stream) -> Finding:
+    done = [f for f in stream.frames if f.complete]
+    states = [f.c.state for f in done if f.c.state]
+    last = f", the task last {states[-1].removeprefix('TASK_STATE_')}" if states else ""
+    why = f": {stream.error}" if stream.error else ""
+    message = (
+        f"broke off after {len(done)} complete events{last} ({stream.outcome}{why}); how it ends is unknown"
+    )
+    seq = stream.frames[-1].seq if stream.frames else None
+    return Finding(CUT_SHORT_RULE, stream.task_id, stream.where, stream.exchange_id, seq, message)

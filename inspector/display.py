@@ -1,0 +1,56 @@
+"""How the inspector shows values: task state colours and names, durations in ms, JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# One colour per task state, shared by the pages (inspector.css defines the same as CSS
+# variables; a test holds the two together) and the charts (a Vega-Lite scale).
+STATE_COLOURS = {
+    "TASK_STATE_SUBMITTED": "#607d8b",
+    "TASK_STATE_WORKING": "#1e88e5",
+    "TASK_STATE_COMPLETED": "#2e7d32",
+    "TASK_STATE_FAILED": "#c62828",
+    "TASK_STATE_REJECTED": "#880e4f",
+    "TASK_STATE_CANCELED": "#757575",
+    "TASK_STATE_INPUT_REQUIRED": "#ef6c00",
+    "TASK_STATE_AUTH_REQUIRED": "#b8860b",
+}
+UNKNOWN_STATE_COLOUR = "#9e9e9e"
+
+STATE_COLUMNS = frozenset({"state", "final_state"})
+NS_COLUMNS = frozenset({"offset_ns", "ttfb_ns", "duration_ns"})
+JSON_COLUMNS = frozenset(
+    {"data", "usage", "request_headers", "response_headers", "request_body", "response_body", "argv"}
+)
+
+
+def short_state(state: str) -> str:
+    """``TASK_STATE_INPUT_REQUIRED`` -> ``INPUT_REQUIRED``."""
+    return state.removeprefix("TASK_STATE_")
+
+
+def state_class(state: str | None) -> str:
+    """The CSS class of a state's colour (``tt-s-completed``); unknown states get ``tt-s-other``."""
+    if state in STATE_COLOURS:
+        return "tt-s-" + short_state(state).lower().replace("_", "-")
+    return "tt-s-other"
+
+
+def ms(ns: float | None, digits: int = 1) -> str:
+    """Nanoseconds as milliseconds for people: ``1382087899`` -> ``1,382.1 ms``."""
+    if ns is None:
+        return "-"
+    return f"{ns / 1e6:,.{digits}f} ms"
+
+
+def pretty_json(value: Any) -> str | None:
+    """Indented JSON when ``value`` is a JSON object or array (as text), else None."""
+    if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    return json.dumps(parsed, indent=2, ensure_ascii=False)

@@ -1,0 +1,277 @@
+"""The lifecycle rules, one plain function each, registered by name in ``RULES``.
+
+Every rule reads all the exchanges checked together (a task's state carries from one
+to the next) and yields a :class:`Problem` for each place it is broken; its docstring is
+the one line that explains it. The rules come from the A2A v1.0 task lifecycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from eventlog.models import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
+
+from .frames import Frame, Stream
+
+
+@dataclass(frozen=True)
+class Problem:
+    stream: Stream
+    frame: Frame | None  # None: the stream as a whole
+    message: str
+
+
+Rule = Callable[[Sequence[Stream]], Iterator[Problem]]
+
+S = TaskState
+LEGAL: dict[str, frozenset[str]] = {
+    S.SUBMITTED: frozenset({S.WORKING, S.REJECTED, S.AUTH_REQUIRED, S.CANCELED}),
+    S.WORKING: frozenset({S.COMPLETED, S.FAILED, S.INPUT_REQUIRED, S.AUTH_REQUIRED, S.CANCELED}),
+    S.INPUT_REQUIRED: frozenset({S.WORKING, S.CANCELED}),
+    S.AUTH_REQUIRED: frozenset({S.WORKING, S.CANCELED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELED: frozenset(),
+    S.REJECTED: frozenset(),
+}
+# REST shows REJECTED and AUTH_REQUIRED as FAILED, so SUBMITTED -> REJECTED there reads
+# SUBMITTED -> FAILED (and SUBMITTED -> AUTH_REQUIRED too, where an agent maps it).
+REST_ONLY = {S.SUBMITTED: frozenset({S.FAILED})}
+ENDS_A_STREAM = TERMINAL_STATES | INTERRUPTED_STATES
+
+
+def _short(state: str) -> str:
+    return state.removeprefix("TASK_STATE_")
+
+
+def _describe(frame: Frame) -> str:
+    c = frame.c
+    if c.kind in ("task", "statusUpdate"):
+        return f"a {c.kind} in {c.state or 'no state'}"
+    if c.kind == "error":
+        return f"an error frame ({c.text or 'no message'})"
+    if c.kind == "other":
+        return "a frame that is not A2A"
+    return f"an {c.kind}" if c.kind[0] in "aeiou" else f"a {c.kind}"
+
+
+def transition(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Each task moves between states only as the lifecycle allows (same state again is fine)."""
+    frames = [(s, f) for s in streams for f in s.frames if f.c.kind in ("task", "statusUpdate") and f.c.state]
+    if all(f.at_ns is not None for _, f in frames):
+        # Exchanges overlap (a cancel during a stream, a resubscribe): go by arrival time.
+        frames.sort(key=lambda sf: sf[1].at_ns or 0)
+    last: dict[str | None, tuple[str, Stream, Frame]] = {}
+    for stream, frame in frames:
+        state = frame.c.state or ""
+        if state not in LEGAL:
+            yield Problem(stream, frame, f"{state!r} is not a task state of the lifecycle")
+            continue
+        before = last.get(frame.task_id)
+        last[frame.task_id] = (state, stream, frame)
+        if before is None or before[0] == state:
+            continue
+        allowed = LEGAL[before[0]] | (
+            REST_ONLY.get(before[0], frozenset()) if frame.c.binding == "rest" else set()
+        )
+        if state not in allowed:
+            was = "" if before[1] is stream else f" (in {before[1].label(before[2])})"
+            can = ", ".join(sorted(_short(s) for s in LEGAL[before[0]]))
+            why = f"allowed: {can}" if can else "a terminal state is final"
+            yield Problem(
+                stream,
+                frame,
+                f"{_short(before[0])}{was} -> {_short(state)} is not a legal transition ({why})",
+            )
+
+
+def after_terminal(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Once a task reaches a terminal state, its stream sends nothing more for it."""
+    for stream in streams:
+        ended: dict[str | None, Frame] = {}
+        for frame in stream.frames:
+            if frame.task_id in ended:
+                end = ended[frame.task_id]
+                yield Problem(
+                    stream,
+                    frame,
+                    f"{_describe(frame)} after the task ended {_short(end.c.state or '')} at event {end.seq}",
+                )
+            elif frame.c.kind in ("task", "statusUpdate") and frame.c.state in TERMINAL_STATES:
+                ended[frame.task_id] = frame
+
+
+def stream_end(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A stream that ran to its end closes on a terminal or interrupted state (one cut short is exempt)."""
+    for stream in streams:
+        if not stream.is_sse or not stream.complete:
+            continue
+        frames = [f for f in stream.frames if f.complete]
+        if not frames:
+            yield Problem(stream, None, "the stream ended without a single event")
+            continue
+        if all(f.c.kind == "message" for f in frames):
+            continue  # the agent answered with a Message: no task, no lifecycle
+        if any(f.c.kind in ("task", "statusUpdate") and f.c.state in TERMINAL_STATES for f in frames):
+            continue  # it did end; what came after is after-terminal's to report
+        last = frames[-1]
+        if last.c.kind in ("task", "statusUpdate") and last.c.state in ENDS_A_STREAM:
+            continue
+        yield Problem(
+            stream, last, f"the stream ended on {_describe(last)}, not on a terminal or interrupted state"
+        )
+
+
+@dataclass
+class _Artifact:
+    texts: list[str]
+    closed_at: int | None = None  # the seq of its lastChunk
+
+
+def _artifact_steps(stream: Stream) -> Iterator[tuple[Frame, _Artifact | None]]:
+    """Each artifactUpdate of a stream, with what came before it for that artifact."""
+    artifacts: dict[tuple[str | None, str | None], _Artifact] = {}
+    for frame in stream.frames:
+        c = frame.c
+        if c.kind != "artifactUpdate":
+            continue
+        key = (frame.task_id, c.artifact_id)
+        before = artifacts.get(key)
+        yield frame, before
+        text = c.text or ""
+        if before is None or before.closed_at is not None:
+            artifacts[key] = _Artifact([text])
+        elif c.append:
+            before.texts.append(text)
+        else:
+            before.texts = [text]  # append false replaces what came before
+        if c.last_chunk:
+            artifacts[key].closed_at = frame.seq
+
+
+def artifact_order(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Per artifact: the first delta has append false, later ones append true, nothing after lastChunk."""
+    for stream in streams:
+        for frame, before in _artifact_steps(stream):
+            c = frame.c
+            if c.artifact_id is None:
+                yield Problem(stream, frame, "an artifactUpdate without artifact.artifactId")
+            elif before is not None and before.closed_at is not None:
+                yield Problem(
+                    stream,
+                    frame,
+                    f"artifact {c.artifact_id} goes on after its lastChunk (event {before.closed_at})",
+                )
+            elif before is None and c.append:
+                yield Problem(
+                    stream,
+                    frame,
+                    f"the first event of artifact {c.artifact_id} has append true: nothing to append to",
+                )
+            elif before is not None and not c.append and not c.last_chunk:
+                yield Problem(
+                    stream,
+                    frame,
+                    f"a later delta of artifact {c.artifact_id} has append false, replacing the text so far",
+                )
+
+
+def last_chunk_text(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A lastChunk that replaces the deltas (append false) carries exactly their text, joined."""
+    for stream in streams:
+        for frame, before in _artifact_steps(stream):
+            c = frame.c
+            if not c.last_chunk or c.append or before is None or before.closed_at is not None:
+                continue
+            joined, text = "".join(before.texts), c.text or ""
+            if joined != text:
+                at = next((i for i, (a, b) in enumerate(zip(joined, text, strict=False)) if a != b), None)
+                at = min(len(joined), len(text)) if at is None else at
+                yield Problem(
+                    stream,
+                    frame,
+                    f"the lastChunk of artifact {c.artifact_id} is not its {len(before.texts)} deltas "
+                    f"joined: "
+                    f"they differ at character {at} ({joined[at : at + 20]!r} vs {text[at : at + 20]!r})",
+                )
+
+
+def completed_message(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A v1.0 COMPLETED statusUpdate carries no message: the answer is the artifact before it."""
+    for stream in streams:
+        for frame in stream.frames:
+            update = (frame.payload or {}).get("statusUpdate")
+            if frame.c.state != S.COMPLETED or not isinstance(update, dict):
+                continue
+            status = update.get("status")
+            if isinstance(status, dict) and status.get("message") is not None:
+                yield Problem(
+                    stream, frame, "the COMPLETED statusUpdate carries status.message (v1.0 sends none)"
+                )
+
+
+def unique_ids(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """SSE event ids are unique within a stream."""
+    for stream in streams:
+        seen: dict[str, int | None] = {}
+        for frame in stream.frames:
+            if frame.sse_id is None:
+                continue
+            if frame.sse_id in seen:
+                yield Problem(
+                    stream, frame, f"event id {frame.sse_id!r} repeats that of event {seen[frame.sse_id]}"
+                )
+            else:
+                seen[frame.sse_id] = frame.seq
+
+
+def jsonrpc_id(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Each JSON-RPC response frame carries the id of the request it answers."""
+    for stream in streams:
+        if not stream.jsonrpc or stream.rpc_id is None:
+            continue
+        want = stream.rpc_id
+        for frame in stream.frames:
+            if frame.envelope is None and frame.payload is None:
+                continue  # not JSON at all: the frame rule says so
+            envelope = frame.envelope or {}
+            if "id" not in envelope:
+                yield Problem(stream, frame, f"a response without a JSON-RPC id (the request's is {want!r})")
+            elif envelope["id"] != want or type(envelope["id"]) is not type(want):
+                yield Problem(stream, frame, f"JSON-RPC id {envelope['id']!r} is not the request's {want!r}")
+
+
+def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Every event is a JSON A2A frame, and a stream that ran to its end does not stop mid-event."""
+    for stream in streams:
+        for f in stream.frames:
+            if not f.complete:
+                if stream.complete:
+                    yield Problem(
+                        stream, f, "the stream ended in the middle of this event (no blank line after it)"
+                    )
+            elif f.c.parse_error:
+                yield Problem(stream, f, f.c.parse_error)
+            elif f.c.kind == "other" and stream.is_sse:
+                yield Problem(
+                    stream, f, "not an A2A frame: none of task, message, statusUpdate, artifactUpdate"
+                )
+
+
+RULES: dict[str, Rule] = {
+    "transition": transition,
+    "after-terminal": after_terminal,
+    "stream-end": stream_end,
+    "artifact-order": artifact_order,
+    "last-chunk-text": last_chunk_text,
+    "completed-message": completed_message,
+    "unique-ids": unique_ids,
+    "jsonrpc-id": jsonrpc_id,
+    "frame": well_formed,
+}
+
+
+def explain(name: str) -> str:
+    """The rule's one-line explanation (its docstring)."""
+    return (RULES[name].__doc__ or "").strip()

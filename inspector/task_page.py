@@ -1,0 +1,492 @@
+"""The data of the per-task page: one task's whole run, read back from the log.
+
+Times are milliseconds since the task's first request arrived, so every exchange of
+the task (a stream, a resubscribe, a cancel, polling) sits on one axis.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eventlog import EventLog, FrameError, parse_stream_response
+from eventlog.classify import load_json
+from eventlog.models import Artifact as ArtifactModel
+from eventlog.models import JsonRpcResponse, Task, TaskStatus
+
+if TYPE_CHECKING:
+    from .checker import Finding
+
+_MARKER = re.compile(r"\[\d+\]")  # an inline citation marker already in the text
+_SENDS = ("SendMessage", "SendStreamingMessage")
+# The task's events in time order, with what its streams carried that names no task: a
+# frame cut off by a dropped connection, a frame that is not JSON. (CROSS JOIN keeps
+# SQLite from scanning every task-less event of the log for the second part.)
+_EVENTS = """
+SELECT e.*, x.started_ns + e.offset_ns AS at_ns
+FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = :t
+UNION ALL
+SELECT e.*, x.started_ns + e.offset_ns AS at_ns
+FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id WHERE x.task_id = :t AND e.task_id IS NULL
+ORDER BY at_ns, exchange_id, seq
+"""
+
+
+@dataclass
+class Exchange:
+    """One HTTP exchange of the task."""
+
+    id: int
+    method: str
+    path: str
+    rpc_method: str | None
+    binding: str | None
+    status: int | None
+    is_sse: bool
+    outcome: str | None
+    error: str | None
+    start_ms: float
+    ttfb_ms: float | None
+    end_ms: float | None
+    events: int = 0
+    asked: str | None = None  # the text of the message it sent
+
+    @property
+    def label(self) -> str:
+        return self.rpc_method or f"{self.method} {self.path}"
+
+
+@dataclass
+class Event:
+    """One SSE event of the task, placed on the task's time axis."""
+
+    exchange_id: int
+    seq: int
+    at_ms: float
+    gap_ms: float | None  # since the task's previous event
+    kind: str
+    state: str | None
+    artifact_id: str | None
+    artifact_type: str | None
+    append: bool
+    last_chunk: bool
+    text: str | None
+    event_id: str | None
+    complete: bool
+    parse_error: str | None
+    repeated: bool = False  # sent again with an SSE id already seen (a resubscribe overlap)
+
+    @property
+    def category(self) -> str:
+        """What it is, for colour: state, thinking, answer, message, error or other."""
+        if not self.complete or self.parse_error or self.kind == "error":
+            return "error"
+        if self.state is not None:
+            return "state"
+        if self.kind == "artifactUpdate":
+            return "thinking" if self.artifact_type == "intermediate-thinking" else "answer"
+        return "message" if self.kind == "message" else "other"
+
+
+@dataclass
+class StateChange:
+    state: str
+    at_ms: float
+    exchange_id: int
+    seq: int | None  # None: seen in a response body (SendMessage, GetTask), not a stream
+    message: str | None  # the status message, when the agent said why
+
+
+@dataclass
+class Citation:
+    number: int
+    offset: int
+    locator: str | None
+    data_part_id: str | None
+    source: str | None  # the cited data part, as indented JSON, when the artifact has it
+
+
+@dataclass
+class Artifact:
+    artifact_id: str
+    name: str | None
+    type: str | None
+    text: str
+    closed: bool
+    events: int
+    citations: list[Citation] = field(default_factory=list)
+
+    @property
+    def thinking(self) -> bool:
+        return self.type == "intermediate-thinking"
+
+    def segments(self) -> list[tuple[str, Citation | None]]:
+        """The text cut at each citation: (text, None) runs and (marker, citation) marks."""
+        out: list[tuple[str, Citation | None]] = []
+        pos = 0
+        for cite in sorted(self.citations, key=lambda c: c.offset):
+            at = min(max(cite.offset, pos), len(self.text))
+            if at > pos:
+                out.append((self.text[pos:at], None))
+            marker = _MARKER.match(self.text, at)
+            out.append((f"[{cite.number}]", cite))
+            pos = marker.end() if marker else at
+        if pos < len(self.text):
+            out.append((self.text[pos:], None))
+        return out
+
+
+@dataclass
+class TaskPage:
+    task_id: str
+    context_id: str | None
+    exchanges: list[Exchange]
+    events: list[Event]
+    states: list[StateChange]
+    artifacts: list[Artifact]
+    usage: dict[str, Any] | None
+    findings: list[Finding]
+    checker_error: str | None
+
+    @property
+    def final_state(self) -> str | None:
+        return self.states[-1].state if self.states else None
+
+    @property
+    def ttfe_ms(self) -> float | None:
+        return self.events[0].at_ms if self.events else None
+
+    @property
+    def duration_ms(self) -> float:
+        ends = [x.end_ms for x in self.exchanges if x.end_ms is not None]
+        ends += [e.at_ms for e in self.events]
+        return max(ends, default=0.0)
+
+    @property
+    def first_delta(self) -> Event | None:
+        """The first artifact update: when the model's first token reached the client."""
+        return next((e for e in self.events if e.kind == "artifactUpdate"), None)
+
+    @property
+    def artifact_updates(self) -> int:
+        return sum(1 for e in self.events if e.kind == "artifactUpdate")
+
+    @property
+    def longest_gap(self) -> Event | None:
+        gapped = [e for e in self.events if e.gap_ms is not None]
+        return max(gapped, key=lambda e: e.gap_ms or 0.0) if gapped else None
+
+    @property
+    def answers(self) -> list[Artifact]:
+        return [a for a in self.artifacts if not a.thinking]
+
+    @property
+    def thinking(self) -> list[Artifact]:
+        return [a for a in self.artifacts if a.thinking]
+
+
+def load_task(path: str | Path, task_id: str) -> TaskPage | None:
+    """The task's page data, or None when the log knows no such task."""
+    with EventLog(path) as log:
+        rows = log.db.query(
+            "SELECT * FROM exchanges WHERE task_id = :t OR id IN "
+            "(SELECT exchange_id FROM events WHERE task_id = :t) ORDER BY started_ns, id",
+            {"t": task_id},
+        )
+        xrows = list(rows)
+        if not xrows:
+            return None
+        origin = min(x["started_ns"] for x in xrows)
+        exchanges = [_exchange(x, origin) for x in xrows]
+        events = _events(list(log.db.query(_EVENTS, {"t": task_id})), origin)
+        for x in exchanges:
+            x.events = sum(1 for e in events if e.exchange_id == x.id)
+        snapshots = _snapshots(xrows, origin)
+        findings, checker_error = _findings(log, [x.id for x in exchanges])
+        return TaskPage(
+            task_id=task_id,
+            context_id=next((x["context_id"] for x in xrows if x["context_id"]), None),
+            exchanges=exchanges,
+            events=events,
+            states=_states(log, task_id, events, snapshots),
+            artifacts=_artifacts(log, task_id) or _snapshot_artifacts(snapshots),
+            usage=_usage(log, task_id, snapshots),
+            findings=findings,
+            checker_error=checker_error,
+        )
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _exchange(x: dict[str, Any], origin: int) -> Exchange:
+    start = (x["started_ns"] - origin) / 1e6
+    ttfb, duration = _ms(x["ttfb_ns"]), _ms(x["duration_ns"])
+    return Exchange(
+        id=x["id"],
+        method=x["method"],
+        path=x["path"],
+        rpc_method=x["rpc_method"],
+        binding=x["binding"],
+        status=x["status"],
+        is_sse=bool(x["is_sse"]),
+        outcome=x["outcome"],
+        error=x["error"],
+        start_ms=start,
+        ttfb_ms=ttfb,
+        end_ms=None if duration is None else start + duration,
+        asked=_asked(x["request_body"]) if x["rpc_method"] in _SENDS else None,
+    )
+
+
+def _json(data: Any) -> Any:
+    """Parsed JSON, or None for anything that is not JSON text."""
+    if not isinstance(data, str | bytes) or not data:
+        return None
+    try:
+        return load_json(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _asked(body: Any) -> str | None:
+    """The text of the message a SendMessage request carried (REST or JSON-RPC)."""
+    obj = _json(body)
+    if not isinstance(obj, dict):
+        return None
+    params = obj.get("params") if "jsonrpc" in obj else obj
+    message = params.get("message") if isinstance(params, dict) else None
+    if not isinstance(message, dict):
+        return None
+    parts = message.get("parts") or []
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return "".join(texts) or None
+
+
+def _events(rows: list[dict[str, Any]], origin: int) -> list[Event]:
+    events: list[Event] = []
+    seen: set[str] = set()
+    for r in rows:
+        at = (r["at_ns"] - origin) / 1e6
+        events.append(
+            Event(
+                exchange_id=r["exchange_id"],
+                seq=r["seq"],
+                at_ms=at,
+                gap_ms=at - events[-1].at_ms if events else None,
+                kind=r["kind"],
+                state=r["state"],
+                artifact_id=r["artifact_id"],
+                artifact_type=r["artifact_type"],
+                append=bool(r["append"]),
+                last_chunk=bool(r["last_chunk"]),
+                text=r["text"],
+                event_id=r["event_id"],
+                complete=bool(r["complete"]),
+                parse_error=r["parse_error"],
+                repeated=r["event_id"] is not None and r["event_id"] in seen,
+            )
+        )
+        if r["event_id"] is not None:
+            seen.add(r["event_id"])
+    return events
+
+
+def _frame_status(data: str) -> TaskStatus | None:
+    """The status a task or statusUpdate frame carries."""
+    try:
+        frame = parse_stream_response(data)
+    except FrameError:
+        return None
+    if isinstance(frame, JsonRpcResponse):
+        if frame.result is None:
+            return None
+        frame = frame.result
+    return getattr(frame.payload, "status", None)
+
+
+@dataclass
+class _Snapshot:
+    """A task object in a response body that is not a stream (SendMessage, GetTask...)."""
+
+    task: Task
+    at_ms: float
+    exchange_id: int
+
+
+def _snapshots(xrows: list[dict[str, Any]], origin: int) -> list[_Snapshot]:
+    snapshots = []
+    for x in xrows:
+        obj = _json(x["response_body"]) if not x["is_sse"] else None
+        if isinstance(obj, dict) and "jsonrpc" in obj:
+            obj = obj.get("result")
+        if isinstance(obj, dict) and isinstance(obj.get("task"), dict):
+            obj = obj["task"]
+        if not (isinstance(obj, dict) and "id" in obj and isinstance(obj.get("status"), dict)):
+            continue
+        try:
+            task = Task.model_validate(obj)
+        except ValueError:
+            continue
+        end = x["started_ns"] + (x["duration_ns"] or x["ttfb_ns"] or 0)
+        snapshots.append(_Snapshot(task, (end - origin) / 1e6, x["id"]))
+    return snapshots
+
+
+def _states(
+    log: EventLog, task_id: str, events: list[Event], snapshots: list[_Snapshot]
+) -> list[StateChange]:
+    """Each change of state, from the streams and from task objects in other responses."""
+    data = {
+        (r["exchange_id"], r["seq"]): r["data"]
+        for r in log.db.query(
+            "SELECT exchange_id, seq, data FROM events WHERE task_id = ? AND state IS NOT NULL", [task_id]
+        )
+    }
+    seen: list[StateChange] = []
+    for e in events:
+        if e.state is not None:
+            status = _frame_status(data[e.exchange_id, e.seq])
+            message = status.message.text if status and status.message else None
+            seen.append(StateChange(e.state, e.at_ms, e.exchange_id, e.seq, message))
+    for snap in snapshots:
+        status = snap.task.status
+        if status and isinstance(status.state, str):
+            message = status.message.text if status.message else None
+            seen.append(StateChange(status.state, snap.at_ms, snap.exchange_id, None, message))
+    seen.sort(key=lambda s: s.at_ms)
+    changes: list[StateChange] = []
+    for s in seen:
+        if not changes or s.state != changes[-1].state:
+            changes.append(s)
+        elif s.message and not changes[-1].message:
+            changes[-1].message = s.message
+    return changes
+
+
+def _artifact(
+    artifact_id: str,
+    model: ArtifactModel | None,
+    *,
+    text: str,
+    type_: str | None,
+    closed: bool,
+    events: int,
+) -> Artifact:
+    citations: list[Citation] = []
+    if model is not None:
+        sources = {
+            (p.metadata or {}).get("dataPartId"): json.dumps(p.data, indent=2, ensure_ascii=False)
+            for p in model.parts
+            if p.data is not None
+        }
+        marks = [
+            c
+            for p in model.parts
+            if p.text is not None
+            for c in (p.metadata or {}).get("citations") or []
+            if isinstance(c, dict)
+        ]
+        marks.sort(key=lambda c: c.get("offset") if isinstance(c.get("offset"), int) else len(text))
+        for n, c in enumerate(marks, 1):
+            offset = c.get("offset")
+            citations.append(
+                Citation(
+                    number=n,
+                    offset=offset if isinstance(offset, int) else len(text),
+                    locator=str(c["locator"]) if c.get("locator") is not None else None,
+                    data_part_id=c.get("data_part_id"),
+                    source=sources.get(c.get("data_part_id")),
+                )
+            )
+    return Artifact(
+        artifact_id=artifact_id,
+        name=model.name if model else None,
+        type=type_,
+        text=text,
+        closed=closed,
+        events=events,
+        citations=citations,
+    )
+
+
+def _event_artifact(data: str) -> ArtifactModel | None:
+    try:
+        frame = parse_stream_response(data)
+    except FrameError:
+        return None
+    if isinstance(frame, JsonRpcResponse):
+        frame = frame.result
+    return getattr(frame.payload, "artifact", None) if frame else None
+
+
+def _artifacts(log: EventLog, task_id: str) -> list[Artifact]:
+    """The task's streamed artifacts, reassembled (by the task_artifacts view) with the
+    parts of their closing event: names, citations and the data parts cited."""
+    artifacts = []
+    for a in log.db.query("SELECT * FROM task_artifacts WHERE task_id = ?", [task_id]):
+        closing = next(
+            log.db.query(
+                "SELECT data FROM events WHERE task_id = ? AND artifact_id = ? "
+                "ORDER BY last_chunk DESC, rowid DESC LIMIT 1",
+                [task_id, a["artifact_id"]],
+            )
+        )
+        artifacts.append(
+            _artifact(
+                a["artifact_id"],
+                _event_artifact(closing["data"]),
+                text=a["text"] or "",
+                type_=a["artifact_type"],
+                closed=bool(a["closed"]),
+                events=a["events"],
+            )
+        )
+    return artifacts
+
+
+def _snapshot_artifacts(snapshots: list[_Snapshot]) -> list[Artifact]:
+    """Artifacts of a task answered without a stream: from its latest task object."""
+    latest = next((s.task for s in reversed(snapshots) if s.task.artifacts), None)
+    if latest is None:
+        return []
+    return [
+        _artifact(a.artifact_id or "", a, text=a.text or "", type_=a.type, closed=True, events=0)
+        for a in latest.artifacts or []
+    ]
+
+
+def _usage(log: EventLog, task_id: str, snapshots: list[_Snapshot]) -> dict[str, Any] | None:
+    """The task's last $usage: from its stream, else from a task object."""
+    rows = list(
+        log.db.query(
+            "SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id "
+            "WHERE e.task_id = ? AND e.usage IS NOT NULL "
+            "ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1",
+            [task_id],
+        )
+    )
+    if rows:
+        usage = _json(rows[0]["usage"])
+        return usage if isinstance(usage, dict) else None
+    for snap in reversed(snapshots):
+        value = (snap.task.metadata or {}).get("$usage")
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _findings(log: EventLog, exchange_ids: list[int]) -> tuple[list[Finding], str | None]:
+    """The lifecycle checker's findings about these exchanges, computed now."""
+    # Datasette imports this plugin in every run in the environment; the checker is
+    # needed only when a task page is asked for.
+    from .checker import check_log  # noqa: PLC0415
+
+    try:
+        return check_log(log, exchange_ids), None
+    except Exception as exc:  # a checker bug must not hide the run itself
+        return [], f"{type(exc).__name__}: {exc}"

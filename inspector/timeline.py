@@ -1,0 +1,246 @@
+"""The task page's time axis as inline SVG, drawn on the server: it needs no script, so
+it shows the same offline, in a screenshot, and in a page saved to disk.
+
+One lane per stream (a resubscribe gets its own), one for the task's other requests.
+Each event is a tick coloured by what it carries; state changes are dots labelled with
+the state; the longest gaps in a lane are measured under it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+from markupsafe import Markup, escape
+
+from .display import STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
+from .task_page import Event, Exchange, TaskPage
+
+WIDTH = 1120
+LEFT = 214  # room for lane labels
+RIGHT = 28
+TOP = 30  # room for the axis labels
+LANE = 98
+REQUEST_LANE = 44
+CHAR = 6.3  # average width of a character at the labels' size, for spacing them
+CATEGORY_COLOURS = {
+    "thinking": "#7e57c2",
+    "answer": "#00897b",
+    "message": "#455a64",
+    "error": "#d32f2f",
+    "other": "#9e9e9e",
+}
+MAX_GAP_LABELS = 3
+
+
+def nice_step(span: float, ticks: int = 8) -> float:
+    """A round tick step (1, 2 or 5 times a power of ten) giving about ``ticks`` ticks."""
+    raw = max(span, 1e-3) / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def _fmt(ms: float) -> str:
+    return f"{ms / 1000:g} s" if ms >= 10_000 else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.3g} ms"
+
+
+def colour(event: Event) -> str:
+    if event.category == "state":
+        return STATE_COLOURS.get(event.state or "", UNKNOWN_STATE_COLOUR)
+    return CATEGORY_COLOURS[event.category]
+
+
+class _Svg:
+    def __init__(self, span: float) -> None:
+        self.parts: list[str] = []
+        self.span = span
+
+    def x(self, ms: float) -> float:
+        return round(LEFT + ms / self.span * (WIDTH - LEFT - RIGHT), 1)
+
+    def add(self, tag: str, title: str | None = None, text: str | None = None, **attrs: object) -> None:
+        attr = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(v)}"' for k, v in attrs.items())
+        inner = (f"<title>{escape(title)}</title>" if title else "") + (escape(text) if text else "")
+        self.parts.append(f"<{tag}{attr}>{inner}</{tag}>" if inner else f"<{tag}{attr}/>")
+
+
+def _event_title(e: Event) -> str:
+    what = e.kind + (f" {short_state(e.state)}" if e.state else "")
+    if e.kind == "artifactUpdate":
+        what += " (thinking)" if e.artifact_type == "intermediate-thinking" else " (answer)"
+        what += " lastChunk" if e.last_chunk else " append" if e.append else ""
+    if not e.complete:
+        what += ", cut off"
+    text = f": {e.text[:80]}" if e.text else ""
+    return f"#{e.exchange_id}.{e.seq} at {e.at_ms:,.1f} ms, {what}{text}"
+
+
+def _stream_lane(svg: _Svg, x: Exchange, events: list[Event], y: float) -> None:
+    mid = y + 42  # the lane's axis: state labels above it, artifact and gap labels below
+    svg.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{x.id} {x.label}")
+    detail = " · ".join(str(v) for v in (x.binding, x.status, x.outcome) if v is not None)
+    svg.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+    end = x.end_ms if x.end_ms is not None else (events[-1].at_ms if events else x.start_ms)
+    svg.add(
+        "rect",
+        title=f"#{x.id}: request at {x.start_ms:,.1f} ms, response ended at {end:,.1f} ms",
+        x=svg.x(x.start_ms),
+        y=mid - 2,
+        width=max(svg.x(end) - svg.x(x.start_ms), 1),
+        height=4,
+        rx=2,
+        class_="tt-span",
+    )
+    if x.ttfb_ms is not None:
+        at = svg.x(x.start_ms + x.ttfb_ms)
+        svg.add(
+            "path",
+            title=f"response headers at {x.start_ms + x.ttfb_ms:,.1f} ms",
+            d=f"M{at} {mid + 4} l-4 7 h8 z",
+            class_="tt-ttfb",
+        )
+    _artifact_bands(svg, events, mid)
+    for e in events:
+        if e.category == "state":
+            continue
+        tall = 14 if e.last_chunk or not e.complete else 9
+        svg.add(
+            "rect",
+            title=_event_title(e),
+            x=svg.x(e.at_ms) - 1,
+            y=mid - tall,
+            width=2,
+            height=2 * tall,
+            fill=colour(e),
+            opacity=0.5 if e.repeated else 1,
+        )
+        if not e.complete:
+            svg.add("path", d=f"M{svg.x(e.at_ms) - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
+    rows: list[float] = [-1e9, -1e9]  # where the labels on each of two rows end
+    for e in events:
+        if e.category != "state" or e.state is None:
+            continue
+        at = svg.x(e.at_ms)
+        svg.add("circle", title=_event_title(e), cx=at, cy=mid, r=6, fill=colour(e), class_="tt-dot")
+        label = short_state(e.state)
+        width = len(label) * CHAR
+        anchor = "end" if at + width > WIDTH - 4 else "start"
+        left = at if anchor == "start" else at - width
+        row = next((i for i, taken in enumerate(rows) if left >= taken + 6), None)
+        if row is None:
+            continue  # no room: the dot's tooltip and the state list still name it
+        svg.add(
+            "text",
+            x=at,
+            y=mid - 17 - 13 * row,
+            fill=colour(e),
+            class_="tt-state",
+            text_anchor=anchor,
+            text=label,
+        )
+        rows[row] = left + width
+    _gap_labels(svg, events, mid)
+
+
+def _artifact_bands(svg: _Svg, events: list[Event], mid: float) -> None:
+    """A faint band under each artifact's deltas, from its first to its last, named below."""
+    spans: dict[str, list[Event]] = {}
+    for e in events:
+        if e.kind == "artifactUpdate" and e.artifact_id is not None:
+            spans.setdefault(e.artifact_id, []).append(e)
+    taken = -1e9
+    for deltas in spans.values():
+        first, last = deltas[0], deltas[-1]
+        fill = CATEGORY_COLOURS[first.category] if first.category in CATEGORY_COLOURS else colour(first)
+        x1, x2 = svg.x(first.at_ms), svg.x(last.at_ms)
+        name = "thinking" if first.artifact_type == "intermediate-thinking" else "answer"
+        when = f"{first.at_ms:,.1f} to {last.at_ms:,.1f} ms"
+        svg.add(
+            "rect",
+            title=f"{name} {first.artifact_id}: {len(deltas)} events, {when}",
+            x=x1 - 3,
+            y=mid - 12,
+            width=x2 - x1 + 6,
+            height=24,
+            rx=3,
+            fill=fill,
+            class_="tt-band",
+        )
+        label = f"{name} · {len(deltas)}"
+        if x1 >= taken + 6:
+            svg.add("text", x=x1 - 3, y=mid + 26, fill=fill, class_="tt-band-label", text=label)
+            taken = x1 + len(label) * CHAR
+
+
+def _gap_labels(svg: _Svg, events: list[Event], mid: float) -> None:
+    """Measure the longest gaps of a lane under it: those well above its typical gap."""
+    pairs = list(itertools.pairwise(events))
+    if not pairs:
+        return
+    gaps = [b.at_ms - a.at_ms for a, b in pairs]
+    typical = statistics.median(gaps)
+    wide = sorted(
+        (p for p, g in zip(pairs, gaps, strict=True) if g > max(3 * typical, 0.04 * svg.span)),
+        key=lambda p: p[0].at_ms - p[1].at_ms,
+    )[:MAX_GAP_LABELS]
+    for a, b in wide:
+        x1, x2 = svg.x(a.at_ms), svg.x(b.at_ms)
+        label = _fmt(b.at_ms - a.at_ms)
+        y = mid + 36
+        svg.add("path", d=f"M{x1} {y - 4} v4 H{x2} v-4", class_="tt-gap")
+        if x2 - x1 > len(label) * CHAR:
+            middle = (x1 + x2) / 2
+            svg.add("text", x=middle, y=y + 12, class_="tt-gap-label", text_anchor="middle", text=label)
+
+
+def _request_lane(svg: _Svg, others: list[Exchange], y: float) -> None:
+    mid = y + REQUEST_LANE / 2
+    counts: dict[str, int] = {}
+    for x in others:
+        counts[x.label] = counts.get(x.label, 0) + 1
+    names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in counts.items())
+    svg.add("text", x=12, y=mid - 2, class_="tt-lane-title", text="other requests")
+    svg.add("text", x=12, y=mid + 12, class_="tt-lane-detail", text=names[:34])
+    for x in others:
+        end = x.end_ms if x.end_ms is not None else x.start_ms
+        svg.add(
+            "rect",
+            title=f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms",
+            x=svg.x(x.start_ms),
+            y=mid - 6,
+            width=max(svg.x(end) - svg.x(x.start_ms), 2),
+            height=12,
+            rx=2,
+            class_="tt-request",
+        )
+
+
+def timeline_svg(page: TaskPage) -> Markup:
+    """The task's run on one time axis."""
+    streams = [x for x in page.exchanges if x.is_sse]
+    others = [x for x in page.exchanges if not x.is_sse]
+    step = nice_step(page.duration_ms or 1.0)
+    span = step * math.ceil((page.duration_ms or 1.0) / step * 1.001)
+    height = TOP + LANE * len(streams) + (REQUEST_LANE if others else 0) + 6
+    svg = _Svg(span)
+    ticks = round(span / step)
+    for i in range(ticks + 1):
+        at = svg.x(i * step)
+        svg.add("line", x1=at, x2=at, y1=TOP - 6, y2=height - 4, class_="tt-grid")
+        anchor = "end" if i == ticks else "middle" if i else "start"
+        svg.add("text", x=at, y=TOP - 12, class_="tt-axis", text_anchor=anchor, text=_fmt(i * step))
+    y = float(TOP)
+    for x in streams:
+        svg.add("line", x1=0, x2=WIDTH, y1=y, y2=y, class_="tt-lane-rule")
+        _stream_lane(svg, x, [e for e in page.events if e.exchange_id == x.id], y)
+        y += LANE
+    if others:
+        svg.add("line", x1=0, x2=WIDTH, y1=y, y2=y, class_="tt-lane-rule")
+        _request_lane(svg, others, y)
+    return Markup(
+        f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="timeline of task {escape(page.task_id)}" xmlns="http://www.w3.org/2000/svg">'
+        + "".join(svg.parts)
+        + "</svg>"
+    )

@@ -1,0 +1,109 @@
+"""``tasktape inspect``: Datasette over an event log, with tasktape's metadata and plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sqlite3
+from pathlib import Path
+
+import click
+import sqlite_utils
+
+from eventlog import SCHEMA_VERSION, EventLog, LogError
+from eventlog.schema import schema_version
+
+from .listen import DEFAULT_INSPECT_PORT, is_loopback
+from .serving import STOP_GRACE
+
+
+def _older_log(path: Path) -> bool:
+    """Whether ``path`` is an event log written with an older schema than this tasktape's."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            return 0 < schema_version(sqlite_utils.Database(conn)) < SCHEMA_VERSION
+    except sqlite3.DatabaseError:
+        return False
+
+
+def open_check(path: Path, *, upgrade: bool = False) -> None:
+    """Refuse what is not an event log (or one this tasktape cannot read), saying how to
+    upgrade an older one; with ``upgrade``, upgrade it in place first."""
+    try:
+        EventLog(path, readonly=not upgrade).close()
+    except LogError as exc:
+        hint = ""
+        if not upgrade and _older_log(path):
+            hint = f"\nUpgrade it in place with: tasktape inspect {path} --upgrade"
+        raise click.ClickException(f"{exc}{hint}") from None
+
+
+def _listen(host: str, port: int, *, or_any_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        if or_any_port and port:
+            return _listen(host, 0, or_any_port=False)
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def serve_inspector(path: Path, host: str, port: int, *, or_any_port: bool = False) -> None:
+    """Serve Datasette over the log at ``path`` until SIGINT or SIGTERM; print where once
+    it answers. With ``or_any_port``, a free port stands in for ``port`` if it is taken."""
+    # Datasette takes over half a second to import: only the commands that serve it pay.
+    from inspector.app import create_datasette, serve  # noqa: PLC0415
+
+    ds = create_datasette(path)
+    sock = _listen(host, port, or_any_port=or_any_port)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{sock.getsockname()[1]}"
+    name = Path(path).resolve().stem
+    if not is_loopback(host):
+        click.secho(
+            f"WARNING: tasktape inspect is listening on {host}, beyond this machine's loopback: "
+            "anyone who can reach it can read the whole log.",
+            fg="red",
+            bold=True,
+            err=True,
+        )
+
+    def ready() -> None:
+        click.echo(f"tasktape inspect: {path} on {url}/ (Ctrl-C stops)")
+        click.echo(f"  tasks    {url}{ds.urls.table(name, 'task_summary')}")
+        click.echo(f"  charts   {url}{ds.urls.path('-/dashboards/streams')}")
+        click.echo(f"  queries  {url}{ds.urls.database(name)}")
+
+    asyncio.run(serve(ds, sock, ready, STOP_GRACE))
+    click.echo("tasktape inspect: stopped", err=True)
+
+
+@click.command()
+@click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_INSPECT_PORT,
+    show_default=True,
+    help="Port to listen on (0: a free one).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--upgrade",
+    is_flag=True,
+    help="Upgrade a log written by an older tasktape to this one's schema first (writes to it).",
+)
+def inspect(log: Path, port: int, host: str, upgrade: bool) -> None:
+    """Browse the event log LOG in Datasette, read-only: tasks, timelines, charts, search.
+
+    Every table and view is described, faceted and searchable; a task id opens the task's
+    page (its events on a time axis with their gaps, state changes, the answer and the
+    intermediate thinking reassembled, citations, usage and credits, and the lifecycle
+    checker's findings). Canned queries: a task's timeline, tasks by final state, the
+    slowest time to first event, and a search of event text. Charts: time to first event,
+    gaps between events, events per task. Safe while a recorder is still writing LOG:
+    new rows show up as they are committed.
+    """
+    open_check(log, upgrade=upgrade)
+    serve_inspector(log, host, port)

@@ -1,0 +1,306 @@
+"""The lifecycle rules, each on a hand-made stream that breaks it and one that keeps it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from a2a_frames import artifact, completed_run, sse, status, streamed, task
+
+from eventlog.recorded import Recorded
+from inspector.checker import Finding, check_recorded, report_recorded
+from inspector.rules import RULES, explain
+
+T, C = "task.1", "ctx.1"
+Frames = list[dict[str, Any]]
+
+
+def stream(
+    frames: Frames | list[bytes],
+    *,
+    jsonrpc: int | None = None,
+    reply_id: Any = None,
+    ids: str | None = "e",
+    outcome: str = "complete",
+    started_at: str | None = None,
+    origin: str = "t.jsonl:2",
+) -> Recorded:
+    """A recorded SSE exchange of these frames (or these raw SSE events), REST unless
+    ``jsonrpc`` gives the request's JSON-RPC id (``reply_id``: the id the frames carry)."""
+    message = {"message": {"messageId": "msg.1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    if jsonrpc is None:
+        path, body = "/message:stream", message
+    else:
+        path, body = (
+            "/jsonrpc",
+            {"jsonrpc": "2.0", "id": jsonrpc, "method": "SendStreamingMessage", "params": message},
+        )
+    if frames and isinstance(frames[0], bytes):
+        events: list[bytes] = frames  # type: ignore[assignment]
+    else:
+        events = sse(frames, ids=ids, jsonrpc_id=jsonrpc if reply_id is None else reply_id)  # type: ignore[arg-type]
+    return Recorded(
+        method="POST",
+        path=path,
+        request_body=json.dumps(body).encode(),
+        status=200,
+        is_sse=True,
+        chunks=[(n * 1_000_000, e) for n, e in enumerate(events)],
+        outcome=outcome,
+        started_at=started_at,
+        origin=origin,
+    )
+
+
+def body(method: str, path: str, reply: dict[str, Any], origin: str = "t.jsonl:9") -> Recorded:
+    """A recorded plain (not streamed) A2A response."""
+    return Recorded(
+        method=method, path=path, status=200, chunks=[(0, json.dumps(reply).encode())], origin=origin
+    )
+
+
+def rules_broken(*recorded: Recorded) -> list[str]:
+    return [f.rule for f in check_recorded(recorded)]
+
+
+def run_ending(state: str, task_id: str = T, **status_extra: Any) -> Frames:
+    end = status(task_id, C, state)
+    end["statusUpdate"]["status"].update(status_extra)
+    return [task(task_id, C, "TASK_STATE_SUBMITTED"), status(task_id, C, "TASK_STATE_WORKING"), end]
+
+
+# (rule, a stream breaking it, a stream keeping it): each breaks that rule only.
+CASES = [
+    (
+        "transition",
+        [task(T, C, "TASK_STATE_SUBMITTED"), status(T, C, "TASK_STATE_COMPLETED")],
+        completed_run(),
+    ),
+    (
+        "transition",
+        [task(T, C, "TASK_STATE_SUBMITTED"), status(T, C, "TASK_STATE_INPUT_REQUIRED")],
+        run_ending("TASK_STATE_INPUT_REQUIRED"),
+    ),
+    ("after-terminal", [*completed_run(), artifact(T, C, "art.late", "late")], completed_run()),
+    ("stream-end", run_ending("TASK_STATE_WORKING")[:2], run_ending("TASK_STATE_AUTH_REQUIRED")),
+    (
+        "stream-end",
+        [*completed_run()[:-1]],
+        [{"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": []}}],
+    ),
+    (
+        "artifact-order",
+        [task(T, C), artifact(T, C, "art.1", "a", append=True), status(T, C, "TASK_STATE_COMPLETED")],
+        [task(T, C), *streamed(T, C, "art.1", ["a", "b"]), status(T, C, "TASK_STATE_COMPLETED")],
+    ),
+    (
+        "artifact-order",
+        [
+            task(T, C),
+            *streamed(T, C, "art.1", ["a"]),
+            artifact(T, C, "art.1", "b", append=True),
+            status(T, C, "TASK_STATE_COMPLETED"),
+        ],
+        # the whole artifact at once, and a last piece appended by the lastChunk itself
+        [
+            task(T, C),
+            artifact(T, C, "art.1", "ab", last_chunk=True),
+            artifact(T, C, "art.2", "a"),
+            artifact(T, C, "art.2", "b", append=True, last_chunk=True),
+            status(T, C, "TASK_STATE_COMPLETED"),
+        ],
+    ),
+    (
+        "artifact-order",
+        [
+            task(T, C),
+            artifact(T, C, "art.1", "a"),
+            artifact(T, C, "art.1", "b"),
+            status(T, C, "TASK_STATE_FAILED"),
+        ],
+        [
+            task(T, C),
+            artifact(T, C, "art.1", "a"),
+            artifact(T, C, "art.2", "b"),
+            status(T, C, "TASK_STATE_FAILED"),
+        ],
+    ),
+    (
+        "last-chunk-text",
+        [
+            task(T, C),
+            *streamed(T, C, "art.1", ["J45", ".909"])[:2],
+            artifact(T, C, "art.1", "J45.90", last_chunk=True),
+            status(T, C, "TASK_STATE_COMPLETED"),
+        ],
+        [task(T, C), *streamed(T, C, "art.1", ["J45", ".909"]), status(T, C, "TASK_STATE_COMPLETED")],
+    ),
+    (
+        "completed-message",
+        run_ending("TASK_STATE_COMPLETED", message={"role": "ROLE_AGENT", "parts": [{"text": "the answer"}]}),
+        # FAILED explains itself in a message; only COMPLETED must not carry one
+        run_ending("TASK_STATE_FAILED", message={"role": "ROLE_AGENT", "parts": [{"text": "why"}]}),
+    ),
+]
+
+
+@pytest.mark.parametrize(("rule", "breaks", "keeps"), CASES, ids=[c[0] for c in CASES])
+def test_each_rule_on_a_stream_that_breaks_it_and_one_that_keeps_it(
+    rule: str, breaks: Frames, keeps: Frames
+) -> None:
+    assert rules_broken(stream(breaks)) == [rule]
+    assert rules_broken(stream(keeps)) == []
+
+
+def test_a_finding_says_where_and_what() -> None:
+    frames = [*completed_run(), artifact(T, C, "art.late", "late")]
+    (finding,) = check_recorded([stream(frames, origin="mine.jsonl:3")])
+    assert finding == Finding(
+        rule="after-terminal",
+        task_id=T,
+        exchange="mine.jsonl:3",
+        exchange_id=None,
+        seq=len(frames) - 1,
+        message=f"an artifactUpdate after the task ended COMPLETED at event {len(frames) - 2}",
+    )
+
+
+def test_every_rule_explains_itself_in_one_line() -> None:
+    assert set(RULES) == {
+        "transition", "after-terminal", "stream-end", "artifact-order", "last-chunk-text",
+        "completed-message", "unique-ids", "jsonrpc-id", "frame",
+    }  # fmt: skip
+    for name in RULES:
+        assert explain(name) and "\n" not in explain(name)
+
+
+def test_rest_shows_rejected_as_failed_straight_after_submitted_but_jsonrpc_does_not() -> None:
+    rejected = [task(T, C, "TASK_STATE_SUBMITTED"), status(T, C, "TASK_STATE_FAILED")]
+    assert rules_broken(stream(rejected)) == []
+    (finding,) = check_recorded([stream(rejected, jsonrpc=1)])
+    assert finding.rule == "transition" and finding.seq == 1
+    assert finding.message.startswith("SUBMITTED -> FAILED is not a legal transition (allowed: ")
+
+
+def test_a_state_the_lifecycle_does_not_know() -> None:
+    assert rules_broken(stream([*run_ending("TASK_STATE_DONE")[:2], status(T, C, "TASK_STATE_DONE")])) == [
+        "transition",
+        "stream-end",
+    ]
+
+
+def test_a_task_resumed_in_a_new_stream_carries_its_state_over() -> None:
+    asked = stream(run_ending("TASK_STATE_INPUT_REQUIRED"), origin="t.jsonl:2")
+    resumed = stream(
+        [
+            task(T, C, "TASK_STATE_INPUT_REQUIRED"),
+            status(T, C, "TASK_STATE_WORKING"),
+            status(T, C, "TASK_STATE_COMPLETED"),
+        ],
+        origin="t.jsonl:9",
+    )
+    assert rules_broken(asked, resumed) == []
+    done = stream(run_ending("TASK_STATE_COMPLETED"), origin="t.jsonl:2")
+    (finding,) = check_recorded([done, resumed])
+    assert (finding.rule, finding.exchange, finding.seq) == ("transition", "t.jsonl:9", 0)
+    assert finding.message.startswith("COMPLETED (in t.jsonl:2 event 2) -> INPUT_REQUIRED is not a legal")
+
+
+def test_overlapping_exchanges_are_followed_in_arrival_order() -> None:
+    # A resubscribe opened while the first stream still ran: its snapshot (WORKING) came
+    # before the first stream's COMPLETED, though its exchange comes second.
+    first = stream(run_ending("TASK_STATE_COMPLETED"), started_at="2026-01-01T00:00:00.000000Z")
+    first.chunks[-1] = (50_000_000, first.chunks[-1][1])
+    again = stream(
+        [task(T, C, "TASK_STATE_WORKING"), status(T, C, "TASK_STATE_COMPLETED")],
+        started_at="2026-01-01T00:00:00.010000Z",
+    )
+    again.chunks[-1] = (40_000_000, again.chunks[-1][1])
+    assert rules_broken(first, again) == []
+    # Without times, the order given is all there is.
+    first.started_at = again.started_at = None
+    assert rules_broken(first, again) == ["transition"]
+
+
+def test_plain_responses_carry_a_state_too() -> None:
+    done = stream(completed_run())
+    assert (
+        rules_broken(done, body("GET", f"/tasks/{T}", {"id": T, "status": {"state": "TASK_STATE_COMPLETED"}}))
+        == []
+    )
+    canceled = body("POST", f"/tasks/{T}:cancel", {"id": T, "status": {"state": "TASK_STATE_CANCELED"}})
+    (finding,) = check_recorded([done, canceled])
+    assert (finding.rule, finding.exchange, finding.seq) == ("transition", "t.jsonl:9", None)
+    # An agent card is no A2A operation: not checked at all.
+    card = body("GET", "/.well-known/agent-card.json", {"name": "agent"})
+    assert report_recorded([card]).exchanges == 0
+
+
+def test_a_stream_cut_short_is_noted_not_broken() -> None:
+    events = [*sse(run_ending("TASK_STATE_COMPLETED")[:2], ids="e"), b'data: {"artifactUpd']
+    report = report_recorded([stream(events, outcome="upstream_disconnected")])
+    assert report.findings == []
+    (note,) = report.cut_short
+    assert (note.rule, note.task_id, note.seq) == ("cut-short", T, 2)
+    assert note.message.startswith(
+        "broke off after 2 complete events, the task last WORKING (upstream_disconnected)"
+    )
+    # The same bytes, said to have ended as the agent meant: two broken rules.
+    assert rules_broken(stream(events)) == ["stream-end", "frame"]
+
+
+def test_a_stream_without_events_or_ending_on_an_error() -> None:
+    empty = stream([])
+    assert [(f.rule, f.message) for f in check_recorded([empty])] == [
+        ("stream-end", "the stream ended without a single event")
+    ]
+    error = b'event: error\ndata: {"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"boom"}}\n\n'
+    (finding,) = check_recorded([stream([*sse(run_ending("x")[:2], jsonrpc_id=1), error], jsonrpc=1)])
+    assert (finding.rule, finding.seq, finding.task_id) == ("stream-end", 2, T)
+    assert finding.message == (
+        "the stream ended on an error frame (-32603: boom), not on a terminal or interrupted state"
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "broken"),
+    [
+        ([b"id: 1\ndata: {}\n\n"], ["stream-end", "frame"]),
+        ([b"id: 1\ndata: {not json\n\n"], ["stream-end", "frame"]),
+        (
+            [
+                *sse(run_ending("TASK_STATE_COMPLETED"), ids="e")[:2],
+                b"data: [1]\n\n",
+                *sse([status(T, C, "TASK_STATE_COMPLETED")]),
+            ],
+            ["frame"],
+        ),
+    ],
+)
+def test_frames_that_are_not_a2a(events: list[bytes], broken: list[str]) -> None:
+    assert rules_broken(stream(events)) == broken
+
+
+def test_sse_ids_are_unique_within_a_stream() -> None:
+    frames = run_ending("TASK_STATE_COMPLETED")
+    repeated = sse(frames[:2], ids="e") + sse(frames[2:], ids="e", start=2)
+    (finding,) = check_recorded([stream(repeated)])
+    assert (finding.rule, finding.seq, finding.message) == (
+        "unique-ids",
+        2,
+        "event id 'e2' repeats that of event 1",
+    )
+    assert rules_broken(stream(frames, ids="e")) == rules_broken(stream(frames, ids=None)) == []
+    # Another stream may use the same ids.
+    assert rules_broken(stream(frames), stream(run_ending("TASK_STATE_COMPLETED", "task.2"))) == []
+
+
+def test_jsonrpc_frames_answer_with_the_request_id() -> None:
+    frames = run_ending("TASK_STATE_COMPLETED")
+    assert rules_broken(stream(frames, jsonrpc=7)) == []
+    findings = check_recorded([stream(frames, jsonrpc=7, reply_id=8)])
+    assert [(f.rule, f.seq) for f in findings] == [("jsonrpc-id", 0), ("jsonrpc-id", 1), ("jsonrpc-id", 2)]
+    assert findings[0].message == "JSON-RPC id 8 is not the request's 7"
+    # "7" is not 7.
+    assert rules_broken(stream(frames[:1], jsonrpc=7, reply_id="7")) == ["stream-end", "jsonrpc-id"]

@@ -1,0 +1,223 @@
+"""`tasktape check` as a user runs it: on a log recorded from the demo agent, on a log of
+an agent that breaks the rules, and on every sample cassette."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from a2a_frames import artifact, completed_run, sse, status, task
+from aiohttp import web
+from click.testing import CliRunner, Result
+from conftest import RecordFactory
+
+from inspector.rules import RULES
+from tasktape.cli import main
+from tasktape.demo import run_demo
+
+CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
+
+
+def check(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, ["check", *map(str, args)])
+
+
+def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(db)) as conn, conn:
+        return conn.execute(sql).fetchall()
+
+
+def saved(db: Path) -> list[tuple[Any, ...]]:
+    return query(db, "SELECT rule, task_id, exchange_id, seq, message FROM findings ORDER BY id")
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every demo scenario, recorded once through the proxy (a fast pace)."""
+    db = tmp_path_factory.mktemp("demo") / "demo.db"
+    runs, *_ = asyncio.run(run_demo(db, 0.02))
+    assert [r.problems for r in runs if r.problems] == []
+    return db
+
+
+@pytest.fixture
+def demo_log(demo_db: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copy(demo_db, tmp_path / "demo.db"))
+
+
+def test_the_demo_agent_keeps_every_rule(demo_log: Path) -> None:
+    result = check(demo_log)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    # The dropped connection is noted, and does not fail the check.
+    (cut,) = [line for line in lines if "cut-short" in line]
+    assert re.fullmatch(
+        r"task\.\S+  demo\.db exchange \d+ event 8  cut-short: broke off after 8 complete events, "
+        r"the task last WORKING \(upstream_disconnected: the upstream dropped mid-response: .*\); "
+        r"how it ends is unknown",
+        cut,
+    ), cut
+    assert re.search(
+        r"^Checked 12 streams \(\d+ exchanges in all\) of 12 tasks from 1 source: no rule broken\.\n"
+        r"1 stream cut short: checked up to the break, not counted as broken\.\n"
+        rf"Saved 0 findings into {re.escape(str(demo_log))} \(table findings\)\.$",
+        result.output,
+        re.M,
+    ), result.output
+    assert saved(demo_log) == []
+
+
+def test_json(demo_log: Path) -> None:
+    result = check(demo_log, "--json", "--no-save")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["findings"] == []
+    (cut,) = doc["cut_short"]
+    [(dropped,)] = query(demo_log, "SELECT id FROM exchanges WHERE outcome = 'upstream_disconnected'")
+    assert cut["rule"] == "cut-short" and cut["exchange_id"] == dropped and cut["exchange"] == str(dropped)
+    assert cut["source"] == str(demo_log) and cut["seq"] == 8 and cut["task_id"].startswith("task.")
+    (source,) = doc["sources"]
+    assert source["streams"] == 12 and source["tasks"] == 12 and source["findings"] == 0
+    assert source["saved"] is None  # --no-save
+    summary = doc["summary"]
+    assert summary["streams"] == 12 and summary["findings"] == 0
+    assert summary["by_rule"] == dict.fromkeys(RULES, 0)
+
+
+def rule_breaking_agent() -> web.Application:
+    """Answers with a COMPLETED status that carries the answer, then says more."""
+    t, c = "task.bad", "ctx.bad"
+    done = status(t, c, "TASK_STATE_COMPLETED")
+    done["statusUpdate"]["status"]["message"] = {"role": "ROLE_AGENT", "parts": [{"text": "the answer"}]}
+    frames = [
+        task(t, c, "TASK_STATE_SUBMITTED"),
+        *completed_run(t, c)[1:-1],
+        done,
+        artifact(t, c, "art.x", "p.s."),
+    ]
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in sse(frames, ids="e"):
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
+
+
+async def recorded_rule_breaker(record: RecordFactory) -> Path:
+    rec = await record(rule_breaking_agent())
+    async with rec.session.post(f"{rec.url}/message:stream", json={"message": {"parts": []}}) as r:
+        await r.read()
+    (await rec.log()).close()
+    return rec.db
+
+
+async def test_a_broken_rule_fails_the_check_and_is_saved_into_the_log(record: RecordFactory) -> None:
+    db = await recorded_rule_breaker(record)
+    result = check(db)
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[:2] == [
+        f"task.bad  {db.name} exchange 1 event 9  completed-message: the COMPLETED statusUpdate carries "
+        "status.message (v1.0 sends none)",
+        f"task.bad  {db.name} exchange 1 event 10  after-terminal: an artifactUpdate after the task ended "
+        "COMPLETED at event 9",
+    ]
+    assert "Checked 1 stream (1 exchange in all) of 1 task from 1 source: 2 findings." in result.output
+    assert re.search(
+        r"^  completed-message +1  A v1.0 COMPLETED statusUpdate carries no message", result.output, re.M
+    )
+    assert re.search(r"^  after-terminal +1  Once a task reaches a terminal state", result.output, re.M)
+    assert saved(db) == [
+        (
+            "completed-message",
+            "task.bad",
+            1,
+            9,
+            "the COMPLETED statusUpdate carries status.message (v1.0 sends none)",
+        ),
+        ("after-terminal", "task.bad", 1, 10, "an artifactUpdate after the task ended COMPLETED at event 9"),
+    ]
+    # Checking again replaces what was saved, and the inspector's events line up by seq.
+    assert check(db).exit_code == 1 and len(saved(db)) == 2
+    kinds = query(
+        db, "SELECT e.kind, e.state FROM findings f JOIN events e USING (exchange_id, seq) ORDER BY f.id"
+    )
+    assert kinds == [("statusUpdate", "TASK_STATE_COMPLETED"), ("artifactUpdate", None)]
+
+
+def test_a_clean_check_clears_old_findings_and_no_save_leaves_them(demo_log: Path) -> None:
+    query(demo_log, "INSERT INTO findings (rule, exchange_id, message) VALUES ('frame', 1, 'stale')")
+    assert check(demo_log, "--no-save").exit_code == 0 and len(saved(demo_log)) == 1
+    assert check(demo_log).exit_code == 0 and saved(demo_log) == []
+
+
+async def test_json_lists_the_findings(record: RecordFactory) -> None:
+    db = await recorded_rule_breaker(record)
+    result = check(db, "--json", "--no-save")
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert [(f["rule"], f["exchange"], f["exchange_id"], f["seq"]) for f in doc["findings"]] == [
+        ("completed-message", "1", 1, 9),
+        ("after-terminal", "1", 1, 10),
+    ]
+    assert doc["summary"]["by_rule"] == {
+        **dict.fromkeys(RULES, 0),
+        "completed-message": 1,
+        "after-terminal": 1,
+    }
+    assert saved(db) == []
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=[c.name for c in CASSETTES])
+def test_every_sample_cassette_passes(cassette: Path) -> None:
+    result = check(cassette, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["findings"] == []
+    assert doc["sources"][0]["saved"] is None  # a cassette is never written to
+    cut = [(c["exchange"], c["seq"]) for c in doc["cut_short"]]
+    assert cut == ([("dropped_connection.jsonl:5", 8)] if cassette.name == "dropped_connection.jsonl" else [])
+
+
+def test_a_folder_of_cassettes() -> None:
+    result = check(CASSETTES[0].parent)
+    assert result.exit_code == 0, result.output
+    assert "dropped_connection.jsonl:5 event 8  cut-short: broke off after 8 complete events" in result.output
+    assert "from 1 source: no rule broken.\n1 stream cut short" in result.output
+
+
+def not_a_cassette(folder: Path) -> Path:
+    (folder / "notes.txt").write_text("hello")
+    return folder / "notes.txt"
+
+
+def another_database(folder: Path) -> Path:
+    query(folder / "other.db", "CREATE TABLE t (x)")
+    return folder / "other.db"
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda folder: folder / "missing.db", "does not exist"),
+        (not_a_cassette, "notes.txt:1: not JSON"),
+        (another_database, "an SQLite database but not a tasktape event log"),
+    ],
+    ids=["missing", "not a cassette", "another database"],
+)
+def test_bad_input_is_a_usage_error(tmp_path: Path, make: Callable[[Path], Path], error: str) -> None:
+    result = check(make(tmp_path))
+    assert result.exit_code == 2 and error in result.output, result.output

@@ -1,0 +1,118 @@
+"""`tasktape inspect` as a user runs it: a real process serving a real log, stopped by a signal;
+and `tasktape demo --inspect`, which records a log and then serves it."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sqlite3
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlite_utils
+from click.testing import CliRunner
+from inspector_log import Served, record_log, task_of
+
+from eventlog import SCHEMA_VERSION, EventLog
+from eventlog.schema import migrations, schema_version
+from tasktape.cli import main
+from tasktape.demo import next_steps
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_log(tmp_path_factory.mktemp("cli") / "session.db")
+
+
+@pytest.fixture
+def served() -> Iterator[list[Served]]:
+    started: list[Served] = []
+    yield started
+    for served_process in started:  # those a failed test left running
+        if served_process.process.poll() is None:
+            served_process.stop(signal.SIGKILL)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_inspect_serves_the_log_and_stops_cleanly(log: Path, served: list[Served], sig: int) -> None:
+    served.append(inspector := Served("inspect", str(log), "--port", "0"))
+    url = inspector.wait_for_url()
+    assert get(f"{url}/")[0] == 200
+    status, html = get(f"{url}/session/task_summary")
+    assert status == 200 and "Tasks" in html and "tt-pill" in html
+    status, html = get(f"{url}/session/-/task/{task_of(log, 'completed')}")
+    assert status == 200 and "What does J45.909 mean?" in html and 'class="tt-timeline"' in html
+    assert get(f"{url}/session/-/task/task.unknown")[0] == 404
+    assert get(f"{url}/-/dashboards/streams")[0] == 200
+    code, out, err = inspector.stop(sig)
+    assert code == 0, err
+    assert f"tasks    {url}/session/task_summary" in out and f"charts   {url}/-/dashboards/streams" in out
+    assert "tasktape inspect: stopped" in err and "Traceback" not in err
+
+
+def test_inspect_refuses_what_is_not_an_event_log(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database at all, but long enough to look like a file header\n" * 20)
+    other = tmp_path / "other.db"
+    sqlite_utils.Database(other)["t"].insert({"a": 1})
+    runner = CliRunner()
+    result = runner.invoke(main, ["inspect", str(text)])
+    assert result.exit_code == 1 and f"cannot open {text} as an event log" in result.output
+    result = runner.invoke(main, ["inspect", str(other)])
+    assert result.exit_code == 1 and "is an SQLite database but not a tasktape event log" in result.output
+    result = runner.invoke(main, ["inspect", str(tmp_path / "missing.db")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_an_older_log_is_refused_with_how_to_upgrade_it(tmp_path: Path, served: list[Served]) -> None:
+    old = tmp_path / "old.db"
+    db = sqlite_utils.Database(old)
+    migrations.apply(db, stop_before="0004_search_and_findings")
+    db.close()
+    result = CliRunner().invoke(main, ["inspect", str(old)])
+    assert result.exit_code == 1
+    assert "older than this tasktape's" in result.output
+    assert f"Upgrade it in place with: tasktape inspect {old} --upgrade" in result.output
+    served.append(inspector := Served("inspect", str(old), "--upgrade", "--port", "0"))
+    url = inspector.wait_for_url()
+    assert get(f"{url}/old/findings")[0] == 200
+    code, _, err = inspector.stop()
+    assert code == 0, err
+    with sqlite3.connect(old) as conn:
+        assert schema_version(sqlite_utils.Database(conn)) == SCHEMA_VERSION
+
+
+def test_a_port_in_use_is_a_clear_error(log: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["inspect", str(log), "--port", str(port)])
+    assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def test_the_demo_says_how_to_inspect_and_opens_the_inspector(tmp_path: Path, served: list[Served]) -> None:
+    assert next_steps(Path("x.db"))[0].startswith("tasktape inspect x.db ")
+    db = tmp_path / "demo.db"
+    # The inspector's port may be taken (by another inspector): the demo then takes a free one.
+    with socket.socket() as probe:
+        busy = probe.connect_ex(("127.0.0.1", 7472)) == 0
+    served.append(demo := Served("demo", "--db", str(db), "--pace", "0.1", "--inspect", cwd=tmp_path))
+    url = demo.wait_for_url(timeout=120)
+    assert busy or url == "http://127.0.0.1:7472"
+    assert "All 12 scenarios recorded completely" in demo.out
+    assert f"tasktape inspect {db}     # browse it" in demo.out
+    with EventLog(db) as opened:
+        task = opened.task_ids()[0]
+    status, html = get(f"{url}/demo/-/task/{task}")
+    assert status == 200 and task in html
+    code, _, err = demo.stop()
+    assert code == 0, err

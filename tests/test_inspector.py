@@ -1,0 +1,331 @@
+"""The inspector in process: Datasette over a real log recorded from the demo agent, with
+tasktape's metadata and plugin (loaded through its entry point, as `tasktape inspect` does)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from a2a_frames import completed_run, sse
+from datasette.app import Datasette
+from inspector_log import BROKEN, record_log, task_of
+from markupsafe import Markup
+
+import inspector
+from eventlog import EventLog, LogWriter
+from inspector.app import create_datasette
+from inspector.checker import check_log
+from inspector.display import STATE_COLOURS
+from inspector.metadata import HIDDEN, QUERIES, TABLES, dashboards
+
+ROOT = Path(__file__).resolve().parent.parent
+DB = "demo"
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_log(tmp_path_factory.mktemp("inspector") / f"{DB}.db")
+
+
+@pytest.fixture
+def ds(log: Path) -> Datasette:
+    return create_datasette(log)
+
+
+async def page(ds: Datasette, path: str, status: int = 200) -> str:
+    response = await ds.client.get(path)
+    assert response.status_code == status, (path, response.text[:2000])
+    return response.text
+
+
+async def rows(ds: Datasette, path: str) -> list[dict[str, Any]]:
+    response = await ds.client.get(path)
+    assert response.status_code == 200, (path, response.text[:2000])
+    return response.json()["rows"]
+
+
+async def test_the_plugin_and_the_chart_plugin_are_loaded(ds: Datasette) -> None:
+    plugins = {p["name"]: p for p in (await ds.client.get("/-/plugins.json")).json()}
+    assert set(plugins["tasktape"]["hooks"]) >= {"render_cell", "extra_css_urls", "register_routes"}
+    assert plugins["tasktape"]["static"] and plugins["tasktape"]["templates"]
+    assert "datasette-dashboards" in plugins
+    css = await page(ds, "/-/static-plugins/tasktape/inspector.css")
+    assert "--tt-completed" in css
+    assert "/-/static-plugins/tasktape/inspector.css" in await page(ds, f"/{DB}")
+
+
+async def test_every_table_and_view_renders_with_its_title_description_and_facets(ds: Datasette) -> None:
+    for name, meta in TABLES.items():
+        html = await page(ds, f"/{DB}/{name}")
+        assert meta["title"] in html and str(Markup.escape(meta["description"])) in html, name
+        for description in meta["columns"].values():
+            assert str(Markup.escape(description)) in html, (name, description)
+        facets = (await ds.client.get(f"/{DB}/{name}.json")).json()["facet_results"]
+        assert list(facets) == meta.get("facets", []), name
+    # Facet values are real: the demo's tasks end in these states.
+    facet = (await ds.client.get(f"/{DB}/task_summary.json")).json()["facet_results"]["final_state"]
+    assert {v["value"] for v in facet["results"]} >= {
+        "TASK_STATE_COMPLETED",
+        "TASK_STATE_FAILED",
+        "TASK_STATE_REJECTED",
+        "TASK_STATE_CANCELED",
+        "TASK_STATE_AUTH_REQUIRED",
+    }
+
+
+async def test_internal_tables_are_hidden_and_foreign_keys_show_labels(ds: Datasette) -> None:
+    tables = {t["name"]: t["hidden"] for t in (await ds.client.get(f"/{DB}.json")).json()["tables"]}
+    assert {name for name, hidden in tables.items() if hidden} == set(HIDDEN)
+    assert not any(tables[name] for name in ("captures", "exchanges", "chunks", "events", "findings"))
+    # An event's exchange shows as a link labelled with the exchange's path.
+    html = await page(ds, f"/{DB}/events?exchange_id=13")
+    assert re.search(r'<a href="/demo/exchanges/13">/message:stream</a>', html)
+
+
+async def test_full_text_search_finds_a_token_and_sees_through_the_search_box(ds: Datasette) -> None:
+    found = await rows(ds, f"/{DB}/events.json?_search=J45.909&_shape=objects")
+    assert found and all("J45.909" in r["text"] for r in found)
+    assert 'name="_search"' in await page(ds, f"/{DB}/events")
+    assert not await rows(ds, f"/{DB}/events.json?_search=zebra&_shape=objects")
+
+
+async def test_canned_queries_take_their_parameters(ds: Datasette, log: Path) -> None:
+    db = (await ds.client.get(f"/{DB}.json")).json()
+    assert [q["name"] for q in db["queries"]] == list(QUERIES)
+    for name, query in QUERIES.items():
+        html = await page(ds, f"/{DB}/{name}")
+        assert query["title"] in html
+        for param in re.findall(r":(\w+)", query["sql"]):
+            assert f'name="{param}"' in html, (name, param)
+    completed = task_of(log, "completed")
+    timeline = await rows(ds, f"/{DB}/task_timeline_of.json?task_id={completed}&_shape=objects")
+    assert len(timeline) == 40 and timeline[0]["state"] == "TASK_STATE_SUBMITTED"
+    assert timeline[-1]["state"] == "TASK_STATE_COMPLETED"
+    # Any case, with or without the prefix.
+    for state, expected in [("failed", 3), ("FAILED", 3), ("TASK_STATE_FAILED", 3), ("auth required", 1)]:
+        tasks = await rows(ds, f"/{DB}/tasks_by_final_state.json?state={state}&_shape=objects")
+        assert len(tasks) == expected, state
+        assert {t["final_state"] for t in tasks} == {
+            "TASK_STATE_" + state.upper().replace(" ", "_").removeprefix("TASK_STATE_")
+        }
+    slowest = await rows(ds, f"/{DB}/slowest_first_event.json?at_least_ms=&_shape=objects")
+    assert len(slowest) == 13  # every stream: the demo's twelve and the broken one
+    assert [r["ttfe_ms"] for r in slowest] == sorted((r["ttfe_ms"] for r in slowest), reverse=True)
+    assert not await rows(ds, f"/{DB}/slowest_first_event.json?at_least_ms=60000&_shape=objects")
+    found = await rows(ds, f"/{DB}/search_event_text.json?text=knowledge+base&_shape=objects")
+    assert found and all("[knowledge base]" in r["matched"] for r in found)
+    found = await rows(ds, f"/{DB}/search_event_text.json?text=J45.909&_shape=objects")
+    assert found and all("[J45.909]" in r["matched"] for r in found)
+    # FTS syntax in the text is read as words, not as a query (which would fail here).
+    assert await rows(ds, f"/{DB}/search_event_text.json?text=J45.909+AND+(%22&_shape=objects") == []
+
+
+async def test_render_cell_colours_states_links_tasks_and_shows_ms_and_json(ds: Datasette, log: Path) -> None:
+    completed = task_of(log, "completed")
+    html = await page(ds, f"/{DB}/events?exchange_id=13&_size=3")
+    assert '<span class="tt-pill tt-s-submitted" title="TASK_STATE_SUBMITTED">SUBMITTED</span>' in html
+    assert f'<a class="tt-task" href="/{DB}/-/task/{completed}">{completed}</a>' in html
+    assert re.search(r'<span class="tt-ms" title="[\d,]+ ns">[\d,]+\.\d{3} ms</span>', html)
+    assert '<pre class="tt-json">{\n  &#34;task&#34;: {' in html
+    summary = await page(ds, f"/{DB}/task_summary")
+    assert 'class="tt-pill tt-s-completed"' in summary and 'class="tt-pill tt-s-auth-required"' in summary
+    assert re.search(r'<a href="/demo/exchanges/\d+">\d+</a>', await page(ds, f"/{DB}/exchange_metrics"))
+
+    def cell(value: Any, column: str, table: str | None = "events", database: str = DB) -> Any:
+        return inspector.render_cell(
+            row={}, value=value, column=column, table=table, database=database, datasette=ds
+        )
+
+    assert cell("TASK_STATE_INPUT_REQUIRED", "final_state", "task_summary") == Markup(
+        '<span class="tt-pill tt-s-input-required" title="TASK_STATE_INPUT_REQUIRED">INPUT_REQUIRED</span>'
+    )
+    assert cell("task/1", "task_id", None) == Markup(
+        '<a class="tt-task" href="/demo/-/task/task%2F1">task/1</a>'
+    )
+    assert cell(1_382_087_899, "duration_ns", "exchanges") == Markup(
+        '<span class="tt-ms" title="1,382,087,899 ns">1,382.088 ms</span>'
+    )
+    assert cell('{"a": [1, "<b>"]}', "data") == Markup(
+        '<pre class="tt-json">{\n  &#34;a&#34;: [\n    1,\n    &#34;&lt;b&gt;&#34;\n  ]\n}</pre>'
+    )
+    assert cell(7, "exchange_id", "task_timeline") == Markup('<a href="/demo/exchanges/7">7</a>')
+    # Left to Datasette: other values, an FK cell (already a link), text that is not JSON.
+    assert cell("working", "state") is None
+    assert cell({"value": 7, "label": "/x"}, "exchange_id") is None
+    assert cell("not {json", "data") is None
+    assert cell(None, "task_id") is None
+
+
+async def test_other_databases_are_left_alone(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (task_id TEXT, state TEXT, data TEXT)")
+        conn.execute("INSERT INTO t VALUES ('task.x', 'TASK_STATE_WORKING', '{\"a\": 1}')")
+    ds = Datasette([str(other)])
+    html = await page(ds, "/other/t")
+    assert "tt-pill" not in html and "tt-task" not in html and "tt-json" not in html
+    await page(ds, "/other/-/task/task.x", status=404)
+
+
+async def test_the_task_page_shows_the_whole_run(ds: Datasette, log: Path) -> None:
+    completed = task_of(log, "completed")
+    html = await page(ds, f"/{DB}/-/task/{completed}")
+    assert f"<title>Task {completed} · {DB}</title>" in html
+    assert "What does J45.909 mean?" in html  # what was asked
+    # The time axis: one lane for the stream, every event a mark, the think-time gap measured.
+    (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', html, re.S)
+    assert "#13 SendStreamingMessage" in svg
+    assert len(re.findall(r"<title>#13\.\d+ at", svg)) == 40
+    gap = re.search(r'class="tt-gap-label"[^>]*>([\d,]+) ms<', svg)
+    assert gap and int(gap.group(1).replace(",", "")) >= 20  # the agent thinks before its first token
+    for label in ("SUBMITTED", "WORKING", "COMPLETED", "thinking · 11", "answer · 26"):
+        assert f">{label}<" in svg, label
+    # The state changes in order, each linked to its event.
+    states = re.findall(r'<li>\s*<span class="tt-pill [^"]+" title="(\w+)"', html)
+    assert states == ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
+    assert f'href="/{DB}/events/13,39">#13.39</a>' in html
+    # The answer (with its citation resolved) apart from the intermediate thinking.
+    answer, thinking = html.split("<h2>Intermediate thinking</h2>")
+    answer = answer.split("<h2>Answer</h2>")[1]
+    assert "About What does J45.909 mean: the answer is assembled" in answer
+    assert "Looking up What does J45.909 mean in the knowledge base." in thinking.split("</section>")[0]
+    assert "Looking up" not in answer
+    assert re.search(r'<a class="tt-cite" href="#cite-1-1" title="/results/0">\[1\]</a>', answer)
+    assert "&#34;source&#34;: &#34;demo knowledge base&#34;" in answer
+    # Usage and credits, findings, exchanges, the events with their gaps.
+    assert re.search(r"<th>credits</th><td>1\.\d+</td>", html)
+    assert re.search(r"<th>model</th><td>tasktape-demo-1</td>", html)
+    assert "The lifecycle checks find nothing wrong" in html
+    assert html.count('class="tt-gapbar"') == 39
+    assert html.count(f'href="/{DB}/events/13,') >= 40
+
+
+async def test_a_task_across_streams_and_requests(ds: Datasette, log: Path) -> None:
+    resumed = await page(ds, f"/{DB}/-/task/{task_of(log, 'resumed')}")
+    (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', resumed, re.S)
+    assert svg.count('class="tt-lane-title"') == 2  # the first stream and the one that resumed it
+    assert "Which record should I use?" in resumed  # the agent's reason for INPUT_REQUIRED
+    assert "What input do you need?" in resumed and "Record 42" in resumed
+    canceled = await page(ds, f"/{DB}/-/task/{task_of(log, 'canceled')}")
+    assert ">other requests<" in canceled and "CancelTask" in canceled
+    assert "never closed" in canceled  # the answer was cut off by the cancel
+    assert re.search(r"CANCELED</span>\s*<span class=\"tt-at\">", canceled)
+    dropped = await page(ds, f"/{DB}/-/task/{task_of(log, 'dropped')}")
+    assert "upstream_disconnected" in dropped
+    # The frame the dropped connection cut in two names no task, but it is the task's.
+    assert '<b class="tt-warn">cut off</b>' in dropped and "not JSON: Unterminated string" in dropped
+    assert 'class="tt-cut"' in dropped
+    assert "GetTask x" in dropped  # the client polled until the task completed
+    # The stream broke off while WORKING; a GetTask response showed it COMPLETED.
+    last = dropped.split('<ol class="tt-states">')[1].split("</ol>")[0].split("<li>")[-1]
+    assert 'title="TASK_STATE_COMPLETED"' in last and "in the response of" in last
+
+
+async def test_a_task_answered_without_a_stream(ds: Datasette, log: Path) -> None:
+    html = await page(ds, f"/{DB}/-/task/{task_of(log, 'not streamed')}")
+    assert "in the response of" in html and "TASK_STATE_COMPLETED" in html
+    assert "About Summarise the last visit" in html and "Looking up Summarise the last visit" in html
+    assert "demo knowledge base" in html and "<th>credits</th>" in html
+
+
+async def test_the_task_page_shows_the_checkers_findings(ds: Datasette, log: Path) -> None:
+    with EventLog(log) as opened:
+        (exchange,) = [x["id"] for x in opened.exchanges() if x["task_id"] == BROKEN]
+        expected = check_log(opened, [exchange])
+    assert {f.rule for f in expected} >= {"after-terminal", "transition"}
+    html = await page(ds, f"/{DB}/-/task/{BROKEN}")
+    findings = html.split("<h2>Findings</h2>")[1].split("</section>")[0]
+    for f in expected:
+        assert f"<b>{f.rule}</b>" in findings and str(Markup.escape(f.message)) in findings
+        if f.seq is not None:
+            assert f'href="/{DB}/events/{f.exchange_id},{f.seq}"' in findings
+    assert "tt-card tt-bad" in html
+
+
+async def test_unknown_tasks_and_databases_are_404(ds: Datasette) -> None:
+    await page(ds, f"/{DB}/-/task/task.nope", status=404)
+    await page(ds, "/nope/-/task/task.nope", status=404)
+
+
+async def test_the_dashboard_draws_its_charts_from_real_queries(ds: Datasette) -> None:
+    config = dashboards(DB)["streams"]
+    assert ds.plugin_config("datasette-dashboards") == dashboards(DB)
+    html = await page(ds, "/-/dashboards/streams")
+    assert config["title"] in html and "vega-lite.min.js" in html
+    database = ds.get_database(DB)
+    for slug, chart in config["charts"].items():
+        assert f'id="chart-{slug}"' in html
+        result = await database.execute(chart["query"])
+        assert result.rows, slug
+        encoding = chart["display"].get("encoding", {})
+        fields = {e["field"] for e in encoding.values()} | (
+            {chart["display"]["field"]} if chart["library"] == "metric" else set()
+        )
+        assert fields <= set(result.columns), slug
+    assert await page(ds, "/-/dashboards/streams/ttfe")
+    assert await page(ds, "/-/static-plugins/datasette_dashboards/vega-lite.min.js")
+
+
+def test_the_stylesheet_and_the_charts_use_the_same_state_colours() -> None:
+    css = (ROOT / "inspector" / "static" / "inspector.css").read_text()
+    for state, colour in STATE_COLOURS.items():
+        name = state.removeprefix("TASK_STATE_").lower().replace("_", "-")
+        assert f"--tt-{name}: {colour};" in css, state
+
+
+async def test_the_log_is_read_only_and_live_while_a_recorder_writes(tmp_path: Path) -> None:
+    path = tmp_path / "live.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+
+        def stream(task_id: str) -> None:
+            ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+            w.response_head(ex, status=200, headers={}, is_sse=True, ttfb_ns=1)
+            for n, data in enumerate(sse(completed_run(task_id)), 1):
+                w.chunk(ex, n * 1000, data)
+            w.end_exchange(ex, duration_ns=10_000)
+            w.flush()
+
+        stream("task.first")
+        ds = create_datasette(path)
+        tasks = await rows(ds, "/live/task_summary.json?_shape=objects")
+        assert [t["task_id"] for t in tasks] == ["task.first"]
+        stream("task.second")  # recorded while the inspector is open
+        tasks = await rows(ds, "/live/task_summary.json?_shape=objects")
+        assert [t["task_id"] for t in tasks] == ["task.first", "task.second"]
+        found = await rows(ds, "/live/search_event_text.json?text=intermittent+asthma&_shape=objects")
+        assert {r["task_id"] for r in found} == {"task.first", "task.second"}
+        await page(ds, "/live/-/task/task.second")
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            await ds.get_database("live").execute_write("DELETE FROM events")
+    with EventLog(path) as log:
+        assert log.db.execute("SELECT count(*) FROM events").fetchone()[0] == 2 * len(completed_run())
+
+
+def test_the_wheel_ships_the_templates_and_the_stylesheet(tmp_path: Path) -> None:
+    # Built from a copy, as `pip install .` builds it, so the work tree gets no build/ dir.
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    for package in ("eventlog", "inspector", "proxy", "replay", "tasktape"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("tasktape-*.whl")
+    with zipfile.ZipFile(wheel) as files:
+        names = files.namelist()
+        assert "inspector/templates/tasktape_task.html" in names and "inspector/static/inspector.css" in names
+        entry_points = files.read(next(n for n in names if n.endswith("entry_points.txt")))
+    assert b"[datasette]\ntasktape = inspector" in entry_points
