@@ -169,6 +169,16 @@ def run(quick: bool) -> list[Section]:
                 "EventLog.task_events_after(task, id)",
                 *timed_ms(lambda: (t := next(it), log.task_events_after(t, f"{int(t[5:])}-100")), 200),
             )
+            # A word every task has (in two of its events): the first page of 50 matches.
+            words = iter([f"token{rng.randrange(40, EVENTS_PER_TASK - 45)}" for _ in range(200)])
+            search = (
+                "SELECT e.task_id, e.seq, e.text FROM events_fts JOIN events e ON e.rowid = events_fts.rowid"
+                " WHERE events_fts MATCH ? LIMIT 50"
+            )
+            look.add(
+                "full-text search (events_fts), first 50 matches",
+                *timed_ms(lambda: list(log.db.query(search, [next(words)])), 200),
+            )
             for view in ("task_timeline", "task_summary", "task_artifacts"):
                 sql = f"SELECT * FROM {view} WHERE task_id = ?"
                 ids = iter(tasks * 10)
