@@ -20,6 +20,20 @@ from proxy import RecordingProxy
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest as its users do
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        help="Run the stress suites at full size (more runs, examples and bytes): minutes, not seconds.",
+    )
+
+
+@pytest.fixture(scope="session")
+def stress(request: pytest.FixtureRequest) -> bool:
+    """Whether to run at full size (``--stress``); the default sizes keep the suite fast."""
+    return bool(request.config.getoption("--stress"))
+
+
 @dataclass
 class Recording:
     """A running proxy: ``url`` to send requests to, ``log()`` to read what it recorded."""

@@ -135,10 +135,10 @@ async def read_timed(url: str, arrivals: list[tuple[float, bytes]]) -> None:
             arrivals.append((time.monotonic(), data))
 
 
-async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path) -> None:
+async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path, stress: bool) -> None:
     rng = random.Random(11)
     async with serve(upstream_app(events=400, delay=0.005)) as upstream:
-        for run in range(3):
+        for run in range(25 if stress else 3):
             db = tmp_path / f"killed{run}.db"
             async with tasktape_record("--upstream", upstream, "--db", str(db), "--quiet") as (proc, url):
                 arrivals: list[tuple[float, bytes]] = []

@@ -1,0 +1,313 @@
+"""Under load and faults, as real processes on loopback: `tasktape record` loses and reorders
+nothing, keeps its memory bounded, survives upstreams and clients that fail at random and a
+disk that fills, and `tasktape replay` serves hundreds of clients at once.
+
+Default sizes keep this under a minute; ``--stress`` runs them at full size."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import resource
+import signal
+import socket
+import struct
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from eventlog import EventLog
+from eventlog.cassette import read_cassette
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def frame(stream: int, n: int) -> bytes:
+    """Event n of stream ``stream``: its place is in its id and its data, so loss or
+    reordering shows."""
+    append = str(n > 0).lower()
+    data = (
+        f'{{"artifactUpdate":{{"taskId":"task.{stream}","contextId":"ctx.{stream}","append":{append},'
+        f'"artifact":{{"artifactId":"art.{stream}","parts":[{{"text":" token {stream}.{n}"}}]}}}}}}'
+    )
+    return f"id: {stream}.{n}\ndata: {data}\n\n".encode()
+
+
+def expected(stream: int, events: int) -> bytes:
+    return b"".join(frame(stream, n) for n in range(events))
+
+
+@dataclass
+class Plan:
+    """What the upstream does with one stream: send ``events`` events, pausing ``stall``
+    seconds before event ``stall_at``, then end as ``ending`` says after ``cut_at`` events."""
+
+    events: int
+    ending: str = "complete"  # complete, drop (close mid-event), reset (TCP RST)
+    cut_at: int = 0
+    stall_at: int = -1
+    stall: float = 0.0
+    sent: bytearray = field(default_factory=bytearray)
+
+
+def upstream_app(plans: dict[int, Plan], gap: float) -> web.Application:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        n = int(request.query["n"])
+        plan = plans[n]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(plan.events):
+            if i == plan.stall_at:
+                await asyncio.sleep(plan.stall)
+            data = frame(n, i)
+            if plan.ending != "complete" and i == plan.cut_at:
+                data = data[: len(data) // 2]  # half an event, then gone
+                await response.write(data)
+                plan.sent += data
+                _cut(request, reset=plan.ending == "reset")
+                return response
+            await response.write(data)
+            plan.sent += data
+            if gap:
+                await asyncio.sleep(gap)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
+
+
+def _cut(request: web.Request, *, reset: bool) -> None:
+    transport = request.transport
+    assert transport is not None
+    if reset:  # SO_LINGER 0: the close sends RST, not FIN
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+@asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+def _more_files() -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+@asynccontextmanager
+async def command(
+    args: list[str], ready: str, *, file_size_limit: int | None = None
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """``python -m tasktape ARGS`` until it prints ``ready`` and a URL; killed if still running."""
+
+    def limits() -> None:
+        _more_files()
+        if file_size_limit is not None:  # a disk that fills: writes beyond it fail (EFBIG)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tasktape",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=limits,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        match = re.search(ready + r".*?(http://127\.0\.0\.1:\d+)", line)
+        assert match, line + (await proc.stderr.read()).decode()
+        yield proc, match.group(1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    code = await asyncio.wait_for(proc.wait(), 60)
+    assert proc.stderr is not None
+    return code, (await proc.stderr.read()).decode()
+
+
+def rss_kib(pid: int, field_name: str) -> int:
+    """A process's resident memory (VmRSS now, VmHWM its peak), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field_name} for {pid}")
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+async def read_stream(session: aiohttp.ClientSession, url: str, n: int, vanish_after: int | None) -> bytes:
+    """The bytes a client got; with ``vanish_after``, it goes away after that many bytes."""
+    received = bytearray()
+    try:
+        async with session.post(f"{url}/message:stream?n={n}", json={}) as r:
+            async for data in r.content.iter_any():
+                received += data
+                if vanish_after is not None and len(received) >= vanish_after:
+                    r.close()  # the client vanishes mid-stream
+                    break
+    except aiohttp.ClientPayloadError:
+        pass  # the upstream cut it: what arrived before is what counts
+    return bytes(received)
+
+
+async def test_500_concurrent_streams_lose_nothing_and_memory_stays_bounded(
+    tmp_path: Path, stress: bool
+) -> None:
+    _more_files()
+    streams, events = (500, 200) if stress else (200, 100)
+    plans = {n: Plan(events) for n in range(streams)}
+    db = tmp_path / "load.db"
+    async with (
+        serve(upstream_app(plans, gap=0.002)) as upstream,
+        command(
+            ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"],
+            "listening on",
+        ) as (proc, url),
+    ):
+        (writer,) = children(proc.pid)
+        idle = rss_kib(proc.pid, "VmRSS")
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            got = await asyncio.gather(*(read_stream(session, url, n, None) for n in range(streams)))
+        peak, writer_peak = rss_kib(proc.pid, "VmHWM"), rss_kib(writer, "VmHWM")
+        code, err = await stop(proc)
+    assert code == 0, err
+    for n, body in enumerate(got):
+        assert body == expected(n, events), f"stream {n} reached its client changed"
+    with EventLog(db) as log:
+        exchanges = {int(x["query"].removeprefix("n=")): x for x in log.exchanges()}
+        assert sorted(exchanges) == list(range(streams))
+        for n, x in exchanges.items():
+            assert x["outcome"] == "complete"
+            assert log.body(x["id"]) == expected(n, events), f"stream {n} is not in the log as sent"
+            ids = [
+                row[0]
+                for row in log.db.execute(
+                    "SELECT event_id FROM events WHERE exchange_id = ? ORDER BY seq", [x["id"]]
+                )
+            ]
+            assert ids == [f"{n}.{i}" for i in range(events)]
+    per_stream = (peak - idle) / streams
+    print(
+        f"\n{streams} streams: proxy peak RSS {peak} KiB ({per_stream:.0f} KiB per open stream over "
+        f"{idle} KiB idle); log writer peak {writer_peak} KiB"
+    )
+    # Bounded: nothing is buffered per stream beyond a chunk in flight.
+    assert per_stream < 256, f"{per_stream:.0f} KiB of proxy memory per open stream"
+
+
+async def test_random_upstream_and_client_failures(tmp_path: Path, stress: bool) -> None:
+    rng = random.Random(2026)
+    streams, events = (300, 60) if stress else (60, 40)
+    plans: dict[int, Plan] = {}
+    vanish: dict[int, int | None] = {}
+    for n in range(streams):
+        plan = Plan(
+            events, ending=rng.choice(["complete", "complete", "drop", "reset"]), cut_at=rng.randrange(events)
+        )
+        if rng.random() < 0.3:
+            plan.stall_at, plan.stall = rng.randrange(events), rng.uniform(0.05, 0.4)
+        plans[n] = plan
+        full = len(expected(n, events))
+        vanish[n] = rng.randrange(1, full) if rng.random() < 0.25 else None
+    db = tmp_path / "chaos.db"
+    async with (
+        serve(upstream_app(plans, gap=0.001)) as upstream,
+        command(
+            ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"],
+            "listening on",
+        ) as (proc, url),
+    ):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            got = await asyncio.gather(*(read_stream(session, url, n, vanish[n]) for n in range(streams)))
+        code, err = await stop(proc)
+    assert code == 0, err
+    with EventLog(db) as log:
+        exchanges = {int(x["query"].removeprefix("n=")): x for x in log.exchanges()}
+        assert sorted(exchanges) == list(range(streams)), "every request is in the log"
+        for n, plan in plans.items():
+            x, body, sent = exchanges[n], log.body(exchanges[n]["id"]), bytes(plan.sent)
+            # The client got exactly what the upstream sent (up to where it went away) ...
+            assert sent.startswith(got[n]), f"stream {n}: the client got bytes the upstream never sent"
+            # ... and the log holds what the upstream sent, as far as it was forwarded.
+            assert sent.startswith(body) and body.startswith(got[n]), f"stream {n}: log and traffic differ"
+            outcome = x["outcome"]
+            if outcome == "client_disconnected":
+                assert vanish[n] is not None, (n, x["error"])
+            elif outcome == "complete":
+                assert plan.ending == "complete" and body == sent, n
+                assert vanish[n] is not None or got[n] == sent, n
+            else:
+                assert outcome == "upstream_disconnected" and plan.ending != "complete", (n, outcome)
+                assert body == sent and (vanish[n] is not None or got[n] == sent), n
+
+
+async def test_a_disk_that_fills_mid_capture(tmp_path: Path) -> None:
+    plans = {n: Plan(2000) for n in range(3)}
+    db = tmp_path / "full.db"
+    limit = 400_000  # the log's file may not grow past this: writes beyond it fail
+    async with (
+        serve(upstream_app(plans, gap=0)) as upstream,
+        command(
+            ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"],
+            "listening on",
+            file_size_limit=limit,
+        ) as (proc, url),
+    ):
+        async with aiohttp.ClientSession() as session:
+            got = [await read_stream(session, url, n, None) for n in range(3)]
+        code, err = await stop(proc)
+    # Forwarding never stopped; the failure is reported loudly, with the exit status.
+    assert got == [expected(n, 2000) for n in range(3)]
+    assert code == 3 and "WRITING THE LOG FAILED" in err, err
+    with EventLog(db) as log:  # what was written stays readable
+        assert log.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert log.exchanges()[0]["query"] == "n=0"
+
+
+async def test_replay_serves_200_clients_at_once(stress: bool) -> None:
+    _more_files()
+    clients = 500 if stress else 200
+    cassette = ROOT / "cassettes" / "long_stream.jsonl"
+    (_card, stream) = read_cassette(cassette)
+    body: Any = {"message": {"role": "ROLE_USER", "parts": [{"text": "A long answer, please"}]}}
+    async with command(
+        ["replay", str(cassette), "--listen", "127.0.0.1:0", "--allow-repeats"], "tasktape replay:"
+    ) as (proc, url):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def one() -> bytes:
+                async with session.post(f"{url}/message:stream", json=body) as r:
+                    assert r.status == 200
+                    return await r.read()
+
+            got = await asyncio.gather(*(one() for _ in range(clients)))
+        code, err = await stop(proc)
+    assert code == 0, err
+    assert all(b == stream.body for b in got), "a client got other bytes than the recording"
+    assert f"{clients} served" in err or f"{clients} served" in (await proc.stdout.read()).decode()  # type: ignore[union-attr]
