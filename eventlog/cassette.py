@@ -20,12 +20,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import TasktapeError
 from .producer import LogProducer
@@ -33,6 +34,11 @@ from .recorded import Recorded
 from .version import __version__
 
 VERSION = 1
+# Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
+# (about 31 years) refuses infinities and absurd values on loading, not when written.
+MAX_MS = 1e12
+# A CR, LF or NUL in a header would split the response it is replayed in.
+_NOT_IN_HEADERS = re.compile(r"[\r\n\x00]")
 
 
 class CassetteError(TasktapeError, ValueError):
@@ -40,7 +46,14 @@ class CassetteError(TasktapeError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    for name, value in headers:
+        if not name or _NOT_IN_HEADERS.search(name) or _NOT_IN_HEADERS.search(value):
+            raise ValueError(f"header {name!r}: a header needs a name, and holds no CR, LF or NUL")
+    return headers
 
 
 class Request(_Strict):
@@ -51,6 +64,8 @@ class Request(_Strict):
     body: str | None = None
     body_base64: str | None = None
     body_truncated: bool = False
+
+    _check_headers = field_validator("headers")(_headers)
 
     @model_validator(mode="after")
     def _one_body(self) -> Request:
@@ -63,9 +78,11 @@ class Response(_Strict):
     status: int = Field(ge=100, le=599)
     headers: list[tuple[str, str]] = []
     sse: bool | None = None  # default: from the Content-Type
-    ttfb_ms: float = Field(default=0.0, ge=0)
+    ttfb_ms: float = Field(default=0.0, ge=0, le=MAX_MS)
     decoded_from: str | None = None
     body_truncated: bool = False
+
+    _check_headers = field_validator("headers")(_headers)
 
 
 class Exchange(_Strict):
@@ -75,7 +92,7 @@ class Exchange(_Strict):
 
 
 class Chunk(_Strict):
-    offset_ms: float = Field(ge=0)
+    offset_ms: float = Field(ge=0, le=MAX_MS)
     text: str | None = None
     base64: str | None = None
 
@@ -92,7 +109,7 @@ class Chunk(_Strict):
 
 
 class Event(_Strict):
-    offset_ms: float = Field(ge=0)
+    offset_ms: float = Field(ge=0, le=MAX_MS)
     data: str
     id: str | None = None
     event: str | None = None
@@ -109,7 +126,7 @@ class Event(_Strict):
 
 
 class End(_Strict):
-    duration_ms: float | None = Field(default=None, ge=0)
+    duration_ms: float | None = Field(default=None, ge=0, le=MAX_MS)
     outcome: str = "complete"
     error: str | None = None
 
@@ -141,7 +158,7 @@ def read_cassette(path: str | Path) -> list[Recorded]:
             continue
         try:
             doc = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise CassetteError(f"{where}: not JSON: {exc}") from None
         if not header_seen:
             _check_header(doc, where)
@@ -160,7 +177,10 @@ def read_cassette(path: str | Path) -> list[Recorded]:
         except ValueError as exc:  # base64 that does not decode
             raise CassetteError(f"{where}: {kind}: {exc}") from None
         if isinstance(item, Exchange):
-            current = _exchange(item, f"{path.name}:{number}")
+            try:
+                current = _exchange(item, f"{path.name}:{number}")
+            except ValueError as exc:  # a body that has no bytes: bad base64, lone surrogates
+                raise CassetteError(f"{where}: exchange: request body: {exc}") from None
             recorded.append(current)
             continue
         if current is None:
@@ -191,7 +211,7 @@ def _check_header(doc: Any, where: str) -> None:
     if not isinstance(doc, dict) or "tasktape_cassette" not in doc:
         raise CassetteError(f"{where}: the first line must be the cassette header, with 'tasktape_cassette'")
     version = doc["tasktape_cassette"]
-    if not isinstance(version, int) or version < 1:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise CassetteError(f"{where}: 'tasktape_cassette' must be a version number")
     if version > VERSION:
         raise CassetteError(
@@ -204,7 +224,7 @@ def _exchange(item: Exchange, origin: str) -> Recorded:
     req, resp = item.request, item.response
     body = req.body.encode("utf-8") if req.body is not None else None
     if req.body_base64 is not None:
-        body = base64.b64decode(req.body_base64)
+        body = base64.b64decode(req.body_base64, validate=True)
     headers = resp.headers if resp else []
     content_type = next((v for k, v in headers if k.lower() == "content-type"), "")
     return Recorded(
@@ -330,4 +350,7 @@ def _started_ns(started_at: str | None) -> int | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     seconds = int(moment.timestamp())
-    return seconds * 1_000_000_000 + moment.microsecond * 1000
+    ns = seconds * 1_000_000_000 + moment.microsecond * 1000
+    # Beyond what the log holds (nanoseconds in an INTEGER: the years 1677 to 2262), it is
+    # treated as a time that cannot be read: the exchange gets the time it is loaded at.
+    return ns if -(2**63) <= ns < 2**63 else None

@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import LogError, WriterClosed
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
+from .redact import hide_credentials
 from .version import __version__
 
 # Operations, as tuples whose first element is one of these codes.
@@ -79,7 +80,8 @@ class LogProducer:
         argv: list[str] | None = None,
         tool_version: str | None = None,
     ) -> int:
-        """Start a recording run (or import); returns its id."""
+        """Start a recording run (or import); returns its id. Credentials in URLs (the
+        upstream's, or any in ``argv``) are left out."""
         capture_id = next(self._capture_ids)
         self._put(
             (
@@ -87,9 +89,9 @@ class LogProducer:
                 capture_id,
                 utc_iso(time.time_ns()),
                 source,
-                upstream,
+                upstream and hide_credentials(upstream),
                 tool_version or __version__,
-                json.dumps(sys.argv if argv is None else argv),
+                json.dumps([hide_credentials(arg) for arg in (sys.argv if argv is None else argv)]),
             )
         )
         return capture_id

@@ -12,6 +12,7 @@ JSON but cannot be read is replaced whole, since it could hold what should not b
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -53,6 +54,14 @@ class Redactor:
         redacted line by line."""
         if not self._paths or not text:
             return text
+        try:
+            return self._json_text(text)
+        except RecursionError:
+            # Read, but nested too deep to search or rebuild: it cannot be redacted, so none
+            # of it is kept.
+            return UNREADABLE
+
+    def _json_text(self, text: str) -> str:
         try:
             doc = _load(text)
         except (ValueError, RecursionError):
@@ -99,6 +108,15 @@ class Redactor:
 
 
 UNREADABLE = "[REDACTED: not readable as JSON]"
+
+# The user and password of a URL (``http://user:secret@agent``), up to its last '@'.
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
+
+
+def hide_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it left out: an upstream given
+    as ``http://user:secret@agent`` is shown and stored as ``http://agent``."""
+    return _USERINFO.sub(r"\1", text)
 
 
 class _Doc:

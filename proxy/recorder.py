@@ -45,9 +45,14 @@ class RecordingProxy:
         connect_timeout: float = 10.0,
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
     ) -> None:
-        self.upstream = URL(upstream)
-        if not self.upstream.is_absolute() or self.upstream.scheme not in ("http", "https"):
+        url = URL(upstream)
+        if not url.is_absolute() or url.scheme not in ("http", "https"):
             raise ValueError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
+        # A user and password in the URL are sent as Basic auth to the upstream alone (a
+        # client's own Authorization header passes instead); never shown, never stored.
+        auth = aiohttp.BasicAuth.from_url(url)
+        self._authorization = auth.encode() if auth else None
+        self.upstream = url.with_user(None)
         self.writer = writer
         self.capture_id = capture_id
         self.public_url = URL(public_url) if public_url else None
@@ -234,6 +239,8 @@ class Exchange:
             scheme=request.scheme,
             host=request.host,
         )
+        if proxy._authorization and "Authorization" not in headers:
+            headers["Authorization"] = proxy._authorization
         if isinstance(body, _TeedBody):
             self.teed, data, sent = body, body.stream(), None
         else:

@@ -83,7 +83,10 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
         parse_pointer(pointer)
     fail_on_unused = o.get("fail_on_unused")
     return TapeOptions(
-        cassette=Path(item.path).parent / cassette if cassette is not None else default_cassette(item),
+        cassette=inside(
+            Path(item.path).parent / cassette if cassette is not None else default_cassette(item),
+            config.rootpath,
+        ),
         mode=RecordMode.parse(config.getoption("--tasktape-record-mode")),
         upstream=config.getoption("--tasktape-upstream"),
         speed=float(speed),
@@ -115,6 +118,16 @@ def default_cassette(item: pytest.Item) -> Path:
     prefix = f"{cls.__name__}." if cls else ""
     test_file = Path(item.path)
     return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}.jsonl"
+
+
+def inside(cassette: Path, root: Path) -> Path:
+    """``cassette`` when it stays inside ``root`` (pytest's rootdir) once '..' and symlinks
+    are followed: a marker cannot have the plugin read, or record over, any other file."""
+    if not cassette.resolve().is_relative_to(root.resolve()):
+        raise MarkerError(
+            f"the cassette {cassette} is outside the test's directory tree ({root}); keep cassettes under it"
+        )
+    return cassette
 
 
 def _flag(name: str, value: Any) -> bool:

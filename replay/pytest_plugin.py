@@ -91,11 +91,13 @@ def _session(request: pytest.FixtureRequest) -> TapeSession:
 
 
 async def _started(session: TapeSession) -> Tape:
-    from .tape import TapeError  # noqa: PLC0415 - see _session
+    from eventlog.cassette import CassetteError  # noqa: PLC0415 - see _session
+
+    from .tape import TapeError  # noqa: PLC0415
 
     try:
         return await session.start()
-    except TapeError as exc:
+    except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
         await session.stop()
         pytest.fail(f"tasktape: {exc}", pytrace=False)
 

@@ -108,6 +108,12 @@ class ReplayServer:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self._loop = asyncio.get_running_loop()
         start = self._loop.time()
+        if not request.raw_path.startswith("/"):
+            # What a client sends a forward proxy (GET http://elsewhere/x): in the modes that
+            # forward, the upstream would be given that as its path.
+            return _error(
+                400, "absolute-form request targets are not accepted: tasktape replay is not a forward proxy"
+            )
         try:
             faults = (
                 Faults.parse(request.headers[FAULT_HEADER], self.faults)
@@ -241,6 +247,9 @@ class ReplayServer:
         if recorded.is_sse and "Last-Event-ID" in request.headers:
             resumed = self._resume(recorded, chunks, request.headers["Last-Event-ID"])
             if isinstance(resumed, web.Response):
+                # Nothing of it was served: the recording stays for the next request.
+                self.used[index] -= 1
+                self.stats.served -= 1
                 return resumed
             (chunks, since_ns), changed = resumed, True
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)

@@ -18,7 +18,7 @@ from aiohttp import web
 from eventlog import EventLog, LogWriter, SSEDecoder, SSEEvent
 from eventlog.cassette import read_cassette, write_cassette
 from eventlog.recorded import Recorded, from_log
-from eventlog.redact import Redactor
+from eventlog.redact import Redactor, hide_credentials
 
 from .faults import Faults
 from .modes import ReplayMode
@@ -213,7 +213,8 @@ class TapeSession:
                     # Read again: a test sharing this cassette (in this process or another
                     # worker) may have added to it meanwhile.
                     kept = read_cassette(o.cassette) if o.cassette.exists() and self._keeps() else []
-                    write_cassette(o.cassette, [*kept, *new], source="pytest", upstream=o.upstream)
+                    upstream = hide_credentials(o.upstream) if o.upstream else None
+                    write_cassette(o.cassette, [*kept, *new], source="pytest", upstream=upstream)
                 self.written.add(o.cassette)
             return failed
         finally:

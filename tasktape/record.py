@@ -10,10 +10,11 @@ import click
 from eventlog import LogError
 from eventlog.exchange_rows import ExchangeSummary
 from eventlog.process_writer import ProcessLogWriter
-from eventlog.redact import Redactor, parse_pointer
+from eventlog.redact import Redactor
 from proxy import RecordingProxy
 
 from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
+from .redaction_options import redaction_options
 from .serving import serve_until_stopped
 
 # Exit status when traffic flowed but some of it could not be written to the log.
@@ -32,20 +33,7 @@ EXIT_LOG_FAILED = 3
 @click.option(
     "--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="The event log."
 )
-@click.option(
-    "--redact-header",
-    multiple=True,
-    metavar="NAME",
-    help="Also redact this header (repeatable). Authorization, Proxy-Authorization, Cookie, "
-    "Set-Cookie, X-Api-Key and Api-Key always are.",
-)
-@click.option(
-    "--redact-json",
-    multiple=True,
-    metavar="POINTER",
-    help="Redact this JSON field in request bodies, response bodies and events: a JSON pointer, "
-    "'*' matching any key or index (repeatable), e.g. /params/message/metadata/apiKey.",
-)
+@redaction_options()
 @click.option(
     "--public-url",
     metavar="URL",
@@ -88,11 +76,6 @@ def record(
     SSE event lands in the log. Stop with Ctrl-C (or SIGTERM): the log is flushed and
     the exit status is 0, or 3 if anything could not be written to the log.
     """
-    for pointer in redact_json:
-        try:
-            parse_pointer(pointer)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--redact-json") from None
     redactor = Redactor(headers=redact_header, json_pointers=redact_json)
     host, port = listen
     warn_if_exposed("tasktape record", host)

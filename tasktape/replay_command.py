@@ -10,11 +10,13 @@ import click
 
 from eventlog import LogError, TasktapeError
 from eventlog.process_writer import ProcessLogWriter
+from eventlog.redact import Redactor
 from replay import ReplayMode, ReplayServer, load
 from replay.faults import FaultError, Faults
 from replay.source import is_log
 
 from .listen import DEFAULT_REPLAY_PORT, HostPort, warn_if_exposed
+from .redaction_options import redaction_options
 from .serving import serve_until_stopped
 
 
@@ -60,6 +62,7 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The log record-missing adds to (default: SOURCE, when it is one log).",
 )
+@redaction_options(when="record-missing: ")
 @click.option(
     "--fault",
     "faults",
@@ -94,6 +97,8 @@ def replay(
     mode: ReplayMode,
     upstream: str | None,
     db: Path | None,
+    redact_header: tuple[str, ...],
+    redact_json: tuple[str, ...],
     faults: tuple[str, ...],
     ignore: tuple[str, ...],
     miss_status: int,
@@ -127,7 +132,7 @@ def replay(
                 )
             db = logs[0]
         try:
-            writer = ProcessLogWriter(db)
+            writer = ProcessLogWriter(db, redactor=Redactor(redact_header, redact_json))
         except LogError as exc:
             raise click.ClickException(str(exc)) from None
     host, port = listen

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import resource
-import signal
 import socket
 import struct
-import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from commands import running, stop
 
 from eventlog import EventLog
 from eventlog.cassette import read_cassette
@@ -109,43 +107,19 @@ def _more_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-@asynccontextmanager
-async def command(
-    args: list[str], ready: str, *, file_size_limit: int | None = None
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """``python -m tasktape ARGS`` until it prints ``ready`` and a URL; killed if still running."""
+def record_args(upstream: str, db: Path) -> list[str]:
+    return ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"]
 
-    def limits() -> None:
+
+def limits(file_size: int | None = None) -> Callable[[], None]:
+    """Run in the child before it starts: more files, and a disk that fills at ``file_size``."""
+
+    def apply() -> None:
         _more_files()
-        if file_size_limit is not None:  # a disk that fills: writes beyond it fail (EFBIG)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+        if file_size is not None:  # writes beyond it fail (EFBIG), as on a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
 
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tasktape",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        preexec_fn=limits,
-    )
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        match = re.search(ready + r".*?(http://127\.0\.0\.1:\d+)", line)
-        assert match, line + (await proc.stderr.read()).decode()
-        yield proc, match.group(1)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    code = await asyncio.wait_for(proc.wait(), 60)
-    assert proc.stderr is not None
-    return code, (await proc.stderr.read()).decode()
+    return apply
 
 
 def rss_kib(pid: int, field_name: str) -> int:
@@ -184,19 +158,16 @@ async def test_500_concurrent_streams_lose_nothing_and_memory_stays_bounded(
     db = tmp_path / "load.db"
     async with (
         serve(upstream_app(plans, gap=0.002)) as upstream,
-        command(
-            ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"],
-            "listening on",
-        ) as (proc, url),
+        running(*record_args(upstream, db), preexec_fn=limits()) as run,
     ):
-        (writer,) = children(proc.pid)
-        idle = rss_kib(proc.pid, "VmRSS")
+        (writer,) = children(run.proc.pid)
+        idle = rss_kib(run.proc.pid, "VmRSS")
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
-            got = await asyncio.gather(*(read_stream(session, url, n, None) for n in range(streams)))
-        peak, writer_peak = rss_kib(proc.pid, "VmHWM"), rss_kib(writer, "VmHWM")
-        code, err = await stop(proc)
-    assert code == 0, err
+            got = await asyncio.gather(*(read_stream(session, run.url, n, None) for n in range(streams)))
+        peak, writer_peak = rss_kib(run.proc.pid, "VmHWM"), rss_kib(writer, "VmHWM")
+        code = await stop(run)
+    assert code == 0, run.printed
     for n, body in enumerate(got):
         assert body == expected(n, events), f"stream {n} reached its client changed"
     with EventLog(db) as log:
@@ -238,15 +209,12 @@ async def test_random_upstream_and_client_failures(tmp_path: Path, stress: bool)
     db = tmp_path / "chaos.db"
     async with (
         serve(upstream_app(plans, gap=0.001)) as upstream,
-        command(
-            ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"],
-            "listening on",
-        ) as (proc, url),
+        running(*record_args(upstream, db), preexec_fn=limits()) as run,
     ):
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            got = await asyncio.gather(*(read_stream(session, url, n, vanish[n]) for n in range(streams)))
-        code, err = await stop(proc)
-    assert code == 0, err
+            got = await asyncio.gather(*(read_stream(session, run.url, n, vanish[n]) for n in range(streams)))
+        code = await stop(run)
+    assert code == 0, run.printed
     with EventLog(db) as log:
         exchanges = {int(x["query"].removeprefix("n=")): x for x in log.exchanges()}
         assert sorted(exchanges) == list(range(streams)), "every request is in the log"
@@ -273,18 +241,14 @@ async def test_a_disk_that_fills_mid_capture(tmp_path: Path) -> None:
     limit = 400_000  # the log's file may not grow past this: writes beyond it fail
     async with (
         serve(upstream_app(plans, gap=0)) as upstream,
-        command(
-            ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"],
-            "listening on",
-            file_size_limit=limit,
-        ) as (proc, url),
+        running(*record_args(upstream, db), preexec_fn=limits(file_size=limit)) as run,
     ):
         async with aiohttp.ClientSession() as session:
-            got = [await read_stream(session, url, n, None) for n in range(3)]
-        code, err = await stop(proc)
+            got = [await read_stream(session, run.url, n, None) for n in range(3)]
+        code = await stop(run)
     # Forwarding never stopped; the failure is reported loudly, with the exit status.
     assert got == [expected(n, 2000) for n in range(3)]
-    assert code == 3 and "WRITING THE LOG FAILED" in err, err
+    assert code == 3 and "WRITING THE LOG FAILED" in run.printed[-1], run.printed
     with EventLog(db) as log:  # what was written stays readable
         assert log.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert log.exchanges()[0]["query"] == "n=0"
@@ -296,18 +260,17 @@ async def test_replay_serves_200_clients_at_once(stress: bool) -> None:
     cassette = ROOT / "cassettes" / "long_stream.jsonl"
     (_card, stream) = read_cassette(cassette)
     body: Any = {"message": {"role": "ROLE_USER", "parts": [{"text": "A long answer, please"}]}}
-    async with command(
-        ["replay", str(cassette), "--listen", "127.0.0.1:0", "--allow-repeats"], "tasktape replay:"
-    ) as (proc, url):
+    args = ["replay", str(cassette), "--listen", "127.0.0.1:0", "--allow-repeats"]
+    async with running(*args, preexec_fn=limits()) as run:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
             async def one() -> bytes:
-                async with session.post(f"{url}/message:stream", json=body) as r:
+                async with session.post(f"{run.url}/message:stream", json=body) as r:
                     assert r.status == 200
                     return await r.read()
 
             got = await asyncio.gather(*(one() for _ in range(clients)))
-        code, err = await stop(proc)
-    assert code == 0, err
+        code = await stop(run)
+    assert code == 0, run.printed
     assert all(b == stream.body for b in got), "a client got other bytes than the recording"
-    assert f"{clients} served" in err or f"{clients} served" in (await proc.stdout.read()).decode()  # type: ignore[union-attr]
+    assert f"{clients} served" in "".join(run.printed)

@@ -137,6 +137,12 @@ async def test_resume_after_every_event(record: RecordFactory, serve: Serve) -> 
         and "'evt.never' names no event" in error["message"]
         and "ids run from" in error["message"]
     )
+    # A resume that failed used nothing up: without repeats, the stream is still there.
+    strict = await serve(ReplayServer(load([db]), speed=0).app)
+    question = message("What does J45.909 mean?")
+    assert (await timed_post(f"{strict}/message:stream", question, {"Last-Event-ID": "evt.never"}))[2] == 400
+    body, _, status = await timed_post(f"{strict}/message:stream", question)
+    assert status == 200 and body == recorded.body
 
 
 async def test_resume_streams_recorded_without_ids_with_add_ids(record: RecordFactory) -> None:

@@ -1,0 +1,44 @@
+"""``--redact-header`` and ``--redact-json``, as record, mitm and replay all take them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
+
+from eventlog.redact import parse_pointer
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _pointers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    for pointer in value:
+        try:
+            parse_pointer(pointer)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
+
+
+def redaction_options(when: str = "") -> Callable[[F], F]:
+    """Both options; ``when`` says when they apply (``"record-missing: "``)."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--redact-json",
+            multiple=True,
+            metavar="POINTER",
+            callback=_pointers,
+            help=f"{when}Redact this JSON field in request bodies, response bodies and events: a JSON "
+            "pointer, '*' matching any key or index (repeatable), e.g. /params/message/metadata/apiKey.",
+        )(command)
+        return click.option(
+            "--redact-header",
+            multiple=True,
+            metavar="NAME",
+            help=f"{when}Also redact this header (repeatable). Authorization, Proxy-Authorization, "
+            "Cookie, Set-Cookie, X-Api-Key and Api-Key always are.",
+        )(command)
+
+    return decorate
