@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -94,16 +96,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(args: list[str], ready: str) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def process(args: list[str], ready: str | int) -> Iterator[subprocess.Popen[str]]:
+    """A process, ready once it prints a line matching ``ready`` or, for a port number,
+    once that port accepts connections; stopped with SIGINT."""
+    by_port = isinstance(ready, int)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL if by_port else subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if re.search(ready, line):
-                break
-        else:
+        if not (listening(ready, proc) if by_port else printed(str(ready), proc)):
             raise RuntimeError(f"{args} did not start")
         yield proc
     finally:
@@ -115,16 +116,41 @@ def process(args: list[str], ready: str) -> Iterator[subprocess.Popen[str]]:
             proc.wait()
 
 
-def cpu_seconds(pid: int, *, children: bool = False) -> float:
+def printed(pattern: str, proc: subprocess.Popen[str], timeout: float = 20) -> bool:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, proc.stdout.readline()):
+            return True
+    return False
+
+
+def listening(port: int, proc: subprocess.Popen[str], timeout: float = 20) -> bool:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def cpu_seconds(pid: int, *, with_children: bool = False) -> float:
     """User + system CPU of a process (and of its live child processes)."""
-    pids = [pid]
-    if children:
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, IndexError):
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    pids.append(int(stat.parent.name))
     total = 0.0
-    for p in pids:
+    for p in [pid, *(children(pid) if with_children else [])]:
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -184,74 +210,92 @@ async def throughput_run(url: str, streams: int, n: int) -> float:
     return sum(counts) / elapsed
 
 
+@dataclass
+class Variant:
+    url: str
+    pid: int | None = None  # the forwarding process, for its CPU
+    db: Path | None = None  # its event log, written by a child process (its log writer)
+
+
+def start_variants(stack: contextlib.ExitStack, tmp: Path, upstream: str) -> dict[str, Variant]:
+    """Every path to the upstream, each proxy in its own process."""
+    python = sys.executable
+    bench = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
+    variants = {"direct": Variant(upstream)}
+
+    def start(name: str, args: list[str], ready: str | int, port: int, db: Path | None = None) -> int:
+        pid = stack.enter_context(process(args, ready)).pid
+        variants[name] = Variant(f"http://127.0.0.1:{port}", pid, db)
+        return pid
+
+    port = free_port()
+    start(
+        "bare aiohttp pass-through",
+        [python, "-c", bench.format("passthrough_main"), str(port), upstream],
+        "ready",
+        port,
+    )
+    port, db = free_port(), tmp / "record.db"
+    args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
+    start("tasktape record", [python, "-m", "tasktape", *args], "listening on", port, db)
+    if importlib.util.find_spec("mitmproxy") is None:
+        return variants
+    mitmdump = str(Path(python).with_name("mitmdump"))
+
+    def mode(port: int) -> list[str]:
+        return ["--mode", f"reverse:{upstream}@{port}", "-q", "--set", f"confdir={tmp / 'mitmproxy'}"]
+
+    port = free_port()
+    start("mitmdump, streaming", [mitmdump, *mode(port), "--set", "stream_large_bodies=1"], port, port)
+    port, tee = free_port(), Path(__file__).with_name("mitm_naive_tee.py")
+    args = [mitmdump, "-s", str(tee), "--set", f"naive_tee_db={tmp / 'naive.db'}", *mode(port)]
+    start("mitmdump, streaming + naive SQLite tee", args, port, port)
+    port, db = free_port(), tmp / "mitm.db"
+    command = start(
+        "tasktape mitm",
+        [python, "-m", "tasktape", "mitm", "--db", str(db), "--", *mode(port)],
+        port,
+        port,
+        db,
+    )
+    (variants["tasktape mitm"].pid,) = children(command)  # mitmdump itself, under the command
+    return variants
+
+
 def run(quick: bool) -> list[Section]:
     n_latency, streams, n_events = (200, 10, 500) if quick else (500, 50, 2000)
     up_port = free_port()
-    python = sys.executable
-    bench = "import sys; from benchmarks.proxy_bench import {}; {}(*sys.argv[1:])"
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        process([python, "-c", bench.format("upstream_main", "upstream_main"), str(up_port)], "ready"),
-    ):
-        upstream = f"http://127.0.0.1:{up_port}"
-        pass_port, rec_port = free_port(), free_port()
-        variants = {"direct": (None, upstream)}
-        results: dict[str, dict[str, float]] = {}
-        with (
-            process(
-                [
-                    python,
-                    "-c",
-                    bench.format("passthrough_main", "passthrough_main"),
-                    str(pass_port),
-                    upstream,
-                ],
-                "ready",
-            ) as passthrough,
-            process(
-                [
-                    python,
-                    "-m",
-                    "tasktape",
-                    "record",
-                    "--upstream",
-                    upstream,
-                    "--listen",
-                    f"127.0.0.1:{rec_port}",
-                    "--db",
-                    str(Path(tmp) / "bench.db"),
-                    "--quiet",
-                ],
-                "listening on",
-            ) as recorder,
-        ):
-            variants["bare aiohttp pass-through"] = (passthrough, f"http://127.0.0.1:{pass_port}")
-            variants["tasktape record"] = (recorder, f"http://127.0.0.1:{rec_port}")
-            db = Path(tmp) / "bench.db"
-            samples: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
-            for name, (_, url) in variants.items():
-                asyncio.run(latency_run(url, 20))  # warm up connections and code paths
-                latencies, first = asyncio.run(latency_run(url, n_latency))
-                samples[name] |= {"latency": latencies, "first": [first]}
-            logged = 20 + n_latency
-            logged_events(db, logged)
-            # Rounds interleave the variants, so a slow spell of the machine hits them all.
-            for _ in range(RUNS):
-                for name, (proc, url) in variants.items():
-                    cpu0 = cpu_seconds(proc.pid) if proc else 0.0
-                    all0 = cpu_seconds(proc.pid, children=True) if proc else 0.0
-                    start = time.perf_counter()
-                    rate = asyncio.run(throughput_run(url, streams, n_events))
-                    sample = {"rate": rate}
-                    if proc:
-                        sample["cpu"] = cpu_seconds(proc.pid) - cpu0
-                    if name == "tasktape record":
-                        # Forwarding may run ahead of the log: also time the log catching up.
-                        logged += streams * n_events
-                        sample["recorded"] = streams * n_events / (logged_events(db, logged) - start)
-                        sample["writer_cpu"] = cpu_seconds(proc.pid, children=True) - all0 - sample["cpu"]
-                    for key, value in sample.items():
-                        samples[name].setdefault(key, []).append(value)
+    bench = "import sys; from benchmarks.proxy_bench import upstream_main; upstream_main(*sys.argv[1:])"
+    results: dict[str, dict[str, float]] = {}
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        stack.enter_context(process([sys.executable, "-c", bench, str(up_port)], "ready"))
+        variants = start_variants(stack, tmp, f"http://127.0.0.1:{up_port}")
+        samples: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
+        for name, v in variants.items():
+            asyncio.run(latency_run(v.url, 20))  # warm up connections and code paths
+            latencies, first = asyncio.run(latency_run(v.url, n_latency))
+            samples[name] |= {"latency": latencies, "first": [first]}
+        logged = {name: 20 + n_latency for name, v in variants.items() if v.db}
+        for name, count in logged.items():
+            logged_events(variants[name].db, count)  # type: ignore[arg-type]
+        # Rounds interleave the variants, so a slow spell of the machine hits them all.
+        for _ in range(RUNS):
+            for name, v in variants.items():
+                cpu0 = cpu_seconds(v.pid) if v.pid else 0.0
+                all0 = cpu_seconds(v.pid, with_children=True) if v.pid else 0.0
+                start = time.perf_counter()
+                rate = asyncio.run(throughput_run(v.url, streams, n_events))
+                sample = {"rate": rate}
+                if v.pid:
+                    sample["cpu"] = cpu_seconds(v.pid) - cpu0
+                if v.db and v.pid:
+                    # Forwarding may run ahead of the log: also time the log catching up.
+                    logged[name] += streams * n_events
+                    sample["recorded"] = streams * n_events / (logged_events(v.db, logged[name]) - start)
+                    sample["writer_cpu"] = cpu_seconds(v.pid, with_children=True) - all0 - sample["cpu"]
+                for key, value in sample.items():
+                    samples[name].setdefault(key, []).append(value)
         for name, sample in samples.items():
             p50, p99, _ = percentiles(sample["latency"])
             median = {key: statistics.median(values) for key, values in sample.items() if key != "latency"}
@@ -295,5 +339,22 @@ def run(quick: bool) -> list[Section]:
         f"Medians of {RUNS} runs. events/s is what the clients received; CPU seconds are per run (the "
         "log writer is tasktape's child process, at a lower priority); the last column counts until "
         "every event is committed to the log."
+    )
+    if "tasktape mitm" not in results:
+        rate.notes.append(
+            "mitmproxy is not installed, so its rows are left out: pip install 'tasktape[mitm]'."
+        )
+        return [latency, rate]
+    mitm, plain = results["tasktape mitm"], results["mitmdump, streaming"]
+    naive = results["mitmdump, streaming + naive SQLite tee"]
+    latency.notes.append(
+        f"Added p50 latency of tasktape mitm over streaming mitmdump: {mitm['p50'] - plain['p50']:.3f} ms; "
+        f"of the naive SQLite tee: {naive['p50'] - plain['p50']:.3f} ms."
+    )
+    rate.notes.append(
+        f"Against streaming mitmdump (`--set stream_large_bodies=1`), tasktape mitm forwards "
+        f"{mitm['rate'] / plain['rate']:.2f}x its events/s with {mitm['cpu'] / plain['cpu']:.2f}x its CPU in "
+        f"mitmdump's process; a naive tee committing each chunk to SQLite on mitmproxy's event loop, "
+        f"{naive['rate'] / plain['rate']:.2f}x with {naive['cpu'] / plain['cpu']:.2f}x."
     )
     return [latency, rate]

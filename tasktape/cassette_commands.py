@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
 from eventlog import EventLog, LogError, LogWriter
 from eventlog.cassette import CassetteError, cassette_lines, load_into, read_cassette
 from eventlog.recorded import from_log
+
+from .mitm_command import INSTALL_HINT, mitmproxy_missing
 
 
 @click.command("export")
@@ -74,9 +79,16 @@ def export(
     help="The event log to add them to (created if needed).",
 )
 def import_(files: tuple[Path, ...], db: Path) -> None:
-    """Read cassettes into an event log (each file becomes one capture)."""
+    """Read cassettes, or mitmproxy flow files (`mitmdump -w`), into an event log (each
+    file becomes one capture).
+
+    A flow file is told by its content, whatever its name. Event streams that mitmproxy
+    buffered whole keep their events but not their pace: every chunk and event gets the
+    offset of the response's end, and the exchange's `error` says so.
+    """
     try:
-        loaded = [(f, read_cassette(f)) for f in files]  # all valid before anything is written
+        # Every file is read and checked before anything is written.
+        loaded = [(f, _read_flows(f) if is_flow_file(f) else read_cassette(f)) for f in files]
     except CassetteError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -84,12 +96,51 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
     with writer:
-        for path, recorded in loaded:
+        for path, content in loaded:
+            if isinstance(content, _Flows):
+                _import_flows(writer, path, content, db)
+                continue
             capture = writer.begin_capture(source="import", upstream=None, argv=[str(path)])
-            load_into(writer, recorded, capture)
+            load_into(writer, content, capture)
             writer.end_capture(capture)
-            click.echo(f"tasktape import: {len(recorded)} exchanges from {path} -> {db}")
+            click.echo(f"tasktape import: {len(content)} exchanges from {path} -> {db}")
     if writer.stats.rows_lost:
         raise click.ClickException(
             f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
         )
+
+
+def is_flow_file(path: Path) -> bool:
+    """A mitmproxy flow file: a series of tnetstrings, each starting with its length and a colon."""
+    with path.open("rb") as f:
+        return re.match(rb"\d{1,12}:", f.read(13)) is not None
+
+
+@dataclass
+class _Flows:
+    flows: list[Any]  # mitmproxy HTTPFlows
+    others: int  # TCP, UDP and DNS flows, which have no place in the log
+
+
+def _read_flows(path: Path) -> _Flows:
+    if mitmproxy_missing():
+        raise click.ClickException(f"{path} is a mitmproxy flow file, and {INSTALL_HINT}")
+    from proxy.mitm_flows import FlowFileError, read_flow_file  # noqa: PLC0415 - mitmproxy is optional
+
+    try:
+        return _Flows(*read_flow_file(path))
+    except FlowFileError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path) -> None:
+    from proxy.mitm_flows import record_saved_flow  # noqa: PLC0415 - see _read_flows
+
+    capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path)])
+    untimed = sum(record_saved_flow(writer, capture, flow) for flow in content.flows)
+    writer.end_capture(capture)
+    notes = [f"{untimed} event streams without per-event timing"] if untimed else []
+    if content.others:
+        notes.append(f"{content.others} non-HTTP flows skipped")
+    extra = f" ({'; '.join(notes)})" if notes else ""
+    click.echo(f"tasktape import: {len(content.flows)} exchanges from {path} -> {db}{extra}")

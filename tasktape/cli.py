@@ -11,6 +11,7 @@ from .cassette_commands import export, import_
 from .check_command import check
 from .demo import demo
 from .inspect_command import inspect
+from .mitm_command import mitm
 from .record import record
 from .replay_command import replay
 
@@ -29,3 +30,4 @@ main.add_command(replay)
 main.add_command(export)
 main.add_command(import_)
 main.add_command(check)
+main.add_command(mitm)

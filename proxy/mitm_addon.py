@@ -1,0 +1,218 @@
+"""A mitmproxy addon recording every flow into a tasktape event log, as ``tasktape record``
+does: ``mitmdump -s proxy/mitm_addon.py --set tasktape_db=captures.db [--mode ...]``.
+
+Event streams (``text/event-stream``) are streamed through, not buffered as mitmproxy
+would, and each chunk is handed to the log with its offset on the way; other responses
+are recorded whole. The writer is a ``ProcessLogWriter``: decoding, classification,
+redaction and SQLite run in a child process, never on mitmproxy's event loop.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
+from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
+
+from eventlog import LogError, ProcessLogWriter
+from eventlog.redact import Redactor, parse_pointer
+from proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
+
+logger = logging.getLogger("tasktape")
+
+# Options that take a new writer when they change.
+_WRITER_OPTIONS = {
+    "tasktape_db",
+    "tasktape_redact_headers",
+    "tasktape_redact_json",
+    "tasktape_max_body",
+    "tasktape_max_log_size",
+}
+
+
+class TasktapeRecorder:
+    """Records each HTTP flow as an exchange: request, response head, chunks with their
+    offsets (streamed for event streams), and how it ended."""
+
+    def __init__(self) -> None:
+        self.writer: ProcessLogWriter | None = None
+        self.capture_id = 0
+        self.flows: dict[str, InFlight] = {}
+        self._hosts: tuple[str, ...] = ()
+        self._paths: tuple[str, ...] = ()
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "tasktape_db", str | None, None, "Record every flow into this tasktape event log (SQLite)."
+        )
+        loader.add_option(
+            "tasktape_redact_headers",
+            Sequence[str],
+            [],
+            "Also redact this header in the log. Authorization, Proxy-Authorization, Cookie, "
+            "Set-Cookie, X-Api-Key and Api-Key always are.",
+        )
+        loader.add_option(
+            "tasktape_redact_json",
+            Sequence[str],
+            [],
+            "Redact this JSON field in request bodies, response bodies and events in the log: a JSON "
+            "pointer, '*' matching any key or index, e.g. /params/message/metadata/apiKey.",
+        )
+        loader.add_option(
+            "tasktape_hosts",
+            Sequence[str],
+            [],
+            "Record only requests to these hosts (glob patterns such as *.example.com; default: all).",
+        )
+        loader.add_option(
+            "tasktape_paths",
+            Sequence[str],
+            [],
+            "Record only requests whose path matches one of these glob patterns, query excluded "
+            "(such as /message:* or /v1/*; default: all).",
+        )
+        loader.add_option(
+            "tasktape_max_body",
+            int,
+            16 * 1024 * 1024,
+            "Keep at most this many bytes of a request body or of a response that is not an event stream.",
+        )
+        loader.add_option(
+            "tasktape_max_log_size",
+            int | None,
+            None,
+            "Stop writing the log at this size in bytes; traffic keeps flowing, lost rows are reported.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        options = ctx.options
+        if "tasktape_hosts" in updated:
+            self._hosts = tuple(p.lower() for p in options.tasktape_hosts)
+        if "tasktape_paths" in updated:
+            self._paths = tuple(options.tasktape_paths)
+        if not updated & _WRITER_OPTIONS:
+            return
+        for pointer in options.tasktape_redact_json:
+            try:
+                parse_pointer(pointer)
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"tasktape_redact_json: {exc}") from None
+        if options.tasktape_max_body < 0:
+            raise exceptions.OptionsError("tasktape_max_body: must be 0 or more")
+        self._close()
+        if options.tasktape_db:
+            self._open(options.tasktape_db)
+        else:
+            logger.warning("tasktape: tasktape_db is not set, so nothing is recorded")
+
+    def _open(self, db: str) -> None:
+        options = ctx.options
+        redactor = Redactor(
+            headers=options.tasktape_redact_headers, json_pointers=options.tasktape_redact_json
+        )
+        try:
+            self.writer = ProcessLogWriter(
+                db,
+                redactor=redactor,
+                max_body=options.tasktape_max_body,
+                max_bytes=options.tasktape_max_log_size,
+            )
+        except LogError as exc:
+            raise exceptions.OptionsError(f"tasktape_db: {exc}") from None
+        modes = [ProxyMode.parse(m) for m in options.mode]
+        upstream = modes[0].data if len(modes) == 1 and isinstance(modes[0], ReverseMode) else None
+        self.capture_id = self.writer.begin_capture(source="mitm", upstream=upstream, argv=sys.argv)
+        logger.info(f"tasktape: recording into {db}")
+
+    def _close(
+        self, outcome: str = "log_closed", error: str = "the log was closed during the exchange"
+    ) -> None:
+        """End the exchanges in flight, then close the log (committing everything)."""
+        writer, self.writer = self.writer, None
+        flows, self.flows = self.flows, {}
+        if writer is None:
+            return
+        for state in flows.values():
+            if state.exchange:
+                state.end(writer, outcome=outcome, error=error)
+            state.ended = True
+        writer.end_capture(self.capture_id)
+        writer.close()
+        stats = writer.stats
+        if stats.rows_lost:
+            logger.error(
+                f"tasktape: {stats.rows_lost} rows could not be written to {writer.path} "
+                f"({stats.failed_batches} failed batches; last error: {stats.last_error})"
+            )
+
+    def done(self) -> None:
+        self._close("proxy_stopped", "mitmproxy stopped during the exchange")
+
+    def _wanted(self, request: http.Request) -> bool:
+        if self._hosts and not any(fnmatch.fnmatchcase(request.pretty_host.lower(), p) for p in self._hosts):
+            return False
+        path = request.path.partition("?")[0]
+        return not self._paths or any(fnmatch.fnmatchcase(path, p) for p in self._paths)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if self.writer is None or not self._wanted(flow.request):
+            return
+        state = self.flows[flow.id] = InFlight(time.perf_counter_ns())
+        stream = flow.request.stream  # switched on by stream_large_bodies: keep what passes
+        if stream:
+            inner = stream if callable(stream) else None
+            flow.request.stream = state.tee_request(inner, ctx.options.tasktape_max_body)
+
+    def _begun(self, flow: http.HTTPFlow) -> InFlight | None:
+        """The flow's state, its exchange begun (with the request as it stands)."""
+        state = self.flows.get(flow.id)
+        if state is not None and not state.exchange:
+            assert self.writer is not None
+            fields = request_fields(flow.request, ctx.options.tasktape_max_body)
+            state.exchange = self.writer.begin_exchange(self.capture_id, **fields)
+        return state
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        self._begun(flow)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state = self._begun(flow)
+        if state is None:
+            return
+        assert self.writer is not None and flow.response is not None
+        head = head_fields(flow.response)
+        self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
+        # mitmproxy buffers a body whole unless it streams: live event streams are switched
+        # to streaming; a body streamed anyway (stream_large_bodies) is teed the same way.
+        # (A flow read from a file, `mitmdump -r`, has its body already: recorded whole.)
+        stream = flow.response.stream
+        if flow.live and (head["is_sse"] or stream):
+            flow.response.stream = state.tee_response(self.writer, stream if callable(stream) else None)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        state = self.flows.pop(flow.id, None)
+        if state is None:
+            return
+        assert self.writer is not None and flow.response is not None
+        body = flow.response.raw_content
+        if not state.streamed and body:
+            self.writer.chunk(state.exchange, state.offset(), body)
+        state.end(self.writer)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = self._begun(flow)
+        if state is None:
+            return
+        del self.flows[flow.id]
+        assert self.writer is not None
+        outcome, error = record_failure(self.writer, state.exchange, flow, state.offset())
+        state.end(self.writer, outcome=outcome, error=error)
+
+
+addons = [TasktapeRecorder()]

@@ -1,0 +1,186 @@
+"""mitmproxy flows as event-log exchanges: what the mitmproxy addon and the flow-file
+import both record of a flow. Needs mitmproxy (the ``mitm`` extra); only the addon and
+``tasktape import`` of a flow file import this module."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import exceptions, http, io
+from mitmproxy.connection import ConnectionState
+from mitmproxy.flow import Error
+
+from eventlog import LogProducer
+
+# What mitmproxy says when the client side went away (HTTP/1; HTTP/2 and 3).
+_CLIENT_GONE = ("Client disconnected.", "stream reset by client")
+
+# The note on an SSE exchange whose body mitmproxy buffered whole before saving it.
+UNTIMED = (
+    "timing unknown: imported from a mitmproxy flow file, where the event stream was buffered "
+    "whole; every chunk and event has the offset of the response's end"
+)
+NOT_KEPT = "the body was streamed through mitmproxy and is not in the flow file"
+
+StreamCallable = Callable[[bytes], "bytes | Iterable[bytes]"]
+
+
+class FlowFileError(Exception):
+    """A flow file that mitmproxy cannot read."""
+
+
+def is_event_stream(response: http.Response) -> bool:
+    """``Content-Type: text/event-stream`` with any parameters, as ``tasktape record`` decides."""
+    return response.headers.get("content-type", "").split(";")[0].strip().lower() == "text/event-stream"
+
+
+def request_fields(request: http.Request, max_body: int) -> dict[str, Any]:
+    """``begin_exchange`` arguments for a request (with its body when it was buffered)."""
+    path, _, query = request.path.partition("?")
+    body = request.raw_content
+    return {
+        "method": request.method,
+        "path": path or "/",
+        "query": query or None,
+        "request_headers": list(request.headers.items(multi=True)),
+        "request_body": None if body is None else body[:max_body],
+        "request_body_truncated": body is not None and len(body) > max_body,
+        "started_ns": round(request.timestamp_start * 1e9),
+    }
+
+
+def head_fields(response: http.Response) -> dict[str, Any]:
+    """``response_head`` arguments, except the time to first byte."""
+    return {
+        "status": response.status_code,
+        "headers": list(response.headers.items(multi=True)),
+        "is_sse": is_event_stream(response),
+        "content_encoding": response.headers.get("content-encoding"),
+    }
+
+
+def ending(flow: http.HTTPFlow) -> tuple[str, str]:
+    """The outcome and error of a flow that mitmproxy ended with an error, named as
+    ``tasktape record`` names them."""
+    assert flow.error is not None
+    message = flow.error.msg
+    if message == Error.KILLED_MESSAGE:
+        return "killed", "killed in mitmproxy (by an addon or by hand)"
+    # A live flow also tells by its connections: the client stopped reading first.
+    client_gone = message.startswith(_CLIENT_GONE) or (
+        not flow.client_conn.state & ConnectionState.CAN_READ
+        and bool(flow.server_conn.state & ConnectionState.CAN_READ)
+    )
+    if client_gone:
+        return "client_disconnected", f"the client went away mid-exchange: {message}"
+    if flow.response is None:
+        return "upstream_error", f"the upstream failed before answering: {message}"
+    return "upstream_disconnected", f"the upstream dropped mid-response: {message}"
+
+
+def record_failure(
+    writer: LogProducer, exchange: int, flow: http.HTTPFlow, offset_ns: int
+) -> tuple[str, str]:
+    """The outcome and error to end an exchange with that mitmproxy ended with an error.
+    When the upstream failed before answering, the client got mitmproxy's 502: that is
+    recorded as the answer, as ``tasktape record`` records its own 502."""
+    outcome, error = ending(flow)
+    if outcome == "upstream_error":
+        writer.response_head(exchange, status=502, headers=None, is_sse=False, ttfb_ns=offset_ns)
+    return outcome, error
+
+
+@dataclass
+class InFlight:
+    """A live flow being recorded: its exchange once begun, the clock its offsets count
+    from (the request headers' arrival), and what was kept of a streamed request body."""
+
+    t0: int
+    exchange: int = 0  # ids start at 1: 0 until the exchange is begun
+    streamed: bool = False
+    ended: bool = False  # no more rows: the exchange ended, or the log was closed under it
+    body: bytearray | None = None
+    body_truncated: bool = False
+
+    def offset(self) -> int:
+        return time.perf_counter_ns() - self.t0
+
+    def tee_request(self, inner: StreamCallable | None, cap: int) -> StreamCallable:
+        """A ``request.stream`` callable keeping the body's first ``cap`` bytes for the log."""
+        kept = self.body = bytearray()
+
+        def tee(data: bytes) -> bytes | Iterable[bytes]:
+            room = cap - len(kept)
+            if len(data) > room:
+                self.body_truncated = True
+            kept.extend(data[: max(room, 0)])
+            return data if inner is None else inner(data)
+
+        return tee
+
+    def tee_response(self, writer: LogProducer, inner: StreamCallable | None) -> StreamCallable:
+        """A ``response.stream`` callable handing each chunk, as received, to the log
+        (one queue append: the writer does the rest on its own threads)."""
+        chunk, clock, t0 = writer.chunk, time.perf_counter_ns, self.t0
+        self.streamed = True
+
+        def tee(data: bytes) -> bytes | Iterable[bytes]:
+            if data and not self.ended:
+                chunk(self.exchange, clock() - t0, data)
+            return data if inner is None else inner(data)
+
+        return tee
+
+    def end(self, writer: LogProducer, *, outcome: str = "complete", error: str | None = None) -> None:
+        self.ended = True
+        if self.body is not None:
+            writer.late_request_body(self.exchange, bytes(self.body), truncated=self.body_truncated)
+        writer.end_exchange(self.exchange, duration_ns=self.offset(), outcome=outcome, error=error)
+
+
+def read_flow_file(path: Path) -> tuple[list[http.HTTPFlow], int]:
+    """The HTTP flows of a mitmproxy flow file, and how many other flows (TCP, UDP, DNS) it holds."""
+    try:
+        with path.open("rb") as f:
+            flows = list(io.FlowReader(f).stream())
+    except exceptions.FlowReadException as exc:
+        raise FlowFileError(f"{path}: not a readable mitmproxy flow file ({exc})") from None
+    kept = [f for f in flows if isinstance(f, http.HTTPFlow)]
+    return kept, len(flows) - len(kept)
+
+
+def record_saved_flow(
+    writer: LogProducer, capture_id: int, flow: http.HTTPFlow, max_body: int = 16 * 1024 * 1024
+) -> bool:
+    """Write one saved flow as an exchange; True when it is an event stream whose
+    per-event timing is unknown (mitmproxy buffered it whole)."""
+    request, response = flow.request, flow.response
+    start = request.timestamp_start
+
+    def offset(moment: float | None) -> int:
+        return max(0, round(((moment or start) - start) * 1e9))
+
+    exchange = writer.begin_exchange(capture_id, **request_fields(request, max_body))
+    note, untimed = None, False
+    if response is not None:
+        head = head_fields(response)
+        writer.response_head(exchange, **head, ttfb_ns=offset(response.timestamp_start))
+        body = response.raw_content
+        if body:
+            writer.chunk(exchange, offset(response.timestamp_end), body)
+            untimed = head["is_sse"]
+            note = UNTIMED if untimed else None
+        elif body is None:
+            note = NOT_KEPT
+    if flow.error is not None:
+        duration = offset(flow.error.timestamp)
+        outcome, note = record_failure(writer, exchange, flow, duration)
+    else:
+        duration = offset(response.timestamp_end if response is not None else request.timestamp_end)
+        outcome = "complete"
+    writer.end_exchange(exchange, duration_ns=duration, outcome=outcome, error=note)
+    return untimed

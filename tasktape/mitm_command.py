@@ -1,0 +1,81 @@
+"""``tasktape mitm``: mitmdump with the tasktape addon loaded, from the command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+
+import click
+
+import proxy
+
+from .redaction_options import redaction_options
+
+# mitmdump from this Python environment, where the addon's imports (eventlog) resolve.
+_MITMDUMP = (
+    "import sys; from mitmproxy.tools.main import mitmdump; sys.argv[0] = 'mitmdump'; sys.exit(mitmdump())"
+)
+INSTALL_HINT = "mitmproxy is not installed here: pip install 'tasktape[mitm]'"
+
+
+def addon_path() -> Path:
+    """The addon script, for ``mitmdump -s``."""
+    return Path(proxy.__file__).resolve().with_name("mitm_addon.py")
+
+
+def mitmproxy_missing() -> bool:
+    return importlib.util.find_spec("mitmproxy") is None
+
+
+@click.command()
+@click.option(
+    "--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="The event log."
+)
+@redaction_options()
+@click.argument("mitmdump_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MITMDUMP-ARGS...]")
+def mitm(
+    db: str, redact_header: tuple[str, ...], redact_json: tuple[str, ...], mitmdump_args: tuple[str, ...]
+) -> None:
+    """Run mitmdump with the tasktape addon: every flow it handles is recorded into the log.
+
+    For clients that cannot be pointed at `tasktape record` (a fixed host, HTTPS): use
+    mitmproxy as they already do. Event streams are streamed through and teed chunk by
+    chunk; everything else is recorded whole; redaction and outcomes are those of
+    `tasktape record`. Everything after `--` goes to mitmdump as it is, e.g.
+    `tasktape mitm --db captures.db -- --mode reverse:http://127.0.0.1:7473 -p 7470`, or
+    `-- -p 8080` for an explicit HTTP(S) proxy. The addon's own options
+    (`--set tasktape_hosts=...`, `tasktape_paths`, ...) can be passed there too.
+
+    Ctrl-C or SIGTERM is passed on to mitmdump, which flushes the log and stops; the exit
+    status is mitmdump's.
+    """
+    if mitmproxy_missing():
+        raise click.ClickException(INSTALL_HINT)
+    sets = [f"tasktape_db={db}"]
+    sets += [f"tasktape_redact_headers={name}" for name in redact_header]
+    sets += [f"tasktape_redact_json={pointer}" for pointer in redact_json]
+    args = [sys.executable, "-c", _MITMDUMP, "-s", str(addon_path())]
+    for setting in sets:
+        args += ["--set", setting]
+    sys.exit(run_forwarding_signals([*args, *mitmdump_args]))
+
+
+def run_forwarding_signals(args: list[str]) -> int:
+    """Run a child to its end, passing SIGINT and SIGTERM on; its exit status (128 + the
+    signal's number when a signal ended it, as shells report it)."""
+    child = subprocess.Popen(args)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - status if status < 0 else status

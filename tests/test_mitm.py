@@ -1,0 +1,557 @@
+"""Capture with mitmproxy: real mitmdump processes running the tasktape addon, in front of
+the demo agent and the official a2a-sdk agent, as a reverse proxy and as an explicit HTTP
+proxy. What they record matches what ``tasktape record`` records of the same traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import RecordFactory, Recording
+from mitmproxy import exceptions, optmanager
+from mitmproxy.connection import ConnectionState
+from mitmproxy.test import taddons, tflow
+from sdk_agent import SdkAgent, free_port, run_sdk_agent
+from sdk_client import stream_message
+
+from eventlog import EventLog
+from proxy.mitm_addon import TasktapeRecorder
+from proxy.mitm_flows import ending
+from tasktape.mitm_command import addon_path
+
+MITMDUMP = str(Path(sys.executable).with_name("mitmdump"))
+SECRET = "sk-mitm-secret-27182818"
+EVENT_FIELDS = ("kind", "state", "artifact_type", "append", "last_chunk", "text", "event_type", "complete")
+BINDINGS = ["rest", "jsonrpc"]
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    process: subprocess.Popen[bytes]
+    output: Path
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"{self.process.args} did not stop:\n{self.output.read_text()}") from None
+
+
+def wait_listening(proc: Proc, ports: list[int], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    for port in ports:
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.process.poll() is not None or time.monotonic() > deadline:
+                proc.stop()
+                raise AssertionError(f"{proc.process.args} did not start:\n{proc.output.read_text()}")
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running(args: list[str], ports: list[int], output: Path) -> Iterator[Proc]:
+    """A process started, listening on ``ports``, and stopped (SIGINT) on exit."""
+    with output.open("wb") as out:
+        proc = Proc(
+            subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL), output
+        )
+    try:
+        wait_listening(proc, ports)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def mitmdump_args(confdir: Path, *modes: str) -> list[str]:
+    """mitmdump options for a test: its CA in ``confdir``, not ~/.mitmproxy; quiet."""
+    args = ["--set", f"confdir={confdir}", "--set", "termlog_verbosity=warn", "--set", "flow_detail=0"]
+    for mode in modes:
+        args += ["--mode", mode]
+    return args
+
+
+# -- reading the logs -----------------------------------------------------------------------
+
+
+def digest(log: EventLog, x: dict[str, Any]) -> tuple[Any, ...]:
+    """An exchange as both recorders must agree on it: everything but ids, times and bytes
+    that differ per run."""
+    events = tuple(tuple(e[f] for f in EVENT_FIELDS) for e in log.events(x["id"]))
+    return (
+        x["method"],
+        x["path"],
+        x["status"],
+        x["is_sse"],
+        x["binding"],
+        x["rpc_method"],
+        x["outcome"],
+        events,
+    )
+
+
+def wait_for_exchanges(db: Path, after: int, count: int, timeout: float = 10) -> list[dict[str, Any]]:
+    """The first ``count`` exchanges with ids above ``after``, once all of them have ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if db.exists():
+            with EventLog(db) as log:
+                rows = [x for x in log.exchanges() if x["id"] > after][:count]
+            if len(rows) == count and all(x["outcome"] for x in rows):
+                return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{db}: expected {count} ended exchanges after #{after}")
+        time.sleep(0.05)
+
+
+def last_id(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with EventLog(db) as log:
+        return max((x["id"] for x in log.exchanges()), default=0)
+
+
+def digests(db: Path, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    with EventLog(db) as log:
+        return [digest(log, x) for x in rows]
+
+
+async def recorded_by_tasktape_record(rec: Recording) -> list[tuple[Any, ...]]:
+    with await rec.log() as log:
+        return [digest(log, x) for x in log.exchanges()]
+
+
+# -- the shared processes -------------------------------------------------------------------
+
+
+@dataclass
+class Mitm:
+    """One ``tasktape mitm`` process for the module, with four listeners."""
+
+    db: Path
+    demo: str  # reverse proxy to the demo agent
+    sdk: str  # reverse proxy to the a2a-sdk agent
+    forward: str  # an explicit HTTP proxy
+    dead: str  # reverse proxy to a port nobody listens on
+    demo_agent: str
+    sdk_agent: str
+
+
+@pytest.fixture(scope="module")
+def demo_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    args = [sys.executable, "-m", "tasktape", "agent", "--listen", f"127.0.0.1:{port}", "--pace", "0.05"]
+    with running(args, [port], tmp_path_factory.mktemp("agent") / "out.txt"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def mitm(tmp_path_factory: pytest.TempPathFactory, demo_agent: str) -> Iterator[Mitm]:
+    tmp = tmp_path_factory.mktemp("mitm")
+    demo, sdk, forward, dead = (free_port() for _ in range(4))
+    # The SDK client dials the URLs the card lists: this agent lists the reverse proxy.
+    with run_sdk_agent(public_url=f"http://127.0.0.1:{sdk}") as sdk_agent:
+        args = [
+            *(sys.executable, "-m", "tasktape", "mitm", "--db", str(tmp / "mitm.db")),
+            *("--redact-header", "X-Tenant-Secret"),
+            *(
+                "--redact-json",
+                "/message/metadata/apiKey",
+                "--redact-json",
+                "/task/history/*/metadata/apiKey",
+            ),
+            "--",
+            *mitmdump_args(
+                tmp / "conf",
+                f"reverse:{demo_agent}@{demo}",
+                f"reverse:{sdk_agent.url}@{sdk}",
+                f"regular@{forward}",
+                f"reverse:http://127.0.0.1:{free_port()}@{dead}",
+            ),
+            # The demo agent's card lists the Host it was asked at: the proxy's.
+            *("--set", "keep_host_header=true"),
+            # Connect upstream once a request came (by default a reverse proxy connects as the
+            # client does, and drops the client, with no request read, if it cannot).
+            *("--set", "connection_strategy=lazy"),
+        ]
+        with running(args, [demo, sdk, forward, dead], tmp / "out.txt"):
+            yield Mitm(
+                tmp / "mitm.db",
+                *(f"http://127.0.0.1:{p}" for p in (demo, sdk, forward, dead)),
+                demo_agent,
+                sdk_agent.url,
+            )
+
+
+@pytest.fixture(scope="module")
+def sdk_agent_alone() -> Iterator[SdkAgent]:
+    """An a2a-sdk agent listing its own address, for ``tasktape record`` to rewrite."""
+    with run_sdk_agent() as agent:
+        yield agent
+
+
+# -- the same traffic through both recorders ------------------------------------------------
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+@pytest.mark.parametrize("agent", ["demo", "sdk"])
+async def test_reverse_mode_records_what_tasktape_record_does(
+    mitm: Mitm, sdk_agent_alone: SdkAgent, record: RecordFactory, agent: str, binding: str
+) -> None:
+    before = last_id(mitm.db)
+    via_mitm = await stream_message(mitm.demo if agent == "demo" else mitm.sdk, "hello there", binding)
+    rec = await record(mitm.demo_agent if agent == "demo" else sdk_agent_alone.url)
+    via_record = await stream_message(rec.url, "hello there", binding)
+    assert len(via_mitm) == len(via_record) > 5
+    expected = await recorded_by_tasktape_record(rec)
+    assert len(expected) == 2 and expected[0][:2] == ("GET", "/.well-known/agent-card.json")
+    got = digests(mitm.db, wait_for_exchanges(mitm.db, before, len(expected)))
+    assert got == expected
+    stream = got[1]
+    assert stream[3:7] == (1, binding, "SendStreamingMessage", "complete")
+    assert [e[1] for e in stream[7] if e[1]][-1] == "TASK_STATE_COMPLETED"
+
+
+async def test_forward_proxy_mode_records_what_tasktape_record_does(
+    mitm: Mitm, record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = await record(mitm.demo_agent)
+    await stream_message(rec.url, "forward me", "rest")
+    expected = await recorded_by_tasktape_record(rec)
+    before = last_id(mitm.db)
+    # The SDK client's httpx uses the proxy the environment names, as most clients do.
+    monkeypatch.setenv("HTTP_PROXY", mitm.forward)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    events = await stream_message(mitm.demo_agent, "forward me", "rest")
+    assert [next(iter(e)) for e in events][:2] == ["task", "statusUpdate"]
+    rows = wait_for_exchanges(mitm.db, before, len(expected))
+    assert digests(mitm.db, rows) == expected
+    host = dict(json.loads(rows[1]["request_headers"]))["Host"]
+    assert f"http://{host}" == mitm.demo_agent  # the agent was asked directly, through the proxy
+
+
+# -- secrets, disconnects, failures ---------------------------------------------------------
+
+
+async def test_secrets_appear_nowhere_in_the_log_files(mitm: Mitm) -> None:
+    before = last_id(mitm.db)
+    headers = {
+        "Authorization": f"Bearer {SECRET}",
+        "Cookie": f"s={SECRET}",
+        "X-Api-Key": SECRET,
+        "X-Tenant-Secret": SECRET,
+        "A2A-Version": "1.0",
+    }
+    message = {
+        "messageId": "m1",
+        "role": "ROLE_USER",
+        "parts": [{"text": "hi"}],
+        "metadata": {"apiKey": SECRET},
+    }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{mitm.demo}/message:stream", json={"message": message}, headers=headers) as r,
+    ):
+        received = await r.read()
+    assert SECRET.encode() in received  # the agent echoes it: the client sees the stream unchanged
+    (x,) = wait_for_exchanges(mitm.db, before, 1)
+    stored = dict(json.loads(x["request_headers"]))
+    assert {stored[h] for h in ("Authorization", "Cookie", "X-Api-Key", "X-Tenant-Secret")} == {"[REDACTED]"}
+    with EventLog(mitm.db) as log:
+        assert log.events(x["id"])[-1]["state"] == "TASK_STATE_COMPLETED"
+    files = [p for p in mitm.db.parent.iterdir() if p.name.startswith(mitm.db.name)]
+    assert {p.name for p in files} >= {mitm.db.name, f"{mitm.db.name}-wal"}
+    for path in files:
+        assert SECRET.encode() not in path.read_bytes(), path.name
+
+
+async def read_events_then_leave(url: str, text: str, events: int) -> bytes:
+    """Start a stream, read ``events`` events (or what comes before it breaks off), then
+    close the connection."""
+    body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": text}]}}
+    received = b""
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(f"{url}/message:stream", json=body, headers={"A2A-Version": "1.0"})
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            async for data in response.content.iter_any():
+                received += data
+                if received.count(b"\n\n") >= events:
+                    break
+        response.close()
+    return received
+
+
+async def test_a_client_leaving_mid_stream(mitm: Mitm) -> None:
+    before = last_id(mitm.db)
+    await read_events_then_leave(mitm.demo, "a long story", 3)
+    (x,) = wait_for_exchanges(mitm.db, before, 1)
+    assert x["outcome"] == "client_disconnected", x["error"]
+    with EventLog(mitm.db) as log:
+        assert 3 <= len(log.events(x["id"])) < 100
+
+
+async def test_an_upstream_dropping_mid_stream(mitm: Mitm, record: RecordFactory) -> None:
+    rec = await record(mitm.demo_agent)
+    expected_bytes = await read_events_then_leave(rec.url, "please drop", 10_000)
+    (expected,) = await recorded_by_tasktape_record(rec)
+    before = last_id(mitm.db)
+    received = await read_events_then_leave(mitm.demo, "please drop", 10_000)
+    assert received.count(b"\n\n") == expected_bytes.count(b"\n\n")
+    (x,) = wait_for_exchanges(mitm.db, before, 1)
+    assert x["outcome"] == "upstream_disconnected" and "peer closed connection" in x["error"]
+    assert digests(mitm.db, [x]) == [expected]
+
+
+async def test_an_upstream_that_cannot_be_reached(mitm: Mitm) -> None:
+    before = last_id(mitm.db)
+    async with aiohttp.ClientSession() as session, session.post(f"{mitm.dead}/message:stream", json={}) as r:
+        assert r.status == 502  # mitmproxy's own answer
+    (x,) = wait_for_exchanges(mitm.db, before, 1)
+    assert (x["status"], x["outcome"], x["is_sse"]) == (502, "upstream_error", 0)
+    assert "failed before answering" in x["error"]
+
+
+# -- the command, and the plain mitmdump -s form ----------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["mitmdump -s", "tasktape mitm"])
+async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path: Path, form: str) -> None:
+    """Both forms, options by --set (only /message:* recorded): SIGTERM mid-stream (passed
+    on by tasktape mitm) ends the exchange ``proxy_stopped``; the exit status is 0."""
+    port, db = free_port(), tmp_path / "stopped.db"
+    if form == "mitmdump -s":
+        args = [MITMDUMP, "-s", str(addon_path()), "--set", f"tasktape_db={db}"]
+    else:
+        args = [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--"]
+    args += [
+        "--set",
+        "tasktape_paths=/message:*",
+        *mitmdump_args(tmp_path / "conf", f"reverse:{demo_agent}@{port}"),
+    ]
+    with running(args, [port], tmp_path / "out.txt") as proc:
+        url = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/.well-known/agent-card.json") as r:
+                assert r.status == 200
+            response = await session.post(
+                f"{url}/message:stream",
+                json={"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "long"}]}},
+            )
+            await response.content.readuntil(b"\n\n")
+            assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
+            response.close()
+    with EventLog(db) as log:
+        (x,) = log.exchanges()
+        (capture,) = log.captures()
+        assert (x["path"], x["outcome"]) == ("/message:stream", "proxy_stopped")
+        assert log.events(x["id"])
+    assert (capture["source"], capture["upstream"], capture["ended_at"] is not None) == (
+        "mitm",
+        demo_agent,
+        True,
+    )
+
+
+@pytest.mark.parametrize("command", ["mitm", "import"])
+def test_without_mitmproxy_the_commands_say_how_to_install_it(tmp_path: Path, command: str) -> None:
+    flows = tmp_path / "flows.bin"
+    flows.write_bytes(b"123:{")  # what a flow file starts with
+    args = {"mitm": ["mitm"], "import": ["import", str(flows), "--db", str(tmp_path / "x.db")]}[command]
+    # mitmproxy hidden from this interpreter, as where the extra is not installed.
+    code = "import sys; sys.modules['mitmproxy'] = None; from tasktape.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, timeout=30
+    )
+    assert result.returncode == 1
+    assert "pip install 'tasktape[mitm]'" in result.stderr
+
+
+def test_tasktape_mitm_refuses_a_bad_pointer_before_starting() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tasktape", "mitm", "--redact-json", "apiKey"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "--redact-json" in result.stderr
+
+
+# -- the addon in mitmproxy's test harness --------------------------------------------------
+
+
+@pytest.fixture
+def addon(tmp_path: Path) -> Iterator[tuple[TasktapeRecorder, taddons.context]]:
+    recorder = TasktapeRecorder()
+    with taddons.context(recorder) as tctx:
+        tctx.configure(recorder, tasktape_db=str(tmp_path / "unit.db"))
+        yield recorder, tctx
+        recorder.done()
+
+
+def sse_flow() -> Any:
+    flow = tflow.tflow(resp=True)
+    flow.response.headers["Content-Type"] = "text/event-stream; charset=utf-8"
+    flow.response.content = None
+    return flow
+
+
+def test_options_are_declared_with_types_and_defaults(
+    addon: tuple[TasktapeRecorder, taddons.context],
+) -> None:
+    recorder, tctx = addon
+    names = [k for k, _ in tctx.options.items() if k.startswith("tasktape_")]
+    declared = optmanager.dump_dicts(tctx.options, names)  # what `mitmdump --options` shows
+    assert {k: (v["type"], v["default"]) for k, v in declared.items()} == {
+        "tasktape_db": ("optional str", None),
+        "tasktape_hosts": ("sequence of str", []),
+        "tasktape_max_body": ("int", 16 * 1024 * 1024),
+        "tasktape_max_log_size": ("optional int", None),
+        "tasktape_paths": ("sequence of str", []),
+        "tasktape_redact_headers": ("sequence of str", []),
+        "tasktape_redact_json": ("sequence of str", []),
+    }
+    assert all(v["help"] for v in declared.values())
+    with pytest.raises(exceptions.OptionsError, match="JSON pointer"):
+        tctx.configure(recorder, tasktape_redact_json=["apiKey"])
+
+
+def test_event_streams_are_switched_to_streaming_and_teed(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    recorder, _ = addon
+    plain, stream = tflow.tflow(resp=True), sse_flow()
+    for flow in (plain, stream):
+        recorder.requestheaders(flow)
+        recorder.request(flow)
+        recorder.responseheaders(flow)
+    assert not plain.response.stream  # recorded whole, in the response hook
+    assert callable(stream.response.stream)
+    assert stream.response.stream(b"data: {}\n\n") == b"data: {}\n\n"  # passed on unchanged
+    time.sleep(0.002)
+    stream.response.stream(b"data: [1]\n\n")
+    assert stream.response.stream(b"") == b""
+    for flow in (plain, stream):
+        recorder.response(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        first, second = log.exchanges()
+        assert (first["is_sse"], log.body(first["id"])) == (0, b"message")
+        chunks = log.chunks(second["id"])
+        assert [c["data"] for c in chunks] == [b"data: {}\n\n", b"data: [1]\n\n"]
+        assert 0 < chunks[0]["offset_ns"] < chunks[1]["offset_ns"] - 2_000_000
+        assert [e["data"] for e in log.events(second["id"])] == ["{}", "[1]"]
+
+
+def test_a_streamed_request_body_is_kept_as_it_passes(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    recorder, tctx = addon
+    tctx.configure(recorder, tasktape_max_body=10)
+    flow = tflow.tflow(resp=True)
+    flow.request.method, flow.request.path = "POST", "/upload"
+    flow.request.content, flow.request.stream = None, True  # as stream_large_bodies leaves it
+    recorder.requestheaders(flow)
+    assert flow.request.stream(b"0123456") == b"0123456"
+    assert flow.request.stream(b"789abc") == b"789abc"
+    for hook in (recorder.request, recorder.responseheaders, recorder.response):
+        hook(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        (x,) = log.exchanges()
+        assert (x["request_body"], x["request_body_truncated"], x["outcome"]) == ("0123456789", 1, "complete")
+
+
+def test_hosts_and_paths_choose_what_is_recorded(addon: tuple[TasktapeRecorder, taddons.context]) -> None:
+    recorder, tctx = addon
+    tctx.configure(recorder, tasktape_hosts=["*.EXAMPLE.com"], tasktape_paths=["/message:*"])
+    wanted = {
+        ("api.example.com", "/message:stream?x=1"): True,
+        ("api.example.com", "/tasks/1"): False,
+        ("example.org", "/message:stream"): False,
+    }
+    for (host, path), expected in wanted.items():
+        flow = tflow.tflow()
+        flow.request.host, flow.request.path = host, path
+        flow.request.headers["Host"] = host
+        recorder.requestheaders(flow)
+        assert (flow.id in recorder.flows) is expected, (host, path)
+
+
+@pytest.mark.parametrize(
+    ("message", "client", "server", "response", "outcome"),
+    [
+        ("Client disconnected.", ConnectionState.CLOSED, ConnectionState.OPEN, True, "client_disconnected"),
+        (
+            "stream reset by client (CANCEL)",
+            ConnectionState.OPEN,
+            ConnectionState.OPEN,
+            True,
+            "client_disconnected",
+        ),
+        (
+            "HTTP/1 protocol error: peer closed",
+            ConnectionState.OPEN,
+            ConnectionState.CLOSED,
+            True,
+            "upstream_disconnected",
+        ),
+        ("Connection refused", ConnectionState.OPEN, ConnectionState.CLOSED, False, "upstream_error"),
+        ("Connection killed.", ConnectionState.OPEN, ConnectionState.OPEN, True, "killed"),
+        # A saved flow's connections are closed: its message alone decides.
+        (
+            "HTTP/1 protocol error: peer closed",
+            ConnectionState.CLOSED,
+            ConnectionState.CLOSED,
+            True,
+            "upstream_disconnected",
+        ),
+    ],
+)
+def test_how_a_failed_flow_ended(
+    message: str, client: ConnectionState, server: ConnectionState, response: bool, outcome: str
+) -> None:
+    flow = tflow.tflow(resp=response, err=tflow.terr(message))
+    flow.client_conn.state, flow.server_conn.state = client, server
+    assert ending(flow)[0] == outcome
+
+
+def test_the_error_hook_records_the_outcome(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    recorder, _ = addon
+    flow = sse_flow()
+    recorder.requestheaders(flow)
+    recorder.request(flow)
+    recorder.responseheaders(flow)
+    flow.response.stream(b"data: 1\n\n")
+    flow.error = tflow.terr("HTTP/1 protocol error: peer closed connection")
+    flow.server_conn.state = ConnectionState.CLOSED
+    recorder.error(flow)
+    assert flow.response.stream(b"data: 2\n\n") == b"data: 2\n\n"  # passed on, no longer recorded
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "upstream_disconnected"
+        assert [c["data"] for c in log.chunks(x["id"])] == [b"data: 1\n\n"]

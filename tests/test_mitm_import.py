@@ -1,0 +1,161 @@
+"""``tasktape import`` of mitmproxy flow files: flows saved by a plain ``mitmdump -w`` (which
+buffers event streams whole) give the events ``tasktape record`` records of the same
+traffic, flagged as having no per-event timing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import RecordFactory
+from mitmproxy import io
+from mitmproxy.test import tflow
+from sdk_agent import free_port, run_sdk_agent
+from sdk_client import stream_message
+from test_mitm import MITMDUMP, SECRET, digest, mitmdump_args, recorded_by_tasktape_record, running
+
+from eventlog import EventLog
+from proxy.mitm_flows import NOT_KEPT, UNTIMED
+from tasktape.cli import main
+
+CASES = [("demo", "rest"), ("sdk", "rest"), ("sdk", "jsonrpc")]  # in the order they are saved
+
+
+@dataclass
+class Saved:
+    flows: Path
+    agents: dict[str, str]  # name -> the agent's own URL
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saved]:
+    """A flow file written by a plain mitmdump (no addon) while the SDK client streamed
+    through it: from the demo agent through a reverse proxy, from the SDK agent through an
+    explicit HTTP proxy. Named without the .mitm extension."""
+    tmp = tmp_path_factory.mktemp("saved")
+    flows, demo_port, forward, reverse = tmp / "flows.bin", free_port(), free_port(), free_port()
+    agent_args = [sys.executable, "-m", "tasktape", "agent", "--listen", f"127.0.0.1:{demo_port}"]
+    with running([*agent_args, "--pace", "0"], [demo_port], tmp / "agent.txt"), run_sdk_agent() as sdk:
+        demo = f"http://127.0.0.1:{demo_port}"
+        args = [
+            *(MITMDUMP, "-w", str(flows)),
+            *mitmdump_args(tmp / "conf", f"regular@{forward}", f"reverse:{demo}@{reverse}"),
+            *("--set", "keep_host_header=true"),  # the demo agent's card then lists the proxy
+        ]
+        with running(args, [forward, reverse], tmp / "mitmdump.txt"), pytest.MonkeyPatch.context() as env:
+            # A credential the log must not keep (the flow file does).
+            card = urllib.request.Request(
+                f"http://127.0.0.1:{reverse}/.well-known/agent-card.json",
+                headers={"Authorization": f"Bearer {SECRET}"},
+            )
+            with urllib.request.urlopen(card, timeout=10) as r:
+                assert r.status == 200
+            env.delenv("NO_PROXY", raising=False)
+            env.delenv("no_proxy", raising=False)
+            for agent, binding in CASES:
+                if agent == "demo":
+                    url = f"http://127.0.0.1:{reverse}"
+                else:  # the SDK client's httpx uses the proxy the environment names
+                    url = sdk.url
+                    env.setenv("HTTP_PROXY", f"http://127.0.0.1:{forward}")
+                asyncio.run(stream_message(url, "hello there", binding))
+        yield Saved(flows, {"sdk": sdk.url, "demo": demo})
+
+
+@pytest.fixture(scope="module")
+def imported(saved: Saved, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("imported") / "imported.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "tasktape", "import", str(saved.flows), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"7 exchanges from {saved.flows}" in result.stdout
+    assert "(3 event streams without per-event timing)" in result.stdout
+    return db
+
+
+@pytest.mark.parametrize(("agent", "binding"), CASES)
+async def test_imported_flows_give_the_events_tasktape_record_records(
+    saved: Saved, imported: Path, record: RecordFactory, agent: str, binding: str
+) -> None:
+    rec = await record(saved.agents[agent])
+    await stream_message(rec.url, "hello there", binding)
+    expected = await recorded_by_tasktape_record(rec)
+    with EventLog(imported) as log:
+        got = [digest(log, x) for x in log.exchanges()]
+    n = 1 + CASES.index((agent, binding)) * 2  # after the first card: each case's card and stream
+    assert got[n : n + 2] == expected
+
+
+def test_an_imported_stream_says_its_timing_is_unknown(imported: Path) -> None:
+    with EventLog(imported) as log:
+        (capture,) = log.captures()
+        assert capture["source"] == "mitm-import"
+        streams = [x for x in log.exchanges() if x["is_sse"]]
+        assert len(streams) == 3
+        for x in streams:
+            assert (x["outcome"], x["error"]) == ("complete", UNTIMED)
+            (chunk,) = log.chunks(x["id"])
+            assert 0 < x["ttfb_ns"] <= chunk["offset_ns"] <= x["duration_ns"]
+            assert {e["offset_ns"] for e in log.events(x["id"])} == {chunk["offset_ns"]}
+        cards = [x for x in log.exchanges() if not x["is_sse"]]
+        assert len(cards) == 4
+        assert all(x["error"] is None and log.body(x["id"]).startswith(b"{") for x in cards)
+
+
+def test_credentials_in_the_flow_file_stay_out_of_the_log(saved: Saved, imported: Path) -> None:
+    assert SECRET.encode() in saved.flows.read_bytes()
+    with EventLog(imported) as log:
+        first = log.exchanges()[0]
+    assert dict(json.loads(first["request_headers"]))["Authorization"] == "[REDACTED]"
+    for path in imported.parent.iterdir():
+        assert SECRET.encode() not in path.read_bytes(), path.name
+
+
+def write_flows(path: Path, flows: list) -> None:
+    with path.open("wb") as f:
+        writer = io.FlowWriter(f)
+        for flow in flows:
+            writer.add(flow)
+
+
+def test_streamed_failed_and_non_http_flows(tmp_path: Path) -> None:
+    streamed = tflow.tflow(resp=True)
+    streamed.response.headers["Content-Type"] = "text/event-stream"
+    streamed.response.content = None  # mitmproxy keeps no body it streamed
+    dropped = tflow.tflow(resp=True, err=tflow.terr("HTTP/1 protocol error: peer closed connection"))
+    refused = tflow.tflow(err=tflow.terr("Connection refused"))
+    flows = tmp_path / "flows.mitm"
+    write_flows(flows, [streamed, dropped, refused, tflow.ttcpflow()])
+    db = tmp_path / "log.db"
+    result = CliRunner().invoke(main, ["import", str(flows), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "3 exchanges" in result.output and "1 non-HTTP flows skipped" in result.output
+    with EventLog(db) as log:
+        got = [(x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
+    assert got[0] == (200, "complete", NOT_KEPT)
+    assert got[1][:2] == (200, "upstream_disconnected")
+    assert got[2][:2] == (502, "upstream_error")
+
+
+def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
+    good, broken = tmp_path / "good.mitm", tmp_path / "broken.mitm"
+    write_flows(good, [tflow.tflow(resp=True)])
+    broken.write_bytes(good.read_bytes()[:-20])
+    db = tmp_path / "log.db"
+    result = CliRunner().invoke(main, ["import", str(good), str(broken), "--db", str(db)])
+    assert result.exit_code == 1
+    assert f"{broken}: not a readable mitmproxy flow file" in result.output
+    assert not db.exists()
