@@ -1,4 +1,5 @@
-"""Run the benchmarks and print a markdown report: ``python -m benchmarks [NAME...]``."""
+"""Run the benchmarks and print a markdown report: ``python -m benchmarks [NAME...]``;
+with ``--report FILE``, also write it, and the scaling chart beside it as a PNG."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import decoder, eventlog_bench, proxy_bench, replay_bench
+from . import chart, decoder, eventlog_bench, proxy_bench, replay_bench, scaling
 from .harness import machine
 
 SUITES = {
@@ -14,6 +15,7 @@ SUITES = {
     "log": eventlog_bench.run,
     "proxy": proxy_bench.run,
     "replay": replay_bench.run,
+    "scaling": scaling.run,
 }
 
 
@@ -21,7 +23,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("names", nargs="*", choices=[[], *SUITES], help="suites to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
-    parser.add_argument("--report", type=Path, help="also write the markdown report to this file")
+    parser.add_argument(
+        "--report", type=Path, help="also write the markdown report to this file (and FILE.png: the chart)"
+    )
     args = parser.parse_args()
     parts = [f"## tasktape benchmarks\n\n{machine()}; {time.strftime('%Y-%m-%d')}"]
     for name in args.names or SUITES:
@@ -29,6 +33,9 @@ def main() -> None:
             parts.append(section.markdown())
             print(parts[-1] + "\n", flush=True)
     if args.report:
+        png = args.report.with_suffix(".png")
+        if chart.draw(png):
+            parts.insert(1, f"![Throughput by concurrency and by stream length]({png.name})")
         args.report.write_text("\n\n".join(parts) + "\n")
 
 
