@@ -71,22 +71,22 @@ async def rate(url: str, streams: int, n: int) -> float:
     return streams * n / (time.perf_counter() - start)
 
 
+def replay_command(cassette: Path, port: int, speed: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "tasktape",
+        "replay",
+        str(cassette),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--speed",
+        str(speed),
+    ]
+
+
 def replay(cassette: Path, port: int, speed: float):
-    return process(
-        [
-            sys.executable,
-            "-m",
-            "tasktape",
-            "replay",
-            str(cassette),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--speed",
-            str(speed),
-            "--allow-repeats",
-        ],
-        "exchanges from",
-    )
+    return process([*replay_command(cassette, port, speed), "--allow-repeats"], "exchanges from")
 
 
 def startup(cassette: Path) -> float:
@@ -94,17 +94,7 @@ def startup(cassette: Path) -> float:
     port = free_port()
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tasktape",
-            "replay",
-            str(cassette),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--speed",
-            "0",
-        ],
+        replay_command(cassette, port, 0),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )

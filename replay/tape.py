@@ -141,17 +141,18 @@ class TapeSession:
 
     async def start(self) -> Tape:
         o = self.options
-        if not self.records and not o.cassette.exists():
+        exists, records = o.cassette.exists(), self.records
+        if not records and not exists:
             raise TapeError(
                 f"no cassette {o.cassette}; record it with --tasktape-record-mode=once "
                 "--tasktape-upstream URL, or name an existing one in @pytest.mark.tasktape"
             )
-        if self.records and not o.upstream:
+        if records and not o.upstream:
             raise TapeError(
                 f"--tasktape-record-mode={o.mode.value} records {o.cassette} from an agent: "
                 "give it with --tasktape-upstream URL"
             )
-        recorded = read_cassette(o.cassette) if o.cassette.exists() and self._keeps() else []
+        recorded = read_cassette(o.cassette) if exists and self._keeps() else []
         common: dict[str, Any] = {
             "speed": o.speed,
             "add_ids": o.add_ids,
@@ -159,7 +160,7 @@ class TapeSession:
             "ignore": o.ignore,
             "allow_repeats": o.allow_repeats,
         }
-        if self.records:
+        if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))
             db = self._folder / "recording.db"
             self._writer = LogWriter(db, redactor=o.redactor)
@@ -180,7 +181,7 @@ class TapeSession:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self.tape = Tape(url, o.cassette, o.mode, recorded, server, self.records, o.fail_on_unused)
+        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.fail_on_unused)
         return self.tape
 
     def _keeps(self) -> bool:

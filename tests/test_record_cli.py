@@ -9,7 +9,6 @@ import random
 import re
 import signal
 import sqlite3
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +18,7 @@ import aiohttp
 import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from loopback import finished, running, serve
 
 from eventlog import EventLog, ExchangeSummary
 from tasktape.record import describe_exchange
@@ -42,38 +41,10 @@ def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:
 
 
 @asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
-
-
-@asynccontextmanager
 async def tasktape_record(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tasktape",
-        "record",
-        "--listen",
-        "127.0.0.1:0",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
-        match = re.search(r"listening on (http://127\.0\.0\.1:\d+) -> ", line)
-        assert match, line + (await proc.stderr.read()).decode()  # type: ignore[union-attr]
-        yield proc, match.group(1)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    async with running("record", "--listen", "127.0.0.1:0", *args) as run:
+        assert re.match(r"tasktape record: listening on http://127\.0\.0\.1:\d+ -> ", run.printed[0])
+        yield run.proc, run.url
 
 
 async def post_stream(url: str) -> bytes:
@@ -168,40 +139,16 @@ async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path, stre
     ],
 )
 async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], message: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tasktape",
-        "record",
-        "--db",
-        str(tmp_path / "x.db"),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == 2 and message in err.decode()
+    status, err = await finished("record", "--db", str(tmp_path / "x.db"), *args)
+    assert status == 2 and message in err
 
 
 async def test_a_busy_port_is_explained(tmp_path: Path) -> None:
     async with serve(upstream_app()) as upstream:
         port = upstream.rsplit(":", 1)[1]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tasktape",
-            "record",
-            "--upstream",
-            upstream,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--db",
-            str(tmp_path / "x.db"),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in err.decode()
+        args = ["--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "x.db")]
+        status, err = await finished("record", *args)
+    assert status == 1 and f"cannot listen on 127.0.0.1:{port}" in err
 
 
 def test_lines_for_other_exchanges() -> None:

@@ -11,16 +11,14 @@ import random
 import resource
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.test_utils import TestServer
-from commands import running, stop
+from loopback import running, serve, stop
 
 from eventlog import EventLog
 from eventlog.cassette import read_cassette
@@ -90,16 +88,6 @@ def _cut(request: web.Request, *, reset: bool) -> None:
         sock = transport.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
-
-
-@asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
 
 
 def _more_files() -> None:

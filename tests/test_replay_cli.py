@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
+from loopback import finished, running, stop
 
 from eventlog.cassette import write_cassette
 from eventlog.recorded import Recorded
@@ -34,25 +33,12 @@ def cassette(path: Path) -> Path:
 
 async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
     source = cassette(tmp_path / "session.jsonl")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tasktape",
-        "replay",
-        str(source),
-        "--listen",
-        "127.0.0.1:0",
-        "--speed",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()  # type: ignore[union-attr]
+    async with running("replay", str(source), "--listen", "127.0.0.1:0", "--speed", "0") as run:
         match = re.search(
-            r"2 exchanges from .*session.jsonl on (http://127\.0\.0\.1:\d+) \(speed 0, mode replay\)", line
+            r"2 exchanges from .*session.jsonl on (http://127\.0\.0\.1:\d+) \(speed 0, mode replay\)",
+            run.printed[0],
         )
-        assert match, line
+        assert match, run.printed[0]
         url = match.group(1)
         async with aiohttp.ClientSession() as session:
             async with session.post(
@@ -63,13 +49,8 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
                 f"{url}/message:send", json={"message": {"parts": [{"text": "other"}]}}
             ) as r:
                 assert r.status == 404 and "closest" in json.loads(await r.text())["error"]
-        proc.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
-        err = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        assert await stop(run, signal.SIGINT) == 0
+        err = run.printed[-1]
     assert "tasktape replay: 1 served, 1 missed" in err
     assert (
         "missed POST /message:send" in err
@@ -95,15 +76,5 @@ async def test_bad_arguments_are_explained(
     tmp_path: Path, args: list[str], status: int, message: str
 ) -> None:
     source = cassette(tmp_path / "session.jsonl")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tasktape",
-        "replay",
-        str(source),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == status and message in err.decode(), err.decode()
+    code, err = await finished("replay", str(source), *args)
+    assert code == status and message in err, err

@@ -24,8 +24,8 @@ from a2a_frames import artifact, completed_run, sse, status, task
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
-from commands import running, stop
 from conftest import RecordFactory
+from loopback import running, stop
 
 from eventlog import EventLog, LogWriter
 from eventlog.cassette import read_cassette

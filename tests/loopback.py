@@ -1,0 +1,79 @@
+"""Real things on loopback for the tests that run tasktape as users do: its commands as
+processes, and aiohttp apps as the agents they talk to."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+
+@asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    """``app`` on a free loopback port: its base URL; stopped afterwards."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@dataclass
+class Running:
+    proc: asyncio.subprocess.Process
+    url: str  # the first URL its first line printed
+    printed: list[str] = field(default_factory=list)  # that line; stdout and stderr once stopped
+
+
+async def _start(args: tuple[str, ...], preexec_fn: Callable[[], None] | None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tasktape",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=preexec_fn,
+    )
+
+
+@asynccontextmanager
+async def running(*args: str, preexec_fn: Callable[[], None] | None = None) -> AsyncIterator[Running]:
+    """``python -m tasktape ARGS``, once it printed where it serves; killed if still running."""
+    proc = await _start(args, preexec_fn)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        found = re.search(r"(http://[^\s/]+:\d+)", line)
+        assert found, line + (await proc.stderr.read()).decode()
+        yield Running(proc, found.group(1), [line])
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def stop(run: Running, sig: signal.Signals = signal.SIGTERM) -> int:
+    """``sig`` (SIGTERM, or Ctrl-C's SIGINT); its exit status (what it printed goes to
+    ``run.printed``)."""
+    run.proc.send_signal(sig)
+    out, err = await asyncio.wait_for(run.proc.communicate(), 60)
+    run.printed += [out.decode(), err.decode()]
+    assert run.proc.returncode is not None
+    return run.proc.returncode
+
+
+async def finished(*args: str) -> tuple[int, str]:
+    """``python -m tasktape ARGS`` run to its end (a refusal, an error): status and stderr."""
+    proc = await _start(args, None)
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
