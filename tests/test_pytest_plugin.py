@@ -1,5 +1,5 @@
 """The pytest plugin, used as a user would: test files in a temporary project, run by a
-pytest of their own (``pytester``, in a subprocess) with the official a2a-sdk client."""
+pytest of their own (``pytester``, in this process) with the official a2a-sdk client."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpcore  # noqa: F401  (kept loaded across the runs below: see the comment in run())
 import pytest
 from aiohttp import web
 
@@ -91,6 +92,9 @@ def sample(project: pytest.Pytester, *names: str) -> None:
 
 
 def run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # Each in-process run unloads the modules it imported. httpx loads httpcore lazily and caches
+    # its exception classes for good, so an httpcore imported by one run and reloaded by the next
+    # would let its errors escape unwrapped; httpcore is therefore imported once, up above.
     return project.runpytest_inprocess("-p", "no:cacheprovider", *args)
 
 

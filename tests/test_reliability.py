@@ -10,8 +10,10 @@ import asyncio
 import random
 import resource
 import socket
+import sqlite3
 import struct
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,7 +226,8 @@ async def test_random_upstream_and_client_failures(tmp_path: Path, stress: bool)
 
 
 async def test_a_disk_that_fills_mid_capture(tmp_path: Path) -> None:
-    plans = {n: Plan(2000) for n in range(3)}
+    # A short first stream is committed before the disk fills, so there is something to read.
+    plans = {0: Plan(10), **{n: Plan(2000) for n in range(1, 4)}}
     db = tmp_path / "full.db"
     limit = 400_000  # the log's file may not grow past this: writes beyond it fail
     async with (
@@ -232,14 +235,31 @@ async def test_a_disk_that_fills_mid_capture(tmp_path: Path) -> None:
         running(*record_args(upstream, db), preexec_fn=limits(file_size=limit)) as run,
     ):
         async with aiohttp.ClientSession() as session:
-            got = [await read_stream(session, run.url, n, None) for n in range(3)]
+            got = [await read_stream(session, run.url, 0, None)]
+            await committed(db, exchanges=1)
+            got += [await read_stream(session, run.url, n, None) for n in range(1, 4)]
         code = await stop(run)
     # Forwarding never stopped; the failure is reported loudly, with the exit status.
-    assert got == [expected(n, 2000) for n in range(3)]
+    assert got == [expected(n, plans[n].events) for n in range(4)]
     assert code == 3 and "WRITING THE LOG FAILED" in run.printed[-1], run.printed
     with EventLog(db) as log:  # what was written stays readable
         assert log.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert log.exchanges()[0]["query"] == "n=0"
+
+
+async def committed(db: Path, exchanges: int, timeout: float = 10.0) -> None:
+    """Wait until the log holds ``exchanges`` finished exchanges, read as another process would."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                done = conn.execute("SELECT count(*) FROM exchanges WHERE outcome IS NOT NULL").fetchone()[0]
+        except sqlite3.OperationalError:
+            done = 0  # not created yet
+        if done >= exchanges:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"{exchanges} exchanges never committed"
+        await asyncio.sleep(0.02)
 
 
 async def test_replay_serves_200_clients_at_once(stress: bool) -> None:
