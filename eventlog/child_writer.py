@@ -14,7 +14,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .producer import CHUNK, END, FLUSH, STOP
+from .producer import END, FLUSH, STOP
 from .writer import LogWriter
 
 
@@ -49,26 +49,25 @@ def main(fd: int) -> None:
         except (EOFError, OSError):
             writer.close()  # the recorder died: keep what it sent
             return
-        for op in ops:
+        # Hold the pipe (and so the recorder's own backlog check) back rather than
+        # queue without bound here.
+        while writer.backlog > writer.max_backlog // 2:
+            time.sleep(0.002)
+        for i, op in enumerate(ops):
             code = op[0]
             if code == END:
                 done: concurrent.futures.Future[Any] = concurrent.futures.Future()
                 done.add_done_callback(lambda f, token=op[5]: send(("done", token, f.result())))
-                writer._put((*op[:5], done))
+                ops[i] = (*op[:5], done)
             elif code == FLUSH:
-                writer._put((FLUSH, lambda token=op[1]: send(("flushed", token))))
+                ops[i] = (FLUSH, lambda token=op[1]: send(("flushed", token)))
             elif code == STOP:
+                del ops[i:]
+                writer.put_many(ops)
                 writer.close()
                 send(("closed", writer.stats))
                 return
-            elif code == CHUNK:
-                # Hold the pipe (and so the recorder's own backlog check) back rather
-                # than queue without bound here.
-                while writer.backlog > writer.max_backlog // 2:
-                    time.sleep(0.002)
-                writer.chunk(*op[1:])
-            else:
-                writer._put(op)
+        writer.put_many(ops)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from .redact import hide_credentials
 from .version import __version__
 
 # Operations, as tuples whose first element is one of these codes.
-CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP = range(9)
+CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP, MANY = range(10)
 
 _REPORT_EVERY = 5.0  # seconds between two reports of failed writes on stderr
 

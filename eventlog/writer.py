@@ -35,6 +35,7 @@ from .producer import (
     EXCHANGE,
     FLUSH,
     HEAD,
+    MANY,
     STOP,
     LogProducer,
     WriterStats,
@@ -83,6 +84,9 @@ def _release(op: tuple[Any, ...], error: Exception) -> None:
         op[5].set_exception(error)
     elif op[0] == FLUSH:
         op[1]()
+    elif op[0] == MANY:
+        for one in op[1]:
+            _release(one, error)
 
 
 class LogWriter(LogProducer):
@@ -149,6 +153,14 @@ class LogWriter(LogProducer):
     def _alive(self) -> bool:
         return self._thread.is_alive() and self._committer.is_alive()
 
+    def put_many(self, ops: list[tuple[Any, ...]]) -> None:
+        """Queue operations already in the writer's form (another process's producer sent
+        them) as one: a queue hand-over per message rather than per chunk."""
+        size = sum(len(op[3]) for op in ops if op[0] == CHUNK)
+        with self._queued_lock:
+            self._queued += size
+        self._put((MANY, ops))
+
     def _shutdown(self) -> None:
         self._thread.join()
         self._committer.join()
@@ -210,6 +222,9 @@ class LogWriter(LogProducer):
         if code == CHUNK:
             self._taken += len(op[3])
             self._exchange(op[1]).chunk(op[2], op[3], batch.chunk_rows, batch.event_rows)
+        elif code == MANY:
+            for one in op[1]:
+                self._apply_safely(one, batch)
         elif code == EXCHANGE:
             rows = self._exchanges[op[1]] = ExchangeRows(op[1], self._redactor, self._max_body)
             batch.statements.append(rows.request(*op[2:]))
