@@ -31,7 +31,7 @@ from aiohttp import web
 from .harness import Section, percentiles
 
 EVENT_SIZE = 200
-RUNS = 3
+RUNS = 5
 
 
 # -- the processes ---------------------------------------------------------------------------
