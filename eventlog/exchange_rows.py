@@ -142,7 +142,7 @@ class ExchangeRows:
             started_ns,
             method,
             path,
-            query,
+            self._redactor.query(query),
             self._headers(headers),
             stored_body(body),
             int(body_truncated),

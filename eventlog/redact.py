@@ -1,6 +1,6 @@
 """Redaction: credentials and chosen JSON fields never reach the log.
 
-Headers are redacted by name (case-insensitive). JSON fields are named by JSON
+Headers and query parameters are redacted by name (case-insensitive). JSON fields are named by JSON
 pointers (RFC 6901, plus ``*`` for any key or index, e.g. ``/params/message/metadata/apiKey``
 or ``/*/metadata/token``). A redacted JSON value is replaced in the original bytes, so
 the rest of the document keeps its exact formatting; when that cannot be done safely,
@@ -15,24 +15,49 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import unquote_plus
 
 REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
+# Query parameters that carry credentials in the APIs agents are commonly reached through.
+DEFAULT_QUERY = (
+    "key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "password", "secret",
+    "client_secret", "signature", "sig", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+)  # fmt: skip
 
 
 class Redactor:
     """What to redact; applied by the log writer to everything it stores."""
 
     def __init__(
-        self, headers: Iterable[str] = (), json_pointers: Iterable[str] = (), *, defaults: bool = True
+        self,
+        headers: Iterable[str] = (),
+        json_pointers: Iterable[str] = (),
+        *,
+        query: Iterable[str] = (),
+        defaults: bool = True,
     ) -> None:
         names = [*DEFAULT_HEADERS, *headers] if defaults else list(headers)
         self.headers = frozenset(n.lower() for n in names)
+        params = [*DEFAULT_QUERY, *query] if defaults else list(query)
+        self.query_params = frozenset(n.lower() for n in params)
         self.json_pointers = tuple(json_pointers)
         self._paths = [parse_pointer(p) for p in self.json_pointers]
 
     def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         return [(k, REDACTED if k.lower() in self.headers else v) for k, v in pairs]
+
+    def query(self, raw: str | None) -> str | None:
+        """A raw query string with the values of the chosen parameters replaced (names
+        compared once percent-decoded); every other byte stays as it was."""
+        if not raw or not self.query_params:
+            return raw
+        parts = raw.split("&")
+        for i, part in enumerate(parts):
+            name, equals, value = part.partition("=")
+            if equals and value != REDACTED and unquote_plus(name).lower() in self.query_params:
+                parts[i] = f"{name}={REDACTED}"
+        return "&".join(parts)
 
     def json_bytes(self, body: bytes) -> bytes:
         """``body`` with the chosen JSON fields redacted (unchanged when none is present

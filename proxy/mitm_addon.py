@@ -29,6 +29,7 @@ logger = logging.getLogger("tasktape")
 _WRITER_OPTIONS = {
     "tasktape_db",
     "tasktape_redact_headers",
+    "tasktape_redact_query",
     "tasktape_redact_json",
     "tasktape_max_body",
     "tasktape_max_log_size",
@@ -56,6 +57,13 @@ class TasktapeRecorder:
             [],
             "Also redact this header in the log. Authorization, Proxy-Authorization, Cookie, "
             "Set-Cookie, X-Api-Key and Api-Key always are.",
+        )
+        loader.add_option(
+            "tasktape_redact_query",
+            Sequence[str],
+            [],
+            "Also redact the value of this query parameter in the log. key, api_key, access_token, "
+            "token, signature and the other usual credential parameters always are.",
         )
         loader.add_option(
             "tasktape_redact_json",
@@ -114,7 +122,9 @@ class TasktapeRecorder:
     def _open(self, db: str) -> None:
         options = ctx.options
         redactor = Redactor(
-            headers=options.tasktape_redact_headers, json_pointers=options.tasktape_redact_json
+            headers=options.tasktape_redact_headers,
+            json_pointers=options.tasktape_redact_json,
+            query=options.tasktape_redact_query,
         )
         try:
             self.writer = ProcessLogWriter(

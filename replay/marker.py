@@ -26,13 +26,14 @@ OPTIONS = (
     "allow_repeats",
     "ignore",
     "redact_headers",
+    "redact_query",
     "redact_json",
     "fail_on_unused",
     "in_thread",
 )
 SIGNATURE = (
     "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
-    "redact_headers=(), redact_json=(), fail_on_unused=None, in_thread=False)"
+    "redact_headers=(), redact_query=(), redact_json=(), fail_on_unused=None, in_thread=False)"
 )
 
 
@@ -97,6 +98,7 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
         redactor=Redactor(
             _strings("redact_headers", o.get("redact_headers", ())),
             _strings("redact_json", o.get("redact_json", ())),
+            query=_strings("redact_query", o.get("redact_query", ())),
         ),
         fail_on_unused=_flag(
             "fail_on_unused",

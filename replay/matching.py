@@ -56,9 +56,14 @@ def path(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None
 
 
 def query(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+    """The same parameters, in any order; a value redacted in the recording matches any."""
     mine = sorted(parse_qsl(incoming.query or "", keep_blank_values=True))
     theirs = sorted(parse_qsl(recorded.query or "", keep_blank_values=True))
-    return None if mine == theirs else f"query {incoming.query or '(none)'} vs {recorded.query or '(none)'}"
+    if len(mine) == len(theirs) and all(
+        a[0] == b[0] and b[1] in (a[1], REDACTED) for a, b in zip(mine, theirs, strict=True)
+    ):
+        return None
+    return f"query {incoming.query or '(none)'} vs {recorded.query or '(none)'}"
 
 
 def body(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:

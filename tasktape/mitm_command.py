@@ -38,7 +38,11 @@ def mitmproxy_missing() -> bool:
 @redaction_options()
 @click.argument("mitmdump_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MITMDUMP-ARGS...]")
 def mitm(
-    db: str, redact_header: tuple[str, ...], redact_json: tuple[str, ...], mitmdump_args: tuple[str, ...]
+    db: str,
+    redact_header: tuple[str, ...],
+    redact_query: tuple[str, ...],
+    redact_json: tuple[str, ...],
+    mitmdump_args: tuple[str, ...],
 ) -> None:
     """Run mitmdump with the tasktape addon: every flow it handles is recorded into the log.
 
@@ -57,6 +61,7 @@ def mitm(
         raise click.ClickException(INSTALL_HINT)
     sets = [f"tasktape_db={db}"]
     sets += [f"tasktape_redact_headers={name}" for name in redact_header]
+    sets += [f"tasktape_redact_query={name}" for name in redact_query]
     sets += [f"tasktape_redact_json={pointer}" for pointer in redact_json]
     args = [sys.executable, "-c", _MITMDUMP, "-s", str(addon_path())]
     for setting in sets:

@@ -62,6 +62,7 @@ def record(
     listen: tuple[str, int],
     db: str,
     redact_header: tuple[str, ...],
+    redact_query: tuple[str, ...],
     redact_json: tuple[str, ...],
     public_url: str | None,
     no_rewrite_card: bool,
@@ -76,7 +77,7 @@ def record(
     SSE event lands in the log. Stop with Ctrl-C (or SIGTERM): the log is flushed and
     the exit status is 0, or 3 if anything could not be written to the log.
     """
-    redactor = Redactor(headers=redact_header, json_pointers=redact_json)
+    redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
     host, port = listen
     warn_if_exposed("tasktape record", host)
     try:

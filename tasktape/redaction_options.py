@@ -1,4 +1,5 @@
-"""``--redact-header`` and ``--redact-json``, as record, mitm and replay all take them."""
+"""``--redact-header``, ``--redact-query`` and ``--redact-json``, as record, mitm and replay all
+take them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _pointers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 
 
 def redaction_options(when: str = "") -> Callable[[F], F]:
-    """Both options; ``when`` says when they apply (``"record-missing: "``)."""
+    """The three options; ``when`` says when they apply (``"record-missing: "``)."""
 
     def decorate(command: F) -> F:
         command = click.option(
@@ -32,6 +33,14 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             callback=_pointers,
             help=f"{when}Redact this JSON field in request bodies, response bodies and events: a JSON "
             "pointer, '*' matching any key or index (repeatable), e.g. /params/message/metadata/apiKey.",
+        )(command)
+        command = click.option(
+            "--redact-query",
+            multiple=True,
+            metavar="NAME",
+            help=f"{when}Also redact the value of this query parameter (repeatable). key, api_key, "
+            "apikey, api-key, access_token, token, auth, password, secret, client_secret, signature, "
+            "sig and the X-Amz-Signature, -Credential and -Security-Token parameters always are.",
         )(command)
         return click.option(
             "--redact-header",

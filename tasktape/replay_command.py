@@ -98,6 +98,7 @@ def replay(
     upstream: str | None,
     db: Path | None,
     redact_header: tuple[str, ...],
+    redact_query: tuple[str, ...],
     redact_json: tuple[str, ...],
     faults: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -132,7 +133,7 @@ def replay(
                 )
             db = logs[0]
         try:
-            writer = ProcessLogWriter(db, redactor=Redactor(redact_header, redact_json))
+            writer = ProcessLogWriter(db, redactor=Redactor(redact_header, redact_json, query=redact_query))
         except LogError as exc:
             raise click.ClickException(str(exc)) from None
     host, port = listen

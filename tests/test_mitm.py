@@ -173,7 +173,7 @@ def mitm(tmp_path_factory: pytest.TempPathFactory, demo_agent: str) -> Iterator[
     with run_sdk_agent(public_url=f"http://127.0.0.1:{sdk}") as sdk_agent:
         args = [
             *(sys.executable, "-m", "tasktape", "mitm", "--db", str(tmp / "mitm.db")),
-            *("--redact-header", "X-Tenant-Secret"),
+            *("--redact-header", "X-Tenant-Secret", "--redact-query", "tenant"),
             *(
                 "--redact-json",
                 "/message/metadata/apiKey",
@@ -271,13 +271,18 @@ async def test_secrets_appear_nowhere_in_the_log_files(mitm: Mitm) -> None:
     }
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{mitm.demo}/message:stream", json={"message": message}, headers=headers) as r,
+        session.post(
+            f"{mitm.demo}/message:stream?key={SECRET}&tenant={SECRET}&lang=en",
+            json={"message": message},
+            headers=headers,
+        ) as r,
     ):
         received = await r.read()
     assert SECRET.encode() in received  # the agent echoes it: the client sees the stream unchanged
     (x,) = wait_for_exchanges(mitm.db, before, 1)
     stored = dict(json.loads(x["request_headers"]))
     assert {stored[h] for h in ("Authorization", "Cookie", "X-Api-Key", "X-Tenant-Secret")} == {"[REDACTED]"}
+    assert x["query"] == "key=[REDACTED]&tenant=[REDACTED]&lang=en"
     with EventLog(mitm.db) as log:
         assert log.events(x["id"])[-1]["state"] == "TASK_STATE_COMPLETED"
     files = [p for p in mitm.db.parent.iterdir() if p.name.startswith(mitm.db.name)]
@@ -431,6 +436,7 @@ def test_options_are_declared_with_types_and_defaults(
         "tasktape_paths": ("sequence of str", []),
         "tasktape_redact_headers": ("sequence of str", []),
         "tasktape_redact_json": ("sequence of str", []),
+        "tasktape_redact_query": ("sequence of str", []),
     }
     assert all(v["help"] for v in declared.values())
     with pytest.raises(exceptions.OptionsError, match="JSON pointer"):

@@ -33,6 +33,35 @@ def test_headers_by_name_case_insensitive() -> None:
     assert Redactor(defaults=False).header_pairs([("Authorization", "x")]) == [("Authorization", "x")]
 
 
+def test_query_parameters_by_name_the_rest_byte_for_byte() -> None:
+    r = Redactor(query=["Team_Token"])
+    raw = "lang=en&key=AIza-1&API%5FKEY=2&team_token=t&Token&sig=&x=a%26b&access_token=3&key=4"
+    assert r.query(raw) == (
+        "lang=en&key=[REDACTED]&API%5FKEY=[REDACTED]&team_token=[REDACTED]&Token&sig=[REDACTED]"
+        "&x=a%26b&access_token=[REDACTED]&key=[REDACTED]"
+    )
+    assert r.query(r.query(raw)) == r.query(raw)
+    plain = "lang=en&page=2"
+    assert r.query(plain) == plain and r.query(None) is None and r.query("") == ""
+    assert Redactor(defaults=False).query("key=1") == "key=1"
+    assert Redactor(query=["page"], defaults=False).query("key=1&page=2") == "key=1&page=[REDACTED]"
+
+
+def test_writer_redacts_the_query_string(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    with LogWriter(db, redactor=Redactor(query=["tenant"])) as w:
+        ex = w.begin_exchange(
+            w.begin_capture(source="test"),
+            method="GET",
+            path="/v1/tasks",
+            query=f"key={SECRET}&tenant={SECRET}&pageSize=10",
+        )
+        w.end_exchange(ex, duration_ns=1)
+    assert_secret_nowhere(db)
+    with EventLog(db) as log:
+        assert log.exchange(ex)["query"] == "key=[REDACTED]&tenant=[REDACTED]&pageSize=10"
+
+
 def test_json_pointer_keeps_formatting() -> None:
     r = Redactor(json_pointers=["/params/metadata/apiKey"])
     body = '{"jsonrpc": "2.0",\n  "params": {"metadata": {"apiKey": "SECRET", "x": 1}}}'.replace(

@@ -274,6 +274,24 @@ async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
     assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
 
 
+async def test_a_query_value_redacted_in_the_recording_matches_any(tmp_path: Path, serve: Serve) -> None:
+    rec = Recorded(
+        method="POST",
+        path="/x",
+        query="key=[REDACTED]&lang=en&key=[REDACTED]",
+        request_body=b"{}",
+        status=200,
+        chunks=[(0, b"ok")],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "c.jsonl", [rec])
+    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, allow_repeats=True).app)
+    for same in ("lang=en&key=a&key=b", "key=b&key=a&lang=en"):
+        assert (await timed_post(f"{url}/x?{same}", {}))[2] == 200, same
+    for different in ("key=a&lang=de&key=b", "key=a&lang=en", "key=a&lang=en&key=b&page=2", "lang=en"):
+        assert (await timed_post(f"{url}/x?{different}", {}))[2] == 404, different
+
+
 async def test_a_field_at_its_default_matches_its_absence(tmp_path: Path, serve: Serve) -> None:
     # A2A's JSON is protobuf JSON: the official SDK sends "configuration": {} where other
     # clients leave it out, and both mean the same.

@@ -47,10 +47,14 @@ SECRETS = {
     "event JSON": "sk-event-json-77b4c8",
     "Set-Cookie": "sk-set-cookie-e6a913",
     "upstream password": "sk-upstream-password-2b8f6d",
+    "query key": "sk-query-key-0d5e17",  # a parameter redacted by default
+    "query parameter": "sk-query-team-3c9a40",  # redacted because the command line says so
 }
 REDACT = [
     "--redact-header",
     "X-Team-Secret",
+    "--redact-query",
+    "team_token",
     "--redact-json",
     "/message/metadata/apiKey",
     "--redact-json",
@@ -63,6 +67,7 @@ HEADERS = {
     "X-Team-Secret": SECRETS["X-Team-Secret"],
     "A2A-Version": "1.0",
 }
+QUERY = f"lang=en&key={SECRETS['query key']}&team_token={SECRETS['query parameter']}"
 REQUEST = {
     "message": {
         "role": "ROLE_USER",
@@ -90,6 +95,8 @@ def secrets_agent(seen: list[dict[str, str]]) -> web.Application:
 
     async def stream(request: web.Request) -> web.StreamResponse:
         seen.append(dict(request.headers))
+        if request.query.get("key") != SECRETS["query key"]:
+            raise web.HTTPUnauthorized(text="the key in the query string is missing or wrong")
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Set-Cookie": f"s={SECRETS['Set-Cookie']}"}
         )
@@ -135,7 +142,7 @@ async def committed(db: Path, exchanges: int) -> None:
 
 
 async def send(url: str, session: aiohttp.ClientSession) -> bytes:
-    async with session.post(f"{url}/message:stream", json=REQUEST, headers=HEADERS) as r:
+    async with session.post(f"{url}/message:stream?{QUERY}", json=REQUEST, headers=HEADERS) as r:
         assert r.status == 200
         return await r.read()
 
@@ -198,6 +205,7 @@ async def test_record_keeps_secrets_out_of_the_log_its_cassettes_and_the_inspect
     text = cassette.read_text()
     (exported,) = read_cassette(cassette)
     assert ("Authorization", "[REDACTED]") in exported.request_headers
+    assert exported.query == "lang=en&key=[REDACTED]&team_token=[REDACTED]"
     assert json.loads(exported.request_body or b"")["message"]["metadata"]["apiKey"] == "[REDACTED]"
     found += leaked(text, "the exported cassette")
     for path, page in (await inspector_pages(db)).items():
@@ -301,10 +309,12 @@ import pytest
 
 @pytest.mark.tasktape(
     redact_headers="X-Team-Secret",
+    redact_query="team_token",
     redact_json=["/message/metadata/apiKey", "/statusUpdate/metadata/connectorToken"],
 )
 def test_ask(tasktape):
-    with httpx.stream("POST", tasktape.url + "/message:stream", json={REQUEST!r}, headers={HEADERS!r}) as r:
+    url = tasktape.url + "/message:stream?{QUERY}"
+    with httpx.stream("POST", url, json={REQUEST!r}, headers={HEADERS!r}) as r:
         assert r.status_code == 200 and "TASK_STATE_COMPLETED" in r.read().decode()
 """
 
