@@ -5,6 +5,8 @@
     stall=N:MS          stop for MS milliseconds after the Nth event
     status=S            answer status S (with a JSON error) instead of the recording
     delay-headers=MS    send the status and headers MS milliseconds late
+
+A stall or a delay is at most an hour (MAX_MS): a longer one is a typo, not a test.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 HEADER = "X-Tasktape-Fault"
+MAX_MS = 3_600_000.0
 
 
 class FaultError(ValueError):
@@ -53,6 +56,10 @@ class Faults:
                     )
             except FaultError:
                 raise
+            except OverflowError:
+                raise FaultError(
+                    f"{item!r} waits too long: stalls and delays are at most {MAX_MS:,.0f} ms"
+                ) from None
             except ValueError:
                 raise FaultError(
                     f"cannot read the fault {item!r}: see drop-after=N, stall=N:MS, status=S, "
@@ -73,6 +80,8 @@ def _count(value: str) -> int:
 
 def _ms(value: str) -> float:
     ms = float(value)
-    if not 0 <= ms < float("inf"):  # also refuses NaN
+    if not ms >= 0:  # also refuses NaN
         raise ValueError
+    if ms > MAX_MS:
+        raise OverflowError
     return ms

@@ -390,6 +390,10 @@ async def test_a_bad_fault_header_is_explained(tmp_path: Path, serve: Serve) -> 
         assert r.status == 400 and "unknown fault 'explode'" in (await r.text())
     with pytest.raises(ValueError, match="stall=N:MS"):
         Faults.parse("stall=two")
+    for slow in ("stall=1:3600001", "delay-headers=1e300", "stall=2:inf"):
+        with pytest.raises(ValueError, match=r"waits too long: stalls and delays are at most 3,600,000 ms"):
+            Faults.parse(slow)
+    assert Faults.parse("stall=1:3600000").stall_ms == 3_600_000
 
 
 async def test_record_missing_records_misses_for_the_next_run(tmp_path: Path, serve: Serve) -> None:
