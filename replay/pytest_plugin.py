@@ -6,7 +6,8 @@ through the ``pytest11`` entry point; nothing to import).
         events = await my_client(tasktape.url).stream("What does J45.909 mean?")
 
 The fixture serves the cassette (in the test's event loop for pytest-asyncio tests, in a
-thread for the others) and fails the test when a request missed it.
+thread for the others) and fails the test when a request missed it, whether the test or
+one of its fixtures sent it.
 ``--tasktape-record-mode`` records cassettes through the recording proxy from
 ``--tasktape-upstream``.
 """
@@ -33,6 +34,7 @@ LOOP_SCOPES = ("function", "class", "module", "package", "session")
 _TAPE = pytest.StashKey["Tape"]()
 _OPTIONS = pytest.StashKey["TapeOptions"]()
 _WRITTEN = pytest.StashKey[set[Path]]()
+_TOLD = pytest.StashKey[int]()  # how many of the test's misses have been reported
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -194,6 +196,16 @@ def _loop_scope(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """A fixture that failed on a miss keeps its error, with what was closest beside it."""
+    try:
+        return (yield)
+    except (Exception, pytest.fail.Exception):
+        _tell(item, "setup", unused=False)
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     """A request that missed the cassette fails the test, saying what was closest."""
     try:
@@ -201,9 +213,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     except (Exception, pytest.fail.Exception):
         # The test failed on its own (most likely because of the miss): keep its error,
         # and add what the cassette lacked beside it.
-        problems = _problems(item)
-        if problems:
-            item.add_report_section("call", "tasktape", problems)
+        _tell(item, "call")
         raise
     problems = _problems(item)
     if problems:
@@ -211,6 +221,31 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     return result
 
 
-def _problems(item: pytest.Item) -> str | None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    """A miss in a fixture's teardown, after the test ran, fails the teardown."""
+    try:
+        result = yield
+    except (Exception, pytest.fail.Exception):
+        _tell(item, "teardown", unused=False)
+        raise
+    problems = _problems(item, unused=False)
+    if problems:
+        pytest.fail(problems, pytrace=False)
+    return result
+
+
+def _tell(item: pytest.Item, when: str, *, unused: bool = True) -> None:
+    problems = _problems(item, unused=unused)
+    if problems:
+        item.add_report_section(when, "tasktape", problems)
+
+
+def _problems(item: pytest.Item, *, unused: bool = True) -> str | None:
+    """What the test's tape has to say that was not said yet (it is then said)."""
     tape = item.stash.get(_TAPE, None)
-    return tape.problems() if tape is not None else None
+    if tape is None:
+        return None
+    problems = tape.problems(since=item.stash.get(_TOLD, 0), unused=unused)
+    item.stash[_TOLD] = len(tape.missed)
+    return problems

@@ -89,19 +89,20 @@ class Tape:
                 events += decoder.close()
         return events
 
-    def problems(self) -> str | None:
-        """Why the test should fail: requests that missed the cassette (and, when asked,
-        recordings left unused); None when there is nothing to say."""
+    def problems(self, *, since: int = 0, unused: bool = True) -> str | None:
+        """Why the test should fail: requests that missed the cassette (after the first
+        ``since`` of them, already told) and, when asked and ``unused``, recordings left
+        unused; None when there is nothing to say."""
         lines = []
-        for miss in self.missed:
+        for miss in self.missed[since:]:
             where = _shown(self.cassette)
             lines.append(f"{miss.request} matches nothing in {where}; the closest recordings:")
             lines += [f"  {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest]
-        if self.fail_on_unused and not self.recording:
+        if unused and self.fail_on_unused and not self.recording:
             lines += [f"recorded but never requested: {r.request_line} ({r.origin})" for r in self.unused]
         if not lines:
             return None
-        if self.missed:
+        if self.missed[since:]:
             lines.append(
                 "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL, "
                 "or ignore what changes between runs with @pytest.mark.tasktape(ignore=[...])"

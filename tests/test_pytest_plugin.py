@@ -200,6 +200,65 @@ def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pyt
     result.stdout.fnmatch_lines(["*def test_fails_on_its_own*", "E       assert 1 == 2"])
 
 
+def test_a_miss_in_a_fixture_is_reported_too(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_fixtures="""
+        import httpx
+        import pytest
+
+        pytestmark = pytest.mark.tasktape("cassettes/completed.jsonl")
+
+        @pytest.fixture
+        def warm_up(tasktape):
+            httpx.get(f"{tasktape.url}/warm-up")  # a 404, shrugged off
+
+        @pytest.fixture
+        def strict_warm_up(tasktape):
+            assert httpx.get(f"{tasktape.url}/strict-warm-up").status_code == 200
+
+        @pytest.fixture
+        def goodbye(tasktape):
+            yield
+            httpx.get(f"{tasktape.url}/goodbye")
+
+        def test_after_a_warm_up(warm_up):
+            pass
+
+        def test_after_a_strict_warm_up(strict_warm_up):
+            pass
+
+        def test_before_a_goodbye(goodbye):
+            pass
+        """
+    )
+    result = run(project)
+    # The shrugged-off miss fails the test; the strict fixture's failure is an error with the
+    # cassette's story beside it; the goodbye's miss, after a passing test, errors its teardown.
+    result.assert_outcomes(failed=1, passed=1, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_after_a_warm_up _*",
+            "GET /warm-up matches nothing in cassettes/completed.jsonl; the closest recordings:",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of test_after_a_strict_warm_up*",
+            "E *assert 404 == 200*",
+            "*- Captured tasktape setup -*",
+            "GET /strict-warm-up matches nothing in cassettes/completed.jsonl; *",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_before_a_goodbye*",
+            "GET /goodbye matches nothing in cassettes/completed.jsonl; *",
+        ]
+    )
+    assert result.stdout.str().count("matches nothing") == 3
+
+
 def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
     sample(project, "completed.jsonl")
     project.makepyfile(
