@@ -1,5 +1,5 @@
-"""The recording proxy side by side with a direct connection and a bare aiohttp
-pass-through that records nothing, each in its own process, on loopback.
+"""The recording proxy side by side with a direct connection, a bare aiohttp pass-through
+that records nothing, and itself with its log off, each in its own process, on loopback.
 
 Workloads: one stream of 500 events 5 ms apart (added latency per event, time to first
 event) and 50 concurrent streams of 2,000 200-byte events sent as fast as possible
@@ -28,9 +28,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from eventlog.producer import NullWriter
+from proxy import RecordingProxy
+
 from .harness import Section, percentiles
 
 EVENT_SIZE = 200
+UNRECORDED = "tasktape's proxy, log off"
 RUNS = 5
 
 
@@ -85,6 +89,12 @@ def passthrough_main(port: int, upstream: str) -> None:
     app.cleanup_ctx.append(session)
     app.router.add_route("*", "/{tail:.*}", forward)
     web.run_app(app, host="127.0.0.1", port=port, print=lambda *_: print("ready", flush=True))
+
+
+def unrecorded_main(port: int, upstream: str) -> None:
+    """tasktape record's proxy with a writer that keeps nothing: what forwarding alone costs."""
+    proxy = RecordingProxy(upstream, NullWriter())
+    web.run_app(proxy.app, host="127.0.0.1", port=port, print=lambda *_: print("ready", flush=True))
 
 
 def free_port() -> int:
@@ -232,6 +242,13 @@ def start_variants(stack: contextlib.ExitStack, tmp: Path, upstream: str) -> dic
     start(
         "bare aiohttp pass-through",
         [python, "-c", bench.format("passthrough_main"), str(port), upstream],
+        "ready",
+        port,
+    )
+    port = free_port()
+    start(
+        UNRECORDED,
+        [python, "-c", bench.format("unrecorded_main"), str(port), upstream],
         "ready",
         port,
     )
