@@ -53,6 +53,7 @@ def main(fd: int) -> None:
         # queue without bound here.
         while writer.backlog > writer.max_backlog // 2:
             time.sleep(0.002)
+        stop = False
         for i, op in enumerate(ops):
             code = op[0]
             if code == END:
@@ -63,11 +64,13 @@ def main(fd: int) -> None:
                 ops[i] = (FLUSH, lambda token=op[1]: send(("flushed", token)))
             elif code == STOP:
                 del ops[i:]
-                writer.put_many(ops)
-                writer.close()
-                send(("closed", writer.stats))
-                return
+                stop = True
+                break
         writer.put_many(ops)
+        if stop:
+            writer.close()
+            send(("closed", writer.stats))
+            return
 
 
 if __name__ == "__main__":

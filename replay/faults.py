@@ -56,10 +56,6 @@ class Faults:
                     )
             except FaultError:
                 raise
-            except OverflowError:
-                raise FaultError(
-                    f"{item!r} waits too long: stalls and delays are at most {MAX_MS:,.0f} ms"
-                ) from None
             except ValueError:
                 raise FaultError(
                     f"cannot read the fault {item!r}: see drop-after=N, stall=N:MS, status=S, "
@@ -83,5 +79,5 @@ def _ms(value: str) -> float:
     if not ms >= 0:  # also refuses NaN
         raise ValueError
     if ms > MAX_MS:
-        raise OverflowError
+        raise FaultError(f"{value} ms waits too long: stalls and delays are at most {MAX_MS:,.0f} ms")
     return ms
