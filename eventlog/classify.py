@@ -63,15 +63,18 @@ def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
         obj = obj.get("result")
         if not isinstance(obj, dict):
             return Classification("other", binding, parse_error="JSON-RPC result is not an object")
-    present = [k for k in STREAM_KINDS if k in obj]
+    kind = None
+    for name in STREAM_KINDS:
+        if name in obj:
+            if kind is not None:
+                present = ", ".join(k for k in STREAM_KINDS if k in obj)
+                return Classification(
+                    "other", binding, parse_error=f"more than one of {present} in one frame"
+                )
+            kind = name
     v03_kind = obj.get("kind")
-    if len(present) == 1:
-        kind = present[0]
+    if kind is not None:
         body = obj[kind]
-    elif present:
-        return Classification(
-            "other", binding, parse_error=f"more than one of {', '.join(present)} in one frame"
-        )
     elif isinstance(v03_kind, str) and v03_kind in V03_KINDS:
         kind = V03_KINDS[v03_kind]
         body = obj
@@ -105,26 +108,42 @@ def _text(parts: Any) -> str | None:
 
 
 def _usage(metadata: Any) -> dict[str, Any] | None:
-    usage = _dict(metadata).get("$usage")
+    if not isinstance(metadata, dict):
+        return None
+    usage = metadata.get("$usage")
     return usage if isinstance(usage, dict) else None
 
 
-def _state(status: dict[str, Any]) -> str | None:
-    state = status.get("state")
-    return normalize_state(state) if isinstance(state, str) else None
+# The extractors below run once per recorded event: they build the tuple positionally
+# (keyword construction of a NamedTuple costs several times more) and test types inline.
+_new = tuple.__new__
 
 
 def _with_status(kind: str, body: dict[str, Any], binding: str, id_field: str) -> Classification:
     """A task snapshot (id in ``id``) or a status update (id in ``taskId``)."""
-    status = _dict(body.get("status"))
-    return Classification(
-        kind,
-        binding,
-        task_id=_str(body.get(id_field)),
-        context_id=_str(body.get("contextId")),
-        state=_state(status),
-        text=_text(_dict(status.get("message")).get("parts")),
-        usage=_usage(body.get("metadata")),
+    status = body.get("status")
+    if not isinstance(status, dict):
+        status = {}
+    state = status.get("state")
+    message = status.get("message")
+    task_id = body.get(id_field)
+    context_id = body.get("contextId")
+    return _new(
+        Classification,
+        (
+            kind,
+            binding,
+            task_id if isinstance(task_id, str) else None,
+            context_id if isinstance(context_id, str) else None,
+            normalize_state(state) if isinstance(state, str) else None,
+            None,
+            None,
+            None,
+            None,
+            _text(message.get("parts")) if isinstance(message, dict) else None,
+            _usage(body.get("metadata")),
+            None,
+        ),
     )
 
 
@@ -140,18 +159,30 @@ def _message(m: dict[str, Any], binding: str) -> Classification:
 
 
 def _artifact_update(a: dict[str, Any], binding: str) -> Classification:
-    artifact = _dict(a.get("artifact"))
-    return Classification(
-        "artifactUpdate",
-        binding,
-        task_id=_str(a.get("taskId")),
-        context_id=_str(a.get("contextId")),
-        artifact_id=_str(artifact.get("artifactId")),
-        artifact_type=_str(_dict(artifact.get("metadata")).get("type")),
-        append=a.get("append") is True,
-        last_chunk=a.get("lastChunk") is True,
-        text=_text(artifact.get("parts")),
-        usage=_usage(a.get("metadata")),
+    artifact = a.get("artifact")
+    if not isinstance(artifact, dict):
+        artifact = {}
+    task_id = a.get("taskId")
+    context_id = a.get("contextId")
+    artifact_id = artifact.get("artifactId")
+    metadata = artifact.get("metadata")
+    artifact_type = metadata.get("type") if isinstance(metadata, dict) else None
+    return _new(
+        Classification,
+        (
+            "artifactUpdate",
+            binding,
+            task_id if isinstance(task_id, str) else None,
+            context_id if isinstance(context_id, str) else None,
+            None,
+            artifact_id if isinstance(artifact_id, str) else None,
+            artifact_type if isinstance(artifact_type, str) else None,
+            a.get("append") is True,
+            a.get("lastChunk") is True,
+            _text(artifact.get("parts")),
+            _usage(a.get("metadata")),
+            None,
+        ),
     )
 
 
