@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import chart, decoder, eventlog_bench, proxy_bench, replay_bench, scaling
+from . import chart, decoder, eventlog_bench, instructions, proxy_bench, replay_bench, scaling
 from .harness import machine
 
 SUITES = {
@@ -16,6 +16,7 @@ SUITES = {
     "proxy": proxy_bench.run,
     "replay": replay_bench.run,
     "scaling": scaling.run,
+    "instructions": instructions.run,
 }
 
 

@@ -35,6 +35,7 @@ from .harness import Section, percentiles
 
 EVENT_SIZE = 200
 UNRECORDED = "tasktape's proxy, log off"
+CONTROL = "bare aiohttp pass-through, a second process"
 RUNS = 5
 
 
@@ -202,13 +203,14 @@ async def latency_run(url: str, n: int) -> tuple[list[float], float]:
     return latencies, first or 0.0
 
 
-async def throughput_run(url: str, streams: int, n: int) -> float:
-    """Concurrent streams as fast as they go: events/s received in all."""
+async def throughput_run(url: str, streams: int, n: int, *, delay: float = 0) -> float:
+    """Concurrent streams (as fast as they go, or ``delay`` seconds between events): events/s
+    received in all."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one() -> int:
             size = 0
-            async with session.post(f"{url}/stream?n={n}", data=b"{}") as response:
+            async with session.post(f"{url}/stream?n={n}&delay={delay}", data=b"{}") as response:
                 async for data in response.content.iter_any():
                     size += len(data)
             return size // EVENT_SIZE
@@ -227,8 +229,11 @@ class Variant:
     db: Path | None = None  # its event log, written by a child process (its log writer)
 
 
-def start_variants(stack: contextlib.ExitStack, tmp: Path, upstream: str) -> dict[str, Variant]:
-    """Every path to the upstream, each proxy in its own process."""
+def start_variants(
+    stack: contextlib.ExitStack, tmp: Path, upstream: str, *, control: bool = False
+) -> dict[str, Variant]:
+    """Every path to the upstream, each proxy in its own process; with ``control``, a second
+    bare pass-through too, whose ratio to the first is the measurement's own spread."""
     python = sys.executable
     bench = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
     variants = {"direct": Variant(upstream)}
@@ -245,6 +250,9 @@ def start_variants(stack: contextlib.ExitStack, tmp: Path, upstream: str) -> dic
         "ready",
         port,
     )
+    if control:
+        port = free_port()
+        start(CONTROL, [python, "-c", bench.format("passthrough_main"), str(port), upstream], "ready", port)
     port = free_port()
     start(
         UNRECORDED,

@@ -14,7 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .harness import Section
-from .proxy_bench import EVENT_SIZE, free_port, logged_events, process, start_variants, throughput_run
+from .proxy_bench import (
+    CONTROL,
+    EVENT_SIZE,
+    free_port,
+    logged_events,
+    process,
+    start_variants,
+    throughput_run,
+)
 
 CONCURRENCY = (10, 50, 100, 500)  # streams at once, TOTAL events among them
 TOTAL = 100_000
@@ -31,6 +39,7 @@ WARM_UP = (2, 20)  # streams, events
 RESULTS: dict[str, dict[tuple[int, int], float]] = {}
 RATIOS: dict[str, dict[tuple[int, int], float]] = {}
 SHAPES: dict[str, list[tuple[int, int]]] = {}
+ROUND_RATIOS: dict[str, dict[tuple[int, int], list[float]]] = {}  # every round's, by shape
 
 
 def run(quick: bool) -> list[Section]:
@@ -42,6 +51,7 @@ def run(quick: bool) -> list[Section]:
     rounds = 2 if quick else ROUNDS
     RESULTS.clear()
     RATIOS.clear()
+    ROUND_RATIOS.clear()
     SHAPES.update(concurrency=by_concurrency, length=by_length)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -50,7 +60,7 @@ def run(quick: bool) -> list[Section]:
             "import sys; from benchmarks.proxy_bench import upstream_main; upstream_main(*sys.argv[1:])"
         )
         stack.enter_context(process([sys.executable, "-c", upstream, str(port)], "ready"))
-        variants = start_variants(stack, tmp, f"http://127.0.0.1:{port}")
+        variants = start_variants(stack, tmp, f"http://127.0.0.1:{port}", control=True)
         logged = dict.fromkeys([name for name, v in variants.items() if v.db], WARM_UP[0] * WARM_UP[1])
         for v in variants.values():
             asyncio.run(throughput_run(v.url, *WARM_UP))  # warm up connections and code paths
@@ -68,6 +78,7 @@ def run(quick: bool) -> list[Section]:
                 RESULTS.setdefault(name, {})[shape] = statistics.median(samples)
                 paired = [rate / bare for rate, bare in zip(samples, rates[BARE], strict=True)]
                 RATIOS.setdefault(name, {})[shape] = statistics.median(paired)
+                ROUND_RATIOS.setdefault(name, {})[shape] = paired
     return [
         _section(
             f"Throughput by concurrency: {total:,} {EVENT_SIZE}-byte events among the streams",
@@ -104,4 +115,11 @@ def _section(
         "round's ratio to the bare aiohttp pass-through that records nothing. Before the next path "
         "runs, a recording path's log catches up, so its writing is charged to no other path."
     )
+    if CONTROL in ROUND_RATIOS:
+        spread = [ratio for shape in shapes for ratio in ROUND_RATIOS[CONTROL][shape]]
+        section.notes.append(
+            f'"{CONTROL}" runs the same program as the bare pass-through: its single rounds ranged '
+            f"{min(spread):.2f}x-{max(spread):.2f}x of it, which is the measurement's own spread on "
+            "this machine."
+        )
     return section

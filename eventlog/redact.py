@@ -1,12 +1,14 @@
 """Redaction: credentials and chosen JSON fields never reach the log.
 
-Headers and query parameters are redacted by name (case-insensitive). JSON fields are named by JSON
-pointers (RFC 6901, plus ``*`` for any key or index, e.g. ``/params/message/metadata/apiKey``
-or ``/*/metadata/token``). A redacted JSON value is replaced in the original bytes, so
-the rest of the document keeps its exact formatting; when that cannot be done safely,
-the document is re-serialized with the values replaced. Every copy of a redacted value
-in the same document is replaced too (a key equal to one included). Text that looks like
-JSON but cannot be read is replaced whole, since it could hold what should not be kept.
+Headers and query parameters are redacted by name (case-insensitive); so are the query
+parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` headers. JSON
+fields are named by JSON pointers (RFC 6901, plus ``*`` for any key or index, e.g.
+``/params/message/metadata/apiKey`` or ``/*/metadata/token``). A redacted JSON value is
+replaced in the original bytes, so the rest of the document keeps its exact formatting;
+when that cannot be done safely, the document is re-serialized with the values replaced.
+Every copy of a redacted value in the same document is replaced too (a key equal to one
+included). Text that looks like JSON but cannot be read is replaced whole, since it could
+hold what should not be kept.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from urllib.parse import unquote_plus
 
 REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
+# Headers whose value is a URL, which can carry a credential in its query string.
+URL_HEADERS = frozenset(("referer", "location", "content-location"))
 # Query parameters that carry credentials in the APIs agents are commonly reached through.
 DEFAULT_QUERY = (
     "key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "password", "secret",
@@ -45,7 +49,22 @@ class Redactor:
         self._paths = [parse_pointer(p) for p in self.json_pointers]
 
     def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-        return [(k, REDACTED if k.lower() in self.headers else v) for k, v in pairs]
+        """Credential headers redacted whole; headers that hold a URL (``Referer``,
+        ``Location``, ``Content-Location``) keep it, with its query string redacted."""
+        return [(k, self._header_value(k.lower(), v)) for k, v in pairs]
+
+    def _header_value(self, name: str, value: str) -> str:
+        if name in self.headers:
+            return REDACTED
+        return self.url(value) if name in URL_HEADERS else value
+
+    def url(self, url: str) -> str:
+        """A URL (absolute or relative) with its query string redacted (:meth:`query`)."""
+        head, question, rest = url.partition("?")
+        if not question:
+            return url
+        query, hash_, fragment = rest.partition("#")
+        return f"{head}?{self.query(query)}{hash_}{fragment}"
 
     def query(self, raw: str | None) -> str | None:
         """A raw query string with the values of the chosen parameters replaced (names

@@ -141,6 +141,27 @@ async def test_cancel_mid_stream_and_409_after(agent: str, binding: str) -> None
         assert r.status == 409 and "terminal" in (await r.json())["error"]["message"]
 
 
+async def test_the_slow_answer_waits_for_its_cancel_at_any_pace() -> None:
+    # At --pace 0 every other answer is instant; this one must still be there to cancel.
+    server = TestServer(create_agent_app(pace=0), host="127.0.0.1")
+    await server.start_server()
+    agent = str(server.make_url("")).rstrip("/")
+    try:
+        for _ in range(5):
+            seen: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+            def first(event: dict[str, Any], seen: asyncio.Future[str] = seen) -> None:
+                if not seen.done() and "artifactUpdate" in event:
+                    seen.set_result(body(event)["taskId"])
+
+            streaming = asyncio.create_task(stream_message(agent, "cancel me", "rest", on_event=first))
+            task_id = await asyncio.wait_for(seen, 10)
+            assert (await cancel_task(agent, task_id, "rest"))["status"]["state"] == "TASK_STATE_CANCELED"
+            assert states(await asyncio.wait_for(streaming, 10))[-1] == "TASK_STATE_CANCELED"
+    finally:
+        await server.close()
+
+
 @pytest.mark.parametrize("binding", BINDINGS)
 async def test_subscribe_running_and_finished(agent: str, binding: str) -> None:
     seen: asyncio.Future[str] = asyncio.get_running_loop().create_future()

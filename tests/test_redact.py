@@ -47,6 +47,25 @@ def test_query_parameters_by_name_the_rest_byte_for_byte() -> None:
     assert Redactor(query=["page"], defaults=False).query("key=1&page=2") == "key=1&page=[REDACTED]"
 
 
+def test_urls_in_headers_keep_their_query_string_redacted() -> None:
+    r = Redactor(query=["team_token"])
+    pairs = [
+        ("Referer", "https://app.example/chat?lang=en&key=AIza-1#top"),
+        ("location", "/tasks/t-1?token=abc&page=2"),
+        ("Content-Location", "/tasks/t-1?team_token=t"),
+        ("Link", "</next?key=1>; rel=next"),  # not a URL header: left alone
+        ("Location", "/tasks/t-1"),
+    ]
+    assert r.header_pairs(pairs) == [
+        ("Referer", "https://app.example/chat?lang=en&key=[REDACTED]#top"),
+        ("location", "/tasks/t-1?token=[REDACTED]&page=2"),
+        ("Content-Location", "/tasks/t-1?team_token=[REDACTED]"),
+        ("Link", "</next?key=1>; rel=next"),
+        ("Location", "/tasks/t-1"),
+    ]
+    assert Redactor(defaults=False).url("/x?key=1") == "/x?key=1"
+
+
 def test_writer_redacts_the_query_string(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
     with LogWriter(db, redactor=Redactor(query=["tenant"])) as w:

@@ -49,6 +49,8 @@ SECRETS = {
     "upstream password": "sk-upstream-password-2b8f6d",
     "query key": "sk-query-key-0d5e17",  # a parameter redacted by default
     "query parameter": "sk-query-team-3c9a40",  # redacted because the command line says so
+    "Referer query": "sk-referer-key-a61f08",  # a URL header's query parameter
+    "Content-Location query": "sk-content-location-5e02bd",
 }
 REDACT = [
     "--redact-header",
@@ -66,6 +68,7 @@ HEADERS = {
     "X-API-Key": SECRETS["X-API-Key"],
     "X-Team-Secret": SECRETS["X-Team-Secret"],
     "A2A-Version": "1.0",
+    "Referer": f"https://app.example/chat?lang=en&key={SECRETS['Referer query']}",
 }
 QUERY = f"lang=en&key={SECRETS['query key']}&team_token={SECRETS['query parameter']}"
 REQUEST = {
@@ -98,7 +101,11 @@ def secrets_agent(seen: list[dict[str, str]]) -> web.Application:
         if request.query.get("key") != SECRETS["query key"]:
             raise web.HTTPUnauthorized(text="the key in the query string is missing or wrong")
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Set-Cookie": f"s={SECRETS['Set-Cookie']}"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Set-Cookie": f"s={SECRETS['Set-Cookie']}",
+                "Content-Location": f"/tasks/t-1?token={SECRETS['Content-Location query']}",
+            }
         )
         await response.prepare(request)
         for frame in sse(frames, ids="e"):

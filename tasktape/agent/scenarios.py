@@ -24,6 +24,7 @@ from .tasks import TaskRun
 MODEL = "tasktape-demo-1"
 THINK_DELAY = 0.3  # seconds before the first token
 TOKEN_DELAY = 0.03  # seconds between token deltas
+SLOWEST_CANCELABLE_PACE = 0.1  # the cancel scenario's pace, whatever --pace says
 
 
 class Scenario(StrEnum):
@@ -165,6 +166,9 @@ def script_for(scenario: Scenario, contexts_seen: int) -> Script:
         run.set_status("TASK_STATE_REJECTED", message="Rejected: this demo account has insufficient credits.")
 
     async def slow(run: TaskRun, text: str) -> None:
+        # This answer is there to be canceled, so it is never quicker than a tenth of the
+        # normal pace (a few seconds in all): at --pace 0 it would end before a cancel lands.
+        run.pace = max(run.pace, SLOWEST_CANCELABLE_PACE)
         body = " ".join(["a slow answer that keeps streaming until it is canceled,"] * 20)
         await completed(run, text, body=body, delay=0.1)
 

@@ -1,0 +1,133 @@
+"""What each process spends per forwarded event, in instructions counted by valgrind's
+callgrind: unlike time on a shared machine, a count does not drift with the machine's
+speed, so it says exactly what recording adds to forwarding and what the log writer costs.
+
+Each path runs under callgrind twice, once with only a warm-up and once with the paced
+streams too; the difference, divided by the events, is the cost of one event. The agent
+paces its events so that they reach the proxy one by one, as they do at full speed (a
+proxy slowed down by valgrind would otherwise read them coalesced, and look cheaper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .harness import Section
+from .proxy_bench import UNRECORDED, free_port, listening, logged_events, process, throughput_run
+
+STREAMS, EVENTS, DELAY = 5, 500, 0.02  # 5 streams of 500 events 20 ms apart
+QUICK = (4, 100)
+WARM_UP = (2, 10)
+_STARTUP = 300.0  # seconds: Python importing aiohttp and sqlite-utils under valgrind
+RECORD = "tasktape record"
+_BENCH = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
+
+
+def run(quick: bool) -> list[Section]:
+    streams, events = QUICK if quick else (STREAMS, EVENTS)
+    section = Section(
+        f"Instructions per event: {streams} streams of {events} events {DELAY * 1000:.0f} ms apart",
+        ["path", "proxy process", "vs bare pass-through", "log writer process", "both, vs bare"],
+    )
+    if shutil.which("valgrind") is None:
+        section.notes.append("valgrind is not installed, so nothing was counted (apt-get install valgrind).")
+        return [section]
+    python = sys.executable
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        port = free_port()
+        stack.enter_context(process([python, "-c", _BENCH.format("upstream_main"), str(port)], "ready"))
+        upstream = f"http://127.0.0.1:{port}"
+        paths = {
+            "bare aiohttp pass-through": lambda p, _db: [
+                python, "-c", _BENCH.format("passthrough_main"), str(p), upstream
+            ],
+            UNRECORDED: lambda p, _db: [python, "-c", _BENCH.format("unrecorded_main"), str(p), upstream],
+            RECORD: lambda p, db: [
+                python, "-m", "tasktape", "record", "--upstream", upstream,
+                "--listen", f"127.0.0.1:{p}", "--db", str(db), "--quiet",
+            ],
+        }  # fmt: skip
+        # One path at a time, its two runs side by side (the warm-up-only one mostly idles):
+        # a process starved of CPU would read events coalesced, and count fewer per event.
+        counts = {}
+        with ThreadPoolExecutor(2) as pool:
+            for name, command in paths.items():
+                idle = pool.submit(_count, tmp, command, name == RECORD, 0, 0)
+                counts[name, (streams, events)] = _count(tmp, command, name == RECORD, streams, events)
+                counts[name, (0, 0)] = idle.result()
+    total = streams * events
+    per_event = {
+        name: [
+            (b - a) / total
+            for a, b in zip(counts[name, (0, 0)], counts[name, (streams, events)], strict=True)
+        ]
+        for name in paths
+    }
+    bare = per_event["bare aiohttp pass-through"][0]
+    for name, (proxy, writer) in per_event.items():
+        section.add(
+            name,
+            f"{proxy:,.0f}",
+            f"{proxy / bare:.2f}x",
+            f"{writer:,.0f}" if writer else "-",
+            f"{(proxy + writer) / bare:.2f}x",
+        )
+    section.notes.append(
+        "Instructions per event in each process (callgrind: user space only, so the kernel's "
+        "socket work is not counted), the difference between a run with the streams and one "
+        "with only a warm-up. tasktape record's proxy process is what forwards; its log writer "
+        "is the child process that decodes, classifies and commits."
+    )
+    return [section]
+
+
+def _count(
+    tmp: Path, args: Callable[[int, Path], list[str]], recording: bool, streams: int, events: int
+) -> tuple[float, float]:
+    """Instructions of the proxy process and of its log writer (0 when none) over a run
+    that forwards ``streams`` paced streams of ``events`` events after the warm-up."""
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    port, db = free_port(), out / "log.db"
+    valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", "--trace-children=yes"]
+    # A fixed hash seed: the same dict layouts, so the two runs start up alike to the instruction.
+    proc = subprocess.Popen(
+        [*valgrind, *args(port, db)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    try:
+        if not listening(port, proc, timeout=_STARTUP):
+            raise RuntimeError(f"{args(port, db)} did not start under valgrind")
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(throughput_run(url, *WARM_UP))
+        if streams:
+            asyncio.run(throughput_run(url, streams, events, delay=DELAY))
+        if recording:  # the writer's whole share: every event committed
+            logged_events(db, WARM_UP[0] * WARM_UP[1] + streams * events, timeout=_STARTUP)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(_STARTUP)
+    counts = {int(f.name.split(".")[1]): _total(f) for f in out.glob("cg.*")}
+    proxy = counts.pop(proc.pid)
+    return proxy, sum(counts.values())
+
+
+def _total(path: Path) -> float:
+    """The instruction total callgrind wrote at the end of its output file."""
+    match = re.search(rb"^(?:totals|summary): (\d+)", path.read_bytes(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"{path}: no instruction total")
+    return float(match.group(1))
