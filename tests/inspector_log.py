@@ -110,3 +110,14 @@ class Served:
         self.reader.join(5)
         assert self.process.stderr is not None
         return self.process.returncode, self.out, self.process.stderr.read()
+
+
+def stream_of(path: Path, scenario: str) -> int:
+    """The exchange id of a demo scenario's first stream: the demo runs its scenarios at
+    once, so which request came in when depends on the machine's load."""
+    task_id = task_of(path, scenario)
+    with EventLog(path) as log:
+        (row,) = log.db.query(
+            "SELECT min(id) AS id FROM exchanges WHERE task_id = ? AND is_sse = 1", [task_id]
+        )
+    return row["id"]

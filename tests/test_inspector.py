@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from a2a_frames import completed_run, sse
 from datasette.app import Datasette
-from inspector_log import BROKEN, record_log, task_of
+from inspector_log import BROKEN, record_log, stream_of, task_of
 from markupsafe import Markup
 
 import inspector
@@ -80,13 +80,14 @@ async def test_every_table_and_view_renders_with_its_title_description_and_facet
     }
 
 
-async def test_internal_tables_are_hidden_and_foreign_keys_show_labels(ds: Datasette) -> None:
+async def test_internal_tables_are_hidden_and_foreign_keys_show_labels(ds: Datasette, log: Path) -> None:
     tables = {t["name"]: t["hidden"] for t in (await ds.client.get(f"/{DB}.json")).json()["tables"]}
     assert {name for name, hidden in tables.items() if hidden} == set(HIDDEN)
     assert not any(tables[name] for name in ("captures", "exchanges", "chunks", "events", "findings"))
     # An event's exchange shows as a link labelled with the exchange's path.
-    html = await page(ds, f"/{DB}/events?exchange_id=13")
-    assert re.search(r'<a href="/demo/exchanges/13">/message:stream</a>', html)
+    stream = stream_of(log, "completed")
+    html = await page(ds, f"/{DB}/events?exchange_id={stream}")
+    assert f'<a href="/demo/exchanges/{stream}">/message:stream</a>' in html
 
 
 async def test_full_text_search_finds_a_token_and_sees_through_the_search_box(ds: Datasette) -> None:
@@ -129,7 +130,7 @@ async def test_canned_queries_take_their_parameters(ds: Datasette, log: Path) ->
 
 async def test_render_cell_colours_states_links_tasks_and_shows_ms_and_json(ds: Datasette, log: Path) -> None:
     completed = task_of(log, "completed")
-    html = await page(ds, f"/{DB}/events?exchange_id=13&_size=3")
+    html = await page(ds, f"/{DB}/events?exchange_id={stream_of(log, 'completed')}&_size=3")
     assert '<span class="tt-pill tt-s-submitted" title="TASK_STATE_SUBMITTED">SUBMITTED</span>' in html
     assert f'<a class="tt-task" href="/{DB}/-/task/{completed}">{completed}</a>' in html
     assert re.search(r'<span class="tt-ms" title="[\d,]+ ns">[\d,]+\.\d{3} ms</span>', html)
@@ -175,14 +176,14 @@ async def test_other_databases_are_left_alone(tmp_path: Path) -> None:
 
 
 async def test_the_task_page_shows_the_whole_run(ds: Datasette, log: Path) -> None:
-    completed = task_of(log, "completed")
+    completed, x = task_of(log, "completed"), stream_of(log, "completed")
     html = await page(ds, f"/{DB}/-/task/{completed}")
     assert f"<title>Task {completed} · {DB}</title>" in html
     assert "What does J45.909 mean?" in html  # what was asked
     # The time axis: one lane for the stream, every event a mark, the think-time gap measured.
     (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', html, re.S)
-    assert "#13 SendStreamingMessage" in svg
-    assert len(re.findall(r"<title>#13\.\d+ at", svg)) == 40
+    assert f"#{x} SendStreamingMessage" in svg
+    assert len(re.findall(rf"<title>#{x}\.\d+ at", svg)) == 40
     gap = re.search(r'class="tt-gap-label"[^>]*>([\d,]+) ms<', svg)
     assert gap and int(gap.group(1).replace(",", "")) >= 20  # the agent thinks before its first token
     for label in ("SUBMITTED", "WORKING", "COMPLETED", "thinking · 11", "answer · 26"):
@@ -190,7 +191,7 @@ async def test_the_task_page_shows_the_whole_run(ds: Datasette, log: Path) -> No
     # The state changes in order, each linked to its event.
     states = re.findall(r'<li>\s*<span class="tt-pill [^"]+" title="(\w+)"', html)
     assert states == ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
-    assert f'href="/{DB}/events/13,39">#13.39</a>' in html
+    assert f'href="/{DB}/events/{x},39">#{x}.39</a>' in html
     # The answer (with its citation resolved) apart from the intermediate thinking.
     answer, thinking = html.split("<h2>Intermediate thinking</h2>")
     answer = answer.split("<h2>Answer</h2>")[1]
@@ -204,7 +205,7 @@ async def test_the_task_page_shows_the_whole_run(ds: Datasette, log: Path) -> No
     assert re.search(r"<th>model</th><td>tasktape-demo-1</td>", html)
     assert "The lifecycle checks find nothing wrong" in html
     assert html.count('class="tt-gapbar"') == 39
-    assert html.count(f'href="/{DB}/events/13,') >= 40
+    assert html.count(f'href="/{DB}/events/{x},') >= 40
 
 
 async def test_a_task_across_streams_and_requests(ds: Datasette, log: Path) -> None:
