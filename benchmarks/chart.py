@@ -17,7 +17,7 @@ def draw(path: Path) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.4), constrained_layout=True)
     panels = (
         (axes[0], scaling.SHAPES["concurrency"], 0, "streams at once (the same events among them)"),
         (axes[1], scaling.SHAPES["length"], 1, f"events per stream ({scaling.STREAMS} streams at once)"),
@@ -45,7 +45,8 @@ def draw(path: Path) -> bool:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_title("Throughput by concurrency")
     axes[1].set_title("Throughput by stream length")
-    axes[1].legend(fontsize=8, loc="lower right")
+    # Below both panels, where it hides no line.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
