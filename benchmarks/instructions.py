@@ -24,14 +24,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .harness import Section
-from .proxy_bench import UNRECORDED, free_port, listening, logged_events, process, throughput_run
+from .proxy_bench import (
+    BARE,
+    BENCH,
+    UNRECORDED,
+    free_port,
+    listening,
+    logged_events,
+    start_upstream,
+    throughput_run,
+)
 
 STREAMS, EVENTS, DELAY = 5, 500, 0.02  # 5 streams of 500 events 20 ms apart
 QUICK = (4, 100)
 WARM_UP = (2, 10)
 _STARTUP = 300.0  # seconds: Python importing aiohttp and sqlite-utils under valgrind
 RECORD = "tasktape record"
-_BENCH = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
 
 
 def run(quick: bool) -> list[Section]:
@@ -46,14 +54,10 @@ def run(quick: bool) -> list[Section]:
     python = sys.executable
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        port = free_port()
-        stack.enter_context(process([python, "-c", _BENCH.format("upstream_main"), str(port)], "ready"))
-        upstream = f"http://127.0.0.1:{port}"
+        upstream = start_upstream(stack)
         paths = {
-            "bare aiohttp pass-through": lambda p, _db: [
-                python, "-c", _BENCH.format("passthrough_main"), str(p), upstream
-            ],
-            UNRECORDED: lambda p, _db: [python, "-c", _BENCH.format("unrecorded_main"), str(p), upstream],
+            BARE: lambda p, _db: [python, "-c", BENCH.format("passthrough_main"), str(p), upstream],
+            UNRECORDED: lambda p, _db: [python, "-c", BENCH.format("unrecorded_main"), str(p), upstream],
             RECORD: lambda p, db: [
                 python, "-m", "tasktape", "record", "--upstream", upstream,
                 "--listen", f"127.0.0.1:{p}", "--db", str(db), "--quiet",
@@ -75,7 +79,7 @@ def run(quick: bool) -> list[Section]:
         ]
         for name in paths
     }
-    bare = per_event["bare aiohttp pass-through"][0]
+    bare = per_event[BARE][0]
     for name, (proxy, writer) in per_event.items():
         section.add(
             name,

@@ -34,8 +34,11 @@ from proxy import RecordingProxy
 from .harness import Section, percentiles
 
 EVENT_SIZE = 200
+BARE = "bare aiohttp pass-through"
 UNRECORDED = "tasktape's proxy, log off"
 CONTROL = "bare aiohttp pass-through, a second process"
+# How a benchmark process starts: python -c BENCH.format("passthrough_main") ARGS...
+BENCH = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
 RUNS = 5
 
 
@@ -235,7 +238,6 @@ def start_variants(
     """Every path to the upstream, each proxy in its own process; with ``control``, a second
     bare pass-through too, whose ratio to the first is the measurement's own spread."""
     python = sys.executable
-    bench = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
     variants = {"direct": Variant(upstream)}
 
     def start(name: str, args: list[str], ready: str | int, port: int, db: Path | None = None) -> int:
@@ -243,23 +245,14 @@ def start_variants(
         variants[name] = Variant(f"http://127.0.0.1:{port}", pid, db)
         return pid
 
-    port = free_port()
-    start(
-        "bare aiohttp pass-through",
-        [python, "-c", bench.format("passthrough_main"), str(port), upstream],
-        "ready",
-        port,
-    )
-    if control:
-        port = free_port()
-        start(CONTROL, [python, "-c", bench.format("passthrough_main"), str(port), upstream], "ready", port)
-    port = free_port()
-    start(
-        UNRECORDED,
-        [python, "-c", bench.format("unrecorded_main"), str(port), upstream],
-        "ready",
-        port,
-    )
+    for name, main in (
+        (BARE, "passthrough_main"),
+        (CONTROL, "passthrough_main"),
+        (UNRECORDED, "unrecorded_main"),
+    ):
+        if name != CONTROL or control:
+            port = free_port()
+            start(name, [python, "-c", BENCH.format(main), str(port), upstream], "ready", port)
     port, db = free_port(), tmp / "record.db"
     args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
     start("tasktape record", [python, "-m", "tasktape", *args], "listening on", port, db)
@@ -287,15 +280,19 @@ def start_variants(
     return variants
 
 
+def start_upstream(stack: contextlib.ExitStack) -> str:
+    """The benchmark agent (``upstream_main``) in its own process, until ``stack`` closes; its URL."""
+    port = free_port()
+    stack.enter_context(process([sys.executable, "-c", BENCH.format("upstream_main"), str(port)], "ready"))
+    return f"http://127.0.0.1:{port}"
+
+
 def run(quick: bool) -> list[Section]:
     n_latency, streams, n_events = (200, 10, 500) if quick else (500, 50, 2000)
-    up_port = free_port()
-    bench = "import sys; from benchmarks.proxy_bench import upstream_main; upstream_main(*sys.argv[1:])"
     results: dict[str, dict[str, float]] = {}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        stack.enter_context(process([sys.executable, "-c", bench, str(up_port)], "ready"))
-        variants = start_variants(stack, tmp, f"http://127.0.0.1:{up_port}")
+        variants = start_variants(stack, tmp, start_upstream(stack))
         samples: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
         for name, v in variants.items():
             asyncio.run(latency_run(v.url, 20))  # warm up connections and code paths
@@ -325,7 +322,7 @@ def run(quick: bool) -> list[Section]:
             p50, p99, _ = percentiles(sample["latency"])
             median = {key: statistics.median(values) for key, values in sample.items() if key != "latency"}
             results[name] = {"p50": p50, "p99": p99, "cpu": 0.0, "writer_cpu": 0.0, "recorded": 0.0, **median}
-    base, bare = results["direct"], results["bare aiohttp pass-through"]
+    base, bare = results["direct"], results[BARE]
     latency = Section(
         f"Proxy: one stream of {n_latency} events 5 ms apart",
         ["path", "latency p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "time to first event ms"],

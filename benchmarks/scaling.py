@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -15,11 +14,11 @@ from pathlib import Path
 
 from .harness import Section
 from .proxy_bench import (
+    BARE,
     CONTROL,
     EVENT_SIZE,
-    free_port,
     logged_events,
-    process,
+    start_upstream,
     start_variants,
     throughput_run,
 )
@@ -30,7 +29,6 @@ LENGTHS = (100, 1_000, 10_000)  # events per stream, STREAMS streams at once
 STREAMS = 10
 MIN_SECONDS = 0.5  # a shape is run again until it took this long: short runs are noise
 ROUNDS = 5  # every path runs each shape once per round; rounds alternate the paths' order
-BARE = "bare aiohttp pass-through"
 WARM_UP = (2, 20)  # streams, events
 
 # What the last run measured, for the chart: {path: {(streams, events): median events/s}};
@@ -55,12 +53,7 @@ def run(quick: bool) -> list[Section]:
     SHAPES.update(concurrency=by_concurrency, length=by_length)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        port = free_port()
-        upstream = (
-            "import sys; from benchmarks.proxy_bench import upstream_main; upstream_main(*sys.argv[1:])"
-        )
-        stack.enter_context(process([sys.executable, "-c", upstream, str(port)], "ready"))
-        variants = start_variants(stack, tmp, f"http://127.0.0.1:{port}", control=True)
+        variants = start_variants(stack, tmp, start_upstream(stack), control=True)
         logged = dict.fromkeys([name for name, v in variants.items() if v.db], WARM_UP[0] * WARM_UP[1])
         for v in variants.values():
             asyncio.run(throughput_run(v.url, *WARM_UP))  # warm up connections and code paths

@@ -258,34 +258,32 @@ async def test_identical_requests_replay_in_order(tmp_path: Path, serve: Serve) 
         assert got == [1, 2, third if third != 200 else 2]
 
 
-async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
+def answers_ok(tmp_path: Path, path: str, request_body: bytes, query: str | None = None) -> list[Recorded]:
+    """A cassette of one POST answered ``ok``, loaded back."""
     rec = Recorded(
         method="POST",
-        path="/x",
-        request_body=b'{"trace": "abc", "q": 1}',
+        path=path,
+        query=query,
+        request_body=request_body,
         status=200,
         chunks=[(0, b"ok")],
         outcome="complete",
     )
     write_cassette(tmp_path / "c.jsonl", [rec])
-    strict = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0).app)
-    lenient = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, ignore=("/trace",)).app)
+    return load([tmp_path / "c.jsonl"])
+
+
+async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
+    recorded = answers_ok(tmp_path, "/x", b'{"trace": "abc", "q": 1}')
+    strict = await serve(ReplayServer(recorded, speed=0).app)
+    lenient = await serve(ReplayServer(recorded, speed=0, ignore=("/trace",)).app)
     assert (await timed_post(f"{strict}/x", {"trace": "xyz", "q": 1}))[2] == 404
     assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
 
 
 async def test_a_query_value_redacted_in_the_recording_matches_any(tmp_path: Path, serve: Serve) -> None:
-    rec = Recorded(
-        method="POST",
-        path="/x",
-        query="key=[REDACTED]&lang=en&key=[REDACTED]",
-        request_body=b"{}",
-        status=200,
-        chunks=[(0, b"ok")],
-        outcome="complete",
-    )
-    write_cassette(tmp_path / "c.jsonl", [rec])
-    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, allow_repeats=True).app)
+    recorded = answers_ok(tmp_path, "/x", b"{}", query="key=[REDACTED]&lang=en&key=[REDACTED]")
+    url = await serve(ReplayServer(recorded, speed=0, allow_repeats=True).app)
     for same in ("lang=en&key=a&key=b", "key=b&key=a&lang=en"):
         assert (await timed_post(f"{url}/x?{same}", {}))[2] == 200, same
     for different in ("key=a&lang=de&key=b", "key=a&lang=en", "key=a&lang=en&key=b&page=2", "lang=en"):
@@ -295,16 +293,12 @@ async def test_a_query_value_redacted_in_the_recording_matches_any(tmp_path: Pat
 async def test_a_field_at_its_default_matches_its_absence(tmp_path: Path, serve: Serve) -> None:
     # A2A's JSON is protobuf JSON: the official SDK sends "configuration": {} where other
     # clients leave it out, and both mean the same.
-    rec = Recorded(
-        method="POST",
-        path="/message:send",
-        request_body=b'{"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}]}, "metadata": {}}',
-        status=200,
-        chunks=[(0, b"ok")],
-        outcome="complete",
+    recorded = answers_ok(
+        tmp_path,
+        "/message:send",
+        b'{"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}]}, "metadata": {}}',
     )
-    write_cassette(tmp_path / "c.jsonl", [rec])
-    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, allow_repeats=True).app)
+    url = await serve(ReplayServer(recorded, speed=0, allow_repeats=True).app)
     hi = {"role": "ROLE_USER", "parts": [{"text": "hi"}]}
     for same in (
         {"message": hi},
