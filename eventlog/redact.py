@@ -1,7 +1,8 @@
 """Redaction: credentials and chosen JSON fields never reach the log.
 
 Headers and query parameters are redacted by name (case-insensitive); so are the query
-parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` headers. JSON
+parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` headers and of
+each ``<URL>`` in a ``Link`` header (RFC 8288: paging links often carry a token). JSON
 fields are named by JSON pointers (RFC 6901, plus ``*`` for any key or index, e.g.
 ``/params/message/metadata/apiKey`` or ``/*/metadata/token``). A redacted JSON value is
 replaced in the original bytes, so the rest of the document keeps its exact formatting;
@@ -23,6 +24,9 @@ REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
 # Headers whose value is a URL, which can carry a credential in its query string.
 URL_HEADERS = frozenset(("referer", "location", "content-location"))
+# Headers listing URLs in angle brackets, each with parameters after it (RFC 8288).
+LINK_HEADERS = frozenset(("link",))
+_LINK_TARGET = re.compile(r"<([^>]*)>")
 # Query parameters that carry credentials in the APIs agents are commonly reached through.
 DEFAULT_QUERY = (
     "key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "password", "secret",
@@ -49,14 +53,19 @@ class Redactor:
         self._paths = [parse_pointer(p) for p in self.json_pointers]
 
     def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Credential headers redacted whole; headers that hold a URL (``Referer``,
-        ``Location``, ``Content-Location``) keep it, with its query string redacted."""
+        """Credential headers redacted whole; headers that hold URLs (``Referer``,
+        ``Location``, ``Content-Location``, ``Link``) keep them, with their query strings
+        redacted."""
         return [(k, self._header_value(k.lower(), v)) for k, v in pairs]
 
     def _header_value(self, name: str, value: str) -> str:
         if name in self.headers:
             return REDACTED
-        return self.url(value) if name in URL_HEADERS else value
+        if name in URL_HEADERS:
+            return self.url(value)
+        if name in LINK_HEADERS:
+            return _LINK_TARGET.sub(lambda m: f"<{self.url(m[1])}>", value)
+        return value
 
     def url(self, url: str) -> str:
         """A URL (absolute or relative) with its query string redacted (:meth:`query`)."""

@@ -53,14 +53,20 @@ def test_urls_in_headers_keep_their_query_string_redacted() -> None:
         ("Referer", "https://app.example/chat?lang=en&key=AIza-1#top"),
         ("location", "/tasks/t-1?token=abc&page=2"),
         ("Content-Location", "/tasks/t-1?team_token=t"),
-        ("Link", "</next?key=1>; rel=next"),  # not a URL header: left alone
+        ("Link", '</next?page=3&key=1>; rel="next", <https://a.example/p?sig=s>; anchor="<x?key=2>"'),
+        ("Link", "<>; rel=self, </plain>; rel=up"),
         ("Location", "/tasks/t-1"),
     ]
     assert r.header_pairs(pairs) == [
         ("Referer", "https://app.example/chat?lang=en&key=[REDACTED]#top"),
         ("location", "/tasks/t-1?token=[REDACTED]&page=2"),
         ("Content-Location", "/tasks/t-1?team_token=[REDACTED]"),
-        ("Link", "</next?key=1>; rel=next"),
+        (
+            "Link",
+            '</next?page=3&key=[REDACTED]>; rel="next", <https://a.example/p?sig=[REDACTED]>;'
+            ' anchor="<x?key=[REDACTED]>"',
+        ),
+        ("Link", "<>; rel=self, </plain>; rel=up"),
         ("Location", "/tasks/t-1"),
     ]
     assert Redactor(defaults=False).url("/x?key=1") == "/x?key=1"

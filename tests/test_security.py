@@ -51,6 +51,7 @@ SECRETS = {
     "query parameter": "sk-query-team-3c9a40",  # redacted because the command line says so
     "Referer query": "sk-referer-key-a61f08",  # a URL header's query parameter
     "Content-Location query": "sk-content-location-5e02bd",
+    "Link query": "sk-link-page-token-93c1e7",  # a paging link's token
 }
 REDACT = [
     "--redact-header",
@@ -105,6 +106,7 @@ def secrets_agent(seen: list[dict[str, str]]) -> web.Application:
                 "Content-Type": "text/event-stream",
                 "Set-Cookie": f"s={SECRETS['Set-Cookie']}",
                 "Content-Location": f"/tasks/t-1?token={SECRETS['Content-Location query']}",
+                "Link": f'</tasks?page=2&token={SECRETS["Link query"]}>; rel="next"',
             }
         )
         await response.prepare(request)
