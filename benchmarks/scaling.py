@@ -17,6 +17,7 @@ from .proxy_bench import (
     BARE,
     CONTROL,
     EVENT_SIZE,
+    cpu_seconds,
     logged_events,
     start_upstream,
     start_variants,
@@ -38,6 +39,9 @@ RESULTS: dict[str, dict[tuple[int, int], float]] = {}
 RATIOS: dict[str, dict[tuple[int, int], float]] = {}
 SHAPES: dict[str, list[tuple[int, int]]] = {}
 ROUND_RATIOS: dict[str, dict[tuple[int, int], list[float]]] = {}  # every round's, by shape
+# CPU µs per event of each proxy's forwarding process and of its log writer (until the log
+# caught up): {path: {shape: (forwarding, writer or None, median paired ratio to bare)}}.
+CPU: dict[str, dict[tuple[int, int], tuple[float, float | None, float]]] = {}
 
 
 def run(quick: bool) -> list[Section]:
@@ -50,6 +54,7 @@ def run(quick: bool) -> list[Section]:
     RESULTS.clear()
     RATIOS.clear()
     ROUND_RATIOS.clear()
+    CPU.clear()
     SHAPES.update(concurrency=by_concurrency, length=by_length)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -59,19 +64,30 @@ def run(quick: bool) -> list[Section]:
             asyncio.run(throughput_run(v.url, *WARM_UP))  # warm up connections and code paths
         for shape in dict.fromkeys(by_concurrency + by_length):
             rates: dict[str, list[float]] = {name: [] for name in variants}
+            cpu: dict[str, list[tuple[float, float]]] = {name: [] for name, v in variants.items() if v.pid}
             for round_ in range(rounds):
                 # A slow spell of the machine hits every path of a round, in turn first and last.
                 for name, v in list(variants.items())[:: -1 if round_ % 2 else 1]:
+                    before = _cpu(v.pid)
                     rate, done = asyncio.run(_sustained(v.url, *shape))
+                    forwarding = _cpu(v.pid)[0] - before[0]
                     rates[name].append(rate)
                     if v.db:  # its log catches up first, not while the next path is measured
                         logged[name] += done
                         logged_events(v.db, logged[name])
+                    if v.pid:
+                        cpu[name].append((forwarding / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
             for name, samples in rates.items():
                 RESULTS.setdefault(name, {})[shape] = statistics.median(samples)
                 paired = [rate / bare for rate, bare in zip(samples, rates[BARE], strict=True)]
                 RATIOS.setdefault(name, {})[shape] = statistics.median(paired)
                 ROUND_RATIOS.setdefault(name, {})[shape] = paired
+            for name, used in cpu.items():
+                cost = [c / bare for (c, _), (bare, _) in zip(used, cpu[BARE], strict=True)]
+                forwarding = statistics.median(c for c, _ in used)
+                writer = statistics.median(w for _, w in used) if variants[name].db else None
+                CPU.setdefault(name, {})[shape] = (forwarding, writer, statistics.median(cost))
+    shapes = list(dict.fromkeys(by_concurrency + by_length))
     return [
         _section(
             f"Throughput by concurrency: {total:,} {EVENT_SIZE}-byte events among the streams",
@@ -85,6 +101,7 @@ def run(quick: bool) -> list[Section]:
             lambda s: f"{s[1]:,} events",
             rounds,
         ),
+        _cpu_section(shapes, rounds),
     ]
 
 
@@ -95,6 +112,35 @@ async def _sustained(url: str, streams: int, events: int) -> tuple[float, int]:
         await throughput_run(url, streams, events)
         done += streams * events
     return done / elapsed, done
+
+
+def _cpu(pid: int | None) -> tuple[float, float]:
+    """CPU seconds of a forwarding process, and of its child processes (its log writer)."""
+    if pid is None:
+        return 0.0, 0.0
+    own = cpu_seconds(pid)
+    return own, cpu_seconds(pid, with_children=True) - own
+
+
+def _cpu_section(shapes: list[tuple[int, int]], rounds: int) -> Section:
+    section = Section(
+        "CPU per event in the forwarding process, µs (streams x events per stream)",
+        ["path", *(f"{n} x {m:,}" for n, m in shapes)],
+    )
+    for name, by_shape in CPU.items():
+        cells = []
+        for shape in shapes:
+            forwarding, writer, ratio = by_shape[shape]
+            cells.append(f"{forwarding:.1f} ({ratio:.2f}x)" + ("" if writer is None else f" + {writer:.1f}"))
+        section.add(name, *cells)
+    section.notes.append(
+        f"User + system CPU of each proxy's own process over the throughput runs above, per event, the "
+        f"median of {rounds} rounds; in brackets, the median of each round's ratio to the bare "
+        "pass-through's. A proxy with a CPU of its own forwards at most one event per that many µs, so "
+        'the ratio is the inverse of its capacity\'s. "+ N": the µs per event its log writer process '
+        "spent, until the log had caught up."
+    )
+    return section
 
 
 def _section(

@@ -30,7 +30,10 @@ from .producer import CHUNK, END, FLUSH, STOP, LogProducer
 
 _HOME = str(Path(__file__).resolve().parent.parent)  # where the eventlog package lives
 _BATCH = 4096  # operations per message at most
-_GATHER = 0.002  # seconds
+_GATHER = 0.002  # seconds: how long operations gather before they are sent, at first
+# At most this long, which bounds what a recorder killed outright can lose (the child
+# keeps everything sent to it).
+_MAX_GATHER = 0.016
 _STARTUP_TIMEOUT = 60.0
 
 
@@ -105,16 +108,23 @@ class ProcessLogWriter(LogProducer):
 
     def _feed(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
+        gather = _GATHER
         while True:
             batch = [get()]
             # Let a few milliseconds of operations gather: one wake-up and one message
             # per batch keeps this thread from contending with the event loop per chunk.
-            time.sleep(_GATHER)
+            time.sleep(gather)
             while len(batch) < _BATCH:
                 try:
                     batch.append(get_nowait())
                 except queue.Empty:
                     break
+            # Token-paced streams bring an operation or two per wake-up: wait longer, so
+            # that each wake-up carries more; under load, shorter again.
+            if len(batch) < 16:
+                gather = min(gather * 2, _MAX_GATHER)
+            elif len(batch) > 256:
+                gather = max(gather / 2, _GATHER)
             stop = False
             for i, op in enumerate(batch):
                 code = op[0]
