@@ -7,12 +7,13 @@ import argparse
 import time
 from pathlib import Path
 
-from . import chart, decoder, eventlog_bench, instructions, proxy_bench, replay_bench, scaling
+from . import chart, decoder, eventlog_bench, handover, instructions, proxy_bench, replay_bench, scaling
 from .harness import machine
 
 SUITES = {
     "decoder": decoder.run,
     "log": eventlog_bench.run,
+    "handover": handover.run,
     "proxy": proxy_bench.run,
     "replay": replay_bench.run,
     "scaling": scaling.run,
