@@ -6,6 +6,15 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict
 
+# How much header a request from a client, or a response from the upstream, may carry.
+# aiohttp's defaults (8 KiB a line, 128 headers) refuse what agents, their frameworks and
+# browsers send and accept every day (large cookies, tokens, Link and CSP headers); these
+# are about what common proxies allow for one header (envoy: 60 KiB in all). aiohttp has no
+# limit on all headers together, so their number bounds that (32 MiB at most).
+MAX_LINE = 64 * 1024  # bytes: a request or status line, a header name or value
+MAX_HEADERS = 512
+HEADER_LIMITS = {"max_line_size": MAX_LINE, "max_field_size": MAX_LINE, "max_headers": MAX_HEADERS}
+
 # Hop-by-hop: meaningful for one connection only, never forwarded.
 HOP_BY_HOP = frozenset(
     {

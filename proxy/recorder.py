@@ -23,7 +23,7 @@ from eventlog import LogProducer, WriterClosed
 from eventlog.exchange_rows import ExchangeSummary
 
 from .card import is_card_request, rewrite_card
-from .headers import end_to_end, for_upstream
+from .headers import HEADER_LIMITS, end_to_end, for_upstream
 
 # Request bodies up to this size (with a Content-Length) are read whole before they
 # are forwarded; larger or chunked ones are streamed through.
@@ -67,7 +67,7 @@ class RecordingProxy:
         self._idle = asyncio.Event()
         self._idle.set()
         self.stopping = False
-        self.app = web.Application(middlewares=[self._refuse_forward_proxying])
+        self.app = web.Application(middlewares=[self._refuse_forward_proxying], handler_args=HEADER_LIMITS)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.app.on_startup.append(lambda _app: self.start())
         self.app.on_shutdown.append(lambda _app: self._mark_stopping())
@@ -83,6 +83,7 @@ class RecordingProxy:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout),
             cookie_jar=aiohttp.DummyCookieJar(),
+            **HEADER_LIMITS,
         )
 
     async def _mark_stopping(self) -> None:

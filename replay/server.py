@@ -20,7 +20,7 @@ from eventlog.recorded import Recorded, from_log
 from eventlog.requests import classify_request
 from proxy import RecordingProxy
 from proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
-from proxy.headers import end_to_end
+from proxy.headers import HEADER_LIMITS, end_to_end
 
 from .faults import HEADER as FAULT_HEADER
 from .faults import FaultError, Faults
@@ -90,7 +90,8 @@ class ReplayServer:
                 writer if recording and writer else NullWriter(),
                 on_exchange=self._recorded_anew if recording else None,
             )
-        self.app = web.Application()
+        # A client pointed here instead of at its agent sends the same (big) headers.
+        self.app = web.Application(handler_args=HEADER_LIMITS)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         if self.proxy is not None:
             proxy = self.proxy

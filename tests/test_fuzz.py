@@ -29,6 +29,7 @@ from eventlog.process_writer import ProcessLogWriter
 from eventlog.recorded import Recorded
 from eventlog.redact import UNREADABLE, Redactor
 from eventlog.requests import RequestInfo, classify_request
+from proxy.headers import HEADER_LIMITS, MAX_HEADERS, MAX_LINE
 from replay.server import ReplayServer
 from tasktape.cli import main
 from tasktape.serving import start_site
@@ -468,10 +469,48 @@ async def test_100k_tiny_chunks_of_invalid_utf8_reach_the_client_and_the_log(rec
         assert len(log.events(x["id"])) == len(decode([received]))
 
 
+def big_headers_agent(seen: list[dict[str, str]]) -> web.Application:
+    """An agent that answers with the headers it was sent, plus big ones of its own."""
+
+    async def echo(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        headers = {"Set-Cookie": "s=" + "c" * 40_000, **{f"X-Answer-{n}": str(n) for n in range(500)}}
+        return web.Response(text=str(len(request.headers)), headers=headers)
+
+    app = web.Application(handler_args=HEADER_LIMITS)
+    app.router.add_get("/echo", echo)
+    return app
+
+
+async def test_big_headers_pass_through_both_ways_and_are_recorded(record: RecordFactory) -> None:
+    """What agents and browsers accept (a 40 KB cookie, a 50 KB token, 500 headers)
+    passes through unchanged, and the log keeps it."""
+    seen: list[dict[str, str]] = []
+    rec = await record(big_headers_agent(seen))
+    sent = {"X-Token": "t" * 50_000, **{f"X-Hint-{n}": str(n) for n in range(500)}}
+    async with (
+        aiohttp.ClientSession(**HEADER_LIMITS) as session,
+        asyncio.timeout(TIMEOUT),
+        session.get(f"{rec.url}/echo", headers=sent) as r,
+    ):
+        assert r.status == 200, await r.text()
+        assert r.headers["Set-Cookie"] == "s=" + "c" * 40_000
+        assert r.headers["X-Answer-499"] == "499"
+    (got,) = seen
+    assert got["X-Token"] == sent["X-Token"] and got["X-Hint-499"] == "499"
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        request_headers = dict(json.loads(x["request_headers"]))
+        assert request_headers["X-Token"] == sent["X-Token"]
+        assert len(json.loads(x["response_headers"])) > 500
+
+
 async def test_oversized_headers_are_refused_before_the_upstream(record: RecordFactory) -> None:
     contacted: list[str] = []
     rec = await record(hostile_upstream(contacted))
-    for headers in ({"X-Big": "a" * 20_000}, {f"X-{n}": "b" * 100 for n in range(1000)}):
+    too_long = {"X-Big": "a" * (MAX_LINE + 1)}
+    too_many = {f"X-{n}": "b" for n in range(MAX_HEADERS + 1)}
+    for headers in (too_long, too_many):
         async with rec.session.get(f"{rec.url}/tiny", headers=headers) as r:
             assert r.status in (400, 431)
     assert contacted == []
@@ -526,7 +565,7 @@ def hostile_requests(body: bytes) -> Iterator[tuple[str, dict[str, Any], int, st
         "a 100 KB Last-Event-ID",
         {"data": body, "headers": {"Last-Event-ID": "x" * 100_000}},
         400,
-        "Got more than 8190 bytes",
+        f"Got more than {MAX_LINE} bytes",
     )
     for fault in (
         "drop-after=-1",
