@@ -70,13 +70,13 @@ def run(quick: bool) -> list[Section]:
                 for name, v in list(variants.items())[:: -1 if round_ % 2 else 1]:
                     before = _cpu(v.pid)
                     rate, done = asyncio.run(_sustained(v.url, *shape))
-                    forwarding = _cpu(v.pid)[0] - before[0]
+                    spent = _cpu(v.pid)[0] - before[0]  # before the log catches up
                     rates[name].append(rate)
                     if v.db:  # its log catches up first, not while the next path is measured
                         logged[name] += done
                         logged_events(v.db, logged[name])
                     if v.pid:
-                        cpu[name].append((forwarding / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
+                        cpu[name].append((spent / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
             for name, samples in rates.items():
                 RESULTS.setdefault(name, {})[shape] = statistics.median(samples)
                 paired = [rate / bare for rate, bare in zip(samples, rates[BARE], strict=True)]
