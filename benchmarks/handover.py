@@ -5,6 +5,7 @@ the chunks alone costs, with the writer's adaptive gathering and with a fixed wi
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import tempfile
 import time
@@ -73,10 +74,11 @@ def run(quick: bool) -> list[Section]:
         name: {r: [] for r in RATES} for name in (NONE, ADAPTIVE, FIXED)
     }
     with tempfile.TemporaryDirectory() as tmp:
+        logs = (Path(tmp) / f"{n}.db" for n in itertools.count())  # a fresh log each run
         for rate in RATES:
             for round_ in range(rounds):
                 for name in list(samples)[:: -1 if round_ % 2 else 1]:
-                    path = None if name == NONE else Path(tmp) / f"{rate}-{round_}-{len(name)}.db"
+                    path = None if name == NONE else next(logs)
                     samples[name][rate].append(cpu_per_chunk(path, rate, seconds, fixed=name == FIXED))
     floor = {rate: statistics.median(samples[NONE][rate]) for rate in RATES}
     for name, by_rate in samples.items():

@@ -27,6 +27,7 @@ from .harness import Section
 from .proxy_bench import (
     BARE,
     BENCH,
+    RECORD,
     UNRECORDED,
     free_port,
     listening,
@@ -39,7 +40,6 @@ STREAMS, EVENTS, DELAY = 5, 500, 0.02  # 5 streams of 500 events 20 ms apart
 QUICK = (4, 100)
 WARM_UP = (2, 10)
 _STARTUP = 300.0  # seconds: Python importing aiohttp and sqlite-utils under valgrind
-RECORD = "tasktape record"
 
 
 def run(quick: bool) -> list[Section]:

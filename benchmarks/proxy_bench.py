@@ -37,6 +37,7 @@ EVENT_SIZE = 200
 BARE = "bare aiohttp pass-through"
 UNRECORDED = "tasktape's proxy, log off"
 CONTROL = "bare aiohttp pass-through, a second process"
+RECORD = "tasktape record"
 # How a benchmark process starts: python -c BENCH.format("passthrough_main") ARGS...
 BENCH = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
 RUNS = 5
@@ -255,7 +256,7 @@ def start_variants(
             start(name, [python, "-c", BENCH.format(main), str(port), upstream], "ready", port)
     port, db = free_port(), tmp / "record.db"
     args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
-    start("tasktape record", [python, "-m", "tasktape", *args], "listening on", port, db)
+    start(RECORD, [python, "-m", "tasktape", *args], "listening on", port, db)
     if importlib.util.find_spec("mitmproxy") is None:
         return variants
     mitmdump = str(Path(python).with_name("mitmdump"))
@@ -350,7 +351,7 @@ def run(quick: bool) -> list[Section]:
             r["writer_cpu"] or "-",
             r["recorded"] or "-",
         )
-    rec, bare_added = results["tasktape record"], bare["p50"] - base["p50"]
+    rec, bare_added = results[RECORD], bare["p50"] - base["p50"]
     latency.notes.append(
         f"Added p50 latency of tasktape record: {rec['p50'] - base['p50']:.3f} ms "
         f"({(rec['p50'] - base['p50']) / bare_added:.2f}x the bare pass-through's {bare_added:.3f} ms)."
