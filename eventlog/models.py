@@ -37,13 +37,13 @@ TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CA
 INTERRUPTED_STATES = frozenset({TaskState.INPUT_REQUIRED, TaskState.AUTH_REQUIRED})
 
 # A2A 0.3 spells states in lowercase kebab case ("input-required").
-_V03_STATES = {s.value.removeprefix("TASK_STATE_").lower().replace("_", "-"): s.value for s in TaskState}
-_V03_STATES["unknown"] = TaskState.UNSPECIFIED.value
+V03_STATES = {s.value.removeprefix("TASK_STATE_").lower().replace("_", "-"): s.value for s in TaskState}
+V03_STATES["unknown"] = TaskState.UNSPECIFIED.value
 
 
 def normalize_state(value: str) -> str:
     """``"working"`` (A2A 0.3) -> ``"TASK_STATE_WORKING"``; v1.0 names and unknown values pass."""
-    return _V03_STATES.get(value, value)
+    return V03_STATES.get(value, value)
 
 
 class _Model(BaseModel):

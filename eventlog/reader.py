@@ -133,6 +133,10 @@ class EventLog:
         return sorted(chosen)
 
     def task_ids(self) -> list[str]:
+        """Every task the log knows: from its events, and from answers that were not streamed."""
         return [
-            r["task_id"] for r in self._rows("SELECT DISTINCT task_id FROM events WHERE task_id IS NOT NULL")
+            r["task_id"]
+            for r in self._rows(
+                "SELECT task_id FROM events WHERE task_id IS NOT NULL UNION SELECT task_id FROM task_answers"
+            )
         ]

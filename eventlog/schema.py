@@ -15,6 +15,7 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from .errors import LogError, SchemaTooNew
+from .models import V03_STATES
 
 migrations = Migrations("tasktape")
 MigrationFn = Callable[[sqlite_utils.Database], None]
@@ -153,16 +154,100 @@ def _answer(op: str) -> str:
           ORDER BY first_row) g))"""
 
 
-def _usage(field: str) -> str:
-    """A field of the task's last ``$usage``."""
+# The task's latest object answered without a stream that has ``{has}``.
+_LATEST_ANSWER = (
+    "(SELECT a.task FROM task_answers a"
+    " WHERE a.task_id = t.task_id AND json_type(a.task, '{has}') IS NOT NULL"
+    " ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1)"
+)
+
+
+def _newer(streamed: str, answered: str, has: str) -> str:
+    """Of a value from the task's events and one from its latest object answered without a
+    stream (one that has ``has``), the one seen last: a GetTask after a dropped stream
+    holds the whole answer."""
+    answered_at = (
+        "(SELECT max(a.at_ns) FROM task_answers a"
+        f" WHERE a.task_id = t.task_id AND json_type(a.task, '{has}') IS NOT NULL)"
+    )
     return (
-        f"json_extract((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id"
-        f" WHERE e.task_id = t.task_id AND e.usage IS NOT NULL"
-        f" ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), '$.{field}')"
+        f"CASE WHEN {answered_at} > coalesce({_task_time('max', '{at}')}, 0)"
+        f" THEN coalesce({answered}, {streamed}) ELSE coalesce({streamed}, {answered}) END"
     )
 
 
+def _usage(field: str) -> str:
+    """A field of the task's last ``$usage``: from its events or its answered objects."""
+    streamed = (
+        f"(SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id"
+        f" WHERE e.task_id = t.task_id AND e.usage IS NOT NULL"
+        f" ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)"
+    )
+    usage = '$.metadata."$usage"'
+    answered = f"json_extract({_LATEST_ANSWER.format(has=usage)}, '{usage}')"
+    return f"json_extract({_newer(streamed, answered, usage)}, '$.{field}')"
+
+
+def _sql_state(expr: str) -> str:
+    """A state as the log stores it: A2A 0.3 names become v1.0's (as the classifier does)."""
+    whens = " ".join(f"WHEN '{old}' THEN '{new}'" for old, new in V03_STATES.items())
+    return f"CASE {expr} {whens} ELSE {expr} END"
+
+
+def _body_task(body: str) -> str:
+    """The task object in a non-streamed answer: a REST body or a JSON-RPC result, the task
+    itself (GetTask, CancelTask) or wrapped in ``task`` (SendMessage)."""
+    whens = " ".join(
+        f"WHEN json_type({body}, '{path}') = 'object' THEN json_extract({body}, '{path}')"
+        for path in ("$.result.task", "$.result", "$.task", "$")
+    )
+    return f"CASE WHEN json_valid({body}) THEN CASE {whens} END END"
+
+
+def _answered_text(op: str) -> str:
+    """Like ``_answer``, from the artifacts of the task's latest object answered without a
+    stream: each artifact's text parts joined, the artifacts one per line."""
+    return f"""(SELECT group_concat(part, char(10)) FROM (
+    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
+            WHERE json_type(p.value, '$.text') = 'text') AS part
+    FROM json_each({_LATEST_ANSWER.format(has="$.artifacts")}, '$.artifacts') g
+    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') {op} 'intermediate-thinking'
+    ORDER BY g.key))"""
+
+
+# Every exchange of the task: those that streamed its events and those that answered it.
+_TASK_EXCHANGES = (
+    "SELECT exchange_id FROM events WHERE task_id = t.task_id"
+    " UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id"
+)
+
+
+def _seen(agg: str) -> str:
+    """The first or last moment the task was seen: its events and its answers alike."""
+    events = _task_time(agg, "{at}")
+    answers = f"(SELECT {agg}(at_ns) FROM task_answers WHERE task_id = t.task_id)"
+    return f"{agg}(coalesce({events}, {answers}), coalesce({answers}, {events}))"
+
+
 VIEWS = {
+    "task_answers": f"""
+SELECT
+  s.exchange_id,
+  s.task_id,
+  s.context_id,
+  {_ISO.format("s.at_ns")} AS at,
+  s.at_ns,
+  {_sql_state("json_extract(s.task, '$.status.state')")} AS state,
+  s.task
+FROM (
+  SELECT x.id AS exchange_id, x.task_id, x.context_id,
+         x.started_ns + coalesce(x.duration_ns, x.ttfb_ns, 0) AS at_ns,
+         {_body_task("x.response_body")} AS task
+  FROM exchanges x
+  WHERE x.is_sse = 0 AND x.task_id IS NOT NULL AND x.response_body IS NOT NULL
+) s
+WHERE json_extract(s.task, '$.id') = s.task_id AND json_type(s.task, '$.status') = 'object'
+""",
     "task_timeline": f"""
 SELECT
   e.task_id,
@@ -207,19 +292,27 @@ FROM (
     "task_summary": f"""
 SELECT
   t.task_id,
-  (SELECT e.context_id FROM events e
-   WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1) AS context_id,
-  {_ISO.format(_task_time("min", "{at}"))} AS first_seen,
-  {_ISO.format(_task_time("max", "{at}"))} AS last_seen,
-  (SELECT e.state FROM events e JOIN exchanges x ON x.id = e.exchange_id
-   WHERE e.task_id = t.task_id AND e.state IS NOT NULL
-   ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) AS final_state,
+  coalesce(
+    (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
+    (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
+  ) AS context_id,
+  {_ISO.format(_seen("min"))} AS first_seen,
+  {_ISO.format(_seen("max"))} AS last_seen,
+  (SELECT s.state FROM (
+     SELECT {_AT} AS at_ns, e.exchange_id, e.seq, e.state
+     FROM events e JOIN exchanges x ON x.id = e.exchange_id
+     WHERE e.task_id = t.task_id AND e.state IS NOT NULL
+     UNION ALL
+     SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
+     WHERE a.task_id = t.task_id AND a.state IS NOT NULL
+   ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
   t.events,
-  (SELECT count(DISTINCT e.exchange_id) FROM events e WHERE e.task_id = t.task_id) AS exchanges,
+  (SELECT count(*) FROM ({_TASK_EXCHANGES})) AS exchanges,
   round(({_task_time("min", "{at}")} - {_task_time("min", "x.started_ns")}) / 1e6, 3) AS ttfe_ms,
-  round(({_task_time("max", "{at}")} - {_task_time("min", "x.started_ns")}) / 1e6, 3) AS duration_ms,
-  {_answer("<>")} AS answer,
-  {_answer("=")} AS thinking,
+  round(({_seen("max")} - (SELECT min(started_ns) FROM exchanges WHERE id IN ({_TASK_EXCHANGES}))) / 1e6, 3)
+    AS duration_ms,
+  {_newer(_answer("<>"), _answered_text("<>"), "$.artifacts")} AS answer,
+  {_newer(_answer("="), _answered_text("="), "$.artifacts")} AS thinking,
   {_usage("model")} AS model,
   {_usage("inputTokens")} AS input_tokens,
   {_usage("outputTokens")} AS output_tokens,
@@ -227,12 +320,19 @@ SELECT
   {_usage("totalTokens")} AS total_tokens,
   {_usage("credits")} AS credits
 FROM (
-  -- rowid follows arrival, and the (task_id, event_id) index holds it: ordering by
-  -- the first rowid needs no table read, so listing tasks stays cheap on big logs.
-  SELECT task_id, count(*) AS events, min(rowid) AS first_row
-  FROM events WHERE task_id IS NOT NULL
-  GROUP BY task_id
-  ORDER BY first_row
+  -- In order of the exchange that first carried the task. rowid follows arrival, and the
+  -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
+  -- tasks stays cheap on big logs. The two parts hold different tasks, so that a lookup
+  -- of one task goes down to both (no grouping over their union).
+  SELECT g.task_id, g.events, g.first_row,
+         (SELECT exchange_id FROM events WHERE rowid = g.first_row) AS first_exchange
+  FROM (SELECT task_id, count(*) AS events, min(rowid) AS first_row
+        FROM events WHERE task_id IS NOT NULL GROUP BY task_id) g
+  UNION ALL
+  SELECT a.task_id, 0, NULL, min(a.exchange_id) FROM task_answers a
+  WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.task_id = a.task_id)
+  GROUP BY a.task_id
+  ORDER BY first_exchange, first_row
 ) t
 """,
     "exchange_metrics": """
@@ -295,6 +395,13 @@ def _search_and_findings(db: sqlite_utils.Database) -> None:
     )
     db["findings"].create_index(["task_id"], index_name="findings_task")
     db["findings"].create_index(["exchange_id"], index_name="findings_exchange")
+
+
+@_migration("0005_task_answers")
+def _task_answers(db: sqlite_utils.Database) -> None:
+    # task_summary now counts tasks answered without a stream too (from task_answers).
+    for name in ("task_answers", "task_summary"):
+        db.create_view(name, VIEWS[name].strip(), replace=True)
 
 
 SCHEMA_VERSION = len(KNOWN)

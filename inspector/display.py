@@ -22,7 +22,7 @@ UNKNOWN_STATE_COLOUR = "#9e9e9e"
 STATE_COLUMNS = frozenset({"state", "final_state"})
 NS_COLUMNS = frozenset({"offset_ns", "ttfb_ns", "duration_ns"})
 JSON_COLUMNS = frozenset(
-    {"data", "usage", "request_headers", "response_headers", "request_body", "response_body", "argv"}
+    {"data", "usage", "request_headers", "response_headers", "request_body", "response_body", "argv", "task"}
 )
 
 

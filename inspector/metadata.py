@@ -132,20 +132,21 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "task_summary": {
         "title": "Tasks",
-        "description": "One row per task, in order of first event: final state, timing, the "
-        "answer reassembled from its deltas, the intermediate thinking, usage and credits. "
-        "A task id opens the task's page.",
+        "description": "One row per task, streamed or not, in order of the exchange that first "
+        "carried it: final state, timing, the answer reassembled from its deltas, the "
+        "intermediate thinking, usage and credits. A task object answered later without a "
+        "stream (a GetTask after a dropped stream) wins. A task id opens the task's page.",
         "facets": ["final_state", "model"],
         "columns": {
             "task_id": "The task (opens its page)",
             "context_id": "Its context",
-            "first_seen": "Its first event (UTC)",
-            "last_seen": "Its last event (UTC)",
-            "final_state": "The state of its last state-carrying event",
+            "first_seen": "Its first event or answer (UTC)",
+            "last_seen": "Its last event or answer (UTC)",
+            "final_state": "The state it was last seen in",
             "events": "Events recorded",
-            "exchanges": "Exchanges that carried its events",
+            "exchanges": "Exchanges that carried its events or answered it",
             "ttfe_ms": "Time to first event: its first request to its first event",
-            "duration_ms": "Its first request to its last event",
+            "duration_ms": "Its first request to the last time it was seen",
             "answer": "The answer artifacts, reassembled",
             "thinking": "The intermediate-thinking artifacts, reassembled",
             "model": "Model, from $usage",
@@ -154,6 +155,21 @@ TABLES: dict[str, dict[str, Any]] = {
             "cached_input_tokens": "Input tokens served from the prompt cache",
             "total_tokens": "Total tokens billed",
             "credits": "Credits charged",
+        },
+    },
+    "task_answers": {
+        "title": "Tasks answered without a stream",
+        "description": "One row per task object in an answer that was not streamed: a SendMessage "
+        "without streaming, a GetTask, a CancelTask.",
+        "facets": ["state"],
+        "columns": {
+            "exchange_id": "The exchange that answered it",
+            "task_id": "The task (opens its page)",
+            "context_id": "Its context",
+            "at": "When the answer was complete (UTC)",
+            "at_ns": "The same, in ns since the epoch",
+            "state": "The task's state in the answer",
+            "task": "The task object, as answered",
         },
     },
     "task_timeline": {

@@ -43,6 +43,8 @@ def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
     # Nothing is left behind but the log: no lock file, no WAL.
     assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
     with EventLog(db) as log:
+        # Every scenario's task, the one answered without a stream too.
+        assert log.db.execute("SELECT count(*) FROM task_summary").fetchone()[0] == 12
         states = {r["final_state"] for r in log.db.query("SELECT final_state FROM task_summary")}
         assert states >= {
             "TASK_STATE_COMPLETED",

@@ -80,6 +80,30 @@ async def test_every_table_and_view_renders_with_its_title_description_and_facet
     }
 
 
+async def test_tasks_answered_without_a_stream_are_listed(ds: Datasette, log: Path) -> None:
+    not_streamed, dropped = task_of(log, "not streamed"), task_of(log, "dropped")
+    tasks = {t["task_id"]: t for t in await rows(ds, f"/{DB}/task_summary.json?_shape=objects&_size=max")}
+    assert len(tasks) == 13  # the demo's twelve and the broken one
+    answered = tasks[not_streamed]
+    assert (answered["final_state"], answered["events"], answered["exchanges"]) == (
+        "TASK_STATE_COMPLETED",
+        0,
+        1,
+    )
+    assert answered["answer"].startswith("About Summarise the last visit") and answered["credits"] > 0
+    # The stream dropped mid-answer; the GetTask after it says how the task ended.
+    assert tasks[dropped]["final_state"] == "TASK_STATE_COMPLETED"
+    got = await rows(ds, f"/{DB}/task_answers.json?_shape=objects")
+    assert {(r["task_id"], r["state"]) for r in got} >= {
+        (not_streamed, "TASK_STATE_COMPLETED"),
+        (dropped, "TASK_STATE_COMPLETED"),
+    }
+    html = await page(ds, f"/{DB}/task_answers")
+    assert (
+        f'<a class="tt-task" href="/{DB}/-/task/{not_streamed}">' in html and '<pre class="tt-json">' in html
+    )
+
+
 async def test_internal_tables_are_hidden_and_foreign_keys_show_labels(ds: Datasette, log: Path) -> None:
     tables = {t["name"]: t["hidden"] for t in (await ds.client.get(f"/{DB}.json")).json()["tables"]}
     assert {name for name, hidden in tables.items() if hidden} == set(HIDDEN)

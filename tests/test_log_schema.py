@@ -74,7 +74,13 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
     assert {("task_id", "event_id"), ("context_id",), ("task_id",), ("capture_id",)} <= indexes
     assert {fk.column: fk.other_table for fk in db["events"].foreign_keys} == {"exchange_id": "exchanges"}
     assert {fk.column: fk.other_table for fk in db["exchanges"].foreign_keys} == {"capture_id": "captures"}
-    assert set(db.view_names()) == {"task_timeline", "task_artifacts", "task_summary", "exchange_metrics"}
+    assert set(db.view_names()) == {
+        "task_answers",
+        "task_timeline",
+        "task_artifacts",
+        "task_summary",
+        "exchange_metrics",
+    }
     assert [c.name for c in db["findings"].columns] == [
         "id",
         "checked_at",

@@ -3,6 +3,8 @@ and the readers: events of a task in order, and after a given event id."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +186,138 @@ def test_readers(log: EventLog) -> None:
     with pytest.raises(KeyError):
         log.exchange(42)
     assert set(log.task_ids()) == {"task.A", "task.B", "task.C"}
+
+
+# -- tasks answered without a stream -------------------------------------------------------
+
+
+def answer(
+    w: LogWriter, cap: int, body: Any, *, start_ns: int, path: str = "/message:send", took_ms: int = 20
+) -> int:
+    """One exchange answered with a whole body (JSON unless given as bytes)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    ex = w.begin_exchange(cap, method="POST", path=path, started_ns=start_ns)
+    w.response_head(ex, status=200, headers={"content-type": "application/json"}, is_sse=False, ttfb_ns=MS)
+    w.chunk(ex, took_ms * MS, data)
+    w.end_exchange(ex, duration_ns=took_ms * MS)
+    return ex
+
+
+def task_object(task_id: str, state: str, artifacts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"id": task_id, "contextId": "ctx.9", "status": {"state": state}, "artifacts": artifacts, **extra}
+
+
+THINKING = {
+    "artifactId": "t",
+    "parts": [{"text": "Looking it up."}],
+    "metadata": {"type": "intermediate-thinking"},
+}
+
+
+@pytest.fixture
+def answered(tmp_path: Path) -> Any:
+    path = tmp_path / "answered.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        # N: a SendMessage answered without streaming (REST: the task wrapped in "task").
+        parts = [{"text": "J45.909 — "}, {"data": {"code": "J45.909"}}, {"text": "asthma."}]
+        n = task_object(
+            "task.N",
+            "TASK_STATE_COMPLETED",
+            [THINKING, {"artifactId": "a", "parts": parts}],
+            metadata={"$usage": USAGE},
+        )
+        answer(w, cap, {"task": n}, start_ns=T0)
+        # D: a stream dropped while WORKING, then a JSON-RPC GetTask (A2A 0.3 spelling).
+        frames = [
+            task("task.D", "ctx.9"),
+            *streamed("task.D", "ctx.9", "a", ["Partial ", "ans"], close=False),
+        ]
+        record(w, cap, sse(frames), start_ns=T0 + 100 * MS, outcome="upstream_disconnected")
+        got = task_object(
+            "task.D", "completed", [{"artifactId": "a", "parts": [{"text": "Partial answer."}]}]
+        )
+        answer(w, cap, {"jsonrpc": "2.0", "id": 1, "result": got}, start_ns=T0 + 1000 * MS, path="/")
+        # Answers that carry no task object are not tasks: a message, an error, not JSON.
+        message = {"message": {"messageId": "m", "role": "ROLE_AGENT", "taskId": "task.M", "parts": []}}
+        answer(w, cap, message, start_ns=T0 + 2000 * MS)
+        error = {"jsonrpc": "2.0", "id": 2, "error": {"code": -32001, "message": "Task not found"}}
+        answer(w, cap, error, start_ns=T0 + 2100 * MS, path="/tasks/task.X")
+        answer(w, cap, b"<html>502</html>", start_ns=T0 + 2200 * MS, path="/tasks/task.Y")
+    with EventLog(path) as opened:
+        yield opened
+
+
+def test_tasks_answered_without_a_stream_are_summarised(answered: EventLog) -> None:
+    by_id = {r["task_id"]: r for r in rows(answered, "SELECT * FROM task_summary")}
+    assert list(by_id) == ["task.N", "task.D"]  # in order of their first exchange
+    n, d = by_id["task.N"], by_id["task.D"]
+    assert (n["context_id"], n["final_state"], n["events"], n["exchanges"], n["ttfe_ms"]) == (
+        "ctx.9",
+        "TASK_STATE_COMPLETED",
+        0,
+        1,
+        None,
+    )
+    assert (n["answer"], n["thinking"]) == ("J45.909 — asthma.", "Looking it up.")
+    assert (n["model"], n["total_tokens"], n["credits"]) == ("corti-default", 120, USAGE["credits"])
+    # Seen when the answer arrived: 20 ms after the request.
+    assert n["first_seen"] == n["last_seen"] == "2027-01-15T08:00:00.020Z" and n["duration_ms"] == 20.0
+    # D: the later GetTask wins over the dropped stream, for the state and the answer.
+    assert (d["final_state"], d["events"], d["exchanges"], d["answer"]) == (
+        "TASK_STATE_COMPLETED",
+        3,
+        2,
+        "Partial answer.",
+    )
+    assert d["ttfe_ms"] == 10.0 and d["duration_ms"] == 920.0  # from the stream's start to the GetTask's end
+    assert (d["first_seen"], d["last_seen"]) == ("2027-01-15T08:00:00.110Z", "2027-01-15T08:00:01.020Z")
+    assert set(answered.task_ids()) == {"task.N", "task.D"}
+
+
+def test_task_answers(answered: EventLog) -> None:
+    got = rows(answered, "SELECT exchange_id, task_id, context_id, at, state, task FROM task_answers")
+    assert [(r["exchange_id"], r["task_id"], r["state"], r["at"]) for r in got] == [
+        (1, "task.N", "TASK_STATE_COMPLETED", "2027-01-15T08:00:00.020Z"),
+        (3, "task.D", "TASK_STATE_COMPLETED", "2027-01-15T08:00:01.020Z"),
+    ]
+    assert json.loads(got[1]["task"])["status"] == {"state": "completed"}  # as answered
+
+
+def test_a_stream_after_an_answer_wins(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        answer(w, cap, {"task": task_object("t", "TASK_STATE_INPUT_REQUIRED", [])}, start_ns=T0)
+        frames = [status("t", "ctx.9", "TASK_STATE_WORKING"), *streamed("t", "ctx.9", "a", ["Go", "ne"])]
+        record(w, cap, [*sse(frames), *sse([status("t", "ctx.9", "TASK_STATE_COMPLETED")])], start_ns=T0 + MS)
+    with EventLog(path) as log:
+        (t,) = rows(log, "SELECT * FROM task_summary")
+        assert (t["final_state"], t["answer"], t["events"], t["exchanges"]) == (
+            "TASK_STATE_COMPLETED",
+            "Gone",
+            5,
+            2,
+        )
+
+
+def test_an_older_log_lists_its_answered_tasks_once_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with LogWriter(path) as w:
+        answer(
+            w,
+            w.begin_capture(source="test"),
+            {"task": task_object("task.N", "TASK_STATE_FAILED", [])},
+            start_ns=T0,
+        )
+    with sqlite3.connect(path) as conn:  # back to schema 4: task_summary knew only streamed tasks
+        conn.execute("DROP VIEW task_answers")
+        conn.execute("DROP VIEW task_summary")
+        conn.execute("CREATE VIEW task_summary AS SELECT task_id FROM events WHERE task_id IS NOT NULL")
+        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0005_task_answers'")
+    with LogWriter(path):  # a writer upgrades it
+        pass
+    with EventLog(path) as log:
+        assert [(r["task_id"], r["final_state"]) for r in rows(log, "SELECT * FROM task_summary")] == [
+            ("task.N", "TASK_STATE_FAILED")
+        ]
