@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .faults import Faults
-    from .matching import BodyRules, Incoming, mismatches
+    from .matching import Incoming, MatchRules, mismatches
     from .modes import ReplayMode
     from .record_mode import RecordMode
     from .server import ReplayServer
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from .tape import Tape
 
 _WHERE = {
-    "BodyRules": ".matching",
     "Faults": ".faults",
     "Incoming": ".matching",
+    "MatchRules": ".matching",
     "RecordMode": ".record_mode",
     "ReplayMode": ".modes",
     "ReplayServer": ".server",
@@ -30,9 +30,9 @@ _WHERE = {
     "mismatches": ".matching",
 }
 __all__ = [
-    "BodyRules",
     "Faults",
     "Incoming",
+    "MatchRules",
     "RecordMode",
     "ReplayMode",
     "ReplayServer",

@@ -25,6 +25,7 @@ OPTIONS = (
     "add_ids",
     "allow_repeats",
     "ignore",
+    "match_headers",
     "redact_headers",
     "redact_query",
     "redact_json",
@@ -33,7 +34,8 @@ OPTIONS = (
 )
 SIGNATURE = (
     "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
-    "redact_headers=(), redact_query=(), redact_json=(), fail_on_unused=None, in_thread=False)"
+    "match_headers=(), redact_headers=(), redact_query=(), redact_json=(), fail_on_unused=None, "
+    "in_thread=False)"
 )
 
 
@@ -95,6 +97,7 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
         add_ids=_flag("add_ids", o.get("add_ids", False)),
         allow_repeats=_flag("allow_repeats", o.get("allow_repeats", False)),
         ignore=ignore,
+        match_headers=_strings("match_headers", o.get("match_headers", ())),
         redactor=Redactor(
             _strings("redact_headers", o.get("redact_headers", ())),
             _strings("redact_json", o.get("redact_json", ())),

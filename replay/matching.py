@@ -3,7 +3,8 @@ registered by name: each returns None when the two agree, or a short reason why 
 
 Bodies are compared the A2A way: as JSON, ignoring what clients regenerate on every run
 (``messageId`` anywhere, timestamps, the JSON-RPC ``id``), values that were redacted in
-the recording, and any JSON pointer the user names.
+the recording, and any JSON pointer the user names. Headers are compared only when the
+user names them (most vary with the client: its version, tracing ids, lengths).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from eventlog.recorded import Recorded
-from eventlog.redact import REDACTED, parse_pointer
+from eventlog.redact import DEFAULT_HEADERS, REDACTED, parse_pointer
 
 
 @dataclass
@@ -37,25 +38,27 @@ _MISSING = object()
 
 
 @dataclass(frozen=True)
-class BodyRules:
-    """What body comparison ignores beyond the volatile keys: JSON pointers."""
+class MatchRules:
+    """What the user says about matching: JSON pointers that body comparison ignores
+    (beyond the volatile keys), and headers that must match (lowercased names)."""
 
     ignore: tuple[tuple[str, ...], ...] = ()
+    headers: tuple[str, ...] = ()
 
     @classmethod
-    def from_pointers(cls, pointers: Iterable[str]) -> BodyRules:
-        return cls(tuple(parse_pointer(p) for p in pointers))
+    def of(cls, ignore: Iterable[str] = (), headers: Iterable[str] = ()) -> MatchRules:
+        return cls(tuple(parse_pointer(p) for p in ignore), tuple(h.lower() for h in headers))
 
 
-def method(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+def method(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
     return None if incoming.method == recorded.method else f"method {incoming.method} vs {recorded.method}"
 
 
-def path(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+def path(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
     return None if incoming.path == recorded.path else f"path {incoming.path} vs {recorded.path}"
 
 
-def query(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+def query(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
     """The same parameters, in any order; a value redacted in the recording matches any."""
     mine = sorted(parse_qsl(incoming.query or "", keep_blank_values=True))
     theirs = sorted(parse_qsl(recorded.query or "", keep_blank_values=True))
@@ -66,7 +69,7 @@ def query(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | Non
     return f"query {incoming.query or '(none)'} vs {recorded.query or '(none)'}"
 
 
-def body(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None:
+def body(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
     mine, theirs = incoming.body or b"", recorded.request_body or b""
     if mine == theirs:
         return None
@@ -81,20 +84,46 @@ def body(incoming: Incoming, recorded: Recorded, rules: BodyRules) -> str | None
     return f"body differs at {shown}"
 
 
-MATCHERS: dict[str, Callable[[Incoming, Recorded, BodyRules], str | None]] = {
+def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+    """Each header the rules name: the same values in the same order (or absent from both);
+    a value redacted in the recording matches any."""
+    for name in rules.headers:
+        mine, theirs = _header_values(incoming.headers, name), _header_values(recorded.request_headers, name)
+        if len(mine) != len(theirs) or any(b not in (a, REDACTED) for a, b in zip(mine, theirs, strict=True)):
+            return f"header {name} {_shown(name, mine)} vs {_shown(name, theirs)}"
+    return None
+
+
+MATCHERS: dict[str, Callable[[Incoming, Recorded, MatchRules], str | None]] = {
     "method": method,
     "path": path,
     "query": query,
     "body": body,
+    "headers": headers,
 }
-DEFAULT_MATCHERS = ("method", "path", "query", "body")
+DEFAULT_MATCHERS = ("method", "path", "query", "body", "headers")
 
 
 def mismatches(
-    incoming: Incoming, recorded: Recorded, rules: BodyRules, matchers: Iterable[str] = DEFAULT_MATCHERS
+    incoming: Incoming, recorded: Recorded, rules: MatchRules, matchers: Iterable[str] = DEFAULT_MATCHERS
 ) -> list[str]:
     """Why ``incoming`` does not match ``recorded``: empty when it does."""
     return [reason for name in matchers if (reason := MATCHERS[name](incoming, recorded, rules))]
+
+
+def _header_values(pairs: Any, name: str) -> list[str]:
+    items = pairs.items() if hasattr(pairs, "items") else pairs
+    return [v for k, v in items if k.lower() == name]
+
+
+def _shown(name: str, values: list[str]) -> str:
+    """Header values for a mismatch message: a credential's never (it would end up in
+    test output and logs), long ones cut."""
+    if not values:
+        return "(absent)"
+    if name in DEFAULT_HEADERS:
+        return "(a value)" if len(values) == 1 else f"({len(values)} values)"
+    return ", ".join(json.dumps(v if len(v) <= 40 else v[:37] + "...") for v in values)
 
 
 def _json(data: bytes) -> Any:
@@ -104,7 +133,7 @@ def _json(data: bytes) -> Any:
         return _MISSING
 
 
-def _ignored(path: tuple[str, ...], rules: BodyRules, *, jsonrpc: bool) -> bool:
+def _ignored(path: tuple[str, ...], rules: MatchRules, *, jsonrpc: bool) -> bool:
     if path and path[-1] in VOLATILE_KEYS:
         return True
     if jsonrpc and path == ("id",):
@@ -115,7 +144,7 @@ def _ignored(path: tuple[str, ...], rules: BodyRules, *, jsonrpc: bool) -> bool:
     )
 
 
-def _differences(a: Any, b: Any, at: tuple[str, ...], rules: BodyRules, *, jsonrpc: bool) -> Iterable[str]:
+def _differences(a: Any, b: Any, at: tuple[str, ...], rules: MatchRules, *, jsonrpc: bool) -> Iterable[str]:
     """JSON pointers where the incoming value ``a`` and the recorded ``b`` differ."""
     if _ignored(at, rules, jsonrpc=jsonrpc) or b == REDACTED:
         return

@@ -24,7 +24,7 @@ from proxy.headers import HEADER_LIMITS, end_to_end
 
 from .faults import HEADER as FAULT_HEADER
 from .faults import FaultError, Faults
-from .matching import BodyRules, Incoming, mismatches
+from .matching import Incoming, MatchRules, mismatches
 from .modes import ReplayMode
 from .streams import Chunks, StreamEvent, after, apply_edits, events_in, jsonrpc_id_edits, split_at, with_ids
 
@@ -61,6 +61,7 @@ class ReplayServer:
         faults: Faults | None = None,
         miss_status: int = 404,
         ignore: tuple[str, ...] = (),
+        match_headers: tuple[str, ...] = (),
         allow_repeats: bool = False,
     ) -> None:
         if mode is not ReplayMode.REPLAY and not upstream:
@@ -78,7 +79,7 @@ class ReplayServer:
         self.add_ids = add_ids
         self.faults = faults or Faults()
         self.miss_status = miss_status
-        self.rules = BodyRules.from_pointers(ignore)
+        self.rules = MatchRules.of(ignore, match_headers)
         self.allow_repeats = allow_repeats
         self.stats = ReplayStats()
         self._events: dict[int, list[StreamEvent]] = {}

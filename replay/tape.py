@@ -45,6 +45,7 @@ class TapeOptions:
     add_ids: bool = False
     allow_repeats: bool = False
     ignore: tuple[str, ...] = ()
+    match_headers: tuple[str, ...] = ()
     redactor: Redactor = field(default_factory=Redactor)
     fail_on_unused: bool = False
     in_thread: bool = False
@@ -159,6 +160,7 @@ class TapeSession:
             "add_ids": o.add_ids,
             "faults": o.faults,
             "ignore": o.ignore,
+            "match_headers": o.match_headers,
             "allow_repeats": o.allow_repeats,
         }
         if records:

@@ -78,6 +78,13 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     help="A JSON pointer of the request body to leave out of matching (repeatable; * for any key).",
 )
 @click.option(
+    "--match-header",
+    "match_headers",
+    multiple=True,
+    metavar="NAME",
+    help="A request header that must match too (repeatable; a value redacted in the recording matches any).",
+)
+@click.option(
     "--miss-status",
     type=click.IntRange(100, 599),
     default=404,
@@ -102,13 +109,15 @@ def replay(
     redact_json: tuple[str, ...],
     faults: tuple[str, ...],
     ignore: tuple[str, ...],
+    match_headers: tuple[str, ...],
     miss_status: int,
     allow_repeats: bool,
 ) -> None:
     """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of them.
 
     Requests match on method, path, query and body (compared as JSON, ignoring what
-    clients regenerate: messageId, timestamps, the JSON-RPC id; and redacted values).
+    clients regenerate: messageId, timestamps, the JSON-RPC id; and redacted values),
+    and on the headers named with --match-header.
     Identical requests are answered in recorded order. Streams are sent at their recorded
     pace (--speed), chunk by chunk, byte for byte; a Last-Event-ID header resumes one after
     that event; tasks/{id}:subscribe gets the task's recorded events. On exit, it says what
@@ -150,6 +159,7 @@ def replay(
         faults=fault,
         miss_status=miss_status,
         ignore=ignore,
+        match_headers=match_headers,
         allow_repeats=allow_repeats,
     )
     names = ", ".join(str(s) for s in sources)

@@ -200,6 +200,29 @@ def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pyt
     result.stdout.fnmatch_lines(["*def test_fails_on_its_own*", "E       assert 1 == 2"])
 
 
+def test_match_headers_through_the_marker(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_headers="""
+        import pytest
+        from helpers import ask, final_state
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", match_headers="X-Tenant")
+        async def test_absent_from_both(tasktape):
+            assert final_state(await ask(tasktape.url, "What does J45.909 mean?")) == "TASK_STATE_COMPLETED"
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", match_headers=["X-Tenant"])
+        async def test_another_tenant(tasktape):
+            await ask(tasktape.url, "What does J45.909 mean?", headers={"X-Tenant": "south"})
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ['  GET /.well-known/agent-card.json (completed.jsonl:2): header x-tenant "south" vs (absent)']
+    )
+
+
 def test_a_miss_in_a_fixture_is_reported_too(project: pytest.Pytester) -> None:
     sample(project, "completed.jsonl")
     project.makepyfile(

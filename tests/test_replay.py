@@ -281,6 +281,47 @@ async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
     assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
 
 
+async def test_match_headers(tmp_path: Path, serve: Serve) -> None:
+    rec = Recorded(
+        method="POST",
+        path="/x",
+        request_headers=[("X-Tenant", "north"), ("Authorization", "[REDACTED]"), ("User-Agent", "a/1")],
+        request_body=b"{}",
+        status=200,
+        chunks=[(0, b"ok")],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "c.jsonl", [rec])
+    recorded = load([tmp_path / "c.jsonl"])
+    # By default headers do not take part: clients differ in them from run to run.
+    url = await serve(ReplayServer(recorded, speed=0).app)
+    assert (await timed_post(f"{url}/x", {}, {"X-Tenant": "south"}))[2] == 200
+    server = ReplayServer(recorded, speed=0, allow_repeats=True, match_headers=("x-tenant", "Authorization"))
+    url = await serve(server.app)
+    # Names in any case; a redacted value matches any; other headers still do not count.
+    sent = {"X-Tenant": "north", "Authorization": "Bearer live-secret-1", "User-Agent": "b/2"}
+    assert (await timed_post(f"{url}/x", {}, sent))[2] == 200
+    for changed, why in (
+        ({"X-Tenant": "south"}, 'header x-tenant "south" vs "north"'),
+        ({"X-Tenant": None}, 'header x-tenant (absent) vs "north"'),
+        ({"Authorization": None}, "header authorization (absent) vs (a value)"),
+    ):
+        headers = {k: v for k, v in {**sent, **changed}.items() if v is not None}
+        body, _, status = await timed_post(f"{url}/x", {}, headers)
+        assert status == 404 and json.loads(body)["error"]["closest"][0]["differs"] == [why], changed
+    # A credential sent is never shown in what a miss reports.
+    rec.request_headers = [("Authorization", "Bearer kept-secret-0")]
+    write_cassette(tmp_path / "d.jsonl", [rec])
+    url = await serve(
+        ReplayServer(load([tmp_path / "d.jsonl"]), speed=0, match_headers=("Authorization",)).app
+    )
+    body, _, status = await timed_post(f"{url}/x", {}, {"Authorization": "Bearer live-secret-2"})
+    assert status == 404 and b"live-secret-2" not in body and b"kept-secret-0" not in body
+    assert json.loads(body)["error"]["closest"][0]["differs"] == [
+        "header authorization (a value) vs (a value)"
+    ]
+
+
 async def test_a_query_value_redacted_in_the_recording_matches_any(tmp_path: Path, serve: Serve) -> None:
     recorded = answers_ok(tmp_path, "/x", b"{}", query="key=[REDACTED]&lang=en&key=[REDACTED]")
     url = await serve(ReplayServer(recorded, speed=0, allow_repeats=True).app)

@@ -33,7 +33,8 @@ def cassette(path: Path) -> Path:
 
 async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
     source = cassette(tmp_path / "session.jsonl")
-    async with running("replay", str(source), "--listen", "127.0.0.1:0", "--speed", "0") as run:
+    args = ("--listen", "127.0.0.1:0", "--speed", "0", "--match-header", "X-Tenant")
+    async with running("replay", str(source), *args) as run:
         match = re.search(
             r"2 exchanges from .*session.jsonl on (http://127\.0\.0\.1:\d+) \(speed 0, mode replay\)",
             run.printed[0],
@@ -46,9 +47,12 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
             ) as r:
                 assert (await r.json())["task"]["id"] == "t1"
             async with session.post(
-                f"{url}/message:send", json={"message": {"parts": [{"text": "other"}]}}
+                f"{url}/message:send",
+                json={"message": {"parts": [{"text": "other"}]}},
+                headers={"X-Tenant": "south"},
             ) as r:
-                assert r.status == 404 and "closest" in json.loads(await r.text())["error"]
+                (closest, *_) = json.loads(await r.text())["error"]["closest"]
+                assert r.status == 404 and 'header x-tenant "south" vs (absent)' in closest["differs"]
         assert await stop(run, signal.SIGINT) == 0
         err = run.printed[-1]
     assert "tasktape replay: 1 served, 1 missed" in err
