@@ -1,5 +1,5 @@
-"""The child side of ``ProcessLogWriter``: ``python -m eventlog.child_writer FD`` runs a
-``LogWriter`` on the operations received over the socket FD, and answers there."""
+"""The child side of ``ProcessLogWriter``: ``main(FD)`` runs a ``LogWriter`` on the
+operations received over the socket FD, and answers there."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import contextlib
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -71,7 +70,3 @@ def main(fd: int) -> None:
             writer.close()
             send(("closed", writer.stats))
             return
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]))

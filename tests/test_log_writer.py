@@ -390,3 +390,13 @@ def test_headers_of_any_mapping_travel_to_the_writer_process(tmp_path: Path) -> 
             ["A2A-Version", "1.0"],
             ["Accept", "text/event-stream"],
         ]
+
+
+def test_the_writer_process_loads_neither_numpy_nor_pandas(tmp_path: Path) -> None:
+    """sqlite-utils would import them when installed (here numpy is, for the benchmarks'
+    chart): the writer never needs them, and they cost the child memory and BLAS threads."""
+    pytest.importorskip("numpy")
+    with ProcessLogWriter(tmp_path / "log.db") as w:
+        w.flush(timeout=10)
+        maps = Path(f"/proc/{w._process.pid}/maps").read_text()
+        assert "sqlite3" in maps and "numpy" not in maps and "pandas" not in maps
