@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import click
 
-from eventlog import EventLog, ProcessLogWriter, SSEDecoder, classify
+from eventlog import EventLog, ProcessLogWriter, SSEDecoder
 from eventlog.recorded import Recorded, from_log
 from proxy import RecordingProxy
 from replay import ReplayServer
@@ -165,21 +165,14 @@ def check(runs: list[Run], log: EventLog) -> None:
             expected = "upstream_disconnected" if run.expect_cut else "complete"
             if x["outcome"] != expected:
                 run.problems.append(f"exchange {x['id']}: outcome {x['outcome']}, expected {expected}")
-        if not run.streams and not any(
-            classify(x["response_body"] or "", bare_task=True).task_id == run.task_id for x in mine
+        if not run.streams and not list(
+            log.db.query("SELECT 1 FROM task_answers WHERE task_id = ?", [run.task_id])
         ):
             run.problems.append("the non-streamed answer is not in the log")
 
 
 def report(runs: list[Run], log: EventLog) -> list[str]:
     summary = {r["task_id"]: r for r in log.db.query("SELECT * FROM task_summary")}
-    for x in log.exchanges():  # tasks answered without a stream: from the exchange
-        c = classify(x["response_body"] or "", bare_task=True) if not x["is_sse"] else None
-        if c and c.task_id and c.task_id not in summary:
-            summary[c.task_id] = {
-                "duration_ms": (x["duration_ns"] or 0) / 1e6,
-                "credits": (c.usage or {}).get("credits"),
-            }
     rows = [
         ("scenario", "binding", "final state", "events", "first event", "duration", "credits", "recorded")
     ]
