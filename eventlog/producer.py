@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import LogError, WriterClosed
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
@@ -45,6 +45,11 @@ class WriterStats:
 
 class LogProducer:
     """Queue operations for one log; subclasses write them."""
+
+    # Rows that the writers closed in this process could not write: for a host program
+    # that runs writers it does not hold and sets its own exit status (mitmdump running
+    # tasktape's addon, under tasktape mitm).
+    lost_in_process: ClassVar[int] = 0
 
     def __init__(
         self, path: str | Path, on_error: Callable[[BaseException, int], None] | None, max_backlog: int
@@ -231,6 +236,7 @@ class LogProducer:
         self._closed = True
         self._shutdown()
         _open_writers.discard(self)
+        LogProducer.lost_in_process += self.stats.rows_lost
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

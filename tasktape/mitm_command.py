@@ -13,11 +13,16 @@ import click
 
 import proxy
 
+from .record import EXIT_LOG_FAILED
 from .redaction_options import redaction_options
 
-# mitmdump from this Python environment, where the addon's imports (eventlog) resolve.
+# mitmdump from this Python environment, where the addon's imports (eventlog) resolve. An
+# addon cannot set mitmdump's exit status: once mitmdump is done (and the addon has closed
+# its log), rows it could not write set it, as they do for tasktape record.
 _MITMDUMP = (
-    "import sys; from mitmproxy.tools.main import mitmdump; sys.argv[0] = 'mitmdump'; sys.exit(mitmdump())"
+    "import sys; from mitmproxy.tools.main import mitmdump; from eventlog import LogProducer; "
+    "sys.argv[0] = 'mitmdump'; status = mitmdump(); "
+    f"sys.exit(status or ({EXIT_LOG_FAILED} if LogProducer.lost_in_process else 0))"
 )
 INSTALL_HINT = "mitmproxy is not installed here: pip install 'tasktape[mitm]'"
 
@@ -55,7 +60,7 @@ def mitm(
     (`--set tasktape_hosts=...`, `tasktape_paths`, ...) can be passed there too.
 
     Ctrl-C or SIGTERM is passed on to mitmdump, which flushes the log and stops; the exit
-    status is mitmdump's.
+    status is mitmdump's, or 3 if any row could not be written to the log.
     """
     if mitmproxy_missing():
         raise click.ClickException(INSTALL_HINT)

@@ -19,7 +19,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from conftest import RecordFactory, Recording
+from loopback import serve
 from mitmproxy import exceptions, optmanager
 from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons, tflow
@@ -376,6 +378,38 @@ async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path:
         demo_agent,
         True,
     )
+
+
+async def test_rows_the_log_could_not_take_set_the_exit_status(tmp_path: Path) -> None:
+    """As with tasktape record: a full log never stops traffic, is reported, and makes
+    tasktape mitm exit 3."""
+    event = b"data: " + b"x" * 192 + b"\n\n"
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(3000):
+            await response.write(event)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    port, db = free_port(), tmp_path / "full.db"
+    async with serve(app) as upstream:
+        args = [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--"]
+        args += ["--set", "tasktape_max_log_size=200000"]
+        with running(
+            [*args, *mitmdump_args(tmp_path / "conf", f"reverse:{upstream}@{port}")],
+            [port],
+            tmp_path / "out.txt",
+        ) as proc:
+            url = f"http://127.0.0.1:{port}/message:stream"
+            async with aiohttp.ClientSession() as session, session.post(url, json={}) as r:
+                assert await r.read() == event * 3000
+            assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 3
+    assert "rows could not be written" in (tmp_path / "out.txt").read_text()
+    with EventLog(db) as log:  # what was written stays readable
+        assert [c["source"] for c in log.captures()] == ["mitm"]
 
 
 @pytest.mark.parametrize("command", ["mitm", "import"])
