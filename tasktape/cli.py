@@ -1,33 +1,43 @@
-"""The ``tasktape`` command line."""
+"""The ``tasktape`` command line.
+
+Each command's module is imported when the command runs (or help lists it), so that
+``tasktape record`` loads what recording needs, not the log reader, Datasette or the demo.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from eventlog import __version__
 
-from .agent_command import agent
-from .cassette_commands import export, import_
-from .check_command import check
-from .demo import demo
-from .inspect_command import inspect
-from .mitm_command import mitm
-from .record import record
-from .replay_command import replay
+# name: (module, attribute), in the order help lists them.
+COMMANDS = {
+    "agent": (".agent_command", "agent"),
+    "check": (".check_command", "check"),
+    "demo": (".demo", "demo"),
+    "export": (".cassette_commands", "export"),
+    "import": (".cassette_commands", "import_"),
+    "inspect": (".inspect_command", "inspect"),
+    "mitm": (".mitm_command", "mitm"),
+    "record": (".record", "record"),
+    "replay": (".replay_command", "replay"),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(module, __package__), attribute)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tasktape")
 def main() -> None:
     """Record, replay and inspect streaming agent traffic (A2A over Server-Sent Events)."""
-
-
-main.add_command(record)
-main.add_command(agent)
-main.add_command(demo)
-main.add_command(inspect)
-main.add_command(replay)
-main.add_command(export)
-main.add_command(import_)
-main.add_command(check)
-main.add_command(mitm)

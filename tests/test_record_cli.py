@@ -9,6 +9,8 @@ import random
 import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -200,3 +202,14 @@ async def test_stopping_with_a_stream_open_is_quick_and_says_so(tmp_path: Path) 
         (x,) = log.exchanges()
         assert (x["outcome"], x["error"]) == ("proxy_stopped", "tasktape record stopped during the exchange")
         assert log.captures()[0]["ended_at"]
+
+
+def test_the_recorder_loads_only_what_recording_needs() -> None:
+    """Not the log reader, sqlite-utils (nor the numpy it imports when installed), Datasette
+    or the demo: the recording process starts sooner and stays smaller. Its log writer
+    process loads sqlite-utils (without numpy: see test_log_writer)."""
+    code = "import sys; from tasktape.cli import main; main.get_command(None, 'record'); print(*sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(result.stdout.split())
+    assert {"proxy.recorder", "eventlog.process_writer", "tasktape.record"} <= loaded
+    assert not loaded & {"sqlite_utils", "numpy", "pandas", "datasette", "eventlog.reader", "tasktape.demo"}
