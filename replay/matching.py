@@ -90,7 +90,8 @@ def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | 
     for name in rules.headers:
         mine, theirs = _header_values(incoming.headers, name), _header_values(recorded.request_headers, name)
         if len(mine) != len(theirs) or any(b not in (a, REDACTED) for a, b in zip(mine, theirs, strict=True)):
-            return f"header {name} {_shown(name, mine)} vs {_shown(name, theirs)}"
+            secret = name in DEFAULT_HEADERS or REDACTED in theirs
+            return f"header {name} {_shown(mine, secret)} vs {_shown(theirs, secret)}"
     return None
 
 
@@ -116,12 +117,12 @@ def _header_values(pairs: Any, name: str) -> list[str]:
     return [v for k, v in items if k.lower() == name]
 
 
-def _shown(name: str, values: list[str]) -> str:
-    """Header values for a mismatch message: a credential's never (it would end up in
-    test output and logs), long ones cut."""
+def _shown(values: list[str], secret: bool) -> str:
+    """Header values for a mismatch message: a credential's (a header redacted by default
+    or in the recording) never, since it would end up in test output and logs; long ones cut."""
     if not values:
         return "(absent)"
-    if name in DEFAULT_HEADERS:
+    if secret:
         return "(a value)" if len(values) == 1 else f"({len(values)} values)"
     return ", ".join(json.dumps(v if len(v) <= 40 else v[:37] + "...") for v in values)
 

@@ -66,7 +66,7 @@ def stream_exchange(db: Path, task_id: str) -> Recorded:
 
 
 async def timed_post(
-    url: str, body: Any, headers: dict[str, str] | None = None
+    url: str, body: Any, headers: dict[str, str] | list[tuple[str, str]] | None = None
 ) -> tuple[bytes, list[float], int]:
     """POST and read the answer, noting when each piece arrived (s after the request)."""
     received, arrivals = b"", []
@@ -309,7 +309,19 @@ async def test_match_headers(tmp_path: Path, serve: Serve) -> None:
         headers = {k: v for k, v in {**sent, **changed}.items() if v is not None}
         body, _, status = await timed_post(f"{url}/x", {}, headers)
         assert status == 404 and json.loads(body)["error"]["closest"][0]["differs"] == [why], changed
-    # A credential sent is never shown in what a miss reports.
+    # A credential sent is never shown in what a miss reports: neither a header redacted by
+    # default nor one the recording redacted.
+    rec.request_headers = [("X-Tenant", "north"), ("X-Internal-Token", "[REDACTED]")]
+    write_cassette(tmp_path / "e.jsonl", [rec])
+    url = await serve(
+        ReplayServer(load([tmp_path / "e.jsonl"]), speed=0, match_headers=("X-Internal-Token",)).app
+    )
+    two = [("X-Internal-Token", "live-secret-3"), ("X-Internal-Token", "live-secret-4")]
+    body, _, status = await timed_post(f"{url}/x", {}, two)
+    assert status == 404 and b"live-secret" not in body
+    assert json.loads(body)["error"]["closest"][0]["differs"] == [
+        "header x-internal-token (2 values) vs (a value)"
+    ]
     rec.request_headers = [("Authorization", "Bearer kept-secret-0")]
     write_cassette(tmp_path / "d.jsonl", [rec])
     url = await serve(
