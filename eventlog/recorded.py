@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .reader import EventLog
+if TYPE_CHECKING:
+    from .reader import EventLog
 
 Headers = list[tuple[str, str]]
 
@@ -66,6 +68,17 @@ def _bytes(value: Any) -> bytes | None:
 
 def _headers(value: str | None) -> Headers:
     return [(k, v) for k, v in json.loads(value)] if value else []
+
+
+def read_log(path: str | Path, exchange_ids: list[int] | None = None) -> list[Recorded]:
+    """``from_log`` of the log at ``path``."""
+    # Here, not at the top: replaying cassettes never needs the log reader, nor what
+    # sqlite-utils imports when installed (numpy, pandas: most of a second to import, in
+    # the test process that replays).
+    from .reader import EventLog  # noqa: PLC0415
+
+    with EventLog(path) as log:
+        return from_log(log, exchange_ids)
 
 
 def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recorded]:

@@ -14,9 +14,9 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from eventlog import EventLog, LogProducer, classify
+from eventlog import LogProducer, classify
 from eventlog.producer import NullWriter
-from eventlog.recorded import Recorded, from_log
+from eventlog.recorded import Recorded, read_log
 from eventlog.requests import classify_request
 from proxy import RecordingProxy
 from proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
@@ -222,8 +222,7 @@ class ReplayServer:
         replays from now on. Called from the log writer's thread."""
         if self._loop is None or self.log_path is None:
             return
-        with EventLog(self.log_path) as log:
-            (recorded,) = from_log(log, [summary.exchange_id])
+        (recorded,) = read_log(self.log_path, [summary.exchange_id])
 
         def add() -> None:
             # It answered the request that recorded it: an identical request in this run

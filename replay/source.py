@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eventlog import EventLog
 from eventlog.cassette import read_cassette
 from eventlog.errors import TasktapeError
-from eventlog.recorded import Recorded, from_log
+from eventlog.recorded import Recorded, read_log
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -35,8 +34,7 @@ def load(paths: list[str | Path]) -> list[Recorded]:
         elif not source.exists():
             raise SourceError(f"{source}: no such file or folder")
         elif is_log(source):
-            with EventLog(source) as log:
-                recorded += from_log(log)
+            recorded += read_log(source)
         else:
             recorded += read_cassette(source)
     return recorded

@@ -11,19 +11,22 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from eventlog import EventLog, LogWriter, SSEDecoder, SSEEvent
+from eventlog import SSEDecoder, SSEEvent
 from eventlog.cassette import read_cassette, write_cassette
-from eventlog.recorded import Recorded, from_log
+from eventlog.recorded import Recorded, read_log
 from eventlog.redact import Redactor, hide_credentials
 
 from .faults import Faults
 from .modes import ReplayMode
 from .record_mode import RecordMode
 from .server import Miss, ReplayServer
+
+if TYPE_CHECKING:
+    from eventlog import LogWriter
 
 # Outcomes where the answer came from the recorder, not the agent.
 NOT_RECORDINGS = frozenset({"upstream_error", "refused"})
@@ -166,6 +169,9 @@ class TapeSession:
         if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))
             db = self._folder / "recording.db"
+            # Here, not at the top: only a recording run needs the writer (and sqlite-utils).
+            from eventlog import LogWriter  # noqa: PLC0415
+
             self._writer = LogWriter(db, redactor=o.redactor)
             server = ReplayServer(
                 recorded,
@@ -206,8 +212,7 @@ class TapeSession:
         o = self.options
         try:
             self._writer.close()
-            with EventLog(self._folder / "recording.db") as log:
-                recorded = from_log(log)
+            recorded = read_log(self._folder / "recording.db")
             # tasktape's own answer to a failed upstream is no recording of the agent.
             new = [r for r in recorded if r.outcome not in NOT_RECORDINGS]
             failed = [f"{r.request_line}: {r.error}" for r in recorded if r.outcome in NOT_RECORDINGS]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -650,3 +652,21 @@ def test_once_records_a_cassette_two_tests_share(project: pytest.Pytester, agent
         "POST /message:stream",
     ]
     run(project).assert_outcomes(passed=2)
+
+
+def test_replaying_cassettes_loads_no_log_reader() -> None:
+    """A test process that only replays cassettes does not import the log reader nor
+    sqlite-utils, nor the numpy and pandas sqlite-utils imports when they are installed
+    (pandas alone takes most of a second)."""
+    cassette = str(ROOT / "cassettes" / "completed.jsonl")
+    code = (
+        "import sys, replay.pytest_plugin, replay.tape; from replay import ReplayServer, load; "
+        f"ReplayServer(load([{cassette!r}])); print(*sys.modules)"
+    )
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    assert {"replay.server", "eventlog.cassette"} <= loaded
+    assert not loaded & {"sqlite_utils", "numpy", "pandas", "eventlog.reader", "eventlog.writer"}
