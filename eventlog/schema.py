@@ -170,8 +170,10 @@ def _newer(streamed: str, answered: str, has: str) -> str:
         "(SELECT max(a.at_ns) FROM task_answers a"
         f" WHERE a.task_id = t.task_id AND json_type(a.task, '{has}') IS NOT NULL)"
     )
+    # Most tasks have no such object: then the time of their last event is not looked up.
     return (
-        f"CASE WHEN {answered_at} > coalesce({_task_time('max', '{at}')}, 0)"
+        f"CASE WHEN {answered_at} IS NULL THEN {streamed}"
+        f" WHEN {answered_at} > coalesce({_task_time('max', '{at}')}, 0)"
         f" THEN coalesce({answered}, {streamed}) ELSE coalesce({streamed}, {answered}) END"
     )
 
@@ -224,9 +226,11 @@ _TASK_EXCHANGES = (
 
 def _seen(agg: str) -> str:
     """The first or last moment the task was seen: its events and its answers alike."""
-    events = _task_time(agg, "{at}")
-    answers = f"(SELECT {agg}(at_ns) FROM task_answers WHERE task_id = t.task_id)"
-    return f"{agg}(coalesce({events}, {answers}), coalesce({answers}, {events}))"
+    return (
+        f"(SELECT {agg}(s.at_ns) FROM (SELECT {_AT} AS at_ns FROM events e JOIN exchanges x"
+        " ON x.id = e.exchange_id WHERE e.task_id = t.task_id"
+        " UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)"
+    )
 
 
 VIEWS = {
