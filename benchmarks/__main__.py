@@ -7,7 +7,17 @@ import argparse
 import time
 from pathlib import Path
 
-from . import chart, decoder, eventlog_bench, handover, instructions, proxy_bench, replay_bench, scaling
+from . import (
+    chart,
+    decoder,
+    eventlog_bench,
+    handover,
+    instructions,
+    proxy_bench,
+    replay_bench,
+    scaling,
+    startup,
+)
 from .harness import machine
 
 SUITES = {
@@ -15,6 +25,7 @@ SUITES = {
     "log": eventlog_bench.run,
     "handover": handover.run,
     "proxy": proxy_bench.run,
+    "startup": startup.run,
     "replay": replay_bench.run,
     "scaling": scaling.run,
     "instructions": instructions.run,

@@ -233,19 +233,23 @@ class Variant:
     db: Path | None = None  # its event log, written by a child process (its log writer)
 
 
-def start_variants(
-    stack: contextlib.ExitStack, tmp: Path, upstream: str, *, control: bool = False
-) -> dict[str, Variant]:
-    """Every path to the upstream, each proxy in its own process; with ``control``, a second
-    bare pass-through too, whose ratio to the first is the measurement's own spread."""
+@dataclass
+class Launch:
+    """How one path's process starts: ready once it prints ``ready`` or, for a port
+    number, once that port accepts connections."""
+
+    args: list[str]
+    ready: str | int
+    port: int
+    db: Path | None = None
+    wrapped: bool = False  # the command starts the proxy as its child (tasktape mitm)
+
+
+def launches(tmp: Path, upstream: str, *, control: bool = False) -> dict[str, Launch]:
+    """Every proxy path to the upstream; with ``control``, a second bare pass-through too,
+    whose ratio to the first is the measurement's own spread."""
     python = sys.executable
-    variants = {"direct": Variant(upstream)}
-
-    def start(name: str, args: list[str], ready: str | int, port: int, db: Path | None = None) -> int:
-        pid = stack.enter_context(process(args, ready)).pid
-        variants[name] = Variant(f"http://127.0.0.1:{port}", pid, db)
-        return pid
-
+    paths = {}
     for name, main in (
         (BARE, "passthrough_main"),
         (CONTROL, "passthrough_main"),
@@ -253,31 +257,39 @@ def start_variants(
     ):
         if name != CONTROL or control:
             port = free_port()
-            start(name, [python, "-c", BENCH.format(main), str(port), upstream], "ready", port)
+            paths[name] = Launch([python, "-c", BENCH.format(main), str(port), upstream], "ready", port)
     port, db = free_port(), tmp / "record.db"
     args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
-    start(RECORD, [python, "-m", "tasktape", *args], "listening on", port, db)
+    paths[RECORD] = Launch([python, "-m", "tasktape", *args], "listening on", port, db)
     if importlib.util.find_spec("mitmproxy") is None:
-        return variants
+        return paths
     mitmdump = str(Path(python).with_name("mitmdump"))
 
     def mode(port: int) -> list[str]:
         return ["--mode", f"reverse:{upstream}@{port}", "-q", "--set", f"confdir={tmp / 'mitmproxy'}"]
 
     port = free_port()
-    start("mitmdump, streaming", [mitmdump, *mode(port), "--set", "stream_large_bodies=1"], port, port)
+    args = [mitmdump, *mode(port), "--set", "stream_large_bodies=1"]
+    paths["mitmdump, streaming"] = Launch(args, port, port)
     port, tee = free_port(), Path(__file__).with_name("mitm_naive_tee.py")
     args = [mitmdump, "-s", str(tee), "--set", f"naive_tee_db={tmp / 'naive.db'}", *mode(port)]
-    start("mitmdump, streaming + naive SQLite tee", args, port, port)
+    paths["mitmdump, streaming + naive SQLite tee"] = Launch(args, port, port)
     port, db = free_port(), tmp / "mitm.db"
-    command = start(
-        "tasktape mitm",
-        [python, "-m", "tasktape", "mitm", "--db", str(db), "--", *mode(port)],
-        port,
-        port,
-        db,
-    )
-    (variants["tasktape mitm"].pid,) = children(command)  # mitmdump itself, under the command
+    args = [python, "-m", "tasktape", "mitm", "--db", str(db), "--", *mode(port)]
+    paths["tasktape mitm"] = Launch(args, port, port, db, wrapped=True)
+    return paths
+
+
+def start_variants(
+    stack: contextlib.ExitStack, tmp: Path, upstream: str, *, control: bool = False
+) -> dict[str, Variant]:
+    """Every path to the upstream, each proxy in its own process (see ``launches``)."""
+    variants = {"direct": Variant(upstream)}
+    for name, launch in launches(tmp, upstream, control=control).items():
+        pid = stack.enter_context(process(launch.args, launch.ready)).pid
+        if launch.wrapped:
+            (pid,) = children(pid)  # the proxy itself, under the command
+        variants[name] = Variant(f"http://127.0.0.1:{launch.port}", pid, launch.db)
     return variants
 
 
