@@ -112,9 +112,8 @@ def mismatches(
     return [reason for name in matchers if (reason := MATCHERS[name](incoming, recorded, rules))]
 
 
-def _header_values(pairs: Any, name: str) -> list[str]:
-    items = pairs.items() if hasattr(pairs, "items") else pairs
-    return [v for k, v in items if k.lower() == name]
+def _header_values(pairs: Iterable[tuple[str, str]], name: str) -> list[str]:
+    return [v for k, v in pairs if k.lower() == name]
 
 
 def _shown(values: list[str], secret: bool) -> str:
@@ -124,7 +123,7 @@ def _shown(values: list[str], secret: bool) -> str:
         return "(absent)"
     if secret:
         return "(a value)" if len(values) == 1 else f"({len(values)} values)"
-    return ", ".join(json.dumps(v if len(v) <= 40 else v[:37] + "...") for v in values)
+    return ", ".join(json.dumps(_cut(v)) for v in values)
 
 
 def _json(data: bytes) -> Any:
@@ -176,7 +175,11 @@ def _values(a: Any, b: Any) -> str:
     def show(v: Any) -> str:
         if v is _MISSING:
             return "(absent)"
-        text = json.dumps(v, ensure_ascii=False)
-        return text if len(text) <= 40 else text[:37] + "..."
+        return _cut(json.dumps(v, ensure_ascii=False))
 
     return f" ({show(a)} vs {show(b)})"
+
+
+def _cut(text: str) -> str:
+    """At most 40 characters of a value shown in a mismatch."""
+    return text if len(text) <= 40 else text[:37] + "..."
