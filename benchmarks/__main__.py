@@ -13,6 +13,7 @@ from . import (
     eventlog_bench,
     handover,
     instructions,
+    pinned,
     proxy_bench,
     replay_bench,
     scaling,
@@ -28,6 +29,7 @@ SUITES = {
     "startup": startup.run,
     "replay": replay_bench.run,
     "scaling": scaling.run,
+    "pinned": pinned.run,
     "instructions": instructions.run,
 }
 

@@ -245,9 +245,10 @@ class Launch:
     wrapped: bool = False  # the command starts the proxy as its child (tasktape mitm)
 
 
-def launches(tmp: Path, upstream: str, *, control: bool = False) -> dict[str, Launch]:
-    """Every proxy path to the upstream; with ``control``, a second bare pass-through too,
-    whose ratio to the first is the measurement's own spread."""
+def launches(tmp: Path, upstream: str, *, control: bool = False, mitm: bool = True) -> dict[str, Launch]:
+    """Every proxy path to the upstream (without ``mitm``, none of mitmdump's); with
+    ``control``, a second bare pass-through too, whose ratio to the first is the
+    measurement's own spread."""
     python = sys.executable
     paths = {}
     for name, main in (
@@ -261,7 +262,7 @@ def launches(tmp: Path, upstream: str, *, control: bool = False) -> dict[str, La
     port, db = free_port(), tmp / "record.db"
     args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
     paths[RECORD] = Launch([python, "-m", "tasktape", *args], "listening on", port, db)
-    if importlib.util.find_spec("mitmproxy") is None:
+    if not mitm or importlib.util.find_spec("mitmproxy") is None:
         return paths
     mitmdump = str(Path(python).with_name("mitmdump"))
 
@@ -281,11 +282,11 @@ def launches(tmp: Path, upstream: str, *, control: bool = False) -> dict[str, La
 
 
 def start_variants(
-    stack: contextlib.ExitStack, tmp: Path, upstream: str, *, control: bool = False
+    stack: contextlib.ExitStack, tmp: Path, upstream: str, *, control: bool = False, mitm: bool = True
 ) -> dict[str, Variant]:
     """Every path to the upstream, each proxy in its own process (see ``launches``)."""
     variants = {"direct": Variant(upstream)}
-    for name, launch in launches(tmp, upstream, control=control).items():
+    for name, launch in launches(tmp, upstream, control=control, mitm=mitm).items():
         pid = stack.enter_context(process(launch.args, launch.ready)).pid
         if launch.wrapped:
             (pid,) = children(pid)  # the proxy itself, under the command

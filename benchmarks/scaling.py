@@ -17,6 +17,7 @@ from .proxy_bench import (
     BARE,
     CONTROL,
     EVENT_SIZE,
+    Variant,
     cpu_seconds,
     logged_events,
     start_upstream,
@@ -59,24 +60,9 @@ def run(quick: bool) -> list[Section]:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         variants = start_variants(stack, tmp, start_upstream(stack), control=True)
-        logged = dict.fromkeys([name for name, v in variants.items() if v.db], WARM_UP[0] * WARM_UP[1])
-        for v in variants.values():
-            asyncio.run(throughput_run(v.url, *WARM_UP))  # warm up connections and code paths
+        logged = warm_up(variants)
         for shape in dict.fromkeys(by_concurrency + by_length):
-            rates: dict[str, list[float]] = {name: [] for name in variants}
-            cpu: dict[str, list[tuple[float, float]]] = {name: [] for name, v in variants.items() if v.pid}
-            for round_ in range(rounds):
-                # A slow spell of the machine hits every path of a round, in turn first and last.
-                for name, v in list(variants.items())[:: -1 if round_ % 2 else 1]:
-                    before = _cpu(v.pid)
-                    rate, done = asyncio.run(_sustained(v.url, *shape))
-                    spent = _cpu(v.pid)[0] - before[0]  # before the log catches up
-                    rates[name].append(rate)
-                    if v.db:  # its log catches up first, not while the next path is measured
-                        logged[name] += done
-                        logged_events(v.db, logged[name])
-                    if v.pid:
-                        cpu[name].append((spent / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
+            rates, cpu = measure(variants, shape, rounds, logged)
             for name, samples in rates.items():
                 RESULTS.setdefault(name, {})[shape] = statistics.median(samples)
                 paired = [rate / bare for rate, bare in zip(samples, rates[BARE], strict=True)]
@@ -105,10 +91,45 @@ def run(quick: bool) -> list[Section]:
     ]
 
 
-async def _sustained(url: str, streams: int, events: int) -> tuple[float, int]:
-    """events/s over rounds of the shape lasting at least MIN_SECONDS in all, and the events."""
+def warm_up(variants: dict[str, Variant]) -> dict[str, int]:
+    """Warm up connections and code paths; the events each path's log holds so far."""
+    for v in variants.values():
+        asyncio.run(throughput_run(v.url, *WARM_UP))
+    return dict.fromkeys([name for name, v in variants.items() if v.db], WARM_UP[0] * WARM_UP[1])
+
+
+def measure(
+    variants: dict[str, Variant],
+    shape: tuple[int, int],
+    rounds: int,
+    logged: dict[str, int],
+    seconds: float = MIN_SECONDS,
+) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, float]]]]:
+    """Every path's events/s at one (streams, events) shape, over at least ``seconds`` once
+    per round; and the CPU µs per event of each proxy's forwarding process and of its log
+    writer (until the log caught up). ``logged`` counts the events in each path's log, and
+    is kept up to date."""
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name, v in variants.items() if v.pid}
+    for round_ in range(rounds):
+        # A slow spell of the machine hits every path of a round, in turn first and last.
+        for name, v in list(variants.items())[:: -1 if round_ % 2 else 1]:
+            before = _cpu(v.pid)
+            rate, done = asyncio.run(_sustained(v.url, *shape, seconds))
+            spent = _cpu(v.pid)[0] - before[0]  # before the log catches up
+            rates[name].append(rate)
+            if v.db:  # its log catches up first, not while the next path is measured
+                logged[name] += done
+                logged_events(v.db, logged[name])
+            if v.pid:
+                cpu[name].append((spent / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
+    return rates, cpu
+
+
+async def _sustained(url: str, streams: int, events: int, seconds: float) -> tuple[float, int]:
+    """events/s over rounds of the shape lasting at least ``seconds`` in all, and the events."""
     done, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < MIN_SECONDS or not done:
+    while (elapsed := time.perf_counter() - start) < seconds or not done:
         await throughput_run(url, streams, events)
         done += streams * events
     return done / elapsed, done

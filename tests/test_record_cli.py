@@ -4,6 +4,7 @@ SIGKILL that loses nothing forwarded more than 100 ms before it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import re
@@ -24,6 +25,7 @@ from loopback import finished, running, serve
 
 from eventlog import EventLog, ExchangeSummary
 from tasktape.record import describe_exchange
+from tasktape.serving import serve_until_stopped
 
 
 def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:
@@ -213,3 +215,21 @@ def test_the_recorder_loads_only_what_recording_needs() -> None:
     loaded = set(result.stdout.split())
     assert {"proxy.recorder", "eventlog.process_writer", "tasktape.record"} <= loaded
     assert not loaded & {"sqlite_utils", "numpy", "pandas", "datasette", "eventlog.reader", "tasktape.demo"}
+
+
+def test_serving_keeps_the_start_up_heap_out_of_collections() -> None:
+    """Every long-running command (record, replay, agent) freezes what start-up allocated
+    once it listens, so that full collections traverse only what serving allocates."""
+    frozen = []
+
+    def ready(url: str) -> str:
+        frozen.append(gc.get_freeze_count())
+        os.kill(os.getpid(), signal.SIGINT)  # the server's own handler stops it
+        return f"listening on {url}"
+
+    gc.unfreeze()
+    try:
+        asyncio.run(serve_until_stopped(web.Application(), "127.0.0.1", 0, ready, stopping="stopping"))
+    finally:
+        gc.unfreeze()
+    assert frozen[0] > 10_000  # the interpreter's and aiohttp's objects, at the least

@@ -1,0 +1,83 @@
+"""Throughput when tasktape record's log writer has a CPU of its own: the traffic (client,
+agent and every proxy process) is confined to one CPU, the recorder's log writer process
+to another.
+
+On shared CPUs (the scaling suite) the writer's work competes with the load generator for
+the same two CPUs; here every path gets the same CPU for its traffic, as on a machine with a
+core to spare for the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from .harness import Section
+from .proxy_bench import BARE, CONTROL, RECORD, children, start_upstream, start_variants
+from .scaling import CONCURRENCY, LENGTHS, STREAMS, TOTAL, measure, warm_up
+
+TITLE = "Throughput with the log writer on a CPU of its own"
+# Many short turns: the machine's slow spells last seconds, so paths measured a tenth of a
+# second apart see the same machine, and the paired ratios' spread narrows.
+ROUNDS = 9
+SECONDS = 0.1
+
+
+def run(quick: bool) -> list[Section]:
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(allowed) < 2:
+        section = Section(TITLE, ["path"])
+        section.notes.append("Not measured: this needs two CPUs that this process may run on.")
+        return [section]
+    total = TOTAL // 10 if quick else TOTAL
+    shapes = list(dict.fromkeys([(n, total // n) for n in CONCURRENCY] + [(STREAMS, n) for n in LENGTHS]))
+    if quick:
+        shapes = [(CONCURRENCY[0], total // CONCURRENCY[0]), (STREAMS, LENGTHS[0])]
+    rounds = 2 if quick else ROUNDS
+    traffic, writer_cpu = allowed[:2]
+    rates: dict[str, dict[tuple[int, int], list[float]]] = {}
+    writer: list[float] = []
+    forwarding: list[float] = []
+    with contextlib.ExitStack() as stack:
+        # Every process started from here inherits the traffic's CPU; so does this client.
+        os.sched_setaffinity(0, {traffic})
+        stack.callback(os.sched_setaffinity, 0, allowed)
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        variants = start_variants(stack, tmp, start_upstream(stack), control=True, mitm=False)
+        del variants["direct"]  # no proxy: nothing to compare on the traffic's CPU
+        for pid in children(variants[RECORD].pid):  # its log writer process
+            os.sched_setaffinity(pid, {writer_cpu})
+        logged = warm_up(variants)
+        for shape in shapes:
+            by_path, cpu = measure(variants, shape, rounds, logged, SECONDS)
+            for name, samples in by_path.items():
+                rates.setdefault(name, {})[shape] = samples
+            writer += [w for _, w in cpu[RECORD]]
+            forwarding += [c / bare for (c, _), (bare, _) in zip(cpu[RECORD], cpu[BARE], strict=True)]
+    section = Section(TITLE, ["path", *(f"{n} x {m:,}" for n, m in shapes)])
+    for name, by_shape in rates.items():
+        cells = []
+        for shape in shapes:
+            paired = [r / b for r, b in zip(by_shape[shape], rates[BARE][shape], strict=True)]
+            cells.append(f"{statistics.median(by_shape[shape]):,.0f} ({statistics.median(paired):.2f}x)")
+        section.add(name, *cells)
+    spread = [
+        r / b for shape in shapes for r, b in zip(rates[CONTROL][shape], rates[BARE][shape], strict=True)
+    ]
+    section.notes.append(
+        f"events/s the clients received (streams x events per stream), the median of {rounds} rounds of "
+        f"at least {SECONDS} s each; in brackets, the median of each round's ratio to the bare "
+        "pass-through. The client, the agent and "
+        f"each proxy process run on CPU {traffic}; tasktape record's log writer process alone on CPU "
+        f"{writer_cpu}. Its log catches up before the next path runs. The control's single rounds ranged "
+        f"{min(spread):.2f}x-{max(spread):.2f}x of the bare pass-through."
+    )
+    section.notes.append(
+        f"tasktape record's forwarding process used {min(forwarding):.2f}x-{max(forwarding):.2f}x the bare "
+        f"pass-through's CPU per event (median {statistics.median(forwarding):.2f}x); its log writer, "
+        f"{min(writer):.1f}-{max(writer):.1f} µs per event on its own CPU."
+    )
+    return [section]
