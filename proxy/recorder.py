@@ -22,6 +22,7 @@ from yarl import URL
 from eventlog import LogProducer, WriterClosed
 from eventlog.exchange_rows import ExchangeSummary
 
+from . import unread
 from .card import is_card_request, rewrite_card
 from .headers import HEADER_LIMITS, end_to_end, for_upstream
 
@@ -67,7 +68,10 @@ class RecordingProxy:
         self._idle = asyncio.Event()
         self._idle.set()
         self.stopping = False
-        self.app = web.Application(middlewares=[self._refuse_forward_proxying], handler_args=HEADER_LIMITS)
+        self.app = web.Application(
+            middlewares=[self._refuse_forward_proxying],
+            handler_args={**HEADER_LIMITS, **unread.handler_args(self)},
+        )
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.app.on_startup.append(lambda _app: self.start())
         self.app.on_shutdown.append(lambda _app: self._mark_stopping())
@@ -100,6 +104,7 @@ class RecordingProxy:
     async def _refuse_forward_proxying(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """Only the configured upstream is ever contacted: CONNECT and absolute-form
         targets (what a client sends to a forward proxy) are refused, before routing."""
+        request[unread.HANDLED] = True
         if request.method == "CONNECT":
             return self._refuse(request, 405, "CONNECT is not accepted: tasktape record is a reverse proxy")
         if not request.raw_path.startswith("/"):
@@ -143,17 +148,37 @@ class RecordingProxy:
         return await Exchange(self, request, exchange, t0).run(teed or body)
 
     def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:
+        response = error_response(status, reason)
+        body: bytes = response.body  # type: ignore[assignment]
+        headers = list(request.headers.items())
+        self._log_refusal(request.method, request.raw_path, headers, status, body, reason)
+        return response
+
+    def log_unread(self, status: int, reason: str) -> None:
+        """aiohttp answered a request it could not read (see ``unread``): neither its
+        method nor its path is known, and its answer, which quotes it, is not kept."""
+        with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
+            self._log_refusal("UNKNOWN", "", None, status, None, f"the request could not be read: {reason}")
+
+    def _log_refusal(
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]] | None,
+        status: int,
+        body: bytes | None,
+        reason: str,
+    ) -> None:
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
-            method=request.method,
-            path=request.raw_path,
-            request_headers=list(request.headers.items()),
+            method=method,
+            path=path,
+            request_headers=headers,
         )
-        response = error_response(status, reason)
         self.writer.response_head(exchange, status=status, headers=None, is_sse=False, ttfb_ns=0)
-        self.writer.chunk(exchange, 0, response.body)  # type: ignore[arg-type]
+        if body is not None:
+            self.writer.chunk(exchange, 0, body)
         self.writer.end_exchange(exchange, duration_ns=0, outcome="refused", error=reason)
-        return response
 
     async def _request_body(self, request: web.Request) -> tuple[bytes | None, _TeedBody | None]:
         """Small bodies (with a Content-Length) are read whole, so the log gets them with

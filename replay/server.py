@@ -18,7 +18,7 @@ from eventlog import LogProducer, classify
 from eventlog.producer import NullWriter
 from eventlog.recorded import Recorded, read_log
 from eventlog.requests import classify_request
-from proxy import RecordingProxy
+from proxy import RecordingProxy, unread
 from proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
 from proxy.headers import HEADER_LIMITS, end_to_end
 
@@ -92,7 +92,7 @@ class ReplayServer:
                 on_exchange=self._recorded_anew if recording else None,
             )
         # A client pointed here instead of at its agent sends the same (big) headers.
-        self.app = web.Application(handler_args=HEADER_LIMITS)
+        self.app = web.Application(handler_args={**HEADER_LIMITS, **unread.handler_args()})
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         if self.proxy is not None:
             proxy = self.proxy

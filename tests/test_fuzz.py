@@ -505,15 +505,39 @@ async def test_big_headers_pass_through_both_ways_and_are_recorded(record: Recor
         assert len(json.loads(x["response_headers"])) > 500
 
 
-async def test_oversized_headers_are_refused_before_the_upstream(record: RecordFactory) -> None:
+def unread_line(reason: str) -> str:
+    """What a server of tasktape's says on stderr of a request from this machine it could not read."""
+    return f"tasktape: refused a request from 127.0.0.1 that could not be read: {reason}"
+
+
+async def test_oversized_headers_are_refused_before_the_upstream_and_logged(
+    record: RecordFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp answers a request it cannot read before any handler runs; the log still
+    gets it, as refused and why, and stderr a line, without the bytes aiohttp quotes."""
     contacted: list[str] = []
     rec = await record(hostile_upstream(contacted))
-    too_long = {"X-Big": "a" * (MAX_LINE + 1)}
+    too_long = {"Authorization": "Bearer " + "s3cr3t" * MAX_LINE}
     too_many = {f"X-{n}": "b" for n in range(MAX_HEADERS + 1)}
-    for headers in (too_long, too_many):
+    for headers, said in ((too_long, f"Got more than {MAX_LINE} bytes"), (too_many, "Too many headers")):
         async with rec.session.get(f"{rec.url}/tiny", headers=headers) as r:
-            assert r.status in (400, 431)
+            assert r.status == 400 and said in await r.text()
+    reader, writer = await asyncio.open_connection(*rec.url.removeprefix("http://").split(":"))
+    writer.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 a TLS hello\r\n\r\n")
+    assert (await reader.read()).startswith(b"HTTP/1.0 400 Bad Request\r\n")
+    writer.close()
     assert contacted == []
+    with await rec.log() as log:
+        refused = [(x["method"], x["path"], x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
+    assert [r[:4] for r in refused] == [("UNKNOWN", "", 400, "refused")] * 3
+    assert refused[0][4] == f"the request could not be read: Got more than {MAX_LINE} bytes when reading"
+    assert refused[1][4] == "the request could not be read: Too many headers received"
+    assert refused[2][4] == "the request could not be read: Received HTTPS traffic on an HTTP port"
+    assert b"s3cr3t" not in b"".join(p.read_bytes() for p in rec.db.parent.glob(rec.db.name + "*"))
+    said = [r.getMessage() for r in caplog.records if r.name == "tasktape.http"]
+    assert said[0] == unread_line(f"Got more than {MAX_LINE} bytes when reading")
+    # aiohttp logs a first request that is not HTTP at all at the debug level only.
+    assert len(said) == 2 and "s3cr3t" not in caplog.text
 
 
 async def test_a_32_mib_upload_streams_through_and_the_log_keeps_its_cap(record: RecordFactory) -> None:
@@ -584,7 +608,7 @@ def hostile_requests(body: bytes) -> Iterator[tuple[str, dict[str, Any], int, st
 
 
 async def test_the_replay_server_answers_hostile_requests_with_clear_errors(
-    replay: tuple[str, Recorded],
+    replay: tuple[str, Recorded], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, stream = replay
     body = stream.request_body or b""
@@ -598,3 +622,7 @@ async def test_the_replay_server_answers_hostile_requests_with_clear_errors(
         # And it still serves what was recorded, byte for byte.
         async with session.post(f"{url}/message:stream", data=body) as r:
             assert (r.status, await r.read()) == (200, stream.body)
+    # What it could not read is one line on stderr, without the bytes it quoted to the client.
+    said = [r.getMessage() for r in caplog.records if r.name == "tasktape.http"]
+    assert said == [unread_line(f"Got more than {MAX_LINE} bytes when reading")]
+    assert "x" * 50 not in caplog.text
