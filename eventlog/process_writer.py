@@ -116,8 +116,8 @@ class ProcessLogWriter(LogProducer):
     def _feed(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
         gather = _GATHER
+        batch = [get()]
         while True:
-            batch = [get()]
             # Let a few milliseconds of operations gather: one wake-up and one message
             # per batch keeps this thread from contending with the event loop per chunk.
             time.sleep(gather)
@@ -126,6 +126,12 @@ class ProcessLogWriter(LogProducer):
                     batch.append(get_nowait())
                 except queue.Empty:
                     break
+            if not batch:
+                # Idle: wait for the next operation, then gather. While streams flow, the
+                # loop only sleeps between batches: a producer never has to wake it, and
+                # it never takes the GIL from the event loop at the moment it was woken.
+                batch = [get()]
+                continue
             # Token-paced streams bring an operation or two per wake-up: wait longer, so
             # that each wake-up carries more; under load, shorter again.
             if len(batch) < 16:
@@ -146,6 +152,7 @@ class ProcessLogWriter(LogProducer):
             self._send(batch)
             if stop:
                 return
+            batch = []
 
     def _send(self, batch: list[tuple[Any, ...]]) -> None:
         if self._child_gone:
