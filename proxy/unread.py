@@ -21,6 +21,8 @@ _QUOTED = re.compile(r"""[:\s]*b?['"]""")
 
 
 class Refuser(Protocol):
+    """What the access log reports to: the recording proxy."""
+
     def log_unread(self, status: int, reason: str) -> None: ...
 
 
