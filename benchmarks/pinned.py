@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .harness import Section
 from .proxy_bench import BARE, CONTROL, RECORD, children, start_upstream, start_variants
-from .scaling import CONCURRENCY, LENGTHS, STREAMS, TOTAL, measure, warm_up
+from .scaling import measure, paired, warm_up
+from .scaling import shapes as scaling_shapes
 
 TITLE = "Throughput with the log writer on a CPU of its own"
 # Many short turns: the machine's slow spells last seconds, so paths measured a tenth of a
@@ -32,10 +33,8 @@ def run(quick: bool) -> list[Section]:
         section = Section(TITLE, ["path"])
         section.notes.append("Not measured: this needs two CPUs that this process may run on.")
         return [section]
-    total = TOTAL // 10 if quick else TOTAL
-    shapes = list(dict.fromkeys([(n, total // n) for n in CONCURRENCY] + [(STREAMS, n) for n in LENGTHS]))
-    if quick:
-        shapes = [(CONCURRENCY[0], total // CONCURRENCY[0]), (STREAMS, LENGTHS[0])]
+    by_concurrency, by_length = scaling_shapes(quick)
+    shapes = list(dict.fromkeys(by_concurrency + by_length))
     rounds = 2 if quick else ROUNDS
     traffic, writer_cpu = allowed[:2]
     rates: dict[str, dict[tuple[int, int], list[float]]] = {}
@@ -56,17 +55,20 @@ def run(quick: bool) -> list[Section]:
             for name, samples in by_path.items():
                 rates.setdefault(name, {})[shape] = samples
             writer += [w for _, w in cpu[RECORD]]
-            forwarding += [c / bare for (c, _), (bare, _) in zip(cpu[RECORD], cpu[BARE], strict=True)]
+            forwarding += paired([c for c, _ in cpu[RECORD]], [c for c, _ in cpu[BARE]])
     section = Section(TITLE, ["path", *(f"{n} x {m:,}" for n, m in shapes)])
+    ratios = {
+        name: {s: paired(by_shape[s], rates[BARE][s]) for s in shapes} for name, by_shape in rates.items()
+    }
     for name, by_shape in rates.items():
-        cells = []
-        for shape in shapes:
-            paired = [r / b for r, b in zip(by_shape[shape], rates[BARE][shape], strict=True)]
-            cells.append(f"{statistics.median(by_shape[shape]):,.0f} ({statistics.median(paired):.2f}x)")
-        section.add(name, *cells)
-    spread = [
-        r / b for shape in shapes for r, b in zip(rates[CONTROL][shape], rates[BARE][shape], strict=True)
-    ]
+        section.add(
+            name,
+            *(
+                f"{statistics.median(by_shape[s]):,.0f} ({statistics.median(ratios[name][s]):.2f}x)"
+                for s in shapes
+            ),
+        )
+    spread = [ratio for s in shapes for ratio in ratios[CONTROL][s]]
     section.notes.append(
         f"events/s the clients received (streams x events per stream), the median of {rounds} rounds of "
         f"at least {SECONDS} s each; in brackets, the median of each round's ratio to the bare "

@@ -49,8 +49,7 @@ def run(quick: bool) -> list[Section]:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 500 streams: 1,000+ sockets
     total = TOTAL // 10 if quick else TOTAL
-    by_concurrency = [(n, total // n) for n in (CONCURRENCY[:2] if quick else CONCURRENCY)]
-    by_length = [(STREAMS, n) for n in (LENGTHS[:2] if quick else LENGTHS)]
+    by_concurrency, by_length = shapes(quick)
     rounds = 2 if quick else ROUNDS
     RESULTS.clear()
     RATIOS.clear()
@@ -65,15 +64,13 @@ def run(quick: bool) -> list[Section]:
             rates, cpu = measure(variants, shape, rounds, logged)
             for name, samples in rates.items():
                 RESULTS.setdefault(name, {})[shape] = statistics.median(samples)
-                paired = [rate / bare for rate, bare in zip(samples, rates[BARE], strict=True)]
-                RATIOS.setdefault(name, {})[shape] = statistics.median(paired)
-                ROUND_RATIOS.setdefault(name, {})[shape] = paired
+                RATIOS.setdefault(name, {})[shape] = statistics.median(paired(samples, rates[BARE]))
+                ROUND_RATIOS.setdefault(name, {})[shape] = paired(samples, rates[BARE])
             for name, used in cpu.items():
-                cost = [c / bare for (c, _), (bare, _) in zip(used, cpu[BARE], strict=True)]
+                cost = paired([c for c, _ in used], [c for c, _ in cpu[BARE]])
                 forwarding = statistics.median(c for c, _ in used)
                 writer = statistics.median(w for _, w in used) if variants[name].db else None
                 CPU.setdefault(name, {})[shape] = (forwarding, writer, statistics.median(cost))
-    shapes = list(dict.fromkeys(by_concurrency + by_length))
     return [
         _section(
             f"Throughput by concurrency: {total:,} {EVENT_SIZE}-byte events among the streams",
@@ -87,8 +84,21 @@ def run(quick: bool) -> list[Section]:
             lambda s: f"{s[1]:,} events",
             rounds,
         ),
-        _cpu_section(shapes, rounds),
+        _cpu_section(list(dict.fromkeys(by_concurrency + by_length)), rounds),
     ]
+
+
+def shapes(quick: bool) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The (streams, events per stream) shapes: by concurrency, and by stream length."""
+    total = TOTAL // 10 if quick else TOTAL
+    by_concurrency = [(n, total // n) for n in (CONCURRENCY[:2] if quick else CONCURRENCY)]
+    by_length = [(STREAMS, n) for n in (LENGTHS[:2] if quick else LENGTHS)]
+    return by_concurrency, by_length
+
+
+def paired(samples: list[float], bare: list[float]) -> list[float]:
+    """Each round's figure over the bare pass-through's in the same round."""
+    return [value / base for value, base in zip(samples, bare, strict=True)]
 
 
 def warm_up(variants: dict[str, Variant]) -> dict[str, int]:
