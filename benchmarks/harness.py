@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tasktape.event_loop import loop_factory
+
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:
     """Seconds taken by the fastest of ``repeat`` calls (the least disturbed run)."""
@@ -63,7 +65,10 @@ def _fmt(value: object) -> str:
 
 
 def machine() -> str:
+    loop = "uvloop" if loop_factory("auto") else "asyncio"
     return (
         f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} ({sys.platform})"
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} ({sys.platform}); "
+        f"tasktape's proxy (record, log off) forwards on {loop}; the bare pass-through, the agent, "
+        "the clients and the replay server run on asyncio"
     )

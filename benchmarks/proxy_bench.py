@@ -30,6 +30,7 @@ from aiohttp import web
 
 from eventlog.producer import NullWriter
 from proxy import RecordingProxy
+from tasktape.event_loop import loop_factory
 
 from .harness import Section, percentiles
 
@@ -97,9 +98,17 @@ def passthrough_main(port: int, upstream: str) -> None:
 
 
 def unrecorded_main(port: int, upstream: str) -> None:
-    """tasktape record's proxy with a writer that keeps nothing: what forwarding alone costs."""
+    """tasktape record's proxy, on the event loop tasktape record runs on, with a writer that
+    keeps nothing: what forwarding alone costs."""
+    factory = loop_factory("auto")
     proxy = RecordingProxy(upstream, NullWriter())
-    web.run_app(proxy.app, host="127.0.0.1", port=port, print=lambda *_: print("ready", flush=True))
+    web.run_app(
+        proxy.app,
+        host="127.0.0.1",
+        port=port,
+        print=lambda *_: print("ready", flush=True),
+        loop=factory() if factory else None,
+    )
 
 
 def free_port() -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import click
@@ -13,6 +12,7 @@ from eventlog.process_writer import ProcessLogWriter
 from eventlog.redact import Redactor
 from proxy import RecordingProxy
 
+from . import event_loop
 from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
 from .redaction_options import redaction_options
 from .serving import serve_until_stopped
@@ -56,6 +56,7 @@ EXIT_LOG_FAILED = 3
     help="Stop writing the log once it reaches this size; traffic keeps flowing, and the "
     "lost rows are reported (and make the exit status 3).",
 )
+@event_loop.event_loop_option()
 @click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
 def record(
     upstream: str,
@@ -68,6 +69,7 @@ def record(
     no_rewrite_card: bool,
     max_body: int,
     max_log_size: int | None,
+    loop: str,
     quiet: bool,
 ) -> None:
     """Forward everything to the agent at --upstream and record it into the event log.
@@ -97,14 +99,15 @@ def record(
         writer.close()
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
     try:
-        asyncio.run(
+        event_loop.run(
             serve_until_stopped(
                 proxy.app,
                 host,
                 port,
                 ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
                 stopping="tasktape record: stopping; flushing the log",
-            )
+            ),
+            loop,
         )
     finally:
         writer.close()
