@@ -16,15 +16,25 @@ import tempfile
 from pathlib import Path
 
 from .harness import Section
-from .proxy_bench import BARE, CONTROL, RECORD, children, start_upstream, start_variants
+from .proxy_bench import (
+    BARE,
+    CONTROL,
+    RECORD,
+    children,
+    cpu_seconds,
+    logged_events,
+    start_upstream,
+    start_variants,
+)
 from .scaling import measure, paired, warm_up
 from .scaling import shapes as scaling_shapes
 
 TITLE = "Throughput with the log writer on a CPU of its own"
 # Many short turns: the machine's slow spells last seconds, so paths measured a tenth of a
 # second apart see the same machine, and the paired ratios' spread narrows.
-ROUNDS = 9
+ROUNDS = 20
 SECONDS = 0.1
+CATCH_UP = 600.0  # seconds the log may take to hold a shape's events once its rounds end
 
 
 def run(quick: bool) -> list[Section]:
@@ -50,31 +60,32 @@ def run(quick: bool) -> list[Section]:
         for pid in children(variants[RECORD].pid):  # its log writer process
             os.sched_setaffinity(pid, {writer_cpu})
         logged = warm_up(variants)
+        record = variants[RECORD]
+        assert record.pid is not None and record.db is not None
         for shape in shapes:
-            by_path, cpu = measure(variants, shape, rounds, logged, SECONDS)
+            # The writer catches up on its own CPU while the other paths run: the log is
+            # waited for once the shape's rounds end, and what it spent counted then.
+            before = logged[RECORD], _writer_cpu(record.pid)
+            by_path, cpu = measure(variants, shape, rounds, logged, SECONDS, catch_up=False)
+            logged_events(record.db, logged[RECORD], timeout=CATCH_UP)
+            writer.append((_writer_cpu(record.pid) - before[1]) / (logged[RECORD] - before[0]) * 1e6)
             for name, samples in by_path.items():
                 rates.setdefault(name, {})[shape] = samples
-            writer += [w for _, w in cpu[RECORD]]
             forwarding += paired([c for c, _ in cpu[RECORD]], [c for c, _ in cpu[BARE]])
     section = Section(TITLE, ["path", *(f"{n} x {m:,}" for n, m in shapes)])
     ratios = {
         name: {s: paired(by_shape[s], rates[BARE][s]) for s in shapes} for name, by_shape in rates.items()
     }
     for name, by_shape in rates.items():
-        section.add(
-            name,
-            *(
-                f"{statistics.median(by_shape[s]):,.0f} ({statistics.median(ratios[name][s]):.2f}x)"
-                for s in shapes
-            ),
-        )
+        section.add(name, *(_cell(by_shape[s], ratios[name][s], name == BARE) for s in shapes))
     spread = [ratio for s in shapes for ratio in ratios[CONTROL][s]]
     section.notes.append(
         f"events/s the clients received (streams x events per stream), the median of {rounds} rounds of "
         f"at least {SECONDS} s each; in brackets, the median of each round's ratio to the bare "
-        "pass-through. The client, the agent and "
-        f"each proxy process run on CPU {traffic}; tasktape record's log writer process alone on CPU "
-        f"{writer_cpu}. Its log catches up before the next path runs. The control's single rounds ranged "
+        "pass-through, then the middle half of those ratios (first to third quartile). The client, the "
+        f"agent and each proxy process run on CPU {traffic}; tasktape record's log writer process alone "
+        f"on CPU {writer_cpu}, where it catches up while the other paths run; after each shape, the log "
+        "held every event. The control's single rounds ranged "
         f"{min(spread):.2f}x-{max(spread):.2f}x of the bare pass-through."
     )
     section.notes.append(
@@ -83,3 +94,15 @@ def run(quick: bool) -> list[Section]:
         f"{min(writer):.1f}-{max(writer):.1f} µs per event on its own CPU."
     )
     return [section]
+
+
+def _writer_cpu(pid: int) -> float:
+    """CPU seconds of a recorder's child processes: its log writer."""
+    return cpu_seconds(pid, with_children=True) - cpu_seconds(pid)
+
+
+def _cell(samples: list[float], ratios: list[float], bare: bool) -> str:
+    if bare:
+        return f"{statistics.median(samples):,.0f} (1.00x)"
+    first, _, third = statistics.quantiles(ratios, n=4)
+    return f"{statistics.median(samples):,.0f} ({statistics.median(ratios):.2f}x; {first:.2f}-{third:.2f})"

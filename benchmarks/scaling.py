@@ -114,11 +114,13 @@ def measure(
     rounds: int,
     logged: dict[str, int],
     seconds: float = MIN_SECONDS,
+    catch_up: bool = True,
 ) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, float]]]]:
     """Every path's events/s at one (streams, events) shape, over at least ``seconds`` once
     per round; and the CPU µs per event of each proxy's forwarding process and of its log
     writer (until the log caught up). ``logged`` counts the events in each path's log, and
-    is kept up to date."""
+    is kept up to date. Without ``catch_up``, the next path runs while a log is still
+    being written (the writer's CPU time then counts what it did meanwhile)."""
     rates: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[tuple[float, float]]] = {name: [] for name, v in variants.items() if v.pid}
     for round_ in range(rounds):
@@ -128,9 +130,10 @@ def measure(
             rate, done = asyncio.run(_sustained(v.url, *shape, seconds))
             spent = _cpu(v.pid)[0] - before[0]  # before the log catches up
             rates[name].append(rate)
-            if v.db:  # its log catches up first, not while the next path is measured
+            if v.db:
                 logged[name] += done
-                logged_events(v.db, logged[name])
+                if catch_up:  # first, not while the next path is measured
+                    logged_events(v.db, logged[name])
             if v.pid:
                 cpu[name].append((spent / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
     return rates, cpu
