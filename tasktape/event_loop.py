@@ -9,15 +9,13 @@ replay paces events more finely than that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 CHOICES = ("auto", "uvloop", "asyncio")
 ENVVAR = "TASKTAPE_EVENT_LOOP"
-
-T = TypeVar("T")
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -37,20 +35,17 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run(main: Coroutine[Any, Any, T], choice: str) -> T:
-    """``asyncio.run(main)`` on the loop ``choice`` names."""
-    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
-        return runner.run(main)
-
-
 def event_loop_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--event-loop``, given to the command as the loop's factory: a loop that cannot run
+    here is refused before the command starts anything."""
     return click.option(
         "--event-loop",
-        "loop",
+        "loop_factory",
         type=click.Choice(CHOICES),
         default="auto",
         show_default=True,
         envvar=ENVVAR,
         show_envvar=True,
+        callback=lambda _ctx, _param, choice: loop_factory(choice),
         help="The event loop to forward on: auto is uvloop where it is installed, else asyncio.",
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -12,7 +14,7 @@ from eventlog.process_writer import ProcessLogWriter
 from eventlog.redact import Redactor
 from proxy import RecordingProxy
 
-from . import event_loop
+from .event_loop import event_loop_option
 from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
 from .redaction_options import redaction_options
 from .serving import serve_until_stopped
@@ -56,7 +58,7 @@ EXIT_LOG_FAILED = 3
     help="Stop writing the log once it reaches this size; traffic keeps flowing, and the "
     "lost rows are reported (and make the exit status 3).",
 )
-@event_loop.event_loop_option()
+@event_loop_option()
 @click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
 def record(
     upstream: str,
@@ -69,7 +71,7 @@ def record(
     no_rewrite_card: bool,
     max_body: int,
     max_log_size: int | None,
-    loop: str,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
     quiet: bool,
 ) -> None:
     """Forward everything to the agent at --upstream and record it into the event log.
@@ -99,16 +101,16 @@ def record(
         writer.close()
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
     try:
-        event_loop.run(
-            serve_until_stopped(
-                proxy.app,
-                host,
-                port,
-                ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
-                stopping="tasktape record: stopping; flushing the log",
-            ),
-            loop,
-        )
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(
+                serve_until_stopped(
+                    proxy.app,
+                    host,
+                    port,
+                    ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
+                    stopping="tasktape record: stopping; flushing the log",
+                )
+            )
     finally:
         writer.close()
     stats = writer.stats

@@ -12,10 +12,12 @@ import click
 import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
+from click.testing import CliRunner
 from loopback import finished, running, serve, stop
 
 from eventlog import EventLog
 from tasktape import event_loop
+from tasktape.cli import main
 
 FRAMES = sse(completed_run(), ids="e")
 
@@ -37,17 +39,27 @@ async def loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
+def run_on(choice: str) -> str:
+    with asyncio.Runner(loop_factory=event_loop.loop_factory(choice)) as runner:
+        return runner.run(loop_module())
+
+
 def test_auto_is_uvloop_where_installed_and_asyncio_when_asked() -> None:
-    assert event_loop.run(loop_module(), "auto") == "uvloop"
-    assert event_loop.run(loop_module(), "uvloop") == "uvloop"
-    assert event_loop.run(loop_module(), "asyncio").startswith("asyncio")
+    assert run_on("auto") == run_on("uvloop") == "uvloop"
+    assert run_on("asyncio").startswith("asyncio")
 
 
-def test_without_uvloop_auto_falls_back_and_uvloop_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_uvloop_auto_falls_back_and_uvloop_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)  # what an interpreter without it sees
-    assert event_loop.run(loop_module(), "auto").startswith("asyncio")
-    with pytest.raises(click.BadParameter, match="uvloop is not installed"):
-        event_loop.loop_factory("uvloop")
+    assert run_on("auto").startswith("asyncio")
+    db = tmp_path / "captures.db"
+    args = ["record", "--upstream", "http://x", "--db", str(db), "--event-loop", "uvloop"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--event-loop: uvloop is not installed (python -m pip install uvloop)" in result.output
+    assert not db.exists()  # refused before the log was opened
     with pytest.raises(click.BadParameter, match="'trio' is not one of auto, uvloop, asyncio"):
         event_loop.loop_factory("trio")
 
