@@ -64,7 +64,8 @@ def mitm(
     """
     if mitmproxy_missing():
         raise click.ClickException(INSTALL_HINT)
-    sets = [f"tasktape_db={db}"]
+    # The mitmdump process is tasktape's: its start-up heap can leave the collector's sight.
+    sets = [f"tasktape_db={db}", "tasktape_freeze_heap=true"]
     sets += [f"tasktape_redact_headers={name}" for name in redact_header]
     sets += [f"tasktape_redact_query={name}" for name in redact_query]
     sets += [f"tasktape_redact_json={pointer}" for pointer in redact_json]

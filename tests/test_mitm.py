@@ -380,6 +380,36 @@ async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path:
     )
 
 
+@pytest.mark.parametrize("form", ["mitmdump -s", "tasktape mitm"])
+def test_only_tasktape_mitm_freezes_the_start_up_heap(demo_agent: str, tmp_path: Path, form: str) -> None:
+    """tasktape mitm runs the process, so it moves the start-up heap out of the collector's
+    sight; the addon loaded into someone's mitmdump leaves the host's heap alone. A second
+    addon, loaded after tasktape's, reports what it finds once mitmproxy runs."""
+    port, db, seen = free_port(), tmp_path / "heap.db", tmp_path / "freeze_count"
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import gc, pathlib\n"
+        "class Probe:\n"
+        "    def running(self):\n"
+        f"        pathlib.Path({str(seen)!r}).write_text(str(gc.get_freeze_count()))\n"
+        "addons = [Probe()]\n"
+    )
+    if form == "mitmdump -s":
+        args = [MITMDUMP, "-s", str(addon_path()), "--set", f"tasktape_db={db}"]
+    else:
+        args = [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--"]
+    args += ["-s", str(probe), *mitmdump_args(tmp_path / "conf", f"reverse:{demo_agent}@{port}")]
+    with running(args, [port], tmp_path / "out.txt"):
+        deadline = time.monotonic() + 30
+        while not (seen.exists() and seen.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        frozen = int(seen.read_text())
+    if form == "tasktape mitm":
+        assert frozen > 10_000  # the interpreter's, mitmproxy's and the addons' objects
+    else:
+        assert frozen == 0
+
+
 async def test_rows_the_log_could_not_take_set_the_exit_status(tmp_path: Path) -> None:
     """As with tasktape record: a full log never stops traffic, is reported, and makes
     tasktape mitm exit 3."""
@@ -464,6 +494,7 @@ def test_options_are_declared_with_types_and_defaults(
     declared = optmanager.dump_dicts(tctx.options, names)  # what `mitmdump --options` shows
     assert {k: (v["type"], v["default"]) for k, v in declared.items()} == {
         "tasktape_db": ("optional str", None),
+        "tasktape_freeze_heap": ("bool", False),
         "tasktape_hosts": ("sequence of str", []),
         "tasktape_max_body": ("int", 16 * 1024 * 1024),
         "tasktape_max_log_size": ("optional int", None),
