@@ -19,7 +19,6 @@ from .harness import Section
 RATES = (250, 2_000)  # chunks/s: 5 token-paced streams, and a busy recorder
 SECONDS = 4.0  # per run
 ROUNDS = 3  # every variant once per round, in turn
-CHUNK = b"data: " + b"x" * 192 + b"\n\n"  # one 200-byte event
 STREAMS = 5
 NONE, ADAPTIVE, FIXED = (
     "pacing alone, no log",
@@ -43,6 +42,9 @@ def cpu_per_chunk(path: Path | None, rate: int, seconds: float, *, fixed: bool =
     """CPU µs of this process per chunk handed over at ``rate`` chunks/s among STREAMS
     streams (to no writer when ``path`` is None), the pacing itself included."""
     n = int(rate * seconds)
+    # Every chunk a bytes object of its own, as from a socket (one object sent again and
+    # again would be pickled once per batch and referred to after).
+    chunks = [b"data: %08d" % i + b"x" * 184 + b"\n\n" for i in range(n)]
     with _gathering(fixed), contextlib.ExitStack() as stack:
         writer = stack.enter_context(ProcessLogWriter(path)) if path else None
         exchanges: list[int] = []
@@ -54,7 +56,7 @@ def cpu_per_chunk(path: Path | None, rate: int, seconds: float, *, fixed: bool =
         cpu, start = time.process_time(), time.perf_counter()
         for i in range(n):
             if writer:
-                writer.chunk(exchanges[i % STREAMS], i, CHUNK)
+                writer.chunk(exchanges[i % STREAMS], i, chunks[i])
             delay = start + (i + 1) / rate - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
