@@ -21,12 +21,11 @@ from .proxy_bench import (
     CONTROL,
     RECORD,
     children,
-    cpu_seconds,
     logged_events,
     start_upstream,
     start_variants,
 )
-from .scaling import measure, paired, warm_up
+from .scaling import measure, paired, process_cpu, warm_up
 from .scaling import shapes as scaling_shapes
 
 TITLE = "Throughput with the log writer on a CPU of its own"
@@ -57,18 +56,18 @@ def run(quick: bool) -> list[Section]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         variants = start_variants(stack, tmp, start_upstream(stack), control=True, mitm=False)
         del variants["direct"]  # no proxy: nothing to compare on the traffic's CPU
-        for pid in children(variants[RECORD].pid):  # its log writer process
-            os.sched_setaffinity(pid, {writer_cpu})
-        logged = warm_up(variants)
         record = variants[RECORD]
         assert record.pid is not None and record.db is not None
+        for pid in children(record.pid):  # its log writer process
+            os.sched_setaffinity(pid, {writer_cpu})
+        logged = warm_up(variants)
         for shape in shapes:
             # The writer catches up on its own CPU while the other paths run: the log is
             # waited for once the shape's rounds end, and what it spent counted then.
-            before = logged[RECORD], _writer_cpu(record.pid)
+            before = logged[RECORD], process_cpu(record.pid)[1]
             by_path, cpu = measure(variants, shape, rounds, logged, SECONDS, catch_up=False)
             logged_events(record.db, logged[RECORD], timeout=CATCH_UP)
-            writer.append((_writer_cpu(record.pid) - before[1]) / (logged[RECORD] - before[0]) * 1e6)
+            writer.append((process_cpu(record.pid)[1] - before[1]) / (logged[RECORD] - before[0]) * 1e6)
             for name, samples in by_path.items():
                 rates.setdefault(name, {})[shape] = samples
             forwarding += paired([c for c, _ in cpu[RECORD]], [c for c, _ in cpu[BARE]])
@@ -94,11 +93,6 @@ def run(quick: bool) -> list[Section]:
         f"{min(writer):.1f}-{max(writer):.1f} µs per event on its own CPU."
     )
     return [section]
-
-
-def _writer_cpu(pid: int) -> float:
-    """CPU seconds of a recorder's child processes: its log writer."""
-    return cpu_seconds(pid, with_children=True) - cpu_seconds(pid)
 
 
 def _cell(samples: list[float], ratios: list[float], bare: bool) -> str:

@@ -126,16 +126,16 @@ def measure(
     for round_ in range(rounds):
         # A slow spell of the machine hits every path of a round, in turn first and last.
         for name, v in list(variants.items())[:: -1 if round_ % 2 else 1]:
-            before = _cpu(v.pid)
+            before = process_cpu(v.pid)
             rate, done = asyncio.run(_sustained(v.url, *shape, seconds))
-            spent = _cpu(v.pid)[0] - before[0]  # before the log catches up
+            spent = process_cpu(v.pid)[0] - before[0]  # before the log catches up
             rates[name].append(rate)
             if v.db:
                 logged[name] += done
                 if catch_up:  # first, not while the next path is measured
                     logged_events(v.db, logged[name])
             if v.pid:
-                cpu[name].append((spent / done * 1e6, (_cpu(v.pid)[1] - before[1]) / done * 1e6))
+                cpu[name].append((spent / done * 1e6, (process_cpu(v.pid)[1] - before[1]) / done * 1e6))
     return rates, cpu
 
 
@@ -148,7 +148,7 @@ async def _sustained(url: str, streams: int, events: int, seconds: float) -> tup
     return done / elapsed, done
 
 
-def _cpu(pid: int | None) -> tuple[float, float]:
+def process_cpu(pid: int | None) -> tuple[float, float]:
     """CPU seconds of a forwarding process, and of its child processes (its log writer)."""
     if pid is None:
         return 0.0, 0.0

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from a2a_frames import completed_run, sse
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -24,6 +25,25 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
         yield str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:
+    """An agent answering POST /message:stream with ``events`` frames of a completed run
+    (ids e1, e2, ...), ``delay`` seconds apart."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        frames = sse((completed_run() * (events // 10 + 1))[:events], ids="e")
+        for frame in frames:
+            await response.write(frame)
+            if delay:
+                await asyncio.sleep(delay)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
 
 
 @dataclass

@@ -11,28 +11,14 @@ import aiohttp
 import click
 import pytest
 from a2a_frames import completed_run, sse
-from aiohttp import web
 from click.testing import CliRunner
-from loopback import finished, running, serve, stop
+from loopback import finished, running, serve, stop, upstream_app
 
 from eventlog import EventLog
 from tasktape import event_loop
 from tasktape.cli import main
 
-FRAMES = sse(completed_run(), ids="e")
-
-
-def upstream_app() -> web.Application:
-    async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for frame in FRAMES:
-            await response.write(frame)
-        return response
-
-    app = web.Application()
-    app.router.add_post("/message:stream", stream)
-    return app
+FRAMES = sse(completed_run(), ids="e")  # what upstream_app() streams
 
 
 async def loop_module() -> str:

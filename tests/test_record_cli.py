@@ -21,27 +21,11 @@ import aiohttp
 import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
-from loopback import finished, running, serve
+from loopback import finished, running, serve, upstream_app
 
 from eventlog import EventLog, ExchangeSummary
 from tasktape.record import describe_exchange
 from tasktape.serving import serve_until_stopped
-
-
-def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:
-    async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        frames = sse((completed_run() * (events // 10 + 1))[:events], ids="e")
-        for frame in frames:
-            await response.write(frame)
-            if delay:
-                await asyncio.sleep(delay)
-        return response
-
-    app = web.Application()
-    app.router.add_post("/message:stream", stream)
-    return app
 
 
 @asynccontextmanager
