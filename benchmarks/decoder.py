@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from eventlog import SSEDecoder
+from tasktape.eventlog import SSEDecoder
 
 from .harness import Section, best_of
 

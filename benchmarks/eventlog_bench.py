@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventlog import EventLog, LogWriter, SSEDecoder, classify
+from tasktape.eventlog import EventLog, LogWriter, SSEDecoder, classify
 
 from .harness import Section, percentiles
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from eventlog import ProcessLogWriter, process_writer
+from tasktape.eventlog import ProcessLogWriter, process_writer
 
 from .harness import Section
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from eventlog.producer import NullWriter
-from proxy import RecordingProxy
 from tasktape.event_loop import loop_factory
+from tasktape.eventlog.producer import NullWriter
+from tasktape.proxy import RecordingProxy
 
 from .harness import Section, percentiles
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import aiohttp
 
-from eventlog import SSEDecoder
-from eventlog.cassette import write_cassette
-from eventlog.recorded import Recorded
+from tasktape.eventlog import SSEDecoder
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded
 
 from .harness import Section, percentiles
 from .proxy_bench import free_port, process

@@ -15,12 +15,12 @@ import aiohttp
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
 
-from eventlog import EventLog, LogWriter  # noqa: E402 - after the path is set
-from eventlog.cassette import write_cassette  # noqa: E402
-from eventlog.recorded import from_log  # noqa: E402
-from proxy import RecordingProxy  # noqa: E402
 from tasktape.a2a_client import A2AClient  # noqa: E402
 from tasktape.agent import create_agent_app  # noqa: E402
+from tasktape.eventlog import EventLog, LogWriter  # noqa: E402 - after the path is set
+from tasktape.eventlog.cassette import write_cassette  # noqa: E402
+from tasktape.eventlog.recorded import from_log  # noqa: E402
+from tasktape.proxy import RecordingProxy  # noqa: E402
 from tasktape.serving import start_site  # noqa: E402
 
 PACE = 0.1  # the demo agent's delays, scaled: realistic shapes, short cassettes

@@ -14,16 +14,6 @@ from typing import TYPE_CHECKING, Any
 from .classify import Classification, classify
 
 if TYPE_CHECKING:
-    from .errors import (
-        DecoderClosed,
-        FrameError,
-        LogBusy,
-        LogError,
-        SchemaTooNew,
-        TasktapeError,
-        UnknownEventId,
-        WriterClosed,
-    )
     from .exchange_rows import ExchangeSummary
     from .models import (
         Artifact,
@@ -45,19 +35,14 @@ if TYPE_CHECKING:
     from .reader import EventLog
     from .schema import SCHEMA_VERSION, open_db
     from .sse import SSEDecoder, SSEEvent
-    from .version import __version__
     from .writer import LogWriter
 
 _WHERE = {
     "Artifact": ".models",
-    "DecoderClosed": ".errors",
     "EventLog": ".reader",
     "ExchangeSummary": ".exchange_rows",
-    "FrameError": ".errors",
     "JsonRpcError": ".models",
     "JsonRpcResponse": ".models",
-    "LogBusy": ".errors",
-    "LogError": ".errors",
     "LogProducer": ".producer",
     "LogWriter": ".writer",
     "Message": ".models",
@@ -66,19 +51,14 @@ _WHERE = {
     "SCHEMA_VERSION": ".schema",
     "SSEDecoder": ".sse",
     "SSEEvent": ".sse",
-    "SchemaTooNew": ".errors",
     "StreamResponse": ".models",
     "Task": ".models",
     "TaskArtifactUpdateEvent": ".models",
     "TaskState": ".models",
     "TaskStatus": ".models",
     "TaskStatusUpdateEvent": ".models",
-    "TasktapeError": ".errors",
-    "UnknownEventId": ".errors",
     "Usage": ".models",
-    "WriterClosed": ".errors",
     "WriterStats": ".producer",
-    "__version__": ".version",
     "open_db": ".schema",
     "parse_stream_response": ".models",
 }
@@ -86,14 +66,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "Artifact",
     "Classification",
-    "DecoderClosed",
     "EventLog",
     "ExchangeSummary",
-    "FrameError",
     "JsonRpcError",
     "JsonRpcResponse",
-    "LogBusy",
-    "LogError",
     "LogProducer",
     "LogWriter",
     "Message",
@@ -101,19 +77,14 @@ __all__ = [
     "ProcessLogWriter",
     "SSEDecoder",
     "SSEEvent",
-    "SchemaTooNew",
     "StreamResponse",
     "Task",
     "TaskArtifactUpdateEvent",
     "TaskState",
     "TaskStatus",
     "TaskStatusUpdateEvent",
-    "TasktapeError",
-    "UnknownEventId",
     "Usage",
-    "WriterClosed",
     "WriterStats",
-    "__version__",
     "classify",
     "open_db",
     "parse_stream_response",

@@ -28,10 +28,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import TasktapeError
+from tasktape.errors import CassetteError
+from tasktape.version import __version__
+
 from .producer import LogProducer
 from .recorded import Recorded
-from .version import __version__
 
 VERSION = 1
 # Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
@@ -39,10 +40,6 @@ VERSION = 1
 MAX_MS = 1e12
 # A CR, LF or NUL in a header would split the response it is replayed in.
 _NOT_IN_HEADERS = re.compile(r"[\r\n\x00]")
-
-
-class CassetteError(TasktapeError, ValueError):
-    """A cassette that cannot be read; the message names the file and line."""
 
 
 class _Strict(BaseModel):

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .errors import FrameError
+from tasktape.errors import FrameError
 
 
 class TaskState(StrEnum):

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import os
 import pickle
 import queue
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +23,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .errors import LogError
+from tasktape.errors import LogError
+
+from .interpreter import child_python
 from .producer import CHUNK, END, FLUSH, STOP, LogProducer
 
-_HOME = str(Path(__file__).resolve().parent.parent)  # where the eventlog package lives
 _BATCH = 4096  # operations per message at most
 _GATHER = 0.002  # seconds: how long operations gather before they are sent, at first
 # At most this long, which bounds what a recorder killed outright can lose (the child
@@ -40,7 +39,7 @@ _STARTUP_TIMEOUT = 60.0
 # has: without them the child starts with 12 MiB less (numpy alone) and no BLAS threads.
 _CHILD_MAIN = (
     "import sys; sys.modules.update(numpy=None, pandas=None); "
-    "from eventlog.child_writer import main; main(int(sys.argv[1]))"
+    "from tasktape.eventlog.child_writer import main; main(int(sys.argv[1]))"
 )
 
 
@@ -60,13 +59,9 @@ class ProcessLogWriter(LogProducer):
         ours, theirs = socket.socketpair()
         # A plain child process (not multiprocessing's spawn, which re-imports the
         # caller's main module): it gets one end of the socket pair, then its settings.
+        python, env = child_python()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD_MAIN, str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(filter(None, [_HOME, os.environ.get("PYTHONPATH")])),
-            },
+            [*python, "-c", _CHILD_MAIN, str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
         )
         theirs.close()
         self._conn = Connection(ours.detach())

@@ -21,10 +21,11 @@ from itertools import count
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .errors import LogError, WriterClosed
+from tasktape.errors import LogError, WriterClosed
+from tasktape.version import __version__
+
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
 from .redact import hide_credentials
-from .version import __version__
 
 # Operations, as tuples whose first element is one of these codes.
 CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP, MANY = range(10)

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import UnknownEventId
+from tasktape.errors import UnknownEventId, UnknownExchange
+
 from .schema import open_db
 
 Row = dict[str, Any]
@@ -55,7 +56,7 @@ class EventLog:
     def exchange(self, exchange_id: int) -> Row:
         rows = self._rows("SELECT * FROM exchanges WHERE id = ?", (exchange_id,))
         if not rows:
-            raise KeyError(f"no exchange {exchange_id} in {self.path}")
+            raise UnknownExchange(f"no exchange {exchange_id} in {self.path}")
         return rows[0]
 
     def chunks(self, exchange_id: int) -> list[Row]:

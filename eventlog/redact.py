@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote_plus
 
+from tasktape.errors import UsageError
+
 REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
 # Headers whose value is a URL, which can carry a credential in its query string.
@@ -223,7 +225,7 @@ def _scrub(node: Any, secrets: set[str]) -> Any:
 
 def parse_pointer(pointer: str) -> tuple[str, ...]:
     if pointer and not pointer.startswith("/"):
-        raise ValueError(f"not a JSON pointer (it must start with '/'): {pointer!r}")
+        raise UsageError(f"not a JSON pointer (it must start with '/'): {pointer!r}")
     return tuple(p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:])
 
 

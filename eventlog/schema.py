@@ -14,7 +14,8 @@ from pathlib import Path
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .errors import LogError, SchemaTooNew
+from tasktape.errors import LogError, SchemaTooNew
+
 from .models import V03_STATES
 
 migrations = Migrations("tasktape")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DecoderClosed
+from tasktape.errors import DecoderClosed
 
 _BOM = b"\xef\xbb\xbf"
 _LF = 0x0A

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LogBusy, LogError, WriterClosed
+from tasktape.errors import LogBusy, LogError, WriterClosed
+
 from .exchange_rows import INSERT_CHUNK, INSERT_EVENT, ExchangeRows, ExchangeSummary
 from .producer import (
     BODY,

@@ -8,7 +8,7 @@ from typing import Any
 
 from datasette.utils import tilde_encode
 
-from eventlog.schema import VIEWS as VIEW_SQL
+from tasktape.eventlog.schema import VIEWS as VIEW_SQL
 
 from .display import STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eventlog import EventLog, FrameError, parse_stream_response
-from eventlog.classify import load_json
-from eventlog.models import Artifact as ArtifactModel
-from eventlog.models import JsonRpcResponse, Task, TaskStatus
+from tasktape.errors import FrameError
+from tasktape.eventlog import EventLog, parse_stream_response
+from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.models import Artifact as ArtifactModel
+from tasktape.eventlog.models import JsonRpcResponse, Task, TaskStatus
 
 if TYPE_CHECKING:
-    from .checker import Finding
+    from tasktape.eventlog.checker import Finding
 
 _MARKER = re.compile(r"\[\d+\]")  # an inline citation marker already in the text
 _SENDS = ("SendMessage", "SendStreamingMessage")
@@ -484,7 +485,7 @@ def _findings(log: EventLog, exchange_ids: list[int]) -> tuple[list[Finding], st
     """The lifecycle checker's findings about these exchanges, computed now."""
     # Datasette imports this plugin in every run in the environment; the checker is
     # needed only when a task page is asked for.
-    from .checker import check_log  # noqa: PLC0415
+    from tasktape.eventlog.checker import check_log  # noqa: PLC0415
 
     try:
         return check_log(log, exchange_ids), None

@@ -1,5 +1,5 @@
 """A mitmproxy addon recording every flow into a tasktape event log, as ``tasktape record``
-does: ``mitmdump -s proxy/mitm_addon.py --set tasktape_db=captures.db [--mode ...]``.
+does: ``mitmdump -s "$(tasktape mitm --addon-path)" --set tasktape_db=captures.db [--mode ...]``.
 
 Event streams (``text/event-stream``) are streamed through, not buffered as mitmproxy
 would, and each chunk is handed to the log with its offset on the way; other responses
@@ -20,9 +20,10 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
-from eventlog import LogError, ProcessLogWriter
-from eventlog.redact import Redactor, parse_pointer
-from proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
+from tasktape.errors import LogError
+from tasktape.eventlog import ProcessLogWriter
+from tasktape.eventlog.redact import Redactor, parse_pointer
+from tasktape.proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
 
 logger = logging.getLogger("tasktape")
 

@@ -14,7 +14,8 @@ from mitmproxy import exceptions, http, io
 from mitmproxy.connection import ConnectionState
 from mitmproxy.flow import Error
 
-from eventlog import LogProducer
+from tasktape.errors import FlowFileError
+from tasktape.eventlog import LogProducer
 
 # What mitmproxy says when the client side went away (HTTP/1; HTTP/2 and 3).
 _CLIENT_GONE = ("Client disconnected.", "stream reset by client")
@@ -27,10 +28,6 @@ UNTIMED = (
 NOT_KEPT = "the body was streamed through mitmproxy and is not in the flow file"
 
 StreamCallable = Callable[[bytes], "bytes | Iterable[bytes]"]
-
-
-class FlowFileError(Exception):
-    """A flow file that mitmproxy cannot read."""
 
 
 def is_event_stream(response: http.Response) -> bool:

@@ -19,8 +19,9 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from eventlog import LogProducer, WriterClosed
-from eventlog.exchange_rows import ExchangeSummary
+from tasktape.errors import UsageError, WriterClosed
+from tasktape.eventlog import LogProducer
+from tasktape.eventlog.exchange_rows import ExchangeSummary
 
 from . import unread
 from .card import is_card_request, rewrite_card
@@ -48,7 +49,7 @@ class RecordingProxy:
     ) -> None:
         url = URL(upstream)
         if not url.is_absolute() or url.scheme not in ("http", "https"):
-            raise ValueError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
+            raise UsageError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
         # client's own Authorization header passes instead); never shown, never stored.
         auth = aiohttp.BasicAuth.from_url(url)

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tasktape.errors import FaultError
+
 HEADER = "X-Tasktape-Fault"
 MAX_MS = 3_600_000.0
-
-
-class FaultError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

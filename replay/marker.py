@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tasktape.errors import MarkerError
+
 from .faults import Faults
 from .record_mode import RecordMode
 
@@ -39,10 +41,6 @@ SIGNATURE = (
 )
 
 
-class MarkerError(ValueError):
-    """The marker says something that cannot be meant."""
-
-
 def merged(item: pytest.Item) -> dict[str, Any]:
     """Every tasktape marker on the test, its class and its module: the closest says
     each option (a module's cassette, a test's speed)."""
@@ -67,7 +65,7 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
     """The test's tape as its markers and the command line say."""
     # Here, not at the top: pytest imports the plugin in every run, and a run whose
     # tests use no cassette should not pay for the replay server.
-    from eventlog.redact import Redactor, parse_pointer  # noqa: PLC0415
+    from tasktape.eventlog.redact import Redactor, parse_pointer  # noqa: PLC0415
 
     from .tape import TapeOptions  # noqa: PLC0415
 

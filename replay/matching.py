@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from eventlog.recorded import Recorded
-from eventlog.redact import DEFAULT_HEADERS, REDACTED, parse_pointer
+from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, parse_pointer
 
 
 @dataclass

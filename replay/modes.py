@@ -5,6 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TypeVar
 
+from tasktape.errors import UsageError
+
 Choice = TypeVar("Choice", bound=StrEnum)
 
 
@@ -14,7 +16,7 @@ def parse_choice(cls: type[Choice], value: str, what: str) -> Choice:
         return cls(value)
     except ValueError:
         choices = ", ".join(m.value for m in cls)
-        raise ValueError(f"{value!r} is not {what}; choose one of {choices}") from None
+        raise UsageError(f"{value!r} is not {what}; choose one of {choices}") from None
 
 
 class ReplayMode(StrEnum):

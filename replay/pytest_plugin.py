@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .faults import FaultError
-from .marker import MARKER, SIGNATURE, MarkerError, tape_options
+from tasktape.errors import CassetteError, TapeError, TasktapeError, UsageError
+
+from .marker import MARKER, SIGNATURE, tape_options
 from .record_mode import RecordMode
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     try:
         mode = RecordMode.parse(config.getoption("--tasktape-record-mode"))
-    except ValueError as exc:
+    except UsageError as exc:
         raise pytest.UsageError(f"--tasktape-record-mode: {exc}") from None
     parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
     if mode is RecordMode.ALL and parallel:
@@ -81,7 +82,7 @@ def _options(request: pytest.FixtureRequest) -> TapeOptions:
     if options is None:
         try:
             options = request.node.stash[_OPTIONS] = tape_options(request.node, request.config)
-        except (MarkerError, FaultError, ValueError) as exc:
+        except TasktapeError as exc:
             pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
     return options
 
@@ -93,10 +94,6 @@ def _session(request: pytest.FixtureRequest) -> TapeSession:
 
 
 async def _started(session: TapeSession) -> Tape:
-    from eventlog.cassette import CassetteError  # noqa: PLC0415 - see _session
-
-    from .tape import TapeError  # noqa: PLC0415
-
     try:
         return await session.start()
     except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line

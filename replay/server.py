@@ -14,19 +14,21 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from eventlog import LogProducer, classify
-from eventlog.producer import NullWriter
-from eventlog.recorded import Recorded, read_log
-from eventlog.requests import classify_request
-from proxy import RecordingProxy, unread
-from proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
-from proxy.headers import HEADER_LIMITS, end_to_end
+from tasktape.errors import FaultError, UsageError
+from tasktape.eventlog import LogProducer, classify
+from tasktape.eventlog.producer import NullWriter
+from tasktape.eventlog.recorded import Recorded, read_log
+from tasktape.eventlog.requests import classify_request
+from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
+from tasktape.proxy import RecordingProxy, unread
+from tasktape.proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
+from tasktape.proxy.headers import HEADER_LIMITS, end_to_end
 
 from .faults import HEADER as FAULT_HEADER
-from .faults import FaultError, Faults
+from .faults import Faults
 from .matching import Incoming, MatchRules, mismatches
 from .modes import ReplayMode
-from .streams import Chunks, StreamEvent, after, apply_edits, events_in, jsonrpc_id_edits, split_at, with_ids
+from .streams import after, apply_edits, jsonrpc_id_edits, split_at, with_ids
 
 log = logging.getLogger("tasktape.replay")
 ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
@@ -65,9 +67,9 @@ class ReplayServer:
         allow_repeats: bool = False,
     ) -> None:
         if mode is not ReplayMode.REPLAY and not upstream:
-            raise ValueError(f"mode {mode.value} sends requests to an upstream: give one")
+            raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
         if mode is ReplayMode.RECORD_MISSING and (writer is None or log_path is None):
-            raise ValueError("mode record-missing records into a log: give its writer and path")
+            raise UsageError("mode record-missing records into a log: give its writer and path")
         self.log_path = Path(log_path) if log_path else None
         self.recorded: list[Recorded] = []
         self.used: list[int] = []  # times each recording was served

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eventlog.cassette import read_cassette
-from eventlog.errors import TasktapeError
-from eventlog.recorded import Recorded, read_log
+from tasktape.errors import SourceError
+from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.recorded import Recorded, read_log
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-class SourceError(TasktapeError, ValueError):
-    pass
 
 
 def is_log(path: Path) -> bool:

@@ -5,56 +5,10 @@ of the request at hand. Chunk boundaries and offsets are kept wherever bytes are
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
-from eventlog import SSEDecoder
+from tasktape.eventlog.spans import Chunks, StreamEvent
 
-Chunks = list[tuple[int, bytes]]
 Edit = tuple[int, int, bytes]  # (position in the body, bytes removed, bytes put there)
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    start: int  # byte span of the event in the whole body
-    end: int
-    id: str | None
-    data: str
-    complete: bool
-    offset_ns: int  # when the chunk that completed it arrived
-
-    @property
-    def terminator(self) -> bytes:
-        return b"\r\n" if self.raw_end == b"\r\n" else self.raw_end[-1:]
-
-    raw_end: bytes = b"\n"
-
-
-def events_in(chunks: Chunks) -> list[StreamEvent]:
-    """The SSE events of a recorded body, with their byte spans."""
-    decoder = SSEDecoder()
-    events: list[StreamEvent] = []
-    position = 0
-    last_offset = 0
-    for offset, data in chunks:
-        last_offset = offset
-        for event in decoder.feed(data):
-            events.append(_span(event, position, offset))
-            position += len(event.raw)
-    events += [_span(e, position, last_offset) for e in decoder.close()]
-    return events
-
-
-def _span(event: object, start: int, offset: int) -> StreamEvent:
-    raw: bytes = event.raw  # type: ignore[attr-defined]
-    return StreamEvent(
-        start,
-        start + len(raw),
-        event.id,
-        event.data,
-        event.complete,
-        offset,  # type: ignore[attr-defined]
-        raw_end=raw[-2:],
-    )
 
 
 def apply_edits(chunks: Chunks, edits: list[Edit]) -> Chunks:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from eventlog import SSEDecoder, SSEEvent
-from eventlog.cassette import read_cassette, write_cassette
-from eventlog.recorded import Recorded, read_log
-from eventlog.redact import Redactor, hide_credentials
+from tasktape.errors import TapeError
+from tasktape.eventlog import SSEDecoder, SSEEvent
+from tasktape.eventlog.cassette import read_cassette, write_cassette
+from tasktape.eventlog.recorded import Recorded, read_log
+from tasktape.eventlog.redact import Redactor, hide_credentials
 
 from .faults import Faults
 from .modes import ReplayMode
@@ -26,14 +27,10 @@ from .record_mode import RecordMode
 from .server import Miss, ReplayServer
 
 if TYPE_CHECKING:
-    from eventlog import LogWriter
+    from tasktape.eventlog import LogWriter
 
 # Outcomes where the answer came from the recorder, not the agent.
 NOT_RECORDINGS = frozenset({"upstream_error", "refused"})
-
-
-class TapeError(Exception):
-    """The cassette cannot be served as asked (missing, or recording without an upstream)."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,7 @@ class TapeSession:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))
             db = self._folder / "recording.db"
             # Here, not at the top: only a recording run needs the writer (and sqlite-utils).
-            from eventlog import LogWriter  # noqa: PLC0415
+            from tasktape.eventlog import LogWriter  # noqa: PLC0415
 
             self._writer = LogWriter(db, redactor=o.redactor)
             server = ReplayServer(

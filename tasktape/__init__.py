@@ -1,9 +1,153 @@
 """tasktape: record, replay and inspect streaming agent traffic.
 
-The front door: the ``tasktape`` command line. The building blocks live in
-``eventlog`` (the record), ``proxy``, ``replay`` and ``inspector``.
+The names below are the public Python API (documented in docs/reference/python-api.md).
+They load on first use, so ``import tasktape`` costs almost nothing: a test process that
+replays cassettes loads neither the log reader nor sqlite-utils, and a recorder loads no
+Datasette. The parts live in subpackages: ``tasktape.eventlog`` (the record),
+``tasktape.proxy`` (writes it), ``tasktape.replay`` (reads it back as HTTP) and
+``tasktape.inspector`` (the Datasette plugin).
 """
 
-from eventlog import __version__
+from __future__ import annotations
 
-__all__ = ["__version__"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    A2AClientError,
+    A2AError,
+    CassetteError,
+    DecoderClosed,
+    FaultError,
+    FlowFileError,
+    FrameError,
+    LogBusy,
+    LogError,
+    MarkerError,
+    NotCancelable,
+    SchemaTooNew,
+    SourceError,
+    TapeError,
+    TasktapeError,
+    UnknownEventId,
+    UnknownExchange,
+    UsageError,
+    WriterClosed,
+)
+
+if TYPE_CHECKING:
+    from .eventlog.cassette import read_cassette, write_cassette
+    from .eventlog.checker import Finding, Report, check_log, check_recorded
+    from .eventlog.classify import Classification, classify
+    from .eventlog.models import StreamResponse, TaskState, parse_stream_response
+    from .eventlog.process_writer import ProcessLogWriter
+    from .eventlog.reader import EventLog
+    from .eventlog.recorded import Recorded, read_log
+    from .eventlog.redact import Redactor
+    from .eventlog.schema import SCHEMA_VERSION
+    from .eventlog.sse import SSEDecoder, SSEEvent
+    from .eventlog.writer import LogWriter
+    from .proxy.recorder import RecordingProxy
+    from .replay.faults import Faults
+    from .replay.matching import MatchRules
+    from .replay.modes import ReplayMode
+    from .replay.record_mode import RecordMode
+    from .replay.server import ReplayServer
+    from .replay.source import load
+    from .replay.tape import Tape
+    from .version import __version__
+
+_WHERE = {
+    "Classification": ".eventlog.classify",
+    "EventLog": ".eventlog.reader",
+    "Faults": ".replay.faults",
+    "Finding": ".eventlog.checker",
+    "LogWriter": ".eventlog.writer",
+    "MatchRules": ".replay.matching",
+    "ProcessLogWriter": ".eventlog.process_writer",
+    "Recorded": ".eventlog.recorded",
+    "RecordingProxy": ".proxy.recorder",
+    "RecordMode": ".replay.record_mode",
+    "Redactor": ".eventlog.redact",
+    "ReplayMode": ".replay.modes",
+    "ReplayServer": ".replay.server",
+    "Report": ".eventlog.checker",
+    "SCHEMA_VERSION": ".eventlog.schema",
+    "SSEDecoder": ".eventlog.sse",
+    "SSEEvent": ".eventlog.sse",
+    "StreamResponse": ".eventlog.models",
+    "Tape": ".replay.tape",
+    "TaskState": ".eventlog.models",
+    "check_log": ".eventlog.checker",
+    "check_recorded": ".eventlog.checker",
+    "classify": ".eventlog.classify",
+    "load": ".replay.source",
+    "parse_stream_response": ".eventlog.models",
+    "read_cassette": ".eventlog.cassette",
+    "read_log": ".eventlog.recorded",
+    "write_cassette": ".eventlog.cassette",
+    "__version__": ".version",
+}
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "A2AClientError",
+    "A2AError",
+    "CassetteError",
+    "Classification",
+    "DecoderClosed",
+    "EventLog",
+    "FaultError",
+    "Faults",
+    "Finding",
+    "FlowFileError",
+    "FrameError",
+    "LogBusy",
+    "LogError",
+    "LogWriter",
+    "MarkerError",
+    "MatchRules",
+    "NotCancelable",
+    "ProcessLogWriter",
+    "RecordMode",
+    "Recorded",
+    "RecordingProxy",
+    "Redactor",
+    "ReplayMode",
+    "ReplayServer",
+    "Report",
+    "SSEDecoder",
+    "SSEEvent",
+    "SchemaTooNew",
+    "SourceError",
+    "StreamResponse",
+    "Tape",
+    "TapeError",
+    "TaskState",
+    "TasktapeError",
+    "UnknownEventId",
+    "UnknownExchange",
+    "UsageError",
+    "WriterClosed",
+    "__version__",
+    "check_log",
+    "check_recorded",
+    "classify",
+    "load",
+    "parse_stream_response",
+    "read_cassette",
+    "read_log",
+    "write_cassette",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value  # the next look-up is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

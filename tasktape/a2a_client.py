@@ -12,16 +12,13 @@ from typing import Any
 
 import aiohttp
 
-from eventlog import SSEDecoder
+from tasktape.errors import A2AClientError
+from tasktape.eventlog import SSEDecoder
 
 from .agent.ids import new_id
 
 PROTOCOLS = {"rest": "HTTP+JSON", "jsonrpc": "JSONRPC"}
 HEADERS = {"A2A-Version": "1.0"}
-
-
-class A2AClientError(Exception):
-    pass
 
 
 @dataclass

@@ -10,9 +10,10 @@ from typing import Any
 
 import click
 
-from eventlog import EventLog, LogError, LogWriter
-from eventlog.cassette import CassetteError, cassette_lines, load_into, read_cassette
-from eventlog.recorded import from_log
+from tasktape.errors import CassetteError, FlowFileError, LogError
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import cassette_lines, load_into, read_cassette
+from tasktape.eventlog.recorded import from_log
 
 from .mitm_command import INSTALL_HINT, mitmproxy_missing
 
@@ -54,7 +55,7 @@ def export(
             ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
             recorded = from_log(opened, ids)
             captures = opened.captures()
-    except (LogError, KeyError) as exc:
+    except LogError as exc:
         raise click.ClickException(str(exc)) from None
     if not recorded:
         raise click.ClickException(f"{log}: nothing matches what was chosen")
@@ -125,7 +126,7 @@ class _Flows:
 def _read_flows(path: Path) -> _Flows:
     if mitmproxy_missing():
         raise click.ClickException(f"{path} is a mitmproxy flow file, and {INSTALL_HINT}")
-    from proxy.mitm_flows import FlowFileError, read_flow_file  # noqa: PLC0415 - mitmproxy is optional
+    from tasktape.proxy.mitm_flows import read_flow_file  # noqa: PLC0415 - mitmproxy is optional
 
     try:
         return _Flows(*read_flow_file(path))
@@ -134,7 +135,7 @@ def _read_flows(path: Path) -> _Flows:
 
 
 def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path) -> None:
-    from proxy.mitm_flows import record_saved_flow  # noqa: PLC0415 - see _read_flows
+    from tasktape.proxy.mitm_flows import record_saved_flow  # noqa: PLC0415 - see _read_flows
 
     capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path)])
     untimed = sum(record_saved_flow(writer, capture, flow) for flow in content.flows)

@@ -11,19 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from eventlog import EventLog, LogError, TasktapeError
-from replay import load
-from replay.source import is_log
+from tasktape.errors import LogError, TasktapeError
+from tasktape.eventlog import EventLog
+from tasktape.replay import load
+from tasktape.replay.source import is_log
 
 if TYPE_CHECKING:
-    from inspector.checker import Finding, Report
+    from tasktape.eventlog.checker import Finding, Report
 
 
 def _check_source(source: Path, save: bool) -> tuple[Report, int | None]:
     """The report on one source, and how many findings were saved into it (None: not a log)."""
     # Here, not at the top: the inspector package is Datasette's plugin, and importing it
     # costs every tasktape command its start-up time.
-    from inspector.checker import report_log, report_recorded, save_findings  # noqa: PLC0415
+    from tasktape.eventlog.checker import report_log, report_recorded, save_findings  # noqa: PLC0415
 
     try:
         if not (source.is_file() and is_log(source)):
@@ -70,7 +71,7 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool) -> None:
     Findings about an event log are saved into its findings table (unless --no-save).
     Exit status: 0 clean, 1 some rule broken, 2 bad input.
     """
-    from inspector.rules import RULES  # noqa: PLC0415 - see _check_source
+    from tasktape.eventlog.rules import RULES  # noqa: PLC0415 - see _check_source
 
     results = [(source, *_check_source(source, not no_save)) for source in sources]
     findings = [(s, f) for s, report, _ in results for f in report.findings]
@@ -123,7 +124,7 @@ def _as_dict(source: Path, finding: Finding) -> dict[str, Any]:
 def _summary(
     results: list[tuple[Path, Report, int | None]], totals: dict[str, int], by_rule: Counter[str], cut: int
 ) -> None:
-    from inspector.rules import RULES, explain  # noqa: PLC0415 - see _check_source
+    from tasktape.eventlog.rules import RULES, explain  # noqa: PLC0415 - see _check_source
 
     found = sum(by_rule.values())
     what = f"{_plural(totals['streams'], 'stream')} ({_plural(totals['exchanges'], 'exchange')} in all)"

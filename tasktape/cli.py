@@ -10,7 +10,7 @@ import importlib
 
 import click
 
-from eventlog import __version__
+from tasktape.version import __version__
 
 # name: (module, attribute), in the order help lists them.
 COMMANDS = {

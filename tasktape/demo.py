@@ -16,10 +16,10 @@ from typing import Any
 import aiohttp
 import click
 
-from eventlog import EventLog, ProcessLogWriter, SSEDecoder
-from eventlog.recorded import Recorded, from_log
-from proxy import RecordingProxy
-from replay import ReplayServer
+from tasktape.eventlog import EventLog, ProcessLogWriter, SSEDecoder
+from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.proxy import RecordingProxy
+from tasktape.replay import ReplayServer
 
 from .a2a_client import A2AClient, StreamResult
 from .agent import create_agent_app

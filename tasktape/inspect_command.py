@@ -11,8 +11,9 @@ from pathlib import Path
 import click
 import sqlite_utils
 
-from eventlog import SCHEMA_VERSION, EventLog, LogError
-from eventlog.schema import schema_version
+from tasktape.errors import LogError
+from tasktape.eventlog import SCHEMA_VERSION, EventLog
+from tasktape.eventlog.schema import schema_version
 
 from .listen import DEFAULT_INSPECT_PORT, is_loopback
 from .serving import STOP_GRACE
@@ -53,7 +54,7 @@ def serve_inspector(path: Path, host: str, port: int, *, or_any_port: bool = Fal
     """Serve Datasette over the log at ``path`` until SIGINT or SIGTERM; print where once
     it answers. With ``or_any_port``, a free port stands in for ``port`` if it is taken."""
     # Datasette takes over half a second to import: only the commands that serve it pay.
-    from inspector.app import create_datasette, serve  # noqa: PLC0415
+    from tasktape.inspector.app import create_datasette, serve  # noqa: PLC0415
 
     ds = create_datasette(path)
     sock = _listen(host, port, or_any_port=or_any_port)

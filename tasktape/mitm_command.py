@@ -11,7 +11,8 @@ from types import FrameType
 
 import click
 
-import proxy
+from tasktape import proxy
+from tasktape.eventlog.interpreter import child_python
 
 from .record import EXIT_LOG_FAILED
 from .redaction_options import redaction_options
@@ -20,7 +21,7 @@ from .redaction_options import redaction_options
 # addon cannot set mitmdump's exit status: once mitmdump is done (and the addon has closed
 # its log), rows it could not write set it, as they do for tasktape record.
 _MITMDUMP = (
-    "import sys; from mitmproxy.tools.main import mitmdump; from eventlog import LogProducer; "
+    "import sys; from mitmproxy.tools.main import mitmdump; from tasktape.eventlog import LogProducer; "
     "sys.argv[0] = 'mitmdump'; status = mitmdump(); "
     f"sys.exit(status or ({EXIT_LOG_FAILED} if LogProducer.lost_in_process else 0))"
 )
@@ -36,9 +37,23 @@ def mitmproxy_missing() -> bool:
     return importlib.util.find_spec("mitmproxy") is None
 
 
+def _print_addon_path(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(addon_path())
+        ctx.exit()
+
+
 @click.command()
 @click.option(
     "--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="The event log."
+)
+@click.option(
+    "--addon-path",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_addon_path,
+    help="Print the addon's path, for a mitmdump of your own (`mitmdump -s PATH`), and exit.",
 )
 @redaction_options()
 @click.argument("mitmdump_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MITMDUMP-ARGS...]")
@@ -69,16 +84,17 @@ def mitm(
     sets += [f"tasktape_redact_headers={name}" for name in redact_header]
     sets += [f"tasktape_redact_query={name}" for name in redact_query]
     sets += [f"tasktape_redact_json={pointer}" for pointer in redact_json]
-    args = [sys.executable, "-c", _MITMDUMP, "-s", str(addon_path())]
+    python, env = child_python()
+    args = [*python, "-c", _MITMDUMP, "-s", str(addon_path())]
     for setting in sets:
         args += ["--set", setting]
-    sys.exit(run_forwarding_signals([*args, *mitmdump_args]))
+    sys.exit(run_forwarding_signals([*args, *mitmdump_args], env))
 
 
-def run_forwarding_signals(args: list[str]) -> int:
+def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:
     """Run a child to its end, passing SIGINT and SIGTERM on; its exit status (128 + the
     signal's number when a signal ended it, as shells report it)."""
-    child = subprocess.Popen(args)
+    child = subprocess.Popen(args, env=env)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         child.send_signal(signum)

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import click
 
-from eventlog import LogError
-from eventlog.exchange_rows import ExchangeSummary
-from eventlog.process_writer import ProcessLogWriter
-from eventlog.redact import Redactor
-from proxy import RecordingProxy
+from tasktape.errors import LogError, UsageError
+from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.eventlog.process_writer import ProcessLogWriter
+from tasktape.eventlog.redact import Redactor
+from tasktape.proxy import RecordingProxy
 
 from .event_loop import event_loop_option
 from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
@@ -97,7 +97,7 @@ def record(
             max_request_body=max_body,
             on_exchange=None if quiet else _print_exchange,
         )
-    except ValueError as exc:
+    except UsageError as exc:
         writer.close()
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
     try:

@@ -8,7 +8,8 @@ from typing import TypeVar
 
 import click
 
-from eventlog.redact import parse_pointer
+from tasktape.errors import UsageError
+from tasktape.eventlog.redact import parse_pointer
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -17,7 +18,7 @@ def _pointers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
     for pointer in value:
         try:
             parse_pointer(pointer)
-        except ValueError as exc:
+        except UsageError as exc:
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     return value
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import click
 
-from eventlog import LogError, TasktapeError
-from eventlog.process_writer import ProcessLogWriter
-from eventlog.redact import Redactor
-from replay import ReplayMode, ReplayServer, load
-from replay.faults import FaultError, Faults
-from replay.source import is_log
+from tasktape.errors import LogError, TasktapeError, UsageError
+from tasktape.eventlog.process_writer import ProcessLogWriter
+from tasktape.eventlog.redact import Redactor
+from tasktape.replay import ReplayMode, ReplayServer, load
+from tasktape.replay.faults import Faults
+from tasktape.replay.source import is_log
 
 from .listen import DEFAULT_REPLAY_PORT, HostPort, warn_if_exposed
 from .redaction_options import redaction_options
@@ -23,7 +23,7 @@ from .serving import serve_until_stopped
 def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     try:
         return ReplayMode.parse(value)
-    except ValueError as exc:
+    except UsageError as exc:
         raise click.BadParameter(str(exc)) from None
 
 
@@ -128,7 +128,7 @@ def replay(
         for spec in faults:
             fault = Faults.parse(spec, fault)
         recorded = load(list(sources))
-    except (FaultError, TasktapeError) as exc:
+    except TasktapeError as exc:
         raise click.ClickException(str(exc)) from None
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:

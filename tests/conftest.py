@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from eventlog import EventLog, LogWriter
-from eventlog.redact import Redactor
-from proxy import RecordingProxy
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.redact import Redactor
+from tasktape.proxy import RecordingProxy
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest as its users do
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from a2a_frames import USAGE, sse, status, streamed, task
 
-from eventlog import EventLog, LogWriter
 from tasktape.demo import run_demo
+from tasktape.eventlog import EventLog, LogWriter
 
 URL = re.compile(r"tasktape inspect: .* on (http://127\.0\.0\.1:\d+)/")
 BROKEN = "task.broken"  # completes, then streams on: after-terminal and transition findings

@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestServer
 from conftest import RecordFactory
 from sdk_client import cancel_task, get_task, send_message, stream_message, subscribe
 
-from eventlog import SSEDecoder, classify
 from tasktape.agent import create_agent_app
 from tasktape.agent.scenarios import Scenario, choose
+from tasktape.eventlog import SSEDecoder, classify
 
 BINDINGS = ["rest", "jsonrpc"]
 UUID7 = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"

@@ -11,10 +11,11 @@ import pytest
 from a2a_frames import completed_run, sse
 from click.testing import CliRunner
 
-from eventlog import EventLog, LogWriter
-from eventlog.cassette import CassetteError, load_into, read_cassette, write_cassette
-from eventlog.recorded import Recorded, from_log
 from tasktape.cli import main
+from tasktape.errors import CassetteError
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import load_into, read_cassette, write_cassette
+from tasktape.eventlog.recorded import Recorded, from_log
 
 
 def make_log(path: Path) -> Path:

@@ -19,9 +19,9 @@ from aiohttp import web
 from click.testing import CliRunner, Result
 from conftest import RecordFactory
 
-from inspector.rules import RULES
 from tasktape.cli import main
 from tasktape.demo import run_demo
+from tasktape.eventlog.rules import RULES
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
 

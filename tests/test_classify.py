@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventlog import (
+from tasktape.errors import FrameError
+from tasktape.eventlog import (
     Classification,
-    FrameError,
     JsonRpcResponse,
     SSEDecoder,
     StreamResponse,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eventlog import EventLog, LogWriter
 from tasktape.demo import Run, check
+from tasktape.eventlog import EventLog, LogWriter
 
 
 def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:

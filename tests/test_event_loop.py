@@ -14,9 +14,9 @@ from a2a_frames import completed_run, sse
 from click.testing import CliRunner
 from loopback import finished, running, serve, stop, upstream_app
 
-from eventlog import EventLog
 from tasktape import event_loop
 from tasktape.cli import main
+from tasktape.eventlog import EventLog
 
 FRAMES = sse(completed_run(), ids="e")  # what upstream_app() streams
 

@@ -23,15 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_sse_decoder import fields, reference, split
 
-from eventlog import EventLog, LogProducer, LogWriter, SSEDecoder, SSEEvent, classify
-from eventlog.cassette import MAX_MS, CassetteError, load_into, read_cassette
-from eventlog.process_writer import ProcessLogWriter
-from eventlog.recorded import Recorded
-from eventlog.redact import UNREADABLE, Redactor
-from eventlog.requests import RequestInfo, classify_request
-from proxy.headers import HEADER_LIMITS, MAX_HEADERS, MAX_LINE
-from replay.server import ReplayServer
 from tasktape.cli import main
+from tasktape.errors import CassetteError
+from tasktape.eventlog import EventLog, LogProducer, LogWriter, SSEDecoder, SSEEvent, classify
+from tasktape.eventlog.cassette import MAX_MS, load_into, read_cassette
+from tasktape.eventlog.process_writer import ProcessLogWriter
+from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.redact import UNREADABLE, Redactor
+from tasktape.eventlog.requests import RequestInfo, classify_request
+from tasktape.proxy.headers import HEADER_LIMITS, MAX_HEADERS, MAX_LINE
+from tasktape.replay.server import ReplayServer
 from tasktape.serving import start_site
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))

@@ -15,10 +15,10 @@ import sqlite_utils
 from click.testing import CliRunner
 from inspector_log import Served, record_log, task_of
 
-from eventlog import SCHEMA_VERSION, EventLog
-from eventlog.schema import migrations, schema_version
 from tasktape.cli import main
 from tasktape.demo import next_steps
+from tasktape.eventlog import SCHEMA_VERSION, EventLog
+from tasktape.eventlog.schema import migrations, schema_version
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ from datasette.app import Datasette
 from inspector_log import BROKEN, record_log, stream_of, task_of
 from markupsafe import Markup
 
-import inspector
-from eventlog import EventLog, LogWriter
-from inspector.app import create_datasette
-from inspector.checker import check_log
-from inspector.display import STATE_COLOURS
-from inspector.metadata import HIDDEN, QUERIES, TABLES, dashboards
+from tasktape import inspector
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.checker import check_log
+from tasktape.inspector.app import create_datasette
+from tasktape.inspector.display import STATE_COLOURS
+from tasktape.inspector.metadata import HIDDEN, QUERIES, TABLES, dashboards
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = "demo"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from inspector_log import Served, record_log, task_of
 
-from inspector.metadata import dashboards
+from tasktape.inspector.metadata import dashboards
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from eventlog import SCHEMA_VERSION, EventLog, LogError, LogWriter, SchemaTooNew, open_db
-from eventlog.schema import migrations
+from tasktape.errors import LogError, SchemaTooNew
+from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter, open_db
+from tasktape.eventlog.schema import migrations
 
 CONTRACT = {
     "captures": ["id", "started_at", "ended_at", "source", "upstream", "tool_version", "argv"],

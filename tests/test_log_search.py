@@ -8,7 +8,7 @@ from pathlib import Path
 import sqlite_utils
 from a2a_frames import completed_run, sse
 
-from eventlog import EventLog, LogWriter, ProcessLogWriter
+from tasktape.eventlog import EventLog, LogWriter, ProcessLogWriter
 
 
 def matches(log: EventLog, query: str) -> list[tuple[str, int]]:

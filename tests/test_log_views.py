@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from a2a_frames import USAGE, artifact, completed_run, sse, status, streamed, task
 
-from eventlog import EventLog, LogWriter, UnknownEventId
+from tasktape.errors import UnknownEventId
+from tasktape.eventlog import EventLog, LogWriter
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000

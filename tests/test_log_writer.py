@@ -17,7 +17,8 @@ import pytest
 from a2a_frames import completed_run, sse
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from eventlog import EventLog, LogBusy, LogError, LogProducer, LogWriter, ProcessLogWriter, WriterClosed
+from tasktape.errors import LogBusy, LogError, WriterClosed
+from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
 
 
 @pytest.fixture(params=[LogWriter, ProcessLogWriter])
@@ -302,7 +303,7 @@ def test_size_cap_stops_writing_not_traffic(tmp_path: Path, writer_class: type[L
 def test_a_writer_left_open_is_closed_at_exit(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
     code = (
-        "from eventlog import LogWriter, ProcessLogWriter\n"
+        "from tasktape.eventlog import LogWriter, ProcessLogWriter\n"
         f"w = {writer_class.__name__}({str(db)!r})\n"
         "ex = w.begin_exchange(w.begin_capture(source='test'), method='GET', path='/')\n"
         "for i in range(5000):\n"

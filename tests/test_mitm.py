@@ -28,10 +28,10 @@ from mitmproxy.test import taddons, tflow
 from sdk_agent import SdkAgent, free_port, run_sdk_agent
 from sdk_client import stream_message
 
-from eventlog import EventLog
-from proxy.mitm_addon import TasktapeRecorder
-from proxy.mitm_flows import ending
+from tasktape.eventlog import EventLog
 from tasktape.mitm_command import addon_path
+from tasktape.proxy.mitm_addon import TasktapeRecorder
+from tasktape.proxy.mitm_flows import ending
 
 MITMDUMP = str(Path(sys.executable).with_name("mitmdump"))
 SECRET = "sk-mitm-secret-27182818"
@@ -342,13 +342,18 @@ async def test_an_upstream_that_cannot_be_reached(mitm: Mitm) -> None:
 # -- the command, and the plain mitmdump -s form ----------------------------------------------
 
 
-@pytest.mark.parametrize("form", ["mitmdump -s", "tasktape mitm"])
+@pytest.mark.parametrize("form", ["mitmdump -s", "mitmdump -s own script", "tasktape mitm"])
 async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path: Path, form: str) -> None:
-    """Both forms, options by --set (only /message:* recorded): SIGTERM mid-stream (passed
-    on by tasktape mitm) ends the exchange ``proxy_stopped``; the exit status is 0."""
+    """Every form (the addon by path, by module from a script of one's own, and tasktape
+    mitm), options by --set (only /message:* recorded): SIGTERM mid-stream (passed on by
+    tasktape mitm) ends the exchange ``proxy_stopped``; the exit status is 0."""
     port, db = free_port(), tmp_path / "stopped.db"
+    own = tmp_path / "own_addons.py"
+    own.write_text("from tasktape.proxy.mitm_addon import TasktapeRecorder\n\naddons = [TasktapeRecorder()]\n")
     if form == "mitmdump -s":
         args = [MITMDUMP, "-s", str(addon_path()), "--set", f"tasktape_db={db}"]
+    elif form == "mitmdump -s own script":
+        args = [MITMDUMP, "-s", str(own), "--set", f"tasktape_db={db}"]
     else:
         args = [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--"]
     args += [

@@ -22,9 +22,9 @@ from sdk_agent import free_port, run_sdk_agent
 from sdk_client import stream_message
 from test_mitm import MITMDUMP, SECRET, digest, mitmdump_args, recorded_by_tasktape_record, running
 
-from eventlog import EventLog
-from proxy.mitm_flows import NOT_KEPT, UNTIMED
 from tasktape.cli import main
+from tasktape.eventlog import EventLog
+from tasktape.proxy.mitm_flows import NOT_KEPT, UNTIMED
 
 CASES = [("demo", "rest"), ("sdk", "rest"), ("sdk", "jsonrpc")]  # in the order they are saved
 

@@ -12,7 +12,7 @@ from a2a_frames import completed_run, sse
 from aiohttp import web
 from conftest import RecordFactory
 
-from eventlog.redact import Redactor
+from tasktape.eventlog.redact import Redactor
 
 SECRET = "sk-proxy-secret-31415926"
 

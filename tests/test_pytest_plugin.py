@@ -17,8 +17,8 @@ import httpcore  # noqa: F401  (kept loaded across the runs below: see the comme
 import pytest
 from aiohttp import web
 
-from eventlog.cassette import read_cassette
 from tasktape.agent import create_agent_app
+from tasktape.eventlog.cassette import read_cassette
 from tasktape.serving import start_site
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -660,7 +660,8 @@ def test_replaying_cassettes_loads_no_log_reader() -> None:
     (pandas alone takes most of a second)."""
     cassette = str(ROOT / "cassettes" / "completed.jsonl")
     code = (
-        "import sys, replay.pytest_plugin, replay.tape; from replay import ReplayServer, load; "
+        "import sys, tasktape.replay.pytest_plugin, tasktape.replay.tape; "
+        "from tasktape.replay import ReplayServer, load; "
         f"ReplayServer(load([{cassette!r}])); print(*sys.modules)"
     )
     loaded = set(
@@ -668,5 +669,6 @@ def test_replaying_cassettes_loads_no_log_reader() -> None:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         ).stdout.split()
     )
-    assert {"replay.server", "eventlog.cassette"} <= loaded
-    assert not loaded & {"sqlite_utils", "numpy", "pandas", "eventlog.reader", "eventlog.writer"}
+    assert {"tasktape.replay.server", "tasktape.eventlog.cassette"} <= loaded
+    unwanted = {"sqlite_utils", "numpy", "pandas", "tasktape.eventlog.reader", "tasktape.eventlog.writer"}
+    assert not loaded & unwanted

@@ -23,7 +23,7 @@ from a2a_frames import completed_run, sse
 from aiohttp import web
 from loopback import finished, running, serve, upstream_app
 
-from eventlog import EventLog, ExchangeSummary
+from tasktape.eventlog import EventLog, ExchangeSummary
 from tasktape.record import describe_exchange
 from tasktape.serving import serve_until_stopped
 
@@ -197,8 +197,9 @@ def test_the_recorder_loads_only_what_recording_needs() -> None:
     code = "import sys; from tasktape.cli import main; main.get_command(None, 'record'); print(*sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(result.stdout.split())
-    assert {"proxy.recorder", "eventlog.process_writer", "tasktape.record"} <= loaded
-    assert not loaded & {"sqlite_utils", "numpy", "pandas", "datasette", "eventlog.reader", "tasktape.demo"}
+    assert {"tasktape.proxy.recorder", "tasktape.eventlog.process_writer", "tasktape.record"} <= loaded
+    unwanted = {"sqlite_utils", "numpy", "pandas", "datasette", "tasktape.eventlog.reader", "tasktape.demo"}
+    assert not loaded & unwanted
 
 
 def test_serving_keeps_the_start_up_heap_out_of_collections() -> None:

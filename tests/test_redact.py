@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from a2a_frames import completed_run, sse
 
-from eventlog import EventLog, LogWriter
-from eventlog.redact import REDACTED, UNREADABLE, Redactor, parse_pointer
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.redact import REDACTED, UNREADABLE, Redactor, parse_pointer
 
 SECRET = "sk-live-0123456789"
 

@@ -22,8 +22,8 @@ import aiohttp
 from aiohttp import web
 from loopback import running, serve, stop
 
-from eventlog import EventLog
-from eventlog.cassette import read_cassette
+from tasktape.eventlog import EventLog
+from tasktape.eventlog.cassette import read_cassette
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,12 +19,12 @@ from conftest import RecordFactory
 from sdk_agent import run_sdk_agent
 from sdk_client import stream_message
 
-from eventlog import EventLog, LogWriter, SSEDecoder
-from eventlog.cassette import write_cassette
-from eventlog.recorded import Recorded, from_log
-from replay import Faults, ReplayMode, ReplayServer, load
 from tasktape.a2a_client import A2AClient
 from tasktape.agent import create_agent_app
+from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.replay import Faults, ReplayMode, ReplayServer, load
 
 Serve = Callable[..., Awaitable[str]]
 

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from loopback import finished, running, stop
 
-from eventlog.cassette import write_cassette
-from eventlog.recorded import Recorded
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded
 
 
 def cassette(path: Path) -> Path:

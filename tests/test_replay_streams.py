@@ -8,7 +8,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.streams import after, apply_edits, events_in, jsonrpc_id_edits, split_at, with_ids
+from tasktape.eventlog.spans import events_in
+from tasktape.replay.streams import after, apply_edits, jsonrpc_id_edits, split_at, with_ids
 
 bodies = st.binary(min_size=1, max_size=60)
 

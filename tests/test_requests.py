@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eventlog.requests import RequestInfo, classify_request
+from tasktape.eventlog.requests import RequestInfo, classify_request
 
 
 def rpc(method: str, params: dict, rpc_id: object = 1) -> bytes:

@@ -10,10 +10,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 from sdk_client import stream_message
 
-from eventlog import classify
-from eventlog.cassette import read_cassette
-from replay import ReplayServer, load
 from tasktape.a2a_client import A2AClient
+from tasktape.eventlog import classify
+from tasktape.eventlog.cassette import read_cassette
+from tasktape.replay import ReplayServer, load
 
 CASSETTES = Path(__file__).resolve().parent.parent / "cassettes"
 Replay = Callable[[str], Awaitable[str]]

@@ -27,13 +27,13 @@ from click.testing import CliRunner
 from conftest import RecordFactory
 from loopback import running, stop
 
-from eventlog import EventLog, LogWriter
-from eventlog.cassette import read_cassette
-from eventlog.recorded import from_log
-from inspector.app import create_datasette
-from replay.modes import ReplayMode
-from replay.server import ReplayServer
 from tasktape.cli import main
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.recorded import from_log
+from tasktape.inspector.app import create_datasette
+from tasktape.replay.modes import ReplayMode
+from tasktape.replay.server import ReplayServer
 from tasktape.serving import start_site
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from eventlog import DecoderClosed, SSEDecoder, SSEEvent
+from tasktape.errors import DecoderClosed
+from tasktape.eventlog import SSEDecoder, SSEEvent
 
 WIRE = Path(__file__).resolve().parent / "data" / "wire"
 

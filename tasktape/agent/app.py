@@ -16,9 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
+from tasktape.errors import A2AError
+
 from .ids import new_id
 from .scenarios import Scenario, choose, script_for
-from .tasks import INTERRUPTED, Event, Frame, NotCancelable, TaskRun, TaskStore
+from .tasks import INTERRUPTED, Event, Frame, TaskRun, TaskStore
 
 JSONRPC_PATH = "/jsonrpc"
 _TASK = r"{task_id:[^/:]+}"
@@ -87,12 +89,6 @@ async def card(request: web.Request) -> web.Response:
 
 
 # -- the work shared by both bindings ------------------------------------------------------------
-
-
-class A2AError(Exception):
-    def __init__(self, http: int, rpc: int, message: str) -> None:
-        super().__init__(message)
-        self.http, self.rpc, self.message = http, rpc, message
 
 
 def _start(request: web.Request, params: Any) -> tuple[TaskRun, asyncio.Queue[Event | None]]:
@@ -241,10 +237,7 @@ async def rest_get(request: web.Request) -> web.Response:
 @_rest
 async def rest_cancel(request: web.Request) -> web.Response:
     run = _task(request, request.match_info["task_id"])
-    try:
-        run.cancel()
-    except NotCancelable as exc:
-        raise A2AError(409, -32002, str(exc)) from None
+    run.cancel()  # NotCancelable is an A2AError: 409 for a task that has ended
     return web.json_response(run.snapshot())
 
 
@@ -283,10 +276,7 @@ async def jsonrpc(request: web.Request) -> web.StreamResponse:
             return web.json_response(wrap(_task(request, str(task_id)).snapshot()))
         if method == "CancelTask":
             run = _task(request, str(task_id))
-            try:
-                run.cancel()
-            except NotCancelable as exc:
-                raise A2AError(409, -32002, str(exc)) from None
+            run.cancel()
             return web.json_response(wrap(run.snapshot()))
         if method == "SubscribeToTask":
             run = _task(request, str(task_id))

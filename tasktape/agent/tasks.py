@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from tasktape.errors import NotCancelable
+
 from .ids import new_id
 
 TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"}
@@ -16,10 +18,6 @@ INTERRUPTED = {"TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED"}
 
 Frame = dict[str, Any]
 Event = tuple[str, Frame]  # (SSE id, StreamResponse)
-
-
-class NotCancelable(Exception):
-    pass
 
 
 def now() -> str:

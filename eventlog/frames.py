@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from eventlog.classify import Classification, classify, load_json
-from eventlog.models import is_jsonrpc
-from eventlog.recorded import Recorded
-from eventlog.requests import classify_request
-from replay.streams import events_in
+from .classify import Classification, classify, load_json
+from .models import is_jsonrpc
+from .recorded import Recorded
+from .requests import classify_request
+from .spans import events_in
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from eventlog.models import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
-
 from .frames import Frame, Stream
+from .models import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
 
 
 @dataclass(frozen=True)

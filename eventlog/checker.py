@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from eventlog.reader import EventLog
-from eventlog.recorded import Recorded, from_log
-from eventlog.schema import open_db
+from tasktape.errors import UsageError
 
 from .frames import Stream, streams_of
+from .reader import EventLog
+from .recorded import Recorded, from_log
 from .rules import RULES, Problem
+from .schema import open_db
 
 CUT_SHORT_RULE = "cut-short"  # a note, not a rule: the stream broke off, so how it ends is unknown
 
@@ -71,7 +72,7 @@ def save_findings(
     old findings), else those the findings name. Returns how many were written."""
     findings = list(findings)
     if any(f.exchange_id is None for f in findings):
-        raise ValueError("only findings about a log's exchanges can be saved into it")
+        raise UsageError("only findings about a log's exchanges can be saved into it")
     checked = {f.exchange_id for f in findings} if exchange_ids is None else set(exchange_ids)
     checked_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     with closing(open_db(db_path)) as db:

@@ -1,0 +1,110 @@
+"""Every error tasktape raises on purpose. Catch ``TasktapeError`` for all of them.
+
+TasktapeError
+├── UsageError (ValueError)        an argument tasktape cannot act on: an upstream that is
+│   │                              not an http(s) URL, a mode or a JSON pointer it does not know
+│   ├── FaultError                 a fault spec (--fault, X-Tasktape-Fault) that does not parse
+│   └── MarkerError                @pytest.mark.tasktape arguments that cannot be meant
+├── DecoderClosed                  feed() after close() on an SSEDecoder
+├── FrameError (ValueError)        data that is not an A2A stream frame (parse_stream_response)
+├── UnknownEventId (LookupError)   no event with that id (resume after an id never seen)
+├── CassetteError (ValueError)     a cassette that cannot be read; names the file and line
+├── SourceError (ValueError)       a replay source that is neither a log nor a cassette
+├── FlowFileError (ValueError)     a mitmproxy flow file that cannot be read
+├── TapeError                      a test's cassette cannot be served as asked (missing, or
+│                                  recording without an upstream)
+├── A2AClientError                 the built-in A2A client got no usable answer
+├── A2AError                       an A2A error answer of the demo agent (HTTP and JSON-RPC codes)
+│   └── NotCancelable              a cancel of a task that has already ended
+└── LogError                       the event log file
+    ├── SchemaTooNew               written by a newer tasktape: upgrade tasktape to read it
+    ├── LogBusy                    another writer holds the log
+    ├── WriterClosed               rows handed to a LogWriter after close()
+    └── UnknownExchange (KeyError) no exchange with that id in the log
+
+The second bases are there for callers that already catch ``ValueError``, ``LookupError``
+or ``KeyError``.
+"""
+
+from __future__ import annotations
+
+
+class TasktapeError(Exception):
+    """Base class of every error tasktape raises on purpose."""
+
+
+class UsageError(TasktapeError, ValueError):
+    pass
+
+
+class FaultError(UsageError):
+    pass
+
+
+class MarkerError(UsageError):
+    pass
+
+
+class DecoderClosed(TasktapeError):
+    pass
+
+
+class FrameError(TasktapeError, ValueError):
+    pass
+
+
+class UnknownEventId(TasktapeError, LookupError):
+    pass
+
+
+class CassetteError(TasktapeError, ValueError):
+    pass
+
+
+class SourceError(TasktapeError, ValueError):
+    pass
+
+
+class FlowFileError(TasktapeError, ValueError):
+    pass
+
+
+class TapeError(TasktapeError):
+    pass
+
+
+class A2AClientError(TasktapeError):
+    pass
+
+
+class A2AError(TasktapeError):
+    def __init__(self, http: int, rpc: int, message: str) -> None:
+        super().__init__(message)
+        self.http, self.rpc, self.message = http, rpc, message
+
+
+class NotCancelable(A2AError):
+    def __init__(self, message: str) -> None:
+        super().__init__(409, -32002, message)
+
+
+class LogError(TasktapeError):
+    pass
+
+
+class SchemaTooNew(LogError):
+    pass
+
+
+class LogBusy(LogError):
+    pass
+
+
+class WriterClosed(LogError):
+    pass
+
+
+class UnknownExchange(LogError, KeyError):
+    def __str__(self) -> str:
+        # KeyError's own __str__ quotes its message as if it were a key.
+        return str(self.args[0]) if self.args else ""
