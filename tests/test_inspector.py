@@ -4,11 +4,7 @@ tasktape's metadata and plugin (loaded through its entry point, as `tasktape ins
 from __future__ import annotations
 
 import re
-import shutil
 import sqlite3
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -332,25 +328,3 @@ async def test_the_log_is_read_only_and_live_while_a_recorder_writes(tmp_path: P
             await ds.get_database("live").execute_write("DELETE FROM events")
     with EventLog(path) as log:
         assert log.db.execute("SELECT count(*) FROM events").fetchone()[0] == 2 * len(completed_run())
-
-
-def test_the_wheel_ships_the_templates_and_the_stylesheet(tmp_path: Path) -> None:
-    # Built from a copy, as `pip install .` builds it, so the work tree gets no build/ dir.
-    source = tmp_path / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source)
-    for package in ("eventlog", "inspector", "proxy", "replay", "tasktape"):
-        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = tmp_path.glob("tasktape-*.whl")
-    with zipfile.ZipFile(wheel) as files:
-        names = files.namelist()
-        assert "inspector/templates/tasktape_task.html" in names and "inspector/static/inspector.css" in names
-        entry_points = files.read(next(n for n in names if n.endswith("entry_points.txt")))
-    assert b"[datasette]\ntasktape = inspector" in entry_points

@@ -349,7 +349,9 @@ async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path:
     tasktape mitm) ends the exchange ``proxy_stopped``; the exit status is 0."""
     port, db = free_port(), tmp_path / "stopped.db"
     own = tmp_path / "own_addons.py"
-    own.write_text("from tasktape.proxy.mitm_addon import TasktapeRecorder\n\naddons = [TasktapeRecorder()]\n")
+    own.write_text(
+        "from tasktape.proxy.mitm_addon import TasktapeRecorder\n\naddons = [TasktapeRecorder()]\n"
+    )
     if form == "mitmdump -s":
         args = [MITMDUMP, "-s", str(addon_path()), "--set", f"tasktape_db={db}"]
     elif form == "mitmdump -s own script":

@@ -4,7 +4,6 @@ pytest of their own (``pytester``, in this process) with the official a2a-sdk cl
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import subprocess
 import sys
@@ -102,17 +101,6 @@ def run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 def exchanges(cassette: Path) -> list[str]:
     return [r.request_line for r in read_cassette(cassette)]
-
-
-def test_the_readme_example_works_as_written(pytester: pytest.Pytester) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Use cassettes in your tests") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None
-    pytester.makepyfile(test_answers=code.group(1))  # as the README says: no ini, no conftest
-    sample(pytester, "completed.jsonl", "completed_jsonrpc.jsonl")
-    # Without an ini, pytest-asyncio asks for its loop scope setting: not the example's concern.
-    run(pytester, "-W", "ignore::pytest.PytestDeprecationWarning").assert_outcomes(passed=3)
 
 
 def test_async_and_sync_tests_with_the_official_client(project: pytest.Pytester) -> None:
