@@ -123,6 +123,22 @@ async def test_tasktape_record_from_a_folder_of_decoys(tmp_path: Path) -> None:
         assert len(log.events(exchange["id"])) == len(completed_run())
 
 
+def test_tasktape_mitm_from_a_folder_of_decoys(tmp_path: Path) -> None:
+    """mitmdump runs in a child Python that imports tasktape's log producer before
+    mitmproxy starts: the working directory's ``tasktape`` folder must not be the one."""
+    cwd = make_decoys(tmp_path / "work")
+    result = subprocess.run(
+        [TASKTAPE, "mitm", "--db", "captures.db", "--", "--version"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Mitmproxy" in result.stdout and "decoy" not in result.stderr
+
+
 def test_the_mitm_addon_path_is_inside_the_package(tmp_path: Path) -> None:
     cwd = make_decoys(tmp_path / "work")
     result = subprocess.run(
@@ -167,8 +183,8 @@ def test_a_project_with_its_own_replay_package_uses_the_plugin(tmp_path: Path) -
 def test_the_build_configuration_lists_every_package_folder() -> None:
     """A folder with an __init__.py that pyproject does not list would be left out of the wheel."""
     listed = {folder.resolve() for folder in FOLDERS.values()}
-    for init in ROOT.glob("*/**/__init__.py"):
-        folder = init.parent.resolve()
-        if folder.parts[len(ROOT.parts)] in {"tests", "benchmarks"} or ".venv" in folder.as_posix():
-            continue
-        assert folder in listed, f"{folder} is a package folder pyproject.toml does not list"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in tracked.stdout.split():
+        if name.endswith("/__init__.py") and name.split("/")[0] not in {"tests", "benchmarks"}:
+            folder = (ROOT / name).parent.resolve()
+            assert folder in listed, f"{folder} is a package folder pyproject.toml does not list"
