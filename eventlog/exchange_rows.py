@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from .classify import classify
+from .content_coding import MAX_DECODED, Inflate, decode_body, too_large
 from .redact import Redactor
 from .requests import classify_request
 from .sse import SSEDecoder, SSEEvent
@@ -31,12 +32,12 @@ INSERT_EVENT = (
 )
 _INSERT_EXCHANGE = (
     "INSERT INTO exchanges (id, capture_id, started_at, started_ns, method, path, query,"
-    " request_headers, request_body, request_body_truncated, binding, rpc_method, task_id,"
-    " context_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " request_headers, request_body, request_body_truncated, request_body_encoding, binding,"
+    " rpc_method, task_id, context_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _UPDATE_BODY = (
-    "UPDATE exchanges SET request_body = ?, request_body_truncated = ?, binding = ?, rpc_method = ?,"
-    " task_id = ?, context_id = ? WHERE id = ?"
+    "UPDATE exchanges SET request_body = ?, request_body_truncated = ?, request_body_encoding = ?,"
+    " binding = ?, rpc_method = ?, task_id = ?, context_id = ? WHERE id = ?"
 )
 _UPDATE_HEAD = (
     "UPDATE exchanges SET status = ?, response_headers = ?, is_sse = ?, ttfb_ns = ?,"
@@ -75,6 +76,7 @@ class ExchangeSummary:
     first_event_ns: int | None = None
     duration_ns: int | None = None
     outcome: str | None = None
+    undecoded: str | None = None  # why (part of) a body is stored as received, not decoded
 
 
 def utc_iso(ns: int) -> str:
@@ -98,18 +100,24 @@ def stored_body(body: bytes | None) -> bytes | str | None:
 class ExchangeRows:
     """The rows of one exchange, built as its parts arrive."""
 
-    def __init__(self, exchange_id: int, redactor: Redactor, max_body: int) -> None:
+    def __init__(
+        self, exchange_id: int, redactor: Redactor, max_body: int, max_decoded: int = MAX_DECODED
+    ) -> None:
         self.summary = ExchangeSummary(exchange_id)
         self._redactor = redactor
         self._max_body = max_body
+        self._max_decoded = max_decoded
+        self._request_encoding: str | None = None
+        self._encoding: str | None = None
         self._is_sse = False
         self._withheld = False
         self._decoder: SSEDecoder | None = None
-        self._inflate: _Inflate | None = None
+        self._inflate: Inflate | None = None
         self._chunk_seq = 0
         self._event_seq = 0
         self._last_offset = 0
-        self._error: str | None = None
+        self._error: str | None = None  # what could not be done with the response body
+        self._request_error: str | None = None  # and with the request body
         # SSE chunks waiting for their events to complete before JSON redaction, as
         # [arrival number, offset, bytes]; or a non-streamed body (kept up to max_body).
         self._held: deque[list[Any]] = deque()
@@ -129,12 +137,12 @@ class ExchangeRows:
         body: bytes | None,
         body_truncated: bool,
     ) -> Statement:
+        self._request_encoding = _content_encoding(headers)
+        body, encoding = self._request_body(body)
         info = classify_request(method, path, body)
         s = self.summary
         s.method, s.path, s.binding, s.rpc_method = method, path, info.binding, info.rpc_method
         s.task_id, s.context_id = info.task_id, info.context_id
-        if body is not None:
-            body = self._redactor.json_bytes(body)
         return _INSERT_EXCHANGE, (
             s.exchange_id,
             capture_id,
@@ -146,6 +154,7 @@ class ExchangeRows:
             self._headers(headers),
             stored_body(body),
             int(body_truncated),
+            encoding,
             info.binding,
             info.rpc_method,
             info.task_id,
@@ -154,19 +163,39 @@ class ExchangeRows:
 
     def late_request_body(self, body: bytes, truncated: bool) -> Statement:
         s = self.summary
-        if s.binding is None and s.method and s.path:
-            info = classify_request(s.method, s.path, body)
+        stored, encoding = self._request_body(body)
+        if s.binding is None and s.method and s.path and stored is not None:
+            info = classify_request(s.method, s.path, stored)
             s.binding, s.rpc_method = info.binding, info.rpc_method
             s.task_id, s.context_id = s.task_id or info.task_id, s.context_id or info.context_id
         return _UPDATE_BODY, (
-            stored_body(self._redactor.json_bytes(body)),
+            stored_body(stored),
             int(truncated),
+            encoding,
             s.binding,
             s.rpc_method,
             s.task_id,
             s.context_id,
             s.exchange_id,
         )
+
+    def _request_body(self, body: bytes | None) -> tuple[bytes | None, str | None]:
+        """The request body as the log keeps it: decoded from its Content-Encoding (and
+        the encoding it was decoded from), then redacted. The client's bytes went to the
+        upstream as they were; one that cannot be decoded is kept as sent, or not at all
+        when JSON fields are to be redacted from it."""
+        if body is None:
+            return None, None
+        decoded, why = decode_body(body, self._request_encoding, self._max_decoded)
+        if why is not None:
+            self.summary.undecoded = why
+            if self._redactor.json_pointers:
+                self._request_error = f"request body: {why}: it is not stored, since it could not be redacted"
+                return None, None
+            self._request_error = f"request body: {why}: it is stored as sent"
+            return body, None
+        encoding = self._request_encoding if decoded is not body else None
+        return self._redactor.json_bytes(decoded), encoding
 
     def head(
         self,
@@ -180,7 +209,8 @@ class ExchangeRows:
         self.summary.status = status
         self.summary.is_sse = is_sse
         if content_encoding and content_encoding.strip().lower() != "identity":
-            self._inflate = _Inflate.for_encoding(content_encoding)
+            self._encoding = content_encoding
+            self._inflate = Inflate.for_encoding(content_encoding, self._max_decoded)
             if self._inflate is None:
                 self._undecodable(f"cannot decode Content-Encoding {content_encoding}")
             else:
@@ -201,10 +231,16 @@ class ExchangeRows:
     def chunk(self, offset_ns: int, data: bytes, chunk_rows: Rows, event_rows: Rows) -> None:
         if self._inflate is not None:
             try:
-                data = self._inflate.feed(data)
+                decoded = self._inflate.feed(data)
             except zlib.error as exc:
                 self._inflate = None
                 self._undecodable(f"content decoding failed ({exc})", rest=True)
+            else:
+                if self._inflate.exceeded:  # from this chunk on, the wire bytes as they came
+                    self._undecodable(too_large(self._encoding or "", self._inflate.limit), rest=True)
+                    self._inflate = None
+                else:
+                    data = decoded
         if not data or self._withheld:
             return
         self._last_offset = offset_ns
@@ -251,7 +287,7 @@ class ExchangeRows:
         return _UPDATE_END, (
             duration_ns,
             outcome,
-            error or self._error,
+            "; ".join(filter(None, (error, self._error, self._request_error))) or None,
             stored_body(body) if s.chunks else None,
             int(self._truncated),
             s.binding,
@@ -276,6 +312,7 @@ class ExchangeRows:
         """A body that cannot be decoded is stored as received, unless JSON fields are to
         be redacted from it: then it is not stored at all, since it cannot be redacted."""
         part = "the rest of the body" if rest else "the body"
+        self.summary.undecoded = why
         if self._redactor.json_pointers:
             self._withheld = True
             self._error = f"{why}: {part} is not stored, since it could not be redacted"
@@ -425,49 +462,8 @@ def _reframe(event: SSEEvent, data: str) -> bytes:
     return ("\n".join(line for line in lines if line is not None) + "\n\n").encode()
 
 
-class _Inflate:
-    """Incremental Content-Encoding decoding: gzip (every member of it), deflate (with or
-    without the zlib wrapper), and br when brotli is installed."""
-
-    def __init__(self, wbits: int | None, brotli_decoder: Any = None) -> None:
-        self._wbits = wbits
-        self._z = zlib.decompressobj(wbits) if wbits is not None else None
-        self._brotli = brotli_decoder
-        self._first = True
-
-    @classmethod
-    def for_encoding(cls, encoding: str) -> _Inflate | None:
-        name = encoding.strip().lower()
-        if name in ("gzip", "x-gzip"):
-            return cls(16 + zlib.MAX_WBITS)
-        if name == "deflate":
-            return cls(zlib.MAX_WBITS)
-        if name == "br":
-            try:
-                import brotli  # noqa: PLC0415 - optional, as for aiohttp
-            except ImportError:
-                return None
-            return cls(None, brotli.Decompressor())
+def _content_encoding(headers: Headers | None) -> str | None:
+    if headers is None:
         return None
-
-    def feed(self, data: bytes) -> bytes:
-        if self._z is None:
-            return self._brotli.process(data)
-        try:
-            out = self._z.decompress(data)
-        except zlib.error:
-            if not (self._first and self._wbits == zlib.MAX_WBITS):
-                raise
-            # "deflate" is often sent as raw deflate, without the zlib wrapper.
-            self._wbits = -zlib.MAX_WBITS
-            self._z = zlib.decompressobj(self._wbits)
-            out = self._z.decompress(data)
-        self._first = False
-        while self._z.eof and self._z.unused_data:  # gzip: members one after another
-            rest = self._z.unused_data
-            self._z = zlib.decompressobj(self._wbits)
-            out += self._z.decompress(rest)
-        return out
-
-    def flush(self) -> bytes:
-        return self._z.flush() if self._z is not None else b""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    return next((v for k, v in pairs if k.lower() == "content-encoding"), None)

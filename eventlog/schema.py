@@ -409,6 +409,12 @@ def _task_answers(db: sqlite_utils.Database) -> None:
         db.create_view(name, VIEWS[name].strip(), replace=True)
 
 
+@_migration("0006_request_body_encoding")
+def _request_body_encoding(db: sqlite_utils.Database) -> None:
+    # The Content-Encoding a stored request body was decoded from (NULL: stored as sent).
+    db["exchanges"].add_column("request_body_encoding", str)
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of events after the last one

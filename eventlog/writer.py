@@ -26,6 +26,7 @@ from typing import Any
 
 from tasktape.errors import LogBusy, LogError, WriterClosed
 
+from .content_coding import MAX_DECODED
 from .exchange_rows import INSERT_CHUNK, INSERT_EVENT, ExchangeRows, ExchangeSummary
 from .producer import (
     BODY,
@@ -115,6 +116,7 @@ class LogWriter(LogProducer):
         max_bytes: int | None = None,
         redactor: Redactor | None = None,
         max_body: int = 16 * 1024 * 1024,
+        max_decoded: int = MAX_DECODED,
         max_backlog: int = 256 * 1024 * 1024,
     ) -> None:
         """``on_error(exc, rows_lost)`` is called from the writer thread when a batch
@@ -122,12 +124,15 @@ class LogWriter(LogProducer):
         to wait for another process's lock; ``max_bytes`` caps the log file's size;
         ``redactor`` says what never reaches the log (default: credential headers);
         ``max_body`` caps what is kept of a body that is not an event stream;
+        ``max_decoded`` caps how much of an exchange's compressed bodies is decoded (what
+        is past it is stored as it came, and the exchange says so);
         ``max_backlog`` is how many chunk bytes may wait for the writer before new chunks
         are dropped (and reported) rather than held in memory."""
         super().__init__(path, on_error, max_backlog)
         self._max_batch = max_batch_seconds
         self._redactor = redactor or Redactor()
         self._max_body = max_body
+        self._max_decoded = max_decoded
         self._lock_fd = _take_writer_lock(self.path)
         try:
             self._db = open_db(self.path, check_same_thread=False)
@@ -227,14 +232,14 @@ class LogWriter(LogProducer):
             for one in op[1]:
                 self._apply_safely(one, batch)
         elif code == EXCHANGE:
-            rows = self._exchanges[op[1]] = ExchangeRows(op[1], self._redactor, self._max_body)
+            rows = self._exchanges[op[1]] = self._rows(op[1])
             batch.statements.append(rows.request(*op[2:]))
         elif code == HEAD:
             batch.statements.append(self._exchange(op[1]).head(*op[2:]))
         elif code == BODY:
             batch.statements.append(self._exchange(op[1]).late_request_body(*op[2:]))
         elif code == END:
-            rows = self._exchanges.pop(op[1], None) or ExchangeRows(op[1], self._redactor, self._max_body)
+            rows = self._exchanges.pop(op[1], None) or self._rows(op[1])
             batch.statements.append(rows.end(*op[2:5], batch.chunk_rows, batch.event_rows))
             batch.finished.append((op[5], rows.summary))
         elif code == CAPTURE:
@@ -257,10 +262,13 @@ class LogWriter(LogProducer):
             self._exchanges.clear()
             batch.stop = True
 
+    def _rows(self, exchange_id: int) -> ExchangeRows:
+        return ExchangeRows(exchange_id, self._redactor, self._max_body, self._max_decoded)
+
     def _exchange(self, exchange_id: int) -> ExchangeRows:
         rows = self._exchanges.get(exchange_id)
         if rows is None:  # its begin was lost with a failed batch, or never queued
-            rows = self._exchanges[exchange_id] = ExchangeRows(exchange_id, self._redactor, self._max_body)
+            rows = self._exchanges[exchange_id] = self._rows(exchange_id)
         return rows
 
     def _commit(self, batch: _Batch) -> None:

@@ -27,6 +27,11 @@ from . import unread
 from .card import is_card_request, rewrite_card
 from .headers import HEADER_LIMITS, end_to_end, for_upstream
 
+# The server hands request bodies over as the client sent them: aiohttp would otherwise
+# decode a Content-Encoding, and the upstream would get decoded bytes under the client's
+# Content-Encoding and Content-Length. An application that mounts handle() needs the same.
+AS_SENT = {"auto_decompress": False}
+
 # Request bodies up to this size (with a Content-Length) are read whole before they
 # are forwarded; larger or chunked ones are streamed through.
 READ_WHOLE = 64 * 1024
@@ -71,7 +76,7 @@ class RecordingProxy:
         self.stopping = False
         self.app = web.Application(
             middlewares=[self._refuse_forward_proxying],
-            handler_args={**HEADER_LIMITS, **unread.handler_args(self)},
+            handler_args={**HEADER_LIMITS, **unread.handler_args(self), **AS_SENT},
         )
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.app.on_startup.append(lambda _app: self.start())
@@ -120,22 +125,24 @@ class RecordingProxy:
         """Return once no exchange is in flight (each one has been handed to the log)."""
         await self._idle.wait()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request, body: bytes | None = None) -> web.StreamResponse:
         """Forward one request to the upstream and record it: the aiohttp handler, also
-        usable from another application's handler."""
+        usable from another application's handler (whose server must keep request bodies
+        as sent: ``handler_args=AS_SENT``). ``body``: the request's body, when the caller
+        has read it already."""
         self._in_flight += 1
         self._idle.clear()
         try:
-            return await self._forward(request)
+            return await self._forward(request, body)
         finally:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, read: bytes | None) -> web.StreamResponse:
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
-        body, teed = await self._request_body(request)
+        body, teed = (read, None) if read is not None else await self._request_body(request)
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
             method=request.method,

@@ -16,6 +16,7 @@ from yarl import URL
 
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer, classify
+from tasktape.eventlog.content_coding import decode_body
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import classify_request
@@ -23,6 +24,7 @@ from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
 from tasktape.proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
 from tasktape.proxy.headers import HEADER_LIMITS, end_to_end
+from tasktape.proxy.recorder import AS_SENT
 
 from .faults import HEADER as FAULT_HEADER
 from .faults import Faults
@@ -94,7 +96,7 @@ class ReplayServer:
                 on_exchange=self._recorded_anew if recording else None,
             )
         # A client pointed here instead of at its agent sends the same (big) headers.
-        self.app = web.Application(handler_args={**HEADER_LIMITS, **unread.handler_args()})
+        self.app = web.Application(handler_args={**HEADER_LIMITS, **unread.handler_args(), **AS_SENT})
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         if self.proxy is not None:
             proxy = self.proxy
@@ -128,7 +130,9 @@ class ReplayServer:
             return _error(400, f"{FAULT_HEADER}: {exc}")
         if self.mode is ReplayMode.PASSTHROUGH:
             return await self._forward(request)
-        body = await request.read() if request.body_exists else None
+        sent = await request.read() if request.body_exists else None
+        # Matched as the log keeps request bodies: decoded from their Content-Encoding.
+        body = None if sent is None else decode_body(sent, request.headers.get("Content-Encoding"))[0]
         incoming = Incoming(
             request.method,
             request.rel_url.raw_path,
@@ -148,7 +152,7 @@ class ReplayServer:
                 self.stats.served += 1
                 return await self._subscription(request, chunks, faults, start)
         if self.mode is ReplayMode.RECORD_MISSING:
-            return await self._forward(request)
+            return await self._forward(request, sent)
         return self._miss(incoming)
 
     def _matching(self, incoming: Incoming) -> list[int]:
@@ -214,10 +218,12 @@ class ReplayServer:
             hint="record it (mode record-missing), or ignore fields that change between runs (--ignore)",
         )
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, body: bytes | None = None) -> web.StreamResponse:
+        """To the upstream through the recorder, with the body as the client sent it
+        (``body``, once this server has read it)."""
         assert self.proxy is not None
         self.stats.forwarded += 1
-        return await self.proxy.handle(request)
+        return await self.proxy.handle(request, body)
 
     def _recorded_anew(self, summary: Any) -> None:
         """record-missing: what was just recorded (committed: this runs once it is)

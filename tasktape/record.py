@@ -9,6 +9,7 @@ from collections.abc import Callable
 import click
 
 from tasktape.errors import LogError, UsageError
+from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import ExchangeSummary
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
@@ -52,6 +53,15 @@ EXIT_LOG_FAILED = 3
     help="Keep at most this much of a request body or of a response body that is not an event stream.",
 )
 @click.option(
+    "--max-decoded",
+    type=click.IntRange(min=0),
+    default=MAX_DECODED,
+    show_default=True,
+    metavar="BYTES",
+    help="Decode at most this much of an exchange's compressed (Content-Encoding) bodies for the "
+    "log; what is past it is kept as it came, and the exchange says so. Traffic is never changed.",
+)
+@click.option(
     "--max-log-size",
     type=click.IntRange(min=1),
     metavar="BYTES",
@@ -70,6 +80,7 @@ def record(
     public_url: str | None,
     no_rewrite_card: bool,
     max_body: int,
+    max_decoded: int,
     max_log_size: int | None,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
     quiet: bool,
@@ -85,7 +96,9 @@ def record(
     host, port = listen
     warn_if_exposed("tasktape record", host)
     try:
-        writer = ProcessLogWriter(db, redactor=redactor, max_body=max_body, max_bytes=max_log_size)
+        writer = ProcessLogWriter(
+            db, redactor=redactor, max_body=max_body, max_decoded=max_decoded, max_bytes=max_log_size
+        )
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -95,7 +108,7 @@ def record(
             public_url=public_url,
             rewrite_cards=not no_rewrite_card,
             max_request_body=max_body,
-            on_exchange=None if quiet else _print_exchange,
+            on_exchange=_print_undecoded if quiet else _print_exchange,
         )
     except UsageError as exc:
         writer.close()
@@ -143,3 +156,15 @@ def describe_exchange(s: ExchangeSummary) -> str:
 
 def _print_exchange(summary: ExchangeSummary) -> None:
     click.echo(describe_exchange(summary))
+    _print_undecoded(summary)
+
+
+def _print_undecoded(summary: ExchangeSummary) -> None:
+    """Said even with --quiet: the log holds bytes it could not decode (a compression bomb,
+    a broken or unknown Content-Encoding), which search and replay matching cannot read."""
+    if summary.undecoded:
+        click.echo(
+            f"tasktape record: WARNING: exchange {summary.exchange_id} ({summary.method} {summary.path}): "
+            f"{summary.undecoded}; see exchanges.error",
+            err=True,
+        )

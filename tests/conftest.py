@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.redact import Redactor
 from tasktape.proxy import RecordingProxy
 
@@ -68,6 +69,7 @@ async def record(tmp_path: Path) -> AsyncIterator[RecordFactory]:
         *,
         redactor: Redactor | None = None,
         max_body: int = 16 * 1024 * 1024,
+        max_decoded: int = MAX_DECODED,
         **options: Any,
     ) -> Recording:
         if isinstance(upstream, web.Application):
@@ -78,7 +80,7 @@ async def record(tmp_path: Path) -> AsyncIterator[RecordFactory]:
         else:
             upstream_url = upstream
         db = tmp_path / f"log{len(writers)}.db"
-        writer = LogWriter(db, redactor=redactor, max_body=max_body)
+        writer = LogWriter(db, redactor=redactor, max_body=max_body, max_decoded=max_decoded)
         writers.append(writer)
         proxy = RecordingProxy(upstream_url, writer, max_request_body=max_body, **options)
         server = TestServer(proxy.app, host="127.0.0.1")

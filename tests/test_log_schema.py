@@ -39,6 +39,7 @@ CONTRACT = {
         "request_body_truncated",
         "response_body_truncated",
         "body_encoding",
+        "request_body_encoding",
     ],
     "chunks": ["exchange_id", "seq", "offset_ns", "data"],
     "events": [

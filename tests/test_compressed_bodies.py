@@ -1,0 +1,218 @@
+"""Compressed bodies: the upstream gets exactly the bytes the client sent (gzip, deflate,
+br; read whole or streamed), through tasktape record and through replay's record-missing
+and passthrough modes; the log keeps them decoded and says so; and what decodes to more
+than the bound (a compression bomb) costs the log no more than the bound."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import brotli
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from conftest import RecordFactory
+
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.content_coding import Inflate, decode_body
+from tasktape.replay import ReplayMode, ReplayServer, load
+
+MESSAGE = {
+    "message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}
+}
+ENCODERS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+}
+
+
+def big_message(size: int) -> bytes:
+    """A request past the size read whole (64 KiB): it streams through."""
+    return json.dumps({**MESSAGE, "metadata": {"padding": "x" * size}}).encode()
+
+
+def witness() -> web.Application:
+    """An agent that answers with what reached it: the SHA-256 and length of the body as
+    sent, and whether it decodes (under the Content-Encoding it came with) to JSON."""
+
+    async def echo(request: web.Request) -> web.Response:
+        raw = await request.read()
+        decoded, why = decode_body(raw, request.headers.get("Content-Encoding"))
+        try:
+            parsed = why is None and isinstance(json.loads(decoded), dict)
+        except ValueError:
+            parsed = False
+        return web.json_response(
+            {"sha256": hashlib.sha256(raw).hexdigest(), "length": len(raw), "json": parsed},
+            status=200 if parsed else 500,
+        )
+
+    app = web.Application(handler_args={"auto_decompress": False})
+    app.router.add_post("/message:send", echo)
+    return app
+
+
+Serve = Callable[[web.Application], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    servers: list[TestServer] = []
+
+    async def start(app: web.Application) -> str:
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/")
+
+    yield start
+    for server in reversed(servers):
+        await server.close()
+
+
+async def post(url: str, body: bytes, encoding: str, *, chunked: bool = False) -> dict[str, object]:
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 7000):
+            yield body[start : start + 7000]
+
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.post(f"{url}/message:send", data=pieces() if chunked else body, headers=headers) as r,
+    ):
+        answer = await r.json()
+        answer["status"] = r.status
+        return answer
+
+
+def sent_as(body: bytes) -> dict[str, object]:
+    return {"sha256": hashlib.sha256(body).hexdigest(), "length": len(body), "json": True, "status": 200}
+
+
+@pytest.mark.parametrize("encoding", sorted(ENCODERS))
+@pytest.mark.parametrize("shape", ["small", "large", "chunked"])
+async def test_the_recorder_forwards_compressed_bodies_as_sent(
+    record: RecordFactory, encoding: str, shape: str
+) -> None:
+    plain = json.dumps(MESSAGE).encode() if shape == "small" else big_message(300_000)
+    body = ENCODERS[encoding](plain)
+    rec = await record(witness())
+    assert await post(rec.upstream, body, encoding, chunked=shape == "chunked") == sent_as(body)  # direct
+    assert await post(rec.url, body, encoding, chunked=shape == "chunked") == sent_as(body)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    # The log keeps the body decoded, and says from what.
+    assert x["request_body"].encode() == plain
+    assert x["request_body_encoding"] == encoding
+    assert x["rpc_method"] == "SendMessage" and x["error"] is None
+
+
+async def test_a_body_that_does_not_decode_is_forwarded_and_kept_as_sent(record: RecordFactory) -> None:
+    rec = await record(witness())
+    body = b"\x1f\x8b this is not gzip"
+    answer = await post(rec.url, body, "gzip")
+    assert (answer["sha256"], answer["status"]) == (hashlib.sha256(body).hexdigest(), 500)  # the agent's 500
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert x["request_body"] == body and x["request_body_encoding"] is None
+    assert "request body: content decoding failed" in x["error"] and "stored as sent" in x["error"]
+
+
+@pytest.mark.parametrize("mode", [ReplayMode.RECORD_MISSING, ReplayMode.PASSTHROUGH])
+@pytest.mark.parametrize("encoding", ["gzip", "br"])
+async def test_replay_modes_that_forward_send_the_bodies_as_sent(
+    tmp_path: Path, serve: Serve, mode: ReplayMode, encoding: str
+) -> None:
+    agent = await serve(witness())
+    db = tmp_path / "grows.db"
+    body = ENCODERS[encoding](big_message(200_000))
+    with LogWriter(db) as writer:
+        server = ReplayServer([], speed=0, mode=mode, upstream=agent, writer=writer, log_path=db)
+        url = await serve(server.app)
+        assert await post(url, body, encoding, chunked=True) == sent_as(body)
+    if mode is ReplayMode.RECORD_MISSING:
+        with EventLog(db) as log:
+            (x,) = log.exchanges()
+        assert x["request_body_encoding"] == encoding
+
+
+async def test_a_compressed_request_replays_against_its_recording(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """Replay matches request bodies as the log keeps them: decoded."""
+    rec = await record(witness())
+    body = gzip.compress(json.dumps(MESSAGE).encode())
+    recorded = await post(rec.url, body, "gzip")
+    await rec.log()
+    url = await serve(ReplayServer(load([rec.db]), speed=0).app)
+    again = json.dumps({**MESSAGE, "message": {**MESSAGE["message"], "messageId": "m-2"}}).encode()
+    assert await post(url, zlib.compress(again), "deflate") == recorded
+
+
+def bomb_app(decoded: int) -> tuple[web.Application, bytes]:
+    """An SSE stream whose gzip body (a few KiB a chunk) decodes to ``decoded`` bytes."""
+    event = b"data: " + b"0" * 1018 + b"\n\n"
+    plain = event * (decoded // len(event))
+    wire = gzip.compress(plain, compresslevel=9)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        headers = {"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        for start in range(0, len(wire), 4096):
+            await response.write(wire[start : start + 4096])
+        return response
+
+    app = web.Application()
+    app.router.add_get("/bomb", stream)
+    return app, wire
+
+
+async def test_a_compression_bomb_costs_the_log_no_more_than_the_bound(record: RecordFactory) -> None:
+    """40 MiB decoded from ~40 KiB on the wire, with a bound of 4 MiB: the client gets the
+    wire bytes unchanged; the log keeps 4 MiB decoded at most, then the wire bytes as they
+    came, and says so on the exchange."""
+    app, wire = bomb_app(40 * 1024 * 1024)
+    bound = 4 * 1024 * 1024
+    rec = await record(app, max_decoded=bound)
+    async with rec.session.get(f"{rec.url}/bomb") as r:
+        assert await r.read() == wire
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        stored = log.db.execute("SELECT sum(length(data)) FROM chunks").fetchone()[0]
+        events = log.db.execute("SELECT count(*) FROM events").fetchone()[0]
+    assert stored <= bound + len(wire)
+    assert 0 < events <= bound // 1024
+    assert x["outcome"] == "complete"
+    assert "decodes to more than 4,194,304 bytes" in x["error"] and "the rest of the body" in x["error"]
+
+
+def test_inflate_never_holds_more_than_its_limit() -> None:
+    wire = gzip.compress(b"\0" * (50 * 1024 * 1024))
+    inflate = Inflate.for_encoding("gzip", limit=1000)
+    assert inflate is not None
+    out = inflate.feed(wire)
+    assert len(out) == 1000 and inflate.exceeded and inflate.feed(wire) == b"" and inflate.flush() == b""
+    why = "Content-Encoding gzip: the body decodes to more than 1,000 bytes (--max-decoded)"
+    assert decode_body(wire, "gzip", 1000) == (wire, why)
+    assert decode_body(gzip.compress(b"ok") * 2, "gzip") == (b"okok", None)  # two members
+    assert decode_body(b"x", "zstd") == (b"x", "cannot decode Content-Encoding zstd")
+
+
+async def test_a_request_bomb_is_forwarded_and_not_decoded(record: RecordFactory) -> None:
+    body = gzip.compress(b" " * (80 * 1024 * 1024) + json.dumps(MESSAGE).encode())
+    rec = await record(witness(), max_decoded=1024 * 1024)
+    answer = await post(rec.url, body, "gzip")
+    assert answer["sha256"] == hashlib.sha256(body).hexdigest()
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert x["request_body"] == body and x["request_body_encoding"] is None
+    assert "decodes to more than 1,048,576 bytes" in x["error"]
