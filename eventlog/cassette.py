@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasktape.errors import CassetteError
 from tasktape.version import __version__
 
+from .http_fields import field_problem
 from .producer import LogProducer
 from .recorded import Recorded
 
@@ -44,6 +45,15 @@ _NOT_IN_HEADERS = re.compile(r"[\r\n\x00]")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _sendable_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Response headers are sent again on replay: each must be one HTTP allows."""
+    for name, value in headers:
+        problem = field_problem(name, value)
+        if problem:
+            raise ValueError(problem)
+    return headers
 
 
 def _headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -79,7 +89,7 @@ class Response(_Strict):
     decoded_from: str | None = None
     body_truncated: bool = False
 
-    _check_headers = field_validator("headers")(_headers)
+    _check_headers = field_validator("headers")(_sendable_headers)
 
 
 class Exchange(_Strict):

@@ -82,12 +82,13 @@ class Redactor:
         compared once percent-decoded); every other byte stays as it was."""
         if not raw or not self.query_params:
             return raw
-        parts = raw.split("&")
-        for i, part in enumerate(parts):
-            name, equals, value = part.partition("=")
+        # Parameters are separated by '&' or, as many servers also read them, by ';'.
+        parts = _QUERY_SEPARATORS.split(raw)
+        for i in range(0, len(parts), 2):
+            name, equals, value = parts[i].partition("=")
             if equals and value != REDACTED and unquote_plus(name).lower() in self.query_params:
                 parts[i] = f"{name}={REDACTED}"
-        return "&".join(parts)
+        return "".join(parts)
 
     def json_bytes(self, body: bytes) -> bytes:
         """``body`` with the chosen JSON fields redacted (unchanged when none is present
@@ -109,6 +110,10 @@ class Redactor:
         redacted line by line."""
         if not self._paths or not text:
             return text
+        if text.startswith(_BOM):  # JSON behind a byte order mark is JSON all the same
+            body = text[1:]
+            rest = self.json_text(body)
+            return text if rest is body else _BOM + rest
         try:
             return self._json_text(text)
         except RecursionError:
@@ -163,6 +168,9 @@ class Redactor:
 
 
 UNREADABLE = "[REDACTED: not readable as JSON]"
+ANY_DEPTH = "**"
+_BOM = "\ufeff"
+_QUERY_SEPARATORS = re.compile(r"([&;])")
 
 # The user and password of a URL (``http://user:secret@agent``), up to its last '@'.
 _USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
@@ -224,9 +232,14 @@ def _scrub(node: Any, secrets: set[str]) -> Any:
 
 
 def parse_pointer(pointer: str) -> tuple[str, ...]:
+    """A JSON pointer's parts; ``*`` stands for every key or index at its level, ``**``
+    for any depth (``/**/apiKey``: an ``apiKey`` wherever it appears)."""
     if pointer and not pointer.startswith("/"):
         raise UsageError(f"not a JSON pointer (it must start with '/'): {pointer!r}")
-    return tuple(p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:])
+    parts = tuple(p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:])
+    if parts and parts[-1] == ANY_DEPTH:
+        raise UsageError(f"{pointer!r} ends with '**', which would redact everything: name a field after it")
+    return parts
 
 
 def _children(node: Any, key: str) -> Iterator[tuple[Any, Any]]:
@@ -247,6 +260,11 @@ def _find(node: Any, path: tuple[str, ...]) -> Iterator[Any]:
     if not path:
         yield node
         return
+    if path[0] == ANY_DEPTH:  # here, or in anything below
+        yield from _find(node, path[1:])
+        for _, child in _children(node, "*"):
+            yield from _find(child, path)
+        return
     for _, child in _children(node, path[0]):
         yield from _find(child, path[1:])
 
@@ -254,6 +272,11 @@ def _find(node: Any, path: tuple[str, ...]) -> Iterator[Any]:
 def _replace(node: Any, path: tuple[str, ...]) -> Any:
     if not path:
         return REDACTED
+    if path[0] == ANY_DEPTH:
+        node = _replace(node, path[1:])
+        for key, child in list(_children(node, "*")):
+            node[key] = _replace(child, path)
+        return node
     for key, child in list(_children(node, path[0])):
         node[key] = _replace(child, path[1:])
     return node

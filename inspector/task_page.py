@@ -380,16 +380,17 @@ def _artifact(
 ) -> Artifact:
     citations: list[Citation] = []
     if model is not None:
+        # Whatever the agent sent is shown, whatever its shape: ids are strings or nothing.
         sources = {
-            (p.metadata or {}).get("dataPartId"): json.dumps(p.data, indent=2, ensure_ascii=False)
+            key: json.dumps(p.data, indent=2, ensure_ascii=False)
             for p in model.parts
-            if p.data is not None
+            if p.data is not None and (key := _text_or_none(_metadata(p).get("dataPartId"))) is not None
         }
         marks = [
             c
             for p in model.parts
-            if p.text is not None
-            for c in (p.metadata or {}).get("citations") or []
+            if p.text is not None and isinstance(cites := _metadata(p).get("citations"), list)
+            for c in cites
             if isinstance(c, dict)
         ]
         marks.sort(key=lambda c: c.get("offset") if isinstance(c.get("offset"), int) else len(text))
@@ -400,8 +401,8 @@ def _artifact(
                     number=n,
                     offset=offset if isinstance(offset, int) else len(text),
                     locator=str(c["locator"]) if c.get("locator") is not None else None,
-                    data_part_id=c.get("data_part_id"),
-                    source=sources.get(c.get("data_part_id")),
+                    data_part_id=_text_or_none(c.get("data_part_id")),
+                    source=sources.get(_text_or_none(c.get("data_part_id"))),
                 )
             )
     return Artifact(
@@ -413,6 +414,17 @@ def _artifact(
         events=events,
         citations=citations,
     )
+
+
+def _metadata(part: Any) -> dict[str, Any]:
+    return part.metadata if isinstance(part.metadata, dict) else {}
+
+
+def _text_or_none(value: Any) -> str | None:
+    """An id as the page shows it: a string (a number spelt out), else none."""
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _event_artifact(data: str) -> ArtifactModel | None:

@@ -159,7 +159,8 @@ class RecordingProxy:
         response = error_response(status, reason)
         body: bytes = response.body  # type: ignore[assignment]
         headers = list(request.headers.items())
-        self._log_refusal(request.method, request.raw_path, headers, status, body, reason)
+        path, query = logged_target(request.raw_path)
+        self._log_refusal(request.method, path, headers, status, body, reason, query)
         return response
 
     def log_unread(self, status: int, reason: str) -> None:
@@ -176,11 +177,13 @@ class RecordingProxy:
         status: int,
         body: bytes | None,
         reason: str,
+        query: str | None = None,
     ) -> None:
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
             method=method,
             path=path,
+            query=query,
             request_headers=headers,
         )
         self.writer.response_head(exchange, status=status, headers=None, is_sse=False, ttfb_ns=0)
@@ -383,6 +386,19 @@ class Exchange:
         if self.proxy.on_exchange is not None:
             callback = self.proxy.on_exchange
             done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
+
+
+def logged_target(target: str) -> tuple[str, str | None]:
+    """A refused request's target as the log keeps it: path and query apart, so the query
+    is redacted like any other; an absolute-form target (what a client whose HTTP_PROXY
+    points here sends) loses its user and password."""
+    path, _, query = target.partition("?")
+    path = path.partition("#")[0]
+    if not target.startswith("/"):
+        scheme, sep, rest = path.partition("://")
+        authority, slash, tail = rest.partition("/")
+        path = f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{tail}"
+    return path, query.partition("#")[0] or None
 
 
 def error_response(status: int, message: str) -> web.Response:

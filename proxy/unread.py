@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 # (web.RequestKey came with aiohttp 3.14; before it, a plain key raises no warning.)
 HANDLED: Any = web.RequestKey("tasktape.handled", bool) if hasattr(web, "RequestKey") else "tasktape.handled"
 # Where aiohttp's description of an unreadable request starts quoting the request itself.
-_QUOTED = re.compile(r"""[:\s]*b?['"]""")
+_QUOTED = re.compile(r"""(?:[:\s]+|^)b?['"]""")
 
 
 class Refuser(Protocol):

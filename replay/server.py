@@ -17,6 +17,7 @@ from yarl import URL
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer, classify
 from tasktape.eventlog.content_coding import decode_body
+from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import classify_request
@@ -262,7 +263,7 @@ class ReplayServer:
                 return resumed
             (chunks, since_ns), changed = resumed, True
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
-        headers = end_to_end(recorded.response_headers)
+        headers = end_to_end(_sendable(recorded))
         if changed or recorded.decoded_from or recorded.response_body_truncated:
             headers.popall("Content-Length", None)
         if recorded.decoded_from:
@@ -451,3 +452,16 @@ def _error(status: int, message: str, **details: Any) -> web.Response:
     return web.Response(
         status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"
     )
+
+
+def _sendable(recorded: Recorded) -> list[tuple[str, str]]:
+    """The recorded response headers that can be sent again. A log keeps what the upstream
+    sent, which a lenient client may have accepted: the others are left out, and said so."""
+    headers = []
+    for name, value in recorded.response_headers or ():
+        problem = field_problem(name, value)
+        if problem is None:
+            headers.append((name, value))
+        else:
+            log.warning("tasktape replay: %s %s: %s; it is left out", recorded.method, recorded.path, problem)
+    return headers

@@ -1,0 +1,19 @@
+"""What HTTP allows in a header field (RFC 9110 sections 5.1 and 5.5): a name is a token,
+a value holds no control character but HTAB. A response header outside these rules cannot
+be sent again, so cassettes refuse it and replay leaves it out."""
+
+from __future__ import annotations
+
+import re
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def field_problem(name: str, value: str) -> str | None:
+    """Why ``name: value`` cannot be sent as a header, or None when it can."""
+    if not _TOKEN.fullmatch(name):
+        return f"header {name!r}: a header name is a token (letters, digits and !#$%&'*+-.^_`|~)"
+    if _CONTROL.search(value):
+        return f"header {name!r}: a header value holds no control character but tab"
+    return None

@@ -1,0 +1,198 @@
+"""What hostile traffic and careless use used to get past: secrets in absolute-form targets,
+behind a byte order mark or after a ';', refusal reasons cut short, cassette headers that
+cannot be sent, and agent data of unexpected shapes on the task page."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+from a2a_frames import sse, status, task
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from conftest import RecordFactory
+
+from tasktape.errors import CassetteError, UsageError
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.redact import Redactor, parse_pointer
+from tasktape.inspector.app import create_datasette
+from tasktape.proxy.unread import reason_for
+from tasktape.replay import ReplayServer
+
+SECRET = "sk-live-0123456789"
+
+
+async def raw_request(url: str, request: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(65536), 10)
+    writer.close()
+    return answer
+
+
+async def test_an_absolute_form_target_is_stored_without_its_secrets(record: RecordFactory) -> None:
+    """What a client whose HTTP_PROXY points at the recorder sends: refused, and logged with
+    the query redacted and no user or password."""
+    rec = await record(web.Application())
+    target = f"http://user:pw@agent.example/v1/x?api_key={SECRET}&keep=1"
+    answer = await raw_request(rec.url, f"GET {target} HTTP/1.1\r\nHost: agent.example\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 400")
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        rows = str(log.db.execute("SELECT * FROM exchanges").fetchall())
+    assert (x["outcome"], x["path"]) == ("refused", "http://agent.example/v1/x")
+    assert x["query"] == "api_key=[REDACTED]&keep=1"
+    assert SECRET not in rows and "pw@" not in rows
+    recorded = from_log(EventLog(rec.db))
+    assert SECRET not in json.dumps([r.request_line for r in recorded])
+
+
+@pytest.mark.parametrize("separator", ["&", ";"])
+def test_query_parameters_after_either_separator_are_redacted(separator: str) -> None:
+    redactor = Redactor(query=["token"])
+    raw = f"a=1{separator}token={SECRET}{separator}api_key={SECRET}"
+    assert redactor.query(raw) == f"a=1{separator}token=[REDACTED]{separator}api_key=[REDACTED]"
+
+
+def test_json_behind_a_byte_order_mark_is_redacted() -> None:
+    redactor = Redactor(json_pointers=["/apiKey"])
+    text = "\ufeff" + json.dumps({"apiKey": SECRET, "q": 1})
+    assert redactor.json_text(text) == '\ufeff{"apiKey": "[REDACTED]", "q": 1}'
+    assert SECRET not in redactor.json_bytes(text.encode()).decode()
+    plain = "\ufeffnot json"
+    assert redactor.json_text(plain) is plain
+
+
+def test_a_field_can_be_redacted_wherever_it_appears() -> None:
+    """Agents echo request fields back (task.history[*].metadata ...): ``/**/name`` finds
+    them at any depth."""
+    redactor = Redactor(json_pointers=["/**/apiKey"])
+    doc = {"apiKey": SECRET, "task": {"history": [{"metadata": {"apiKey": SECRET}}, {"x": [{"apiKey": 7}]}]}}
+    out = json.loads(redactor.json_text(json.dumps(doc)))
+    assert out == {
+        "apiKey": "[REDACTED]",
+        "task": {"history": [{"metadata": {"apiKey": "[REDACTED]"}}, {"x": [{"apiKey": "[REDACTED]"}]}]},
+    }
+    with pytest.raises(UsageError, match="ends with"):
+        parse_pointer("/task/**")
+
+
+async def test_redaction_behind_a_bom_in_a_recorded_stream(record: RecordFactory) -> None:
+    event = b"data: \xef\xbb\xbf" + json.dumps({"statusUpdate": {"taskId": "t", "apiKey": SECRET}}).encode()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(event + b"\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    rec = await record(app, redactor=Redactor(json_pointers=["/statusUpdate/apiKey"]))
+    async with rec.session.post(f"{rec.url}/message:stream", json={}) as r:
+        assert await r.read() == event + b"\n\n"  # the client gets it as sent
+    with await rec.log() as log:
+        stored = b"".join(row[0] for row in log.db.execute("SELECT data FROM chunks"))
+        (ev,) = log.events(log.exchanges()[0]["id"])
+    assert SECRET.encode() not in stored and SECRET not in ev["data"]
+
+
+@pytest.mark.parametrize(
+    ("said", "kept"),
+    [
+        (
+            "Transfer-Encoding can't be present with Content-Length",
+            "Transfer-Encoding can't be present with Content-Length",
+        ),
+        ("Invalid method encountered:\n\n  b'GE\\x00T'", "Invalid method encountered"),
+        ('Bad status line "token=abc"', "Bad status line"),
+    ],
+)
+def test_refusal_reasons_are_cut_where_the_request_is_quoted_only(said: str, kept: str) -> None:
+    assert reason_for(said, "fallback") == kept
+
+
+@pytest.mark.parametrize("value", ["a\x7fb", "a\x0bb", "a\x0cb", "a\x01b"])
+def test_a_cassette_header_that_cannot_be_sent_is_refused_with_its_line(tmp_path: Path, value: str) -> None:
+    line = {
+        "exchange": {
+            "request": {"method": "GET", "path": "/"},
+            "response": {"status": 200, "headers": [["X-Odd", value]]},
+        }
+    }
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"tasktape_cassette": 1}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(CassetteError, match=r"odd\.jsonl:2.*control character"):
+        read_cassette(path)
+    path.write_text(path.read_text().replace(json.dumps(value)[1:-1], "a\\tb"))  # a tab is allowed
+    assert read_cassette(path)[0].response_headers == [("X-Odd", "a\tb")]
+
+
+async def test_replay_leaves_out_a_recorded_header_it_cannot_send(tmp_path: Path) -> None:
+    recorded = Recorded(
+        method="GET",
+        path="/",
+        status=200,
+        outcome="complete",
+        response_headers=[("X-Odd", "a\x7fb"), ("X-Fine", "yes")],
+        chunks=[(0, b"ok")],
+    )
+    server = TestServer(ReplayServer([recorded], speed=0).app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as r:
+            assert (r.status, await r.read(), r.headers.get("X-Fine"), "X-Odd" in r.headers) == (
+                200,
+                b"ok",
+                "yes",
+                False,
+            )
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize(
+    "citation",
+    [
+        {"offset": 2, "data_part_id": ["a", "b"]},
+        {"offset": "two", "data_part_id": {"x": 1}, "locator": ["l"]},
+        {"offset": 1, "data_part_id": 7},
+    ],
+)
+async def test_the_task_page_renders_whatever_shape_the_agent_sent(tmp_path: Path, citation: dict) -> None:
+    closing = {
+        "artifactUpdate": {
+            "taskId": "t1",
+            "contextId": "c1",
+            "lastChunk": True,
+            "artifact": {
+                "artifactId": "a1",
+                "parts": [
+                    {"text": "Asthma [1].", "metadata": {"citations": [citation, "junk", 3]}},
+                    {"data": {"code": "J45"}, "metadata": {"dataPartId": ["not", "a", "key"]}},
+                    {"text": "x", "metadata": {"citations": {"not": "a list"}}},
+                ],
+            },
+        }
+    }
+    frames = [task("t1", "c1"), closing, status("t1", "c1", "TASK_STATE_COMPLETED")]
+    db = tmp_path / "odd.db"
+    with LogWriter(db) as writer:
+        capture = writer.begin_capture(source="test")
+        x = writer.begin_exchange(capture, method="POST", path="/message:stream")
+        writer.response_head(
+            x, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
+        )
+        for i, frame in enumerate(sse(frames)):
+            writer.chunk(x, i + 1, frame)
+        writer.end_exchange(x, duration_ns=10, outcome="complete")
+    response = await create_datasette(db).client.get("/odd/-/task/t1")
+    assert response.status_code == 200, response.text[:2000]
+    assert "Asthma" in response.text
