@@ -11,7 +11,6 @@ threads overlap.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import fcntl
 import os
 import queue
@@ -171,7 +170,7 @@ class LogWriter(LogProducer):
         self._thread.join()
         self._committer.join()
         self._conn.close()
-        _release_writer_lock(self.path, self._lock_fd)
+        _release_writer_lock(self._lock_fd)
 
     # -- writer thread -----------------------------------------------------------------------
 
@@ -319,27 +318,20 @@ def _next_id(conn: sqlite3.Connection, table: str) -> int:
 
 
 def _take_writer_lock(path: Path) -> int:
-    """Exchange ids are handed out in memory, so two writers on one log would clash:
-    hold an exclusive lock on ``<log>-lock`` for the writer's lifetime (removed on close)."""
-    lock_path = path.with_name(path.name + "-lock")
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LogBusy(f"{path} is being written by another tasktape writer (lock: {lock_path})") from None
-        # The previous writer may have removed the file between our open and our lock:
-        # then we hold a lock nobody else can see, and must take the new file instead.
-        try:
-            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
+    """Exchange ids are handed out in memory, so two writers on one log would clash: hold
+    an exclusive lock on the log file itself for the writer's lifetime, so a second writer
+    is refused however it names the file (a symlink, a hard link, another path to it).
+    SQLite's own locks are of another kind (fcntl), which this one does not touch."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise LogBusy(
+            f"{path} is being written by another tasktape writer (by this name or another)"
+        ) from None
+    return fd
 
 
-def _release_writer_lock(path: Path, fd: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path.with_name(path.name + "-lock"))  # while still holding it: see above
-    os.close(fd)
+def _release_writer_lock(fd: int) -> None:
+    os.close(fd)  # after the database is closed: see _take_writer_lock

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -52,9 +55,7 @@ class RecordingProxy:
         connect_timeout: float = 10.0,
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
     ) -> None:
-        url = URL(upstream)
-        if not url.is_absolute() or url.scheme not in ("http", "https"):
-            raise UsageError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
+        url = upstream_url(upstream)
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
         # client's own Authorization header passes instead); never shown, never stored.
         auth = aiohttp.BasicAuth.from_url(url)
@@ -68,6 +69,9 @@ class RecordingProxy:
         self.connect_timeout = connect_timeout
         self.on_exchange = on_exchange
         self._base = str(self.upstream).rstrip("/")
+        # Named in the Via header of every request forwarded: one that comes back with it
+        # went round a loop (an upstream that leads back here).
+        self._via = f"1.1 tasktape-{secrets.token_hex(6)}"
         self._upstream_host = self.upstream.raw_authority
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
@@ -140,6 +144,12 @@ class RecordingProxy:
                 self._idle.set()
 
     async def _forward(self, request: web.Request, read: bytes | None) -> web.StreamResponse:
+        if any(self._via in v for v in request.headers.getall("Via", ())):
+            return self._refuse(
+                request,
+                508,
+                f"the request came back to this recorder: its upstream {self.upstream} leads here",
+            )
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
         body, teed = (read, None) if read is not None else await self._request_body(request)
@@ -276,6 +286,8 @@ class Exchange:
             scheme=request.scheme,
             host=request.host,
         )
+        previous = ", ".join(headers.popall("Via", ()))
+        headers["Via"] = f"{previous}, {proxy._via}" if previous else proxy._via  # RFC 9110 7.6.3
         if proxy._authorization and "Authorization" not in headers:
             headers["Authorization"] = proxy._authorization
         if isinstance(body, _TeedBody):
@@ -386,6 +398,33 @@ class Exchange:
         if self.proxy.on_exchange is not None:
             callback = self.proxy.on_exchange
             done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
+
+
+def upstream_url(upstream: str) -> URL:
+    """The upstream as a URL; a UsageError unless it is an absolute http(s) one."""
+    try:
+        url = URL(upstream)
+    except ValueError:
+        url = None
+    if url is None or not url.is_absolute() or url.scheme not in ("http", "https") or not url.host:
+        raise UsageError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
+    return url
+
+
+def points_at(url: URL, address: tuple[str, int]) -> bool:
+    """Whether ``url`` names the listening socket ``address`` itself: a recorder that
+    would forward to itself."""
+    if url.port != address[1]:
+        return False
+    try:
+        infos = socket.getaddrinfo(url.host, url.port, type=socket.SOCK_STREAM)
+        targets = {ipaddress.ip_address(info[4][0]) for info in infos}
+        bound = ipaddress.ip_address(address[0])
+    except (OSError, ValueError):
+        return False
+    if bound.is_unspecified:  # listening everywhere: loopback reaches it too
+        return any(t.is_loopback or t == bound for t in targets)
+    return bound in targets
 
 
 def logged_target(target: str) -> tuple[str, str | None]:

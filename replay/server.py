@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -238,7 +239,10 @@ class ReplayServer:
             # is a new episode (recorded too), and a later run replays both in order.
             self._add(recorded, used=1)
 
-        self._loop.call_soon_threadsafe(add)
+        # The writer finishes its last exchanges as the server stops: once the loop has
+        # closed, there is nothing left to replay them to.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(add)
 
     def events_of(self, index: int) -> list[StreamEvent]:
         if index not in self._events:

@@ -14,11 +14,12 @@ from tasktape.eventlog.exchange_rows import ExchangeSummary
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
 from tasktape.proxy import RecordingProxy
+from tasktape.proxy.recorder import points_at, upstream_url
 
 from .event_loop import event_loop_option
 from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
 from .redaction_options import redaction_options
-from .serving import serve_until_stopped
+from .serving import bind, serve_until_stopped
 
 # Exit status when traffic flowed but some of it could not be written to the log.
 EXIT_LOG_FAILED = 3
@@ -95,6 +96,21 @@ def record(
     redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
     host, port = listen
     warn_if_exposed("tasktape record", host)
+    # Nothing is written until the recorder can listen: a bad --upstream or a port in use
+    # leaves no log file, and no empty capture in an existing one.
+    try:
+        url = upstream_url(upstream)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="--upstream") from None
+    sock = bind(host, port)
+    address = sock.getsockname()
+    if points_at(url, address):
+        sock.close()
+        raise click.BadParameter(
+            f"{upstream} is this recorder's own address ({host}:{address[1]}): "
+            "it would forward every request to itself",
+            param_hint="--upstream",
+        )
     try:
         writer = ProcessLogWriter(
             db, redactor=redactor, max_body=max_body, max_decoded=max_decoded, max_bytes=max_log_size
@@ -122,6 +138,7 @@ def record(
                     port,
                     ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
                     stopping="tasktape record: stopping; flushing the log",
+                    sock=sock,
                 )
             )
     finally:

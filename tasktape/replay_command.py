@@ -11,13 +11,14 @@ import click
 from tasktape.errors import LogError, TasktapeError, UsageError
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
+from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, load
 from tasktape.replay.faults import Faults
 from tasktape.replay.source import is_log
 
 from .listen import DEFAULT_REPLAY_PORT, HostPort, warn_if_exposed
 from .redaction_options import redaction_options
-from .serving import serve_until_stopped
+from .serving import bind, serve_until_stopped
 
 
 def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
@@ -133,6 +134,13 @@ def replay(
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:
         raise click.BadParameter(f"mode {mode.value} needs --upstream", param_hint="--upstream")
+    if upstream:
+        try:
+            upstream_url(upstream)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), param_hint="--upstream") from None
+    host, port = listen
+    sock = bind(host, port)  # before the log is opened: a port in use leaves it as it was
     if mode is ReplayMode.RECORD_MISSING:
         if db is None:
             logs = [s for s in sources if s.is_file() and is_log(s)]
@@ -145,7 +153,6 @@ def replay(
             writer = ProcessLogWriter(db, redactor=Redactor(redact_header, redact_json, query=redact_query))
         except LogError as exc:
             raise click.ClickException(str(exc)) from None
-    host, port = listen
     warn_if_exposed("tasktape replay", host)
     logging.basicConfig(format="%(message)s")
     server = ReplayServer(
@@ -174,6 +181,7 @@ def replay(
                     f"(speed {speed:g}, mode {mode.value})"
                 ),
                 stopping="tasktape replay: stopping",
+                sock=sock,
             )
         )
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import socket
 from collections.abc import Callable
 
 import click
@@ -13,27 +14,40 @@ from aiohttp import web
 STOP_GRACE = 1.0  # seconds
 
 
-async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start ``app`` (a client that goes away cancels its handler); return the runner and
-    the base URL it listens on (port 0 picks a free port)."""
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port), or a clear error: a command
+    binds before it opens anything else, so a port in use leaves nothing behind."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def start_site(
+    app: web.Application, host: str, port: int, sock: socket.socket | None = None
+) -> tuple[web.AppRunner, str]:
+    """Start ``app`` (a client that goes away cancels its handler) on ``sock``, or on a
+    socket bound to ``host:port``; return the runner and the base URL it listens on."""
+    sock = sock or bind(host, port)
     # On stop, exchanges in flight get a moment to finish, then are cancelled.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=STOP_GRACE)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    await web.SockSite(runner, sock).start()
     shown = f"[{host}]" if ":" in host else host
-    return runner, f"http://{shown}:{runner.addresses[0][1]}"
+    return runner, f"http://{shown}:{sock.getsockname()[1]}"
 
 
 async def serve_until_stopped(
-    app: web.Application, host: str, port: int, ready: Callable[[str], str], stopping: str
+    app: web.Application,
+    host: str,
+    port: int,
+    ready: Callable[[str], str],
+    stopping: str,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM; print ``ready(url)`` once listening."""
-    runner, url = await start_site(app, host, port)
+    runner, url = await start_site(app, host, port, sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

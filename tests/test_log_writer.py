@@ -232,6 +232,24 @@ def test_one_writer_per_log(tmp_path: Path, writer_class: type[LogProducer]) -> 
     writer_class(db).close()
 
 
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_one_writer_per_log_file_whatever_its_name(
+    tmp_path: Path, writer_class: type[LogProducer], link: str
+) -> None:
+    """A second writer through another name of the same file is refused too: two would
+    hand out the same exchange ids."""
+    db = tmp_path / "log.db"
+    other = tmp_path / "other-name.db"
+    with writer_class(db) as w:
+        w.begin_capture(source="test")
+        w.flush()
+        (other.symlink_to if link == "symlink" else other.hardlink_to)(db)
+        with pytest.raises(LogBusy, match="another tasktape writer"):
+            writer_class(other)
+    with writer_class(other) as w:  # once the first is gone, any name will do
+        assert w.begin_capture(source="test") == 2
+
+
 def test_ids_continue_after_reopening(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
     with writer_class(db) as w:
