@@ -16,6 +16,7 @@ import os
 import queue
 import re
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -169,6 +170,7 @@ class LogWriter(LogProducer):
     def _shutdown(self) -> None:
         self._thread.join()
         self._committer.join()
+        self._checkpoint()
         self._conn.close()
         _release_writer_lock(self._lock_fd)
 
@@ -260,6 +262,25 @@ class LogWriter(LogProducer):
                 )
             self._exchanges.clear()
             batch.stop = True
+
+    def _checkpoint(self) -> None:
+        """Move everything from the -wal file into the log file, so that the log file alone
+        holds every row once the writer is done, even while readers (tasktape inspect) keep
+        it open. If a reader's open transaction prevents that, say what to copy."""
+        try:
+            busy, frames, copied = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            busy, frames, copied, why = 1, -1, -1, str(exc)
+        else:
+            why = "another process is reading it"
+        if busy or frames != copied:
+            print(
+                f"tasktape: WARNING: the newest rows of {self.path} are still in {self.path.name}-wal "
+                f"({why}): copy {self.path.name} and {self.path.name}-wal together, or stop the "
+                "readers (tasktape inspect) and open the log once to fold it in.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _rows(self, exchange_id: int) -> ExchangeRows:
         return ExchangeRows(exchange_id, self._redactor, self._max_body, self._max_decoded)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -420,3 +421,33 @@ def test_the_writer_process_loads_neither_numpy_nor_pandas(tmp_path: Path) -> No
         w.flush(timeout=10)
         maps = Path(f"/proc/{w._process.pid}/maps").read_text()
         assert "sqlite3" in maps and "numpy" not in maps and "pandas" not in maps
+
+
+def test_the_log_file_alone_holds_everything_once_the_writer_stops(tmp_path: Path) -> None:
+    """Even while a reader (tasktape inspect) keeps the log open: nothing stays in -wal."""
+    db = tmp_path / "log.db"
+    reader = sqlite3.connect(db)
+    with LogWriter(db) as w:
+        cap = w.begin_capture(source="test")
+        for _ in range(3):
+            w.end_exchange(w.begin_exchange(cap, method="GET", path="/"), duration_ns=1, outcome="complete")
+        w.flush()
+        assert reader.execute("SELECT count(*) FROM exchanges").fetchone() == (3,)
+    copy = tmp_path / "copy.db"
+    shutil.copy(db, copy)  # the log file alone, as a user copies it
+    assert sqlite3.connect(copy).execute("SELECT count(*) FROM exchanges").fetchone() == (3,)
+    reader.close()
+
+
+def test_a_reader_that_keeps_the_wal_is_named(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "log.db"
+    LogWriter(db).close()
+    reader = sqlite3.connect(db, isolation_level=None)
+    with LogWriter(db, busy_timeout=0.2) as w:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM exchanges").fetchone()  # a read transaction, held
+        w.begin_capture(source="test")
+        w.flush()
+    reader.close()
+    err = capfd.readouterr().err
+    assert "still in log.db-wal" in err and "copy log.db and log.db-wal together" in err
