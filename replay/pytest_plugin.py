@@ -19,7 +19,7 @@ import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -99,10 +99,22 @@ async def _started(session: TapeSession) -> Tape:
     except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
         await session.stop()
         pytest.fail(f"tasktape: {exc}", pytrace=False)
+    except OSError as exc:
+        await session.stop()
+        _cassette_refused(session, exc)
+
+
+def _cassette_refused(session: TapeSession, exc: OSError) -> NoReturn:
+    """A cassette path the file system refuses (too long, a folder, no permission)."""
+    where = exc.filename or session.options.cassette
+    pytest.fail(f"tasktape: cannot use the cassette {where}: {exc.strerror or exc}", pytrace=False)
 
 
 async def _stopped(session: TapeSession) -> None:
-    failed = await session.stop()
+    try:
+        failed = await session.stop()
+    except OSError as exc:
+        _cassette_refused(session, exc)
     if failed:
         where = session.options.cassette
         pytest.fail(
@@ -194,7 +206,16 @@ def _loop_scope(request: pytest.FixtureRequest) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Any:
-    """A fixture that failed on a miss keeps its error, with what was closest beside it."""
+    """A fixture that failed on a miss keeps its error, with what was closest beside it;
+    a test marked itself but not asking for the fixture (it would replay nothing,
+    silently) fails, saying so."""
+    own = any(m.name == MARKER for m in getattr(item, "own_markers", ()))
+    if own and MARKER not in getattr(item, "fixturenames", ()):
+        pytest.fail(
+            f"@pytest.mark.{MARKER} on {item.name} serves its cassette to the {MARKER} fixture, "
+            f"which the test does not ask for: add `{MARKER}` to its arguments",
+            pytrace=False,
+        )
     try:
         return (yield)
     except (Exception, pytest.fail.Exception):

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpcore  # noqa: F401  (kept loaded across the runs below: see the comment in run())
 import pytest
 from aiohttp import web
+from loopback import serve
 
 from tasktape.agent import create_agent_app
 from tasktape.eventlog.cassette import read_cassette
@@ -606,7 +607,7 @@ def test_recording_from_an_upstream_that_is_down(project: pytest.Pytester) -> No
             assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").status_code == 502
         """
     )
-    result = run(project, "--tasktape-record-mode=once", "--tasktape-upstream=http://127.0.0.1:9")
+    result = run(project)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(
         [
@@ -660,3 +661,46 @@ def test_replaying_cassettes_loads_no_log_reader() -> None:
     assert {"tasktape.replay.server", "tasktape.eventlog.cassette"} <= loaded
     unwanted = {"sqlite_utils", "numpy", "pandas", "tasktape.eventlog.reader", "tasktape.eventlog.writer"}
     assert not loaded & unwanted
+
+
+def test_a_marked_test_without_the_fixture_fails_saying_so(project: pytest.Pytester) -> None:
+    """A marker on the test itself promises a cassette; one on its module or class may
+    cover tests that do not use one."""
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_forgot="""
+        import pytest
+
+        pytestmark = pytest.mark.tasktape("cassettes/completed.jsonl")
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        def test_forgot_the_fixture():
+            pass
+
+        def test_covered_by_the_module_marker_only():
+            pass
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.tasktape on test_forgot_the_fixture serves its cassette*"])
+
+
+async def test_a_cassette_path_the_file_system_refuses_is_explained(project: pytest.Pytester) -> None:
+    name = "x" * 300
+    project.makepyfile(
+        test_long=f"""
+        import urllib.request
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/{name}.jsonl")
+        def test_long(tasktape):
+            urllib.request.urlopen(tasktape.url + "/.well-known/agent-card.json").read()
+        """
+    )
+    async with serve(create_agent_app(pace=0)) as agent:
+        args = ("-p", "no:cacheprovider", "--tasktape-record-mode=once", f"--tasktape-upstream={agent}")
+        result = await asyncio.to_thread(project.runpytest_subprocess, *args)
+    result.assert_outcomes(passed=1, errors=1)  # the test ran; writing its cassette failed
+    result.stdout.fnmatch_lines(["*tasktape: cannot use the cassette *: File name too long*"])
+    assert "Traceback" not in result.stdout.str()
