@@ -6,9 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-# The folder that holds the tasktape package this process runs: the child imports the same
-# one, wherever it was started from.
-_HOME = str(Path(__file__).resolve().parents[2])
+import tasktape
+
+# The folder that holds the tasktape package this process runs (site-packages, or the
+# checkout of an editable install): the child imports the same one, wherever it starts.
+_HOME = str(Path(tasktape.__file__).resolve().parents[1])
 
 
 def child_python() -> tuple[list[str], dict[str, str]]:

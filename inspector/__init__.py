@@ -1,5 +1,6 @@
-"""Shows the record: the Datasette plugin (these hooks, templates/, static/), the metadata,
-the per-task page and the lifecycle checker.
+"""Shows the record: the Datasette plugin (these hooks, templates/, static/), the metadata
+and the per-task page. The lifecycle checker it shows findings of lives in
+``tasktape.eventlog.checker``, so checking a log needs no Datasette.
 
 The hooks act only on databases served with tasktape's metadata (``tasktape inspect``),
 so other Datasette databases in the same environment are left as they are.

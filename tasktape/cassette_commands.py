@@ -65,7 +65,11 @@ def export(
     if output == "-":
         sys.stdout.write(text)
     else:
-        Path(output).write_text(text, encoding="utf-8")
+        try:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)  # cassettes/ as tests name it
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"tasktape export: {len(recorded)} exchanges from {log} -> {output}", err=True)
 
 

@@ -233,3 +233,14 @@ def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
     result = runner.invoke(main, ["import", str(broken), "--db", str(tmp_path / "x.db")])
     assert result.exit_code == 1 and "broken.jsonl:2: not JSON" in result.output
     assert not (tmp_path / "x.db").exists()  # nothing written when a cassette is broken
+
+
+def test_export_makes_the_cassette_folder_and_explains_what_it_cannot_write(tmp_path: Path) -> None:
+    log_path = make_log(tmp_path / "a.db")
+    runner = CliRunner()
+    out = tmp_path / "cassettes" / "module" / "test.jsonl"
+    result = runner.invoke(main, ["export", str(log_path), "-o", str(out), "--task", "task.2"])
+    assert result.exit_code == 0 and read_cassette(out)
+    under_a_file = log_path / "x.jsonl"
+    result = runner.invoke(main, ["export", str(log_path), "-o", str(under_a_file), "--task", "task.2"])
+    assert result.exit_code == 1 and f"cannot write {under_a_file}: " in result.output

@@ -1,5 +1,6 @@
-"""The README stays true: CI runs its test command, and every CLI command is
-documented there and answers --help."""
+"""The README and the docs stay true: CI runs the README's test command, the README stays
+short and links only to pages that exist, and every CLI command is documented and
+answers --help."""
 
 from __future__ import annotations
 
@@ -13,13 +14,35 @@ from tasktape.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+CLI_PAGE = DOCS / "reference" / "cli.md"
+README_MAX_LINES = 200
 
 
 def test_the_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
     (block,) = re.findall(r"## Quick start\n\n.*?\n\n```console\n(.+?)\n```", README, re.S)
     demo, tests = block.split("\n")
     assert demo == "python -m pip install . && tasktape demo"
+    assert tests == 'python -m pip install -e ".[test]" && python -m pytest'
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.splitlines()) <= README_MAX_LINES
+
+
+def test_the_readme_links_only_to_what_exists() -> None:
+    """Relative links (they work on GitHub) lead to files of the repository; the docs pages
+    it links to are in the site's nav."""
+    links = re.findall(r"\]\(([^)\s]+)\)", README)
+    local = [link.split("#", 1)[0] for link in links if not re.match(r"[a-z]+://", link)]
+    assert any(link.startswith("docs/") for link in local)
+    for link in local:
+        assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for link in local:
+        if link.startswith("docs/") and link.endswith(".md"):
+            assert link.removeprefix("docs/") in nav, f"{link} is not in mkdocs.yml's nav"
 
 
 def test_cli_help_and_version() -> None:
@@ -30,8 +53,17 @@ def test_cli_help_and_version() -> None:
     assert result.exit_code == 0 and result.output.startswith("tasktape, version ")
 
 
+def test_the_cli_reference_is_generated_from_every_command() -> None:
+    page = CLI_PAGE.read_text()
+    assert "::: mkdocs-click" in page
+    assert re.search(r"^\s+:module: tasktape\.cli$", page, re.M)
+    assert re.search(r"^\s+:command: main$", page, re.M)
+    assert re.search(r"^\s+:prog_name: tasktape$", page, re.M)
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_is_documented(name: str) -> None:
     result = CliRunner().invoke(main, [name, "--help"])
     assert result.exit_code == 0, result.output
-    assert f"tasktape {name}" in README
+    pages = [p for p in DOCS.rglob("*.md") if p != CLI_PAGE and f"tasktape {name}" in p.read_text()]
+    assert pages, f"no page of docs/ shows `tasktape {name}`"
