@@ -18,7 +18,7 @@ API_PAGE = ROOT / "docs" / "reference" / "python-api.md"
 
 # What each part may import of tasktape's other parts: dependencies point one way,
 # tasktape (the command line) -> {proxy, replay, inspector} -> eventlog.
-SHARED = {"tasktape.errors", "tasktape.version"}
+SHARED = {"tasktape", "tasktape.errors", "tasktape.version"}  # the root: every part loads it first
 ALLOWED = {
     "tasktape.eventlog": {"tasktape.eventlog"},
     "tasktape.proxy": {"tasktape.eventlog", "tasktape.proxy"},

@@ -607,7 +607,7 @@ def test_recording_from_an_upstream_that_is_down(project: pytest.Pytester) -> No
             assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").status_code == 502
         """
     )
-    result = run(project)
+    result = run(project, "--tasktape-record-mode=once", "--tasktape-upstream=http://127.0.0.1:9")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(
         [
