@@ -49,7 +49,7 @@ def run(quick: bool) -> list[Section]:
         section.add(name, median * 1000, (median - base) * 1000, modules[name])
     section.notes.append(
         f"The median of {rounds} fresh interpreters each, run in turn. Names load on first use: "
-        "`import tasktape` loads only the package root and its errors; any part of "
+        "`import tasktape` loads only the package root, its errors and its lazy loader; any part of "
         "`tasktape.eventlog` loads the A2A model (pydantic) with it."
     )
     return [section]

@@ -6,8 +6,9 @@ not load the log reader, sqlite-utils or what sqlite-utils imports (numpy, panda
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tasktape.lazy import lazy_getattr
 
 # Imported now: once the classify module is loaded, its name on this package would be
 # the module, not the function.
@@ -91,7 +92,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name], __name__), name)
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -6,8 +6,9 @@ pay for the replay server unless a test asks for a cassette.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tasktape.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .faults import Faults
@@ -42,7 +43,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name], __name__), name)
+__getattr__ = lazy_getattr(__name__, _WHERE)

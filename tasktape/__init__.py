@@ -10,8 +10,7 @@ Datasette. The parts live in subpackages: ``tasktape.eventlog`` (the record),
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import (
     A2AClientError,
@@ -34,6 +33,7 @@ from .errors import (
     UsageError,
     WriterClosed,
 )
+from .lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .eventlog.cassette import read_cassette, write_cassette
@@ -141,12 +141,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value  # the next look-up is a plain attribute
-    return value
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 def __dir__() -> list[str]:

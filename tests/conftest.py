@@ -94,3 +94,22 @@ async def record(tmp_path: Path) -> AsyncIterator[RecordFactory]:
         await server.close()
     for writer in writers:
         await writer.aclose()
+
+
+Serve = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """``await serve(app)`` -> its base URL on loopback; stopped after the test."""
+    servers: list[TestServer] = []
+
+    async def start(app: web.Application) -> str:
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/")
+
+    yield start
+    for server in reversed(servers):
+        await server.close()

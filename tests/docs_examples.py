@@ -131,6 +131,12 @@ class Page:
         self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "NO_COLOR": "1"}
         self.env.pop("VIRTUAL_ENV", None)
 
+    def shell(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``args`` run in the page's folder and environment, its output captured."""
+        return subprocess.run(
+            args, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
     def run(self) -> int:
         ran = 0
         try:
@@ -163,15 +169,7 @@ class Page:
             return self.install(text, where)
         if command.background:
             return self.start_server(text.removesuffix(" &"), where)
-        result = subprocess.run(
-            ["bash", "-c", text],
-            cwd=self.folder,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        result = self.shell("bash", "-c", text)
         got = result.stdout + result.stderr
         if command.output:
             want = "\n".join(command.output).strip() + "\n"
@@ -187,15 +185,7 @@ class Page:
         words = shlex.split(text)[shlex.split(text).index("install") + 1 :]
         if self.fresh:
             local = [re.sub(r"^tasktape(?=\[|$)", str(ROOT), w) for w in words]
-            result = subprocess.run(
-                ["python", "-m", "pip", "install", "-q", *local],
-                cwd=self.folder,
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
+            result = self.shell("python", "-m", "pip", "install", "-q", *local, timeout=900)
             assert result.returncode == 0, f"{where}: `{text}` failed:\n{result.stdout}{result.stderr}"
             return
         for word in words:
@@ -252,15 +242,7 @@ class Page:
         assert not problems, "\n".join(problems)
 
     def python(self, code: str, where: str) -> None:
-        result = subprocess.run(
-            ["python", "-c", code],
-            cwd=self.folder,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        result = self.shell("python", "-c", code)
         assert result.returncode == 0, f"{where}: the Python example failed:\n{result.stdout}{result.stderr}"
 
     def doctest(self, session: str, where: str) -> None:
@@ -271,7 +253,5 @@ class Page:
             f"r = doctest.testfile({str(path)!r}, module_relative=False, optionflags=doctest.ELLIPSIS); "
             "sys.exit(bool(r.failed))"
         )
-        result = subprocess.run(
-            ["python", "-c", code], cwd=self.folder, env=self.env, capture_output=True, text=True, check=False
-        )
+        result = self.shell("python", "-c", code)
         assert result.returncode == 0, f"{where}: the session did not go as shown:\n{result.stdout}"

@@ -9,15 +9,14 @@ import gzip
 import hashlib
 import json
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
 import brotli
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.content_coding import Inflate, decode_body
@@ -57,24 +56,6 @@ def witness() -> web.Application:
     app = web.Application(handler_args={"auto_decompress": False})
     app.router.add_post("/message:send", echo)
     return app
-
-
-Serve = Callable[[web.Application], Awaitable[str]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    servers: list[TestServer] = []
-
-    async def start(app: web.Application) -> str:
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return str(server.make_url("")).rstrip("/")
-
-    yield start
-    for server in reversed(servers):
-        await server.close()
 
 
 async def post(url: str, body: bytes, encoding: str, *, chunked: bool = False) -> dict[str, object]:

@@ -18,7 +18,8 @@ API_PAGE = ROOT / "docs" / "reference" / "python-api.md"
 
 # What each part may import of tasktape's other parts: dependencies point one way,
 # tasktape (the command line) -> {proxy, replay, inspector} -> eventlog.
-SHARED = {"tasktape", "tasktape.errors", "tasktape.version"}  # the root: every part loads it first
+# The root (every part loads it first), its errors, its lazy loader and its version.
+SHARED = {"tasktape", "tasktape.errors", "tasktape.lazy", "tasktape.version"}
 ALLOWED = {
     "tasktape.eventlog": {"tasktape.eventlog"},
     "tasktape.proxy": {"tasktape.eventlog", "tasktape.proxy"},
@@ -60,9 +61,9 @@ def loaded_after(code: str) -> set[str]:
     return set(result.stdout.split())
 
 
-def test_import_tasktape_loads_only_its_root_and_errors() -> None:
+def test_import_tasktape_loads_only_its_root_errors_and_loader() -> None:
     ours = {m for m in loaded_after("import tasktape") if m.startswith("tasktape")}
-    assert ours == {"tasktape", "tasktape.errors"}
+    assert ours == {"tasktape", "tasktape.errors", "tasktape.lazy"}
     assert not loaded_after("import tasktape") & {"aiohttp", "pydantic", "sqlite_utils", "datasette", "click"}
 
 

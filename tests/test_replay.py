@@ -7,15 +7,13 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 from sdk_agent import run_sdk_agent
 from sdk_client import stream_message
 
@@ -25,24 +23,6 @@ from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.replay import Faults, ReplayMode, ReplayServer, load
-
-Serve = Callable[..., Awaitable[str]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """``await serve(app)`` -> its base URL on loopback; stopped after the test."""
-    servers: list[TestServer] = []
-
-    async def start(app: web.Application) -> str:
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return str(server.make_url("")).rstrip("/")
-
-    yield start
-    for server in reversed(servers):
-        await server.close()
 
 
 async def recorded_demo(
