@@ -26,7 +26,7 @@ from typing import Any
 from tasktape.errors import LogError
 
 from .interpreter import child_python
-from .producer import CHUNK, END, FLUSH, STOP, LogProducer
+from .producer import BODY, CHUNK, END, EXCHANGE, FLUSH, STOP, LogProducer
 
 _BATCH = 4096  # operations per message at most
 _GATHER = 0.002  # seconds: how long operations gather before they are sent, at first
@@ -138,6 +138,10 @@ class ProcessLogWriter(LogProducer):
                 code = op[0]
                 if code == CHUNK:
                     self._taken += len(op[3])
+                elif code == EXCHANGE:  # request bodies count against the backlog too
+                    self._taken += len(op[8] or b"")
+                elif code == BODY:
+                    self._taken += len(op[2])
                 elif code == END:
                     batch[i] = (*op[:5], self._token(op[5]))
                 elif code == FLUSH:

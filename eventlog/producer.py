@@ -69,6 +69,7 @@ class LogProducer:
         self._taken = 0
         self._queued_lock = threading.Lock()
         self._dropped: dict[int, int] = {}
+        self._bodies_dropped: set[int] = set()
         self._stats_lock = threading.Lock()
         self._capture_ids = count(1)
         self._exchange_ids = count(1)
@@ -120,6 +121,8 @@ class LogProducer:
         """Start one request/response exchange; returns its id at once. The writer
         classifies the request (binding, operation, task and context) and redacts it."""
         exchange_id = next(self._exchange_ids)
+        if request_body and not self._admit(len(request_body)):
+            request_body = self._drop_body(exchange_id)
         self._put(
             (
                 EXCHANGE,
@@ -138,6 +141,9 @@ class LogProducer:
 
     def late_request_body(self, exchange_id: int, body: bytes, *, truncated: bool = False) -> None:
         """The request body of an exchange begun without it (a body streamed through)."""
+        if body and not self._admit(len(body)):
+            self._drop_body(exchange_id)  # the exchange keeps no body, and says why
+            return
         self._put((BODY, exchange_id, body, truncated))
 
     def response_head(
@@ -164,16 +170,23 @@ class LogProducer:
         bodies are kept up to ``max_body`` bytes."""
         if self._closed:
             raise WriterClosed(f"{self.path}: chunk() after close()")
+        if not self._admit(len(data)):
+            self._drop(exchange_id)
+            return
+        self._queue.put((CHUNK, exchange_id, offset_ns, data))
+
+    def _admit(self, size: int) -> bool:
+        """Count ``size`` bytes (a chunk's, a request body's) into the backlog, unless the
+        writer is already more than max_backlog behind."""
         with self._queued_lock:
             if self._queued - self._taken > self.max_backlog:
-                self._drop(exchange_id)
-                return
-            self._queued += len(data)
-        self._queue.put((CHUNK, exchange_id, offset_ns, data))
+                return False
+            self._queued += size
+            return True
 
     @property
     def backlog(self) -> int:
-        """Chunk bytes queued but not yet taken by the writer."""
+        """Bytes (of chunks and request bodies) queued but not yet taken by the writer."""
         return self._queued - self._taken
 
     def _drop(self, exchange_id: int) -> None:
@@ -183,6 +196,15 @@ class LogProducer:
         self.stats.chunks_dropped += 1
         self._failed(
             f"the log writer is {self.max_backlog // 2**20} MiB behind: chunks are not recorded",
+            1,
+            batch=False,
+        )
+
+    def _drop_body(self, exchange_id: int) -> None:
+        """Like _drop, for a request body: the exchange is recorded without it."""
+        self._bodies_dropped.add(exchange_id)
+        self._failed(
+            f"the log writer is {self.max_backlog // 2**20} MiB behind: a request body is not recorded",
             1,
             batch=False,
         )
@@ -199,9 +221,12 @@ class LogProducer:
         their batch failed: see :attr:`stats`)."""
         done: concurrent.futures.Future[ExchangeSummary] = concurrent.futures.Future()
         dropped = self._dropped.pop(exchange_id, 0)
-        if dropped:
-            note = f"{dropped} chunks were not recorded: the log writer fell behind"
-            error = f"{error}; {note}" if error else note
+        notes = [f"{dropped} chunks were not recorded: the log writer fell behind"] if dropped else []
+        if exchange_id in self._bodies_dropped:
+            self._bodies_dropped.discard(exchange_id)
+            notes.append("the request body was not recorded: the log writer fell behind")
+        if notes:
+            error = "; ".join([error, *notes] if error else notes)
         self._put((END, exchange_id, duration_ns, outcome, error, done))
         return done
 

@@ -233,11 +233,13 @@ class LogWriter(LogProducer):
             for one in op[1]:
                 self._apply_safely(one, batch)
         elif code == EXCHANGE:
+            self._taken += len(op[8] or b"")  # the request body counts against the backlog too
             rows = self._exchanges[op[1]] = self._rows(op[1])
             batch.statements.append(rows.request(*op[2:]))
         elif code == HEAD:
             batch.statements.append(self._exchange(op[1]).head(*op[2:]))
         elif code == BODY:
+            self._taken += len(op[2])
             batch.statements.append(self._exchange(op[1]).late_request_body(*op[2:]))
         elif code == END:
             rows = self._exchanges.pop(op[1], None) or self._rows(op[1])

@@ -357,6 +357,42 @@ def test_a_writer_far_behind_drops_chunks_instead_of_growing(tmp_path: Path) -> 
         assert "chunks were not recorded: the log writer fell behind" in log.exchange(ex)["error"]
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["read whole", "streamed"])
+def test_request_bodies_count_against_the_backlog_bound(
+    tmp_path: Path, writer_class: type[LogProducer], late: bool
+) -> None:
+    """With the writer stalled, request bodies queue against the same bound as chunks:
+    past it they are not recorded (the exchange says so) rather than held in memory."""
+    db = tmp_path / "log.db"
+    w = writer_class(db, max_backlog=1_000_000, busy_timeout=5, on_error=lambda exc, rows: None)
+    cap = w.begin_capture(source="test")
+    w.flush()
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # the writer stalls on its next commit
+    body = b"u" * 300_000
+    ids, peak = [], 0
+    for i in range(20):
+        if i == 1:
+            time.sleep(0.2)  # the stalled batch holds the first; the next ones pile up
+        if late:
+            ids.append(w.begin_exchange(cap, method="POST", path="/upload"))
+            w.late_request_body(ids[-1], body)
+        else:
+            ids.append(w.begin_exchange(cap, method="POST", path="/upload", request_body=body))
+        peak = max(peak, w.backlog)
+    assert peak <= 1_000_000 + len(body) * 2  # what the stalled writer had taken, plus the bound
+    blocker.rollback()
+    blocker.close()
+    for x in ids:
+        w.end_exchange(x, duration_ns=1, outcome="complete")
+    w.close()
+    with EventLog(db) as log:
+        kept = [log.exchange(x)["request_body"] is not None for x in ids]
+        notes = [log.exchange(x)["error"] or "" for x in ids]
+    assert 0 < kept.count(True) < 20 and kept.count(False) == w.stats.rows_lost
+    assert all(("request body was not recorded" in n) == (not k) for k, n in zip(kept, notes, strict=True))
+
+
 def test_a_dead_writer_process_is_reported_and_never_hangs(tmp_path: Path) -> None:
     errors: list[str] = []
     w = ProcessLogWriter(tmp_path / "log.db", on_error=lambda exc, rows: errors.append(str(exc)))
