@@ -170,9 +170,11 @@ class LogProducer:
         bodies are kept up to ``max_body`` bytes."""
         if self._closed:
             raise WriterClosed(f"{self.path}: chunk() after close()")
-        if not self._admit(len(data)):
-            self._drop(exchange_id)
-            return
+        with self._queued_lock:  # _admit, inline: this runs for every chunk forwarded
+            if self._queued - self._taken > self.max_backlog:
+                self._drop(exchange_id)
+                return
+            self._queued += len(data)
         self._queue.put((CHUNK, exchange_id, offset_ns, data))
 
     def _admit(self, size: int) -> bool:
