@@ -29,6 +29,7 @@ from tasktape.eventlog.exchange_rows import ExchangeSummary
 from . import unread
 from .card import is_card_request, rewrite_card
 from .headers import HEADER_LIMITS, end_to_end, for_upstream
+from .hosts import host_guard
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -54,6 +55,7 @@ class RecordingProxy:
         max_request_body: int = 16 * 1024 * 1024,
         connect_timeout: float = 10.0,
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
+        allowed_hosts: frozenset[str] | None = None,
     ) -> None:
         url = upstream_url(upstream)
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
@@ -79,7 +81,11 @@ class RecordingProxy:
         self._idle.set()
         self.stopping = False
         self.app = web.Application(
-            middlewares=[self._refuse_forward_proxying],
+            middlewares=[
+                self._refuse_forward_proxying,
+                # None: any Host (listening beyond loopback, or mounted elsewhere)
+                *([host_guard(allowed_hosts, "tasktape record", self._refuse)] if allowed_hosts else []),
+            ],
             handler_args={**HEADER_LIMITS, **unread.handler_args(self), **AS_SENT},
         )
         self.app.router.add_route("*", "/{tail:.*}", self.handle)

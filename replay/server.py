@@ -26,6 +26,7 @@ from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
 from tasktape.proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
 from tasktape.proxy.headers import HEADER_LIMITS, end_to_end
+from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
 from .faults import HEADER as FAULT_HEADER
@@ -69,6 +70,7 @@ class ReplayServer:
         ignore: tuple[str, ...] = (),
         match_headers: tuple[str, ...] = (),
         allow_repeats: bool = False,
+        allowed_hosts: frozenset[str] | None = None,
     ) -> None:
         if mode is not ReplayMode.REPLAY and not upstream:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
@@ -98,7 +100,10 @@ class ReplayServer:
                 on_exchange=self._recorded_anew if recording else None,
             )
         # A client pointed here instead of at its agent sends the same (big) headers.
-        self.app = web.Application(handler_args={**HEADER_LIMITS, **unread.handler_args(), **AS_SENT})
+        self.app = web.Application(
+            handler_args={**HEADER_LIMITS, **unread.handler_args(), **AS_SENT},
+            middlewares=[host_guard(allowed_hosts, "tasktape replay")] if allowed_hosts else [],
+        )
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         if self.proxy is not None:
             proxy = self.proxy

@@ -4,8 +4,14 @@ warning when told to listen beyond loopback."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
+
+from tasktape.proxy.hosts import allowed_hosts
+
+F = TypeVar("F", bound=Callable[..., object])
 
 DEFAULT_RECORD_PORT = 7470
 DEFAULT_REPLAY_PORT = 7471
@@ -31,6 +37,25 @@ class HostPort(click.ParamType):
         if not port.isdigit() or not 0 <= int(port) <= 65535:
             self.fail(f"{text!r} is not HOST:PORT with a port from 0 to 65535", param, ctx)
         return host, int(port)
+
+
+def allow_host_option() -> Callable[[F], F]:
+    """``--allow-host NAME``: a Host name a server bound to loopback answers besides
+    localhost, 127.0.0.1 and [::1] (repeatable)."""
+    return click.option(
+        "--allow-host",
+        "allow_host",
+        multiple=True,
+        metavar="NAME",
+        help="Also answer requests for this Host name (repeatable). Listening on loopback, "
+        "only localhost, 127.0.0.1 and [::1] are answered, so that a web page cannot reach "
+        "it under a name of its own (DNS rebinding); beyond loopback, every name is.",
+    )
+
+
+def answered_hosts(host: str, extra: tuple[str, ...]) -> frozenset[str] | None:
+    """The Host names a server listening on ``host`` answers; None: all of them."""
+    return allowed_hosts(extra) if is_loopback(host) else None
 
 
 def is_loopback(host: str) -> bool:

@@ -17,7 +17,7 @@ from tasktape.proxy import RecordingProxy
 from tasktape.proxy.recorder import points_at, upstream_url
 
 from .event_loop import event_loop_option
-from .listen import DEFAULT_RECORD_PORT, HostPort, warn_if_exposed
+from .listen import DEFAULT_RECORD_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -69,6 +69,7 @@ EXIT_LOG_FAILED = 3
     help="Stop writing the log once it reaches this size; traffic keeps flowing, and the "
     "lost rows are reported (and make the exit status 3).",
 )
+@allow_host_option()
 @event_loop_option()
 @click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
 def record(
@@ -83,6 +84,7 @@ def record(
     max_body: int,
     max_decoded: int,
     max_log_size: int | None,
+    allow_host: tuple[str, ...],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
     quiet: bool,
 ) -> None:
@@ -124,6 +126,7 @@ def record(
             public_url=public_url,
             rewrite_cards=not no_rewrite_card,
             max_request_body=max_body,
+            allowed_hosts=answered_hosts(host, allow_host),
             on_exchange=_print_undecoded if quiet else _print_exchange,
         )
     except UsageError as exc:

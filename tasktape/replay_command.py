@@ -16,7 +16,7 @@ from tasktape.replay import ReplayMode, ReplayServer, load
 from tasktape.replay.faults import Faults
 from tasktape.replay.source import is_log
 
-from .listen import DEFAULT_REPLAY_PORT, HostPort, warn_if_exposed
+from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -97,6 +97,7 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     is_flag=True,
     help="Once identical recordings are used up, answer with the last one again (agent cards always are).",
 )
+@allow_host_option()
 def replay(
     sources: tuple[Path, ...],
     listen: tuple[str, int],
@@ -113,6 +114,7 @@ def replay(
     match_headers: tuple[str, ...],
     miss_status: int,
     allow_repeats: bool,
+    allow_host: tuple[str, ...],
 ) -> None:
     """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of them.
 
@@ -168,6 +170,7 @@ def replay(
         ignore=ignore,
         match_headers=match_headers,
         allow_repeats=allow_repeats,
+        allowed_hosts=answered_hosts(host, allow_host),
     )
     names = ", ".join(str(s) for s in sources)
     try:

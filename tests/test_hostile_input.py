@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -14,7 +15,9 @@ from a2a_frames import sse, status, task
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory
+from loopback import running, serve
 
+from tasktape.agent import create_agent_app
 from tasktape.errors import CassetteError, UsageError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import read_cassette
@@ -196,3 +199,38 @@ async def test_the_task_page_renders_whatever_shape_the_agent_sent(tmp_path: Pat
     response = await create_datasette(db).client.get("/odd/-/task/t1")
     assert response.status_code == 200, response.text[:2000]
     assert "Asthma" in response.text
+
+
+@pytest.mark.parametrize("command", ["record", "replay"])
+async def test_loopback_servers_answer_only_loopback_host_names(tmp_path: Path, command: str) -> None:
+    """A DNS-rebinding page reaches 127.0.0.1 under a name of its own: refused with a 421
+    that says why, unless the name is allowed; loopback names with any port are served."""
+    db = tmp_path / "captures.db"
+    cassette = str(Path(__file__).resolve().parent.parent / "cassettes" / "completed.jsonl")
+    async with serve(create_agent_app(pace=0)) as agent:
+        args = {
+            "record": ("record", "--upstream", agent, "--db", str(db)),
+            "replay": ("replay", cassette, "--allow-repeats"),
+        }[command]
+        for extra, evil_status in (((), 421), (("--allow-host", "rebound.example"), 200)):
+            async with running(*args, "--listen", "127.0.0.1:0", *extra) as run:
+                port = run.url.rsplit(":", 1)[1]
+                async with aiohttp.ClientSession() as session:
+                    for host, status in (
+                        (f"localhost:{port}", 200),
+                        (f"127.0.0.1:{port}", 200),
+                        (f"[::1]:{port}", 200),
+                        (f"rebound.example:{port}", evil_status),
+                    ):
+                        card = f"{run.url}/.well-known/agent-card.json"
+                        async with session.get(card, headers={"Host": host}) as r:
+                            assert r.status == status, (host, await r.text())
+                            if status == 421:
+                                message = (await r.json())["error"]["message"]
+                                assert "--allow-host rebound.example" in message
+                run.proc.send_signal(signal.SIGINT)
+                await asyncio.wait_for(run.proc.communicate(), 30)
+    if command == "record":
+        with EventLog(db) as log:
+            refused = [x for x in log.exchanges() if x["outcome"] == "refused"]
+        assert len(refused) == 1 and "is not a name tasktape record answers" in refused[0]["error"]

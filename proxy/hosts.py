@@ -1,0 +1,54 @@
+"""Which Host names a server bound to loopback answers. A page on any web site can make a
+browser send requests to 127.0.0.1 under a name of its own that it re-points there (DNS
+rebinding), and read the answers: the recorder's and replay's logs and agents. A loopback
+server answers only loopback names, and the names it is told."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable
+
+from aiohttp import web
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Refuse = Callable[[web.Request, int, str], web.StreamResponse]
+
+
+def host_name(host: str) -> str:
+    """The name of a Host header, without its port (``[::1]:7470`` -> ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+def allowed_hosts(extra: Iterable[str]) -> frozenset[str]:
+    """The loopback names and ``extra`` ones (``--allow-host``), compared without ports."""
+    return LOOPBACK_NAMES | {host_name(name) for name in extra}
+
+
+def refusal(host: str, command: str) -> str:
+    return (
+        f"Host {host!r} is not a name {command} answers: it listens on loopback, and answers "
+        "localhost, 127.0.0.1 and [::1] (a page re-pointing a name of its own here could read it); "
+        f"to serve this name too, start it with --allow-host {host_name(host) or 'NAME'}"
+    )
+
+
+def host_guard(allowed: frozenset[str], command: str, refuse: Refuse | None = None) -> Callable[..., object]:
+    """An aiohttp middleware answering 421 to a request whose Host is not ``allowed``;
+    ``refuse`` builds (and logs) that answer, by default a JSON error."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host", "")
+        if host_name(host) in allowed:
+            return await handler(request)
+        reason = refusal(host, command)
+        if refuse is not None:
+            return refuse(request, 421, reason)
+        body = json.dumps({"error": {"code": 421, "message": reason, "source": "tasktape"}})
+        return web.Response(status=421, text=body, content_type="application/json")
+
+    return guard
