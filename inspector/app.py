@@ -11,6 +11,7 @@ import socket
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from datasette.app import Datasette
@@ -64,11 +65,18 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
 
-async def serve(ds: Datasette, sock: socket.socket, ready: Callable[[], None], grace: float) -> None:
-    """Serve ``ds`` on the listening socket ``sock`` until SIGINT or SIGTERM; call ``ready``
-    once it answers; give requests in flight ``grace`` seconds to finish."""
+async def serve(
+    ds: Datasette,
+    sock: socket.socket,
+    ready: Callable[[], None],
+    grace: float,
+    wrap: Callable[[Any], Any] = lambda app: app,
+) -> None:
+    """Serve ``ds`` (as ``wrap`` wraps its ASGI application) on the listening socket
+    ``sock`` until SIGINT or SIGTERM; call ``ready`` once it answers; give requests in
+    flight ``grace`` seconds to finish."""
     config = uvicorn.Config(
-        ds.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=math.ceil(grace)
+        wrap(ds.app()), log_level="warning", access_log=False, timeout_graceful_shutdown=math.ceil(grace)
     )
     server = Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))

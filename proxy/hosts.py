@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 
@@ -36,6 +37,33 @@ def refusal(host: str, command: str) -> str:
     )
 
 
+def refusal_body(host: str, command: str) -> bytes:
+    return json.dumps(
+        {"error": {"code": 421, "message": refusal(host, command), "source": "tasktape"}}
+    ).encode()
+
+
+class AsgiHostGuard:
+    """The same for an ASGI application (Datasette under ``tasktape inspect``)."""
+
+    def __init__(self, app: Any, allowed: frozenset[str], command: str) -> None:
+        self.app, self.allowed, self.command = app, allowed, command
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if host_name(host) not in self.allowed:
+                body = refusal_body(host, self.command)
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send({"type": "http.response.start", "status": 421, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
 def host_guard(allowed: frozenset[str], command: str, refuse: Refuse | None = None) -> Callable[..., object]:
     """An aiohttp middleware answering 421 to a request whose Host is not ``allowed``;
     ``refuse`` builds (and logs) that answer, by default a JSON error."""
@@ -48,7 +76,6 @@ def host_guard(allowed: frozenset[str], command: str, refuse: Refuse | None = No
         reason = refusal(host, command)
         if refuse is not None:
             return refuse(request, 421, reason)
-        body = json.dumps({"error": {"code": 421, "message": reason, "source": "tasktape"}})
-        return web.Response(status=421, text=body, content_type="application/json")
+        return web.Response(status=421, body=refusal_body(host, command), content_type="application/json")
 
     return guard

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import click
 import sqlite_utils
@@ -14,8 +15,9 @@ import sqlite_utils
 from tasktape.errors import LogError
 from tasktape.eventlog import SCHEMA_VERSION, EventLog
 from tasktape.eventlog.schema import schema_version
+from tasktape.proxy.hosts import AsgiHostGuard
 
-from .listen import DEFAULT_INSPECT_PORT, is_loopback
+from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
 from .serving import STOP_GRACE
 
 
@@ -50,7 +52,9 @@ def _listen(host: str, port: int, *, or_any_port: bool) -> socket.socket:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def serve_inspector(path: Path, host: str, port: int, *, or_any_port: bool = False) -> None:
+def serve_inspector(
+    path: Path, host: str, port: int, *, or_any_port: bool = False, allow_host: tuple[str, ...] = ()
+) -> None:
     """Serve Datasette over the log at ``path`` until SIGINT or SIGTERM; print where once
     it answers. With ``or_any_port``, a free port stands in for ``port`` if it is taken."""
     # Datasette takes over half a second to import: only the commands that serve it pay.
@@ -76,7 +80,12 @@ def serve_inspector(path: Path, host: str, port: int, *, or_any_port: bool = Fal
         click.echo(f"  charts   {url}{ds.urls.path('-/dashboards/streams')}")
         click.echo(f"  queries  {url}{ds.urls.database(name)}")
 
-    asyncio.run(serve(ds, sock, ready, STOP_GRACE))
+    allowed = answered_hosts(host, allow_host)
+
+    def wrap(app: Any) -> Any:
+        return app if allowed is None else AsgiHostGuard(app, allowed, "tasktape inspect")
+
+    asyncio.run(serve(ds, sock, ready, STOP_GRACE, wrap))
     click.echo("tasktape inspect: stopped", err=True)
 
 
@@ -95,7 +104,8 @@ def serve_inspector(path: Path, host: str, port: int, *, or_any_port: bool = Fal
     is_flag=True,
     help="Upgrade a log written by an older tasktape to this one's schema first (writes to it).",
 )
-def inspect(log: Path, port: int, host: str, upgrade: bool) -> None:
+@allow_host_option()
+def inspect(log: Path, port: int, host: str, upgrade: bool, allow_host: tuple[str, ...]) -> None:
     """Browse the event log LOG in Datasette, read-only: tasks, timelines, charts, search.
 
     Every table and view is described, faceted and searchable; a task id opens the task's
@@ -107,4 +117,4 @@ def inspect(log: Path, port: int, host: str, upgrade: bool) -> None:
     new rows show up as they are committed.
     """
     open_check(log, upgrade=upgrade)
-    serve_inspector(log, host, port)
+    serve_inspector(log, host, port, allow_host=allow_host)

@@ -116,3 +116,24 @@ def test_the_demo_says_how_to_inspect_and_opens_the_inspector(tmp_path: Path, se
     assert status == 200 and task in html
     code, _, err = demo.stop()
     assert code == 0, err
+
+
+def get_as(url: str, host: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_inspect_answers_only_loopback_host_names(log: Path, served: list[Served]) -> None:
+    """A page re-pointing a name of its own at 127.0.0.1 (DNS rebinding) cannot read the log."""
+    served.append(inspector := Served("inspect", str(log), "--port", "0", "--allow-host", "team.example"))
+    url = inspector.wait_for_url()
+    port = url.rsplit(":", 1)[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"team.example:{port}"):
+        assert get_as(f"{url}/session/task_summary.json", host)[0] == 200, host
+    status, body = get_as(f"{url}/session/task_summary.json", f"rebound.example:{port}")
+    assert status == 421 and "--allow-host rebound.example" in body and "task." not in body
+    assert inspector.stop(signal.SIGINT)[0] == 0
