@@ -15,7 +15,7 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -35,6 +35,10 @@ from .hosts import host_guard
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
 # Content-Encoding and Content-Length. An application that mounts handle() needs the same.
 AS_SENT = {"auto_decompress": False}
+
+# How long a recorder whose client left waits for the upstream's end before it closes the
+# upstream connection: an agent's last chunk and the end of its body often come apart.
+END_GRACE = 0.1  # seconds
 
 # Request bodies up to this size (with a Content-Length) are read whole before they
 # are forwarded; larger or chunked ones are streamed through.
@@ -267,6 +271,7 @@ class Exchange:
         self.t0 = t0
         self.writer = proxy.writer
         self.ended = False
+        self.upstream_ended = False  # the upstream's body ended, all of it forwarded
         self.teed: _TeedBody | None = None
 
     def _offset(self) -> int:
@@ -277,7 +282,9 @@ class Exchange:
             return await self._run(body)
         finally:
             if not self.ended:  # cancelled: the client left, or the proxy is stopping
-                if self.proxy.stopping:
+                if self.upstream_ended:  # the client left as the last bytes reached it
+                    self._end("complete")
+                elif self.proxy.stopping:
                     self._end("proxy_stopped", "tasktape record stopped during the exchange")
                 else:
                     self._end("client_disconnected", "the client went away mid-exchange")
@@ -363,15 +370,32 @@ class Exchange:
                     request.protocol.force_close()
                     return response
                 if not data:
+                    self.upstream_ended = True
                     break
                 chunk_to_log(self.id, offset(), data)
                 await write(data)
             await response.write_eof()
         except ConnectionError as exc:
-            self._end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
+            if self.upstream_ended or await self._ends_now(read):
+                self._end("complete")
+            else:
+                self._end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
             return response
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
+            if not self.proxy.stopping and await self._ends_now(read):
+                self.upstream_ended = True
+            raise
         self._end("complete")
         return response
+
+    async def _ends_now(self, read: Callable[[], Awaitable[bytes]]) -> bool:
+        """The client left just as the last bytes reached it: whether the upstream ends
+        within END_GRACE with nothing more (then the exchange is complete, and its log
+        still holds exactly what the client was sent). More data, or none so soon: no."""
+        try:
+            return not await asyncio.wait_for(read(), END_GRACE)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
 
     async def _relay_card(self, upstream: aiohttp.ClientResponse, headers: Any) -> web.Response:
         """Agent cards are small: read whole, record as served, rewrite for the client."""

@@ -183,3 +183,36 @@ async def test_non_streamed_bodies_are_recorded_with_a_cap(record: RecordFactory
     with await rec.log() as log:
         x = log.exchange(1)
         assert x["response_body_truncated"] == 1 and x["response_body"] == big[:700]
+
+
+async def test_a_client_that_leaves_with_the_last_event_leaves_a_complete_exchange(
+    record: RecordFactory,
+) -> None:
+    """The agent's body ends 20 ms after its last event; the client hangs up the moment it
+    has that event. The upstream ended cleanly and the client got every event: complete,
+    and the log holds exactly what the client was sent. A client that leaves while more is
+    still to come is client_disconnected, as before."""
+    frames = sse(completed_run(), ids="e")
+    rec = await record(streaming_app([*frames[:-1], frames[-1]], delay=0.02))
+    host, port = rec.url.removeprefix("http://").split(":")
+
+    async def leave_after(marker: bytes) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /message:stream HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"Content-Type: application/json\r\n\r\n{}"
+        )
+        seen = b""
+        while marker not in seen:
+            seen += await asyncio.wait_for(reader.read(65536), 10)
+        writer.transport.abort()  # at once, without reading the end of the response
+
+    for _ in range(5):
+        await leave_after(frames[-1])
+    await leave_after(frames[2])
+    with await rec.log() as log:
+        exchanges = log.exchanges()
+        assert [(x["outcome"], x["error"]) for x in exchanges[:5]] == [("complete", None)] * 5
+        for x in exchanges[:5]:
+            assert b"".join(c["data"] for c in log.chunks(x["id"])) == b"".join(frames)
+        assert exchanges[5]["outcome"] == "client_disconnected"
