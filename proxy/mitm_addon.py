@@ -22,6 +22,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
 from tasktape.errors import LogError
 from tasktape.eventlog import ProcessLogWriter
+from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.redact import Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
 
@@ -34,6 +35,7 @@ _WRITER_OPTIONS = {
     "tasktape_redact_query",
     "tasktape_redact_json",
     "tasktape_max_body",
+    "tasktape_max_decoded",
     "tasktape_max_log_size",
 }
 
@@ -94,6 +96,13 @@ class TasktapeRecorder:
             "Keep at most this many bytes of a request body or of a response that is not an event stream.",
         )
         loader.add_option(
+            "tasktape_max_decoded",
+            int,
+            MAX_DECODED,
+            "Decode at most this many bytes of a flow's compressed (Content-Encoding) bodies for the "
+            "log; what is past it is kept as it came, and the exchange says so.",
+        )
+        loader.add_option(
             "tasktape_max_log_size",
             int | None,
             None,
@@ -121,8 +130,9 @@ class TasktapeRecorder:
                 parse_pointer(pointer)
             except ValueError as exc:
                 raise exceptions.OptionsError(f"tasktape_redact_json: {exc}") from None
-        if options.tasktape_max_body < 0:
-            raise exceptions.OptionsError("tasktape_max_body: must be 0 or more")
+        for name in ("tasktape_max_body", "tasktape_max_decoded"):
+            if getattr(options, name) < 0:
+                raise exceptions.OptionsError(f"{name}: must be 0 or more")
         self._close()
         if options.tasktape_db:
             self._open(options.tasktape_db)
@@ -141,6 +151,7 @@ class TasktapeRecorder:
                 db,
                 redactor=redactor,
                 max_body=options.tasktape_max_body,
+                max_decoded=options.tasktape_max_decoded,
                 max_bytes=options.tasktape_max_log_size,
             )
         except LogError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import signal
 import socket
@@ -504,6 +505,7 @@ def test_options_are_declared_with_types_and_defaults(
         "tasktape_freeze_heap": ("bool", False),
         "tasktape_hosts": ("sequence of str", []),
         "tasktape_max_body": ("int", 16 * 1024 * 1024),
+        "tasktape_max_decoded": ("int", 64 * 1024 * 1024),
         "tasktape_max_log_size": ("optional int", None),
         "tasktape_paths": ("sequence of str", []),
         "tasktape_redact_headers": ("sequence of str", []),
@@ -559,6 +561,27 @@ def test_a_streamed_request_body_is_kept_as_it_passes(
     with EventLog(tmp_path / "unit.db") as log:
         (x,) = log.exchanges()
         assert (x["request_body"], x["request_body_truncated"], x["outcome"]) == ("0123456789", 1, "complete")
+
+
+def test_compressed_request_bodies_are_decoded_up_to_the_bound(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    """mitmproxy forwards a flow's bytes as they came; the log keeps a compressed request
+    body decoded, and what decodes past tasktape_max_decoded as it came."""
+    recorder, tctx = addon
+    tctx.configure(recorder, tasktape_max_decoded=1000)
+    for plain in (b'{"small": true}', b" " * 5000):
+        flow = tflow.tflow(resp=True)
+        flow.request.method, flow.request.path = "POST", "/message:send"
+        flow.request.headers["Content-Encoding"] = "gzip"
+        flow.request.raw_content = gzip.compress(plain)
+        for hook in (recorder.requestheaders, recorder.request, recorder.responseheaders, recorder.response):
+            hook(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        small, big = log.exchanges()
+    assert (small["request_body"], small["request_body_encoding"]) == ('{"small": true}', "gzip")
+    assert big["request_body_encoding"] is None and "decodes to more than 1,000 bytes" in big["error"]
 
 
 def test_hosts_and_paths_choose_what_is_recorded(addon: tuple[TasktapeRecorder, taddons.context]) -> None:
