@@ -15,6 +15,18 @@ MAX_LINE = 64 * 1024  # bytes: a request or status line, a header name or value
 MAX_HEADERS = 512
 HEADER_LIMITS = {"max_line_size": MAX_LINE, "max_field_size": MAX_LINE, "max_headers": MAX_HEADERS}
 
+# How long a connection may take to send a request's head: from its opening, or from the
+# end of the previous response. aiohttp closes a connection whose handler still waits for
+# a whole request head when its keep-alive time runs out, however slowly bytes trickle in
+# (a slowloris client); its own default is an hour.
+HEADER_TIMEOUT = 60.0  # seconds
+
+
+def head_timeout(seconds: float = HEADER_TIMEOUT) -> dict[str, float]:
+    """The request handler arguments that bound the time to a request's head."""
+    return {"keepalive_timeout": seconds}
+
+
 # Hop-by-hop: meaningful for one connection only, never forwarded.
 HOP_BY_HOP = frozenset(
     {

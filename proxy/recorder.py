@@ -28,7 +28,7 @@ from tasktape.eventlog.exchange_rows import ExchangeSummary
 
 from . import unread
 from .card import is_card_request, rewrite_card
-from .headers import HEADER_LIMITS, end_to_end, for_upstream
+from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .hosts import host_guard
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
@@ -60,6 +60,7 @@ class RecordingProxy:
         connect_timeout: float = 10.0,
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
         allowed_hosts: frozenset[str] | None = None,
+        header_timeout: float = HEADER_TIMEOUT,
     ) -> None:
         url = upstream_url(upstream)
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
@@ -90,7 +91,12 @@ class RecordingProxy:
                 # None: any Host (listening beyond loopback, or mounted elsewhere)
                 *([host_guard(allowed_hosts, "tasktape record", self._refuse)] if allowed_hosts else []),
             ],
-            handler_args={**HEADER_LIMITS, **unread.handler_args(self), **AS_SENT},
+            handler_args={
+                **HEADER_LIMITS,
+                **head_timeout(header_timeout),
+                **unread.handler_args(self),
+                **AS_SENT,
+            },
         )
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.app.on_startup.append(lambda _app: self.start())

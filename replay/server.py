@@ -25,7 +25,7 @@ from tasktape.eventlog.requests import classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
 from tasktape.proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
-from tasktape.proxy.headers import HEADER_LIMITS, end_to_end
+from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, head_timeout
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
@@ -71,6 +71,7 @@ class ReplayServer:
         match_headers: tuple[str, ...] = (),
         allow_repeats: bool = False,
         allowed_hosts: frozenset[str] | None = None,
+        header_timeout: float = HEADER_TIMEOUT,
     ) -> None:
         if mode is not ReplayMode.REPLAY and not upstream:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
@@ -101,7 +102,12 @@ class ReplayServer:
             )
         # A client pointed here instead of at its agent sends the same (big) headers.
         self.app = web.Application(
-            handler_args={**HEADER_LIMITS, **unread.handler_args(), **AS_SENT},
+            handler_args={
+                **HEADER_LIMITS,
+                **head_timeout(header_timeout),
+                **unread.handler_args(),
+                **AS_SENT,
+            },
             middlewares=[host_guard(allowed_hosts, "tasktape replay")] if allowed_hosts else [],
         )
         self.app.router.add_route("*", "/{tail:.*}", self.handle)

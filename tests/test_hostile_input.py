@@ -14,7 +14,7 @@ import pytest
 from a2a_frames import sse, status, task
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 from loopback import running, serve
 
 from tasktape.agent import create_agent_app
@@ -234,3 +234,33 @@ async def test_loopback_servers_answer_only_loopback_host_names(tmp_path: Path, 
         with EventLog(db) as log:
             refused = [x for x in log.exchanges() if x["outcome"] == "refused"]
         assert len(refused) == 1 and "is not a name tasktape record answers" in refused[0]["error"]
+
+
+@pytest.mark.parametrize("server", ["record", "replay"])
+async def test_a_request_head_that_trickles_in_is_cut_off(
+    record: RecordFactory, serve: Serve, server: str
+) -> None:
+    """A slowloris client (a byte of head every 100 ms, never the end) is disconnected
+    once the head timeout (here 0.5 s; 60 s by default) runs out."""
+    if server == "record":
+        url = (await record(web.Application(), header_timeout=0.5)).url
+    else:
+        url = await serve(ReplayServer([], header_timeout=0.5).app)
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+
+    async def trickle() -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            writer.write(b"X")
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, with no answer
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert 0.4 < loop.time() - started < 2.5
