@@ -278,6 +278,7 @@ class Exchange:
         self.writer = proxy.writer
         self.ended = False
         self.upstream_ended = False  # the upstream's body ended, all of it forwarded
+        self.client_left = False  # before the end: a stop meanwhile does not change that
         self.teed: _TeedBody | None = None
 
     def _offset(self) -> int:
@@ -290,7 +291,7 @@ class Exchange:
             if not self.ended:  # cancelled: the client left, or the proxy is stopping
                 if self.upstream_ended:  # the client left as the last bytes reached it
                     self._end("complete")
-                elif self.proxy.stopping:
+                elif self.proxy.stopping and not self.client_left:
                     self._end("proxy_stopped", "tasktape record stopped during the exchange")
                 else:
                     self._end("client_disconnected", "the client went away mid-exchange")
@@ -382,13 +383,15 @@ class Exchange:
                 await write(data)
             await response.write_eof()
         except ConnectionError as exc:
+            self.client_left = True
             if self.upstream_ended or await self._ends_now(read):
                 self._end("complete")
             else:
                 self._end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
             return response
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
-            if not self.proxy.stopping and await self._ends_now(read):
+            self.client_left = not self.proxy.stopping
+            if self.client_left and await self._ends_now(read):
                 self.upstream_ended = True
             raise
         self._end("complete")
