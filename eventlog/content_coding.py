@@ -6,9 +6,11 @@ writer and the log."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 MAX_DECODED = 64 * 1024 * 1024  # bytes decoded per exchange at most, by default
+STEP = 1024 * 1024  # bytes decoded at a time
 
 
 class Inflate:
@@ -43,40 +45,42 @@ class Inflate:
     def feed(self, data: bytes) -> bytes:
         """The decoded bytes ``data`` gives, up to the limit (then ``exceeded`` is set and
         nothing more is decoded); zlib.error on bytes that are not what the encoding says."""
+        return b"".join(self.pieces(data))
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        """Like :meth:`feed`, in pieces of at most STEP bytes: the caller never holds what a
+        whole chunk decodes to at once."""
         if self.exceeded:
-            return b""
+            return
         if self._z is None:
             try:
-                return self._spend(self._brotli_decoder.process(data))
+                out = self._brotli_decoder.process(data)
             except self._brotli.error as exc:
                 raise zlib.error(f"brotli: {exc}") from None
-        try:
-            out = self._inflate(data)
-        except zlib.error:
-            if not (self._first and self._wbits == zlib.MAX_WBITS):
-                raise
-            # "deflate" is often sent as raw deflate, without the zlib wrapper.
-            self._wbits = -zlib.MAX_WBITS
-            self._z = zlib.decompressobj(self._wbits)
-            out = self._inflate(data)
-        self._first = False
-        while self._z.eof and self._z.unused_data and not self.exceeded:  # gzip: members in turn
-            rest = self._z.unused_data
-            self._z = zlib.decompressobj(self._wbits)
-            out += self._inflate(rest)
-        return out
+            yield self._spend(out)
+            return
+        while not self.exceeded:
+            try:
+                out = self._z.decompress(data, min(STEP, self.room + 1))
+            except zlib.error:
+                if not (self._first and self._wbits == zlib.MAX_WBITS):
+                    raise
+                # "deflate" is often sent as raw deflate, without the zlib wrapper.
+                self._wbits = -zlib.MAX_WBITS
+                self._z = zlib.decompressobj(self._wbits)
+                continue
+            self._first = False
+            data = self._z.unconsumed_tail
+            if self._z.eof and self._z.unused_data:  # gzip: members one after another
+                data = self._z.unused_data
+                self._z = zlib.decompressobj(self._wbits)
+            if out:
+                yield self._spend(out)
+            if not data:
+                return
 
     def flush(self) -> bytes:
         return self._spend(self._z.flush()) if self._z is not None and not self.exceeded else b""
-
-    def _inflate(self, data: bytes) -> bytes:
-        assert self._z is not None
-        # One byte more than the room left: enough to tell a body that fits from one that
-        # does not, without ever holding more than the bound.
-        out = self._z.decompress(data, self.room + 1)
-        if self._z.unconsumed_tail:
-            self.exceeded = True
-        return self._spend(out)
 
     def _spend(self, out: bytes) -> bytes:
         if len(out) > self.room:

@@ -7,7 +7,7 @@ import contextlib
 import json
 import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -101,12 +101,18 @@ class ExchangeRows:
     """The rows of one exchange, built as its parts arrive."""
 
     def __init__(
-        self, exchange_id: int, redactor: Redactor, max_body: int, max_decoded: int = MAX_DECODED
+        self,
+        exchange_id: int,
+        redactor: Redactor,
+        max_body: int,
+        max_decoded: int = MAX_DECODED,
+        spill: Callable[[], None] | None = None,
     ) -> None:
         self.summary = ExchangeSummary(exchange_id)
         self._redactor = redactor
         self._max_body = max_body
         self._max_decoded = max_decoded
+        self._spill = spill  # lets the writer commit what a decoded body has brought so far
         self._request_encoding: str | None = None
         self._encoding: str | None = None
         self._is_sse = False
@@ -229,18 +235,29 @@ class ExchangeRows:
         )
 
     def chunk(self, offset_ns: int, data: bytes, chunk_rows: Rows, event_rows: Rows) -> None:
-        if self._inflate is not None:
-            try:
-                decoded = self._inflate.feed(data)
-            except zlib.error as exc:
-                self._inflate = None
-                self._undecodable(f"content decoding failed ({exc})", rest=True)
-            else:
-                if self._inflate.exceeded:  # from this chunk on, the wire bytes as they came
-                    self._undecodable(too_large(self._encoding or "", self._inflate.limit), rest=True)
-                    self._inflate = None
-                else:
-                    data = decoded
+        inflate = self._inflate
+        if inflate is None:
+            self._decoded(offset_ns, data, chunk_rows, event_rows)
+            return
+        # A compressed chunk can decode to a thousand times its size: piece by piece, each
+        # piece's rows handed on (spill) before the next is decoded.
+        try:
+            for piece in inflate.pieces(data):
+                self._decoded(offset_ns, piece, chunk_rows, event_rows)
+                if self._spill is not None:
+                    self._spill()
+        except zlib.error as exc:
+            self._undecodable(f"content decoding failed ({exc})", rest=True)
+        else:
+            if not inflate.exceeded:
+                return
+            self._undecodable(too_large(self._encoding or "", inflate.limit), rest=True)
+        # From this chunk on, the wire bytes as they came.
+        self._inflate = None
+        self._decoded(offset_ns, data, chunk_rows, event_rows)
+
+    def _decoded(self, offset_ns: int, data: bytes, chunk_rows: Rows, event_rows: Rows) -> None:
+        """A piece of the body as the log keeps it (decoded from its Content-Encoding)."""
         if not data or self._withheld:
             return
         self._last_offset = offset_ns
@@ -267,7 +284,7 @@ class ExchangeRows:
             with contextlib.suppress(zlib.error):
                 tail = self._inflate.flush()
                 if tail:
-                    self.chunk(self._last_offset, tail, chunk_rows, event_rows)
+                    self._decoded(self._last_offset, tail, chunk_rows, event_rows)
         body = None
         if self._decoder is not None:
             self._release(self._decoder.close(), self._last_offset, chunk_rows, event_rows)

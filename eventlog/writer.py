@@ -66,6 +66,21 @@ class _Batch:
     stop: bool = False
     cleaned: bool = False
 
+    def take(self) -> _Batch:
+        """What the batch holds so far, as a batch of its own; this one goes on empty
+        (its lists are the same objects, which the rows being built append to)."""
+        taken = _Batch(
+            self.statements[:], self.chunk_rows[:], self.event_rows[:], self.wakers[:], self.finished[:]
+        )
+        for part in (self.statements, self.chunk_rows, self.event_rows, self.wakers, self.finished):
+            part.clear()
+        return taken
+
+
+# An operation that brings more rows than this (a compressed chunk decoding to megabytes)
+# has them committed as it goes, so the writer never holds much more than this many.
+_SPILL_ROWS = 4096
+
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -148,6 +163,7 @@ class LogWriter(LogProducer):
         (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
         self._exchanges: dict[int, ExchangeRows] = {}
         self._batches: queue.Queue[_Batch] = queue.Queue(maxsize=2)
+        self._building = _Batch()  # the batch the writer thread is filling
         name = f"tasktape-writer:{self.path.name}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._committer = threading.Thread(target=self._commit_loop, name=f"{name}:commit", daemon=True)
@@ -180,7 +196,7 @@ class LogWriter(LogProducer):
         get, get_nowait = self._queue.get, self._queue.get_nowait
         batch = _Batch()
         while not batch.stop:
-            batch = _Batch()
+            batch = self._building = _Batch()
             self._apply_safely(get(), batch)
             # Take what is queued until the queue is empty or the batch has used its
             # time, then commit: transactions stay short under any load.
@@ -285,7 +301,14 @@ class LogWriter(LogProducer):
             )
 
     def _rows(self, exchange_id: int) -> ExchangeRows:
-        return ExchangeRows(exchange_id, self._redactor, self._max_body, self._max_decoded)
+        return ExchangeRows(exchange_id, self._redactor, self._max_body, self._max_decoded, self._spill)
+
+    def _spill(self) -> None:
+        """Hand the rows built so far to the committer, when there are many: what the
+        transaction holds is committed in order, in more than one transaction."""
+        batch = self._building
+        if len(batch.chunk_rows) + len(batch.event_rows) >= _SPILL_ROWS:
+            self._batches.put(batch.take())
 
     def _exchange(self, exchange_id: int) -> ExchangeRows:
         rows = self._exchanges.get(exchange_id)
