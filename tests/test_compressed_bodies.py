@@ -197,3 +197,25 @@ async def test_a_request_bomb_is_forwarded_and_not_decoded(record: RecordFactory
         (x,) = log.exchanges()
     assert x["request_body"] == body and x["request_body_encoding"] is None
     assert "decodes to more than 1,048,576 bytes" in x["error"]
+
+
+def test_a_chunk_that_decodes_to_megabytes_is_stored_whole_in_pieces(tmp_path: Path) -> None:
+    """One wire chunk decoding to 12 MiB: decoded 1 MiB at a time, events split across
+    pieces are whole, and every one is in the log, in order."""
+    events = [f"id: {i}\ndata: {json.dumps({'n': i, 'pad': 'x' * 990})}\n\n".encode() for i in range(12_000)]
+    plain = b"".join(events)
+    inflate = Inflate.for_encoding("gzip")
+    assert inflate is not None
+    assert max(len(p) for p in inflate.pieces(gzip.compress(plain))) <= 1024 * 1024
+    db = tmp_path / "big.db"
+    with LogWriter(db) as w:
+        x = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+        head = [("Content-Type", "text/event-stream"), ("Content-Encoding", "gzip")]
+        w.response_head(x, status=200, headers=head, is_sse=True, ttfb_ns=1, content_encoding="gzip")
+        w.chunk(x, 1, gzip.compress(plain))
+        w.end_exchange(x, duration_ns=2, outcome="complete")
+    with EventLog(db) as log:
+        assert b"".join(c["data"] for c in log.chunks(x)) == plain
+        ids = [row[0] for row in log.db.execute("SELECT event_id FROM events ORDER BY seq")]
+        assert ids == [str(i) for i in range(12_000)]
+        assert log.exchange(x)["error"] is None
