@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from tasktape.eventlog.schema import schema_version
 from tasktape.proxy.hosts import AsgiHostGuard
 
 from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
-from .serving import STOP_GRACE
+from .serving import STOP_GRACE, bind
 
 
 def _older_log(path: Path) -> bool:
@@ -42,16 +41,6 @@ def open_check(path: Path, *, upgrade: bool = False) -> None:
         raise click.ClickException(f"{exc}{hint}") from None
 
 
-def _listen(host: str, port: int, *, or_any_port: bool) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family)
-    except OSError as exc:
-        if or_any_port and port:
-            return _listen(host, 0, or_any_port=False)
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
 def serve_inspector(
     path: Path, host: str, port: int, *, or_any_port: bool = False, allow_host: tuple[str, ...] = ()
 ) -> None:
@@ -61,7 +50,7 @@ def serve_inspector(
     from tasktape.inspector.app import create_datasette, serve  # noqa: PLC0415
 
     ds = create_datasette(path)
-    sock = _listen(host, port, or_any_port=or_any_port)
+    sock = bind(host, port, or_any_port=or_any_port)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}"
     name = Path(path).resolve().stem

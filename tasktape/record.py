@@ -119,19 +119,15 @@ def record(
         )
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
-    try:
-        proxy = RecordingProxy(
-            upstream,
-            writer,
-            public_url=public_url,
-            rewrite_cards=not no_rewrite_card,
-            max_request_body=max_body,
-            allowed_hosts=answered_hosts(host, allow_host),
-            on_exchange=_print_undecoded if quiet else _print_exchange,
-        )
-    except UsageError as exc:
-        writer.close()
-        raise click.BadParameter(str(exc), param_hint="--upstream") from None
+    proxy = RecordingProxy(  # --upstream was checked above
+        upstream,
+        writer,
+        public_url=public_url,
+        rewrite_cards=not no_rewrite_card,
+        max_request_body=max_body,
+        allowed_hosts=answered_hosts(host, allow_host),
+        on_exchange=_print_undecoded if quiet else _print_exchange,
+    )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(

@@ -14,13 +14,16 @@ from aiohttp import web
 STOP_GRACE = 1.0  # seconds
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, or_any_port: bool = False) -> socket.socket:
     """A listening socket on ``host:port`` (0: a free port), or a clear error: a command
-    binds before it opens anything else, so a port in use leaves nothing behind."""
+    binds before it opens anything else, so a port in use leaves nothing behind. With
+    ``or_any_port``, a free port stands in for ``port`` if it is taken."""
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         return socket.create_server((host, port), family=family, backlog=128)
     except OSError as exc:
+        if or_any_port and port:
+            return bind(host, 0)
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
