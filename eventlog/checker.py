@@ -1,19 +1,22 @@
-"""The lifecycle checker's public API: check recorded streams, get findings, save them."""
+"""The lifecycle checker's public API: check recorded streams, get findings, save them.
+
+Each protocol's rules run on that protocol's exchanges only (A2A's in
+:mod:`tasktape.eventlog.rules`, the others' in their protocol modules)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from tasktape.errors import UsageError
 
-from .frames import Stream, streams_of
+from .frames import Problem, Rule, Stream, streams_of
+from .protocols import protocols as known_protocols
 from .reader import EventLog
 from .recorded import Recorded, from_log
-from .rules import RULES, Problem
 from .schema import open_db
 
 CUT_SHORT_RULE = "cut-short"  # a note, not a rule: the stream broke off, so how it ends is unknown
@@ -38,30 +41,59 @@ class Report:
     findings: list[Finding]
     cut_short: list[Finding]  # streams that broke off (rule "cut-short"): noted, not broken rules
     streams: int  # SSE exchanges checked
-    exchanges: int  # A2A exchanges checked, streams included
-    tasks: int
+    exchanges: int  # exchanges of known protocols checked, streams included
+    tasks: int  # A2A tasks
+    by_protocol: dict[str, int] = field(default_factory=dict)  # exchanges checked, per protocol
 
 
-def check_recorded(recorded: Iterable[Recorded]) -> list[Finding]:
+def all_rules() -> dict[str, Rule]:
+    """Every protocol's rules by name, protocol after protocol."""
+    return {name: rule for p in known_protocols() for name, rule in p.rules.items()}
+
+
+def explain(name: str) -> str:
+    """A rule's one-line explanation (its docstring)."""
+    return (all_rules()[name].__doc__ or "").strip()
+
+
+def protocol_names() -> list[str]:
+    return [p.name for p in known_protocols()]
+
+
+def check_recorded(recorded: Iterable[Recorded], protocols: Collection[str] | None = None) -> list[Finding]:
     """Findings about these exchanges, checked in order (a task's state carries across them)."""
-    return report_recorded(recorded).findings
+    return report_recorded(recorded, protocols).findings
 
 
-def check_log(log: EventLog, exchange_ids: Iterable[int] | None = None) -> list[Finding]:
+def check_log(
+    log: EventLog, exchange_ids: Iterable[int] | None = None, protocols: Collection[str] | None = None
+) -> list[Finding]:
     """Findings about a log's exchanges: all of them, or those ids."""
-    return report_log(log, exchange_ids).findings
+    return report_log(log, exchange_ids, protocols).findings
 
 
-def report_recorded(recorded: Iterable[Recorded]) -> Report:
-    """The full report on these exchanges (their place is ``Recorded.origin``)."""
-    return _report(streams_of([(r, r.origin, None) for r in recorded]))
+def report_recorded(recorded: Iterable[Recorded], protocols: Collection[str] | None = None) -> Report:
+    """The full report on these exchanges (their place is ``Recorded.origin``); with
+    ``protocols``, on the exchanges of those protocols only."""
+    return _report(streams_of([(r, r.origin, None) for r in recorded], _only(protocols)))
 
 
-def report_log(log: EventLog, exchange_ids: Iterable[int] | None = None) -> Report:
+def report_log(
+    log: EventLog, exchange_ids: Iterable[int] | None = None, protocols: Collection[str] | None = None
+) -> Report:
     """The full report on a log's exchanges: all of them, or those ids."""
     ids = [x["id"] for x in log.exchanges()] if exchange_ids is None else sorted(set(exchange_ids))
     recorded = from_log(log, ids)
-    return _report(streams_of([(r, str(i), i) for r, i in zip(recorded, ids, strict=True)]))
+    return _report(streams_of([(r, str(i), i) for r, i in zip(recorded, ids, strict=True)], _only(protocols)))
+
+
+def _only(names: Collection[str] | None) -> set[str] | None:
+    if names is None:
+        return None
+    unknown = sorted(set(names) - set(protocol_names()))
+    if unknown:
+        raise UsageError(f"unknown protocol {', '.join(unknown)}: known are {', '.join(protocol_names())}")
+    return set(names)
 
 
 def save_findings(
@@ -94,18 +126,28 @@ def save_findings(
 
 def _report(streams: list[Stream]) -> Report:
     found: list[tuple[int, int, int, Finding]] = []
-    for order, (name, rule) in enumerate(RULES.items()):
-        for problem in rule(streams):
-            seq = problem.frame.seq if problem.frame else None
-            found.append((problem.stream.index, -1 if seq is None else seq, order, _finding(name, problem)))
+    order = 0
+    by_protocol: dict[str, int] = {}
+    for protocol in known_protocols():
+        own = [s for s in streams if s.protocol == protocol.name]
+        if own:
+            by_protocol[protocol.name] = len(own)
+        for name, rule in protocol.rules.items():
+            order += 1
+            for problem in rule(own) if own else ():
+                seq = problem.frame.seq if problem.frame else None
+                found.append(
+                    (problem.stream.index, -1 if seq is None else seq, order, _finding(name, problem))
+                )
     found.sort(key=lambda item: item[:3])
-    tasks = {f.task_id for s in streams for f in s.frames if f.task_id}
+    tasks = {f.task_id for s in streams if s.protocol == "a2a" for f in s.frames if f.task_id}
     return Report(
         [f for *_, f in found],
         [_cut_short(s) for s in streams if s.is_sse and not s.complete],
         sum(s.is_sse for s in streams),
         len(streams),
         len(tasks),
+        by_protocol,
     )
 
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import orjson
 
-from .classify import classify
+from .classify import Classification
 from .content_coding import MAX_DECODED, Inflate, decode_body, too_large
+from .protocols import recognise, recognise_stream
+from .protocols.base import Protocol, Request, RequestInfo, StreamReader
 from .redact import Redactor
-from .requests import classify_request
 from .sse import SSEDecoder, SSEEvent
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
@@ -33,11 +34,11 @@ INSERT_EVENT = (
 _INSERT_EXCHANGE = (
     "INSERT INTO exchanges (id, capture_id, started_at, started_ns, method, path, query,"
     " request_headers, request_body, request_body_truncated, request_body_encoding, binding,"
-    " rpc_method, task_id, context_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " rpc_method, task_id, context_id, protocol, session_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _UPDATE_BODY = (
     "UPDATE exchanges SET request_body = ?, request_body_truncated = ?, request_body_encoding = ?,"
-    " binding = ?, rpc_method = ?, task_id = ?, context_id = ? WHERE id = ?"
+    " binding = ?, rpc_method = ?, task_id = ?, context_id = ?, protocol = ?, session_id = ? WHERE id = ?"
 )
 _UPDATE_HEAD = (
     "UPDATE exchanges SET status = ?, response_headers = ?, is_sse = ?, ttfb_ns = ?,"
@@ -47,7 +48,8 @@ _UPDATE_END = (
     "UPDATE exchanges SET duration_ns = coalesce(?, duration_ns), outcome = ?,"
     " error = coalesce(?, error), response_body = ?, response_body_truncated = ?,"
     " binding = coalesce(binding, ?), task_id = coalesce(task_id, ?),"
-    " context_id = coalesce(context_id, ?) WHERE id = ?"
+    " context_id = coalesce(context_id, ?), protocol = ?, session_id = ?, model = ?, answer = ?,"
+    " input_tokens = ?, output_tokens = ?, finish = ? WHERE id = ?"
 )
 
 # SQLite stores a bound NaN as NULL, and Python's sqlite3 binds a float several
@@ -72,6 +74,8 @@ class ExchangeSummary:
     context_id: str | None = None
     binding: str | None = None
     rpc_method: str | None = None
+    protocol: str | None = None
+    session_id: str | None = None
     final_state: str | None = None
     first_event_ns: int | None = None
     duration_ns: int | None = None
@@ -124,6 +128,10 @@ class ExchangeRows:
         self._last_offset = 0
         self._error: str | None = None  # what could not be done with the response body
         self._request_error: str | None = None  # and with the request body
+        self._protocol: Protocol | None = None
+        self._reader: StreamReader | None = None
+        self._recognised = False  # whether the protocol is settled (else the first event may tell)
+        self._headers_seen: list[tuple[str, str]] = []
         # SSE chunks waiting for their events to complete before JSON redaction, as
         # [arrival number, offset, bytes]; or a non-streamed body (kept up to max_body).
         self._held: deque[list[Any]] = deque()
@@ -145,10 +153,10 @@ class ExchangeRows:
     ) -> Statement:
         self._request_encoding = _content_encoding(headers)
         body, encoding = self._request_body(body)
-        info = classify_request(method, path, body)
         s = self.summary
-        s.method, s.path, s.binding, s.rpc_method = method, path, info.binding, info.rpc_method
-        s.task_id, s.context_id = info.task_id, info.context_id
+        s.method, s.path = method, path
+        self._headers_seen = _pairs(headers)
+        info = self._recognise(body)
         return _INSERT_EXCHANGE, (
             s.exchange_id,
             capture_id,
@@ -165,15 +173,32 @@ class ExchangeRows:
             info.rpc_method,
             info.task_id,
             info.context_id,
+            s.protocol,
+            s.session_id,
         )
+
+    def _recognise(self, body: bytes | None) -> RequestInfo:
+        """Which protocol the request speaks, and what it says (once its body is here)."""
+        s = self.summary
+        request = Request(s.method or "", s.path or "", self._headers_seen, body)
+        protocol = recognise(request)
+        if protocol is None:
+            return RequestInfo()
+        self._use(protocol)
+        info = protocol.request_info(request)
+        s.binding, s.rpc_method, s.session_id = info.binding, info.rpc_method, info.session_id
+        s.task_id, s.context_id = s.task_id or info.task_id, s.context_id or info.context_id
+        return info
+
+    def _use(self, protocol: Protocol) -> None:
+        self._protocol, self._reader, self._recognised = protocol, protocol.reader(), True
+        self.summary.protocol = protocol.name
 
     def late_request_body(self, body: bytes, truncated: bool) -> Statement:
         s = self.summary
         stored, encoding = self._request_body(body)
-        if s.binding is None and s.method and s.path and stored is not None:
-            info = classify_request(s.method, s.path, stored)
-            s.binding, s.rpc_method = info.binding, info.rpc_method
-            s.task_id, s.context_id = s.task_id or info.task_id, s.context_id or info.context_id
+        if self._protocol is None and stored is not None:
+            self._recognise(stored)
         return _UPDATE_BODY, (
             stored_body(stored),
             int(truncated),
@@ -182,6 +207,8 @@ class ExchangeRows:
             s.rpc_method,
             s.task_id,
             s.context_id,
+            s.protocol,
+            s.session_id,
             s.exchange_id,
         )
 
@@ -214,6 +241,10 @@ class ExchangeRows:
     ) -> Statement:
         self.summary.status = status
         self.summary.is_sse = is_sse
+        if self._protocol is not None and self.summary.session_id is None and headers is not None:
+            self.summary.session_id = self._protocol.session(_pairs(headers))
+        # A response that is not a stream is read whole: no first event to recognise it by.
+        self._recognised = self._recognised or not is_sse
         if content_encoding and content_encoding.strip().lower() != "identity":
             self._encoding = content_encoding
             self._inflate = Inflate.for_encoding(content_encoding, self._max_decoded)
@@ -301,6 +332,7 @@ class ExchangeRows:
             self._classify_body(body)
         s = self.summary
         s.outcome, s.duration_ns = outcome, duration_ns
+        read = self._reader.finished() if self._reader is not None else None
         return _UPDATE_END, (
             duration_ns,
             outcome,
@@ -310,14 +342,28 @@ class ExchangeRows:
             s.binding,
             s.task_id,
             s.context_id,
+            s.protocol,
+            s.session_id,
+            *(
+                (read.model, read.answer, read.input_tokens, read.output_tokens, read.finish)
+                if read
+                else (None,) * 5
+            ),
             s.exchange_id,
         )
 
     def _classify_body(self, body: bytes) -> None:
-        """A non-streamed A2A answer (a task, a message, a JSON-RPC result) names the
-        task and its state just as a stream does."""
-        c = classify(body, bare_task=True) if body and not self._truncated else None
-        if c is None or c.kind in ("other", "error"):
+        """A non-streamed answer is read by its protocol: an A2A task, message or JSON-RPC
+        result names the task and its state just as a stream does."""
+        if not body or self._truncated:
+            return
+        if self._reader is None:
+            protocol = recognise_stream(body.decode("utf-8", "replace"), None)
+            if protocol is None:
+                return
+            self._use(protocol)
+        c = self._reader.body(body)
+        if c is None:
             return
         s = self.summary
         s.task_id = s.task_id or c.task_id
@@ -400,8 +446,23 @@ class ExchangeRows:
                 size = 0
         return taken
 
+    def _classified(self, data: str, event_type: str | None) -> Classification:
+        """The event as its protocol reads it; a protocol's failure costs the event its
+        classification, never its row."""
+        assert self._reader is not None and self._protocol is not None
+        try:
+            return self._reader.event(data, event_type)
+        except Exception as exc:  # a plug-in's bug must not lose the recording
+            why = f"protocol {self._protocol.name} failed: {exc!r}"
+            return Classification("other", parse_error=why[:500])
+
     def _event(self, event: SSEEvent, data: str, offset_ns: int, event_rows: Rows) -> None:
-        c = classify(data)
+        if not self._recognised and data:
+            self._recognised = True
+            protocol = recognise_stream(data, event.event)
+            if protocol is not None:
+                self._use(protocol)
+        c = self._classified(data, event.event) if self._reader is not None else _OTHER
         s = self.summary
         seq = self._event_seq
         self._event_seq = seq + 1
@@ -435,10 +496,19 @@ class ExchangeRows:
             _int(c.append),
             _int(c.last_chunk),
             c.text,
-            None if c.usage is None else _usage_json(c.usage),
+            None if c.usage is None else usage_json(c.usage),
             c.parse_error,
         )
         event_rows.append(tuple([_NULL if v is None else v for v in row]))
+
+
+_OTHER = Classification("other")  # an event of a stream no protocol claimed
+
+
+def _pairs(headers: Headers | None) -> list[tuple[str, str]]:
+    if headers is None:
+        return []
+    return list(headers.items() if isinstance(headers, Mapping) else headers)
 
 
 def _header_text(value: str) -> str:
@@ -453,7 +523,7 @@ def _header_text(value: str) -> str:
     return value
 
 
-def _usage_json(usage: dict[str, Any]) -> str:
+def usage_json(usage: dict[str, Any]) -> str:
     try:
         return orjson.dumps(usage).decode()
     except TypeError:  # lone surrogates, from escapes in the JSON: ASCII escapes keep them

@@ -1,16 +1,19 @@
-"""Recorded exchanges as the checker reads them: each A2A response split into frames
-(the SSE events of a stream, or the one JSON body of a plain response), classified."""
+"""Recorded exchanges as the checker reads them: each response of a known protocol split
+into frames (the SSE events of a stream, or the one JSON body of a plain response),
+classified by its protocol."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .classify import Classification, classify, load_json
+from .classify import Classification, load_json
 from .models import is_jsonrpc
+from .protocols import by_name, recognise, recognise_stream
+from .protocols.base import Protocol, Request, RequestInfo
 from .recorded import Recorded
-from .requests import classify_request
 from .spans import events_in
 
 
@@ -24,13 +27,15 @@ class Frame:
     at_ns: int | None  # when it arrived (absolute when the exchange's start is known)
     c: Classification
     task_id: str | None  # the frame's own task id, else the one its exchange is about
-    payload: dict[str, Any] | None  # the StreamResponse object (a JSON-RPC result unwrapped)
-    envelope: dict[str, Any] | None  # the JSON-RPC response object around it
+    payload: dict[str, Any] | None  # the JSON object (a JSON-RPC result unwrapped)
+    envelope: dict[str, Any] | None  # the JSON-RPC message around it
+    event_type: str | None = None  # the SSE event field
+    data: str = ""
 
 
 @dataclass
 class Stream:
-    """One A2A exchange: a stream of events, or a plain response."""
+    """One exchange of a known protocol: a stream of events, or a plain response."""
 
     index: int  # position among the exchanges checked
     where: str
@@ -40,6 +45,11 @@ class Stream:
     error: str | None
     rpc_id: Any  # the JSON-RPC request's id (None when not JSON-RPC)
     jsonrpc: bool
+    protocol: str = "a2a"
+    request: RequestInfo = field(default_factory=RequestInfo)
+    request_body: Any = None  # the request body as JSON
+    last_event_id: str | None = None  # the Last-Event-ID the request resumed from
+    status: int | None = None
     frames: list[Frame] = field(default_factory=list)
 
     @property
@@ -58,15 +68,45 @@ class Stream:
         return place if frame is None or frame.seq is None else f"{place} event {frame.seq}"
 
 
-def streams_of(items: list[tuple[Recorded, str, int | None]]) -> list[Stream]:
-    """The A2A exchanges among ``(recorded, where, exchange id)``: SSE responses, and the
-    JSON bodies of successful A2A operations (a GetTask, a cancel, a message:send)."""
+@dataclass(frozen=True)
+class Problem:
+    """A broken rule, and where."""
+
+    stream: Stream
+    frame: Frame | None  # None: the stream as a whole
+    message: str
+
+
+Rule = Callable[[Sequence[Stream]], Iterator[Problem]]
+
+
+def protocol_of(recorded: Recorded) -> Protocol | None:
+    """The protocol of a recorded exchange: as the log named it, else as its request (or,
+    when that says nothing, its first event) shows."""
+    if recorded.protocol is not None:
+        return by_name(recorded.protocol)
+    request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
+    protocol = recognise(request)
+    if protocol is None and recorded.is_sse:
+        first = next((e for e in events_in(recorded.chunks[:8]) if e.data), None)
+        protocol = None if first is None else recognise_stream(first.data, first.event)
+    return protocol
+
+
+def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | None = None) -> list[Stream]:
+    """The exchanges of known protocols among ``(recorded, where, exchange id)`` (of the
+    protocols named in ``only``, when given): SSE responses, and the JSON bodies of
+    successful operations (an A2A GetTask, an MCP result, a completion)."""
     streams = []
     for recorded, where, exchange_id in items:
-        request = classify_request(recorded.method, recorded.path, recorded.request_body)
-        if not recorded.is_sse and (request.rpc_method is None or not _ok(recorded)):
+        protocol = protocol_of(recorded)
+        if protocol is None or (only is not None and protocol.name not in only):
+            continue
+        request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
+        info = protocol.request_info(request)
+        if protocol.name == "a2a" and not recorded.is_sse and (info.rpc_method is None or not _ok(recorded)):
             continue  # an agent card, or an error the agent answered with: no lifecycle in it
-        jsonrpc = request.binding == "jsonrpc"
+        jsonrpc = info.rpc_id is not None or info.binding == "jsonrpc"
         stream = Stream(
             len(streams),
             where,
@@ -74,21 +114,39 @@ def streams_of(items: list[tuple[Recorded, str, int | None]]) -> list[Stream]:
             recorded.is_sse,
             recorded.outcome,
             recorded.error,
-            request.rpc_id if jsonrpc else None,
+            info.rpc_id if jsonrpc else None,
             jsonrpc,
+            protocol.name,
+            info,
+            request.json(),
+            request.header("Last-Event-ID"),
+            recorded.status,
         )
+        reader = protocol.reader()
         start = _start_ns(recorded.started_at)
-        task_id = request.task_id
+        task_id = info.task_id
         if recorded.is_sse:
             for seq, event in enumerate(events_in(recorded.chunks)):
+                c = reader.event(event.data, event.event)
                 frame = _frame(
-                    seq, event.id, event.complete, event.data, _at(start, event.offset_ns), task_id
+                    seq,
+                    event.id,
+                    event.complete,
+                    event.data,
+                    event.event,
+                    _at(start, event.offset_ns),
+                    c,
+                    task_id,
                 )
                 task_id = frame.task_id
                 stream.frames.append(frame)
         elif recorded.chunks and stream.complete and not recorded.response_body_truncated:
             body = recorded.body.decode("utf-8", "replace")
-            stream.frames.append(_frame(None, None, True, body, _at(start, recorded.chunks[-1][0]), task_id))
+            c = reader.body(body)
+            if c is not None or protocol.name == "a2a":
+                c = c or Classification("other")
+                at = _at(start, recorded.chunks[-1][0])
+                stream.frames.append(_frame(None, None, True, body, None, at, c, task_id))
         streams.append(stream)
     return streams
 
@@ -112,14 +170,23 @@ def _at(start: int | None, offset_ns: int) -> int | None:
 
 
 def _frame(
-    seq: int | None, sse_id: str | None, complete: bool, data: str, at_ns: int | None, task_id: str | None
+    seq: int | None,
+    sse_id: str | None,
+    complete: bool,
+    data: str,
+    event_type: str | None,
+    at_ns: int | None,
+    c: Classification,
+    task_id: str | None,
 ) -> Frame:
-    c = classify(data, bare_task=seq is None)
     payload = envelope = None
     if c.parse_error is None and data:
-        obj = load_json(data)
+        try:
+            obj = load_json(data)
+        except (ValueError, RecursionError):
+            obj = None
         if isinstance(obj, dict):
             envelope = obj if is_jsonrpc(obj) else None
             payload = obj.get("result") if envelope is not None else obj
             payload = payload if isinstance(payload, dict) else None
-    return Frame(seq, sse_id, complete, at_ns, c, c.task_id or task_id, payload, envelope)
+    return Frame(seq, sse_id, complete, at_ns, c, c.task_id or task_id, payload, envelope, event_type, data)

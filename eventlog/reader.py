@@ -133,6 +133,12 @@ class EventLog:
             chosen |= set(latest.values())
         return sorted(chosen)
 
+    def stream_summary(self, exchange_id: int | None = None) -> list[Row]:
+        """Rows of the ``stream_summary`` view: every exchange of a known protocol, or one."""
+        if exchange_id is None:
+            return self._rows("SELECT * FROM stream_summary")
+        return self._rows("SELECT * FROM stream_summary WHERE exchange_id = ?", (exchange_id,))
+
     def task_ids(self) -> list[str]:
         """Every task the log knows: from its events, and from answers that were not streamed."""
         return [

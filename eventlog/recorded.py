@@ -45,6 +45,7 @@ class Recorded:
     context_id: str | None = None
     binding: str | None = None
     rpc_method: str | None = None
+    protocol: str | None = None  # as the log named it (None: to be recognised)
 
     @property
     def cut_short(self) -> bool:
@@ -110,6 +111,7 @@ def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recor
                 context_id=x["context_id"],
                 binding=x["binding"],
                 rpc_method=x["rpc_method"],
+                protocol=x["protocol"],
             )
         )
     return recorded

@@ -8,18 +8,10 @@ bindings (the JSON-RPC method name; for REST, the equivalent name).
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from .classify import load_json
-
-
-class RequestInfo(NamedTuple):
-    binding: str | None = None
-    rpc_method: str | None = None
-    task_id: str | None = None
-    context_id: str | None = None
-    rpc_id: Any = None
-
+from .protocols.base import RequestInfo
 
 _TASK = r"/tasks/(?P<task>[^/:]+)"
 _REST_ROUTES = [
@@ -39,6 +31,43 @@ _REST_ROUTES = [
     (re.compile(r"(?:^|/)tasks$"), {"GET": "ListTasks"}),
     (re.compile(r"(?:^|/)extendedAgentCard$"), {"GET": "GetExtendedAgentCard"}),
 ]
+
+
+# The JSON-RPC methods of A2A v1.0, and of A2A 0.3.
+A2A_METHODS = frozenset(
+    {
+        "SendMessage",
+        "SendStreamingMessage",
+        "GetTask",
+        "ListTasks",
+        "CancelTask",
+        "SubscribeToTask",
+        "CreateTaskPushNotificationConfig",
+        "GetTaskPushNotificationConfig",
+        "ListTaskPushNotificationConfigs",
+        "ListTaskPushNotificationConfig",
+        "DeleteTaskPushNotificationConfig",
+        "GetExtendedAgentCard",
+        "message/send",
+        "message/stream",
+        "tasks/get",
+        "tasks/cancel",
+        "tasks/resubscribe",
+        "tasks/pushNotificationConfig/set",
+        "tasks/pushNotificationConfig/get",
+        "tasks/pushNotificationConfig/list",
+        "tasks/pushNotificationConfig/delete",
+        "agent/getAuthenticatedExtendedCard",
+    }
+)
+
+
+def rest_operation(method: str, path: str) -> str | None:
+    """The A2A operation of a REST request, if its route is one."""
+    for pattern, operations in _REST_ROUTES:
+        if method in operations and pattern.search(path):
+            return operations[method]
+    return None
 
 
 def classify_request(method: str, path: str, body: bytes | str | None) -> RequestInfo:

@@ -7,21 +7,11 @@ the one line that explains it. The rules come from the A2A v1.0 task lifecycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .frames import Frame, Stream
+from .frames import Frame, Problem, Rule, Stream
 from .models import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
-
-
-@dataclass(frozen=True)
-class Problem:
-    stream: Stream
-    frame: Frame | None  # None: the stream as a whole
-    message: str
-
-
-Rule = Callable[[Sequence[Stream]], Iterator[Problem]]
 
 S = TaskState
 LEGAL: dict[str, frozenset[str]] = {
@@ -269,8 +259,3 @@ RULES: dict[str, Rule] = {
     "jsonrpc-id": jsonrpc_id,
     "frame": well_formed,
 }
-
-
-def explain(name: str) -> str:
-    """The rule's one-line explanation (its docstring)."""
-    return (RULES[name].__doc__ or "").strip()

@@ -415,6 +415,50 @@ def _request_body_encoding(db: sqlite_utils.Database) -> None:
     db["exchanges"].add_column("request_body_encoding", str)
 
 
+STREAM_SUMMARY = """
+SELECT
+  x.id AS exchange_id,
+  x.protocol,
+  x.model,
+  x.answer,
+  x.input_tokens,
+  x.output_tokens,
+  x.finish,
+  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
+  round(coalesce(
+    (SELECT min(e.offset_ns) FROM events e WHERE e.exchange_id = x.id),
+    (SELECT min(c.offset_ns) FROM chunks c WHERE c.exchange_id = x.id)) / 1e6, 3) AS ttfe_ms,
+  round(x.duration_ns / 1e6, 3) AS duration_ms
+FROM exchanges x
+WHERE x.protocol IS NOT NULL
+ORDER BY x.id
+"""
+
+
+@_migration("0007_protocols")
+def _protocols(db: sqlite_utils.Database) -> None:
+    # Which protocol claimed each exchange, the MCP session it belongs to, and what its
+    # response comes to (stream_summary). Older logs are read again, protocol by protocol.
+    exchanges = db["exchanges"]
+    for name, kind in (
+        ("protocol", str),
+        ("session_id", str),
+        ("model", str),
+        ("answer", str),
+        ("input_tokens", int),
+        ("output_tokens", int),
+        ("finish", str),
+    ):
+        exchanges.add_column(name, kind)
+    exchanges.create_index(["protocol"], index_name="exchanges_protocol")
+    exchanges.create_index(["session_id"], index_name="exchanges_session")
+    db.create_view("stream_summary", STREAM_SUMMARY.strip())
+    # Here, not at the top: the protocols read the events back, which needs this module.
+    from .reread import reread_log  # noqa: PLC0415
+
+    reread_log(db.conn)
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of events after the last one

@@ -24,6 +24,7 @@ class StreamEvent:
         return b"\r\n" if self.raw_end == b"\r\n" else self.raw_end[-1:]
 
     raw_end: bytes = b"\n"
+    event: str | None = None  # the SSE event field
 
 
 def events_in(chunks: Chunks) -> list[StreamEvent]:
@@ -44,5 +45,5 @@ def events_in(chunks: Chunks) -> list[StreamEvent]:
 def _span(event: SSEEvent, start: int, offset_ns: int) -> StreamEvent:
     raw = event.raw
     return StreamEvent(
-        start, start + len(raw), event.id, event.data, event.complete, offset_ns, raw_end=raw[-2:]
+        start, start + len(raw), event.id, event.data, event.complete, offset_ns, raw[-2:], event.event
     )

@@ -1,4 +1,4 @@
-"""``tasktape check``: recorded streams against the A2A task lifecycle."""
+"""``tasktape check``: recorded streams against their protocols' lifecycles."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding, Report
 
 
-def _check_source(source: Path, save: bool) -> tuple[Report, int | None]:
+def _check_source(source: Path, save: bool, only: tuple[str, ...]) -> tuple[Report, int | None]:
     """The report on one source, and how many findings were saved into it (None: not a log)."""
     # Here, not at the top: the inspector package is Datasette's plugin, and importing it
     # costs every tasktape command its start-up time.
@@ -28,10 +28,10 @@ def _check_source(source: Path, save: bool) -> tuple[Report, int | None]:
 
     try:
         if not (source.is_file() and is_log(source)):
-            return report_recorded(load([source])), None
+            return report_recorded(load([source]), only or None), None
         with EventLog(source, readonly=not save) as log:
             ids = [x["id"] for x in log.exchanges()]
-            report = report_log(log, ids)
+            report = report_log(log, ids, only or None)
     except (OSError, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
     if not save:
@@ -60,20 +60,39 @@ def _plural(n: int, word: str) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the findings and the summary as JSON.")
 @click.option("--no-save", is_flag=True, help="Leave event logs as they are (by default findings are saved).")
-def check(sources: tuple[Path, ...], as_json: bool, no_save: bool) -> None:
-    """Check recorded streams against the A2A task lifecycle: event logs, cassettes, or folders of them.
+@click.option(
+    "--protocol",
+    "protocols",
+    multiple=True,
+    metavar="NAME",
+    help="Check only this protocol's exchanges (a2a, mcp, openai, anthropic, a plug-in's); repeatable.",
+)
+def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tuple[str, ...]) -> None:
+    """Check recorded streams against their protocols' lifecycles: event logs, cassettes, or folders of them.
 
-    Rules: legal state transitions per task (across its exchanges), nothing after a
-    terminal state, a stream that ran to its end closes on a terminal or interrupted
-    state, append/lastChunk order and lastChunk text per artifact, no message on a
-    COMPLETED statusUpdate, unique SSE ids, JSON-RPC ids that answer the request, and
-    frames that are JSON A2A frames. A stream cut short is noted, not counted as broken.
-    Findings about an event log are saved into its findings table (unless --no-save).
+    Each exchange is checked by the rules of the protocol it speaks (exchanges of no
+    known protocol are left alone). A2A: legal state transitions per task (across its
+    exchanges), nothing after a terminal state, a stream that ran to its end closes on a
+    terminal or interrupted state, append/lastChunk order and lastChunk text per
+    artifact, no message on a COMPLETED statusUpdate, unique SSE ids, JSON-RPC ids that
+    answer the request, frames that are JSON A2A frames. MCP: one response per request
+    id in a session (a stream closed for resumption may be answered on the resumed GET),
+    result xor error, progress rising. OpenAI: the end marker last and once, one finish
+    per choice. Anthropic: content blocks opened and closed in order, message_stop last.
+    A stream cut short is noted, not counted as broken. Findings about an event log are
+    saved into its findings table (unless --no-save).
     Exit status: 0 clean, 1 some rule broken, 2 bad input.
     """
-    from tasktape.eventlog.rules import RULES  # noqa: PLC0415 - see _check_source
+    from tasktape.eventlog.checker import all_rules, protocol_names  # noqa: PLC0415 - see _check_source
 
-    results = [(source, *_check_source(source, not no_save)) for source in sources]
+    unknown = sorted(set(protocols) - set(protocol_names()))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown protocol {', '.join(unknown)} (known: {', '.join(protocol_names())})",
+            param_hint="--protocol",
+        )
+    rules = all_rules()
+    results = [(source, *_check_source(source, not no_save, protocols)) for source in sources]
     findings = [(s, f) for s, report, _ in results for f in report.findings]
     cut_short = [(s, f) for s, report, _ in results for f in report.cut_short]
     by_rule = Counter(f.rule for _, f in findings)
@@ -91,6 +110,7 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool) -> None:
                             "streams": r.streams,
                             "exchanges": r.exchanges,
                             "tasks": r.tasks,
+                            "by_protocol": r.by_protocol,
                             "findings": len(r.findings),
                             "saved": saved,
                         }
@@ -101,7 +121,8 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool) -> None:
                     "summary": {
                         **totals,
                         "findings": len(findings),
-                        "by_rule": {n: by_rule[n] for n in RULES},
+                        "by_protocol": _by_protocol(results),
+                        "by_rule": {n: by_rule[n] for n in rules},
                     },
                 },
                 indent=2,
@@ -121,22 +142,35 @@ def _as_dict(source: Path, finding: Finding) -> dict[str, Any]:
     return {"source": str(source), **asdict(finding)}
 
 
+def _by_protocol(results: list[tuple[Path, Report, int | None]]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for _, report, _ in results:
+        counts.update(report.by_protocol)
+    return dict(counts)
+
+
 def _summary(
     results: list[tuple[Path, Report, int | None]], totals: dict[str, int], by_rule: Counter[str], cut: int
 ) -> None:
-    from tasktape.eventlog.rules import RULES, explain  # noqa: PLC0415 - see _check_source
+    from tasktape.eventlog.checker import all_rules, explain  # noqa: PLC0415 - see _check_source
 
     found = sum(by_rule.values())
-    what = f"{_plural(totals['streams'], 'stream')} ({_plural(totals['exchanges'], 'exchange')} in all)"
+    counts = _by_protocol(results)
+    # An A2A-only check reads as it always has; a mix says how many of each.
+    per = ", ".join(f"{name} {n}" for name, n in counts.items()) if set(counts) - {"a2a"} else ""
+    what = f"{_plural(totals['streams'], 'stream')} ({_plural(totals['exchanges'], 'exchange')} in all" + (
+        f": {per})" if per else ")"
+    )
     click.echo(
         f"\nChecked {what} of {_plural(totals['tasks'], 'task')} from {_plural(len(results), 'source')}: "
         + (f"{_plural(found, 'finding')}." if found else "no rule broken.")
     )
     if cut:
         click.echo(f"{_plural(cut, 'stream')} cut short: checked up to the break, not counted as broken.")
-    for name in RULES:
-        if by_rule[name]:
-            click.echo(f"  {name:<18} {by_rule[name]:>4}  {explain(name)}")
+    broken = [name for name in all_rules() if by_rule[name]]
+    width = max([18, *map(len, broken)])
+    for name in broken:
+        click.echo(f"  {name:<{width}} {by_rule[name]:>4}  {explain(name)}")
     for source, _, saved in results:
         if saved is not None:
             click.echo(f"Saved {_plural(saved, 'finding')} into {source} (table findings).")

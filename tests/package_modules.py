@@ -13,7 +13,20 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 PACKAGES: list[str] = CONFIG["packages"]
-FOLDERS: dict[str, Path] = {p: ROOT / CONFIG["package-dir"].get(p, p.replace(".", "/")) for p in PACKAGES}
+
+
+def _folder(package: str) -> Path:
+    """Where setuptools finds a package: its own package-dir entry, else its nearest
+    parent's folder with the rest of its name as subfolders."""
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        mapped = CONFIG["package-dir"].get(".".join(parts[:n]))
+        if mapped is not None:
+            return ROOT.joinpath(mapped, *parts[n:])
+    return ROOT.joinpath(*parts)
+
+
+FOLDERS: dict[str, Path] = {p: _folder(p) for p in PACKAGES}
 OPTIONAL = {"mitmproxy"}  # modules that need an extra are skipped where it is missing
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from a2a_frames import artifact, completed_run, sse, status, streamed, task
 
-from tasktape.eventlog.checker import Finding, check_recorded, report_recorded
+from tasktape.eventlog.checker import Finding, check_recorded, explain, report_recorded
 from tasktape.eventlog.recorded import Recorded
-from tasktape.eventlog.rules import RULES, explain
+from tasktape.eventlog.rules import RULES
 
 T, C = "task.1", "ctx.1"
 Frames = list[dict[str, Any]]

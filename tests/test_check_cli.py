@@ -21,7 +21,7 @@ from conftest import RecordFactory
 
 from tasktape.cli import main
 from tasktape.demo import run_demo
-from tasktape.eventlog.rules import RULES
+from tasktape.eventlog.checker import all_rules
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
 
@@ -89,7 +89,7 @@ def test_json(demo_log: Path) -> None:
     assert source["saved"] is None  # --no-save
     summary = doc["summary"]
     assert summary["streams"] == 12 and summary["findings"] == 0
-    assert summary["by_rule"] == dict.fromkeys(RULES, 0)
+    assert summary["by_rule"] == dict.fromkeys(all_rules(), 0)
 
 
 def rule_breaking_agent() -> web.Application:
@@ -174,7 +174,7 @@ async def test_json_lists_the_findings(record: RecordFactory) -> None:
         ("after-terminal", "1", 1, 10),
     ]
     assert doc["summary"]["by_rule"] == {
-        **dict.fromkeys(RULES, 0),
+        **dict.fromkeys(all_rules(), 0),
         "completed-message": 1,
         "after-terminal": 1,
     }

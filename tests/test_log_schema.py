@@ -40,6 +40,13 @@ CONTRACT = {
         "response_body_truncated",
         "body_encoding",
         "request_body_encoding",
+        "protocol",
+        "session_id",
+        "model",
+        "answer",
+        "input_tokens",
+        "output_tokens",
+        "finish",
     ],
     "chunks": ["exchange_id", "seq", "offset_ns", "data"],
     "events": [
@@ -74,6 +81,7 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
     assert db["chunks"].pks == ["exchange_id", "seq"] and db["events"].pks == ["exchange_id", "seq"]
     indexes = {tuple(i.columns) for t in ("events", "exchanges") for i in db[t].indexes}
     assert {("task_id", "event_id"), ("context_id",), ("task_id",), ("capture_id",)} <= indexes
+    assert {("protocol",), ("session_id",)} <= indexes
     assert {fk.column: fk.other_table for fk in db["events"].foreign_keys} == {"exchange_id": "exchanges"}
     assert {fk.column: fk.other_table for fk in db["exchanges"].foreign_keys} == {"capture_id": "captures"}
     assert set(db.view_names()) == {
@@ -82,6 +90,7 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
         "task_artifacts",
         "task_summary",
         "exchange_metrics",
+        "stream_summary",
     }
     assert [c.name for c in db["findings"].columns] == [
         "id",

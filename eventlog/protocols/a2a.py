@@ -1,0 +1,140 @@
+"""A2A v1.0 (REST and JSON-RPC bindings) and the A2A 0.3 shapes still seen in the wild.
+
+The frame model is :mod:`tasktape.eventlog.models`, the per-event classifier
+:mod:`tasktape.eventlog.classify`, the request classifier
+:mod:`tasktape.eventlog.requests` and the lifecycle rules :mod:`tasktape.eventlog.rules`;
+this module is what the registry knows of them. An exchange is A2A when its request is
+(an A2A REST route, an A2A JSON-RPC method, the agent card, an ``A2A-Version`` header), or,
+when nothing claimed the request, when its first event is an exact A2A frame.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from ..classify import Classification, classify, load_json
+from ..models import STREAM_KINDS, V03_KINDS, is_jsonrpc
+from ..requests import A2A_METHODS, classify_request, rest_operation
+from ..rules import RULES
+from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, Summary
+
+CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
+THINKING = "intermediate-thinking"
+
+
+class A2AKind(StrEnum):
+    TASK = "task"
+    MESSAGE = "message"
+    STATUS_UPDATE = "statusUpdate"
+    ARTIFACT_UPDATE = "artifactUpdate"
+    ERROR = "error"
+    OTHER = "other"
+
+
+class A2A(Protocol):
+    name = "a2a"
+    kinds = A2AKind
+    regenerated: ClassVar[Regenerated] = Regenerated(keys=frozenset({"messageId", "timestamp", "$timestamp"}))
+    rules = RULES
+
+    def claims(self, request: Request) -> bool:
+        if request.header("A2A-Version") is not None:
+            return True
+        if request.method == "GET" and request.path.endswith(CARD_PATHS):
+            return True
+        if rest_operation(request.method, request.path) is not None:
+            return True
+        body = request.json()
+        if not (
+            isinstance(body, dict) and body.get("jsonrpc") == "2.0" and body.get("method") in A2A_METHODS
+        ):
+            return False
+        # tasks/get and tasks/cancel are MCP methods too: an MCP client says which it speaks.
+        return request.header("MCP-Protocol-Version") is None and request.header("Mcp-Session-Id") is None
+
+    def claims_stream(self, data: str, event_type: str | None) -> bool:
+        """An exact frame (or a Task, as a whole body)."""
+        try:
+            obj = load_json(data) if data else None
+        except (ValueError, RecursionError):
+            return False
+        if isinstance(obj, dict) and is_jsonrpc(obj) and set(obj) <= {"jsonrpc", "id", "result"}:
+            obj = obj.get("result")
+            if isinstance(obj, dict) and obj.get("kind") in V03_KINDS:
+                return True
+        if not isinstance(obj, dict):
+            return False
+        return (len(obj) == 1 and _frame_key(obj) is not None) or _bare_task(obj)
+
+    def request_info(self, request: Request) -> RequestInfo:
+        return classify_request(request.method, request.path, request.body)
+
+    def reader(self) -> A2AReader:
+        return A2AReader()
+
+
+def _frame_key(obj: dict[str, Any]) -> str | None:
+    """The one StreamResponse key of an exact v1.0 frame, holding an object."""
+    (key,) = obj
+    return key if key in STREAM_KINDS and isinstance(obj[key], dict) else None
+
+
+def _bare_task(obj: dict[str, Any]) -> bool:
+    """A Task itself, as GetTask and CancelTask answer: an id and a status with a state."""
+    status = obj.get("status")
+    return (
+        isinstance(obj.get("id"), str) and isinstance(status, dict) and isinstance(status.get("state"), str)
+    )
+
+
+class A2AReader(StreamReader):
+    """Task state, usage and the answer: each artifact's lastChunk, else its deltas."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._artifacts: dict[str | None, list[str]] = {}  # artifact id -> its text so far
+        self._thinking: set[str | None] = set()
+
+    def event(self, data: str, event_type: str | None) -> Classification:
+        c = classify(data)
+        self._read(c)
+        return c
+
+    def body(self, data: bytes | str) -> Classification | None:
+        c = classify(data, bare_task=True)
+        if c.kind in (A2AKind.OTHER, A2AKind.ERROR):
+            return None
+        self._read(c)
+        return c
+
+    def _read(self, c: Classification) -> None:
+        s = self.summary
+        if c.state:
+            s.finish = c.state
+        if c.usage:
+            model, tokens_in, tokens_out = (
+                c.usage.get(k) for k in ("model", "input_tokens", "output_tokens")
+            )
+            s.model = model if isinstance(model, str) else s.model
+            s.input_tokens = tokens_in if isinstance(tokens_in, int) else s.input_tokens
+            s.output_tokens = tokens_out if isinstance(tokens_out, int) else s.output_tokens
+        if c.kind != A2AKind.ARTIFACT_UPDATE:
+            return
+        if c.artifact_type == THINKING:
+            self._thinking.add(c.artifact_id)
+        texts = self._artifacts.setdefault(c.artifact_id, [])
+        if c.last_chunk and not c.append:
+            texts[:] = [c.text or ""]  # the consolidation replaces the deltas
+        elif c.append or not texts:
+            texts.append(c.text or "")
+        else:
+            texts[:] = [c.text or ""]
+
+    def finished(self) -> Summary:
+        answer = [
+            "".join(texts) for artifact, texts in self._artifacts.items() if artifact not in self._thinking
+        ]
+        if answer:
+            self.summary.answer = "\n".join(answer)
+        return self.summary

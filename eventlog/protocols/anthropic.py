@@ -1,0 +1,221 @@
+"""Anthropic Messages streaming: ``message_start``, then per content block
+``content_block_start``, ``content_block_delta``s and ``content_block_stop``, then
+``message_delta`` (the stop reason, the output tokens so far) and ``message_stop``;
+``ping`` anywhere, and ``error`` when the API fails mid-stream. Each event names its
+type twice: in its ``event`` field and in its data's ``type``.
+
+An exchange is Anthropic's when it POSTs to ``.../v1/messages`` (or a ``.../messages``
+with an ``anthropic-version`` header) a JSON body with ``model`` and ``messages``.
+Event kinds are the event types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from enum import StrEnum
+from typing import Any
+
+from ..classify import Classification, load_json
+from ..frames import Problem, Stream
+from .base import Protocol, Request, RequestInfo, StreamReader
+
+
+class AnthropicKind(StrEnum):
+    MESSAGE_START = "message_start"
+    CONTENT_BLOCK_START = "content_block_start"
+    CONTENT_BLOCK_DELTA = "content_block_delta"
+    CONTENT_BLOCK_STOP = "content_block_stop"
+    MESSAGE_DELTA = "message_delta"
+    MESSAGE_STOP = "message_stop"
+    PING = "ping"
+    ERROR = "error"
+    OTHER = "other"
+
+
+_KINDS = {k.value: k for k in AnthropicKind}
+_TOKENS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+class Anthropic(Protocol):
+    name = "anthropic"
+    kinds = AnthropicKind
+
+    def claims(self, request: Request) -> bool:
+        if request.method != "POST":
+            return False
+        path = request.path.rstrip("/")
+        if not (path.endswith("/v1/messages") or path.endswith("/messages/count_tokens")) and not (
+            path.endswith("/messages") and request.header("anthropic-version") is not None
+        ):
+            return False
+        body = request.json()
+        return isinstance(body, dict) and isinstance(body.get("model"), str) and "messages" in body
+
+    def request_info(self, request: Request) -> RequestInfo:
+        tail = "messages.count_tokens" if request.path.rstrip("/").endswith("count_tokens") else "messages"
+        return RequestInfo(rpc_method=tail)
+
+    def reader(self) -> AnthropicReader:
+        return AnthropicReader()
+
+
+def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
+    out: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
+    if isinstance(usage, dict):
+        out.update((k, usage[k]) for k in _TOKENS if isinstance(usage.get(k), int))
+    return out or None
+
+
+class AnthropicReader(StreamReader):
+    """The answer is the text blocks' deltas; tokens as the last event counted them."""
+
+    def event(self, data: str, event_type: str | None) -> Classification:
+        try:
+            obj = load_json(data)
+        except (ValueError, RecursionError) as exc:
+            return Classification(AnthropicKind.OTHER, parse_error=f"not JSON: {exc}"[:500])
+        if not isinstance(obj, dict):
+            return Classification(AnthropicKind.OTHER, parse_error="not a JSON object")
+        kind = _KINDS.get(obj.get("type"), AnthropicKind.OTHER)  # type: ignore[arg-type]
+        s = self.summary
+        if kind is AnthropicKind.CONTENT_BLOCK_DELTA:
+            delta = obj.get("delta")
+            text = (
+                delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
+            )
+            if isinstance(text, str):
+                self._answer.append(text)
+                return Classification(kind, text=text)
+            return Classification(kind)
+        if kind is AnthropicKind.MESSAGE_START:
+            message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
+            usage = _usage(message.get("model"), message.get("usage"))
+            self._count(usage)
+            return Classification(kind, usage=usage)
+        if kind is AnthropicKind.MESSAGE_DELTA:
+            delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+            reason = delta.get("stop_reason")
+            state = reason if isinstance(reason, str) else None
+            usage = _usage(None, obj.get("usage"))
+            self._count(usage)
+            s.finish = state or s.finish
+            return Classification(kind, state=state, usage=usage)
+        if kind is AnthropicKind.ERROR:
+            error = obj.get("error") if isinstance(obj.get("error"), dict) else {}
+            s.finish = "error"
+            kind_, message = error.get("type"), error.get("message")
+            text = f"{kind_}: {message}" if isinstance(message, str) else None
+            return Classification(kind, text=text, state="error")
+        return Classification(kind)
+
+    def body(self, data: bytes | str) -> Classification | None:
+        """A whole message (``stream`` false)."""
+        try:
+            obj = load_json(data)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or obj.get("type") != "message":
+            return self.event(data if isinstance(data, str) else data.decode("utf-8", "replace"), None)
+        usage = _usage(obj.get("model"), obj.get("usage"))
+        self._count(usage)
+        content = obj.get("content") if isinstance(obj.get("content"), list) else []
+        texts = [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
+        self._answer.extend(texts)
+        reason = obj.get("stop_reason")
+        self.summary.finish = reason if isinstance(reason, str) else None
+        return Classification(
+            AnthropicKind.OTHER, text="".join(texts) or None, state=self.summary.finish, usage=usage
+        )
+
+    def _count(self, usage: dict[str, Any] | None) -> None:
+        if usage:
+            s = self.summary
+            s.model = usage.get("model", s.model)
+            s.input_tokens = usage.get("input_tokens", s.input_tokens)
+            s.output_tokens = usage.get("output_tokens", s.output_tokens)
+
+
+# -- lifecycle rules ----------------------------------------------------------------------
+
+
+def _events(stream: Stream) -> Iterator[tuple[Any, dict[str, Any]]]:
+    for frame in stream.frames:
+        if frame.complete and frame.payload is not None:
+            yield frame, frame.payload
+
+
+def block_order(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Blocks open in index order, one at a time, take deltas while open, and close before the end."""
+    for stream in streams:
+        if not stream.is_sse:
+            continue
+        open_block: tuple[int, Any] | None = None  # (index, the frame that opened it)
+        next_index = 0
+        for frame, event in _events(stream):
+            kind, index = event.get("type"), event.get("index")
+            if kind == AnthropicKind.CONTENT_BLOCK_START:
+                if open_block is not None:
+                    yield Problem(stream, frame, f"block {index} starts while block {open_block[0]} is open")
+                elif index != next_index:
+                    yield Problem(stream, frame, f"block {index} starts where block {next_index} was due")
+                open_block, next_index = (index, frame), (index if isinstance(index, int) else next_index) + 1
+            elif kind in (AnthropicKind.CONTENT_BLOCK_DELTA, AnthropicKind.CONTENT_BLOCK_STOP):
+                if open_block is None or open_block[0] != index:
+                    what = "a delta" if kind == AnthropicKind.CONTENT_BLOCK_DELTA else "a stop"
+                    yield Problem(stream, frame, f"{what} for block {index}, which is not open")
+                elif kind == AnthropicKind.CONTENT_BLOCK_STOP:
+                    open_block = None
+            elif kind in (AnthropicKind.MESSAGE_DELTA, AnthropicKind.MESSAGE_STOP) and open_block is not None:
+                yield Problem(
+                    stream,
+                    frame,
+                    f"{kind} while block {open_block[0]} (opened at event {open_block[1].seq}) is open",
+                )
+                open_block = None
+
+
+def stop_last(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A stream opens with message_start and, run to its end, ends with one message_stop (or an error)."""
+    for stream in streams:
+        if not stream.is_sse:
+            continue
+        events = list(_events(stream))
+        if not events:
+            continue
+        first = events[0][1].get("type")
+        if first not in (AnthropicKind.MESSAGE_START, AnthropicKind.ERROR):
+            yield Problem(stream, events[0][0], f"the stream starts with {first!r}, not message_start")
+        stops = [f for f, e in events if e.get("type") == AnthropicKind.MESSAGE_STOP]
+        if stops and events[-1][0] is not stops[-1]:
+            after = events[[f for f, _ in events].index(stops[0]) + 1][0]
+            yield Problem(stream, after, f"an event after message_stop (event {stops[0].seq})")
+        elif len(stops) > 1:
+            yield Problem(stream, stops[1], "a second message_stop")
+        elif not stops and stream.complete and events[-1][1].get("type") != AnthropicKind.ERROR:
+            yield Problem(stream, events[-1][0], "the stream ended without message_stop")
+
+
+def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Every event is a JSON object whose ``type`` is its ``event`` field."""
+    for stream in streams:
+        if not stream.is_sse:
+            continue
+        for frame in stream.frames:
+            if not frame.complete:
+                if stream.complete:
+                    yield Problem(stream, frame, "the stream ended in the middle of this event")
+            elif frame.c.parse_error:
+                yield Problem(stream, frame, frame.c.parse_error)
+            elif frame.payload is not None and frame.event_type != frame.payload.get("type"):
+                yield Problem(
+                    stream,
+                    frame,
+                    f"event {frame.event_type!r} carries data of type {frame.payload.get('type')!r}",
+                )
+
+
+Anthropic.rules = {
+    "anthropic-block-order": block_order,
+    "anthropic-stop-last": stop_last,
+    "anthropic-frame": well_formed,
+}

@@ -1,0 +1,129 @@
+"""What a protocol tells tasktape: the hooks a protocol module implements.
+
+A protocol is an instance of a :class:`Protocol` subclass. The registry
+(:mod:`tasktape.eventlog.protocols`) asks each protocol in turn whether it claims an
+exchange; the one that does classifies the exchange's request and, through a fresh
+:class:`StreamReader`, each event of its response, and names what its clients
+regenerate on every run (replay matching) and the lifecycle rules ``tasktape check``
+runs on its exchanges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+from ..classify import Classification, load_json
+
+if TYPE_CHECKING:
+    from ..frames import Rule
+
+
+class RequestInfo(NamedTuple):
+    """What the log indexes about a request."""
+
+    binding: str | None = None  # A2A's rest / jsonrpc; None for every other protocol
+    rpc_method: str | None = None  # the operation (A2A), the JSON-RPC method, or the API call
+    task_id: str | None = None
+    context_id: str | None = None
+    rpc_id: Any = None  # the JSON-RPC request's id
+    session_id: str | None = None  # MCP's Mcp-Session-Id
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request as a protocol sees it: headers as (name, value) pairs, body decoded."""
+
+    method: str
+    path: str
+    headers: Sequence[tuple[str, str]] = ()
+    body: bytes | str | None = None
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header (names compared case-insensitively)."""
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def json(self) -> Any:
+        """The body as JSON, or None when it is not."""
+        if not self.body:
+            return None
+        try:
+            return load_json(self.body)
+        except (ValueError, RecursionError):
+            return None
+
+
+@dataclass
+class Summary:
+    """What one exchange of a protocol comes to: a row of ``stream_summary``."""
+
+    model: str | None = None  # as the response reports it, not as requested
+    answer: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish: str | None = None
+
+
+class StreamReader:
+    """Reads one exchange's response, event by event (or its whole body): classifies
+    each and keeps what the summary needs. One per exchange; it may keep state."""
+
+    def __init__(self) -> None:
+        self.summary = Summary()
+        self._answer: list[str] = []
+
+    def event(self, data: str, event_type: str | None) -> Classification:
+        """Classify one SSE event (its ``data`` and ``event`` field). Never raises."""
+        return Classification("other")
+
+    def body(self, data: bytes | str) -> Classification | None:
+        """Classify a whole response body that is not a stream (None: nothing in it)."""
+        return None
+
+    def finished(self) -> Summary:
+        """The summary once the response has ended."""
+        if self._answer:
+            self.summary.answer = "".join(self._answer)
+        return self.summary
+
+
+@dataclass(frozen=True)
+class Regenerated:
+    """What a protocol's clients make up afresh on every run, which replay matching
+    ignores in request bodies: keys anywhere, and JSON pointers (``*`` matches any step)."""
+
+    keys: frozenset[str] = frozenset()
+    pointers: tuple[tuple[str, ...], ...] = ()
+
+
+class Protocol:
+    """One protocol. Subclasses set ``name`` and ``kinds`` and override the hooks."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[type[StrEnum]]  # the event kinds its classification gives
+    regenerated: ClassVar[Regenerated] = Regenerated()
+    rules: ClassVar[Mapping[str, Rule]] = {}  # its lifecycle rules, by name
+
+    def claims(self, request: Request) -> bool:
+        """Whether this request is one of this protocol's (strictly: never on a guess)."""
+        raise NotImplementedError
+
+    def claims_stream(self, data: str, event_type: str | None) -> bool:
+        """Whether a response whose request no protocol claimed is this protocol's, judged
+        by its first event (or, with ``event_type`` None, its whole body)."""
+        return False
+
+    def request_info(self, request: Request) -> RequestInfo:
+        """What the log indexes about a request this protocol claimed."""
+        return RequestInfo()
+
+    def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
+        """The session a response opens (MCP's initialize answers with one)."""
+        return None
+
+    def reader(self) -> StreamReader:
+        """A reader for one exchange's response."""
+        return StreamReader()

@@ -1,0 +1,273 @@
+"""MCP over Streamable HTTP: JSON-RPC 2.0 messages, POSTed by the client and answered
+with JSON or an SSE stream; a GET stream for what the server sends unasked; SSE event
+ids and ``Last-Event-ID`` for resumption (revisions 2025-06-18 and 2025-11-25, with
+``Mcp-Session-Id``, and the stateless 2026-07-28).
+
+An exchange is MCP when its request carries ``MCP-Protocol-Version`` or
+``Mcp-Session-Id``, or posts a JSON-RPC message whose method is MCP's. Event kinds:
+``request`` (the server asks the client), ``response``, ``notification``, ``error`` (an
+error response), ``priming`` (an event without data, sent so that a client has an id to
+resume from) and ``other``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from ..classify import Classification, load_json
+from ..frames import Frame, Problem, Stream
+from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader
+
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+
+# The methods a client sends (requests and notifications), across the revisions.
+CLIENT_METHODS = frozenset(
+    {
+        "initialize",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "logging/setLevel",
+        "server/discover",
+        "notifications/initialized",
+        "notifications/cancelled",
+        "notifications/progress",
+        "notifications/roots/list_changed",
+    }
+)
+PROGRESS = "notifications/progress"
+
+
+class MCPKind(StrEnum):
+    REQUEST = "request"
+    RESPONSE = "response"
+    NOTIFICATION = "notification"
+    ERROR = "error"
+    PRIMING = "priming"
+    OTHER = "other"
+
+
+def message_kind(obj: Any) -> MCPKind:
+    """The kind of one JSON-RPC message."""
+    if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":
+        return MCPKind.OTHER
+    if isinstance(obj.get("method"), str):
+        return MCPKind.REQUEST if "id" in obj else MCPKind.NOTIFICATION
+    if "id" in obj and "error" in obj:
+        return MCPKind.ERROR
+    if "id" in obj and "result" in obj:
+        return MCPKind.RESPONSE
+    return MCPKind.OTHER
+
+
+def result_text(result: Any) -> str | None:
+    """The text a result carries: a tool result's text content, joined."""
+    if not isinstance(result, dict):
+        return None
+    content = result.get("content")
+    if not isinstance(content, list):
+        return None
+    texts = [t for c in content if isinstance(c, dict) and isinstance(t := c.get("text"), str)]
+    return "".join(texts) if texts else None
+
+
+def error_text(error: Any) -> str | None:
+    if not isinstance(error, dict):
+        return None
+    code, message = error.get("code"), error.get("message")
+    return f"{code}: {message}" if code is not None and isinstance(message, str) else None
+
+
+class MCP(Protocol):
+    name = "mcp"
+    kinds = MCPKind
+    # Clients number requests afresh, and the SDKs use the id as the progress token.
+    regenerated: ClassVar[Regenerated] = Regenerated(pointers=(("params", "_meta", "progressToken"),))
+
+    def claims(self, request: Request) -> bool:
+        if request.header(VERSION_HEADER) is not None or request.header(SESSION_HEADER) is not None:
+            return True
+        body = request.json()
+        return (
+            isinstance(body, dict) and body.get("jsonrpc") == "2.0" and body.get("method") in CLIENT_METHODS
+        )
+
+    def request_info(self, request: Request) -> RequestInfo:
+        body = request.json()
+        method = rpc_id = None
+        if isinstance(body, dict):
+            method = body.get("method") if isinstance(body.get("method"), str) else None
+            rpc_id = body.get("id")
+        if method is None and request.method != "POST":
+            method = request.method  # the GET stream, the DELETE that ends a session
+        return RequestInfo(None, method, None, None, rpc_id, request.header(SESSION_HEADER))
+
+    def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
+        name = SESSION_HEADER.lower()
+        return next((v for k, v in response_headers if k.lower() == name), None)
+
+    def reader(self) -> MCPReader:
+        return MCPReader()
+
+
+class MCPReader(StreamReader):
+    """The finish is ``result`` or ``error``, of the last answer; the answer its text."""
+
+    def event(self, data: str, event_type: str | None) -> Classification:
+        if not data:
+            return Classification(MCPKind.PRIMING)
+        return self._message(data)
+
+    def body(self, data: bytes | str) -> Classification | None:
+        return self._message(data) if data else None
+
+    def _message(self, data: bytes | str) -> Classification:
+        try:
+            obj = load_json(data)
+        except (ValueError, RecursionError) as exc:
+            return Classification(MCPKind.OTHER, parse_error=f"not JSON: {exc}"[:500])
+        kind = message_kind(obj)
+        if kind is MCPKind.OTHER:
+            return Classification(kind, parse_error="not a JSON-RPC 2.0 message")
+        text = state = None
+        if kind is MCPKind.RESPONSE:
+            text, state = result_text(obj["result"]), "result"
+        elif kind is MCPKind.ERROR:
+            text, state = error_text(obj["error"]), "error"
+        elif kind is MCPKind.NOTIFICATION:
+            params = obj.get("params")
+            message = params.get("message") if isinstance(params, dict) else None
+            text = message if isinstance(message, str) else None
+        if state is not None:
+            self.summary.finish = state
+            self.summary.answer = text
+        return Classification(kind, text=text, state=state)
+
+
+# -- lifecycle rules ----------------------------------------------------------------------
+
+
+def _messages(stream: Stream) -> Iterator[tuple[Frame, dict[str, Any]]]:
+    for frame in stream.frames:
+        if frame.complete and isinstance(frame.envelope, dict):
+            yield frame, frame.envelope
+
+
+def _sessions(streams: Sequence[Stream]) -> list[list[Stream]]:
+    """The streams of each session (a stateless exchange is a session of its own)."""
+    sessions: dict[object, list[Stream]] = {}
+    for stream in streams:
+        key = stream.request.session_id or ("exchange", stream.index)
+        sessions.setdefault(key, []).append(stream)
+    return list(sessions.values())
+
+
+def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Each request the client posts gets exactly one response in its session (on its POST
+    stream, or on the GET stream a client resumed it on), unless the stream was cut short."""
+    for session in _sessions(streams):
+        answers: dict[Any, list[tuple[Stream, Frame]]] = {}
+        seen: set[str] = set()
+        for stream in session:
+            for frame, message in _messages(stream):
+                if message_kind(message) not in (MCPKind.RESPONSE, MCPKind.ERROR):
+                    continue
+                if frame.sse_id is not None:
+                    if frame.sse_id in seen:
+                        continue  # the same event once more, as a resumed stream repeats it
+                    seen.add(frame.sse_id)
+                answers.setdefault(_key(message.get("id")), []).append((stream, frame))
+        cut = any(not s.complete for s in session)
+        for stream in session:
+            body = stream.request_body
+            if message_kind(body) is not MCPKind.REQUEST or stream.status is None or stream.status >= 400:
+                continue
+            got = answers.get(_key(body["id"]), [])
+            if not got and not cut:
+                yield Problem(stream, None, f"request {body['id']!r} ({body['method']}) got no response")
+            for other, frame in got[1:]:
+                yield Problem(
+                    other,
+                    frame,
+                    f"a second response to request {body['id']!r} (the first: {got[0][0].label(got[0][1])})",
+                )
+
+
+def _key(rpc_id: Any) -> tuple[str, Any]:
+    return (type(rpc_id).__name__, rpc_id)  # 1 and "1" are different ids
+
+
+def result_xor_error(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A response carries a result or an error, never both, and an error has a code and a message."""
+    for stream in streams:
+        for frame, message in _messages(stream):
+            if "method" in message or "id" not in message:
+                continue
+            if "result" in message and "error" in message:
+                yield Problem(stream, frame, "a response with both a result and an error")
+            elif "result" not in message and "error" not in message:
+                yield Problem(stream, frame, "a response with neither a result nor an error")
+            elif "error" in message and error_text(message["error"]) is None:
+                yield Problem(stream, frame, "an error without an integer code and a message")
+
+
+def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Each progress token's ``progress`` rises with every notification, and never passes ``total``."""
+    for session in _sessions(streams):
+        last: dict[Any, float] = {}
+        seen: set[str] = set()
+        for stream in session:
+            for frame, message in _messages(stream):
+                if message.get("method") != PROGRESS or frame.sse_id in seen:
+                    continue
+                if frame.sse_id is not None:
+                    seen.add(frame.sse_id)
+                params = message.get("params") if isinstance(message.get("params"), dict) else {}
+                token, progress, total = (
+                    params.get("progressToken"),
+                    params.get("progress"),
+                    params.get("total"),
+                )
+                if not isinstance(progress, int | float):
+                    yield Problem(stream, frame, f"progress of token {token!r} is not a number")
+                    continue
+                before = last.get(_key(token))
+                if before is not None and progress <= before:
+                    yield Problem(
+                        stream, frame, f"progress of token {token!r} went from {before} to {progress}"
+                    )
+                if isinstance(total, int | float) and progress > total:
+                    yield Problem(
+                        stream, frame, f"progress {progress} of token {token!r} passes its total {total}"
+                    )
+                last[_key(token)] = progress
+
+
+def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Every event is one JSON-RPC 2.0 message (or an empty priming event), none cut off mid-way."""
+    for stream in streams:
+        for frame in stream.frames:
+            if not frame.complete:
+                if stream.complete:
+                    yield Problem(stream, frame, "the stream ended in the middle of this event")
+            elif frame.c.parse_error:
+                yield Problem(stream, frame, frame.c.parse_error)
+
+
+MCP.rules = {
+    "mcp-one-response": one_response,
+    "mcp-result-xor-error": result_xor_error,
+    "mcp-progress-rising": progress_rising,
+    "mcp-frame": well_formed,
+}

@@ -1,0 +1,273 @@
+"""OpenAI token streams: Chat Completions (``stream: true``, usage with
+``stream_options.include_usage``, ended by ``data: [DONE]``) and the Responses API's
+typed events (``event: response.output_text.delta`` ..., ended by ``response.completed``,
+``response.failed`` or ``response.incomplete``). Servers that copy the API (vLLM,
+llama.cpp, Ollama's compatibility layer) speak the same.
+
+An exchange is OpenAI's when it POSTs to ``.../chat/completions``, ``.../completions`` or
+``.../responses`` a JSON body with a ``model`` and its ``messages``, ``prompt`` or
+``input``. Event kinds: ``delta`` (adds text), ``finish`` (a choice's finish_reason),
+``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a Responses terminal event),
+``event`` (any other Responses event), ``error`` and ``other``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from enum import StrEnum
+from typing import Any
+
+from ..classify import Classification, load_json
+from ..frames import Problem, Stream
+from .base import Protocol, Request, RequestInfo, StreamReader
+
+DONE = "[DONE]"
+# The API call of each path tail, and the request body field it needs beside "model".
+_CALLS = {
+    "/chat/completions": ("chat.completions", "messages"),
+    "/completions": ("completions", "prompt"),
+    "/responses": ("responses", "input"),
+}
+TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete"})
+_TEXT_DELTA = "response.output_text.delta"
+
+
+class OpenAIKind(StrEnum):
+    DELTA = "delta"
+    FINISH = "finish"
+    USAGE = "usage"
+    DONE = "done"
+    EVENT = "event"
+    ERROR = "error"
+    OTHER = "other"
+
+
+def _call(request: Request) -> str | None:
+    if request.method != "POST":
+        return None
+    for tail, (call, needs) in _CALLS.items():
+        if request.path.endswith(tail):
+            body = request.json()
+            if isinstance(body, dict) and isinstance(body.get("model"), str) and needs in body:
+                return call
+            return None
+    return None
+
+
+class OpenAI(Protocol):
+    name = "openai"
+    kinds = OpenAIKind
+
+    def claims(self, request: Request) -> bool:
+        return _call(request) is not None
+
+    def request_info(self, request: Request) -> RequestInfo:
+        return RequestInfo(rpc_method=_call(request))
+
+    def reader(self) -> OpenAIReader:
+        return OpenAIReader()
+
+
+def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
+    """Token counts in one vocabulary: the Chat API's prompt/completion tokens, or the
+    Responses API's input/output tokens."""
+    out: dict[str, Any] = {}
+    if isinstance(model, str):
+        out["model"] = model
+    if isinstance(usage, dict):
+        for theirs, ours in (
+            ("prompt_tokens", "input_tokens"),
+            ("completion_tokens", "output_tokens"),
+            ("input_tokens", "input_tokens"),
+            ("output_tokens", "output_tokens"),
+            ("total_tokens", "total_tokens"),
+        ):
+            if isinstance(usage.get(theirs), int):
+                out[ours] = usage[theirs]
+    return out or None
+
+
+class OpenAIReader(StreamReader):
+    """The answer is choice 0's deltas (or the output text); the model the stream reports,
+    recorded on an event's usage when it first appears or changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen_model: str | None = None
+
+    def event(self, data: str, event_type: str | None) -> Classification:
+        if data == DONE:
+            return Classification(OpenAIKind.DONE)
+        return self._read(data)
+
+    def body(self, data: bytes | str) -> Classification | None:
+        return self._read(data) if data else None
+
+    def _read(self, data: bytes | str) -> Classification:
+        try:
+            obj = load_json(data)
+        except (ValueError, RecursionError) as exc:
+            return Classification(OpenAIKind.OTHER, parse_error=f"not JSON: {exc}"[:500])
+        if not isinstance(obj, dict):
+            return Classification(OpenAIKind.OTHER, parse_error="not a JSON object")
+        if "error" in obj and isinstance(obj["error"], dict):
+            return self._error(obj["error"])
+        kind = obj.get("type")
+        if isinstance(kind, str):
+            return self._typed(kind, obj)
+        return self._chat(obj)
+
+    def _error(self, error: dict[str, Any]) -> Classification:
+        message = error.get("message")
+        self.summary.finish = "error"
+        return Classification(
+            OpenAIKind.ERROR, text=message if isinstance(message, str) else None, state="error"
+        )
+
+    def _model(self, model: Any) -> Any:
+        """The model, when it is news (first seen, or changed)."""
+        if not isinstance(model, str) or model == self._seen_model:
+            return None
+        self._seen_model = self.summary.model = model
+        return model
+
+    def _tokens(self, usage: dict[str, Any] | None) -> None:
+        if usage:
+            s = self.summary
+            s.input_tokens = usage.get("input_tokens", s.input_tokens)
+            s.output_tokens = usage.get("output_tokens", s.output_tokens)
+
+    def _chat(self, obj: dict[str, Any]) -> Classification:
+        """A chat.completion.chunk (or text_completion, or a whole chat.completion)."""
+        usage = _usage(self._model(obj.get("model")), obj.get("usage"))
+        self._tokens(usage)
+        choices = obj.get("choices")
+        text = finish = None
+        if isinstance(choices, list):
+            for choice in choices:
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                holder = choice.get("delta", choice.get("message"))
+                piece = holder.get("content") if isinstance(holder, dict) else choice.get("text")
+                text = piece if isinstance(piece, str) and piece else None
+                reason = choice.get("finish_reason")
+                finish = reason if isinstance(reason, str) else None
+        if text is not None:
+            self._answer.append(text)
+        if finish is not None:
+            self.summary.finish = finish
+            return Classification(OpenAIKind.FINISH, text=text, state=finish, usage=usage)
+        if text is None and isinstance(obj.get("usage"), dict):
+            return Classification(OpenAIKind.USAGE, usage=usage)
+        return Classification(OpenAIKind.DELTA, text=text, usage=usage)
+
+    def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
+        """A Responses API event."""
+        if kind == _TEXT_DELTA:
+            delta = obj.get("delta")
+            text = delta if isinstance(delta, str) else None
+            if text:
+                self._answer.append(text)
+            return Classification(OpenAIKind.DELTA, text=text)
+        if kind == "error":
+            return self._error(obj)
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            return Classification(OpenAIKind.EVENT)
+        usage = _usage(self._model(response.get("model")), response.get("usage"))
+        self._tokens(usage)
+        status = response.get("status")
+        status = status if isinstance(status, str) else None
+        if kind in TERMINAL:
+            self.summary.finish = status
+            if not self._answer:
+                self._answer.extend(_output_text(response))
+            return Classification(OpenAIKind.DONE, state=status, usage=usage)
+        return Classification(OpenAIKind.EVENT, state=status, usage=usage)
+
+
+def _output_text(response: dict[str, Any]) -> list[str]:
+    texts = []
+    for item in response.get("output") or ():
+        for part in (item.get("content") or ()) if isinstance(item, dict) else ():
+            if (
+                isinstance(part, dict)
+                and part.get("type") == "output_text"
+                and isinstance(part.get("text"), str)
+            ):
+                texts.append(part["text"])
+    return texts
+
+
+# -- lifecycle rules ----------------------------------------------------------------------
+
+
+def _responses_api(stream: Stream) -> bool:
+    return stream.request.rpc_method == "responses"
+
+
+def done_last(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A stream run to its end ends on one end marker: ``[DONE]``, or a terminal ``response.*`` event."""
+    for stream in streams:
+        if not stream.is_sse:
+            continue
+        frames = [f for f in stream.frames if f.complete]
+        ends = [f for f in frames if f.c.kind == OpenAIKind.DONE]
+        if any(f.c.kind == OpenAIKind.ERROR for f in frames):
+            continue  # an error ends a stream as well
+        marker = "a terminal response event" if _responses_api(stream) else "data: [DONE]"
+        for extra in ends[1:]:
+            yield Problem(stream, extra, f"a second end marker ({marker})")
+        if ends and frames[-1] is not ends[-1]:
+            after = frames[frames.index(ends[0]) + 1]
+            yield Problem(stream, after, f"an event after the end marker ({marker}) of event {ends[0].seq}")
+        elif not ends and stream.complete and frames:
+            yield Problem(stream, frames[-1], f"the stream ended without {marker}")
+
+
+def one_finish(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Each choice of a chat stream gets one finish_reason, after which it adds no text."""
+    for stream in streams:
+        if not stream.is_sse or _responses_api(stream):
+            continue
+        finished: dict[Any, int | None] = {}
+        for frame in stream.frames:
+            choices = (frame.payload or {}).get("choices")
+            for choice in choices if isinstance(choices, list) else ():
+                if not isinstance(choice, dict):
+                    continue
+                index = choice.get("index", 0)
+                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+                if index in finished and (delta.get("content") or choice.get("finish_reason")):
+                    what = "a second finish_reason" if choice.get("finish_reason") else "more text"
+                    yield Problem(
+                        stream, frame, f"{what} for choice {index}, finished at event {finished[index]}"
+                    )
+                elif choice.get("finish_reason"):
+                    finished[index] = frame.seq
+        if stream.complete and stream.frames and not finished:
+            yield Problem(stream, None, "no choice got a finish_reason")
+
+
+def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Every event is a JSON object (or ``[DONE]``); a Responses event's ``event`` field is its type."""
+    for stream in streams:
+        for frame in stream.frames:
+            if not frame.complete:
+                if stream.complete:
+                    yield Problem(stream, frame, "the stream ended in the middle of this event")
+            elif frame.c.parse_error:
+                yield Problem(stream, frame, frame.c.parse_error)
+            elif (
+                frame.event_type is not None
+                and frame.payload
+                and frame.payload.get("type") != frame.event_type
+            ):
+                yield Problem(
+                    stream,
+                    frame,
+                    f"event {frame.event_type!r} carries data of type {frame.payload.get('type')!r}",
+                )
+
+
+OpenAI.rules = {"openai-done-last": done_last, "openai-one-finish": one_finish, "openai-frame": well_formed}

@@ -1,0 +1,111 @@
+"""A log's exchanges read again with the protocols known now: which protocol each one
+speaks, its events classified by that protocol, and what its response comes to. The
+schema migration that brought protocols runs it over older logs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from .exchange_rows import usage_json
+from .protocols import ProtocolName, recognise, recognise_stream
+from .protocols.base import Request, RequestInfo
+
+_UPDATE_EVENT = (
+    "UPDATE events SET kind = ?, task_id = ?, context_id = ?, state = ?, artifact_id = ?,"
+    " artifact_type = ?, append = ?, last_chunk = ?, text = ?, usage = ?, parse_error = ?"
+    " WHERE exchange_id = ? AND seq = ?"
+)
+_UPDATE_EXCHANGE = (
+    "UPDATE exchanges SET protocol = ?, session_id = ?, binding = ?, rpc_method = ?, model = ?,"
+    " answer = ?, input_tokens = ?, output_tokens = ?, finish = ? WHERE id = ?"
+)
+
+
+def reread_log(conn: sqlite3.Connection) -> None:
+    """Read every exchange of the log again (in the caller's transaction)."""
+    texts_changed = False
+    exchanges = conn.execute(
+        "SELECT id, method, path, request_headers, request_body, response_headers, response_body, is_sse,"
+        " binding, rpc_method FROM exchanges ORDER BY id"
+    ).fetchall()
+    for (
+        x_id,
+        method,
+        path,
+        req_headers,
+        req_body,
+        resp_headers,
+        resp_body,
+        is_sse,
+        binding,
+        rpc_method,
+    ) in exchanges:
+        request = Request(method or "", path or "", _pairs(req_headers), req_body)
+        events = conn.execute(
+            "SELECT seq, event_type, data FROM events WHERE exchange_id = ? ORDER BY seq", (x_id,)
+        ).fetchall()
+        protocol = recognise(request)
+        if protocol is None and is_sse:
+            first = next((e for e in events if e[2]), None)
+            protocol = None if first is None else recognise_stream(first[2], first[1])
+        a2a = protocol is not None and protocol.name == ProtocolName.A2A
+        info = protocol.request_info(request) if protocol is not None else RequestInfo()
+        reader = protocol.reader() if protocol is not None else None
+        updates = []
+        for seq, event_type, data in events:
+            if reader is None:
+                updates.append(("other", *(None,) * 10, x_id, seq))
+                continue
+            c = reader.event(data or "", event_type)
+            if not a2a:  # A2A events were classified as they are now when they were written
+                usage = None if c.usage is None else usage_json(c.usage)
+                updates.append(
+                    (
+                        c.kind,
+                        c.task_id,
+                        c.context_id,
+                        c.state,
+                        c.artifact_id,
+                        c.artifact_type,
+                        _int(c.append),
+                        _int(c.last_chunk),
+                        c.text,
+                        usage,
+                        c.parse_error,
+                        x_id,
+                        seq,
+                    )
+                )
+        if updates:
+            conn.executemany(_UPDATE_EVENT, updates)
+            texts_changed = True
+        if reader is not None and not is_sse and resp_body:
+            reader.body(resp_body)
+        read = reader.finished() if reader is not None else None
+        session = info.session_id or (protocol.session(_pairs(resp_headers)) if protocol else None)
+        conn.execute(
+            _UPDATE_EXCHANGE,
+            (
+                None if protocol is None else protocol.name,
+                session,
+                binding if a2a else None,
+                rpc_method if a2a else info.rpc_method,
+                *(
+                    (read.model, read.answer, read.input_tokens, read.output_tokens, read.finish)
+                    if read
+                    else (None,) * 5
+                ),
+                x_id,
+            ),
+        )
+    if texts_changed:
+        conn.execute("INSERT INTO events_fts (events_fts) VALUES ('rebuild')")
+
+
+def _pairs(headers: str | None) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in json.loads(headers)] if headers else []
+
+
+def _int(flag: bool | None) -> int | None:
+    return None if flag is None else int(flag)

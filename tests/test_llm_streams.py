@@ -1,0 +1,205 @@
+"""OpenAI and Anthropic token streams, with the official SDKs as clients: through the
+recording proxy and against the replay server, the SDK assembles the same answer, model,
+usage and finish as it does straight from the server; the log classifies each event by
+its protocol, stream_summary holds what the SDK assembled, and the checker finds nothing
+on clean streams and the broken rule on each deliberately broken one."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from conftest import RecordFactory, Serve
+from llm_servers import anthropic_app, openai_app
+
+from tasktape.eventlog import EventLog
+from tasktape.eventlog.checker import check_log
+from tasktape.replay import ReplayServer, load
+
+PIECES = ("Hel", "lo", ", wörld", "!")
+PROMPT = [{"role": "user", "content": "Say hello"}]
+
+
+@dataclass
+class Assembled:
+    """What an SDK made of one stream."""
+
+    answer: str
+    model: str
+    input_tokens: int | None
+    output_tokens: int | None
+    finish: str | None
+    kinds: list[str]  # the event types the SDK yielded, in order
+
+
+async def chat(base: str) -> Assembled:
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        stream = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, stream=True, stream_options={"include_usage": True}
+        )
+        texts, finish, usage, model, kinds = [], None, None, "", []
+        async for chunk in stream:
+            kinds.append(chunk.object)
+            model = chunk.model
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                texts.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+    assert usage is not None
+    return Assembled("".join(texts), model, usage.prompt_tokens, usage.completion_tokens, finish, kinds)
+
+
+async def responses(base: str) -> Assembled:
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        stream = await client.responses.create(model="gpt-4o-mini", input="Say hello", stream=True)
+        kinds, final = [], None
+        async for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.completed":
+                final = event.response
+    assert final is not None and final.usage is not None
+    tokens = final.usage
+    return Assembled(
+        final.output_text, final.model, tokens.input_tokens, tokens.output_tokens, final.status, kinds
+    )
+
+
+async def messages(base: str) -> Assembled:
+    client = anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+    async with client:
+        kinds = []
+        asked = client.messages.stream(model="claude-sonnet-4-5", max_tokens=64, messages=PROMPT)
+        async with asked as stream:
+            async for event in stream:
+                kinds.append(event.type)
+            final = await stream.get_final_message()
+    text = "".join(b.text for b in final.content if b.type == "text")
+    usage = final.usage
+    return Assembled(text, final.model, usage.input_tokens, usage.output_tokens, final.stop_reason, kinds)
+
+
+CASES = {
+    "openai-chat": (openai_app, chat, "openai", "chat.completions"),
+    "openai-responses": (openai_app, responses, "openai", "responses"),
+    "anthropic-messages": (anthropic_app, messages, "anthropic", "messages"),
+}
+
+
+def summary_of(log: EventLog, exchange_id: int) -> dict[str, Any]:
+    (row,) = log.stream_summary(exchange_id)
+    return dict(row)
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_the_sdk_assembles_the_same_through_record_and_replay(
+    case: str, record: RecordFactory, serve: Serve
+) -> None:
+    make_app, client, protocol, call = CASES[case]
+    direct = await client(await serve(make_app(PIECES)))
+    assert direct.answer == "".join(PIECES)
+    rec = await record(make_app(PIECES, delay=0.05))
+    recorded = await client(rec.url)
+    assert recorded == direct
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert (x["protocol"], x["rpc_method"], x["binding"]) == (protocol, call, None)
+        assert x["outcome"] == "complete"
+        summary = summary_of(log, x["id"])
+        events = log.events(x["id"])
+    # stream_summary holds what the SDK assembled: the model the stream reported, not the alias.
+    assert (summary["protocol"], summary["answer"]) == (protocol, direct.answer)
+    assert summary["model"] == direct.model
+    assert (summary["input_tokens"], summary["output_tokens"], summary["finish"]) == (
+        direct.input_tokens,
+        direct.output_tokens,
+        direct.finish,
+    )
+    assert summary["events"] == len(events) and 0 < summary["ttfe_ms"] <= summary["duration_ms"]
+    assert "".join(e["text"] or "" for e in events) == direct.answer
+    assert "other" not in {e["kind"] for e in events}
+    assert check_log(EventLog(rec.db)) == []
+
+    # Replayed from the log alone, at the recorded pace: the same again, byte for byte.
+    started = time.monotonic()
+    replayed = await client(await serve(ReplayServer(load([rec.db]), speed=1.0).app))
+    took_ms = (time.monotonic() - started) * 1000
+    assert replayed == direct
+    assert took_ms >= 0.8 * summary["duration_ms"]
+
+
+async def test_event_kinds_per_protocol(record: RecordFactory) -> None:
+    rec = await record(openai_app(PIECES, delay=0))
+    await chat(rec.url)
+    await responses(rec.url)
+    rec2 = await record(anthropic_app(PIECES, delay=0))
+    await messages(rec2.url)
+    with await rec.log() as log:
+        chat_x, responses_x = log.exchanges()
+        assert [e["kind"] for e in log.events(chat_x["id"])] == [
+            "delta",  # the role, and no text
+            *["delta"] * len(PIECES),
+            "finish",
+            "usage",
+            "done",
+        ]
+        kinds = [(e["event_type"], e["kind"]) for e in log.events(responses_x["id"])]
+        assert kinds[0] == ("response.created", "event") and kinds[-1] == ("response.completed", "done")
+        assert [k for t, k in kinds if t == "response.output_text.delta"] == ["delta"] * len(PIECES)
+        first = log.events(chat_x["id"])[0]
+        assert first["usage"] == '{"model":"gpt-4o-mini-2024-07-18"}'  # the model, once
+    with await rec2.log() as log:
+        (x,) = log.exchanges()
+        events = log.events(x["id"])
+        assert [e["kind"] for e in events] == [e["event_type"] for e in events]
+        assert [e["kind"] for e in events][:3] == ["message_start", "content_block_start", "ping"]
+        assert events[-2]["state"] == "end_turn" and events[-1]["kind"] == "message_stop"
+
+
+async def test_an_anthropic_message_start_is_not_taken_for_a2a(record: RecordFactory) -> None:
+    rec = await record(anthropic_app(PIECES, delay=0))
+    await messages(rec.url)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["binding"] is None and x["task_id"] is None
+        assert log.task_ids() == []
+
+
+BREAKS = [
+    (openai_app, chat, "no_done", "openai-done-last"),
+    (openai_app, chat, "done_not_last", "openai-done-last"),
+    (openai_app, chat, "two_finishes", "openai-one-finish"),
+    (anthropic_app, messages, "unclosed_block", "anthropic-block-order"),
+    (anthropic_app, messages, "stop_not_last", "anthropic-stop-last"),
+    (anthropic_app, messages, "delta_before_start", "anthropic-block-order"),
+]
+
+
+@pytest.mark.parametrize(("make_app", "client", "broken", "rule"), BREAKS, ids=[b[2] for b in BREAKS])
+async def test_each_broken_stream_breaks_its_rule(
+    record: RecordFactory, make_app: Any, client: Any, broken: str, rule: str
+) -> None:
+    rec = await record(make_app(PIECES, delay=0, broken=broken))
+    # The SDK trips over some breaks itself: the recording is what is checked.
+    with contextlib.suppress(IndexError, AssertionError):
+        await client(rec.url)
+    with await rec.log() as log:
+        findings = check_log(log)
+    assert {f.rule for f in findings} == {rule}, findings
+
+
+async def test_an_error_event_ends_an_anthropic_stream(record: RecordFactory) -> None:
+    rec = await record(anthropic_app(PIECES, delay=0, overloaded_after=2))
+    with pytest.raises(anthropic.APIStatusError, match="overloaded_error"):
+        await messages(rec.url)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        summary = summary_of(log, x["id"])
+        assert check_log(log) == []
+    assert (summary["finish"], summary["answer"]) == ("error", "".join(PIECES[:2]))
