@@ -1,9 +1,10 @@
 """Does an incoming request match a recorded one? Matchers are plain functions,
 registered by name: each returns None when the two agree, or a short reason why not.
 
-Bodies are compared the A2A way: as JSON, ignoring what clients regenerate on every run
-(``messageId`` anywhere, timestamps, the JSON-RPC ``id``), values that were redacted in
-the recording, and any JSON pointer the user names. Headers are compared only when the
+Bodies are compared as JSON, ignoring what the recorded exchange's protocol says its
+clients regenerate on every run (A2A: ``messageId`` anywhere, timestamps; MCP: the
+progress token), the JSON-RPC ``id``, values that were redacted in the recording, and any
+JSON pointer the user names. Headers are compared only when the
 user names them (most vary with the client: its version, tracing ids, lengths).
 """
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
+from tasktape.eventlog.frames import protocol_of
+from tasktape.eventlog.protocols.base import Regenerated
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, parse_pointer
 
@@ -32,9 +35,8 @@ class Incoming:
         return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
 
 
-# Keys whose values clients make up afresh on every run.
-VOLATILE_KEYS = frozenset({"messageId", "timestamp", "$timestamp"})
 _MISSING = object()
+_NOTHING = Regenerated()
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,9 @@ def body(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | Non
     if a is _MISSING or b is _MISSING:
         return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
     jsonrpc = isinstance(b, dict) and "jsonrpc" in b
-    differences = list(_differences(a, b, (), rules, jsonrpc=jsonrpc))
+    protocol = protocol_of(recorded)
+    regenerated = _NOTHING if protocol is None else protocol.regenerated
+    differences = list(_differences(a, b, (), rules, regenerated, jsonrpc=jsonrpc))
     if not differences:
         return None
     shown = ", ".join(differences[:3]) + (f" and {len(differences) - 3} more" if len(differences) > 3 else "")
@@ -133,20 +137,22 @@ def _json(data: bytes) -> Any:
         return _MISSING
 
 
-def _ignored(path: tuple[str, ...], rules: MatchRules, *, jsonrpc: bool) -> bool:
-    if path and path[-1] in VOLATILE_KEYS:
+def _ignored(path: tuple[str, ...], rules: MatchRules, regenerated: Regenerated, *, jsonrpc: bool) -> bool:
+    if path and path[-1] in regenerated.keys:
         return True
     if jsonrpc and path == ("id",):
         return True
     return any(
         len(rule) == len(path) and all(r in ("*", p) for r, p in zip(rule, path, strict=True))
-        for rule in rules.ignore
+        for rule in (*rules.ignore, *regenerated.pointers)
     )
 
 
-def _differences(a: Any, b: Any, at: tuple[str, ...], rules: MatchRules, *, jsonrpc: bool) -> Iterable[str]:
+def _differences(
+    a: Any, b: Any, at: tuple[str, ...], rules: MatchRules, regenerated: Regenerated, *, jsonrpc: bool
+) -> Iterable[str]:
     """JSON pointers where the incoming value ``a`` and the recorded ``b`` differ."""
-    if _ignored(at, rules, jsonrpc=jsonrpc) or b == REDACTED:
+    if _ignored(at, rules, regenerated, jsonrpc=jsonrpc) or b == REDACTED:
         return
     if _unset(a) and _unset(b):
         return
@@ -156,11 +162,11 @@ def _differences(a: Any, b: Any, at: tuple[str, ...], rules: MatchRules, *, json
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             yield from _differences(
-                a.get(key, _MISSING), b.get(key, _MISSING), (*at, key), rules, jsonrpc=jsonrpc
+                a.get(key, _MISSING), b.get(key, _MISSING), (*at, key), rules, regenerated, jsonrpc=jsonrpc
             )
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from _differences(x, y, (*at, str(i)), rules, jsonrpc=jsonrpc)
+            yield from _differences(x, y, (*at, str(i)), rules, regenerated, jsonrpc=jsonrpc)
     elif a != b or type(a) is not type(b):
         yield "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
 

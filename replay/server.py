@@ -18,6 +18,7 @@ from yarl import URL
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer, classify
 from tasktape.eventlog.content_coding import decode_body
+from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.recorded import Recorded, read_log
@@ -36,6 +37,7 @@ from .modes import ReplayMode
 from .streams import after, apply_edits, jsonrpc_id_edits, split_at, with_ids
 
 log = logging.getLogger("tasktape.replay")
+CLIENT_LEFT = "client_disconnected"
 ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
 
 
@@ -50,6 +52,7 @@ class ReplayStats:
     served: int = 0
     forwarded: int = 0
     missed: list[Miss] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # requests answered with the replay's own error
 
 
 class ReplayServer:
@@ -174,6 +177,9 @@ class ReplayServer:
         return [i for i in candidates if not mismatches(incoming, self.recorded[i], self.rules)]
 
     def _add(self, recorded: Recorded, used: int = 0) -> None:
+        if recorded.protocol is None:  # recognised once, not on every comparison
+            protocol = protocol_of(recorded)
+            recorded.protocol = None if protocol is None else protocol.name
         self._by_route.setdefault((recorded.method, recorded.path), []).append(len(self.recorded))
         self.recorded.append(recorded)
         self.used.append(used)
@@ -191,10 +197,16 @@ class ReplayServer:
         return index
 
     def _match_resumed(self, incoming: Incoming, last_id: str) -> int | None:
-        """A reconnecting client repeats its request with Last-Event-ID: it resumes the
-        recorded stream that holds that event (served before, most likely), or else
-        the one the request would get anyway."""
+        """A reconnecting client repeats its request with Last-Event-ID: the recording of
+        that very resumption (a client reconnecting as it did when recorded, an MCP GET
+        after a closed POST stream) is served as it was; else it resumes the recorded
+        stream that holds that event (served before, most likely), or else the one the
+        request would get anyway."""
         matching = self._matching(incoming)
+        again = [i for i in matching if not self.used[i] and _last_event_id(self.recorded[i]) == last_id]
+        if again:
+            self.used[again[0]] += 1
+            return again[0]
         holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
         if holding:
             return holding[-1]
@@ -269,15 +281,19 @@ class ReplayServer:
         chunks, changed = self._prepared(recorded, index, incoming, request)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
-        if recorded.is_sse and "Last-Event-ID" in request.headers:
-            resumed = self._resume(recorded, chunks, request.headers["Last-Event-ID"])
+        end_ns = recorded.duration_ns
+        last_id = request.headers.get("Last-Event-ID")
+        if recorded.is_sse and last_id is not None and last_id != _last_event_id(recorded):
+            resumed = self._resume(recorded, chunks, last_id)
             if isinstance(resumed, web.Response):
                 # Nothing of it was served: the recording stays for the next request.
                 self.used[index] -= 1
                 self.stats.served -= 1
+                self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
                 return resumed
             (chunks, since_ns), changed = resumed, True
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
+            end_ns = None if end_ns is None else max(0, end_ns - since_ns)
         headers = end_to_end(_sendable(recorded))
         if changed or recorded.decoded_from or recorded.response_body_truncated:
             headers.popall("Content-Length", None)
@@ -293,6 +309,8 @@ class ReplayServer:
             faults,
             start,
             cut_ns=cut_ns,
+            end_ns=end_ns if recorded.is_sse else None,
+            hold=recorded.outcome == CLIENT_LEFT and recorded.is_sse,
         )
 
     def _prepared(
@@ -302,10 +320,10 @@ class ReplayServer:
         a card pointing here. Second: whether any byte changed."""
         chunks = recorded.chunks
         edits = []
-        theirs = classify_request(recorded.method, recorded.path, recorded.request_body)
-        mine = classify_request(incoming.method, incoming.path, incoming.body)
-        if mine.binding == "jsonrpc" and theirs.binding == "jsonrpc" and mine.rpc_id != theirs.rpc_id:
-            edits += jsonrpc_id_edits(chunks, self.events_of(index) if recorded.is_sse else None, mine.rpc_id)
+        theirs, mine = _rpc_id(recorded.request_body), _rpc_id(incoming.body)
+        if theirs is not _NO_ID and mine is not _NO_ID and mine != theirs:
+            events = self.events_of(index) if recorded.is_sse else None
+            edits += jsonrpc_id_edits(chunks, events, theirs, mine)
         if self.add_ids and recorded.is_sse:
             edits += with_ids(self.events_of(index), f"{ID_PREFIX}{index + 1}.")
         if edits:
@@ -371,6 +389,7 @@ class ReplayServer:
             events = events_in(chunks)
             found = next((e for e in events if e.id == last_id), None)
             if found is None:
+                self.stats.refused.append(f"{request.method} {request.path} (Last-Event-ID {last_id!r})")
                 return _error(400, f"Last-Event-ID {last_id!r} names no recorded event of this task")
             chunks = after(chunks, found.end, found.offset_ns)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
@@ -388,10 +407,16 @@ class ReplayServer:
         start: float,
         *,
         cut_ns: int | None = None,
+        end_ns: int | None = None,
+        hold: bool = False,
     ) -> web.StreamResponse:
         """Status and headers at the recorded time to first byte, each chunk at
         ``start + offset / speed`` (an absolute schedule: no drift builds up); with
-        ``cut_ns``, the connection drops at that offset instead of ending cleanly."""
+        ``cut_ns``, the connection drops at that offset instead of ending cleanly; a stream
+        ends at ``end_ns`` (a server that closes a stream some time after its last event
+        tells its client something: an MCP client resumes then); with ``hold``, the stream
+        stays open after its last chunk until the client leaves (as the recorded one was,
+        when its client ended it)."""
         loop = asyncio.get_running_loop()
         speed = self.speed
         shift = faults.delay_headers_ms / 1000
@@ -412,10 +437,15 @@ class ReplayServer:
         for offset, data in rest:
             await _until(loop, start + (offset / 1e9 / speed if speed else 0) + shift)
             await response.write(data)
+        if hold:
+            await _until_gone(request)
+            return response
         if cut_ns is not None:
             await _until(loop, start + (cut_ns / 1e9 / speed if speed else 0) + shift)
             request.protocol.force_close()
             return response
+        if end_ns is not None:
+            await _until(loop, start + (end_ns / 1e9 / speed if speed else 0) + shift)
         await response.write_eof()
         return response
 
@@ -440,6 +470,31 @@ async def _until(loop: asyncio.AbstractEventLoop, when: float) -> None:
     delay = when - loop.time()
     if delay > 0:
         await asyncio.sleep(delay)
+
+
+async def _until_gone(request: web.Request) -> None:
+    """Until the client has closed the connection (or the server stops)."""
+    while (transport := request.transport) is not None and not transport.is_closing():
+        await asyncio.sleep(0.05)
+
+
+_NO_ID = object()
+
+
+def _rpc_id(body: bytes | None) -> Any:
+    """The id of a JSON-RPC request body, or _NO_ID."""
+    try:
+        obj = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return _NO_ID
+    if isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "method" in obj and "id" in obj:
+        return obj["id"]
+    return _NO_ID
+
+
+def _last_event_id(recorded: Recorded) -> str | None:
+    """The Last-Event-ID the recorded request resumed from."""
+    return next((v for k, v in recorded.request_headers if k.lower() == "last-event-id"), None)
 
 
 def _is_card(recorded: Recorded) -> bool:

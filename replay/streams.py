@@ -75,15 +75,17 @@ def after(chunks: Chunks, end: int, since_ns: int) -> Chunks:
     return out
 
 
-def jsonrpc_id_edits(chunks: Chunks, events: list[StreamEvent] | None, new_id: object) -> list[Edit]:
-    """Edits making each JSON-RPC response (the body, or each event's data) carry
-    ``new_id`` as its top-level id, byte-exact elsewhere."""
+def jsonrpc_id_edits(
+    chunks: Chunks, events: list[StreamEvent] | None, old_id: object, new_id: object
+) -> list[Edit]:
+    """Edits making each JSON-RPC response to the recorded request (the body, or each
+    event's data whose top-level id is ``old_id``) carry ``new_id``, byte-exact
+    elsewhere: notifications, and the server's own requests, keep theirs."""
     replacement = json.dumps(new_id).encode()
-    if events is None:
-        body = b"".join(data for _, data in chunks)
-        span = _top_level_span(body, 0, body.decode("utf-8", "replace"), "id")
-        return [(span[0], span[1] - span[0], replacement)] if span else []
     body = b"".join(data for _, data in chunks)
+    if events is None:
+        span = _top_level_span(body, 0, body.decode("utf-8", "replace"), "id")
+        return [(span[0], span[1] - span[0], replacement)] if span and _is(body, span, old_id) else []
     edits = []
     for event in events:
         raw = body[event.start : event.end]
@@ -91,9 +93,18 @@ def jsonrpc_id_edits(chunks: Chunks, events: list[StreamEvent] | None, new_id: o
             continue  # a JSON-RPC frame on several data lines: left as recorded
         at = raw.find(event.data.encode())
         span = _top_level_span(raw, at, event.data, "id") if at >= 0 else None
-        if span:
+        if span and _is(raw, span, old_id):
             edits.append((event.start + span[0], span[1] - span[0], replacement))
     return edits
+
+
+def _is(raw: bytes, span: tuple[int, int], rpc_id: object) -> bool:
+    """Whether the JSON value at ``span`` is ``rpc_id`` (1 and "1" are different ids)."""
+    try:
+        value = json.loads(raw[span[0] : span[1]])
+    except ValueError:
+        return False
+    return value == rpc_id and type(value) is type(rpc_id)
 
 
 def _top_level_span(raw: bytes, base: int, text: str, key: str) -> tuple[int, int] | None:

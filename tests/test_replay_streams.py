@@ -64,9 +64,23 @@ def test_ids_go_last_in_each_block_and_resume_points() -> None:
 def test_jsonrpc_ids_are_replaced_at_the_top_level_only() -> None:
     frame = b'data: {"result": {"task": {"id": 1}}, "id": 1, "jsonrpc": "2.0"}\n\n'
     chunks = [(0, frame), (1, frame)]
-    edited = apply_edits(chunks, jsonrpc_id_edits(chunks, events_in(chunks), "r-2"))
+    edited = apply_edits(chunks, jsonrpc_id_edits(chunks, events_in(chunks), 1, "r-2"))
     assert [d for _, d in edited] == [frame.replace(b'"id": 1, "j', b'"id": "r-2", "j')] * 2
     body = [(0, b'{"jsonrpc":"2.0","id":7,"result":{"id":7}}')]
-    assert apply_edits(body, jsonrpc_id_edits(body, None, 8)) == [
+    assert apply_edits(body, jsonrpc_id_edits(body, None, 7, 8)) == [
         (0, b'{"jsonrpc":"2.0","id":8,"result":{"id":7}}')
     ]
+
+
+def test_only_the_answers_to_the_request_get_its_new_id() -> None:
+    """An MCP POST stream: a progress notification, a request of the server's own (id 0
+    of its numbering), then the response to the client's request 3."""
+    frames = [
+        b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":3}}\n\n',
+        b'data: {"jsonrpc":"2.0","id":0,"method":"sampling/createMessage"}\n\n',
+        b'data: {"jsonrpc":"2.0","id":"3","result":{}}\n\n',  # "3" is not 3
+        b'data: {"jsonrpc":"2.0","id":3,"result":{}}\n\n',
+    ]
+    chunks = [(i, f) for i, f in enumerate(frames)]
+    edited = apply_edits(chunks, jsonrpc_id_edits(chunks, events_in(chunks), 3, 9))
+    assert [d for _, d in edited] == [*frames[:3], frames[3].replace(b'"id":3', b'"id":9')]
