@@ -1,11 +1,15 @@
-"""MCP over Streamable HTTP, with the official mcp SDK as server and as client: a session
-recorded through the proxy replays with the server stopped, with the same results, the
-same progress notifications at the recorded pace, and resumption served."""
+"""MCP over Streamable HTTP, with the official mcp SDK as server and as client, in both
+generations (mcp 1.x: sessions, the GET stream, resumption; mcp 2.x: the stateless
+2026-07-28 revision): a session recorded through the proxy replays with the server
+stopped, with the same results, the same progress notifications at the recorded pace,
+and resumption served."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,34 @@ from tasktape.eventlog.spans import events_in
 from tasktape.replay import ReplayServer, load
 
 COUNT = ("--count", "3", "--delay", "0.15")
+# mcp 2.x, beside the environment's 1.x: the README's test command installs it there.
+MCP2 = Path(__file__).resolve().parent.parent / ".test-deps" / "mcp2"
+
+
+@dataclass(frozen=True)
+class Generation:
+    sdk: str
+    pythonpath: str | None
+    server_args: tuple[str, ...] = ()
+
+
+GENERATIONS = {
+    "mcp1": Generation("1", None),
+    "mcp1-resumed": Generation(
+        "1", None, ("--event-store", "--retry-ms", "100", "--close-stream-after", "1")
+    ),
+    "mcp2-stateless": Generation("2", str(MCP2)),
+}
+
+
+def generation(name: str) -> Generation:
+    chosen = GENERATIONS[name]
+    if chosen.pythonpath is not None and not (MCP2 / "mcp").is_dir():
+        why = f"mcp 2.x is not in {MCP2}: the README's test command installs it there"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return chosen
 
 
 def calls(report: dict[str, Any]) -> dict[str, Any]:
@@ -33,36 +65,42 @@ def calls(report: dict[str, Any]) -> dict[str, Any]:
     return {"tools": report["tools"], "calls": out, "protocol": report["protocol_version"]}
 
 
-async def client(url: str, *args: str) -> dict[str, Any]:
-    return await asyncio.to_thread(run_mcp_client, url, *COUNT, *args)
+async def client(url: str, peers: Generation) -> dict[str, Any]:
+    return await asyncio.to_thread(run_mcp_client, url, *COUNT, sdk=peers.sdk, pythonpath=peers.pythonpath)
 
 
-async def recorded_session(record: RecordFactory, *server_args: str) -> tuple[dict[str, Any], Path]:
-    with run_mcp_server(*server_args) as server:
+async def recorded_session(record: RecordFactory, peers: Generation) -> tuple[dict[str, Any], Path]:
+    with run_mcp_server(*peers.server_args, sdk=peers.sdk, pythonpath=peers.pythonpath) as server:
         base = server.url.removesuffix("/mcp")
-        direct = await client(server.url)
+        direct = await client(server.url, peers)
         rec = await record(base)
-        through = await client(f"{rec.url}/mcp")
+        through = await client(f"{rec.url}/mcp", peers)
         assert calls(through) == calls(direct)
         await rec.log()
     return through, rec.db
 
 
-@pytest.mark.parametrize(
-    "server_args", [(), ("--event-store", "--retry-ms", "100", "--close-stream-after", "1")]
-)
+@pytest.mark.parametrize("name", GENERATIONS)
 async def test_the_sdk_session_replays_with_the_server_stopped(
-    record: RecordFactory, serve: Serve, server_args: tuple[str, ...]
+    record: RecordFactory, serve: Serve, name: str
 ) -> None:
-    through, db = await recorded_session(record, *server_args)
+    peers = generation(name)
+    through, db = await recorded_session(record, peers)
+    assert through["mcp_version"].startswith(f"{peers.sdk}.")
+    assert through["protocol_version"] == ("2026-07-28" if peers.sdk == "2" else "2025-11-25")
     with EventLog(db) as log:
         xs = log.exchanges()
         assert {x["protocol"] for x in xs} == {"mcp"} and {x["binding"] for x in xs} == {None}
-        assert len({x["session_id"] for x in xs}) == 1 and xs[0]["session_id"]
+        sessions = {x["session_id"] for x in xs}
+        assert sessions == ({None} if peers.sdk == "2" else {through["session_id"]})
         assert check_log(log) == []
+        if "--close-stream-after" in peers.server_args:
+            # The tool call's POST stream was closed for resumption, answered on the resumed GET.
+            (resumed,) = [x for x in xs if "last-event-id" in x["request_headers"].lower()]
+            assert resumed["method"] == "GET" and log.events(resumed["id"])[-1]["kind"] == "response"
     replay = ReplayServer(load([db]), speed=1.0)
     url = await serve(replay.app)
-    replayed = await client(f"{url}/mcp")
+    replayed = await client(f"{url}/mcp", peers)
     assert calls(replayed) == calls(through)
     assert (replay.stats.missed, replay.stats.refused, replay.unused()) == ([], [], [])
     # At the recorded pace: the slow tool takes as long again.
@@ -70,8 +108,9 @@ async def test_the_sdk_session_replays_with_the_server_stopped(
     assert took >= 0.8 * was
 
 
-async def test_a_tool_call_reads_back_with_its_progress_and_result(record: RecordFactory) -> None:
-    _, db = await recorded_session(record)
+@pytest.mark.parametrize("name", ["mcp1", "mcp2-stateless"])
+async def test_a_tool_call_reads_back_with_its_progress_and_result(record: RecordFactory, name: str) -> None:
+    _, db = await recorded_session(record, generation(name))
     with EventLog(db) as log:
         (call,) = [x for x in log.exchanges() if b"slow_count" in (x["request_body"] or "").encode()]
         assert call["rpc_method"] == "tools/call"
@@ -92,7 +131,7 @@ async def test_a_tool_call_reads_back_with_its_progress_and_result(record: Recor
 async def test_answers_carry_the_id_of_the_request_being_answered(
     record: RecordFactory, serve: Serve
 ) -> None:
-    _, db = await recorded_session(record)
+    _, db = await recorded_session(record, generation("mcp1"))
     with EventLog(db) as log:
         (call,) = [x for x in log.exchanges() if b"slow_count" in (x["request_body"] or "").encode()]
         headers = dict(json.loads(call["request_headers"]))

@@ -24,6 +24,8 @@ from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.replay import Faults, ReplayMode, ReplayServer, load
 
+MS = 1_000_000
+
 
 async def recorded_demo(
     record: RecordFactory, serve: Serve, *texts_and_bindings: tuple[str, str], pace: float = 0.2
@@ -492,3 +494,36 @@ async def test_a_reconnecting_client_resumes_the_stream_it_was_served(
     )
     assert status == 200 and [e.id for e in events_of(rest)] == [e.id for e in events[21:]]
     assert server.stats.missed == []
+
+
+def get_stream(outcome: str, duration_ns: int) -> Recorded:
+    return Recorded(
+        method="GET",
+        path="/mcp",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(10 * MS, b'id: 1\ndata: {"jsonrpc":"2.0","method":"notifications/message"}\n\n')],
+        duration_ns=duration_ns,
+        outcome=outcome,
+    )
+
+
+async def test_a_stream_its_client_ended_stays_open_until_the_client_leaves(serve: Serve) -> None:
+    server = ReplayServer([get_stream("client_disconnected", 50 * MS)], speed=1.0)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/mcp") as resp:
+        first = await resp.content.readuntil(b"\n\n")
+        assert first.startswith(b"id: 1\n")
+        # Well past the moment the recorded client left, the stream is still open.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(resp.content.read(1), 0.5)
+
+
+async def test_a_stream_ends_at_its_recorded_end(serve: Serve) -> None:
+    url = await serve(ReplayServer([get_stream("complete", 300 * MS)], speed=1.0).app)
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/mcp") as resp:
+        started = time.monotonic()
+        await resp.content.readuntil(b"\n\n")
+        assert await resp.content.read() == b""
+        assert time.monotonic() - started >= 0.25  # the server closed it when the recorded one did
