@@ -1,0 +1,280 @@
+"""The protocol registry: strict recognition, each protocol's rules on its own exchanges
+(a log mixing all four is clean, a deliberately broken MCP session breaks its rule), and
+older logs read again by the protocols when they are upgraded."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import RecordFactory
+from llm_servers import anthropic_app, openai_app
+from test_llm_streams import chat, messages, responses
+from test_mcp_sdk import generation, recorded_session
+
+from tasktape.errors import UsageError
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import load_into, read_cassette
+from tasktape.eventlog.checker import check_recorded, report_log
+from tasktape.eventlog.classify import classify
+from tasktape.eventlog.protocols import ProtocolName, Request, recognise, recognise_stream
+from tasktape.eventlog.recorded import Recorded, read_log
+
+ROOT = Path(__file__).resolve().parent.parent
+MCP_HEADERS = [("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Session-Id", "s1")]
+
+
+def rpc(method: str, rpc_id: Any = 1, **params: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}).encode()
+
+
+def named(request: Request) -> str | None:
+    protocol = recognise(request)
+    return None if protocol is None else protocol.name
+
+
+@pytest.mark.parametrize(
+    ("request_", "protocol"),
+    [
+        (Request("POST", "/message:stream", [], b"{}"), "a2a"),
+        (Request("POST", "/tenant/v1/tasks/t1:cancel"), "a2a"),
+        (Request("GET", "/.well-known/agent-card.json"), "a2a"),
+        (Request("POST", "/", [], rpc("SendStreamingMessage")), "a2a"),
+        (Request("POST", "/", [], rpc("tasks/get", id="t1")), "a2a"),  # A2A 0.3
+        (Request("POST", "/anything", [("A2A-Version", "1.0")], b""), "a2a"),
+        # MCP has tasks/get too: its client says which protocol it speaks.
+        (Request("POST", "/mcp", MCP_HEADERS, rpc("tasks/get", taskId="t1")), "mcp"),
+        (Request("POST", "/mcp", [], rpc("initialize")), "mcp"),
+        (Request("GET", "/mcp", MCP_HEADERS), "mcp"),
+        (Request("DELETE", "/mcp", MCP_HEADERS), "mcp"),
+        (Request("POST", "/v1/chat/completions", [], b'{"model": "m", "messages": []}'), "openai"),
+        (Request("POST", "/openai/v1/responses", [], b'{"model": "m", "input": "hi"}'), "openai"),
+        (
+            Request("POST", "/v1/messages", [], b'{"model": "m", "messages": [], "max_tokens": 5}'),
+            "anthropic",
+        ),
+        # Neither a path alone nor a body alone makes a protocol.
+        (Request("POST", "/v1/chat/completions", [], b'{"messages": []}'), None),
+        (Request("POST", "/v1/messages", [], b"not json"), None),
+        (Request("POST", "/", [], rpc("frobnicate")), None),
+        (Request("POST", "/", [], b'{"message": {"parts": []}}'), None),
+        (Request("GET", "/events"), None),
+    ],
+)
+def test_recognition_is_strict(request_: Request, protocol: str | None) -> None:
+    assert named(request_) == protocol
+
+
+def test_a_stream_is_claimed_by_its_first_event_only_when_it_is_exact() -> None:
+    def claimer(data: str, event_type: str | None = None) -> str | None:
+        found = recognise_stream(data, event_type)
+        return None if found is None else found.name
+
+    assert claimer('{"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_WORKING"}}}') == "a2a"
+    assert claimer('{"jsonrpc": "2.0", "id": 1, "result": {"kind": "task", "id": "t"}}') == "a2a"
+    # An Anthropic message_start has a "message" key, and is no A2A message.
+    start = '{"type": "message_start", "message": {"id": "msg_1", "role": "assistant"}}'
+    assert claimer(start, "message_start") is None
+    assert claimer('{"message": {"role": "user"}, "extra": 1}') is None
+    assert claimer("[DONE]") is None
+
+
+def test_the_built_in_protocols_are_named_by_the_enum() -> None:
+    assert [p.value for p in ProtocolName] == ["a2a", "mcp", "openai", "anthropic"]
+
+
+# -- MCP rules, on hand-made sessions ------------------------------------------------------
+
+
+def sse(*messages: dict[str, Any] | str) -> list[tuple[int, bytes]]:
+    chunks = []
+    for n, m in enumerate(messages):
+        data = m if isinstance(m, str) else json.dumps(m)
+        chunks.append((n * 1000, f"id: e{n}\nevent: message\ndata: {data}\n\n".encode()))
+    return chunks
+
+
+def mcp_call(rpc_id: Any, *answer: dict[str, Any] | str, outcome: str = "complete") -> Recorded:
+    return Recorded(
+        method="POST",
+        path="/mcp",
+        request_headers=MCP_HEADERS,
+        request_body=rpc("tools/call", rpc_id, name="slow", _meta={"progressToken": rpc_id}),
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=sse(*answer),
+        duration_ns=10_000,
+        outcome=outcome,
+        origin=f"call {rpc_id}",
+    )
+
+
+def progress(token: Any, value: float, total: float | None = None) -> dict[str, Any]:
+    params = {"progressToken": token, "progress": value, **({"total": total} if total else {})}
+    return {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+
+
+def result(rpc_id: Any, **extra: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "result": {"content": [{"type": "text", "text": "ok"}]}, **extra}
+
+
+MCP_BREAKS = {
+    "mcp-one-response": [mcp_call(1, result(1), result(1))],
+    "mcp-result-xor-error": [mcp_call(1, result(1, error={"code": -1, "message": "x"}))],
+    "mcp-progress-rising": [mcp_call(1, progress(1, 2), progress(1, 1), result(1))],
+    "mcp-frame": [mcp_call(1, "{not json", result(1))],
+}
+
+
+def rules_broken(recorded: list[Recorded]) -> set[str]:
+    return {f.rule for f in check_recorded(recorded)}
+
+
+@pytest.mark.parametrize("rule", MCP_BREAKS)
+def test_each_broken_mcp_session_breaks_its_rule(rule: str) -> None:
+    assert rules_broken(MCP_BREAKS[rule]) == {rule}
+
+
+def test_progress_past_its_total_and_a_request_never_answered() -> None:
+    assert rules_broken([mcp_call(1, progress(1, 3, total=2), result(1))]) == {"mcp-progress-rising"}
+    assert rules_broken([mcp_call(1, progress(1, 1))]) == {"mcp-one-response"}
+    # Cut short, the answer may simply not have come yet: noted, not broken.
+    assert rules_broken([mcp_call(1, progress(1, 1), outcome="upstream_disconnected")]) == set()
+
+
+def test_a_post_stream_closed_for_resumption_and_answered_on_the_resumed_get_is_clean() -> None:
+    closed = mcp_call(7, progress(7, 1))
+    resumed = Recorded(
+        method="GET",
+        path="/mcp",
+        request_headers=[*MCP_HEADERS, ("Last-Event-ID", "e0")],
+        status=200,
+        is_sse=True,
+        chunks=sse(progress(7, 2), result(7)),
+        outcome="complete",
+    )
+    assert rules_broken([closed, resumed]) == set()
+    # The same answer seen again with its event id (a client that resumed twice) is one answer.
+    again = Recorded(**{**resumed.__dict__, "chunks": sse(progress(7, 2), result(7))})
+    assert rules_broken([closed, resumed, again]) == set()
+
+
+def test_checking_one_protocol_only() -> None:
+    broken_mcp = MCP_BREAKS["mcp-one-response"]
+    a2a = read_cassette(ROOT / "cassettes" / "completed.jsonl")
+    assert {f.rule for f in check_recorded([*a2a, *broken_mcp], protocols={"a2a"})} == set()
+    assert {f.rule for f in check_recorded([*a2a, *broken_mcp], protocols={"mcp"})} == {"mcp-one-response"}
+    with pytest.raises(UsageError, match="unknown protocol grpc"):
+        check_recorded(a2a, protocols={"grpc"})
+
+
+# -- a log of all four --------------------------------------------------------------------
+
+
+async def test_a_log_mixing_all_four_protocols(record: RecordFactory, tmp_path: Path) -> None:
+    rec = await record(openai_app(delay=0))
+    await chat(rec.url)
+    await responses(rec.url)
+    rec2 = await record(anthropic_app(delay=0))
+    await messages(rec2.url)
+    await rec.log()
+    await rec2.log()
+    _, mcp_db = await recorded_session(record, generation("mcp1-resumed"))
+    a2a = [
+        r
+        for name in ("completed.jsonl", "completed_jsonrpc.jsonl")
+        for r in read_cassette(ROOT / "cassettes" / name)
+    ]
+    mixed = tmp_path / "mixed.db"
+    with LogWriter(mixed) as writer:
+        capture = writer.begin_capture(source="test")
+        for recorded in (a2a, read_log(rec.db), read_log(rec2.db), read_log(mcp_db)):
+            load_into(writer, recorded, capture)
+    with EventLog(mixed) as log:
+        report = report_log(log)
+        summaries = {r["protocol"]: r["finish"] for r in log.stream_summary() if r["finish"]}
+    assert report.findings == []
+    assert set(report.by_protocol) == {"a2a", "mcp", "openai", "anthropic"}
+    assert summaries == {
+        "a2a": "TASK_STATE_COMPLETED",
+        "openai": "completed",
+        "anthropic": "end_turn",
+        "mcp": "result",
+    }
+    # and with one broken exchange of each non-A2A protocol, exactly those rules
+    broken = tmp_path / "broken.db"
+    with LogWriter(broken) as writer:
+        capture = writer.begin_capture(source="test")
+        load_into(writer, read_log(mixed), capture)
+        load_into(writer, MCP_BREAKS["mcp-progress-rising"], capture)
+        broken_anthropic = await record(anthropic_app(delay=0, broken="stop_not_last"))
+        await messages(broken_anthropic.url)
+        await broken_anthropic.log()
+        load_into(writer, read_log(broken_anthropic.db), capture)
+    with EventLog(broken) as log:
+        assert {f.rule for f in report_log(log).findings} == {"mcp-progress-rising", "anthropic-stop-last"}
+
+
+# -- upgrading an older log ---------------------------------------------------------------
+
+
+def downgrade_to_schema_6(path: Path) -> None:
+    """Make a log what the release before protocols wrote: no protocol columns, and every
+    event classified the A2A way (an Anthropic message_start as an A2A message)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("DROP VIEW stream_summary")
+    for index in ("exchanges_protocol", "exchanges_session"):
+        conn.execute(f"DROP INDEX {index}")
+    for column in ("protocol", "session_id", "model", "answer", "input_tokens", "output_tokens", "finish"):
+        conn.execute(f"ALTER TABLE exchanges DROP COLUMN {column}")
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0007_protocols'")
+    rows = conn.execute("SELECT exchange_id, seq, data FROM events").fetchall()
+    for exchange_id, seq, data in rows:
+        c = classify(data)
+        conn.execute(
+            "UPDATE events SET kind = ?, text = ?, usage = NULL WHERE exchange_id = ? AND seq = ?",
+            (c.kind, c.text, exchange_id, seq),
+        )
+    conn.execute("UPDATE exchanges SET binding = 'rest'")  # as message_start made it
+    conn.execute("INSERT INTO events_fts (events_fts) VALUES ('rebuild')")
+    conn.close()
+
+
+async def test_an_older_log_is_read_again_by_the_protocols(record: RecordFactory, tmp_path: Path) -> None:
+    rec = await record(anthropic_app(delay=0))
+    expected = await messages(rec.url)
+    await rec.log()
+    old = tmp_path / "old.db"
+    with sqlite3.connect(rec.db) as source, sqlite3.connect(old) as copy:
+        source.backup(copy)
+    downgrade_to_schema_6(old)
+    with sqlite3.connect(old) as conn:
+        assert ("message",) in conn.execute("SELECT kind FROM events").fetchall()  # misread, as it was
+        assert conn.execute("SELECT count(*) FROM events_fts WHERE events_fts MATCH 'help'").fetchone() == (
+            0,
+        )
+    with LogWriter(old):  # opened with write access: upgraded
+        pass
+    with EventLog(old) as log:
+        (x,) = log.exchanges()
+        (summary,) = log.stream_summary()
+        kinds = [e["kind"] for e in log.events(x["id"])]
+    assert (x["protocol"], x["binding"], kinds[0], kinds[-1]) == (
+        "anthropic",
+        None,
+        "message_start",
+        "message_stop",
+    )
+    assert (summary["answer"], summary["model"], summary["finish"]) == (
+        expected.answer,
+        expected.model,
+        "end_turn",
+    )
+    # and full-text search finds the answer's words, which it did not before
+    with sqlite3.connect(old) as conn:
+        hits = conn.execute("SELECT rowid FROM events_fts WHERE events_fts MATCH 'help'").fetchall()
+    assert len(hits) == 1
