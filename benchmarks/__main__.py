@@ -15,6 +15,7 @@ from . import (
     imports,
     instructions,
     pinned,
+    protocols_bench,
     proxy_bench,
     replay_bench,
     scaling,
@@ -25,6 +26,7 @@ from .harness import machine
 SUITES = {
     "decoder": decoder.run,
     "log": eventlog_bench.run,
+    "protocols": protocols_bench.run,
     "handover": handover.run,
     "proxy": proxy_bench.run,
     "startup": startup.run,

@@ -154,7 +154,9 @@ def record(
 
 def describe_exchange(s: ExchangeSummary) -> str:
     """One line per finished exchange: request, status, task, final state, events, times."""
-    operation = f" ({s.rpc_method})" if s.binding == "jsonrpc" and s.rpc_method else ""
+    # A JSON-RPC request's path does not say what it asks: its method does.
+    jsonrpc = s.binding == "jsonrpc" or s.protocol == "mcp"
+    operation = f" ({s.rpc_method})" if jsonrpc and s.rpc_method and s.rpc_method != s.method else ""
     parts = [f"{s.method} {s.path}{operation} {s.status or '-'}"]
     if s.task_id:
         parts.append(f"task {s.task_id}")

@@ -168,6 +168,24 @@ def test_lines_for_other_exchanges() -> None:
         outcome="complete",
     )
     assert describe_exchange(plain) == "GET /.well-known/agent-card.json 200  took 1.2 ms"
+    mcp = ExchangeSummary(
+        9,
+        is_sse=True,
+        method="POST",
+        path="/mcp",
+        status=200,
+        events=4,
+        protocol="mcp",
+        rpc_method="tools/call",
+        final_state="result",
+        first_event_ns=1_000_000,
+        duration_ns=3_000_000,
+        outcome="complete",
+    )
+    assert (
+        describe_exchange(mcp)
+        == "POST /mcp (tools/call) 200  result  4 events, first after 1.0 ms  took 3.0 ms"
+    )
 
 
 async def test_stopping_with_a_stream_open_is_quick_and_says_so(tmp_path: Path) -> None:
