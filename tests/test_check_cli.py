@@ -21,6 +21,7 @@ from conftest import RecordFactory
 
 from tasktape.cli import main
 from tasktape.demo import run_demo
+from tasktape.eventlog.cassette import read_cassette, write_cassette
 from tasktape.eventlog.checker import all_rules
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
@@ -221,3 +222,22 @@ def another_database(folder: Path) -> Path:
 def test_bad_input_is_a_usage_error(tmp_path: Path, make: Callable[[Path], Path], error: str) -> None:
     result = check(make(tmp_path))
     assert result.exit_code == 2 and error in result.output, result.output
+
+
+def test_protocol_selects_whose_rules_run(tmp_path: Path) -> None:
+    from test_protocols import MCP_BREAKS  # noqa: PLC0415 - a hand-made broken MCP session
+
+    mixed = tmp_path / "mixed.jsonl"
+    a2a = Path(__file__).resolve().parent.parent / "cassettes" / "completed.jsonl"
+    write_cassette(mixed, [*read_cassette(a2a), *MCP_BREAKS["mcp-result-xor-error"]])
+    everything = check(mixed, "--no-save")
+    assert everything.exit_code == 1 and "mcp-result-xor-error" in everything.output
+    assert "(2 exchanges in all: a2a 1, mcp 1)" in everything.output
+    assert check(mixed, "--no-save", "--protocol", "a2a").exit_code == 0
+    only_mcp = check(mixed, "--no-save", "--protocol", "mcp", "--json")
+    assert only_mcp.exit_code == 1
+    doc = json.loads(only_mcp.output)
+    assert doc["summary"]["by_protocol"] == {"mcp": 1}
+    assert {f["rule"] for f in doc["findings"]} == {"mcp-result-xor-error"}
+    unknown = check(mixed, "--protocol", "grpc")
+    assert unknown.exit_code == 2 and "unknown protocol grpc" in unknown.output

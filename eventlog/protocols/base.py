@@ -11,7 +11,7 @@ runs on its exchanges.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -32,7 +32,10 @@ class RequestInfo(NamedTuple):
     session_id: str | None = None  # MCP's Mcp-Session-Id
 
 
-@dataclass(frozen=True)
+_UNREAD = object()
+
+
+@dataclass
 class Request:
     """A request as a protocol sees it: headers as (name, value) pairs, body decoded."""
 
@@ -40,6 +43,7 @@ class Request:
     path: str
     headers: Sequence[tuple[str, str]] = ()
     body: bytes | str | None = None
+    _json: Any = field(default=_UNREAD, repr=False, compare=False)
 
     def header(self, name: str) -> str | None:
         """The first value of a header (names compared case-insensitively)."""
@@ -47,13 +51,13 @@ class Request:
         return next((v for k, v in self.headers if k.lower() == name), None)
 
     def json(self) -> Any:
-        """The body as JSON, or None when it is not."""
-        if not self.body:
-            return None
-        try:
-            return load_json(self.body)
-        except (ValueError, RecursionError):
-            return None
+        """The body as JSON, or None when it is not (read once, however many protocols ask)."""
+        if self._json is _UNREAD:
+            try:
+                self._json = load_json(self.body) if self.body else None
+            except (ValueError, RecursionError):
+                self._json = None
+        return self._json
 
 
 @dataclass
