@@ -14,6 +14,7 @@ from pathlib import Path
 from tasktape.errors import UsageError
 
 from .frames import Problem, Rule, Stream, streams_of
+from .protocols import ProtocolName
 from .protocols import protocols as known_protocols
 from .reader import EventLog
 from .recorded import Recorded, from_log
@@ -140,7 +141,7 @@ def _report(streams: list[Stream]) -> Report:
                     (problem.stream.index, -1 if seq is None else seq, order, _finding(name, problem))
                 )
     found.sort(key=lambda item: item[:3])
-    tasks = {f.task_id for s in streams if s.protocol == "a2a" for f in s.frames if f.task_id}
+    tasks = {f.task_id for s in streams if s.protocol == ProtocolName.A2A for f in s.frames if f.task_id}
     return Report(
         [f for *_, f in found],
         [_cut_short(s) for s in streams if s.is_sse and not s.complete],

@@ -45,7 +45,7 @@ class Stream:
     error: str | None
     rpc_id: Any  # the JSON-RPC request's id (None when not JSON-RPC)
     jsonrpc: bool
-    protocol: str = "a2a"
+    protocol: str  # the protocol's name
     request: RequestInfo = field(default_factory=RequestInfo)
     request_body: Any = None  # the request body as JSON
     last_event_id: str | None = None  # the Last-Event-ID the request resumed from
@@ -104,8 +104,8 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
             continue
         request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
         info = protocol.request_info(request)
-        if protocol.name == "a2a" and not recorded.is_sse and (info.rpc_method is None or not _ok(recorded)):
-            continue  # an agent card, or an error the agent answered with: no lifecycle in it
+        if not protocol.checked(info, recorded.is_sse, recorded.status):
+            continue
         jsonrpc = info.rpc_id is not None or info.binding == "jsonrpc"
         stream = Stream(
             len(streams),
@@ -143,16 +143,11 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
         elif recorded.chunks and stream.complete and not recorded.response_body_truncated:
             body = recorded.body.decode("utf-8", "replace")
             c = reader.body(body)
-            if c is not None or protocol.name == "a2a":
-                c = c or Classification("other")
+            if c is not None:
                 at = _at(start, recorded.chunks[-1][0])
                 stream.frames.append(_frame(None, None, True, body, None, at, c, task_id))
         streams.append(stream)
     return streams
-
-
-def _ok(recorded: Recorded) -> bool:
-    return recorded.status is not None and 200 <= recorded.status < 300
 
 
 def _start_ns(started_at: str | None) -> int | None:

@@ -70,6 +70,11 @@ class A2A(Protocol):
     def request_info(self, request: Request) -> RequestInfo:
         return classify_request(request.method, request.path, request.body)
 
+    def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
+        """Streams, and the answers of successful operations: an agent card, or an error
+        the agent answered with, has no lifecycle in it."""
+        return is_sse or (info.rpc_method is not None and status is not None and 200 <= status < 300)
+
     def reader(self) -> A2AReader:
         return A2AReader()
 
@@ -101,10 +106,8 @@ class A2AReader(StreamReader):
         self._read(c)
         return c
 
-    def body(self, data: bytes | str) -> Classification | None:
+    def body(self, data: bytes | str) -> Classification:
         c = classify(data, bare_task=True)
-        if c.kind in (A2AKind.OTHER, A2AKind.ERROR):
-            return None
         self._read(c)
         return c
 

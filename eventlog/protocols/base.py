@@ -124,6 +124,10 @@ class Protocol:
         """What the log indexes about a request this protocol claimed."""
         return RequestInfo()
 
+    def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
+        """Whether ``tasktape check`` reads this exchange (its rules see only those)."""
+        return True
+
     def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
         """The session a response opens (MCP's initialize answers with one)."""
         return None
