@@ -487,17 +487,7 @@ class ExchangeRows:
             data,
             event.retry,
             int(event.complete),
-            c.kind,
-            c.task_id,
-            c.context_id,
-            c.state,
-            c.artifact_id,
-            c.artifact_type,
-            _int(c.append),
-            _int(c.last_chunk),
-            c.text,
-            None if c.usage is None else usage_json(c.usage),
-            c.parse_error,
+            *event_columns(c),
         )
         event_rows.append(tuple([_NULL if v is None else v for v in row]))
 
@@ -521,6 +511,24 @@ def _header_text(value: str) -> str:
     except UnicodeEncodeError:
         return value.encode("utf-8", "surrogateescape").decode("latin-1")
     return value
+
+
+def event_columns(c: Classification) -> tuple[Any, ...]:
+    """An event's classified columns, ``kind`` to ``parse_error``, as the events table holds them."""
+    usage = None if c.usage is None else usage_json(c.usage)
+    return (
+        c.kind,
+        c.task_id,
+        c.context_id,
+        c.state,
+        c.artifact_id,
+        c.artifact_type,
+        _int(c.append),
+        _int(c.last_chunk),
+        c.text,
+        usage,
+        c.parse_error,
+    )
 
 
 def usage_json(usage: dict[str, Any]) -> str:

@@ -80,6 +80,34 @@ class Problem:
 Rule = Callable[[Sequence[Stream]], Iterator[Problem]]
 
 
+def readable(stream: Stream) -> Iterator[tuple[Frame, Problem | None]]:
+    """Each frame of a stream with what makes it unreadable, if anything: cut off mid-way
+    though the stream ran to its end, or not parsed (a frame cut off by a broken
+    connection is left out: nothing can be said of it)."""
+    for frame in stream.frames:
+        if not frame.complete:
+            if stream.complete:
+                yield (
+                    frame,
+                    Problem(
+                        stream, frame, "the stream ended in the middle of this event (no blank line after it)"
+                    ),
+                )
+        elif frame.c.parse_error:
+            yield frame, Problem(stream, frame, frame.c.parse_error)
+        else:
+            yield frame, None
+
+
+def parsed(data: bytes | str, other: str) -> dict[str, Any] | Classification:
+    """The JSON object an event carries, or its classification as ``other`` saying why not."""
+    try:
+        obj = load_json(data)
+    except (ValueError, RecursionError) as exc:
+        return Classification(other, parse_error=f"not JSON: {exc}"[:500])
+    return obj if isinstance(obj, dict) else Classification(other, parse_error="not a JSON object")
+
+
 def protocol_of(recorded: Recorded) -> Protocol | None:
     """The protocol of a recorded exchange: as the log named it, else as its request (or,
     when that says nothing, its first event) shows."""

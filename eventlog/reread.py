@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from .exchange_rows import usage_json
+from .exchange_rows import event_columns
 from .protocols import ProtocolName, recognise, recognise_stream
 from .protocols.base import Request, RequestInfo
 
@@ -59,24 +59,7 @@ def reread_log(conn: sqlite3.Connection) -> None:
                 continue
             c = reader.event(data or "", event_type)
             if not a2a:  # A2A events were classified as they are now when they were written
-                usage = None if c.usage is None else usage_json(c.usage)
-                updates.append(
-                    (
-                        c.kind,
-                        c.task_id,
-                        c.context_id,
-                        c.state,
-                        c.artifact_id,
-                        c.artifact_type,
-                        _int(c.append),
-                        _int(c.last_chunk),
-                        c.text,
-                        usage,
-                        c.parse_error,
-                        x_id,
-                        seq,
-                    )
-                )
+                updates.append((*event_columns(c), x_id, seq))
         if updates:
             conn.executemany(_UPDATE_EVENT, updates)
             texts_changed = True
@@ -105,7 +88,3 @@ def reread_log(conn: sqlite3.Connection) -> None:
 
 def _pairs(headers: str | None) -> list[tuple[str, str]]:
     return [(k, v) for k, v in json.loads(headers)] if headers else []
-
-
-def _int(flag: bool | None) -> int | None:
-    return None if flag is None else int(flag)

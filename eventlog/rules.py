@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .frames import Frame, Problem, Rule, Stream
+from .frames import Frame, Problem, Rule, Stream, readable
 from .models import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
 
 S = TaskState
@@ -234,14 +234,9 @@ def jsonrpc_id(streams: Sequence[Stream]) -> Iterator[Problem]:
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Every event is a JSON A2A frame, and a stream that ran to its end does not stop mid-event."""
     for stream in streams:
-        for f in stream.frames:
-            if not f.complete:
-                if stream.complete:
-                    yield Problem(
-                        stream, f, "the stream ended in the middle of this event (no blank line after it)"
-                    )
-            elif f.c.parse_error:
-                yield Problem(stream, f, f.c.parse_error)
+        for f, problem in readable(stream):
+            if problem is not None:
+                yield problem
             elif f.c.kind == "other" and stream.is_sse:
                 yield Problem(
                     stream, f, "not an A2A frame: none of task, message, statusUpdate, artifactUpdate"

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..classify import Classification, load_json
-from ..frames import Problem, Stream
+from ..frames import Problem, Stream, parsed, readable
 from .base import Protocol, Request, RequestInfo, StreamReader
 
 
@@ -70,12 +70,9 @@ class AnthropicReader(StreamReader):
     """The answer is the text blocks' deltas; tokens as the last event counted them."""
 
     def event(self, data: str, event_type: str | None) -> Classification:
-        try:
-            obj = load_json(data)
-        except (ValueError, RecursionError) as exc:
-            return Classification(AnthropicKind.OTHER, parse_error=f"not JSON: {exc}"[:500])
-        if not isinstance(obj, dict):
-            return Classification(AnthropicKind.OTHER, parse_error="not a JSON object")
+        obj = parsed(data, AnthropicKind.OTHER)
+        if isinstance(obj, Classification):
+            return obj
         kind = _KINDS.get(obj.get("type"), AnthropicKind.OTHER)  # type: ignore[arg-type]
         s = self.summary
         if kind is AnthropicKind.CONTENT_BLOCK_DELTA:
@@ -200,12 +197,9 @@ def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
     for stream in streams:
         if not stream.is_sse:
             continue
-        for frame in stream.frames:
-            if not frame.complete:
-                if stream.complete:
-                    yield Problem(stream, frame, "the stream ended in the middle of this event")
-            elif frame.c.parse_error:
-                yield Problem(stream, frame, frame.c.parse_error)
+        for frame, problem in readable(stream):
+            if problem is not None:
+                yield problem
             elif frame.payload is not None and frame.event_type != frame.payload.get("type"):
                 yield Problem(
                     stream,

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from ..classify import Classification, load_json
-from ..frames import Frame, Problem, Stream
+from ..classify import Classification
+from ..frames import Frame, Problem, Stream, parsed, readable
 from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader
 
 SESSION_HEADER = "Mcp-Session-Id"
@@ -133,10 +133,9 @@ class MCPReader(StreamReader):
         return self._message(data) if data else None
 
     def _message(self, data: bytes | str) -> Classification:
-        try:
-            obj = load_json(data)
-        except (ValueError, RecursionError) as exc:
-            return Classification(MCPKind.OTHER, parse_error=f"not JSON: {exc}"[:500])
+        obj = parsed(data, MCPKind.OTHER)
+        if isinstance(obj, Classification):
+            return obj
         kind = message_kind(obj)
         if kind is MCPKind.OTHER:
             return Classification(kind, parse_error="not a JSON-RPC 2.0 message")
@@ -257,12 +256,7 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Every event is one JSON-RPC 2.0 message (or an empty priming event), none cut off mid-way."""
     for stream in streams:
-        for frame in stream.frames:
-            if not frame.complete:
-                if stream.complete:
-                    yield Problem(stream, frame, "the stream ended in the middle of this event")
-            elif frame.c.parse_error:
-                yield Problem(stream, frame, frame.c.parse_error)
+        yield from (problem for _, problem in readable(stream) if problem is not None)
 
 
 MCP.rules = {

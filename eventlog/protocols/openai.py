@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any
 
-from ..classify import Classification, load_json
-from ..frames import Problem, Stream
+from ..classify import Classification
+from ..frames import Problem, Stream, parsed, readable
 from .base import Protocol, Request, RequestInfo, StreamReader
 
 DONE = "[DONE]"
@@ -104,12 +104,9 @@ class OpenAIReader(StreamReader):
         return self._read(data) if data else None
 
     def _read(self, data: bytes | str) -> Classification:
-        try:
-            obj = load_json(data)
-        except (ValueError, RecursionError) as exc:
-            return Classification(OpenAIKind.OTHER, parse_error=f"not JSON: {exc}"[:500])
-        if not isinstance(obj, dict):
-            return Classification(OpenAIKind.OTHER, parse_error="not a JSON object")
+        obj = parsed(data, OpenAIKind.OTHER)
+        if isinstance(obj, Classification):
+            return obj
         if "error" in obj and isinstance(obj["error"], dict):
             return self._error(obj["error"])
         kind = obj.get("type")
@@ -252,12 +249,9 @@ def one_finish(streams: Sequence[Stream]) -> Iterator[Problem]:
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Every event is a JSON object (or ``[DONE]``); a Responses event's ``event`` field is its type."""
     for stream in streams:
-        for frame in stream.frames:
-            if not frame.complete:
-                if stream.complete:
-                    yield Problem(stream, frame, "the stream ended in the middle of this event")
-            elif frame.c.parse_error:
-                yield Problem(stream, frame, frame.c.parse_error)
+        for frame, problem in readable(stream):
+            if problem is not None:
+                yield problem
             elif (
                 frame.event_type is not None
                 and frame.payload
