@@ -48,7 +48,6 @@ import importlib.metadata
 import json
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +57,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from processes import stop
 
 ENDPOINT_PATH = "/mcp"
 SERVER_NAME = "tasktape-mcp-peer"
@@ -379,16 +380,6 @@ def _env(pythonpath: str | None) -> dict[str, str]:
     return env
 
 
-def _stop(process: subprocess.Popen[str], grace: float = 5.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    process.wait()
-
-
 @contextlib.contextmanager
 def run_mcp_server(
     *args: str,
@@ -419,7 +410,7 @@ def run_mcp_server(
             raise RuntimeError(f"mcp_peers.py server printed {line!r} instead of 'ready URL'")
         yield McpServer(url=line.removeprefix("ready ").strip(), process=process)
     finally:
-        _stop(process)
+        stop(process)
 
 
 def run_mcp_client(

@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, c
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, TransportProtocol
+from processes import stop
 from starlette.applications import Starlette
 
 SLOW_DELAY = 0.2
@@ -243,16 +243,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _stop(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    process.wait()
-
-
 @contextlib.contextmanager
 def run_sdk_agent(public_url: str | None = None, timeout: float = 20.0) -> Iterator[SdkAgent]:
     """Start the echo agent on a free loopback port; yield it once its card is served; stop it after.
@@ -282,7 +272,7 @@ def run_sdk_agent(public_url: str | None = None, timeout: float = 20.0) -> Itera
             time.sleep(0.05)
         yield agent
     finally:
-        _stop(process)
+        stop(process)
 
 
 if __name__ == "__main__":
