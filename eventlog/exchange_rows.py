@@ -446,23 +446,13 @@ class ExchangeRows:
                 size = 0
         return taken
 
-    def _classified(self, data: str, event_type: str | None) -> Classification:
-        """The event as its protocol reads it; a protocol's failure costs the event its
-        classification, never its row."""
-        assert self._reader is not None and self._protocol is not None
-        try:
-            return self._reader.event(data, event_type)
-        except Exception as exc:  # a plug-in's bug must not lose the recording
-            why = f"protocol {self._protocol.name} failed: {exc!r}"
-            return Classification("other", parse_error=why[:500])
-
     def _event(self, event: SSEEvent, data: str, offset_ns: int, event_rows: Rows) -> None:
         if not self._recognised and data:
             self._recognised = True
             protocol = recognise_stream(data, event.event)
             if protocol is not None:
                 self._use(protocol)
-        c = self._classified(data, event.event) if self._reader is not None else _OTHER
+        c = self._reader.event(data, event.event) if self._reader is not None else _OTHER
         s = self.summary
         seq = self._event_seq
         self._event_seq = seq + 1

@@ -132,6 +132,8 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
             continue
         request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
         info = protocol.request_info(request)
+        if info.session_id is None:  # a session's first request: the response names it
+            info = info._replace(session_id=protocol.session(recorded.response_headers))
         if not protocol.checked(info, recorded.is_sse, recorded.status):
             continue
         jsonrpc = info.rpc_id is not None or info.binding == "jsonrpc"

@@ -1,6 +1,7 @@
-"""Shows the record: the Datasette plugin (these hooks, templates/, static/), the metadata
-and the per-task page. The lifecycle checker it shows findings of lives in
-``tasktape.eventlog.checker``, so checking a log needs no Datasette.
+"""Shows the record: the Datasette plugin (these hooks, templates/, static/), the metadata,
+and a page per A2A task, per MCP session and per LLM stream. The lifecycle checker it
+shows findings of lives in ``tasktape.eventlog.checker``, so checking a log needs no
+Datasette.
 
 The hooks act only on databases served with tasktape's metadata (``tasktape inspect``),
 so other Datasette databases in the same environment are left as they are.
@@ -9,13 +10,17 @@ so other Datasette databases in the same environment are left as they are.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
 from datasette import hookimpl
+from datasette.database import Database
 from datasette.utils import tilde_decode
 from datasette.utils.asgi import NotFound, Request, Response
 from markupsafe import Markup
+
+from tasktape.eventlog.protocols import ProtocolName
 
 from .display import (
     JSON_COLUMNS,
@@ -27,6 +32,11 @@ from .display import (
     state_class,
 )
 from .metadata import PLUGIN, VIEWS
+from .session_page import load_session, session_key
+from .session_timeline import MARK_COLOURS, session_svg
+from .stream_page import LLM_PROTOCOLS, load_stream
+from .stream_timeline import CATEGORY_COLOURS as STREAM_COLOURS
+from .stream_timeline import stream_svg
 from .task_page import load_task
 from .timeline import CATEGORY_COLOURS, colour, timeline_svg
 
@@ -41,6 +51,14 @@ def task_path(datasette: Any, database: str, task_id: str) -> str:
     return f"{datasette.urls.database(database)}/-/task/{quote(task_id, safe='')}"
 
 
+def session_path(datasette: Any, database: str, session_id: str) -> str:
+    return f"{datasette.urls.database(database)}/-/session/{quote(session_id, safe='')}"
+
+
+def stream_path(datasette: Any, database: str, exchange_id: int) -> str:
+    return f"{datasette.urls.database(database)}/-/stream/{exchange_id}"
+
+
 def state_pill(state: str | None) -> Markup:
     if not state:
         return Markup("")
@@ -52,9 +70,11 @@ def state_pill(state: str | None) -> Markup:
 @hookimpl
 def render_cell(
     row: Any, value: Any, column: str, table: str | None, database: str, datasette: Any
-) -> Markup | None:
-    """Task states coloured, task ids linked to their page, exchange ids in views linked to
-    the exchange, nanosecond durations shown in ms, JSON indented."""
+) -> Markup | Callable[[], Awaitable[Markup]] | None:
+    """Task states coloured; task ids linked to their page, MCP session ids to theirs;
+    exchange ids in views and queries linked to the page that shows them (an LLM stream's,
+    an MCP exchange's session, else the exchange); nanosecond durations shown in ms, JSON
+    indented."""
     if not is_event_log(datasette, database) or value is None:
         return None
     if column in STATE_COLUMNS and isinstance(value, str) and value.startswith("TASK_STATE_"):
@@ -62,7 +82,16 @@ def render_cell(
     if column == "task_id" and isinstance(value, str):
         href = task_path(datasette, database, value)
         return Markup('<a class="tt-task" href="{}">{}</a>').format(href, value)
+    if column == "session_id" and isinstance(value, str):
+        href = session_path(datasette, database, value)
+        return Markup('<a class="tt-session" href="{}">{}</a>').format(href, value)
     if column == "exchange_id" and isinstance(value, int) and (table is None or table in VIEWS):
+        protocol = _field(row, "protocol")
+        if protocol in LLM_PROTOCOLS:
+            href = stream_path(datasette, database, value)
+            return Markup('<a class="tt-stream" href="{}">{}</a>').format(href, value)
+        if protocol == ProtocolName.MCP:
+            return lambda: _session_link(datasette, database, value)
         href = datasette.urls.row(database, "exchanges", str(value))
         return Markup('<a href="{}">{}</a>').format(href, value)
     if column in NS_COLUMNS and isinstance(value, int):
@@ -74,6 +103,26 @@ def render_cell(
     return None
 
 
+def _field(row: Any, name: str) -> Any:
+    """A column of the row being shown, if it has that column."""
+    try:
+        return row[name]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+async def _session_link(datasette: Any, database: str, exchange_id: int) -> Markup:
+    """An MCP exchange's id, linked to its row on its session's page."""
+    result = await datasette.get_database(database).execute(
+        "SELECT session_id, capture_id FROM exchanges WHERE id = ?", [exchange_id]
+    )
+    row = result.first()
+    if row is None:  # not in the log (any longer): nothing to link to
+        return Markup("{}").format(exchange_id)
+    href = session_path(datasette, database, session_key(row["session_id"], row["capture_id"]))
+    return Markup('<a class="tt-session" href="{}#exchange-{}">{}</a>').format(href, exchange_id, exchange_id)
+
+
 @hookimpl
 def extra_css_urls(database: str | None, datasette: Any) -> list[str]:
     """The inspector's stylesheet, on every page (its classes all start with ``tt-``)."""
@@ -82,20 +131,31 @@ def extra_css_urls(database: str | None, datasette: Any) -> list[str]:
 
 @hookimpl
 def register_routes() -> list[tuple[str, Any]]:
-    """The per-task page: ``/<database>/-/task/<task id>``."""
-    return [(r"^/(?P<database>[^/]+)/-/task/(?P<task_id>[^/]+)$", task_view)]
+    """The pages of a task, an MCP session and an LLM stream: ``/<database>/-/task/<task
+    id>``, ``/<database>/-/session/<session id>``, ``/<database>/-/stream/<exchange id>``."""
+    return [
+        (r"^/(?P<database>[^/]+)/-/task/(?P<task_id>[^/]+)$", task_view),
+        (r"^/(?P<database>[^/]+)/-/session/(?P<session_id>[^/]+)$", session_view),
+        (r"^/(?P<database>[^/]+)/-/stream/(?P<exchange_id>[^/]+)$", stream_view),
+    ]
 
 
-async def task_view(request: Request, datasette: Any) -> Response:
-    """One task's whole run at a glance; 404 for a task the log does not know."""
+def _event_log(request: Request, datasette: Any) -> tuple[str, Database]:
+    """The database the page is asked of: 404 unless it is an event log."""
     name = tilde_decode(request.url_vars["database"])
-    task_id = unquote(request.url_vars["task_id"])
     try:
         db = datasette.get_database(name)
     except KeyError:
         raise NotFound(f"no database {name}") from None
     if not is_event_log(datasette, name):
         raise NotFound(f"{name} is not served as an event log")
+    return name, db
+
+
+async def task_view(request: Request, datasette: Any) -> Response:
+    """One task's whole run at a glance; 404 for a task the log does not know."""
+    name, db = _event_log(request, datasette)
+    task_id = unquote(request.url_vars["task_id"])
     # The log is read (and the checker run) off the event loop: other pages stay live.
     page = await asyncio.to_thread(load_task, db.path, task_id)
     if page is None:
@@ -109,3 +169,52 @@ async def task_view(request: Request, datasette: Any) -> Response:
         "category_colours": CATEGORY_COLOURS,
     }
     return Response.html(await datasette.render_template("tasktape_task.html", context, request=request))
+
+
+async def session_view(request: Request, datasette: Any) -> Response:
+    """One MCP session's tool calls and requests; 404 for a session the log does not know."""
+    name, db = _event_log(request, datasette)
+    session_id = unquote(request.url_vars["session_id"])
+    page = await asyncio.to_thread(load_session, db.path, session_id)
+    if page is None:
+        raise NotFound(f"no MCP session {session_id} in {name}")
+    context = {"page": page, "database": name, "timeline": session_svg(page), "mark_colours": MARK_COLOURS}
+    return Response.html(await datasette.render_template("tasktape_session.html", context, request=request))
+
+
+async def stream_view(request: Request, datasette: Any) -> Response:
+    """One OpenAI or Anthropic exchange: its answer, tokens and pace; 404 for an exchange
+    the log does not have, or one of another protocol (said which, and where it shows)."""
+    name, db = _event_log(request, datasette)
+    raw = unquote(request.url_vars["exchange_id"])
+    exchange_id = int(raw) if raw.isdigit() else None
+    page = None if exchange_id is None else await asyncio.to_thread(load_stream, db.path, exchange_id)
+    if page is None:
+        raise NotFound(await _not_a_stream(datasette, name, db, raw, exchange_id))
+    context = {
+        "page": page,
+        "database": name,
+        "timeline": stream_svg(page),
+        "category_colours": STREAM_COLOURS,
+    }
+    return Response.html(await datasette.render_template("tasktape_stream.html", context, request=request))
+
+
+async def _not_a_stream(datasette: Any, name: str, db: Database, raw: str, exchange_id: int | None) -> str:
+    """Why there is no stream page for that exchange."""
+    rows = (
+        []
+        if exchange_id is None
+        else (
+            await db.execute(
+                "SELECT protocol, session_id, capture_id FROM exchanges WHERE id = ?", [exchange_id]
+            )
+        ).rows
+    )
+    if not rows:
+        return f"no exchange {raw} in {name}"
+    protocol, session_id, capture_id = rows[0]
+    what = f"exchange {exchange_id} is not an OpenAI or Anthropic stream (its protocol: {protocol or 'none'})"
+    if protocol == ProtocolName.MCP:
+        return f"{what}; its session is {session_path(datasette, name, session_key(session_id, capture_id))}"
+    return f"{what}; its row is {datasette.urls.row(name, 'exchanges', str(exchange_id))}"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.protocols import ProtocolName
+
 # One colour per task state, shared by the pages (inspector.css defines the same as CSS
 # variables; a test holds the two together) and the charts (a Vega-Lite scale).
 STATE_COLOURS = {
@@ -18,6 +21,13 @@ STATE_COLOURS = {
     "TASK_STATE_AUTH_REQUIRED": "#b8860b",
 }
 UNKNOWN_STATE_COLOUR = "#9e9e9e"
+# One colour per protocol, for the charts.
+PROTOCOL_COLOURS = {
+    ProtocolName.A2A.value: "#00897b",
+    ProtocolName.MCP.value: "#1e88e5",
+    ProtocolName.OPENAI.value: "#7cb342",
+    ProtocolName.ANTHROPIC.value: "#d4813b",
+}
 
 STATE_COLUMNS = frozenset({"state", "final_state"})
 NS_COLUMNS = frozenset({"offset_ns", "ttfb_ns", "duration_ns"})
@@ -54,3 +64,13 @@ def pretty_json(value: Any) -> str | None:
     except ValueError:
         return None
     return json.dumps(parsed, indent=2, ensure_ascii=False)
+
+
+def parse_json(data: Any) -> Any:
+    """Parsed JSON, or None for anything that is not JSON text (or UTF-8 bytes of it)."""
+    if not isinstance(data, str | bytes) or not data:
+        return None
+    try:
+        return load_json(data)
+    except (ValueError, RecursionError):
+        return None

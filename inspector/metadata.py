@@ -10,10 +10,11 @@ from datasette.utils import tilde_encode
 
 from tasktape.eventlog.schema import VIEWS as VIEW_SQL
 
-from .display import STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
+from .display import PROTOCOL_COLOURS, STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
+from .stream_page import LLM_PROTOCOLS
 
 PLUGIN = "tasktape"  # its per-database configuration marks the databases that are event logs
-VIEWS = frozenset(VIEW_SQL)
+VIEWS = frozenset({*VIEW_SQL, "stream_summary"})
 
 HIDDEN = (
     "_sqlite_migrations",
@@ -25,6 +26,9 @@ HIDDEN = (
 )
 
 _ORIGIN = "since the request arrived"
+# An MCP exchange's session, as the session page names it (see session_page.session_key).
+_SESSION = "coalesce(x.session_id, 'capture-' || x.capture_id)"
+_LLM = ", ".join(f"'{p}'" for p in sorted(LLM_PROTOCOLS))  # the protocols with a stream page
 
 TABLES: dict[str, dict[str, Any]] = {
     "captures": {
@@ -45,9 +49,10 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "exchanges": {
         "title": "Exchanges",
-        "description": "One row per HTTP request and its response, streamed or not.",
+        "description": "One row per HTTP request and its response, streamed or not, with the "
+        "protocol that claimed it and what its response came to. A session id opens its MCP session.",
         "label_column": "path",
-        "facets": ["rpc_method", "binding", "outcome", "is_sse", "status"],
+        "facets": ["protocol", "rpc_method", "binding", "outcome", "is_sse", "status"],
         "columns": {
             "id": "Exchange id",
             "capture_id": "The capture it belongs to",
@@ -63,7 +68,8 @@ TABLES: dict[str, dict[str, Any]] = {
             "response_body": "Body of a response that is not an event stream",
             "is_sse": "1 for a text/event-stream response",
             "binding": "A2A binding: rest or jsonrpc",
-            "rpc_method": "The A2A operation (SendStreamingMessage, GetTask, ...)",
+            "rpc_method": "The operation: A2A's (SendStreamingMessage, GetTask, ...), MCP's JSON-RPC "
+            "method (tools/call, ...; GET, DELETE), the LLM API call (chat.completions, responses, messages)",
             "task_id": "The task, from the request or the stream",
             "context_id": "The context, from the request or the stream",
             "ttfb_ns": "Request arrival to response headers (shown in ms)",
@@ -73,6 +79,15 @@ TABLES: dict[str, dict[str, Any]] = {
             "request_body_truncated": "1 when the request body was longer than the recorder kept",
             "response_body_truncated": "1 when the response body was longer than the recorder kept",
             "body_encoding": "The Content-Encoding the stored response body was decoded from",
+            "request_body_encoding": "The Content-Encoding the stored request body was decoded from",
+            "protocol": "The protocol that claimed it: a2a, mcp, openai, anthropic",
+            "session_id": "MCP's Mcp-Session-Id (opens the session's page)",
+            "model": "The model the response reported",
+            "answer": "What the response comes to: the answer reassembled, a tool result's text",
+            "input_tokens": "Input tokens, as the response counted them",
+            "output_tokens": "Output tokens, as the response counted them",
+            "finish": "How it finished: finish_reason, stop_reason, a Responses status, an A2A state, "
+            "MCP's result or error",
         },
     },
     "chunks": {
@@ -87,8 +102,8 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "events": {
         "title": "Events",
-        "description": "Every Server-Sent Event, decoded and classified as an A2A frame. "
-        "Search matches the text of the parts.",
+        "description": "Every Server-Sent Event, decoded and classified by its exchange's protocol. "
+        "Search matches the text each event adds.",
         "facets": ["kind", "state", "artifact_type"],
         "fts_table": "events_fts",
         "fts_pk": "rowid",
@@ -102,16 +117,19 @@ TABLES: dict[str, dict[str, Any]] = {
             "data": "The event's data",
             "retry": "The SSE retry field",
             "complete": "0 only for an unterminated tail at the end of a stream",
-            "kind": "task, message, statusUpdate, artifactUpdate, error or other",
+            "kind": "What it is, in its protocol's terms: A2A's task, statusUpdate, artifactUpdate...; "
+            "MCP's request, response, notification, error, priming; OpenAI's delta, finish, usage, done; "
+            "Anthropic's event types",
             "task_id": "The task",
             "context_id": "The context",
-            "state": "Task state, for task and status events",
+            "state": "A2A task state; OpenAI finish_reason or Responses status; Anthropic stop_reason; "
+            "MCP result or error",
             "artifact_id": "Artifact id, for artifact events",
             "artifact_type": "The artifact's metadata.type, e.g. intermediate-thinking",
             "append": "1: this delta appends to the artifact; 0: it starts or replaces it",
             "last_chunk": "1: this event closes the artifact",
-            "text": "Text parts joined",
-            "usage": "The $usage metadata: model, tokens, credits",
+            "text": "What it adds: A2A text parts joined, a token delta, an MCP progress message or result",
+            "usage": "Model and tokens: A2A's $usage (with credits), an LLM stream's counts",
             "parse_error": "Why the data is not a readable frame",
         },
     },
@@ -236,6 +254,25 @@ TABLES: dict[str, dict[str, Any]] = {
             "duration_ms": "Request arrival to the end of the response",
         },
     },
+    "stream_summary": {
+        "title": "Stream summaries",
+        "description": "One row per exchange of a known protocol: what its response came to (the "
+        "model, the answer, tokens, how it finished) and how fast. An exchange id opens its LLM "
+        "stream's page, or its MCP session's.",
+        "facets": ["protocol", "model", "finish"],
+        "columns": {
+            "exchange_id": "The exchange (opens its stream or session page)",
+            "protocol": "a2a, mcp, openai or anthropic",
+            "model": "The model the response reported (not the alias asked for)",
+            "answer": "The answer reassembled from the deltas, a tool result's text, an error",
+            "input_tokens": "Input tokens, as the response counted them",
+            "output_tokens": "Output tokens, as the response counted them",
+            "finish": "finish_reason, stop_reason, a Responses status, an A2A state, MCP result or error",
+            "events": "Events in its stream",
+            "ttfe_ms": "Time to first event (or first byte of a body that is not a stream)",
+            "duration_ms": "Request arrival to the end of the response",
+        },
+    },
 }
 
 QUERIES: dict[str, dict[str, Any]] = {
@@ -270,6 +307,40 @@ WHERE is_sse = 1 AND ttfe_ms >= CAST(:at_least_ms AS REAL)
 ORDER BY ttfe_ms DESC
 LIMIT 100""",
     },
+    "mcp_sessions": {
+        "title": "MCP sessions",
+        "description": "One row per MCP session: its exchanges, the tools it called, errors and the "
+        "findings saved about it. Exchanges without a session id (the stateless revision) are "
+        "grouped per capture, as capture-<id>. A session id opens the session's page.",
+        "sql": f"""SELECT {_SESSION} AS session_id,
+  min(x.started_at) AS started_at,
+  count(*) AS exchanges,
+  sum(x.rpc_method = 'tools/call') AS tool_calls,
+  group_concat(DISTINCT CASE WHEN x.rpc_method = 'tools/call' AND json_valid(x.request_body)
+    THEN json_extract(x.request_body, '$.params.name') END) AS tools,
+  sum(x.finish = 'error') AS errors,
+  sum((SELECT count(*) FROM findings f WHERE f.exchange_id = x.id)) AS findings,
+  round((max(x.started_ns + coalesce(x.duration_ns, x.ttfb_ns, 0)) - min(x.started_ns)) / 1e6, 3)
+    AS duration_ms
+FROM exchanges x
+WHERE x.protocol = 'mcp'
+GROUP BY 1
+ORDER BY min(x.started_ns)""",
+    },
+    "llm_streams": {
+        "title": "LLM streams",
+        "description": "One row per OpenAI or Anthropic exchange: the model the stream reported, "
+        "tokens, how it finished, time to first token (its first event with text) and the answer. "
+        "An exchange id opens the stream's page.",
+        "sql": f"""SELECT s.exchange_id, s.protocol, x.rpc_method AS call, x.started_at, s.model, s.finish,
+  s.input_tokens, s.output_tokens, s.events,
+  (SELECT round(min(e.offset_ns) / 1e6, 3) FROM events e
+   WHERE e.exchange_id = s.exchange_id AND e.text <> '' AND e.kind <> 'error') AS ttft_ms,
+  s.duration_ms, substr(s.answer, 1, 200) AS answer
+FROM stream_summary s JOIN exchanges x ON x.id = s.exchange_id
+WHERE s.protocol IN ({_LLM})
+ORDER BY s.exchange_id""",
+    },
     "search_event_text": {
         "title": "Search event text",
         "description": "Events whose text holds these words, as a phrase (full-text search; "
@@ -289,6 +360,10 @@ _STATE_SCALE = {
     "range": [*STATE_COLOURS.values(), UNKNOWN_STATE_COLOUR],
 }
 _SHORT_STATE = "coalesce(replace(final_state, 'TASK_STATE_', ''), 'none') AS state"
+_PROTOCOL_SCALE = {
+    "domain": [*PROTOCOL_COLOURS, "other"],
+    "range": [*PROTOCOL_COLOURS.values(), UNKNOWN_STATE_COLOUR],
+}
 _HEIGHT = 240
 _GAP_BINS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
@@ -320,40 +395,59 @@ def _chart(title: str, db: str, sql: str, mark: str, **encoding: dict[str, Any])
 def dashboards(db: str) -> dict[str, Any]:
     """The datasette-dashboards configuration: one dashboard of the streams in ``db``."""
     state_colour = {"field": "state", "type": "nominal", "title": "final state", "scale": _STATE_SCALE}
+    protocol_colour = {"field": "protocol", "type": "nominal", "title": "protocol", "scale": _PROTOCOL_SCALE}
     return {
         "streams": {
             "title": "Streams at a glance",
-            "description": "Time to first event, the gaps between events, and events per task, "
-            "across the whole log. Hover a bar for its figures.",
+            "description": "Every protocol in the log: time to first event, the gaps between a "
+            "stream's events and the tokens per model; then A2A's tasks, their events and final "
+            "states. Hover a mark for its figures.",
             "layout": [
-                ["tasks", "events", "streams", "credits"],
-                ["ttfe", "ttfe", "gaps", "gaps"],
-                ["per_task", "per_task", "per_task", "states"],
+                ["tasks", "sessions", "llm_streams", "streams", "events", "credits"],
+                ["ttfe", "ttfe", "ttfe", "gaps", "gaps", "gaps"],
+                ["protocol_ttfe", "protocol_ttfe", "protocol_ttfe", "tokens", "tokens", "tokens"],
+                ["per_task", "per_task", "per_task", "per_task", "states", "states"],
             ],
             "charts": {
-                "tasks": _metric("Tasks", db, "SELECT count(*) AS n FROM task_summary"),
+                "tasks": _metric("A2A tasks", db, "SELECT count(*) AS n FROM task_summary"),
+                "sessions": _metric(
+                    "MCP sessions",
+                    db,
+                    f"SELECT count(DISTINCT {_SESSION}) AS n FROM exchanges x WHERE x.protocol = 'mcp'",
+                ),
+                "llm_streams": _metric(
+                    "LLM streams",
+                    db,
+                    f"SELECT count(*) AS n FROM exchanges WHERE protocol IN ({_LLM}) AND is_sse = 1",
+                ),
+                "streams": _metric(
+                    "Streams, every protocol", db, "SELECT count(*) AS n FROM exchanges WHERE is_sse = 1"
+                ),
                 "events": _metric("Events", db, "SELECT count(*) AS n FROM events"),
-                "streams": _metric("Streams", db, "SELECT count(*) AS n FROM exchanges WHERE is_sse = 1"),
                 "credits": _metric(
-                    "Credits", db, "SELECT round(coalesce(sum(credits), 0), 2) AS n FROM task_summary"
+                    "A2A credits", db, "SELECT round(coalesce(sum(credits), 0), 2) AS n FROM task_summary"
                 ),
                 "ttfe": _chart(
                     "Time to first event: the slowest 30 streams",
                     db,
-                    """SELECT '#' || exchange_id || ' ' || coalesce(rpc_method, path) AS stream,
-  ttfe_ms, ttfb_ms, coalesce(binding, 'other') AS binding, task_id
-FROM exchange_metrics WHERE is_sse = 1 AND ttfe_ms IS NOT NULL
-ORDER BY ttfe_ms DESC LIMIT 30""",
+                    """SELECT '#' || m.exchange_id || ' ' || coalesce(m.rpc_method, m.path) AS stream,
+  m.ttfe_ms, m.ttfb_ms, coalesce(x.protocol, 'other') AS protocol, m.task_id
+FROM exchange_metrics m JOIN exchanges x ON x.id = m.exchange_id
+WHERE m.is_sse = 1 AND m.ttfe_ms IS NOT NULL
+ORDER BY m.ttfe_ms DESC LIMIT 30""",
                     "bar",
                     y={"field": "stream", "type": "nominal", "sort": "-x", "title": None},
                     x={"field": "ttfe_ms", "type": "quantitative", "title": "ms from the request"},
-                    color={"field": "binding", "type": "nominal", "title": "binding"},
+                    color=protocol_colour,
                 ),
                 "gaps": _chart(
-                    "Gaps between a task's events",
+                    "Gaps between a stream's events",
                     db,
-                    f"""SELECT {_GAP_BIN} AS gap, kind, count(*) AS events
-FROM task_timeline WHERE gap_ms IS NOT NULL
+                    f"""SELECT {_GAP_BIN} AS gap, protocol, count(*) AS events
+FROM (SELECT coalesce(x.protocol, 'other') AS protocol,
+        (e.offset_ns - lag(e.offset_ns) OVER (PARTITION BY e.exchange_id ORDER BY e.seq)) / 1e6 AS gap_ms
+      FROM events e JOIN exchanges x ON x.id = e.exchange_id)
+WHERE gap_ms IS NOT NULL
 GROUP BY 1, 2""",
                     "bar",
                     x={
@@ -363,10 +457,33 @@ GROUP BY 1, 2""",
                         "title": "gap before the event",
                     },
                     y={"field": "events", "type": "quantitative", "title": "events"},
-                    color={"field": "kind", "type": "nominal", "title": "event kind"},
+                    color=protocol_colour,
+                ),
+                "protocol_ttfe": _chart(
+                    "Time to first event, per protocol",
+                    db,
+                    """SELECT protocol, exchange_id, ttfe_ms, duration_ms, model
+FROM stream_summary WHERE ttfe_ms IS NOT NULL""",
+                    "tick",
+                    y={"field": "protocol", "type": "nominal", "title": None},
+                    x={"field": "ttfe_ms", "type": "quantitative", "title": "ms from the request"},
+                    color={**protocol_colour, "legend": None},
+                ),
+                "tokens": _chart(
+                    "Tokens per model, as the responses counted them",
+                    db,
+                    """SELECT model, protocol, 'input' AS tokens_of, sum(input_tokens) AS tokens
+FROM stream_summary WHERE model IS NOT NULL GROUP BY model, protocol
+UNION ALL
+SELECT model, protocol, 'output', sum(output_tokens)
+FROM stream_summary WHERE model IS NOT NULL GROUP BY model, protocol""",
+                    "bar",
+                    y={"field": "model", "type": "nominal", "sort": "-x", "title": None},
+                    x={"field": "tokens", "type": "quantitative", "title": "tokens", "stack": True},
+                    color={"field": "tokens_of", "type": "nominal", "title": "tokens"},
                 ),
                 "per_task": _chart(
-                    "Events per task: the busiest 40",
+                    "Events per A2A task: the busiest 40",
                     db,
                     f"""SELECT substr(task_id, -12) AS task, task_id, events, exchanges, {_SHORT_STATE},
   duration_ms
@@ -377,7 +494,7 @@ FROM task_summary ORDER BY events DESC LIMIT 40""",
                     color=state_colour,
                 ),
                 "states": _chart(
-                    "Final states",
+                    "Final states of A2A tasks",
                     db,
                     f"SELECT {_SHORT_STATE}, count(*) AS tasks FROM task_summary GROUP BY 1",
                     "bar",
@@ -394,18 +511,23 @@ def metadata(db: str) -> dict[str, Any]:
     """Datasette metadata for the event log served as database ``db``."""
     tables: dict[str, dict[str, Any]] = {name: dict(meta) for name, meta in TABLES.items()}
     tables.update({name: {"hidden": True} for name in HIDDEN})
+    path = tilde_encode(db)
     return {
         "title": "tasktape inspector",
         "description_html": (
-            f"Recorded A2A traffic. Start with <a href='/{tilde_encode(db)}/task_summary'>Tasks</a> "
-            "(a task id opens its whole run), the <a href='/-/dashboards/streams'>charts</a>, or "
-            f"the <a href='/{tilde_encode(db)}'>tables and canned queries</a>."
+            "Recorded agent traffic: A2A tasks, MCP sessions, OpenAI and Anthropic token streams. "
+            f"Start with <a href='/{path}/task_summary'>Tasks</a> (a task id opens its whole run), "
+            f"<a href='/{path}/mcp_sessions'>MCP sessions</a> (a session id opens its tool calls), "
+            f"<a href='/{path}/llm_streams'>LLM streams</a> (an exchange id opens its stream), "
+            "the <a href='/-/dashboards/streams'>charts</a>, or "
+            f"the <a href='/{path}'>tables and canned queries</a>."
         ),
         "databases": {
             db: {
                 "title": f"Event log {db}",
                 "description": "Captured exchanges, their chunks and events, and views that read "
-                "like the protocol. Tasks opens each task's whole run.",
+                "like the protocols. Tasks opens each A2A task's whole run, MCP sessions each "
+                "session's tool calls, LLM streams each OpenAI or Anthropic stream.",
                 "tables": tables,
                 "queries": QUERIES,
                 "plugins": {PLUGIN: {}},

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from tasktape.errors import FrameError
 from tasktape.eventlog import EventLog, parse_stream_response
-from tasktape.eventlog.classify import load_json
 from tasktape.eventlog.models import Artifact as ArtifactModel
 from tasktape.eventlog.models import JsonRpcResponse, Task, TaskStatus
+
+from .display import parse_json
 
 if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding
@@ -244,19 +245,9 @@ def _exchange(x: dict[str, Any], origin: int) -> Exchange:
     )
 
 
-def _json(data: Any) -> Any:
-    """Parsed JSON, or None for anything that is not JSON text."""
-    if not isinstance(data, str | bytes) or not data:
-        return None
-    try:
-        return load_json(data)
-    except (ValueError, RecursionError):
-        return None
-
-
 def _asked(body: Any) -> str | None:
     """The text of the message a SendMessage request carried (REST or JSON-RPC)."""
-    obj = _json(body)
+    obj = parse_json(body)
     if not isinstance(obj, dict):
         return None
     params = obj.get("params") if "jsonrpc" in obj else obj
@@ -322,7 +313,7 @@ class _Snapshot:
 def _snapshots(xrows: list[dict[str, Any]], origin: int) -> list[_Snapshot]:
     snapshots = []
     for x in xrows:
-        obj = _json(x["response_body"]) if not x["is_sse"] else None
+        obj = parse_json(x["response_body"]) if not x["is_sse"] else None
         if isinstance(obj, dict) and "jsonrpc" in obj:
             obj = obj.get("result")
         if isinstance(obj, dict) and isinstance(obj.get("task"), dict):
@@ -484,7 +475,7 @@ def _usage(log: EventLog, task_id: str, snapshots: list[_Snapshot]) -> dict[str,
         )
     )
     if rows:
-        usage = _json(rows[0]["usage"])
+        usage = parse_json(rows[0]["usage"])
         return usage if isinstance(usage, dict) else None
     for snap in reversed(snapshots):
         value = (snap.task.metadata or {}).get("$usage")

@@ -1,5 +1,4 @@
-"""The task page's time axis as inline SVG, drawn on the server: it needs no script, so
-it shows the same offline, in a screenshot, and in a page saved to disk.
+"""The task page's time axis (see axis.py).
 
 One lane per stream (a resubscribe gets its own), one for the task's other requests.
 Each event is a tick coloured by what it carries; state changes are dots labelled with
@@ -9,21 +8,16 @@ the state; the longest gaps in a lane are measured under it.
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
+from .axis import CHAR, TOP, LabelRows, Svg, fmt_ms
 from .display import STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
 from .task_page import Event, Exchange, TaskPage
 
-WIDTH = 1120
-LEFT = 214  # room for lane labels
-RIGHT = 28
-TOP = 30  # room for the axis labels
 LANE = 98
 REQUEST_LANE = 44
-CHAR = 6.3  # average width of a character at the labels' size, for spacing them
 CATEGORY_COLOURS = {
     "thinking": "#7e57c2",
     "answer": "#00897b",
@@ -34,35 +28,10 @@ CATEGORY_COLOURS = {
 MAX_GAP_LABELS = 3
 
 
-def nice_step(span: float, ticks: int = 8) -> float:
-    """A round tick step (1, 2 or 5 times a power of ten) giving about ``ticks`` ticks."""
-    raw = max(span, 1e-3) / ticks
-    power = 10 ** math.floor(math.log10(raw))
-    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-
-
-def _fmt(ms: float) -> str:
-    return f"{ms / 1000:g} s" if ms >= 10_000 else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.3g} ms"
-
-
 def colour(event: Event) -> str:
     if event.category == "state":
         return STATE_COLOURS.get(event.state or "", UNKNOWN_STATE_COLOUR)
     return CATEGORY_COLOURS[event.category]
-
-
-class _Svg:
-    def __init__(self, span: float) -> None:
-        self.parts: list[str] = []
-        self.span = span
-
-    def x(self, ms: float) -> float:
-        return round(LEFT + ms / self.span * (WIDTH - LEFT - RIGHT), 1)
-
-    def add(self, tag: str, title: str | None = None, text: str | None = None, **attrs: object) -> None:
-        attr = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(v)}"' for k, v in attrs.items())
-        inner = (f"<title>{escape(title)}</title>" if title else "") + (escape(text) if text else "")
-        self.parts.append(f"<{tag}{attr}>{inner}</{tag}>" if inner else f"<{tag}{attr}/>")
 
 
 def _event_title(e: Event) -> str:
@@ -76,7 +45,7 @@ def _event_title(e: Event) -> str:
     return f"#{e.exchange_id}.{e.seq} at {e.at_ms:,.1f} ms, {what}{text}"
 
 
-def _stream_lane(svg: _Svg, x: Exchange, events: list[Event], y: float) -> None:
+def _stream_lane(svg: Svg, x: Exchange, events: list[Event], y: float) -> None:
     mid = y + 42  # the lane's axis: state labels above it, artifact and gap labels below
     svg.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{x.id} {x.label}")
     detail = " · ".join(str(v) for v in (x.binding, x.status, x.outcome) if v is not None)
@@ -117,19 +86,17 @@ def _stream_lane(svg: _Svg, x: Exchange, events: list[Event], y: float) -> None:
         )
         if not e.complete:
             svg.add("path", d=f"M{svg.x(e.at_ms) - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
-    rows: list[float] = [-1e9, -1e9]  # where the labels on each of two rows end
+    labels = LabelRows(2)
     for e in events:
         if e.category != "state" or e.state is None:
             continue
         at = svg.x(e.at_ms)
         svg.add("circle", title=_event_title(e), cx=at, cy=mid, r=6, fill=colour(e), class_="tt-dot")
         label = short_state(e.state)
-        width = len(label) * CHAR
-        anchor = "end" if at + width > WIDTH - 4 else "start"
-        left = at if anchor == "start" else at - width
-        row = next((i for i, taken in enumerate(rows) if left >= taken + 6), None)
-        if row is None:
+        placed = labels.place(at, label)
+        if placed is None:
             continue  # no room: the dot's tooltip and the state list still name it
+        row, anchor = placed
         svg.add(
             "text",
             x=at,
@@ -139,11 +106,10 @@ def _stream_lane(svg: _Svg, x: Exchange, events: list[Event], y: float) -> None:
             text_anchor=anchor,
             text=label,
         )
-        rows[row] = left + width
     _gap_labels(svg, events, mid)
 
 
-def _artifact_bands(svg: _Svg, events: list[Event], mid: float) -> None:
+def _artifact_bands(svg: Svg, events: list[Event], mid: float) -> None:
     """A faint band under each artifact's deltas, from its first to its last, named below."""
     spans: dict[str, list[Event]] = {}
     for e in events:
@@ -173,7 +139,7 @@ def _artifact_bands(svg: _Svg, events: list[Event], mid: float) -> None:
             taken = x1 + len(label) * CHAR
 
 
-def _gap_labels(svg: _Svg, events: list[Event], mid: float) -> None:
+def _gap_labels(svg: Svg, events: list[Event], mid: float) -> None:
     """Measure the longest gaps of a lane under it: those well above its typical gap."""
     pairs = list(itertools.pairwise(events))
     if not pairs:
@@ -186,7 +152,7 @@ def _gap_labels(svg: _Svg, events: list[Event], mid: float) -> None:
     )[:MAX_GAP_LABELS]
     for a, b in wide:
         x1, x2 = svg.x(a.at_ms), svg.x(b.at_ms)
-        label = _fmt(b.at_ms - a.at_ms)
+        label = fmt_ms(b.at_ms - a.at_ms)
         y = mid + 36
         svg.add("path", d=f"M{x1} {y - 4} v4 H{x2} v-4", class_="tt-gap")
         if x2 - x1 > len(label) * CHAR:
@@ -194,7 +160,7 @@ def _gap_labels(svg: _Svg, events: list[Event], mid: float) -> None:
             svg.add("text", x=middle, y=y + 12, class_="tt-gap-label", text_anchor="middle", text=label)
 
 
-def _request_lane(svg: _Svg, others: list[Exchange], y: float) -> None:
+def _request_lane(svg: Svg, others: list[Exchange], y: float) -> None:
     mid = y + REQUEST_LANE / 2
     counts: dict[str, int] = {}
     for x in others:
@@ -220,27 +186,15 @@ def timeline_svg(page: TaskPage) -> Markup:
     """The task's run on one time axis."""
     streams = [x for x in page.exchanges if x.is_sse]
     others = [x for x in page.exchanges if not x.is_sse]
-    step = nice_step(page.duration_ms or 1.0)
-    span = step * math.ceil((page.duration_ms or 1.0) / step * 1.001)
     height = TOP + LANE * len(streams) + (REQUEST_LANE if others else 0) + 6
-    svg = _Svg(span)
-    ticks = round(span / step)
-    for i in range(ticks + 1):
-        at = svg.x(i * step)
-        svg.add("line", x1=at, x2=at, y1=TOP - 6, y2=height - 4, class_="tt-grid")
-        anchor = "end" if i == ticks else "middle" if i else "start"
-        svg.add("text", x=at, y=TOP - 12, class_="tt-axis", text_anchor=anchor, text=_fmt(i * step))
+    svg = Svg(page.duration_ms)
+    svg.grid(height)
     y = float(TOP)
     for x in streams:
-        svg.add("line", x1=0, x2=WIDTH, y1=y, y2=y, class_="tt-lane-rule")
+        svg.rule(y)
         _stream_lane(svg, x, [e for e in page.events if e.exchange_id == x.id], y)
         y += LANE
     if others:
-        svg.add("line", x1=0, x2=WIDTH, y1=y, y2=y, class_="tt-lane-rule")
+        svg.rule(y)
         _request_lane(svg, others, y)
-    return Markup(
-        f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} {height}" role="img" '
-        f'aria-label="timeline of task {escape(page.task_id)}" xmlns="http://www.w3.org/2000/svg">'
-        + "".join(svg.parts)
-        + "</svg>"
-    )
+    return svg.markup(height, f"timeline of task {page.task_id}")

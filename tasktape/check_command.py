@@ -161,8 +161,9 @@ def _summary(
     what = f"{_plural(totals['streams'], 'stream')} ({_plural(totals['exchanges'], 'exchange')} in all" + (
         f": {per})" if per else ")"
     )
+    tasks = f" of {_plural(totals['tasks'], 'task')}" if not counts or "a2a" in counts else ""
     click.echo(
-        f"\nChecked {what} of {_plural(totals['tasks'], 'task')} from {_plural(len(results), 'source')}: "
+        f"\nChecked {what}{tasks} from {_plural(len(results), 'source')}: "
         + (f"{_plural(found, 'finding')}." if found else "no rule broken.")
     )
     if cut:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from a2a_frames import artifact, completed_run, sse, status, streamed, task
 
-from tasktape.eventlog.checker import Finding, check_recorded, explain, report_recorded
+from tasktape.eventlog.checker import Finding, all_rules, check_recorded, explain, report_recorded
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.rules import RULES
 
@@ -171,8 +171,10 @@ def test_every_rule_explains_itself_in_one_line() -> None:
         "transition", "after-terminal", "stream-end", "artifact-order", "last-chunk-text",
         "completed-message", "unique-ids", "jsonrpc-id", "frame",
     }  # fmt: skip
-    for name in RULES:
-        assert explain(name) and "\n" not in explain(name)
+    assert set(RULES) <= set(all_rules())
+    for name in all_rules():  # every protocol's: the summary prints them as they are
+        assert explain(name) and "\n" not in explain(name) and "``" not in explain(name)
+        assert len(name) + len(explain(name)) < 120
 
 
 def test_rest_shows_rejected_as_failed_straight_after_submitted_but_jsonrpc_does_not() -> None:

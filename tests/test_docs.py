@@ -69,3 +69,13 @@ def test_every_command_is_documented(name: str) -> None:
     assert result.exit_code == 0, result.output
     pages = [p for p in DOCS.rglob("*.md") if p != CLI_PAGE and f"tasktape {name}" in p.read_text()]
     assert pages, f"no page of docs/ shows `tasktape {name}`"
+
+
+def test_the_check_page_lists_every_rule_of_every_protocol_as_it_explains_itself() -> None:
+    from tasktape.eventlog.checker import all_rules, explain  # noqa: PLC0415
+    from tasktape.eventlog.protocols import protocols  # noqa: PLC0415
+
+    page = (DOCS / "check.md").read_text()
+    rows = re.findall(r"^\| `([\w-]+)` \| `([\w-]+)` \| (.+) \|$", page, re.M)
+    owner = {name: p.name for p in protocols() for name in p.rules}
+    assert [(p, rule, text) for p, rule, text in rows] == [(owner[n], n, explain(n)) for n in all_rules()]

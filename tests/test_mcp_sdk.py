@@ -76,7 +76,7 @@ async def recorded_session(record: RecordFactory, peers: Generation) -> tuple[di
         rec = await record(base)
         through = await client(f"{rec.url}/mcp", peers)
         assert calls(through) == calls(direct)
-        await rec.log()
+        (await rec.log()).close()  # every exchange committed
     return through, rec.db
 
 

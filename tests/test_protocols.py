@@ -278,3 +278,75 @@ async def test_an_older_log_is_read_again_by_the_protocols(record: RecordFactory
     with sqlite3.connect(old) as conn:
         hits = conn.execute("SELECT rowid FROM events_fts WHERE events_fts MATCH 'help'").fetchall()
     assert len(hits) == 1
+
+
+def test_a_get_stream_the_client_ended_hides_no_unanswered_request() -> None:
+    standing = Recorded(
+        method="GET",
+        path="/mcp",
+        request_headers=MCP_HEADERS,
+        status=200,
+        is_sse=True,
+        outcome="client_disconnected",
+    )
+    assert rules_broken([standing, mcp_call(1, progress(1, 1))]) == {"mcp-one-response"}
+    # A GET that resumed the call, from one of its events, and broke off: the answer may be yet to come.
+    resuming = Recorded(**{**standing.__dict__, "request_headers": [*MCP_HEADERS, ("Last-Event-ID", "e0")]})
+    assert rules_broken([mcp_call(1, progress(1, 1)), resuming]) == set()
+
+
+def test_initialize_belongs_to_the_session_its_response_opens() -> None:
+    initialize = Recorded(
+        method="POST",
+        path="/mcp",
+        request_body=rpc("initialize", 0),
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream"), ("mcp-session-id", "s1")],
+        is_sse=True,
+        chunks=sse(result(0)),
+        outcome="complete",
+    )
+    # The session's GET stream answers request 0 once more: a second response in session s1.
+    standing = Recorded(
+        method="GET",
+        path="/mcp",
+        request_headers=MCP_HEADERS,
+        status=200,
+        is_sse=True,
+        chunks=[(0, b'id: g1\ndata: {"jsonrpc": "2.0", "id": 0, "result": {}}\n\n')],
+        outcome="complete",
+    )
+    (finding,) = check_recorded([initialize, standing])
+    assert (finding.rule, finding.message.startswith("a second response to request 0")) == (
+        "mcp-one-response",
+        True,
+    )
+
+
+def test_a2a_usage_reaches_stream_summary(tmp_path: Path) -> None:
+    usage = {"model": "m-1", "inputTokens": 12, "outputTokens": 34}
+    frames = [
+        {"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}},
+        {
+            "statusUpdate": {
+                "taskId": "t1",
+                "status": {"state": "TASK_STATE_COMPLETED"},
+                "metadata": {"$usage": usage},
+            }
+        },
+    ]
+    body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames).encode()
+    recorded = Recorded(
+        method="POST", path="/message:stream", request_body=b"{}", status=200, is_sse=True,
+        chunks=[(1000, body)], duration_ns=2000, outcome="complete",
+    )  # fmt: skip
+    with LogWriter(tmp_path / "a2a.db") as writer:
+        load_into(writer, [recorded], writer.begin_capture(source="test"))
+    with EventLog(tmp_path / "a2a.db") as log:
+        (row,) = log.stream_summary()
+    assert (row["model"], row["input_tokens"], row["output_tokens"], row["finish"]) == (
+        "m-1",
+        12,
+        34,
+        "TASK_STATE_COMPLETED",
+    )

@@ -17,6 +17,7 @@ from importlib import import_module
 from importlib.metadata import entry_points
 
 from .base import Protocol, Request, RequestInfo, StreamReader, Summary
+from .guard import Guarded
 
 log = logging.getLogger("tasktape")
 
@@ -49,15 +50,14 @@ def protocols() -> tuple[Protocol, ...]:
         try:
             loaded = point.load()
             protocol = loaded() if isinstance(loaded, type) else loaded
+            if not isinstance(protocol, Protocol):
+                log.warning("tasktape: the protocol plug-in %s is not a Protocol; it is left out", point.name)
+                continue
+            found.append(Guarded(protocol))  # one without a name or kinds fails here
         except Exception as exc:  # a broken plug-in must not stop recording
             log.warning(
                 "tasktape: the protocol plug-in %s (%s) does not load: %s", point.name, point.value, exc
             )
-            continue
-        if not isinstance(protocol, Protocol):
-            log.warning("tasktape: the protocol plug-in %s is not a Protocol; it is left out", point.name)
-            continue
-        found.append(protocol)
     for module, cls in _BUILT_IN.values():
         found.append(getattr(import_module(module, __name__), cls)())
     names = [p.name for p in found]
@@ -73,22 +73,12 @@ def by_name(name: str | None) -> Protocol | None:
 
 def recognise(request: Request) -> Protocol | None:
     """The protocol that claims this request, if any."""
-    return next((p for p in protocols() if _claims(p, request)), None)
+    return next((p for p in protocols() if p.claims(request)), None)
 
 
 def recognise_stream(data: str, event_type: str | None) -> Protocol | None:
     """The protocol that claims a stream by its first event, when none claimed its request."""
     return next((p for p in protocols() if p.claims_stream(data, event_type)), None)
-
-
-def _claims(protocol: Protocol, request: Request) -> bool:
-    try:
-        return protocol.claims(request)
-    except Exception as exc:  # a plug-in's mistake must not stop recording
-        log.warning(
-            "tasktape: protocol %s failed on %s %s: %s", protocol.name, request.method, request.path, exc
-        )
-        return False
 
 
 __all__ = [

@@ -115,10 +115,11 @@ class A2AReader(StreamReader):
         s = self.summary
         if c.state:
             s.finish = c.state
-        if c.usage:
-            model, tokens_in, tokens_out = (
-                c.usage.get(k) for k in ("model", "input_tokens", "output_tokens")
-            )
+        if c.usage:  # $usage is protobuf JSON: camelCase (snake_case read too)
+            usage = c.usage
+            model = usage.get("model")
+            tokens_in = usage.get("inputTokens", usage.get("input_tokens"))
+            tokens_out = usage.get("outputTokens", usage.get("output_tokens"))
             s.model = model if isinstance(model, str) else s.model
             s.input_tokens = tokens_in if isinstance(tokens_in, int) else s.input_tokens
             s.output_tokens = tokens_out if isinstance(tokens_out, int) else s.output_tokens

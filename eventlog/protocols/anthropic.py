@@ -81,7 +81,7 @@ class AnthropicReader(StreamReader):
                 delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
             )
             if isinstance(text, str):
-                self._answer.append(text)
+                self.pieces.append(text)
                 return Classification(kind, text=text)
             return Classification(kind)
         if kind is AnthropicKind.MESSAGE_START:
@@ -117,7 +117,7 @@ class AnthropicReader(StreamReader):
         self._count(usage)
         content = obj.get("content") if isinstance(obj.get("content"), list) else []
         texts = [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
-        self._answer.extend(texts)
+        self.pieces.extend(texts)
         reason = obj.get("stop_reason")
         self.summary.finish = reason if isinstance(reason, str) else None
         return Classification(
@@ -193,7 +193,7 @@ def stop_last(streams: Sequence[Stream]) -> Iterator[Problem]:
 
 
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """Every event is a JSON object whose ``type`` is its ``event`` field."""
+    """Every event is a JSON object whose type is its event field."""
     for stream in streams:
         if not stream.is_sse:
             continue

@@ -77,7 +77,7 @@ class StreamReader:
 
     def __init__(self) -> None:
         self.summary = Summary()
-        self._answer: list[str] = []
+        self.pieces: list[str] = []  # the answer's text as it came: finished() joins it
 
     def event(self, data: str, event_type: str | None) -> Classification:
         """Classify one SSE event (its ``data`` and ``event`` field). Never raises."""
@@ -89,8 +89,8 @@ class StreamReader:
 
     def finished(self) -> Summary:
         """The summary once the response has ended."""
-        if self._answer:
-            self.summary.answer = "".join(self._answer)
+        if self.pieces:
+            self.summary.answer = "".join(self.pieces)
         return self.summary
 
 

@@ -173,8 +173,7 @@ def _sessions(streams: Sequence[Stream]) -> list[list[Stream]]:
 
 
 def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """Each request the client posts gets exactly one response in its session (on its POST
-    stream, or on the GET stream a client resumed it on), unless the stream was cut short."""
+    """Each request gets one response in its session: on its POST stream, or the GET that resumed it."""
     for session in _sessions(streams):
         answers: dict[Any, list[tuple[Stream, Frame]]] = {}
         seen: set[str] = set()
@@ -187,13 +186,12 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
                         continue  # the same event once more, as a resumed stream repeats it
                     seen.add(frame.sse_id)
                 answers.setdefault(_key(message.get("id")), []).append((stream, frame))
-        cut = any(not s.complete for s in session)
         for stream in session:
             body = stream.request_body
             if message_kind(body) is not MCPKind.REQUEST or stream.status is None or stream.status >= 400:
                 continue
             got = answers.get(_key(body["id"]), [])
-            if not got and not cut:
+            if not got and not _cut_short(stream, session):
                 yield Problem(stream, None, f"request {body['id']!r} ({body['method']}) got no response")
             for other, frame in got[1:]:
                 yield Problem(
@@ -203,12 +201,23 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
                 )
 
 
+def _cut_short(stream: Stream, session: list[Stream]) -> bool:
+    """Whether a request's answer may simply not have come: its stream, or a GET resuming
+    it (from one of its event ids), broke off."""
+    ids = {f.sse_id for f in stream.frames if f.sse_id is not None}
+    return not stream.complete or any(
+        not other.complete
+        for other in session
+        if other.last_event_id is not None and other.last_event_id in ids
+    )
+
+
 def _key(rpc_id: Any) -> tuple[str, Any]:
     return (type(rpc_id).__name__, rpc_id)  # 1 and "1" are different ids
 
 
 def result_xor_error(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """A response carries a result or an error, never both, and an error has a code and a message."""
+    """A response carries a result or an error, never both; an error has a code and a message."""
     for stream in streams:
         for frame, message in _messages(stream):
             if "method" in message or "id" not in message:
@@ -222,7 +231,7 @@ def result_xor_error(streams: Sequence[Stream]) -> Iterator[Problem]:
 
 
 def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """Each progress token's ``progress`` rises with every notification, and never passes ``total``."""
+    """Each progress token's progress rises with every notification, and never passes its total."""
     for session in _sessions(streams):
         last: dict[Any, float] = {}
         seen: set[str] = set()

@@ -150,7 +150,7 @@ class OpenAIReader(StreamReader):
                 reason = choice.get("finish_reason")
                 finish = reason if isinstance(reason, str) else None
         if text is not None:
-            self._answer.append(text)
+            self.pieces.append(text)
         if finish is not None:
             self.summary.finish = finish
             return Classification(OpenAIKind.FINISH, text=text, state=finish, usage=usage)
@@ -164,7 +164,7 @@ class OpenAIReader(StreamReader):
             delta = obj.get("delta")
             text = delta if isinstance(delta, str) else None
             if text:
-                self._answer.append(text)
+                self.pieces.append(text)
             return Classification(OpenAIKind.DELTA, text=text)
         if kind == "error":
             return self._error(obj)
@@ -177,8 +177,8 @@ class OpenAIReader(StreamReader):
         status = status if isinstance(status, str) else None
         if kind in TERMINAL:
             self.summary.finish = status
-            if not self._answer:
-                self._answer.extend(_output_text(response))
+            if not self.pieces:
+                self.pieces.extend(_output_text(response))
             return Classification(OpenAIKind.DONE, state=status, usage=usage)
         return Classification(OpenAIKind.EVENT, state=status, usage=usage)
 
@@ -204,7 +204,7 @@ def _responses_api(stream: Stream) -> bool:
 
 
 def done_last(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """A stream run to its end ends on one end marker: ``[DONE]``, or a terminal ``response.*`` event."""
+    """A stream run to its end ends on one end marker: [DONE], or a terminal response.* event."""
     for stream in streams:
         if not stream.is_sse:
             continue
@@ -247,7 +247,7 @@ def one_finish(streams: Sequence[Stream]) -> Iterator[Problem]:
 
 
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """Every event is a JSON object (or ``[DONE]``); a Responses event's ``event`` field is its type."""
+    """Every event is a JSON object (or [DONE]); a Responses event's event field is its type."""
     for stream in streams:
         for frame, problem in readable(stream):
             if problem is not None:

@@ -1,0 +1,97 @@
+"""A plug-in protocol with every hook guarded: recording must never fail because of a
+third party's code. A hook that raises is logged (the first time it does) and costs only
+what it would have told: a claim, a request's index, an event's classification, a
+summary, a rule's findings. The built-in protocols are not wrapped: their hooks are
+tested not to raise, and the writer calls them for every event."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ..classify import Classification
+from .base import Protocol, Request, RequestInfo, StreamReader, Summary
+
+log = logging.getLogger("tasktape")
+T = TypeVar("T")
+
+
+class Guarded(Protocol):
+    """``inner``, its hooks guarded."""
+
+    def __init__(self, inner: Protocol) -> None:
+        self.inner = inner
+        self._told: set[str] = set()  # the hooks whose failure was logged
+        self.name = inner.name  # type: ignore[misc]
+        self.kinds = inner.kinds  # type: ignore[misc]
+        self.regenerated = inner.regenerated  # type: ignore[misc]
+        self.rules = {n: self._rule(n, r) for n, r in inner.rules.items()}  # type: ignore[misc]
+
+    def failed(self, hook: str, exc: Exception) -> None:
+        """Say so, the first time a hook fails."""
+        if hook not in self._told:
+            self._told.add(hook)
+            log.warning(
+                "tasktape: protocol %s: its %s hook raised %r; that is left out", self.name, hook, exc
+            )
+
+    def safely(self, hook: str, fallback: T, call: Callable[[], T]) -> T:
+        """What ``call`` returns, or ``fallback`` when it raises."""
+        try:
+            return call()
+        except Exception as exc:  # the plug-in's bug, never the recording's
+            self.failed(hook, exc)
+            return fallback
+
+    def _rule(
+        self, name: str, rule: Callable[[Sequence[Any]], Iterator[Any]]
+    ) -> Callable[..., Iterator[Any]]:
+        def guarded(streams: Sequence[Any]) -> Iterator[Any]:
+            try:
+                yield from rule(streams)
+            except Exception as exc:  # the plug-in's bug: its findings so far stand
+                self.failed(f"rule {name}", exc)
+
+        guarded.__doc__ = rule.__doc__
+        return guarded
+
+    def claims(self, request: Request) -> bool:
+        return self.safely("claims", False, lambda: bool(self.inner.claims(request)))
+
+    def claims_stream(self, data: str, event_type: str | None) -> bool:
+        return self.safely("claims_stream", False, lambda: bool(self.inner.claims_stream(data, event_type)))
+
+    def request_info(self, request: Request) -> RequestInfo:
+        return self.safely("request_info", RequestInfo(), lambda: self.inner.request_info(request))
+
+    def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
+        return self.safely("checked", True, lambda: bool(self.inner.checked(info, is_sse, status)))
+
+    def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
+        return self.safely("session", None, lambda: self.inner.session(response_headers))
+
+    def reader(self) -> StreamReader:
+        inner = self.safely("reader", None, self.inner.reader)
+        return StreamReader() if inner is None else GuardedReader(self, inner)
+
+
+class GuardedReader(StreamReader):
+    """A plug-in's reader: an event it fails on is kept, classified ``other`` with the failure."""
+
+    def __init__(self, guard: Guarded, inner: StreamReader) -> None:
+        super().__init__()
+        self.guard, self.inner = guard, inner
+
+    def event(self, data: str, event_type: str | None) -> Classification:
+        try:
+            return self.inner.event(data, event_type)
+        except Exception as exc:  # the plug-in's bug, never the recording's
+            self.guard.failed("event", exc)
+            return Classification("other", parse_error=f"protocol {self.guard.name} failed: {exc!r}"[:500])
+
+    def body(self, data: bytes | str) -> Classification | None:
+        return self.guard.safely("body", None, lambda: self.inner.body(data))
+
+    def finished(self) -> Summary:
+        return self.guard.safely("finished", Summary(), self.inner.finished)

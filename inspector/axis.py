@@ -1,0 +1,94 @@
+"""The time axis the inspector's pages draw as inline SVG on the server: a scale from
+milliseconds to x, round ticks with their grid, and an element builder that escapes what
+it is given. Drawn without script, a page shows the same offline, in a screenshot, and
+saved to disk."""
+
+from __future__ import annotations
+
+import math
+
+from markupsafe import Markup, escape
+
+WIDTH = 1120
+LEFT = 214  # room for lane labels
+RIGHT = 28
+TOP = 30  # room for the axis labels
+CHAR = 6.3  # average width of a character at the labels' size, for spacing them
+
+
+def nice_step(span: float, ticks: int = 8) -> float:
+    """A round tick step (1, 2 or 5 times a power of ten) giving about ``ticks`` ticks."""
+    raw = max(span, 1e-3) / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def fmt_ms(ms: float) -> str:
+    """A time on the axis: ``12 s``, ``250 ms``, ``2.5 ms``."""
+    return f"{ms / 1000:g} s" if ms >= 10_000 else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.3g} ms"
+
+
+def _num(value: object) -> object:
+    return round(value, 1) if isinstance(value, float) else value
+
+
+class LabelRows:
+    """Rows of labels along a lane: each goes in the first row where it has room, starting
+    at its mark (ending there, near the right edge), or is left out."""
+
+    def __init__(self, rows: int) -> None:
+        self.ends = [-1e9] * rows  # where the labels on each row end
+
+    def place(self, at: float, label: str) -> tuple[int, str] | None:
+        """The row and text-anchor of a label for the mark at ``at``; None: no room."""
+        width = len(label) * CHAR
+        anchor = "end" if at + width > WIDTH - 4 else "start"
+        left = at if anchor == "start" else at - width
+        row = next((i for i, end in enumerate(self.ends) if left >= end + 6), None)
+        if row is None:
+            return None
+        self.ends[row] = left + width
+        return row, anchor
+
+
+class Svg:
+    """An SVG drawing whose x axis runs from 0 to a little past ``duration`` ms."""
+
+    def __init__(self, duration: float) -> None:
+        self.parts: list[str] = []
+        self.step = nice_step(duration or 1.0)
+        self.span = self.step * math.ceil((duration or 1.0) / self.step * 1.001)
+
+    def x(self, ms: float) -> float:
+        return round(LEFT + ms / self.span * (WIDTH - LEFT - RIGHT), 1)
+
+    def add(self, tag: str, title: str | None = None, text: str | None = None, **attrs: object) -> None:
+        """One element; ``class_`` is ``class``, ``text_anchor`` is ``text-anchor``; numbers
+        to a tenth of a pixel."""
+        attr = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(_num(v))}"' for k, v in attrs.items())
+        inner = (f"<title>{escape(title)}</title>" if title else "") + (escape(text) if text else "")
+        self.parts.append(f"<{tag}{attr}>{inner}</{tag}>" if inner else f"<{tag}{attr}/>")
+
+    def grid(self, height: float) -> None:
+        """The ticks along the top, each with its line down the drawing."""
+        ticks = round(self.span / self.step)
+        for i in range(ticks + 1):
+            at = self.x(i * self.step)
+            self.add("line", x1=at, x2=at, y1=TOP - 6, y2=height - 4, class_="tt-grid")
+            anchor = "end" if i == ticks else "middle" if i else "start"
+            self.add(
+                "text", x=at, y=TOP - 12, class_="tt-axis", text_anchor=anchor, text=fmt_ms(i * self.step)
+            )
+
+    def rule(self, y: float) -> None:
+        """The line between two lanes."""
+        self.add("line", x1=0, x2=WIDTH, y1=y, y2=y, class_="tt-lane-rule")
+
+    def markup(self, height: float, label: str) -> Markup:
+        """The drawing, ``label`` naming it for screen readers."""
+        return Markup(
+            f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} {height}" role="img" '
+            f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
+            + "".join(self.parts)
+            + "</svg>"
+        )

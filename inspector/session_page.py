@@ -1,0 +1,376 @@
+"""The data of the MCP session page: one session's exchanges read back from the log, each
+request with its progress and its result or error wherever they arrived (on its own POST
+stream, in its JSON answer, or on a GET stream that resumed it), and the findings
+``tasktape check`` saved about them.
+
+A session is what ``Mcp-Session-Id`` names. Exchanges without one (the stateless
+2026-07-28 revision) make one session per capture, named ``capture-<capture id>``.
+Times are milliseconds since the session's first request arrived.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasktape.eventlog import EventLog
+from tasktape.eventlog.protocols import ProtocolName
+from tasktape.eventlog.protocols.mcp import (
+    PROGRESS,
+    VERSION_HEADER,
+    MCPKind,
+    error_text,
+    message_kind,
+    result_text,
+)
+
+from .display import parse_json
+from .findings import SavedFinding, saved_findings
+
+STATELESS = "capture-"  # the session name of a capture's exchanges that carry no session id
+TOOL_CALL = "tools/call"
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"  # where 2026-07-28 names the server
+MCP = ProtocolName.MCP.value
+_EXCHANGES = (
+    "SELECT x.*, (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS event_count"
+    " FROM exchanges x WHERE x.protocol = :p AND {where} ORDER BY x.started_ns, x.id"
+)
+
+
+def session_key(session_id: str | None, capture_id: int) -> str:
+    """The session an MCP exchange belongs to, as the session page names it."""
+    return session_id if session_id is not None else f"{STATELESS}{capture_id}"
+
+
+@dataclass
+class Progress:
+    """One progress notification, where and when it arrived."""
+
+    at_ms: float
+    progress: float | None
+    total: float | None
+    message: str | None
+    exchange_id: int
+    seq: int | None
+
+    @property
+    def label(self) -> str:
+        done = "?" if self.progress is None else f"{self.progress:g}"
+        return done if self.total is None else f"{done}/{self.total:g}"
+
+
+@dataclass
+class Answer:
+    """The response to a request: its result or its error."""
+
+    at_ms: float
+    error: bool
+    text: str | None  # a tool result's text, or the error's code and message
+    result: Any  # the result (or error) object
+    exchange_id: int
+    seq: int | None  # None: the JSON body of a response that is not a stream
+
+
+@dataclass
+class SessionExchange:
+    """One HTTP exchange of the session, with what its request got."""
+
+    id: int
+    method: str
+    path: str
+    rpc_method: str | None
+    rpc_id: Any  # the JSON-RPC request's id (None: a notification, the GET, the DELETE)
+    status: int | None
+    is_sse: bool
+    outcome: str | None
+    error: str | None
+    start_ms: float
+    ttfb_ms: float | None
+    end_ms: float | None
+    last_event_id: str | None  # the Last-Event-ID a GET resumed from
+    protocol_version: str | None  # the request's MCP-Protocol-Version
+    tool: str | None = None  # for a tools/call: the tool, and its arguments as JSON
+    arguments: str | None = None
+    events: int = 0
+    progress: list[Progress] = field(default_factory=list)
+    answer: Answer | None = None
+    resumed_on: list[int] = field(default_factory=list)  # the GETs that carried its messages
+    carried: list[int] = field(default_factory=list)  # for a GET: the requests whose messages it carried
+
+    @property
+    def label(self) -> str:
+        return self.rpc_method if self.rpc_method and self.rpc_method != self.method else self.method
+
+    @property
+    def is_call(self) -> bool:
+        return self.rpc_method == TOOL_CALL
+
+    @property
+    def duration_ms(self) -> float | None:
+        """Request to its answer, wherever that arrived; else to the end of the exchange."""
+        if self.answer is not None:
+            return self.answer.at_ms - self.start_ms
+        return None if self.end_ms is None else self.end_ms - self.start_ms
+
+    @property
+    def detail(self) -> str | None:
+        """What the exchange came to, in a few words."""
+        answer = self.answer
+        if answer is not None and answer.error:
+            return f"error {answer.text}" if answer.text else "error"
+        result = answer.result if answer is not None and isinstance(answer.result, dict) else {}
+        if self.rpc_method in ("initialize", "server/discover"):
+            versions = result.get("supportedVersions")
+            version = _negotiated(result) or (
+                ", ".join(map(str, versions)) if isinstance(versions, list) else None
+            )
+            said = [f"protocol {version}" if version else None, _server(result)]
+            return " · ".join(s for s in said if s) or None
+        if self.rpc_method == "tools/list" and isinstance(result.get("tools"), list):
+            names = [
+                t["name"] for t in result["tools"] if isinstance(t, dict) and isinstance(t.get("name"), str)
+            ]
+            return "tools: " + ", ".join(names)
+        if self.method == "GET":
+            what = "the server's stream" if self.last_event_id is None else "resumed"
+            carried = ", ".join(f"#{i}" for i in self.carried)
+            return f"{what}, carrying the messages of {carried}" if carried else what
+        if self.method == "DELETE":
+            return "ends the session"
+        if self.rpc_id is None and self.rpc_method is not None and self.status == 202:
+            return "notification, accepted"
+        return answer.text if answer is not None else None
+
+
+@dataclass
+class SessionPage:
+    session_id: str
+    capture_id: int | None  # for a stateless session: the capture it groups
+    exchanges: list[SessionExchange]
+    findings: list[SavedFinding]
+
+    @property
+    def calls(self) -> list[SessionExchange]:
+        return [x for x in self.exchanges if x.is_call]
+
+    @property
+    def others(self) -> list[SessionExchange]:
+        return [x for x in self.exchanges if not x.is_call]
+
+    @property
+    def tools(self) -> list[str]:
+        """The tools called, each once, in the order first called."""
+        return list(dict.fromkeys(x.tool for x in self.calls if x.tool))
+
+    @property
+    def by_id(self) -> dict[int, SessionExchange]:
+        return {x.id: x for x in self.exchanges}
+
+    @property
+    def notifications(self) -> int:
+        """Progress notifications, across the calls."""
+        return sum(len(x.progress) for x in self.exchanges)
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for x in self.exchanges if x.answer is not None and x.answer.error)
+
+    @property
+    def duration_ms(self) -> float:
+        ends = [x.end_ms for x in self.exchanges if x.end_ms is not None]
+        ends += [x.answer.at_ms for x in self.exchanges if x.answer is not None]
+        return max(ends, default=0.0)
+
+    @property
+    def protocol_version(self) -> str | None:
+        """As initialize negotiated it, else as the requests named it."""
+        answers = [x.answer.result for x in self.exchanges if x.answer is not None]
+        negotiated = [v for v in map(_negotiated, answers) if v]
+        named = [x.protocol_version for x in self.exchanges if x.protocol_version]
+        return next(iter(negotiated + named), None)
+
+    @property
+    def server(self) -> str | None:
+        answers = [x.answer.result for x in self.exchanges if x.answer is not None]
+        return next((s for s in map(_server, answers) if s), None)
+
+
+def _negotiated(result: Any) -> str | None:
+    version = result.get("protocolVersion") if isinstance(result, dict) else None
+    return version if isinstance(version, str) else None
+
+
+def _server(result: Any) -> str | None:
+    """The server's name and version, from initialize (or a 2026-07-28 answer's _meta)."""
+    if not isinstance(result, dict):
+        return None
+    meta = result.get("_meta")
+    info = result.get("serverInfo") or (meta.get(SERVER_INFO) if isinstance(meta, dict) else None)
+    if not isinstance(info, dict) or not isinstance(info.get("name"), str):
+        return None
+    version = info.get("version")
+    return f"server {info['name']}" + (f" {version}" if isinstance(version, str) and version else "")
+
+
+def load_session(path: str | Path, session_id: str) -> SessionPage | None:
+    """The session's page data, or None when the log has no MCP exchanges of that session."""
+    with EventLog(path) as log:
+        rows = list(log.db.query(_EXCHANGES.format(where="session_id = :s"), {"p": MCP, "s": session_id}))
+        capture_id = _capture(session_id) if not rows else None
+        if capture_id is not None:
+            where = "session_id IS NULL AND capture_id = :c"
+            rows = list(log.db.query(_EXCHANGES.format(where=where), {"p": MCP, "c": capture_id}))
+        if not rows:
+            return None
+        origin = min(r["started_ns"] for r in rows)
+        exchanges = [_exchange(r, origin) for r in rows]
+        _read_messages(log, rows, exchanges, origin)
+        return SessionPage(session_id, capture_id, exchanges, saved_findings(log, [x.id for x in exchanges]))
+
+
+def _capture(session_id: str) -> int | None:
+    """The capture a stateless session's name stands for."""
+    number = session_id.removeprefix(STATELESS)
+    return int(number) if session_id.startswith(STATELESS) and number.isdigit() else None
+
+
+def _header(headers: Any, name: str) -> str | None:
+    """A header's first value, from the log's JSON array of [name, value] pairs."""
+    pairs = parse_json(headers)
+    name = name.lower()
+    for pair in pairs if isinstance(pairs, list) else ():
+        if isinstance(pair, list) and len(pair) == 2 and str(pair[0]).lower() == name:
+            return str(pair[1])
+    return None
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _exchange(r: dict[str, Any], origin: int) -> SessionExchange:
+    start = (r["started_ns"] - origin) / 1e6
+    duration = _ms(r["duration_ns"])
+    body = parse_json(r["request_body"])
+    body = body if isinstance(body, dict) else {}
+    params = body.get("params") if isinstance(body.get("params"), dict) else {}
+    call = r["rpc_method"] == TOOL_CALL
+    arguments = params.get("arguments") if call else None
+    return SessionExchange(
+        id=r["id"],
+        method=r["method"],
+        path=r["path"],
+        rpc_method=r["rpc_method"],
+        rpc_id=body.get("id") if message_kind(body) is MCPKind.REQUEST else None,
+        status=r["status"],
+        is_sse=bool(r["is_sse"]),
+        outcome=r["outcome"],
+        error=r["error"],
+        start_ms=start,
+        ttfb_ms=_ms(r["ttfb_ns"]),
+        end_ms=None if duration is None else start + duration,
+        last_event_id=_header(r["request_headers"], "Last-Event-ID"),
+        protocol_version=_header(r["request_headers"], VERSION_HEADER),
+        tool=params.get("name") if call and isinstance(params.get("name"), str) else None,
+        arguments=None if arguments is None else json.dumps(arguments, ensure_ascii=False),
+        events=r["event_count"],
+    )
+
+
+def _key(value: Any) -> tuple[str, Any]:
+    return (type(value).__name__, value)  # 1 and "1" are different ids
+
+
+def _progress_token(row: dict[str, Any]) -> Any:
+    body = parse_json(row["request_body"])
+    params = body.get("params") if isinstance(body, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+def _messages(
+    log: EventLog, rows: list[dict[str, Any]], origin: int
+) -> list[tuple[float, int, int | None, Any]]:
+    """Every message the server sent in the session, in arrival order, each once (a
+    resumed stream may send an event again): (at, exchange id, seq, the message)."""
+    found: list[tuple[float, int, int | None, Any]] = []
+    seen: set[str] = set()
+    for r in rows:
+        start = (r["started_ns"] - origin) / 1e6
+        if not r["is_sse"]:
+            body = parse_json(r["response_body"])
+            end = start + (_ms(r["duration_ns"] or r["ttfb_ns"]) or 0.0)
+            for message in body if isinstance(body, list) else [body]:
+                found.append((end, r["id"], None, message))
+            continue
+        for e in log.db.query(
+            "SELECT seq, offset_ns, event_id, data FROM events WHERE exchange_id = ? AND complete = 1"
+            " ORDER BY seq",
+            [r["id"]],
+        ):
+            if e["event_id"] is not None:
+                if e["event_id"] in seen:
+                    continue
+                seen.add(e["event_id"])
+            found.append((start + e["offset_ns"] / 1e6, r["id"], e["seq"], parse_json(e["data"])))
+    found.sort(key=lambda m: m[:2])
+    return found
+
+
+def _read_messages(
+    log: EventLog, rows: list[dict[str, Any]], exchanges: list[SessionExchange], origin: int
+) -> None:
+    """Give each request its answer and its progress, and note the GETs that carried them."""
+    by_id = {x.id: x for x in exchanges}
+    requests: dict[tuple[str, Any], list[SessionExchange]] = {}
+    tokens: dict[tuple[str, Any], list[SessionExchange]] = {}
+    for r, x in zip(rows, exchanges, strict=True):
+        if x.rpc_id is not None:
+            requests.setdefault(_key(x.rpc_id), []).append(x)
+        if (token := _progress_token(r)) is not None:
+            tokens.setdefault(_key(token), []).append(x)
+    for at, exchange_id, seq, message in _messages(log, rows, origin):
+        carrier = by_id[exchange_id]
+        kind = message_kind(message)
+        target: SessionExchange | None = None
+        if kind in (MCPKind.RESPONSE, MCPKind.ERROR):
+            target = _asked(requests.get(_key(message.get("id")), []), carrier, at)
+            if target is not None and target.answer is None:
+                error = kind is MCPKind.ERROR
+                obj = message["error"] if error else message["result"]
+                text = error_text(obj) if error else result_text(obj)
+                target.answer = Answer(at, error, text, obj, exchange_id, seq)
+        elif kind is MCPKind.NOTIFICATION and message.get("method") == PROGRESS:
+            params = message.get("params") if isinstance(message.get("params"), dict) else {}
+            target = _asked(tokens.get(_key(params.get("progressToken")), []), carrier, at)
+            if target is not None:
+                target.progress.append(
+                    Progress(
+                        at,
+                        _number(params.get("progress")),
+                        _number(params.get("total")),
+                        params.get("message") if isinstance(params.get("message"), str) else None,
+                        exchange_id,
+                        seq,
+                    )
+                )
+        if target is not None and target is not carrier:
+            if carrier.id not in target.resumed_on:
+                target.resumed_on.append(carrier.id)
+            if target.id not in carrier.carried:
+                carrier.carried.append(target.id)
+
+
+def _asked(candidates: list[SessionExchange], carrier: SessionExchange, at: float) -> SessionExchange | None:
+    """Which of the requests with a message's id (or progress token) it is about: the one
+    whose response carried it, else the latest one sent before it (clients that share a
+    capture without a session may number their requests alike)."""
+    if any(x is carrier for x in candidates):
+        return carrier
+    return next((x for x in reversed(candidates) if x.start_ms <= at), None)
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None

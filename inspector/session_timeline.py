@@ -1,0 +1,172 @@
+"""The MCP session page's time axis (see axis.py).
+
+One lane per tool call: its POST as a bar, each progress notification a tick labelled
+with its progress, the result or error a dot. A GET that resumed the call (its messages
+came on it) is drawn in the call's lane as the call's continuation, dashed, linked to the
+POST it continues. One lane below for the session's other requests, each a bar named on
+it, in as many rows as keep them apart.
+"""
+
+from __future__ import annotations
+
+from markupsafe import Markup
+
+from .axis import CHAR, TOP, WIDTH, LabelRows, Svg
+from .session_page import SessionExchange, SessionPage
+
+LANE = 74
+ROW = 19  # one row of the other requests' lane
+MARK_COLOURS = {"progress": "#1e88e5", "result": "#2e7d32", "error": "#c62828"}
+
+
+def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: float) -> None:
+    mid = y + 40
+    svg.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{x.id} {(x.tool or x.label)[:26]}")
+    took = f"{x.duration_ms:,.0f} ms" if x.duration_ms is not None else None
+    via = f"resumed on #{', #'.join(map(str, x.resumed_on))}" if x.resumed_on else None
+    detail = " · ".join(v for v in (f"id {x.rpc_id}", took, via) if v)
+    svg.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+    end = x.end_ms if x.end_ms is not None else x.start_ms
+    svg.add(
+        "rect",
+        title=f"#{x.id} POST {x.tool or ''}: {x.start_ms:,.1f} to {end:,.1f} ms ({x.outcome or 'open'})",
+        x=svg.x(x.start_ms),
+        y=mid - 2,
+        width=max(svg.x(end) - svg.x(x.start_ms), 1),
+        height=4,
+        rx=2,
+        class_="tt-span",
+    )
+    for get in resumed:
+        until = get.end_ms if get.end_ms is not None else get.start_ms
+        if x.answer is not None and x.answer.exchange_id == get.id:
+            until = x.answer.at_ms
+        svg.add(
+            "path",
+            title=f"#{get.id} GET resumed it after Last-Event-ID {get.last_event_id or '(none)'}",
+            d=f"M{svg.x(end)} {mid} H{svg.x(get.start_ms)}",
+            class_="tt-resume-link",
+        )
+        svg.add(
+            "rect",
+            title=f"#{get.id} GET, resuming #{x.id}: {get.start_ms:,.1f} to {until:,.1f} ms",
+            x=svg.x(get.start_ms),
+            y=mid - 3,
+            width=max(svg.x(until) - svg.x(get.start_ms), 1),
+            height=6,
+            rx=2,
+            class_="tt-resumed",
+        )
+        svg.add(
+            "text", x=svg.x(get.start_ms), y=mid + 22, class_="tt-resume-label", text=f"#{get.id} GET resumed"
+        )
+    labels = LabelRows(2)
+    for p in x.progress:
+        at = svg.x(p.at_ms)
+        where = f"#{p.exchange_id}.{p.seq}" if p.seq is not None else f"#{p.exchange_id}"
+        svg.add(
+            "rect",
+            title=f"progress {p.label} at {p.at_ms:,.1f} ms ({where}){': ' + p.message if p.message else ''}",
+            x=at - 1,
+            y=mid - 10,
+            width=2,
+            height=20,
+            fill=MARK_COLOURS["progress"],
+            class_="tt-progress",
+        )
+        placed = labels.place(at, p.label)
+        if placed is not None:
+            row, anchor = placed
+            svg.add(
+                "text",
+                x=at,
+                y=mid - 14 - 12 * row,
+                fill=MARK_COLOURS["progress"],
+                class_="tt-mark-label",
+                text_anchor=anchor,
+                text=p.label,
+            )
+    if x.answer is not None:
+        a = x.answer
+        name = "error" if a.error else "result"
+        at = svg.x(a.at_ms)
+        svg.add(
+            "circle",
+            title=f"{name} at {a.at_ms:,.1f} ms (#{a.exchange_id}){': ' + a.text if a.text else ''}",
+            cx=at,
+            cy=mid,
+            r=6,
+            fill=MARK_COLOURS[name],
+            class_="tt-dot",
+        )
+        label = f"{name}: {a.text}" if a.text and len(a.text) <= 28 else name
+        anchor = "end" if at + 10 + len(label) * CHAR > WIDTH - 4 else "start"
+        svg.add(
+            "text",
+            x=at + 10 if anchor == "start" else at - 10,
+            y=mid + 4,
+            fill=MARK_COLOURS[name],
+            class_="tt-mark-label",
+            text_anchor=anchor,
+            text=label,
+        )
+
+
+def _pack(svg: Svg, others: list[SessionExchange]) -> list[tuple[SessionExchange, int]]:
+    """The other requests, each in the first row where it (and its name) has room."""
+    rows: list[float] = []  # where each row is taken up to
+    placed = []
+    for x in others:
+        left = svg.x(x.start_ms)
+        right = max(svg.x(x.end_ms if x.end_ms is not None else x.start_ms), left + len(_name(x)) * CHAR + 8)
+        row = next((i for i, taken in enumerate(rows) if left >= taken + 4), len(rows))
+        if row == len(rows):
+            rows.append(right)
+        rows[row] = right
+        placed.append((x, row))
+    return placed
+
+
+def _request_lane(svg: Svg, placed: list[tuple[SessionExchange, int]], y: float) -> None:
+    svg.add("text", x=12, y=y + 20, class_="tt-lane-title", text="other requests")
+    svg.add("text", x=12, y=y + 34, class_="tt-lane-detail", text=f"{len(placed)} exchanges")
+    for x, row in placed:
+        top = y + 12 + ROW * row
+        end = x.end_ms if x.end_ms is not None else x.start_ms
+        svg.add(
+            "rect",
+            title=f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms"
+            + (f" · {x.detail}" if x.detail else ""),
+            x=svg.x(x.start_ms),
+            y=top,
+            width=max(svg.x(end) - svg.x(x.start_ms), 2),
+            height=ROW - 5,
+            rx=2,
+            class_="tt-request-bar" + (" tt-failed" if x.answer is not None and x.answer.error else ""),
+        )
+        svg.add("text", x=svg.x(x.start_ms) + 3, y=top + ROW - 9, class_="tt-request-label", text=_name(x))
+
+
+def _name(x: SessionExchange) -> str:
+    return f"#{x.id} {x.label}" + (" (resumed)" if x.last_event_id else "")
+
+
+def session_svg(page: SessionPage) -> Markup:
+    """The session on one time axis."""
+    by_id = page.by_id
+    calls = page.calls
+    drawn = {i for c in calls for i in c.resumed_on}  # resumed GETs, drawn in their call's lane
+    svg = Svg(page.duration_ms)
+    placed = _pack(svg, [x for x in page.others if x.id not in drawn])
+    rows = max((row for _, row in placed), default=-1) + 1
+    height = TOP + LANE * len(calls) + (22 + ROW * rows if placed else 0) + 6
+    svg.grid(height)
+    y = float(TOP)
+    for x in calls:
+        svg.rule(y)
+        _call_lane(svg, x, [by_id[i] for i in x.resumed_on], y)
+        y += LANE
+    if placed:
+        svg.rule(y)
+        _request_lane(svg, placed, y)
+    return svg.markup(height, f"timeline of MCP session {page.session_id}")

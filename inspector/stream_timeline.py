@@ -1,0 +1,137 @@
+"""The LLM stream page's time axis (see axis.py).
+
+One lane for the stream: the exchange as a bar (a triangle where the response headers
+came), each text delta a tick, the other events shorter grey ticks; the finish, the token
+counts and the end of the stream marked and labelled; an error a red cross. The gaps
+between deltas well above the stream's typical gap are measured under it.
+"""
+
+from __future__ import annotations
+
+from markupsafe import Markup
+
+from .axis import CHAR, TOP, LabelRows, Svg, fmt_ms
+from .stream_page import StreamEvent, StreamPage
+
+LANE = 116
+CATEGORY_COLOURS = {
+    "delta": "#00897b",
+    "finish": "#2e7d32",
+    "usage": "#6d4c41",
+    "done": "#37474f",
+    "error": "#d32f2f",
+    "other": "#b0bec5",
+}
+
+
+def _title(e: StreamEvent) -> str:
+    what = e.event_type if e.event_type and e.event_type != "message" else e.kind
+    said = [f"{e.state}" if e.state else None, e.tokens, None if e.complete else "cut off", e.parse_error]
+    text = f": {e.text[:80]}" if e.text else ""
+    extra = "".join(f", {s}" for s in said if s)
+    return f"#{e.seq} at {e.at_ms:,.1f} ms, {what}{extra}{text}"
+
+
+def _mark(e: StreamEvent) -> str | None:
+    """The label of a mark: the finish, the end, the error, and the tokens counted."""
+    name = e.event_type if e.event_type and e.event_type != "message" else e.kind
+    main = {
+        "finish": e.state or e.kind,
+        "done": e.state or name,
+        "error": e.text or "error",
+    }.get(e.category)
+    said = [s for s in (main, e.tokens) if s]
+    return " · ".join(said) if said and e.category != "delta" else None
+
+
+def _gap_labels(svg: Svg, page: StreamPage, mid: float) -> None:
+    """Measure the longest gaps between deltas: those well above the typical one."""
+    typical = page.gap_p50
+    if typical is None:
+        return
+    for gap in page.longest_gaps:
+        if gap.ms <= max(2 * typical, 0.03 * svg.span):
+            continue
+        x1, x2 = svg.x(gap.after.at_ms), svg.x(gap.before.at_ms)
+        label = fmt_ms(gap.ms)
+        y = mid + 30
+        svg.add(
+            "path",
+            title=f"{gap.ms:,.1f} ms before delta {gap.number} (#{gap.before.seq})",
+            d=f"M{x1} {y - 4} v4 H{x2} v-4",
+            class_="tt-gap",
+        )
+        if x2 - x1 > len(label) * CHAR:
+            svg.add(
+                "text", x=(x1 + x2) / 2, y=y + 12, class_="tt-gap-label", text_anchor="middle", text=label
+            )
+
+
+def stream_svg(page: StreamPage) -> Markup:
+    """The stream's events on one time axis."""
+    height = TOP + LANE + 6
+    svg = Svg(page.end_ms)
+    svg.grid(height)
+    y = float(TOP)
+    svg.rule(y)
+    mid = y + 62  # mark labels above the axis, gap measures below
+    svg.add(
+        "text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{page.exchange_id} {page.call or page.path}"
+    )
+    detail = " · ".join(str(v) for v in (page.protocol, page.status, page.outcome) if v is not None)
+    svg.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+    end = page.duration_ms if page.duration_ms is not None else page.end_ms
+    svg.add(
+        "rect",
+        title=f"#{page.exchange_id}: request at 0 ms, response ended at {end:,.1f} ms",
+        x=svg.x(0),
+        y=mid - 2,
+        width=max(svg.x(end) - svg.x(0), 1),
+        height=4,
+        rx=2,
+        class_="tt-span",
+    )
+    if page.ttfb_ms is not None:
+        at = svg.x(page.ttfb_ms)
+        svg.add(
+            "path",
+            title=f"response headers at {page.ttfb_ms:,.1f} ms",
+            d=f"M{at} {mid + 4} l-4 7 h8 z",
+            class_="tt-ttfb",
+        )
+    for e in page.events:
+        tall = {"delta": 10, "other": 5}.get(e.category, 14)
+        svg.add(
+            "rect",
+            title=_title(e),
+            x=svg.x(e.at_ms) - 1,
+            y=mid - tall,
+            width=2,
+            height=2 * tall,
+            fill=CATEGORY_COLOURS[e.category],
+            class_=f"tt-ev tt-ev-{e.category}",
+        )
+    labels = LabelRows(3)
+    for e in page.events:
+        label = _mark(e)
+        if label is None:
+            continue
+        at = svg.x(e.at_ms)
+        if e.category == "error":
+            svg.add("path", d=f"M{at - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
+        else:
+            svg.add("circle", title=_title(e), cx=at, cy=mid - 14, r=3.5, fill=CATEGORY_COLOURS[e.category])
+        placed = labels.place(at, label)
+        if placed is not None:
+            row, anchor = placed
+            svg.add(
+                "text",
+                x=at,
+                y=mid - 21 - 12 * row,
+                fill=CATEGORY_COLOURS[e.category],
+                class_="tt-mark-label",
+                text_anchor=anchor,
+                text=label,
+            )
+    _gap_labels(svg, page, mid)
+    return svg.markup(height, f"timeline of stream {page.exchange_id}")

@@ -1,0 +1,482 @@
+"""The inspector's pages for MCP sessions and LLM streams, over a real log: MCP sessions
+recorded with the official SDK (a session, one resumed on a GET after Last-Event-ID, a
+stateless 2026-07-28 one), OpenAI and Anthropic streams recorded with their SDKs, and a
+broken MCP session with the checker's findings saved. In process (Datasette's client, as
+tests/test_inspector.py), then in headless Chromium (as tests/test_inspector_browser.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_inspector_browser
+from datasette.app import Datasette
+from inspector_log import Served
+from markupsafe import Markup, escape
+from protocol_logs import BROKEN_SESSION, HOSTILE, PAUSE_MS, PIECES
+from protocol_logs import protocol_log as build_log
+from test_inspector_browser import chromium, screenshot
+from test_mcp_sdk import generation
+
+from tasktape import inspector
+from tasktape.eventlog import EventLog
+from tasktape.inspector.app import create_datasette
+from tasktape.inspector.metadata import QUERIES, TABLES, dashboards
+
+DB = "protocols"
+ANSWER = "".join(PIECES)
+browser = test_inspector_browser.browser  # the fixture: Chromium, or the test skipped
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], int]:
+    """The log, what each client got, and the exchange id of the paused chat stream."""
+    path = tmp_path_factory.mktemp("protocols") / f"{DB}.db"
+    got, paused = build_log(path)
+    return path, got, paused
+
+
+@pytest.fixture
+def log(recorded: tuple[Path, dict[str, Any], int]) -> Path:
+    return recorded[0]
+
+
+@pytest.fixture
+def got(recorded: tuple[Path, dict[str, Any], int]) -> dict[str, Any]:
+    return recorded[1]
+
+
+@pytest.fixture
+def ds(log: Path) -> Datasette:
+    return create_datasette(log)
+
+
+async def page(ds: Datasette, path: str, status: int = 200) -> str:
+    response = await ds.client.get(path)
+    assert response.status_code == status, (path, response.text[:2000])
+    return response.text
+
+
+async def rows(ds: Datasette, path: str) -> list[dict[str, Any]]:
+    response = await ds.client.get(path)
+    assert response.status_code == 200, (path, response.text[:2000])
+    return response.json()["rows"]
+
+
+def exchanges(log: Path, **where: Any) -> list[dict[str, Any]]:
+    with EventLog(log) as opened:
+        return [x for x in opened.exchanges() if all(x[k] == v for k, v in where.items())]
+
+
+def svg_of(html: str) -> str:
+    (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', html, re.S)
+    return svg
+
+
+def section(html: str, heading: str) -> str:
+    return html.split(f"<h2>{heading}</h2>", 1)[1].split("</section>", 1)[0]
+
+
+def slow_call(log: Path, session_id: str) -> dict[str, Any]:
+    (call,) = [
+        x
+        for x in exchanges(log, session_id=session_id, rpc_method="tools/call")
+        if b"slow_count" in x["request_body"].encode()
+    ]
+    return call
+
+
+# -- the MCP session page -----------------------------------------------------------------------
+
+
+async def test_a_session_shows_each_tool_call_with_its_progress_and_result(
+    ds: Datasette, log: Path, got: dict[str, Any]
+) -> None:
+    session = got["mcp1"]["session_id"]
+    html = await page(ds, f"/{DB}/-/session/{session}")
+    assert f"<title>MCP session {session} · {DB}</title>" in html
+    assert "protocol 2025-11-25" in html and "server tasktape-mcp-peer" in html
+    call = slow_call(log, session)
+    calls = section(html, "Tool calls")
+    # Each call: its tool, its arguments, its progress (progress/total and message) in order, its result.
+    slow = calls.split(f'id="call-{call["id"]}"')[1].split("</article>")[0]
+    assert "<code>slow_count</code>" in slow
+    assert str(escape(json.dumps({"n": 3, "delay": 0.15}))) in slow
+    progress = re.findall(
+        r"<li><b>([\d/]+)</b> <span class=\"tt-at\">at [\d,.]+ ms</span>\s*<span>([^<]+)</span>", slow
+    )
+    assert progress == [(f"{i}/3", f"counted {i} of 3") for i in (1, 2, 3)]
+    assert '<p class="tt-text">counted to 3</p>' in slow and re.search(r"took [\d,.]+ ms", slow)
+    assert '<p class="tt-text">5</p>' in calls  # the add tool's result
+    # The other requests, in time order, with what they came to.
+    table = section(html, "Exchanges")
+    shown = [int(i) for i in re.findall(r'<tr id="exchange-(\d+)"', table)]
+    assert shown == [x["id"] for x in exchanges(log, session_id=session)]
+    for operation in ("initialize", "notifications/initialized", "tools/list", "GET", "DELETE"):
+        assert f"<td>{operation}" in table, operation
+    assert (
+        "tools: add, slow_count" in table
+        and "ends the session" in table
+        and "the server&#39;s stream" in table
+    )
+    # The time axis: a lane per tool call, its progress ticks and its result dot, and the others.
+    svg = svg_of(html)
+    lanes = re.findall(r'class="tt-lane-title">([^<]+)<', svg)
+    tools = exchanges(log, session_id=session, rpc_method="tools/call")
+    names = [f"#{x['id']} {json.loads(x['request_body'])['params']['name']}" for x in tools]
+    assert lanes == [*names, "other requests"] and names[-1].endswith(" slow_count")
+    ticks = re.findall(
+        r'class="tt-progress"><title>progress (\d)/3 at [\d,.]+ ms \(#(\d+)\.\d+\): ([^<]+)<', svg
+    )
+    assert ticks == [(str(i), str(call["id"]), f"counted {i} of 3") for i in (1, 2, 3)]
+    assert svg.count("<circle ") == 2 and "result at " in svg
+    assert len(re.findall(r'class="tt-request-bar"', svg)) == 5  # initialize, initialized, GET, list, DELETE
+    assert "none saved by tasktape check" in html
+
+
+async def test_a_resumed_get_is_drawn_as_the_continuation_of_the_call_it_answers(
+    ds: Datasette, log: Path, got: dict[str, Any]
+) -> None:
+    session = got["mcp1-resumed"]["session_id"]
+    call = slow_call(log, session)
+    (resumed,) = [
+        x
+        for x in exchanges(log, session_id=session, method="GET")
+        if "last-event-id" in x["request_headers"].lower()
+    ]
+    last_event_id = dict(json.loads(resumed["request_headers"]))["Last-Event-ID"]
+    with EventLog(log) as opened:
+        answer = json.loads(opened.events(resumed["id"])[-1]["data"])
+    assert answer["id"] == json.loads(call["request_body"])["id"]  # what ties the GET to the call
+    html = await page(ds, f"/{DB}/-/session/{session}")
+    svg = svg_of(html)
+    lane = svg.split(f'class="tt-lane-title">#{call["id"]} slow_count<')[1].split("tt-lane-rule")[0]
+    assert f"resumed on #{resumed['id']}" in lane
+    assert f"<title>#{resumed['id']} GET resumed it after Last-Event-ID {last_event_id}</title>" in lane
+    assert f'class="tt-resumed"><title>#{resumed["id"]} GET, resuming #{call["id"]}:' in lane
+    # Its progress and result arrived on the GET, and are drawn in the call's lane all the same.
+    assert len(re.findall(rf"\(#{resumed['id']}\.\d+\): counted \d of 3", lane)) == 3
+    assert "result at " in lane and f"(#{resumed['id']}): counted to 3" in lane
+    # The GET is not drawn again among the other requests; the table names its Last-Event-ID.
+    others = svg.split(">other requests<")[1]
+    assert f"<title>#{resumed['id']} " not in others
+    row = html.split(f'<tr id="exchange-{resumed["id"]}"')[1].split("</tr>")[0]
+    assert f"Last-Event-ID: {last_event_id}" in row and f"carrying the messages of #{call['id']}" in row
+    note = html.split('class="tt-resumed-note"')[1].split("</p>")[0]
+    assert f'href="#exchange-{resumed["id"]}">#{resumed["id"]} GET</a>' in note and last_event_id in note
+    assert ">1</strong>\n    <small>tool calls answered on a GET stream" in html
+
+
+async def test_a_stateless_session_is_its_captures_exchanges_without_a_session_id(
+    ds: Datasette, log: Path
+) -> None:
+    generation("mcp2-stateless")  # skipped (failed in CI) when mcp 2.x is not installed
+    (discover,) = exchanges(log, rpc_method="server/discover")
+    assert discover["session_id"] is None
+    session = f"capture-{discover['capture_id']}"
+    mine = exchanges(log, capture_id=discover["capture_id"])
+    html = await page(ds, f"/{DB}/-/session/{session}")
+    assert ">stateless</span>" in html and "protocol 2026-07-28" in html
+    shown = [int(i) for i in re.findall(r'<tr id="exchange-(\d+)"', html)]
+    assert shown == [x["id"] for x in mine]
+    # JSON answers (no stream) and the streamed slow call alike.
+    (add,) = [x for x in mine if b'"add"' in x["request_body"].encode()]
+    assert f"(the body of #{add['id']})" in html and '<p class="tt-text">5</p>' in html
+    assert "counted 3 of 3" in html and '<p class="tt-text">counted to 3</p>' in html
+    assert len(re.findall(r'class="tt-progress"', svg_of(html))) == 3
+    # Another capture's number names no session.
+    await page(ds, f"/{DB}/-/session/capture-{max(x['capture_id'] for x in exchanges(log)) + 1}", status=404)
+
+
+async def test_a_session_shows_its_errors_and_the_findings_saved_about_it(ds: Datasette, log: Path) -> None:
+    (call,) = exchanges(log, session_id=BROKEN_SESSION)
+    with EventLog(log) as opened:
+        saved = [
+            tuple(r.values())
+            for r in opened.db.query(
+                "SELECT rule, seq, message FROM findings WHERE exchange_id = ?", [call["id"]]
+            )
+        ]
+    assert saved == [("mcp-progress-rising", 1, "progress of token 7 went from 2 to 1")]
+    html = await page(ds, f"/{DB}/-/session/{BROKEN_SESSION}")
+    findings = section(html, "Findings")
+    assert "<b>mcp-progress-rising</b>" in findings and "progress of token 7 went from 2 to 1" in findings
+    assert f'href="/{DB}/events/{call["id"]},1">#{call["id"]}.1</a>' in findings
+    assert 'class="tt-call tt-call-error"' in html and "error at " in html and "-32603: flaky broke" in html
+    assert "halfway" in html and str(escape(HOSTILE)) in html and "<script>alert" not in html
+    assert 'fill="#c62828" class="tt-dot"><title>error at ' in svg_of(html)
+    assert html.count("tt-card tt-bad") == 2  # an error, a finding
+
+
+# -- the LLM stream page ------------------------------------------------------------------------
+
+STREAMS = {"chat": "chat.completions", "responses": "responses", "messages": "messages"}
+
+
+@pytest.mark.parametrize("client", STREAMS)
+async def test_a_stream_shows_what_the_sdk_assembled(
+    ds: Datasette, log: Path, got: dict[str, Any], client: str
+) -> None:
+    x = exchanges(log, rpc_method=STREAMS[client])[0]  # (the paused copy of the chat stream comes later)
+    assembled = got[client]
+    html = await page(ds, f"/{DB}/-/stream/{x['id']}")
+    title = "Anthropic" if client == "messages" else "OpenAI"
+    assert f"<title>{title} stream {x['id']} · {DB}</title>" in html
+    answer = html.split("<h2>Answer</h2>")[1].split("</article>")[0]
+    assert assembled.answer == ANSWER and f'<p class="tt-text">{escape(ANSWER)}</p>' in answer
+    usage = html.split("<h2>Model and usage</h2>")[1].split("</table>")[0]
+    assert f"<th>model reported</th><td>{assembled.model}</td>" in usage
+    assert f"<th>input tokens</th><td>{assembled.input_tokens}</td>" in usage
+    assert f"<th>output tokens</th><td>{assembled.output_tokens}</td>" in usage
+    assert f"<th>finish</th><td>{assembled.finish}</td>" in usage
+    assert "Say hello" in html  # what was asked
+    with EventLog(log) as opened:
+        events = opened.events(x["id"])
+    first = next(e for e in events if e["text"])
+    ttft = re.search(r"first token after</span><strong>([\d,.]+) ms", html)
+    assert ttft and ttft.group(1) == f"{first['offset_ns'] / 1e6:,.1f}"
+    assert f"event #{first['seq']}, the first with text" in html
+    # Every event a tick on the axis, the deltas marked as such; the finish and the end labelled.
+    svg = svg_of(html)
+    assert len(re.findall(r'class="tt-ev tt-ev-', svg)) == len(events)
+    assert len(re.findall(r'class="tt-ev tt-ev-delta"', svg)) == len(PIECES)
+    labels = re.findall(r'class="tt-mark-label"[^>]*>([^<]+)<', svg)
+    assert any(label.startswith(assembled.finish) for label in labels), labels
+    assert any(f"{assembled.input_tokens} in · {assembled.output_tokens} out" in label for label in labels)
+    gaps = html.split('<div id="gaps">')[1].split("</div>")[0]
+    assert f"over {len(PIECES) - 1} gaps" in gaps and len(re.findall(r"<li><b>", gaps)) == 3
+    assert html.count('class="tt-gapbar"') == len(events) - 1
+
+
+async def test_a_pause_mid_answer_is_the_longest_gap_and_where_it_was(
+    ds: Datasette, recorded: tuple[Path, dict[str, Any], int]
+) -> None:
+    _, _, paused = recorded
+    html = await page(ds, f"/{DB}/-/stream/{paused}")
+    gaps = html.split('<div id="gaps">')[1].split("</div>")[0]
+    longest = re.findall(r"<li><b>([\d,.]+) ms</b> before delta (\d+)", gaps)
+    assert len(longest) == 3
+    ms, number = longest[0]
+    assert float(ms.replace(",", "")) >= PAUSE_MS and int(number) == PIECES.index("token") + 1
+    assert "after <q>every </q>, before <q>token</q>" in gaps
+    p50 = re.search(r"p50 <b>([\d,.]+) ms</b> · max <b>([\d,.]+) ms</b>", gaps)
+    assert p50 and float(p50.group(1)) < PAUSE_MS / 4 and p50.group(2) == ms
+    # Measured on the axis too: the only gap well above the stream's typical one.
+    (label,) = re.findall(r'class="tt-gap-label"[^>]*>([^<]+)<', svg_of(html))
+    assert label.endswith(" ms") and float(label.removesuffix(" ms").replace(",", "")) >= PAUSE_MS
+
+
+async def test_an_error_that_ends_a_stream_is_shown(ds: Datasette, log: Path) -> None:
+    (x,) = [x for x in exchanges(log, protocol="anthropic") if x["finish"] == "error"]
+    html = await page(ds, f"/{DB}/-/stream/{x['id']}")
+    assert 'class="tt-pill tt-finish-bad"' in html
+    assert f'<p class="tt-text">{escape("".join(PIECES[:2]))}</p>' in html
+    svg = svg_of(html)
+    assert 'class="tt-cut"' in svg and ">overloaded_error: Overloaded<" in svg
+
+
+async def test_unknown_sessions_and_streams_and_other_protocols_are_404(ds: Datasette, log: Path) -> None:
+    assert "no MCP session nope in protocols" in await page(ds, f"/{DB}/-/session/nope", status=404)
+    assert "no exchange 99999 in protocols" in await page(ds, f"/{DB}/-/stream/99999", status=404)
+    assert "no exchange abc in protocols" in await page(ds, f"/{DB}/-/stream/abc", status=404)
+    mcp = exchanges(log, rpc_method="tools/list")[0]
+    html = await page(ds, f"/{DB}/-/stream/{mcp['id']}", status=404)
+    where = f"/{DB}/-/session/{mcp['session_id']}"
+    assert (
+        f"exchange {mcp['id']} is not an OpenAI or Anthropic stream (its protocol: mcp)" in html
+        and where in html
+    )
+    await page(ds, "/nope/-/session/x", status=404)
+    await page(ds, "/nope/-/stream/1", status=404)
+
+
+async def test_other_databases_are_left_alone(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (session_id TEXT, exchange_id INTEGER, protocol TEXT)")
+        conn.execute("INSERT INTO t VALUES ('s1', 1, 'openai')")
+    ds = Datasette([str(other)])
+    html = await page(ds, "/other/t")
+    assert "tt-session" not in html and "tt-stream" not in html
+    await page(ds, "/other/-/session/s1", status=404)
+    await page(ds, "/other/-/stream/1", status=404)
+
+
+# -- links: the index, the canned queries, render_cell -----------------------------------------
+
+
+async def test_the_index_and_the_canned_queries_list_sessions_and_streams(
+    ds: Datasette, log: Path, got: dict[str, Any]
+) -> None:
+    index = await page(ds, "/")
+    assert f"href='/{DB}/mcp_sessions'" in index and f"href='/{DB}/llm_streams'" in index
+    sessions = {r["session_id"]: r for r in await rows(ds, f"/{DB}/mcp_sessions.json?_shape=objects")}
+    expected = {got["mcp1"]["session_id"], got["mcp1-resumed"]["session_id"], BROKEN_SESSION}
+    stateless = {f"capture-{x['capture_id']}" for x in exchanges(log, protocol="mcp", session_id=None)}
+    assert set(sessions) == expected | stateless
+    first = sessions[got["mcp1"]["session_id"]]
+    assert (first["exchanges"], first["tool_calls"], first["tools"], first["errors"]) == (
+        7,
+        2,
+        "add,slow_count",
+        0,
+    )
+    assert (sessions[BROKEN_SESSION]["errors"], sessions[BROKEN_SESSION]["findings"]) == (1, 1)
+    html = await page(ds, f"/{DB}/mcp_sessions")
+    for session in sessions:
+        assert f'<a class="tt-session" href="/{DB}/-/session/{session}">{session}</a>' in html
+        await page(ds, f"/{DB}/-/session/{session}")  # every link leads to a page
+    streams = await rows(ds, f"/{DB}/llm_streams.json?_shape=objects")
+    llm = [x for x in exchanges(log) if x["protocol"] in ("openai", "anthropic")]
+    assert [s["exchange_id"] for s in streams] == [x["id"] for x in llm]
+    chat = next(s for s in streams if s["call"] == "chat.completions")
+    assert (chat["model"], chat["input_tokens"], chat["output_tokens"], chat["finish"]) == (
+        got["chat"].model,
+        got["chat"].input_tokens,
+        got["chat"].output_tokens,
+        "stop",
+    )
+    assert 0 < chat["ttft_ms"] <= chat["duration_ms"] and chat["answer"] == ANSWER
+    html = await page(ds, f"/{DB}/llm_streams")
+    for s in streams:
+        assert f'<a class="tt-stream" href="/{DB}/-/stream/{s["exchange_id"]}">{s["exchange_id"]}</a>' in html
+    assert set(QUERIES) >= {"mcp_sessions", "llm_streams"}
+
+
+async def test_render_cell_links_session_ids_and_exchange_ids_by_protocol(ds: Datasette, log: Path) -> None:
+    summary = await page(ds, f"/{DB}/stream_summary?_size=max")
+    assert TABLES["stream_summary"]["title"] in summary
+    for description in TABLES["stream_summary"]["columns"].values():
+        assert str(escape(description)) in summary, description
+    for x in exchanges(log):
+        if x["protocol"] in ("openai", "anthropic"):
+            assert f'<a class="tt-stream" href="/{DB}/-/stream/{x["id"]}">{x["id"]}</a>' in summary
+        else:
+            session = x["session_id"] or f"capture-{x['capture_id']}"
+            link = f'<a class="tt-session" href="/{DB}/-/session/{session}#exchange-{x["id"]}">{x["id"]}</a>'
+            assert link in summary
+    table = await page(ds, f"/{DB}/exchanges?session_id={BROKEN_SESSION}")
+    assert f'<a class="tt-session" href="/{DB}/-/session/{BROKEN_SESSION}">{BROKEN_SESSION}</a>' in table
+
+    def cell(value: Any, column: str, table: str | None, row: Any = None) -> Any:
+        return inspector.render_cell(
+            row=row or {}, value=value, column=column, table=table, database=DB, datasette=ds
+        )
+
+    assert cell("a/b c", "session_id", "exchanges") == Markup(
+        f'<a class="tt-session" href="/{DB}/-/session/a%2Fb%20c">a/b c</a>'
+    )
+    assert cell(3, "exchange_id", "stream_summary", {"protocol": "anthropic"}) == Markup(
+        f'<a class="tt-stream" href="/{DB}/-/stream/3">3</a>'
+    )
+    assert cell(3, "exchange_id", None, {"protocol": "a2a"}) == Markup(f'<a href="/{DB}/exchanges/3">3</a>')
+    (call,) = exchanges(log, session_id=BROKEN_SESSION)
+    link = cell(call["id"], "exchange_id", "stream_summary", {"protocol": "mcp"})
+    assert callable(link)  # Datasette awaits it: the session is looked up
+    href = f"/{DB}/-/session/{BROKEN_SESSION}#exchange-{call['id']}"
+    assert await link() == Markup(f'<a class="tt-session" href="{href}">{call["id"]}</a>')
+    assert cell(None, "session_id", "exchanges") is None
+
+
+async def test_the_session_and_stream_pages_are_read_through_their_own_links(
+    ds: Datasette, log: Path
+) -> None:
+    """What the pages link to is there: rows, events, the canned query they came from."""
+    session = exchanges(log, protocol="mcp")[0]["session_id"]
+    for path in (
+        f"/{DB}/-/session/{session}",
+        f"/{DB}/-/stream/{exchanges(log, protocol='openai')[0]['id']}",
+    ):
+        html = await page(ds, path)
+        for href in sorted(set(re.findall(rf'href="(/{DB}/[^"#]+)', html))):
+            await page(ds, href.replace("&amp;", "&"))
+
+
+# -- the dashboards -----------------------------------------------------------------------------
+
+
+async def test_the_dashboard_covers_every_protocol(ds: Datasette, log: Path) -> None:
+    config = dashboards(DB)["streams"]
+    database = ds.get_database(DB)
+    results = {}
+    for slug, chart in config["charts"].items():
+        result = await database.execute(chart["query"])
+        encoding = chart["display"].get("encoding", {})
+        fields = {e["field"] for e in encoding.values()} | (
+            {chart["display"]["field"]} if chart["library"] == "metric" else set()
+        )
+        assert fields <= set(result.columns), slug
+        results[slug] = [dict(r) for r in result.rows]
+        # What reads A2A's task views says so in its title; the rest covers every protocol.
+        if re.search(r"\btask_(summary|timeline|artifacts|answers)\b", chart["query"]):
+            assert "A2A" in chart["title"], slug
+    sessions = {x["session_id"] or f"capture-{x['capture_id']}" for x in exchanges(log, protocol="mcp")}
+    assert results["sessions"] == [{"n": len(sessions)}]
+    assert results["llm_streams"] == [
+        {"n": len([x for x in exchanges(log) if x["protocol"] in ("openai", "anthropic")])}
+    ]
+    assert {r["protocol"] for r in results["ttfe"]} >= {"mcp", "openai", "anthropic"}
+    assert {r["protocol"] for r in results["gaps"]} >= {"mcp", "openai", "anthropic"}
+    assert {r["protocol"] for r in results["protocol_ttfe"]} == {"mcp", "openai", "anthropic"}
+    tokens = {(r["model"], r["tokens_of"]): r["tokens"] for r in results["tokens"]}
+    with EventLog(log) as opened:
+        summary = opened.stream_summary()
+    for model in {s["model"] for s in summary if s["model"]}:
+        mine = [s for s in summary if s["model"] == model]
+        assert tokens[model, "output"] == sum(s["output_tokens"] or 0 for s in mine), model
+    assert config["title"] in await page(ds, "/-/dashboards/streams")
+
+
+# -- in a browser -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(browser: Path, recorded: tuple[Path, dict[str, Any], int]) -> Iterator[str]:
+    """A running ``tasktape inspect`` on the log."""
+    inspector_process = Served("inspect", str(recorded[0]), "--port", "0")
+    try:
+        yield inspector_process.wait_for_url()
+    finally:
+        inspector_process.stop(signal.SIGTERM)
+
+
+def console(tmp_path: Path, url: str) -> tuple[str, list[str]]:
+    """The DOM Chromium built for ``url``, and what the page said on its console."""
+    run = chromium(tmp_path, url, "--dump-dom", "--enable-logging=stderr", "--v=0")
+    return run.stdout, [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def test_the_session_and_stream_pages_in_a_browser(
+    served: str, recorded: tuple[Path, dict[str, Any], int], got: dict[str, Any], tmp_path: Path
+) -> None:
+    paused = recorded[2]
+    # The console check sees what a page says: a script error is caught.
+    _, said = console(tmp_path, "data:text/html,<script>undefinedFunction()</script>")
+    assert any("undefinedFunction" in line for line in said)
+
+    session = got["mcp1-resumed"]["session_id"]
+    url = f"{served}/{DB}/-/session/{session}"
+    dom, said = console(tmp_path, url)
+    assert said == []
+    svg = svg_of(dom)
+    assert re.findall(r'class="tt-lane-title">([^<]+)<', svg)[-1] == "other requests"
+    assert len(re.findall(r'class="tt-lane-title"', svg)) == 3  # add, slow_count, the others
+    assert len(re.findall(r'class="tt-progress"', svg)) == 3 and 'class="tt-resumed"' in svg
+    assert "/-/static-plugins/tasktape/inspector.css" in dom and "counted to 3" in dom
+    png = screenshot(tmp_path, url, "inspector-session.png", 1400)
+    assert len(png) > 50_000  # a page drawn, not a blank one
+
+    url = f"{served}/{DB}/-/stream/{paused}"
+    dom, said = console(tmp_path, url)
+    assert said == []
+    svg = svg_of(dom)
+    assert len(re.findall(r'class="tt-ev tt-ev-delta"', svg)) == len(PIECES)
+    assert len(re.findall(r'class="tt-gap-label"', svg)) == 1 and ANSWER in dom
+    png = screenshot(tmp_path, url, "inspector-stream.png", 1600)
+    assert len(png) > 50_000
