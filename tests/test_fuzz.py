@@ -27,7 +27,9 @@ from tasktape.cli import main
 from tasktape.errors import CassetteError
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, SSEDecoder, SSEEvent, classify
 from tasktape.eventlog.cassette import MAX_MS, load_into, read_cassette
+from tasktape.eventlog.checker import protocol_names
 from tasktape.eventlog.process_writer import ProcessLogWriter
+from tasktape.eventlog.protocols import Request, by_name, recognise
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import UNREADABLE, Redactor
 from tasktape.eventlog.requests import RequestInfo, classify_request
@@ -117,6 +119,53 @@ def test_mutated_requests_are_classified_without_raising(stress: bool) -> None:
         )
         assert classify(data, bare_task=True).kind in KINDS
         assert isinstance(redactor.json_bytes(data), bytes)
+
+    check()
+
+
+# Events of each protocol, as their servers send them (the A2A ones are the cassettes').
+PROTOCOL_EVENTS = [
+    ('{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":3,"progress":1,'
+     '"total":3,"message":"counted 1 of 3"}}', "message"),
+    ('{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"counted to 3"}],"isError":false}}',
+     "message"),
+    ('{"jsonrpc":"2.0","id":4,"error":{"code":-32602,"message":"Unknown tool"}}', "message"),
+    ('{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o-mini-2024-07-18","choices":'
+     '[{"index":0,"delta":{"content":"Hel"},"logprobs":null,"finish_reason":null}],"usage":null}', None),
+    ('{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":9,'
+     '"completion_tokens":12,"total_tokens":21}}', None),
+    ("[DONE]", None),
+    ('{"type":"response.completed","sequence_number":9,"response":{"status":"completed","model":"gpt-4o-mini",'
+     '"output":[{"content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":1,"output_tokens":2}}}',
+     "response.completed"),
+    ('{"type":"message_start","message":{"id":"msg_1","model":"claude-sonnet-4-5-20250929","usage":'
+     '{"input_tokens":9,"output_tokens":1}}}', "message_start"),
+    ('{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}',
+     "content_block_delta"),
+    ('{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}',
+     "message_delta"),
+    ('{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}', "error"),
+]  # fmt: skip
+
+
+def test_every_protocol_reads_mutated_events_without_raising(stress: bool) -> None:
+    @settings(SLOW, max_examples=examples(stress, 300))
+    @given(sample=st.sampled_from(PROTOCOL_EVENTS), ops=mutations, name=st.sampled_from(protocol_names()))
+    def check(sample: tuple[str, str | None], ops: list[tuple[str, int, int]], name: str) -> None:
+        protocol = by_name(name)
+        assert protocol is not None
+        raw = mutate(sample[0].encode(), ops)
+        data = raw.decode("utf-8", "replace")
+        reader = protocol.reader()
+        assert reader.event(data, sample[1]).kind in {k.value for k in protocol.kinds}
+        body = reader.body(raw)
+        assert body is None or body.kind in {k.value for k in protocol.kinds}
+        reader.finished()
+        protocol.claims_stream(data, sample[1])
+        request = Request("POST", "/v1/messages", [("MCP-Protocol-Version", "2025-11-25")], raw)
+        found = recognise(request)
+        if found is not None:
+            found.request_info(request)
 
     check()
 
