@@ -350,6 +350,13 @@ class LogWriter(LogProducer):
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if statements and (chunk_rows or event_rows):
+                # What the exchanges are (their rows, status, outcome) is a few hundred
+                # bytes, and may fit where their bodies did not (a full log): keep that.
+                self._failed(f"{type(exc).__name__}: {exc}", len(chunk_rows) + len(event_rows), exc)
+                batch.chunk_rows, batch.event_rows = [], []
+                self._commit(batch)
+                return
             self._failed(f"{type(exc).__name__}: {exc}", rows, exc)
         for future, summary in batch.finished:
             if future.set_running_or_notify_cancel():

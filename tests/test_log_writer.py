@@ -319,6 +319,24 @@ def test_size_cap_stops_writing_not_traffic(tmp_path: Path, writer_class: type[L
     assert db.stat().st_size <= 256 * 1024
 
 
+def test_a_full_log_keeps_what_the_exchange_is_though_its_bytes_are_lost(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
+    db = tmp_path / "log.db"
+    w = writer_class(db, max_bytes=200 * 1024, on_error=lambda exc, rows: None)
+    # A stream's request, head, events and end in one batch, more than the log has room for.
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="POST", path="/message:stream")
+    w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
+    for i in range(100):
+        w.chunk(ex, i, b"data: " + b"x" * 4096 + b"\n\n")
+    w.end_exchange(ex, duration_ns=101)
+    w.close()
+    assert w.stats.rows_lost > 0  # its chunks and events, all or some
+    with EventLog(db) as log:
+        (x,) = log.exchanges()
+        assert (x["path"], x["status"], x["is_sse"], x["outcome"]) == ("/message:stream", 200, 1, "complete")
+
+
 def test_a_writer_left_open_is_closed_at_exit(tmp_path: Path, writer_class: type[LogProducer]) -> None:
     db = tmp_path / "log.db"
     code = (
