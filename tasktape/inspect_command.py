@@ -66,6 +66,8 @@ def serve_inspector(
     def ready() -> None:
         click.echo(f"tasktape inspect: {path} on {url}/ (Ctrl-C stops)")
         click.echo(f"  tasks    {url}{ds.urls.table(name, 'task_summary')}")
+        click.echo(f"  sessions {url}{ds.urls.query(name, 'mcp_sessions')}")
+        click.echo(f"  streams  {url}{ds.urls.query(name, 'llm_streams')}")
         click.echo(f"  charts   {url}{ds.urls.path('-/dashboards/streams')}")
         click.echo(f"  queries  {url}{ds.urls.database(name)}")
 
@@ -95,15 +97,17 @@ def serve_inspector(
 )
 @allow_host_option()
 def inspect(log: Path, port: int, host: str, upgrade: bool, allow_host: tuple[str, ...]) -> None:
-    """Browse the event log LOG in Datasette, read-only: tasks, timelines, charts, search.
+    """Browse the event log LOG in Datasette, read-only: tasks, sessions, streams, charts, search.
 
     Every table and view is described, faceted and searchable; a task id opens the task's
     page (its events on a time axis with their gaps, state changes, the answer and the
     intermediate thinking reassembled, citations, usage and credits, and the lifecycle
-    checker's findings). Canned queries: a task's timeline, tasks by final state, the
-    slowest time to first event, and a search of event text. Charts: time to first event,
-    gaps between events, events per task. Safe while a recorder is still writing LOG:
-    new rows show up as they are committed.
+    checker's findings); an MCP session id opens the session's page (its tool calls on a
+    time axis with their progress and results); an OpenAI or Anthropic stream opens its
+    page (answer, model, usage, time to first token, gaps). Canned queries: a task's
+    timeline, tasks by final state, the slowest time to first event, MCP sessions, LLM
+    streams, and a search of event text. Charts over every protocol. Safe while a recorder
+    is still writing LOG: new rows show up as they are committed.
     """
     open_check(log, upgrade=upgrade)
     serve_inspector(log, host, port, allow_host=allow_host)

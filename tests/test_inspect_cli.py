@@ -54,9 +54,11 @@ def test_inspect_serves_the_log_and_stops_cleanly(log: Path, served: list[Served
     assert status == 200 and "What does J45.909 mean?" in html and 'class="tt-timeline"' in html
     assert get(f"{url}/session/-/task/task.unknown")[0] == 404
     assert get(f"{url}/-/dashboards/streams")[0] == 200
+    assert get(f"{url}/session/mcp_sessions")[0] == 200 and get(f"{url}/session/llm_streams")[0] == 200
     code, out, err = inspector.stop(sig)
     assert code == 0, err
     assert f"tasks    {url}/session/task_summary" in out and f"charts   {url}/-/dashboards/streams" in out
+    assert f"sessions {url}/session/mcp_sessions" in out and f"streams  {url}/session/llm_streams" in out
     assert "tasktape inspect: stopped" in err and "Traceback" not in err
 
 
