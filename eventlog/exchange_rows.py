@@ -506,8 +506,11 @@ def _header_text(value: str) -> str:
 def event_columns(c: Classification) -> tuple[Any, ...]:
     """An event's classified columns, ``kind`` to ``parse_error``, as the events table holds them."""
     usage = None if c.usage is None else usage_json(c.usage)
+    kind = c.kind
+    if type(kind) is not str:  # a protocol's StrEnum member: sqlite3 binds a plain str twice as fast
+        kind = str(kind)
     return (
-        c.kind,
+        kind,
         c.task_id,
         c.context_id,
         c.state,

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from .classify import Classification, load_json
 from .models import is_jsonrpc
 from .protocols import by_name, recognise, recognise_stream
@@ -102,10 +104,13 @@ def readable(stream: Stream) -> Iterator[tuple[Frame, Problem | None]]:
 def parsed(data: bytes | str, other: str) -> dict[str, Any] | Classification:
     """The JSON object an event carries, or its classification as ``other`` saying why not."""
     try:
-        obj = load_json(data)
-    except (ValueError, RecursionError) as exc:
-        return Classification(other, parse_error=f"not JSON: {exc}"[:500])
-    return obj if isinstance(obj, dict) else Classification(other, parse_error="not a JSON object")
+        obj = orjson.loads(data)  # the common case, once per event: no detour
+    except orjson.JSONDecodeError:
+        try:
+            obj = load_json(data)  # what only the standard library reads, or the error in its words
+        except (ValueError, RecursionError) as exc:
+            return Classification(other, parse_error=f"not JSON: {exc}"[:500])
+    return obj if type(obj) is dict else Classification(other, parse_error="not a JSON object")
 
 
 def protocol_of(recorded: Recorded) -> Protocol | None:

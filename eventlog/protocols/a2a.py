@@ -21,6 +21,7 @@ from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, Sum
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 THINKING = "intermediate-thinking"
+_ARTIFACT_UPDATE = "artifactUpdate"  # A2AKind.ARTIFACT_UPDATE, as a plain string: compared per event
 
 
 class A2AKind(StrEnum):
@@ -112,28 +113,33 @@ class A2AReader(StreamReader):
         return c
 
     def _read(self, c: Classification) -> None:
-        s = self.summary
-        if c.state:
-            s.finish = c.state
-        if c.usage:  # $usage is protobuf JSON: camelCase (snake_case read too)
-            usage = c.usage
-            model = usage.get("model")
-            tokens_in = usage.get("inputTokens", usage.get("input_tokens"))
-            tokens_out = usage.get("outputTokens", usage.get("output_tokens"))
-            s.model = model if isinstance(model, str) else s.model
-            s.input_tokens = tokens_in if isinstance(tokens_in, int) else s.input_tokens
-            s.output_tokens = tokens_out if isinstance(tokens_out, int) else s.output_tokens
-        if c.kind != A2AKind.ARTIFACT_UPDATE:
+        # Runs for every event: the tuple unpacked once, plain strings compared.
+        kind, _, _, _, state, artifact_id, artifact_type, append, _, text, usage, _ = c
+        if state:
+            self.summary.finish = state
+        if usage:
+            self._usage(usage)
+        if kind != _ARTIFACT_UPDATE:
             return
-        if c.artifact_type == THINKING:
-            self._thinking.add(c.artifact_id)
-        texts = self._artifacts.setdefault(c.artifact_id, [])
-        if c.last_chunk and not c.append:
-            texts[:] = [c.text or ""]  # the consolidation replaces the deltas
-        elif c.append or not texts:
-            texts.append(c.text or "")
+        if artifact_type == THINKING:
+            self._thinking.add(artifact_id)
+        texts = self._artifacts.get(artifact_id)
+        if texts is None:
+            self._artifacts[artifact_id] = [text or ""]
+        elif append:
+            texts.append(text or "")
         else:
-            texts[:] = [c.text or ""]
+            texts[:] = [text or ""]  # a lastChunk's consolidation (or a restart) replaces the deltas
+
+    def _usage(self, usage: dict[str, Any]) -> None:
+        """$usage is protobuf JSON: camelCase (snake_case is read too)."""
+        s = self.summary
+        model = usage.get("model")
+        tokens_in = usage.get("inputTokens", usage.get("input_tokens"))
+        tokens_out = usage.get("outputTokens", usage.get("output_tokens"))
+        s.model = model if isinstance(model, str) else s.model
+        s.input_tokens = tokens_in if isinstance(tokens_in, int) else s.input_tokens
+        s.output_tokens = tokens_out if isinstance(tokens_out, int) else s.output_tokens
 
     def finished(self) -> Summary:
         answer = [

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..classify import Classification, load_json
 from ..frames import Problem, Stream, parsed, readable
-from .base import Protocol, Request, RequestInfo, StreamReader
+from .base import Protocol, Request, RequestInfo, StreamReader, classified
 
 
 class AnthropicKind(StrEnum):
@@ -82,13 +82,13 @@ class AnthropicReader(StreamReader):
             )
             if isinstance(text, str):
                 self.pieces.append(text)
-                return Classification(kind, text=text)
-            return Classification(kind)
+                return classified(kind, text)
+            return classified(kind)
         if kind is AnthropicKind.MESSAGE_START:
             message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
             usage = _usage(message.get("model"), message.get("usage"))
             self._count(usage)
-            return Classification(kind, usage=usage)
+            return classified(kind, None, None, usage)
         if kind is AnthropicKind.MESSAGE_DELTA:
             delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
             reason = delta.get("stop_reason")
@@ -96,14 +96,14 @@ class AnthropicReader(StreamReader):
             usage = _usage(None, obj.get("usage"))
             self._count(usage)
             s.finish = state or s.finish
-            return Classification(kind, state=state, usage=usage)
+            return classified(kind, None, state, usage)
         if kind is AnthropicKind.ERROR:
             error = obj.get("error") if isinstance(obj.get("error"), dict) else {}
             s.finish = "error"
             kind_, message = error.get("type"), error.get("message")
             text = f"{kind_}: {message}" if isinstance(message, str) else None
-            return Classification(kind, text=text, state="error")
-        return Classification(kind)
+            return classified(kind, text, "error")
+        return classified(kind)
 
     def body(self, data: bytes | str) -> Classification | None:
         """A whole message (``stream`` false)."""

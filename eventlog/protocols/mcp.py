@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Frame, Problem, Stream, parsed, readable
-from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader
+from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, classified
 
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
@@ -126,7 +126,7 @@ class MCPReader(StreamReader):
 
     def event(self, data: str, event_type: str | None) -> Classification:
         if not data:
-            return Classification(MCPKind.PRIMING)
+            return classified(MCPKind.PRIMING)
         return self._message(data)
 
     def body(self, data: bytes | str) -> Classification | None:
@@ -151,7 +151,7 @@ class MCPReader(StreamReader):
         if state is not None:
             self.summary.finish = state
             self.summary.answer = text
-        return Classification(kind, text=text, state=state)
+        return classified(kind, text, state)
 
 
 # -- lifecycle rules ----------------------------------------------------------------------

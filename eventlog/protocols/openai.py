@@ -19,7 +19,7 @@ from typing import Any
 
 from ..classify import Classification
 from ..frames import Problem, Stream, parsed, readable
-from .base import Protocol, Request, RequestInfo, StreamReader
+from .base import Protocol, Request, RequestInfo, StreamReader, classified
 
 DONE = "[DONE]"
 # The API call of each path tail, and the request body field it needs beside "model".
@@ -97,7 +97,7 @@ class OpenAIReader(StreamReader):
 
     def event(self, data: str, event_type: str | None) -> Classification:
         if data == DONE:
-            return Classification(OpenAIKind.DONE)
+            return classified(OpenAIKind.DONE)
         return self._read(data)
 
     def body(self, data: bytes | str) -> Classification | None:
@@ -136,27 +136,33 @@ class OpenAIReader(StreamReader):
 
     def _chat(self, obj: dict[str, Any]) -> Classification:
         """A chat.completion.chunk (or text_completion, or a whole chat.completion)."""
-        usage = _usage(self._model(obj.get("model")), obj.get("usage"))
-        self._tokens(usage)
+        # Runs for every chunk: the model and usage are looked at only when there is news.
+        model, counts = obj.get("model"), obj.get("usage")
+        usage = None
+        if counts or (model is not None and model != self._seen_model):
+            usage = _usage(self._model(model), counts)
+            self._tokens(usage)
         choices = obj.get("choices")
         text = finish = None
-        if isinstance(choices, list):
+        if type(choices) is list:
             for choice in choices:
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                if type(choice) is not dict or choice.get("index", 0) != 0:
                     continue
-                holder = choice.get("delta", choice.get("message"))
-                piece = holder.get("content") if isinstance(holder, dict) else choice.get("text")
-                text = piece if isinstance(piece, str) and piece else None
+                holder = choice.get("delta")
+                if holder is None:
+                    holder = choice.get("message")
+                piece = holder.get("content") if type(holder) is dict else choice.get("text")
+                text = piece if type(piece) is str and piece else None
                 reason = choice.get("finish_reason")
-                finish = reason if isinstance(reason, str) else None
+                finish = reason if type(reason) is str else None
         if text is not None:
             self.pieces.append(text)
         if finish is not None:
             self.summary.finish = finish
-            return Classification(OpenAIKind.FINISH, text=text, state=finish, usage=usage)
-        if text is None and isinstance(obj.get("usage"), dict):
-            return Classification(OpenAIKind.USAGE, usage=usage)
-        return Classification(OpenAIKind.DELTA, text=text, usage=usage)
+            return classified(OpenAIKind.FINISH, text, finish, usage)
+        if text is None and type(counts) is dict:
+            return classified(OpenAIKind.USAGE, None, None, usage)
+        return classified(OpenAIKind.DELTA, text, None, usage)
 
     def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
         """A Responses API event."""
@@ -165,12 +171,12 @@ class OpenAIReader(StreamReader):
             text = delta if isinstance(delta, str) else None
             if text:
                 self.pieces.append(text)
-            return Classification(OpenAIKind.DELTA, text=text)
+            return classified(OpenAIKind.DELTA, text)
         if kind == "error":
             return self._error(obj)
         response = obj.get("response")
         if not isinstance(response, dict):
-            return Classification(OpenAIKind.EVENT)
+            return classified(OpenAIKind.EVENT)
         usage = _usage(self._model(response.get("model")), response.get("usage"))
         self._tokens(usage)
         status = response.get("status")
@@ -179,8 +185,8 @@ class OpenAIReader(StreamReader):
             self.summary.finish = status
             if not self.pieces:
                 self.pieces.extend(_output_text(response))
-            return Classification(OpenAIKind.DONE, state=status, usage=usage)
-        return Classification(OpenAIKind.EVENT, state=status, usage=usage)
+            return classified(OpenAIKind.DONE, None, status, usage)
+        return classified(OpenAIKind.EVENT, None, status, usage)
 
 
 def _output_text(response: dict[str, Any]) -> list[str]:
