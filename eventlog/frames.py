@@ -9,11 +9,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import orjson
-
 from .classify import Classification, load_json
 from .models import is_jsonrpc
-from .protocols import by_name, recognise, recognise_stream
+from .protocols import by_name, recognise_exchange
 from .protocols.base import Protocol, Request, RequestInfo
 from .recorded import Recorded
 from .spans import events_in
@@ -101,29 +99,19 @@ def readable(stream: Stream) -> Iterator[tuple[Frame, Problem | None]]:
             yield frame, None
 
 
-def parsed(data: bytes | str, other: str) -> dict[str, Any] | Classification:
-    """The JSON object an event carries, or its classification as ``other`` saying why not."""
-    try:
-        obj = orjson.loads(data)  # the common case, once per event: no detour
-    except orjson.JSONDecodeError:
-        try:
-            obj = load_json(data)  # what only the standard library reads, or the error in its words
-        except (ValueError, RecursionError) as exc:
-            return Classification(other, parse_error=f"not JSON: {exc}"[:500])
-    return obj if type(obj) is dict else Classification(other, parse_error="not a JSON object")
-
-
 def protocol_of(recorded: Recorded) -> Protocol | None:
     """The protocol of a recorded exchange: as the log named it, else as its request (or,
-    when that says nothing, its first event) shows."""
+    when that says nothing, its response) shows, as the log writer tells it."""
     if recorded.protocol is not None:
         return by_name(recorded.protocol)
     request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
-    protocol = recognise(request)
-    if protocol is None and recorded.is_sse:
+    response: tuple[str, str | None] | None = None
+    if recorded.is_sse:
         first = next((e for e in events_in(recorded.chunks[:8]) if e.data), None)
-        protocol = None if first is None else recognise_stream(first.data, first.event)
-    return protocol
+        response = None if first is None else (first.data, first.event)
+    elif recorded.chunks and not recorded.response_body_truncated:
+        response = (recorded.body.decode("utf-8", "replace"), None)
+    return recognise_exchange(request, response)
 
 
 def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | None = None) -> list[Stream]:

@@ -67,7 +67,8 @@ def _bytes(value: Any) -> bytes | None:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
 
-def _headers(value: str | None) -> Headers:
+def headers_from_json(value: str | None) -> Headers:
+    """Headers as the log stores them (a JSON list of pairs), as pairs."""
     return [(k, v) for k, v in json.loads(value)] if value else []
 
 
@@ -92,11 +93,11 @@ def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recor
                 method=x["method"],
                 path=x["path"],
                 query=x["query"],
-                request_headers=_headers(x["request_headers"]),
+                request_headers=headers_from_json(x["request_headers"]),
                 request_body=_bytes(x["request_body"]),
                 request_body_truncated=bool(x["request_body_truncated"]),
                 status=x["status"],
-                response_headers=_headers(x["response_headers"]),
+                response_headers=headers_from_json(x["response_headers"]),
                 is_sse=bool(x["is_sse"]),
                 ttfb_ns=x["ttfb_ns"] or 0,
                 chunks=[(c["offset_ns"], bytes(c["data"])) for c in log.chunks(x["id"])],

@@ -62,12 +62,18 @@ A2A_METHODS = frozenset(
 )
 
 
+def _route(method: str, path: str) -> tuple[str, re.Match[str]] | None:
+    """The A2A operation of a REST request, and its path's match, if its route is one."""
+    for pattern, operations in _REST_ROUTES:
+        if method in operations and (match := pattern.search(path)):
+            return operations[method], match
+    return None
+
+
 def rest_operation(method: str, path: str) -> str | None:
     """The A2A operation of a REST request, if its route is one."""
-    for pattern, operations in _REST_ROUTES:
-        if method in operations and pattern.search(path):
-            return operations[method]
-    return None
+    route = _route(method, path)
+    return None if route is None else route[0]
 
 
 def classify_request(method: str, path: str, body: bytes | str | None) -> RequestInfo:
@@ -79,14 +85,14 @@ def classify_request(method: str, path: str, body: bytes | str | None) -> Reques
         task_id = params.get("id") if isinstance(params.get("id"), str) else None
         task_id = task_id or _str(params.get("taskId")) or _str(message.get("taskId"))
         return RequestInfo("jsonrpc", obj["method"], task_id, _str(message.get("contextId")), obj.get("id"))
-    for pattern, operations in _REST_ROUTES:
-        match = pattern.search(path)
-        if match and method in operations:
-            message = obj.get("message") if isinstance(obj, dict) else None
-            message = message if isinstance(message, dict) else {}
-            task_id = match.groupdict().get("task") or _str(message.get("taskId"))
-            return RequestInfo("rest", operations[method], task_id, _str(message.get("contextId")))
-    return RequestInfo()
+    route = _route(method, path)
+    if route is None:
+        return RequestInfo()
+    operation, match = route
+    message = obj.get("message") if isinstance(obj, dict) else None
+    message = message if isinstance(message, dict) else {}
+    task_id = match.groupdict().get("task") or _str(message.get("taskId"))
+    return RequestInfo("rest", operation, task_id, _str(message.get("contextId")))
 
 
 def _json(body: bytes | str | None) -> Any:

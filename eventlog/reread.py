@@ -4,12 +4,12 @@ schema migration that brought protocols runs it over older logs."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 
 from .exchange_rows import event_columns
-from .protocols import ProtocolName, recognise, recognise_stream
+from .protocols import ProtocolName, recognise_exchange
 from .protocols.base import Request, RequestInfo
+from .recorded import headers_from_json
 
 _UPDATE_EVENT = (
     "UPDATE events SET kind = ?, task_id = ?, context_id = ?, state = ?, artifact_id = ?,"
@@ -41,14 +41,13 @@ def reread_log(conn: sqlite3.Connection) -> None:
         binding,
         rpc_method,
     ) in exchanges:
-        request = Request(method or "", path or "", _pairs(req_headers), req_body)
+        request = Request(method or "", path or "", headers_from_json(req_headers), req_body)
         events = conn.execute(
             "SELECT seq, event_type, data FROM events WHERE exchange_id = ? ORDER BY seq", (x_id,)
         ).fetchall()
-        protocol = recognise(request)
-        if protocol is None and is_sse:
-            first = next((e for e in events if e[2]), None)
-            protocol = None if first is None else recognise_stream(first[2], first[1])
+        first = next(((data, event_type) for _, event_type, data in events if data), None)
+        body = resp_body.decode("utf-8", "replace") if isinstance(resp_body, bytes) else resp_body
+        protocol = recognise_exchange(request, first if is_sse else (body, None) if body else None)
         a2a = protocol is not None and protocol.name == ProtocolName.A2A
         info = protocol.request_info(request) if protocol is not None else RequestInfo()
         reader = protocol.reader() if protocol is not None else None
@@ -66,7 +65,7 @@ def reread_log(conn: sqlite3.Connection) -> None:
         if reader is not None and not is_sse and resp_body:
             reader.body(resp_body)
         read = reader.finished() if reader is not None else None
-        session = info.session_id or (protocol.session(_pairs(resp_headers)) if protocol else None)
+        session = info.session_id or (protocol.session(headers_from_json(resp_headers)) if protocol else None)
         conn.execute(
             _UPDATE_EXCHANGE,
             (
@@ -84,7 +83,3 @@ def reread_log(conn: sqlite3.Connection) -> None:
         )
     if texts_changed:
         conn.execute("INSERT INTO events_fts (events_fts) VALUES ('rebuild')")
-
-
-def _pairs(headers: str | None) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in json.loads(headers)] if headers else []

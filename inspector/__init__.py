@@ -91,6 +91,10 @@ def render_cell(
             href = stream_path(datasette, database, value)
             return Markup('<a class="tt-stream" href="{}">{}</a>').format(href, value)
         if protocol == ProtocolName.MCP:
+            session = _field(row, "session_id")
+            if session is not None:  # the row says which session: no lookup
+                href = session_path(datasette, database, session)
+                return Markup('<a class="tt-session" href="{}#exchange-{}">{}</a>').format(href, value, value)
             return lambda: _session_link(datasette, database, value)
         href = datasette.urls.row(database, "exchanges", str(value))
         return Markup('<a href="{}">{}</a>').format(href, value)

@@ -69,6 +69,41 @@ class Svg:
         inner = (f"<title>{escape(title)}</title>" if title else "") + (escape(text) if text else "")
         self.parts.append(f"<{tag}{attr}>{inner}</{tag}>" if inner else f"<{tag}{attr}/>")
 
+    def bar(
+        self,
+        start_ms: float,
+        end_ms: float,
+        y: float,
+        height: float,
+        title: str,
+        *,
+        min_width: float = 1,
+        **attrs: object,
+    ) -> None:
+        """A span of time: a rounded bar from ``start_ms`` to ``end_ms``, at least ``min_width`` wide."""
+        x = self.x(start_ms)
+        width = max(self.x(end_ms) - x, min_width)
+        self.add("rect", title=title, x=x, y=y, width=width, height=height, rx=2, **attrs)
+
+    def tick(self, at_ms: float, mid: float, half: float, title: str, **attrs: object) -> None:
+        """A moment: a thin mark ``2 * half`` tall, centred on the lane's axis ``mid``."""
+        self.add("rect", title=title, x=self.x(at_ms) - 1, y=mid - half, width=2, height=2 * half, **attrs)
+
+    def lane_label(self, mid: float, title: str, detail: str) -> None:
+        """A lane's name and the line under it, left of the axis."""
+        self.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=title)
+        self.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+
+    def headers_mark(self, at_ms: float, mid: float) -> None:
+        """When the response's headers came: a small triangle under the lane's axis."""
+        at = self.x(at_ms)
+        self.add(
+            "path",
+            title=f"response headers at {at_ms:,.1f} ms",
+            d=f"M{at} {mid + 4} l-4 7 h8 z",
+            class_="tt-ttfb",
+        )
+
     def grid(self, height: float) -> None:
         """The ticks along the top, each with its line down the drawing."""
         ticks = round(self.span / self.step)

@@ -21,22 +21,13 @@ MARK_COLOURS = {"progress": "#1e88e5", "result": "#2e7d32", "error": "#c62828"}
 
 def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: float) -> None:
     mid = y + 40
-    svg.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{x.id} {(x.tool or x.label)[:26]}")
     took = f"{x.duration_ms:,.0f} ms" if x.duration_ms is not None else None
     via = f"resumed on #{', #'.join(map(str, x.resumed_on))}" if x.resumed_on else None
     detail = " · ".join(v for v in (f"id {x.rpc_id}", took, via) if v)
-    svg.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+    svg.lane_label(mid, f"#{x.id} {(x.tool or x.label)[:26]}", detail)
     end = x.end_ms if x.end_ms is not None else x.start_ms
-    svg.add(
-        "rect",
-        title=f"#{x.id} POST {x.tool or ''}: {x.start_ms:,.1f} to {end:,.1f} ms ({x.outcome or 'open'})",
-        x=svg.x(x.start_ms),
-        y=mid - 2,
-        width=max(svg.x(end) - svg.x(x.start_ms), 1),
-        height=4,
-        rx=2,
-        class_="tt-span",
-    )
+    title = f"#{x.id} POST {x.tool or ''}: {x.start_ms:,.1f} to {end:,.1f} ms ({x.outcome or 'open'})"
+    svg.bar(x.start_ms, end, mid - 2, 4, title, class_="tt-span")
     for get in resumed:
         until = get.end_ms if get.end_ms is not None else get.start_ms
         if x.answer is not None and x.answer.exchange_id == get.id:
@@ -47,16 +38,8 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
             d=f"M{svg.x(end)} {mid} H{svg.x(get.start_ms)}",
             class_="tt-resume-link",
         )
-        svg.add(
-            "rect",
-            title=f"#{get.id} GET, resuming #{x.id}: {get.start_ms:,.1f} to {until:,.1f} ms",
-            x=svg.x(get.start_ms),
-            y=mid - 3,
-            width=max(svg.x(until) - svg.x(get.start_ms), 1),
-            height=6,
-            rx=2,
-            class_="tt-resumed",
-        )
+        title = f"#{get.id} GET, resuming #{x.id}: {get.start_ms:,.1f} to {until:,.1f} ms"
+        svg.bar(get.start_ms, until, mid - 3, 6, title, class_="tt-resumed")
         svg.add(
             "text", x=svg.x(get.start_ms), y=mid + 22, class_="tt-resume-label", text=f"#{get.id} GET resumed"
         )
@@ -64,16 +47,8 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
     for p in x.progress:
         at = svg.x(p.at_ms)
         where = f"#{p.exchange_id}.{p.seq}" if p.seq is not None else f"#{p.exchange_id}"
-        svg.add(
-            "rect",
-            title=f"progress {p.label} at {p.at_ms:,.1f} ms ({where}){': ' + p.message if p.message else ''}",
-            x=at - 1,
-            y=mid - 10,
-            width=2,
-            height=20,
-            fill=MARK_COLOURS["progress"],
-            class_="tt-progress",
-        )
+        title = f"progress {p.label} at {p.at_ms:,.1f} ms ({where}){': ' + p.message if p.message else ''}"
+        svg.tick(p.at_ms, mid, 10, title, fill=MARK_COLOURS["progress"], class_="tt-progress")
         placed = labels.place(at, p.label)
         if placed is not None:
             row, anchor = placed
@@ -133,17 +108,11 @@ def _request_lane(svg: Svg, placed: list[tuple[SessionExchange, int]], y: float)
     for x, row in placed:
         top = y + 12 + ROW * row
         end = x.end_ms if x.end_ms is not None else x.start_ms
-        svg.add(
-            "rect",
-            title=f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms"
-            + (f" · {x.detail}" if x.detail else ""),
-            x=svg.x(x.start_ms),
-            y=top,
-            width=max(svg.x(end) - svg.x(x.start_ms), 2),
-            height=ROW - 5,
-            rx=2,
-            class_="tt-request-bar" + (" tt-failed" if x.answer is not None and x.answer.error else ""),
+        title = f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms" + (
+            f" · {x.detail}" if x.detail else ""
         )
+        failed = " tt-failed" if x.answer is not None and x.answer.error else ""
+        svg.bar(x.start_ms, end, top, ROW - 5, title, min_width=2, class_="tt-request-bar" + failed)
         svg.add("text", x=svg.x(x.start_ms) + 3, y=top + ROW - 9, class_="tt-request-label", text=_name(x))
 
 

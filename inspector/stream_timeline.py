@@ -75,39 +75,20 @@ def stream_svg(page: StreamPage) -> Markup:
     y = float(TOP)
     svg.rule(y)
     mid = y + 62  # mark labels above the axis, gap measures below
-    svg.add(
-        "text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{page.exchange_id} {page.call or page.path}"
-    )
     detail = " · ".join(str(v) for v in (page.protocol, page.status, page.outcome) if v is not None)
-    svg.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+    svg.lane_label(mid, f"#{page.exchange_id} {page.call or page.path}", detail)
     end = page.duration_ms if page.duration_ms is not None else page.end_ms
-    svg.add(
-        "rect",
-        title=f"#{page.exchange_id}: request at 0 ms, response ended at {end:,.1f} ms",
-        x=svg.x(0),
-        y=mid - 2,
-        width=max(svg.x(end) - svg.x(0), 1),
-        height=4,
-        rx=2,
-        class_="tt-span",
-    )
+    title = f"#{page.exchange_id}: request at 0 ms, response ended at {end:,.1f} ms"
+    svg.bar(0, end, mid - 2, 4, title, class_="tt-span")
     if page.ttfb_ms is not None:
-        at = svg.x(page.ttfb_ms)
-        svg.add(
-            "path",
-            title=f"response headers at {page.ttfb_ms:,.1f} ms",
-            d=f"M{at} {mid + 4} l-4 7 h8 z",
-            class_="tt-ttfb",
-        )
+        svg.headers_mark(page.ttfb_ms, mid)
     for e in page.events:
         tall = {"delta": 10, "other": 5}.get(e.category, 14)
-        svg.add(
-            "rect",
-            title=_title(e),
-            x=svg.x(e.at_ms) - 1,
-            y=mid - tall,
-            width=2,
-            height=2 * tall,
+        svg.tick(
+            e.at_ms,
+            mid,
+            tall,
+            _title(e),
             fill=CATEGORY_COLOURS[e.category],
             class_=f"tt-ev tt-ev-{e.category}",
         )

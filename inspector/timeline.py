@@ -47,43 +47,19 @@ def _event_title(e: Event) -> str:
 
 def _stream_lane(svg: Svg, x: Exchange, events: list[Event], y: float) -> None:
     mid = y + 42  # the lane's axis: state labels above it, artifact and gap labels below
-    svg.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=f"#{x.id} {x.label}")
     detail = " · ".join(str(v) for v in (x.binding, x.status, x.outcome) if v is not None)
-    svg.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+    svg.lane_label(mid, f"#{x.id} {x.label}", detail)
     end = x.end_ms if x.end_ms is not None else (events[-1].at_ms if events else x.start_ms)
-    svg.add(
-        "rect",
-        title=f"#{x.id}: request at {x.start_ms:,.1f} ms, response ended at {end:,.1f} ms",
-        x=svg.x(x.start_ms),
-        y=mid - 2,
-        width=max(svg.x(end) - svg.x(x.start_ms), 1),
-        height=4,
-        rx=2,
-        class_="tt-span",
-    )
+    title = f"#{x.id}: request at {x.start_ms:,.1f} ms, response ended at {end:,.1f} ms"
+    svg.bar(x.start_ms, end, mid - 2, 4, title, class_="tt-span")
     if x.ttfb_ms is not None:
-        at = svg.x(x.start_ms + x.ttfb_ms)
-        svg.add(
-            "path",
-            title=f"response headers at {x.start_ms + x.ttfb_ms:,.1f} ms",
-            d=f"M{at} {mid + 4} l-4 7 h8 z",
-            class_="tt-ttfb",
-        )
+        svg.headers_mark(x.start_ms + x.ttfb_ms, mid)
     _artifact_bands(svg, events, mid)
     for e in events:
         if e.category == "state":
             continue
         tall = 14 if e.last_chunk or not e.complete else 9
-        svg.add(
-            "rect",
-            title=_event_title(e),
-            x=svg.x(e.at_ms) - 1,
-            y=mid - tall,
-            width=2,
-            height=2 * tall,
-            fill=colour(e),
-            opacity=0.5 if e.repeated else 1,
-        )
+        svg.tick(e.at_ms, mid, tall, _event_title(e), fill=colour(e), opacity=0.5 if e.repeated else 1)
         if not e.complete:
             svg.add("path", d=f"M{svg.x(e.at_ms) - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
     labels = LabelRows(2)
@@ -170,16 +146,8 @@ def _request_lane(svg: Svg, others: list[Exchange], y: float) -> None:
     svg.add("text", x=12, y=mid + 12, class_="tt-lane-detail", text=names[:34])
     for x in others:
         end = x.end_ms if x.end_ms is not None else x.start_ms
-        svg.add(
-            "rect",
-            title=f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms",
-            x=svg.x(x.start_ms),
-            y=mid - 6,
-            width=max(svg.x(end) - svg.x(x.start_ms), 2),
-            height=12,
-            rx=2,
-            class_="tt-request",
-        )
+        title = f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms"
+        svg.bar(x.start_ms, end, mid - 6, 12, title, min_width=2, class_="tt-request")
 
 
 def timeline_svg(page: TaskPage) -> Markup:

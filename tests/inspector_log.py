@@ -12,8 +12,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from a2a_frames import USAGE, sse, status, streamed, task
+from datasette.app import Datasette
 
 from tasktape.demo import run_demo
 from tasktape.eventlog import EventLog, LogWriter
@@ -121,3 +123,17 @@ def stream_of(path: Path, scenario: str) -> int:
             "SELECT min(id) AS id FROM exchanges WHERE task_id = ? AND is_sse = 1", [task_id]
         )
     return row["id"]
+
+
+async def page(ds: Datasette, path: str, status: int = 200) -> str:
+    """A page of the inspector, checked for its status."""
+    response = await ds.client.get(path)
+    assert response.status_code == status, (path, response.text[:2000])
+    return response.text
+
+
+async def rows(ds: Datasette, path: str) -> list[dict[str, Any]]:
+    """The rows of a Datasette JSON page."""
+    response = await ds.client.get(path)
+    assert response.status_code == 200, (path, response.text[:2000])
+    return response.json()["rows"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from a2a_frames import completed_run, sse
 from datasette.app import Datasette
-from inspector_log import BROKEN, record_log, stream_of, task_of
+from inspector_log import BROKEN, page, record_log, rows, stream_of, task_of
 from markupsafe import Markup
 
 from tasktape import inspector
@@ -33,18 +33,6 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def ds(log: Path) -> Datasette:
     return create_datasette(log)
-
-
-async def page(ds: Datasette, path: str, status: int = 200) -> str:
-    response = await ds.client.get(path)
-    assert response.status_code == status, (path, response.text[:2000])
-    return response.text
-
-
-async def rows(ds: Datasette, path: str) -> list[dict[str, Any]]:
-    response = await ds.client.get(path)
-    assert response.status_code == 200, (path, response.text[:2000])
-    return response.json()["rows"]
 
 
 async def test_the_plugin_and_the_chart_plugin_are_loaded(ds: Datasette) -> None:

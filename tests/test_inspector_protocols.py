@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import test_inspector_browser
 from datasette.app import Datasette
-from inspector_log import Served
+from inspector_log import Served, page, rows
 from markupsafe import Markup, escape
 from protocol_logs import BROKEN_SESSION, HOSTILE, PAUSE_MS, PIECES
 from protocol_logs import protocol_log as build_log
@@ -55,18 +55,6 @@ def got(recorded: tuple[Path, dict[str, Any], int]) -> dict[str, Any]:
 @pytest.fixture
 def ds(log: Path) -> Datasette:
     return create_datasette(log)
-
-
-async def page(ds: Datasette, path: str, status: int = 200) -> str:
-    response = await ds.client.get(path)
-    assert response.status_code == status, (path, response.text[:2000])
-    return response.text
-
-
-async def rows(ds: Datasette, path: str) -> list[dict[str, Any]]:
-    response = await ds.client.get(path)
-    assert response.status_code == 200, (path, response.text[:2000])
-    return response.json()["rows"]
 
 
 def exchanges(log: Path, **where: Any) -> list[dict[str, Any]]:

@@ -81,6 +81,15 @@ def recognise_stream(data: str, event_type: str | None) -> Protocol | None:
     return next((p for p in protocols() if p.claims_stream(data, event_type)), None)
 
 
+def recognise_exchange(request: Request, response: tuple[str, str | None] | None) -> Protocol | None:
+    """The protocol of an exchange: the one that claims its request, else the one that
+    claims its ``response`` (the first event's data and type, or a whole body and None)."""
+    protocol = recognise(request)
+    if protocol is None and response is not None:
+        protocol = recognise_stream(*response)
+    return protocol
+
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Protocol",
@@ -92,5 +101,6 @@ __all__ = [
     "by_name",
     "protocols",
     "recognise",
+    "recognise_exchange",
     "recognise_stream",
 ]

@@ -16,8 +16,8 @@ from enum import StrEnum
 from typing import Any
 
 from ..classify import Classification, load_json
-from ..frames import Problem, Stream, parsed, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, classified
+from ..frames import Problem, Stream, readable
+from .base import Protocol, Request, RequestInfo, StreamReader, classified, parsed
 
 
 class AnthropicKind(StrEnum):

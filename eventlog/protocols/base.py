@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+import orjson
+
 from ..classify import Classification, load_json
 
 if TYPE_CHECKING:
@@ -80,6 +82,18 @@ def classified(
     """A Classification of these fields, built positionally: a reader makes one per event,
     and a NamedTuple built by keyword costs several times more."""
     return _new(Classification, (kind, None, None, None, state, None, None, None, None, text, usage, None))
+
+
+def parsed(data: bytes | str, other: str) -> dict[str, Any] | Classification:
+    """The JSON object an event carries, or its classification as ``other`` saying why not."""
+    try:
+        obj = orjson.loads(data)  # the common case, once per event: no detour
+    except orjson.JSONDecodeError:
+        try:
+            obj = load_json(data)  # what only the standard library reads, or the error in its words
+        except (ValueError, RecursionError) as exc:
+            return Classification(other, parse_error=f"not JSON: {exc}"[:500])
+    return obj if type(obj) is dict else Classification(other, parse_error="not a JSON object")
 
 
 class StreamReader:

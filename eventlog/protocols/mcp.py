@@ -17,8 +17,8 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from ..classify import Classification
-from ..frames import Frame, Problem, Stream, parsed, readable
-from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, classified
+from ..frames import Frame, Problem, Stream, readable
+from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, classified, parsed
 
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"

@@ -18,8 +18,8 @@ from enum import StrEnum
 from typing import Any
 
 from ..classify import Classification
-from ..frames import Problem, Stream, parsed, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, classified
+from ..frames import Problem, Stream, readable
+from .base import Protocol, Request, RequestInfo, StreamReader, classified, parsed
 
 DONE = "[DONE]"
 # The API call of each path tail, and the request body field it needs beside "model".
