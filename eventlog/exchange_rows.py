@@ -151,11 +151,13 @@ class ExchangeRows:
         body: bytes | None,
         body_truncated: bool,
     ) -> Statement:
-        self._request_encoding = _content_encoding(headers)
+        self._headers_seen = _pairs(headers)
+        self._request_encoding = next(
+            (v for k, v in self._headers_seen if k.lower() == "content-encoding"), None
+        )
         body, encoding = self._request_body(body)
         s = self.summary
         s.method, s.path = method, path
-        self._headers_seen = _pairs(headers)
         info = self._recognise(body)
         return _INSERT_EXCHANGE, (
             s.exchange_id,
@@ -548,10 +550,3 @@ def _reframe(event: SSEEvent, data: str) -> bytes:
         *(f"data: {line}" for line in data.split("\n")),
     ]
     return ("\n".join(line for line in lines if line is not None) + "\n\n").encode()
-
-
-def _content_encoding(headers: Headers | None) -> str | None:
-    if headers is None:
-        return None
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    return next((v for k, v in pairs if k.lower() == "content-encoding"), None)
