@@ -214,6 +214,25 @@ def read_cassette(path: str | Path) -> list[Recorded]:
     return recorded
 
 
+def read_header(path: str | Path) -> dict[str, Any]:
+    """A cassette's header line (the rest of the file is not read); raises
+    :class:`CassetteError` naming the line."""
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    try:
+                        doc = json.loads(line)
+                    except (ValueError, RecursionError) as exc:
+                        raise CassetteError(f"{path}:{number}: not JSON: {exc}") from None
+                    _check_header(doc, f"{path}:{number}")
+                    return doc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CassetteError(f"{path}: cannot read it as a cassette: {exc}") from None
+    raise CassetteError(f"{path}: empty; a cassette starts with its header line")
+
+
 def _check_header(doc: Any, where: str) -> None:
     if not isinstance(doc, dict) or "tasktape_cassette" not in doc:
         raise CassetteError(f"{where}: the first line must be the cassette header, with 'tasktape_cassette'")

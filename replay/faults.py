@@ -1,17 +1,39 @@
-"""Faults on demand, to test how clients cope: per server (``--fault``) or per request
-(the ``X-Tasktape-Fault`` header), written as ``name=value`` items joined by ``;``:
+"""The fault catalogue: what can go wrong on the wire, on demand, to test how clients cope.
 
-    drop-after=N        close the connection abruptly after the Nth event (or chunk)
-    stall=N:MS          stop for MS milliseconds after the Nth event
-    status=S            answer status S (with a JSON error) instead of the recording
-    delay-headers=MS    send the status and headers MS milliseconds late
+A spec is ``name=value`` items joined by ``;``: faults, and the scope they apply in.
 
+    drop-after=N        after event N, the connection closes (FIN) without ending the body
+    cut-frame=N         the connection closes in the middle of event N's bytes
+    reset-after=N       exactly N events are delivered, then a TCP RST (not a FIN)
+    duplicate=N         event N comes twice
+    skip=N              event N never comes
+    swap=N              events N and N+1 change places
+    corrupt=N           event N's data loses its last character, so it no longer parses
+    stall=N:MS          the stream stops for MS milliseconds after event N
+    drip=BYTES_PER_S    the body trickles out at that rate
+    status=S            status S (with a JSON error) instead of the recording
+    delay-headers=MS    the status and headers go out MS milliseconds late
+    content-type=TYPE   the answer's Content-Type is TYPE
+    no-final            the stream's closing event (its protocol says which) never comes
+
+    times=K             only the first K requests the fault applies to (times=1: once)
+    every=K             only every Kth request it could apply to
+    p=P;seed=S          each request with probability P (a seed makes the run repeatable)
+    path=GLOB           only requests whose path matches GLOB (``*`` matches ``/`` too)
+
+Faults that act on events (all but drip, status, delay-headers and content-type) apply to
+streams only, so agent cards and other plain answers neither get nor count for them.
 A stall or a delay is at most an hour (MAX_MS): a longer one is a typo, not a test.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import dataclasses
+import fnmatch
+import random
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
 
 from tasktape.errors import FaultError
 
@@ -19,13 +41,76 @@ HEADER = "X-Tasktape-Fault"
 MAX_MS = 3_600_000.0
 
 
+class FaultName(StrEnum):
+    DROP_AFTER = "drop-after"
+    CUT_FRAME = "cut-frame"
+    RESET_AFTER = "reset-after"
+    DUPLICATE = "duplicate"
+    SKIP = "skip"
+    SWAP = "swap"
+    CORRUPT = "corrupt"
+    STALL = "stall"
+    DRIP = "drip"
+    STATUS = "status"
+    DELAY_HEADERS = "delay-headers"
+    CONTENT_TYPE = "content-type"
+    NO_FINAL = "no-final"
+
+
+class ScopeName(StrEnum):
+    TIMES = "times"
+    EVERY = "every"
+    P = "p"
+    SEED = "seed"
+    PATH = "path"
+
+
+# The faults that change a whole answer, not its events: they apply to any answer.
+ANSWER_FAULTS = frozenset({FaultName.DRIP, FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
+# Faults that end the connection at an event: a spec names one of them at most.
+BREAKS = (FaultName.DROP_AFTER, FaultName.CUT_FRAME, FaultName.RESET_AFTER)
+FORMS = (
+    "drop-after=N, cut-frame=N, reset-after=N, duplicate=N, skip=N, swap=N, corrupt=N, stall=N:MS, "
+    "drip=BYTES_PER_S, status=S, delay-headers=MS, content-type=TYPE, no-final; scope: times=K, "
+    "every=K, p=P, seed=S, path=GLOB"
+)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which requests a spec's faults apply to."""
+
+    times: int | None = None
+    every: int | None = None
+    p: float | None = None
+    seed: int | None = None
+    path: str | None = None
+
+    @property
+    def counts(self) -> bool:
+        """Whether it counts requests (so it means something only where requests are counted)."""
+        return self.times is not None or self.every is not None
+
+
 @dataclass(frozen=True)
 class Faults:
+    """One spec: its faults (None: not asked for) and its scope."""
+
     drop_after: int | None = None
+    cut_frame: int | None = None
+    reset_after: int | None = None
+    duplicate: int | None = None
+    skip: int | None = None
+    swap: int | None = None
+    corrupt: int | None = None
     stall_after: int | None = None
     stall_ms: float = 0.0
+    drip: float | None = None  # bytes per second
     status: int | None = None
     delay_headers_ms: float = 0.0
+    content_type: str | None = None
+    no_final: bool = False
+    scope: Scope = field(default_factory=Scope)
 
     @classmethod
     def parse(cls, spec: str, base: Faults | None = None) -> Faults:
@@ -34,35 +119,149 @@ class Faults:
         for item in filter(None, (part.strip() for part in spec.replace(",", ";").split(";"))):
             name, sep, value = item.partition("=")
             try:
-                if not sep:
-                    raise ValueError
-                if name == "drop-after":
-                    faults = replace(faults, drop_after=_count(value))
-                elif name == "stall":
-                    after, _, ms = value.partition(":")
-                    faults = replace(faults, stall_after=_count(after), stall_ms=_ms(ms))
-                elif name == "status":
-                    status = int(value)
-                    if not 100 <= status <= 599:
-                        raise ValueError
-                    faults = replace(faults, status=status)
-                elif name == "delay-headers":
-                    faults = replace(faults, delay_headers_ms=_ms(value))
-                else:
-                    raise FaultError(
-                        f"unknown fault {name!r}; use drop-after=N, stall=N:MS, status=S or delay-headers=MS"
-                    )
+                faults = _item(faults, name.strip(), value.strip(), bool(sep))
             except FaultError:
                 raise
             except ValueError:
-                raise FaultError(
-                    f"cannot read the fault {item!r}: see drop-after=N, stall=N:MS, status=S, "
-                    "delay-headers=MS"
-                ) from None
+                raise FaultError(f"cannot read the fault {item!r}: see {FORMS}") from None
+        if faults.scope != Scope() and not faults.named():
+            raise FaultError(f"{spec!r} says where a fault applies but names no fault: see {FORMS}")
+        breaks = [n for n in faults.named() if n in BREAKS]
+        if len(breaks) > 1:
+            raise FaultError(f"{' and '.join(breaks)} both end the connection: give one of them")
         return faults
 
+    def named(self) -> list[FaultName]:
+        """The faults this spec asks for, in catalogue order."""
+        given = {
+            FaultName.DROP_AFTER: self.drop_after is not None,
+            FaultName.CUT_FRAME: self.cut_frame is not None,
+            FaultName.RESET_AFTER: self.reset_after is not None,
+            FaultName.DUPLICATE: self.duplicate is not None,
+            FaultName.SKIP: self.skip is not None,
+            FaultName.SWAP: self.swap is not None,
+            FaultName.CORRUPT: self.corrupt is not None,
+            FaultName.STALL: self.stall_after is not None,
+            FaultName.DRIP: self.drip is not None,
+            FaultName.STATUS: self.status is not None,
+            FaultName.DELAY_HEADERS: bool(self.delay_headers_ms),
+            FaultName.CONTENT_TYPE: self.content_type is not None,
+            FaultName.NO_FINAL: self.no_final,
+        }
+        return [name for name, yes in given.items() if yes]
+
+    @property
+    def on_streams(self) -> bool:
+        """Whether it acts on events, so only streams get it (and count for its scope)."""
+        return any(n not in ANSWER_FAULTS for n in self.named())
+
+    def items(self) -> list[str]:
+        """The spec written out again, faults then scope: what a report shows."""
+        values: dict[FaultName, Any] = {
+            FaultName.DROP_AFTER: self.drop_after,
+            FaultName.CUT_FRAME: self.cut_frame,
+            FaultName.RESET_AFTER: self.reset_after,
+            FaultName.DUPLICATE: self.duplicate,
+            FaultName.SKIP: self.skip,
+            FaultName.SWAP: self.swap,
+            FaultName.CORRUPT: self.corrupt,
+            FaultName.STALL: f"{self.stall_after}:{self.stall_ms:g}",
+            FaultName.DRIP: None if self.drip is None else f"{self.drip:g}",
+            FaultName.STATUS: self.status,
+            FaultName.DELAY_HEADERS: f"{self.delay_headers_ms:g}",
+            FaultName.CONTENT_TYPE: self.content_type,
+        }
+        out = [
+            name.value if name is FaultName.NO_FINAL else f"{name}={values[name]}" for name in self.named()
+        ]
+        scope = dataclasses.asdict(self.scope)
+        out += [
+            f"{name}={scope[name]:g}" if name == "p" else f"{name}={scope[name]}"
+            for name in scope
+            if scope[name] is not None
+        ]
+        return out
+
+    def __str__(self) -> str:
+        return ";".join(self.items())
+
     def __bool__(self) -> bool:
-        return self != Faults()
+        return bool(self.named())
+
+    def merged(self, other: Faults) -> Faults:
+        """These faults with what ``other`` asks for on top (its scope is not carried over)."""
+        changes = {
+            f.name: getattr(other, f.name)
+            for f in dataclasses.fields(other)
+            if f.name != "scope" and getattr(other, f.name) != f.default
+        }
+        if other.stall_after is not None:
+            changes["stall_ms"] = other.stall_ms
+        return replace(self, **changes)
+
+
+def _item(faults: Faults, name: str, value: str, has_value: bool) -> Faults:
+    """``faults`` with one more item of a spec."""
+    if name == FaultName.NO_FINAL:
+        if has_value and value not in ("", "1", "true"):
+            raise ValueError
+        return replace(faults, no_final=True)
+    if not has_value:
+        raise ValueError
+    counted = {
+        FaultName.DROP_AFTER: "drop_after",
+        FaultName.CUT_FRAME: "cut_frame",
+        FaultName.RESET_AFTER: "reset_after",
+        FaultName.DUPLICATE: "duplicate",
+        FaultName.SKIP: "skip",
+        FaultName.SWAP: "swap",
+        FaultName.CORRUPT: "corrupt",
+    }
+    if name in counted:
+        n = _count(value)
+        if name not in (FaultName.DROP_AFTER, FaultName.RESET_AFTER) and n == 0:
+            raise FaultError(f"{name} counts events from 1, not 0")
+        return replace(faults, **{counted[FaultName(name)]: n})
+    if name == FaultName.STALL:
+        after, _, ms = value.partition(":")
+        return replace(faults, stall_after=_count(after), stall_ms=_ms(ms))
+    if name == FaultName.DRIP:
+        rate = float(value)
+        if not rate > 0 or rate == float("inf"):
+            raise FaultError(f"drip is a rate in bytes per second above 0, not {value!r}")
+        return replace(faults, drip=rate)
+    if name == FaultName.STATUS:
+        status = int(value)
+        if not 100 <= status <= 599:
+            raise ValueError
+        return replace(faults, status=status)
+    if name == FaultName.DELAY_HEADERS:
+        return replace(faults, delay_headers_ms=_ms(value))
+    if name == FaultName.CONTENT_TYPE:
+        if not value or any(c in value for c in "\r\n\0"):
+            raise ValueError
+        return replace(faults, content_type=value)
+    return replace(faults, scope=_scope(faults.scope, name, value))
+
+
+def _scope(scope: Scope, name: str, value: str) -> Scope:
+    if name in (ScopeName.TIMES, ScopeName.EVERY):
+        n = _count(value)
+        if n == 0:
+            raise FaultError(f"{name} counts requests from 1, not 0")
+        return replace(scope, **{name: n})
+    if name == ScopeName.P:
+        p = float(value)
+        if not 0 <= p <= 1:
+            raise FaultError(f"p is a probability from 0 to 1, not {value!r}")
+        return replace(scope, p=p)
+    if name == ScopeName.SEED:
+        return replace(scope, seed=int(value))
+    if name == ScopeName.PATH:
+        if not value.startswith(("/", "*")):
+            raise FaultError(f"path is a glob of request paths, starting with / or *, not {value!r}")
+        return replace(scope, path=value)
+    raise FaultError(f"unknown fault {name!r}; use {FORMS}")
 
 
 def _count(value: str) -> int:
@@ -79,3 +278,55 @@ def _ms(value: str) -> float:
     if ms > MAX_MS:
         raise FaultError(f"{value} ms waits too long: stalls and delays are at most {MAX_MS:,.0f} ms")
     return ms
+
+
+class Armed:
+    """A spec armed on a server: it counts the requests its scope could apply to."""
+
+    def __init__(self, faults: Faults, source: str) -> None:
+        self.faults = faults
+        self.source = source  # where it came from: --fault, the control API, the marker
+        self.seen = 0
+        self.applied = 0
+        self._random = random.Random(faults.scope.seed)
+
+    def takes(self, path: str, is_stream: bool) -> bool:
+        """Whether this answer gets the faults (and count it, if it could have)."""
+        scope = self.faults.scope
+        if self.faults.on_streams and not is_stream:
+            return False
+        if scope.path is not None and not fnmatch.fnmatchcase(path, scope.path):
+            return False
+        self.seen += 1
+        if scope.every is not None and self.seen % scope.every:
+            return False
+        if scope.times is not None and self.applied >= scope.times:
+            return False
+        if scope.p is not None and self._random.random() >= scope.p:
+            return False
+        self.applied += 1
+        return True
+
+    def as_json(self) -> dict[str, Any]:
+        return {"fault": str(self.faults), "source": self.source, "seen": self.seen, "applied": self.applied}
+
+
+def for_request(armed: list[Armed], header: Faults | None, path: str, is_stream: bool) -> Faults:
+    """What one answer gets: every armed spec whose scope takes it, then the request's own."""
+    faults = Faults()
+    for spec in armed:
+        if spec.takes(path, is_stream):
+            faults = faults.merged(spec.faults)
+    if header is not None and Armed(header, HEADER).takes(path, is_stream):
+        faults = faults.merged(header)
+    return faults
+
+
+def header_faults(value: str) -> Faults:
+    """The ``X-Tasktape-Fault`` of one request: a request counts nothing, so no times or every."""
+    faults = Faults.parse(value)
+    if faults.scope.counts:
+        raise FaultError(
+            "times and every count requests: arm the fault with --fault or POST /_tasktape/faults instead"
+        )
+    return faults

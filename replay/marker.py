@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Iterable
+from datetime import timedelta
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tasktape.errors import MarkerError
+from tasktape.errors import MarkerError, UsageError
 
+from .cassette_age import FORMS, parse_max_age
 from .faults import Faults
+from .on_expired import OnExpired
 from .record_mode import RecordMode
 
 if TYPE_CHECKING:
@@ -31,12 +35,14 @@ OPTIONS = (
     "redact_headers",
     "redact_query",
     "redact_json",
-    "fail_on_unused",
+    "strict",
+    "fail_on_unused",  # strict's older name
+    "max_age",
     "in_thread",
 )
 SIGNATURE = (
     "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
-    "match_headers=(), redact_headers=(), redact_query=(), redact_json=(), fail_on_unused=None, "
+    "match_headers=(), redact_headers=(), redact_query=(), redact_json=(), strict=None, max_age=None, "
     "in_thread=False)"
 )
 
@@ -56,6 +62,10 @@ def merged(item: pytest.Item) -> dict[str, Any]:
         unknown = sorted(set(given) - set(OPTIONS))
         if unknown:
             raise MarkerError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+        if "fail_on_unused" in given:
+            if "strict" in given:
+                raise MarkerError("strict is given twice (as strict= and as fail_on_unused=, its older name)")
+            given["strict"] = given.pop("fail_on_unused")
         for name, value in given.items():
             options.setdefault(name, value)
     return options
@@ -82,7 +92,8 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
     ignore = _strings("ignore", o.get("ignore", ()))
     for pointer in ignore:
         parse_pointer(pointer)
-    fail_on_unused = o.get("fail_on_unused")
+    strict = o.get("strict")
+    max_age = o.get("max_age")
     return TapeOptions(
         cassette=inside(
             Path(item.path).parent / cassette if cassette is not None else default_cassette(item),
@@ -101,10 +112,9 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
             _strings("redact_json", o.get("redact_json", ())),
             query=_strings("redact_query", o.get("redact_query", ())),
         ),
-        fail_on_unused=_flag(
-            "fail_on_unused",
-            config.getoption("--tasktape-fail-on-unused") if fail_on_unused is None else fail_on_unused,
-        ),
+        strict=_flag("strict", config.getoption("--tasktape-strict") if strict is None else strict),
+        max_age=command_line_max_age(config) if max_age is None else _max_age(max_age),
+        on_expired=OnExpired.parse(config.getoption("--tasktape-on-expired")),
         in_thread=_flag("in_thread", o.get("in_thread", False)),
     )
 
@@ -131,6 +141,26 @@ def inside(cassette: Path, root: Path) -> Path:
             f"the cassette {cassette} is outside the test's directory tree ({root}); keep cassettes under it"
         )
     return cassette
+
+
+def command_line_max_age(config: pytest.Config) -> timedelta | None:
+    given = config.getoption("--tasktape-max-age")
+    return None if given is None else parse_max_age(given)
+
+
+def _max_age(value: Any) -> timedelta:
+    """A duration as text (``"30d"``), a number of seconds, or a timedelta."""
+    if isinstance(value, str):
+        try:
+            return parse_max_age(value)
+        except UsageError as exc:
+            raise MarkerError(f"max_age: {exc}") from None
+    if isinstance(value, timedelta) and value >= timedelta(0):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        with contextlib.suppress(OverflowError):  # infinity, or past what a timedelta holds
+            return timedelta(seconds=value)
+    raise MarkerError(f"max_age is an age such as {FORMS}, or a number of seconds, not {value!r}")
 
 
 def _flag(name: str, value: Any) -> bool:

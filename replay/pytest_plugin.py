@@ -9,37 +9,90 @@ The fixture serves the cassette (in the test's event loop for pytest-asyncio tes
 thread for the others) and fails the test when a request missed it, whether the test or
 one of its fixtures sent it.
 ``--tasktape-record-mode`` records cassettes through the recording proxy from
-``--tasktape-upstream``.
+``--tasktape-upstream``; ``--tasktape-strict`` fails tests that leave recordings unused;
+``--tasktape-max-age`` holds cassettes to an age. The run ends with one line summing up
+what the tapes served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from tasktape.errors import CassetteError, TapeError, TasktapeError, UsageError
+from tasktape.errors import CassetteError, CassetteExpired, TapeError, TasktapeError, UsageError
 
-from .marker import MARKER, SIGNATURE, tape_options
+from .cassette_age import FORMS, created_at, describe
+from .marker import MARKER, SIGNATURE, command_line_max_age, tape_options
+from .on_expired import OnExpired
 from .record_mode import RecordMode
 
 if TYPE_CHECKING:
-    from .tape import Tape, TapeOptions, TapeSession
+    from .tape import Tape, TapeOptions, TapeSession, Told
 
 LOOP_SCOPES = ("function", "class", "module", "package", "session")
 _TAPE = pytest.StashKey["Tape"]()
 _OPTIONS = pytest.StashKey["TapeOptions"]()
 _WRITTEN = pytest.StashKey[set[Path]]()
-_TOLD = pytest.StashKey[int]()  # how many of the test's misses have been reported
+_RERECORDED = pytest.StashKey[set[Path]]()  # expired cassettes recorded again in this run
+_TOLD = pytest.StashKey["Told"]()  # what of the test's misses and refusals has been reported
+_TOTALS = pytest.StashKey["Totals"]()
+WORKER_OUTPUT = "tasktape"  # the key of a pytest-xdist worker's totals in its workeroutput
+
+
+@dataclasses.dataclass
+class Totals:
+    """What the tapes of a run did, summed up for the line that ends the run."""
+
+    served: int = 0
+    missed: int = 0
+    unused: int = 0
+    refused: int = 0
+    recorded: int = 0  # requests a recording run sent on to the upstream
+    cassettes: set[str] = dataclasses.field(default_factory=set)
+
+    def add(self, tape: Tape) -> None:
+        self.served += tape.served
+        self.missed += len(tape.missed)
+        # A recording run records what it was asked for: what it left alone says nothing.
+        self.unused += 0 if tape.recording else len(tape.unused)
+        self.refused += len(tape.refused)
+        self.recorded += tape.server.stats.forwarded
+        self.cassettes.add(str(tape.cassette))
+
+    def as_sent(self) -> dict[str, Any]:
+        """As a pytest-xdist worker sends it (execnet carries plain values)."""
+        return {**dataclasses.asdict(self), "cassettes": sorted(self.cassettes)}
+
+    def merge(self, sent: dict[str, Any]) -> None:
+        for name in ("served", "missed", "unused", "refused", "recorded"):
+            setattr(self, name, getattr(self, name) + sent[name])
+        self.cassettes.update(sent["cassettes"])
+
+    def line(self) -> str:
+        asked = self.served + self.missed
+        rate = f"{100 * self.served // asked}%" if asked else "n/a"  # rounded down: 100% is all
+        recorded = f", {self.recorded} recorded" if self.recorded else ""
+        return (
+            f"tasktape: {self.served} served, {self.missed} missed, {self.unused} unused, "
+            f"{self.refused} refused{recorded}, match rate {rate} ({_count(asked, 'request')}) "
+            f"across {_count(len(self.cassettes), 'cassette')}"
+        )
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """The record mode, the agent to record from, and strictness about unused recordings."""
+    """The record mode, the agent to record from, strictness, and the cassettes' age limit."""
     group = parser.getgroup("tasktape", "tasktape cassettes")
     group.addoption(
         "--tasktape-record-mode",
@@ -50,9 +103,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--tasktape-upstream", metavar="URL", help="The agent to record from.")
     group.addoption(
-        "--tasktape-fail-on-unused",
+        "--tasktape-strict",
+        "--tasktape-fail-on-unused",  # its older name
         action="store_true",
-        help="Fail a test that left recorded requests of its cassette unused.",
+        dest="tasktape_strict",
+        help="Fail a test that left recordings of its cassette unused (--tasktape-fail-on-unused "
+        "is its older name). Requests the replay refused fail a test in any case.",
+    )
+    group.addoption(
+        "--tasktape-max-age",
+        metavar="AGE",
+        help=f"The age past which a cassette has expired ({FORMS}), from its header's created_at.",
+    )
+    group.addoption(
+        "--tasktape-on-expired",
+        default=OnExpired.WARN.value,
+        metavar="ACTION",
+        help="warn (the default: the test runs, a CassetteExpired warning names the cassette), "
+        "fail (the test fails before it runs), rerecord (the test records its cassette again, as "
+        "--tasktape-record-mode=all would; needs --tasktape-upstream).",
     )
 
 
@@ -67,13 +136,27 @@ def pytest_configure(config: pytest.Config) -> None:
         mode = RecordMode.parse(config.getoption("--tasktape-record-mode"))
     except UsageError as exc:
         raise pytest.UsageError(f"--tasktape-record-mode: {exc}") from None
+    try:
+        on_expired = OnExpired.parse(config.getoption("--tasktape-on-expired"))
+    except UsageError as exc:
+        raise pytest.UsageError(f"--tasktape-on-expired: {exc}") from None
+    try:
+        command_line_max_age(config)
+    except UsageError as exc:
+        raise pytest.UsageError(f"--tasktape-max-age: {exc}") from None
     parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+    # Each worker would replace the cassettes the others wrote.
     if mode is RecordMode.ALL and parallel:
-        # Each worker would replace the cassettes the others wrote.
         raise pytest.UsageError(
             "--tasktape-record-mode=all replaces cassettes: run it without pytest-xdist's -n"
         )
+    if on_expired is OnExpired.RERECORD and parallel:
+        raise pytest.UsageError(
+            "--tasktape-on-expired=rerecord replaces cassettes: run it without pytest-xdist's -n"
+        )
     config.stash[_WRITTEN] = set()
+    config.stash[_RERECORDED] = set()
+    config.stash[_TOTALS] = Totals()
 
 
 def _options(request: pytest.FixtureRequest) -> TapeOptions:
@@ -81,10 +164,62 @@ def _options(request: pytest.FixtureRequest) -> TapeOptions:
     options = request.node.stash.get(_OPTIONS, None)
     if options is None:
         try:
-            options = request.node.stash[_OPTIONS] = tape_options(request.node, request.config)
+            options = tape_options(request.node, request.config)
         except TasktapeError as exc:
             pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
+        options = request.node.stash[_OPTIONS] = _aged(request, options)
     return options
+
+
+def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
+    """The options as the cassette's age leaves them: one older than its limit warns,
+    fails the test, or is recorded again (``--tasktape-on-expired``)."""
+    rerecorded = request.config.stash[_RERECORDED]
+    if options.cassette in rerecorded:
+        # A test sharing it recorded it again in this run: this one adds to it, as mode all would.
+        return dataclasses.replace(options, mode=RecordMode.ALL)
+    if options.max_age is None or options.mode is RecordMode.ALL or not options.cassette.exists():
+        return options  # mode all records every cassette again; a missing one is recorded or fails
+    try:
+        expired = _expired(options)
+    except CassetteError as exc:
+        pytest.fail(f"tasktape: {exc}", pytrace=False)
+    if expired is None:
+        return options
+    if options.on_expired is OnExpired.WARN:
+        request.node.warn(CassetteExpired(f"tasktape: {expired}"))
+        return options
+    if options.on_expired is OnExpired.FAIL:
+        pytest.fail(
+            f"tasktape: {expired}; record it again with --tasktape-on-expired=rerecord "
+            "--tasktape-upstream URL (or every cassette with --tasktape-record-mode=all)",
+            pytrace=False,
+        )
+    if not options.upstream:
+        pytest.fail(
+            f"tasktape: {expired}; --tasktape-on-expired=rerecord records it again from an agent: "
+            "give it with --tasktape-upstream URL",
+            pytrace=False,
+        )
+    rerecorded.add(options.cassette)
+    return dataclasses.replace(options, mode=RecordMode.ALL)
+
+
+def _expired(options: TapeOptions) -> str | None:
+    """Why the test's cassette is past its age limit, or None when it is not."""
+    from .tape import shown  # noqa: PLC0415 - loaded once a test asks for a tape
+
+    assert options.max_age is not None
+    where, limit = shown(options.cassette), describe(options.max_age)
+    created = created_at(options.cassette)
+    if created is None:
+        # What cannot be shown to be younger than the limit is taken to be older.
+        return f"{where} has no created_at in its header to tell its age by (the limit is {limit})"
+    age = datetime.now(UTC) - created
+    if age <= options.max_age:
+        return None
+    written = created.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{where} is {describe(age)} old (created_at {written}), past the limit of {limit}"
 
 
 def _session(request: pytest.FixtureRequest) -> TapeSession:
@@ -150,7 +285,7 @@ else:
 @pytest.fixture
 def tasktape(request: pytest.FixtureRequest) -> Iterator[Tape]:
     """A replay server for this test's cassette (see ``@pytest.mark.tasktape``): ``.url`` to
-    point the client at, then ``.served``, ``.missed``, ``.unused`` and ``.events``."""
+    point the client at, then ``.served``, ``.missed``, ``.refused``, ``.unused`` and ``.events``."""
     if not _options(request).in_thread and _in_test_loop(request):
         tape = request.getfixturevalue(f"_tasktape_in_{_loop_scope(request)}_loop")
         request.node.stash[_TAPE] = tape
@@ -241,16 +376,44 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Any:
-    """A miss in a fixture's teardown, after the test ran, fails the teardown."""
+    """A miss in a fixture's teardown, after the test ran, fails the teardown; the tape,
+    stopped by now, is counted in the run's totals."""
     try:
-        result = yield
-    except (Exception, pytest.fail.Exception):
-        _tell(item, "teardown", unused=False)
-        raise
-    problems = _problems(item, unused=False)
-    if problems:
-        pytest.fail(problems, pytrace=False)
-    return result
+        try:
+            result = yield
+        except (Exception, pytest.fail.Exception):
+            _tell(item, "teardown", unused=False)
+            raise
+        problems = _problems(item, unused=False)
+        if problems:
+            pytest.fail(problems, pytrace=False)
+        return result
+    finally:
+        tape = item.stash.get(_TAPE, None)
+        if tape is not None:
+            item.config.stash[_TOTALS].add(tape)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker sends its totals to the controller, which prints the line."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[WORKER_OUTPUT] = session.config.stash[_TOTALS].as_sent()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """The controller adds up what each pytest-xdist worker sent (none, if it crashed)."""
+    sent = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT)
+    if sent is not None:
+        node.config.stash[_TOTALS].merge(sent)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """One line for the run, when a test used a tape."""
+    totals = config.stash[_TOTALS]
+    if totals.cassettes and not hasattr(config, "workeroutput"):
+        terminalreporter.write_line(totals.line())
 
 
 def _tell(item: pytest.Item, when: str, *, unused: bool = True) -> None:
@@ -264,6 +427,7 @@ def _problems(item: pytest.Item, *, unused: bool = True) -> str | None:
     tape = item.stash.get(_TAPE, None)
     if tape is None:
         return None
-    problems = tape.problems(since=item.stash.get(_TOLD, 0), unused=unused)
-    item.stash[_TOLD] = len(tape.missed)
+    told: Told | None = item.stash.get(_TOLD, None)
+    problems = tape.problems(since=told, unused=unused)
+    item.stash[_TOLD] = tape.told()
     return problems

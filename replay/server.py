@@ -1,6 +1,7 @@
 """The replay server: answers requests with recorded exchanges, at the recorded pace
 (``speed`` times faster), byte for byte; resumes streams from ``Last-Event-ID``; serves
-``tasks/{id}:subscribe`` from a task's recorded events; injects faults on demand."""
+``tasks/{id}:subscribe`` from the task as it runs in replay time; injects faults on
+demand; and keeps a fidelity record of every answer (``/_tasktape/`` has the control API)."""
 
 from __future__ import annotations
 
@@ -13,28 +14,34 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from tasktape.errors import FaultError, UsageError
-from tasktape.eventlog import LogProducer, classify
+from tasktape.eventlog import LogProducer
 from tasktape.eventlog.content_coding import decode_body
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.producer import NullWriter
+from tasktape.eventlog.protocols import ProtocolName, by_name
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
-from tasktape.proxy.card import CARD_METHODS, CARD_PATHS, point_card_at
+from tasktape.proxy.card import is_card_request, point_card_at
 from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, head_timeout
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
+from . import control, fidelity
 from .faults import HEADER as FAULT_HEADER
-from .faults import Faults
+from .faults import Armed, Faults, for_request, header_faults
+from .fidelity import Digest, Divergence, Served
 from .matching import Incoming, MatchRules, mismatches
 from .modes import ReplayMode
-from .streams import after, apply_edits, jsonrpc_id_edits, split_at, with_ids
+from .sending import Answer, send
+from .streams import after, apply_edits, jsonrpc_id_edits, with_ids
+from .tasks import SUBSCRIBE_METHODS, Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
 CLIENT_LEFT = "client_disconnected"
@@ -68,7 +75,7 @@ class ReplayServer:
         writer: LogProducer | None = None,
         log_path: str | Path | None = None,
         add_ids: bool = False,
-        faults: Faults | None = None,
+        faults: Faults | list[Faults] | None = None,
         miss_status: int = 404,
         ignore: tuple[str, ...] = (),
         match_headers: tuple[str, ...] = (),
@@ -83,18 +90,23 @@ class ReplayServer:
         self.log_path = Path(log_path) if log_path else None
         self.recorded: list[Recorded] = []
         self.used: list[int] = []  # times each recording was served
+        self._events: dict[int, list[StreamEvent]] = {}
+        self._digests: dict[int, Digest] = {}
+        self.add_ids = add_ids
+        self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
         for r in recorded:
             self._add(r)
         self.speed = speed
         self.mode = mode
-        self.add_ids = add_ids
-        self.faults = faults or Faults()
+        given = [faults] if isinstance(faults, Faults) else list(faults or ())
+        self._configured = [f for f in given if f]  # armed again by a reset
+        self.armed = [Armed(f, "--fault") for f in self._configured]
+        self.served: list[Served] = []  # the fidelity record, one per answer
         self.miss_status = miss_status
         self.rules = MatchRules.of(ignore, match_headers)
         self.allow_repeats = allow_repeats
         self.stats = ReplayStats()
-        self._events: dict[int, list[StreamEvent]] = {}
         self.proxy: RecordingProxy | None = None
         if upstream:
             recording = mode is ReplayMode.RECORD_MISSING
@@ -113,6 +125,7 @@ class ReplayServer:
             },
             middlewares=[host_guard(allowed_hosts, "tasktape replay")] if allowed_hosts else [],
         )
+        self.app.router.add_routes(control.routes(self))
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         if self.proxy is not None:
             proxy = self.proxy
@@ -137,11 +150,7 @@ class ReplayServer:
                 400, "absolute-form request targets are not accepted: tasktape replay is not a forward proxy"
             )
         try:
-            faults = (
-                Faults.parse(request.headers[FAULT_HEADER], self.faults)
-                if FAULT_HEADER in request.headers
-                else self.faults
-            )
+            header = header_faults(request.headers[FAULT_HEADER]) if FAULT_HEADER in request.headers else None
         except FaultError as exc:
             return _error(400, f"{FAULT_HEADER}: {exc}")
         if self.mode is ReplayMode.PASSTHROUGH:
@@ -160,13 +169,18 @@ class ReplayServer:
         index = self._match(incoming) if last_id is None else self._match_resumed(incoming, last_id)
         if index is not None:
             self.stats.served += 1
+            faults = for_request(self.armed, header, incoming.path, self.recorded[index].is_sse)
             return await self._serve(request, incoming, index, faults, start)
         info = classify_request(incoming.method, incoming.path, body)
-        if info.rpc_method in ("SubscribeToTask", "tasks/resubscribe") and info.task_id:
-            chunks = self._task_stream(info.task_id, info.binding, info.rpc_id)
-            if chunks is not None:
+        if info.rpc_method in SUBSCRIBE_METHODS and info.task_id:
+            answer = self.tasks.subscribe(info.task_id, info.binding, info.rpc_id, last_id, start, self.speed)
+            if isinstance(answer, str):
+                self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
+                return _error(400, answer)
+            if answer is not None:
                 self.stats.served += 1
-                return await self._subscription(request, chunks, faults, start)
+                faults = for_request(self.armed, header, incoming.path, True)
+                return await self._subscription(request, incoming, answer, faults, start)
         if self.mode is ReplayMode.RECORD_MISSING:
             return await self._forward(request, sent)
         return self._miss(incoming)
@@ -183,13 +197,14 @@ class ReplayServer:
         self._by_route.setdefault((recorded.method, recorded.path), []).append(len(self.recorded))
         self.recorded.append(recorded)
         self.used.append(used)
+        self.tasks.changed()
 
     def _match(self, incoming: Incoming) -> int | None:
         matching = self._matching(incoming)
         unused = [i for i in matching if not self.used[i]]
         if unused:
             index = unused[0]  # identical requests are answered in recorded order
-        elif matching and (self.allow_repeats or _is_card(self.recorded[matching[-1]])):
+        elif matching and (self.allow_repeats or is_card(self.recorded[matching[-1]])):
             index = matching[-1]  # a card is the same however often it is asked for
         else:
             return None
@@ -267,6 +282,12 @@ class ReplayServer:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(add)
 
+    def _digest(self, index: int) -> Digest:
+        """The recording's body as the fidelity record compares it (worked out once)."""
+        if index not in self._digests:
+            self._digests[index] = Digest.of(self.recorded[index].body)
+        return self._digests[index]
+
     def events_of(self, index: int) -> list[StreamEvent]:
         if index not in self._events:
             self._events[index] = events_in(self.recorded[index].chunks)
@@ -276,9 +297,12 @@ class ReplayServer:
         self, request: web.Request, incoming: Incoming, index: int, faults: Faults, start: float
     ) -> web.StreamResponse:
         recorded = self.recorded[index]
+        served = Served(incoming.method, incoming.path, recorded.origin, self._digest(index))
         if faults.status:
-            return _error(faults.status, f"fault injected: status {faults.status}")
-        chunks, changed = self._prepared(recorded, index, incoming, request)
+            return self._faulty_status(served, faults)
+        chunks, rewrites = self._prepared(recorded, index, incoming, request)
+        for rewrite in rewrites:
+            served.because(Divergence.REWRITE, rewrite)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
         end_ns = recorded.duration_ns
@@ -291,49 +315,77 @@ class ReplayServer:
                 self.stats.served -= 1
                 self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
                 return resumed
-            (chunks, since_ns), changed = resumed, True
+            chunks, since_ns = resumed
+            served.because(Divergence.RESUME, f"after event {last_id}")
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
             end_ns = None if end_ns is None else max(0, end_ns - since_ns)
+        elif recorded.is_sse:
+            self.tasks.serving(index, start)  # its tasks run from now, in replay time
         headers = end_to_end(_sendable(recorded))
-        if changed or recorded.decoded_from or recorded.response_body_truncated:
+        if rewrites or last_id is not None or recorded.decoded_from or recorded.response_body_truncated:
             headers.popall("Content-Length", None)
         if recorded.decoded_from:
             headers.popall("Content-Encoding", None)  # the recording holds the decoded body
-        return await self._send(
-            request,
+        answer = Answer(
             recorded.status or 200,
             headers,
             recorded.ttfb_ns,
             chunks,
             recorded.is_sse,
-            faults,
             start,
             cut_ns=cut_ns,
             end_ns=end_ns if recorded.is_sse else None,
             hold=recorded.outcome == CLIENT_LEFT and recorded.is_sse,
         )
+        return await self._send(request, answer, faults, served, recorded.protocol)
+
+    async def _send(
+        self, request: web.Request, answer: Answer, faults: Faults, served: Served, protocol_name: str | None
+    ) -> web.StreamResponse:
+        self.served.append(served)
+        protocol = by_name(protocol_name)
+
+        def closing(event: StreamEvent) -> bool:
+            return protocol is not None and protocol.closes(event.data, event.event)
+
+        return await send(request, answer, faults, served, self.speed, closing)
+
+    def _faulty_status(self, served: Served, faults: Faults) -> web.Response:
+        response = _error(faults.status or 500, f"fault injected: status {faults.status}")
+        served.faults.append(f"status={faults.status}")
+        served.because(Divergence.FAULT, f"status={faults.status}")
+        served.wrote(response.body if isinstance(response.body, bytes) else b"", 0.0)
+        served.finished = True
+        self.served.append(served)
+        return response
 
     def _prepared(
         self, recorded: Recorded, index: int, incoming: Incoming, request: web.Request
-    ) -> tuple[Chunks, bool]:
+    ) -> tuple[Chunks, list[str]]:
         """The recorded chunks as this request gets them: its JSON-RPC id, added SSE ids,
-        a card pointing here. Second: whether any byte changed."""
+        a card pointing here. Second: what changed, if anything."""
         chunks = recorded.chunks
-        edits = []
+        edits, rewrites = [], []
         theirs, mine = _rpc_id(recorded.request_body), _rpc_id(incoming.body)
         if theirs is not _NO_ID and mine is not _NO_ID and mine != theirs:
             events = self.events_of(index) if recorded.is_sse else None
-            edits += jsonrpc_id_edits(chunks, events, theirs, mine)
+            id_edits = jsonrpc_id_edits(chunks, events, theirs, mine)
+            if id_edits:
+                edits += id_edits
+                rewrites.append(f"the JSON-RPC id {json.dumps(theirs)} is {json.dumps(mine)}")
         if self.add_ids and recorded.is_sse:
-            edits += with_ids(self.events_of(index), f"{ID_PREFIX}{index + 1}.")
+            id_edits = with_ids(self.events_of(index), f"{ID_PREFIX}{index + 1}.")
+            if id_edits:
+                edits += id_edits
+                rewrites.append(f"SSE ids added to {len(id_edits)} events")
         if edits:
             chunks = apply_edits(chunks, edits)
-        if _is_card(recorded) and chunks:
+        if is_card(recorded) and chunks:
             public = URL.build(scheme=request.scheme, authority=request.host)
             card = point_card_at(b"".join(d for _, d in chunks), public)
             if card is not None:
-                return [(chunks[-1][0], card)], True
-        return chunks, bool(edits)
+                return [(chunks[-1][0], card)], [*rewrites, f"the agent card points at {public}"]
+        return chunks, rewrites
 
     def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | web.Response:
         """What follows the event ``last_id``, and that event's offset (the rest's new zero)."""
@@ -352,130 +404,47 @@ class ReplayServer:
             f"({recorded.request_line}, {recorded.origin}); {hint}",
         )
 
-    def _task_stream(self, task_id: str, binding: str | None, rpc_id: Any) -> Chunks | None:
-        """A task's recorded events as one stream (each event once), for a subscribe
-        nothing recorded answers; None when the task was never streamed."""
-        chunks: Chunks = []
-        seen: set[str] = set()
-        clock = 0
-        for index, recorded in enumerate(self.recorded):
-            if not recorded.is_sse:
-                continue
-            first: int | None = None
-            for n, event in enumerate(self.events_of(index), 1):
-                frame = classify(event.data)
-                if not event.complete or frame.task_id != task_id:
-                    continue
-                event_id = event.id or (f"{ID_PREFIX}{index + 1}.{n}" if self.add_ids else None)
-                if event_id is not None and event_id in seen:
-                    continue
-                if event_id is not None:
-                    seen.add(event_id)
-                first = event.offset_ns if first is None else first
-                data = _as_binding(event.data, binding, rpc_id)
-                head = f"id: {event_id}\n" if event_id is not None else ""
-                chunks.append((clock + event.offset_ns - first, f"{head}data: {data}\n\n".encode()))
-            if first is not None:
-                clock = chunks[-1][0]
-        return chunks or None
+    def _event_id(self, index: int, n: int, event: StreamEvent) -> str | None:
+        """Event ``n`` of recording ``index``'s id: recorded, or added (--add-ids)."""
+        return event.id or (f"{ID_PREFIX}{index + 1}.{n}" if self.add_ids else None)
 
     async def _subscription(
-        self, request: web.Request, chunks: Chunks, faults: Faults, start: float
-    ) -> web.StreamResponse:
-        if faults.status:
-            return _error(faults.status, f"fault injected: status {faults.status}")
-        if "Last-Event-ID" in request.headers:
-            last_id = request.headers["Last-Event-ID"]
-            events = events_in(chunks)
-            found = next((e for e in events if e.id == last_id), None)
-            if found is None:
-                self.stats.refused.append(f"{request.method} {request.path} (Last-Event-ID {last_id!r})")
-                return _error(400, f"Last-Event-ID {last_id!r} names no recorded event of this task")
-            chunks = after(chunks, found.end, found.offset_ns)
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
-        return await self._send(request, 200, headers, 0, chunks, True, faults, start)
-
-    async def _send(
         self,
         request: web.Request,
-        status: int,
-        headers: Any,
-        ttfb_ns: int,
-        chunks: Chunks,
-        is_sse: bool,
+        incoming: Incoming,
+        subscription: Subscription,
         faults: Faults,
         start: float,
-        *,
-        cut_ns: int | None = None,
-        end_ns: int | None = None,
-        hold: bool = False,
     ) -> web.StreamResponse:
-        """Status and headers at the recorded time to first byte, each chunk at
-        ``start + offset / speed`` (an absolute schedule: no drift builds up); with
-        ``cut_ns``, the connection drops at that offset instead of ending cleanly; a stream
-        ends at ``end_ns`` (a server that closes a stream some time after its last event
-        tells its client something: an MCP client resumes then); with ``hold``, the stream
-        stays open after its last chunk until the client leaves (as the recorded one was,
-        when its client ended it)."""
-        loop = asyncio.get_running_loop()
-        speed = self.speed
-        shift = faults.delay_headers_ms / 1000
-        await _until(loop, start + (ttfb_ns / 1e9 / speed if speed else 0) + shift)
-        response = web.StreamResponse(status=status, headers=headers)
-        await response.prepare(request)
-        cut = _fault_point(chunks, is_sse, faults)
-        before, rest = split_at(chunks, cut) if cut is not None else (chunks, [])
-        for offset, data in before:
-            await _until(loop, start + (offset / 1e9 / speed if speed else 0) + shift)
-            await response.write(data)
-        if cut is not None and faults.drop_after is not None:
-            request.protocol.force_close()  # abruptly, without the terminating chunk
-            return response
-        if cut is not None:
-            shift += faults.stall_ms / 1000
-            await asyncio.sleep(faults.stall_ms / 1000)
-        for offset, data in rest:
-            await _until(loop, start + (offset / 1e9 / speed if speed else 0) + shift)
-            await response.write(data)
-        if hold:
-            await _until_gone(request)
-            return response
-        if cut_ns is not None:
-            await _until(loop, start + (cut_ns / 1e9 / speed if speed else 0) + shift)
-            request.protocol.force_close()
-            return response
-        if end_ns is not None:
-            await _until(loop, start + (end_ns / 1e9 / speed if speed else 0) + shift)
-        await response.write_eof()
-        return response
+        served = Served(
+            incoming.method, incoming.path, subscription.exchange, Digest.of(subscription.recorded)
+        )
+        for why, detail in subscription.reasons:
+            served.because(why, detail)
+        if faults.status:
+            return self._faulty_status(served, faults)
+        headers = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        answer = Answer(200, headers, 0, subscription.chunks, True, start)
+        return await self._send(request, answer, faults, served, ProtocolName.A2A)
 
+    # -- the control API -----------------------------------------------------------------------
 
-def _fault_point(chunks: Chunks, is_sse: bool, faults: Faults) -> int | None:
-    """The byte where a drop or stall happens: after event N (or chunk N of a body)."""
-    n = faults.drop_after if faults.drop_after is not None else faults.stall_after
-    if n is None:
-        return None
-    if is_sse:
-        complete = [e for e in events_in(chunks) if e.complete]
-        return complete[n - 1].end if 0 < n <= len(complete) else (0 if n == 0 else None)
-    ends = []
-    total = 0
-    for _, data in chunks:
-        total += len(data)
-        ends.append(total)
-    return ends[n - 1] if 0 < n <= len(ends) else (0 if n == 0 else None)
+    def arm(self, faults: Faults, source: str) -> Armed:
+        """Arm a spec: its scope counts from now."""
+        if not faults:
+            raise FaultError("the spec names no fault")
+        armed = Armed(faults, source)
+        self.armed.append(armed)
+        return armed
 
+    def reset(self) -> None:
+        """Faults armed as configured (their scopes counting afresh), no task started."""
+        self.armed = [Armed(f, "--fault") for f in self._configured]
+        self.tasks.reset()
 
-async def _until(loop: asyncio.AbstractEventLoop, when: float) -> None:
-    delay = when - loop.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
-async def _until_gone(request: web.Request) -> None:
-    """Until the client has closed the connection (or the server stops)."""
-    while (transport := request.transport) is not None and not transport.is_closing():
-        await asyncio.sleep(0.05)
+    def report(self) -> dict[str, Any]:
+        """The fidelity report, as ``GET /_tasktape/report`` answers it."""
+        return fidelity.report(self.served)
 
 
 _NO_ID = object()
@@ -497,24 +466,9 @@ def _last_event_id(recorded: Recorded) -> str | None:
     return next((v for k, v in recorded.request_headers if k.lower() == "last-event-id"), None)
 
 
-def _is_card(recorded: Recorded) -> bool:
-    if recorded.path.endswith(CARD_PATHS):
-        return True
-    info = classify_request(recorded.method, recorded.path, recorded.request_body)
-    return info.rpc_method in CARD_METHODS
-
-
-def _as_binding(data: str, binding: str | None, rpc_id: Any) -> str:
-    """An event's data for the binding the subscriber speaks."""
-    try:
-        frame = json.loads(data)
-    except ValueError:
-        return data
-    if isinstance(frame, dict) and "jsonrpc" in frame:
-        frame = frame.get("result", frame)
-    if binding == "jsonrpc":
-        frame = {"jsonrpc": "2.0", "id": rpc_id, "result": frame}
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+def is_card(recorded: Recorded) -> bool:
+    """Whether the recording answers an agent card read (answered however often it is asked)."""
+    return is_card_request(recorded.method, recorded.path, recorded.request_body)
 
 
 def _error(status: int, message: str, **details: Any) -> web.Response:

@@ -8,8 +8,9 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,14 +18,17 @@ from aiohttp import web
 
 from tasktape.errors import TapeError
 from tasktape.eventlog import SSEDecoder, SSEEvent
-from tasktape.eventlog.cassette import read_cassette, write_cassette
+from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.redact import Redactor, hide_credentials
 
 from .faults import Faults
-from .modes import ReplayMode
+from .fidelity import Divergence
+from .matching import Incoming, mismatches
+from .modes import ReplayMode, parse_choice
+from .on_expired import OnExpired
 from .record_mode import RecordMode
-from .server import Miss, ReplayServer
+from .server import Miss, ReplayServer, is_card
 
 if TYPE_CHECKING:
     from tasktape.eventlog import LogWriter
@@ -47,8 +51,18 @@ class TapeOptions:
     ignore: tuple[str, ...] = ()
     match_headers: tuple[str, ...] = ()
     redactor: Redactor = field(default_factory=Redactor)
-    fail_on_unused: bool = False
+    strict: bool = False
+    max_age: timedelta | None = None
+    on_expired: OnExpired = OnExpired.WARN
     in_thread: bool = False
+
+
+@dataclass(frozen=True)
+class Told:
+    """How many of a tape's misses and refused requests were reported already."""
+
+    missed: int = 0
+    refused: int = 0
 
 
 @dataclass
@@ -61,7 +75,7 @@ class Tape:
     recorded: list[Recorded]
     server: ReplayServer
     recording: bool = False
-    fail_on_unused: bool = False
+    strict: bool = False
 
     @property
     def served(self) -> int:
@@ -74,9 +88,28 @@ class Tape:
         return self.server.stats.missed
 
     @property
+    def refused(self) -> list[str]:
+        """Requests the replay answered with an error of its own (a Last-Event-ID naming no
+        recorded event), each with what made it refuse."""
+        return self.server.stats.refused
+
+    @property
     def unused(self) -> list[Recorded]:
-        """Recordings no request asked for (yet)."""
-        return self.server.unused()
+        """Recordings no request asked for (yet). A card is the same however often it is
+        read, so a card recorded twice is used once a request got either recording."""
+        server = self.server
+        read = [r for r, n in zip(server.recorded, server.used, strict=True) if n and is_card(r)]
+
+        def answered(recorded: Recorded) -> bool:
+            """Whether a card read that ``recorded`` would have answered got another recording."""
+            request = _as_request(recorded)
+            return is_card(recorded) and any(not mismatches(request, card, server.rules) for card in read)
+
+        return [r for r in server.unused() if not answered(r)]
+
+    def told(self) -> Told:
+        """What :meth:`problems` has said once it said everything up to now."""
+        return Told(len(self.missed), len(self.refused))
 
     @property
     def events(self) -> list[SSEEvent]:
@@ -90,20 +123,61 @@ class Tape:
                 events += decoder.close()
         return events
 
-    def problems(self, *, since: int = 0, unused: bool = True) -> str | None:
-        """Why the test should fail: requests that missed the cassette (after the first
-        ``since`` of them, already told) and, when asked and ``unused``, recordings left
-        unused; None when there is nothing to say."""
+    def fault(self, spec: str | Faults) -> None:
+        """Arm a fault spec from the test, as ``POST /_tasktape/faults`` does: its scope
+        (``times=1`` for once) counts from now."""
+        faults = Faults.parse(spec) if isinstance(spec, str) else spec
+        self.server.arm(faults, "tasktape.fault()")
+
+    def reset(self) -> None:
+        """Faults back to those the marker gave, every task back to not started."""
+        self.server.reset()
+
+    def report(self) -> dict[str, Any]:
+        """The fidelity report: every answer so far, its bytes against the recording's,
+        why they differ, how late its chunks went out, its faults."""
+        return self.server.report()
+
+    def assert_faithful(self, *, allow: Iterable[str] = (), max_lateness_ms: float | None = None) -> None:
+        """Fail unless every answer was the recording byte for byte, but for the kinds of
+        difference in ``allow`` (``"fault"``, ``"resume"``, ``"rewrite"``, ``"subscribe"``,
+        ``"client-left"``), and, given ``max_lateness_ms``, on time to within it."""
+        allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in allow}
         lines = []
-        for miss in self.missed[since:]:
-            where = _shown(self.cassette)
+        for stream in self.report()["streams"]:
+            where = f"{stream['method']} {stream['path']} ({stream['exchange']})"
+            if not stream["identical"]:
+                kept = [r for r in stream["reasons"] if r.partition(":")[0] not in allowed]
+                if kept or not stream["reasons"]:
+                    lines.append(f"{where}: {'; '.join(kept) or 'the bytes differ from the recording'}")
+            late = stream["lateness_ms"]["max"]
+            if max_lateness_ms is not None and late > max_lateness_ms:
+                lines.append(
+                    f"{where}: a chunk went out {late:.1f} ms late (allowed: {max_lateness_ms:g} ms)"
+                )
+        if lines:
+            raise AssertionError("tasktape: the replay was not the recording:\n  " + "\n  ".join(lines))
+
+    def problems(self, *, since: Told | None = None, unused: bool = True) -> str | None:
+        """Why the test should fail: requests that missed the cassette and requests the
+        replay refused (those after ``since``, already told) and, when strict and
+        ``unused``, recordings left unused; None when there is nothing to say."""
+        since = since or Told()
+        lines = []
+        missed = self.missed[since.missed :]
+        for miss in missed:
+            where = shown(self.cassette)
             lines.append(f"{miss.request} matches nothing in {where}; the closest recordings:")
             lines += [f"  {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest]
-        if unused and self.fail_on_unused and not self.recording:
+        lines += [
+            f"the replay refused {refused}, answering with an error of its own, not a recording"
+            for refused in self.refused[since.refused :]
+        ]
+        if unused and self.strict and not self.recording:
             lines += [f"recorded but never requested: {r.request_line} ({r.origin})" for r in self.unused]
         if not lines:
             return None
-        if self.missed[since:]:
+        if missed:
             lines.append(
                 "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL, "
                 "or ignore what changes between runs with @pytest.mark.tasktape(ignore=[...])"
@@ -111,7 +185,14 @@ class Tape:
         return "\n".join(["tasktape: the cassette and the requests disagree", *lines])
 
 
-def _shown(path: Path) -> Path:
+def _as_request(recorded: Recorded) -> Incoming:
+    """The request a recording answered, as it would arrive again."""
+    return Incoming(
+        recorded.method, recorded.path, recorded.query, recorded.request_body, recorded.request_headers
+    )
+
+
+def shown(path: Path) -> Path:
     """The path as the person running pytest would write it."""
     try:
         return path.relative_to(Path.cwd())
@@ -187,7 +268,7 @@ class TapeSession:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.fail_on_unused)
+        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.strict)
         return self.tape
 
     def _keeps(self) -> bool:
@@ -219,8 +300,15 @@ class TapeSession:
                     # Read again: a test sharing this cassette (in this process or another
                     # worker) may have added to it meanwhile.
                     kept = read_cassette(o.cassette) if o.cassette.exists() and self._keeps() else []
-                    upstream = hide_credentials(o.upstream) if o.upstream else None
-                    write_cassette(o.cassette, [*kept, *new], source="pytest", upstream=upstream)
+                    header: dict[str, Any] = {"source": "pytest"}
+                    if kept:
+                        # The recordings it keeps are as old as they were: so is the cassette
+                        # (the age --tasktape-max-age measures).
+                        created = read_header(o.cassette).get("created_at")
+                        if created is not None:
+                            header["created_at"] = created
+                    header["upstream"] = hide_credentials(o.upstream) if o.upstream else None
+                    write_cassette(o.cassette, [*kept, *new], **header)
                 self.written.add(o.cassette)
             return failed
         finally:

@@ -17,6 +17,7 @@ COMMANDS = {
     "agent": (".agent_command", "agent"),
     "check": (".check_command", "check"),
     "demo": (".demo", "demo"),
+    "diff": (".diff_command", "diff"),
     "export": (".cassette_commands", "export"),
     "import": (".cassette_commands", "import_"),
     "inspect": (".inspect_command", "inspect"),

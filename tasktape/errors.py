@@ -13,6 +13,7 @@ TasktapeError
 ├── FlowFileError (ValueError)     a mitmproxy flow file that cannot be read
 ├── TapeError                      a test's cassette cannot be served as asked (missing, or
 │                                  recording without an upstream)
+├── CassetteExpired (UserWarning)  a warning: a test's cassette is older than its age limit
 ├── A2AClientError                 the built-in A2A client got no usable answer
 ├── A2AError                       an A2A error answer of the demo agent (HTTP and JSON-RPC codes)
 │   └── NotCancelable              a cancel of a task that has already ended
@@ -23,7 +24,7 @@ TasktapeError
     └── UnknownExchange (KeyError) no exchange with that id in the log
 
 The second bases are there for callers that already catch ``ValueError``, ``LookupError``
-or ``KeyError``.
+or ``KeyError`` (and, for ``CassetteExpired``, for warning filters).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class FlowFileError(TasktapeError, ValueError):
 
 class TapeError(TasktapeError):
     pass
+
+
+class CassetteExpired(TasktapeError, UserWarning):
+    """Warned, not raised: a cassette older than ``--tasktape-max-age`` (``-W error`` raises it)."""
 
 
 class A2AClientError(TasktapeError):

@@ -12,7 +12,7 @@ from tasktape.errors import LogError, TasktapeError, UsageError
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
 from tasktape.proxy.recorder import upstream_url
-from tasktape.replay import ReplayMode, ReplayServer, load
+from tasktape.replay import ReplayMode, ReplayServer, fidelity, load
 from tasktape.replay.faults import Faults
 from tasktape.replay.source import is_log
 
@@ -69,8 +69,10 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     "faults",
     multiple=True,
     metavar="SPEC",
-    help="Inject a fault into every answer: drop-after=N, stall=N:MS, status=S, delay-headers=MS "
-    "(repeatable; per request, send the X-Tasktape-Fault header).",
+    help="Arm a fault: drop-after=N, cut-frame=N, reset-after=N, duplicate=N, skip=N, swap=N, corrupt=N, "
+    "stall=N:MS, drip=BYTES_PER_S, status=S, delay-headers=MS, content-type=TYPE or no-final, scoped with "
+    "times=K, every=K, p=P;seed=S, path=GLOB (repeatable: each spec counts on its own; per request, send "
+    "the X-Tasktape-Fault header; while running, POST /_tasktape/faults).",
 )
 @click.option(
     "--ignore",
@@ -127,9 +129,7 @@ def replay(
     was served, what missed, and which recordings were never used.
     """
     try:
-        fault = Faults()
-        for spec in faults:
-            fault = Faults.parse(spec, fault)
+        armed = [Faults.parse(spec) for spec in faults]
         recorded = load(list(sources))
     except TasktapeError as exc:
         raise click.ClickException(str(exc)) from None
@@ -165,7 +165,7 @@ def replay(
         writer=writer,
         log_path=db,
         add_ids=add_ids,
-        faults=fault,
+        faults=armed,
         miss_status=miss_status,
         ignore=ignore,
         match_headers=match_headers,
@@ -210,4 +210,4 @@ def report(server: ReplayServer) -> list[str]:
     if unused:
         lines.append(f"  {len(unused)} recorded exchanges were never used:")
         lines += [f"    {r.request_line} ({r.origin})" for r in unused]
-    return lines
+    return lines + fidelity.summary(server.served)

@@ -1,4 +1,4 @@
-"""The replay server against real recordings: bytes, pacing, speed, resume, subscribe,
+"""The replay server against real recordings: bytes, pacing, speed, resume,
 misses, JSON-RPC ids, faults, modes, and real clients (the official a2a-sdk too)."""
 
 from __future__ import annotations
@@ -161,28 +161,6 @@ async def test_resume_streams_recorded_without_ids_with_add_ids(record: RecordFa
     finally:
         await plain.close()
         await ided.close()
-
-
-async def test_subscribe_serves_the_task_recorded_events(record: RecordFactory, serve: Serve) -> None:
-    db, (result,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.05)
-    url = await serve(ReplayServer(load([db]), speed=0).app)
-    task_id = result.task_id
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{url}/tasks/{task_id}:subscribe") as r:
-            events = events_of(await r.read())
-        assert [e.data for e in events] == [e.data for e in events_of(result.raw)]
-        async with session.post(
-            f"{url}/tasks/{task_id}:subscribe", headers={"Last-Event-ID": events[4].id}
-        ) as r:
-            assert [e.id for e in events_of(await r.read())] == [e.id for e in events[5:]]
-        rpc = {"jsonrpc": "2.0", "id": "sub-9", "method": "SubscribeToTask", "params": {"id": task_id}}
-        async with session.post(f"{url}/jsonrpc", json=rpc) as r:
-            frames = [json.loads(e.data) for e in events_of(await r.read())]
-        assert {f["id"] for f in frames} == {"sub-9"} and frames[-1]["result"]["statusUpdate"]["status"][
-            "state"
-        ] == ("TASK_STATE_COMPLETED")
-        async with session.get(f"{url}/tasks/{task_id}:subscribe", headers={"Last-Event-ID": "nope"}) as r:
-            assert r.status == 400
 
 
 async def test_jsonrpc_answers_carry_the_request_id(record: RecordFactory, serve: Serve) -> None:

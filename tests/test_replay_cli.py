@@ -46,6 +46,8 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
                 f"{url}/message:send", json={"message": {"parts": [{"text": "hi"}]}}
             ) as r:
                 assert (await r.json())["task"]["id"] == "t1"
+            async with session.get(f"{url}/tasks/t1", headers={"X-Tasktape-Fault": "status=503"}) as r:
+                assert r.status == 503
             async with session.post(
                 f"{url}/message:send",
                 json={"message": {"parts": [{"text": "other"}]}},
@@ -55,12 +57,14 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
                 assert r.status == 404 and 'header x-tenant "south" vs (absent)' in closest["differs"]
         assert await stop(run, signal.SIGINT) == 0
         err = run.printed[-1]
-    assert "tasktape replay: 1 served, 1 missed" in err
+    assert "tasktape replay: 2 served, 1 missed" in err
     assert (
         "missed POST /message:send" in err
         and 'body differs at /message/parts/0/text ("other" vs "hi")' in err
     )
-    assert "1 recorded exchanges were never used:" in err and "GET /tasks/t1 (session.jsonl:" in err
+    assert "recorded exchanges were never used" not in err
+    assert re.search(r"fidelity: 1 of 2 answers byte-identical, latest chunk [\d.]+ ms behind schedule", err)
+    assert re.search(r"GET /tasks/t1 \(session.jsonl:\d+\): fault: status=503", err)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +77,7 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
         ),
         (["--mode", "passthrough"], 2, "mode passthrough needs --upstream"),
         (["--fault", "drop-after=x"], 1, "cannot read the fault 'drop-after=x'"),
+        (["--fault", "times=1"], 1, "names no fault"),
         (["--mode", "record-missing", "--upstream", "http://127.0.0.1:9"], 2, "record-missing needs --db"),
     ],
 )

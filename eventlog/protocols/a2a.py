@@ -10,17 +10,19 @@ when nothing claimed the request, when its first event is an exact A2A frame.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from ..classify import Classification, classify, load_json
-from ..models import STREAM_KINDS, V03_KINDS, is_jsonrpc
+from ..models import INTERRUPTED_STATES, STREAM_KINDS, TERMINAL_STATES, V03_KINDS, is_jsonrpc
 from ..requests import A2A_METHODS, classify_request, rest_operation
 from ..rules import RULES
 from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, Summary
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 THINKING = "intermediate-thinking"
+_ENDS = TERMINAL_STATES | INTERRUPTED_STATES
 _ARTIFACT_UPDATE = "artifactUpdate"  # A2AKind.ARTIFACT_UPDATE, as a plain string: compared per event
 
 
@@ -37,6 +39,7 @@ class A2A(Protocol):
     name = "a2a"
     kinds = A2AKind
     regenerated: ClassVar[Regenerated] = Regenerated(keys=frozenset({"messageId", "timestamp", "$timestamp"}))
+    server_ids: ClassVar[frozenset[str]] = frozenset({"id", "taskId", "contextId", "artifactId", "messageId"})
     rules = RULES
 
     def claims(self, request: Request) -> bool:
@@ -78,6 +81,37 @@ class A2A(Protocol):
 
     def reader(self) -> A2AReader:
         return A2AReader()
+
+    def closes(self, data: str, event_type: str | None) -> bool:
+        """The status update that ends the run: a terminal or interrupted state."""
+        c = classify(data)
+        return c.kind == A2AKind.STATUS_UPDATE and c.state in _ENDS
+
+    def delta(self, c: Classification) -> str | None:
+        """Every text the stream carries (artifact deltas, status messages, messages) but a
+        lastChunk that replaces the deltas: that one restates them."""
+        if c.kind == _ARTIFACT_UPDATE and c.last_chunk and not c.append:
+            return None
+        return c.text
+
+    def artifact_names(self, data: str, c: Classification) -> Sequence[str]:
+        """An artifactUpdate's artifact, or a Task's artifacts (a GetTask, a message:send)."""
+        if c.kind not in (A2AKind.TASK, A2AKind.ARTIFACT_UPDATE):
+            return ()
+        try:
+            obj = load_json(data)
+        except (ValueError, RecursionError):
+            return ()
+        if isinstance(obj, dict) and is_jsonrpc(obj):
+            obj = obj.get("result")
+        if not isinstance(obj, dict):
+            return ()
+        # v1.0 wraps the frame in its kind's key; 0.3 frames and a bare Task do not.
+        body = obj[c.kind] if isinstance(obj.get(c.kind), dict) else obj
+        artifacts = [body.get("artifact")] if c.kind == A2AKind.ARTIFACT_UPDATE else body.get("artifacts")
+        if not isinstance(artifacts, list):
+            return ()
+        return [a["name"] for a in artifacts if isinstance(a, dict) and isinstance(a.get("name"), str)]
 
 
 def _frame_key(obj: dict[str, Any]) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from ..classify import Classification, load_json
 from ..frames import Problem, Stream, readable
@@ -33,12 +33,14 @@ class AnthropicKind(StrEnum):
 
 
 _KINDS = {k.value: k for k in AnthropicKind}
+_DELTA_KINDS = frozenset({AnthropicKind.CONTENT_BLOCK_DELTA})
 _TOKENS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
 class Anthropic(Protocol):
     name = "anthropic"
     kinds = AnthropicKind
+    server_ids: ClassVar[frozenset[str]] = frozenset({"id"})  # msg_..., toolu_...
 
     def claims(self, request: Request) -> bool:
         if request.method != "POST":
@@ -57,6 +59,17 @@ class Anthropic(Protocol):
 
     def reader(self) -> AnthropicReader:
         return AnthropicReader()
+
+    def closes(self, data: str, event_type: str | None) -> bool:
+        """``message_stop``, by its event field (or, without one, its type)."""
+        if event_type is not None:
+            return event_type == AnthropicKind.MESSAGE_STOP
+        obj = parsed(data, AnthropicKind.OTHER)
+        return isinstance(obj, dict) and obj.get("type") == AnthropicKind.MESSAGE_STOP
+
+    def delta(self, c: Classification) -> str | None:
+        """The text deltas alone (an error's message is no part of the answer)."""
+        return c.text if c.kind in _DELTA_KINDS else None
 
 
 def _usage(model: Any, usage: Any) -> dict[str, Any] | None:

@@ -4,8 +4,9 @@ A protocol is an instance of a :class:`Protocol` subclass. The registry
 (:mod:`tasktape.eventlog.protocols`) asks each protocol in turn whether it claims an
 exchange; the one that does classifies the exchange's request and, through a fresh
 :class:`StreamReader`, each event of its response, and names what its clients
-regenerate on every run (replay matching) and the lifecycle rules ``tasktape check``
-runs on its exchanges.
+regenerate on every run (replay matching), what its servers make up on every run and what
+its events add to an answer and name (``tasktape diff``), and the lifecycle rules
+``tasktape check`` runs on its exchanges.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ class Protocol:
     name: ClassVar[str]
     kinds: ClassVar[type[StrEnum]]  # the event kinds its classification gives
     regenerated: ClassVar[Regenerated] = Regenerated()
+    # The JSON keys under which its responses name what the server makes up on every run
+    # (task, message, response ids): ``tasktape diff`` compares those by position.
+    server_ids: ClassVar[frozenset[str]] = frozenset()
     rules: ClassVar[Mapping[str, Rule]] = {}  # its lifecycle rules, by name
 
     def claims(self, request: Request) -> bool:
@@ -160,3 +164,18 @@ class Protocol:
     def reader(self) -> StreamReader:
         """A reader for one exchange's response."""
         return StreamReader()
+
+    def closes(self, data: str, event_type: str | None) -> bool:
+        """Whether this event is the one that closes its stream (what replay's
+        ``no-final`` fault leaves out)."""
+        return False
+
+    def delta(self, c: Classification) -> str | None:
+        """The text an event adds as the response streams (None: it adds none), as its
+        reader classified it: ``tasktape diff`` joins these into the stream's deltas."""
+        return c.text
+
+    def artifact_names(self, data: str, c: Classification) -> Sequence[str]:
+        """The names of the artifacts an event (its ``data``, as its reader classified
+        it) carries, for protocols that name their artifacts."""
+        return ()

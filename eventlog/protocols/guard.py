@@ -26,6 +26,7 @@ class Guarded(Protocol):
         self.name = inner.name  # type: ignore[misc]
         self.kinds = inner.kinds  # type: ignore[misc]
         self.regenerated = inner.regenerated  # type: ignore[misc]
+        self.server_ids = inner.server_ids  # type: ignore[misc]
         self.rules = {n: self._rule(n, r) for n, r in inner.rules.items()}  # type: ignore[misc]
 
     def failed(self, hook: str, exc: Exception) -> None:
@@ -71,9 +72,18 @@ class Guarded(Protocol):
     def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
         return self.safely("session", None, lambda: self.inner.session(response_headers))
 
+    def closes(self, data: str, event_type: str | None) -> bool:
+        return self.safely("closes", False, lambda: bool(self.inner.closes(data, event_type)))
+
     def reader(self) -> StreamReader:
         inner = self.safely("reader", None, self.inner.reader)
         return StreamReader() if inner is None else GuardedReader(self, inner)
+
+    def delta(self, c: Classification) -> str | None:
+        return self.safely("delta", None, lambda: self.inner.delta(c))
+
+    def artifact_names(self, data: str, c: Classification) -> Sequence[str]:
+        return self.safely("artifact_names", (), lambda: tuple(self.inner.artifact_names(data, c)))
 
 
 class GuardedReader(StreamReader):

@@ -120,6 +120,10 @@ class MCP(Protocol):
     def reader(self) -> MCPReader:
         return MCPReader()
 
+    def closes(self, data: str, event_type: str | None) -> bool:
+        """The answer to the request (its result or error): a POST stream ends with it."""
+        return message_kind(parsed(data, MCPKind.OTHER)) in (MCPKind.RESPONSE, MCPKind.ERROR)
+
 
 class MCPReader(StreamReader):
     """The finish is ``result`` or ``error``, of the last answer; the answer its text."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Problem, Stream, readable
@@ -42,6 +42,9 @@ class OpenAIKind(StrEnum):
     OTHER = "other"
 
 
+_DELTA_KINDS = frozenset({OpenAIKind.DELTA, OpenAIKind.FINISH})  # a finish chunk may carry text too
+
+
 def _call(request: Request) -> str | None:
     if request.method != "POST":
         return None
@@ -57,6 +60,7 @@ def _call(request: Request) -> str | None:
 class OpenAI(Protocol):
     name = "openai"
     kinds = OpenAIKind
+    server_ids: ClassVar[frozenset[str]] = frozenset({"id"})  # chatcmpl-..., resp_..., call_...
 
     def claims(self, request: Request) -> bool:
         return _call(request) is not None
@@ -66,6 +70,14 @@ class OpenAI(Protocol):
 
     def reader(self) -> OpenAIReader:
         return OpenAIReader()
+
+    def closes(self, data: str, event_type: str | None) -> bool:
+        """``[DONE]``, or a Responses stream's terminal event."""
+        return data == DONE or event_type in TERMINAL
+
+    def delta(self, c: Classification) -> str | None:
+        """The text deltas alone (an error's message is no part of the answer)."""
+        return c.text if c.kind in _DELTA_KINDS else None
 
 
 def _usage(model: Any, usage: Any) -> dict[str, Any] | None:

@@ -1,0 +1,153 @@
+"""Where a fault lands in a stream: the events it removes, repeats, swaps or spoils (as
+edits of the body, so chunk boundaries and offsets stay), and the byte where the
+connection breaks or stalls. What could not apply (a stream shorter than N) is said."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
+
+from .faults import FaultName, Faults
+from .streams import Edit, apply_edits
+
+
+@dataclass
+class Landing:
+    """A fault plan for one stream."""
+
+    chunks: Chunks
+    break_at: tuple[int, FaultName] | None = None  # byte, and how the connection ends there
+    stall_at: int | None = None
+    applied: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)  # faults the stream was too short for
+
+
+def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[StreamEvent], bool]) -> Landing:
+    """``chunks`` with the event faults made, and where the connection breaks or stalls."""
+    landing = Landing(chunks)
+    if not is_sse or not faults.on_streams:
+        _answer_faults(landing, faults)  # nothing to find in the events: they are not read
+        return landing
+    events = [e for e in events_in(chunks) if e.complete]
+    body = b"".join(data for _, data in chunks)
+    edits: list[Edit] = []
+
+    def event(name: FaultName, n: int, count: int = 1) -> list[StreamEvent] | None:
+        if n > 0 and n + count - 1 <= len(events):
+            landing.applied.append(f"{name}={n}")
+            return events[n - 1 : n - 1 + count]
+        landing.missed.append(f"{name}={n} (the stream has {len(events)} events)")
+        return None
+
+    if faults.no_final:
+        final = next((e for e in reversed(events) if closing(e)), None)
+        if final is None:
+            landing.missed.append(f"{FaultName.NO_FINAL} (the stream has no closing event)")
+        else:
+            landing.applied.append(FaultName.NO_FINAL.value)
+            edits.append((final.start, final.end - final.start, b""))
+    if faults.skip is not None and (hit := event(FaultName.SKIP, faults.skip)):
+        edits.append((hit[0].start, hit[0].end - hit[0].start, b""))
+    if faults.duplicate is not None and (hit := event(FaultName.DUPLICATE, faults.duplicate)):
+        edits.append((hit[0].start, 0, body[hit[0].start : hit[0].end]))
+    if faults.swap is not None and (hit := event(FaultName.SWAP, faults.swap, 2)):
+        a, b = hit
+        edits += [
+            (a.start, a.end - a.start, body[b.start : b.end]),
+            (b.start, b.end - b.start, body[a.start : a.end]),
+        ]
+    if faults.corrupt is not None and (hit := event(FaultName.CORRUPT, faults.corrupt)):
+        spoilt = _corruption(body, hit[0])
+        if spoilt is None:
+            landing.applied.pop()
+            landing.missed.append(
+                f"{FaultName.CORRUPT}={faults.corrupt} (event {faults.corrupt} has no data)"
+            )
+        else:
+            edits.append(spoilt)
+    try:
+        landing.chunks = apply_edits(chunks, _disjoint(edits))
+    except _Overlap as exc:
+        landing.missed.append(str(exc))
+        landing.applied.clear()
+        landing.chunks = chunks
+    _answer_faults(landing, faults)
+    events = [e for e in events_in(landing.chunks) if e.complete]  # the edited stream's
+    for name, n in _breaks(faults):
+        if n == 0:
+            landing.break_at = (0, name)
+        elif n <= len(events):
+            hit_event = events[n - 1]
+            where = hit_event.end
+            if name is FaultName.CUT_FRAME:
+                where = hit_event.start + max(1, (hit_event.end - hit_event.start) // 2)
+            landing.break_at = (where, name)
+        else:
+            landing.missed.append(f"{name}={n} (the stream has {len(events)} events)")
+            continue
+        landing.applied.append(f"{name}={n}")
+    if faults.stall_after is not None:
+        n = faults.stall_after
+        if n <= len(events):
+            landing.stall_at = events[n - 1].end if n else 0
+            landing.applied.append(f"{FaultName.STALL}={n}:{faults.stall_ms:g}")
+        else:
+            landing.missed.append(
+                f"{FaultName.STALL}={n}:{faults.stall_ms:g} (the stream has {len(events)} events)"
+            )
+    return landing
+
+
+def _answer_faults(landing: Landing, faults: Faults) -> None:
+    """The faults any answer gets (they always apply)."""
+    if faults.drip is not None:
+        landing.applied.append(f"{FaultName.DRIP}={faults.drip:g}")
+    if faults.content_type is not None:
+        landing.applied.append(f"{FaultName.CONTENT_TYPE}={faults.content_type}")
+    if faults.delay_headers_ms:
+        landing.applied.append(f"{FaultName.DELAY_HEADERS}={faults.delay_headers_ms:g}")
+
+
+def _breaks(faults: Faults) -> list[tuple[FaultName, int]]:
+    given = {
+        FaultName.DROP_AFTER: faults.drop_after,
+        FaultName.CUT_FRAME: faults.cut_frame,
+        FaultName.RESET_AFTER: faults.reset_after,
+    }
+    return [(name, n) for name, n in given.items() if n is not None]
+
+
+class _Overlap(ValueError):
+    pass
+
+
+def _disjoint(edits: list[Edit]) -> list[Edit]:
+    """The edits, refused when two touch the same event (skip=3 with swap=3 says nothing clear)."""
+    edits = sorted(edits)
+    for (at, removed, _), (next_at, _, _) in itertools.pairwise(edits):
+        if at + removed > next_at or (at == next_at and removed == 0):
+            raise _Overlap("faults on the same event: none of the event faults were made")
+    return edits
+
+
+def _corruption(body: bytes, event: StreamEvent) -> Edit | None:
+    """The edit taking the last character off the event's last data line (a whole
+    character: the data stays UTF-8, it only stops parsing)."""
+    found = None
+    position = event.start
+    for line in body[event.start : event.end].splitlines(keepends=True):
+        text = line.rstrip(b"\r\n")
+        if text.startswith(b"data:"):
+            value_at = 6 if text[5:6] == b" " else 5
+            if len(text) > value_at:
+                found = (position + value_at, text[value_at:])
+        position += len(line)
+    if found is None:
+        return None
+    start, value = found
+    last = value.decode("utf-8", "replace")[-1].encode()
+    size = len(last) if value.endswith(last) else 1
+    return (start + len(value) - size, size, b"")

@@ -1,0 +1,164 @@
+"""Which exchanges of recording A answer to which of recording B, for ``tasktape diff``.
+
+Exchanges pair by their request as replay matching sees it (:mod:`.matching`), in A's
+recorded order, each with the first unpaired match in B. Repeated identical requests (a
+client polling) are one run, however many times each recording asked. Ids the server
+makes up differ from run to run, so they pair by position: the n-th new id in the
+responses of a pair in A is the n-th in B's, and A's requests are read with B's ids
+before they are matched (a ``GET /tasks/{id}``, a follow-up message's ``taskId``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.recorded import Recorded
+
+from .matching import Incoming, MatchRules, mismatches
+
+if TYPE_CHECKING:
+    from .diff import Reading
+
+# Shorter values, and numbers, are counters and words (an SSE id "3", a skill id) more
+# often than made-up ids: mapping them would rewrite unrelated text.
+MIN_ID_LENGTH = 8
+# What an id looks like inside a path, a body or a text: word characters and dashes,
+# joined by single dots (task.0192f4c8-..., a UUID, chatcmpl-...), not a sentence's end.
+_TOKEN = re.compile(r"[\w-]+(?:\.[\w-]+)*")
+
+
+def is_id(value: str) -> bool:
+    return len(value) >= MIN_ID_LENGTH and not value.isdigit()
+
+
+def ids_in(data: str, keys: frozenset[str], into: dict[str, None]) -> None:
+    """Add to ``into`` the ids a JSON text names under ``keys`` (each object's own before
+    those nested in it: the same order for the same shape)."""
+    if not keys or not data:
+        return
+    try:
+        obj = load_json(data)
+    except (ValueError, RecursionError):
+        return
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in keys and isinstance(item, str) and is_id(item):
+                    into[item] = None
+            stack.extend(reversed(list(value.values())))
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+
+
+@dataclass
+class Run:
+    """One exchange, or consecutive identical requests: compared by the last answer."""
+
+    members: list[Reading]
+
+    @property
+    def first(self) -> Reading:
+        return self.members[0]
+
+    @property
+    def last(self) -> Reading:
+        return self.members[-1]
+
+    @property
+    def ids(self) -> list[str]:
+        return list(dict.fromkeys(i for m in self.members for i in m.ids))
+
+
+@dataclass
+class IdMap:
+    """A's ids to B's, learned pair by pair; one-to-one."""
+
+    to_b: dict[str, str] = field(default_factory=dict)
+    _taken: set[str] = field(default_factory=set)
+
+    def learn(self, a_ids: Iterable[str], b_ids: Iterable[str]) -> None:
+        for a, b in zip(a_ids, b_ids, strict=False):
+            if a not in self.to_b and b not in self._taken:
+                self.to_b[a] = b
+                self._taken.add(b)
+
+    def translate(self, text: str) -> str:
+        """``text`` with A's ids written as B's."""
+        if not self.to_b:
+            return text
+        return _TOKEN.sub(lambda m: self.to_b.get(m[0], m[0]), text)
+
+    def request(self, recorded: Recorded) -> Recorded:
+        """A's request as it reads with B's ids."""
+        body = recorded.request_body
+        with contextlib.suppress(UnicodeDecodeError):  # a body that is not text keeps its bytes
+            body = body and self.translate(body.decode("utf-8")).encode("utf-8")
+        query = None if recorded.query is None else self.translate(recorded.query)
+        return replace(recorded, path=self.translate(recorded.path), query=query, request_body=body)
+
+
+def _incoming(recorded: Recorded) -> Incoming:
+    return Incoming(recorded.method, recorded.path, recorded.query, recorded.request_body)
+
+
+def same_request(a: Recorded, b: Recorded, rules: MatchRules) -> bool:
+    """Whether the two requests match, either way round: a value redacted in either
+    recording matches any."""
+    return not mismatches(_incoming(a), b, rules) or not mismatches(_incoming(b), a, rules)
+
+
+def runs(readings: Iterable[Reading], rules: MatchRules) -> list[Run]:
+    """The exchanges in runs: a request joins the run of the last exchange with the same
+    method, path and operation when it is identical to it (the exchanges of other
+    requests in between, as concurrent clients interleave them, do not break a run)."""
+    found: list[Run] = []
+    last: dict[tuple[str, str, str | None], Run] = {}
+    for reading in readings:
+        r = reading.recorded
+        key = (r.method, r.path, reading.operation)
+        run = last.get(key)
+        if run is not None and same_request(r, run.last.recorded, rules):
+            run.members.append(reading)
+            continue
+        last[key] = run = Run([reading])
+        found.append(run)
+    return found
+
+
+@dataclass
+class Pairing:
+    pairs: list[tuple[Run, Run]]
+    only_a: list[Run]
+    only_b: list[Run]
+    ids: IdMap
+
+
+def pair(a: list[Run], b: list[Run], rules: MatchRules) -> Pairing:
+    """Each run of A with the first unpaired run of B whose request matches its own."""
+    ids = IdMap()
+    # Only a request of the same method, path and operation can match: B's runs by those.
+    free: dict[tuple[str, str, str | None], list[Run]] = {}
+    for run in b:
+        r = run.first.recorded
+        free.setdefault((r.method, r.path, run.first.operation), []).append(run)
+    pairs: list[tuple[Run, Run]] = []
+    only_a: list[Run] = []
+    for run in a:
+        request = ids.request(run.first.recorded)
+        candidates = free.get((request.method, request.path, run.first.operation), [])
+        match = next((c for c in candidates if same_request(request, c.first.recorded, rules)), None)
+        if match is None:
+            only_a.append(run)
+            continue
+        candidates.remove(match)
+        pairs.append((run, match))
+        ids.learn(run.ids, match.ids)
+    paired = {id(b_run) for _, b_run in pairs}
+    return Pairing(pairs, only_a, [run for run in b if id(run) not in paired], ids)

@@ -1,0 +1,188 @@
+"""Sending one answer: status and headers at the recorded time to first byte, each chunk
+on an absolute schedule (``start + offset / speed``: no drift builds up), with the faults
+it was given, noting in its fidelity record what went out and how late."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import socket
+import struct
+import termios
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from tasktape.eventlog.spans import Chunks, StreamEvent
+
+from .fault_edits import land
+from .faults import FaultName, Faults
+from .fidelity import Divergence, Served
+from .streams import split_at
+
+DRIP_SLICE_S = 0.02  # a dripping body goes out in pieces this far apart
+DRAIN_TIMEOUT_S = 2.0  # how long a reset waits for the client to have every byte before it
+
+
+@dataclass
+class Answer:
+    """What to send, and when: offsets count from ``start`` (loop time)."""
+
+    status: int
+    headers: Any
+    ttfb_ns: int
+    chunks: Chunks
+    is_sse: bool
+    start: float
+    cut_ns: int | None = None  # the recording broke off here: so does the replay
+    end_ns: int | None = None  # a stream ends here (its server closed it some time after its last event)
+    hold: bool = False  # the stream stays open until the client leaves (its recorded client ended it)
+
+
+async def send(
+    request: web.Request,
+    answer: Answer,
+    faults: Faults,
+    served: Served,
+    speed: float,
+    closing: Callable[[StreamEvent], bool],
+) -> web.StreamResponse:
+    loop = asyncio.get_running_loop()
+
+    def at(offset_ns: float, shift: float) -> float:
+        return answer.start + (offset_ns / 1e9 / speed if speed else 0) + shift
+
+    landing = land(answer.chunks, answer.is_sse, faults, closing)
+    served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
+    if landing.applied:
+        served.because(Divergence.FAULT, ", ".join(landing.applied))
+    shift = faults.delay_headers_ms / 1000
+    await _until(loop, at(answer.ttfb_ns, shift))
+    headers = CIMultiDict(answer.headers)
+    if faults.content_type is not None:
+        headers["Content-Type"] = faults.content_type
+    if landing.chunks != answer.chunks:
+        headers.popall("Content-Length", None)
+    response = web.StreamResponse(status=answer.status, headers=headers)
+    await response.prepare(request)
+    try:
+        marks = sorted(
+            {m for m in (landing.stall_at, landing.break_at and landing.break_at[0]) if m is not None}
+        )
+        pieces = _cut(landing.chunks, marks)
+        position = 0
+        drip = _Drip(faults.drip) if faults.drip else None
+        for offset, data in [*pieces, (None, b"")]:
+            if position == landing.stall_at:
+                shift += faults.stall_ms / 1000
+                await asyncio.sleep(faults.stall_ms / 1000)
+                landing.stall_at = None
+            if landing.break_at is not None and position == landing.break_at[0]:
+                await _break(request, landing.break_at[1])
+                return response
+            if offset is None:
+                break
+            when = at(offset, shift)
+            if drip is None:
+                now = loop.time()
+                if when > now:
+                    await asyncio.sleep(when - now)
+                    now = loop.time()
+                served.wrote(data, now - when)
+                await response.write(data)
+            else:
+                for piece in drip.slices(data):
+                    when = max(when, drip.next_at(loop.time()))
+                    await _until(loop, when)
+                    served.wrote(piece, loop.time() - when)
+                    await response.write(piece)
+                    drip.sent(len(piece), loop.time())
+            position += len(data)
+        if answer.hold:
+            await _until_gone(request)
+            return response
+        if answer.cut_ns is not None:
+            await _until(loop, at(answer.cut_ns, shift))
+            request.protocol.force_close()
+            return response
+        if answer.end_ns is not None:
+            await _until(loop, at(answer.end_ns, shift))
+        await response.write_eof()
+        served.finished = True
+        return response
+    except (ConnectionError, asyncio.CancelledError):
+        served.because(Divergence.CLIENT_LEFT, f"after {served.bytes_sent} bytes")
+        raise
+
+
+def _cut(chunks: Chunks, marks: list[int]) -> Chunks:
+    """The chunks, cut at each byte of ``marks`` (a piece then starts at every mark)."""
+    out: Chunks = []
+    rest, done = chunks, 0
+    for mark in marks:
+        before, rest = split_at(rest, mark - done)
+        out += before
+        done = mark
+    return out + rest
+
+
+class _Drip:
+    """A byte rate: when the next piece may go."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.size = max(1, int(rate * DRIP_SLICE_S))
+        self._free_at: float | None = None
+
+    def slices(self, data: bytes) -> list[bytes]:
+        return [data[i : i + self.size] for i in range(0, len(data), self.size)] or [data]
+
+    def next_at(self, now: float) -> float:
+        return now if self._free_at is None else self._free_at
+
+    def sent(self, n: int, now: float) -> None:
+        self._free_at = max(now, self._free_at or now) + n / self.rate
+
+
+async def _break(request: web.Request, how: FaultName) -> None:
+    """End the connection mid-answer: a close (FIN) without the body's end, or a reset."""
+    if how is not FaultName.RESET_AFTER:
+        request.protocol.force_close()
+        return
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    # A reset throws away what the kernel has not sent yet: let every byte reach the
+    # client first, so it gets exactly the events before the reset.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DRAIN_TIMEOUT_S
+    while loop.time() < deadline and (transport.get_write_buffer_size() or _unsent(sock)):
+        await asyncio.sleep(0.002)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def _unsent(sock: Any) -> int:
+    """Bytes the kernel holds that the peer has not acknowledged yet (0 where unknown)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (OSError, AttributeError):
+        return 0
+
+
+async def _until(loop: asyncio.AbstractEventLoop, when: float) -> None:
+    delay = when - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _until_gone(request: web.Request) -> None:
+    """Until the client has closed the connection (or the server stops)."""
+    while (transport := request.transport) is not None and not transport.is_closing():
+        await asyncio.sleep(0.05)

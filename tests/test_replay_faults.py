@@ -1,0 +1,363 @@
+"""The fault catalogue on the wire: each fault against a real client, its effect checked
+in bytes (read off the socket, chunked framing and all), in how the connection ends (a
+FIN without the body's end, an RST, or a clean end) and in time; scopes (times, every,
+p with a seed, path); where faults come from (--fault, the header, the control API)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import RecordFactory, Serve
+from llm_servers import anthropic_app, openai_app
+from test_replay import events_of, message, recorded_demo, stream_exchange
+from yarl import URL
+
+from tasktape.errors import FaultError
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded
+from tasktape.replay import Faults, ReplayServer, load
+from tasktape.replay.control import _loopback
+
+QUESTION = "What does J45.909 mean?"
+MS = 1_000_000
+
+
+@dataclass
+class Wire:
+    """An answer as it came off the socket."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes  # the chunked body, unframed
+    ended: bool  # the terminating chunk came: the body ended as HTTP says
+    reset: bool  # the connection ended with an RST, not a FIN
+    arrivals: list[float]  # seconds after the request, per read
+
+    @property
+    def events(self) -> list[Any]:
+        return [e for e in events_of(self.body) if e.complete]
+
+
+async def wire(url: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Wire:
+    """One HTTP/1.1 request on a socket of its own, read to its end however it comes."""
+    where = URL(url)
+    reader, writer = await asyncio.open_connection(where.host, where.port)
+    payload = json.dumps(body).encode() if body is not None else b""
+    head = [
+        f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1",
+        f"Host: {where.host}:{where.port}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+    start = time.perf_counter()
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    raw, arrivals, reset = b"", [], False
+    try:
+        while data := await reader.read(65536):
+            raw += data
+            arrivals.append(time.perf_counter() - start)
+    except ConnectionResetError:
+        reset = True
+    writer.close()
+    status_line, _, rest = raw.partition(b"\r\n")
+    fields, _, framed = rest.partition(b"\r\n\r\n")
+    headers_got = dict(line.decode().split(": ", 1) for line in fields.split(b"\r\n") if line)
+    if headers_got.get("Transfer-Encoding") == "chunked":
+        content, ended = _unchunked(framed)
+    else:
+        content, ended = framed, len(framed) == int(headers_got.get("Content-Length", len(framed)))
+    return Wire(int(status_line.split()[1]), headers_got, content, ended, reset, arrivals)
+
+
+def _unchunked(framed: bytes) -> tuple[bytes, bool]:
+    out, position = b"", 0
+    while True:
+        line_end = framed.find(b"\r\n", position)
+        if line_end < 0:
+            return out, False
+        size = int(framed[position:line_end], 16)
+        if size == 0:
+            return out, framed[line_end + 2 : line_end + 4] == b"\r\n"
+        data = framed[line_end + 2 : line_end + 2 + size]
+        out += data
+        if len(data) < size:
+            return out, False
+        position = line_end + 2 + size + 2
+
+
+@pytest.fixture
+async def demo(record: RecordFactory, serve: Serve) -> tuple[Path, bytes]:
+    """A recorded demo stream: the log, and the stream's recorded bytes."""
+    db, (result,) = await recorded_demo(record, serve, (QUESTION, "rest"), pace=0.05)
+    return db, stream_exchange(db, result.task_id).body
+
+
+async def faulty(serve: Serve, db: Path, spec: str, **options: Any) -> Wire:
+    url = await serve(ReplayServer(load([db]), speed=0, **options).app)
+    return await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": spec})
+
+
+async def test_a_clean_answer_for_comparison(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    got = await faulty(serve, db, "")
+    assert got.body == recorded and got.ended and not got.reset
+
+
+async def test_drop_after_closes_without_the_body_end(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, "drop-after=3")
+    assert got.body == b"".join(e.raw for e in events[:3])
+    assert not got.ended and not got.reset  # a FIN, without the terminating chunk
+    # A real client sees a broken transfer.
+    url = await serve(ReplayServer(load([db]), speed=0, faults=Faults.parse("drop-after=3")).app)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/message:stream", json=message(QUESTION)) as r,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+
+
+async def test_cut_frame_closes_in_the_middle_of_an_event(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, "cut-frame=3")
+    two = b"".join(e.raw for e in events[:2])
+    assert got.body.startswith(two) and events[2].raw.startswith(got.body[len(two) :])
+    assert 0 < len(got.body) - len(two) < len(events[2].raw)
+    assert [e.data for e in got.events] == [e.data for e in events[:2]]  # the third never completes
+    assert not got.ended and not got.reset
+
+
+async def test_reset_after_delivers_exactly_n_events_then_an_rst(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, "reset-after=4")
+    assert got.reset and not got.ended
+    assert got.body == b"".join(e.raw for e in events[:4])
+    url = await serve(ReplayServer(load([db]), speed=0).app)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/message:stream", json=message(QUESTION), headers={"X-Tasktape-Fault": "reset-after=4"}
+        ) as r,
+    ):
+        with pytest.raises(aiohttp.ClientError):
+            await r.read()
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("duplicate=2", lambda e: [e[0], e[1], e[1], *e[2:]]),
+        ("skip=2", lambda e: [e[0], *e[2:]]),
+        ("swap=2", lambda e: [e[0], e[2], e[1], *e[3:]]),
+    ],
+)
+async def test_event_faults_end_cleanly(
+    serve: Serve, demo: tuple[Path, bytes], spec: str, expected: Any
+) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, spec)
+    assert got.body == b"".join(e.raw for e in expected(events))
+    assert got.ended and not got.reset and "Content-Length" not in got.headers
+
+
+async def test_corrupt_spoils_one_event_s_data(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, "corrupt=3")
+    assert [e.id for e in got.events] == [e.id for e in events]
+    with pytest.raises(ValueError):
+        json.loads(got.events[2].data)
+    assert got.events[2].data == events[2].data[:-1]
+    assert [e.data for i, e in enumerate(got.events) if i != 2] == [
+        e.data for i, e in enumerate(events) if i != 2
+    ]
+    assert got.ended
+
+
+async def test_stall_and_drip_and_delay_keep_the_bytes_and_take_time(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    db, recorded = demo
+    stalled = await faulty(serve, db, "stall=2:300")
+    assert stalled.body == recorded and stalled.ended
+    gaps = [b - a for a, b in zip(stalled.arrivals, stalled.arrivals[1:], strict=False)]
+    assert max(gaps) >= 0.29
+    rate = len(recorded) * 2  # the body in about half a second
+    dripped = await faulty(serve, db, f"drip={rate}")
+    assert dripped.body == recorded and dripped.ended
+    assert dripped.arrivals[-1] >= 0.45 and len(dripped.arrivals) > 10
+    late = await faulty(serve, db, "delay-headers=250")
+    assert late.body == recorded and late.arrivals[0] >= 0.25
+
+
+async def test_status_and_content_type(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    failed = await faulty(serve, db, "status=503")
+    assert failed.status == 503 and "fault injected" in json.loads(failed.body)["error"]["message"]
+    typed = await faulty(serve, db, "content-type=text/plain")
+    assert typed.headers["Content-Type"] == "text/plain" and typed.body == recorded and typed.ended
+
+
+async def test_no_final_leaves_out_the_closing_event_of_each_protocol(
+    record: RecordFactory, serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, "no-final")
+    assert got.body == b"".join(e.raw for e in events[:-1]) and got.ended
+    assert "TASK_STATE_COMPLETED" in events[-1].data
+    prompt = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    for app, path, body, closing in (
+        (openai_app(), "/v1/chat/completions", {"model": "gpt-4o-mini", **prompt}, "[DONE]"),
+        (
+            anthropic_app(),
+            "/v1/messages",
+            {"model": "claude-sonnet-4-5", "max_tokens": 64, **prompt},
+            '"type":"message_stop"',
+        ),
+    ):
+        rec = await record(app)
+        async with rec.session.post(f"{rec.url}{path}", json=body) as r:
+            original = await r.read()
+        (await rec.log()).close()
+        url = await serve(ReplayServer(load([rec.db]), speed=0).app)
+        got = await wire(url, path, body, {"X-Tasktape-Fault": "no-final"})
+        kept = events_of(original)
+        assert closing in kept[-1].data.replace(" ", "") or closing in kept[-1].data
+        assert got.body == b"".join(e.raw for e in kept[:-1]) and got.ended
+
+
+async def test_a_fault_the_stream_is_too_short_for_is_reported(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    db, recorded = demo
+    server = ReplayServer(load([db]), speed=0)
+    url = await serve(server.app)
+    got = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": "skip=999"})
+    assert got.body == recorded
+    (stream,) = server.report()["streams"]
+    assert stream["identical"] and stream["faults"] == [
+        f"not applied: skip=999 (the stream has {len(events_of(recorded))} events)"
+    ]
+
+
+def card_and_stream(tmp_path: Path) -> Path:
+    """A cassette with an agent card and a stream (each may be asked for again)."""
+    card = Recorded(
+        method="GET",
+        path="/.well-known/agent-card.json",
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(MS, b'{"name": "agent"}')],
+        outcome="complete",
+    )
+    body = b"".join(f'id: {n}\ndata: {{"n": {n}}}\n\n'.encode() for n in range(1, 6))
+    stream = Recorded(
+        method="GET",
+        path="/events",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[
+            (n * MS, body[i : i + len(body) // 5]) for n, i in enumerate(range(0, len(body), len(body) // 5))
+        ],
+        outcome="complete",
+    )
+    path = tmp_path / "c.jsonl"
+    write_cassette(path, [card, stream])
+    return path
+
+
+async def test_scopes_times_every_p_and_path(serve: Serve, tmp_path: Path) -> None:
+    cassette = card_and_stream(tmp_path)
+
+    async def run(spec: str, asks: list[str]) -> list[int]:
+        """How many events each stream answer had (the card: -1)."""
+        server = ReplayServer(load([cassette]), speed=0, allow_repeats=True, faults=Faults.parse(spec))
+        url = await serve(server.app)
+        counts = []
+        for path in asks:
+            got = await wire(url, path)
+            counts.append(len(got.events) if path == "/events" else -1)
+        return counts
+
+    # A card neither gets nor counts for a stream fault.
+    card, events = "/.well-known/agent-card.json", "/events"
+    assert await run("drop-after=2;times=1", [card, events, card, events]) == [-1, 2, -1, 5]
+    assert await run("drop-after=2;every=2", [events] * 5) == [5, 2, 5, 2, 5]
+    draws = random.Random(7)
+    expected = [2 if draws.random() < 0.5 else 5 for _ in range(8)]
+    assert await run("drop-after=2;p=0.5;seed=7", [events] * 8) == expected
+    assert await run("drop-after=2;path=/other*", [events] * 2) == [5, 5]
+    # status is no stream fault: the card counts for it.
+    server = ReplayServer(
+        load([cassette]), speed=0, allow_repeats=True, faults=Faults.parse("status=500;times=1")
+    )
+    url = await serve(server.app)
+    assert [(await wire(url, p)).status for p in (card, events)] == [500, 200]
+
+
+async def test_the_control_api_arms_reports_and_resets(serve: Serve, tmp_path: Path) -> None:
+    cassette = card_and_stream(tmp_path)
+    server = ReplayServer(load([cassette]), speed=0, allow_repeats=True)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/_tasktape/faults", json={"fault": "drop-after=1;times=1"}) as r:
+            armed = (await r.json())["armed"]
+        assert armed == {
+            "fault": "drop-after=1;times=1",
+            "source": "POST /_tasktape/faults",
+            "seen": 0,
+            "applied": 0,
+        }
+        assert len((await wire(url, "/events")).events) == 1
+        assert len((await wire(url, "/events")).events) == 5
+        async with session.get(f"{url}/_tasktape/faults") as r:
+            assert [(a["seen"], a["applied"]) for a in (await r.json())["armed"]] == [(2, 1)]
+        async with session.get(f"{url}/_tasktape/report") as r:
+            streams = (await r.json())["streams"]
+        assert [s["identical"] for s in streams] == [False, True]
+        assert streams[0]["faults"] == ["drop-after=1"] and streams[0]["reasons"] == ["fault: drop-after=1"]
+        async with session.post(f"{url}/_tasktape/reset", json={}) as r:
+            assert (await r.json())["armed"] == []
+        # Refused: a body that is not JSON, a spec that does not parse, a spec with no fault.
+        async with session.post(f"{url}/_tasktape/faults", data="drop-after=1") as r:
+            assert r.status == 415
+        for bad in ({"fault": "explode=1"}, {"fault": "times=1"}, {"spec": "drop-after=1"}):
+            async with session.post(f"{url}/_tasktape/faults", json=bad) as r:
+                assert r.status == 400, bad
+    assert _loopback("127.0.0.1") and _loopback("::1") and not _loopback("192.0.2.7") and not _loopback(None)
+
+
+async def test_where_specs_are_refused(serve: Serve, tmp_path: Path) -> None:
+    url = await serve(ReplayServer(load([card_and_stream(tmp_path)])).app)
+    got = await wire(url, "/events", headers={"X-Tasktape-Fault": "drop-after=1;times=1"})
+    assert got.status == 400 and "times and every count requests" in got.body.decode()
+    for spec, words in (
+        ("drop-after=1;reset-after=2", "both end the connection"),
+        ("skip=0", "counts events from 1"),
+        ("drip=0", "bytes per second above 0"),
+        ("p=2;drop-after=1", "probability"),
+        ("path=events;drop-after=1", "glob of request paths"),
+        ("no-final=maybe", "cannot read"),
+    ):
+        with pytest.raises(FaultError, match=words):
+            Faults.parse(spec)
+    assert str(Faults.parse("reset-after=3;times=1;path=/a*")) == "reset-after=3;times=1;path=/a*"
