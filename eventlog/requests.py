@@ -8,6 +8,7 @@ bindings (the JSON-RPC method name; for REST, the equivalent name).
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Any
 
 from .classify import load_json
@@ -33,6 +34,15 @@ _REST_ROUTES = [
 ]
 
 
+class Binding(StrEnum):
+    """The two ways A2A is carried: ``RequestInfo.binding`` and ``Classification.binding``."""
+
+    REST = "rest"
+    JSONRPC = "jsonrpc"
+
+
+# A subscription to a task's events: v1.0's name (both bindings), and 0.3's.
+SUBSCRIBE_METHODS = frozenset({"SubscribeToTask", "tasks/resubscribe"})
 # The JSON-RPC methods of A2A v1.0, and of A2A 0.3.
 A2A_METHODS = frozenset(
     {

@@ -3,11 +3,13 @@
     POST /_tasktape/faults   {"fault": SPEC} arms a fault spec (its scope counts from now)
     GET  /_tasktape/faults   the armed specs, with how often each applied
     GET  /_tasktape/report   the fidelity report
-    POST /_tasktape/reset    faults back to those configured, no task started
+    POST /_tasktape/reset    faults back to those given at start, no task started
 
-Only loopback clients are answered (others get a 403), and a POST must say its body is
-JSON: a web page elsewhere cannot send that without a CORS preflight, which this never
-grants, so a page a tester visits cannot arm faults in their replay.
+Every path under /_tasktape/ is the server's own: never matched against recordings, never
+forwarded. Only loopback clients naming a loopback Host are answered, a request from a web
+page only from the server's own origin, and a POST must say its body is JSON: a page
+elsewhere cannot send that without a CORS preflight, which this never grants. So neither a
+page a tester visits nor one re-pointing a name of its own at loopback arms faults.
 """
 
 from __future__ import annotations
@@ -15,60 +17,79 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
+from yarl import URL
 
 from tasktape.errors import FaultError
+from tasktape.proxy.hosts import LOOPBACK_NAMES, host_name
 
 from .faults import Faults
+from .own_answers import error
 
 if TYPE_CHECKING:
     from .server import ReplayServer
 
 PREFIX = "/_tasktape"
+SOURCE = "POST /_tasktape/faults"
+MAX_BODY = 64 * 1024  # a fault spec is a line
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def routes(server: ReplayServer) -> list[web.RouteDef]:
     async def arm(request: web.Request) -> web.Response:
-        body = await request.read()
+        body = await request.content.read(MAX_BODY + 1)
+        if len(body) > MAX_BODY:
+            return error(413, f"a fault spec is at most {MAX_BODY} bytes")
         try:
             doc = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict) or not isinstance(doc.get("fault"), str):
-            return _answer(400, {"error": 'send {"fault": SPEC}, such as {"fault": "drop-after=3;times=1"}'})
+            return error(400, 'send {"fault": SPEC}, such as {"fault": "drop-after=3;times=1"}')
         try:
-            armed = server.arm(Faults.parse(doc["fault"]), "POST /_tasktape/faults")
+            armed = server.arm(Faults.parse(doc["fault"]), SOURCE)
         except FaultError as exc:
-            return _answer(400, {"error": str(exc)})
-        return _answer(200, {"armed": armed.as_json()})
+            return error(400, str(exc))
+        return web.json_response({"armed": armed.as_json()})
 
     async def faults(request: web.Request) -> web.Response:
-        return _answer(200, {"armed": [a.as_json() for a in server.armed]})
+        return web.json_response({"armed": [a.as_json() for a in server.armed]})
 
     async def report(request: web.Request) -> web.Response:
-        return _answer(200, server.report())
+        return web.json_response(server.report())
 
     async def reset(request: web.Request) -> web.Response:
         server.reset()
-        return _answer(200, {"reset": True, "armed": [a.as_json() for a in server.armed]})
+        return web.json_response({"reset": True, "armed": [a.as_json() for a in server.armed]})
+
+    known = {"faults": ("GET", "POST"), "report": ("GET",), "reset": ("POST",)}
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        allowed = known.get(request.match_info["tail"])
+        if allowed is not None:
+            return error(405, f"{request.path} answers {' and '.join(allowed)}", allowed=list(allowed))
+        return error(404, f"{request.path} is no part of the control API: see {', '.join(known)}")
 
     return [
         web.post(f"{PREFIX}/faults", _guarded(arm, body=True)),
         web.get(f"{PREFIX}/faults", _guarded(faults)),
         web.get(f"{PREFIX}/report", _guarded(report)),
         web.post(f"{PREFIX}/reset", _guarded(reset, body=True)),
+        web.route("*", PREFIX + "/{tail:.*}", _guarded(elsewhere)),
     ]
 
 
 def _guarded(handler: Handler, *, body: bool = False) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
-        if not _loopback(request.remote):
-            return _answer(403, {"error": "the control API answers loopback clients only"})
+        if not _loopback(request.remote) or host_name(request.headers.get("Host", "")) not in LOOPBACK_NAMES:
+            return error(403, "the control API answers loopback clients, at a loopback name, only")
+        origin = request.headers.get("Origin")
+        if origin is not None and URL(origin).raw_authority.lower() != request.host.lower():
+            return error(403, f"the control API answers pages of its own origin only, not {origin}")
         if body and request.content_type != "application/json":
-            return _answer(415, {"error": "send Content-Type: application/json"})
+            return error(415, "send Content-Type: application/json")
         return await handler(request)
 
     guarded.__doc__ = handler.__doc__
@@ -77,12 +98,8 @@ def _guarded(handler: Handler, *, body: bool = False) -> Handler:
 
 def _loopback(remote: str | None) -> bool:
     try:
-        return remote is not None and ipaddress.ip_address(remote.split("%")[0]).is_loopback
+        address = ipaddress.ip_address((remote or "").split("%")[0])
     except ValueError:
         return False
-
-
-def _answer(status: int, doc: Any) -> web.Response:
-    return web.Response(
-        status=status, text=json.dumps(doc, ensure_ascii=False), content_type="application/json"
-    )
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, on a dual-stack socket
+    return (mapped or address).is_loopback

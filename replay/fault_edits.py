@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 
-from .faults import FaultName, Faults
+from .faults import BREAKS, FaultName, Faults
 from .streams import Edit, apply_edits
+
+REPLACEMENT = "\ufffd".encode()  # what corrupt=N puts in place of the data's last character
 
 
 @dataclass
@@ -68,12 +70,12 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
             )
         else:
             edits.append(spoilt)
-    try:
-        landing.chunks = apply_edits(chunks, _disjoint(edits))
-    except _Overlap as exc:
-        landing.missed.append(str(exc))
+    disjoint = _disjoint(edits)
+    if disjoint is None:
+        landing.missed.append("faults on the same event: none of the event faults were made")
         landing.applied.clear()
-        landing.chunks = chunks
+    else:
+        landing.chunks = apply_edits(chunks, disjoint)
     _answer_faults(landing, faults)
     events = [e for e in events_in(landing.chunks) if e.complete]  # the edited stream's
     for name, n in _breaks(faults):
@@ -112,42 +114,34 @@ def _answer_faults(landing: Landing, faults: Faults) -> None:
 
 
 def _breaks(faults: Faults) -> list[tuple[FaultName, int]]:
-    given = {
-        FaultName.DROP_AFTER: faults.drop_after,
-        FaultName.CUT_FRAME: faults.cut_frame,
-        FaultName.RESET_AFTER: faults.reset_after,
-    }
-    return [(name, n) for name, n in given.items() if n is not None]
+    return [(name, faults.value(name)) for name in BREAKS if faults.value(name) is not None]
 
 
-class _Overlap(ValueError):
-    pass
-
-
-def _disjoint(edits: list[Edit]) -> list[Edit]:
-    """The edits, refused when two touch the same event (skip=3 with swap=3 says nothing clear)."""
+def _disjoint(edits: list[Edit]) -> list[Edit] | None:
+    """The edits in order; None when two touch the same event (skip=3 with swap=3 says
+    nothing clear)."""
     edits = sorted(edits)
     for (at, removed, _), (next_at, _, _) in itertools.pairwise(edits):
         if at + removed > next_at or (at == next_at and removed == 0):
-            raise _Overlap("faults on the same event: none of the event faults were made")
+            return None
     return edits
 
 
 def _corruption(body: bytes, event: StreamEvent) -> Edit | None:
-    """The edit taking the last character off the event's last data line (a whole
-    character: the data stays UTF-8, it only stops parsing)."""
+    """The edit putting U+FFFD in place of the last character of the event's last data
+    line (trailing spaces aside): whatever JSON it held no longer parses, and the data
+    stays UTF-8."""
     found = None
     position = event.start
     for line in body[event.start : event.end].splitlines(keepends=True):
         text = line.rstrip(b"\r\n")
-        if text.startswith(b"data:"):
-            value_at = 6 if text[5:6] == b" " else 5
-            if len(text) > value_at:
-                found = (position + value_at, text[value_at:])
+        value_at = 6 if text[5:6] == b" " else 5
+        if text.startswith(b"data:") and text[value_at:].rstrip():
+            found = (position + value_at, text[value_at:].rstrip())
         position += len(line)
     if found is None:
         return None
     start, value = found
     last = value.decode("utf-8", "replace")[-1].encode()
     size = len(last) if value.endswith(last) else 1
-    return (start + len(value) - size, size, b"")
+    return (start + len(value) - size, size, REPLACEMENT)

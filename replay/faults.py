@@ -29,13 +29,12 @@ A stall or a delay is at most an hour (MAX_MS): a longer one is a typo, not a te
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import random
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from tasktape.errors import FaultError
+from tasktape.eventlog.http_fields import field_problem
 
 HEADER = "X-Tasktape-Fault"
 MAX_MS = 3_600_000.0
@@ -65,6 +64,34 @@ class ScopeName(StrEnum):
     PATH = "path"
 
 
+# Each fault's field in Faults, in catalogue order.
+FIELDS = {
+    FaultName.DROP_AFTER: "drop_after",
+    FaultName.CUT_FRAME: "cut_frame",
+    FaultName.RESET_AFTER: "reset_after",
+    FaultName.DUPLICATE: "duplicate",
+    FaultName.SKIP: "skip",
+    FaultName.SWAP: "swap",
+    FaultName.CORRUPT: "corrupt",
+    FaultName.STALL: "stall_after",
+    FaultName.DRIP: "drip",
+    FaultName.STATUS: "status",
+    FaultName.DELAY_HEADERS: "delay_headers_ms",
+    FaultName.CONTENT_TYPE: "content_type",
+    FaultName.NO_FINAL: "no_final",
+}
+# The faults written name=N, N an event.
+AT_EVENT = frozenset(
+    {
+        FaultName.DROP_AFTER,
+        FaultName.CUT_FRAME,
+        FaultName.RESET_AFTER,
+        FaultName.DUPLICATE,
+        FaultName.SKIP,
+        FaultName.SWAP,
+        FaultName.CORRUPT,
+    }
+)
 # The faults that change a whole answer, not its events: they apply to any answer.
 ANSWER_FAULTS = frozenset({FaultName.DRIP, FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
 # Faults that end the connection at an event: a spec names one of them at most.
@@ -113,10 +140,18 @@ class Faults:
     scope: Scope = field(default_factory=Scope)
 
     @classmethod
-    def parse(cls, spec: str, base: Faults | None = None) -> Faults:
-        """Parse ``spec`` on top of ``base`` (what it names replaces what base says)."""
-        faults = base or cls()
-        for item in filter(None, (part.strip() for part in spec.replace(",", ";").split(";"))):
+    def parse(cls, spec: str) -> Faults:
+        """Parse ``spec``: items joined by ``;`` (``content-type=`` takes the rest of it,
+        parameters and all)."""
+        faults = cls()
+        rest = spec
+        while rest:
+            item, _, rest = rest.partition(";")
+            item = item.strip()
+            if item.partition("=")[0].strip() == FaultName.CONTENT_TYPE and rest:
+                item, rest = f"{item};{rest}", ""
+            if not item:
+                continue
             name, sep, value = item.partition("=")
             try:
                 faults = _item(faults, name.strip(), value.strip(), bool(sep))
@@ -129,54 +164,48 @@ class Faults:
         breaks = [n for n in faults.named() if n in BREAKS]
         if len(breaks) > 1:
             raise FaultError(f"{' and '.join(breaks)} both end the connection: give one of them")
+        touched: dict[int, FaultName] = {}
+        for name in (FaultName.SKIP, FaultName.DUPLICATE, FaultName.SWAP, FaultName.CORRUPT):
+            n = faults.value(name)
+            for event in () if n is None else (n, n + 1) if name is FaultName.SWAP else (n,):
+                if event in touched:
+                    both = f"{touched[event]} and {name} both change event {event}"
+                    raise FaultError(f"{both}: give one of them")
+                touched[event] = name
         return faults
 
     def named(self) -> list[FaultName]:
         """The faults this spec asks for, in catalogue order."""
-        given = {
-            FaultName.DROP_AFTER: self.drop_after is not None,
-            FaultName.CUT_FRAME: self.cut_frame is not None,
-            FaultName.RESET_AFTER: self.reset_after is not None,
-            FaultName.DUPLICATE: self.duplicate is not None,
-            FaultName.SKIP: self.skip is not None,
-            FaultName.SWAP: self.swap is not None,
-            FaultName.CORRUPT: self.corrupt is not None,
-            FaultName.STALL: self.stall_after is not None,
-            FaultName.DRIP: self.drip is not None,
-            FaultName.STATUS: self.status is not None,
-            FaultName.DELAY_HEADERS: bool(self.delay_headers_ms),
-            FaultName.CONTENT_TYPE: self.content_type is not None,
-            FaultName.NO_FINAL: self.no_final,
-        }
-        return [name for name, yes in given.items() if yes]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [name for name, attr in FIELDS.items() if getattr(self, attr) != defaults[attr]]
+
+    def value(self, name: FaultName) -> Any:
+        """What the spec gives ``name``: an event number, a rate, a status, a type."""
+        return getattr(self, FIELDS[name])
 
     @property
     def on_streams(self) -> bool:
         """Whether it acts on events, so only streams get it (and count for its scope)."""
         return any(n not in ANSWER_FAULTS for n in self.named())
 
+    def fault_items(self) -> list[str]:
+        """Its faults written out, as a report shows those made."""
+        return self.items()[: len(self.named())]
+
     def items(self) -> list[str]:
         """The spec written out again, faults then scope: what a report shows."""
-        values: dict[FaultName, Any] = {
-            FaultName.DROP_AFTER: self.drop_after,
-            FaultName.CUT_FRAME: self.cut_frame,
-            FaultName.RESET_AFTER: self.reset_after,
-            FaultName.DUPLICATE: self.duplicate,
-            FaultName.SKIP: self.skip,
-            FaultName.SWAP: self.swap,
-            FaultName.CORRUPT: self.corrupt,
+        shown = {
             FaultName.STALL: f"{self.stall_after}:{self.stall_ms:g}",
-            FaultName.DRIP: None if self.drip is None else f"{self.drip:g}",
-            FaultName.STATUS: self.status,
+            FaultName.DRIP: f"{self.drip:g}" if self.drip is not None else None,
             FaultName.DELAY_HEADERS: f"{self.delay_headers_ms:g}",
-            FaultName.CONTENT_TYPE: self.content_type,
         }
         out = [
-            name.value if name is FaultName.NO_FINAL else f"{name}={values[name]}" for name in self.named()
+            name.value if name is FaultName.NO_FINAL else f"{name}={shown.get(name, self.value(name))}"
+            for name in self.named()
         ]
         scope = dataclasses.asdict(self.scope)
         out += [
-            f"{name}={scope[name]:g}" if name == "p" else f"{name}={scope[name]}"
+            f"{name}={scope[name]:g}" if name == ScopeName.P else f"{name}={scope[name]}"
             for name in scope
             if scope[name] is not None
         ]
@@ -197,6 +226,9 @@ class Faults:
         }
         if other.stall_after is not None:
             changes["stall_ms"] = other.stall_ms
+        if any(other.value(name) is not None for name in BREAKS):
+            # The connection ends one way: the later spec's.
+            changes = {FIELDS[name]: None for name in BREAKS} | changes
         return replace(self, **changes)
 
 
@@ -208,38 +240,32 @@ def _item(faults: Faults, name: str, value: str, has_value: bool) -> Faults:
         return replace(faults, no_final=True)
     if not has_value:
         raise ValueError
-    counted = {
-        FaultName.DROP_AFTER: "drop_after",
-        FaultName.CUT_FRAME: "cut_frame",
-        FaultName.RESET_AFTER: "reset_after",
-        FaultName.DUPLICATE: "duplicate",
-        FaultName.SKIP: "skip",
-        FaultName.SWAP: "swap",
-        FaultName.CORRUPT: "corrupt",
-    }
-    if name in counted:
+    if name in AT_EVENT:
         n = _count(value)
         if name not in (FaultName.DROP_AFTER, FaultName.RESET_AFTER) and n == 0:
             raise FaultError(f"{name} counts events from 1, not 0")
-        return replace(faults, **{counted[FaultName(name)]: n})
+        return replace(faults, **{FIELDS[FaultName(name)]: n})
     if name == FaultName.STALL:
         after, _, ms = value.partition(":")
         return replace(faults, stall_after=_count(after), stall_ms=_ms(ms))
     if name == FaultName.DRIP:
         rate = float(value)
-        if not rate > 0 or rate == float("inf"):
-            raise FaultError(f"drip is a rate in bytes per second above 0, not {value!r}")
+        if not 1 <= rate < float("inf"):
+            raise FaultError(f"drip is a rate of at least 1 byte per second, not {value!r}")
         return replace(faults, drip=rate)
     if name == FaultName.STATUS:
         status = int(value)
-        if not 100 <= status <= 599:
-            raise ValueError
+        if not 200 <= status <= 599:
+            raise FaultError(f"status is a final status, 200 to 599, not {value!r}")
         return replace(faults, status=status)
     if name == FaultName.DELAY_HEADERS:
         return replace(faults, delay_headers_ms=_ms(value))
     if name == FaultName.CONTENT_TYPE:
-        if not value or any(c in value for c in "\r\n\0"):
+        if not value:
             raise ValueError
+        problem = field_problem("Content-Type", value)
+        if problem is not None:
+            raise FaultError(f"content-type={value!r}: {problem}")
         return replace(faults, content_type=value)
     return replace(faults, scope=_scope(faults.scope, name, value))
 
@@ -278,55 +304,3 @@ def _ms(value: str) -> float:
     if ms > MAX_MS:
         raise FaultError(f"{value} ms waits too long: stalls and delays are at most {MAX_MS:,.0f} ms")
     return ms
-
-
-class Armed:
-    """A spec armed on a server: it counts the requests its scope could apply to."""
-
-    def __init__(self, faults: Faults, source: str) -> None:
-        self.faults = faults
-        self.source = source  # where it came from: --fault, the control API, the marker
-        self.seen = 0
-        self.applied = 0
-        self._random = random.Random(faults.scope.seed)
-
-    def takes(self, path: str, is_stream: bool) -> bool:
-        """Whether this answer gets the faults (and count it, if it could have)."""
-        scope = self.faults.scope
-        if self.faults.on_streams and not is_stream:
-            return False
-        if scope.path is not None and not fnmatch.fnmatchcase(path, scope.path):
-            return False
-        self.seen += 1
-        if scope.every is not None and self.seen % scope.every:
-            return False
-        if scope.times is not None and self.applied >= scope.times:
-            return False
-        if scope.p is not None and self._random.random() >= scope.p:
-            return False
-        self.applied += 1
-        return True
-
-    def as_json(self) -> dict[str, Any]:
-        return {"fault": str(self.faults), "source": self.source, "seen": self.seen, "applied": self.applied}
-
-
-def for_request(armed: list[Armed], header: Faults | None, path: str, is_stream: bool) -> Faults:
-    """What one answer gets: every armed spec whose scope takes it, then the request's own."""
-    faults = Faults()
-    for spec in armed:
-        if spec.takes(path, is_stream):
-            faults = faults.merged(spec.faults)
-    if header is not None and Armed(header, HEADER).takes(path, is_stream):
-        faults = faults.merged(header)
-    return faults
-
-
-def header_faults(value: str) -> Faults:
-    """The ``X-Tasktape-Fault`` of one request: a request counts nothing, so no times or every."""
-    faults = Faults.parse(value)
-    if faults.scope.counts:
-        raise FaultError(
-            "times and every count requests: arm the fault with --fault or POST /_tasktape/faults instead"
-        )
-    return faults

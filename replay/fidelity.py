@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from tasktape.eventlog.spans import Chunks
 
 
 class Divergence(StrEnum):
@@ -40,41 +43,39 @@ class Served:
     method: str
     path: str
     exchange: str  # where it was recorded: "captures.db exchange 3", "c.jsonl:2"
-    recorded: Digest  # what the recording holds, for comparison
+    digest: Callable[[], Digest]  # what the recording holds, worked out when it is asked for
     reasons: list[str] = field(default_factory=list)  # "<divergence>: <detail>"
     faults: list[str] = field(default_factory=list)
-    lateness_ms: list[float] = field(default_factory=list)
+    late_s: list[float] = field(default_factory=list)  # per chunk: negative is early
     finished: bool = False
-    _sent: Any = field(default_factory=hashlib.sha256)
-    _sent_bytes: int = 0
+    # What went out is the start of ``body``'s chunks, ``bytes_sent`` of them: hashed when
+    # asked for, not per chunk while sending.
+    body: Chunks = field(default_factory=list)
+    bytes_sent: int = 0
 
     def because(self, why: Divergence, detail: str) -> None:
         self.reasons.append(f"{why}: {detail}")
 
-    def wrote(self, data: bytes, late_s: float) -> None:
-        self._sent.update(data)
-        self._sent_bytes += len(data)
-        self.lateness_ms.append(max(0.0, late_s * 1000))
-
     @property
-    def bytes_sent(self) -> int:
-        return self._sent_bytes
+    def sent(self) -> Digest:
+        return Digest.of(b"".join(data for _, data in self.body)[: self.bytes_sent])
 
     @property
     def identical(self) -> bool:
-        return self._sent_bytes == self.recorded.size and self._sent.hexdigest() == self.recorded.sha256
+        return self.sent == self.digest()
 
     def as_json(self) -> dict[str, Any]:
-        late = sorted(self.lateness_ms)
+        late = sorted(max(0.0, s * 1000) for s in self.late_s)
+        recorded, sent = self.digest(), self.sent
         return {
             "method": self.method,
             "path": self.path,
             "exchange": self.exchange,
-            "identical": self.identical,
-            "sha256_sent": self._sent.hexdigest(),
-            "sha256_recorded": self.recorded.sha256,
-            "bytes_sent": self._sent_bytes,
-            "bytes_recorded": self.recorded.size,
+            "identical": sent == recorded,
+            "sha256_sent": sent.sha256,
+            "sha256_recorded": recorded.sha256,
+            "bytes_sent": sent.size,
+            "bytes_recorded": recorded.size,
             "reasons": list(self.reasons),
             "lateness_ms": {
                 "p50": round(statistics.median(late), 3) if late else 0.0,

@@ -10,16 +10,16 @@ import fcntl
 import socket
 import struct
 import termios
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tasktape.eventlog.spans import Chunks, StreamEvent
+from tasktape.eventlog.spans import Chunks
 
-from .fault_edits import land
+from .fault_edits import Landing
 from .faults import FaultName, Faults
 from .fidelity import Divergence, Served
 from .streams import split_at
@@ -43,39 +43,34 @@ class Answer:
     hold: bool = False  # the stream stays open until the client leaves (its recorded client ended it)
 
 
+def due(start: float, offset_ns: float, speed: float) -> float:
+    """When something recorded ``offset_ns`` after a start is due, in loop time."""
+    return start + (offset_ns / 1e9 / speed if speed else 0)
+
+
 async def send(
-    request: web.Request,
-    answer: Answer,
-    faults: Faults,
-    served: Served,
-    speed: float,
-    closing: Callable[[StreamEvent], bool],
+    request: web.Request, answer: Answer, faults: Faults, landing: Landing, served: Served, speed: float
 ) -> web.StreamResponse:
+    """Send ``answer`` with its faults, as ``landing`` places them in its body."""
     loop = asyncio.get_running_loop()
-
-    def at(offset_ns: float, shift: float) -> float:
-        return answer.start + (offset_ns / 1e9 / speed if speed else 0) + shift
-
-    landing = land(answer.chunks, answer.is_sse, faults, closing)
-    served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
-    if landing.applied:
-        served.because(Divergence.FAULT, ", ".join(landing.applied))
     shift = faults.delay_headers_ms / 1000
-    await _until(loop, at(answer.ttfb_ns, shift))
     headers = CIMultiDict(answer.headers)
     if faults.content_type is not None:
         headers["Content-Type"] = faults.content_type
-    if landing.chunks != answer.chunks:
+    if landing.chunks is not answer.chunks:  # a fault changed bytes
         headers.popall("Content-Length", None)
     response = web.StreamResponse(status=answer.status, headers=headers)
-    await response.prepare(request)
     try:
+        await _until(loop, due(answer.start, answer.ttfb_ns, speed) + shift)
+        await response.prepare(request)
         marks = sorted(
             {m for m in (landing.stall_at, landing.break_at and landing.break_at[0]) if m is not None}
         )
         pieces = _cut(landing.chunks, marks)
         position = 0
         drip = _Drip(faults.drip) if faults.drip else None
+        begin, scale, late = answer.start, (1 / 1e9 / speed if speed else 0.0), served.late_s.append
+        served.body = pieces
         for offset, data in [*pieces, (None, b"")]:
             if position == landing.stall_at:
                 shift += faults.stall_ms / 1000
@@ -86,31 +81,34 @@ async def send(
                 return response
             if offset is None:
                 break
-            when = at(offset, shift)
+            when = begin + offset * scale + shift
             if drip is None:
                 now = loop.time()
                 if when > now:
                     await asyncio.sleep(when - now)
                     now = loop.time()
-                served.wrote(data, now - when)
                 await response.write(data)
+                served.bytes_sent += len(data)
+                late(now - when)
             else:
                 for piece in drip.slices(data):
                     when = max(when, drip.next_at(loop.time()))
                     await _until(loop, when)
-                    served.wrote(piece, loop.time() - when)
+                    behind = loop.time() - when
                     await response.write(piece)
+                    served.bytes_sent += len(piece)
+                    late(behind)
                     drip.sent(len(piece), loop.time())
             position += len(data)
         if answer.hold:
             await _until_gone(request)
             return response
         if answer.cut_ns is not None:
-            await _until(loop, at(answer.cut_ns, shift))
+            await _until(loop, due(answer.start, answer.cut_ns, speed) + shift)
             request.protocol.force_close()
             return response
         if answer.end_ns is not None:
-            await _until(loop, at(answer.end_ns, shift))
+            await _until(loop, due(answer.start, answer.end_ns, speed) + shift)
         await response.write_eof()
         served.finished = True
         return response
@@ -138,8 +136,10 @@ class _Drip:
         self.size = max(1, int(rate * DRIP_SLICE_S))
         self._free_at: float | None = None
 
-    def slices(self, data: bytes) -> list[bytes]:
-        return [data[i : i + self.size] for i in range(0, len(data), self.size)] or [data]
+    def slices(self, data: bytes) -> Iterator[bytes]:
+        view = memoryview(data)
+        for i in range(0, len(data), self.size):
+            yield bytes(view[i : i + self.size])
 
     def next_at(self, now: float) -> float:
         return now if self._free_at is None else self._free_at

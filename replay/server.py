@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.protocols import ProtocolName, by_name
 from tasktape.eventlog.recorded import Recorded, read_log
-from tasktape.eventlog.requests import classify_request
+from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
 from tasktape.proxy.card import is_card_request, point_card_at
@@ -34,17 +35,21 @@ from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
 from . import control, fidelity
+from .armed import Armed, for_request, header_faults
+from .fault_edits import land
 from .faults import HEADER as FAULT_HEADER
-from .faults import Armed, Faults, for_request, header_faults
+from .faults import FaultName, Faults
 from .fidelity import Digest, Divergence, Served
 from .matching import Incoming, MatchRules, mismatches
 from .modes import ReplayMode
-from .sending import Answer, send
-from .streams import after, apply_edits, jsonrpc_id_edits, with_ids
-from .tasks import SUBSCRIBE_METHODS, Subscription, Tasks
+from .own_answers import error
+from .sending import Answer, due, send
+from .streams import NO_ID, after, apply_edits, jsonrpc_id_edits, rpc_id, same_id, with_ids
+from .tasks import Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
 CLIENT_LEFT = "client_disconnected"
+CONFIGURED = "at start"  # the source of the specs a server is given (--fault, the marker)
 ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
 
 
@@ -92,6 +97,7 @@ class ReplayServer:
         self.used: list[int] = []  # times each recording was served
         self._events: dict[int, list[StreamEvent]] = {}
         self._digests: dict[int, Digest] = {}
+        self.resumed: set[int] = set()  # recordings served only to clients resuming them
         self.add_ids = add_ids
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
@@ -101,7 +107,7 @@ class ReplayServer:
         self.mode = mode
         given = [faults] if isinstance(faults, Faults) else list(faults or ())
         self._configured = [f for f in given if f]  # armed again by a reset
-        self.armed = [Armed(f, "--fault") for f in self._configured]
+        self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         self.served: list[Served] = []  # the fidelity record, one per answer
         self.miss_status = miss_status
         self.rules = MatchRules.of(ignore, match_headers)
@@ -136,7 +142,11 @@ class ReplayServer:
     # -- what was used -----------------------------------------------------------------------
 
     def unused(self) -> list[Recorded]:
-        return [r for r, n in zip(self.recorded, self.used, strict=True) if not n]
+        return [
+            r
+            for i, (r, n) in enumerate(zip(self.recorded, self.used, strict=True))
+            if not n and i not in self.resumed
+        ]
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -146,13 +156,13 @@ class ReplayServer:
         if not request.raw_path.startswith("/"):
             # What a client sends a forward proxy (GET http://elsewhere/x): in the modes that
             # forward, the upstream would be given that as its path.
-            return _error(
+            return error(
                 400, "absolute-form request targets are not accepted: tasktape replay is not a forward proxy"
             )
         try:
             header = header_faults(request.headers[FAULT_HEADER]) if FAULT_HEADER in request.headers else None
         except FaultError as exc:
-            return _error(400, f"{FAULT_HEADER}: {exc}")
+            return error(400, f"{FAULT_HEADER}: {exc}")
         if self.mode is ReplayMode.PASSTHROUGH:
             return await self._forward(request)
         sent = await request.read() if request.body_exists else None
@@ -166,21 +176,19 @@ class ReplayServer:
             list(request.headers.items()),
         )
         last_id = request.headers.get("Last-Event-ID")
-        index = self._match(incoming) if last_id is None else self._match_resumed(incoming, last_id)
-        if index is not None:
+        matched = self._match(incoming) if last_id is None else self._match_resumed(incoming, last_id)
+        if matched is not None:
             self.stats.served += 1
-            faults = for_request(self.armed, header, incoming.path, self.recorded[index].is_sse)
-            return await self._serve(request, incoming, index, faults, start)
+            return await self._serve(request, incoming, *matched, header, start)
         info = classify_request(incoming.method, incoming.path, body)
         if info.rpc_method in SUBSCRIBE_METHODS and info.task_id:
             answer = self.tasks.subscribe(info.task_id, info.binding, info.rpc_id, last_id, start, self.speed)
             if isinstance(answer, str):
                 self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
-                return _error(400, answer)
+                return error(400, answer)
             if answer is not None:
                 self.stats.served += 1
-                faults = for_request(self.armed, header, incoming.path, True)
-                return await self._subscription(request, incoming, answer, faults, start)
+                return await self._subscription(request, incoming, answer, header, start)
         if self.mode is ReplayMode.RECORD_MISSING:
             return await self._forward(request, sent)
         return self._miss(incoming)
@@ -199,7 +207,8 @@ class ReplayServer:
         self.used.append(used)
         self.tasks.changed()
 
-    def _match(self, incoming: Incoming) -> int | None:
+    def _match(self, incoming: Incoming) -> tuple[int, bool] | None:
+        """The recording to answer with, and True: it counts as used once more."""
         matching = self._matching(incoming)
         unused = [i for i in matching if not self.used[i]]
         if unused:
@@ -209,9 +218,9 @@ class ReplayServer:
         else:
             return None
         self.used[index] += 1
-        return index
+        return index, True
 
-    def _match_resumed(self, incoming: Incoming, last_id: str) -> int | None:
+    def _match_resumed(self, incoming: Incoming, last_id: str) -> tuple[int, bool] | None:
         """A reconnecting client repeats its request with Last-Event-ID: the recording of
         that very resumption (a client reconnecting as it did when recorded, an MCP GET
         after a closed POST stream) is served as it was; else it resumes the recorded
@@ -221,10 +230,11 @@ class ReplayServer:
         again = [i for i in matching if not self.used[i] and _last_event_id(self.recorded[i]) == last_id]
         if again:
             self.used[again[0]] += 1
-            return again[0]
+            return again[0], True
         holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
         if holding:
-            return holding[-1]
+            # Its rest goes to the client it was cut from: it stays for identical requests.
+            return holding[-1], False
         return self._match(incoming)
 
     def _holds(self, index: int, event_id: str) -> bool:
@@ -251,7 +261,7 @@ class ReplayServer:
         ]
         self.stats.missed.append(Miss(incoming.request_line, closest))
         log.warning("tasktape replay: no recording matches %s", incoming.request_line)
-        return _error(
+        return error(
             self.miss_status,
             f"no recorded exchange matches {incoming.request_line}",
             closest=closest,
@@ -294,31 +304,42 @@ class ReplayServer:
         return self._events[index]
 
     async def _serve(
-        self, request: web.Request, incoming: Incoming, index: int, faults: Faults, start: float
+        self,
+        request: web.Request,
+        incoming: Incoming,
+        index: int,
+        counted: bool,
+        header: Faults | None,
+        start: float,
     ) -> web.StreamResponse:
         recorded = self.recorded[index]
-        served = Served(incoming.method, incoming.path, recorded.origin, self._digest(index))
-        if faults.status:
-            return self._faulty_status(served, faults)
         chunks, rewrites = self._prepared(recorded, index, incoming, request)
-        for rewrite in rewrites:
-            served.because(Divergence.REWRITE, rewrite)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
         end_ns = recorded.duration_ns
         last_id = request.headers.get("Last-Event-ID")
+        resumed_after = None
         if recorded.is_sse and last_id is not None and last_id != _last_event_id(recorded):
             resumed = self._resume(recorded, chunks, last_id)
             if isinstance(resumed, web.Response):
                 # Nothing of it was served: the recording stays for the next request.
-                self.used[index] -= 1
+                self.used[index] -= counted
                 self.stats.served -= 1
                 self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
                 return resumed
             chunks, since_ns = resumed
-            served.because(Divergence.RESUME, f"after event {last_id}")
+            resumed_after = since_ns
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
             end_ns = None if end_ns is None else max(0, end_ns - since_ns)
+        # Not worked out before sending: hashing a long body would hold back its first chunk.
+        served = Served(incoming.method, incoming.path, recorded.origin, lambda: self._digest(index))
+        for rewrite in rewrites:
+            served.because(Divergence.REWRITE, rewrite)
+        if resumed_after is not None:
+            served.because(Divergence.RESUME, f"after event {last_id}")
+            self.resumed.add(index)
+            # Its tasks have run since the stream began, however long ago that was.
+            self.tasks.resuming(index, due(start, -resumed_after, self.speed))
         elif recorded.is_sse:
             self.tasks.serving(index, start)  # its tasks run from now, in replay time
         headers = end_to_end(_sendable(recorded))
@@ -337,26 +358,58 @@ class ReplayServer:
             end_ns=end_ns if recorded.is_sse else None,
             hold=recorded.outcome == CLIENT_LEFT and recorded.is_sse,
         )
-        return await self._send(request, answer, faults, served, recorded.protocol)
+        return await self._send(request, incoming, answer, header, served, recorded.protocol)
 
     async def _send(
-        self, request: web.Request, answer: Answer, faults: Faults, served: Served, protocol_name: str | None
+        self,
+        request: web.Request,
+        incoming: Incoming,
+        answer: Answer,
+        header: Faults | None,
+        served: Served,
+        protocol_name: str | None,
     ) -> web.StreamResponse:
+        """Send an answer with the faults its scopes give it (a spec whose faults the
+        answer was too short for keeps its count for the next one)."""
         self.served.append(served)
+        faults, taken = for_request(self.armed, header, incoming.path, answer.is_sse)
+        if faults.status:
+            return await self._faulty_status(served, faults)
         protocol = by_name(protocol_name)
 
         def closing(event: StreamEvent) -> bool:
             return protocol is not None and protocol.closes(event.data, event.event)
 
-        return await send(request, answer, faults, served, self.speed, closing)
+        landing = land(answer.chunks, answer.is_sse, faults, closing)
+        made = set(landing.applied)
+        for spec in taken:
+            if not made & set(spec.faults.fault_items()):
+                spec.applied -= 1
+        served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
+        if landing.applied:
+            served.because(Divergence.FAULT, ", ".join(landing.applied))
+        return await send(request, answer, faults, landing, served, self.speed)
 
-    def _faulty_status(self, served: Served, faults: Faults) -> web.Response:
-        response = _error(faults.status or 500, f"fault injected: status {faults.status}")
-        served.faults.append(f"status={faults.status}")
-        served.because(Divergence.FAULT, f"status={faults.status}")
-        served.wrote(response.body if isinstance(response.body, bytes) else b"", 0.0)
+    async def _faulty_status(self, served: Served, faults: Faults) -> web.Response:
+        """The error a status fault answers with, as late and as typed as the spec says."""
+        status = faults.status or 500
+        made = [f"{FaultName.STATUS}={status}"]
+        await asyncio.sleep(faults.delay_headers_ms / 1000)
+        if faults.delay_headers_ms:
+            made.append(f"{FaultName.DELAY_HEADERS}={faults.delay_headers_ms:g}")
+        if status in (204, 304):  # answers that carry no body
+            response = web.Response(status=status)
+        else:
+            response = error(status, f"fault injected: status {status}")
+        if faults.content_type is not None:
+            response.headers["Content-Type"] = faults.content_type
+            made.append(f"{FaultName.CONTENT_TYPE}={faults.content_type}")
+        served.faults += made
+        served.because(Divergence.FAULT, ", ".join(made))
+        body = response.body if isinstance(response.body, bytes) else b""
+        served.body, served.bytes_sent = [(0, body)], len(body)
+        served.late_s.append(0.0)
         served.finished = True
-        self.served.append(served)
         return response
 
     def _prepared(
@@ -366,8 +419,8 @@ class ReplayServer:
         a card pointing here. Second: what changed, if anything."""
         chunks = recorded.chunks
         edits, rewrites = [], []
-        theirs, mine = _rpc_id(recorded.request_body), _rpc_id(incoming.body)
-        if theirs is not _NO_ID and mine is not _NO_ID and mine != theirs:
+        theirs, mine = rpc_id(recorded.request_body), rpc_id(incoming.body)
+        if theirs is not NO_ID and mine is not NO_ID and not same_id(mine, theirs):
             events = self.events_of(index) if recorded.is_sse else None
             id_edits = jsonrpc_id_edits(chunks, events, theirs, mine)
             if id_edits:
@@ -398,7 +451,7 @@ class ReplayServer:
             hint = "this stream was recorded without event ids: replay with add_ids (--add-ids) to resume it"
         else:
             hint = f"its event ids run from {known[0]!r} to {known[-1]!r}"
-        return _error(
+        return error(
             400,
             f"Last-Event-ID {last_id!r} names no event of the recorded stream "
             f"({recorded.request_line}, {recorded.origin}); {hint}",
@@ -413,19 +466,16 @@ class ReplayServer:
         request: web.Request,
         incoming: Incoming,
         subscription: Subscription,
-        faults: Faults,
+        header: Faults | None,
         start: float,
     ) -> web.StreamResponse:
-        served = Served(
-            incoming.method, incoming.path, subscription.exchange, Digest.of(subscription.recorded)
-        )
+        digest = functools.cache(lambda: Digest.of(subscription.recorded))
+        served = Served(incoming.method, incoming.path, subscription.exchange, digest)
         for why, detail in subscription.reasons:
             served.because(why, detail)
-        if faults.status:
-            return self._faulty_status(served, faults)
         headers = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         answer = Answer(200, headers, 0, subscription.chunks, True, start)
-        return await self._send(request, answer, faults, served, ProtocolName.A2A)
+        return await self._send(request, incoming, answer, header, served, ProtocolName.A2A)
 
     # -- the control API -----------------------------------------------------------------------
 
@@ -439,26 +489,12 @@ class ReplayServer:
 
     def reset(self) -> None:
         """Faults armed as configured (their scopes counting afresh), no task started."""
-        self.armed = [Armed(f, "--fault") for f in self._configured]
+        self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         self.tasks.reset()
 
     def report(self) -> dict[str, Any]:
         """The fidelity report, as ``GET /_tasktape/report`` answers it."""
         return fidelity.report(self.served)
-
-
-_NO_ID = object()
-
-
-def _rpc_id(body: bytes | None) -> Any:
-    """The id of a JSON-RPC request body, or _NO_ID."""
-    try:
-        obj = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return _NO_ID
-    if isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "method" in obj and "id" in obj:
-        return obj["id"]
-    return _NO_ID
 
 
 def _last_event_id(recorded: Recorded) -> str | None:
@@ -469,13 +505,6 @@ def _last_event_id(recorded: Recorded) -> str | None:
 def is_card(recorded: Recorded) -> bool:
     """Whether the recording answers an agent card read (answered however often it is asked)."""
     return is_card_request(recorded.method, recorded.path, recorded.request_body)
-
-
-def _error(status: int, message: str, **details: Any) -> web.Response:
-    body = {"error": {"code": status, "message": message, "source": "tasktape replay", **details}}
-    return web.Response(
-        status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"
-    )
 
 
 def _sendable(recorded: Recorded) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@ of the request at hand. Chunk boundaries and offsets are kept wherever bytes are
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from tasktape.eventlog.spans import Chunks, StreamEvent
 
@@ -49,17 +50,38 @@ def apply_edits(chunks: Chunks, edits: list[Edit]) -> Chunks:
 
 def with_ids(events: list[StreamEvent], prefix: str) -> list[Edit]:
     """Edits giving every complete event without an SSE id a stable one, ``prefix`` and
-    its number: the line goes last in the event's block, so it is the event's own id."""
-    edits = []
-    for n, event in enumerate(events, 1):
-        if event.complete and event.id is None:
-            terminator = event.terminator
-            edits.append((event.end - len(terminator), 0, f"id: {prefix}{n}".encode() + terminator))
-    return edits
+    its number."""
+    return [
+        id_edit(event, f"{prefix}{n}")
+        for n, event in enumerate(events, 1)
+        if event.complete and event.id is None
+    ]
 
 
-def added_id(events: list[StreamEvent], prefix: str, n: int) -> str:
-    return events[n - 1].id or f"{prefix}{n}"
+def id_edit(event: StreamEvent, event_id: str) -> Edit:
+    """The edit giving ``event`` the id line ``event_id``: last in the event's block, so it
+    is the event's own id."""
+    terminator = event.terminator
+    return (event.end - len(terminator), 0, f"id: {event_id}".encode() + terminator)
+
+
+NO_ID = object()  # a request that is no JSON-RPC request
+
+
+def rpc_id(body: bytes | None) -> Any:
+    """The id of a JSON-RPC request body, or NO_ID."""
+    try:
+        obj = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return NO_ID
+    if isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "method" in obj and "id" in obj:
+        return obj["id"]
+    return NO_ID
+
+
+def same_id(a: Any, b: Any) -> bool:
+    """Whether two JSON-RPC ids are the same id (1, 1.0, true and "1" are four)."""
+    return a == b and type(a) is type(b)
 
 
 def after(chunks: Chunks, end: int, since_ns: int) -> Chunks:
@@ -104,7 +126,7 @@ def _is(raw: bytes, span: tuple[int, int], rpc_id: object) -> bool:
         value = json.loads(raw[span[0] : span[1]])
     except ValueError:
         return False
-    return value == rpc_id and type(value) is type(rpc_id)
+    return same_id(value, rpc_id)
 
 
 def _top_level_span(raw: bytes, base: int, text: str, key: str) -> tuple[int, int] | None:

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tasktape.errors import TapeError
+from tasktape.errors import TapeError, Unfaithful
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.redact import Redactor, hide_credentials
+from tasktape.proxy.hosts import allowed_hosts
 
 from .faults import Faults
 from .fidelity import Divergence
@@ -156,7 +157,7 @@ class Tape:
                     f"{where}: a chunk went out {late:.1f} ms late (allowed: {max_lateness_ms:g} ms)"
                 )
         if lines:
-            raise AssertionError("tasktape: the replay was not the recording:\n  " + "\n  ".join(lines))
+            raise Unfaithful("tasktape: the replay was not the recording:\n  " + "\n  ".join(lines))
 
     def problems(self, *, since: Told | None = None, unused: bool = True) -> str | None:
         """Why the test should fail: requests that missed the cassette and requests the
@@ -243,6 +244,8 @@ class TapeSession:
             "ignore": o.ignore,
             "match_headers": o.match_headers,
             "allow_repeats": o.allow_repeats,
+            # On loopback, it answers loopback names only: a page cannot rebind one to it.
+            "allowed_hosts": allowed_hosts(()),
         }
         if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))

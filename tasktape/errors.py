@@ -14,6 +14,7 @@ TasktapeError
 ├── TapeError                      a test's cassette cannot be served as asked (missing, or
 │                                  recording without an upstream)
 ├── CassetteExpired (UserWarning)  a warning: a test's cassette is older than its age limit
+├── Unfaithful (AssertionError)    a replay that was not the recording (Tape.assert_faithful)
 ├── A2AClientError                 the built-in A2A client got no usable answer
 ├── A2AError                       an A2A error answer of the demo agent (HTTP and JSON-RPC codes)
 │   └── NotCancelable              a cancel of a task that has already ended
@@ -24,7 +25,8 @@ TasktapeError
     └── UnknownExchange (KeyError) no exchange with that id in the log
 
 The second bases are there for callers that already catch ``ValueError``, ``LookupError``
-or ``KeyError`` (and, for ``CassetteExpired``, for warning filters).
+or ``KeyError`` (and, for ``CassetteExpired`` and ``Unfaithful``, for warning filters and pytest's
+assertion reports).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class FlowFileError(TasktapeError, ValueError):
 
 class TapeError(TasktapeError):
     pass
+
+
+class Unfaithful(TasktapeError, AssertionError):
+    """A test's replay was not its recording: pytest reports it as the test's failed assertion."""
 
 
 class CassetteExpired(TasktapeError, UserWarning):

@@ -140,7 +140,9 @@ async def test_slow_stream_offsets_follow_the_upstream(record: RecordFactory) ->
     with await rec.log() as log:
         offsets = [e["offset_ns"] / 1e6 for e in log.events(1)]
     gaps = [b - a for a, b in itertools.pairwise(offsets)]
-    assert all(90 <= gap <= 400 for gap in gaps), gaps
+    # Each offset is the upstream's moment plus the proxy's latency, which a loaded machine
+    # varies by some milliseconds: gaps keep the upstream's 100 ms give or take that.
+    assert all(60 <= gap <= 400 for gap in gaps) and offsets[-1] - offsets[0] >= 290, gaps
 
 
 async def test_200_concurrent_streams(record: RecordFactory) -> None:

@@ -57,7 +57,7 @@ def test_faults_from_the_test_and_the_report(project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "*_ test_unfaithful_names_the_stream_and_why _*",
-            "*AssertionError: tasktape: the replay was not the recording:",
+            "*Unfaithful: tasktape: the replay was not the recording:",
             "*POST /message:stream (completed.jsonl:5): fault: skip=2",
         ]
     )

@@ -1,7 +1,7 @@
 """The fault catalogue on the wire: each fault against a real client, its effect checked
 in bytes (read off the socket, chunked framing and all), in how the connection ends (a
 FIN without the body's end, an RST, or a clean end) and in time; scopes (times, every,
-p with a seed, path); where faults come from (--fault, the header, the control API)."""
+p with a seed, path); where faults come from (--fault, the header), and specs refused."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from tasktape.errors import FaultError
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
 from tasktape.replay import Faults, ReplayServer, load
-from tasktape.replay.control import _loopback
 
 QUESTION = "What does J45.909 mean?"
 MS = 1_000_000
@@ -184,7 +183,7 @@ async def test_corrupt_spoils_one_event_s_data(serve: Serve, demo: tuple[Path, b
     assert [e.id for e in got.events] == [e.id for e in events]
     with pytest.raises(ValueError):
         json.loads(got.events[2].data)
-    assert got.events[2].data == events[2].data[:-1]
+    assert got.events[2].data == events[2].data[:-1] + "\ufffd"
     assert [e.data for i, e in enumerate(got.events) if i != 2] == [
         e.data for i, e in enumerate(events) if i != 2
     ]
@@ -314,38 +313,6 @@ async def test_scopes_times_every_p_and_path(serve: Serve, tmp_path: Path) -> No
     assert [(await wire(url, p)).status for p in (card, events)] == [500, 200]
 
 
-async def test_the_control_api_arms_reports_and_resets(serve: Serve, tmp_path: Path) -> None:
-    cassette = card_and_stream(tmp_path)
-    server = ReplayServer(load([cassette]), speed=0, allow_repeats=True)
-    url = await serve(server.app)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/_tasktape/faults", json={"fault": "drop-after=1;times=1"}) as r:
-            armed = (await r.json())["armed"]
-        assert armed == {
-            "fault": "drop-after=1;times=1",
-            "source": "POST /_tasktape/faults",
-            "seen": 0,
-            "applied": 0,
-        }
-        assert len((await wire(url, "/events")).events) == 1
-        assert len((await wire(url, "/events")).events) == 5
-        async with session.get(f"{url}/_tasktape/faults") as r:
-            assert [(a["seen"], a["applied"]) for a in (await r.json())["armed"]] == [(2, 1)]
-        async with session.get(f"{url}/_tasktape/report") as r:
-            streams = (await r.json())["streams"]
-        assert [s["identical"] for s in streams] == [False, True]
-        assert streams[0]["faults"] == ["drop-after=1"] and streams[0]["reasons"] == ["fault: drop-after=1"]
-        async with session.post(f"{url}/_tasktape/reset", json={}) as r:
-            assert (await r.json())["armed"] == []
-        # Refused: a body that is not JSON, a spec that does not parse, a spec with no fault.
-        async with session.post(f"{url}/_tasktape/faults", data="drop-after=1") as r:
-            assert r.status == 415
-        for bad in ({"fault": "explode=1"}, {"fault": "times=1"}, {"spec": "drop-after=1"}):
-            async with session.post(f"{url}/_tasktape/faults", json=bad) as r:
-                assert r.status == 400, bad
-    assert _loopback("127.0.0.1") and _loopback("::1") and not _loopback("192.0.2.7") and not _loopback(None)
-
-
 async def test_where_specs_are_refused(serve: Serve, tmp_path: Path) -> None:
     url = await serve(ReplayServer(load([card_and_stream(tmp_path)])).app)
     got = await wire(url, "/events", headers={"X-Tasktape-Fault": "drop-after=1;times=1"})
@@ -353,7 +320,12 @@ async def test_where_specs_are_refused(serve: Serve, tmp_path: Path) -> None:
     for spec, words in (
         ("drop-after=1;reset-after=2", "both end the connection"),
         ("skip=0", "counts events from 1"),
-        ("drip=0", "bytes per second above 0"),
+        ("drip=0", "at least 1 byte per second"),
+        ("drip=1e-300", "at least 1 byte per second"),
+        ("skip=3;swap=3", "skip and swap both change event 3"),
+        ("swap=3;corrupt=4", "swap and corrupt both change event 4"),
+        ("status=100", "a final status, 200 to 599"),
+        ("content-type=text/\x01plain", "no control character"),
         ("p=2;drop-after=1", "probability"),
         ("path=events;drop-after=1", "glob of request paths"),
         ("no-final=maybe", "cannot read"),
@@ -361,3 +333,64 @@ async def test_where_specs_are_refused(serve: Serve, tmp_path: Path) -> None:
         with pytest.raises(FaultError, match=words):
             Faults.parse(spec)
     assert str(Faults.parse("reset-after=3;times=1;path=/a*")) == "reset-after=3;times=1;path=/a*"
+    # content-type takes the rest of the spec, parameters and all.
+    typed = Faults.parse("drop-after=2; content-type=text/event-stream; charset=utf-8")
+    assert (typed.drop_after, typed.content_type) == (2, "text/event-stream; charset=utf-8")
+
+
+async def test_a_later_spec_says_how_the_connection_ends(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    server = ReplayServer(load([db]), speed=0, faults=Faults.parse("reset-after=2"))
+    url = await serve(server.app)
+    got = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": "drop-after=4"})
+    assert got.body == b"".join(e.raw for e in events[:4]) and not got.reset
+    (stream,) = server.report()["streams"]
+    assert stream["faults"] == ["drop-after=4"]
+
+
+async def test_times_counts_only_answers_that_got_the_fault(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    server = ReplayServer(
+        load([db]), speed=0, allow_repeats=True, faults=Faults.parse("drop-after=3;times=1")
+    )
+    url = await serve(server.app)
+    refused = await wire(url, "/message:stream", message(QUESTION), {"Last-Event-ID": "evt.never"})
+    assert refused.status == 400
+    # A resume after the 39th event is too short to drop after the 3rd: the spec waits.
+    short = await wire(url, "/message:stream", message(QUESTION), {"Last-Event-ID": events[-2].id})
+    assert short.ended and len(short.events) == 1
+    assert [(a.seen, a.applied) for a in server.armed] == [(1, 0)]
+    dropped = await wire(url, "/message:stream", message(QUESTION))
+    assert len(dropped.events) == 3 and not dropped.ended
+    assert len((await wire(url, "/message:stream", message(QUESTION))).events) == len(events)
+
+
+async def test_a_status_fault_keeps_its_delay_and_type(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, _ = demo
+    got = await faulty(serve, db, "status=503;delay-headers=200;content-type=text/x-error")
+    assert got.status == 503 and got.headers["Content-Type"] == "text/x-error" and got.arrivals[0] >= 0.2
+    empty = await faulty(serve, db, "status=204")
+    assert empty.status == 204 and empty.body == b""
+
+
+async def test_a_client_gone_before_the_headers_is_told_apart(tmp_path: Path, serve: Serve) -> None:
+    late = Recorded(
+        method="GET",
+        path="/slow",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        ttfb_ns=300 * MS,
+        chunks=[(300 * MS, b"data: 1\n\n"), (400 * MS, b"data: 2\n\n")],
+        outcome="complete",
+    )
+    server = ReplayServer([late], speed=1.0)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(asyncio.TimeoutError):
+            await session.get(f"{url}/slow", timeout=aiohttp.ClientTimeout(total=0.1))
+    await asyncio.sleep(0.4)
+    (stream,) = server.report()["streams"]
+    assert stream["reasons"] == ["client-left: after 0 bytes"] and stream["bytes_sent"] == 0

@@ -1,0 +1,94 @@
+"""The replay server's control API: arming, listing, the report, reset; what it refuses
+(other methods and paths, bodies that are not JSON, other hosts and origins), and that its
+paths are never matched against recordings nor forwarded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+from conftest import Serve
+from test_replay_faults import card_and_stream, wire
+
+from tasktape.agent import create_agent_app
+from tasktape.replay import ReplayMode, ReplayServer, load
+from tasktape.replay.control import _loopback
+
+
+async def test_the_control_api_arms_reports_and_resets(serve: Serve, tmp_path: Path) -> None:
+    cassette = card_and_stream(tmp_path)
+    server = ReplayServer(load([cassette]), speed=0, allow_repeats=True)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/_tasktape/faults", json={"fault": "drop-after=1;times=1"}) as r:
+            armed = (await r.json())["armed"]
+        assert armed == {
+            "fault": "drop-after=1;times=1",
+            "source": "POST /_tasktape/faults",
+            "seen": 0,
+            "applied": 0,
+        }
+        assert len((await wire(url, "/events")).events) == 1
+        assert len((await wire(url, "/events")).events) == 5
+        async with session.get(f"{url}/_tasktape/faults") as r:
+            assert [(a["seen"], a["applied"]) for a in (await r.json())["armed"]] == [(2, 1)]
+        async with session.get(f"{url}/_tasktape/report") as r:
+            streams = (await r.json())["streams"]
+        assert [s["identical"] for s in streams] == [False, True]
+        assert streams[0]["faults"] == ["drop-after=1"] and streams[0]["reasons"] == ["fault: drop-after=1"]
+        async with session.post(f"{url}/_tasktape/reset", json={}) as r:
+            assert (await r.json())["armed"] == []
+        # Refused: a body that is not JSON, a spec that does not parse, a spec with no fault.
+        async with session.post(f"{url}/_tasktape/faults", data="drop-after=1") as r:
+            assert r.status == 415
+        for bad in ({"fault": "explode=1"}, {"fault": "times=1"}, {"spec": "drop-after=1"}):
+            async with session.post(f"{url}/_tasktape/faults", json=bad) as r:
+                assert r.status == 400, bad
+    assert _loopback("127.0.0.1") and _loopback("::1") and not _loopback("192.0.2.7") and not _loopback(None)
+
+
+async def test_every_path_under_it_is_its_own(serve: Serve, tmp_path: Path) -> None:
+    server = ReplayServer(load([card_and_stream(tmp_path)]), speed=0)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/_tasktape/other") as r:
+            assert r.status == 404 and "no part of the control API" in (await r.json())["error"]["message"]
+        async with session.put(f"{url}/_tasktape/faults", json={}) as r:
+            assert r.status == 405 and (await r.json())["error"]["allowed"] == ["GET", "POST"]
+        async with session.options(f"{url}/_tasktape/faults") as r:
+            assert r.status == 405 and "Access-Control-Allow-Origin" not in r.headers
+    assert server.stats.missed == []
+    # Nor are they forwarded where everything else is.
+    agent = await serve(create_agent_app(pace=0))
+    passthrough = await serve(ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent).app)
+    async with aiohttp.ClientSession() as session, session.get(f"{passthrough}/_tasktape/report") as r:
+        assert r.status == 200 and await r.json() == {"streams": []}
+
+
+async def test_other_hosts_origins_and_bodies_are_refused(serve: Serve, tmp_path: Path) -> None:
+    url = await serve(ReplayServer(load([card_and_stream(tmp_path)]), speed=0).app)
+    spec = {"fault": "drop-after=1"}
+    async with aiohttp.ClientSession() as session:
+        # A name a page re-pointed at loopback (DNS rebinding), and a page of another origin.
+        async with session.post(
+            f"{url}/_tasktape/faults", json=spec, headers={"Host": "rebind.example"}
+        ) as r:
+            assert r.status == 403
+        async with session.post(
+            f"{url}/_tasktape/faults", json=spec, headers={"Origin": "http://evil.example"}
+        ) as r:
+            assert r.status == 403 and "its own origin" in await r.text()
+        async with session.post(f"{url}/_tasktape/faults", json=spec, headers={"Origin": url}) as r:
+            assert r.status == 200
+        deep = "[" * 50_000
+        async with session.post(
+            f"{url}/_tasktape/faults", data=deep, headers={"Content-Type": "application/json"}
+        ) as r:
+            assert r.status == 400
+        async with session.post(
+            f"{url}/_tasktape/faults", data="x" * 100_000, headers={"Content-Type": "application/json"}
+        ) as r:
+            assert r.status == 413
+    got = await wire(url, "/_tasktape/faults")
+    assert got.status == 200
+    assert _loopback("::ffff:127.0.0.1") and not _loopback("::ffff:192.0.2.7")
