@@ -42,7 +42,7 @@ def agent(listen: tuple[str, int], pace: float, public_url: str | None) -> None:
     auth    AUTH_REQUIRED (REST shows FAILED)
     fail    FAILED, with a status message
     reject  REJECTED (REST shows FAILED)
-    cancel  a slow answer, for tasks/{id}:cancel
+    cancel  waits after its first words, for tasks/{id}:cancel
     long    400 token deltas
     drop    the connection drops mid-answer
     (none)  COMPLETED

@@ -56,16 +56,14 @@ def aspects(doc: dict[str, Any]) -> list[list[str]]:
 
 
 async def record_demo(db: Path, pace: float) -> None:
-    """The demo's scenarios, driven through the proxy all at once as `tasktape demo` does,
-    but for the cancel: how many deltas a cancel lets through depends on when it lands,
-    which says nothing of the agent."""
+    """The demo's scenarios, driven through the proxy all at once as `tasktape demo` does."""
     writer = LogWriter(db)
     agent_runner, agent_url = await start_site(create_agent_app(pace=pace), "127.0.0.1", 0)
     proxy = RecordingProxy(agent_url, writer)
     proxy_runner, proxy_url = await start_site(proxy.app, "127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as session:
-            plans = [go for run, go in scenarios(session, proxy_url) if run.name != "canceled mid-stream"]
+            plans = [go for _, go in scenarios(session, proxy_url)]
             await asyncio.gather(*(go() for go in plans))
         await asyncio.wait_for(proxy.wait_idle(), 30)
     finally:
@@ -92,7 +90,7 @@ def test_an_agent_at_half_the_pace_differs_in_time_alone(paced: tuple[Path, Path
     pairs, differ, only_a, only_b = map(int, SUMMARY.match(summary).groups())  # type: ignore[union-attr]
     assert blank == "" and differ > 0 and (only_a, only_b) == (0, 0)
     # Every scenario pairs: the dropped stream's GetTask polls are one run, however many there were.
-    assert pairs == 14
+    assert pairs == 16
     for line in body:
         assert HEADER.match(line) or re.fullmatch(
             r"  (first event|duration): \d+\.\d ms -> \d+\.\d ms \([+-]\d+%\)", line
@@ -100,7 +98,7 @@ def test_an_agent_at_half_the_pace_differs_in_time_alone(paced: tuple[Path, Path
     assert any(line.startswith("  duration: ") for line in body)
 
     code, doc = diff_json(fast, slow, "--time-tolerance", "10%")
-    assert code == 1 and doc["summary"] == {"pairs": 14, "differ": differ, "only_in_a": 0, "only_in_b": 0}
+    assert code == 1 and doc["summary"] == {"pairs": 16, "differ": differ, "only_in_a": 0, "only_in_b": 0}
     assert doc["time_tolerance"] == {"percent": 10.0, "ms": 10.0}
     assert {a for pair in aspects(doc) for a in pair} <= {"ttfe", "duration"}
     # B thinks and streams its tokens for twice as long: a stream's 150 ms become 300.
@@ -113,7 +111,7 @@ def test_a_generous_tolerance_finds_nothing(paced: tuple[Path, Path]) -> None:
     fast, slow = paced
     generous = ("--time-tolerance", "300%", "--time-tolerance", "50ms")
     result = diff(fast, slow, *generous)
-    assert (result.exit_code, result.output) == (0, "14 pairs, 0 differ, 0 only in A, 0 only in B\n")
+    assert (result.exit_code, result.output) == (0, "16 pairs, 0 differ, 0 only in A, 0 only in B\n")
     code, doc = diff_json(fast, slow, *generous)
     assert code == 0 and aspects(doc) == [] and doc["only_in_a"] == doc["only_in_b"] == []
     polls = [p for p in doc["pairs"] if p["a"]["operation"] == "GetTask"]
@@ -155,7 +153,7 @@ def test_a_recording_and_its_cassette_are_the_same(paced: tuple[Path, Path], tmp
     fast, _ = paced
     cassette = export(fast, tmp_path / "fast.jsonl")
     result = diff(fast, cassette, "--time-tolerance", "0%", "--time-tolerance", "0ms")
-    assert (result.exit_code, result.output) == (0, "14 pairs, 0 differ, 0 only in A, 0 only in B\n")
+    assert (result.exit_code, result.output) == (0, "16 pairs, 0 differ, 0 only in A, 0 only in B\n")
 
 
 def test_an_edited_token_and_answer_are_all_it_reports(paced: tuple[Path, Path], tmp_path: Path) -> None:
@@ -176,7 +174,7 @@ def test_an_edited_token_and_answer_are_all_it_reports(paced: tuple[Path, Path],
     assert re.fullmatch(
         r"POST /message:stream \(a2a SendStreamingMessage\)  fast\.jsonl:\d+ ~ edited\.jsonl:\d+", head
     )
-    assert (blank, summary) == ("", "14 pairs, 1 differs, 0 only in A, 0 only in B")
+    assert (blank, summary) == ("", "16 pairs, 1 differs, 0 only in A, 0 only in B")
     assert lines[:5] == [
         "  answer:",
         "    --- A",
@@ -217,7 +215,7 @@ def test_an_edited_final_state_is_all_it_reports(paced: tuple[Path, Path], tmp_p
     assert result.output.splitlines()[1:] == [
         "  finish: TASK_STATE_COMPLETED -> TASK_STATE_FAILED",
         "",
-        "14 pairs, 1 differs, 0 only in A, 0 only in B",
+        "16 pairs, 1 differs, 0 only in A, 0 only in B",
     ]
 
 

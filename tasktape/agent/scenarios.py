@@ -7,7 +7,7 @@
 | auth | a connector needs authentication | AUTH_REQUIRED (REST: FAILED) |
 | fail | an error while working, explained in the status message | FAILED |
 | reject | rejected before any work (insufficient credits) | REJECTED (REST: FAILED) |
-| cancel | a slow answer, meant to be canceled with tasks/{id}:cancel | CANCELED |
+| cancel | a slow answer that waits after its first words for tasks/{id}:cancel | CANCELED |
 | long | an answer of 400 token deltas | COMPLETED |
 | drop | the stream's connection drops mid-answer; the task still completes | (cut off) |
 """
@@ -25,6 +25,7 @@ MODEL = "tasktape-demo-1"
 THINK_DELAY = 0.3  # seconds before the first token
 TOKEN_DELAY = 0.03  # seconds between token deltas
 SLOWEST_CANCELABLE_PACE = 0.1  # the cancel scenario's pace, whatever --pace says
+CANCEL_WAIT = 30.0  # seconds the cancel scenario waits after its first words, for its cancel
 
 
 class Scenario(StrEnum):
@@ -59,14 +60,16 @@ async def stream_artifact(
     kind: str | None = None,
     delay: float = TOKEN_DELAY,
     closing: dict | None = None,
+    wait_after_first: float = 0.0,
 ) -> int:
     """Token deltas (append false, then true), closed by a lastChunk consolidation;
-    ``closing`` replaces the consolidated artifact's parts (citations, data parts)."""
+    ``closing`` replaces the consolidated artifact's parts (citations, data parts); with
+    ``wait_after_first``, that long a pause after the first delta."""
     artifact_id = new_id("art")
     meta = {"metadata": {"type": kind}} if kind else {}
     pieces = tokens(text)
     for i, piece in enumerate(pieces):
-        await run.pause(delay)
+        await run.pause(wait_after_first if i == 1 and wait_after_first else delay)
         run.artifact_update(
             {"artifactId": artifact_id, "name": name, "parts": [{"text": piece}], **meta}, append=i > 0
         )
@@ -134,12 +137,15 @@ def script_for(scenario: Scenario, contexts_seen: int) -> Script:
         body: str = "the answer is assembled from the sources "
         "found and summarised here in a few short sentences for the demo.",
         delay: float = TOKEN_DELAY,
+        wait_after_first: float = 0.0,
     ) -> None:
         topic = topic_of(text)
         run.set_status("TASK_STATE_WORKING")
         spent = await think(run, topic)
         answer, parts = cited_answer(topic, body)
-        spent += await stream_artifact(run, answer, name="answer", delay=delay, closing=parts)
+        spent += await stream_artifact(
+            run, answer, name="answer", delay=delay, closing=parts, wait_after_first=wait_after_first
+        )
         run.set_status("TASK_STATE_COMPLETED", metadata=usage(run, text, spent, contexts_seen=contexts_seen))
 
     async def interrupted(run: TaskRun, text: str) -> None:
@@ -166,11 +172,12 @@ def script_for(scenario: Scenario, contexts_seen: int) -> Script:
         run.set_status("TASK_STATE_REJECTED", message="Rejected: this demo account has insufficient credits.")
 
     async def slow(run: TaskRun, text: str) -> None:
-        # This answer is there to be canceled, so it is never quicker than a tenth of the
-        # normal pace (a few seconds in all): at --pace 0 it would end before a cancel lands.
+        # This answer is there to be canceled: after its first words it waits for the
+        # cancel (never less than a tenth of CANCEL_WAIT, whatever the pace), so a client
+        # that cancels on seeing them always cancels it there, and two runs agree.
         run.pace = max(run.pace, SLOWEST_CANCELABLE_PACE)
         body = " ".join(["a slow answer that keeps streaming until it is canceled,"] * 20)
-        await completed(run, text, body=body, delay=0.1)
+        await completed(run, text, body=body, delay=0.1, wait_after_first=CANCEL_WAIT)
 
     async def long(run: TaskRun, text: str) -> None:
         body = " ".join(f"token{i}" for i in range(400))
