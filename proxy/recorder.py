@@ -15,7 +15,7 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -29,7 +29,9 @@ from tasktape.eventlog.exchange_rows import ExchangeSummary
 from . import unread
 from .card import is_card_request, rewrite_card
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
+from .held import follow_again, relay_held
 from .hosts import host_guard
+from .live import LiveStreams
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -61,6 +63,7 @@ class RecordingProxy:
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
         allowed_hosts: frozenset[str] | None = None,
         header_timeout: float = HEADER_TIMEOUT,
+        hold: float | None = None,
     ) -> None:
         url = upstream_url(upstream)
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
@@ -75,6 +78,10 @@ class RecordingProxy:
         self.max_request_body = max_request_body
         self.connect_timeout = connect_timeout
         self.on_exchange = on_exchange
+        # Resuming (``hold`` given): SSE streams are held, clients that reconnect follow them again.
+        self.hold = hold
+        self.live = LiveStreams() if hold is not None else None
+        self._pumps: set[asyncio.Task[None]] = set()
         self._base = str(self.upstream).rstrip("/")
         # Named in the Via header of every request forwarded: one that comes back with it
         # went round a loop (an upstream that leads back here).
@@ -120,6 +127,9 @@ class RecordingProxy:
         self.stopping = True  # exchanges cut short from now on were stopped, not abandoned
 
     async def close(self) -> None:
+        for pump in list(self._pumps):  # held streams end with the recorder
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
         if self.capture_id is not None:
@@ -150,14 +160,31 @@ class RecordingProxy:
         usable from another application's handler (whose server must keep request bodies
         as sent: ``handler_args=AS_SENT``). ``body``: the request's body, when the caller
         has read it already."""
+        with self.in_flight():
+            return await self._forward(request, body)
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """While an exchange (or a held stream) is not yet all handed to the log."""
         self._in_flight += 1
         self._idle.clear()
         try:
-            return await self._forward(request, body)
+            yield
         finally:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
+
+    def hold_stream(self, pump: Awaitable[None]) -> None:
+        """Run ``pump`` (a held stream's reading of its upstream) on its own, to its end."""
+
+        async def held() -> None:
+            with self.in_flight():
+                await pump
+
+        task = asyncio.ensure_future(held())
+        self._pumps.add(task)
+        task.add_done_callback(self._pumps.discard)
 
     async def _forward(self, request: web.Request, read: bytes | None) -> web.StreamResponse:
         if any(self._via in v for v in request.headers.getall("Via", ())):
@@ -168,6 +195,21 @@ class RecordingProxy:
             )
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
+        last_id = request.headers.get("Last-Event-ID")
+        if self.live is not None and last_id is not None:
+            found = self.live.find(last_id)
+            if found is not None:
+                body = read if read is not None else await request.read()
+                return await follow_again(self, request, body, *found, t0, started_ns)
+            held = self.live.newest(f"{request.method} {request.rel_url.raw_path}")
+            if held is not None:  # a reconnect to a stream held here, after an event it never had
+                ids = held.ids()
+                holds = (
+                    f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
+                )
+                return self._refuse(
+                    request, 400, f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
+                )
         body, teed = (read, None) if read is not None else await self._request_body(request)
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
@@ -280,21 +322,23 @@ class Exchange:
         self.upstream_ended = False  # the upstream's body ended, all of it forwarded
         self.client_left = False  # before the end: a stop meanwhile does not change that
         self.teed: _TeedBody | None = None
+        self.held = False  # its upstream stream is held (resuming): its reading ends it
+        self._sent: bytes | None = None
 
-    def _offset(self) -> int:
+    def offset(self) -> int:
         return time.perf_counter_ns() - self.t0
 
     async def run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
         try:
             return await self._run(body)
         finally:
-            if not self.ended:  # cancelled: the client left, or the proxy is stopping
+            if not self.ended and not self.held:  # cancelled: the client left, or the proxy is stopping
                 if self.upstream_ended:  # the client left as the last bytes reached it
-                    self._end("complete")
+                    self.end("complete")
                 elif self.proxy.stopping and not self.client_left:
-                    self._end("proxy_stopped", "tasktape record stopped during the exchange")
+                    self.end("proxy_stopped", "tasktape record stopped during the exchange")
                 else:
-                    self._end("client_disconnected", "the client went away mid-exchange")
+                    self.end("client_disconnected", "the client went away mid-exchange")
 
     async def _run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
         request, proxy = self.request, self.proxy
@@ -314,6 +358,7 @@ class Exchange:
             self.teed, data, sent = body, body.stream(), None
         else:
             data = sent = body
+        self._sent = sent
         card = proxy.rewrite_cards and is_card_request(request.method, request.path, sent)
         if card:
             headers.popall("Accept-Encoding", None)  # a compressed card could not be rewritten
@@ -331,14 +376,15 @@ class Exchange:
             if self.teed is not None:
                 await self.teed.drain()
             response = error_response(502, reason)
-            self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self._offset())
-            self.writer.chunk(self.id, self._offset(), response.body)  # type: ignore[arg-type]
-            self._end("upstream_error", reason)
+            self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self.offset())
+            self.writer.chunk(self.id, self.offset(), response.body)  # type: ignore[arg-type]
+            self.end("upstream_error", reason)
             return response
         try:
             return await self._relay(upstream, card)
         finally:
-            upstream.close()
+            if not self.held:
+                upstream.close()
 
     async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
         request = self.request
@@ -348,7 +394,7 @@ class Exchange:
             status=upstream.status,
             headers=list(upstream.headers.items()),
             is_sse=is_sse,
-            ttfb_ns=self._offset(),
+            ttfb_ns=self.offset(),
             content_encoding=upstream.headers.get("Content-Encoding"),
         )
         headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
@@ -356,6 +402,9 @@ class Exchange:
             headers["Location"] = self.proxy.local_location(headers["Location"], request)
         if card and not is_sse:
             return await self._relay_card(upstream, headers)
+        if is_sse and self.proxy.live is not None:
+            self.held = True
+            return await relay_held(self, upstream, headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         # Whatever the upstream has sent so far is forwarded (and recorded) as one chunk:
         # one event at a time when it paces them, bigger pieces when the client lags.
@@ -363,7 +412,7 @@ class Exchange:
             upstream.content.readany,
             response.write,
             self.writer.chunk,
-            self._offset,
+            self.offset,
         )
         try:
             await response.prepare(request)
@@ -373,7 +422,7 @@ class Exchange:
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
                     # The upstream dropped mid-stream: end the client's stream just as
                     # abruptly (no terminating chunk), so the client sees the same failure.
-                    self._end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
+                    self.end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
                     request.protocol.force_close()
                     return response
                 if not data:
@@ -385,16 +434,16 @@ class Exchange:
         except ConnectionError as exc:
             self.client_left = True
             if self.upstream_ended or await self._ends_now(read):
-                self._end("complete")
+                self.end("complete")
             else:
-                self._end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
+                self.end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
             return response
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self.client_left = not self.proxy.stopping
             if self.client_left and await self._ends_now(read):
                 self.upstream_ended = True
             raise
-        self._end("complete")
+        self.end("complete")
         return response
 
     async def _ends_now(self, read: Callable[[], Awaitable[bytes]]) -> bool:
@@ -411,10 +460,10 @@ class Exchange:
         try:
             original = await upstream.read()
         except (aiohttp.ClientError, OSError) as exc:
-            self._end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
+            self.end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
             self.request.protocol.force_close()
             raise web.HTTPBadGateway() from exc
-        self.writer.chunk(self.id, self._offset(), original)
+        self.writer.chunk(self.id, self.offset(), original)
         encoded = "Content-Encoding" in upstream.headers  # sent anyway: it stays as it is
         rewritten = (
             None
@@ -422,18 +471,23 @@ class Exchange:
             else rewrite_card(original, self.proxy.upstream, self.proxy.public_for(self.request))
         )
         headers.popall("Content-Length", None)
-        self._end("complete")
+        self.end("complete")
         return web.Response(
             status=upstream.status, reason=upstream.reason, headers=headers, body=rewritten or original
         )
 
-    def _end(self, outcome: str, error: str | None = None) -> None:
+    def request_body(self) -> bytes | None:
+        """The request's body as forwarded (as far as it was kept, when streamed through)."""
+        return bytes(self.teed.kept) if self.teed is not None else self._sent
+
+    def end(self, outcome: str, error: str | None = None) -> None:
+        """Say in the log how the exchange ended (once)."""
         if self.ended:
             return
         self.ended = True
         if self.teed is not None:  # a body streamed through: the log gets what was kept
             self.writer.late_request_body(self.id, bytes(self.teed.kept), truncated=self.teed.truncated)
-        done = self.writer.end_exchange(self.id, duration_ns=self._offset(), outcome=outcome, error=error)
+        done = self.writer.end_exchange(self.id, duration_ns=self.offset(), outcome=outcome, error=error)
         if self.proxy.on_exchange is not None:
             callback = self.proxy.on_exchange
             done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))

@@ -23,6 +23,7 @@ from tasktape.eventlog import LogProducer
 from tasktape.eventlog.content_coding import decode_body
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
+from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.protocols import ProtocolName, by_name
 from tasktape.eventlog.recorded import Recorded, read_log
@@ -44,7 +45,7 @@ from .matching import Incoming, MatchRules, mismatches
 from .modes import ReplayMode
 from .own_answers import error
 from .sending import Answer, due, send
-from .streams import NO_ID, after, apply_edits, jsonrpc_id_edits, rpc_id, same_id, with_ids
+from .streams import after, apply_edits, with_ids
 from .tasks import Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")

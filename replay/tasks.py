@@ -20,6 +20,7 @@ from typing import Any
 
 from tasktape.eventlog import classify
 from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.requests import SUBSCRIBE_METHODS, Binding, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
@@ -27,7 +28,7 @@ from tasktape.eventlog.task_snapshot import stream_response, task_after
 
 from .fidelity import Divergence
 from .sending import due
-from .streams import NO_ID, apply_edits, id_edit, jsonrpc_id_edits, rpc_id, same_id
+from .streams import apply_edits, id_edit
 
 _SPACED = re.compile(r'\{\s*"[^"\\]*":\s')  # the official SDK writes ", " and ": "
 

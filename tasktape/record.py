@@ -69,6 +69,21 @@ EXIT_LOG_FAILED = 3
     help="Stop writing the log once it reaches this size; traffic keeps flowing, and the "
     "lost rows are reported (and make the exit status 3).",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Make the agent's SSE streams resumable: every event gets an id (the agent's, or one of "
+    "the recorder's), a client that drops does not end the agent's stream, and a reconnect with "
+    "Last-Event-ID is answered here, after that event, without reaching the agent.",
+)
+@click.option(
+    "--hold",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --resume: how long a stream nobody follows is still read from the agent.",
+)
 @allow_host_option()
 @event_loop_option()
 @click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
@@ -84,6 +99,8 @@ def record(
     max_body: int,
     max_decoded: int,
     max_log_size: int | None,
+    resume: bool,
+    hold: float,
     allow_host: tuple[str, ...],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
     quiet: bool,
@@ -127,6 +144,7 @@ def record(
         max_request_body=max_body,
         allowed_hosts=answered_hosts(host, allow_host),
         on_exchange=_print_undecoded if quiet else _print_exchange,
+        hold=hold if resume else None,
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:

@@ -1,0 +1,97 @@
+"""JSON-RPC ids in recorded bytes: a request's id, and the edits that make recorded
+answers carry another request's id, byte-exact elsewhere."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .spans import Chunks, StreamEvent
+
+Edit = tuple[int, int, bytes]  # (position in the body, bytes removed, bytes put there)
+
+
+NO_ID = object()  # a request that is no JSON-RPC request
+
+
+def rpc_id(body: bytes | None) -> Any:
+    """The id of a JSON-RPC request body, or NO_ID."""
+    try:
+        obj = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return NO_ID
+    if isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "method" in obj and "id" in obj:
+        return obj["id"]
+    return NO_ID
+
+
+def same_id(a: Any, b: Any) -> bool:
+    """Whether two JSON-RPC ids are the same id (1, 1.0, true and "1" are four)."""
+    return a == b and type(a) is type(b)
+
+
+def jsonrpc_id_edits(
+    chunks: Chunks, events: list[StreamEvent] | None, old_id: object, new_id: object
+) -> list[Edit]:
+    """Edits making each JSON-RPC response to the recorded request (the body, or each
+    event's data whose top-level id is ``old_id``) carry ``new_id``, byte-exact
+    elsewhere: notifications, and the server's own requests, keep theirs."""
+    replacement = json.dumps(new_id).encode()
+    body = b"".join(data for _, data in chunks)
+    if events is None:
+        span = _top_level_span(body, 0, body.decode("utf-8", "replace"), "id")
+        return [(span[0], span[1] - span[0], replacement)] if span and _is(body, span, old_id) else []
+    edits = []
+    for event in events:
+        raw = body[event.start : event.end]
+        if "\n" in event.data:
+            continue  # a JSON-RPC frame on several data lines: left as recorded
+        at = raw.find(event.data.encode())
+        span = _top_level_span(raw, at, event.data, "id") if at >= 0 else None
+        if span and _is(raw, span, old_id):
+            edits.append((event.start + span[0], span[1] - span[0], replacement))
+    return edits
+
+
+def _is(raw: bytes, span: tuple[int, int], rpc_id: object) -> bool:
+    """Whether the JSON value at ``span`` is ``rpc_id`` (1 and "1" are different ids)."""
+    try:
+        value = json.loads(raw[span[0] : span[1]])
+    except ValueError:
+        return False
+    return same_id(value, rpc_id)
+
+
+def _top_level_span(raw: bytes, base: int, text: str, key: str) -> tuple[int, int] | None:
+    """The byte span in ``raw`` (``text`` starts at byte ``base``) of the value of the
+    top-level ``key`` of the JSON object ``text``."""
+    decoder = json.JSONDecoder()
+    i = _skip(text, 0)
+    if i >= len(text) or text[i] != "{":
+        return None
+    i += 1
+    try:
+        while True:
+            i = _skip(text, i)
+            if i < len(text) and text[i] == "}":
+                return None
+            name, i = decoder.raw_decode(text, i)
+            i = _skip(text, i)
+            if text[i] != ":":
+                return None
+            start = _skip(text, i + 1)
+            _, end = decoder.raw_decode(text, start)
+            if name == key:
+                return base + len(text[:start].encode()), base + len(text[:end].encode())
+            i = _skip(text, end)
+            if text[i] != ",":
+                return None
+            i += 1
+    except (ValueError, IndexError):
+        return None
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i

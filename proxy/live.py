@@ -1,0 +1,131 @@
+"""The streams a resuming recorder holds (``tasktape record --resume``): each upstream SSE
+stream as its clients are sent it, event by event, with an id on every event (the
+upstream's, or one of the gateway's where it sent none), and the clients following it.
+
+A stream lives on after its clients leave, until its upstream ends (or the hold runs
+out): a client that reconnects with ``Last-Event-ID`` follows it again after that event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tasktape.eventlog import SSEDecoder
+
+ID_PREFIX = "tg"  # ids the gateway gives: "tg<exchange>.<event>"
+
+
+@dataclass(frozen=True)
+class LiveEvent:
+    id: str | None  # None: a block no client dispatches (a comment, a keep-alive)
+    raw: bytes  # as clients are sent it: the upstream's bytes, and an id line where it had none
+    added_id: bool
+
+
+@dataclass
+class LiveStream:
+    """One upstream stream: its events so far, whether it has ended, and how."""
+
+    exchange_id: int
+    request_line: str  # "POST /message:stream": what a reconnect repeats
+    request_rpc_id: object  # the JSON-RPC id its frames answer (or NO_ID)
+    headers: list[tuple[str, str]]  # the response headers clients are sent
+    events: list[LiveEvent] = field(default_factory=list)
+    outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
+    followers: int = 0
+    _positions: dict[str, int] = field(default_factory=dict)
+    _decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def feed(self, data: bytes) -> None:
+        """Bytes from the upstream: the events they complete join the stream."""
+        for event in self._decoder.feed(data):
+            self._add(event.id, event.data, event.raw)
+
+    def end(self, outcome: str) -> None:
+        """The upstream ended: a tail it cut off goes out as it came."""
+        if self.outcome is not None:
+            return
+        for event in self._decoder.close():
+            if event.raw:
+                self.events.append(LiveEvent(None, event.raw, False))
+        self.outcome = outcome
+        self._wake()
+
+    def position(self, event_id: str) -> int | None:
+        """Where the event of that id is (None: this stream holds none)."""
+        return self._positions.get(event_id)
+
+    def ids(self) -> list[str]:
+        return [e.id for e in self.events if e.id is not None]
+
+    async def follow(self, after: int = -1) -> AsyncIterator[LiveEvent]:
+        """The events after position ``after``, then each one as it comes, until the end."""
+        self.followers += 1
+        try:
+            position = after + 1
+            while True:
+                while position < len(self.events):
+                    yield self.events[position]
+                    position += 1
+                if self.outcome is not None:
+                    return
+                waiting = self._changed
+                await waiting.wait()
+        finally:
+            self.followers -= 1
+            self._wake()  # a hold counting the followers looks again
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+    def _add(self, upstream_id: str | None, data: str, raw: bytes) -> None:
+        event_id, added = upstream_id, False
+        if upstream_id is None and data:
+            # Numbered by the events clients dispatch, so the ids are the same on every replay.
+            event_id, added = f"{ID_PREFIX}{self.exchange_id}.{len(self._positions) + 1}", True
+            raw = with_id(raw, event_id)
+        if event_id is not None and data:
+            self._positions.setdefault(event_id, len(self.events))
+        self.events.append(LiveEvent(event_id if data else None, raw, added))
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+def with_id(raw: bytes, event_id: str) -> bytes:
+    """The event's bytes with an id line last in its block (before the blank line)."""
+    for end in (b"\r\n", b"\n", b"\r"):
+        if raw.endswith(end + end):
+            return raw[: -len(end)] + f"id: {event_id}".encode() + end + end
+    return raw  # not a whole event: it cannot be given an id
+
+
+class LiveStreams:
+    """The streams a resuming recorder holds, found by an event id they hold."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, LiveStream] = {}
+
+    def open(
+        self, exchange_id: int, request_line: str, request_rpc_id: object, headers: list[tuple[str, str]]
+    ) -> LiveStream:
+        stream = LiveStream(exchange_id, request_line, request_rpc_id, headers)
+        self._streams[exchange_id] = stream
+        return stream
+
+    def newest(self, request_line: str) -> LiveStream | None:
+        """The newest stream a request like this one opened."""
+        return next((s for s in reversed(self._streams.values()) if s.request_line == request_line), None)
+
+    def find(self, event_id: str) -> tuple[LiveStream, int] | None:
+        """The newest stream holding an event of that id, and where it is in it."""
+        for stream in reversed(self._streams.values()):
+            position = stream.position(event_id)
+            if position is not None:
+                return stream, position
+        return None

@@ -1,0 +1,137 @@
+"""The resume gateway (``tasktape record --resume``), as far as it goes: held streams with
+an id on every event, clients that drop and reconnect with Last-Event-ID followed again
+from the held stream (the agent sees one request), JSON-RPC reconnects answered with their
+own id, the upstream read to its end with nobody following, and the hold letting it go."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import RecordFactory
+from sdk_agent import SdkAgent, run_sdk_agent
+from test_replay import events_of
+
+from tasktape.agent import create_agent_app
+
+QUESTION = "What does J45.909 mean?"
+REST_BODY = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": QUESTION}]}}
+HEADERS = {"A2A-Version": "1.0"}
+
+
+@pytest.fixture(scope="module")
+def sdk_agent() -> Any:
+    with run_sdk_agent() as running:
+        yield running
+
+
+def counted(app: web.Application) -> tuple[web.Application, list[str]]:
+    """The app, and the requests that reach it."""
+    seen: list[str] = []
+
+    async def count(request: web.Request, response: web.StreamResponse) -> None:
+        seen.append(f"{request.method} {request.path}")
+
+    app.on_response_prepare.append(count)
+    return app, seen
+
+
+async def first_events(url: str, body: Any, n: int, path: str = "/message:stream") -> tuple[bytes, list[Any]]:
+    """Read ``n`` events of a stream, then drop the connection."""
+    got = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}{path}", json=body, headers=HEADERS) as r,
+    ):
+        while len([e for e in events_of(got) if e.complete]) < n:
+            got += await r.content.readany()
+    events = [e for e in events_of(got) if e.complete][:n]
+    return b"".join(e.raw for e in events), events
+
+
+async def rest_of(url: str, body: Any, last_id: str, path: str = "/message:stream") -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}{path}", json=body, headers={**HEADERS, "Last-Event-ID": last_id}) as r,
+    ):
+        return r.status, await r.read()
+
+
+async def upstream_stream(rec: Any) -> bytes:
+    """What the upstream sent, as the log holds it."""
+    with await rec.log() as log:
+        (first, *_) = [x for x in log.exchanges() if x["is_sse"]]
+        return log.body(first["id"])
+
+
+async def test_a_client_that_drops_follows_the_stream_again(record: RecordFactory) -> None:
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0)
+    before, events = await first_events(rec.url, REST_BODY, 5)
+    status, after = await rest_of(rec.url, REST_BODY, events[-1].id)
+    assert status == 200
+    # Every event once, in order, its bytes as the agent sent them (it sends ids itself).
+    await rec.proxy.wait_idle()
+    assert before + after == await upstream_stream(rec)
+    assert seen.count("POST /message:stream") == 1  # the agent started one task
+    assert "TASK_STATE_COMPLETED" in after.decode().rstrip().splitlines()[-1]
+
+
+async def test_events_without_ids_get_the_gateway_s(record: RecordFactory, sdk_agent: SdkAgent) -> None:
+    rec = await record(sdk_agent.url, hold=30.0)
+    body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "slow hello"}]}}
+    before, events = await first_events(rec.url, body, 3)
+    assert all(e.id and e.id.startswith("tg") for e in events)
+    status, after = await rest_of(rec.url, body, events[-1].id)
+    assert status == 200
+    await rec.proxy.wait_idle()
+    upstream = events_of(await upstream_stream(rec))
+    sent = [e for e in events_of(before + after) if e.complete]
+    # Only an id line was added to each event: the data, line ends and all, are the agent's.
+    assert [e.data for e in sent] == [e.data for e in upstream if e.complete]
+    assert [e.raw.replace(f"id: {e.id}\r\n".encode(), b"") for e in sent] == [
+        e.raw for e in upstream if e.complete
+    ]
+
+
+async def test_a_jsonrpc_reconnect_gets_its_own_id(record: RecordFactory) -> None:
+    rec = await record(create_agent_app(pace=0.3), hold=30.0)
+    ask = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": REST_BODY}
+    _, events = await first_events(rec.url, ask, 4, "/jsonrpc")
+    again = {**ask, "id": "again-7"}
+    status, after = await rest_of(rec.url, again, events[-1].id, "/jsonrpc")
+    assert status == 200
+    assert {json.loads(e.data)["id"] for e in events_of(after) if e.complete} == {"again-7"}
+
+
+async def test_nobody_following_the_upstream_is_read_to_its_end(record: RecordFactory) -> None:
+    rec = await record(create_agent_app(pace=0.1), hold=30.0)
+    await first_events(rec.url, REST_BODY, 2)
+    await asyncio.wait_for(rec.proxy.wait_idle(), 30)
+    with await rec.log() as log:
+        (stream,) = [x for x in log.exchanges() if x["is_sse"]]
+        assert stream["outcome"] == "complete" and stream["finish"] == "TASK_STATE_COMPLETED"
+
+
+async def test_the_hold_lets_an_unfollowed_upstream_go(record: RecordFactory) -> None:
+    rec = await record(create_agent_app(pace=1.0), hold=0.2)
+    await first_events(rec.url, REST_BODY, 2)
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+    with await rec.log() as log:
+        (stream,) = [x for x in log.exchanges() if x["is_sse"]]
+        assert stream["outcome"] == "client_disconnected" and "--hold" in stream["error"]
+
+
+async def test_an_id_the_gateway_does_not_hold_is_refused(record: RecordFactory) -> None:
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0)
+    _, events = await first_events(rec.url, REST_BODY, 2)
+    status, body = await rest_of(rec.url, REST_BODY, "evt.never")
+    message = json.loads(body)["error"]["message"]
+    assert status == 400 and "'evt.never' names no event of the stream held here" in message
+    assert repr(events[0].id) in message  # the ids it holds, from the first
+    assert seen.count("POST /message:stream") == 1  # never a silent restart
