@@ -8,8 +8,9 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasktape.eventlog.jsonrpc_ids import jsonrpc_id_edits
 from tasktape.eventlog.spans import events_in
-from tasktape.replay.streams import after, apply_edits, jsonrpc_id_edits, split_at, with_ids
+from tasktape.replay.streams import after, apply_edits, split_at, with_ids
 
 bodies = st.binary(min_size=1, max_size=60)
 
