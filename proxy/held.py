@@ -135,6 +135,10 @@ async def _pump(exchange: Exchange, upstream: aiohttp.ClientResponse, stream: Li
         raise
     finally:
         upstream.close()
+        # Clients that come back soon after the end are still answered; then it is let go.
+        live = exchange.proxy.live
+        if live is not None:
+            asyncio.get_running_loop().call_later(hold, live.forget, exchange.id)
 
 
 async def _read_while_followed(read: Any, stream: LiveStream, hold: float) -> bytes:

@@ -118,6 +118,13 @@ class LiveStreams:
         self._streams[exchange_id] = stream
         return stream
 
+    def forget(self, exchange_id: int) -> None:
+        """Let an ended stream go (what it held stays in the log)."""
+        self._streams.pop(exchange_id, None)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
     def newest(self, request_line: str) -> LiveStream | None:
         """The newest stream a request like this one opened."""
         return next((s for s in reversed(self._streams.values()) if s.request_line == request_line), None)

@@ -135,3 +135,13 @@ async def test_an_id_the_gateway_does_not_hold_is_refused(record: RecordFactory)
     assert status == 400 and "'evt.never' names no event of the stream held here" in message
     assert repr(events[0].id) in message  # the ids it holds, from the first
     assert seen.count("POST /message:stream") == 1  # never a silent restart
+
+
+async def test_an_ended_stream_is_held_for_the_hold_then_let_go(record: RecordFactory) -> None:
+    rec = await record(create_agent_app(pace=0.05), hold=0.3)
+    _, events = await first_events(rec.url, REST_BODY, 2)
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+    status, rest = await rest_of(rec.url, REST_BODY, events[-1].id)  # after its end, within the hold
+    assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
+    await asyncio.sleep(0.5)
+    assert rec.proxy.live is not None and len(rec.proxy.live) == 0
