@@ -39,6 +39,7 @@ BARE = "bare aiohttp pass-through"
 UNRECORDED = "tasktape's proxy, log off"
 CONTROL = "bare aiohttp pass-through, a second process"
 RECORD = "tasktape record"
+RESUMING = "tasktape record --resume"
 # How a benchmark process starts: python -c BENCH.format("passthrough_main") ARGS...
 BENCH = "import sys; from benchmarks.proxy_bench import {0}; {0}(*sys.argv[1:])"
 RUNS = 5
@@ -210,7 +211,9 @@ async def latency_run(url: str, n: int) -> tuple[list[float], float]:
                 buffer += data
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
-                    sent = json.loads(event[6:])["artifactUpdate"]["sent"]
+                    # Its data line (a resuming recorder adds an id line after it).
+                    data_line = next(line for line in event.split(b"\n") if line.startswith(b"data: "))
+                    sent = json.loads(data_line[6:])["artifactUpdate"]["sent"]
                     latencies.append((now - sent) / 1e6)
     assert len(latencies) == n
     return latencies, first or 0.0
@@ -222,11 +225,14 @@ async def throughput_run(url: str, streams: int, n: int, *, delay: float = 0) ->
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one() -> int:
-            size = 0
+            # Events, counted by the blank lines that end them (a resuming recorder adds an
+            # id line to each, so their size is not the upstream's).
+            events, tail = 0, b""
             async with session.post(f"{url}/stream?n={n}&delay={delay}", data=b"{}") as response:
                 async for data in response.content.iter_any():
-                    size += len(data)
-            return size // EVENT_SIZE
+                    events += (tail + data).count(b"\n\n")
+                    tail = data[-1:]
+            return events
 
         start = time.perf_counter()
         counts = await asyncio.gather(*(one() for _ in range(streams)))
@@ -271,6 +277,10 @@ def launches(tmp: Path, upstream: str, *, control: bool = False, mitm: bool = Tr
     port, db = free_port(), tmp / "record.db"
     args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
     paths[RECORD] = Launch([python, "-m", "tasktape", *args], "listening on", port, db)
+    # The resume gateway, on streams that never drop: what holding them costs.
+    port, db = free_port(), tmp / "resume.db"
+    args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), "--quiet"]
+    paths[RESUMING] = Launch([python, "-m", "tasktape", *args, "--resume"], "listening on", port, db)
     if not mitm or importlib.util.find_spec("mitmproxy") is None:
         return paths
     mitmdump = str(Path(python).with_name("mitmdump"))

@@ -73,8 +73,8 @@ async def follow_again(
     outcome, error = "complete", None
     try:
         await response.prepare(request)
-        async for event in stream.follow(position):
-            data = _answering(event.raw, theirs, mine) if rewrite else event.raw
+        async for events in stream.follow(position):
+            data = b"".join(_answering(e.raw, theirs, mine) if rewrite else e.raw for e in events)
             writer.chunk(exchange_id, offset(), data)
             await response.write(data)
         if stream.outcome == "complete":
@@ -94,8 +94,8 @@ async def _follow(request: web.Request, response: web.StreamResponse, stream: Li
     """Send the stream after ``after`` to this client until it ends or the client leaves."""
     try:
         await response.prepare(request)
-        async for event in stream.follow(after):
-            await response.write(event.raw)
+        async for events in stream.follow(after):
+            await response.write(events[0].raw if len(events) == 1 else b"".join(e.raw for e in events))
         if stream.outcome == "complete":
             await response.write_eof()
         else:

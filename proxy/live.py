@@ -61,15 +61,18 @@ class LiveStream:
     def ids(self) -> list[str]:
         return [e.id for e in self.events if e.id is not None]
 
-    async def follow(self, after: int = -1) -> AsyncIterator[LiveEvent]:
-        """The events after position ``after``, then each one as it comes, until the end."""
+    async def follow(self, after: int = -1) -> AsyncIterator[list[LiveEvent]]:
+        """The events after position ``after``, then those that come, until the end: as
+        many at a time as there are (one write for them all, when a client lags)."""
         self.followers += 1
         try:
             position = after + 1
             while True:
-                while position < len(self.events):
-                    yield self.events[position]
-                    position += 1
+                if position < len(self.events):
+                    batch = self.events[position:]
+                    position += len(batch)
+                    yield batch
+                    continue
                 if self.outcome is not None:
                     return
                 waiting = self._changed
