@@ -53,6 +53,11 @@ class Recorded:
         return self.outcome in CUT_SHORT
 
     @property
+    def resumed_from(self) -> str | None:
+        """The Last-Event-ID the recorded request resumed from."""
+        return next((v for k, v in self.request_headers if k.lower() == "last-event-id"), None)
+
+    @property
     def body(self) -> bytes:
         return b"".join(data for _, data in self.chunks)
 

@@ -89,6 +89,22 @@ class Svg:
         """A moment: a thin mark ``2 * half`` tall, centred on the lane's axis ``mid``."""
         self.add("rect", title=title, x=self.x(at_ms) - 1, y=mid - half, width=2, height=2 * half, **attrs)
 
+    def mark_label(self, labels: LabelRows, at: float, base: float, text: str, fill: str) -> None:
+        """A mark's label above it, in the first of ``labels``' rows with room (``base``: the
+        lowest row's baseline); left out when none has."""
+        placed = labels.place(at, text)
+        if placed is not None:
+            row, anchor = placed
+            self.add(
+                "text",
+                x=at,
+                y=base - 12 * row,
+                fill=fill,
+                class_="tt-mark-label",
+                text_anchor=anchor,
+                text=text,
+            )
+
     def lane_label(self, mid: float, title: str, detail: str) -> None:
         """A lane's name and the line under it, left of the axis."""
         self.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=title)

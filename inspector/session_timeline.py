@@ -49,18 +49,7 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
         where = f"#{p.exchange_id}.{p.seq}" if p.seq is not None else f"#{p.exchange_id}"
         title = f"progress {p.label} at {p.at_ms:,.1f} ms ({where}){': ' + p.message if p.message else ''}"
         svg.tick(p.at_ms, mid, 10, title, fill=MARK_COLOURS["progress"], class_="tt-progress")
-        placed = labels.place(at, p.label)
-        if placed is not None:
-            row, anchor = placed
-            svg.add(
-                "text",
-                x=at,
-                y=mid - 14 - 12 * row,
-                fill=MARK_COLOURS["progress"],
-                class_="tt-mark-label",
-                text_anchor=anchor,
-                text=p.label,
-            )
+        svg.mark_label(labels, at, mid - 14, p.label, MARK_COLOURS["progress"])
     if x.answer is not None:
         a = x.answer
         name = "error" if a.error else "result"

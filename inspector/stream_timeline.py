@@ -102,17 +102,6 @@ def stream_svg(page: StreamPage) -> Markup:
             svg.add("path", d=f"M{at - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
         else:
             svg.add("circle", title=_title(e), cx=at, cy=mid - 14, r=3.5, fill=CATEGORY_COLOURS[e.category])
-        placed = labels.place(at, label)
-        if placed is not None:
-            row, anchor = placed
-            svg.add(
-                "text",
-                x=at,
-                y=mid - 21 - 12 * row,
-                fill=CATEGORY_COLOURS[e.category],
-                class_="tt-mark-label",
-                text_anchor=anchor,
-                text=label,
-            )
+        svg.mark_label(labels, at, mid - 21, label, CATEGORY_COLOURS[e.category])
     _gap_labels(svg, page, mid)
     return svg.markup(height, f"timeline of stream {page.exchange_id}")

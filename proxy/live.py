@@ -21,7 +21,6 @@ ID_PREFIX = "tg"  # ids the gateway gives: "tg<exchange>.<event>"
 class LiveEvent:
     id: str | None  # None: a block no client dispatches (a comment, a keep-alive)
     raw: bytes  # as clients are sent it: the upstream's bytes, and an id line where it had none
-    added_id: bool
 
 
 @dataclass
@@ -50,7 +49,7 @@ class LiveStream:
             return
         for event in self._decoder.close():
             if event.raw:
-                self.events.append(LiveEvent(None, event.raw, False))
+                self.events.append(LiveEvent(None, event.raw))
         self.outcome = outcome
         self._wake()
 
@@ -85,14 +84,14 @@ class LiveStream:
         await self._changed.wait()
 
     def _add(self, upstream_id: str | None, data: str, raw: bytes) -> None:
-        event_id, added = upstream_id, False
+        event_id = upstream_id
         if upstream_id is None and data:
             # Numbered by the events clients dispatch, so the ids are the same on every replay.
-            event_id, added = f"{ID_PREFIX}{self.exchange_id}.{len(self._positions) + 1}", True
+            event_id = f"{ID_PREFIX}{self.exchange_id}.{len(self._positions) + 1}"
             raw = with_id(raw, event_id)
         if event_id is not None and data:
             self._positions.setdefault(event_id, len(self.events))
-        self.events.append(LiveEvent(event_id if data else None, raw, added))
+        self.events.append(LiveEvent(event_id if data else None, raw))
         self._wake()
 
     def _wake(self) -> None:

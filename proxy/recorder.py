@@ -195,8 +195,7 @@ class RecordingProxy:
             )
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
-        last_id = request.headers.get("Last-Event-ID")
-        if self.live is not None and last_id is not None:
+        if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
             found = self.live.find(last_id)
             if found is not None:
                 body = read if read is not None else await request.read()

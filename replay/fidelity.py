@@ -60,10 +60,6 @@ class Served:
     def sent(self) -> Digest:
         return Digest.of(b"".join(data for _, data in self.body)[: self.bytes_sent])
 
-    @property
-    def identical(self) -> bool:
-        return self.sent == self.digest()
-
     def as_json(self) -> dict[str, Any]:
         late = sorted(max(0.0, s * 1000) for s in self.late_s)
         recorded, sent = self.digest(), self.sent

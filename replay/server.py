@@ -228,7 +228,7 @@ class ReplayServer:
         stream that holds that event (served before, most likely), or else the one the
         request would get anyway."""
         matching = self._matching(incoming)
-        again = [i for i in matching if not self.used[i] and _last_event_id(self.recorded[i]) == last_id]
+        again = [i for i in matching if not self.used[i] and self.recorded[i].resumed_from == last_id]
         if again:
             self.used[again[0]] += 1
             return again[0], True
@@ -320,7 +320,7 @@ class ReplayServer:
         end_ns = recorded.duration_ns
         last_id = request.headers.get("Last-Event-ID")
         resumed_after = None
-        if recorded.is_sse and last_id is not None and last_id != _last_event_id(recorded):
+        if recorded.is_sse and last_id is not None and last_id != recorded.resumed_from:
             resumed = self._resume(recorded, chunks, last_id)
             if isinstance(resumed, web.Response):
                 # Nothing of it was served: the recording stays for the next request.
@@ -496,11 +496,6 @@ class ReplayServer:
     def report(self) -> dict[str, Any]:
         """The fidelity report, as ``GET /_tasktape/report`` answers it."""
         return fidelity.report(self.served)
-
-
-def _last_event_id(recorded: Recorded) -> str | None:
-    """The Last-Event-ID the recorded request resumed from."""
-    return next((v for k, v in recorded.request_headers if k.lower() == "last-event-id"), None)
 
 
 def is_card(recorded: Recorded) -> bool:

@@ -130,7 +130,7 @@ class Tasks:
                         None if request_id is NO_ID else request_id,
                     )
                 )
-            resumed_from = _last_event_id(recorded)
+            resumed_from = recorded.resumed_from
             for task_id, events in runs.items():
                 timeline = timelines.setdefault(task_id, Timeline())
                 timeline.runs.append(self._run(index, events, timeline, resumed_from))
@@ -224,11 +224,12 @@ class Tasks:
         JSON-RPC id changed), else its StreamResponse in the subscriber's binding."""
         if event.binding == binding:
             chunks: Chunks = [(0, event.raw)]
+            spans = events_in(chunks)
             edits = []
             if binding == Binding.JSONRPC and not same_id(event.rpc_id, rpc_id):
-                edits += jsonrpc_id_edits(chunks, events_in(chunks), event.rpc_id, rpc_id)
+                edits += jsonrpc_id_edits(chunks, spans, event.rpc_id, rpc_id)
             if event.id is not None and event.event.id is None:
-                edits.append(id_edit(events_in(chunks)[0], event.id))  # an id added (--add-ids)
+                edits.append(id_edit(spans[0], event.id))  # an id added (--add-ids)
             return apply_edits(chunks, edits)[0][1] if edits else event.raw
         return _block(event, _framed(event.frame, binding, rpc_id, event), event.id)
 
@@ -252,10 +253,6 @@ def _after(when: float, now: float, speed: float) -> int:
 def _is_subscribe(recorded: Recorded) -> bool:
     info = classify_request(recorded.method, recorded.path, recorded.request_body)
     return info.rpc_method in SUBSCRIBE_METHODS
-
-
-def _last_event_id(recorded: Recorded) -> str | None:
-    return next((v for k, v in recorded.request_headers if k.lower() == "last-event-id"), None)
 
 
 def _gap_ns(first: Recorded, later: Recorded) -> int | None:
