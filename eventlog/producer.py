@@ -26,9 +26,10 @@ from tasktape.version import __version__
 
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
 from .redact import hide_credentials
+from .resumes import Resume
 
 # Operations, as tuples whose first element is one of these codes.
-CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP, MANY = range(10)
+CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP, MANY, RESUME = range(11)
 
 _REPORT_EVERY = 5.0  # seconds between two reports of failed writes on stderr
 
@@ -176,6 +177,28 @@ class LogProducer:
                 return
             self._queued += len(data)
         self._queue.put((CHUNK, exchange_id, offset_ns, data))
+
+    def resume(self, resume: Resume) -> None:
+        """A reconnect of one side of a held stream (a row of ``resumes``)."""
+        at_ns = time.time_ns()
+        r = resume
+        synthesized = json.dumps(r.synthesized) if r.synthesized else None
+        self._put(
+            (
+                RESUME,
+                r.exchange_id,
+                utc_iso(at_ns),
+                at_ns,
+                str(r.side),
+                r.last_event_id,
+                r.events_from_log,
+                r.new_exchange_id,
+                str(r.outcome),
+                r.attempts,
+                synthesized,
+                r.error,
+            )
+        )
 
     def _admit(self, size: int) -> bool:
         """Count ``size`` bytes (a chunk's, a request body's) into the backlog, unless the

@@ -459,6 +459,30 @@ def _protocols(db: sqlite_utils.Database) -> None:
     reread_log(db.conn)
 
 
+@_migration("0008_resumes")
+def _resumes(db: sqlite_utils.Database) -> None:
+    # What a resuming recorder (tasktape record --resume) did when a side reconnected.
+    db["resumes"].create(
+        {
+            "id": int,
+            "exchange_id": int,
+            "at": str,
+            "at_ns": int,
+            "side": str,
+            "last_event_id": str,
+            "events_from_log": int,
+            "new_exchange_id": int,
+            "outcome": str,
+            "attempts": int,
+            "synthesized": str,
+            "error": str,
+        },
+        pk="id",
+        foreign_keys=[("exchange_id", "exchanges", "id"), ("new_exchange_id", "exchanges", "id")],
+    )
+    db["resumes"].create_index(["exchange_id"], index_name="resumes_exchange")
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of events after the last one

@@ -38,11 +38,13 @@ from .producer import (
     FLUSH,
     HEAD,
     MANY,
+    RESUME,
     STOP,
     LogProducer,
     WriterStats,
 )
 from .redact import Redactor
+from .resumes import INSERT_RESUME
 from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 
 __all__ = ["LogWriter", "WriterStats"]
@@ -263,6 +265,8 @@ class LogWriter(LogProducer):
             batch.finished.append((op[5], rows.summary))
         elif code == CAPTURE:
             batch.statements.append((_INSERT_CAPTURE, op[1:]))
+        elif code == RESUME:
+            batch.statements.append((INSERT_RESUME, op[1:]))
         elif code == CAPTURE_END:
             batch.statements.append(("UPDATE captures SET ended_at = ? WHERE id = ?", (op[2], op[1])))
         elif code == FLUSH:

@@ -14,9 +14,12 @@ import aiohttp
 from aiohttp import web
 
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 from tasktape.eventlog.spans import events_in
 
+from .failure import describe
 from .live import LiveStream
+from .rejoin import Rejoin
 
 if TYPE_CHECKING:
     from .recorder import Exchange, RecordingProxy
@@ -66,6 +69,16 @@ async def follow_again(
         return time.perf_counter_ns() - t0
 
     writer.response_head(exchange_id, status=200, headers=stream.headers, is_sse=True, ttfb_ns=offset())
+    proxy.resumed(
+        Resume(
+            stream.exchange_id,
+            ResumeSide.CLIENT,
+            ResumeOutcome.RESUMED,
+            last_event_id=request.headers.get("Last-Event-ID"),
+            events_from_log=sum(e.id is not None for e in stream.events[position + 1 :]),
+            new_exchange_id=exchange_id,
+        )
+    )
     mine = rpc_id(body)
     theirs = stream.request_rpc_id
     rewrite = mine is not NO_ID and theirs is not NO_ID and not same_id(mine, theirs)
@@ -105,40 +118,67 @@ async def _follow(request: web.Request, response: web.StreamResponse, stream: Li
 
 
 async def _pump(exchange: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream) -> None:
-    """Read the upstream to its end, recording it, whoever follows; let it go once no
-    client has followed it for the hold."""
-    hold = exchange.proxy.hold or 0.0
-    read = upstream.content.readany
+    """Read the upstream to its end, recording it, whoever follows; rejoin it when it
+    breaks; let it go once no client has followed it for the hold."""
+    recording, response, rejoin = exchange, upstream, None
     try:
         while True:
-            try:
-                data = await _read_while_followed(read, stream, hold)
-            except TimeoutError:
-                reason = f"no client followed the stream for {hold:g} s (--hold): the upstream was let go"
-                exchange.end("client_disconnected", reason)
-                stream.end("client_disconnected")
+            broke = await _read(recording, response, stream, rejoin)
+            if broke is None:
                 return
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
-                exchange.end(UPSTREAM_DROPPED, f"the upstream dropped mid-response: {exc}")
+            response.close()
+            rejoin = rejoin or Rejoin(exchange, stream)
+            again = await rejoin.again(broke)
+            if again is None:
                 stream.end(UPSTREAM_DROPPED)
                 return
-            if not data:
-                exchange.upstream_ended = True
-                stream.end("complete")
-                exchange.end("complete")
-                return
-            exchange.writer.chunk(exchange.id, exchange.offset(), data)
-            stream.feed(data)
+            recording, response = again
     except asyncio.CancelledError:
-        exchange.end("proxy_stopped", "tasktape record stopped while it held the stream")
+        recording.end("proxy_stopped", "tasktape record stopped while it held the stream")
         stream.end("proxy_stopped")
         raise
     finally:
-        upstream.close()
+        response.close()
         # Clients that come back soon after the end are still answered; then it is let go.
         live = exchange.proxy.live
         if live is not None:
-            asyncio.get_running_loop().call_later(hold, live.forget, exchange.id)
+            asyncio.get_running_loop().call_later(exchange.proxy.hold or 0.0, live.forget, exchange.id)
+
+
+async def _read(
+    recording: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream, rejoin: Rejoin | None
+) -> str | None:
+    """Read one upstream response to its end into the stream: None once the stream has
+    ended, or why the upstream broke (the exchange recording it has ended)."""
+    hold = recording.proxy.hold or 0.0
+    read = upstream.content.readany
+    while True:
+        try:
+            data = await _read_while_followed(read, stream, hold)
+        except TimeoutError:
+            reason = f"no client followed the stream for {hold:g} s (--hold): the upstream was let go"
+            recording.end("client_disconnected", reason)
+            stream.end("client_disconnected")
+            return None
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
+            why = f"the upstream dropped mid-response: {describe(exc)}"
+            recording.end(UPSTREAM_DROPPED, why)
+            return why
+        if not data:
+            if rejoin is None:
+                recording.upstream_ended = True
+                stream.end("complete")
+                recording.end("complete")
+                return None
+            # A subscribe's stream that ends before its task did broke off too.
+            recording.end("complete")
+            return "the subscribe's stream ended before its task did"
+        recording.writer.chunk(recording.id, recording.offset(), data)
+        events = stream.feed(data)
+        if rejoin is not None and (rejoin.ended or any(rejoin.closes(e) for e in events)):
+            recording.end("complete")
+            stream.end("complete")
+            return None
 
 
 async def _read_while_followed(read: Any, stream: LiveStream, hold: float) -> bytes:

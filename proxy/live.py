@@ -9,10 +9,10 @@ out): a client that reconnects with ``Last-Event-ID`` follows it again after tha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from tasktape.eventlog import SSEDecoder
+from tasktape.eventlog import SSEDecoder, SSEEvent
 
 ID_PREFIX = "tg"  # ids the gateway gives: "tg<exchange>.<event>"
 
@@ -37,11 +37,46 @@ class LiveStream:
     _positions: dict[str, int] = field(default_factory=dict)
     _decoder: SSEDecoder = field(default_factory=SSEDecoder)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # A rejoined stream's first event (the agent's snapshot) goes here instead: it says
+    # which made-up events clients get, and whether that event itself is sent on.
+    _first: Callable[[SSEEvent], bool] | None = None
 
-    def feed(self, data: bytes) -> None:
-        """Bytes from the upstream: the events they complete join the stream."""
-        for event in self._decoder.feed(data):
+    def feed(self, data: bytes) -> list[SSEEvent]:
+        """Bytes from the upstream: the events they complete join the stream (and are returned)."""
+        events = self._decoder.feed(data)
+        for event in events:
+            if self._first is not None and event.data:
+                first, self._first = self._first, None
+                if not first(event):
+                    continue
             self._add(event.id, event.data, event.raw)
+        return events
+
+    def rejoin(self, first: Callable[[SSEEvent], bool]) -> None:
+        """The upstream broke and is followed anew: what was cut off mid-event is dropped
+        (no client was sent any of it), and the new stream's first event goes to ``first``."""
+        self._decoder = SSEDecoder()
+        self._first = first
+
+    def add_made(self, data: str) -> str:
+        """An event the gateway made up (catching clients up after a rejoin): its id."""
+        event_id = self._next_id()
+        last = self.events[-1].raw if self.events else b""
+        end = next((e for e in (b"\r\n", b"\n", b"\r") if last.endswith(e)), b"\n")  # the agent's line ends
+        lines = [b"data: " + line.encode() for line in data.split("\n")]
+        raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
+        self._positions[event_id] = len(self.events)
+        self.events.append(LiveEvent(event_id, raw))
+        self._wake()
+        return event_id
+
+    def sent_data(self) -> list[str]:
+        """The data of every event clients are sent (read again from their bytes)."""
+        decoder = SSEDecoder()
+        return [e.data for e in decoder.feed(b"".join(e.raw for e in self.events)) if e.data]
+
+    def last_id(self) -> str | None:
+        return next((e.id for e in reversed(self.events) if e.id is not None), None)
 
     def end(self, outcome: str) -> None:
         """The upstream ended: a tail it cut off goes out as it came."""
@@ -86,13 +121,16 @@ class LiveStream:
     def _add(self, upstream_id: str | None, data: str, raw: bytes) -> None:
         event_id = upstream_id
         if upstream_id is None and data:
-            # Numbered by the events clients dispatch, so the ids are the same on every replay.
-            event_id = f"{ID_PREFIX}{self.exchange_id}.{len(self._positions) + 1}"
+            event_id = self._next_id()
             raw = with_id(raw, event_id)
         if event_id is not None and data:
             self._positions.setdefault(event_id, len(self.events))
         self.events.append(LiveEvent(event_id if data else None, raw))
         self._wake()
+
+    def _next_id(self) -> str:
+        # Numbered by the events clients dispatch, so the ids are the same on every replay.
+        return f"{ID_PREFIX}{self.exchange_id}.{len(self._positions) + 1}"
 
     def _wake(self) -> None:
         self._changed.set()

@@ -16,22 +16,27 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 from . import unread
 from .card import is_card_request, rewrite_card
+from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .held import follow_again, relay_held
 from .hosts import host_guard
-from .live import LiveStreams
+from .live import LiveStream, LiveStreams
+from .resume_options import UnknownResume
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -64,6 +69,9 @@ class RecordingProxy:
         allowed_hosts: frozenset[str] | None = None,
         header_timeout: float = HEADER_TIMEOUT,
         hold: float | None = None,
+        rejoin_for: float = 30.0,
+        resume_unknown: UnknownResume | str = UnknownResume.REFUSE,
+        on_resume: Callable[[Resume], None] | None = None,
     ) -> None:
         url = upstream_url(upstream)
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
@@ -81,6 +89,9 @@ class RecordingProxy:
         # Resuming (``hold`` given): SSE streams are held, clients that reconnect follow them again.
         self.hold = hold
         self.live = LiveStreams() if hold is not None else None
+        self.rejoin_for = rejoin_for  # how long a held stream whose agent broke is subscribed again
+        self.resume_unknown = UnknownResume.parse(resume_unknown)
+        self.on_resume = on_resume
         self._pumps: set[asyncio.Task[None]] = set()
         self._base = str(self.upstream).rstrip("/")
         # Named in the Via header of every request forwarded: one that comes back with it
@@ -175,6 +186,13 @@ class RecordingProxy:
             if not self._in_flight:
                 self._idle.set()
 
+    def resumed(self, resume: Resume) -> None:
+        """A side of a held stream reconnected: in the log, and told ``on_resume``."""
+        with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
+            self.writer.resume(resume)
+        if self.on_resume is not None:
+            self.on_resume(resume)
+
     def hold_stream(self, pump: Awaitable[None]) -> None:
         """Run ``pump`` (a held stream's reading of its upstream) on its own, to its end."""
 
@@ -202,13 +220,9 @@ class RecordingProxy:
                 return await follow_again(self, request, body, *found, t0, started_ns)
             held = self.live.newest(f"{request.method} {request.rel_url.raw_path}")
             if held is not None:  # a reconnect to a stream held here, after an event it never had
-                ids = held.ids()
-                holds = (
-                    f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
-                )
-                return self._refuse(
-                    request, 400, f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
-                )
+                refused = self._unknown_resume(request, held, last_id)
+                if refused is not None:
+                    return refused
         body, teed = (read, None) if read is not None else await self._request_body(request)
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
@@ -222,13 +236,30 @@ class RecordingProxy:
         )
         return await Exchange(self, request, exchange, t0).run(teed or body)
 
+    def _unknown_resume(self, request: web.Request, held: LiveStream, last_id: str) -> web.Response | None:
+        """A reconnect naming an event the stream held for it never had: refused (a 400
+        naming the ids it holds), or, with --resume-unknown forward, None: it goes upstream."""
+        resume = Resume(held.exchange_id, ResumeSide.CLIENT, ResumeOutcome.FORWARDED, last_event_id=last_id)
+        if self.resume_unknown is UnknownResume.FORWARD:
+            self.resumed(resume)
+            return None
+        ids = held.ids()
+        holds = f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
+        reason = f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
+        response, refusal = self._refusal(request, 400, reason)
+        self.resumed(replace(resume, outcome=ResumeOutcome.REFUSED, new_exchange_id=refusal, error=reason))
+        return response
+
     def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:
+        return self._refusal(request, status, reason)[0]
+
+    def _refusal(self, request: web.Request, status: int, reason: str) -> tuple[web.Response, int]:
+        """The refusal's answer, and its exchange in the log."""
         response = error_response(status, reason)
         body: bytes = response.body  # type: ignore[assignment]
         headers = list(request.headers.items())
         path, query = logged_target(request.raw_path)
-        self._log_refusal(request.method, path, headers, status, body, reason, query)
-        return response
+        return response, self._log_refusal(request.method, path, headers, status, body, reason, query)
 
     def log_unread(self, status: int, reason: str) -> None:
         """aiohttp answered a request it could not read (see ``unread``): neither its
@@ -245,7 +276,7 @@ class RecordingProxy:
         body: bytes | None,
         reason: str,
         query: str | None = None,
-    ) -> None:
+    ) -> int:
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
             method=method,
@@ -257,6 +288,7 @@ class RecordingProxy:
         if body is not None:
             self.writer.chunk(exchange, 0, body)
         self.writer.end_exchange(exchange, duration_ns=0, outcome="refused", error=reason)
+        return exchange
 
     async def _request_body(self, request: web.Request) -> tuple[bytes | None, _TeedBody | None]:
         """Small bodies (with a Content-Length) are read whole, so the log gets them with
@@ -339,7 +371,8 @@ class Exchange:
                 else:
                     self.end("client_disconnected", "the client went away mid-exchange")
 
-    async def _run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
+    def upstream_headers(self) -> CIMultiDict[str]:
+        """The client's request headers as the upstream is sent them."""
         request, proxy = self.request, self.proxy
         headers = for_upstream(
             request.headers.items(),
@@ -353,6 +386,11 @@ class Exchange:
         headers["Via"] = f"{previous}, {proxy._via}" if previous else proxy._via  # RFC 9110 7.6.3
         if proxy._authorization and "Authorization" not in headers:
             headers["Authorization"] = proxy._authorization
+        return headers
+
+    async def _run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
+        request, proxy = self.request, self.proxy
+        headers = self.upstream_headers()
         if isinstance(body, _TeedBody):
             self.teed, data, sent = body, body.stream(), None
         else:
@@ -371,7 +409,7 @@ class Exchange:
                 allow_redirects=False,
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            reason = f"upstream {proxy.upstream} failed before answering: {_describe(exc)}"
+            reason = f"upstream {proxy.upstream} failed before answering: {describe(exc)}"
             if self.teed is not None:
                 await self.teed.drain()
             response = error_response(502, reason)
@@ -401,7 +439,8 @@ class Exchange:
             headers["Location"] = self.proxy.local_location(headers["Location"], request)
         if card and not is_sse:
             return await self._relay_card(upstream, headers)
-        if is_sse and self.proxy.live is not None:
+        # An encoded stream cannot be given ids or cut into events: it passes as ever.
+        if is_sse and self.proxy.live is not None and "Content-Encoding" not in upstream.headers:
             self.held = True
             return await relay_held(self, upstream, headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -421,7 +460,7 @@ class Exchange:
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
                     # The upstream dropped mid-stream: end the client's stream just as
                     # abruptly (no terminating chunk), so the client sees the same failure.
-                    self.end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
+                    self.end("upstream_disconnected", f"the upstream dropped mid-response: {describe(exc)}")
                     request.protocol.force_close()
                     return response
                 if not data:
@@ -435,7 +474,7 @@ class Exchange:
             if self.upstream_ended or await self._ends_now(read):
                 self.end("complete")
             else:
-                self.end("client_disconnected", f"the client went away mid-response: {_describe(exc)}")
+                self.end("client_disconnected", f"the client went away mid-response: {describe(exc)}")
             return response
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self.client_left = not self.proxy.stopping
@@ -459,7 +498,7 @@ class Exchange:
         try:
             original = await upstream.read()
         except (aiohttp.ClientError, OSError) as exc:
-            self.end("upstream_disconnected", f"the upstream dropped mid-response: {_describe(exc)}")
+            self.end("upstream_disconnected", f"the upstream dropped mid-response: {describe(exc)}")
             self.request.protocol.force_close()
             raise web.HTTPBadGateway() from exc
         self.writer.chunk(self.id, self.offset(), original)
@@ -535,8 +574,3 @@ def logged_target(target: str) -> tuple[str, str | None]:
 def error_response(status: int, message: str) -> web.Response:
     body = json.dumps({"error": {"code": status, "message": message, "source": "tasktape"}})
     return web.Response(status=status, text=body, content_type="application/json")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -18,7 +18,8 @@ from ..classify import Classification, classify, load_json
 from ..models import INTERRUPTED_STATES, STREAM_KINDS, TERMINAL_STATES, V03_KINDS, is_jsonrpc
 from ..requests import A2A_METHODS, classify_request, rest_operation
 from ..rules import RULES
-from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, Summary
+from . import a2a_rejoin
+from .base import CatchUp, Protocol, Regenerated, Request, RequestInfo, Resubscription, StreamReader, Summary
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 THINKING = "intermediate-thinking"
@@ -86,6 +87,14 @@ class A2A(Protocol):
         """The status update that ends the run: a terminal or interrupted state."""
         c = classify(data)
         return c.kind == A2AKind.STATUS_UPDATE and c.state in _ENDS
+
+    def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+        """``tasks/{id}:subscribe`` (or ``SubscribeToTask``) while the task has not ended."""
+        return a2a_rejoin.resubscription(request, sent)
+
+    def catch_up(self, sent: Sequence[str], first: str) -> CatchUp:
+        """What the subscribe's Task snapshot holds that clients were not sent."""
+        return a2a_rejoin.catch_up(sent, first)
 
     def delta(self, c: Classification) -> str | None:
         """Every text the stream carries (artifact deltas, status messages, messages) but a

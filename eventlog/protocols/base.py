@@ -129,6 +129,25 @@ class Regenerated:
     pointers: tuple[tuple[str, ...], ...] = ()
 
 
+@dataclass(frozen=True)
+class Resubscription:
+    """The request that follows a stream anew after its connection to the agent broke."""
+
+    method: str
+    path: str  # with its query, if any
+    body: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # set over the original request's
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """What the clients of a rejoined stream are owed, from the new stream's first event."""
+
+    events: tuple[str, ...] = ()  # the data of each event to send them first (made up)
+    gaps: tuple[str, ...] = ()  # what they are owed that the first event does not tell
+    send_first: bool = False  # whether the first event itself goes out after those
+
+
 class Protocol:
     """One protocol. Subclasses set ``name`` and ``kinds`` and override the hooks."""
 
@@ -179,3 +198,14 @@ class Protocol:
         """The names of the artifacts an event (its ``data``, as its reader classified
         it) carries, for protocols that name their artifacts."""
         return ()
+
+    def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+        """How a resuming recorder follows the stream ``request`` opened again, once its
+        connection to the agent broke, given the data of the events clients were sent
+        (None: it cannot be: the stream had ended, or the protocol has no way)."""
+        return None
+
+    def catch_up(self, sent: Sequence[str], first: str) -> CatchUp:
+        """What clients that were sent ``sent`` are owed, given the first event of the
+        resubscription's stream (by default: that event, as it is)."""
+        return CatchUp(send_first=True)

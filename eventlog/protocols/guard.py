@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ..classify import Classification
-from .base import Protocol, Request, RequestInfo, StreamReader, Summary
+from .base import CatchUp, Protocol, Request, RequestInfo, Resubscription, StreamReader, Summary
 
 log = logging.getLogger("tasktape")
 T = TypeVar("T")
@@ -74,6 +74,12 @@ class Guarded(Protocol):
 
     def closes(self, data: str, event_type: str | None) -> bool:
         return self.safely("closes", False, lambda: bool(self.inner.closes(data, event_type)))
+
+    def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+        return self.safely("resubscription", None, lambda: self.inner.resubscription(request, sent))
+
+    def catch_up(self, sent: Sequence[str], first: str) -> CatchUp:
+        return self.safely("catch_up", CatchUp(send_first=True), lambda: self.inner.catch_up(sent, first))
 
     def reader(self) -> StreamReader:
         inner = self.safely("reader", None, self.inner.reader)

@@ -109,7 +109,12 @@ class TaskRun:
             body["append"] = True
         if last_chunk:
             body["lastChunk"] = True
-            self.artifacts[artifact["artifactId"]] = artifact
+        # The task holds its artifacts as they grow, as the SDK's task manager does: a
+        # subscriber's snapshot carries the text streamed so far.
+        held = self.artifacts.get(artifact["artifactId"])
+        if append and held is not None:
+            artifact = {**held, "parts": [*held.get("parts", []), *artifact.get("parts", [])]}
+        self.artifacts[artifact["artifactId"]] = artifact
         self.emit({"artifactUpdate": body})
 
     def cancel(self) -> None:

@@ -1,0 +1,136 @@
+"""A2A: picking a task's stream up again after the connection to the agent broke.
+
+The stream goes on through ``tasks/{id}:subscribe`` (REST) or ``SubscribeToTask``
+(JSON-RPC), whose first event is a Task snapshot. What the clients were sent is read back
+into a Task the way the SDK's task manager builds one (``task_snapshot.task_after``); the
+snapshot is compared with it, and what clients lack is made up as the events that would
+have carried it: an ``artifactUpdate`` appending the artifact text they were not sent (or
+the whole artifact, if they had none of it), a ``statusUpdate`` with a status they lack.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from ..classify import load_json
+from ..jsonrpc_ids import NO_ID
+from ..models import INTERRUPTED_STATES, TERMINAL_STATES, is_jsonrpc
+from ..requests import Binding, classify_request
+from ..task_snapshot import stream_response, task_after
+from .base import CatchUp, Request, Resubscription
+
+_ENDS = {str(s) for s in TERMINAL_STATES | INTERRUPTED_STATES}
+_STREAMING = re.compile(r"/(?:message:stream|tasks/[^/:]+:subscribe)$")
+_V03_METHODS = frozenset({"message/stream", "tasks/resubscribe"})
+
+
+def resubscription(request: Request, sent: Sequence[str]) -> Resubscription | None:
+    """The subscribe to the task the clients were being sent, while it has not ended."""
+    task = task_after(_frames(sent))
+    if task is None or not isinstance(task.get("id"), str):
+        return None  # no event named the task yet: there is nothing to subscribe to
+    if (task.get("status") or {}).get("state") in _ENDS:
+        return None
+    task_id = task["id"]
+    info = classify_request(request.method, request.path, request.body)
+    path = request.path.partition("?")[0]
+    if info.binding == Binding.JSONRPC:
+        method = "tasks/resubscribe" if info.rpc_method in _V03_METHODS else "SubscribeToTask"
+        body = {"jsonrpc": "2.0", "id": info.rpc_id, "method": method, "params": {"id": task_id}}
+        headers = (("Content-Type", "application/json"), ("Accept", "text/event-stream"))
+        return Resubscription("POST", path, json.dumps(body).encode(), headers)
+    match = _STREAMING.search(path)
+    if info.binding != Binding.REST or match is None:
+        return None
+    prefix = path[: match.start()]
+    return Resubscription(
+        "GET", f"{prefix}/tasks/{quote(task_id, safe='')}:subscribe", None, (("Accept", "text/event-stream"),)
+    )
+
+
+def catch_up(sent: Sequence[str], first: str) -> CatchUp:
+    """The events that bring clients that were sent ``sent`` to the snapshot ``first``."""
+    try:
+        obj = load_json(first)
+    except (ValueError, RecursionError):
+        obj = None
+    frame = stream_response(obj)
+    snapshot = frame.get("task") if frame else None
+    if not isinstance(snapshot, dict) or _is_v03(obj):
+        gap = "the subscribe's first event is not a v1.0 Task snapshot: it is sent on as it came"
+        return CatchUp(gaps=(gap,), send_first=True)
+    have = task_after(_frames(sent)) or {}
+    ids = {"taskId": snapshot.get("id"), "contextId": snapshot.get("contextId")}
+    updates: list[dict[str, Any]] = []
+    gaps: list[str] = []
+    held = {a.get("artifactId"): a for a in have.get("artifacts", []) if isinstance(a, dict)}
+    for artifact in snapshot.get("artifacts") or []:
+        if not isinstance(artifact, dict):
+            continue
+        name = artifact.get("artifactId")
+        mine = held.pop(name, None)
+        if mine is None:
+            updates.append({"artifactUpdate": {**ids, "artifact": artifact}})
+            continue
+        rest = _parts_after(mine.get("parts") or [], artifact.get("parts") or [])
+        if rest is None:
+            gaps.append(f"artifact {name}: the snapshot's parts do not continue what clients were sent")
+        elif rest:
+            delta = {k: v for k, v in artifact.items() if k != "parts"} | {"parts": rest}
+            updates.append({"artifactUpdate": {**ids, "artifact": delta, "append": True}})
+    gaps.extend(f"artifact {name}: clients were sent it; the snapshot leaves it out" for name in held)
+    status = snapshot.get("status")
+    if isinstance(status, dict) and _moment_aside(status) != _moment_aside(have.get("status")):
+        updates.append({"statusUpdate": {**ids, "status": status}})
+    separators = (", ", ": ") if '", "' in first or '": ' in first else (",", ":")
+    rpc_id = obj.get("id", NO_ID) if isinstance(obj, dict) and is_jsonrpc(obj) else NO_ID
+    events = tuple(json.dumps(_enveloped(u, rpc_id), separators=separators) for u in updates)
+    return CatchUp(events=events, gaps=tuple(gaps))
+
+
+def _parts_after(mine: list[Any], theirs: list[Any]) -> list[Any] | None:
+    """The parts the snapshot's artifact has past those clients were sent; None when it
+    does not continue them. Deltas may have been joined into fewer parts: text compares."""
+    if theirs[: len(mine)] == mine:
+        return theirs[len(mine) :]
+    have, full = _text(mine), _text(theirs)
+    if have is None or full is None or not full.startswith(have):
+        return None
+    return [{"text": full[len(have) :]}] if len(full) > len(have) else []
+
+
+def _text(parts: list[Any]) -> str | None:
+    """The parts' text, when every one of them is text alone."""
+    if not all(isinstance(p, dict) and set(p) == {"text"} and isinstance(p["text"], str) for p in parts):
+        return None
+    return "".join(p["text"] for p in parts)
+
+
+def _moment_aside(status: Any) -> Any:
+    """A status but for its timestamp (an agent may stamp every snapshot afresh)."""
+    return {k: v for k, v in status.items() if k != "timestamp"} if isinstance(status, dict) else status
+
+
+def _frames(sent: Sequence[str]) -> list[dict[str, Any]]:
+    frames = []
+    for data in sent:
+        try:
+            frame = stream_response(load_json(data))
+        except (ValueError, RecursionError):
+            continue
+        if frame is not None:
+            frames.append(frame)
+    return frames
+
+
+def _is_v03(obj: Any) -> bool:
+    body = obj.get("result") if isinstance(obj, dict) and is_jsonrpc(obj) else obj
+    return isinstance(body, dict) and "kind" in body
+
+
+def _enveloped(update: dict[str, Any], rpc_id: object) -> dict[str, Any]:
+    return update if rpc_id is NO_ID else {"jsonrpc": "2.0", "id": rpc_id, "result": update}

@@ -1,0 +1,61 @@
+"""The ``resumes`` table: what a resuming recorder (``tasktape record --resume``) did
+when one side of a stream reconnected. One row per reconnect a client made, and per
+rejoin of an agent stream that broke."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ResumeSide(StrEnum):
+    CLIENT = "client"  # a client came back with Last-Event-ID
+    UPSTREAM = "upstream"  # the agent's stream broke, and the recorder subscribed again
+
+
+class ResumeOutcome(StrEnum):
+    RESUMED = "resumed"  # a client was sent the events after its Last-Event-ID, then the tail
+    REFUSED = "refused"  # its Last-Event-ID names no event of the stream held: a 400
+    FORWARDED = "forwarded"  # such a request went to the agent instead (--resume-unknown forward)
+    REJOINED = "rejoined"  # the agent's stream goes on through a subscribe: nothing lost
+    GAP = "gap"  # rejoined, but the agent's snapshot lacked something clients were owed
+    GAVE_UP = "gave_up"  # no subscribe succeeded within --rejoin-for, or the agent refused it
+    NOT_RESUMABLE = "not_resumable"  # nothing to subscribe to: no task yet, or not A2A
+
+
+@dataclass(frozen=True)
+class Resume:
+    """One row of ``resumes`` (``at`` is when it is written)."""
+
+    exchange_id: int  # the stream resumed
+    side: ResumeSide
+    outcome: ResumeOutcome
+    last_event_id: str | None = None  # the client's, or the last event clients had been sent
+    events_from_log: int | None = None  # held events sent (client), or caught up against (upstream)
+    new_exchange_id: int | None = None  # the reconnecting request's exchange, or the subscribe's
+    attempts: int | None = None  # subscribes sent (upstream)
+    synthesized: tuple[str, ...] = ()  # ids of the events the recorder made up to catch clients up
+    error: str | None = None  # why it was refused or gave up, or the gap
+
+    def describe(self) -> str:
+        """One line for the console."""
+        if self.side is ResumeSide.CLIENT:
+            head = f"exchange {self.exchange_id}: a client reconnected after {self.last_event_id}"
+            if self.outcome is ResumeOutcome.RESUMED:
+                sent = f"{self.events_from_log} events from the log"
+                return f"{head}: {sent}, then the live tail (exchange {self.new_exchange_id})"
+            return f"{head}: {self.outcome} ({self.error})"
+        head = f"exchange {self.exchange_id}: the agent's stream broke"
+        tries = f"{self.attempts} subscribe{'s' if self.attempts != 1 else ''}"
+        if self.outcome is ResumeOutcome.REJOINED:
+            made = f", {len(self.synthesized)} events made up to catch up" if self.synthesized else ""
+            return f"{head}: rejoined by exchange {self.new_exchange_id} ({tries}{made})"
+        if self.outcome is ResumeOutcome.GAP:
+            return f"{head}: rejoined by exchange {self.new_exchange_id}, with a gap: {self.error}"
+        return f"{head}: {self.outcome.replace('_', ' ')} ({self.error})"
+
+
+INSERT_RESUME = (
+    "INSERT INTO resumes (exchange_id, at, at_ns, side, last_event_id, events_from_log, "
+    "new_exchange_id, outcome, attempts, synthesized, error) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)

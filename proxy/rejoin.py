@@ -1,0 +1,187 @@
+"""Rejoining an agent stream that broke, for a resuming recorder: the stream's protocol
+says how to follow it again (A2A: ``tasks/{id}:subscribe``) and what its clients are owed
+from the new stream's first event; the subscribe is sent at once, then again after 0.2 s,
+0.4 s, ... (at most 5 s apart) until ``--rejoin-for`` runs out or the agent refuses it.
+Each subscribe is an exchange of its own in the log, and each rejoin a row of ``resumes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+import aiohttp
+
+from tasktape.eventlog import SSEEvent
+from tasktape.eventlog.protocols import recognise
+from tasktape.eventlog.protocols.base import Request, Resubscription
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+
+from .failure import describe
+from .live import LiveStream
+
+if TYPE_CHECKING:
+    from .recorder import Exchange
+
+FIRST_RETRY = 0.2  # seconds before the second subscribe; the first goes at once
+LAST_RETRY = 5.0  # the longest wait between two
+KEPT_REFUSAL = 64 * 1024  # bytes of a refusing answer kept in the log
+_RETRIED = frozenset({408, 425, 429})  # and 5xx: the agent may answer the next one
+# Not sent with a subscribe: it has no body, and its stream must reach clients as it comes.
+_DROPPED = ("Content-Length", "Content-Type", "Content-Encoding", "Last-Event-ID", "Accept-Encoding")
+
+Subscribed = tuple["Exchange", aiohttp.ClientResponse]
+
+
+class Failed(NamedTuple):
+    """A subscribe that gave no stream: why, and whether the next one may."""
+
+    why: str
+    retried: bool
+
+
+class Rejoin:
+    """The rejoins of one held stream to its agent, for as long as it is held."""
+
+    def __init__(self, exchange: Exchange, stream: LiveStream) -> None:
+        self.exchange = exchange
+        self.stream = stream
+        self.proxy = exchange.proxy
+        request = exchange.request
+        headers = list(request.headers.items())
+        self.request = Request(request.method, request.rel_url.raw_path_qs, headers, exchange.request_body())
+        self.protocol = recognise(self.request)
+        self.ended = False  # a made-up event closed the stream (the snapshot's task had ended)
+        # Rejoins that bring nothing new share one --rejoin-for: an agent whose subscribes
+        # break at once cannot keep the stream held for ever.
+        self._deadline: float | None = None
+        self._held = -1
+
+    def closes(self, event: SSEEvent) -> bool:
+        """Whether this event of a rejoined stream is its last (an agent may leave a
+        subscribe open past it, where the first stream would have ended)."""
+        return self.protocol is not None and self.protocol.closes(event.data, event.event)
+
+    async def again(self, why: str) -> Subscribed | None:
+        """The stream followed anew, or None (said in the log) when it cannot be."""
+        sent = self.stream.sent_data()
+        plan = self.protocol.resubscription(self.request, sent) if self.protocol else None
+        if plan is None:
+            cannot = (
+                "no protocol recognised the request, so nothing knows how to follow its stream again"
+                if self.protocol is None
+                else f"{self.protocol.name} cannot follow it again (its task had not begun, or had ended)"
+            )
+            self._note(ResumeOutcome.NOT_RESUMABLE, sent, error=f"{why}; {cannot}")
+            return None
+        loop = asyncio.get_running_loop()
+        if self._deadline is None or len(self.stream.events) > self._held:
+            self._deadline = loop.time() + self.proxy.rejoin_for
+        self._held = len(self.stream.events)
+        deadline, delay, attempts = self._deadline, FIRST_RETRY, 0
+        while True:
+            attempts += 1
+            answer = await self._subscribe(plan)
+            if not isinstance(answer, Failed):
+                first = functools.partial(self._caught_up, sent=sent, by=answer[0].id, attempts=attempts)
+                self.stream.rejoin(first)
+                return answer
+            if not answer.retried or loop.time() + delay > deadline:
+                spent = f"; no subscribe succeeded in {self.proxy.rejoin_for:g} s" if answer.retried else ""
+                error = f"{why}; {answer.why}{spent}"
+                self._note(ResumeOutcome.GAVE_UP, sent, attempts=attempts, error=error)
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, LAST_RETRY)
+
+    def _caught_up(self, first: SSEEvent, *, sent: list[str], by: int, attempts: int) -> bool:
+        """The new stream's first event: clients get the events they are owed, made up
+        from it; whether it is sent on itself."""
+        assert self.protocol is not None
+        last = self.stream.last_id()
+        catch = self.protocol.catch_up(sent, first.data)
+        made = tuple(self.stream.add_made(data) for data in catch.events)
+        self.ended = any(self.protocol.closes(data, None) for data in catch.events)
+        gap = "; ".join(catch.gaps) or None
+        self.proxy.resumed(
+            Resume(
+                self.exchange.id,
+                ResumeSide.UPSTREAM,
+                ResumeOutcome.GAP if gap else ResumeOutcome.REJOINED,
+                last_event_id=last,
+                events_from_log=len(sent),
+                new_exchange_id=by,
+                attempts=attempts,
+                synthesized=made,
+                error=gap,
+            )
+        )
+        return catch.send_first
+
+    async def _subscribe(self, plan: Resubscription) -> Subscribed | Failed:
+        """One subscribe, recorded: its stream, or why not."""
+        from .recorder import Exchange  # noqa: PLC0415 (the recorder imports this module)
+
+        proxy = self.proxy
+        headers = self.exchange.upstream_headers()
+        for name in _DROPPED:
+            headers.popall(name, None)
+        headers.update(plan.headers)
+        path, _, query = plan.path.partition("?")
+        new_id = proxy.writer.begin_exchange(
+            proxy.capture_id,  # type: ignore[arg-type]
+            method=plan.method,
+            path=path,
+            query=query or None,
+            request_headers=list(headers.items()),
+            request_body=plan.body,
+            started_ns=time.time_ns(),
+        )
+        recording = Exchange(proxy, self.exchange.request, new_id, time.perf_counter_ns())
+        assert proxy._session is not None
+        try:
+            url = proxy.upstream_url(plan.path)
+            response = await proxy._session.request(
+                plan.method, url, headers=headers, data=plan.body, allow_redirects=False
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            why = f"the subscribe failed before an answer: {describe(exc)}"
+            recording.end("upstream_error", why)
+            return Failed(why, retried=True)
+        is_sse = response.content_type == "text/event-stream"
+        proxy.writer.response_head(
+            new_id,
+            status=response.status,
+            headers=list(response.headers.items()),
+            is_sse=is_sse,
+            ttfb_ns=recording.offset(),
+            content_encoding=response.headers.get("Content-Encoding"),
+        )
+        if response.status == 200 and is_sse and "Content-Encoding" not in response.headers:
+            recording.held = True
+            return recording, response
+        try:
+            body = await response.content.read(KEPT_REFUSAL)
+        except (aiohttp.ClientError, OSError):
+            body = b""
+        finally:
+            response.close()
+        if body:
+            proxy.writer.chunk(new_id, recording.offset(), body)
+        why = f"the agent answered the subscribe with {response.status} {response.content_type}"
+        recording.end("complete", why)
+        return Failed(why, retried=response.status >= 500 or response.status in _RETRIED)
+
+    def _note(self, outcome: ResumeOutcome, sent: list[str], **fields: object) -> None:
+        self.proxy.resumed(
+            Resume(
+                self.exchange.id,
+                ResumeSide.UPSTREAM,
+                outcome,
+                last_event_id=self.stream.last_id(),
+                events_from_log=len(sent),
+                **fields,  # type: ignore[arg-type]
+            )
+        )

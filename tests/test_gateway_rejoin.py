@@ -1,0 +1,224 @@
+"""The resume gateway rejoining an agent stream that broke: the recorder subscribes to the
+task again, catches its clients up from the snapshot (made-up events, marked in the log),
+and carries on; each rejoin is a row of ``resumes``; a rejoin that cannot succeed ends the
+client's stream as the agent's did, and says why."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import RecordFactory, Serve
+from sdk_agent import SdkAgent, run_sdk_agent
+from test_replay import events_of
+from test_resume_gateway import HEADERS, REST_BODY
+
+from tasktape.agent import create_agent_app
+
+
+@pytest.fixture(scope="module")
+def sdk_agent() -> Any:
+    with run_sdk_agent() as running:
+        yield running
+
+
+def breaking(target: str, *, after: int, streams: int = 1) -> tuple[web.Application, list[str]]:
+    """A front for ``target`` that cuts the first ``streams`` message streams after
+    ``after`` events (the connection aborted, as a crashed link is); the requests it saw."""
+    seen: list[str] = []
+    cut = [0]
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        seen.append(f"{request.method} {request.path}")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        breaks = request.path.endswith("message:stream") or b"SendStreamingMessage" in body
+        breaks = breaks and cut[0] < streams
+        cut[0] += breaks
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.request(request.method, target + request.path_qs, headers=headers, data=body) as up,
+        ):
+            response = web.StreamResponse(
+                status=up.status, headers={"Content-Type": up.headers["Content-Type"]}
+            )
+            await response.prepare(request)
+            sent = b""
+            async for chunk in up.content.iter_any():
+                sent += chunk
+                await response.write(chunk)
+                if breaks and len([e for e in events_of(sent) if e.complete]) >= after:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return response
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app, seen
+
+
+async def read_all(url: str, body: Any, path: str = "/message:stream") -> bytes:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}{path}", json=body, headers=HEADERS) as r,
+    ):
+        assert r.status == 200
+        return await r.read()
+
+
+def frames(raw: bytes) -> list[dict[str, Any]]:
+    out = []
+    for e in events_of(raw):
+        if e.complete and e.data:
+            frame = json.loads(e.data)
+            out.append(frame.get("result", frame))
+    return out
+
+
+def text_of(raw: bytes) -> str:
+    """The answer's text as a client builds it: deltas appended, a whole artifact replacing."""
+    text: dict[str, str] = {}
+    for f in frames(raw):
+        update = f.get("artifactUpdate")
+        if update:
+            part = "".join(p.get("text", "") for p in update["artifact"]["parts"])
+            name = update["artifact"]["artifactId"]
+            text[name] = text.get(name, "") + part if update.get("append") else part
+    return "".join(text.values())
+
+
+async def rejoins(rec: Any) -> list[dict[str, Any]]:
+    await rec.proxy.wait_idle()
+    rec.writer.flush()
+    with await rec.log() as log:
+        return list(log.db.query("SELECT * FROM resumes WHERE side = 'upstream' ORDER BY id"))
+
+
+async def test_a_broken_agent_stream_is_rejoined_and_the_client_misses_nothing(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.05))
+    whole = text_of(await read_all(agent, REST_BODY))  # what the agent answers, unbroken
+    front, seen = breaking(agent, after=6)
+    rec = await record(front, hold=30.0)
+    got = await read_all(rec.url, REST_BODY)
+    assert text_of(got) == whole  # the text once, whole, in order
+    assert "TASK_STATE_COMPLETED" in json.dumps(frames(got)[-1])
+    ids = [e.id for e in events_of(got) if e.complete]
+    assert len(ids) == len(set(ids))
+    assert seen.count("POST /message:stream") == 1  # one task
+    assert len([s for s in seen if s.endswith(":subscribe")]) == 1
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "rejoined" and row["attempts"] == 1 and row["events_from_log"] == 6
+    made = json.loads(row["synthesized"] or "[]")
+    assert set(made) <= set(ids)  # the made-up events reached the client, under the ids the log names
+
+
+async def test_an_sdk_agent_stream_is_rejoined(
+    record: RecordFactory, serve: Serve, sdk_agent: SdkAgent
+) -> None:
+    body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "slow hello"}]}}
+    whole = text_of(await read_all(sdk_agent.url, body))
+    front, _ = breaking(sdk_agent.url, after=3)
+    rec = await record(await serve(front), hold=30.0)
+    got = await read_all(rec.url, body)
+    assert text_of(got) == whole
+    assert "TASK_STATE_COMPLETED" in json.dumps(frames(got)[-1])
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "rejoined", row["error"]
+
+
+async def test_a_jsonrpc_stream_is_rejoined_with_its_request_s_id(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.05))
+    ask = {"jsonrpc": "2.0", "id": "ask-1", "method": "SendStreamingMessage", "params": REST_BODY}
+    whole = text_of(await read_all(agent, ask, "/jsonrpc"))
+    front, _ = breaking(agent, after=5)
+    rec = await record(front, hold=30.0)
+    got = await read_all(rec.url, ask, "/jsonrpc")
+    assert text_of(got) == whole
+    assert {json.loads(e.data)["id"] for e in events_of(got) if e.complete and e.data} == {"ask-1"}
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "rejoined"
+
+
+async def test_a_client_that_drops_while_the_agent_broke_gets_the_rest(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.05))
+    whole = text_of(await read_all(agent, REST_BODY))
+    front, _ = breaking(agent, after=4)
+    rec = await record(front, hold=30.0)
+    first = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{rec.url}/message:stream", json=REST_BODY, headers=HEADERS) as r,
+    ):
+        while len([e for e in events_of(first) if e.complete]) < 3:
+            first += await r.content.readany()
+    kept = b"".join(e.raw for e in events_of(first) if e.complete)
+    last = [e for e in events_of(kept) if e.complete][-1].id
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{rec.url}/message:stream", json=REST_BODY, headers={**HEADERS, "Last-Event-ID": last}
+        ) as r,
+    ):
+        rest = await r.read()
+    assert text_of(kept + rest) == whole
+
+
+async def test_an_agent_that_cannot_be_rejoined_ends_the_stream_and_the_log_says_why(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.05))
+    front, _ = breaking(agent, after=4)
+    rec = await record(await serve(gated(front)), hold=30.0, rejoin_for=1.0)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await read_all(rec.url, REST_BODY)
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "gave_up" and "404" in row["error"] and row["attempts"] == 1
+
+
+def gated(front: web.Application) -> web.Application:
+    """``front``, but refusing every subscribe with a 404 (as an agent that lost its tasks)."""
+
+    @web.middleware
+    async def refuse(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith(":subscribe"):
+            return web.json_response({"error": "no such task"}, status=404)
+        return await handler(request)
+
+    front.middlewares.append(refuse)
+    return front
+
+
+async def test_a_failing_subscribe_is_retried_with_backoff_until_rejoin_for(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.05))
+    front, seen = breaking(agent, after=4)
+
+    @web.middleware
+    async def unavailable(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith(":subscribe") and len([s for s in seen if s.endswith(":subscribe")]) < 2:
+            seen.append(f"{request.method} {request.path}")
+            return web.json_response({"error": "busy"}, status=503)
+        return await handler(request)
+
+    front.middlewares.append(unavailable)
+    whole = text_of(await read_all(agent, REST_BODY))
+    rec = await record(await serve(front), hold=30.0)
+    started = asyncio.get_running_loop().time()
+    got = await read_all(rec.url, REST_BODY)
+    assert text_of(got) == whole
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "rejoined" and row["attempts"] == 3  # two 503s, then the stream
+    assert asyncio.get_running_loop().time() - started >= 0.6  # waited 0.2 s, then 0.4 s
