@@ -120,29 +120,45 @@ async def _follow(request: web.Request, response: web.StreamResponse, stream: Li
 async def _pump(exchange: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream) -> None:
     """Read the upstream to its end, recording it, whoever follows; rejoin it when it
     breaks; let it go once no client has followed it for the hold."""
-    recording, response, rejoin = exchange, upstream, None
+    await pump(stream, Rejoin.of(exchange, stream), exchange, upstream)
+
+
+async def pump(
+    stream: LiveStream,
+    rejoin: Rejoin,
+    recording: Exchange | None = None,
+    response: aiohttp.ClientResponse | None = None,
+) -> None:
+    """Hold ``stream``: read its upstream ``response`` (recorded by ``recording``), and
+    each one it is rejoined by, to the end. Without a response (a stream revived from the
+    log), it begins with a rejoin."""
+    proxy = rejoin.proxy
+    rejoined = recording is None
     try:
         while True:
-            broke = await _read(recording, response, stream, rejoin)
-            if broke is None:
-                return
-            response.close()
-            rejoin = rejoin or Rejoin(exchange, stream)
+            if recording is not None and response is not None:
+                broke = await _read(recording, response, stream, rejoin if rejoined else None)
+                if broke is None:
+                    return
+                response.close()
+            else:
+                broke = "tasktape record restarted while it held the stream"
             again = await rejoin.again(broke)
             if again is None:
                 stream.end(UPSTREAM_DROPPED)
                 return
-            recording, response = again
+            (recording, response), rejoined = again, True
     except asyncio.CancelledError:
-        recording.end("proxy_stopped", "tasktape record stopped while it held the stream")
+        if recording is not None:
+            recording.end("proxy_stopped", "tasktape record stopped while it held the stream")
         stream.end("proxy_stopped")
         raise
     finally:
-        response.close()
+        if response is not None:
+            response.close()
         # Clients that come back soon after the end are still answered; then it is let go.
-        live = exchange.proxy.live
-        if live is not None:
-            asyncio.get_running_loop().call_later(exchange.proxy.hold or 0.0, live.forget, exchange.id)
+        if proxy.live is not None:
+            asyncio.get_running_loop().call_later(proxy.hold or 0.0, proxy.live.forget, stream.exchange_id)
 
 
 async def _read(

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
+from tasktape.eventlog.protocols.base import Request
 
 ID_PREFIX = "tg"  # ids the gateway gives: "tg<exchange>.<event>"
 
@@ -150,6 +151,7 @@ class LiveStreams:
 
     def __init__(self) -> None:
         self._streams: dict[int, LiveStream] = {}
+        self._asleep: dict[int, Request] = {}  # streams of an earlier run, and what opened them
 
     def open(
         self, exchange_id: int, request_line: str, request_rpc_id: object, headers: list[tuple[str, str]]
@@ -158,9 +160,19 @@ class LiveStreams:
         self._streams[exchange_id] = stream
         return stream
 
+    def hold_asleep(self, stream: LiveStream, original: Request) -> None:
+        """A stream rebuilt from the log (its upstream not read) until a client wakes it."""
+        self._streams[stream.exchange_id] = stream
+        self._asleep[stream.exchange_id] = original
+
+    def wake(self, stream: LiveStream) -> Request | None:
+        """The request that opened a stream asleep, once (None: it is awake)."""
+        return self._asleep.pop(stream.exchange_id, None)
+
     def forget(self, exchange_id: int) -> None:
         """Let an ended stream go (what it held stays in the log)."""
         self._streams.pop(exchange_id, None)
+        self._asleep.pop(exchange_id, None)
 
     def __len__(self) -> int:
         return len(self._streams)

@@ -33,10 +33,12 @@ from . import unread
 from .card import is_card_request, rewrite_card
 from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
-from .held import follow_again, relay_held
+from .held import follow_again, pump, relay_held
 from .hosts import host_guard
 from .live import LiveStream, LiveStreams
+from .rejoin import Rejoin
 from .resume_options import UnknownResume
+from .revive import asleep_in_log
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -122,9 +124,14 @@ class RecordingProxy:
         self.app.on_cleanup.append(lambda _app: self.close())
 
     async def start(self) -> None:
-        """Open the pooled upstream session (and the capture, unless one was given)."""
+        """Open the pooled upstream session (and the capture, unless one was given);
+        resuming, take up the streams of earlier runs still running."""
         if self.capture_id is None:
             self.capture_id = self.writer.begin_capture(source="record", upstream=str(self.upstream))
+        if self.live is not None and self.hold:
+            for stream, original in asleep_in_log(self.writer.path, self.capture_id, self.hold):
+                self.live.hold_asleep(stream, original)
+                asyncio.get_running_loop().call_later(self.hold, self._let_sleeper_go, stream)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             auto_decompress=False,
@@ -138,8 +145,8 @@ class RecordingProxy:
         self.stopping = True  # exchanges cut short from now on were stopped, not abandoned
 
     async def close(self) -> None:
-        for pump in list(self._pumps):  # held streams end with the recorder
-            pump.cancel()
+        for held in list(self._pumps):  # held streams end with the recorder
+            held.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
@@ -186,6 +193,11 @@ class RecordingProxy:
             if not self._in_flight:
                 self._idle.set()
 
+    def _let_sleeper_go(self, stream: LiveStream) -> None:
+        """A stream of an earlier run nobody reconnected to within the hold."""
+        if self.live is not None and self.live.wake(stream) is not None:
+            self.live.forget(stream.exchange_id)
+
     def resumed(self, resume: Resume) -> None:
         """A side of a held stream reconnected: in the log, and told ``on_resume``."""
         with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
@@ -216,6 +228,9 @@ class RecordingProxy:
         if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
             found = self.live.find(last_id)
             if found is not None:
+                original = self.live.wake(found[0])
+                if original is not None:  # held since an earlier run: its agent is read again
+                    self.hold_stream(pump(found[0], Rejoin(self, found[0], original, request)))
                 body = read if read is not None else await request.read()
                 return await follow_again(self, request, body, *found, t0, started_ns)
             held = self.live.newest(f"{request.method} {request.rel_url.raw_path}")
@@ -373,20 +388,7 @@ class Exchange:
 
     def upstream_headers(self) -> CIMultiDict[str]:
         """The client's request headers as the upstream is sent them."""
-        request, proxy = self.request, self.proxy
-        headers = for_upstream(
-            request.headers.items(),
-            connection=request.headers.get("Connection", ""),
-            upstream_host=proxy._upstream_host,
-            client_ip=request.remote,
-            scheme=request.scheme,
-            host=request.host,
-        )
-        previous = ", ".join(headers.popall("Via", ()))
-        headers["Via"] = f"{previous}, {proxy._via}" if previous else proxy._via  # RFC 9110 7.6.3
-        if proxy._authorization and "Authorization" not in headers:
-            headers["Authorization"] = proxy._authorization
-        return headers
+        return upstream_headers(self.proxy, self.request)
 
     async def _run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
         request, proxy = self.request, self.proxy
@@ -529,6 +531,23 @@ class Exchange:
         if self.proxy.on_exchange is not None:
             callback = self.proxy.on_exchange
             done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
+
+
+def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict[str]:
+    """A client's request headers as the upstream is sent them."""
+    headers = for_upstream(
+        request.headers.items(),
+        connection=request.headers.get("Connection", ""),
+        upstream_host=proxy._upstream_host,
+        client_ip=request.remote,
+        scheme=request.scheme,
+        host=request.host,
+    )
+    previous = ", ".join(headers.popall("Via", ()))
+    headers["Via"] = f"{previous}, {proxy._via}" if previous else proxy._via  # RFC 9110 7.6.3
+    if proxy._authorization and "Authorization" not in headers:
+        headers["Authorization"] = proxy._authorization
+    return headers
 
 
 def upstream_url(upstream: str) -> URL:

@@ -16,14 +16,16 @@ import aiohttp
 
 from tasktape.eventlog import SSEEvent
 from tasktape.eventlog.protocols import recognise
-from tasktape.eventlog.protocols.base import Request, Resubscription
+from tasktape.eventlog.protocols.base import CatchUp, Protocol, Request, Resubscription
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 from .failure import describe
 from .live import LiveStream
 
 if TYPE_CHECKING:
-    from .recorder import Exchange
+    from aiohttp import web
+
+    from .recorder import Exchange, RecordingProxy
 
 FIRST_RETRY = 0.2  # seconds before the second subscribe; the first goes at once
 LAST_RETRY = 5.0  # the longest wait between two
@@ -45,19 +47,29 @@ class Failed(NamedTuple):
 class Rejoin:
     """The rejoins of one held stream to its agent, for as long as it is held."""
 
-    def __init__(self, exchange: Exchange, stream: LiveStream) -> None:
-        self.exchange = exchange
+    def __init__(
+        self, proxy: RecordingProxy, stream: LiveStream, original: Request, client: web.Request
+    ) -> None:
+        """``original``: the request that opened the stream; ``client``: the client request
+        whose headers (credentials among them) the subscribes carry."""
+        self.proxy = proxy
         self.stream = stream
-        self.proxy = exchange.proxy
-        request = exchange.request
-        headers = list(request.headers.items())
-        self.request = Request(request.method, request.rel_url.raw_path_qs, headers, exchange.request_body())
-        self.protocol = recognise(self.request)
+        self.request = original
+        self.client = client
+        self.protocol = recognise(original)
         self.ended = False  # a made-up event closed the stream (the snapshot's task had ended)
         # Rejoins that bring nothing new share one --rejoin-for: an agent whose subscribes
         # break at once cannot keep the stream held for ever.
         self._deadline: float | None = None
         self._held = -1
+
+    @classmethod
+    def of(cls, exchange: Exchange, stream: LiveStream) -> Rejoin:
+        """The rejoins of the stream an exchange of this run opened."""
+        request = exchange.request
+        headers = list(request.headers.items())
+        original = Request(request.method, request.rel_url.raw_path_qs, headers, exchange.request_body())
+        return cls(exchange.proxy, stream, original, request)
 
     def closes(self, event: SSEEvent) -> bool:
         """Whether this event of a rejoined stream is its last (an agent may leave a
@@ -101,13 +113,12 @@ class Rejoin:
         from it; whether it is sent on itself."""
         assert self.protocol is not None
         last = self.stream.last_id()
-        catch = self.protocol.catch_up(sent, first.data)
-        made = tuple(self.stream.add_made(data) for data in catch.events)
+        catch, made = caught_up(self.stream, self.protocol, sent, first)
         self.ended = any(self.protocol.closes(data, None) for data in catch.events)
         gap = "; ".join(catch.gaps) or None
         self.proxy.resumed(
             Resume(
-                self.exchange.id,
+                self.stream.exchange_id,
                 ResumeSide.UPSTREAM,
                 ResumeOutcome.GAP if gap else ResumeOutcome.REJOINED,
                 last_event_id=last,
@@ -122,10 +133,10 @@ class Rejoin:
 
     async def _subscribe(self, plan: Resubscription) -> Subscribed | Failed:
         """One subscribe, recorded: its stream, or why not."""
-        from .recorder import Exchange  # noqa: PLC0415 (the recorder imports this module)
+        from .recorder import Exchange, upstream_headers  # noqa: PLC0415 (the recorder imports this module)
 
         proxy = self.proxy
-        headers = self.exchange.upstream_headers()
+        headers = upstream_headers(proxy, self.client)
         for name in _DROPPED:
             headers.popall(name, None)
         headers.update(plan.headers)
@@ -139,7 +150,7 @@ class Rejoin:
             request_body=plan.body,
             started_ns=time.time_ns(),
         )
-        recording = Exchange(proxy, self.exchange.request, new_id, time.perf_counter_ns())
+        recording = Exchange(proxy, self.client, new_id, time.perf_counter_ns())
         assert proxy._session is not None
         try:
             url = proxy.upstream_url(plan.path)
@@ -177,7 +188,7 @@ class Rejoin:
     def _note(self, outcome: ResumeOutcome, sent: list[str], **fields: object) -> None:
         self.proxy.resumed(
             Resume(
-                self.exchange.id,
+                self.stream.exchange_id,
                 ResumeSide.UPSTREAM,
                 outcome,
                 last_event_id=self.stream.last_id(),
@@ -185,3 +196,13 @@ class Rejoin:
                 **fields,  # type: ignore[arg-type]
             )
         )
+
+
+def caught_up(
+    stream: LiveStream, protocol: Protocol, sent: list[str], first: SSEEvent
+) -> tuple[CatchUp, tuple[str, ...]]:
+    """Catch the stream's clients up from a rejoined stream's first event: what its
+    protocol says they are owed, and the ids of the events made up for it (the same ids
+    each time the same stream is rebuilt from the log)."""
+    catch = protocol.catch_up(sent, first.data)
+    return catch, tuple(stream.add_made(data) for data in catch.events)

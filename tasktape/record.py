@@ -13,8 +13,10 @@ from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import ExchangeSummary
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
+from tasktape.eventlog.resumes import Resume
 from tasktape.proxy import RecordingProxy
 from tasktape.proxy.recorder import points_at, upstream_url
+from tasktape.proxy.resume_options import UnknownResume
 
 from .event_loop import event_loop_option
 from .listen import DEFAULT_RECORD_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
@@ -84,6 +86,23 @@ EXIT_LOG_FAILED = 3
     metavar="SECONDS",
     help="With --resume: how long a stream nobody follows is still read from the agent.",
 )
+@click.option(
+    "--rejoin-for",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --resume: how long an agent stream that broke before its task ended is "
+    "subscribed to again (at once, then with backoff) before its clients' streams end as it did.",
+)
+@click.option(
+    "--resume-unknown",
+    type=click.Choice([c.value for c in UnknownResume]),
+    default=UnknownResume.REFUSE.value,
+    show_default=True,
+    help="With --resume: what a reconnect whose Last-Event-ID names no event of the stream held "
+    "for it gets: refuse (a 400 naming the ids held) or forward (it goes to the agent).",
+)
 @allow_host_option()
 @event_loop_option()
 @click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
@@ -101,6 +120,8 @@ def record(
     max_log_size: int | None,
     resume: bool,
     hold: float,
+    rejoin_for: float,
+    resume_unknown: str,
     allow_host: tuple[str, ...],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
     quiet: bool,
@@ -145,6 +166,9 @@ def record(
         allowed_hosts=answered_hosts(host, allow_host),
         on_exchange=_print_undecoded if quiet else _print_exchange,
         hold=hold if resume else None,
+        rejoin_for=rejoin_for,
+        resume_unknown=resume_unknown,
+        on_resume=None if quiet else _print_resume,
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
@@ -193,6 +217,10 @@ def describe_exchange(s: ExchangeSummary) -> str:
 def _print_exchange(summary: ExchangeSummary) -> None:
     click.echo(describe_exchange(summary))
     _print_undecoded(summary)
+
+
+def _print_resume(resume: Resume) -> None:
+    click.echo(f"resume: {resume.describe()}")
 
 
 def _print_undecoded(summary: ExchangeSummary) -> None:

@@ -4,8 +4,10 @@ The stream goes on through ``tasks/{id}:subscribe`` (REST) or ``SubscribeToTask`
 (JSON-RPC), whose first event is a Task snapshot. What the clients were sent is read back
 into a Task the way the SDK's task manager builds one (``task_snapshot.task_after``); the
 snapshot is compared with it, and what clients lack is made up as the events that would
-have carried it: an ``artifactUpdate`` appending the artifact text they were not sent (or
-the whole artifact, if they had none of it), a ``statusUpdate`` with a status they lack.
+have carried it: an ``artifactUpdate`` appending the parts they were not sent (the whole
+artifact, replacing theirs, when the agent has since restated it in other parts, or when
+they had none of it), a ``statusUpdate`` with a status they lack. An artifact they were
+sent that the snapshot leaves out is a gap: nothing tells what became of it.
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def catch_up(sent: Sequence[str], first: str) -> CatchUp:
             updates.append({"artifactUpdate": {**ids, "artifact": artifact}})
             continue
         rest = _parts_after(mine.get("parts") or [], artifact.get("parts") or [])
-        if rest is None:
-            gaps.append(f"artifact {name}: the snapshot's parts do not continue what clients were sent")
+        if rest is None:  # the agent restated it otherwise (joined, with metadata): it replaces
+            updates.append({"artifactUpdate": {**ids, "artifact": artifact}})
         elif rest:
             delta = {k: v for k, v in artifact.items() if k != "parts"} | {"parts": rest}
             updates.append({"artifactUpdate": {**ids, "artifact": delta, "append": True}})
@@ -94,7 +96,8 @@ def catch_up(sent: Sequence[str], first: str) -> CatchUp:
 
 def _parts_after(mine: list[Any], theirs: list[Any]) -> list[Any] | None:
     """The parts the snapshot's artifact has past those clients were sent; None when it
-    does not continue them. Deltas may have been joined into fewer parts: text compares."""
+    does not simply continue them. Deltas joined into fewer parts continue them when the
+    parts are text alone."""
     if theirs[: len(mine)] == mine:
         return theirs[len(mine) :]
     have, full = _text(mine), _text(theirs)

@@ -1,0 +1,105 @@
+"""A resuming recorder that restarts takes up the streams its log shows still running:
+those whose task had not ended, whose last bytes came within ``--hold``. Each is rebuilt
+from the log as its clients were sent it (the same ids, the same made-up events) and
+held asleep; the first client that reconnects to one with ``Last-Event-ID`` is answered
+from it, and wakes it: the stream goes on through a subscribe to the agent, which carries
+that client's headers (the log keeps no credentials). One nobody wakes within ``--hold``
+is let go.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tasktape.eventlog import SSEEvent
+from tasktape.eventlog.jsonrpc_ids import rpc_id
+from tasktape.eventlog.protocols import recognise
+from tasktape.eventlog.protocols.base import Protocol, Request
+from tasktape.eventlog.resumes import ResumeOutcome, ResumeSide
+
+from .headers import end_to_end
+from .live import LiveStream
+from .rejoin import caught_up
+
+# Whatever ended the recording of a stream that was still running: the recorder stopped
+# (proxy_stopped), its writer closed first (log_closed), or nothing did (it was killed).
+_CUT_SHORT = ("proxy_stopped", "log_closed")
+_REJOINED = (str(ResumeOutcome.REJOINED), str(ResumeOutcome.GAP))
+
+_ROOTS = """
+SELECT id, method, path, query, request_headers, request_body, response_headers
+FROM exchanges
+WHERE is_sse = 1 AND status = 200 AND capture_id < ?
+  AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
+ORDER BY id
+"""
+_CHAIN = f"""
+SELECT new_exchange_id FROM resumes
+WHERE exchange_id = ? AND side = '{ResumeSide.UPSTREAM}' AND outcome IN ({", ".join("?" * len(_REJOINED))})
+ORDER BY id
+"""
+
+
+def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[LiveStream, Request]]:
+    """The streams of earlier runs still running when they ended, rebuilt, each with the
+    request that opened it."""
+    since = time.time_ns() - int(hold * 1e9)
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        for root in conn.execute(_ROOTS, (capture_id,)).fetchall():
+            chain = [root["id"], *(r[0] for r in conn.execute(_CHAIN, (root["id"], *_REJOINED)))]
+            last = conn.execute(
+                "SELECT outcome, started_ns + coalesce((SELECT max(offset_ns) FROM chunks "
+                "WHERE exchange_id = x.id), 0) FROM exchanges x WHERE id = ?",
+                (chain[-1],),
+            ).fetchone()
+            if last is None or (last[0] is not None and last[0] not in _CUT_SHORT) or last[1] < since:
+                continue
+            original = _request(root)
+            protocol = recognise(original)
+            if protocol is None:
+                continue
+            stream = _rebuilt(conn, root, chain, protocol)
+            if protocol.resubscription(original, stream.sent_data()) is not None:  # its task goes on
+                yield stream, original
+    finally:
+        conn.close()
+
+
+def _request(row: sqlite3.Row) -> Request:
+    body = row["request_body"]
+    target = row["path"] + (f"?{row['query']}" if row["query"] else "")
+    headers = [tuple(pair) for pair in json.loads(row["request_headers"] or "[]")]
+    return Request(row["method"], target, headers, body.encode() if isinstance(body, str) else body)
+
+
+def _rebuilt(conn: sqlite3.Connection, root: sqlite3.Row, chain: list[int], protocol: Protocol) -> LiveStream:
+    """The stream as its clients were sent it: the first exchange's events, then for
+    each rejoin the events made up to catch them up and its subscribe's events."""
+    headers = end_to_end(tuple(p) for p in json.loads(root["response_headers"] or "[]"))
+    headers.popall("Content-Length", None)
+    body: Any = root["request_body"]
+    stream = LiveStream(
+        root["id"],
+        f"{root['method']} {root['path']}",
+        rpc_id(body.encode() if isinstance(body, str) else body),
+        list(headers.items()),
+    )
+    for n, exchange_id in enumerate(chain):
+        if n:
+            sent = stream.sent_data()
+
+            def first(event: SSEEvent, sent: list[str] = sent) -> bool:
+                return caught_up(stream, protocol, sent, event)[0].send_first
+
+            stream.rejoin(first)
+        chunks = conn.execute("SELECT data FROM chunks WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+        for (data,) in chunks:
+            stream.feed(data if isinstance(data, bytes) else data.encode())
+    return stream
