@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -15,9 +16,11 @@ from aiohttp import web
 from conftest import RecordFactory, Serve
 from sdk_agent import SdkAgent, run_sdk_agent
 from test_replay import events_of
-from test_resume_gateway import HEADERS, REST_BODY
+from test_resume_gateway import HEADERS, REST_BODY, counted, first_events, rest_of
 
 from tasktape.agent import create_agent_app
+from tasktape.errors import UsageError
+from tasktape.proxy.resume_options import UnknownResume
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +29,12 @@ def sdk_agent() -> Any:
         yield running
 
 
-def breaking(target: str, *, after: int, streams: int = 1) -> tuple[web.Application, list[str]]:
+def breaking(
+    target: str, *, after: int, streams: int = 1, snapshot: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[web.Application, list[str]]:
     """A front for ``target`` that cuts the first ``streams`` message streams after
-    ``after`` events (the connection aborted, as a crashed link is); the requests it saw."""
+    ``after`` events (the connection aborted, as a crashed link is), and lets ``snapshot``
+    change a subscribe's first event; the requests it saw."""
     seen: list[str] = []
     cut = [0]
 
@@ -39,17 +45,27 @@ def breaking(target: str, *, after: int, streams: int = 1) -> tuple[web.Applicat
         breaks = request.path.endswith("message:stream") or b"SendStreamingMessage" in body
         breaks = breaks and cut[0] < streams
         cut[0] += breaks
+        edits = snapshot is not None and not breaks
         async with (
             aiohttp.ClientSession(auto_decompress=False) as session,
             session.request(request.method, target + request.path_qs, headers=headers, data=body) as up,
         ):
-            response = web.StreamResponse(
-                status=up.status, headers={"Content-Type": up.headers["Content-Type"]}
-            )
+            kind = {"Content-Type": up.headers["Content-Type"]}
+            response = web.StreamResponse(status=up.status, headers=kind)
             await response.prepare(request)
             sent = b""
-            async for chunk in up.content.iter_any():
-                sent += chunk
+            async for data in up.content.iter_any():
+                sent += data
+                chunk = data
+                if edits:  # held back until the first event is whole, then sent changed
+                    (first, *_) = [e for e in events_of(sent) if e.complete] or [None]
+                    if first is None:
+                        continue
+                    frame = json.loads(first.data)
+                    assert snapshot is not None
+                    snapshot(frame.get("result", frame)["task"])
+                    chunk = b"data: " + json.dumps(frame).encode() + b"\n\n" + sent[len(first.raw) :]
+                    edits = False
                 await response.write(chunk)
                 if breaks and len([e for e in events_of(sent) if e.complete]) >= after:
                     assert request.transport is not None
@@ -222,3 +238,69 @@ async def test_a_failing_subscribe_is_retried_with_backoff_until_rejoin_for(
     (row,) = await rejoins(rec)
     assert row["outcome"] == "rejoined" and row["attempts"] == 3  # two 503s, then the stream
     assert asyncio.get_running_loop().time() - started >= 0.6  # waited 0.2 s, then 0.4 s
+
+
+def slow_subscribes(front: web.Application, seconds: float) -> None:
+    """The agent is back only after ``seconds``: its task runs on meanwhile."""
+
+    @web.middleware
+    async def later(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith(":subscribe"):
+            await asyncio.sleep(seconds)
+        return await handler(request)
+
+    front.middlewares.append(later)
+
+
+async def test_what_the_agent_sent_while_away_is_made_up_from_its_snapshot(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.3))
+    whole = text_of(await read_all(agent, REST_BODY))
+    front, _ = breaking(agent, after=4)
+    slow_subscribes(front, 0.5)
+    rec = await record(front, hold=30.0)
+    got = await read_all(rec.url, REST_BODY)
+    assert text_of(got) == whole
+    (row,) = await rejoins(rec)
+    made = json.loads(row["synthesized"])
+    assert row["outcome"] == "rejoined" and made
+    sent = {e.id: json.loads(e.data) for e in events_of(got) if e.complete and e.data}
+    # What was streamed while the agent was away comes as an update per artifact, under the
+    # gateway's ids, right after what the client had; the text it had is not sent again.
+    updates = [sent[i]["artifactUpdate"] for i in made if "artifactUpdate" in sent[i]]
+    assert updates and len({u["artifact"]["artifactId"] for u in updates}) == len(updates)
+    assert updates[0]["append"] is True  # the artifact the client was being sent goes on
+    assert list(sent).index(made[0]) == 4
+
+
+async def test_an_open_artifact_the_snapshot_leaves_out_is_a_gap_the_log_names(
+    record: RecordFactory, serve: Serve
+) -> None:
+    agent = await serve(create_agent_app(pace=0.3))
+    front, _ = breaking(agent, after=4, snapshot=lambda task: task.pop("artifacts", None))
+    rec = await record(front, hold=30.0)
+    got = await read_all(rec.url, REST_BODY)
+    assert "TASK_STATE_COMPLETED" in json.dumps(frames(got)[-1])
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "gap"
+    assert "clients were sent it; the snapshot leaves it out" in row["error"]
+
+
+async def test_an_unknown_id_goes_to_the_agent_with_resume_unknown_forward(record: RecordFactory) -> None:
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0, resume_unknown="forward")
+    await first_events(rec.url, REST_BODY, 2)
+    status, body = await rest_of(rec.url, REST_BODY, "evt.never")
+    assert status == 200 and "TASK_STATE_COMPLETED" in body.decode()
+    assert seen.count("POST /message:stream") == 2  # as without --resume: the agent answered it
+    await rec.proxy.wait_idle()
+    rec.writer.flush()
+    with await rec.log() as log:
+        (row,) = log.db.query("SELECT * FROM resumes")
+    assert row["side"] == "client" and row["outcome"] == "forwarded" and row["last_event_id"] == "evt.never"
+
+
+def test_a_typo_in_resume_unknown_is_refused() -> None:
+    with pytest.raises(UsageError, match="must be one of 'refuse', 'forward', not 'froward'"):
+        UnknownResume.parse("froward")
