@@ -48,7 +48,8 @@ class Resume:
         head = f"exchange {self.exchange_id}: the agent's stream broke"
         tries = f"{self.attempts} subscribe{'s' if self.attempts != 1 else ''}"
         if self.outcome is ResumeOutcome.REJOINED:
-            made = f", {len(self.synthesized)} events made up to catch up" if self.synthesized else ""
+            n = len(self.synthesized)
+            made = f", {n} event{'s' if n != 1 else ''} made up to catch up" if n else ""
             return f"{head}: rejoined by exchange {self.new_exchange_id} ({tries}{made})"
         if self.outcome is ResumeOutcome.GAP:
             return f"{head}: rejoined by exchange {self.new_exchange_id}, with a gap: {self.error}"

@@ -15,13 +15,18 @@ STOP_GRACE = 1.0  # seconds
 
 
 def bind(host: str, port: int, *, or_any_port: bool = False) -> socket.socket:
-    """A listening socket on ``host:port`` (0: a free port), or a clear error: a command
-    binds before it opens anything else, so a port in use leaves nothing behind. With
-    ``or_any_port``, a free port stands in for ``port`` if it is taken."""
+    """A socket bound to ``host:port`` (0: a free port), or a clear error: a command binds
+    before it opens anything else, so a port in use leaves nothing behind. It listens only
+    once the server is started on it, so that nothing connects before it can be answered.
+    With ``or_any_port``, a free port stands in for ``port`` if it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return socket.create_server((host, port), family=family, backlog=128)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does
+        sock.bind((host, port))
+        return sock
     except OSError as exc:
+        sock.close()
         if or_any_port and port:
             return bind(host, 0)
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
