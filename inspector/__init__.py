@@ -38,7 +38,7 @@ from .stream_page import LLM_PROTOCOLS, load_stream
 from .stream_timeline import CATEGORY_COLOURS as STREAM_COLOURS
 from .stream_timeline import stream_svg
 from .task_page import load_task
-from .timeline import CATEGORY_COLOURS, colour, timeline_svg
+from .timeline import CATEGORY_COLOURS, colour, reconnect_colour, timeline_svg
 
 STATIC = "tasktape"  # static files are served under the distribution's name
 
@@ -170,6 +170,7 @@ async def task_view(request: Request, datasette: Any) -> Response:
         "timeline": timeline_svg(page),
         "pill": state_pill,
         "colour": colour,
+        "reconnect_colour": reconnect_colour,
         "category_colours": CATEGORY_COLOURS,
     }
     return Response.html(await datasette.render_template("tasktape_task.html", context, request=request))

@@ -32,7 +32,17 @@ PROTOCOL_COLOURS = {
 STATE_COLUMNS = frozenset({"state", "final_state"})
 NS_COLUMNS = frozenset({"offset_ns", "ttfb_ns", "duration_ns"})
 JSON_COLUMNS = frozenset(
-    {"data", "usage", "request_headers", "response_headers", "request_body", "response_body", "argv", "task"}
+    {
+        "data",
+        "usage",
+        "request_headers",
+        "response_headers",
+        "request_body",
+        "response_body",
+        "argv",
+        "task",
+        "synthesized",
+    }
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from datasette.utils import tilde_encode
 
+from tasktape.eventlog.resumes import ResumeOutcome
 from tasktape.eventlog.schema import VIEWS as VIEW_SQL
 
 from .display import PROTOCOL_COLOURS, STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
@@ -146,6 +147,28 @@ TABLES: dict[str, dict[str, Any]] = {
             "exchange_id": "The exchange where it was seen",
             "seq": "The event's seq in that exchange",
             "message": "What is wrong",
+        },
+    },
+    "resumes": {
+        "title": "Reconnects",
+        "description": "What a resuming recorder (tasktape record --resume) did when a side of a "
+        "stream reconnected: a client coming back with Last-Event-ID, or the agent's stream "
+        "subscribed to again after it broke. The task pages mark them on their time axis.",
+        "facets": ["side", "outcome"],
+        "sort_desc": "id",
+        "columns": {
+            "id": "Reconnect id",
+            "exchange_id": "The stream resumed",
+            "at": "When (UTC ISO 8601)",
+            "at_ns": "The same, as nanoseconds since the Unix epoch",
+            "side": "client: a client reconnected; upstream: the recorder subscribed to the agent again",
+            "last_event_id": "The client's Last-Event-ID, or the last event clients had been sent",
+            "events_from_log": "Events sent from the log (client), or caught up against (upstream)",
+            "new_exchange_id": "The reconnecting request's exchange, or the subscribe's",
+            "outcome": f"How it went: {', '.join(ResumeOutcome)}",
+            "attempts": "Subscribes sent (upstream)",
+            "synthesized": "Ids of the events the recorder made up to catch clients up, a JSON array",
+            "error": "Why it was refused or gave up, or what the gap lacked",
         },
     },
     "task_summary": {

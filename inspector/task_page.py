@@ -16,6 +16,7 @@ from tasktape.errors import FrameError
 from tasktape.eventlog import EventLog, parse_stream_response
 from tasktape.eventlog.models import Artifact as ArtifactModel
 from tasktape.eventlog.models import JsonRpcResponse, Task, TaskStatus
+from tasktape.eventlog.resumes import ResumeSide
 
 from .display import parse_json
 
@@ -142,6 +143,35 @@ class Artifact:
 
 
 @dataclass
+class Reconnect:
+    """A row of ``resumes`` about one of the task's exchanges: a side of a stream that
+    reconnected, and how it went (``side`` and ``outcome`` as ResumeSide and ResumeOutcome
+    spell them)."""
+
+    id: int
+    exchange_id: int  # the stream resumed
+    at: str
+    at_ms: float
+    side: str
+    last_event_id: str | None
+    events_from_log: int | None
+    new_exchange_id: int | None
+    outcome: str
+    attempts: int | None
+    synthesized: list[str]
+    error: str | None
+
+    @property
+    def client(self) -> bool:
+        return self.side == ResumeSide.CLIENT
+
+    @property
+    def css_class(self) -> str:
+        """``tt-side-client tt-rc-gave-up``: the side and the outcome, for the stylesheet."""
+        return f"tt-side-{self.side} tt-rc-{self.outcome.replace('_', '-')}"
+
+
+@dataclass
 class TaskPage:
     task_id: str
     context_id: str | None
@@ -152,6 +182,7 @@ class TaskPage:
     usage: dict[str, Any] | None
     findings: list[Finding]
     checker_error: str | None
+    reconnects: list[Reconnect] = field(default_factory=list)
 
     @property
     def final_state(self) -> str | None:
@@ -164,7 +195,7 @@ class TaskPage:
     @property
     def duration_ms(self) -> float:
         ends = [x.end_ms for x in self.exchanges if x.end_ms is not None]
-        ends += [e.at_ms for e in self.events]
+        ends += [e.at_ms for e in self.events] + [r.at_ms for r in self.reconnects]
         return max(ends, default=0.0)
 
     @property
@@ -218,6 +249,7 @@ def load_task(path: str | Path, task_id: str) -> TaskPage | None:
             usage=_usage(log, task_id, snapshots),
             findings=findings,
             checker_error=checker_error,
+            reconnects=_reconnects(log, [x.id for x in exchanges], origin),
         )
 
 
@@ -482,6 +514,38 @@ def _usage(log: EventLog, task_id: str, snapshots: list[_Snapshot]) -> dict[str,
         if isinstance(value, dict):
             return value
     return None
+
+
+def _reconnects(log: EventLog, exchange_ids: list[int], origin: int) -> list[Reconnect]:
+    """The reconnects of the task's streams, and those that brought a request of the task."""
+    # EventLog refuses a log older than this tasktape's schema (tasktape inspect says how
+    # to upgrade it), so the resumes table is there in every log a page is read from.
+    marks = ",".join("?" * len(exchange_ids))
+    rows = log.db.query(
+        f"SELECT * FROM resumes WHERE exchange_id IN ({marks}) OR new_exchange_id IN ({marks}) "
+        "ORDER BY at_ns, id",
+        exchange_ids * 2,
+    )
+    reconnects = []
+    for r in rows:
+        made = parse_json(r["synthesized"])
+        reconnects.append(
+            Reconnect(
+                id=r["id"],
+                exchange_id=r["exchange_id"],
+                at=r["at"],
+                at_ms=(r["at_ns"] - origin) / 1e6,
+                side=r["side"],
+                last_event_id=r["last_event_id"],
+                events_from_log=r["events_from_log"],
+                new_exchange_id=r["new_exchange_id"],
+                outcome=r["outcome"],
+                attempts=r["attempts"],
+                synthesized=[str(m) for m in made] if isinstance(made, list) else [],
+                error=r["error"],
+            )
+        )
+    return reconnects
 
 
 def _findings(log: EventLog, exchange_ids: list[int]) -> tuple[list[Finding], str | None]:

@@ -2,7 +2,9 @@
 
 One lane per stream (a resubscribe gets its own), one for the task's other requests.
 Each event is a tick coloured by what it carries; state changes are dots labelled with
-the state; the longest gaps in a lane are measured under it.
+the state; the longest gaps in a lane are measured under it. When a resuming recorder
+saw a side reconnect, a last lane marks each reconnect (a ring for a client, a diamond
+for the agent's stream), coloured and labelled by how it went.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import statistics
 
 from markupsafe import Markup
 
+from tasktape.eventlog.resumes import ResumeOutcome
+
 from .axis import CHAR, TOP, LabelRows, Svg, fmt_ms
 from .display import STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
-from .task_page import Event, Exchange, TaskPage
+from .task_page import Event, Exchange, Reconnect, TaskPage
 
 LANE = 98
 REQUEST_LANE = 44
+RECONNECT_LANE = 56
 CATEGORY_COLOURS = {
     "thinking": "#7e57c2",
     "answer": "#00897b",
@@ -26,12 +31,65 @@ CATEGORY_COLOURS = {
     "other": "#9e9e9e",
 }
 MAX_GAP_LABELS = 3
+# Green: nothing lost; blue: the agent answered instead; orange: rejoined, but something
+# is missing; red: the reconnect failed; grey: there was nothing to rejoin.
+RECONNECT_COLOURS = {
+    ResumeOutcome.RESUMED: "#00897b",
+    ResumeOutcome.REJOINED: "#00897b",
+    ResumeOutcome.FORWARDED: "#1e88e5",
+    ResumeOutcome.GAP: "#ef6c00",
+    ResumeOutcome.REFUSED: "#c62828",
+    ResumeOutcome.GAVE_UP: "#c62828",
+    ResumeOutcome.NOT_RESUMABLE: "#757575",
+}
+MAX_RECONNECT_LABEL = 48  # characters; the mark's tooltip and the table say the rest
 
 
 def colour(event: Event) -> str:
     if event.category == "state":
         return STATE_COLOURS.get(event.state or "", UNKNOWN_STATE_COLOUR)
     return CATEGORY_COLOURS[event.category]
+
+
+def reconnect_colour(r: Reconnect) -> str:
+    return RECONNECT_COLOURS.get(r.outcome, CATEGORY_COLOURS["other"])  # an outcome from a newer writer
+
+
+def reconnect_label(r: Reconnect) -> str:
+    """A reconnect in a few words: who came back, and how it went."""
+    after = r.last_event_id or "(no id)"
+    tries = f" ({r.attempts} attempt{'s' if r.attempts != 1 else ''})" if r.attempts is not None else ""
+    match r.outcome:
+        case ResumeOutcome.RESUMED:
+            label = f"client reconnected after {after}: {r.events_from_log or 0} from log"
+        case ResumeOutcome.REFUSED:
+            label = f"refused a client's {after}"
+        case ResumeOutcome.FORWARDED:
+            label = f"forwarded a client's {after} to the agent"
+        case ResumeOutcome.REJOINED:
+            label = f"upstream rejoined{tries}"
+        case ResumeOutcome.GAP:
+            label = "rejoined with a gap" + (f": {r.error}" if r.error else tries)
+        case ResumeOutcome.GAVE_UP:
+            label = "gave up" + (f": {r.error}" if r.error else tries)
+        case ResumeOutcome.NOT_RESUMABLE:
+            label = "not resumable" + (f": {r.error}" if r.error else "")
+        case _:
+            label = f"{r.side} {r.outcome}"
+    return label if len(label) <= MAX_RECONNECT_LABEL else label[: MAX_RECONNECT_LABEL - 1] + "…"
+
+
+def _reconnect_title(r: Reconnect) -> str:
+    said = [
+        f"after {r.last_event_id}" if r.last_event_id else None,
+        f"{r.events_from_log} events from the log" if r.events_from_log is not None else None,
+        f"on #{r.new_exchange_id}" if r.new_exchange_id is not None else None,
+        f"{r.attempts} attempts" if r.attempts is not None else None,
+        f"made up {', '.join(r.synthesized)}" if r.synthesized else None,
+        r.error,
+    ]
+    extra = "".join(f", {s}" for s in said if s)
+    return f"#{r.exchange_id}: {r.side} {r.outcome.replace('_', ' ')} at {r.at_ms:,.1f} ms{extra}"
 
 
 def _event_title(e: Event) -> str:
@@ -150,11 +208,31 @@ def _request_lane(svg: Svg, others: list[Exchange], y: float) -> None:
         svg.bar(x.start_ms, end, mid - 6, 12, title, min_width=2, class_="tt-request")
 
 
+def _reconnect_lane(svg: Svg, reconnects: list[Reconnect], y: float) -> None:
+    """Each reconnect a mark at its moment, labelled, with a faint line up through the
+    lanes above: which streams it falls across."""
+    mid = y + 40  # labels above the marks
+    clients = sum(1 for r in reconnects if r.client)
+    svg.lane_label(mid, "reconnects", f"{clients} client, {len(reconnects) - clients} upstream")
+    labels = LabelRows(2)
+    for r in reconnects:
+        at, fill, title = svg.x(r.at_ms), reconnect_colour(r), _reconnect_title(r)
+        classes = f"tt-reconnect {r.css_class}"
+        svg.add("line", x1=at, x2=at, y1=TOP, y2=y, stroke=fill, class_="tt-reconnect-rule")
+        if r.client:  # a ring
+            svg.add("circle", title=title, cx=at, cy=mid, r=5, fill="#fff", stroke=fill, class_=classes)
+        else:  # a diamond
+            d = f"M{at} {mid - 6} l6 6 l-6 6 l-6 -6 z"
+            svg.add("path", title=title, d=d, fill=fill, class_=classes)
+        svg.mark_label(labels, at, mid - 10, reconnect_label(r), fill)
+
+
 def timeline_svg(page: TaskPage) -> Markup:
     """The task's run on one time axis."""
     streams = [x for x in page.exchanges if x.is_sse]
     others = [x for x in page.exchanges if not x.is_sse]
     height = TOP + LANE * len(streams) + (REQUEST_LANE if others else 0) + 6
+    height += RECONNECT_LANE if page.reconnects else 0
     svg = Svg(page.duration_ms)
     svg.grid(height)
     y = float(TOP)
@@ -165,4 +243,8 @@ def timeline_svg(page: TaskPage) -> Markup:
     if others:
         svg.rule(y)
         _request_lane(svg, others, y)
+        y += REQUEST_LANE
+    if page.reconnects:
+        svg.rule(y)
+        _reconnect_lane(svg, page.reconnects, y)
     return svg.markup(height, f"timeline of task {page.task_id}")
