@@ -137,7 +137,7 @@ async def pump(
     try:
         while True:
             if recording is not None and response is not None:
-                broke = await _read(recording, response, stream, rejoin if rejoined else None)
+                broke = await _read(recording, response, stream, rejoin, rejoined)
                 if broke is None:
                     return
                 response.close()
@@ -162,10 +162,11 @@ async def pump(
 
 
 async def _read(
-    recording: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream, rejoin: Rejoin | None
+    recording: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream, rejoin: Rejoin, rejoined: bool
 ) -> str | None:
-    """Read one upstream response to its end into the stream: None once the stream has
-    ended, or why the upstream broke (the exchange recording it has ended)."""
+    """Read one upstream response (``rejoined``: a subscribe's) to its end into the stream:
+    None once the stream has ended, or why the upstream broke (the exchange recording it
+    has ended)."""
     hold = recording.proxy.hold or 0.0
     read = upstream.content.readany
     while True:
@@ -181,9 +182,9 @@ async def _read(
             recording.end(UPSTREAM_DROPPED, why)
             return why
         if not data:
-            if rejoin is None:
+            if not rejoined:
                 recording.upstream_ended = True
-                stream.end("complete")
+                stream.end("complete", closed=rejoin.closed())
                 recording.end("complete")
                 return None
             # A subscribe's stream that ends before its task did broke off too.
@@ -191,9 +192,9 @@ async def _read(
             return "the subscribe's stream ended before its task did"
         recording.writer.chunk(recording.id, recording.offset(), data)
         events = stream.feed(data)
-        if rejoin is not None and (rejoin.ended or any(rejoin.closes(e) for e in events)):
+        if rejoined and (rejoin.ended or any(rejoin.closes(e) for e in events)):
             recording.end("complete")
-            stream.end("complete")
+            stream.end("complete", closed=True)
             return None
 
 

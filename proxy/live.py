@@ -35,7 +35,9 @@ class LiveStream:
     events: list[LiveEvent] = field(default_factory=list)
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
+    closed: bool = False  # it ended with the event its protocol closes a stream with
     _positions: dict[str, int] = field(default_factory=dict)
+    _dispatched: int = 0
     _decoder: SSEDecoder = field(default_factory=SSEDecoder)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     # A rejoined stream's first event (the agent's snapshot) goes here instead: it says
@@ -61,6 +63,7 @@ class LiveStream:
 
     def add_made(self, data: str) -> str:
         """An event the gateway made up (catching clients up after a rejoin): its id."""
+        self._dispatched += 1
         event_id = self._next_id()
         last = self.events[-1].raw if self.events else b""
         end = next((e for e in (b"\r\n", b"\n", b"\r") if last.endswith(e)), b"\n")  # the agent's line ends
@@ -71,6 +74,18 @@ class LiveStream:
         self._wake()
         return event_id
 
+    def answers(self, event_id: str) -> bool:
+        """Whether a reconnect after that event is this stream's to answer: while it is
+        held, once it closed, or for an id of the gateway's. An agent id on a stream the
+        agent ended unfinished goes back to the agent, which may resume it itself (an MCP
+        server that closes a stream for its client to poll)."""
+        return self.outcome is None or self.closed or event_id.startswith(ID_PREFIX)
+
+    def last_data(self) -> str | None:
+        """The data of the last event clients dispatch."""
+        last = next((e for e in reversed(self.events) if e.id is not None), None)
+        return None if last is None else next((e.data for e in SSEDecoder().feed(last.raw)), None)
+
     def sent_data(self) -> list[str]:
         """The data of every event clients are sent (read again from their bytes)."""
         decoder = SSEDecoder()
@@ -79,10 +94,12 @@ class LiveStream:
     def last_id(self) -> str | None:
         return next((e.id for e in reversed(self.events) if e.id is not None), None)
 
-    def end(self, outcome: str) -> None:
-        """The upstream ended: a tail it cut off goes out as it came."""
+    def end(self, outcome: str, *, closed: bool = False) -> None:
+        """The upstream ended (``closed``: with its protocol's closing event): a tail it
+        cut off goes out as it came."""
         if self.outcome is not None:
             return
+        self.closed = closed
         for event in self._decoder.close():
             if event.raw:
                 self.events.append(LiveEvent(None, event.raw))
@@ -121,17 +138,19 @@ class LiveStream:
 
     def _add(self, upstream_id: str | None, data: str, raw: bytes) -> None:
         event_id = upstream_id
-        if upstream_id is None and data:
-            event_id = self._next_id()
-            raw = with_id(raw, event_id)
-        if event_id is not None and data:
+        if data:
+            self._dispatched += 1
+            if upstream_id is None:
+                event_id = self._next_id()
+                raw = with_id(raw, event_id)
+        if event_id is not None:  # an id without data (a priming event) is resumed from too
             self._positions.setdefault(event_id, len(self.events))
         self.events.append(LiveEvent(event_id if data else None, raw))
         self._wake()
 
     def _next_id(self) -> str:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
-        return f"{ID_PREFIX}{self.exchange_id}.{len(self._positions) + 1}"
+        return f"{ID_PREFIX}{self.exchange_id}.{self._dispatched}"
 
     def _wake(self) -> None:
         self._changed.set()

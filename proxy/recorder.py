@@ -227,13 +227,13 @@ class RecordingProxy:
         started_ns = time.time_ns()
         if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
             found = self.live.find(last_id)
-            if found is not None:
+            if found is not None and found[0].answers(last_id):
                 original = self.live.wake(found[0])
                 if original is not None:  # held since an earlier run: its agent is read again
                     self.hold_stream(pump(found[0], Rejoin(self, found[0], original, request)))
                 body = read if read is not None else await request.read()
                 return await follow_again(self, request, body, *found, t0, started_ns)
-            held = self.live.newest(f"{request.method} {request.rel_url.raw_path}")
+            held = None if found else self.live.newest(f"{request.method} {request.rel_url.raw_path}")
             if held is not None:  # a reconnect to a stream held here, after an event it never had
                 refused = self._unknown_resume(request, held, last_id)
                 if refused is not None:

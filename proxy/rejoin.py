@@ -56,7 +56,6 @@ class Rejoin:
         self.stream = stream
         self.request = original
         self.client = client
-        self.protocol = recognise(original)
         self.ended = False  # a made-up event closed the stream (the snapshot's task had ended)
         # Rejoins that bring nothing new share one --rejoin-for: an agent whose subscribes
         # break at once cannot keep the stream held for ever.
@@ -70,6 +69,16 @@ class Rejoin:
         headers = list(request.headers.items())
         original = Request(request.method, request.rel_url.raw_path_qs, headers, exchange.request_body())
         return cls(exchange.proxy, stream, original, request)
+
+    @functools.cached_property
+    def protocol(self) -> Protocol | None:
+        """The stream's protocol: asked once it is needed (few streams break or end)."""
+        return recognise(self.request)
+
+    def closed(self) -> bool:
+        """Whether the stream's last event is its protocol's closing one."""
+        data = self.stream.last_data()
+        return data is not None and self.protocol is not None and self.protocol.closes(data, None)
 
     def closes(self, event: SSEEvent) -> bool:
         """Whether this event of a rejoined stream is its last (an agent may leave a

@@ -147,3 +147,16 @@ async def test_answers_carry_the_id_of_the_request_being_answered(
         assert resp.status == 200
         frames = [json.loads(e.data) for e in events_in([(0, await resp.read())]) if e.data]
     assert [f.get("id") for f in frames] == [None, None, None, 42]
+
+
+@pytest.mark.parametrize("name", ["mcp1", "mcp1-resumed"])
+async def test_a_session_through_the_resume_gateway_is_unchanged(record: RecordFactory, name: str) -> None:
+    # The server's own resumption (it closes a tool call's stream, the client resumes it
+    # with a GET) still reaches the server: a stream it closed unfinished is not the
+    # gateway's to answer for.
+    peers = generation(name)
+    with run_mcp_server(*peers.server_args, sdk=peers.sdk, pythonpath=peers.pythonpath) as server:
+        direct = await client(server.url, peers)
+        rec = await record(server.url.removesuffix("/mcp"), hold=30.0)
+        through = await client(f"{rec.url}/mcp", peers)
+    assert calls(through) == calls(direct)
