@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .spans import Chunks, StreamEvent
+from .spans import Chunks, StreamEvent, events_in
 
 Edit = tuple[int, int, bytes]  # (position in the body, bytes removed, bytes put there)
 
@@ -51,6 +51,33 @@ def jsonrpc_id_edits(
         if span and _is(raw, span, old_id):
             edits.append((event.start + span[0], span[1] - span[0], replacement))
     return edits
+
+
+class IdRewriter:
+    """Events' bytes made to answer another request's id, one event at a time (a resuming
+    recorder's reconnect). Parsed once: an event whose bytes up to the id are those of the
+    last one parsed, with the same id there, on one data line, is edited in place."""
+
+    def __init__(self, old_id: object, new_id: object) -> None:
+        self.old_id, self.new_id = old_id, new_id
+        self._replacement = json.dumps(new_id).encode()
+        self._prefix: bytes | None = None  # the bytes before the id, in the last event parsed
+        self._value = b""  # the id's bytes there
+
+    def __call__(self, raw: bytes) -> bytes:
+        prefix = self._prefix
+        if prefix is not None and raw.startswith(prefix) and raw.count(b"data:") == 1:
+            end = len(prefix) + len(self._value)
+            if raw[len(prefix) : end] == self._value and raw[end : end + 1] in (b",", b"}", b" "):
+                return prefix + self._replacement + raw[end:]
+        chunks = [(0, raw)]
+        edits = jsonrpc_id_edits(chunks, events_in(chunks), self.old_id, self.new_id)
+        if len(edits) == 1 and raw.count(b"data:") == 1:
+            at, removed, _ = edits[0]
+            self._prefix, self._value = raw[:at], raw[at : at + removed]
+        for at, removed, inserted in sorted(edits, reverse=True):
+            raw = raw[:at] + inserted + raw[at + removed :]
+        return raw
 
 
 def _is(raw: bytes, span: tuple[int, int], rpc_id: object) -> bool:

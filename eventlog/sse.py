@@ -108,6 +108,22 @@ class SSEDecoder:
                 self._line_start += 1
         return self._parse()
 
+    def take_idle(self) -> bytes:
+        """The whole lines received since the last dispatched event that start no event
+        (comments, keep-alives, blank lines), handed over now and dropped from the next
+        event's ``raw``: a relay that sends events whole need not hold a keep-alive back
+        until the next event. Nothing while a block has begun (a data, event, id or retry
+        line read), or without ``keep_raw``."""
+        start = self._line_start
+        if not start or not self._keep_raw or self._data or self._event is not None:
+            return b""
+        if self._id is not None or self._retry is not None:
+            return b""
+        idle = bytes(memoryview(self._buf)[:start])
+        del self._buf[:start]
+        self._line_start = 0
+        return idle
+
     def close(self) -> list[SSEEvent]:
         """End of stream: return the bytes after the last dispatched event, if any,
         as one event with ``complete=False`` (parsed as far as they go)."""

@@ -2,6 +2,10 @@
 a client is there (recorded as it came), clients follow it event by event, and a client
 that reconnects with ``Last-Event-ID`` follows it again after that event, without the
 request reaching the agent (where it would start a second task).
+
+While its first client is there, that client's handler reads the upstream itself, as
+``tasktape record`` does without ``--resume``; a pump task takes the reading over once it
+leaves, or once the upstream breaks (and is rejoined).
 """
 
 from __future__ import annotations
@@ -13,32 +17,120 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
+from tasktape.eventlog.jsonrpc_ids import NO_ID, IdRewriter, rpc_id, same_id
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
-from tasktape.eventlog.spans import events_in
 
 from .failure import describe
-from .live import LiveStream
+from .live import LiveEvent, LiveStream
 from .rejoin import Rejoin
 
 if TYPE_CHECKING:
     from .recorder import Exchange, RecordingProxy
 
 UPSTREAM_DROPPED = "upstream_disconnected"
+BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
+# A reconnect's first events go out in one write before the rest of what is held is even
+# joined (its client is answered at once, however much it missed); the rest in writes of
+# at most PIECE events.
+FIRST, PIECE = 16, 1024
+
+
+class LetGo(Exception):
+    """Nobody followed a held stream for --hold seconds: its upstream read fails with this."""
+
+
+class Hold:
+    """The --hold of one held stream: armed when its last client leaves, disarmed when
+    one comes; when it runs out, the upstream's pending read fails with LetGo."""
+
+    def __init__(self, stream: LiveStream, seconds: float) -> None:
+        self.seconds = seconds
+        self.content: aiohttp.StreamReader | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._stream = stream
+        stream.on_followed = self._followed
+
+    def reading(self, content: aiohttp.StreamReader) -> None:
+        """The upstream now read (the first response, or a rejoin's)."""
+        self.content = content
+        if not self._stream.followers:
+            self._arm()
+
+    def _followed(self, followed: bool) -> None:
+        if followed:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        else:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is None and self._stream.outcome is None:
+            self._timer = asyncio.get_running_loop().call_later(self.seconds, self._let_go)
+
+    def _let_go(self) -> None:
+        self._timer = None
+        if self.content is not None and not self._stream.followers and self._stream.outcome is None:
+            self.content.set_exception(LetGo())
 
 
 async def relay_held(
     exchange: Exchange, upstream: aiohttp.ClientResponse, headers: Any
 ) -> web.StreamResponse:
-    """The first client's answer: the held stream as it comes; its upstream read apart."""
+    """The first client's answer: the held stream as it comes, its handler reading the
+    upstream while it is there."""
     proxy, request = exchange.proxy, exchange.request
     assert proxy.live is not None
     headers.popall("Content-Length", None)  # ids added where there were none change the length
     line = f"{request.method} {request.rel_url.raw_path}"
     stream = proxy.live.open(exchange.id, line, rpc_id(exchange.request_body()), list(headers.items()))
-    proxy.hold_stream(_pump(exchange, upstream, stream))
+    rejoin = Rejoin.of(exchange, stream)
+    hold = Hold(stream, proxy.hold or 0.0)
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    await _follow(request, response, stream, -1)
+    read, write, chunk, offset = (
+        upstream.content.readany,
+        response.write,
+        exchange.writer.chunk,
+        exchange.offset,
+    )
+    events, sent = stream.events, 0
+    reading = attached = True
+    stream.attach()
+    try:
+        await response.prepare(request)
+        while True:
+            try:
+                data = await read()
+            except BROKEN as exc:
+                why = f"the upstream dropped mid-response: {describe(exc)}"
+                exchange.end(UPSTREAM_DROPPED, why)
+                upstream.close()
+                reading = False
+                proxy.hold_stream(pump(stream, rejoin, hold, broke=why))
+                break
+            if not data:
+                reading = False
+                exchange.upstream_ended = True
+                stream.end("complete", closed=rejoin.closed())
+                exchange.end("complete")
+                _forget_later(proxy, stream)
+                break
+            chunk(exchange.id, offset(), data)
+            stream.feed(data)
+            if len(events) > sent:
+                batch = events[sent:]
+                sent += len(batch)
+                await write(_joined(batch, None))
+        stream.detach()
+        attached = False
+        await _follow(request, response, stream, sent - 1)  # the rest: the tail, or a rejoin's
+    except ConnectionError:
+        pass  # the client left; the stream goes on without it
+    finally:
+        if attached:
+            stream.detach()
+        if reading:  # the client left (or the recorder stops) while this handler read: a pump reads on
+            proxy.hold_stream(pump(stream, rejoin, hold, exchange, upstream))
     return response
 
 
@@ -69,27 +161,32 @@ async def follow_again(
         return time.perf_counter_ns() - t0
 
     writer.response_head(exchange_id, status=200, headers=stream.headers, is_sse=True, ttfb_ns=offset())
-    proxy.resumed(
-        Resume(
-            stream.exchange_id,
-            ResumeSide.CLIENT,
-            ResumeOutcome.RESUMED,
-            last_event_id=request.headers.get("Last-Event-ID"),
-            events_from_log=sum(e.id is not None for e in stream.events[position + 1 :]),
-            new_exchange_id=exchange_id,
-        )
+    mine, theirs = rpc_id(body), stream.request_rpc_id
+    answering = (
+        None if mine is NO_ID or theirs is NO_ID or same_id(mine, theirs) else IdRewriter(theirs, mine)
     )
-    mine = rpc_id(body)
-    theirs = stream.request_rpc_id
-    rewrite = mine is not NO_ID and theirs is not NO_ID and not same_id(mine, theirs)
+    resumed = Resume(
+        stream.exchange_id,
+        ResumeSide.CLIENT,
+        ResumeOutcome.RESUMED,
+        last_event_id=request.headers.get("Last-Event-ID"),
+        events_from_log=sum(e.id is not None for e in stream.events[position + 1 :]),
+        new_exchange_id=exchange_id,
+    )
     response = web.StreamResponse(status=200, headers=stream.headers)
-    outcome, error = "complete", None
+    outcome, error, noted = "complete", None, False
     try:
         await response.prepare(request)
         async for events in stream.follow(position):
-            data = b"".join(_answering(e.raw, theirs, mine) if rewrite else e.raw for e in events)
-            writer.chunk(exchange_id, offset(), data)
-            await response.write(data)
+            at = 0
+            while at < len(events):
+                size = PIECE if noted else FIRST
+                data, at = _joined(events[at : at + size], answering), at + size
+                await response.write(data)
+                writer.chunk(exchange_id, offset(), data)
+                if not noted:  # after the first write: the client is not kept waiting for the log
+                    noted = True
+                    proxy.resumed(resumed)
         if stream.outcome == "complete":
             await response.write_eof()
         else:
@@ -99,8 +196,16 @@ async def follow_again(
         outcome, error = "client_disconnected", "the client went away again"
         raise
     finally:
+        if not noted:  # nothing was held past its id, and nothing came
+            proxy.resumed(resumed)
         writer.end_exchange(exchange_id, duration_ns=offset(), outcome=outcome, error=error)
     return response
+
+
+def _joined(events: list[LiveEvent], answering: IdRewriter | None) -> bytes:
+    if answering is not None:
+        return b"".join(answering(e.raw) for e in events)
+    return events[0].raw if len(events) == 1 else b"".join(e.raw for e in events)
 
 
 async def _follow(request: web.Request, response: web.StreamResponse, stream: LiveStream, after: int) -> None:
@@ -108,7 +213,7 @@ async def _follow(request: web.Request, response: web.StreamResponse, stream: Li
     try:
         await response.prepare(request)
         async for events in stream.follow(after):
-            await response.write(events[0].raw if len(events) == 1 else b"".join(e.raw for e in events))
+            await response.write(_joined(events, None))
         if stream.outcome == "complete":
             await response.write_eof()
         else:
@@ -117,33 +222,28 @@ async def _follow(request: web.Request, response: web.StreamResponse, stream: Li
         pass  # the client left; the stream goes on without it
 
 
-async def _pump(exchange: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream) -> None:
-    """Read the upstream to its end, recording it, whoever follows; rejoin it when it
-    breaks; let it go once no client has followed it for the hold."""
-    await pump(stream, Rejoin.of(exchange, stream), exchange, upstream)
-
-
 async def pump(
     stream: LiveStream,
     rejoin: Rejoin,
+    hold: Hold,
     recording: Exchange | None = None,
     response: aiohttp.ClientResponse | None = None,
+    *,
+    broke: str | None = None,
 ) -> None:
     """Hold ``stream``: read its upstream ``response`` (recorded by ``recording``), and
-    each one it is rejoined by, to the end. Without a response (a stream revived from the
-    log), it begins with a rejoin."""
+    each one it is rejoined by, to the end. Without a response (its upstream ``broke``, or
+    a stream revived from the log), it begins with a rejoin."""
     proxy = rejoin.proxy
     rejoined = recording is None
     try:
         while True:
             if recording is not None and response is not None:
-                broke = await _read(recording, response, stream, rejoin, rejoined)
+                broke = await _read(recording, response, stream, rejoin, hold, rejoined)
                 if broke is None:
                     return
                 response.close()
-            else:
-                broke = "tasktape record restarted while it held the stream"
-            again = await rejoin.again(broke)
+            again = await rejoin.again(broke or "tasktape record restarted while it held the stream")
             if again is None:
                 stream.end(UPSTREAM_DROPPED)
                 return
@@ -156,28 +256,37 @@ async def pump(
     finally:
         if response is not None:
             response.close()
-        # Clients that come back soon after the end are still answered; then it is let go.
-        if proxy.live is not None:
-            asyncio.get_running_loop().call_later(proxy.hold or 0.0, proxy.live.forget, stream.exchange_id)
+        _forget_later(proxy, stream)
+
+
+def _forget_later(proxy: RecordingProxy, stream: LiveStream) -> None:
+    """Clients that come back soon after the end are still answered; then it is let go."""
+    if proxy.live is not None:
+        asyncio.get_running_loop().call_later(proxy.hold or 0.0, proxy.live.forget, stream.exchange_id)
 
 
 async def _read(
-    recording: Exchange, upstream: aiohttp.ClientResponse, stream: LiveStream, rejoin: Rejoin, rejoined: bool
+    recording: Exchange,
+    upstream: aiohttp.ClientResponse,
+    stream: LiveStream,
+    rejoin: Rejoin,
+    hold: Hold,
+    rejoined: bool,
 ) -> str | None:
     """Read one upstream response (``rejoined``: a subscribe's) to its end into the stream:
     None once the stream has ended, or why the upstream broke (the exchange recording it
     has ended)."""
-    hold = recording.proxy.hold or 0.0
-    read = upstream.content.readany
+    read, chunk, offset = upstream.content.readany, recording.writer.chunk, recording.offset
+    hold.reading(upstream.content)
     while True:
         try:
-            data = await _read_while_followed(read, stream, hold)
-        except TimeoutError:
-            reason = f"no client followed the stream for {hold:g} s (--hold): the upstream was let go"
+            data = await read()
+        except LetGo:
+            reason = f"no client followed the stream for {hold.seconds:g} s (--hold): the upstream was let go"
             recording.end("client_disconnected", reason)
             stream.end("client_disconnected")
             return None
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
+        except BROKEN as exc:
             why = f"the upstream dropped mid-response: {describe(exc)}"
             recording.end(UPSTREAM_DROPPED, why)
             return why
@@ -190,45 +299,9 @@ async def _read(
             # A subscribe's stream that ends before its task did broke off too.
             recording.end("complete")
             return "the subscribe's stream ended before its task did"
-        recording.writer.chunk(recording.id, recording.offset(), data)
+        chunk(recording.id, offset(), data)
         events = stream.feed(data)
         if rejoined and (rejoin.ended or any(rejoin.closes(e) for e in events)):
             recording.end("complete")
             stream.end("complete", closed=True)
             return None
-
-
-async def _read_while_followed(read: Any, stream: LiveStream, hold: float) -> bytes:
-    """The upstream's next bytes; TimeoutError once nobody has followed for ``hold`` seconds."""
-    reading = asyncio.ensure_future(read())
-    alone_since: float | None = None
-    loop = asyncio.get_running_loop()
-    try:
-        while True:
-            if stream.followers:
-                alone_since = None
-            elif alone_since is None:
-                alone_since = loop.time()
-            left = None if alone_since is None else alone_since + hold - loop.time()
-            if left is not None and left <= 0:
-                raise TimeoutError
-            changed = asyncio.ensure_future(stream.changed())
-            done, _ = await asyncio.wait(
-                {reading, changed}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
-            changed.cancel()
-            if reading in done:
-                return reading.result()
-    finally:
-        if not reading.done():
-            reading.cancel()
-
-
-def _answering(raw: bytes, theirs: object, mine: object) -> bytes:
-    """The event's bytes answering the reconnecting request's JSON-RPC id."""
-    chunks = [(0, raw)]
-    edits = jsonrpc_id_edits(chunks, events_in(chunks), theirs, mine)
-    out = raw
-    for at, removed, inserted in sorted(edits, reverse=True):
-        out = out[:at] + inserted + out[at + removed :]
-    return out

@@ -9,6 +9,7 @@ out): a client that reconnects with ``Last-Event-ID`` follows it again after tha
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class LiveStream:
     events: list[LiveEvent] = field(default_factory=list)
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
+    on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
     closed: bool = False  # it ended with the event its protocol closes a stream with
     _positions: dict[str, int] = field(default_factory=dict)
     _dispatched: int = 0
@@ -46,13 +48,18 @@ class LiveStream:
 
     def feed(self, data: bytes) -> list[SSEEvent]:
         """Bytes from the upstream: the events they complete join the stream (and are returned)."""
-        events = self._decoder.feed(data)
+        decoder = self._decoder
+        events = decoder.feed(data)
         for event in events:
             if self._first is not None and event.data:
                 first, self._first = self._first, None
                 if not first(event):
                     continue
             self._add(event.id, event.data, event.raw)
+        idle = decoder.take_idle()
+        if idle:  # a keep-alive goes out at once, as without --resume
+            self.events.append(LiveEvent(None, idle))
+            self._wake()
         return events
 
     def rejoin(self, first: Callable[[SSEEvent], bool]) -> None:
@@ -113,10 +120,21 @@ class LiveStream:
     def ids(self) -> list[str]:
         return [e.id for e in self.events if e.id is not None]
 
+    def attach(self) -> None:
+        """One more client follows the stream."""
+        self.followers += 1
+        if self.followers == 1 and self.on_followed is not None:
+            self.on_followed(True)
+
+    def detach(self) -> None:
+        self.followers -= 1
+        if not self.followers and self.on_followed is not None:
+            self.on_followed(False)
+
     async def follow(self, after: int = -1) -> AsyncIterator[list[LiveEvent]]:
         """The events after position ``after``, then those that come, until the end: as
         many at a time as there are (one write for them all, when a client lags)."""
-        self.followers += 1
+        self.attach()
         try:
             position = after + 1
             while True:
@@ -130,11 +148,7 @@ class LiveStream:
                 waiting = self._changed
                 await waiting.wait()
         finally:
-            self.followers -= 1
-            self._wake()  # a hold counting the followers looks again
-
-    async def changed(self) -> None:
-        await self._changed.wait()
+            self.detach()
 
     def _add(self, upstream_id: str | None, data: str, raw: bytes) -> None:
         event_id = upstream_id
@@ -165,12 +179,27 @@ def with_id(raw: bytes, event_id: str) -> bytes:
     return raw  # not a whole event: it cannot be given an id
 
 
+@dataclass(frozen=True)
+class Gone:
+    """A stream let go: which, and the first and last ids it held."""
+
+    exchange_id: int
+    first: str | None
+    last: str | None
+
+
+KEPT_GONE = 10_000  # request lines whose last stream let go is remembered
+
+
 class LiveStreams:
     """The streams a resuming recorder holds, found by an event id they hold."""
 
     def __init__(self) -> None:
         self._streams: dict[int, LiveStream] = {}
         self._asleep: dict[int, Request] = {}  # streams of an earlier run, and what opened them
+        # The last stream let go of each request line (a few): a reconnect to it is refused,
+        # not taken for a new request.
+        self._gone: OrderedDict[str, Gone] = OrderedDict()
 
     def open(
         self, exchange_id: int, request_line: str, request_rpc_id: object, headers: list[tuple[str, str]]
@@ -190,8 +219,20 @@ class LiveStreams:
 
     def forget(self, exchange_id: int) -> None:
         """Let an ended stream go (what it held stays in the log)."""
-        self._streams.pop(exchange_id, None)
+        stream = self._streams.pop(exchange_id, None)
         self._asleep.pop(exchange_id, None)
+        if stream is not None:
+            ids = stream.ids()
+            self._gone.pop(stream.request_line, None)
+            self._gone[stream.request_line] = Gone(
+                exchange_id, ids[0] if ids else None, ids[-1] if ids else None
+            )
+            if len(self._gone) > KEPT_GONE:
+                self._gone.popitem(last=False)
+
+    def gone(self, request_line: str) -> Gone | None:
+        """The last stream of a request like this one that was let go, if it is not held."""
+        return None if self.newest(request_line) else self._gone.get(request_line)
 
     def __len__(self) -> int:
         return len(self._streams)

@@ -33,9 +33,9 @@ from . import unread
 from .card import is_card_request, rewrite_card
 from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
-from .held import follow_again, pump, relay_held
+from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
-from .live import LiveStream, LiveStreams
+from .live import Gone, LiveStream, LiveStreams
 from .rejoin import Rejoin
 from .resume_options import UnknownResume
 from .revive import asleep_in_log
@@ -230,12 +230,15 @@ class RecordingProxy:
             if found is not None and found[0].answers(last_id):
                 original = self.live.wake(found[0])
                 if original is not None:  # held since an earlier run: its agent is read again
-                    self.hold_stream(pump(found[0], Rejoin(self, found[0], original, request)))
+                    rejoin = Rejoin(self, found[0], original, request)
+                    self.hold_stream(pump(found[0], rejoin, Hold(found[0], self.hold or 0.0)))
                 body = read if read is not None else await request.read()
                 return await follow_again(self, request, body, *found, t0, started_ns)
-            held = None if found else self.live.newest(f"{request.method} {request.rel_url.raw_path}")
-            if held is not None:  # a reconnect to a stream held here, after an event it never had
-                refused = self._unknown_resume(request, held, last_id)
+            line = f"{request.method} {request.rel_url.raw_path}"
+            held = None if found else self.live.newest(line)
+            gone = None if found or held else self.live.gone(line)
+            if held is not None or gone is not None:  # a reconnect, after an event no stream held has
+                refused = self._unknown_resume(request, held or gone, last_id)  # type: ignore[arg-type]
                 if refused is not None:
                     return refused
         body, teed = (read, None) if read is not None else await self._request_body(request)
@@ -251,15 +254,24 @@ class RecordingProxy:
         )
         return await Exchange(self, request, exchange, t0).run(teed or body)
 
-    def _unknown_resume(self, request: web.Request, held: LiveStream, last_id: str) -> web.Response | None:
-        """A reconnect naming an event the stream held for it never had: refused (a 400
-        naming the ids it holds), or, with --resume-unknown forward, None: it goes upstream."""
+    def _unknown_resume(
+        self, request: web.Request, held: LiveStream | Gone, last_id: str
+    ) -> web.Response | None:
+        """A reconnect naming an event the stream held for it never had, or to a stream
+        let go: refused (a 400 naming the ids held), or, with --resume-unknown forward,
+        None: it goes upstream."""
         resume = Resume(held.exchange_id, ResumeSide.CLIENT, ResumeOutcome.FORWARDED, last_event_id=last_id)
         if self.resume_unknown is UnknownResume.FORWARD:
             self.resumed(resume)
             return None
-        ids = held.ids()
-        holds = f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
+        if isinstance(held, Gone):
+            holds = (
+                f"the stream of exchange {held.exchange_id} ({held.first!r} to {held.last!r}) was let go "
+                f"{self.hold:g} s after it ended or was left (--hold); the log has it"
+            )
+        else:
+            ids = held.ids()
+            holds = f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
         reason = f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
         response, refusal = self._refusal(request, 400, reason)
         self.resumed(replace(resume, outcome=ResumeOutcome.REFUSED, new_exchange_id=refusal, error=reason))

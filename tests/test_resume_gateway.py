@@ -145,3 +145,37 @@ async def test_an_ended_stream_is_held_for_the_hold_then_let_go(record: RecordFa
     assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
     await asyncio.sleep(0.5)
     assert rec.proxy.live is not None and len(rec.proxy.live) == 0
+
+
+async def test_a_keep_alive_goes_out_at_once(record: RecordFactory) -> None:
+    async def agent(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": keep-alive\n\n")
+        await asyncio.sleep(1.0)
+        await response.write(b"data: hello\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/stream", agent)
+    rec = await record(app, hold=30.0)
+    async with rec.session.post(f"{rec.url}/stream") as r:
+        first = await asyncio.wait_for(r.content.readany(), 0.5)  # not held back with the next event
+        assert first == b": keep-alive\n\n"
+        assert await r.read() == b"data: hello\nid: tg1.1\n\n"
+
+
+async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_is_then_refused(
+    record: RecordFactory,
+) -> None:
+    app, seen = counted(create_agent_app(pace=3.0))
+    rec = await record(app, hold=0.3)
+    _, events = await first_events(rec.url, REST_BODY, 3)
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)  # let go though the agent still streams
+    with await rec.log() as log:
+        (stream,) = [x for x in log.exchanges() if x["is_sse"]]
+        assert stream["outcome"] == "client_disconnected" and "--hold" in stream["error"]
+    await asyncio.sleep(0.5)  # and then forgotten
+    status, body = await rest_of(rec.url, REST_BODY, events[-1].id)
+    assert status == 400 and "was let go" in json.loads(body)["error"]["message"]
+    assert seen.count("POST /message:stream") == 1  # never a silent restart
