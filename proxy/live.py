@@ -19,7 +19,7 @@ from tasktape.eventlog.protocols.base import Request
 ID_PREFIX = "tg"  # ids the gateway gives: "tg<exchange>.<event>"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LiveEvent:
     id: str | None  # None: a block no client dispatches (a comment, a keep-alive)
     raw: bytes  # as clients are sent it: the upstream's bytes, and an id line where it had none
@@ -50,15 +50,18 @@ class LiveStream:
         """Bytes from the upstream: the events they complete join the stream (and are returned)."""
         decoder = self._decoder
         events = decoder.feed(data)
+        before = len(self.events)
+        add = self._add
         for event in events:
             if self._first is not None and event.data:
                 first, self._first = self._first, None
                 if not first(event):
                     continue
-            self._add(event.id, event.data, event.raw)
+            add(event.id, event.data, event.raw)
         idle = decoder.take_idle()
         if idle:  # a keep-alive goes out at once, as without --resume
             self.events.append(LiveEvent(None, idle))
+        if len(self.events) > before:  # followers woken once for all the chunk brought
             self._wake()
         return events
 
@@ -160,7 +163,6 @@ class LiveStream:
         if event_id is not None:  # an id without data (a priming event) is resumed from too
             self._positions.setdefault(event_id, len(self.events))
         self.events.append(LiveEvent(event_id if data else None, raw))
-        self._wake()
 
     def _next_id(self) -> str:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
