@@ -18,6 +18,7 @@ from . import (
     protocols_bench,
     proxy_bench,
     replay_bench,
+    resume_bench,
     scaling,
     startup,
 )
@@ -29,6 +30,7 @@ SUITES = {
     "protocols": protocols_bench.run,
     "handover": handover.run,
     "proxy": proxy_bench.run,
+    "resume": resume_bench.run,
     "startup": startup.run,
     "imports": imports.run,
     "replay": replay_bench.run,
