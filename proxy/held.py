@@ -35,17 +35,14 @@ BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
 FIRST, PIECE = 16, 1024
 
 
-class LetGo(Exception):
-    """Nobody followed a held stream for --hold seconds: its upstream read fails with this."""
-
-
 class Hold:
     """The --hold of one held stream: armed when its last client leaves, disarmed when
-    one comes; when it runs out, the upstream's pending read fails with LetGo."""
+    one comes; when it runs out, the upstream's pending read fails with TimeoutError."""
 
     def __init__(self, stream: LiveStream, seconds: float) -> None:
         self.seconds = seconds
         self.content: aiohttp.StreamReader | None = None
+        self.ran_out = False
         self._timer: asyncio.TimerHandle | None = None
         self._stream = stream
         stream.on_followed = self._followed
@@ -71,7 +68,8 @@ class Hold:
     def _let_go(self) -> None:
         self._timer = None
         if self.content is not None and not self._stream.followers and self._stream.outcome is None:
-            self.content.set_exception(LetGo())
+            self.ran_out = True
+            self.content.set_exception(TimeoutError(f"nobody followed the stream for {self.seconds:g} s"))
 
 
 async def relay_held(
@@ -281,7 +279,11 @@ async def _read(
     while True:
         try:
             data = await read()
-        except LetGo:
+        except TimeoutError as exc:
+            if not hold.ran_out:
+                why = f"the upstream dropped mid-response: {describe(exc)}"
+                recording.end(UPSTREAM_DROPPED, why)
+                return why
             reason = f"no client followed the stream for {hold.seconds:g} s (--hold): the upstream was let go"
             recording.end("client_disconnected", reason)
             stream.end("client_disconnected")
