@@ -18,6 +18,7 @@ class ResumeOutcome(StrEnum):
     REFUSED = "refused"  # its Last-Event-ID names no event of the stream held: a 400
     FORWARDED = "forwarded"  # such a request went to the agent instead (--resume-unknown forward)
     REJOINED = "rejoined"  # the agent's stream goes on through a subscribe: nothing lost
+    CAUGHT_UP = "caught_up"  # not subscribed to (its task had ended): caught up from the task itself
     GAP = "gap"  # rejoined, but the agent's snapshot lacked something clients were owed
     GAVE_UP = "gave_up"  # no subscribe succeeded within --rejoin-for, or the agent refused it
     NOT_RESUMABLE = "not_resumable"  # nothing to subscribe to: no task yet, or not A2A
@@ -51,6 +52,8 @@ class Resume:
             n = len(self.synthesized)
             made = f", {n} event{'s' if n != 1 else ''} made up to catch up" if n else ""
             return f"{head}: rejoined by exchange {self.new_exchange_id} ({tries}{made})"
+        if self.outcome is ResumeOutcome.CAUGHT_UP:
+            return f"{head}: its task had ended; caught up from exchange {self.new_exchange_id}"
         if self.outcome is ResumeOutcome.GAP:
             return f"{head}: rejoined by exchange {self.new_exchange_id}, with a gap: {self.error}"
         return f"{head}: {self.outcome.replace('_', ' ')} ({self.error})"

@@ -36,6 +36,7 @@ MAX_GAP_LABELS = 3
 RECONNECT_COLOURS = {
     ResumeOutcome.RESUMED: "#00897b",
     ResumeOutcome.REJOINED: "#00897b",
+    ResumeOutcome.CAUGHT_UP: "#00897b",
     ResumeOutcome.FORWARDED: "#1e88e5",
     ResumeOutcome.GAP: "#ef6c00",
     ResumeOutcome.REFUSED: "#c62828",
@@ -68,6 +69,8 @@ def reconnect_label(r: Reconnect) -> str:
             label = f"forwarded a client's {after} to the agent"
         case ResumeOutcome.REJOINED:
             label = f"upstream rejoined{tries}"
+        case ResumeOutcome.CAUGHT_UP:
+            label = "caught up from the ended task"
         case ResumeOutcome.GAP:
             label = "rejoined with a gap" + (f": {r.error}" if r.error else tries)
         case ResumeOutcome.GAVE_UP:

@@ -100,11 +100,13 @@ async def relay_held(
             try:
                 data = await read()
             except BROKEN as exc:
-                why = f"the upstream dropped mid-response: {describe(exc)}"
-                exchange.end(UPSTREAM_DROPPED, why)
-                upstream.close()
                 reading = False
-                proxy.hold_stream(pump(stream, rejoin, hold, broke=why))
+                upstream.close()
+                why = _broke(exchange, stream, rejoin, exc)
+                if why is not None:
+                    proxy.hold_stream(pump(stream, rejoin, hold, broke=why))
+                else:
+                    _forget_later(proxy, stream)
                 break
             if not data:
                 reading = False
@@ -190,7 +192,9 @@ async def follow_again(
         else:
             outcome, error = UPSTREAM_DROPPED, f"the held stream ended {stream.outcome}"
             request.protocol.force_close()
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:
+        outcome, error = "client_disconnected", "the client went away again"
+    except asyncio.CancelledError:
         outcome, error = "client_disconnected", "the client went away again"
         raise
     finally:
@@ -257,6 +261,18 @@ async def pump(
         _forget_later(proxy, stream)
 
 
+def _broke(recording: Exchange, stream: LiveStream, rejoin: Rejoin, exc: BaseException) -> str | None:
+    """The upstream broke: why (the stream is to be rejoined), or None when it broke after
+    its closing event, and the stream ends cleanly for its clients."""
+    why = f"the upstream dropped mid-response: {describe(exc)}"
+    if rejoin.closed():
+        recording.end(UPSTREAM_DROPPED, f"{why}, after the event that closes the stream")
+        stream.end("complete", closed=True)
+        return None
+    recording.end(UPSTREAM_DROPPED, why)
+    return why
+
+
 def _forget_later(proxy: RecordingProxy, stream: LiveStream) -> None:
     """Clients that come back soon after the end are still answered; then it is let go."""
     if proxy.live is not None:
@@ -289,9 +305,7 @@ async def _read(
             stream.end("client_disconnected")
             return None
         except BROKEN as exc:
-            why = f"the upstream dropped mid-response: {describe(exc)}"
-            recording.end(UPSTREAM_DROPPED, why)
-            return why
+            return _broke(recording, stream, rejoin, exc)
         if not data:
             if not rejoined:
                 recording.upstream_ended = True

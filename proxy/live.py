@@ -174,11 +174,20 @@ class LiveStream:
 
 
 def with_id(raw: bytes, event_id: str) -> bytes:
-    """The event's bytes with an id line last in its block (before the blank line)."""
-    for end in (b"\r\n", b"\n", b"\r"):
-        if raw.endswith(end + end):
-            return raw[: -len(end)] + f"id: {event_id}".encode() + end + end
-    return raw  # not a whole event: it cannot be given an id
+    """The event's bytes with an id line last in its block, before the blank line, ended
+    as the line before it is (a block may end in any of CR, LF and CRLF, mixed)."""
+    blank = _line_end(raw)
+    before = _line_end(raw[: -len(blank)]) if blank else b""
+    if not blank or not before:
+        return raw  # not a whole event: it cannot be given an id
+    return raw[: -len(blank)] + f"id: {event_id}".encode() + before + blank
+
+
+def _line_end(raw: bytes) -> bytes:
+    """The line end ``raw`` ends with (b"" if none)."""
+    if raw.endswith(b"\r\n"):
+        return b"\r\n"
+    return raw[-1:] if raw[-1:] in (b"\r", b"\n") else b""
 
 
 @dataclass(frozen=True)

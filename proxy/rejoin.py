@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 FIRST_RETRY = 0.2  # seconds before the second subscribe; the first goes at once
 LAST_RETRY = 5.0  # the longest wait between two
-KEPT_REFUSAL = 64 * 1024  # bytes of a refusing answer kept in the log
+KEPT_ANSWER = 16 * 1024 * 1024  # bytes of an answer that is no stream read and kept
 _RETRIED = frozenset({408, 425, 429})  # and 5xx: the agent may answer the next one
 # Not sent with a subscribe: it has no body, and its stream must reach clients as it comes.
 _DROPPED = ("Content-Length", "Content-Type", "Content-Encoding", "Last-Event-ID", "Accept-Encoding")
@@ -109,6 +109,8 @@ class Rejoin:
                 first = functools.partial(self._caught_up, sent=sent, by=answer[0].id, attempts=attempts)
                 self.stream.rejoin(first)
                 return answer
+            if not answer.retried and await self._look_up(sent, attempts):
+                return None  # the task had ended: its clients were caught up, their streams ended
             if not answer.retried or loop.time() + delay > deadline:
                 spent = f"; no subscribe succeeded in {self.proxy.rejoin_for:g} s" if answer.retried else ""
                 error = f"{why}; {answer.why}{spent}"
@@ -142,6 +144,55 @@ class Rejoin:
 
     async def _subscribe(self, plan: Resubscription) -> Subscribed | Failed:
         """One subscribe, recorded: its stream, or why not."""
+        sent = await self._send(plan)
+        if isinstance(sent, Failed):
+            return sent
+        recording, response = sent
+        is_sse = response.content_type == "text/event-stream"
+        if response.status == 200 and is_sse and "Content-Encoding" not in response.headers:
+            recording.held = True
+            return recording, response
+        await self._read_answer(recording, response)
+        why = f"the agent answered the subscribe with {response.status} {response.content_type}"
+        recording.end("complete", why)
+        return Failed(why, retried=response.status >= 500 or response.status in _RETRIED)
+
+    async def _look_up(self, sent: list[str], attempts: int) -> bool:
+        """The agent would not be subscribed to: ask it where the task stands, and if that
+        ends it, catch the clients up from its answer and end their streams cleanly."""
+        assert self.protocol is not None
+        plan = self.protocol.lookup(self.request, sent)
+        answer = None if plan is None else await self._send(plan)
+        if answer is None or isinstance(answer, Failed):
+            return False
+        recording, response = answer
+        body = await self._read_answer(recording, response)
+        recording.end("complete")
+        if response.status != 200 or "Content-Encoding" in response.headers:
+            return False
+        last = self.stream.last_id()
+        catch = self.protocol.catch_up(sent, body.decode("utf-8", "replace"))
+        if catch.send_first or not any(self.protocol.closes(data, None) for data in catch.events):
+            return False  # no task in the answer, or one that goes on: nothing ends the stream
+        made = tuple(self.stream.add_made(data) for data in catch.events)
+        self.stream.end("complete", closed=True)
+        self.proxy.resumed(
+            Resume(
+                self.stream.exchange_id,
+                ResumeSide.UPSTREAM,
+                ResumeOutcome.CAUGHT_UP,
+                last_event_id=last,
+                events_from_log=len(sent),
+                new_exchange_id=recording.id,
+                attempts=attempts,
+                synthesized=made,
+                error="; ".join(catch.gaps) or None,
+            )
+        )
+        return True
+
+    async def _send(self, plan: Resubscription) -> Subscribed | Failed:
+        """One request to the agent for the stream, recorded as an exchange of its own."""
         from .recorder import Exchange, upstream_headers  # noqa: PLC0415 (the recorder imports this module)
 
         proxy = self.proxy
@@ -167,32 +218,30 @@ class Rejoin:
                 plan.method, url, headers=headers, data=plan.body, allow_redirects=False
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            why = f"the subscribe failed before an answer: {describe(exc)}"
+            why = f"the request failed before an answer: {describe(exc)}"
             recording.end("upstream_error", why)
             return Failed(why, retried=True)
-        is_sse = response.content_type == "text/event-stream"
         proxy.writer.response_head(
             new_id,
             status=response.status,
             headers=list(response.headers.items()),
-            is_sse=is_sse,
+            is_sse=response.content_type == "text/event-stream",
             ttfb_ns=recording.offset(),
             content_encoding=response.headers.get("Content-Encoding"),
         )
-        if response.status == 200 and is_sse and "Content-Encoding" not in response.headers:
-            recording.held = True
-            return recording, response
+        return recording, response
+
+    async def _read_answer(self, recording: Exchange, response: aiohttp.ClientResponse) -> bytes:
+        """An answer that is no stream, read (as far as the log keeps it) and recorded."""
         try:
-            body = await response.content.read(KEPT_REFUSAL)
+            body = await response.content.read(KEPT_ANSWER)
         except (aiohttp.ClientError, OSError):
             body = b""
         finally:
             response.close()
         if body:
-            proxy.writer.chunk(new_id, recording.offset(), body)
-        why = f"the agent answered the subscribe with {response.status} {response.content_type}"
-        recording.end("complete", why)
-        return Failed(why, retried=response.status >= 500 or response.status in _RETRIED)
+            self.proxy.writer.chunk(recording.id, recording.offset(), body)
+        return body
 
     def _note(self, outcome: ResumeOutcome, sent: list[str], **fields: object) -> None:
         self.proxy.resumed(

@@ -92,6 +92,10 @@ class A2A(Protocol):
         """``tasks/{id}:subscribe`` (or ``SubscribeToTask``) while the task has not ended."""
         return a2a_rejoin.resubscription(request, sent)
 
+    def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+        """``GET /tasks/{id}`` (or ``GetTask``): a task that has ended is not subscribed to."""
+        return a2a_rejoin.lookup(request, sent)
+
     def catch_up(self, sent: Sequence[str], first: str) -> CatchUp:
         """What the subscribe's Task snapshot holds that clients were not sent."""
         return a2a_rejoin.catch_up(sent, first)

@@ -27,31 +27,45 @@ from .base import CatchUp, Request, Resubscription
 
 _ENDS = {str(s) for s in TERMINAL_STATES | INTERRUPTED_STATES}
 _STREAMING = re.compile(r"/(?:message:stream|tasks/[^/:]+:subscribe)$")
-_V03_METHODS = frozenset({"message/stream", "tasks/resubscribe"})
+_V03_METHODS = frozenset({"message/stream", "tasks/resubscribe", "tasks/get"})
 
 
 def resubscription(request: Request, sent: Sequence[str]) -> Resubscription | None:
     """The subscribe to the task the clients were being sent, while it has not ended."""
     task = task_after(_frames(sent))
-    if task is None or not isinstance(task.get("id"), str):
-        return None  # no event named the task yet: there is nothing to subscribe to
-    if (task.get("status") or {}).get("state") in _ENDS:
+    if task is None or (task.get("status") or {}).get("state") in _ENDS:
         return None
+    return _asking(request, task, ("SubscribeToTask", "tasks/resubscribe"), ":subscribe")
+
+
+def lookup(request: Request, sent: Sequence[str]) -> Resubscription | None:
+    """The task asked for (its answer a Task), when it will not be subscribed to."""
+    task = task_after(_frames(sent))
+    return None if task is None else _asking(request, task, ("GetTask", "tasks/get"), "")
+
+
+def _asking(
+    request: Request, task: dict[str, Any], methods: tuple[str, str], suffix: str
+) -> Resubscription | None:
+    """A request about the task on the stream's binding: JSON-RPC's method (v1.0's or,
+    for a 0.3 stream, 0.3's) with the stream's own id, or REST's ``tasks/{id}SUFFIX``."""
+    if not isinstance(task.get("id"), str):
+        return None  # no event named the task yet
     task_id = task["id"]
     info = classify_request(request.method, request.path, request.body)
     path = request.path.partition("?")[0]
     if info.binding == Binding.JSONRPC:
-        method = "tasks/resubscribe" if info.rpc_method in _V03_METHODS else "SubscribeToTask"
+        method = methods[1] if info.rpc_method in _V03_METHODS else methods[0]
         body = {"jsonrpc": "2.0", "id": info.rpc_id, "method": method, "params": {"id": task_id}}
-        headers = (("Content-Type", "application/json"), ("Accept", "text/event-stream"))
+        accept = "text/event-stream" if suffix else "application/json"
+        headers = (("Content-Type", "application/json"), ("Accept", accept))
         return Resubscription("POST", path, json.dumps(body).encode(), headers)
     match = _STREAMING.search(path)
     if info.binding != Binding.REST or match is None:
         return None
-    prefix = path[: match.start()]
-    return Resubscription(
-        "GET", f"{prefix}/tasks/{quote(task_id, safe='')}:subscribe", None, (("Accept", "text/event-stream"),)
-    )
+    accept = "text/event-stream" if suffix else "application/json"
+    target = f"{path[: match.start()]}/tasks/{quote(task_id, safe='')}{suffix}"
+    return Resubscription("GET", target, None, (("Accept", accept),))
 
 
 def catch_up(sent: Sequence[str], first: str) -> CatchUp:
@@ -62,6 +76,8 @@ def catch_up(sent: Sequence[str], first: str) -> CatchUp:
         obj = None
     frame = stream_response(obj)
     snapshot = frame.get("task") if frame else None
+    if snapshot is None and frame and isinstance(frame.get("status"), dict) and "id" in frame:
+        snapshot = frame  # a Task itself: GetTask's answer
     if not isinstance(snapshot, dict) or _is_v03(obj):
         gap = "the subscribe's first event is not a v1.0 Task snapshot: it is sent on as it came"
         return CatchUp(gaps=(gap,), send_first=True)

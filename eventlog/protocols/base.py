@@ -205,6 +205,12 @@ class Protocol:
         (None: it cannot be: the stream had ended, or the protocol has no way)."""
         return None
 
+    def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+        """When the agent refuses the resubscription: a request whose answer (not a stream)
+        ``catch_up`` can read as the first event, to end the stream if the answer ends it
+        (None: there is none)."""
+        return None
+
     def catch_up(self, sent: Sequence[str], first: str) -> CatchUp:
         """What clients that were sent ``sent`` are owed, given the first event of the
         resubscription's stream (by default: that event, as it is)."""

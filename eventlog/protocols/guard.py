@@ -78,6 +78,9 @@ class Guarded(Protocol):
     def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
         return self.safely("resubscription", None, lambda: self.inner.resubscription(request, sent))
 
+    def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+        return self.safely("lookup", None, lambda: self.inner.lookup(request, sent))
+
     def catch_up(self, sent: Sequence[str], first: str) -> CatchUp:
         return self.safely("catch_up", CatchUp(send_first=True), lambda: self.inner.catch_up(sent, first))
 
