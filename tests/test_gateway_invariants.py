@@ -861,6 +861,32 @@ async def test_the_agent_s_own_drop_is_rejoined(record: RecordFactory, serve: Se
     assert stream_requests(cutter, agent, binding)[0] == 1, f"seed {seed}"
 
 
+async def one_client(
+    record: RecordFactory, cutter: Cutter, agent: Peer, binding: str, seed: int
+) -> tuple[Recording, Received]:
+    """A gateway in front of ``cutter``, and one client that does not drop, run to its end."""
+    rec = await record(cutter.url, hold=HOLD, rejoin_for=REJOIN_FOR)
+    async with http_client() as http:
+        received = await asyncio.wait_for(Client(http, rec.url, agent, binding, seed, drops=False).run(), 60)
+    return rec, received
+
+
+async def one_cut_stream(
+    record: RecordFactory,
+    agent: Peer,
+    plan: Callable[[Relayed, random.Random], Cut | None],
+    binding: str,
+    seed: int,
+) -> tuple[Cutter, Received, Truth]:
+    """One client's stream through a gateway whose agent connections ``plan`` cuts: the
+    cutter (what it saw), what the client got, and the truth."""
+    async with Cutter(agent.url, plan, seed=seed) as cutter:
+        rec, received = await one_client(record, cutter, agent, binding, seed)
+        assert received.task_id, f"seed {seed}: {received.story()} {received.ended}"
+        found = await truth(rec, agent, received)
+    return cutter, received, found
+
+
 @pytest.mark.parametrize("where", ["inside", "after"])
 @pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("kind", PEERS)
@@ -882,14 +908,7 @@ async def test_a_stream_cut_at_its_last_event_still_ends(
             return None
         return Cut(0, "rst", b"TASK_STATE_COMPLETED", then=event_end if where == "after" else None)
 
-    async with Cutter(agent.url, plan, seed=seed) as cutter:
-        rec = await record(cutter.url, hold=HOLD, rejoin_for=REJOIN_FOR)
-        async with http_client() as http:
-            received = await asyncio.wait_for(
-                Client(http, rec.url, agent, binding, seed, drops=False).run(), 60
-            )
-        assert received.task_id, f"seed {seed}: {received.story()} {received.ended}"
-        found = await truth(rec, agent, received)
+    cutter, received, found = await one_cut_stream(record, agent, plan, binding, seed)
     assert [r.line for r in cutter.cuts()] == [cutter.requests[0].line], f"seed {seed}"
     assert bool(found.upstream[0].tail) == (where == "inside"), f"seed {seed}: {found.upstream[0].tail!r}"
     check(received, found, binding, rejoins=True)
@@ -915,11 +934,7 @@ async def test_a_stream_cut_right_after_its_first_event_is_rejoined(
         return Cut(0, "close", b"\r\n\r\n", 2) if kind == "sdk" else Cut(0, "close", b"\n\n")
 
     async with Cutter(agent.url, plan, seed=seed) as cutter:
-        rec = await record(cutter.url, hold=HOLD, rejoin_for=REJOIN_FOR)
-        async with http_client() as http:
-            received = await asyncio.wait_for(
-                Client(http, rec.url, agent, binding, seed, drops=False).run(), 60
-            )
+        rec, received = await one_client(record, cutter, agent, binding, seed)
         with await rec.log() as log:
             first = log.exchanges()[0]
             body = log.body(first["id"])
@@ -954,14 +969,7 @@ async def test_an_event_whose_crlf_is_split_keeps_its_id(
         # the first event's end and its chunk's CRLF (\r\n\r\n\r\n) the next two.
         return Cut(0, how, b"\r\n\r", 4, pause=0.05) if asked == 1 else None
 
-    async with Cutter(agent.url, plan, seed=seed) as cutter:
-        rec = await record(cutter.url, hold=HOLD, rejoin_for=REJOIN_FOR)
-        async with http_client() as http:
-            received = await asyncio.wait_for(
-                Client(http, rec.url, agent, binding, seed, drops=False).run(), 60
-            )
-        assert received.task_id, f"seed {seed}: {received.story()} {received.ended}"
-        found = await truth(rec, agent, received)
+    cutter, received, found = await one_cut_stream(record, agent, plan, binding, seed)
     assert cutter.requests[0].cut_at is not None, f"seed {seed}: the relay never {how}d"
     check(received, found, binding, rejoins=how == "close")
 
