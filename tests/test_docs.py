@@ -24,7 +24,7 @@ def test_the_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
     demo, tests = block.split("\n")
     assert demo == "python -m pip install . && tasktape demo"
     install, mcp2, run = tests.split(" && ")
-    assert (install, run) == ('python -m pip install -e ".[test]"', "python -m pytest")
+    assert (install, run) == ('python -m pip install -e ".[test]"', "python -m pytest -n auto")
     assert mcp2.startswith("python -m pip install --target .test-deps/mcp2 mcp==2.")
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
 
