@@ -22,7 +22,10 @@ def bind(host: str, port: int, *, or_any_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does
+        if port:  # a port left in TIME_WAIT by the last run is taken again, as create_server does
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Not for port 0: a socket that binds there with SO_REUSEADDR and does not listen yet
+        # may be given a port another such socket holds.
         sock.bind((host, port))
         return sock
     except OSError as exc:
