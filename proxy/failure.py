@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+UPSTREAM_DROPPED = "upstream_disconnected"  # the outcome of an exchange whose upstream broke off
+
 
 def describe(exc: BaseException) -> str:
     text = str(exc) or ""

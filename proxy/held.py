@@ -20,14 +20,13 @@ from aiohttp import web
 from tasktape.eventlog.jsonrpc_ids import NO_ID, IdRewriter, rpc_id, same_id
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
-from .failure import describe
+from .failure import UPSTREAM_DROPPED, describe
 from .live import LiveEvent, LiveStream
 from .rejoin import Rejoin
 
 if TYPE_CHECKING:
     from .recorder import Exchange, RecordingProxy
 
-UPSTREAM_DROPPED = "upstream_disconnected"
 BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
 # A reconnect's first events go out in one write before the rest of what is held is even
 # joined (its client is answered at once, however much it missed); the rest in writes of

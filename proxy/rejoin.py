@@ -19,7 +19,7 @@ from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import CatchUp, Protocol, Request, Resubscription
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
-from .failure import describe
+from .failure import UPSTREAM_DROPPED, describe
 from .live import LiveStream
 
 if TYPE_CHECKING:
@@ -109,8 +109,11 @@ class Rejoin:
                 first = functools.partial(self._caught_up, sent=sent, by=answer[0].id, attempts=attempts)
                 self.stream.rejoin(first)
                 return answer
-            if not answer.retried and await self._look_up(sent, attempts):
+            looked = None if answer.retried else await self._look_up(sent, attempts)
+            if looked:
                 return None  # the task had ended: its clients were caught up, their streams ended
+            if looked is False and loop.time() + delay <= deadline:
+                answer = Failed(f"{answer.why}, and asking for the task broke off", retried=True)
             if not answer.retried or loop.time() + delay > deadline:
                 spent = f"; no subscribe succeeded in {self.proxy.rejoin_for:g} s" if answer.retried else ""
                 error = f"{why}; {answer.why}{spent}"
@@ -157,23 +160,28 @@ class Rejoin:
         recording.end("complete", why)
         return Failed(why, retried=response.status >= 500 or response.status in _RETRIED)
 
-    async def _look_up(self, sent: list[str], attempts: int) -> bool:
+    async def _look_up(self, sent: list[str], attempts: int) -> bool | None:
         """The agent would not be subscribed to: ask it where the task stands, and if that
-        ends it, catch the clients up from its answer and end their streams cleanly."""
+        ends it, catch the clients up from its answer and end their streams cleanly (True).
+        False: the answer broke off on the way (ask again); None: it does not help."""
         assert self.protocol is not None
         plan = self.protocol.lookup(self.request, sent)
         answer = None if plan is None else await self._send(plan)
-        if answer is None or isinstance(answer, Failed):
+        if answer is None:
+            return None
+        if isinstance(answer, Failed):
             return False
         recording, response = answer
-        body = await self._read_answer(recording, response)
-        recording.end("complete")
-        if response.status != 200 or "Content-Encoding" in response.headers:
+        body, whole = await self._read_answer(recording, response)
+        recording.end("complete" if whole else UPSTREAM_DROPPED)
+        if not whole:
             return False
+        if response.status != 200 or "Content-Encoding" in response.headers:
+            return None
         last = self.stream.last_id()
         catch = self.protocol.catch_up(sent, body.decode("utf-8", "replace"))
         if catch.send_first or not any(self.protocol.closes(data, None) for data in catch.events):
-            return False  # no task in the answer, or one that goes on: nothing ends the stream
+            return None  # no task in the answer, or one that goes on: nothing ends the stream
         made = tuple(self.stream.add_made(data) for data in catch.events)
         self.stream.end("complete", closed=True)
         self.proxy.resumed(
@@ -231,17 +239,20 @@ class Rejoin:
         )
         return recording, response
 
-    async def _read_answer(self, recording: Exchange, response: aiohttp.ClientResponse) -> bytes:
-        """An answer that is no stream, read (as far as the log keeps it) and recorded."""
+    async def _read_answer(self, recording: Exchange, response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+        """An answer that is no stream, read (as far as the log keeps it) and recorded, and
+        whether it came whole."""
+        body, whole = b"", True
         try:
-            body = await response.content.read(KEPT_ANSWER)
+            while len(body) < KEPT_ANSWER and (data := await response.content.readany()):
+                body += data
         except (aiohttp.ClientError, OSError):
-            body = b""
+            whole = False
         finally:
             response.close()
         if body:
             self.proxy.writer.chunk(recording.id, recording.offset(), body)
-        return body
+        return body, whole
 
     def _note(self, outcome: ResumeOutcome, sent: list[str], **fields: object) -> None:
         self.proxy.resumed(
