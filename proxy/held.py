@@ -109,9 +109,7 @@ async def relay_held(
                 break
             if not data:
                 reading = False
-                exchange.upstream_ended = True
-                stream.end("complete", closed=rejoin.closed())
-                exchange.end("complete")
+                _ended(exchange, stream, rejoin)
                 _forget_later(proxy, stream)
                 break
             chunk(exchange.id, offset(), data)
@@ -191,11 +189,10 @@ async def follow_again(
         else:
             outcome, error = UPSTREAM_DROPPED, f"the held stream ended {stream.outcome}"
             request.protocol.force_close()
-    except ConnectionError:
+    except (ConnectionError, asyncio.CancelledError) as exc:
         outcome, error = "client_disconnected", "the client went away again"
-    except asyncio.CancelledError:
-        outcome, error = "client_disconnected", "the client went away again"
-        raise
+        if isinstance(exc, asyncio.CancelledError):
+            raise
     finally:
         if not noted:  # nothing was held past its id, and nothing came
             proxy.resumed(resumed)
@@ -260,6 +257,13 @@ async def pump(
         _forget_later(proxy, stream)
 
 
+def _ended(recording: Exchange, stream: LiveStream, rejoin: Rejoin) -> None:
+    """The agent's first response for the stream ended whole: so does the stream."""
+    recording.upstream_ended = True
+    stream.end("complete", closed=rejoin.closed())
+    recording.end("complete")
+
+
 def _broke(recording: Exchange, stream: LiveStream, rejoin: Rejoin, exc: BaseException) -> str | None:
     """The upstream broke: why (the stream is to be rejoined), or None when it broke after
     its closing event, and the stream ends cleanly for its clients."""
@@ -307,9 +311,7 @@ async def _read(
             return _broke(recording, stream, rejoin, exc)
         if not data:
             if not rejoined:
-                recording.upstream_ended = True
-                stream.end("complete", closed=rejoin.closed())
-                recording.end("complete")
+                _ended(recording, stream, rejoin)
                 return None
             # A subscribe's stream that ends before its task did broke off too.
             recording.end("complete")

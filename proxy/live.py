@@ -75,8 +75,7 @@ class LiveStream:
         """An event the gateway made up (catching clients up after a rejoin): its id."""
         self._dispatched += 1
         event_id = self._next_id()
-        last = self.events[-1].raw if self.events else b""
-        end = next((e for e in (b"\r\n", b"\n", b"\r") if last.endswith(e)), b"\n")  # the agent's line ends
+        end = _line_end(self.events[-1].raw if self.events else b"") or b"\n"  # the agent's line ends
         lines = [b"data: " + line.encode() for line in data.split("\n")]
         raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
         self._positions[event_id] = len(self.events)
@@ -93,7 +92,7 @@ class LiveStream:
 
     def last_data(self) -> str | None:
         """The data of the last event clients dispatch."""
-        last = next((e for e in reversed(self.events) if e.id is not None), None)
+        last = self._last()
         return None if last is None else next((e.data for e in SSEDecoder().feed(last.raw)), None)
 
     def sent_data(self) -> list[str]:
@@ -102,7 +101,12 @@ class LiveStream:
         return [e.data for e in decoder.feed(b"".join(e.raw for e in self.events)) if e.data]
 
     def last_id(self) -> str | None:
-        return next((e.id for e in reversed(self.events) if e.id is not None), None)
+        last = self._last()
+        return None if last is None else last.id
+
+    def _last(self) -> LiveEvent | None:
+        """The last event clients dispatch."""
+        return next((e for e in reversed(self.events) if e.id is not None), None)
 
     def end(self, outcome: str, *, closed: bool = False) -> None:
         """The upstream ended (``closed``: with its protocol's closing event): a tail it

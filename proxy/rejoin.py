@@ -128,20 +128,17 @@ class Rejoin:
         assert self.protocol is not None
         last = self.stream.last_id()
         catch, made = caught_up(self.stream, self.protocol, sent, first)
-        self.ended = any(self.protocol.closes(data, None) for data in catch.events)
+        self.ended = self._ends(catch)
         gap = "; ".join(catch.gaps) or None
-        self.proxy.resumed(
-            Resume(
-                self.stream.exchange_id,
-                ResumeSide.UPSTREAM,
-                ResumeOutcome.GAP if gap else ResumeOutcome.REJOINED,
-                last_event_id=last,
-                events_from_log=len(sent),
-                new_exchange_id=by,
-                attempts=attempts,
-                synthesized=made,
-                error=gap,
-            )
+        outcome = ResumeOutcome.GAP if gap else ResumeOutcome.REJOINED
+        self._note(
+            outcome,
+            sent,
+            last_event_id=last,
+            new_exchange_id=by,
+            attempts=attempts,
+            synthesized=made,
+            error=gap,
         )
         return catch.send_first
 
@@ -180,22 +177,19 @@ class Rejoin:
             return None
         last = self.stream.last_id()
         catch = self.protocol.catch_up(sent, body.decode("utf-8", "replace"))
-        if catch.send_first or not any(self.protocol.closes(data, None) for data in catch.events):
+        if catch.send_first or not self._ends(catch):
             return None  # no task in the answer, or one that goes on: nothing ends the stream
         made = tuple(self.stream.add_made(data) for data in catch.events)
         self.stream.end("complete", closed=True)
-        self.proxy.resumed(
-            Resume(
-                self.stream.exchange_id,
-                ResumeSide.UPSTREAM,
-                ResumeOutcome.CAUGHT_UP,
-                last_event_id=last,
-                events_from_log=len(sent),
-                new_exchange_id=recording.id,
-                attempts=attempts,
-                synthesized=made,
-                error="; ".join(catch.gaps) or None,
-            )
+        gap = "; ".join(catch.gaps) or None
+        self._note(
+            ResumeOutcome.CAUGHT_UP,
+            sent,
+            last_event_id=last,
+            new_exchange_id=recording.id,
+            attempts=attempts,
+            synthesized=made,
+            error=gap,
         )
         return True
 
@@ -254,17 +248,18 @@ class Rejoin:
             self.proxy.writer.chunk(recording.id, recording.offset(), body)
         return body, whole
 
+    def _ends(self, catch: CatchUp) -> bool:
+        """Whether the events a catch-up made include the stream's closing one."""
+        assert self.protocol is not None
+        return any(self.protocol.closes(data, None) for data in catch.events)
+
     def _note(self, outcome: ResumeOutcome, sent: list[str], **fields: object) -> None:
-        self.proxy.resumed(
-            Resume(
-                self.stream.exchange_id,
-                ResumeSide.UPSTREAM,
-                outcome,
-                last_event_id=self.stream.last_id(),
-                events_from_log=len(sent),
-                **fields,  # type: ignore[arg-type]
-            )
-        )
+        """A row of ``resumes`` for this rejoin (its last event id, unless given: the last
+        one clients have been sent)."""
+        fields.setdefault("last_event_id", self.stream.last_id())
+        side, events = ResumeSide.UPSTREAM, len(sent)
+        resume = Resume(self.stream.exchange_id, side, outcome, events_from_log=events, **fields)  # type: ignore[arg-type]
+        self.proxy.resumed(resume)
 
 
 def caught_up(

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from tasktape.eventlog import SSEEvent
+from tasktape.eventlog.exchange_rows import utc_iso
 from tasktape.eventlog.jsonrpc_ids import rpc_id
 from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import Protocol, Request
 from tasktape.eventlog.resumes import ResumeOutcome, ResumeSide
 
+from .failure import UPSTREAM_DROPPED
 from .headers import end_to_end
 from .live import LiveStream
 from .rejoin import caught_up
@@ -31,10 +33,14 @@ from .rejoin import caught_up
 _CUT_SHORT = ("proxy_stopped", "log_closed")
 _REJOINED = (str(ResumeOutcome.REJOINED), str(ResumeOutcome.GAP))
 
-_ROOTS = """
+# Only the runs that can hold a stream still running: those killed (never ended) or ended
+# within the hold; and of their streams, those cut short, or broken (and perhaps rejoined).
+_ROOTS = f"""
 SELECT id, method, path, query, request_headers, request_body, response_headers
 FROM exchanges
-WHERE is_sse = 1 AND status = 200 AND capture_id < ?
+WHERE capture_id IN (SELECT id FROM captures WHERE id < ? AND (ended_at IS NULL OR ended_at >= ?))
+  AND is_sse = 1 AND status = 200
+  AND (outcome IS NULL OR outcome IN ({", ".join("?" * (len(_CUT_SHORT) + 1))}))
   AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
 ORDER BY id
 """
@@ -52,7 +58,8 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
-        for root in conn.execute(_ROOTS, (capture_id,)).fetchall():
+        runs = (capture_id, utc_iso(since), *_CUT_SHORT, UPSTREAM_DROPPED)
+        for root in conn.execute(_ROOTS, runs).fetchall():
             chain = [root["id"], *(r[0] for r in conn.execute(_CHAIN, (root["id"], *_REJOINED)))]
             last = conn.execute(
                 "SELECT outcome, started_ns + coalesce((SELECT max(offset_ns) FROM chunks "
