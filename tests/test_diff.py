@@ -32,8 +32,9 @@ from tasktape.serving import start_site
 HEADER = re.compile(
     r"^(GET|POST) /\S* \(a2a( \w+)?\)  \S+ exchange \d+( \(last of \d+ identical requests\))? ~ "
 )
-# Tolerances for streams of a few milliseconds, recorded on a busy machine.
-LOOSE = ("--time-tolerance", "300%", "--time-tolerance", "100ms")
+# Tolerances for live recordings of a few milliseconds: their content is the subject, and a busy
+# machine can move a first event by hundreds of milliseconds.
+LOOSE = ("--time-tolerance", "1000%", "--time-tolerance", "30s")
 SUMMARY = re.compile(r"^(\d+) pairs, (\d+) differs?, (\d+) only in A, (\d+) only in B$")
 
 
