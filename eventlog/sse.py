@@ -63,7 +63,9 @@ class SSEDecoder:
         "_skip_lf",
     )
 
-    def __init__(self, *, keep_raw: bool = True) -> None:
+    def __init__(self, *, keep_raw: bool = True, start: bool = True) -> None:
+        """``start=False``: the bytes fed begin mid-stream, at a block (no byte-order mark
+        is looked for)."""
         self._keep_raw = keep_raw
         # Bytes received since the end of the last dispatched event (without keep_raw:
         # since the last parsed line; _dropped counts the ones already let go).
@@ -74,7 +76,7 @@ class SSEDecoder:
         # The last parsed line ended with a CR at the end of a chunk: an LF that
         # starts the next chunk completes that CRLF instead of ending a blank line.
         self._skip_lf = False
-        self._at_start = True
+        self._at_start = start
         self._closed = False
         self._data: list[bytes] = []
         self._event: bytes | None = None

@@ -12,26 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
+from tasktape.eventlog import SSEDecoder
 from tasktape.eventlog.jsonrpc_ids import NO_ID, IdRewriter, rpc_id, same_id
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 from .failure import UPSTREAM_DROPPED, describe
-from .live import LiveEvent, LiveStream
+from .live import LiveStream
 from .rejoin import Rejoin
 
 if TYPE_CHECKING:
     from .recorder import Exchange, RecordingProxy
 
 BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
-# A reconnect's first events go out in one write before the rest of what is held is even
+# A reconnect's first bytes go out in one write before the rest of what is held is even
 # joined (its client is answered at once, however much it missed); the rest in writes of
-# at most PIECE events.
-FIRST, PIECE = 16, 1024
+# at most PIECE bytes (each at least one upstream chunk's).
+FIRST, PIECE = 16 * 1024, 1024 * 1024
 
 
 class Hold:
@@ -84,13 +86,14 @@ async def relay_held(
     rejoin = Rejoin.of(exchange, stream)
     hold = Hold(stream, proxy.hold or 0.0)
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    read, write, chunk, offset = (
+    read, write, chunk, offset, feed = (
         upstream.content.readany,
         response.write,
         exchange.writer.chunk,
         exchange.offset,
+        stream.feed,
     )
-    events, sent = stream.events, 0
+    sent = 0  # the bytes this client was sent
     reading = attached = True
     stream.attach()
     try:
@@ -113,14 +116,13 @@ async def relay_held(
                 _forget_later(proxy, stream)
                 break
             chunk(exchange.id, offset(), data)
-            stream.feed(data)
-            if len(events) > sent:
-                batch = events[sent:]
-                sent += len(batch)
-                await write(_joined(batch, None))
+            new = feed(data)
+            if new:
+                sent += len(new)
+                await write(new)
         stream.detach()
         attached = False
-        await _follow(request, response, stream, sent - 1)  # the rest: the tail, or a rejoin's
+        await _follow(request, response, stream, sent)  # the rest: the tail, or a rejoin's
     except ConnectionError:
         pass  # the client left; the stream goes on without it
     finally:
@@ -167,18 +169,18 @@ async def follow_again(
         ResumeSide.CLIENT,
         ResumeOutcome.RESUMED,
         last_event_id=request.headers.get("Last-Event-ID"),
-        events_from_log=sum(e.id is not None for e in stream.events[position + 1 :]),
+        events_from_log=stream.events_after(position),
         new_exchange_id=exchange_id,
     )
     response = web.StreamResponse(status=200, headers=stream.headers)
     outcome, error, noted = "complete", None, False
     try:
         await response.prepare(request)
-        async for events in stream.follow(position):
-            at = 0
-            while at < len(events):
-                size = PIECE if noted else FIRST
-                data, at = _joined(events[at : at + size], answering), at + size
+        at = position
+        async for segments in stream.follow(position):
+            for piece in _pieces(segments, PIECE if noted else FIRST):
+                data = piece if answering is None else b"".join(map(answering, stream.events_in(piece, at)))
+                at += len(piece)
                 await response.write(data)
                 writer.chunk(exchange_id, offset(), data)
                 if not noted:  # after the first write: the client is not kept waiting for the log
@@ -200,18 +202,29 @@ async def follow_again(
     return response
 
 
-def _joined(events: list[LiveEvent], answering: IdRewriter | None) -> bytes:
-    if answering is not None:
-        return b"".join(answering(e.raw) for e in events)
-    return events[0].raw if len(events) == 1 else b"".join(e.raw for e in events)
+def _pieces(segments: list[bytes], first: int) -> Iterator[bytes]:
+    """The segments joined into writes: the first of at most ``first`` bytes, the rest of
+    at most PIECE (a segment longer goes alone)."""
+    group: list[bytes] = []
+    size, limit = 0, first
+    for segment in segments:
+        if group and size + len(segment) > limit:
+            yield group[0] if len(group) == 1 else b"".join(group)
+            group, size, limit = [], 0, PIECE
+        group.append(segment)
+        size += len(segment)
+    if group:
+        yield group[0] if len(group) == 1 else b"".join(group)
 
 
-async def _follow(request: web.Request, response: web.StreamResponse, stream: LiveStream, after: int) -> None:
-    """Send the stream after ``after`` to this client until it ends or the client leaves."""
+async def _follow(
+    request: web.Request, response: web.StreamResponse, stream: LiveStream, position: int
+) -> None:
+    """Send the stream from ``position`` on to this client until it ends or the client leaves."""
     try:
         await response.prepare(request)
-        async for events in stream.follow(after):
-            await response.write(_joined(events, None))
+        async for segments in stream.follow(position):
+            await response.write(segments[0] if len(segments) == 1 else b"".join(segments))
         if stream.outcome == "complete":
             await response.write_eof()
         else:
@@ -294,6 +307,7 @@ async def _read(
     None once the stream has ended, or why the upstream broke (the exchange recording it
     has ended)."""
     read, chunk, offset = upstream.content.readany, recording.writer.chunk, recording.offset
+    decoder = SSEDecoder()  # a subscribe's events, read for the one that closes it
     hold.reading(upstream.content)
     while True:
         try:
@@ -317,8 +331,8 @@ async def _read(
             recording.end("complete")
             return "the subscribe's stream ended before its task did"
         chunk(recording.id, offset(), data)
-        events = stream.feed(data)
-        if rejoined and (rejoin.ended or any(rejoin.closes(e) for e in events)):
+        stream.feed(data)
+        if rejoined and (rejoin.ended or any(rejoin.closes(e) for e in decoder.feed(data))):
             recording.end("complete")
             stream.end("complete", closed=True)
             return None

@@ -1,6 +1,6 @@
 """The streams a resuming recorder holds (``tasktape record --resume``): each upstream SSE
-stream as its clients are sent it, event by event, with an id on every event (the
-upstream's, or one of the gateway's where it sent none), and the clients following it.
+stream as its clients are sent it, with an id on every event (the upstream's, or one of
+the recorder's where it sent none), and the clients following it.
 
 A stream lives on after its clients leave, until its upstream ends (or the hold runs
 out): a client that reconnects with ``Last-Event-ID`` follows it again after that event.
@@ -9,6 +9,7 @@ out): a client that reconnects with ``Last-Event-ID`` follows it again after tha
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -16,97 +17,119 @@ from dataclasses import dataclass, field
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.protocols.base import Request
 
-ID_PREFIX = "tg"  # ids the gateway gives: "tg<exchange>.<event>"
+from .stamper import Stamper, line_end
 
-
-@dataclass(frozen=True, slots=True)
-class LiveEvent:
-    id: str | None  # None: a block no client dispatches (a comment, a keep-alive)
-    raw: bytes  # as clients are sent it: the upstream's bytes, and an id line where it had none
+ID_PREFIX = "tg"  # ids the recorder gives: "tg<exchange>.<event>"
 
 
 @dataclass
 class LiveStream:
-    """One upstream stream: its events so far, whether it has ended, and how."""
+    """One upstream stream: the bytes its clients are sent so far, where each event ends
+    in them, whether it has ended, and how. Positions are byte offsets."""
 
     exchange_id: int
     request_line: str  # "POST /message:stream": what a reconnect repeats
     request_rpc_id: object  # the JSON-RPC id its frames answer (or NO_ID)
     headers: list[tuple[str, str]]  # the response headers clients are sent
-    events: list[LiveEvent] = field(default_factory=list)
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
     closed: bool = False  # it ended with the event its protocol closes a stream with
-    _positions: dict[str, int] = field(default_factory=dict)
-    _dispatched: int = 0
-    _decoder: SSEDecoder = field(default_factory=SSEDecoder)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    # A rejoined stream's first event (the agent's snapshot) goes here instead: it says
-    # which made-up events clients get, and whether that event itself is sent on.
-    _first: Callable[[SSEEvent], bool] | None = None
+    _waiting: int = 0  # followers waiting for more: none, while the first client's handler reads
+    _stamper: Stamper = field(init=False)
 
-    def feed(self, data: bytes) -> list[SSEEvent]:
-        """Bytes from the upstream: the events they complete join the stream (and are returned)."""
-        decoder = self._decoder
-        events = decoder.feed(data)
-        before = len(self.events)
-        add = self._add
-        for event in events:
-            if self._first is not None and event.data:
-                first, self._first = self._first, None
-                if not first(event):
-                    continue
-            add(event.id, event.data, event.raw)
-        idle = decoder.take_idle()
-        if idle:  # a keep-alive goes out at once, as without --resume
-            self.events.append(LiveEvent(None, idle))
-        if len(self.events) > before:  # followers woken once for all the chunk brought
+    def __post_init__(self) -> None:
+        # Numbered by the events clients dispatch, so the ids are the same on every replay.
+        self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
+
+    @property
+    def size(self) -> int:
+        """The bytes clients are sent so far."""
+        return self._stamper.size
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes from the upstream: what they complete for clients joins the stream (and
+        is returned)."""
+        new = self._stamper.feed(data)
+        if new and self._waiting:  # followers woken once for all the chunk brought
             self._wake()
-        return events
+        return new
 
     def rejoin(self, first: Callable[[SSEEvent], bool]) -> None:
         """The upstream broke and is followed anew: what was cut off mid-event is dropped
-        (no client was sent any of it), and the new stream's first event goes to ``first``."""
-        self._decoder = SSEDecoder()
-        self._first = first
+        (no client was sent any of it), and the new stream's first event goes to ``first``,
+        which says whether it is sent on."""
+        self._stamper.restart(first)
 
     def add_made(self, data: str) -> str:
-        """An event the gateway made up (catching clients up after a rejoin): its id."""
-        self._dispatched += 1
-        event_id = self._next_id()
-        end = _line_end(self.events[-1].raw if self.events else b"") or b"\n"  # the agent's line ends
-        lines = [b"data: " + line.encode() for line in data.split("\n")]
-        raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
-        self._positions[event_id] = len(self.events)
-        self.events.append(LiveEvent(event_id, raw))
+        """An event the recorder made up (catching clients up after a rejoin): its id."""
+        segments = self._stamper.segments
+        end = line_end(segments[-1]) if segments else b""
+        event_id = self._stamper.made(data, end or b"\n")  # the agent's line ends
         self._wake()
         return event_id
 
     def answers(self, event_id: str) -> bool:
         """Whether a reconnect after that event is this stream's to answer: while it is
-        held, once it closed, or for an id of the gateway's. An agent id on a stream the
+        held, once it closed, or for an id of the recorder's. An agent id on a stream the
         agent ended unfinished goes back to the agent, which may resume it itself (an MCP
         server that closes a stream for its client to poll)."""
         return self.outcome is None or self.closed or event_id.startswith(ID_PREFIX)
 
     def last_data(self) -> str | None:
         """The data of the last event clients dispatch."""
-        last = self._last()
-        return None if last is None else next((e.data for e in SSEDecoder().feed(last.raw)), None)
+        ends = self._stamper.ends
+        if not ends:
+            return None
+        events = SSEDecoder().feed(self.since(ends[-2] if len(ends) > 1 else 0, ends[-1]))
+        return events[-1].data if events else None
 
     def sent_data(self) -> list[str]:
         """The data of every event clients are sent (read again from their bytes)."""
-        decoder = SSEDecoder()
-        return [e.data for e in decoder.feed(b"".join(e.raw for e in self.events)) if e.data]
+        return [e.data for e in SSEDecoder().feed(self.since(0)) if e.data]
 
     def last_id(self) -> str | None:
-        last = self._last()
-        return None if last is None else last.id
+        ids = self._stamper.ids
+        return ids[-1] if ids else None
 
-    def _last(self) -> LiveEvent | None:
-        """The last event clients dispatch."""
-        return next((e for e in reversed(self.events) if e.id is not None), None)
+    def ids(self) -> list[str]:
+        return list(self._stamper.ids)
+
+    def position(self, event_id: str) -> int | None:
+        """Where the event of that id ends (None: this stream holds none)."""
+        return self._stamper.positions.get(event_id)
+
+    def events_after(self, position: int) -> int:
+        """How many events end after ``position``."""
+        ends = self._stamper.ends
+        return len(ends) - bisect_right(ends, position)
+
+    def events_in(self, data: bytes, position: int) -> list[bytes]:
+        """``data``, the bytes from ``position`` on, cut where its events end (what
+        follows the last is a piece of its own)."""
+        ends = self._stamper.ends
+        pieces, at = [], 0
+        for end in ends[bisect_right(ends, position) :]:
+            if end - position > len(data):
+                break
+            pieces.append(data[at : end - position])
+            at = end - position
+        if at < len(data):
+            pieces.append(data[at:])
+        return pieces
+
+    def since(self, start: int, end: int | None = None) -> bytes:
+        """The bytes clients are sent from ``start`` (to ``end``)."""
+        segments, starts = self._stamper.segments, self._stamper.starts
+        if not segments:
+            return b""
+        if end is None and starts[-1] == start:
+            return segments[-1]
+        i = max(bisect_right(starts, start) - 1, 0)
+        j = len(segments) if end is None else bisect_left(starts, end)
+        joined = b"".join(segments[i:j])
+        return joined[start - starts[i] : None if end is None else end - starts[i]]
 
     def end(self, outcome: str, *, closed: bool = False) -> None:
         """The upstream ended (``closed``: with its protocol's closing event): a tail it
@@ -114,18 +137,9 @@ class LiveStream:
         if self.outcome is not None:
             return
         self.closed = closed
-        for event in self._decoder.close():
-            if event.raw:
-                self.events.append(LiveEvent(None, event.raw))
+        self._stamper.close()
         self.outcome = outcome
         self._wake()
-
-    def position(self, event_id: str) -> int | None:
-        """Where the event of that id is (None: this stream holds none)."""
-        return self._positions.get(event_id)
-
-    def ids(self) -> list[str]:
-        return [e.id for e in self.events if e.id is not None]
 
     def attach(self) -> None:
         """One more client follows the stream."""
@@ -138,60 +152,38 @@ class LiveStream:
         if not self.followers and self.on_followed is not None:
             self.on_followed(False)
 
-    async def follow(self, after: int = -1) -> AsyncIterator[list[LiveEvent]]:
-        """The events after position ``after``, then those that come, until the end: as
-        many at a time as there are (one write for them all, when a client lags)."""
+    async def follow(self, position: int = 0) -> AsyncIterator[list[bytes]]:
+        """The bytes from ``position`` on, then those that come, until the end: as many
+        segments at a time as there are (one write for them all, when a client lags)."""
         self.attach()
         try:
-            position = after + 1
+            segments, starts = self._stamper.segments, self._stamper.starts
+            i = max(bisect_right(starts, position) - 1, 0)
+            cut = position - starts[i] if segments else 0
+            if segments and cut >= len(segments[i]):  # at a segment's end
+                i, cut = i + 1, 0
             while True:
-                if position < len(self.events):
-                    batch = self.events[position:]
-                    position += len(batch)
+                if i < len(segments):
+                    batch = segments[i:]
+                    i += len(batch)
+                    if cut:
+                        batch[0], cut = batch[0][cut:], 0
                     yield batch
                     continue
                 if self.outcome is not None:
                     return
-                waiting = self._changed
-                await waiting.wait()
+                self._waiting += 1
+                try:
+                    await self._changed.wait()
+                finally:
+                    self._waiting -= 1
         finally:
             self.detach()
 
-    def _add(self, upstream_id: str | None, data: str, raw: bytes) -> None:
-        event_id = upstream_id
-        if data:
-            self._dispatched += 1
-            if upstream_id is None:
-                event_id = self._next_id()
-                raw = with_id(raw, event_id)
-        if event_id is not None:  # an id without data (a priming event) is resumed from too
-            self._positions.setdefault(event_id, len(self.events))
-        self.events.append(LiveEvent(event_id if data else None, raw))
-
-    def _next_id(self) -> str:
-        # Numbered by the events clients dispatch, so the ids are the same on every replay.
-        return f"{ID_PREFIX}{self.exchange_id}.{self._dispatched}"
-
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-
-def with_id(raw: bytes, event_id: str) -> bytes:
-    """The event's bytes with an id line last in its block, before the blank line, ended
-    as the line before it is (a block may end in any of CR, LF and CRLF, mixed)."""
-    blank = _line_end(raw)
-    before = _line_end(raw[: -len(blank)]) if blank else b""
-    if not blank or not before:
-        return raw  # not a whole event: it cannot be given an id
-    return raw[: -len(blank)] + f"id: {event_id}".encode() + before + blank
-
-
-def _line_end(raw: bytes) -> bytes:
-    """The line end ``raw`` ends with (b"" if none)."""
-    if raw.endswith(b"\r\n"):
-        return b"\r\n"
-    return raw[-1:] if raw[-1:] in (b"\r", b"\n") else b""
+        if self._waiting:
+            self._changed.set()
+            self._changed = asyncio.Event()
 
 
 @dataclass(frozen=True)

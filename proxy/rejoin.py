@@ -98,9 +98,9 @@ class Rejoin:
             self._note(ResumeOutcome.NOT_RESUMABLE, sent, error=f"{why}; {cannot}")
             return None
         loop = asyncio.get_running_loop()
-        if self._deadline is None or len(self.stream.events) > self._held:
+        if self._deadline is None or self.stream.size > self._held:
             self._deadline = loop.time() + self.proxy.rejoin_for
-        self._held = len(self.stream.events)
+        self._held = self.stream.size
         deadline, delay, attempts = self._deadline, FIRST_RETRY, 0
         while True:
             attempts += 1

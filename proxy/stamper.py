@@ -1,0 +1,413 @@
+"""The ids a resuming recorder gives the events of a held stream, and where each event
+ends in the bytes its clients are sent.
+
+A stream whose lines all end alike (LF, or CRLF, as the a2a-sdk's do) is cut into blocks
+by bytes scans alone, and an event without an id gets an ``id:`` line spliced in before
+its blank line; an upstream chunk whose events all have ids, and that ends where an event
+does, goes out as the very bytes object it came in. Only a stream whose line ends are
+mixed, or that begins with a byte-order mark, is read by the full ``SSEDecoder``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import accumulate
+from typing import NamedTuple
+
+from tasktape.eventlog import SSEDecoder, SSEEvent
+
+_BOM_START = 0xEF  # the first byte of a UTF-8 byte-order mark
+
+
+class Lines(NamedTuple):
+    """How a response ends its lines, and what that makes of the marks looked for."""
+
+    nl: bytes
+    sep: bytes  # the end of a block: a line end, then a blank line
+    id_line: bytes  # a line that begins "id", after the first
+    data_line: bytes
+
+
+LF = Lines(b"\n", b"\n\n", b"\nid", b"\ndata")
+CRLF = Lines(b"\r\n", b"\r\n\r\n", b"\r\nid", b"\r\ndata")
+
+
+class Stamper:
+    """Gives every event of one stream an id (its own, or ``prefix<n>``, ``n`` counting
+    the stream's events from 1) and indexes where each ends, in the bytes clients are sent:
+    ``segments``, one per upstream chunk that completed a block (or per event of the
+    recorder's own), each beginning at the byte offset in ``starts``. An event is a block
+    with a data line, as an EventSource dispatches it."""
+
+    __slots__ = (
+        "_cr_end",
+        "_decoder",
+        "_first",
+        "_fresh",
+        "_lines",
+        "_pending",
+        "dispatched",
+        "ends",
+        "ids",
+        "positions",
+        "prefix",
+        "segments",
+        "size",
+        "starts",
+    )
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.segments: list[bytes] = []
+        self.starts: list[int] = []
+        self.size = 0  # bytes so far
+        self.dispatched = 0  # events so far
+        self.positions: dict[str, int] = {}  # an id -> where its event ends (the first such)
+        self.ids: list[str] = []  # each event's id, in order
+        self.ends: list[int] = []  # where each event ends
+        self.restart(None)
+
+    def restart(self, first: Callable[[SSEEvent], bool] | None) -> None:
+        """A new upstream response goes on with the stream: what the last one cut off
+        mid-event is dropped (no client was sent it). ``first`` is given the new one's first
+        event and says whether it is sent on."""
+        self._pending: list[bytes] = []  # bytes after the last whole block
+        self._lines: Lines | None = None  # how the response ends its lines, once one came
+        self._cr_end = False  # (CRLF) the last byte read was a CR
+        self._decoder: SSEDecoder | None = None  # a response with mixed line ends
+        self._fresh = True  # none of the response read yet (it may begin with a BOM)
+        self._first = first
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes from the upstream: what they complete for clients (b"" if nothing)."""
+        if not data:
+            return b""
+        lines = self._lines
+        if lines is not None and not self._pending and self._decoder is None and self._first is None:
+            one = self._one_line(data, lines)
+            if one is not None:
+                return one
+        before = len(self.segments)
+        self._feed(data)
+        new = self.segments[before:]
+        return b"" if not new else new[0] if len(new) == 1 else b"".join(new)
+
+    def _feed(self, data: bytes) -> None:
+        if self._fresh:
+            self._fresh = False
+            if data[0] == _BOM_START:
+                self._decoder = SSEDecoder()
+        if self._decoder is None:
+            lines = self._lines
+            if lines is None:
+                lines = CRLF if b"\r" in data else LF if b"\n" in data else None
+                self._lines = lines
+            if lines is None:
+                self._pending.append(data)  # no line end yet
+                return
+            if self._fits(data, lines):
+                self._split(data, lines)
+                return
+            pending, self._pending = self._pending, []
+            self._decoder = SSEDecoder(start=False)
+            data = b"".join([*pending, data])
+        self._decoded(data)
+
+    def close(self) -> None:
+        """The upstream ended: a tail it cut off goes out as it came."""
+        if self._decoder is None and self._pending:  # (a CR at the very end ends a line)
+            pending, self._pending = self._pending, []
+            self._decoder = SSEDecoder(start=False)
+            self._decoded(b"".join(pending))
+        if self._decoder is None:
+            return
+        tail = b"".join(e.raw for e in self._decoder.close())
+        if tail:
+            self._out(tail)
+
+    def made(self, data: str, end: bytes) -> str:
+        """An event of the recorder's own (``data``, lines ended by ``end``): its id."""
+        self.dispatched += 1
+        event_id = f"{self.prefix}{self.dispatched}"
+        lines = [b"data: " + line.encode() for line in data.split("\n")]
+        raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
+        self._out(raw)
+        self._index(event_id)
+        return event_id
+
+    def _fits(self, data: bytes, lines: Lines) -> bool:
+        """Whether ``data`` ends its lines as the response did so far."""
+        if lines is LF:
+            return b"\r" not in data
+        crlf = data.count(b"\r\n")
+        lead = self._cr_end and data[0] == 0x0A  # the LF of a CRLF the last chunk began
+        if self._cr_end and not lead:
+            return False
+        self._cr_end = data[-1] == 0x0D
+        return data.count(b"\n") == crlf + lead and data.count(b"\r") == crlf + self._cr_end
+
+    def _one_line(self, data: bytes, lines: Lines) -> bytes | None:
+        """A chunk that is one whole event of a data line, after an id line or not (the
+        commonest, when the agent paces its events), stamped: None if it is not one."""
+        nl, end = lines.nl, len(data) - len(lines.sep)
+        if not data.endswith(lines.sep):
+            return None
+        if nl is LF.nl:
+            if data.find(b"\r") >= 0:
+                return None
+            first = data.find(b"\n")
+            second = data.find(b"\n", first + 1) if first < end else first
+        else:
+            first = data.find(b"\r")
+            if data.find(b"\n") != first + 1:
+                return None
+            second = data.find(b"\r", first + 2) if first < end else first
+            if first < end and data.find(b"\n", first + 2) != second + 1:
+                return None
+        if first == end and data.startswith(b"data:"):  # no id: one is spliced in
+            self.dispatched += 1
+            own = f"{self.prefix}{self.dispatched}"
+            data = b"".join((data[: -len(nl)], b"id: ", own.encode(), lines.sep))
+        elif (
+            second == end
+            and data.startswith(b"id: ")
+            and data.startswith(b"data:", first + len(nl))
+            and data.find(b"\0", 0, first) < 0
+        ):
+            self.dispatched += 1
+            own = data[4:first].decode("utf-8", "replace")
+        else:
+            return None
+        self._out(data)
+        self.positions.setdefault(own, self.size)
+        self.ids.append(own)
+        self.ends.append(self.size)
+        return data
+
+    def _split(self, data: bytes, lines: Lines) -> None:
+        sep = lines.sep
+        pending = self._pending
+        if not pending and data.endswith(sep) and data.find(sep) == len(data) - len(sep):
+            self._one(data, lines)
+            return
+        end = data.rfind(sep)
+        if end >= 0:
+            end += len(sep)
+        elif pending:  # a blank line begun in the bytes before
+            tail = _tail(pending, len(sep) - 1)
+            found = (tail + data[: len(sep) - 1]).rfind(sep)
+            end = found + len(sep) - len(tail) if found >= 0 else -1
+        if end < 0:
+            pending.append(data)
+            if len(pending) == 1 and data[:1] == b":":
+                self._idle(lines.nl)
+            return
+        whole = data if end == len(data) else data[:end]
+        if pending:
+            whole = b"".join([*pending, whole])
+        self._pending = [data[end:]] if end < len(data) else []
+        self._blocks(whole, lines)
+        if self._pending and data[end : end + 1] == b":":
+            self._idle(lines.nl)
+
+    def _one(self, event: bytes, lines: Lines) -> None:
+        """A chunk that is one whole block (the commonest, on a stream paced by its agent)."""
+        if not event.startswith(b"data:") or self._first is not None:
+            self._blocks(event, lines)
+            return
+        nl, sep = lines.nl, lines.sep
+        own = None
+        if event.startswith(b"id") or lines.id_line in event:
+            own = _own_id(event[: -len(sep)], nl)
+        self.dispatched += 1
+        if own is None:
+            own = f"{self.prefix}{self.dispatched}"
+            event = b"".join((event[: -len(nl)], b"id: ", own.encode(), sep))
+        end = self.size + len(event)
+        self.positions.setdefault(own, end)
+        self.ids.append(own)
+        self.ends.append(end)
+        self._out(event)
+
+    def _blocks(self, whole: bytes, lines: Lines) -> None:
+        """Emit ``whole`` (ending in a blank line), an id spliced into each event without one."""
+        nl, sep, id_line = lines.nl, lines.sep, lines.id_line
+        blocks = whole.split(sep)
+        rest = blocks.pop()  # b"", or the last blank line of an odd run of line ends
+        if not rest and self._first is None and self._alike(whole, blocks, lines):
+            return
+        parts: list[bytes] | None = None  # None while ``whole`` goes out untouched
+        at = self.size
+        positions, ids, ends = self.positions, self.ids, self.ends
+        for i, block in enumerate(blocks):
+            own = _own_id(block, nl) if block.startswith(b"id") or id_line in block else None
+            if not (block.startswith(b"data:") or _has_field(block, b"data", lines)):
+                at += len(block) + len(sep)
+                if parts is not None:
+                    parts.append(block + sep)
+                if own is not None:  # an id without data (a priming event) is resumed from too
+                    positions.setdefault(own, at)
+                continue
+            if self._first is not None:
+                before = b"".join(parts) if parts is not None else sep.join(blocks[:i]) + sep if i else b""
+                if before:
+                    self._out(before)
+                parts = []
+                sent_on = self._take_first(block + sep)
+                at = self.size
+                if not sent_on:
+                    continue
+            self.dispatched += 1
+            if own is None:
+                own = f"{self.prefix}{self.dispatched}"
+                if parts is None:
+                    parts = [sep.join(blocks[:i]) + sep] if i else []
+                stamped = block + nl + b"id: " + own.encode() + sep
+                parts.append(stamped)
+                at += len(stamped)
+            else:
+                at += len(block) + len(sep)
+                if parts is not None:
+                    parts.append(block + sep)
+            positions.setdefault(own, at)
+            ids.append(own)
+            ends.append(at)
+        if parts is None:
+            self._out(whole)
+        elif parts or rest:
+            parts.append(rest)
+            self._out(b"".join(parts))
+
+    def _alike(self, whole: bytes, blocks: list[bytes], lines: Lines) -> bool:
+        """Blocks that are all one data line, or all an id line and a data line (a chunk
+        of several events, from an agent that sends them faster than they are read),
+        stamped and emitted with a few passes over them all: False if they are not."""
+        nl, sep, k = lines.nl, lines.sep, len(blocks)
+        size, first = self.size, self.dispatched + 1
+        # A block of L lines holds L + 1 line ends, its blank line's among them (CRLF's LFs
+        # are all in CRLFs: counting them counts the line ends).
+        count = whole.count(b"\n")
+        if whole.startswith(b"data:") and whole.count(sep + b"data:") == k - 1 and count == 2 * k:
+            ids = [f"{self.prefix}{n}" for n in range(first, first + k)]
+            tails = [b"".join((nl, b"id: ", i.encode(), sep)) for i in ids]
+            pairs = list(zip(blocks, tails, strict=True))
+            ends = list(accumulate((len(block) + len(tail) for block, tail in pairs), initial=size))[1:]
+            self._out(b"".join([part for pair in pairs for part in pair]))
+        elif (
+            count == 3 * k
+            and whole.startswith(b"id: ")
+            and whole.count(sep + b"id: ") == k - 1
+            and b"\0" not in whole
+            and all(block.startswith(b"data:", block.find(nl) + len(nl)) for block in blocks)
+        ):  # each block an id line, then a data line
+            ids = [block[4 : block.find(nl)].decode("utf-8", "replace") for block in blocks]
+            ends = list(accumulate((len(block) + len(sep) for block in blocks), initial=size))[1:]
+            self._out(whole)
+        else:
+            return False
+        self.dispatched += k
+        setdefault = self.positions.setdefault
+        for event_id, end in zip(ids, ends, strict=True):
+            setdefault(event_id, end)
+        self.ids += ids
+        self.ends += ends
+        return True
+
+    def _take_first(self, raw: bytes) -> bool:
+        """A rejoined response's first event, given to ``first``: whether it is sent on."""
+        first, self._first = self._first, None
+        assert first is not None
+        return first(SSEDecoder(start=False).feed(raw)[0])
+
+    def _idle(self, nl: bytes) -> None:
+        """Whole comment lines before any field of a block (keep-alives) go out at once."""
+        (pending,) = self._pending
+        cut = pending.rfind(nl) + len(nl)
+        if cut >= len(nl) and all(line[:1] == b":" for line in pending[:cut].split(nl)[:-1]):
+            self._pending = [pending[cut:]] if cut < len(pending) else []
+            self._out(pending[:cut])
+
+    def _decoded(self, data: bytes) -> None:
+        """The full decoder's way, for a response whose line ends are mixed."""
+        decoder = self._decoder
+        assert decoder is not None
+        parts: list[bytes] = []
+        at = self.size
+        for event in decoder.feed(data):
+            raw, own = event.raw, event.id
+            if self._first is not None:
+                if parts:
+                    self._out(b"".join(parts))
+                    parts = []
+                sent_on = self._take_first(raw)
+                at = self.size
+                if not sent_on:
+                    continue
+            self.dispatched += 1
+            if own is None:
+                own = f"{self.prefix}{self.dispatched}"
+                raw = with_id(raw, own)
+            parts.append(raw)
+            at += len(raw)
+            self.positions.setdefault(own, at)
+            self.ids.append(own)
+            self.ends.append(at)
+        idle = decoder.take_idle()
+        if idle:  # a keep-alive goes out at once, as without --resume
+            parts.append(idle)
+        if parts:
+            self._out(b"".join(parts))
+
+    def _index(self, event_id: str) -> None:
+        self.positions.setdefault(event_id, self.size)
+        self.ids.append(event_id)
+        self.ends.append(self.size)
+
+    def _out(self, segment: bytes) -> None:
+        self.segments.append(segment)
+        self.starts.append(self.size)
+        self.size += len(segment)
+
+
+def _tail(parts: list[bytes], n: int) -> bytes:
+    """The last ``n`` bytes of ``parts`` joined (without joining them all)."""
+    tail, i = b"", len(parts)
+    while len(tail) < n and i:
+        i -= 1
+        tail = parts[i][-(n - len(tail)) :] + tail
+    return tail
+
+
+def _has_field(block: bytes, name: bytes, lines: Lines) -> bool:
+    """Whether a line of the block is the field ``name`` (``name``, or ``name:`` and a value)."""
+    if not block.startswith(name) and lines.nl + name not in block:
+        return False
+    return any(line == name or line.startswith(name + b":") for line in block.split(lines.nl))
+
+
+def _own_id(block: bytes, nl: bytes) -> str | None:
+    """The id a block's id lines give it (the last without NUL), as ``SSEDecoder`` reads it."""
+    found = None
+    for line in block.split(nl):
+        if line == b"id" or line.startswith(b"id:"):
+            value = line[4:] if line[3:4] == b" " else line[3:]
+            if b"\x00" not in value:
+                found = value.decode("utf-8", "replace")
+    return found
+
+
+def with_id(raw: bytes, event_id: str) -> bytes:
+    """The event's bytes with an id line last in its block, before the blank line, ended
+    as the line before it is (a block may end in any of CR, LF and CRLF, mixed)."""
+    blank = line_end(raw)
+    before = line_end(raw[: -len(blank)]) if blank else b""
+    if not blank or not before:
+        return raw  # not a whole event: it cannot be given an id
+    return raw[: -len(blank)] + f"id: {event_id}".encode() + before + blank
+
+
+def line_end(raw: bytes) -> bytes:
+    """The line end ``raw`` ends with (b"" if none)."""
+    if raw.endswith(b"\r\n"):
+        return b"\r\n"
+    return raw[-1:] if raw[-1:] in (b"\r", b"\n") else b""

@@ -1,0 +1,186 @@
+"""The ids a resuming recorder gives a held stream's events (``proxy/stamper.py``), checked
+against the full SSE decoder on thousands of random streams cut into random chunks: the
+same bytes, the same ids, the same event ends, whatever the line ends."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from itertools import pairwise
+
+import pytest
+
+from tasktape.eventlog import SSEDecoder
+from tasktape.proxy.live import LiveStream
+from tasktape.proxy.stamper import Stamper, with_id
+
+PREFIX = "tg7."
+ENDS = {"lf": [b"\n"], "crlf": [b"\r\n"], "cr": [b"\r"], "mixed": [b"\n", b"\r\n", b"\r"]}
+
+
+def random_stream(rng: random.Random, ends: list[bytes]) -> bytes:
+    """A stream of events, comments, keep-alives and priming events, in the given line ends."""
+    out = [b"\xef\xbb\xbf"] if rng.random() < 0.05 else []
+    if rng.random() < 0.3:  # as agents write: every event alike, with an id line or not
+        nl, ids = rng.choice(ends), rng.random() < 0.5
+        for n in range(rng.randint(1, 30)):
+            out.append((b"id: %d" % n + nl if ids else b"") + b"data: {%d}" % n + nl + nl)
+        return b"".join(out)
+    for _ in range(rng.randint(0, 30)):
+        lines: list[bytes] = []
+        shape = rng.random()
+        if shape < 0.1:
+            lines = [b": keep-alive"]
+        elif shape < 0.15:
+            lines = [b"id: prime" + str(rng.randint(0, 9)).encode()]  # a priming event, no data
+        else:
+            if rng.random() < 0.4:
+                own = [b"id: a", b"id:b", b"id", b"id: c\x00d", b"id: " + str(rng.random()).encode()]
+                lines.append(rng.choice(own))
+            if rng.random() < 0.2:
+                lines.append(b"event: artifactUpdate")
+            if rng.random() < 0.1:
+                lines.append(b": a comment")
+            for _ in range(rng.choice([1, 1, 1, 2, 3])):
+                value = rng.choice([b"", b"x", b'{"n": 1}', b"\xc3\xa9"])
+                lines.append(rng.choice([b"data: ", b"data:", b"data"]) + value)
+            if rng.random() < 0.3:
+                rng.shuffle(lines)
+            if rng.random() < 0.05:
+                lines.append(b"retry: 100")
+        blank = rng.choice(ends)
+        out.append(b"".join(line + rng.choice(ends) for line in lines) + blank)
+        if rng.random() < 0.1:
+            out.append(rng.choice(ends))  # a run of blank lines
+    if rng.random() < 0.2:
+        out.append(b"data: cut off" + rng.choice([b"", rng.choice(ends)]))
+    return b"".join(out)
+
+
+def chunks(rng: random.Random, raw: bytes) -> list[bytes]:
+    """``raw`` cut at random points (CRLFs split among them), or by event, as agents write."""
+    if rng.random() < 0.3:
+        return [raw[i : i + 1] for i in range(len(raw))] if len(raw) < 200 else [raw]
+    if rng.random() < 0.3:  # at block ends, a few blocks a chunk
+        blocks = re.findall(rb".*?(?:\r\n\r\n|\n\n|\r\r|$)", raw, re.DOTALL)
+        inner = sorted(rng.sample(range(1, len(blocks)), min(len(blocks) - 1, rng.randint(0, 6))))
+        return [b"".join(blocks[a:b]) for a, b in pairwise([0, *inner, len(blocks)])]
+    many = min(len(raw) - 1, rng.randint(0, 12))
+    cuts = sorted(rng.sample(range(1, len(raw)), many)) if many > 0 else []
+    return [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+
+
+def expected(raw: bytes) -> tuple[bytes, list[str], list[int]]:
+    """What clients are sent, each event's id and where it ends, by the full decoder."""
+    decoder = SSEDecoder()
+    out, ids, ends = [], [], []
+    at = 0
+    for n, event in enumerate(decoder.feed(raw), 1):
+        event_id = event.id if event.id is not None else f"{PREFIX}{n}"
+        stamped = event.raw if event.id is not None else with_id(event.raw, event_id)
+        out.append(stamped)
+        at += len(stamped)
+        ids.append(event_id)
+        ends.append(at)
+    out += [e.raw for e in decoder.close()]
+    return b"".join(out), ids, ends
+
+
+@pytest.mark.parametrize("ends", sorted(ENDS))
+def test_the_stamper_agrees_with_the_decoder(ends: str) -> None:
+    rng = random.Random(f"stamper-{ends}")
+    for case in range(1500):
+        raw = random_stream(rng, ENDS[ends])
+        stamper = Stamper(PREFIX)
+        pieces = chunks(rng, raw)
+        returned = b"".join(stamper.feed(piece) for piece in pieces)
+        assert returned == b"".join(stamper.segments)
+        stamper.close()
+        out, ids, event_ends = expected(raw)
+        got = b"".join(stamper.segments)
+        context = f"case {case}: {raw!r} in {pieces!r}"
+        assert got == out, context
+        # The full decoder ends an event at a CR that ends its blank line, when the LF of
+        # that CRLF has not come yet: the LF is then the next piece's first byte.
+        at_lf = [end + (got[end - 1 : end + 1] == b"\r\n") for end in stamper.ends]
+        assert (stamper.ids, at_lf) == (ids, event_ends), context
+        assert stamper.starts == [sum(map(len, stamper.segments[:i])) for i in range(len(stamper.segments))]
+        for event_id, end in zip(ids, event_ends, strict=True):
+            assert stamper.positions[event_id] <= end, context  # the first event of that id
+        for end in stamper.positions.values():  # each at a line's end
+            assert got[end - 1 : end] in (b"\n", b"\r"), context
+
+
+def test_an_agent_chunk_whose_events_have_ids_goes_out_as_it_came() -> None:
+    for nl in (b"\n", b"\r\n"):
+        stamper = Stamper(PREFIX)
+        for lf in (b"id: 1\ndata: a\n\n", b"id: 2\ndata: b\n\nid: 3\ndata: c\n\n", b"id: 4\ndata: d\n\n"):
+            chunk = lf.replace(b"\n", nl)
+            assert stamper.feed(chunk) is chunk
+        assert stamper.ids == ["1", "2", "3", "4"]
+
+
+def test_a_chunk_of_events_without_ids_gets_the_recorders_in_order() -> None:
+    stamper = Stamper(PREFIX)
+    assert stamper.feed(b"data: a\r\n\r\ndata: b\r\n\r\ndata: c\r\n\r") == (
+        b"data: a\r\nid: tg7.1\r\n\r\ndata: b\r\nid: tg7.2\r\n\r\n"
+    )
+    assert stamper.feed(b"\n") == b"data: c\r\nid: tg7.3\r\n\r\n"
+    # LFs in a CRLF stream: the full decoder takes over, and ends the id line as the line before.
+    assert stamper.feed(b"data: d\r\n\n") == b"data: d\r\nid: tg7.4\r\n\n"
+    assert stamper.feed(b"data: cut off") == b""
+    stamper.close()
+    assert stamper.ids == ["tg7.1", "tg7.2", "tg7.3", "tg7.4"]
+    assert stamper.segments[-1] == b"data: cut off"  # a tail cut off goes as it came
+
+
+def test_a_keep_alive_goes_out_before_its_block_is_whole() -> None:
+    stamper = Stamper(PREFIX)
+    assert stamper.feed(b": ping\n") == b": ping\n"
+    assert stamper.feed(b"data: a\n") == b""
+    assert stamper.feed(b"\n") == b"data: a\nid: tg7.1\n\n"
+
+
+def test_a_rejoined_streams_first_event_is_given_to_its_catch_up() -> None:
+    stamper = Stamper(PREFIX)
+    stamper.feed(b"data: a\n\ndata: cut")
+    seen = []
+
+    def first(event: object) -> bool:
+        seen.append(event)
+        stamper.made("made up", b"\n")
+        return False  # the snapshot itself is not sent on
+
+    stamper.restart(first)
+    assert stamper.feed(b": hi\n\ndata: snapshot\n\ndata: b\n\n") == (
+        b": hi\n\ndata: made up\nid: tg7.2\n\ndata: b\nid: tg7.3\n\n"
+    )
+    assert [e.data for e in seen] == ["snapshot"]  # type: ignore[attr-defined]
+    assert stamper.ids == ["tg7.1", "tg7.2", "tg7.3"]
+
+
+async def test_a_follower_gets_the_bytes_after_any_event_then_the_live_tail() -> None:
+    stream = LiveStream(7, "POST /message:stream", None, [])
+    stream.feed(b"data: a\n\ndata: b\n\n")
+    stream.feed(b"id: x\ndata: c\n\n")
+    whole = stream.since(0)
+    assert stream.ids() == ["tg7.1", "tg7.2", "x"] and stream.last_id() == "x" and stream.last_data() == "c"
+    for event_id in stream.ids()[:-1]:  # (after the last, a follower waits for more)
+        position = stream.position(event_id)
+        assert position is not None
+        follower = stream.follow(position)
+        assert b"".join(await anext(follower)) == whole[position:]
+        pieces = stream.events_in(whole[position:], position)
+        assert b"".join(pieces) == whole[position:] and len(pieces) == stream.events_after(position)
+        await follower.aclose()
+
+    async def tail() -> bytes:
+        return b"".join([b"".join(batch) async for batch in stream.follow(stream.size)])
+
+    following = asyncio.create_task(tail())
+    await asyncio.sleep(0)
+    stream.feed(b"data: d\n\n")
+    stream.end("complete")
+    assert await following == b"data: d\nid: tg7.4\n\n"
+    assert stream.sent_data() == ["a", "b", "c", "d"]
