@@ -89,16 +89,19 @@ class LiveStream:
         """The data of every event clients are sent (read again from their bytes)."""
         return [e.data for e in SSEDecoder().feed(self.since(0)) if e.data]
 
+    def first_id(self) -> str | None:
+        return self._stamper.id_of(1) if self._stamper.ends else None
+
     def last_id(self) -> str | None:
-        ids = self._stamper.ids
-        return ids[-1] if ids else None
+        ends = len(self._stamper.ends)
+        return self._stamper.id_of(ends) if ends else None
 
     def ids(self) -> list[str]:
-        return list(self._stamper.ids)
+        return self._stamper.ids()
 
     def position(self, event_id: str) -> int | None:
         """Where the event of that id ends (None: this stream holds none)."""
-        return self._stamper.positions.get(event_id)
+        return self._stamper.position(event_id)
 
     def events_after(self, position: int) -> int:
         """How many events end after ``position``."""
@@ -229,11 +232,8 @@ class LiveStreams:
         stream = self._streams.pop(exchange_id, None)
         self._asleep.pop(exchange_id, None)
         if stream is not None:
-            ids = stream.ids()
             self._gone.pop(stream.request_line, None)
-            self._gone[stream.request_line] = Gone(
-                exchange_id, ids[0] if ids else None, ids[-1] if ids else None
-            )
+            self._gone[stream.request_line] = Gone(exchange_id, stream.first_id(), stream.last_id())
             if len(self._gone) > KEPT_GONE:
                 self._gone.popitem(last=False)
 

@@ -45,10 +45,9 @@ class Stamper:
         "_first",
         "_fresh",
         "_lines",
+        "_own",
         "_pending",
-        "dispatched",
         "ends",
-        "ids",
         "positions",
         "prefix",
         "segments",
@@ -61,11 +60,31 @@ class Stamper:
         self.segments: list[bytes] = []
         self.starts: list[int] = []
         self.size = 0  # bytes so far
-        self.dispatched = 0  # events so far
-        self.positions: dict[str, int] = {}  # an id -> where its event ends (the first such)
-        self.ids: list[str] = []  # each event's id, in order
         self.ends: list[int] = []  # where each event ends
+        # The agent's ids (the recorder's, prefix<n>, are not stored): where the first
+        # event of each ends (a priming event's too), and the number of each event that has one.
+        self.positions: dict[str, int] = {}
+        self._own: dict[int, str] = {}
         self.restart(None)
+
+    def id_of(self, n: int) -> str:
+        """The id of the ``n``-th event (from 1)."""
+        return self._own.get(n, f"{self.prefix}{n}")
+
+    def ids(self) -> list[str]:
+        """Every event's id, in order."""
+        return [self.id_of(n) for n in range(1, len(self.ends) + 1)]
+
+    def position(self, event_id: str) -> int | None:
+        """Where the (first) event of that id ends; None: there is none."""
+        found = self.positions.get(event_id)
+        if found is not None or not event_id.startswith(self.prefix):
+            return found
+        number = event_id[len(self.prefix) :]
+        if not number.isascii() or not number.isdigit() or number[0] == "0":
+            return None
+        n = int(number)
+        return self.ends[n - 1] if n <= len(self.ends) and n not in self._own else None
 
     def restart(self, first: Callable[[SSEEvent], bool] | None) -> None:
         """A new upstream response goes on with the stream: what the last one cut off
@@ -127,12 +146,11 @@ class Stamper:
 
     def made(self, data: str, end: bytes) -> str:
         """An event of the recorder's own (``data``, lines ended by ``end``): its id."""
-        self.dispatched += 1
-        event_id = f"{self.prefix}{self.dispatched}"
+        event_id = f"{self.prefix}{len(self.ends) + 1}"
         lines = [b"data: " + line.encode() for line in data.split("\n")]
         raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
         self._out(raw)
-        self._index(event_id)
+        self.ends.append(self.size)
         return event_id
 
     def _fits(self, data: bytes, lines: Lines) -> bool:
@@ -165,31 +183,25 @@ class Stamper:
             if first < end and data.find(b"\n", first + 2) != second + 1:
                 return None
         if first == end and data.startswith(b"data:"):  # no id: one is spliced in
-            self.dispatched += 1
-            own = f"{self.prefix}{self.dispatched}"
+            own = f"{self.prefix}{len(self.ends) + 1}"
             data = b"".join((data[: -len(nl)], b"id: ", own.encode(), lines.sep))
+            self._out(data)
+            self.ends.append(self.size)
         elif (
             second == end
             and data.startswith(b"id: ")
             and data.startswith(b"data:", first + len(nl))
             and data.find(b"\0", 0, first) < 0
         ):
-            self.dispatched += 1
-            own = data[4:first].decode("utf-8", "replace")
+            self._out(data)
+            self._event(self.size, data[4:first].decode("utf-8", "replace"))
         else:
             return None
-        self._out(data)
-        self.positions.setdefault(own, self.size)
-        self.ids.append(own)
-        self.ends.append(self.size)
         return data
 
     def _split(self, data: bytes, lines: Lines) -> None:
         sep = lines.sep
         pending = self._pending
-        if not pending and data.endswith(sep) and data.find(sep) == len(data) - len(sep):
-            self._one(data, lines)
-            return
         end = data.rfind(sep)
         if end >= 0:
             end += len(sep)
@@ -210,25 +222,6 @@ class Stamper:
         if self._pending and data[end : end + 1] == b":":
             self._idle(lines.nl)
 
-    def _one(self, event: bytes, lines: Lines) -> None:
-        """A chunk that is one whole block (the commonest, on a stream paced by its agent)."""
-        if not event.startswith(b"data:") or self._first is not None:
-            self._blocks(event, lines)
-            return
-        nl, sep = lines.nl, lines.sep
-        own = None
-        if event.startswith(b"id") or lines.id_line in event:
-            own = _own_id(event[: -len(sep)], nl)
-        self.dispatched += 1
-        if own is None:
-            own = f"{self.prefix}{self.dispatched}"
-            event = b"".join((event[: -len(nl)], b"id: ", own.encode(), sep))
-        end = self.size + len(event)
-        self.positions.setdefault(own, end)
-        self.ids.append(own)
-        self.ends.append(end)
-        self._out(event)
-
     def _blocks(self, whole: bytes, lines: Lines) -> None:
         """Emit ``whole`` (ending in a blank line), an id spliced into each event without one."""
         nl, sep, id_line = lines.nl, lines.sep, lines.id_line
@@ -238,7 +231,7 @@ class Stamper:
             return
         parts: list[bytes] | None = None  # None while ``whole`` goes out untouched
         at = self.size
-        positions, ids, ends = self.positions, self.ids, self.ends
+        positions = self.positions
         for i, block in enumerate(blocks):
             own = _own_id(block, nl) if block.startswith(b"id") or id_line in block else None
             if not (block.startswith(b"data:") or _has_field(block, b"data", lines)):
@@ -257,21 +250,19 @@ class Stamper:
                 at = self.size
                 if not sent_on:
                     continue
-            self.dispatched += 1
             if own is None:
-                own = f"{self.prefix}{self.dispatched}"
+                own = f"{self.prefix}{len(self.ends) + 1}"
                 if parts is None:
                     parts = [sep.join(blocks[:i]) + sep] if i else []
                 stamped = block + nl + b"id: " + own.encode() + sep
                 parts.append(stamped)
                 at += len(stamped)
+                self.ends.append(at)
             else:
                 at += len(block) + len(sep)
                 if parts is not None:
                     parts.append(block + sep)
-            positions.setdefault(own, at)
-            ids.append(own)
-            ends.append(at)
+                self._event(at, own)
         if parts is None:
             self._out(whole)
         elif parts or rest:
@@ -283,7 +274,7 @@ class Stamper:
         of several events, from an agent that sends them faster than they are read),
         stamped and emitted with a few passes over them all: False if they are not."""
         nl, sep, k = lines.nl, lines.sep, len(blocks)
-        size, first = self.size, self.dispatched + 1
+        size, first = self.size, len(self.ends) + 1
         # A block of L lines holds L + 1 line ends, its blank line's among them (CRLF's LFs
         # are all in CRLFs: counting them counts the line ends).
         count = whole.count(b"\n")
@@ -291,7 +282,9 @@ class Stamper:
             ids = [f"{self.prefix}{n}" for n in range(first, first + k)]
             tails = [b"".join((nl, b"id: ", i.encode(), sep)) for i in ids]
             pairs = list(zip(blocks, tails, strict=True))
-            ends = list(accumulate((len(block) + len(tail) for block, tail in pairs), initial=size))[1:]
+            ends = accumulate((len(block) + len(tail) for block, tail in pairs), initial=size)
+            next(ends)  # the initial size
+            self.ends += ends
             self._out(b"".join([part for pair in pairs for part in pair]))
         elif (
             count == 3 * k
@@ -300,17 +293,13 @@ class Stamper:
             and b"\0" not in whole
             and all(block.startswith(b"data:", block.find(nl) + len(nl)) for block in blocks)
         ):  # each block an id line, then a data line
-            ids = [block[4 : block.find(nl)].decode("utf-8", "replace") for block in blocks]
-            ends = list(accumulate((len(block) + len(sep) for block in blocks), initial=size))[1:]
+            ends = accumulate((len(block) + len(sep) for block in blocks), initial=size)
+            next(ends)  # the initial size
+            for block, end in zip(blocks, ends, strict=True):
+                self._event(end, block[4 : block.find(nl)].decode("utf-8", "replace"))
             self._out(whole)
         else:
             return False
-        self.dispatched += k
-        setdefault = self.positions.setdefault
-        for event_id, end in zip(ids, ends, strict=True):
-            setdefault(event_id, end)
-        self.ids += ids
-        self.ends += ends
         return True
 
     def _take_first(self, raw: bytes) -> bool:
@@ -343,25 +332,23 @@ class Stamper:
                 at = self.size
                 if not sent_on:
                     continue
-            self.dispatched += 1
             if own is None:
-                own = f"{self.prefix}{self.dispatched}"
-                raw = with_id(raw, own)
+                raw = with_id(raw, f"{self.prefix}{len(self.ends) + 1}")
             parts.append(raw)
             at += len(raw)
-            self.positions.setdefault(own, at)
-            self.ids.append(own)
-            self.ends.append(at)
+            self._event(at, own)
         idle = decoder.take_idle()
         if idle:  # a keep-alive goes out at once, as without --resume
             parts.append(idle)
         if parts:
             self._out(b"".join(parts))
 
-    def _index(self, event_id: str) -> None:
-        self.positions.setdefault(event_id, self.size)
-        self.ids.append(event_id)
-        self.ends.append(self.size)
+    def _event(self, end: int, own: str | None = None) -> None:
+        """One more event, ending at ``end``: with the agent's id ``own``, or the recorder's."""
+        if own is not None:
+            self._own[len(self.ends) + 1] = own
+            self.positions.setdefault(own, end)
+        self.ends.append(end)
 
     def _out(self, segment: bytes) -> None:
         self.segments.append(segment)
