@@ -2,7 +2,7 @@
 ``tasktape record`` in one run: events/s, delivery latency, and the CPU of the whole process
 tree (the forwarding process and its log writer, until every event is in the log) per event.
 
-The agent (``upstream_main``) streams 200-byte events in the shapes agents write them: as the
+The agent (``proxy_bench.upstream_main``) streams 200-byte events in the shapes agents write them: as the
 a2a-sdk does (CRLF line ends, no ids), as ``tasktape agent`` does (LF, an id on each) and LF
 without ids; each as fast as the clients read them, and paced 5 ms apart. Rounds interleave
 the two recorders, so a slow spell of the machine hits both.
@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 from .harness import Section, percentiles
-from .proxy_bench import cpu_seconds, free_port, logged_events, process
+from .proxy_bench import cpu_seconds, free_port, logged_events, process, start_upstream
 
 EVENT_SIZE = 200
 RUNS, QUICK_RUNS = 3, 1
 RECORD, RESUMING = "tasktape record", "tasktape record --resume"
-BENCH = "import sys; from benchmarks.hold_bench import {0}; {0}(*sys.argv[1:])"
 
 
 @dataclass(frozen=True)
@@ -51,31 +49,6 @@ SHAPES = (
     Shape("tasktape agent (LF, ids)", crlf=False, ids=True),
     Shape("LF, no ids", crlf=False, ids=False),
 )
-
-
-def upstream_main(port: int) -> None:
-    """An SSE agent: POST /stream?n=N&delay=S&crlf=0|1&ids=0|1 sends N events of
-    EVENT_SIZE bytes, each stamped with the wall-clock time it was written."""
-
-    async def stream(request: web.Request) -> web.StreamResponse:
-        query = request.query
-        n, delay = int(query["n"]), float(query.get("delay", 0))
-        nl = "\r\n" if query.get("crlf") == "1" else "\n"
-        ids = query.get("ids") == "1"
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for i in range(n):
-            id_line = f"id: {i}{nl}" if ids else ""
-            head = f'{id_line}data: {{"artifactUpdate":{{"sent":{time.time_ns()},"n":{i},"pad":"'
-            tail = f'"}}}}{nl}{nl}'
-            await response.write((head + "x" * (EVENT_SIZE - len(head) - len(tail)) + tail).encode())
-            if delay:
-                await asyncio.sleep(delay)
-        return response
-
-    app = web.Application()
-    app.router.add_post("/stream", stream)
-    web.run_app(app, host="127.0.0.1", port=int(port), print=lambda *_: print("ready", flush=True))
 
 
 async def streams_run(
@@ -121,9 +94,7 @@ def run(quick: bool) -> list[Section]:
     samples: dict[tuple[str, str, str], list[tuple[float, float, float, list[float]]]] = {}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        port = free_port()
-        stack.enter_context(process([python, "-c", BENCH.format("upstream_main"), str(port)], "ready"))
-        upstream = f"http://127.0.0.1:{port}"
+        upstream = start_upstream(stack)
         recorders = {}
         for name, extra in ((RECORD, []), (RESUMING, ["--resume"])):
             port, db = free_port(), tmp / f"{len(recorders)}.db"

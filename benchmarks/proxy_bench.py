@@ -50,16 +50,20 @@ RUNS = 5
 
 def upstream_main(port: int) -> None:
     """An SSE agent: /stream?n=N&delay=S sends N events of EVENT_SIZE bytes, each stamped
-    with the wall-clock time it was written."""
+    with the wall-clock time it was written; with ``crlf=1`` its lines end in CRLF (as the
+    a2a-sdk's do), with ``ids=1`` each event has an id (as ``tasktape agent``'s do)."""
 
     async def stream(request: web.Request) -> web.StreamResponse:
         n, delay = int(request.query["n"]), float(request.query.get("delay", 0))
+        nl = "\r\n" if request.query.get("crlf") == "1" else "\n"
+        ids = request.query.get("ids") == "1"
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for i in range(n):
             stamp = f'"sent":{time.time_ns()},"n":{i}'
-            head = f'data: {{"artifactUpdate":{{"taskId":"t","append":true,{stamp},"pad":"'
-            tail = '"}}\n\n'
+            id_line = f"id: {i}{nl}" if ids else ""
+            head = f'{id_line}data: {{"artifactUpdate":{{"taskId":"t","append":true,{stamp},"pad":"'
+            tail = f'"}}}}{nl}{nl}'
             await response.write((head + "x" * (EVENT_SIZE - len(head) - len(tail)) + tail).encode())
             if delay:
                 await asyncio.sleep(delay)
