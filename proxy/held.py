@@ -307,7 +307,7 @@ async def _read(
     None once the stream has ended, or why the upstream broke (the exchange recording it
     has ended)."""
     read, chunk, offset = upstream.content.readany, recording.writer.chunk, recording.offset
-    decoder = SSEDecoder()  # a subscribe's events, read for the one that closes it
+    decoder = SSEDecoder() if rejoined else None  # a subscribe's events, for the one that closes it
     hold.reading(upstream.content)
     while True:
         try:
@@ -332,7 +332,7 @@ async def _read(
             return "the subscribe's stream ended before its task did"
         chunk(recording.id, offset(), data)
         stream.feed(data)
-        if rejoined and (rejoin.ended or any(rejoin.closes(e) for e in decoder.feed(data))):
+        if decoder is not None and (rejoin.ended or any(rejoin.closes(e) for e in decoder.feed(data))):
             recording.end("complete")
             stream.end("complete", closed=True)
             return None

@@ -112,12 +112,10 @@ class LiveStream:
         """``data``, the bytes from ``position`` on, cut where its events end (what
         follows the last is a piece of its own)."""
         ends = self._stamper.ends
-        pieces, at = [], 0
-        for end in ends[bisect_right(ends, position) :]:
-            if end - position > len(data):
-                break
-            pieces.append(data[at : end - position])
-            at = end - position
+        pieces, at, i = [], 0, bisect_right(ends, position)
+        while i < len(ends) and ends[i] - position <= len(data):
+            pieces.append(data[at : ends[i] - position])
+            at, i = ends[i] - position, i + 1
         if at < len(data):
             pieces.append(data[at:])
         return pieces

@@ -127,26 +127,31 @@ class Stamper:
             if self._fits(data, lines):
                 self._split(data, lines)
                 return
-            pending, self._pending = self._pending, []
-            self._decoder = SSEDecoder(start=False)
-            data = b"".join([*pending, data])
+            self._decode_from_here()
         self._decoded(data)
 
     def close(self) -> None:
         """The upstream ended: a tail it cut off goes out as it came."""
-        if self._decoder is None and self._pending:  # (a CR at the very end ends a line)
-            pending, self._pending = self._pending, []
-            self._decoder = SSEDecoder(start=False)
-            self._decoded(b"".join(pending))
         if self._decoder is None:
-            return
+            if not self._pending:
+                return
+            self._decode_from_here()  # a CR at the very end ends a line
         tail = b"".join(e.raw for e in self._decoder.close())
         if tail:
             self._out(tail)
 
+    def _decode_from_here(self) -> None:
+        """The full decoder reads the response from the block pending on."""
+        pending, self._pending = self._pending, []
+        self._decoder = SSEDecoder(start=False)
+        self._decoded(b"".join(pending))
+
+    def _next_id(self) -> str:
+        return f"{self.prefix}{len(self.ends) + 1}"
+
     def made(self, data: str, end: bytes) -> str:
         """An event of the recorder's own (``data``, lines ended by ``end``): its id."""
-        event_id = f"{self.prefix}{len(self.ends) + 1}"
+        event_id = self._next_id()
         lines = [b"data: " + line.encode() for line in data.split("\n")]
         raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
         self._out(raw)
@@ -170,7 +175,7 @@ class Stamper:
         nl, end = lines.nl, len(data) - len(lines.sep)
         if not data.endswith(lines.sep):
             return None
-        if nl is LF.nl:
+        if lines is LF:
             if data.find(b"\r") >= 0:
                 return None
             first = data.find(b"\n")
@@ -183,7 +188,7 @@ class Stamper:
             if first < end and data.find(b"\n", first + 2) != second + 1:
                 return None
         if first == end and data.startswith(b"data:"):  # no id: one is spliced in
-            own = f"{self.prefix}{len(self.ends) + 1}"
+            own = self._next_id()
             data = b"".join((data[: -len(nl)], b"id: ", own.encode(), lines.sep))
             self._out(data)
             self.ends.append(self.size)
@@ -234,7 +239,7 @@ class Stamper:
         positions = self.positions
         for i, block in enumerate(blocks):
             own = _own_id(block, nl) if block.startswith(b"id") or id_line in block else None
-            if not (block.startswith(b"data:") or _has_field(block, b"data", lines)):
+            if not _has_data(block, lines):
                 at += len(block) + len(sep)
                 if parts is not None:
                     parts.append(block + sep)
@@ -251,7 +256,7 @@ class Stamper:
                 if not sent_on:
                     continue
             if own is None:
-                own = f"{self.prefix}{len(self.ends) + 1}"
+                own = self._next_id()
                 if parts is None:
                     parts = [sep.join(blocks[:i]) + sep] if i else []
                 stamped = block + nl + b"id: " + own.encode() + sep
@@ -333,7 +338,7 @@ class Stamper:
                 if not sent_on:
                     continue
             if own is None:
-                raw = with_id(raw, f"{self.prefix}{len(self.ends) + 1}")
+                raw = with_id(raw, self._next_id())
             parts.append(raw)
             at += len(raw)
             self._event(at, own)
@@ -365,11 +370,13 @@ def _tail(parts: list[bytes], n: int) -> bytes:
     return tail
 
 
-def _has_field(block: bytes, name: bytes, lines: Lines) -> bool:
-    """Whether a line of the block is the field ``name`` (``name``, or ``name:`` and a value)."""
-    if not block.startswith(name) and lines.nl + name not in block:
+def _has_data(block: bytes, lines: Lines) -> bool:
+    """Whether a line of the block is a data field (``data``, or ``data:`` and a value)."""
+    if block.startswith(b"data:"):
+        return True
+    if not block.startswith(b"data") and lines.data_line not in block:
         return False
-    return any(line == name or line.startswith(name + b":") for line in block.split(lines.nl))
+    return any(line == b"data" or line.startswith(b"data:") for line in block.split(lines.nl))
 
 
 def _own_id(block: bytes, nl: bytes) -> str | None:
