@@ -50,6 +50,7 @@ class SSEDecoder:
 
     __slots__ = (
         "_at_start",
+        "_between",
         "_buf",
         "_closed",
         "_data",
@@ -83,13 +84,65 @@ class SSEDecoder:
         self._id: str | None = None
         self._retry: int | None = None
         self._last_id = ""
+        # Nothing pending: no bytes, no field of a block read (the first chunk, which may
+        # begin with a BOM, is read line by line).
+        self._between = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode one more chunk; return the events whose blank line it completed."""
+        if self._between:
+            event = self._one(chunk)
+            if event is not None:
+                return [event]
         if self._skip_lf or self._at_start or self._closed or _LF in chunk or _CR in chunk:
             return self._feed_lines(chunk)
         self._buf += chunk  # still inside one line: nothing to parse yet
+        self._between = False
         return []
+
+    def _one(self, chunk: bytes) -> SSEEvent | None:
+        """A chunk that is one whole event, a data line after an id or event line or not
+        (the commonest, a stream's events sent one at a time), read without splitting it
+        into lines: None if it is not one. Its line ends are counted: all LF, or all CRLF."""
+        count = chunk.count(b"\n")
+        if chunk.endswith(b"\n\n"):
+            if _CR in chunk:
+                return None
+            nl = 1
+        elif chunk.endswith(b"\r\n\r\n") and chunk.count(b"\r") == count:
+            nl = 2
+        else:
+            return None
+        event = ident = None
+        if count == 2:
+            data = chunk
+        elif count == 3:
+            first = chunk.find(b"\n") + 1 - nl  # where the first line ends
+            if nl == 2 and chunk.find(b"\r") != first:
+                return None  # a CR alone, and an LF alone, within the block
+            data = chunk[first + nl :]
+            if not data.startswith(b"data:"):
+                return None
+            if chunk.startswith(b"id: ") and _NUL not in chunk[:first]:
+                ident = self._last_id = chunk[4:first].decode("utf-8", "replace")
+            elif chunk.startswith(b"event: "):
+                event = chunk[7:first].decode("utf-8", "replace")
+            else:
+                return None
+        else:
+            return None
+        if count == 2 and not data.startswith(b"data:"):
+            return None
+        value = data[6 : -2 * nl] if data[5:6] == b" " else data[5 : -2 * nl]
+        self._dropped = 0  # (without keep_raw) no byte since this event
+        return SSEEvent(
+            value.decode("utf-8", "replace"),
+            event,
+            ident,
+            None,
+            self._last_id,
+            (chunk if type(chunk) is bytes else bytes(chunk)) if self._keep_raw else b"",
+        )
 
     def _feed_lines(self, chunk: bytes) -> list[SSEEvent]:
         if self._closed:
@@ -132,6 +185,7 @@ class SSEDecoder:
         if self._closed:
             return []
         self._closed = True
+        self._between = False
         buf = self._buf
         if not buf and not self._dropped:
             return []
@@ -196,6 +250,14 @@ class SSEDecoder:
         else:
             del buf[: start + cut]
             self._line_start = pos - cut
+        self._between = (
+            not buf
+            and not self._skip_lf
+            and not data
+            and self._event is None
+            and self._id is None
+            and self._retry is None
+        )
         return events
 
     def _field(self, line: bytes) -> None:

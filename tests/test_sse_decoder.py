@@ -265,3 +265,65 @@ def test_without_raw_memory_stays_bounded() -> None:
     assert len(dec._buf) == 0
     (tail,) = dec.close()  # the keep-alives since the last event are still reported
     assert not tail.complete and tail.data == ""
+
+
+# Whole events, and near misses, in the shapes streams send one chunk at a time: a data
+# line after an id or event line or not, LF or CRLF, with what the one-event path must
+# leave to the line-by-line one (a field without its space, NUL, a lone CR or LF, two
+# data lines, a comment, a BOM, a block without data).
+LINES = [
+    b"data: x",
+    b"data:x",
+    b"data: ",
+    b"data:",
+    b'data: {"task":1}',
+    "data: é".encode(),
+    b"data: \xff",
+    b"id: 7",
+    b"id: ",
+    b"id:7",
+    b"id: a\x00b",
+    b"event: delta",
+    b"event:delta",
+    b"event: ",
+    b"retry: 5",
+    b": ping",
+    b"data: a\rb",
+    b"data: a\nb",
+    b"\xef\xbb\xbfdata: x",
+    b"",
+]
+ENDS = [b"\n", b"\r\n", b"\r"]
+blocks = st.builds(
+    lambda lines, end, blank: end.join(lines) + end + blank,
+    st.lists(st.sampled_from(LINES), min_size=1, max_size=3),
+    st.sampled_from(ENDS),
+    st.sampled_from(ENDS),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(events=st.lists(blocks, max_size=12), keep_raw=st.booleans())
+@example(events=[b"data: a\n\n", b"id: 1\ndata: b\n\n", b"event: e\ndata: c\n\n"], keep_raw=True)
+@example(events=[b"data: a\r\n\r\n", b"id: 1\r\ndata: b\r\n\r\n"], keep_raw=False)
+@example(events=[b"data: a\n\n", b"id: a\x00b\ndata: x\n\n"], keep_raw=True)  # NUL: no id
+@example(events=[b"data: a\n\n", b"id: a\rbc\ndata: x\r\n\r\n"], keep_raw=True)  # a lone CR and LF
+def test_an_event_a_chunk_decodes_as_the_whole_stream(events: list[bytes], keep_raw: bool) -> None:
+    # Each block a chunk of its own (where the one-event path reads it), against the
+    # reference and against the stream read whole (line by line).
+    def read(chunks: list[bytes]) -> list[SSEEvent]:
+        dec = SSEDecoder(keep_raw=keep_raw)
+        out: list[SSEEvent] = []
+        for c in chunks:
+            out += dec.feed(c)
+        return out + dec.close()
+
+    stream = b"".join(events)
+    chunked, whole = read(events), read([stream])
+    expected, _ = reference(stream)
+    assert [fields(e) for e in chunked if e.complete] == expected
+    assert [fields(e) for e in chunked] == [fields(e) for e in whole]
+    assert [e.complete for e in chunked] == [e.complete for e in whole]
+    if keep_raw:
+        assert b"".join(e.raw for e in chunked) == stream
+        assert all(type(e.raw) is bytes for e in chunked)
