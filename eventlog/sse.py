@@ -101,39 +101,22 @@ class SSEDecoder:
         return []
 
     def _one(self, chunk: bytes) -> SSEEvent | None:
-        """A chunk that is one whole event, a data line after an id or event line or not
-        (the commonest, a stream's events sent one at a time), read without splitting it
-        into lines: None if it is not one. Its line ends are counted: all LF, or all CRLF."""
-        count = chunk.count(b"\n")
-        if chunk.endswith(b"\n\n"):
-            if _CR in chunk:
-                return None
-            nl = 1
-        elif chunk.endswith(b"\r\n\r\n") and chunk.count(b"\r") == count:
-            nl = 2
-        else:
+        """A chunk that is one whole event (the commonest, a stream's events sent one at a
+        time), read without splitting it into lines: None if it is not one."""
+        shape = whole_event(chunk)
+        if shape is None:
             return None
+        nl, at = shape
         event = ident = None
-        if count == 2:
-            data = chunk
-        elif count == 3:
-            first = chunk.find(b"\n") + 1 - nl  # where the first line ends
-            if nl == 2 and chunk.find(b"\r") != first:
-                return None  # a CR alone, and an LF alone, within the block
-            data = chunk[first + nl :]
-            if not data.startswith(b"data:"):
-                return None
+        if at:  # a line before the data line: an id or an event type
+            first = at - nl
             if chunk.startswith(b"id: ") and _NUL not in chunk[:first]:
                 ident = self._last_id = chunk[4:first].decode("utf-8", "replace")
             elif chunk.startswith(b"event: "):
                 event = chunk[7:first].decode("utf-8", "replace")
             else:
                 return None
-        else:
-            return None
-        if count == 2 and not data.startswith(b"data:"):
-            return None
-        value = data[6 : -2 * nl] if data[5:6] == b" " else data[5 : -2 * nl]
+        value = chunk[at + 6 : -2 * nl] if chunk[at + 5 : at + 6] == b" " else chunk[at + 5 : -2 * nl]
         self._dropped = 0  # (without keep_raw) no byte since this event
         return SSEEvent(
             value.decode("utf-8", "replace"),
@@ -295,3 +278,29 @@ class SSEDecoder:
         self._id = None
         self._retry = None
         return result
+
+
+def whole_event(chunk: bytes) -> tuple[int, int] | None:
+    """Whether ``chunk`` is one whole event that need not be split into lines: a data line,
+    alone or after one other line, then a blank line, every line end LF or every one CRLF
+    (counted, not looked for line by line). Returns the length of its line ends and where
+    its data line begins (0: it is the only line), or None."""
+    count = chunk.count(b"\n")
+    if chunk.endswith(b"\n\n"):
+        if _CR in chunk:
+            return None
+        nl = 1
+    elif chunk.endswith(b"\r\n\r\n") and chunk.count(b"\r") == count:
+        nl = 2
+    else:
+        return None
+    if count == 2:
+        at = 0
+    elif count == 3:
+        first = chunk.find(b"\n") + 1 - nl  # where the first line ends
+        if nl == 2 and chunk.find(b"\r") != first:
+            return None  # a CR alone, and an LF alone, within the block
+        at = first + nl
+    else:
+        return None
+    return (nl, at) if chunk.startswith(b"data:", at) else None

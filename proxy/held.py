@@ -86,14 +86,12 @@ async def relay_held(
     rejoin = Rejoin.of(exchange, stream)
     hold = Hold(stream, proxy.hold or 0.0)
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    # The stamper is fed here, not through LiveStream.feed: a call less per event, where
-    # every one shows (followers are woken only when one waits, as LiveStream.feed does).
-    read, write, chunk, offset, stamp = (
+    read, write, chunk, offset, feed = (
         upstream.content.readany,
         response.write,
         exchange.writer.chunk,
         exchange.offset,
-        stream.stamper.feed,
+        stream.feed,
     )
     sent = 0  # the bytes this client was sent
     reading = attached = True
@@ -104,7 +102,7 @@ async def relay_held(
             try:
                 data = await read()
             except BROKEN as exc:
-                sent, reading = stream.size, False
+                reading = False
                 upstream.close()
                 why = _broke(exchange, stream, rejoin, exc)
                 if why is not None:
@@ -113,15 +111,14 @@ async def relay_held(
                     _forget_later(proxy, stream)
                 break
             if not data:
-                sent, reading = stream.size, False
+                reading = False
                 _ended(exchange, stream, rejoin)
                 _forget_later(proxy, stream)
                 break
             chunk(exchange.id, offset(), data)
-            new = stamp(data)
+            new = feed(data)
             if new:
-                if stream.waiting:
-                    stream.wake()
+                sent += len(new)
                 await write(new)
         stream.detach()
         attached = False

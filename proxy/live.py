@@ -36,38 +36,38 @@ class LiveStream:
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
     closed: bool = False  # it ended with the event its protocol closes a stream with
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    waiting: int = 0  # followers waiting for more: none, while the first client's handler reads
-    stamper: Stamper = field(init=False)
+    _waiting: int = 0  # followers waiting for more: none, while the first client's handler reads
+    _stamper: Stamper = field(init=False)
 
     def __post_init__(self) -> None:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
-        self.stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
+        self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
 
     @property
     def size(self) -> int:
         """The bytes clients are sent so far."""
-        return self.stamper.size
+        return self._stamper.size
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the upstream: what they complete for clients joins the stream (and
         is returned)."""
-        new = self.stamper.feed(data)
-        if new and self.waiting:  # followers woken once for all the chunk brought
-            self.wake()
+        new = self._stamper.feed(data)
+        if new and self._waiting:  # followers woken once for all the chunk brought
+            self._wake()
         return new
 
     def rejoin(self, first: Callable[[SSEEvent], bool]) -> None:
         """The upstream broke and is followed anew: what was cut off mid-event is dropped
         (no client was sent any of it), and the new stream's first event goes to ``first``,
         which says whether it is sent on."""
-        self.stamper.restart(first)
+        self._stamper.restart(first)
 
     def add_made(self, data: str) -> str:
         """An event the recorder made up (catching clients up after a rejoin): its id."""
-        segments = self.stamper.segments
+        segments = self._stamper.segments
         end = line_end(segments[-1]) if segments else b""
-        event_id = self.stamper.made(data, end or b"\n")  # the agent's line ends
-        self.wake()
+        event_id = self._stamper.made(data, end or b"\n")  # the agent's line ends
+        self._wake()
         return event_id
 
     def answers(self, event_id: str) -> bool:
@@ -79,7 +79,7 @@ class LiveStream:
 
     def last_data(self) -> str | None:
         """The data of the last event clients dispatch."""
-        ends = self.stamper.ends
+        ends = self._stamper.ends
         if not ends:
             return None
         events = SSEDecoder().feed(self.since(ends[-2] if len(ends) > 1 else 0, ends[-1]))
@@ -90,28 +90,28 @@ class LiveStream:
         return [e.data for e in SSEDecoder().feed(self.since(0)) if e.data]
 
     def first_id(self) -> str | None:
-        return self.stamper.id_of(1) if self.stamper.ends else None
+        return self._stamper.id_of(1) if self._stamper.ends else None
 
     def last_id(self) -> str | None:
-        ends = len(self.stamper.ends)
-        return self.stamper.id_of(ends) if ends else None
+        ends = len(self._stamper.ends)
+        return self._stamper.id_of(ends) if ends else None
 
     def ids(self) -> list[str]:
-        return self.stamper.ids()
+        return self._stamper.ids()
 
     def position(self, event_id: str) -> int | None:
         """Where the event of that id ends (None: this stream holds none)."""
-        return self.stamper.position(event_id)
+        return self._stamper.position(event_id)
 
     def events_after(self, position: int) -> int:
         """How many events end after ``position``."""
-        ends = self.stamper.ends
+        ends = self._stamper.ends
         return len(ends) - bisect_right(ends, position)
 
     def events_in(self, data: bytes, position: int) -> list[bytes]:
         """``data``, the bytes from ``position`` on, cut where its events end (what
         follows the last is a piece of its own)."""
-        ends = self.stamper.ends
+        ends = self._stamper.ends
         pieces, at, i = [], 0, bisect_right(ends, position)
         while i < len(ends) and ends[i] - position <= len(data):
             pieces.append(data[at : ends[i] - position])
@@ -122,7 +122,7 @@ class LiveStream:
 
     def since(self, start: int, end: int | None = None) -> bytes:
         """The bytes clients are sent from ``start`` (to ``end``)."""
-        segments, starts = self.stamper.segments, self.stamper.starts
+        segments, starts = self._stamper.segments, self._stamper.starts
         if not segments:
             return b""
         if end is None and starts[-1] == start:
@@ -138,9 +138,9 @@ class LiveStream:
         if self.outcome is not None:
             return
         self.closed = closed
-        self.stamper.close()
+        self._stamper.close()
         self.outcome = outcome
-        self.wake()
+        self._wake()
 
     def attach(self) -> None:
         """One more client follows the stream."""
@@ -158,7 +158,7 @@ class LiveStream:
         segments at a time as there are (one write for them all, when a client lags)."""
         self.attach()
         try:
-            segments, starts = self.stamper.segments, self.stamper.starts
+            segments, starts = self._stamper.segments, self._stamper.starts
             i = max(bisect_right(starts, position) - 1, 0)
             cut = position - starts[i] if segments else 0
             if segments and cut >= len(segments[i]):  # at a segment's end
@@ -173,17 +173,16 @@ class LiveStream:
                     continue
                 if self.outcome is not None:
                     return
-                self.waiting += 1
+                self._waiting += 1
                 try:
                     await self._changed.wait()
                 finally:
-                    self.waiting -= 1
+                    self._waiting -= 1
         finally:
             self.detach()
 
-    def wake(self) -> None:
-        """Followers waiting for more are told there is."""
-        if self.waiting:
+    def _wake(self) -> None:
+        if self._waiting:
             self._changed.set()
             self._changed = asyncio.Event()
 

@@ -15,6 +15,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
+from tasktape.eventlog.sse import whole_event
 
 _BOM_START = 0xEF  # the first byte of a UTF-8 byte-order mark
 
@@ -26,11 +27,10 @@ class Lines(NamedTuple):
     sep: bytes  # the end of a block: a line end, then a blank line
     id_line: bytes  # a line that begins "id", after the first
     data_line: bytes
-    crs: int  # the CRs in a line end
 
 
-LF = Lines(b"\n", b"\n\n", b"\nid", b"\ndata", 0)
-CRLF = Lines(b"\r\n", b"\r\n\r\n", b"\r\nid", b"\r\ndata", 1)
+LF = Lines(b"\n", b"\n\n", b"\nid", b"\ndata")
+CRLF = Lines(b"\r\n", b"\r\n\r\n", b"\r\nid", b"\r\ndata")
 
 
 class Stamper:
@@ -45,11 +45,11 @@ class Stamper:
         "_decoder",
         "_first",
         "_fresh",
-        "_id_line",
         "_lines",
         "_own",
         "_pending",
         "_quick",
+        "_template",
         "ends",
         "positions",
         "prefix",
@@ -60,7 +60,6 @@ class Stamper:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._id_line = b"id: " + prefix.encode()
         self.segments: list[bytes] = []
         self.starts: list[int] = []
         self.size = 0  # bytes so far
@@ -100,38 +99,29 @@ class Stamper:
         self._decoder: SSEDecoder | None = None  # a response with mixed line ends
         self._fresh = True  # none of the response read yet (it may begin with a BOM)
         self._first = first
-        # While a chunk may be one event: how lines end, and the id line's template.
+        self._template = b""  # the id line's, once the line ends are known
+        # While a chunk may be one event: how lines end, and that template.
         self._quick: tuple[Lines, bytes] | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the upstream: what they complete for clients (b"" if nothing)."""
         quick = self._quick
         # A chunk that is one whole event of one data line, after an id line or not (the
-        # commonest, when the agent paces its events) is stamped here, with as little done
-        # per event as can be: its line ends are counted, not split.
-        if quick is not None and data.endswith(quick[0].sep):
-            lines, tail = quick
-            count = data.count(b"\n")
-            if data.count(b"\r") == count * lines.crs:  # no line end but the response's
-                if count == 2 and data.startswith(b"data:"):  # no id: one is spliced in
-                    data = data[: -len(lines.nl)] + tail % (len(self.ends) + 1)
-                    self.segments.append(data)
-                    self.starts.append(self.size)
-                    self.size += len(data)
+        # commonest, when the agent paces its events), ended as the response's lines are,
+        # is stamped here, without being split.
+        if quick is not None:
+            lines, template = quick
+            shape = whole_event(data)
+            if shape is not None and shape[0] == len(lines.nl):
+                nl, at = shape
+                if not at:  # no id: one is spliced in
+                    data = data[:-nl] + template % (len(self.ends) + 1)
+                    self._out(data)
                     self.ends.append(self.size)
                     return data
-                first = data.find(lines.nl)
-                if (
-                    count == 3
-                    and data.startswith(b"id: ")
-                    and data.startswith(b"data:", first + len(lines.nl))
-                    and (lines is LF or data.find(b"\r") == first)  # and the CRs in CRLFs
-                    and data.find(b"\0", 0, first) < 0
-                ):
-                    self.segments.append(data)
-                    self.starts.append(self.size)
-                    self.size += len(data)
-                    self._event(self.size, data[4:first].decode("utf-8", "replace"))
+                if data.startswith(b"id: ") and data.find(b"\0", 0, at - nl) < 0:
+                    self._out(data)
+                    self._event(self.size, data[4 : at - nl].decode("utf-8", "replace"))
                     return data
         if not data:
             return b""
@@ -140,7 +130,7 @@ class Stamper:
         lines = self._lines
         self._quick = None
         if lines is not None and not self._pending and self._decoder is None and self._first is None:
-            self._quick = (lines, self._id_line + b"%d" + lines.sep)
+            self._quick = (lines, self._template)
         new = self.segments[before:]
         return b"" if not new else new[0] if len(new) == 1 else b"".join(new)
 
@@ -154,6 +144,8 @@ class Stamper:
             if lines is None:
                 lines = CRLF if b"\r" in data else LF if b"\n" in data else None
                 self._lines = lines
+                if lines is not None:
+                    self._template = f"id: {self.prefix}%d".encode() + lines.sep  # _next_id's, as a line
             if lines is None:
                 self._pending.append(data)  # no line end yet
                 return
