@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import orjson
@@ -63,6 +64,15 @@ def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
         obj = obj.get("result")
         if not isinstance(obj, dict):
             return Classification("other", binding, parse_error="JSON-RPC result is not an object")
+    if len(obj) == 1:
+        # An exact v1.0 frame, by far the commonest: its one key is its kind.
+        (kind,) = obj
+        extract = _EXTRACT.get(kind)
+        if extract is not None:
+            body = obj[kind]
+            if type(body) is dict:
+                return extract(body, binding)
+            return Classification("other", binding, parse_error=f"{kind} is not an object")
     kind = None
     for name in STREAM_KINDS:
         if name in obj:
@@ -101,14 +111,17 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _text(parts: Any) -> str | None:
-    if not isinstance(parts, list):
+    if type(parts) is not list:  # JSON as loaded here: a list is exactly a list
         return None
+    if len(parts) == 1:  # a token delta: one text part
+        text = parts[0].get("text") if type(parts[0]) is dict else None
+        return text if type(text) is str else None
     texts = [t for p in parts if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
     return "".join(texts) if texts else None
 
 
 def _usage(metadata: Any) -> dict[str, Any] | None:
-    if not isinstance(metadata, dict):
+    if type(metadata) is not dict:
         return None
     usage = metadata.get("$usage")
     return usage if isinstance(usage, dict) else None
@@ -119,7 +132,7 @@ def _usage(metadata: Any) -> dict[str, Any] | None:
 _new = tuple.__new__
 
 
-def _with_status(kind: str, body: dict[str, Any], binding: str, id_field: str) -> Classification:
+def _with_status(kind: str, id_field: str, body: dict[str, Any], binding: str) -> Classification:
     """A task snapshot (id in ``id``) or a status update (id in ``taskId``)."""
     status = body.get("status")
     if not isinstance(status, dict):
@@ -141,7 +154,7 @@ def _with_status(kind: str, body: dict[str, Any], binding: str, id_field: str) -
             None,
             None,
             _text(message.get("parts")) if isinstance(message, dict) else None,
-            _usage(body.get("metadata")),
+            None if (usage := body.get("metadata")) is None else _usage(usage),
             None,
         ),
     )
@@ -180,7 +193,7 @@ def _artifact_update(a: dict[str, Any], binding: str) -> Classification:
             a.get("append") is True,
             a.get("lastChunk") is True,
             _text(artifact.get("parts")),
-            _usage(a.get("metadata")),
+            None if (usage := a.get("metadata")) is None else _usage(usage),
             None,
         ),
     )
@@ -195,8 +208,8 @@ def _error(error: Any, binding: str) -> Classification:
 
 
 _EXTRACT: dict[str, Callable[[dict[str, Any], str], Classification]] = {
-    "task": lambda body, binding: _with_status("task", body, binding, "id"),
+    "task": partial(_with_status, "task", "id"),
     "message": _message,
-    "statusUpdate": lambda body, binding: _with_status("statusUpdate", body, binding, "taskId"),
+    "statusUpdate": partial(_with_status, "statusUpdate", "taskId"),
     "artifactUpdate": _artifact_update,
 }

@@ -469,19 +469,21 @@ class ExchangeRows:
             s.binding = c.binding
         if c.state:
             s.final_state = c.state
-        row = (
-            s.exchange_id,
-            seq,
-            offset_ns,
-            event.id,
-            event.last_event_id,
-            event.event,
-            data,
-            event.retry,
-            int(event.complete),
-            *event_columns(c),
+        ident, event_type, retry = event.id, event.event, event.retry
+        event_rows.append(
+            (
+                s.exchange_id,
+                seq,
+                offset_ns,
+                _NULL if ident is None else ident,
+                event.last_event_id,
+                _NULL if event_type is None else event_type,
+                data,
+                _NULL if retry is None else retry,
+                1 if event.complete else 0,
+                *event_columns(c),
+            )
         )
-        event_rows.append(tuple([_NULL if v is None else v for v in row]))
 
 
 _OTHER = Classification("other")  # an event of a stream no protocol claimed
@@ -506,23 +508,36 @@ def _header_text(value: str) -> str:
 
 
 def event_columns(c: Classification) -> tuple[Any, ...]:
-    """An event's classified columns, ``kind`` to ``parse_error``, as the events table holds them."""
-    usage = None if c.usage is None else usage_json(c.usage)
-    kind = c.kind
+    """An event's classified columns, ``kind`` to ``parse_error``, as the events table binds
+    them: NULL as NaN, flags as 0 or 1 (see ``_NULL``; a bool binds slowly too)."""
+    (
+        kind,
+        _,
+        task_id,
+        context_id,
+        state,
+        artifact_id,
+        artifact_type,
+        append,
+        last_chunk,
+        text,
+        usage,
+        error,
+    ) = c
     if type(kind) is not str:  # a protocol's StrEnum member: sqlite3 binds a plain str twice as fast
         kind = str(kind)
     return (
         kind,
-        c.task_id,
-        c.context_id,
-        c.state,
-        c.artifact_id,
-        c.artifact_type,
-        _int(c.append),
-        _int(c.last_chunk),
-        c.text,
-        usage,
-        c.parse_error,
+        _NULL if task_id is None else task_id,
+        _NULL if context_id is None else context_id,
+        _NULL if state is None else state,
+        _NULL if artifact_id is None else artifact_id,
+        _NULL if artifact_type is None else artifact_type,
+        _NULL if append is None else 1 if append else 0,
+        _NULL if last_chunk is None else 1 if last_chunk else 0,
+        _NULL if text is None else text,
+        _NULL if usage is None else usage_json(usage),
+        _NULL if error is None else error,
     )
 
 
@@ -531,10 +546,6 @@ def usage_json(usage: dict[str, Any]) -> str:
         return orjson.dumps(usage).decode()
     except TypeError:  # lone surrogates, from escapes in the JSON: ASCII escapes keep them
         return json.dumps(usage, ensure_ascii=True)
-
-
-def _int(flag: bool | None) -> int | None:
-    return None if flag is None else int(flag)  # a bool is bound through the slow path too
 
 
 def _reframe(event: SSEEvent, data: str) -> bytes:

@@ -91,41 +91,82 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode one more chunk; return the events whose blank line it completed."""
         if self._between:
-            event = self._one(chunk)
-            if event is not None:
-                return [event]
+            events = self._from_between(chunk)
+            if events is not None:
+                return events
+        elif not (self._at_start or self._closed):
+            # Inside an event: its lines up to the first blank line, then (usually) whole events.
+            end = _first_block_end(chunk)
+            if 0 < end < len(chunk):
+                events = self._feed_lines(chunk[:end])
+                rest = chunk[end:]
+                more = self._from_between(rest) if self._between else None
+                return events + (self._feed_lines(rest) if more is None else more)
         if self._skip_lf or self._at_start or self._closed or _LF in chunk or _CR in chunk:
             return self._feed_lines(chunk)
         self._buf += chunk  # still inside one line: nothing to parse yet
         self._between = False
         return []
 
-    def _one(self, chunk: bytes) -> SSEEvent | None:
-        """A chunk that is one whole event (the commonest, a stream's events sent one at a
-        time), read without splitting it into lines: None if it is not one."""
-        shape = whole_event(chunk)
-        if shape is None:
+    def _from_between(self, chunk: bytes) -> list[SSEEvent] | None:
+        """A chunk that begins between events: whole events, then perhaps the start of the
+        next one (read line by line). None, and nothing changed, if it is anything else."""
+        events = self._whole(chunk)
+        if events is not None:
+            return events
+        end = _last_block_end(chunk)
+        if 0 < end < len(chunk):
+            events = self._whole(chunk[:end])
+            if events is not None:
+                return events + self._feed_lines(chunk[end:])
+        return None
+
+    def _whole(self, chunk: bytes) -> list[SSEEvent] | None:
+        """A chunk of whole events (the commonest: a stream's events, sent one or a few at
+        a time), read without the line-by-line parse: each a data line, alone or after an
+        ``id: `` or ``event: `` line, every line end LF or every one CRLF. None, and
+        nothing changed, if the chunk is anything else."""
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)
+        if chunk.endswith(b"\n\n") and _CR not in chunk:
+            text = chunk
+        elif chunk.endswith(b"\r\n\r\n"):
+            text = chunk.replace(b"\r\n", b"\n")
+            if _CR in text or chunk.count(b"\r") != text.count(b"\n"):
+                return None  # a CR alone, or an LF alone
+        else:
             return None
-        nl, at = shape
-        event = ident = None
-        if at:  # a line before the data line: an id or an event type
-            first = at - nl
-            if chunk.startswith(b"id: ") and _NUL not in chunk[:first]:
-                ident = self._last_id = chunk[4:first].decode("utf-8", "replace")
-            elif chunk.startswith(b"event: "):
-                event = chunk[7:first].decode("utf-8", "replace")
+        keep_raw, crlf = self._keep_raw, text is not chunk
+        blocks = text[:-2].split(b"\n\n")
+        last_id = self._last_id  # restored if the chunk turns out to be anything else
+        events = []
+        for block in blocks:
+            ident = event = None
+            if block.startswith(b"data:"):
+                line = block
             else:
+                first, _, line = block.partition(b"\n")
+                if first.startswith(b"id: ") and _NUL not in first:
+                    ident = self._last_id = first[4:].decode("utf-8", "replace")
+                elif first.startswith(b"event: "):
+                    event = first[7:].decode("utf-8", "replace")
+                else:
+                    line = b""
+            if not line.startswith(b"data:") or _LF in line:
+                self._last_id = last_id
                 return None
-        value = chunk[at + 6 : -2 * nl] if chunk[at + 5 : at + 6] == b" " else chunk[at + 5 : -2 * nl]
-        self._dropped = 0  # (without keep_raw) no byte since this event
-        return SSEEvent(
-            value.decode("utf-8", "replace"),
-            event,
-            ident,
-            None,
-            self._last_id,
-            (chunk if type(chunk) is bytes else bytes(chunk)) if self._keep_raw else b"",
-        )
+            value = line[6:] if line[5:6] == b" " else line[5:]
+            raw = b""
+            if keep_raw:  # the event's bytes as they came: the chunk, or its block and line ends
+                if len(blocks) == 1:
+                    raw = chunk
+                elif crlf:
+                    raw = block.replace(b"\n", b"\r\n") + b"\r\n\r\n"
+                else:
+                    raw = block + b"\n\n"
+            events.append(SSEEvent(value.decode("utf-8", "replace"), event, ident, None, self._last_id, raw))
+        self._dropped = 0  # (without keep_raw) no byte since these events
+        return events
 
     def _feed_lines(self, chunk: bytes) -> list[SSEEvent]:
         if self._closed:
@@ -278,6 +319,18 @@ class SSEDecoder:
         self._id = None
         self._retry = None
         return result
+
+
+def _first_block_end(chunk: bytes) -> int:
+    """Where the first blank line (LF or CRLF) of ``chunk`` ends (0: it has none)."""
+    ends = [at + size for at, size in ((chunk.find(b"\n\n"), 2), (chunk.find(b"\n\r\n"), 3)) if at >= 0]
+    return min(ends, default=0)
+
+
+def _last_block_end(chunk: bytes) -> int:
+    """Where the last blank line (LF or CRLF) of ``chunk`` ends (0: it has none)."""
+    lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
 def whole_event(chunk: bytes) -> tuple[int, int] | None:

@@ -124,8 +124,13 @@ def test_matches_the_w3c_reference_for_any_chunking(stream: bytes, cuts: list[in
     assert b"".join(e.raw for e in got) == stream
     assert all(not e.complete for e in got[len(complete) :])
     assert len(got) - len(complete) <= 1
-    # Raw boundaries sit just after each dispatching blank line, except that an
-    # LF that arrives in the chunk after its CR belongs to the next event.
+    assert_raw_boundaries(complete, chunks, ends)
+
+
+def assert_raw_boundaries(complete: list[SSEEvent], chunks: list[bytes], ends: list[int]) -> None:
+    """Raw boundaries sit just after each dispatching blank line, except that an LF that
+    arrives in the chunk after its CR belongs to the next event."""
+    stream = b"".join(chunks)
     boundaries, total = [], 0
     for e in complete:
         total += len(e.raw)
@@ -301,16 +306,52 @@ blocks = st.builds(
     st.sampled_from(ENDS),
 )
 
+# Blocks the whole-events path takes, so that chunks of several of them are common.
+plain_blocks = st.builds(
+    lambda first, data, end: end.join([*first, data]) + end + end,
+    st.sampled_from([[], [b"id: 7"], [b"id: "], [b"event: delta"]]),
+    st.sampled_from([b"data: x", b"data:x", b'data: {"task":1}', "data: é".encode()]),
+    st.sampled_from([b"\n", b"\r\n"]),
+)
+
 
 @settings(max_examples=1500, deadline=None)
-@given(events=st.lists(blocks, max_size=12), keep_raw=st.booleans())
-@example(events=[b"data: a\n\n", b"id: 1\ndata: b\n\n", b"event: e\ndata: c\n\n"], keep_raw=True)
-@example(events=[b"data: a\r\n\r\n", b"id: 1\r\ndata: b\r\n\r\n"], keep_raw=False)
-@example(events=[b"data: a\n\n", b"id: a\x00b\ndata: x\n\n"], keep_raw=True)  # NUL: no id
-@example(events=[b"data: a\n\n", b"id: a\rbc\ndata: x\r\n\r\n"], keep_raw=True)  # a lone CR and LF
-def test_an_event_a_chunk_decodes_as_the_whole_stream(events: list[bytes], keep_raw: bool) -> None:
-    # Each block a chunk of its own (where the one-event path reads it), against the
-    # reference and against the stream read whole (line by line).
+@given(
+    events=st.lists(st.one_of(blocks, plain_blocks), max_size=12),
+    starts=st.lists(st.booleans(), max_size=12),
+    cuts=cut_lists,
+    keep_raw=st.booleans(),
+)
+@example(
+    events=[b"data: a\n\n", b"id: 1\ndata: b\n\n", b"event: e\ndata: c\n\n"],
+    starts=[],
+    cuts=[],
+    keep_raw=True,
+)
+@example(events=[b"data: a\r\n\r\n", b"id: 1\r\ndata: b\r\n\r\n"], starts=[], cuts=[], keep_raw=False)
+@example(events=[b"data: a\n\n", b"id: a\x00b\ndata: x\n\n"], starts=[], cuts=[], keep_raw=True)  # NUL: no id
+@example(
+    events=[b"data: a\n\n", b"id: a\rbc\ndata: x\r\n\r\n"], starts=[], cuts=[], keep_raw=True
+)  # lone CR, LF
+@example(
+    events=[b"data: a\r\n\r\n", b"id: 1\r\ndata: b\r\n\r\n"], starts=[False, False], cuts=[], keep_raw=True
+)
+@example(
+    events=[b"data: a\n\n", b"data: b\n\n\n"], starts=[False, False], cuts=[], keep_raw=True
+)  # a blank line more
+@example(
+    events=[b"data: a\n\n", b"id: 1\ndata: b\n\n", b"event: c\ndata: d\n\n"],
+    starts=[False] * 3,
+    cuts=[],
+    keep_raw=True,
+)
+@example(events=[b"id: 1\n\n", b"data: b\n\n"], starts=[False, False], cuts=[5], keep_raw=True)  # no data
+def test_whole_events_in_a_chunk_decode_as_the_whole_stream(
+    events: list[bytes], starts: list[bool], cuts: list[int], keep_raw: bool
+) -> None:
+    # Blocks grouped into chunks (each block starting a chunk of its own unless ``starts``
+    # says it goes on the last one), where the whole-events path reads them: against the
+    # reference and against the stream fed a byte at a time (so, line by line).
     def read(chunks: list[bytes]) -> list[SSEEvent]:
         dec = SSEDecoder(keep_raw=keep_raw)
         out: list[SSEEvent] = []
@@ -318,12 +359,28 @@ def test_an_event_a_chunk_decodes_as_the_whole_stream(events: list[bytes], keep_
             out += dec.feed(c)
         return out + dec.close()
 
+    chunks: list[bytes] = []
+    for i, block in enumerate(events):
+        if chunks and i < len(starts) and not starts[i]:
+            chunks[-1] += block
+        else:
+            chunks.append(block)
     stream = b"".join(events)
-    chunked, whole = read(events), read([stream])
-    expected, _ = reference(stream)
+    # A byte at a time, but a CRLF kept together (split, it leaves an LF for close()).
+    cuts = [i for i in range(1, len(stream)) if stream[i - 1 : i + 1] != b"\r\n"]
+    bytewise = [stream[i:j] for i, j in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    chunked, whole = read(chunks), read(bytewise if stream else [])
+    expected, ends = reference(stream)
     assert [fields(e) for e in chunked if e.complete] == expected
     assert [fields(e) for e in chunked] == [fields(e) for e in whole]
     assert [e.complete for e in chunked] == [e.complete for e in whole]
     if keep_raw:
         assert b"".join(e.raw for e in chunked) == stream
+    # Cut anywhere too: whole events after the rest of one, or before the start of one.
+    pieces = split(stream, cuts)
+    cut = read(pieces)
+    assert [fields(e) for e in cut if e.complete] == expected
+    if keep_raw:
+        assert b"".join(e.raw for e in cut) == stream
+        assert_raw_boundaries([e for e in cut if e.complete], pieces, ends)
         assert all(type(e.raw) is bytes for e in chunked)
