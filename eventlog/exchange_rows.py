@@ -19,17 +19,18 @@ from .content_coding import MAX_DECODED, Inflate, decode_body, too_large
 from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader
 from .redact import Redactor
-from .sse import SSEDecoder, SSEEvent
+from .sse import SSEDecoder, SSEEvent, written
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 Statement = tuple[str, tuple[Any, ...]]
 Rows = list[tuple[Any, ...]]
 
-INSERT_CHUNK = "INSERT INTO chunks (exchange_id, seq, offset_ns, data) VALUES (?, ?, ?, ?)"
+INSERT_CHUNK = "INSERT INTO stored_chunks (exchange_id, seq, offset_ns, data) VALUES (?, ?, ?, ?)"
 INSERT_EVENT = (
     "INSERT INTO events (exchange_id, seq, offset_ns, event_id, last_event_id, event_type, data,"
-    " retry, complete, kind, task_id, context_id, state, artifact_id, artifact_type, append,"
-    " last_chunk, text, usage, parse_error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " retry, complete, chunk_seq, chunk_crlf, kind, task_id, context_id, state, artifact_id,"
+    " artifact_type, append, last_chunk, text, usage, parse_error)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _INSERT_EXCHANGE = (
     "INSERT INTO exchanges (id, capture_id, started_at, started_ns, method, path, query,"
@@ -56,6 +57,7 @@ _UPDATE_END = (
 # times faster than None (which goes through its adapter lookup): most event
 # columns are NULL, so this roughly halves the cost of inserting an event row.
 _NULL = float("nan")
+_NO_CHUNK = (_NULL, _NULL)  # an event whose bytes are in stored chunks
 
 
 @dataclass(slots=True)
@@ -306,8 +308,17 @@ class ExchangeRows:
             self._arrivals += 1
             self._release(self._decoder.feed(data), offset_ns, chunk_rows, event_rows)
         else:
+            events = self._decoder.feed(data)
+            if len(events) == 1 and data.endswith(b"\n"):
+                # One event alone: stored once, in its row, when its fields write it back.
+                (event,) = events
+                crlf = data.endswith(b"\r\n\r\n")
+                if data == written(event.data, event.id, event.event, crlf):
+                    self._event(event, event.data, offset_ns, event_rows, (self._chunk_seq, int(crlf)))
+                    self._chunk_seq += 1
+                    return
             self._chunk_row(offset_ns, data, chunk_rows)
-            for event in self._decoder.feed(data):
+            for event in events:
                 self._event(event, event.data, offset_ns, event_rows)
 
     def end(
@@ -448,7 +459,11 @@ class ExchangeRows:
                 size = 0
         return taken
 
-    def _event(self, event: SSEEvent, data: str, offset_ns: int, event_rows: Rows) -> None:
+    def _event(
+        self, event: SSEEvent, data: str, offset_ns: int, event_rows: Rows, chunk: tuple[int, int] = _NO_CHUNK
+    ) -> None:
+        """An event's row; ``chunk``: the seq of the chunk it is alone, and whether its lines
+        end in CRLF (that chunk is written back from this row, not stored)."""
         if not self._recognised and data:
             self._recognised = True
             protocol = recognise_stream(data, event.event)
@@ -481,6 +496,7 @@ class ExchangeRows:
                 data,
                 _NULL if retry is None else retry,
                 1 if event.complete else 0,
+                *chunk,
                 *event_columns(c),
             )
         )

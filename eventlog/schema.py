@@ -483,6 +483,33 @@ def _resumes(db: sqlite_utils.Database) -> None:
     db["resumes"].create_index(["exchange_id"], index_name="resumes_exchange")
 
 
+# A chunk that is one event alone, in the one form its fields write back (sse.written), is
+# not stored twice: its event row says which chunk it is (chunk_seq) and how its lines end
+# (chunk_crlf), and ``chunks`` writes its bytes from that row beside the stored chunks.
+_EOL = "CASE e.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END"
+CHUNKS = f"""
+SELECT exchange_id, seq, offset_ns, data FROM stored_chunks
+UNION ALL
+SELECT e.exchange_id, e.chunk_seq, e.offset_ns, CAST(
+  coalesce('id: ' || e.event_id || {_EOL}, '') || coalesce('event: ' || e.event_type || {_EOL}, '')
+  || 'data: ' || e.data || {_EOL} || {_EOL} AS BLOB)
+FROM events e WHERE e.chunk_seq IS NOT NULL
+ORDER BY 1, 2
+"""
+
+
+@_migration("0009_chunks_not_stored_twice")
+def _chunks_not_stored_twice(db: sqlite_utils.Database) -> None:
+    # chunks becomes a view over the chunks stored as they came and those an event row
+    # writes back; the views that read chunks read the view again.
+    db.execute("ALTER TABLE chunks RENAME TO stored_chunks")
+    db["events"].add_column("chunk_seq", int)
+    db["events"].add_column("chunk_crlf", int)
+    db.create_view("chunks", CHUNKS.strip())
+    db.create_view("exchange_metrics", VIEWS["exchange_metrics"].strip(), replace=True)
+    db.create_view("stream_summary", STREAM_SUMMARY.strip(), replace=True)
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of events after the last one

@@ -321,6 +321,16 @@ class SSEDecoder:
         return result
 
 
+def written(data: str, ident: str | None, event: str | None, crlf: bool) -> bytes:
+    """An event's bytes in the one form the log can write back from its fields (an
+    ``id: `` line, an ``event: `` line, one ``data: `` line, a blank line; LF or CRLF):
+    a chunk equal to this need not be stored beside its event. ``schema.CHUNKS`` writes
+    the same bytes in SQL."""
+    eol = "\r\n" if crlf else "\n"
+    head = ("" if ident is None else f"id: {ident}{eol}") + ("" if event is None else f"event: {event}{eol}")
+    return f"{head}data: {data}{eol}{eol}".encode()
+
+
 def _first_block_end(chunk: bytes) -> int:
     """Where the first blank line (LF or CRLF) of ``chunk`` ends (0: it has none)."""
     ends = [at + size for at, size in ((chunk.find(b"\n\n"), 2), (chunk.find(b"\n\r\n"), 3)) if at >= 0]

@@ -67,6 +67,9 @@ def state_pill(state: str | None) -> Markup:
     )
 
 
+_SHOWN_BYTES = 4096  # of a chunk shown in a view's page
+
+
 @hookimpl
 def render_cell(
     row: Any, value: Any, column: str, table: str | None, database: str, datasette: Any
@@ -74,7 +77,7 @@ def render_cell(
     """Task states coloured; task ids linked to their page, MCP session ids to theirs;
     exchange ids in views and queries linked to the page that shows them (an LLM stream's,
     an MCP exchange's session, else the exchange); nanosecond durations shown in ms, JSON
-    indented."""
+    indented, the bytes of a view's rows (chunks) shown as text."""
     if not is_event_log(datasette, database) or value is None:
         return None
     if column in STATE_COLUMNS and isinstance(value, str) and value.startswith("TASK_STATE_"):
@@ -100,6 +103,11 @@ def render_cell(
         return Markup('<a href="{}">{}</a>').format(href, value)
     if column in NS_COLUMNS and isinstance(value, int):
         return Markup('<span class="tt-ms" title="{:,} ns">{}</span>').format(value, ms(value, 3))
+    if isinstance(value, bytes) and table in VIEWS:
+        # A view's row has no key to link its download to: the bytes, as text where they are.
+        text = value[:_SHOWN_BYTES].decode("utf-8", "backslashreplace")
+        more = "" if len(value) <= _SHOWN_BYTES else f" ... ({len(value):,} bytes)"
+        return Markup('<pre class="tt-bytes">{}{}</pre>').format(text, more)
     if column in JSON_COLUMNS:
         pretty = pretty_json(value)
         if pretty is not None:

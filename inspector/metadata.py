@@ -15,7 +15,7 @@ from .display import PROTOCOL_COLOURS, STATE_COLOURS, UNKNOWN_STATE_COLOUR, shor
 from .stream_page import LLM_PROTOCOLS
 
 PLUGIN = "tasktape"  # its per-database configuration marks the databases that are event logs
-VIEWS = frozenset({*VIEW_SQL, "stream_summary"})
+VIEWS = frozenset({*VIEW_SQL, "stream_summary", "chunks"})
 
 HIDDEN = (
     "_sqlite_migrations",
@@ -93,10 +93,22 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "chunks": {
         "title": "Chunks",
-        "description": "Response bodies exactly as received, chunk by chunk, with arrival times.",
+        "description": "Response bodies exactly as received, chunk by chunk, with arrival times: "
+        "the stored chunks, and the chunks that are one event alone, written back from its row.",
         "columns": {
             "exchange_id": "The exchange",
             "seq": "0, 1, 2... in arrival order",
+            "offset_ns": f"Arrival {_ORIGIN} (shown in ms)",
+            "data": "The bytes",
+        },
+    },
+    "stored_chunks": {
+        "title": "Stored chunks",
+        "description": "The chunks stored as they came: all but those that are one event alone "
+        "(read chunks for every one).",
+        "columns": {
+            "exchange_id": "The exchange",
+            "seq": "Its place among all the exchange's chunks",
             "offset_ns": f"Arrival {_ORIGIN} (shown in ms)",
             "data": "The bytes",
         },
@@ -118,6 +130,9 @@ TABLES: dict[str, dict[str, Any]] = {
             "data": "The event's data",
             "retry": "The SSE retry field",
             "complete": "0 only for an unterminated tail at the end of a stream",
+            "chunk_seq": "The chunk that is this event alone, written back from this row (else empty: "
+            "its bytes are in stored_chunks)",
+            "chunk_crlf": "1: that chunk's lines end in CRLF",
             "kind": "What it is, in its protocol's terms: A2A's task, statusUpdate, artifactUpdate...; "
             "MCP's request, response, notification, error, priming; OpenAI's delta, finish, usage, done; "
             "Anthropic's event types",

@@ -91,7 +91,7 @@ async def test_tasks_answered_without_a_stream_are_listed(ds: Datasette, log: Pa
 async def test_internal_tables_are_hidden_and_foreign_keys_show_labels(ds: Datasette, log: Path) -> None:
     tables = {t["name"]: t["hidden"] for t in (await ds.client.get(f"/{DB}.json")).json()["tables"]}
     assert {name for name, hidden in tables.items() if hidden} == set(HIDDEN)
-    assert not any(tables[name] for name in ("captures", "exchanges", "chunks", "events", "findings"))
+    assert not any(tables[name] for name in ("captures", "exchanges", "stored_chunks", "events", "findings"))
     # An event's exchange shows as a link labelled with the exchange's path.
     stream = stream_of(log, "completed")
     html = await page(ds, f"/{DB}/events?exchange_id={stream}")

@@ -70,6 +70,8 @@ CONTRACT = {
         "text",
         "usage",
         "parse_error",
+        "chunk_seq",
+        "chunk_crlf",
     ],
 }
 
@@ -78,13 +80,15 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
     db = open_db(tmp_path / "log.db")
     for table, columns in CONTRACT.items():
         assert [c.name for c in db[table].columns] == columns
-    assert db["chunks"].pks == ["exchange_id", "seq"] and db["events"].pks == ["exchange_id", "seq"]
+    assert db["stored_chunks"].pks == ["exchange_id", "seq"] and db["events"].pks == ["exchange_id", "seq"]
+    assert [c.name for c in db["stored_chunks"].columns] == CONTRACT["chunks"]
     indexes = {tuple(i.columns) for t in ("events", "exchanges") for i in db[t].indexes}
     assert {("task_id", "event_id"), ("context_id",), ("task_id",), ("capture_id",)} <= indexes
     assert {("protocol",), ("session_id",)} <= indexes
     assert {fk.column: fk.other_table for fk in db["events"].foreign_keys} == {"exchange_id": "exchanges"}
     assert {fk.column: fk.other_table for fk in db["exchanges"].foreign_keys} == {"capture_id": "captures"}
     assert set(db.view_names()) == {
+        "chunks",
         "task_answers",
         "task_timeline",
         "task_artifacts",
