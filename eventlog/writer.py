@@ -1,9 +1,12 @@
 """The log writer: operations queued by recorders (see ``producer``) become rows on two
 background threads, committed in short batched transactions.
 
-A row-building thread drains everything queued (at most ``max_batch_seconds`` of work,
-20 ms by default) into one batch; a commit thread writes each batch in one transaction
-and commits at once, so a row is committed within about one batch time of being queued.
+A row-building thread gathers what is queued into one batch for ``max_batch_seconds``
+(0.1 s by default) after the batch's first operation, or until a flush, an exchange's end
+or close asks for its rows; a commit thread writes each batch in one transaction and
+commits at once, so a row is committed within about one batch time of being queued. Each
+commit writes every page it touched again: a token-paced stream's events are written in
+transactions of a tenth of a second, not one per event or two.
 Python work (decoding, classifying) holds the GIL; SQLite mostly does not, so the two
 threads overlap.
 """
@@ -128,7 +131,7 @@ class LogWriter(LogProducer):
         path: str | Path,
         *,
         on_error: Callable[[BaseException, int], None] | None = None,
-        max_batch_seconds: float = 0.02,
+        max_batch_seconds: float = 0.1,
         busy_timeout: float = 5.0,
         max_bytes: int | None = None,
         redactor: Redactor | None = None,
@@ -200,12 +203,16 @@ class LogWriter(LogProducer):
         while not batch.stop:
             batch = self._building = _Batch()
             self._apply_safely(get(), batch)
-            # Take what is queued until the queue is empty or the batch has used its
-            # time, then commit: transactions stay short under any load.
+            # Take what comes until the batch has had its time, or someone waits for its
+            # rows (a flush, an exchange's end, close), then commit: transactions stay
+            # short under any load, and few while streams trickle.
             deadline = time.monotonic() + self._max_batch
-            while not batch.stop and time.monotonic() < deadline:
+            while not (batch.stop or batch.wakers or batch.finished):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
                 try:
-                    op = get_nowait()
+                    op = get(timeout=left)
                 except queue.Empty:
                     break
                 self._apply_safely(op, batch)
