@@ -346,6 +346,8 @@ plain_blocks = st.builds(
     keep_raw=True,
 )
 @example(events=[b"id: 1\n\n", b"data: b\n\n"], starts=[False, False], cuts=[5], keep_raw=True)  # no data
+# As many CRs as LFs, not all in pairs.
+@example(events=[b"data: a\n\n", b"id: 7\nz\r\ndata: a\rb\r\n\r\n"], starts=[], cuts=[], keep_raw=True)
 def test_whole_events_in_a_chunk_decode_as_the_whole_stream(
     events: list[bytes], starts: list[bool], cuts: list[int], keep_raw: bool
 ) -> None:
