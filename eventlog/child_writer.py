@@ -20,8 +20,10 @@ from .writer import LogWriter
 def main(fd: int) -> None:
     conn = Connection(fd)
     path, options = conn.recv()
-    # Ctrl-C reaches the whole process group: the recorder decides when to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C, timeout(1) and systemd signal the whole process group: the recorder decides
+    # when to stop, and this process commits what it was sent once the recorder is done.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     # When the CPU is short, forwarding goes first and the log catches up after.
     with contextlib.suppress(OSError):
         os.nice(10)

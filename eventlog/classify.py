@@ -14,7 +14,9 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import orjson
+from msgspec import UNSET
 
+from . import typed_frames
 from .models import STREAM_KINDS, V03_KINDS, is_jsonrpc, normalize_state
 
 
@@ -48,6 +50,22 @@ def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
 
     With ``bare_task``, an object that is a Task itself (``id`` and ``status``, as in the
     body of a GetTask or CancelTask response) is a ``task`` too."""
+    if not data:
+        return _EMPTY
+    if not bare_task:
+        try:
+            frame = typed_frames.decode(data)
+        except typed_frames.DecodeError:
+            pass  # not an exact frame (or not JSON): the general path says what it is
+        else:
+            typed = _typed(frame)
+            if typed is not None:
+                return typed
+    return classify_json(data, bare_task=bare_task)
+
+
+def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classification:
+    """``classify``'s general path: any JSON, read through its dicts."""
     if not data:
         return _EMPTY
     try:
@@ -206,6 +224,105 @@ def _error(error: Any, binding: str) -> Classification:
     text = f"{code}: {message}" if code is not None and message else message
     return Classification("error", binding, text=text)
 
+
+def _typed(frame: typed_frames.Frame) -> Classification | None:
+    """An exact frame's classification, as the general path gives it; None: another shape."""
+    binding, body = _REST, frame
+    if frame.jsonrpc is not UNSET or frame.id is not UNSET or frame.result is not UNSET:
+        if frame.result is UNSET or (frame.jsonrpc is UNSET and frame.id is UNSET):
+            return None
+        binding, body = _JSONRPC, frame.result
+    task, message, status_update, artifact_update = (
+        body.task,
+        body.message,
+        body.statusUpdate,
+        body.artifactUpdate,
+    )
+    if artifact_update is not UNSET:
+        if task is not UNSET or message is not UNSET or status_update is not UNSET:
+            return None
+        a = artifact_update
+        artifact = a.artifact
+        if artifact is None:
+            artifact_id = artifact_type = text = None
+        else:
+            artifact_id, metadata, text = artifact.artifactId, artifact.metadata, _parts_text(artifact.parts)
+            artifact_type = metadata.get("type") if type(metadata) is dict else None
+        task_id, context_id = a.taskId, a.contextId
+        return _new(
+            Classification,
+            (
+                "artifactUpdate",
+                binding,
+                task_id if type(task_id) is str else None,
+                context_id if type(context_id) is str else None,
+                None,
+                artifact_id if type(artifact_id) is str else None,
+                artifact_type if type(artifact_type) is str else None,
+                a.append is True,
+                a.lastChunk is True,
+                text,
+                None if a.metadata is None else _usage(a.metadata),
+                None,
+            ),
+        )
+    if message is not UNSET:
+        if task is not UNSET or status_update is not UNSET:
+            return None
+        return Classification(
+            "message",
+            binding,
+            task_id=_str(message.taskId),
+            context_id=_str(message.contextId),
+            text=_parts_text(message.parts),
+            usage=_usage(message.metadata),
+        )
+    if task is not UNSET:
+        if status_update is not UNSET:
+            return None
+        return _typed_status("task", task, task.id, binding)
+    if status_update is not UNSET:
+        return _typed_status("statusUpdate", status_update, status_update.taskId, binding)
+    return None
+
+
+def _typed_status(kind: str, body: Any, task_id: Any, binding: str) -> Classification:
+    status = body.status
+    state = message = None
+    if status is not None:
+        state, message = status.state, status.message
+    context_id = body.contextId
+    return _new(
+        Classification,
+        (
+            kind,
+            binding,
+            task_id if type(task_id) is str else None,
+            context_id if type(context_id) is str else None,
+            normalize_state(state) if type(state) is str else None,
+            None,
+            None,
+            None,
+            None,
+            None if message is None else _parts_text(message.parts),
+            None if body.metadata is None else _usage(body.metadata),
+            None,
+        ),
+    )
+
+
+def _parts_text(parts: list[Any] | None) -> str | None:
+    """``_text`` of parts msgspec decoded."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        text = parts[0].text
+        return text if type(text) is str else None
+    texts = [t for p in parts if type(t := p.text) is str]
+    return "".join(texts) if texts else None
+
+
+_REST, _JSONRPC = "rest", "jsonrpc"
 
 _EXTRACT: dict[str, Callable[[dict[str, Any], str], Classification]] = {
     "task": partial(_with_status, "task", "id"),

@@ -2,9 +2,10 @@
 background threads, committed in short batched transactions.
 
 A row-building thread gathers what is queued into one batch for ``max_batch_seconds``
-(0.1 s by default) after the batch's first operation, or until a flush, an exchange's end
-or close asks for its rows; a commit thread writes each batch in one transaction and
-commits at once, so a row is committed within about one batch time of being queued. Each
+(0.1 s by default) after the batch's first operation, or until a flush or close asks for
+its rows, or an exchange has ended and nothing more is queued; a commit thread writes each
+batch in one transaction and commits at once, so a row is committed within about one batch
+time of being queued. Each
 commit writes every page it touched again: a token-paced stream's events are written in
 transactions of a tenth of a second, not one per event or two.
 Python work (decoding, classifying) holds the GIL; SQLite mostly does not, so the two
@@ -203,16 +204,18 @@ class LogWriter(LogProducer):
         while not batch.stop:
             batch = self._building = _Batch()
             self._apply_safely(get(), batch)
-            # Take what comes until the batch has had its time, or someone waits for its
-            # rows (a flush, an exchange's end, close), then commit: transactions stay
-            # short under any load, and few while streams trickle.
+            # Take what comes until the batch has had its time or someone waits for its
+            # rows (a flush, close), then commit: transactions stay short under any load,
+            # and few while streams trickle. An exchange's end commits as soon as nothing
+            # more is queued: at once when it is the last word, and not one transaction an
+            # exchange when many come back to back (an import).
             deadline = time.monotonic() + self._max_batch
-            while not (batch.stop or batch.wakers or batch.finished):
+            while not (batch.stop or batch.wakers):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 try:
-                    op = get(timeout=left)
+                    op = get_nowait() if batch.finished else get(timeout=left)
                 except queue.Empty:
                     break
                 self._apply_safely(op, batch)

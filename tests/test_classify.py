@@ -19,6 +19,7 @@ from tasktape.eventlog import (
     classify,
     parse_stream_response,
 )
+from tasktape.eventlog.classify import classify_json
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -280,3 +281,75 @@ def test_models_keep_unknown_fields_and_reject_non_frames() -> None:
     for bad in ("nope", "[]", '{"task": {}, "message": {}}', "{}"):
         with pytest.raises(FrameError):
             parse_stream_response(bad)
+
+
+# Frames close to exact ones: each member right, of another JSON type, or missing, with a
+# stray key or a JSON-RPC envelope now and then, so that both of classify's paths are taken.
+_any_json = st.none() | st.booleans() | st.integers() | st.text(max_size=6) | st.just([]) | st.just({})
+_maybe_text = st.text(max_size=6) | _any_json
+_parts = st.lists(
+    st.fixed_dictionaries({}, optional={"text": _maybe_text, "kind": st.just("text")}), max_size=3
+)
+_metadata = st.none() | st.fixed_dictionaries(
+    {}, optional={"type": _maybe_text, "$usage": st.none() | st.just({"model": "m", "inputTokens": 3})}
+)
+_ids = {"taskId": _maybe_text, "contextId": _maybe_text}
+_message = st.fixed_dictionaries({}, optional={**_ids, "parts": _parts | _any_json, "metadata": _metadata})
+_status = st.fixed_dictionaries(
+    {},
+    optional={"state": st.sampled_from(["working", "TASK_STATE_COMPLETED"]) | _any_json, "message": _message},
+)
+_bodies = {
+    "task": st.fixed_dictionaries(
+        {}, optional={"id": _maybe_text, **_ids, "status": _status, "metadata": _metadata}
+    ),
+    "statusUpdate": st.fixed_dictionaries(
+        {}, optional={**_ids, "status": _status | _any_json, "metadata": _metadata}
+    ),
+    "message": _message,
+    "artifactUpdate": st.fixed_dictionaries(
+        {},
+        optional={
+            **_ids,
+            "append": st.booleans() | _any_json,
+            "lastChunk": st.booleans() | _any_json,
+            "metadata": _metadata | _any_json,
+            "artifact": st.none()
+            | st.fixed_dictionaries(
+                {},
+                optional={
+                    "artifactId": _maybe_text,
+                    "metadata": _metadata | _any_json,
+                    "parts": _parts | _any_json,
+                },
+            ),
+        },
+    ),
+}
+_frames = st.one_of(
+    *(st.builds(lambda k, b: {k: b}, st.just(kind), body) for kind, body in _bodies.items())
+).flatmap(
+    lambda frame: st.sampled_from(
+        [
+            frame,
+            {"jsonrpc": "2.0", "id": 1, "result": frame},
+            {"id": "7", "result": frame},
+            {"jsonrpc": "2.0", "result": frame},
+            {"result": frame},
+            {"jsonrpc": "2.0", "id": 1},
+            {**frame, "x": 1},
+            {**frame, "task": {"id": "t"}},
+            {"jsonrpc": "2.0", "id": 1, "result": {**frame, "kind": "task"}},
+        ]
+    )
+)
+
+
+@settings(max_examples=800, deadline=None)
+@given(frame=_frames, duplicate=st.booleans())
+def test_exact_frames_classify_as_through_their_dicts(frame: dict, duplicate: bool) -> None:
+    """The typed path for exact frames agrees with the general one on every near miss."""
+    data = json.dumps(frame)
+    if duplicate and data.startswith('{"'):  # a member given twice: the last one counts
+        data = '{"x0": 1, ' + data[1:] if "x" in frame else data.replace('{"', '{"taskId": 5, "', 1)
+    assert classify(data) == classify_json(data)

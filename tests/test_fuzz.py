@@ -413,7 +413,9 @@ HOSTILE: dict[str, tuple[Callable[[], list[bytes]], Callable[[list[Any]], bool],
     ),
     "a number of a million digits": (
         lambda: [b'data: {"statusUpdate": {"taskId": "t", "n": 1' + b"0" * 10**6 + b"}}\n\n"],
-        lambda events: events[0]["parse_error"].startswith("not JSON: Exceeds the limit"),
+        # Valid JSON, though longer than the standard library reads an integer (4,300 digits),
+        # in a member the log does not read: skipped, and the frame is read.
+        lambda events: events[0]["kind"] == "statusUpdate" and events[0]["parse_error"] is None,
         False,
     ),
     "a fraction of a million digits": (

@@ -435,7 +435,7 @@ async def test_rows_the_log_could_not_take_set_the_exit_status(tmp_path: Path) -
     port, db = free_port(), tmp_path / "full.db"
     async with serve(app) as upstream:
         args = [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--"]
-        args += ["--set", "tasktape_max_log_size=200000"]
+        args += ["--set", "tasktape_max_log_size=1000000"]
         with running(
             [*args, *mitmdump_args(tmp_path / "conf", f"reverse:{upstream}@{port}")],
             [port],

@@ -68,11 +68,43 @@ async def test_prints_one_line_per_exchange_and_flushes_on_signal(
         assert capture["source"] == "record" and capture["upstream"] == upstream
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_to_the_whole_process_group_loses_nothing(tmp_path: Path, sig: signal.Signals) -> None:
+    """timeout(1), systemd and a terminal signal the recorder's log writer too: it keeps
+    writing until the recorder has stopped, and the log holds every exchange."""
+    db = tmp_path / "captures.db"
+    async with (
+        serve(upstream_app(events=2000)) as upstream,
+        running(
+            "record",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--db",
+            str(db),
+            "--quiet",
+            preexec_fn=os.setpgrp,
+        ) as run,
+    ):
+        bodies = await asyncio.gather(*(post_stream(run.url) for _ in range(5)))
+        os.killpg(run.proc.pid, sig)
+        status = await asyncio.wait_for(run.proc.wait(), 30)
+        err = (await run.proc.stderr.read()).decode()  # type: ignore[union-attr]
+    assert status == 0, err
+    assert "FAILED" not in err and "could not be written" not in err, err
+    with EventLog(db) as log:
+        exchanges = log.exchanges()
+        assert [x["outcome"] for x in exchanges] == ["complete"] * 5
+        events = [len(log.events(x["id"])) for x in exchanges]
+        assert events == [2000] * 5 == [b.count(b"\n\n") for b in bodies]
+
+
 async def test_a_full_log_never_stops_traffic_and_sets_the_exit_status(tmp_path: Path) -> None:
     db = tmp_path / "captures.db"
     async with (
         serve(upstream_app(events=3000)) as upstream,
-        tasktape_record("--upstream", upstream, "--db", str(db), "--max-log-size", "200000", "--quiet") as (
+        tasktape_record("--upstream", upstream, "--db", str(db), "--max-log-size", "600000", "--quiet") as (
             proc,
             url,
         ),

@@ -229,7 +229,7 @@ async def test_a_disk_that_fills_mid_capture(tmp_path: Path) -> None:
     # A short first stream is committed before the disk fills, so there is something to read.
     plans = {0: Plan(10), **{n: Plan(2000) for n in range(1, 4)}}
     db = tmp_path / "full.db"
-    limit = 400_000  # the log's file may not grow past this: writes beyond it fail
+    limit = 1_000_000  # the log's file may not grow past this: writes beyond it fail
     async with (
         serve(upstream_app(plans, gap=0)) as upstream,
         running(*record_args(upstream, db), preexec_fn=limits(file_size=limit)) as run,
