@@ -227,11 +227,11 @@ def _error(error: Any, binding: str) -> Classification:
 
 def _typed(frame: typed_frames.Frame) -> Classification | None:
     """An exact frame's classification, as the general path gives it; None: another shape."""
-    binding, body = _REST, frame
+    binding, body = "rest", frame
     if frame.jsonrpc is not UNSET or frame.id is not UNSET or frame.result is not UNSET:
         if frame.result is UNSET or (frame.jsonrpc is UNSET and frame.id is UNSET):
             return None
-        binding, body = _JSONRPC, frame.result
+        binding, body = "jsonrpc", frame.result
     task, message, status_update, artifact_update = (
         body.task,
         body.message,
@@ -321,8 +321,6 @@ def _parts_text(parts: list[Any] | None) -> str | None:
     texts = [t for p in parts if type(t := p.text) is str]
     return "".join(texts) if texts else None
 
-
-_REST, _JSONRPC = "rest", "jsonrpc"
 
 _EXTRACT: dict[str, Callable[[dict[str, Any], str], Classification]] = {
     "task": partial(_with_status, "task", "id"),

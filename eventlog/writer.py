@@ -5,11 +5,11 @@ A row-building thread gathers what is queued into one batch for ``max_batch_seco
 (0.1 s by default) after the batch's first operation, or until a flush or close asks for
 its rows, or an exchange has ended and nothing more is queued; a commit thread writes each
 batch in one transaction and commits at once, so a row is committed within about one batch
-time of being queued. Each
-commit writes every page it touched again: a token-paced stream's events are written in
-transactions of a tenth of a second, not one per event or two.
-Python work (decoding, classifying) holds the GIL; SQLite mostly does not, so the two
-threads overlap.
+time of being queued. Each commit writes every page it touched again: a token-paced
+stream's events are written in transactions of a tenth of a second, not one per event or
+two. Python work (decoding, classifying) holds the GIL and SQLite steps without it, but the
+commit thread takes the GIL back after every row, so the two threads mostly take turns a
+batch at a time rather than overlap.
 """
 
 from __future__ import annotations
