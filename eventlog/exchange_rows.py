@@ -20,6 +20,7 @@ from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader
 from .redact import Redactor
 from .sse import SSEDecoder, SSEEvent, written
+from .uids import uuid7
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 Statement = tuple[str, tuple[Any, ...]]
@@ -33,9 +34,9 @@ INSERT_EVENT = (
     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _INSERT_EXCHANGE = (
-    "INSERT INTO exchanges (id, capture_id, started_at, started_ns, method, path, query,"
+    "INSERT INTO exchanges (id, uid, capture_id, started_at, started_ns, method, path, query,"
     " request_headers, request_body, request_body_truncated, request_body_encoding, binding,"
-    " rpc_method, task_id, context_id, protocol, session_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " rpc_method, task_id, context_id, protocol, session_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _UPDATE_BODY = (
     "UPDATE exchanges SET request_body = ?, request_body_truncated = ?, request_body_encoding = ?,"
@@ -163,6 +164,7 @@ class ExchangeRows:
         info = self._recognise(body)
         return _INSERT_EXCHANGE, (
             s.exchange_id,
+            uuid7(started_ns),
             capture_id,
             utc_iso(started_ns),
             started_ns,

@@ -27,6 +27,7 @@ from tasktape.version import __version__
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
 from .redact import hide_credentials
 from .resumes import Resume
+from .uids import uuid7
 
 # Operations, as tuples whose first element is one of these codes.
 CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP, MANY, RESUME = range(11)
@@ -90,12 +91,13 @@ class LogProducer:
     ) -> int:
         """Start a recording run (or import); returns its id. Credentials in URLs (the
         upstream's, or any in ``argv``) are left out."""
-        capture_id = next(self._capture_ids)
+        capture_id, now = next(self._capture_ids), time.time_ns()
         self._put(
             (
                 CAPTURE,
                 capture_id,
-                utc_iso(time.time_ns()),
+                uuid7(now),
+                utc_iso(now),
                 source,
                 upstream and hide_credentials(upstream),
                 tool_version or __version__,

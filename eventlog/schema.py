@@ -14,7 +14,7 @@ from pathlib import Path
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from tasktape.errors import LogError, SchemaTooNew
+from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
 
 from .models import V03_STATES
 
@@ -519,6 +519,33 @@ def _search_without_sizes(db: sqlite_utils.Database) -> None:
     db.execute("INSERT INTO events_fts(events_fts) VALUES('rebuild')")
 
 
+@_migration("0011_uids")
+def _uids(db: sqlite_utils.Database) -> None:
+    # Ids unique across logs (UUIDv7), beside the integer ids that stay local to a file.
+    # Rows written before get uids derived from what they hold: every copy of a log upgrades
+    # to the same uids, so merging two copies adds nothing twice.
+    from .uids import derived_uuid7, iso_ns  # noqa: PLC0415
+
+    db["captures"].add_column("uid", str)
+    db["exchanges"].add_column("uid", str)
+    captures = {
+        row[0]: derived_uuid7(iso_ns(row[1]), "capture", *row)
+        for row in db.execute("SELECT id, started_at, source, upstream, tool_version, argv FROM captures")
+    }
+    db.conn.executemany("UPDATE captures SET uid = ? WHERE id = ?", [(u, c) for c, u in captures.items()])
+    db.conn.executemany(
+        "UPDATE exchanges SET uid = ? WHERE id = ?",
+        (
+            (derived_uuid7(ns or 0, "exchange", captures.get(cid), xid, ns, method, path, query), xid)
+            for xid, cid, ns, method, path, query in db.execute(
+                "SELECT id, capture_id, started_ns, method, path, query FROM exchanges"
+            ).fetchall()
+        ),
+    )
+    db.execute("CREATE UNIQUE INDEX captures_uid ON captures (uid)")
+    db.execute("CREATE UNIQUE INDEX exchanges_uid ON exchanges (uid)")
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one
@@ -570,7 +597,7 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
     if len(applied) < len(KNOWN):
         if readonly:
-            raise LogError(
+            raise SchemaTooOld(
                 f"{path} uses schema version {len(applied)}, older than this tasktape's "
                 f"{SCHEMA_VERSION}: open it once with write access to upgrade it"
             )

@@ -15,8 +15,6 @@ batch at a time rather than overlap.
 from __future__ import annotations
 
 import concurrent.futures
-import fcntl
-import os
 import queue
 import re
 import sqlite3
@@ -28,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import LogBusy, LogError, WriterClosed
+from tasktape.errors import LogError, WriterClosed
 
 from .content_coding import MAX_DECODED
 from .exchange_rows import INSERT_CHUNK, INSERT_EVENT, ExchangeRows, ExchangeSummary
@@ -50,11 +48,12 @@ from .producer import (
 from .redact import Redactor
 from .resumes import INSERT_RESUME
 from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
+from .writer_lock import release_writer_lock, take_writer_lock
 
 __all__ = ["LogWriter", "WriterStats"]
 
 _INSERT_CAPTURE = (
-    "INSERT INTO captures (id, started_at, source, upstream, tool_version, argv) VALUES (?,?,?,?,?,?)"
+    "INSERT INTO captures (id, uid, started_at, source, upstream, tool_version, argv) VALUES (?,?,?,?,?,?,?)"
 )
 
 
@@ -154,11 +153,11 @@ class LogWriter(LogProducer):
         self._redactor = redactor or Redactor()
         self._max_body = max_body
         self._max_decoded = max_decoded
-        self._lock_fd = _take_writer_lock(self.path)
+        self._lock_fd = take_writer_lock(self.path)
         try:
             self._db = open_db(self.path, check_same_thread=False)
         except BaseException:
-            os.close(self._lock_fd)
+            release_writer_lock(self._lock_fd)
             raise
         conn = self._db.conn
         self._conn = conn
@@ -194,7 +193,7 @@ class LogWriter(LogProducer):
         self._committer.join()
         self._checkpoint()
         self._conn.close()
-        _release_writer_lock(self._lock_fd)
+        release_writer_lock(self._lock_fd)
 
     # -- writer thread -----------------------------------------------------------------------
 
@@ -382,23 +381,3 @@ class LogWriter(LogProducer):
 def _next_id(conn: sqlite3.Connection, table: str) -> int:
     (value,) = conn.execute(f"SELECT coalesce(max(id), 0) + 1 FROM {table}").fetchone()
     return int(value)
-
-
-def _take_writer_lock(path: Path) -> int:
-    """Exchange ids are handed out in memory, so two writers on one log would clash: hold
-    an exclusive lock on the log file itself for the writer's lifetime, so a second writer
-    is refused however it names the file (a symlink, a hard link, another path to it).
-    SQLite's own locks are of another kind (fcntl), which this one does not touch."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise LogBusy(
-            f"{path} is being written by another tasktape writer (by this name or another)"
-        ) from None
-    return fd
-
-
-def _release_writer_lock(fd: int) -> None:
-    os.close(fd)  # after the database is closed: see _take_writer_lock

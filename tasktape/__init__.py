@@ -26,6 +26,7 @@ from .errors import (
     MarkerError,
     NotCancelable,
     SchemaTooNew,
+    SchemaTooOld,
     SourceError,
     TapeError,
     TasktapeError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from .eventlog.cassette import read_cassette, write_cassette
     from .eventlog.checker import Finding, Report, check_log, check_recorded
     from .eventlog.classify import Classification, classify
+    from .eventlog.merge import MergeReport, merge_logs
     from .eventlog.models import StreamResponse, TaskState, parse_stream_response
     from .eventlog.process_writer import ProcessLogWriter
     from .eventlog.reader import EventLog
@@ -66,6 +68,7 @@ _WHERE = {
     "Finding": ".eventlog.checker",
     "LogWriter": ".eventlog.writer",
     "MatchRules": ".replay.matching",
+    "MergeReport": ".eventlog.merge",
     "ProcessLogWriter": ".eventlog.process_writer",
     "Recorded": ".eventlog.recorded",
     "RecordingProxy": ".proxy.recorder",
@@ -84,6 +87,7 @@ _WHERE = {
     "check_recorded": ".eventlog.checker",
     "classify": ".eventlog.classify",
     "load": ".replay.source",
+    "merge_logs": ".eventlog.merge",
     "parse_stream_response": ".eventlog.models",
     "read_cassette": ".eventlog.cassette",
     "read_log": ".eventlog.recorded",
@@ -110,6 +114,7 @@ __all__ = [
     "LogWriter",
     "MarkerError",
     "MatchRules",
+    "MergeReport",
     "NotCancelable",
     "ProcessLogWriter",
     "RecordMode",
@@ -122,6 +127,7 @@ __all__ = [
     "SSEDecoder",
     "SSEEvent",
     "SchemaTooNew",
+    "SchemaTooOld",
     "SourceError",
     "StreamResponse",
     "Tape",
@@ -138,6 +144,7 @@ __all__ = [
     "check_recorded",
     "classify",
     "load",
+    "merge_logs",
     "parse_stream_response",
     "read_cassette",
     "read_log",

@@ -21,6 +21,7 @@ COMMANDS = {
     "export": (".cassette_commands", "export"),
     "import": (".cassette_commands", "import_"),
     "inspect": (".inspect_command", "inspect"),
+    "merge": (".merge_command", "merge"),
     "mitm": (".mitm_command", "mitm"),
     "record": (".record", "record"),
     "replay": (".replay_command", "replay"),

@@ -20,6 +20,7 @@ TasktapeError
 │   └── NotCancelable              a cancel of a task that has already ended
 └── LogError                       the event log file
     ├── SchemaTooNew               written by a newer tasktape: upgrade tasktape to read it
+    ├── SchemaTooOld               an older log opened read-only: opening it to write upgrades it
     ├── LogBusy                    another writer holds the log
     ├── WriterClosed               rows handed to a LogWriter after close()
     └── UnknownExchange (KeyError) no exchange with that id in the log
@@ -104,6 +105,10 @@ class LogError(TasktapeError):
 
 
 class SchemaTooNew(LogError):
+    pass
+
+
+class SchemaTooOld(LogError):
     pass
 
 

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import click
-import sqlite_utils
 
-from tasktape.errors import LogError
-from tasktape.eventlog import SCHEMA_VERSION, EventLog
-from tasktape.eventlog.schema import schema_version
+from tasktape.errors import LogError, SchemaTooOld
+from tasktape.eventlog import EventLog
 from tasktape.proxy.hosts import AsgiHostGuard
 
 from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
 from .serving import STOP_GRACE, bind
-
-
-def _older_log(path: Path) -> bool:
-    """Whether ``path`` is an event log written with an older schema than this tasktape's."""
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
-            return 0 < schema_version(sqlite_utils.Database(conn)) < SCHEMA_VERSION
-    except sqlite3.DatabaseError:
-        return False
 
 
 def open_check(path: Path, *, upgrade: bool = False) -> None:
@@ -36,7 +23,7 @@ def open_check(path: Path, *, upgrade: bool = False) -> None:
         EventLog(path, readonly=not upgrade).close()
     except LogError as exc:
         hint = ""
-        if not upgrade and _older_log(path):
+        if isinstance(exc, SchemaTooOld):
             hint = f"\nUpgrade it in place with: tasktape inspect {path} --upgrade"
         raise click.ClickException(f"{exc}{hint}") from None
 

@@ -13,7 +13,7 @@ from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter, open_db
 from tasktape.eventlog.schema import migrations
 
 CONTRACT = {
-    "captures": ["id", "started_at", "ended_at", "source", "upstream", "tool_version", "argv"],
+    "captures": ["id", "started_at", "ended_at", "source", "upstream", "tool_version", "argv", "uid"],
     "exchanges": [
         "id",
         "capture_id",
@@ -47,6 +47,7 @@ CONTRACT = {
         "input_tokens",
         "output_tokens",
         "finish",
+        "uid",
     ],
     "chunks": ["exchange_id", "seq", "offset_ns", "data"],
     "events": [
@@ -85,6 +86,10 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
     indexes = {tuple(i.columns) for t in ("events", "exchanges") for i in db[t].indexes}
     assert {("task_id", "event_id"), ("context_id",), ("task_id",), ("capture_id",)} <= indexes
     assert {("protocol",), ("session_id",)} <= indexes
+    for table in ("captures", "exchanges"):
+        assert [(i.columns, i.unique) for i in db[table].indexes if i.name == f"{table}_uid"] == [
+            (["uid"], 1)
+        ]
     assert {fk.column: fk.other_table for fk in db["events"].foreign_keys} == {"exchange_id": "exchanges"}
     assert {fk.column: fk.other_table for fk in db["exchanges"].foreign_keys} == {"capture_id": "captures"}
     assert set(db.view_names()) == {

@@ -1,0 +1,252 @@
+"""Merging event logs: the captures of several logs in one, without id collisions.
+
+Integer ids are local to a file, so every row merged gets the output's next ones; what
+names a capture or an exchange across logs is its ``uid``. A merge is idempotent: an
+exchange whose uid the output holds adds nothing, except what it gained since (a log still
+being recorded, merged again: the rest of an exchange that was under way, and its end).
+
+Each input is merged in one transaction that reads it as one snapshot, so a log a recorder
+is still writing can be merged; the output is held as its writer for the whole merge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasktape.errors import LogError, SchemaTooOld
+
+from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
+from .writer_lock import release_writer_lock, take_writer_lock
+
+# Every table a log holds rows in (events_fts is indexed from events): a migration that adds
+# one must say here how it merges (tests/test_merge.py checks).
+MERGED_TABLES = ("captures", "exchanges", "stored_chunks", "events", "findings", "resumes")
+
+# An exchange's rows are copied when it is new to the output, or was still under way in it.
+_FRESH = (
+    "CREATE TEMP TABLE merged_exchanges AS"
+    " SELECT s.id AS src_id, m.id AS dst_id, m.id IS NULL OR m.outcome IS NULL AS fresh"
+    " FROM src.exchanges s LEFT JOIN main.exchanges m ON m.uid = s.uid"
+)
+# Columns of an exchange that change while it is under way.
+_PROGRESS = ("status", "outcome", "duration_ns", "ttfb_ns", "response_headers")
+
+
+@dataclass
+class MergeReport:
+    """What merging one log added to the output."""
+
+    source: Path
+    captures: int = 0
+    exchanges: int = 0
+    continued: int = 0  # exchanges the output held under way, brought up to date
+    chunks: int = 0
+    events: int = 0
+    findings: int = 0
+    resumes: int = 0
+
+    @property
+    def added(self) -> bool:
+        return any((self.captures, self.exchanges, self.continued, self.chunks, self.events))
+
+    def describe(self) -> str:
+        """One line for the console."""
+        if not self.added and not self.findings and not self.resumes:
+            return f"{self.source}: nothing new"
+        counts = (
+            (self.captures, "capture"),
+            (self.exchanges, "exchange"),
+            (self.continued, "exchange continued"),
+            (self.chunks, "chunk"),
+            (self.events, "event"),
+            (self.findings, "finding"),
+            (self.resumes, "resume"),
+        )
+        parts = [f"{n:,} {_plural(what, n)}" for n, what in counts if n]
+        return f"{self.source}: added {', '.join(parts)}"
+
+
+def _plural(what: str, n: int) -> str:
+    if n == 1:
+        return what
+    noun, _, rest = what.partition(" ")
+    return f"{noun}s {rest}".rstrip()
+
+
+def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeReport]:
+    """Merge the logs ``sources`` into the log ``output`` (made when missing), in order;
+    what each added. An older source is read through an upgraded copy, left as it is."""
+    output, sources = Path(output), [Path(source) for source in sources]
+    for source in sources:  # all checked before anything is written
+        if not source.is_file():
+            raise LogError(f"{source}: no such log")
+        if output.exists() and os.path.samefile(source, output):
+            raise LogError(f"{source} is the output: a log cannot be merged into itself")
+        with contextlib.suppress(SchemaTooOld):
+            open_db(source, readonly=True).close()  # refuses what is not a log, or too new
+    db = open_db(output)  # made or upgraded, before it is held
+    db.close()
+    fd = take_writer_lock(output)
+    try:
+        conn = sqlite3.connect(output.resolve().as_uri(), uri=True, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            return [_merge_one(conn, source) for source in sources]
+        finally:
+            conn.close()
+    finally:
+        release_writer_lock(fd)
+
+
+def _merge_one(conn: sqlite3.Connection, source: Path) -> MergeReport:
+    with _readable(source) as readable:
+        conn.execute("ATTACH DATABASE ? AS src", (f"{readable.resolve().as_uri()}?mode=ro",))
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                report = _copy(conn, MergeReport(source))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            finally:
+                conn.execute("DROP TABLE IF EXISTS temp.merged_captures")
+                conn.execute("DROP TABLE IF EXISTS temp.merged_exchanges")
+        finally:
+            conn.execute("DETACH DATABASE src")
+    return report
+
+
+@contextlib.contextmanager
+def _readable(source: Path) -> Iterator[Path]:
+    """``source``, or an upgraded copy of it when it was written by an older tasktape (its
+    rows get the uids any copy of it gets: merging both adds nothing twice)."""
+    try:
+        open_db(source, readonly=True).close()
+    except SchemaTooOld:
+        pass
+    else:
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="tasktape-merge-") as tmp:
+        copy = Path(tmp) / source.name
+        old = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+        with contextlib.closing(old), contextlib.closing(sqlite3.connect(copy)) as new:
+            old.backup(new)
+        open_db(copy).close()
+        yield copy
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in conn.execute(f"PRAGMA main.table_info({table})")]
+
+
+def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
+    # Captures: new ones get the next ids; one that ended since gets its end.
+    cols = [c for c in _columns(conn, "captures") if c != "id"]
+    report.captures = conn.execute(
+        f"INSERT INTO main.captures ({', '.join(cols)}) SELECT {', '.join(f's.{c}' for c in cols)}"
+        " FROM src.captures s WHERE s.uid NOT IN (SELECT uid FROM main.captures) ORDER BY s.id"
+    ).rowcount
+    conn.execute(
+        "UPDATE main.captures AS m SET ended_at = s.ended_at FROM src.captures s"
+        " WHERE s.uid = m.uid AND m.ended_at IS NULL AND s.ended_at IS NOT NULL"
+    )
+    conn.execute(
+        "CREATE TEMP TABLE merged_captures AS SELECT s.id AS src_id, m.id AS dst_id"
+        " FROM src.captures s JOIN main.captures m ON m.uid = s.uid"
+    )
+
+    # Exchanges: which are new or were under way, then the new ones, then the others' progress.
+    conn.execute(_FRESH)
+    cols = [c for c in _columns(conn, "exchanges") if c != "id"]
+    picked = ", ".join(
+        "(SELECT dst_id FROM merged_captures WHERE src_id = s.capture_id)" if c == "capture_id" else f"s.{c}"
+        for c in cols
+    )
+    report.exchanges = conn.execute(
+        f"INSERT INTO main.exchanges ({', '.join(cols)}) SELECT {picked} FROM src.exchanges s"
+        " JOIN merged_exchanges f ON f.src_id = s.id WHERE f.dst_id IS NULL ORDER BY s.id"
+    ).rowcount
+    kept = [c for c in cols if c not in ("uid", "capture_id")]
+    moved = " OR ".join(f"s.{c} IS NOT m.{c}" for c in _PROGRESS)
+    report.continued = conn.execute(
+        f"UPDATE main.exchanges AS m SET ({', '.join(kept)}) = ({', '.join(f's.{c}' for c in kept)})"
+        " FROM src.exchanges s JOIN merged_exchanges f ON f.src_id = s.id"
+        f" WHERE f.fresh AND f.dst_id = m.id AND ({moved})"
+    ).rowcount
+    conn.execute(
+        "UPDATE temp.merged_exchanges SET dst_id = (SELECT m.id FROM main.exchanges m"
+        " JOIN src.exchanges s ON s.uid = m.uid WHERE s.id = src_id) WHERE dst_id IS NULL"
+    )
+    conn.execute("CREATE UNIQUE INDEX temp.merged_exchanges_src ON merged_exchanges (src_id)")
+
+    # The rows of fresh exchanges, in the order they were written (rowids follow arrival).
+    stored = _copy_rows(conn, "stored_chunks")
+    (indexed,) = conn.execute(INDEXED_THROUGH).fetchone()
+    report.events = _copy_rows(conn, "events")
+    conn.execute(INDEX_TEXT, (indexed,))
+    (written_back,) = conn.execute(
+        "SELECT count(*) FROM main.events WHERE rowid > ? AND chunk_seq IS NOT NULL", (indexed,)
+    ).fetchone()
+    report.chunks = stored + written_back  # as the chunks view counts them
+
+    report.findings = _copy_findings(conn)
+    report.resumes = _copy_resumes(conn)
+    return report
+
+
+def _copy_rows(conn: sqlite3.Connection, table: str) -> int:
+    """The rows of the fresh exchanges in a table keyed by ``(exchange_id, seq)``: those
+    the output lacks."""
+    cols = [c for c in _columns(conn, table) if c != "exchange_id"]
+    return conn.execute(
+        f"INSERT OR IGNORE INTO main.{table} (exchange_id, {', '.join(cols)})"
+        f" SELECT f.dst_id, {', '.join(f'r.{c}' for c in cols)} FROM src.{table} r"
+        " JOIN merged_exchanges f ON f.src_id = r.exchange_id WHERE f.fresh ORDER BY r.rowid"
+    ).rowcount
+
+
+def _copy_findings(conn: sqlite3.Connection) -> int:
+    """The findings of each exchange checked later in the source than in the output: a
+    check replaces an exchange's earlier findings, in a merge as in its own log."""
+    conn.execute(
+        "CREATE TEMP TABLE merged_checks AS SELECT f.src_id, f.dst_id FROM src.findings r"
+        " JOIN merged_exchanges f ON f.src_id = r.exchange_id GROUP BY f.src_id"
+        " HAVING max(r.checked_at) > coalesce((SELECT max(o.checked_at) FROM main.findings o"
+        " WHERE o.exchange_id = f.dst_id), '')"
+    )
+    try:
+        conn.execute("DELETE FROM main.findings WHERE exchange_id IN (SELECT dst_id FROM merged_checks)")
+        return conn.execute(
+            "INSERT INTO main.findings (checked_at, rule, task_id, exchange_id, seq, message)"
+            " SELECT r.checked_at, r.rule, r.task_id, c.dst_id, r.seq, r.message FROM src.findings r"
+            " JOIN merged_checks c ON c.src_id = r.exchange_id ORDER BY r.id"
+        ).rowcount
+    finally:
+        conn.execute("DROP TABLE temp.merged_checks")
+
+
+def _copy_resumes(conn: sqlite3.Connection) -> int:
+    """The resumes the output lacks (told apart by their stream, time, side and outcome),
+    their exchange ids the output's."""
+    cols = [c for c in _columns(conn, "resumes") if c != "id"]
+    mapped = {
+        c: f"(SELECT dst_id FROM merged_exchanges WHERE src_id = r.{c})"
+        for c in ("exchange_id", "new_exchange_id")
+    }
+    same = " AND ".join(
+        f"o.{c} IS {mapped.get(c, f'r.{c}')}"
+        for c in ("exchange_id", "at_ns", "side", "last_event_id", "new_exchange_id", "outcome")
+    )
+    picked = ", ".join(mapped.get(c, f"r.{c}") for c in cols)
+    return conn.execute(
+        f"INSERT INTO main.resumes ({', '.join(cols)}) SELECT {picked}"
+        f" FROM src.resumes r WHERE NOT EXISTS (SELECT 1 FROM main.resumes o WHERE {same}) ORDER BY r.id"
+    ).rowcount

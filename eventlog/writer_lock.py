@@ -1,0 +1,29 @@
+"""One writer per log: integer ids are handed out in memory (by a ``LogWriter``, or by a
+merge), so two writers on one log would clash."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from tasktape.errors import LogBusy
+
+
+def take_writer_lock(path: Path) -> int:
+    """An exclusive lock on the log file itself, held for the writer's lifetime, so a second
+    writer is refused however it names the file (a symlink, a hard link, another path to
+    it). SQLite's own locks are of another kind (fcntl), which this one does not touch."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogBusy(
+            f"{path} is being written by another tasktape writer (by this name or another)"
+        ) from None
+    return fd
+
+
+def release_writer_lock(fd: int) -> None:
+    os.close(fd)  # after the database is closed: see take_writer_lock

@@ -1,0 +1,301 @@
+"""``tasktape merge``: logs of several recorders in one, ids that do not collide, every
+row kept byte for byte, idempotent, and a merged log replays and inspects as one log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlite_utils
+from a2a_frames import completed_run, sse, status
+from click.testing import CliRunner
+from conftest import RecordFactory, Serve
+from test_replay import message, recorded_demo, stream_exchange, timed_post
+
+from tasktape.cli import main
+from tasktape.errors import LogBusy, LogError
+from tasktape.eventlog import EventLog, LogWriter, open_db
+from tasktape.eventlog.checker import report_log, save_findings
+from tasktape.eventlog.merge import MERGED_TABLES, merge_logs
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+from tasktape.eventlog.schema import migrations
+from tasktape.replay import ReplayServer, load
+
+MS = 1_000_000
+SSE = {"content-type": "text/event-stream"}
+
+
+def write_log(path: Path, name: str) -> Path:
+    """A recorder's log: a stream (one event a chunk, then two in one chunk, then one
+    after the task ended, which the checker finds), a task answered without a stream, a
+    client's resume, and the checker's findings."""
+    task_id = f"task.{name}"
+    frames = [*completed_run(task_id, f"ctx.{name}"), status(task_id, f"ctx.{name}", "TASK_STATE_WORKING")]
+    chunks = sse(frames, ids=f"{name}.")
+    chunks[2:4] = [chunks[2] + chunks[3]]
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record", upstream=f"http://{name}")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        for n, data in enumerate(chunks, 1):
+            w.chunk(ex, n * MS, data)
+        w.end_exchange(ex, duration_ns=20 * MS).result()
+        get = w.begin_exchange(cap, method="GET", path=f"/tasks/{task_id}", started_ns=time.time_ns())
+        w.response_head(
+            get, status=200, headers={"content-type": "application/json"}, is_sse=False, ttfb_ns=MS
+        )
+        answer = {"id": task_id, "contextId": f"ctx.{name}", "status": {"state": "TASK_STATE_COMPLETED"}}
+        w.chunk(get, MS, json.dumps(answer).encode())
+        w.end_exchange(get, duration_ns=2 * MS)
+        again = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.resume(
+            Resume(
+                ex,
+                ResumeSide.CLIENT,
+                ResumeOutcome.RESUMED,
+                f"{name}.3",
+                events_from_log=4,
+                new_exchange_id=again,
+            )
+        )
+        w.end_exchange(again, duration_ns=MS)
+        w.end_capture(cap)
+    with EventLog(path) as log:
+        assert save_findings(path, report_log(log).findings) > 0
+    return path
+
+
+def copy_log(source: Path, copy: Path) -> None:
+    """A copy of a log as it reads now (its WAL file's pages too)."""
+    with contextlib.closing(sqlite3.connect(source)) as old, contextlib.closing(sqlite3.connect(copy)) as new:
+        old.backup(new)
+
+
+def rows_by_uid(path: Path) -> dict[str, Any]:
+    """Every row of a log, keyed by what names it across logs (integer ids left out)."""
+    db = sqlite3.connect(path)
+    uid = dict(db.execute("SELECT id, uid FROM exchanges"))
+    cap = dict(db.execute("SELECT id, uid FROM captures"))
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return sorted(db.execute(sql).fetchall(), key=repr)
+
+    found = {
+        "captures": rows(
+            "SELECT uid, started_at, ended_at, source, upstream, tool_version, argv FROM captures"
+        ),
+        "exchanges": [
+            (r[0], cap[r[1]], *r[2:])
+            for r in rows(
+                "SELECT uid, capture_id, started_ns, method, path, status, response_headers,"
+                " response_body, task_id, outcome, duration_ns, protocol FROM exchanges"
+            )
+        ],
+        "chunks": [(uid[r[0]], *r[1:]) for r in rows("SELECT * FROM chunks")],
+        "events": [
+            (uid[r[0]], *r[1:])
+            for r in rows(
+                "SELECT exchange_id, seq, offset_ns, event_id, data, kind, task_id, state, text,"
+                " chunk_seq, chunk_crlf FROM events"
+            )
+        ],
+        "findings": [
+            (uid[r[0]], *r[1:]) for r in rows("SELECT exchange_id, rule, task_id, seq, message FROM findings")
+        ],
+        "resumes": [
+            (uid[r[0]], uid[r[1]], *r[2:])
+            for r in rows(
+                "SELECT exchange_id, new_exchange_id, side, last_event_id, events_from_log, outcome"
+                " FROM resumes"
+            )
+        ],
+    }
+    db.close()
+    return found
+
+
+def arrival(path: Path) -> list[tuple[str, int]]:
+    """The log's events in the order they were written, by exchange uid and seq."""
+    db = sqlite3.connect(path)
+    found = db.execute(
+        "SELECT x.uid, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id ORDER BY e.rowid"
+    )
+    rows = found.fetchall()
+    db.close()
+    return rows
+
+
+def union(*logs: dict[str, Any]) -> dict[str, Any]:
+    return {table: sorted((row for log in logs for row in log[table]), key=repr) for table in logs[0]}
+
+
+def counts(path: Path) -> dict[str, int]:
+    db = sqlite3.connect(path)
+    found = {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (*MERGED_TABLES, "events_fts")}
+    db.close()
+    return found
+
+
+def test_two_logs_merge_whole_under_new_ids(tmp_path: Path) -> None:
+    a, b = write_log(tmp_path / "a.db", "a"), write_log(tmp_path / "b.db", "b")
+    # Both recorders numbered their captures and exchanges from 1.
+    assert rows_by_uid(a)["exchanges"] != rows_by_uid(b)["exchanges"]
+    reports = merge_logs([a, b], tmp_path / "fleet.db")
+    assert [(r.captures, r.exchanges) for r in reports] == [(1, 3), (1, 3)]
+    fleet = tmp_path / "fleet.db"
+    assert rows_by_uid(fleet) == union(rows_by_uid(a), rows_by_uid(b))
+    db = open_db(fleet)
+    assert [r[0] for r in db.execute("SELECT id FROM exchanges ORDER BY id")] == [1, 2, 3, 4, 5, 6]
+    # Rows keep the order they arrived in (rowids: what "first seen" reads), each log's after the last's.
+    assert arrival(fleet) == arrival(a) + arrival(b)
+    # The views see both recorders' tasks; search finds the text of both.
+    tasks = {r["task_id"]: r for r in db.query("SELECT * FROM task_summary")}
+    assert set(tasks) == {"task.a", "task.b"}
+    assert tasks["task.a"]["answer"] == tasks["task.b"]["answer"] != None  # noqa: E711
+    hits = db.execute("SELECT count(*) FROM events_fts WHERE events_fts MATCH 'intermittent'").fetchone()[0]
+    assert hits == 4  # a delta and its consolidation, in each log
+    assert counts(fleet)["events_fts"] == counts(a)["events_fts"] + counts(b)["events_fts"]
+
+
+def test_merging_again_adds_nothing(tmp_path: Path) -> None:
+    a, b = write_log(tmp_path / "a.db", "a"), write_log(tmp_path / "b.db", "b")
+    fleet = tmp_path / "fleet.db"
+    merge_logs([a], fleet)
+    held = counts(fleet)
+    reports = merge_logs([a, a], fleet)
+    assert [r.describe() for r in reports] == [f"{a}: nothing new"] * 2
+    assert counts(fleet) == held
+    merge_logs([b, a], fleet)
+    assert rows_by_uid(fleet) == union(rows_by_uid(a), rows_by_uid(b))
+
+
+def test_a_log_still_recording_is_merged_as_far_as_it_got_then_continued(tmp_path: Path) -> None:
+    path, fleet = tmp_path / "live.db", tmp_path / "fleet.db"
+    chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        for n, data in enumerate(chunks[:3]):
+            w.chunk(ex, n * MS, data)
+        w.flush()
+        (first,) = merge_logs([path], fleet)  # while the writer holds the log
+        assert (first.exchanges, first.events) == (1, 3)
+        for n, data in enumerate(chunks[3:], 3):
+            w.chunk(ex, n * MS, data)
+        w.end_exchange(ex, duration_ns=20 * MS).result()
+        w.end_capture(cap)
+    (second,) = merge_logs([path], fleet)
+    assert (second.exchanges, second.continued, second.events) == (0, 1, len(chunks) - 3)
+    assert rows_by_uid(fleet) == rows_by_uid(path)
+    with EventLog(fleet) as log:
+        (x,) = log.exchanges()
+        assert log.body(x["id"]) == b"".join(chunks) and x["outcome"] == "complete"
+    (third,) = merge_logs([path], fleet)
+    assert not third.added
+
+
+def test_findings_checked_again_replace_the_merged_ones_and_not_the_other_way(tmp_path: Path) -> None:
+    a, fleet = write_log(tmp_path / "a.db", "a"), tmp_path / "fleet.db"
+    copy_log(a, tmp_path / "checked-before.db")
+    merge_logs([a], fleet)
+    before = rows_by_uid(fleet)["findings"]
+    time.sleep(0.002)  # a later check
+    with EventLog(a) as log:
+        save_findings(a, report_log(log).findings)
+    (report,) = merge_logs([a], fleet)
+    assert report.findings == len(before) and rows_by_uid(fleet)["findings"] == before
+    later = _checked_at(fleet)
+    assert len(later) == 1 and later == _checked_at(a)  # the later check's alone
+    (report,) = merge_logs([tmp_path / "checked-before.db"], fleet)
+    assert report.findings == 0 and _checked_at(fleet) == later
+
+
+def _checked_at(path: Path) -> set[str]:
+    db = sqlite3.connect(path)
+    found = {at for (at,) in db.execute("SELECT checked_at FROM findings")}
+    db.close()
+    return found
+
+
+def test_a_log_from_before_uids_merges_through_a_copy_it_leaves_alone(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    write_log(tmp_path / "new.db", "a")
+    copy_log(tmp_path / "new.db", old)
+    db = sqlite3.connect(old)
+    # Back to schema 10: without uids and their migration.
+    db.execute("DROP INDEX captures_uid")
+    db.execute("DROP INDEX exchanges_uid")
+    db.execute("ALTER TABLE captures DROP COLUMN uid")
+    db.execute("ALTER TABLE exchanges DROP COLUMN uid")
+    db.execute("DELETE FROM _sqlite_migrations WHERE name = '0011_uids'")
+    db.commit()
+    db.close()
+    image = old.read_bytes()
+    fleet = tmp_path / "fleet.db"
+    (first,) = merge_logs([old], fleet)
+    assert first.exchanges == 3
+    assert old.read_bytes() == image  # not upgraded in place
+    (second,) = merge_logs([old], fleet)
+    assert not second.added  # its copies' uids are the same each time
+    untouched = sqlite_utils.Database(sqlite3.connect(f"{old.resolve().as_uri()}?mode=ro", uri=True))
+    assert "0011_uids" not in {m.name for m in migrations.applied(untouched)}
+
+
+def test_what_cannot_be_merged_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    a, fleet = write_log(tmp_path / "a.db", "a"), tmp_path / "fleet.db"
+    merge_logs([a], fleet)
+    held = counts(fleet)
+    with pytest.raises(LogError, match="cannot be merged into itself"):
+        merge_logs([a, fleet], fleet)
+    (tmp_path / "not.db").write_bytes(b"not a database at all, not even close" * 200)
+    with pytest.raises(LogError, match=r"not\.db"):
+        merge_logs([a, tmp_path / "not.db"], fleet)
+    with pytest.raises(LogError, match="no such log"):
+        merge_logs([tmp_path / "missing.db"], fleet)
+    assert counts(fleet) == held
+    with LogWriter(fleet), pytest.raises(LogBusy):
+        merge_logs([a], fleet)
+
+
+def test_merge_knows_every_table_a_log_holds_rows_in(tmp_path: Path) -> None:
+    db = open_db(tmp_path / "log.db")
+    tables = {t for t in db.table_names() if not t.startswith(("events_fts", "_sqlite"))}
+    assert tables == set(MERGED_TABLES)
+
+
+def test_the_command_says_what_each_log_added(tmp_path: Path) -> None:
+    a, b = write_log(tmp_path / "a.db", "a"), write_log(tmp_path / "b.db", "b")
+    fleet = tmp_path / "fleet.db"
+    runner = CliRunner()
+    result = runner.invoke(main, ["merge", str(a), str(b), "-o", str(fleet)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    added = "added 1 capture, 3 exchanges, 11 chunks, 11 events, 2 findings, 1 resume"
+    assert lines == [f"tasktape merge: {a}: {added}", f"tasktape merge: {b}: {added}"]
+    result = runner.invoke(main, ["merge", str(a), "-o", str(fleet)])
+    assert result.output == f"tasktape merge: {a}: nothing new\n"
+    result = runner.invoke(main, ["merge", str(fleet), "-o", str(fleet)])
+    assert result.exit_code == 1 and "cannot be merged into itself" in result.output
+
+
+async def test_a_merged_fleet_replays_each_recorders_stream_byte_for_byte(
+    record: RecordFactory, serve: Serve, tmp_path: Path
+) -> None:
+    # Two recorders, each in front of its own agent, answering different questions.
+    db_a, (result_a,) = await recorded_demo(record, serve, ("What does J45.909 mean?", "rest"), pace=0.02)
+    db_b, (result_b,) = await recorded_demo(record, serve, ("What input do you need?", "jsonrpc"), pace=0.02)
+    fleet = tmp_path / "fleet.db"
+    merge_logs([db_a, db_b], fleet)
+    url = await serve(ReplayServer(load([fleet]), speed=0).app)
+    body, _, status_code = await timed_post(f"{url}/message:stream", message("What does J45.909 mean?"))
+    assert status_code == 200 and body == result_a.raw
+    assert stream_exchange(fleet, result_b.task_id).body == result_b.raw
+    with EventLog(fleet) as log:
+        tasks = {r["task_id"] for r in log.db.query("SELECT task_id FROM task_summary")}
+    assert tasks == {result_a.task_id, result_b.task_id}
