@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DECOYS = ("eventlog", "inspector", "proxy", "replay")
+DECOYS = ("eventlog", "fleet", "inspector", "proxy", "replay")
 QUESTION = {
     "message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}
 }

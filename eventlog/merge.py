@@ -25,8 +25,9 @@ from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
 # Every table a log holds rows in (events_fts is indexed from events): a migration that adds
-# one must say here how it merges (tests/test_merge.py checks).
+# one must say here how it merges (tests/test_merge_logs.py checks).
 MERGED_TABLES = ("captures", "exchanges", "stored_chunks", "events", "findings", "resumes")
+LOCAL_TABLES = ("shipments",)  # how far this log was shipped: not the merged log's business
 
 # An exchange's rows are copied when it is new to the output, or was still under way in it.
 _FRESH = (

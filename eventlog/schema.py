@@ -546,6 +546,26 @@ def _uids(db: sqlite_utils.Database) -> None:
     db.execute("CREATE UNIQUE INDEX exchanges_uid ON exchanges (uid)")
 
 
+@_migration("0012_shipments")
+def _shipments(db: sqlite_utils.Database) -> None:
+    # How far the log has been shipped to each destination (tasktape record --ship): the
+    # outbox cursor, written by the shipper once JetStream has acknowledged the rows.
+    db["shipments"].create(
+        {
+            "sink": str,
+            "captures": int,
+            "exchanges": int,
+            "open_from": int,
+            "stored_chunks": int,
+            "events": int,
+            "resumes": int,
+            "rows": int,
+            "shipped_at": str,
+        },
+        pk="sink",
+    )
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one

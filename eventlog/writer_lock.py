@@ -10,13 +10,16 @@ from pathlib import Path
 from tasktape.errors import LogBusy
 
 
-def take_writer_lock(path: Path) -> int:
+def take_writer_lock(path: Path, *, shared: bool = False) -> int:
     """An exclusive lock on the log file itself, held for the writer's lifetime, so a second
     writer is refused however it names the file (a symlink, a hard link, another path to
-    it). SQLite's own locks are of another kind (fcntl), which this one does not touch."""
+    it). SQLite's own locks are of another kind (fcntl), which this one does not touch.
+
+    ``shared``: for writers that let SQLite number their rows (fleet collectors), which may
+    write side by side, but never beside a writer that numbers them itself."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise LogBusy(

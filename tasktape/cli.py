@@ -16,6 +16,7 @@ from tasktape.version import __version__
 COMMANDS = {
     "agent": (".agent_command", "agent"),
     "check": (".check_command", "check"),
+    "collect": (".collect_command", "collect"),
     "demo": (".demo", "demo"),
     "diff": (".diff_command", "diff"),
     "export": (".cassette_commands", "export"),

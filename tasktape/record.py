@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,6 +15,7 @@ from tasktape.eventlog.exchange_rows import ExchangeSummary
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.resumes import Resume
+from tasktape.fleet.names import STREAM, parse_servers
 from tasktape.proxy import RecordingProxy
 from tasktape.proxy.recorder import points_at, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
@@ -22,6 +24,9 @@ from .event_loop import event_loop_option
 from .listen import DEFAULT_RECORD_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
+
+if TYPE_CHECKING:
+    from tasktape.fleet.ship_process import ShipperProcess
 
 # Exit status when traffic flowed but some of it could not be written to the log.
 EXIT_LOG_FAILED = 3
@@ -103,6 +108,28 @@ EXIT_LOG_FAILED = 3
     help="With --resume: what a reconnect whose Last-Event-ID names no event of the stream held "
     "for it gets: refuse (a 400 naming the ids held) or forward (it goes to the agent).",
 )
+@click.option(
+    "--ship",
+    metavar="nats://HOST:PORT[,HOST:PORT...]",
+    help="Also ship every row committed to the log to this NATS JetStream cluster (see tasktape "
+    "collect); rows wait in the log while it is away.",
+)
+@click.option(
+    "--ship-stream",
+    default=STREAM,
+    show_default=True,
+    metavar="NAME",
+    help="With --ship: the JetStream stream (made if missing, a replica per server up to three).",
+)
+@click.option(
+    "--ship-drain",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --ship: how long stopping waits for rows still to be shipped (the rest go out "
+    "the next time the log is shipped).",
+)
 @allow_host_option()
 @event_loop_option()
 @click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
@@ -122,6 +149,9 @@ def record(
     hold: float,
     rejoin_for: float,
     resume_unknown: str,
+    ship: str | None,
+    ship_stream: str,
+    ship_drain: float,
     allow_host: tuple[str, ...],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
     quiet: bool,
@@ -142,6 +172,10 @@ def record(
         url = upstream_url(upstream)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
+    try:
+        servers = ship and parse_servers(ship)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ship") from None
     sock = bind(host, port)
     address = sock.getsockname()
     if points_at(url, address):
@@ -157,6 +191,7 @@ def record(
         )
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
+    shipper = servers and _start_shipper(db, servers, ship_stream, ship_drain)
     proxy = RecordingProxy(  # --upstream was checked above
         upstream,
         writer,
@@ -184,6 +219,8 @@ def record(
             )
     finally:
         writer.close()
+        if shipper:
+            shipper.close()  # after the writer: every row is committed, to be shipped
     stats = writer.stats
     if stats.rows_lost:
         click.echo(
@@ -192,6 +229,13 @@ def record(
             err=True,
         )
         sys.exit(EXIT_LOG_FAILED)
+
+
+def _start_shipper(db: str, servers: list[str], stream: str, drain: float) -> ShipperProcess:
+    # Here, not at the top: NATS's client loads only for a recorder that ships.
+    from tasktape.fleet.ship_process import ShipperProcess  # noqa: PLC0415
+
+    return ShipperProcess(db, servers, stream=stream, drain=drain, prefix="tasktape record: ")
 
 
 def describe_exchange(s: ExchangeSummary) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from nats_servers import NatsCluster
 
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.content_coding import MAX_DECODED
@@ -113,3 +114,19 @@ async def serve() -> AsyncIterator[Serve]:
     yield start
     for server in reversed(servers):
         await server.close()
+
+
+@pytest.fixture
+def nats_node(tmp_path: Path) -> Iterator[NatsCluster]:
+    """A running ``nats-server`` with JetStream on loopback, its store under ``tmp_path``."""
+    cluster = NatsCluster(tmp_path / "nats", size=1).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """Three ``nats-server`` nodes with JetStream in one cluster on loopback."""
+    cluster = NatsCluster(tmp_path / "nats", size=3).start()
+    yield cluster
+    cluster.stop()

@@ -9,8 +9,8 @@ The rules the pages are written to (docs/layout.md says them for contributors):
   command shown without output must exit 0.
 - A block with ``title="PATH"`` is a file, written before the commands after it run.
 - ```python blocks without a title run as scripts; ```pycon blocks run as doctests.
-- The ports 7470-7473 (tasktape's defaults) become free ports, the same ones throughout a
-  page; a server started without ``--listen`` is given its mapped default.
+- The ports 7470-7473 (tasktape's defaults) and 4222 (NATS's) become free ports, the same
+  ones throughout a page; a server started without ``--listen`` is given its mapped default.
 - ``<!-- docs-test: skip (why) -->`` on the line before a block leaves it out.
 - A page starting with ``<!-- docs-test: fresh-venv -->`` runs in a new virtualenv in
   which its pip install lines run for real, with ``tasktape`` meaning this checkout.
@@ -42,7 +42,7 @@ _FENCE = re.compile(
     r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
     re.M | re.S,
 )
-_PORT = re.compile(r"\b747[0-3]\b")
+_PORT = re.compile(r"\b(?:747[0-3]|4222)\b")
 _CHECKER = doctest.OutputChecker()
 
 
@@ -121,7 +121,7 @@ class Page:
 
     def __init__(self, page: Path, folder: Path) -> None:
         self.page, self.folder = page, folder
-        self.ports = {str(p): str(free_port()) for p in range(7470, 7474)}
+        self.ports = {str(p): str(free_port()) for p in (*range(7470, 7474), 4222)}
         self.servers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.fresh = page.read_text().startswith(FRESH_VENV)
         bin_dir = Path(sys.executable).parent

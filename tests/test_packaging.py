@@ -20,7 +20,7 @@ from package_modules import FOLDERS, ROOT
 from tasktape.eventlog import EventLog
 
 TASKTAPE = str(Path(sys.executable).with_name("tasktape"))
-DECOYS = ("eventlog", "inspector", "proxy", "replay", "tasktape")
+DECOYS = ("eventlog", "fleet", "inspector", "proxy", "replay", "tasktape")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ ALLOWED = {
     "tasktape.proxy": {"tasktape.eventlog", "tasktape.proxy"},
     "tasktape.replay": {"tasktape.eventlog", "tasktape.proxy", "tasktape.replay"},
     "tasktape.inspector": {"tasktape.eventlog", "tasktape.inspector"},
+    "tasktape.fleet": {"tasktape.eventlog", "tasktape.fleet"},
 }
 # Nothing in eventlog serves HTTP, runs Datasette or parses a command line.
 FORBIDDEN = {"tasktape.eventlog": ("aiohttp", "datasette", "click")}

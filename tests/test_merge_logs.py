@@ -3,135 +3,25 @@ row kept byte for byte, idempotent, and a merged log replays and inspects as one
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlite_utils
-from a2a_frames import completed_run, sse, status
+from a2a_frames import completed_run, sse
 from click.testing import CliRunner
 from conftest import RecordFactory, Serve
+from log_rows import MS, SSE, arrival, copy_log, rows_by_uid, union, write_log
 from test_replay import message, recorded_demo, stream_exchange, timed_post
 
 from tasktape.cli import main
 from tasktape.errors import LogBusy, LogError
 from tasktape.eventlog import EventLog, LogWriter, open_db
 from tasktape.eventlog.checker import report_log, save_findings
-from tasktape.eventlog.merge import MERGED_TABLES, merge_logs
-from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+from tasktape.eventlog.merge import LOCAL_TABLES, MERGED_TABLES, merge_logs
 from tasktape.eventlog.schema import migrations
 from tasktape.replay import ReplayServer, load
-
-MS = 1_000_000
-SSE = {"content-type": "text/event-stream"}
-
-
-def write_log(path: Path, name: str) -> Path:
-    """A recorder's log: a stream (one event a chunk, then two in one chunk, then one
-    after the task ended, which the checker finds), a task answered without a stream, a
-    client's resume, and the checker's findings."""
-    task_id = f"task.{name}"
-    frames = [*completed_run(task_id, f"ctx.{name}"), status(task_id, f"ctx.{name}", "TASK_STATE_WORKING")]
-    chunks = sse(frames, ids=f"{name}.")
-    chunks[2:4] = [chunks[2] + chunks[3]]
-    with LogWriter(path) as w:
-        cap = w.begin_capture(source="record", upstream=f"http://{name}")
-        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
-        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
-        for n, data in enumerate(chunks, 1):
-            w.chunk(ex, n * MS, data)
-        w.end_exchange(ex, duration_ns=20 * MS).result()
-        get = w.begin_exchange(cap, method="GET", path=f"/tasks/{task_id}", started_ns=time.time_ns())
-        w.response_head(
-            get, status=200, headers={"content-type": "application/json"}, is_sse=False, ttfb_ns=MS
-        )
-        answer = {"id": task_id, "contextId": f"ctx.{name}", "status": {"state": "TASK_STATE_COMPLETED"}}
-        w.chunk(get, MS, json.dumps(answer).encode())
-        w.end_exchange(get, duration_ns=2 * MS)
-        again = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
-        w.resume(
-            Resume(
-                ex,
-                ResumeSide.CLIENT,
-                ResumeOutcome.RESUMED,
-                f"{name}.3",
-                events_from_log=4,
-                new_exchange_id=again,
-            )
-        )
-        w.end_exchange(again, duration_ns=MS)
-        w.end_capture(cap)
-    with EventLog(path) as log:
-        assert save_findings(path, report_log(log).findings) > 0
-    return path
-
-
-def copy_log(source: Path, copy: Path) -> None:
-    """A copy of a log as it reads now (its WAL file's pages too)."""
-    with contextlib.closing(sqlite3.connect(source)) as old, contextlib.closing(sqlite3.connect(copy)) as new:
-        old.backup(new)
-
-
-def rows_by_uid(path: Path) -> dict[str, Any]:
-    """Every row of a log, keyed by what names it across logs (integer ids left out)."""
-    db = sqlite3.connect(path)
-    uid = dict(db.execute("SELECT id, uid FROM exchanges"))
-    cap = dict(db.execute("SELECT id, uid FROM captures"))
-
-    def rows(sql: str) -> list[tuple[Any, ...]]:
-        return sorted(db.execute(sql).fetchall(), key=repr)
-
-    found = {
-        "captures": rows(
-            "SELECT uid, started_at, ended_at, source, upstream, tool_version, argv FROM captures"
-        ),
-        "exchanges": [
-            (r[0], cap[r[1]], *r[2:])
-            for r in rows(
-                "SELECT uid, capture_id, started_ns, method, path, status, response_headers,"
-                " response_body, task_id, outcome, duration_ns, protocol FROM exchanges"
-            )
-        ],
-        "chunks": [(uid[r[0]], *r[1:]) for r in rows("SELECT * FROM chunks")],
-        "events": [
-            (uid[r[0]], *r[1:])
-            for r in rows(
-                "SELECT exchange_id, seq, offset_ns, event_id, data, kind, task_id, state, text,"
-                " chunk_seq, chunk_crlf FROM events"
-            )
-        ],
-        "findings": [
-            (uid[r[0]], *r[1:]) for r in rows("SELECT exchange_id, rule, task_id, seq, message FROM findings")
-        ],
-        "resumes": [
-            (uid[r[0]], uid[r[1]], *r[2:])
-            for r in rows(
-                "SELECT exchange_id, new_exchange_id, side, last_event_id, events_from_log, outcome"
-                " FROM resumes"
-            )
-        ],
-    }
-    db.close()
-    return found
-
-
-def arrival(path: Path) -> list[tuple[str, int]]:
-    """The log's events in the order they were written, by exchange uid and seq."""
-    db = sqlite3.connect(path)
-    found = db.execute(
-        "SELECT x.uid, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id ORDER BY e.rowid"
-    )
-    rows = found.fetchall()
-    db.close()
-    return rows
-
-
-def union(*logs: dict[str, Any]) -> dict[str, Any]:
-    return {table: sorted((row for log in logs for row in log[table]), key=repr) for table in logs[0]}
 
 
 def counts(path: Path) -> dict[str, int]:
@@ -266,7 +156,7 @@ def test_what_cannot_be_merged_is_refused_before_anything_is_written(tmp_path: P
 def test_merge_knows_every_table_a_log_holds_rows_in(tmp_path: Path) -> None:
     db = open_db(tmp_path / "log.db")
     tables = {t for t in db.table_names() if not t.startswith(("events_fts", "_sqlite"))}
-    assert tables == set(MERGED_TABLES)
+    assert tables == {*MERGED_TABLES, *LOCAL_TABLES}
 
 
 def test_the_command_says_what_each_log_added(tmp_path: Path) -> None:

@@ -1,0 +1,170 @@
+"""Collecting a fleet's rows from NATS JetStream into a sink, through a durable consumer.
+
+A collector acknowledges a message only once its sink has committed it. One killed
+mid-batch leaves its messages unacknowledged: JetStream delivers them again (``ack_wait``
+after they were handed out), to it after a restart or to another collector of the same
+consumer, and the sink, whose writes are keyed by what names each row, holds them once.
+Collectors with the same consumer name share its messages; each sink has its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import nats.errors
+from nats.js.api import ConsumerConfig
+
+from .jetstream import RETRY, connect, ensure_stream
+from .names import FETCH, STREAM, SUBJECTS
+from .sqlite_sink import Applied
+from .wire import Rows, decode
+
+FETCH_WAIT = 0.5  # seconds a fetch waits for its first message
+REPORT_EVERY = 5.0  # seconds between the lines saying what was collected
+
+
+class Sink(Protocol):
+    def apply(self, messages: Sequence[Rows]) -> Applied: ...
+
+
+@dataclass
+class CollectStats:
+    messages: int = 0
+    rows: int = 0
+    written: int = 0  # rows the sink did not hold yet
+    refused: int = 0  # messages that were not tasktape's rows: terminated, never redelivered
+    lag: float = 0.0  # seconds between the last message's arrival in the stream and its commit
+
+
+class Collector:
+    """Collects the JetStream ``stream`` on ``servers`` into ``sink`` as the durable
+    consumer ``consumer``; ``gather`` seconds of messages (fetched ``batch`` at a time) go
+    into each of the sink's transactions (0: what one fetch brings)."""
+
+    def __init__(
+        self,
+        servers: list[str],
+        sink: Sink,
+        *,
+        consumer: str,
+        stream: str = STREAM,
+        subjects: str = SUBJECTS,
+        gather: float = 0.0,
+        batch: int = FETCH,
+        ack_wait: float = 30.0,
+        on_status: Callable[[str], None] | None = None,
+    ) -> None:
+        self.servers = servers
+        self.sink = sink
+        self.consumer = consumer
+        self.stream = stream
+        self.subjects = subjects
+        self.stats = CollectStats()
+        self._gather = gather
+        self._batch = batch
+        self._ack_wait = ack_wait
+        self._on_status = on_status or (lambda line: None)
+        self._reported = (0.0, 0)
+
+    async def run(self, stop: asyncio.Event) -> CollectStats:
+        """Collect until ``stop`` is set (what was fetched by then is committed first)."""
+        collecting = asyncio.ensure_future(self._collect(stop))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([collecting, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if collecting.done():
+                collecting.result()
+        finally:
+            for task in (collecting, stopped):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return self.stats
+
+    async def _collect(self, stop: asyncio.Event) -> None:
+        nc, sub = await self._subscribe()
+        try:
+            while not stop.is_set():
+                msgs = await self._fetch(sub)
+                if msgs:
+                    await self._commit(msgs)
+                self._report()
+        finally:
+            with contextlib.suppress(*RETRY):
+                await nc.close()
+
+    async def _subscribe(self) -> tuple[Any, Any]:
+        waited = time.monotonic()
+        while True:
+            nc = None
+            try:
+                nc = await connect(self.servers)
+                js = nc.jetstream(timeout=5)
+                await ensure_stream(js, self.stream, self.subjects, len(self.servers))
+                config = ConsumerConfig(ack_wait=self._ack_wait, max_ack_pending=50_000)
+                sub = await js.pull_subscribe(
+                    f"{self.subjects}.>", durable=self.consumer, stream=self.stream, config=config
+                )
+                return nc, sub
+            except RETRY as exc:
+                if nc is not None:
+                    with contextlib.suppress(*RETRY):
+                        await nc.close()
+                if time.monotonic() - waited > REPORT_EVERY:
+                    waited = time.monotonic()
+                    self._on_status(f"waiting for {','.join(self.servers)}: {type(exc).__name__} {exc}")
+                await asyncio.sleep(0.25)
+
+    async def _fetch(self, sub: Any) -> list[Any]:
+        """A fetch's messages, then more for up to ``gather`` seconds."""
+        msgs: list[Any] = []
+        until = time.monotonic() + self._gather
+        while True:
+            try:
+                msgs += await sub.fetch(self._batch, timeout=FETCH_WAIT)
+            except nats.errors.TimeoutError:
+                pass
+            except RETRY:
+                await asyncio.sleep(0.25)
+            if not msgs or time.monotonic() >= until:
+                return msgs
+
+    async def _commit(self, msgs: list[Any]) -> None:
+        rows: list[Rows] = []
+        good = []
+        for msg in msgs:
+            try:
+                rows.append(decode(msg.data))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.stats.refused += 1
+                self._on_status(f"WARNING: {msg.subject} holds no tasktape rows ({exc}); dropped")
+                with contextlib.suppress(*RETRY):
+                    await msg.term()
+                continue
+            good.append(msg)
+        applied = self.sink.apply(rows)  # committed: only now acknowledged
+        for msg in good:
+            with contextlib.suppress(*RETRY):  # unacknowledged, it comes again; the sink holds it once
+                await msg.ack()
+        s = self.stats
+        s.messages += applied.messages
+        s.rows += applied.rows
+        s.written += applied.written
+        if good:
+            s.lag = max(time.time() - good[-1].metadata.timestamp.timestamp(), 0.0)
+
+    def _report(self) -> None:
+        at, rows = self._reported
+        now = time.monotonic()
+        if self.stats.rows != rows and now - at >= REPORT_EVERY:
+            self._reported = (now, self.stats.rows)
+            s = self.stats
+            self._on_status(
+                f"{s.rows:,} rows from {s.messages:,} messages ({s.rows - s.written:,} held already)"
+            )

@@ -1,0 +1,72 @@
+"""Connecting to NATS and the stream both shippers and collectors use, made by whichever
+comes first."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js.api import StorageType, StreamConfig
+
+DUPLICATE_WINDOW = 120.0  # seconds JetStream remembers message ids for
+
+# Errors of a broker that is down, slow or electing a leader: try again, later.
+RETRY = (
+    nats.errors.TimeoutError,
+    nats.errors.NoServersError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    OSError,
+    asyncio.TimeoutError,
+)
+
+
+async def connect(servers: list[str]) -> Any:
+    """A connection that reconnects for ever (to any of ``servers``), quietly: a broker
+    that is away shows in what waits, not as tracebacks."""
+    return await nats.connect(
+        servers=servers,
+        connect_timeout=2,
+        reconnect_time_wait=0.25,
+        max_reconnect_attempts=-1,
+        allow_reconnect=True,
+        error_cb=_quiet,
+        disconnected_cb=_nothing,
+        reconnected_cb=_nothing,
+        closed_cb=_nothing,
+    )
+
+
+async def ensure_stream(js: Any, stream: str, subjects: str, servers: int) -> None:
+    """The stream, made if missing: file storage, a replica per server up to three."""
+    try:
+        await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        config = StreamConfig(
+            name=stream,
+            subjects=[f"{subjects}.>"],
+            num_replicas=min(3, servers),
+            duplicate_window=DUPLICATE_WINDOW,
+            storage=StorageType.FILE,
+        )
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError:  # made meanwhile by another
+            await js.stream_info(stream)
+
+
+async def _quiet(exc: Exception) -> None:
+    pass
+
+
+async def _nothing() -> None:
+    pass

@@ -1,0 +1,22 @@
+"""What a fleet's shippers and collectors agree on by name: the JetStream stream, its
+subjects, and how its servers are written. Light to import: the recorder reads its
+options with it, and loads NATS's client only when it ships."""
+
+from __future__ import annotations
+
+from tasktape.errors import UsageError
+
+STREAM = "TASKTAPE"  # the JetStream stream, unless told otherwise
+SUBJECTS = "tasktape"  # subjects: tasktape.<capture uid>.<table>
+FETCH = 1000  # messages a collector fetches (and commits together) at a time, unless told
+
+
+def parse_servers(url: str) -> list[str]:
+    """``nats://HOST:PORT[,HOST:PORT...]`` as one URL per server."""
+    if not url.startswith(("nats://", "tls://")):
+        raise UsageError(f"{url!r} is not a NATS URL: nats://HOST:PORT[,HOST:PORT...]")
+    scheme, _, rest = url.partition("://")
+    hosts = [h.strip() for h in rest.split(",") if h.strip()]
+    if not hosts:
+        raise UsageError(f"{url!r} names no server: nats://HOST:PORT[,HOST:PORT...]")
+    return [f"{scheme}://{h}" for h in hosts]

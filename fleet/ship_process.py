@@ -1,0 +1,91 @@
+"""The shipper in a process of its own, beside the recorder and its log writer, so that a
+broker that is slow or down costs the traffic nothing, not even the GIL.
+
+The recorder starts it once the log exists and stops it by closing its stdin (so does
+dying: the pipe closes either way). It then ships what was committed for at most ``drain``
+seconds more, and exits; rows still waiting stay in the log, and go out the next time the
+log is shipped. It says what it waits for on stderr, as the recorder's own lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from tasktape.eventlog.interpreter import child_python
+
+from .names import STREAM
+from .shipper import Shipper
+
+_CHILD_MAIN = "import sys; from tasktape.fleet.ship_process import main; main(sys.argv[1])"
+
+
+class ShipperProcess:
+    """Ships the log at ``path`` to ``servers`` from a child process until ``close()``."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        servers: list[str],
+        *,
+        stream: str = STREAM,
+        drain: float = 10.0,
+        prefix: str = "",
+    ) -> None:
+        self.drain = drain
+        settings = {"path": str(path), "servers": servers, "stream": stream, "drain": drain, "prefix": prefix}
+        python, env = child_python()
+        self._process = subprocess.Popen(
+            [*python, "-c", _CHILD_MAIN, json.dumps(settings)], stdin=subprocess.PIPE, env=env
+        )
+
+    def close(self) -> int:
+        """Stop shipping (after the drain); the child's exit status: 0 when every row
+        committed before was shipped, 1 when some wait in the log."""
+        stdin: IO[bytes] | None = self._process.stdin
+        if stdin is not None:
+            stdin.close()
+        try:
+            return self._process.wait(timeout=self.drain + 15)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            return self._process.wait()
+
+
+def main(settings_json: str) -> None:
+    settings: dict[str, Any] = json.loads(settings_json)
+    # A signal to the recorder's whole process group (a terminal's Ctrl-C, timeout, systemd)
+    # is the recorder's to act on: it closes the pipe once its writer has committed.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    prefix = settings["prefix"]
+
+    def say(line: str) -> None:
+        print(f"{prefix}{line}", file=sys.stderr, flush=True)
+
+    async def ship() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wait_for_eof() -> None:
+            sys.stdin.buffer.read()
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=wait_for_eof, daemon=True).start()
+        shipper = Shipper(settings["path"], settings["servers"], stream=settings["stream"], on_status=say)
+        try:
+            stats = await shipper.run(stop, drain=settings["drain"])
+        finally:
+            shipper.close()
+        if stats.waiting:
+            say(f"shipping: {stats.waiting:,} rows not shipped; they wait in the log for its next shipping")
+            return 1
+        return 0
+
+    sys.exit(asyncio.run(ship()))

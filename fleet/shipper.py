@@ -1,0 +1,383 @@
+"""Shipping a log's committed rows to NATS JetStream, through an outbox cursor.
+
+The shipper reads the local log, never the traffic: rows the writer committed past the
+cursor are read in one snapshot, published (each message until JetStream acknowledges it,
+the same message again after an unanswered publish), and only then is the cursor moved on,
+in the log's ``shipments`` table. A broker that is slow or down leaves the rows in the log,
+where they wait; they go out when it is back, from where the cursor stands, after a
+restart too. At-least-once on the wire: what a lost acknowledgement makes a collector see
+twice, its sink holds once.
+
+Rows that change after they are written (a capture's end, an exchange's head and end) are
+shipped again once they have: the shipper keeps the exchanges it shipped still under way,
+and from ``open_from`` on (the first of them), every exchange is looked at again after a
+restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats.js.errors
+
+from tasktape.eventlog.exchange_rows import utc_iso
+
+from .jetstream import RETRY, connect, ensure_stream
+from .names import STREAM, SUBJECTS
+from .wire import MSG_ID, UID_COLUMNS, Rows, Table, encode, message_id, subject, wire_columns
+
+_IN_PROCESS = 10158  # JetStream: "duplicate message id is in process"
+ROUND_ROWS = 5000  # rows of a table read in one round at most
+MESSAGE_ROWS = 1000  # rows in one message at most
+MESSAGE_BYTES = 512 * 1024  # and about this many bytes (NATS takes 1 MiB by default)
+POLL = 0.05  # seconds between rounds that found nothing
+WAIT_REPORT = 1.0  # rows waiting longer than this are reported
+REPORT_EVERY = 5.0  # and again this often while they wait
+
+
+@dataclass
+class Cursor:
+    """How far a log has been shipped to one destination (a row of ``shipments``)."""
+
+    captures: int = 0  # ids: every capture up to this one was shipped as written
+    exchanges: int = 0
+    open_from: int = 1  # exchanges from this id on may have changed since they were shipped
+    stored_chunks: int = 0  # rowids
+    events: int = 0
+    resumes: int = 0
+    rows: int = 0  # rows shipped in all
+
+    COLUMNS = ("captures", "exchanges", "open_from", "stored_chunks", "events", "resumes", "rows")
+
+
+@dataclass
+class ShipStats:
+    rows: int = 0  # rows acknowledged by JetStream (this run)
+    messages: int = 0
+    duplicates: int = 0  # messages JetStream had already (a resend)
+    retries: int = 0
+    waiting: int = 0  # rows committed and not yet shipped, when last counted
+
+
+# What tells a row's versions apart: a changed row is shipped again under a new message id.
+_KEYS = {
+    Table.CAPTURES: ("uid", "ended_at"),
+    Table.EXCHANGES: ("uid", "outcome"),
+    Table.STORED_CHUNKS: ("exchange_uid", "seq"),
+    Table.EVENTS: ("exchange_uid", "seq"),
+    Table.RESUMES: ("exchange_uid", "at_ns", "side"),
+}
+
+
+def _of(alias: str, columns: list[str]) -> str:
+    return ", ".join(f"{alias}.{c}" for c in columns)
+
+
+def _slices(ids: list[int], size: int = 500) -> Iterator[list[int]]:
+    for at in range(0, len(ids), size):
+        yield ids[at : at + size]
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, (str, bytes)) else 8
+
+
+def _parts(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    """Rows in messages of at most MESSAGE_ROWS rows and about MESSAGE_BYTES (a bigger row
+    goes alone)."""
+    part: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        row_size = sum(map(_size, row))
+        if part and (len(part) == MESSAGE_ROWS or size + row_size > MESSAGE_BYTES):
+            yield part
+            part, size = [], 0
+        part.append(row)
+        size += row_size
+    if part:
+        yield part
+
+
+@dataclass
+class _Message:
+    rows: Rows
+    keys: list[tuple[Any, ...]]
+
+
+@dataclass
+class _Round:
+    messages: list[_Message] = field(default_factory=list)
+    cursor: Cursor = field(default_factory=Cursor)
+    opened: set[int] = field(default_factory=set)  # exchanges shipped under way this round
+    closed: set[int] = field(default_factory=set)  # open exchanges shipped again, ended
+    open_captures: set[int] = field(default_factory=set)
+    closed_captures: set[int] = field(default_factory=set)
+
+
+class Shipper:
+    """Ships the log at ``path`` to the JetStream ``stream`` on ``servers``, as the
+    destination named ``sink`` in the log's ``shipments`` table."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        servers: list[str],
+        *,
+        stream: str = STREAM,
+        subjects: str = SUBJECTS,
+        sink: str | None = None,
+        on_status: Callable[[str], None] | None = None,
+        publish_timeout: float = 2.0,
+    ) -> None:
+        self.path = Path(path)
+        self.servers = servers
+        self.stream = stream
+        self.subjects = subjects
+        self.sink = sink or f"nats:{stream}"
+        self.stats = ShipStats()
+        self._on_status = on_status or (lambda line: None)
+        self._publish_timeout = publish_timeout
+        self._read = sqlite3.connect(
+            f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
+        )
+        self._write = sqlite3.connect(self.path, isolation_level=None)
+        self._write.execute("PRAGMA busy_timeout = 10000")
+        self._selects = {t: self._select(t) for t in Table}
+        self.cursor = self._load_cursor()
+        # Every exchange from open_from on may have changed since it was shipped.
+        self._open = set(range(self.cursor.open_from, self.cursor.exchanges + 1))
+        self._open_captures = set(range(1, self.cursor.captures + 1))
+        self._nc: Any = None
+        self._progress_at = time.monotonic()  # when a round last shipped, or found nothing to
+        self._reported_at: float | None = None  # when rows were last said to wait
+        self._last_error: BaseException | None = None
+
+    # -- the log ------------------------------------------------------------------------------
+
+    def _select(self, table: Table) -> tuple[str, tuple[str, ...]]:
+        """The SELECT of a table's rows as shipped (its rowid, its capture's uid, then the
+        values), and the columns the values are of."""
+        local = [(row[1], row[2]) for row in self._read.execute(f"PRAGMA table_info({table})")]
+        columns = [c for c, _ in wire_columns(table, local)]
+        uids = {uid: local_id for local_id, uid in UID_COLUMNS.items()}
+        if table is Table.CAPTURES:
+            return f"SELECT t.rowid, t.uid, {_of('t', columns)} FROM captures t", tuple(columns)
+        # The uid columns first: the capture's, or the exchange's (and a resume's new one).
+        joins = [uids[c] for c in columns if c in uids]
+        picked = [f"j{i}.uid" for i in range(len(joins))] + [f"t.{c}" for c in columns[len(joins) :]]
+        outer = " ".join(
+            f"LEFT JOIN {'captures' if c == 'capture_id' else 'exchanges'} j{i} ON j{i}.id = t.{c}"
+            for i, c in enumerate(joins)
+        )
+        parent = "t" if table is Table.EXCHANGES else "x"
+        inner = "" if table is Table.EXCHANGES else "JOIN exchanges x ON x.id = t.exchange_id"
+        sql = (
+            f"SELECT t.rowid, c.uid, {', '.join(picked)} FROM {table} t {inner}"
+            f" JOIN captures c ON c.id = {parent}.capture_id {outer}"
+        )
+        return sql, tuple(columns)
+
+    def _load_cursor(self) -> Cursor:
+        row = self._read.execute(
+            f"SELECT {', '.join(Cursor.COLUMNS)} FROM shipments WHERE sink = ?", (self.sink,)
+        ).fetchone()
+        return Cursor(*row) if row else Cursor()
+
+    def _save_cursor(self, cursor: Cursor) -> None:
+        names = ", ".join(Cursor.COLUMNS)
+        marks = ", ".join("?" * len(Cursor.COLUMNS))
+        news = ", ".join(f"excluded.{c}" for c in Cursor.COLUMNS)
+        self._write.execute(
+            f"INSERT INTO shipments (sink, {names}, shipped_at) VALUES (?, {marks}, ?)"
+            f" ON CONFLICT(sink) DO UPDATE SET ({names}, shipped_at) = ({news}, excluded.shipped_at)",
+            (self.sink, *(getattr(cursor, c) for c in Cursor.COLUMNS), utc_iso(time.time_ns())),
+        )
+
+    def waiting(self) -> int:
+        """Rows committed to the log and not yet shipped (changed rows not counted)."""
+        ends = " + ".join(f"(SELECT coalesce(max(rowid), 0) FROM {t}) - ?" for t in Table)
+        (n,) = self._read.execute(f"SELECT {ends}", [getattr(self.cursor, t) for t in Table]).fetchone()
+        return max(int(n), 0)
+
+    def _read_round(self) -> _Round:
+        """What is to be shipped now, read in one snapshot, as messages in the order they
+        must go (a capture before its exchanges, an exchange before its rows)."""
+        r = _Round(cursor=Cursor(**{c: getattr(self.cursor, c) for c in Cursor.COLUMNS}))
+        self._read.execute("BEGIN")
+        try:
+            for table in Table:
+                self._read_table(r, table)
+        finally:
+            self._read.execute("COMMIT")
+        return r
+
+    def _read_table(self, r: _Round, table: Table) -> None:
+        select, columns = self._selects[table]
+        start = getattr(r.cursor, table)
+        new = self._read.execute(f"{select} WHERE t.rowid > ? ORDER BY t.rowid LIMIT {ROUND_ROWS}", (start,))
+        rows = new.fetchall()
+        if rows:
+            setattr(r.cursor, table, rows[-1][0])
+        if table in (Table.CAPTURES, Table.EXCHANGES):
+            rows += self._changed(r, table, select, rows)
+        key = [columns.index(c) for c in _KEYS[table]]
+        by_capture: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:  # (rowid, capture uid, *values)
+            by_capture.setdefault(row[1], []).append(row[2:])
+        for capture, values in by_capture.items():
+            for part in _parts(values):
+                message = Rows(table, capture, columns, part)
+                r.messages.append(_Message(message, [tuple(v[k] for k in key) for v in part]))
+
+    def _changed(
+        self, r: _Round, table: Table, select: str, new: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """Captures and exchanges shipped under way that have ended since; the new rows
+        still under way join them."""
+        captures = table is Table.CAPTURES
+        ended = "ended_at" if captures else "outcome"
+        at = self._selects[table][1].index(ended) + 2
+        still, was_open = (r.open_captures, self._open_captures) if captures else (r.opened, self._open)
+        closed = r.closed_captures if captures else r.closed
+        still.update(row[0] for row in new if row[at] is None)
+        changed = [
+            row
+            for ids in _slices(sorted(was_open))
+            for row in self._read.execute(
+                f"{select} WHERE t.rowid IN ({', '.join('?' * len(ids))}) AND t.{ended} IS NOT NULL", ids
+            )
+        ]
+        closed.update(row[0] for row in changed)
+        return changed
+
+    # -- the broker ---------------------------------------------------------------------------
+
+    async def _connect(self) -> Any:
+        """Connected, with the stream there: until then, tried again and again."""
+        while True:
+            nc = None
+            try:
+                nc = await connect(self.servers)
+                js = nc.jetstream(timeout=self._publish_timeout)
+                await ensure_stream(js, self.stream, self.subjects, len(self.servers))
+            except RETRY as exc:
+                self._last_error = exc
+                if nc is not None:
+                    with contextlib.suppress(*RETRY):
+                        await nc.close()
+                await asyncio.sleep(0.25)
+                continue
+            self._nc = nc
+            return js
+
+    async def _publish(self, js: Any, m: _Message) -> None:
+        """Until JetStream has the message (the same message id each time)."""
+        payload, headers = encode(m.rows), {MSG_ID: message_id(m.rows, m.keys)}
+        delay = 0.05
+        while True:
+            try:
+                ack = await js.publish(subject(self.subjects, m.rows), payload, headers=dict(headers))
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != _IN_PROCESS:
+                    raise
+                # The same message is being stored (an earlier publish, unanswered): ask again.
+                self.stats.retries += 1
+                self._last_error = exc
+                await asyncio.sleep(delay)
+                continue
+            except RETRY as exc:
+                self.stats.retries += 1
+                self._last_error = exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self.stats.messages += 1
+            self.stats.duplicates += bool(ack.duplicate)
+            self.stats.rows += len(m.rows.rows)
+            return
+
+    async def _watch(self) -> None:
+        """Say how many rows wait once no round has shipped them for a second, again every
+        few seconds while they do, and when they have all gone out."""
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            if now - self._progress_at < WAIT_REPORT:
+                continue
+            waiting = self.waiting()
+            if not waiting:
+                continue
+            if self._reported_at is None or now - self._reported_at >= REPORT_EVERY:
+                self._reported_at = now
+                why = self._last_error
+                reason = f": {type(why).__name__}{f' {why}' if str(why) else ''}" if why else ""
+                self._on_status(f"shipping: {waiting:,} rows wait for {','.join(self.servers)}{reason}")
+
+    def _shipped(self) -> None:
+        """A round shipped all it found, or found nothing."""
+        self._progress_at = time.monotonic()
+        self._last_error = None
+        if self._reported_at is not None and not self.waiting():
+            self._reported_at = None
+            self._on_status(f"shipping: caught up ({self.cursor.rows:,} rows shipped in all)")
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, drain: float = 10.0) -> ShipStats:
+        """Ship until ``stop`` is set, then for at most ``drain`` seconds more, until every
+        row committed by then is shipped. What is left waits in the log, for the next run."""
+        shipping = asyncio.ensure_future(self._ship(stop))
+        stopped = asyncio.ensure_future(stop.wait())
+        watching = asyncio.ensure_future(self._watch())
+        try:
+            await asyncio.wait([shipping, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not shipping.done():
+                await asyncio.wait([shipping], timeout=drain)
+            if shipping.done():
+                shipping.result()  # raise what went wrong
+        finally:
+            for task in (shipping, stopped, watching):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self.stats.waiting = self.waiting()
+            if self._nc is not None:
+                with contextlib.suppress(*RETRY):
+                    await self._nc.close()
+        return self.stats
+
+    async def _ship(self, stop: asyncio.Event) -> None:
+        """Rounds, until one finds nothing to ship once ``stop`` is set."""
+        js = await self._connect()
+        while True:
+            r = self._read_round()
+            if not r.messages:
+                self._shipped()
+                if stop.is_set():
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), POLL)
+                continue
+            for m in r.messages:
+                await self._publish(js, m)
+            self._advance(r)
+            self._shipped()
+
+    def _advance(self, r: _Round) -> None:
+        r.cursor.rows = self.cursor.rows + sum(len(m.rows.rows) for m in r.messages)
+        self._open = (self._open - r.closed) | r.opened
+        self._open_captures = (self._open_captures - r.closed_captures) | r.open_captures
+        r.cursor.open_from = min(self._open, default=r.cursor.exchanges + 1)
+        self._save_cursor(r.cursor)
+        self.cursor = r.cursor
+
+    def close(self) -> None:
+        self._read.close()
+        self._write.close()

@@ -1,0 +1,175 @@
+"""A fleet's rows into one SQLite event log, to inspect and replay as any log.
+
+Every write is keyed by what names a row across logs, so a message applied twice (a
+redelivery after a collector died before it acknowledged) changes nothing: captures and
+exchanges by uid (an exchange's later version replaces an earlier one, never the other
+way), chunks and events by exchange and seq, resumes by stream, time, side and outcome.
+Messages may arrive in any order (collectors sharing a consumer each get some): a row whose
+capture or exchange has not arrived yet gets a placeholder row that its own message fills.
+
+Integer ids are the sink's own, numbered by SQLite inside each transaction, so several
+collectors may write one sink side by side; a recorder may not write it meanwhile.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasktape.errors import LogError
+from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, open_db
+from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
+
+from .wire import UID_COLUMNS, Rows, Table
+
+_LOCAL = {uid: local for local, uid in UID_COLUMNS.items()}  # capture_uid -> capture_id...
+
+
+@dataclass
+class Applied:
+    """What one batch of messages changed in the sink."""
+
+    messages: int = 0
+    rows: int = 0  # rows the messages held
+    written: int = 0  # rows added or brought up to date (the rest were there already)
+
+
+class SqliteSink:
+    """The event log at ``path`` (made if missing) as a fleet's sink."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        open_db(self.path).close()  # made or upgraded
+        self._lock = take_writer_lock(self.path, shared=True)
+        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        self._conn.execute("PRAGMA busy_timeout = 30000")
+        self._columns = {t: {row[1] for row in self._conn.execute(f"PRAGMA table_info({t})")} for t in Table}
+        self._ids: dict[tuple[str, str], int] = {}  # (table, uid) -> the sink's id
+
+    def close(self) -> None:
+        self._conn.close()
+        release_writer_lock(self._lock)
+
+    def __enter__(self) -> SqliteSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def apply(self, messages: Sequence[Rows]) -> Applied:
+        """Write the messages' rows in one transaction: all of them, or none."""
+        applied = Applied(messages=len(messages))
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (indexed,) = conn.execute(INDEXED_THROUGH).fetchone()
+            for message in messages:
+                applied.rows += len(message.rows)
+                applied.written += self._apply(message)
+            conn.execute(INDEX_TEXT, (indexed,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            self._ids.clear()  # placeholders made in the transaction are gone
+            raise
+        return applied
+
+    def _apply(self, m: Rows) -> int:
+        unknown = {_LOCAL.get(c, c) for c in m.columns} - self._columns[m.table]
+        if unknown:
+            raise LogError(
+                f"{self.path}: {m.table} rows carry columns this tasktape does not know"
+                f" ({', '.join(sorted(unknown))}): upgrade the collector's tasktape"
+            )
+        if m.table is Table.CAPTURES:
+            return self._captures(m)
+        if m.table is Table.EXCHANGES:
+            return self._exchanges(m)
+        if m.table is Table.RESUMES:
+            return self._resumes(m)
+        return self._exchange_rows(m)
+
+    def _captures(self, m: Rows) -> int:
+        # A capture changes once, when it ends (its ended_at, NULL until then); a
+        # placeholder is filled in.
+        cols = list(m.columns)
+        sets = ", ".join(f"{c} = coalesce(captures.{c}, excluded.{c})" for c in cols if c != "uid")
+        return self._many(
+            f"INSERT INTO captures ({', '.join(cols)}) VALUES ({_marks(cols)})"
+            f" ON CONFLICT(uid) DO UPDATE SET {sets}",
+            m.rows,
+        )
+
+    def _exchanges(self, m: Rows) -> int:
+        # An exchange is written under way, then again once it ended: a version under way
+        # never replaces an ended one.
+        cols = ["capture_id" if c == "capture_uid" else c for c in m.columns]
+        at = cols.index("capture_id")
+        capture = self._id(Table.CAPTURES, m.capture, m.capture)
+        rows = [(*row[:at], capture, *row[at + 1 :]) for row in m.rows]
+        kept = [c for c in cols if c != "uid"]
+        news = ", ".join(f"excluded.{c}" for c in kept)
+        return self._many(
+            f"INSERT INTO exchanges ({', '.join(cols)}) VALUES ({_marks(cols)})"
+            f" ON CONFLICT(uid) DO UPDATE SET ({', '.join(kept)}) = ({news})"
+            " WHERE exchanges.outcome IS NULL",
+            rows,
+        )
+
+    def _exchange_rows(self, m: Rows) -> int:
+        cols = ["exchange_id", *m.columns[1:]]
+        rows = [(self._id(Table.EXCHANGES, row[0], m.capture), *row[1:]) for row in m.rows]
+        return self._many(
+            f"INSERT OR IGNORE INTO {m.table} ({', '.join(cols)}) VALUES ({_marks(cols)})", rows
+        )
+
+    def _resumes(self, m: Rows) -> int:
+        cols = [_LOCAL.get(c, c) for c in m.columns]
+        first, new = cols.index("exchange_id"), cols.index("new_exchange_id")
+        key = ("exchange_id", "at_ns", "side", "last_event_id", "new_exchange_id", "outcome")
+        same = " AND ".join(f"{c} IS ?" for c in key)
+        written = 0
+        for row in m.rows:
+            values = list(row)
+            values[first] = self._id(Table.EXCHANGES, row[first], m.capture)
+            if row[new] is not None:
+                values[new] = self._id(Table.EXCHANGES, row[new], m.capture)
+            if self._conn.execute(
+                f"SELECT 1 FROM resumes WHERE {same}", [values[cols.index(c)] for c in key]
+            ).fetchone():
+                continue
+            self._conn.execute(f"INSERT INTO resumes ({', '.join(cols)}) VALUES ({_marks(cols)})", values)
+            written += 1
+        return written
+
+    def _id(self, table: Table, uid: str, capture: str) -> int:
+        """The sink's id of the capture or exchange ``uid``; a placeholder row when it has
+        not arrived yet (an exchange's placeholder in its capture ``capture``)."""
+        known = self._ids.get((table, uid))
+        if known is not None:
+            return known
+        found = self._conn.execute(f"SELECT id FROM {table} WHERE uid = ?", (uid,)).fetchone()
+        if found is None:
+            if table is Table.CAPTURES:
+                found = self._conn.execute(
+                    "INSERT INTO captures (uid) VALUES (?) RETURNING id", (uid,)
+                ).fetchone()
+            else:
+                parent = self._id(Table.CAPTURES, capture, capture)
+                found = self._conn.execute(
+                    "INSERT INTO exchanges (uid, capture_id) VALUES (?, ?) RETURNING id", (uid, parent)
+                ).fetchone()
+        self._ids[(table, uid)] = found[0]
+        return int(found[0])
+
+    def _many(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
+        before = self._conn.total_changes
+        self._conn.executemany(sql, rows)
+        return self._conn.total_changes - before
+
+
+def _marks(cols: Sequence[str]) -> str:
+    return ", ".join("?" * len(cols))

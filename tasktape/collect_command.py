@@ -1,0 +1,93 @@
+"""``tasktape collect``: a fleet's rows from NATS JetStream into one event log."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from pathlib import Path
+
+import click
+
+from tasktape.errors import LogError, UsageError
+from tasktape.fleet.names import FETCH, STREAM, parse_servers
+
+
+@click.command("collect")
+@click.option(
+    "--from",
+    "source",
+    required=True,
+    metavar="nats://HOST:PORT[,HOST:PORT...]",
+    help="The NATS JetStream cluster recorders ship to (tasktape record --ship).",
+)
+@click.option(
+    "--db",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The event log to collect into (created if needed), to inspect and replay as any log.",
+)
+@click.option(
+    "--consumer",
+    metavar="NAME",
+    help="The durable consumer: collectors of one name share its rows; each sink needs its own "
+    "[default: sqlite-<the log's name>].",
+)
+@click.option("--stream", default=STREAM, show_default=True, metavar="NAME", help="The JetStream stream.")
+@click.option(
+    "--ack-wait",
+    type=click.FloatRange(min=0.5),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long rows handed to a collector that died wait before they are handed out again.",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=FETCH,
+    show_default=True,
+    metavar="N",
+    help="Messages fetched, written in one transaction, then acknowledged, at a time.",
+)
+@click.option("--quiet", is_flag=True, help="Print only errors.")
+def collect(
+    source: str, db: Path, consumer: str | None, stream: str, ack_wait: float, batch: int, quiet: bool
+) -> None:
+    """Collect every row the recorders of a fleet ship into one event log, until Ctrl-C.
+
+    Each row is written once however often it arrives (a redelivery, a resend), keyed by
+    the uid of its capture and exchange; the log's integer ids are its own. Rows are
+    acknowledged once committed: a collector stopped or killed loses nothing, and the next
+    one of its consumer takes up where it stopped.
+    """
+    try:
+        servers = parse_servers(source)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="--from") from None
+    name = consumer or "sqlite-" + re.sub(r"[^A-Za-z0-9_-]", "_", db.stem)
+    # Here: NATS's client and the sink load only for this command.
+    from tasktape.fleet.collector import Collector  # noqa: PLC0415
+    from tasktape.fleet.sqlite_sink import SqliteSink  # noqa: PLC0415
+
+    def say(line: str) -> None:
+        if not quiet or line.startswith("WARNING"):
+            click.echo(f"tasktape collect: {line}", err=line.startswith("WARNING"))
+
+    async def run(sink: SqliteSink) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        collector = Collector(
+            servers, sink, consumer=name, stream=stream, batch=batch, ack_wait=ack_wait, on_status=say
+        )
+        say(f"collecting {stream} from {source} into {db} (consumer {name})")
+        stats = await collector.run(stop)
+        say(f"stopped: {stats.rows:,} rows from {stats.messages:,} messages, {stats.written:,} new")
+
+    try:
+        with SqliteSink(db) as sink:
+            asyncio.run(run(sink))
+    except LogError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,195 @@
+"""Collecting a fleet into one SQLite log (tasktape collect): every shipped row once,
+whatever the order, the redeliveries, the collectors sharing the work or killed mid-batch."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from fleet_runs import collect_until, ship_once
+from log_rows import MS, SSE, shipped_rows, union, write_log
+from nats_servers import NatsCluster
+from processes import stop
+
+from tasktape.errors import LogBusy
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.fleet.collector import Collector
+from tasktape.fleet.names import parse_servers
+from tasktape.fleet.sqlite_sink import SqliteSink
+from tasktape.fleet.wire import decode
+
+
+async def test_two_recorders_collect_into_one_log_that_equals_their_union(
+    nats_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    logs = [write_log(tmp_path / f"{name}.db", name) for name in ("a", "b")]
+    for log in logs:
+        await ship_once(log, nats_cluster.url)
+    fleet = tmp_path / "fleet.db"
+    expected = union(*map(shipped_rows, logs))
+    stats = await collect_until(
+        nats_cluster.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == expected
+    )
+    assert stats.refused == 0
+    with EventLog(fleet) as log:
+        assert {r["task_id"] for r in log.db.query("SELECT task_id FROM task_summary")} == {
+            "task.a",
+            "task.b",
+        }
+        hits = log.db.execute("SELECT count(*) FROM events_fts WHERE events_fts MATCH 'intermittent'")
+        assert hits.fetchone()[0] == 4  # the full-text index holds the collected events
+
+
+async def _raw_messages(url: str) -> list[bytes]:
+    nc = await nats.connect(parse_servers(url))
+    try:
+        sub = await nc.jetstream().pull_subscribe("tasktape.>", durable="raw", stream="TASKTAPE")
+        msgs = await sub.fetch(1000, timeout=5)
+        return [m.data for m in msgs]
+    finally:
+        await nc.close()
+
+
+async def test_messages_in_any_order_and_twice_make_the_same_rows(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    live = tmp_path / "live.db"
+    # A log whose exchange was shipped under way, then again once it ended.
+    with LogWriter(live) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        w.chunk(ex, MS, b"data: {}\n\n")
+        w.flush()
+        await ship_once(live, nats_node.url)
+        w.chunk(ex, 2 * MS, b"data: {}\n\n")
+        w.end_exchange(ex, duration_ns=3 * MS).result()
+        w.end_capture(cap)
+    await ship_once(live, nats_node.url)
+    logs = [live, write_log(tmp_path / "a.db", "a")]
+    for log in logs[1:]:
+        await ship_once(log, nats_node.url)
+    messages = [decode(data) for data in await _raw_messages(nats_node.url)]
+    expected = union(*map(shipped_rows, logs))
+    for seed in range(5):
+        order = messages * 2
+        random.Random(seed).shuffle(order)
+        db = tmp_path / f"sink{seed}.db"
+        with SqliteSink(db) as sink:
+            for at in range(0, len(order), 3):
+                sink.apply(order[at : at + 3])
+        assert shipped_rows(db) == expected, seed
+
+
+async def test_collectors_of_one_consumer_share_its_rows(nats_node: NatsCluster, tmp_path: Path) -> None:
+    logs = [write_log(tmp_path / f"{n}.db", n) for n in "abcdef"]
+    for log in logs:
+        await ship_once(log, nats_node.url)
+    fleet = tmp_path / "fleet.db"
+    expected = union(*map(shipped_rows, logs))
+    stopping = asyncio.Event()
+    sinks = [SqliteSink(fleet), SqliteSink(fleet)]  # two collectors on one machine, one log
+    collectors = [Collector(parse_servers(nats_node.url), s, consumer="shared", batch=2) for s in sinks]
+    tasks = [asyncio.ensure_future(c.run(stopping)) for c in collectors]
+    try:
+        deadline = time.monotonic() + 30
+        while shipped_rows(fleet) != expected:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+    finally:
+        stopping.set()
+        stats = await asyncio.gather(*tasks)
+        for sink in sinks:
+            sink.close()
+    assert all(s.messages > 0 for s in stats) and sum(s.messages for s in stats) == 30
+
+
+def test_a_sink_is_not_shared_with_a_recorder(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.db"
+    with LogWriter(fleet), pytest.raises(LogBusy):
+        SqliteSink(fleet)
+    with SqliteSink(fleet), pytest.raises(LogBusy):
+        LogWriter(fleet)
+
+
+async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsCluster, tmp_path: Path) -> None:
+    log = write_log(tmp_path / "a.db", "a")
+    await ship_once(log, nats_node.url)
+    nc = await nats.connect(parse_servers(nats_node.url))
+    await nc.jetstream().publish("tasktape.someone.else", b"not rows at all")
+    await nc.close()
+    await ship_once(log, nats_node.url)
+    fleet = tmp_path / "fleet.db"
+    said: list[str] = []
+    with SqliteSink(fleet) as sink:
+        collector = Collector(parse_servers(nats_node.url), sink, consumer="c", on_status=said.append)
+        stopping = asyncio.Event()
+        task = asyncio.ensure_future(collector.run(stopping))
+        deadline = time.monotonic() + 20
+        while shipped_rows(fleet) != shipped_rows(log) or not collector.stats.refused:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        stopping.set()
+        stats = await task
+    assert stats.refused == 1
+    assert [line for line in said if "WARNING" in line] == [
+        "WARNING: tasktape.someone.else holds no tasktape rows (Expected `array`, got `int`); dropped"
+    ]
+
+
+async def test_a_collector_killed_mid_batch_loses_and_duplicates_nothing(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    log, fleet = tmp_path / "big.db", tmp_path / "fleet.db"
+    with LogWriter(log) as w:
+        cap = w.begin_capture(source="record")
+        for _ in range(40):
+            ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+            w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+            for n in range(500):
+                w.chunk(ex, n * MS, f'data: {{"n": {n}, "pad": "{"x" * 200}"}}\n\n'.encode())
+            w.end_exchange(ex, duration_ns=MS)
+        w.end_capture(cap)
+    await ship_once(log, nats_node.url)
+    args = [sys.executable, "-m", "tasktape", "collect", "--from", nats_node.url, "--db", str(fleet)]
+    first = subprocess.Popen(
+        [*args, "--ack-wait", "1", "--batch", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while _events(fleet) < 2000:  # some committed, most not yet
+            assert time.monotonic() < deadline and first.poll() is None
+            await asyncio.sleep(0.01)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        stop(first)
+    assert _events(fleet) < 20_000
+    second = subprocess.Popen([*args, "--ack-wait", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while shipped_rows(fleet) != shipped_rows(log):
+            assert time.monotonic() < deadline and second.poll() is None
+            await asyncio.sleep(0.2)
+    finally:
+        second.send_signal(signal.SIGINT)
+        out, err = second.communicate(timeout=30)
+    assert second.returncode == 0, err
+    assert b"collecting TASKTAPE from" in err + out
+
+
+def _events(db: Path) -> int:
+    """Events the sink holds (0 while the collector has yet to make it)."""
+    try:
+        with sqlite3.connect(db) as conn:
+            return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0

@@ -1,0 +1,150 @@
+"""Shipping a recorder's log to NATS JetStream (tasktape record --ship): every committed
+row once, through an outbox cursor that survives restarts; rows that change shipped again;
+a broker that is away leaves rows waiting in the log, said so, and shipped once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import aiohttp
+from a2a_frames import completed_run, sse
+from fleet_runs import collect_until, ship_once, stream_messages
+from log_rows import MS, SSE, shipped_rows, write_log
+from loopback import running, serve, stop, upstream_app
+from nats_servers import NatsCluster
+
+from tasktape.eventlog import LogWriter
+from tasktape.fleet.names import parse_servers
+from tasktape.fleet.shipper import Shipper
+
+
+def cursor(log: Path) -> tuple[int, ...]:
+    db = sqlite3.connect(log)
+    row = db.execute(
+        "SELECT captures, exchanges, stored_chunks, events, resumes, rows FROM shipments"
+    ).fetchone()
+    db.close()
+    return tuple(row)
+
+
+async def test_a_log_ships_whole_and_a_restarted_shipper_sends_nothing_twice(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    log = write_log(tmp_path / "a.db", "a")
+    first = await ship_once(log, nats_node.url)
+    # 1 capture, 3 exchanges, 2 stored chunks, 11 events, 1 resume.
+    assert (first.rows, first.duplicates) == (18, 0)
+    assert cursor(log) == (1, 3, 2, 11, 1, 18)
+    held = await stream_messages(nats_node.url)
+    again = await ship_once(log, nats_node.url)
+    # A restart looks at its captures again (one may have ended since): JetStream knows it.
+    assert again.rows == again.duplicates == 1 and await stream_messages(nats_node.url) == held
+    with LogWriter(log) as w:  # the recorder records on
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="GET", path="/later", started_ns=time.time_ns())
+        w.end_exchange(ex, duration_ns=MS)
+        w.end_capture(cap)
+    later = await ship_once(log, nats_node.url)
+    assert later.rows - later.duplicates == 2
+    fleet = tmp_path / "fleet.db"
+    await collect_until(
+        nats_node.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
+    )
+
+
+async def test_an_exchange_under_way_ships_as_far_as_it_got_and_again_once_ended(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    log, fleet = tmp_path / "live.db", tmp_path / "fleet.db"
+    chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
+    with LogWriter(log) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        for n, data in enumerate(chunks[:4]):
+            w.chunk(ex, n * MS, data)
+        w.flush()
+        await ship_once(log, nats_node.url)  # this shipper stops; the next takes up from its cursor
+        await collect_until(nats_node.url, fleet, lambda: fleet.exists() and _events(fleet) == 4)
+        assert _outcomes(fleet) == [None]
+        for n, data in enumerate(chunks[4:], 4):
+            w.chunk(ex, n * MS, data)
+        w.end_exchange(ex, duration_ns=20 * MS).result()
+        w.end_capture(cap)
+    await ship_once(log, nats_node.url)
+    await collect_until(nats_node.url, fleet, lambda: shipped_rows(fleet) == shipped_rows(log))
+    assert _outcomes(fleet) == ["complete"]
+
+
+def _events(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+
+
+def _outcomes(db: Path) -> list[str | None]:
+    with sqlite3.connect(db) as conn:
+        return [row[0] for row in conn.execute("SELECT outcome FROM exchanges")]
+
+
+async def test_rows_wait_while_the_broker_is_away_and_go_out_when_it_is_back(tmp_path: Path) -> None:
+    node = NatsCluster(tmp_path / "nats", size=1)  # its port chosen, the server not started
+    log = write_log(tmp_path / "a.db", "a")
+    said: list[str] = []
+    shipper = Shipper(log, parse_servers(node.url), on_status=said.append)
+    stopping = asyncio.Event()
+    shipping = asyncio.ensure_future(shipper.run(stopping, drain=30))
+    try:
+        await asyncio.sleep(2.0)
+        assert said and all(line.startswith("shipping: 18 rows wait for nats://127.0.0.1:") for line in said)
+        assert cursor_or_none(log) is None  # nothing shipped, nothing marked
+        node.start()
+        deadline = time.monotonic() + 30
+        while not any("caught up" in line for line in said):
+            assert time.monotonic() < deadline, said
+            await asyncio.sleep(0.05)
+        assert said[-1] == "shipping: caught up (18 rows shipped in all)"
+        assert cursor(log)[-1] == 18
+    finally:
+        stopping.set()
+        await shipping
+        shipper.close()
+        node.stop()
+
+
+def cursor_or_none(log: Path) -> tuple[int, ...] | None:
+    db = sqlite3.connect(log)
+    row = db.execute("SELECT rows FROM shipments").fetchone()
+    db.close()
+    return row
+
+
+async def test_tasktape_record_ships_what_it_records(nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    log, fleet = tmp_path / "rec.db", tmp_path / "fleet.db"
+    async with (
+        serve(upstream_app(events=30, delay=0.01)) as agent,
+        running(
+            "record",
+            "--upstream",
+            agent,
+            "--listen",
+            "127.0.0.1:0",
+            "--db",
+            str(log),
+            "--ship",
+            nats_cluster.url,
+        ) as rec,
+    ):
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with session.post(f"{rec.url}/message:stream", json={}) as r:
+                    assert len(await r.read()) > 0
+        assert await stop(rec, signal.SIGINT) == 0, rec.printed
+    assert "rows wait" not in "".join(rec.printed)
+    assert cursor(log)[:4] == (1, 3, 0, 90)  # every row, shipped before the recorder exited
+    await collect_until(
+        nats_cluster.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
+    )
