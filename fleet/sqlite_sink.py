@@ -99,7 +99,8 @@ class SqliteSink:
         sets = ", ".join(f"{c} = coalesce(captures.{c}, excluded.{c})" for c in cols if c != "uid")
         return self._many(
             f"INSERT INTO captures ({', '.join(cols)}) VALUES ({_marks(cols)})"
-            f" ON CONFLICT(uid) DO UPDATE SET {sets}",
+            f" ON CONFLICT(uid) DO UPDATE SET {sets} WHERE captures.started_at IS NULL"
+            " OR (captures.ended_at IS NULL AND excluded.ended_at IS NOT NULL)",
             m.rows,
         )
 

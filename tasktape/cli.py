@@ -24,6 +24,7 @@ COMMANDS = {
     "inspect": (".inspect_command", "inspect"),
     "merge": (".merge_command", "merge"),
     "mitm": (".mitm_command", "mitm"),
+    "pull": (".pull_command", "pull"),
     "record": (".record", "record"),
     "replay": (".replay_command", "replay"),
 }

@@ -6,6 +6,7 @@ import asyncio
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,9 +24,14 @@ from tasktape.fleet.names import FETCH, STREAM, parse_servers
 )
 @click.option(
     "--db",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="The event log to collect into (created if needed), to inspect and replay as any log.",
+)
+@click.option(
+    "--clickhouse",
+    metavar="URL",
+    help="Or into ClickHouse: http://HOST:8123 for a server, chdb:///ABS/PATH or chdb://REL for the "
+    "embedded engine (pip install 'tasktape[clickhouse]').",
 )
 @click.option(
     "--consumer",
@@ -52,42 +58,72 @@ from tasktape.fleet.names import FETCH, STREAM, parse_servers
 )
 @click.option("--quiet", is_flag=True, help="Print only errors.")
 def collect(
-    source: str, db: Path, consumer: str | None, stream: str, ack_wait: float, batch: int, quiet: bool
+    source: str,
+    db: Path | None,
+    clickhouse: str | None,
+    consumer: str | None,
+    stream: str,
+    ack_wait: float,
+    batch: int,
+    quiet: bool,
 ) -> None:
     """Collect every row the recorders of a fleet ship into one event log, until Ctrl-C.
 
     Each row is written once however often it arrives (a redelivery, a resend), keyed by
     the uid of its capture and exchange; the log's integer ids are its own. Rows are
     acknowledged once committed: a collector stopped or killed loses nothing, and the next
-    one of its consumer takes up where it stopped.
+    one of its consumer takes up where it stopped. Into ClickHouse, about a second of rows
+    goes into each insert.
     """
+    if (db is None) == (clickhouse is None):
+        raise click.UsageError("collect into one sink: --db PATH or --clickhouse URL")
     try:
         servers = parse_servers(source)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--from") from None
-    name = consumer or "sqlite-" + re.sub(r"[^A-Za-z0-9_-]", "_", db.stem)
+    into = str(db) if db is not None else clickhouse
+    kind, named = ("sqlite", db.stem) if db is not None else ("clickhouse", str(clickhouse).rstrip("/"))
+    name = consumer or f"{kind}-" + re.sub(r"[^A-Za-z0-9_-]", "_", named.rsplit("/", 1)[-1])
     # Here: NATS's client and the sink load only for this command.
-    from tasktape.fleet.collector import Collector  # noqa: PLC0415
-    from tasktape.fleet.sqlite_sink import SqliteSink  # noqa: PLC0415
+    from tasktape.fleet.collector import Collector, Sink  # noqa: PLC0415
 
     def say(line: str) -> None:
         if not quiet or line.startswith("WARNING"):
             click.echo(f"tasktape collect: {line}", err=line.startswith("WARNING"))
 
-    async def run(sink: SqliteSink) -> None:
+    async def run(sink: Sink) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        gather = 0.0 if db is not None else 1.0  # ClickHouse takes few, big inserts
         collector = Collector(
-            servers, sink, consumer=name, stream=stream, batch=batch, ack_wait=ack_wait, on_status=say
+            servers,
+            sink,
+            consumer=name,
+            stream=stream,
+            gather=gather,
+            batch=batch,
+            ack_wait=ack_wait,
+            on_status=say,
         )
-        say(f"collecting {stream} from {source} into {db} (consumer {name})")
+        say(f"collecting {stream} from {source} into {into} (consumer {name})")
         stats = await collector.run(stop)
         say(f"stopped: {stats.rows:,} rows from {stats.messages:,} messages, {stats.written:,} new")
 
     try:
-        with SqliteSink(db) as sink:
+        with open_sink(db, clickhouse) as sink:
             asyncio.run(run(sink))
-    except LogError as exc:
+    except (LogError, UsageError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def open_sink(db: Path | None, clickhouse: str | None) -> Any:
+    """The sink asked for, opened (a context manager)."""
+    if db is not None:
+        from tasktape.fleet.sqlite_sink import SqliteSink  # noqa: PLC0415
+
+        return SqliteSink(db)
+    from tasktape.fleet.clickhouse_sink import ClickHouseSink  # noqa: PLC0415
+
+    return ClickHouseSink(str(clickhouse))

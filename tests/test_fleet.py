@@ -68,6 +68,11 @@ async def test_a_fleet_loses_and_doubles_nothing_through_node_broker_and_collect
     fleet = tmp_path / "fleet.db"
     got: dict[str, bytes] = {}
     collector = _collector(cluster.url, fleet)
+    clickhouse = f"chdb://{tmp_path / 'clickhouse'}"
+    into_clickhouse = subprocess.Popen(
+        [sys.executable, "-m", "tasktape", "collect", "--from", cluster.url, "--clickhouse", clickhouse],
+        stderr=subprocess.PIPE,
+    )
     try:
         async with (
             serve(agent_app()) as agent_a,
@@ -127,9 +132,19 @@ async def test_a_fleet_loses_and_doubles_nothing_through_node_broker_and_collect
                 "the fleet's log is not the union"
             )
             await asyncio.sleep(0.25)
+        # The ClickHouse collector inserts about once a second: give it its last inserts.
+        await asyncio.sleep(3.0)
+        into_clickhouse.send_signal(signal.SIGINT)
+        assert into_clickhouse.wait(timeout=60) == 0
     finally:
         stop_process(collector)
+        stop_process(into_clickhouse)
         cluster.stop()
+    # ClickHouse holds the same: every exchange, chunk and event, once.
+    pulled = tmp_path / "pulled.db"
+    args = ["pull", "--clickhouse", clickhouse, "--since", "2000-01-01", "-o", str(pulled)]
+    assert subprocess.run([sys.executable, "-m", "tasktape", *args], check=False).returncode == 0
+    assert shipped_rows(pulled) == expected
     # Each stream replays from the fleet's log as its client got it.
     async with serve(ReplayServer(load([fleet]), speed=0).app) as replay, aiohttp.ClientSession() as session:
         for text in ("a-0", "b-3", "c-1", max(got)):

@@ -1,0 +1,175 @@
+"""A fleet's rows into ClickHouse: a networked server (``http://HOST:8123[/DATABASE]``) or
+the embedded engine (``chdb:///ABS/PATH``, ``chdb://REL``), through the same
+clickhouse-connect client.
+
+The tables mirror the log's, keyed by uid instead of integer ids: ``captures`` and
+``exchanges`` by their uid, ``stored_chunks`` (the chunks stored as they came), ``events``
+and ``resumes`` by their exchange's uid. They are ReplacingMergeTree tables: a row written
+twice (a redelivery) or again in a later version (an exchange once it ended) is one row
+once ClickHouse has merged them, and at once for a query that says ``FINAL``, as the views
+here do. Inserts are batched as ClickHouse asks: a collector gathers about a second of
+messages into one insert per table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from tasktape.errors import UsageError
+from tasktape.eventlog.schema import open_db
+
+from .sqlite_sink import Applied
+from .wire import Rows, Table, wire_columns
+
+DATABASE = "tasktape"  # where the tables are, unless a server's URL names a database
+
+# The ClickHouse table of each log table: its name, what orders (and so deduplicates) it,
+# and the column that, once set, makes a row's later version replace its earlier one.
+TABLES = {
+    Table.CAPTURES: ("captures", ("uid",), "ended_at"),
+    Table.EXCHANGES: ("exchanges", ("uid",), "outcome"),
+    Table.STORED_CHUNKS: ("stored_chunks", ("exchange_uid", "seq"), None),
+    Table.EVENTS: ("events", ("exchange_uid", "seq"), None),
+    Table.RESUMES: ("resumes", ("exchange_uid", "at_ns", "side", "outcome"), None),
+}
+
+# The log's views, over the deduplicated rows (FINAL).
+_EOL = "if(e.chunk_crlf = 1, '\\r\\n', '\\n')"
+VIEWS = {
+    # Every byte of every response, as the log's chunks view: the chunks stored as they
+    # came, and those an event row writes back.
+    "chunks": f"""
+SELECT exchange_uid, seq, offset_ns, data FROM {{db}}.stored_chunks FINAL
+UNION ALL
+SELECT e.exchange_uid, assumeNotNull(e.chunk_seq) AS seq, e.offset_ns,
+  concat(if(e.event_id IS NULL, '', concat('id: ', assumeNotNull(e.event_id), {_EOL})),
+         if(e.event_type IS NULL, '', concat('event: ', assumeNotNull(e.event_type), {_EOL})),
+         'data: ', ifNull(e.data, ''), {_EOL}, {_EOL}) AS data
+FROM {{db}}.events AS e FINAL WHERE e.chunk_seq IS NOT NULL""",
+    "exchange_metrics": """
+SELECT x.uid AS exchange_uid, x.capture_uid, x.started_at, x.method, x.path, x.status, x.protocol,
+  x.binding, x.rpc_method, x.task_id, x.is_sse, x.outcome,
+  round(x.ttfb_ns / 1e6, 3) AS ttfb_ms, round(x.duration_ns / 1e6, 3) AS duration_ms
+FROM {db}.exchanges AS x FINAL""",
+    "task_timeline": """
+SELECT e.task_id, e.exchange_uid, e.seq,
+  toDateTime64((x.started_ns + e.offset_ns) / 1e9, 6, 'UTC') AS at,
+  round(e.offset_ns / 1e6, 3) AS offset_ms, e.kind, e.state, e.artifact_id, e.artifact_type,
+  e.append, e.last_chunk, e.text, e.event_id
+FROM {db}.events AS e FINAL JOIN {db}.exchanges AS x FINAL ON x.uid = e.exchange_uid
+WHERE e.task_id IS NOT NULL""",
+    "task_summary": """
+SELECT e.task_id, any(e.context_id) AS context_id,
+  toDateTime64(min(x.started_ns + e.offset_ns) / 1e9, 6, 'UTC') AS first_seen,
+  toDateTime64(max(x.started_ns + e.offset_ns) / 1e9, 6, 'UTC') AS last_seen,
+  argMaxIf(e.state, x.started_ns + e.offset_ns, e.state IS NOT NULL) AS final_state,
+  count() AS events, uniqExact(e.exchange_uid) AS exchanges
+FROM {db}.events AS e FINAL JOIN {db}.exchanges AS x FINAL ON x.uid = e.exchange_uid
+WHERE e.task_id IS NOT NULL GROUP BY e.task_id""",
+}
+_TYPES = {"INTEGER": "Int64", "TEXT": "String", "BLOB": "String", "FLOAT": "Float64", "REAL": "Float64"}
+
+
+def connect(url: str) -> tuple[Any, str]:
+    """A clickhouse-connect client of ``url`` and the database tasktape's tables are in:
+    ``http(s)://HOST:PORT[/DATABASE]``, or ``chdb:///ABS/PATH`` / ``chdb://REL`` for the
+    embedded engine (its database ``tasktape``)."""
+    try:
+        import clickhouse_connect  # noqa: PLC0415 - an extra: tasktape[clickhouse]
+    except ImportError:
+        raise UsageError("ClickHouse needs an extra: pip install 'tasktape[clickhouse]'") from None
+    if url.startswith("chdb://"):
+        rest = url.removeprefix("chdb://")
+        path = Path(rest) if rest.startswith("/") else Path.cwd() / rest
+        path.mkdir(parents=True, exist_ok=True)
+        return clickhouse_connect.get_client(dsn=f"chdb://{path}"), DATABASE
+    if url.startswith(("http://", "https://")):
+        parts = urlsplit(url)
+        server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+        return clickhouse_connect.get_client(dsn=server), parts.path.strip("/") or DATABASE
+    raise UsageError(f"{url!r} is not a ClickHouse URL: http://HOST:8123, chdb:///ABS/PATH or chdb://REL")
+
+
+def blob_columns(columns: Sequence[tuple[str, str]]) -> list[str]:
+    """The columns a log keeps bytes in (a body, a chunk): read back from ClickHouse as bytes."""
+    return [c for c, t in columns if t == "BLOB"]
+
+
+class ClickHouseSink:
+    """The ClickHouse at ``url`` as a fleet's sink (its database, tables and views made if
+    missing)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client, self.database = connect(url)
+        self.columns = wire_columns_now()
+        self._create()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> ClickHouseSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create(self) -> None:
+        self.client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+        for table, (name, order, version) in TABLES.items():
+            columns = ", ".join(f"{c} {_type(c, t, order)}" for c, t in self.columns[table])
+            versioned = ", _version UInt8" if version else ""
+            engine = "ReplacingMergeTree(_version)" if version else "ReplacingMergeTree"
+            self.client.command(
+                f"CREATE TABLE IF NOT EXISTS {self.database}.{name} ({columns}{versioned})"
+                f" ENGINE = {engine} ORDER BY ({', '.join(order)})"
+            )
+        for name, sql in VIEWS.items():
+            view = sql.format(db=self.database)
+            self.client.command(f"CREATE OR REPLACE VIEW {self.database}.{name} AS {view}")
+
+    def apply(self, messages: Sequence[Rows]) -> Applied:
+        """One insert per table for all the messages' rows."""
+        applied = Applied(messages=len(messages))
+        by_table: dict[Table, list[Rows]] = {}
+        for m in messages:
+            by_table.setdefault(m.table, []).append(m)
+            applied.rows += len(m.rows)
+        for table, own in by_table.items():
+            name, _, version = TABLES[table]
+            wanted = [c for c, _ in self.columns[table]]
+            blobs = [i for i, (_, t) in enumerate(self.columns[table]) if t == "BLOB"]
+            rows = []
+            for m in own:
+                at = {c: i for i, c in enumerate(m.columns)}
+                for row in m.rows:
+                    values = [row[at[c]] if c in at else None for c in wanted]
+                    for i in blobs:  # text where it was UTF-8: its bytes, as ClickHouse keeps them
+                        if isinstance(values[i], str):
+                            values[i] = values[i].encode()
+                    if version:
+                        values.append(int(row[at[version]] is not None))
+                    rows.append(values)
+            names = [*wanted, "_version"] if version else wanted
+            self.client.insert(f"{self.database}.{name}", rows, column_names=names)
+        applied.written = applied.rows  # what ClickHouse held already, it merges away
+        return applied
+
+
+def _type(column: str, sqlite_type: str, order: tuple[str, ...]) -> str:
+    kind = _TYPES.get(sqlite_type.upper(), "String")
+    return kind if column in order else f"Nullable({kind})"
+
+
+def wire_columns_now() -> dict[Table, list[tuple[str, str]]]:
+    """Each table's columns as its rows travel, with their SQLite types, from the schema a
+    log has now."""
+    db = open_db(":memory:")
+    try:
+        local = {t: [(r[1], r[2]) for r in db.execute(f"PRAGMA table_info({t})")] for t in Table}
+    finally:
+        db.close()
+    return {t: wire_columns(t, columns) for t, columns in local.items()}

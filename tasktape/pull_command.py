@@ -1,0 +1,54 @@
+"""``tasktape pull``: a slice of a fleet's ClickHouse record into a local event log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tasktape.errors import LogError, UsageError
+
+
+@click.command("pull")
+@click.option(
+    "--clickhouse",
+    required=True,
+    metavar="URL",
+    help="Where tasktape collect wrote: http://HOST:8123, chdb:///ABS/PATH or chdb://REL.",
+)
+@click.option("--task", metavar="ID", help="The exchanges of this task.")
+@click.option("--context", metavar="ID", help="The exchanges of this context.")
+@click.option(
+    "--since", metavar="TIME", help="The exchanges started at or after this ISO 8601 time (UTC unless said)."
+)
+@click.option("--until", metavar="TIME", help="And before this one.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The event log to write them into (created if needed).",
+)
+def pull(
+    clickhouse: str, task: str | None, context: str | None, since: str | None, until: str | None, output: Path
+) -> None:
+    """Bring a slice of a fleet's ClickHouse record into a local log, for tasktape inspect and replay.
+
+    The slice is one task's exchanges, one context's, or those started in a time range;
+    each comes with its capture, chunks, events and resumes, byte for byte. Rows are keyed
+    by uid, so pulling into a log that holds them already adds nothing.
+    """
+    # Here: clickhouse-connect loads only for this command.
+    from tasktape.fleet.pull import Slice, parse_time, pull_slice  # noqa: PLC0415
+
+    try:
+        chosen = Slice(
+            task=task,
+            context=context,
+            since=parse_time(since) if since else None,
+            until=parse_time(until) if until else None,
+        )
+        applied = pull_slice(clickhouse, chosen, output)
+    except (UsageError, LogError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"tasktape pull: {applied.rows:,} rows ({applied.written:,} new) -> {output}")
