@@ -31,7 +31,7 @@ from tasktape.eventlog.exchange_rows import utc_iso
 
 from .jetstream import RETRY, connect, ensure_stream
 from .names import STREAM, SUBJECTS
-from .wire import MSG_ID, UID_COLUMNS, Rows, Table, encode, message_id, subject, wire_columns
+from .wire import LOCAL_COLUMNS, MSG_ID, Rows, Table, encode, message_id, subject, wire_columns
 
 _IN_PROCESS = 10158  # JetStream: "duplicate message id is in process"
 ROUND_ROWS = 5000  # rows of a table read in one round at most
@@ -166,11 +166,10 @@ class Shipper:
         values), and the columns the values are of."""
         local = [(row[1], row[2]) for row in self._read.execute(f"PRAGMA table_info({table})")]
         columns = [c for c, _ in wire_columns(table, local)]
-        uids = {uid: local_id for local_id, uid in UID_COLUMNS.items()}
         if table is Table.CAPTURES:
             return f"SELECT t.rowid, t.uid, {_of('t', columns)} FROM captures t", tuple(columns)
         # The uid columns first: the capture's, or the exchange's (and a resume's new one).
-        joins = [uids[c] for c in columns if c in uids]
+        joins = [LOCAL_COLUMNS[c] for c in columns if c in LOCAL_COLUMNS]
         picked = [f"j{i}.uid" for i in range(len(joins))] + [f"t.{c}" for c in columns[len(joins) :]]
         outer = " ".join(
             f"LEFT JOIN {'captures' if c == 'capture_id' else 'exchanges'} j{i} ON j{i}.id = t.{c}"

@@ -23,9 +23,7 @@ from tasktape.errors import LogError
 from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
-from .wire import UID_COLUMNS, Rows, Table
-
-_LOCAL = {uid: local for local, uid in UID_COLUMNS.items()}  # capture_uid -> capture_id...
+from .wire import LOCAL_COLUMNS, Rows, Table
 
 
 @dataclass
@@ -78,7 +76,7 @@ class SqliteSink:
         return applied
 
     def _apply(self, m: Rows) -> int:
-        unknown = {_LOCAL.get(c, c) for c in m.columns} - self._columns[m.table]
+        unknown = {LOCAL_COLUMNS.get(c, c) for c in m.columns} - self._columns[m.table]
         if unknown:
             raise LogError(
                 f"{self.path}: {m.table} rows carry columns this tasktape does not know"
@@ -128,7 +126,7 @@ class SqliteSink:
         )
 
     def _resumes(self, m: Rows) -> int:
-        cols = [_LOCAL.get(c, c) for c in m.columns]
+        cols = [LOCAL_COLUMNS.get(c, c) for c in m.columns]
         first, new = cols.index("exchange_id"), cols.index("new_exchange_id")
         key = ("exchange_id", "at_ns", "side", "last_event_id", "new_exchange_id", "outcome")
         same = " AND ".join(f"{c} IS ?" for c in key)

@@ -36,6 +36,7 @@ UID_COLUMNS = {
     "exchange_id": "exchange_uid",
     "new_exchange_id": "new_exchange_uid",
 }
+LOCAL_COLUMNS = {uid: local for local, uid in UID_COLUMNS.items()}  # capture_uid -> capture_id...
 
 
 def wire_columns(table: Table, local: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
