@@ -11,6 +11,7 @@ from . import (
     chart,
     decoder,
     eventlog_bench,
+    fleet_bench,
     handover,
     hold_bench,
     imports,
@@ -38,6 +39,7 @@ SUITES = {
     "replay": replay_bench.run,
     "scaling": scaling.run,
     "pinned": pinned.run,
+    "fleet": fleet_bench.run,
     "instructions": instructions.run,
 }
 

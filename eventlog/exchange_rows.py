@@ -26,13 +26,21 @@ Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 Statement = tuple[str, tuple[Any, ...]]
 Rows = list[tuple[Any, ...]]
 
-INSERT_CHUNK = "INSERT INTO stored_chunks (exchange_id, seq, offset_ns, data) VALUES (?, ?, ?, ?)"
-INSERT_EVENT = (
-    "INSERT INTO events (exchange_id, seq, offset_ns, event_id, last_event_id, event_type, data,"
-    " retry, complete, chunk_seq, chunk_crlf, kind, task_id, context_id, state, artifact_id,"
-    " artifact_type, append, last_chunk, text, usage, parse_error)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+# The columns of a chunk's and of an event's row, in the order the rows are built.
+CHUNK_COLUMNS = ("exchange_id", "seq", "offset_ns", "data")
+EVENT_COLUMNS = (
+    *("exchange_id", "seq", "offset_ns", "event_id", "last_event_id", "event_type", "data"),
+    *("retry", "complete", "chunk_seq", "chunk_crlf", "kind", "task_id", "context_id", "state"),
+    *("artifact_id", "artifact_type", "append", "last_chunk", "text", "usage", "parse_error"),
 )
+
+
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+INSERT_CHUNK = _insert("stored_chunks", CHUNK_COLUMNS)
+INSERT_EVENT = _insert("events", EVENT_COLUMNS)
 _INSERT_EXCHANGE = (
     "INSERT INTO exchanges (id, uid, capture_id, started_at, started_ns, method, path, query,"
     " request_headers, request_body, request_body_truncated, request_body_encoding, binding,"

@@ -60,8 +60,11 @@ class ProcessLogWriter(LogProducer):
         # A plain child process (not multiprocessing's spawn, which re-imports the
         # caller's main module): it gets one end of the socket pair, then its settings.
         python, env = child_python()
+        tap = options.get("tap")  # it travels to the child, where the writer opens it
         self._process = subprocess.Popen(
-            [*python, "-c", _CHILD_MAIN, str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
+            [*python, "-c", _CHILD_MAIN, str(theirs.fileno())],
+            pass_fds=[theirs.fileno(), *(tap.fds if tap is not None else ())],
+            env=env,
         )
         theirs.close()
         self._conn = Connection(ours.detach())

@@ -28,8 +28,16 @@ from typing import Any
 
 from tasktape.errors import LogError, WriterClosed
 
+from .commit_tap import CommitTap
 from .content_coding import MAX_DECODED
-from .exchange_rows import INSERT_CHUNK, INSERT_EVENT, ExchangeRows, ExchangeSummary
+from .exchange_rows import (
+    CHUNK_COLUMNS,
+    EVENT_COLUMNS,
+    INSERT_CHUNK,
+    INSERT_EVENT,
+    ExchangeRows,
+    ExchangeSummary,
+)
 from .producer import (
     BODY,
     CAPTURE,
@@ -138,6 +146,7 @@ class LogWriter(LogProducer):
         max_body: int = 16 * 1024 * 1024,
         max_decoded: int = MAX_DECODED,
         max_backlog: int = 256 * 1024 * 1024,
+        tap: CommitTap | None = None,
     ) -> None:
         """``on_error(exc, rows_lost)`` is called from the writer thread when a batch
         cannot be written (default: a loud line on stderr); ``busy_timeout`` is how long
@@ -147,7 +156,8 @@ class LogWriter(LogProducer):
         ``max_decoded`` caps how much of an exchange's compressed bodies is decoded (what
         is past it is stored as it came, and the exchange says so);
         ``max_backlog`` is how many chunk bytes may wait for the writer before new chunks
-        are dropped (and reported) rather than held in memory."""
+        are dropped (and reported) rather than held in memory; ``tap`` is told of the
+        chunks and events of each commit (``CommitTap``)."""
         super().__init__(path, on_error, max_backlog)
         self._max_batch = max_batch_seconds
         self._redactor = redactor or Redactor()
@@ -166,6 +176,9 @@ class LogWriter(LogProducer):
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
         (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
+        self._tap = tap
+        if tap is not None:
+            tap.open(conn)
         self._exchanges: dict[int, ExchangeRows] = {}
         self._batches: queue.Queue[_Batch] = queue.Queue(maxsize=2)
         self._building = _Batch()  # the batch the writer thread is filling
@@ -192,6 +205,8 @@ class LogWriter(LogProducer):
         self._thread.join()
         self._committer.join()
         self._checkpoint()
+        if self._tap:
+            self._tap.close()
         self._conn.close()
         release_writer_lock(self._lock_fd)
 
@@ -334,12 +349,15 @@ class LogWriter(LogProducer):
         chunk_rows, event_rows, statements = batch.chunk_rows, batch.event_rows, batch.statements
         rows = len(chunk_rows) + len(event_rows) + sum(s[0].startswith("INSERT") for s in statements)
         conn = self._conn
+        last_chunk = last_event = 0
         try:
             conn.execute("BEGIN")
             for sql, params in statements:
                 conn.execute(sql, params)
             if chunk_rows:
                 conn.executemany(INSERT_CHUNK, chunk_rows)
+                if self._tap:
+                    (last_chunk,) = conn.execute("SELECT max(rowid) FROM stored_chunks").fetchone()
             if event_rows:
                 conn.executemany(INSERT_EVENT, event_rows)
                 conn.execute(INDEX_TEXT, (self._indexed_through,))
@@ -349,6 +367,8 @@ class LogWriter(LogProducer):
                 self._indexed_through = last_event
             self.stats.rows_written += rows
             self.stats.batches += 1
+            if self._tap:
+                self._tell_tap(last_chunk, last_event, batch)
         except UnicodeEncodeError:
             # A string SQLite cannot take (a lone surrogate, from an escape in JSON):
             # store the batch again with such characters replaced.
@@ -376,6 +396,26 @@ class LogWriter(LogProducer):
                 future.set_result(summary)
         for wake in batch.wakers:
             wake()
+
+    def _tell_tap(self, last_chunk: int, last_event: int, batch: _Batch) -> None:
+        """Tell the tap of the chunks and events just committed. They are in the log
+        whatever the tap does: a tap that fails is told nothing more, loudly."""
+        tap = self._tap
+        assert tap is not None
+        try:
+            if batch.statements:
+                tap.changed()
+            tap.committed("stored_chunks", CHUNK_COLUMNS, batch.chunk_rows, last_chunk)
+            tap.committed("events", EVENT_COLUMNS, batch.event_rows, last_event)
+        except Exception as exc:
+            self._tap = None
+            tap.close()
+            print(
+                f"tasktape: WARNING: the log writer of {self.path} stopped telling {type(tap).__name__}"
+                f" of its commits ({type(exc).__name__}: {exc}); the rows are in the log",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _next_id(conn: sqlite3.Connection, table: str) -> int:

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from tasktape.eventlog.interpreter import child_python
 
+from .hints import HintReader
 from .names import STREAM
 from .shipper import Shipper
 
@@ -27,7 +28,8 @@ _CHILD_MAIN = "import sys; from tasktape.fleet.ship_process import main; main(sy
 
 
 class ShipperProcess:
-    """Ships the log at ``path`` to ``servers`` from a child process until ``close()``."""
+    """Ships the log at ``path`` to ``servers`` from a child process until ``close()``;
+    ``hints_fd`` is the read end of the pipe its log writer sends hints to (``hints``)."""
 
     def __init__(
         self,
@@ -37,12 +39,19 @@ class ShipperProcess:
         stream: str = STREAM,
         drain: float = 10.0,
         prefix: str = "",
+        hints_fd: int | None = None,
     ) -> None:
         self.drain = drain
-        settings = {"path": str(path), "servers": servers, "stream": stream, "drain": drain, "prefix": prefix}
+        settings = {
+            **{"path": str(path), "servers": servers, "stream": stream},
+            **{"drain": drain, "prefix": prefix, "hints_fd": hints_fd},
+        }
         python, env = child_python()
         self._process = subprocess.Popen(
-            [*python, "-c", _CHILD_MAIN, json.dumps(settings)], stdin=subprocess.PIPE, env=env
+            [*python, "-c", _CHILD_MAIN, json.dumps(settings)],
+            stdin=subprocess.PIPE,
+            env=env,
+            pass_fds=[hints_fd] if hints_fd is not None else [],
         )
 
     def close(self) -> int:
@@ -78,11 +87,17 @@ def main(settings_json: str) -> None:
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=wait_for_eof, daemon=True).start()
-        shipper = Shipper(settings["path"], settings["servers"], stream=settings["stream"], on_status=say)
+        fd = settings["hints_fd"]
+        hints = HintReader(fd) if fd is not None else None
+        shipper = Shipper(
+            settings["path"], settings["servers"], stream=settings["stream"], on_status=say, hints=hints
+        )
         try:
             stats = await shipper.run(stop, drain=settings["drain"])
         finally:
             shipper.close()
+            if hints is not None:
+                hints.close()
         if stats.waiting:
             say(f"shipping: {stats.waiting:,} rows not shipped; they wait in the log for its next shipping")
             return 1

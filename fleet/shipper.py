@@ -1,12 +1,14 @@
 """Shipping a log's committed rows to NATS JetStream, through an outbox cursor.
 
-The shipper reads the local log, never the traffic: rows the writer committed past the
-cursor are read in one snapshot, published (each message until JetStream acknowledges it,
-the same message again after an unanswered publish), and only then is the cursor moved on,
-in the log's ``shipments`` table. A broker that is slow or down leaves the rows in the log,
-where they wait; they go out when it is back, from where the cursor stands, after a
-restart too. At-least-once on the wire: what a lost acknowledgement makes a collector see
-twice, its sink holds once.
+The shipper follows the local log, never the traffic: rows the writer committed past the
+cursor are taken from the writer's hints (chunks and events, see ``hints``) or read in one
+snapshot of the log (the rest, and what has no hint), published (each message until
+JetStream acknowledges it, the same message again after an unanswered publish), and only
+then is the cursor moved on, saved in the log's ``shipments`` table every few seconds. A
+broker that is slow or down leaves the rows in the log, where they wait; they go out when
+it is back, from where the saved cursor stands, after a restart too. At-least-once on the
+wire: what a lost acknowledgement or an unsaved cursor makes a collector see twice, its
+sink holds once.
 
 Rows that change after they are written (a capture's end, an exchange's head and end) are
 shipped again once they have: the shipper keeps the exchanges it shipped still under way,
@@ -29,15 +31,19 @@ import nats.js.errors
 
 from tasktape.eventlog.exchange_rows import utc_iso
 
+from .hints import HintReader
 from .jetstream import RETRY, connect, ensure_stream
 from .names import STREAM, SUBJECTS
-from .wire import LOCAL_COLUMNS, MSG_ID, Rows, Table, encode, message_id, subject, wire_columns
+from .wire import LOCAL_COLUMNS, MSG_ID, Message, Rows, Table, encoded, message_id, subject, wire_columns
 
 _IN_PROCESS = 10158  # JetStream: "duplicate message id is in process"
 ROUND_ROWS = 5000  # rows of a table read in one round at most
-MESSAGE_ROWS = 1000  # rows in one message at most
-MESSAGE_BYTES = 512 * 1024  # and about this many bytes (NATS takes 1 MiB by default)
-POLL = 0.05  # seconds between rounds that found nothing
+POLL = 0.05  # seconds from a round's start to the next one's (unless it read a full round)
+IDLE_POLL = 0.5  # and at most this long while rounds find nothing (or until a hint comes)
+SAVE_EVERY = 2.0  # seconds between saves of the cursor (a shipper killed sends them again)
+HINTED = (Table.STORED_CHUNKS, Table.EVENTS)  # tables the log writer sends hints of
+HINT_GRACE = 0.5  # seconds rows wait for their hint before they are read from the log
+LOOK_EVERY = 1.0  # with hints coming, seconds between looks at the whole log
 WAIT_REPORT = 1.0  # rows waiting longer than this are reported
 REPORT_EVERY = 5.0  # and again this often while they wait
 
@@ -64,16 +70,7 @@ class ShipStats:
     duplicates: int = 0  # messages JetStream had already (a resend)
     retries: int = 0
     waiting: int = 0  # rows committed and not yet shipped, when last counted
-
-
-# What tells a row's versions apart: a changed row is shipped again under a new message id.
-_KEYS = {
-    Table.CAPTURES: ("uid", "ended_at"),
-    Table.EXCHANGES: ("uid", "outcome"),
-    Table.STORED_CHUNKS: ("exchange_uid", "seq"),
-    Table.EVENTS: ("exchange_uid", "seq"),
-    Table.RESUMES: ("exchange_uid", "at_ns", "side"),
-}
+    read_back: int = 0  # chunks and events read from the log, for want of their hints
 
 
 def _of(alias: str, columns: list[str]) -> str:
@@ -85,40 +82,15 @@ def _slices(ids: list[int], size: int = 500) -> Iterator[list[int]]:
         yield ids[at : at + size]
 
 
-def _size(value: Any) -> int:
-    return len(value) if isinstance(value, (str, bytes)) else 8
-
-
-def _parts(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
-    """Rows in messages of at most MESSAGE_ROWS rows and about MESSAGE_BYTES (a bigger row
-    goes alone)."""
-    part: list[tuple[Any, ...]] = []
-    size = 0
-    for row in rows:
-        row_size = sum(map(_size, row))
-        if part and (len(part) == MESSAGE_ROWS or size + row_size > MESSAGE_BYTES):
-            yield part
-            part, size = [], 0
-        part.append(row)
-        size += row_size
-    if part:
-        yield part
-
-
-@dataclass
-class _Message:
-    rows: Rows
-    keys: list[tuple[Any, ...]]
-
-
 @dataclass
 class _Round:
-    messages: list[_Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     cursor: Cursor = field(default_factory=Cursor)
     opened: set[int] = field(default_factory=set)  # exchanges shipped under way this round
     closed: set[int] = field(default_factory=set)  # open exchanges shipped again, ended
     open_captures: set[int] = field(default_factory=set)
     closed_captures: set[int] = field(default_factory=set)
+    full: bool = False  # a table had more rows than one round reads
 
 
 class Shipper:
@@ -135,6 +107,7 @@ class Shipper:
         sink: str | None = None,
         on_status: Callable[[str], None] | None = None,
         publish_timeout: float = 2.0,
+        hints: HintReader | None = None,
     ) -> None:
         self.path = Path(path)
         self.servers = servers
@@ -144,11 +117,25 @@ class Shipper:
         self.stats = ShipStats()
         self._on_status = on_status or (lambda line: None)
         self._publish_timeout = publish_timeout
+        self._hints = hints
+        self._unhinted: dict[Table, float] = {}  # since when rows of a table wait for a hint
+        self._stopping = False
+        self._looking = True  # this round reads the whole log
+        self._looked_at = 0.0
         self._read = sqlite3.connect(
             f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
         )
+        # The cursor is saved every few seconds, when the log writer lets it (never waited
+        # for on the event loop, which reads the writer's hints meanwhile), and at the end:
+        # each write to the log empties the log writer's page cache.
         self._write = sqlite3.connect(self.path, isolation_level=None)
-        self._write.execute("PRAGMA busy_timeout = 10000")
+        self._unsaved = False
+        self._saved_at = 0.0
+        # Folding the -wal file into the log is the log writer's work, as it is without
+        # shipping: the cursor's small commits must not take it on.
+        self._write.execute("PRAGMA wal_autocheckpoint = 0")
+        # A cursor lost to a power cut only sends rows again, which every sink holds once.
+        self._write.execute("PRAGMA synchronous = NORMAL")
         self._selects = {t: self._select(t) for t in Table}
         self.cursor = self._load_cursor()
         # Every exchange from open_from on may have changed since it was shipped.
@@ -168,12 +155,14 @@ class Shipper:
         columns = [c for c, _ in wire_columns(table, local)]
         if table is Table.CAPTURES:
             return f"SELECT t.rowid, t.uid, {_of('t', columns)} FROM captures t", tuple(columns)
-        # The uid columns first: the capture's, or the exchange's (and a resume's new one).
+        # The uid columns first: the capture's, or the exchange's (and a resume's new one);
+        # the capture and the exchange are joined already.
+        joined = {"capture_id": "c.uid", "exchange_id": "x.uid"}
         joins = [LOCAL_COLUMNS[c] for c in columns if c in LOCAL_COLUMNS]
-        picked = [f"j{i}.uid" for i in range(len(joins))] + [f"t.{c}" for c in columns[len(joins) :]]
+        picked = [joined.get(c, f"j{i}.uid") for i, c in enumerate(joins)]
+        picked += [f"t.{c}" for c in columns[len(joins) :]]
         outer = " ".join(
-            f"LEFT JOIN {'captures' if c == 'capture_id' else 'exchanges'} j{i} ON j{i}.id = t.{c}"
-            for i, c in enumerate(joins)
+            f"LEFT JOIN exchanges j{i} ON j{i}.id = t.{c}" for i, c in enumerate(joins) if c not in joined
         )
         parent = "t" if table is Table.EXCHANGES else "x"
         inner = "" if table is Table.EXCHANGES else "JOIN exchanges x ON x.id = t.exchange_id"
@@ -189,15 +178,30 @@ class Shipper:
         ).fetchone()
         return Cursor(*row) if row else Cursor()
 
-    def _save_cursor(self, cursor: Cursor) -> None:
+    def _save_when_due(self) -> None:
+        if self._unsaved and time.monotonic() - self._saved_at >= SAVE_EVERY:
+            self._save_cursor(self.cursor)
+
+    def _save_cursor(self, cursor: Cursor, *, wait: float = 0.0) -> None:
+        """Save the cursor, waiting at most ``wait`` seconds for the log writer's lock;
+        if it does not come, the cursor is saved later."""
         names = ", ".join(Cursor.COLUMNS)
         marks = ", ".join("?" * len(Cursor.COLUMNS))
         news = ", ".join(f"excluded.{c}" for c in Cursor.COLUMNS)
-        self._write.execute(
-            f"INSERT INTO shipments (sink, {names}, shipped_at) VALUES (?, {marks}, ?)"
-            f" ON CONFLICT(sink) DO UPDATE SET ({names}, shipped_at) = ({news}, excluded.shipped_at)",
-            (self.sink, *(getattr(cursor, c) for c in Cursor.COLUMNS), utc_iso(time.time_ns())),
-        )
+        self._write.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        try:
+            self._write.execute(
+                f"INSERT INTO shipments (sink, {names}, shipped_at) VALUES (?, {marks}, ?)"
+                f" ON CONFLICT(sink) DO UPDATE SET ({names}, shipped_at) = ({news}, excluded.shipped_at)",
+                (self.sink, *(getattr(cursor, c) for c in Cursor.COLUMNS), utc_iso(time.time_ns())),
+            )
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or wait:
+                raise
+            self._unsaved = True
+        else:
+            self._unsaved = False
+            self._saved_at = time.monotonic()
 
     def waiting(self) -> int:
         """Rows committed to the log and not yet shipped (changed rows not counted)."""
@@ -207,8 +211,26 @@ class Shipper:
 
     def _read_round(self) -> _Round:
         """What is to be shipped now, read in one snapshot, as messages in the order they
-        must go (a capture before its exchanges, an exchange before its rows)."""
+        must go (a capture before its exchanges, an exchange before its rows).
+
+        While the log writer sends hints, the log itself is read only when the writer
+        says it wrote other rows than chunks and events, and once every LOOK_EVERY
+        seconds: a reader keeps SQLite from starting its -wal file over, and the writer
+        slows as the file grows."""
         r = _Round(cursor=Cursor(**{c: getattr(self.cursor, c) for c in Cursor.COLUMNS}))
+        hints, now = self._hints, time.monotonic()
+        self._looking = (
+            hints is None or not hints.open or self._stopping or now - self._looked_at >= LOOK_EVERY
+        )
+        changed = self._looking or (hints is not None and hints.changed)
+        if hints is not None:
+            hints.changed = False
+        if not changed:
+            for table in HINTED:
+                self._read_table(r, table)
+            return r
+        if self._looking:
+            self._looked_at = now
         self._read.execute("BEGIN")
         try:
             for table in Table:
@@ -220,20 +242,48 @@ class Shipper:
     def _read_table(self, r: _Round, table: Table) -> None:
         select, columns = self._selects[table]
         start = getattr(r.cursor, table)
-        new = self._read.execute(f"{select} WHERE t.rowid > ? ORDER BY t.rowid LIMIT {ROUND_ROWS}", (start,))
+        bound = ""
+        if self._hints is not None and table in HINTED:
+            while (hint := self._hints.take(table, start + 1)) is not None:
+                r.messages += hint.messages
+                start = hint.last
+            if start > getattr(r.cursor, table):
+                self._unhinted.pop(table, None)
+                setattr(r.cursor, table, start)
+                return
+            if not self._looking or not self._overdue(table, start):
+                return
+            self._unhinted.pop(table, None)
+            until = self._hints.next_first(table, start)
+            bound = "" if until is None else f" AND t.rowid < {until}"
+        new = self._read.execute(
+            f"{select} WHERE t.rowid > ?{bound} ORDER BY t.rowid LIMIT {ROUND_ROWS}", (start,)
+        )
         rows = new.fetchall()
+        r.full |= len(rows) == ROUND_ROWS
+        if table in HINTED:
+            self.stats.read_back += len(rows)
         if rows:
             setattr(r.cursor, table, rows[-1][0])
         if table in (Table.CAPTURES, Table.EXCHANGES):
             rows += self._changed(r, table, select, rows)
-        key = [columns.index(c) for c in _KEYS[table]]
-        by_capture: dict[str, list[tuple[Any, ...]]] = {}
+        by_capture: dict[str, tuple[list[tuple[Any, ...]], list[int]]] = {}
         for row in rows:  # (rowid, capture uid, *values)
-            by_capture.setdefault(row[1], []).append(row[2:])
-        for capture, values in by_capture.items():
-            for part in _parts(values):
-                message = Rows(table, capture, columns, part)
-                r.messages.append(_Message(message, [tuple(v[k] for k in key) for v in part]))
+            values, rowids = by_capture.setdefault(row[1], ([], []))
+            values.append(row[2:])
+            rowids.append(row[0])
+        for capture, (values, rowids) in by_capture.items():
+            r.messages += encoded(Rows(table, capture, columns, values), rowids)
+
+    def _overdue(self, table: Table, shipped: int) -> bool:
+        """Rows past ``shipped`` have waited for their hint for HINT_GRACE already (or the
+        shipper is stopping, and waits no longer)."""
+        (end,) = self._read.execute(f"SELECT coalesce(max(rowid), 0) FROM {table}").fetchone()
+        if end <= shipped:
+            self._unhinted.pop(table, None)
+            return False
+        since = self._unhinted.setdefault(table, time.monotonic())
+        return self._stopping or time.monotonic() - since >= HINT_GRACE
 
     def _changed(
         self, r: _Round, table: Table, select: str, new: list[tuple[Any, ...]]
@@ -276,13 +326,14 @@ class Shipper:
             self._nc = nc
             return js
 
-    async def _publish(self, js: Any, m: _Message) -> None:
+    async def _publish(self, js: Any, m: Message) -> None:
         """Until JetStream has the message (the same message id each time)."""
-        payload, headers = encode(m.rows), {MSG_ID: message_id(m.rows, m.keys)}
+        payload, headers = m.payload, {MSG_ID: message_id(m)}
+        to = subject(self.subjects, m.table, m.capture)
         delay = 0.05
         while True:
             try:
-                ack = await js.publish(subject(self.subjects, m.rows), payload, headers=dict(headers))
+                ack = await js.publish(to, payload, headers=dict(headers))
             except nats.js.errors.APIError as exc:
                 if exc.err_code != _IN_PROCESS:
                     raise
@@ -299,7 +350,7 @@ class Shipper:
                 continue
             self.stats.messages += 1
             self.stats.duplicates += bool(ack.duplicate)
-            self.stats.rows += len(m.rows.rows)
+            self.stats.rows += m.rows
             return
 
     async def _watch(self) -> None:
@@ -346,6 +397,8 @@ class Shipper:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self._unsaved:
+                self._save_cursor(self.cursor, wait=10.0)
             self.stats.waiting = self.waiting()
             if self._nc is not None:
                 with contextlib.suppress(*RETRY):
@@ -354,28 +407,53 @@ class Shipper:
 
     async def _ship(self, stop: asyncio.Event) -> None:
         """Rounds, until one finds nothing to ship once ``stop`` is set."""
+        if self._hints is not None:
+            self._hints.start()
         js = await self._connect()
+        idle = POLL
         while True:
+            self._stopping = stop.is_set()
+            started = time.monotonic()
+            if self._hints is not None:
+                self._hints.arrived.clear()
             r = self._read_round()
-            if not r.messages:
+            if r.messages:
+                for m in r.messages:
+                    await self._publish(js, m)
+                self._advance(r)
+            elif stop.is_set():
                 self._shipped()
-                if stop.is_set():
-                    return
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), POLL)
-                continue
-            for m in r.messages:
-                await self._publish(js, m)
-            self._advance(r)
+                return
             self._shipped()
+            self._save_when_due()
+            # A round costs a few queries: rounds come at most every POLL
+            # seconds (rows gather meanwhile), but back to back through a backlog; while
+            # there is nothing to ship, less and less often, unless a hint comes.
+            idle = POLL if r.messages else min(idle * 2, IDLE_POLL)
+            if not r.full and not stop.is_set():
+                await self._pause(stop, (POLL if r.messages else idle) - (time.monotonic() - started))
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        """Until ``stop`` is set, or ``seconds`` have passed, or (when idle) a hint comes."""
+        wakers = [asyncio.ensure_future(stop.wait())]
+        if self._hints is not None and seconds > POLL:
+            wakers.append(asyncio.ensure_future(self._hints.arrived.wait()))
+        try:
+            await asyncio.wait(wakers, timeout=max(seconds, 0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waker in wakers:
+                waker.cancel()
 
     def _advance(self, r: _Round) -> None:
-        r.cursor.rows = self.cursor.rows + sum(len(m.rows.rows) for m in r.messages)
+        r.cursor.rows = self.cursor.rows + sum(m.rows for m in r.messages)
         self._open = (self._open - r.closed) | r.opened
         self._open_captures = (self._open_captures - r.closed_captures) | r.open_captures
         r.cursor.open_from = min(self._open, default=r.cursor.exchanges + 1)
-        self._save_cursor(r.cursor)
         self.cursor = r.cursor
+        self._unsaved = True
+        if self._hints is not None:
+            for table in HINTED:
+                self._hints.forget(table, getattr(r.cursor, table))
 
     def close(self) -> None:
         self._read.close()

@@ -3,14 +3,18 @@ capture per message, MessagePack-encoded, on a subject per capture and table.
 
 A row names its capture and exchange by uid (integer ids are local to a log): in a
 message, ``exchanges.capture_id`` travels as ``capture_uid``, and ``exchange_id`` (and
-``new_exchange_id``) as ``exchange_uid`` (``new_exchange_uid``). Each message has an id
-derived from the rows it holds, which JetStream deduplicates a resend by.
+``new_exchange_id``) as ``exchange_uid`` (``new_exchange_uid``). Chunks and events
+encoded by the log writer as it commits them (see ``hints``) keep their local
+``exchange_id`` and carry the map from it to the uid instead, so that the writer never
+rebuilds a row: ``decode`` gives every message in the first form. Each message has an id
+derived from its encoded rows, which JetStream deduplicates a resend by.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
+import math
+import zlib
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -49,13 +53,30 @@ def wire_columns(table: Table, local: Sequence[tuple[str, str]]) -> list[tuple[s
 
 class Rows(msgspec.Struct, array_like=True, frozen=True):
     """One message: rows of ``table``, all of the capture ``capture``, their values in the
-    order of ``columns``."""
+    order of ``columns``; with ``exchanges``, their ``exchange_id`` column holds ids local
+    to the log they come from, each mapped there to its exchange's uid."""
 
     table: Table
     capture: str
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]]
+    exchanges: dict[int, str] = {}
 
+
+class Message(msgspec.Struct, array_like=True, frozen=True):
+    """One message ready to publish: ``rows`` rows of ``table`` of ``capture``, encoded;
+    ``first`` and ``last`` are the rowids of the first and the last in their log."""
+
+    table: Table
+    capture: str
+    rows: int
+    first: int
+    last: int
+    payload: bytes
+
+
+MESSAGE_ROWS = 1000  # rows in one message at most
+MESSAGE_BYTES = 512 * 1024  # and at most this many bytes (NATS takes 1 MiB by default)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Rows)
@@ -65,17 +86,57 @@ def encode(message: Rows) -> bytes:
     return _encoder.encode(message)
 
 
+def encoded(rows: Rows, rowids: Sequence[int]) -> Iterator[Message]:
+    """Rows (whose rowids in their log are ``rowids``) as messages of at most MESSAGE_ROWS
+    rows and MESSAGE_BYTES, halved until they fit (a bigger row goes alone). Encoding is
+    cheaper than sizing every value."""
+    for at in range(0, len(rows.rows), MESSAGE_ROWS):
+        part = msgspec.structs.replace(rows, rows=rows.rows[at : at + MESSAGE_ROWS])
+        yield from _fitted(part, rowids[at : at + MESSAGE_ROWS])
+
+
+def _fitted(rows: Rows, rowids: Sequence[int]) -> Iterator[Message]:
+    payload = encode(rows)
+    if len(payload) <= MESSAGE_BYTES or len(rows.rows) == 1:
+        yield Message(rows.table, rows.capture, len(rows.rows), rowids[0], rowids[-1], payload)
+        return
+    half = len(rows.rows) // 2
+    for part, ids in ((rows.rows[:half], rowids[:half]), (rows.rows[half:], rowids[half:])):
+        yield from _fitted(msgspec.structs.replace(rows, rows=part), ids)
+
+
 def decode(payload: bytes) -> Rows:
-    """A message as shipped; ``msgspec.ValidationError`` or ``DecodeError`` for anything else."""
-    return _decoder.decode(payload)
+    """A message as shipped, its rows naming their exchange by uid; ``msgspec.ValidationError``
+    or ``DecodeError`` for anything else."""
+    message = _decoder.decode(payload)
+    if not message.exchanges:
+        return message
+    try:
+        at = message.columns.index("exchange_id")
+        uids = message.exchanges
+        # The writer binds NULL as NaN (SQLite stores it as NULL): here it is None again.
+        rows = [
+            tuple(
+                None if isinstance(v, float) and math.isnan(v) else v
+                for v in (*row[:at], uids[row[at]], *row[at + 1 :])
+            )
+            for row in message.rows
+        ]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise msgspec.ValidationError(f"rows name exchanges the message does not map: {exc!r}") from None
+    columns = (*message.columns[:at], "exchange_uid", *message.columns[at + 1 :])
+    return Rows(message.table, message.capture, columns, rows)
 
 
-def subject(prefix: str, message: Rows) -> str:
-    return f"{prefix}.{message.capture}.{message.table}"
+def subject(prefix: str, table: Table, capture: str) -> str:
+    return f"{prefix}.{capture}.{table}"
 
 
-def message_id(message: Rows, keys: list[tuple[Any, ...]]) -> str:
-    """The same rows (by what keys them: uid and version, or exchange uid and seq) give the
-    same id, so a message published again after an unanswered publish is stored once."""
-    digest = hashlib.sha256(repr((message.table, message.capture, keys)).encode()).hexdigest()[:32]
-    return f"{message.table}.{digest}"
+def message_id(message: Message) -> str:
+    """The id of a message from its capture's uid, the rowids of its first and last rows
+    in their log and a checksum of its encoded rows (the encoding is deterministic): the
+    same rows published again after an unanswered publish are stored once, and a row
+    shipped again because it changed is a new message. (A cryptographic digest of every
+    payload would cost a tenth of what recording does.)"""
+    m = message
+    return f"{m.table}.{m.capture}.{m.first}-{m.last}.{len(m.payload)}.{zlib.crc32(m.payload):08x}"

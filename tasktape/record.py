@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
 if TYPE_CHECKING:
+    from tasktape.fleet.hints import HintSender
     from tasktape.fleet.ship_process import ShipperProcess
 
 # Exit status when traffic flowed but some of it could not be written to the log.
@@ -185,13 +187,24 @@ def record(
             "it would forward every request to itself",
             param_hint="--upstream",
         )
+    # Shipping: the writer hands what it commits to the shipper over a pipe, already encoded.
+    hints = os.pipe() if servers else None
     try:
         writer = ProcessLogWriter(
-            db, redactor=redactor, max_body=max_body, max_decoded=max_decoded, max_bytes=max_log_size
+            db,
+            redactor=redactor,
+            max_body=max_body,
+            max_decoded=max_decoded,
+            max_bytes=max_log_size,
+            tap=hints and _hint_sender(hints[1]),
         )
     except LogError as exc:
+        for fd in hints or ():
+            os.close(fd)
         raise click.ClickException(str(exc)) from None
-    shipper = servers and _start_shipper(db, servers, ship_stream, ship_drain)
+    shipper = servers and _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0])
+    for fd in hints or ():  # the children hold their ends
+        os.close(fd)
     proxy = RecordingProxy(  # --upstream was checked above
         upstream,
         writer,
@@ -231,11 +244,21 @@ def record(
         sys.exit(EXIT_LOG_FAILED)
 
 
-def _start_shipper(db: str, servers: list[str], stream: str, drain: float) -> ShipperProcess:
+def _hint_sender(fd: int) -> HintSender:
+    # Here, not at the top: the shipping format loads only for a recorder that ships.
+    from tasktape.fleet.hints import HintSender  # noqa: PLC0415
+
+    return HintSender(fd)
+
+
+def _start_shipper(
+    db: str, servers: list[str], stream: str, drain: float, hints_fd: int | None
+) -> ShipperProcess:
     # Here, not at the top: NATS's client loads only for a recorder that ships.
     from tasktape.fleet.ship_process import ShipperProcess  # noqa: PLC0415
 
-    return ShipperProcess(db, servers, stream=stream, drain=drain, prefix="tasktape record: ")
+    prefix = "tasktape record: "
+    return ShipperProcess(db, servers, stream=stream, drain=drain, prefix=prefix, hints_fd=hints_fd)
 
 
 def describe_exchange(s: ExchangeSummary) -> str:

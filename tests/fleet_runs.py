@@ -8,12 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 
 from tasktape.fleet.collector import Collector, CollectStats
 from tasktape.fleet.names import STREAM, parse_servers
 from tasktape.fleet.shipper import Shipper, ShipStats
 from tasktape.fleet.sqlite_sink import SqliteSink
+from tasktape.fleet.wire import Rows
 
 
 async def ship_once(log: Path, url: str, **options: Any) -> ShipStats:
@@ -55,3 +57,23 @@ async def stream_messages(url: str, stream: str = STREAM) -> int:
         return int(info.state.messages)
     finally:
         await nc.close()
+
+
+async def raw_messages(url: str, consumer: str = "raw") -> list[bytes]:
+    """Every message the stream holds, as published (a consumer of its own reads them)."""
+    nc = await nats.connect(parse_servers(url))
+    try:
+        sub = await nc.jetstream().pull_subscribe("tasktape.>", durable=consumer, stream=STREAM)
+        found: list[bytes] = []
+        while True:
+            try:
+                found += [m.data for m in await sub.fetch(1000, timeout=2)]
+            except TimeoutError:  # nats.errors.TimeoutError too: no more messages
+                return found
+    finally:
+        await nc.close()
+
+
+def raw_rows(payload: bytes) -> Rows:
+    """A message as published (``decode`` gives every message its exchanges' uids)."""
+    return msgspec.msgpack.decode(payload, type=Rows)

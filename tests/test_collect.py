@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from fleet_runs import collect_until, ship_once
+from fleet_runs import collect_until, raw_messages, ship_once
 from log_rows import MS, SSE, shipped_rows, union, write_log
 from nats_servers import NatsCluster
 from processes import stop
@@ -48,16 +48,6 @@ async def test_two_recorders_collect_into_one_log_that_equals_their_union(
         assert hits.fetchone()[0] == 4  # the full-text index holds the collected events
 
 
-async def _raw_messages(url: str) -> list[bytes]:
-    nc = await nats.connect(parse_servers(url))
-    try:
-        sub = await nc.jetstream().pull_subscribe("tasktape.>", durable="raw", stream="TASKTAPE")
-        msgs = await sub.fetch(1000, timeout=5)
-        return [m.data for m in msgs]
-    finally:
-        await nc.close()
-
-
 async def test_messages_in_any_order_and_twice_make_the_same_rows(
     nats_node: NatsCluster, tmp_path: Path
 ) -> None:
@@ -77,7 +67,7 @@ async def test_messages_in_any_order_and_twice_make_the_same_rows(
     logs = [live, write_log(tmp_path / "a.db", "a")]
     for log in logs[1:]:
         await ship_once(log, nats_node.url)
-    messages = [decode(data) for data in await _raw_messages(nats_node.url)]
+    messages = [decode(data) for data in await raw_messages(nats_node.url)]
     expected = union(*map(shipped_rows, logs))
     for seed in range(5):
         order = messages * 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 from a2a_frames import completed_run, sse
-from fleet_runs import collect_until, ship_once, stream_messages
+from fleet_runs import collect_until, raw_messages, raw_rows, ship_once, stream_messages
 from log_rows import MS, SSE, shipped_rows, write_log
 from loopback import running, serve, stop, upstream_app
 from nats_servers import NatsCluster
@@ -20,6 +20,7 @@ from nats_servers import NatsCluster
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.names import parse_servers
 from tasktape.fleet.shipper import Shipper
+from tasktape.fleet.wire import Table
 
 
 def cursor(log: Path) -> tuple[int, ...]:
@@ -145,6 +146,9 @@ async def test_tasktape_record_ships_what_it_records(nats_cluster: NatsCluster, 
         assert await stop(rec, signal.SIGINT) == 0, rec.printed
     assert "rows wait" not in "".join(rec.printed)
     assert cursor(log)[:4] == (1, 3, 0, 90)  # every row, shipped before the recorder exited
+    # The events went out as the recorder's log writer encoded them: none was read back.
+    events = [m for m in map(raw_rows, await raw_messages(nats_cluster.url)) if m.table is Table.EVENTS]
+    assert events and all(m.exchanges for m in events)
     await collect_until(
         nats_cluster.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
     )
