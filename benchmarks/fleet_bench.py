@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasktape.fleet.collector import Sink
 from tasktape.fleet.names import STREAM
 from tasktape.fleet.sqlite_sink import Applied
 from tasktape.fleet.wire import Rows, Table
@@ -65,13 +66,14 @@ class _Timed:
     """A sink that notes, for every event it commits, when the recorder read it and when the
     commit returned (nanoseconds, wall clock: every process here shares it)."""
 
-    def __init__(self, sink: object) -> None:
+    def __init__(self, sink: Sink) -> None:
         self.sink = sink
+        self.gather = sink.gather
         self.started: dict[str, int] = {}  # exchange uid -> its started_ns
         self.commits: list[tuple[int, list[int]]] = []
 
     def apply(self, messages: Sequence[Rows]) -> Applied:
-        applied = self.sink.apply(messages)  # type: ignore[attr-defined]
+        applied = self.sink.apply(messages)
         done = time.time_ns()
         read: list[int] = []
         for m in messages:
@@ -86,8 +88,8 @@ class _Timed:
 
 
 def collector_main(sink_url: str, servers: str, consumer: str, out: str) -> None:
-    """A collector as ``tasktape collect`` runs one (ClickHouse: a second of rows per insert),
-    whose sink notes its commits; on SIGINT it writes them, and its CPU seconds, to ``out``."""
+    """A collector as ``tasktape collect`` runs one, whose sink notes its commits; on SIGINT
+    it writes them, and its CPU seconds, to ``out``."""
     import signal
 
     from tasktape.collect_command import open_sink
@@ -96,12 +98,11 @@ def collector_main(sink_url: str, servers: str, consumer: str, out: str) -> None
 
     into_db = not sink_url.startswith(("chdb:", "http"))
 
-    async def run(sink: object) -> None:
+    async def run(sink: Sink) -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
         timed = _Timed(sink)
-        gather = 0.0 if into_db else 1.0
-        collector = Collector(parse_servers(servers), timed, consumer=consumer, gather=gather)
+        collector = Collector(parse_servers(servers), timed, consumer=consumer)
         print("ready", flush=True)
         await collector.run(stop)
         cpu = time.process_time()

@@ -1,7 +1,7 @@
 """What a log writer tells a tap after each commit: the chunks and the events it has just
 committed, as the rows it built them, and whether it wrote other rows (for a shipper that
-must not read them back, say). The
-writer calls a tap from the thread that commits; a tap must never make it wait."""
+must not read them back, say). The writer calls a tap from the thread that commits; a tap
+must never make it wait."""
 
 from __future__ import annotations
 

@@ -102,6 +102,8 @@ class ClickHouseSink:
     """The ClickHouse at ``url`` as a fleet's sink (its database, tables and views made if
     missing)."""
 
+    gather = 1.0  # seconds of messages in one insert: ClickHouse takes few, big inserts
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.client, self.database = connect(url)

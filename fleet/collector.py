@@ -30,6 +30,8 @@ REPORT_EVERY = 5.0  # seconds between the lines saying what was collected
 
 
 class Sink(Protocol):
+    gather: float  # seconds of messages the sink takes in one write (0: one fetch's)
+
     def apply(self, messages: Sequence[Rows]) -> Applied: ...
 
 
@@ -44,8 +46,8 @@ class CollectStats:
 
 class Collector:
     """Collects the JetStream ``stream`` on ``servers`` into ``sink`` as the durable
-    consumer ``consumer``; ``gather`` seconds of messages (fetched ``batch`` at a time) go
-    into each of the sink's transactions (0: what one fetch brings)."""
+    consumer ``consumer``; the sink's ``gather`` seconds of messages (fetched ``batch`` at a
+    time) go into each of its transactions (0: what one fetch brings)."""
 
     def __init__(
         self,
@@ -55,7 +57,6 @@ class Collector:
         consumer: str,
         stream: str = STREAM,
         subjects: str = SUBJECTS,
-        gather: float = 0.0,
         batch: int = FETCH,
         ack_wait: float = 30.0,
         on_status: Callable[[str], None] | None = None,
@@ -66,7 +67,6 @@ class Collector:
         self.stream = stream
         self.subjects = subjects
         self.stats = CollectStats()
-        self._gather = gather
         self._batch = batch
         self._ack_wait = ack_wait
         self._on_status = on_status or (lambda line: None)
@@ -124,7 +124,7 @@ class Collector:
     async def _fetch(self, sub: Any) -> list[Any]:
         """A fetch's messages, then more for up to ``gather`` seconds."""
         msgs: list[Any] = []
-        until = time.monotonic() + self._gather
+        until = time.monotonic() + self.sink.gather
         while True:
             try:
                 msgs += await sub.fetch(self._batch, timeout=FETCH_WAIT)

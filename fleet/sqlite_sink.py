@@ -38,6 +38,8 @@ class Applied:
 class SqliteSink:
     """The event log at ``path`` (made if missing) as a fleet's sink."""
 
+    gather = 0.0  # what one fetch brings goes into one transaction
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         open_db(self.path).close()  # made or upgraded

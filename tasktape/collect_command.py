@@ -96,13 +96,11 @@ def collect(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        gather = 0.0 if db is not None else 1.0  # ClickHouse takes few, big inserts
         collector = Collector(
             servers,
             sink,
             consumer=name,
             stream=stream,
-            gather=gather,
             batch=batch,
             ack_wait=ack_wait,
             on_status=say,
