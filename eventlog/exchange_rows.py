@@ -30,8 +30,8 @@ Rows = list[tuple[Any, ...]]
 CHUNK_COLUMNS = ("exchange_id", "seq", "offset_ns", "data")
 EVENT_COLUMNS = (
     *("exchange_id", "seq", "offset_ns", "event_id", "last_event_id", "event_type", "data"),
-    *("retry", "complete", "chunk_seq", "chunk_crlf", "kind", "task_id", "context_id", "state"),
-    *("artifact_id", "artifact_type", "append", "last_chunk", "text", "usage", "parse_error"),
+    *("retry", "complete", "chunk_seq", "chunk_crlf", "chunk_events", "kind", "task_id", "context_id"),
+    *("state", "artifact_id", "artifact_type", "append", "last_chunk", "text", "usage", "parse_error"),
 )
 
 
@@ -66,7 +66,7 @@ _UPDATE_END = (
 # times faster than None (which goes through its adapter lookup): most event
 # columns are NULL, so this roughly halves the cost of inserting an event row.
 _NULL = float("nan")
-_NO_CHUNK = (_NULL, _NULL)  # an event whose bytes are in stored chunks
+_NO_CHUNK = (_NULL, _NULL, _NULL)  # an event whose bytes are in stored chunks
 
 
 @dataclass(slots=True)
@@ -319,14 +319,18 @@ class ExchangeRows:
             self._release(self._decoder.feed(data), offset_ns, chunk_rows, event_rows)
         else:
             events = self._decoder.feed(data)
-            if len(events) == 1 and data.endswith(b"\n"):
-                # One event alone: stored once, in its row, when its fields write it back.
-                (event,) = events
-                crlf = data.endswith(b"\r\n\r\n")
-                if data == written(event.data, event.id, event.event, crlf):
-                    self._event(event, event.data, offset_ns, event_rows, (self._chunk_seq, int(crlf)))
-                    self._chunk_seq += 1
+            if events and data.endswith(b"\n") and self._written_back(data, events):
+                # Whole events alone: stored once, in their rows, which write the chunk back.
+                chunk = self._chunk_seq
+                self._chunk_seq += 1
+                crlf = int(data.endswith(b"\r\n\r\n"))
+                if len(events) == 1:
+                    self._event(events[0], events[0].data, offset_ns, event_rows, (chunk, crlf, _NULL))
                     return
+                self._event(events[0], events[0].data, offset_ns, event_rows, (chunk, crlf, len(events)))
+                for event in events[1:]:
+                    self._event(event, event.data, offset_ns, event_rows, (chunk, crlf, 0))
+                return
             self._chunk_row(offset_ns, data, chunk_rows)
             for event in events:
                 self._event(event, event.data, offset_ns, event_rows)
@@ -413,6 +417,16 @@ class ExchangeRows:
             [(k, _header_text(v)) for k, v in self._redactor.header_pairs(pairs)], ensure_ascii=False
         )
 
+    @staticmethod
+    def _written_back(data: bytes, events: list[SSEEvent]) -> bool:
+        """Whether ``data`` is exactly these events, each in the one form its fields write
+        back (sse.written), all with the chunk's line ends."""
+        crlf = data.endswith(b"\r\n\r\n")
+        if len(events) == 1:
+            event = events[0]
+            return data == written(event.data, event.id, event.event, crlf)
+        return data == b"".join([written(e.data, e.id, e.event, crlf) for e in events])
+
     def _chunk_row(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
         chunk_rows.append((self.summary.exchange_id, self._chunk_seq, offset_ns, data))
         self._chunk_seq += 1
@@ -470,10 +484,17 @@ class ExchangeRows:
         return taken
 
     def _event(
-        self, event: SSEEvent, data: str, offset_ns: int, event_rows: Rows, chunk: tuple[int, int] = _NO_CHUNK
+        self,
+        event: SSEEvent,
+        data: str,
+        offset_ns: int,
+        event_rows: Rows,
+        chunk: tuple[float, float, float] = _NO_CHUNK,
     ) -> None:
-        """An event's row; ``chunk``: the seq of the chunk it is alone, and whether its lines
-        end in CRLF (that chunk is written back from this row, not stored)."""
+        """An event's row; ``chunk``: the seq of the chunk of whole events it is in, whether
+        that chunk's lines end in CRLF, and (for a chunk of several) how many events it holds
+        on its first event, 0 on the others. That chunk is written back from its events'
+        rows, not stored."""
         if not self._recognised and data:
             self._recognised = True
             protocol = recognise_stream(data, event.event)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tasktape.errors import LogError, SchemaTooOld
 
-from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
+from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
 # Every table a log holds rows in (events_fts is indexed from events): a migration that adds
@@ -194,7 +194,7 @@ def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
     report.events = _copy_rows(conn, "events")
     conn.execute(INDEX_TEXT, (indexed,))
     (written_back,) = conn.execute(
-        "SELECT count(*) FROM main.events WHERE rowid > ? AND chunk_seq IS NOT NULL", (indexed,)
+        f"SELECT count(*) FROM main.events e WHERE e.rowid > ? AND {WRITES_A_CHUNK}", (indexed,)
     ).fetchone()
     report.chunks = stored + written_back  # as the chunks view counts them
 

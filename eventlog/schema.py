@@ -483,16 +483,23 @@ def _resumes(db: sqlite_utils.Database) -> None:
     db["resumes"].create_index(["exchange_id"], index_name="resumes_exchange")
 
 
-# A chunk that is one event alone, in the one form its fields write back (sse.written), is
-# not stored twice: its event row says which chunk it is (chunk_seq) and how its lines end
-# (chunk_crlf), and ``chunks`` writes its bytes from that row beside the stored chunks.
-_EOL = "CASE e.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END"
-CHUNKS = f"""
+def _written(e: str) -> str:
+    """SQL for the bytes of event row ``e`` in the one form its fields write back
+    (sse.written)."""
+    eol = f"CASE {e}.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END"
+    return (
+        f"coalesce('id: ' || {e}.event_id || {eol}, '') || coalesce('event: ' || {e}.event_type || {eol}, '')"
+        f" || 'data: ' || {e}.data || {eol} || {eol}"
+    )
+
+
+# Schema version 9's: a chunk that is one event alone, in the form its fields write back,
+# is not stored twice: its event row says which chunk it is (chunk_seq) and how its lines
+# end (chunk_crlf), and ``chunks`` writes its bytes from that row beside the stored chunks.
+_CHUNKS_9 = f"""
 SELECT exchange_id, seq, offset_ns, data FROM stored_chunks
 UNION ALL
-SELECT e.exchange_id, e.chunk_seq, e.offset_ns, CAST(
-  coalesce('id: ' || e.event_id || {_EOL}, '') || coalesce('event: ' || e.event_type || {_EOL}, '')
-  || 'data: ' || e.data || {_EOL} || {_EOL} AS BLOB)
+SELECT e.exchange_id, e.chunk_seq, e.offset_ns, CAST({_written("e")} AS BLOB)
 FROM events e WHERE e.chunk_seq IS NOT NULL
 ORDER BY 1, 2
 """
@@ -505,7 +512,7 @@ def _chunks_not_stored_twice(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE chunks RENAME TO stored_chunks")
     db["events"].add_column("chunk_seq", int)
     db["events"].add_column("chunk_crlf", int)
-    db.create_view("chunks", CHUNKS.strip())
+    db.create_view("chunks", _CHUNKS_9.strip())
     db.create_view("exchange_metrics", VIEWS["exchange_metrics"].strip(), replace=True)
     db.create_view("stream_summary", STREAM_SUMMARY.strip(), replace=True)
 
@@ -564,6 +571,32 @@ def _shipments(db: sqlite_utils.Database) -> None:
         },
         pk="sink",
     )
+
+
+# A chunk of several whole events is not stored twice either: its events' rows share its
+# chunk_seq, its first event says how many it holds (chunk_events; 0 on the others), and
+# ``chunks`` concatenates their written form in seq order. The window's ORDER BY is what
+# orders group_concat (SQLite before 3.44 has no ORDER BY inside an aggregate); it runs
+# over one chunk's rows, so the view streams, exchange by exchange, as before.
+WRITES_A_CHUNK = "e.chunk_seq IS NOT NULL AND coalesce(e.chunk_events, 1) > 0"  # event row e
+CHUNKS = f"""
+SELECT exchange_id, seq, offset_ns, data FROM stored_chunks
+UNION ALL
+SELECT e.exchange_id, e.chunk_seq, e.offset_ns, CAST(CASE WHEN e.chunk_events IS NULL THEN {_written("e")}
+  ELSE (SELECT group_concat({_written("f")}, '')
+      OVER (ORDER BY f.seq ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)
+    FROM events f WHERE f.exchange_id = e.exchange_id AND f.seq >= e.seq AND f.seq < e.seq + e.chunk_events
+    ORDER BY f.seq LIMIT 1) END AS BLOB)
+FROM events e WHERE {WRITES_A_CHUNK}
+ORDER BY 1, 2
+"""
+
+
+@_migration("0013_chunks_of_events_not_stored_twice")
+def _chunks_of_events_not_stored_twice(db: sqlite_utils.Database) -> None:
+    # The chunks of older logs stay as they were stored; only new ones are written back.
+    db["events"].add_column("chunk_events", int)
+    db.create_view("chunks", CHUNKS.strip(), replace=True)
 
 
 SCHEMA_VERSION = len(KNOWN)

@@ -40,15 +40,18 @@ TABLES = {
 _EOL = "if(e.chunk_crlf = 1, '\\r\\n', '\\n')"
 VIEWS = {
     # Every byte of every response, as the log's chunks view: the chunks stored as they
-    # came, and those an event row writes back.
+    # came, and those the rows of their events write back (all of a chunk's events carry its
+    # chunk_seq: their written form, concatenated in seq order).
     "chunks": f"""
 SELECT exchange_uid, seq, offset_ns, data FROM {{db}}.stored_chunks FINAL
 UNION ALL
-SELECT e.exchange_uid, assumeNotNull(e.chunk_seq) AS seq, e.offset_ns,
-  concat(if(e.event_id IS NULL, '', concat('id: ', assumeNotNull(e.event_id), {_EOL})),
-         if(e.event_type IS NULL, '', concat('event: ', assumeNotNull(e.event_type), {_EOL})),
-         'data: ', ifNull(e.data, ''), {_EOL}, {_EOL}) AS data
-FROM {{db}}.events AS e FINAL WHERE e.chunk_seq IS NOT NULL""",
+SELECT exchange_uid, chunk AS seq, offset_ns, data FROM (
+  SELECT e.exchange_uid, assumeNotNull(e.chunk_seq) AS chunk, min(e.offset_ns) AS offset_ns,
+    arrayStringConcat(arrayMap(p -> p.2, arraySort(groupArray((e.seq, concat(
+      if(e.event_id IS NULL, '', concat('id: ', assumeNotNull(e.event_id), {_EOL})),
+      if(e.event_type IS NULL, '', concat('event: ', assumeNotNull(e.event_type), {_EOL})),
+      'data: ', ifNull(e.data, ''), {_EOL}, {_EOL})))))) AS data
+  FROM {{db}}.events AS e FINAL WHERE e.chunk_seq IS NOT NULL GROUP BY e.exchange_uid, chunk)""",
     "exchange_metrics": """
 SELECT x.uid AS exchange_uid, x.capture_uid, x.started_at, x.method, x.path, x.status, x.protocol,
   x.binding, x.rpc_method, x.task_id, x.is_sse, x.outcome,
@@ -129,6 +132,11 @@ class ClickHouseSink:
                 f"CREATE TABLE IF NOT EXISTS {self.database}.{name} ({columns}{versioned})"
                 f" ENGINE = {engine} ORDER BY ({', '.join(order)})"
             )
+            # A table an earlier version made lacks the columns the log has gained since.
+            for c, t in self.columns[table]:
+                self.client.command(
+                    f"ALTER TABLE {self.database}.{name} ADD COLUMN IF NOT EXISTS {c} {_type(c, t, order)}"
+                )
         for name, sql in VIEWS.items():
             view = sql.format(db=self.database)
             self.client.command(f"CREATE OR REPLACE VIEW {self.database}.{name} AS {view}")

@@ -93,7 +93,7 @@ TABLES: dict[str, dict[str, Any]] = {
     "chunks": {
         "title": "Chunks",
         "description": "Response bodies exactly as received, chunk by chunk, with arrival times: "
-        "the stored chunks, and the chunks that are one event alone, written back from its row.",
+        "the stored chunks, and the chunks of whole events, written back from their rows.",
         "columns": {
             "exchange_id": "The exchange",
             "seq": "0, 1, 2... in arrival order",
@@ -103,7 +103,7 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "stored_chunks": {
         "title": "Stored chunks",
-        "description": "The chunks stored as they came: all but those that are one event alone "
+        "description": "The chunks stored as they came: all but those of whole events "
         "(read chunks for every one).",
         "columns": {
             "exchange_id": "The exchange",
@@ -129,9 +129,10 @@ TABLES: dict[str, dict[str, Any]] = {
             "data": "The event's data",
             "retry": "The SSE retry field",
             "complete": "0 only for an unterminated tail at the end of a stream",
-            "chunk_seq": "The chunk that is this event alone, written back from this row (else empty: "
+            "chunk_seq": "The chunk of whole events it is in, written back from their rows (else empty: "
             "its bytes are in stored_chunks)",
             "chunk_crlf": "1: that chunk's lines end in CRLF",
+            "chunk_events": "On the first event of a chunk of several: how many it holds (0 on the others)",
             "kind": "What it is, in its protocol's terms: A2A's task, statusUpdate, artifactUpdate...; "
             "MCP's request, response, notification, error, priming; OpenAI's delta, finish, usage, done; "
             "Anthropic's event types",

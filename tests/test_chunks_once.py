@@ -1,6 +1,7 @@
-"""A chunk that is one event alone is stored once: in its event's row, from which the
-``chunks`` view writes its bytes back. Every chunk reads back exactly as it came, however
-the stream was cut, and logs from before are upgraded without a byte changing."""
+"""A chunk of whole events (one or several) is stored once: in its events' rows, from
+which the ``chunks`` view writes its bytes back. Every chunk reads back exactly as it came,
+however the stream was cut or grouped, and logs from before are upgraded without a byte
+changing."""
 
 from __future__ import annotations
 
@@ -44,22 +45,31 @@ BLOCKS = [
 ]
 
 
-def record(chunks: list[bytes]) -> tuple[list[dict], int]:
-    """The chunks of an SSE exchange recorded from these, and how many were stored."""
+def record_each(streams: list[list[bytes]]) -> list[tuple[list[dict], int]]:
+    """For each stream of chunks, the chunks of an SSE exchange recorded from it, and how
+    many of them were stored."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "log.db"
         with LogWriter(path) as w:
             capture = w.begin_capture(source="test")
-            ex = w.begin_exchange(capture, method="POST", path="/message:stream")
-            w.response_head(
-                ex, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
-            )
-            for i, chunk in enumerate(chunks):
-                w.chunk(ex, 1000 * i, chunk)
-            w.end_exchange(ex, duration_ns=1000 * len(chunks)).result()
+            exchanges = []
+            for chunks in streams:
+                ex = w.begin_exchange(capture, method="POST", path="/message:stream")
+                w.response_head(
+                    ex, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
+                )
+                for i, chunk in enumerate(chunks):
+                    w.chunk(ex, 1000 * i, chunk)
+                w.end_exchange(ex, duration_ns=1000 * len(chunks)).result()
+                exchanges.append(ex)
         with EventLog(path) as log:
-            (stored,) = log.db.execute("SELECT count(*) FROM stored_chunks").fetchone()
-            return log.chunks(ex), stored
+            count = "SELECT count(*) FROM stored_chunks WHERE exchange_id = ?"
+            return [(log.chunks(ex), log.db.execute(count, (ex,)).fetchone()[0]) for ex in exchanges]
+
+
+def record(chunks: list[bytes]) -> tuple[list[dict], int]:
+    """The chunks of an SSE exchange recorded from these, and how many were stored."""
+    return record_each([chunks])[0]
 
 
 @settings(max_examples=150, deadline=None)
@@ -70,12 +80,20 @@ def test_every_chunk_reads_back_as_it_came(blocks: list[bytes], cuts: list[int])
     stream = b"".join(blocks)
     points = sorted({c % (len(stream) + 1) for c in cuts})
     cut = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
-    for chunks in (blocks, [c for c in cut if c]):
-        got, _ = record(chunks)
+    grouped = [stream[a:b] for a, b in _block_groups(blocks, cuts)]
+    streams = [blocks, [c for c in cut if c], [c for c in grouped if c]]
+    for chunks, (got, _) in zip(streams, record_each(streams), strict=True):
         assert [(r["seq"], r["offset_ns"], r["data"]) for r in got] == [
             (i, 1000 * i, c) for i, c in enumerate(chunks)
         ]
         assert all(type(r["data"]) is bytes for r in got)
+
+
+def _block_groups(blocks: list[bytes], cuts: list[int]) -> list[tuple[int, int]]:
+    """The stream of these blocks cut only between blocks: several blocks a chunk."""
+    ends = [sum(map(len, blocks[: i + 1])) for i in range(len(blocks))]
+    points = sorted({ends[c % len(ends)] for c in cuts} | {ends[-1]}) if ends else []
+    return list(zip([0, *points], points, strict=False))
 
 
 def test_an_event_a_chunk_stores_no_chunk() -> None:
@@ -83,6 +101,34 @@ def test_an_event_a_chunk_stores_no_chunk() -> None:
     got, stored = record(chunks)
     assert [r["data"] for r in got] == chunks
     assert stored == 1  # the comment, which no event writes back
+
+
+def test_a_chunk_of_several_events_stores_no_chunk() -> None:
+    several = b"id: 1\ndata: a\n\nevent: e\ndata: b\n\ndata: c\n\n"
+    crlf = b"data: d\r\n\r\nid: 2\r\ndata: e\r\n\r\n"
+    mixed = b"data: f\n\ndata: g\r\n\r\n"  # line ends of both kinds: stored
+    torn = [b"data: h\n\ndata: i", b"\n\ndata: j\n\n"]  # the second begins mid-event: stored
+    chunks = [several, crlf, mixed, *torn, b"data: k\n\n"]
+    got, stored = record(chunks)
+    assert [(r["seq"], r["data"]) for r in got] == list(enumerate(chunks))
+    assert stored == 3
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "log.db"
+        with LogWriter(path) as w:
+            ex = w.begin_exchange(w.begin_capture(source="test"), method="POST", path="/s")
+            w.response_head(
+                ex, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
+            )
+            w.chunk(ex, 5, several)
+            w.end_exchange(ex, duration_ns=9).result()
+        conn = sqlite3.connect(path)
+        assert conn.execute("SELECT seq, chunk_seq, chunk_crlf, chunk_events FROM events").fetchall() == [
+            (0, 0, 0, 3),
+            (1, 0, 0, 0),
+            (2, 0, 0, 0),
+        ]
+        assert conn.execute("SELECT chunks, bytes FROM exchange_metrics").fetchone() == (1, len(several))
+        conn.close()
 
 
 def test_the_form_written_back() -> None:

@@ -73,6 +73,7 @@ CONTRACT = {
         "parse_error",
         "chunk_seq",
         "chunk_crlf",
+        "chunk_events",
     ],
 }
 
