@@ -47,7 +47,9 @@ class CollectStats:
 class Collector:
     """Collects the JetStream ``stream`` on ``servers`` into ``sink`` as the durable
     consumer ``consumer``; the sink's ``gather`` seconds of messages (fetched ``batch`` at a
-    time) go into each of its transactions (0: what one fetch brings)."""
+    time) go into each of its transactions (0: what one fetch brings). With ``until_idle``,
+    it stops by itself once nothing has come for that many seconds and the consumer has
+    nothing left to hand out (a batch job's: collect what is there, then exit)."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class Collector:
         subjects: str = SUBJECTS,
         batch: int = FETCH,
         ack_wait: float = 30.0,
+        until_idle: float | None = None,
         on_status: Callable[[str], None] | None = None,
     ) -> None:
         self.servers = servers
@@ -69,11 +72,13 @@ class Collector:
         self.stats = CollectStats()
         self._batch = batch
         self._ack_wait = ack_wait
+        self._until_idle = until_idle
         self._on_status = on_status or (lambda line: None)
         self._reported = (0.0, 0)
 
     async def run(self, stop: asyncio.Event) -> CollectStats:
-        """Collect until ``stop`` is set (what was fetched by then is committed first)."""
+        """Collect until ``stop`` is set (what was fetched by then is committed first), or
+        (``until_idle``) until nothing more comes."""
         collecting = asyncio.ensure_future(self._collect(stop))
         stopped = asyncio.ensure_future(stop.wait())
         try:
@@ -89,11 +94,17 @@ class Collector:
 
     async def _collect(self, stop: asyncio.Event) -> None:
         nc, sub = await self._subscribe()
+        idle = self._until_idle
+        quiet_since = time.monotonic()
         try:
             while not stop.is_set():
                 msgs = await self._fetch(sub)
                 if msgs:
                     await self._commit(msgs)
+                    quiet_since = time.monotonic()
+                elif idle is not None and time.monotonic() - quiet_since >= idle and await _drained(sub):
+                    self._on_status(f"nothing new for {idle:g} s: stopping")
+                    return
                 self._report()
         finally:
             with contextlib.suppress(*RETRY):
@@ -168,3 +179,13 @@ class Collector:
             self._on_status(
                 f"{s.rows:,} rows from {s.messages:,} messages ({s.rows - s.written:,} held already)"
             )
+
+
+async def _drained(sub: Any) -> bool:
+    """Whether the consumer has no message left to hand out: none pending, and none handed
+    out unacknowledged (those of a collector that died come again after ``ack_wait``)."""
+    try:
+        info = await sub.consumer_info()
+    except RETRY:
+        return False
+    return not info.num_pending and not info.num_ack_pending

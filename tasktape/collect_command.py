@@ -56,6 +56,13 @@ from tasktape.fleet.names import FETCH, STREAM, parse_servers
     metavar="N",
     help="Messages fetched, written in one transaction, then acknowledged, at a time.",
 )
+@click.option(
+    "--until-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Stop by itself once nothing has come for this long and nothing is left to hand out "
+    "(collect what the stream holds, then exit) [default: until Ctrl-C].",
+)
 @click.option("--quiet", is_flag=True, help="Print only errors.")
 def collect(
     source: str,
@@ -65,9 +72,11 @@ def collect(
     stream: str,
     ack_wait: float,
     batch: int,
+    until_idle: float | None,
     quiet: bool,
 ) -> None:
-    """Collect every row the recorders of a fleet ship into one event log, until Ctrl-C.
+    """Collect every row the recorders of a fleet ship into one event log, until Ctrl-C
+    (or, with --until-idle, until nothing more comes).
 
     Each row is written once however often it arrives (a redelivery, a resend), keyed by
     the uid of its capture and exchange; the log's integer ids are its own. Rows are
@@ -103,6 +112,7 @@ def collect(
             stream=stream,
             batch=batch,
             ack_wait=ack_wait,
+            until_idle=until_idle,
             on_status=say,
         )
         say(f"collecting {stream} from {source} into {into} (consumer {name})")
