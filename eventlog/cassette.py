@@ -32,6 +32,7 @@ from tasktape.errors import CassetteError
 from tasktape.version import __version__
 
 from .http_fields import field_problem
+from .outcomes import Outcome
 from .producer import LogProducer
 from .recorded import Recorded
 
@@ -134,7 +135,7 @@ class Event(_Strict):
 
 class End(_Strict):
     duration_ms: float | None = Field(default=None, ge=0, le=MAX_MS)
-    outcome: str = "complete"
+    outcome: str = Outcome.COMPLETE
     error: str | None = None
 
 
@@ -210,7 +211,7 @@ def read_cassette(path: str | Path) -> list[Recorded]:
     for r in recorded:
         if r.duration_ns is None:
             r.duration_ns = r.chunks[-1][0] if r.chunks else r.ttfb_ns
-        r.outcome = r.outcome or "complete"
+        r.outcome = r.outcome or Outcome.COMPLETE
     return recorded
 
 
@@ -314,7 +315,7 @@ def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]
             )
         end: dict[str, Any] = {
             "duration_ms": None if r.duration_ns is None else _ms(r.duration_ns),
-            "outcome": r.outcome or "complete",
+            "outcome": r.outcome or Outcome.COMPLETE,
         }
         if r.error:
             end["error"] = r.error
@@ -360,7 +361,7 @@ def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int
         for offset, data in r.chunks:
             writer.chunk(exchange, offset, data)
         writer.end_exchange(
-            exchange, duration_ns=r.duration_ns or 0, outcome=r.outcome or "complete", error=r.error
+            exchange, duration_ns=r.duration_ns or 0, outcome=r.outcome or Outcome.COMPLETE, error=r.error
         )
         ids.append(exchange)
     return ids

@@ -11,6 +11,7 @@ from typing import Any
 
 from .classify import Classification, load_json
 from .models import is_jsonrpc
+from .outcomes import Outcome
 from .protocols import by_name, recognise_exchange
 from .protocols.base import Protocol, Request, RequestInfo
 from .recorded import Recorded
@@ -55,7 +56,7 @@ class Stream:
     @property
     def complete(self) -> bool:
         """Whether the response ended as it meant to (a missing outcome: hand-made, so yes)."""
-        return self.outcome in (None, "complete")
+        return self.outcome in (None, Outcome.COMPLETE)
 
     @property
     def task_id(self) -> str | None:

@@ -25,6 +25,7 @@ from tasktape.errors import LogError, WriterClosed
 from tasktape.version import __version__
 
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
+from .outcomes import Outcome
 from .redact import hide_credentials
 from .resumes import Resume
 from .uids import uuid7
@@ -241,7 +242,7 @@ class LogProducer:
         exchange_id: int,
         *,
         duration_ns: int,
-        outcome: str = "complete",
+        outcome: str = Outcome.COMPLETE,
         error: str | None = None,
     ) -> concurrent.futures.Future[ExchangeSummary]:
         """Finish an exchange. The future resolves once its rows are committed (or

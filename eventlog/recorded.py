@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .outcomes import Outcome
+
 if TYPE_CHECKING:
     from .reader import EventLog
 
@@ -15,7 +17,7 @@ Headers = list[tuple[str, str]]
 
 
 # Outcomes whose recorded response stops where the connection broke.
-CUT_SHORT = frozenset({"upstream_disconnected", "client_disconnected", "proxy_stopped"})
+CUT_SHORT = frozenset({Outcome.UPSTREAM_DISCONNECTED, Outcome.CLIENT_DISCONNECTED, Outcome.PROXY_STOPPED})
 
 
 @dataclass

@@ -38,6 +38,7 @@ from .exchange_rows import (
     ExchangeRows,
     ExchangeSummary,
 )
+from .outcomes import Outcome
 from .producer import (
     BODY,
     CAPTURE,
@@ -300,7 +301,7 @@ class LogWriter(LogProducer):
                 batch.statements.append(
                     rows.end(
                         None,
-                        "log_closed",
+                        Outcome.LOG_CLOSED,
                         "the log was closed before the exchange ended",
                         batch.chunk_rows,
                         batch.event_rows,

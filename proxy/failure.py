@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-UPSTREAM_DROPPED = "upstream_disconnected"  # the outcome of an exchange whose upstream broke off
-
 
 def describe(exc: BaseException) -> str:
     text = str(exc) or ""

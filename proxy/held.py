@@ -20,9 +20,10 @@ from aiohttp import web
 
 from tasktape.eventlog import SSEDecoder
 from tasktape.eventlog.jsonrpc_ids import NO_ID, IdRewriter, rpc_id, same_id
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
-from .failure import UPSTREAM_DROPPED, describe
+from .failure import describe
 from .live import LiveStream
 from .rejoin import Rejoin
 
@@ -173,7 +174,7 @@ async def follow_again(
         new_exchange_id=exchange_id,
     )
     response = web.StreamResponse(status=200, headers=stream.headers)
-    outcome, error, noted = "complete", None, False
+    outcome, error, noted = Outcome.COMPLETE, None, False
     try:
         await response.prepare(request)
         at = position
@@ -186,13 +187,13 @@ async def follow_again(
                 if not noted:  # after the first write: the client is not kept waiting for the log
                     noted = True
                     proxy.resumed(resumed)
-        if stream.outcome == "complete":
+        if stream.outcome == Outcome.COMPLETE:
             await response.write_eof()
         else:
-            outcome, error = UPSTREAM_DROPPED, f"the held stream ended {stream.outcome}"
+            outcome, error = Outcome.UPSTREAM_DISCONNECTED, f"the held stream ended {stream.outcome}"
             request.protocol.force_close()
     except (ConnectionError, asyncio.CancelledError) as exc:
-        outcome, error = "client_disconnected", "the client went away again"
+        outcome, error = Outcome.CLIENT_DISCONNECTED, "the client went away again"
         if isinstance(exc, asyncio.CancelledError):
             raise
     finally:
@@ -225,7 +226,7 @@ async def _follow(
         await response.prepare(request)
         async for segments in stream.follow(position):
             await response.write(segments[0] if len(segments) == 1 else b"".join(segments))
-        if stream.outcome == "complete":
+        if stream.outcome == Outcome.COMPLETE:
             await response.write_eof()
         else:
             request.protocol.force_close()  # as abruptly as the upstream ended
@@ -256,13 +257,13 @@ async def pump(
                 response.close()
             again = await rejoin.again(broke or "tasktape record restarted while it held the stream")
             if again is None:
-                stream.end(UPSTREAM_DROPPED)
+                stream.end(Outcome.UPSTREAM_DISCONNECTED)
                 return
             (recording, response), rejoined = again, True
     except asyncio.CancelledError:
         if recording is not None:
-            recording.end("proxy_stopped", "tasktape record stopped while it held the stream")
-        stream.end("proxy_stopped")
+            recording.end(Outcome.PROXY_STOPPED, "tasktape record stopped while it held the stream")
+        stream.end(Outcome.PROXY_STOPPED)
         raise
     finally:
         if response is not None:
@@ -273,8 +274,8 @@ async def pump(
 def _ended(recording: Exchange, stream: LiveStream, rejoin: Rejoin) -> None:
     """The agent's first response for the stream ended whole: so does the stream."""
     recording.upstream_ended = True
-    stream.end("complete", closed=rejoin.closed())
-    recording.end("complete")
+    stream.end(Outcome.COMPLETE, closed=rejoin.closed())
+    recording.end(Outcome.COMPLETE)
 
 
 def _broke(recording: Exchange, stream: LiveStream, rejoin: Rejoin, exc: BaseException) -> str | None:
@@ -282,10 +283,10 @@ def _broke(recording: Exchange, stream: LiveStream, rejoin: Rejoin, exc: BaseExc
     its closing event, and the stream ends cleanly for its clients."""
     why = f"the upstream dropped mid-response: {describe(exc)}"
     if rejoin.closed():
-        recording.end(UPSTREAM_DROPPED, f"{why}, after the event that closes the stream")
-        stream.end("complete", closed=True)
+        recording.end(Outcome.UPSTREAM_DISCONNECTED, f"{why}, after the event that closes the stream")
+        stream.end(Outcome.COMPLETE, closed=True)
         return None
-    recording.end(UPSTREAM_DROPPED, why)
+    recording.end(Outcome.UPSTREAM_DISCONNECTED, why)
     return why
 
 
@@ -315,11 +316,11 @@ async def _read(
         except TimeoutError as exc:
             if not hold.ran_out:
                 why = f"the upstream dropped mid-response: {describe(exc)}"
-                recording.end(UPSTREAM_DROPPED, why)
+                recording.end(Outcome.UPSTREAM_DISCONNECTED, why)
                 return why
             reason = f"no client followed the stream for {hold.seconds:g} s (--hold): the upstream was let go"
-            recording.end("client_disconnected", reason)
-            stream.end("client_disconnected")
+            recording.end(Outcome.CLIENT_DISCONNECTED, reason)
+            stream.end(Outcome.CLIENT_DISCONNECTED)
             return None
         except BROKEN as exc:
             return _broke(recording, stream, rejoin, exc)
@@ -328,11 +329,11 @@ async def _read(
                 _ended(recording, stream, rejoin)
                 return None
             # A subscribe's stream that ends before its task did broke off too.
-            recording.end("complete")
+            recording.end(Outcome.COMPLETE)
             return "the subscribe's stream ended before its task did"
         chunk(recording.id, offset(), data)
         stream.feed(data)
         if decoder is not None and (rejoin.ended or any(rejoin.closes(e) for e in decoder.feed(data))):
-            recording.end("complete")
-            stream.end("complete", closed=True)
+            recording.end(Outcome.COMPLETE)
+            stream.end(Outcome.COMPLETE, closed=True)
             return None

@@ -23,6 +23,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from tasktape.errors import LogError
 from tasktape.eventlog import ProcessLogWriter
 from tasktape.eventlog.content_coding import MAX_DECODED
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
 
@@ -162,7 +163,7 @@ class TasktapeRecorder:
         logger.info(f"tasktape: recording into {db}")
 
     def _close(
-        self, outcome: str = "log_closed", error: str = "the log was closed during the exchange"
+        self, outcome: str = Outcome.LOG_CLOSED, error: str = "the log was closed during the exchange"
     ) -> None:
         """End the exchanges in flight, then close the log (committing everything)."""
         writer, self.writer = self.writer, None
@@ -187,7 +188,7 @@ class TasktapeRecorder:
             gc.freeze()
 
     def done(self) -> None:
-        self._close("proxy_stopped", "mitmproxy stopped during the exchange")
+        self._close(Outcome.PROXY_STOPPED, "mitmproxy stopped during the exchange")
 
     def _wanted(self, request: http.Request) -> bool:
         if self._hosts and not any(fnmatch.fnmatchcase(request.pretty_host.lower(), p) for p in self._hosts):

@@ -16,6 +16,7 @@ from mitmproxy.flow import Error
 
 from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
+from tasktape.eventlog.outcomes import Outcome
 
 # What mitmproxy says when the client side went away (HTTP/1; HTTP/2 and 3).
 _CLIENT_GONE = ("Client disconnected.", "stream reset by client")
@@ -66,17 +67,17 @@ def ending(flow: http.HTTPFlow) -> tuple[str, str]:
     assert flow.error is not None
     message = flow.error.msg
     if message == Error.KILLED_MESSAGE:
-        return "killed", "killed in mitmproxy (by an addon or by hand)"
+        return Outcome.KILLED, "killed in mitmproxy (by an addon or by hand)"
     # A live flow also tells by its connections: the client stopped reading first.
     client_gone = message.startswith(_CLIENT_GONE) or (
         not flow.client_conn.state & ConnectionState.CAN_READ
         and bool(flow.server_conn.state & ConnectionState.CAN_READ)
     )
     if client_gone:
-        return "client_disconnected", f"the client went away mid-exchange: {message}"
+        return Outcome.CLIENT_DISCONNECTED, f"the client went away mid-exchange: {message}"
     if flow.response is None:
-        return "upstream_error", f"the upstream failed before answering: {message}"
-    return "upstream_disconnected", f"the upstream dropped mid-response: {message}"
+        return Outcome.UPSTREAM_ERROR, f"the upstream failed before answering: {message}"
+    return Outcome.UPSTREAM_DISCONNECTED, f"the upstream dropped mid-response: {message}"
 
 
 def record_failure(
@@ -86,7 +87,7 @@ def record_failure(
     When the upstream failed before answering, the client got mitmproxy's 502: that is
     recorded as the answer, as ``tasktape record`` records its own 502."""
     outcome, error = ending(flow)
-    if outcome == "upstream_error":
+    if outcome == Outcome.UPSTREAM_ERROR:
         writer.response_head(exchange, status=502, headers=None, is_sse=False, ttfb_ns=offset_ns)
     return outcome, error
 
@@ -132,7 +133,7 @@ class InFlight:
 
         return tee
 
-    def end(self, writer: LogProducer, *, outcome: str = "complete", error: str | None = None) -> None:
+    def end(self, writer: LogProducer, *, outcome: str = Outcome.COMPLETE, error: str | None = None) -> None:
         self.ended = True
         if self.body is not None:
             writer.late_request_body(self.exchange, bytes(self.body), truncated=self.body_truncated)
@@ -178,6 +179,6 @@ def record_saved_flow(
         outcome, note = record_failure(writer, exchange, flow, duration)
     else:
         duration = offset(response.timestamp_end if response is not None else request.timestamp_end)
-        outcome = "complete"
+        outcome = Outcome.COMPLETE
     writer.end_exchange(exchange, duration_ns=duration, outcome=outcome, error=note)
     return untimed

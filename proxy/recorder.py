@@ -27,6 +27,7 @@ from yarl import URL
 from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 from . import unread
@@ -314,7 +315,7 @@ class RecordingProxy:
         self.writer.response_head(exchange, status=status, headers=None, is_sse=False, ttfb_ns=0)
         if body is not None:
             self.writer.chunk(exchange, 0, body)
-        self.writer.end_exchange(exchange, duration_ns=0, outcome="refused", error=reason)
+        self.writer.end_exchange(exchange, duration_ns=0, outcome=Outcome.REFUSED, error=reason)
         return exchange
 
     async def _request_body(self, request: web.Request) -> tuple[bytes | None, _TeedBody | None]:
@@ -392,11 +393,11 @@ class Exchange:
         finally:
             if not self.ended and not self.held:  # cancelled: the client left, or the proxy is stopping
                 if self.upstream_ended:  # the client left as the last bytes reached it
-                    self.end("complete")
+                    self.end(Outcome.COMPLETE)
                 elif self.proxy.stopping and not self.client_left:
-                    self.end("proxy_stopped", "tasktape record stopped during the exchange")
+                    self.end(Outcome.PROXY_STOPPED, "tasktape record stopped during the exchange")
                 else:
-                    self.end("client_disconnected", "the client went away mid-exchange")
+                    self.end(Outcome.CLIENT_DISCONNECTED, "the client went away mid-exchange")
 
     def upstream_headers(self) -> CIMultiDict[str]:
         """The client's request headers as the upstream is sent them."""
@@ -429,7 +430,7 @@ class Exchange:
             response = error_response(502, reason)
             self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self.offset())
             self.writer.chunk(self.id, self.offset(), response.body)  # type: ignore[arg-type]
-            self.end("upstream_error", reason)
+            self.end(Outcome.UPSTREAM_ERROR, reason)
             return response
         try:
             return await self._relay(upstream, card)
@@ -474,7 +475,9 @@ class Exchange:
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
                     # The upstream dropped mid-stream: end the client's stream just as
                     # abruptly (no terminating chunk), so the client sees the same failure.
-                    self.end("upstream_disconnected", f"the upstream dropped mid-response: {describe(exc)}")
+                    self.end(
+                        Outcome.UPSTREAM_DISCONNECTED, f"the upstream dropped mid-response: {describe(exc)}"
+                    )
                     request.protocol.force_close()
                     return response
                 if not data:
@@ -486,16 +489,16 @@ class Exchange:
         except ConnectionError as exc:
             self.client_left = True
             if self.upstream_ended or await self._ends_now(read):
-                self.end("complete")
+                self.end(Outcome.COMPLETE)
             else:
-                self.end("client_disconnected", f"the client went away mid-response: {describe(exc)}")
+                self.end(Outcome.CLIENT_DISCONNECTED, f"the client went away mid-response: {describe(exc)}")
             return response
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self.client_left = not self.proxy.stopping
             if self.client_left and await self._ends_now(read):
                 self.upstream_ended = True
             raise
-        self.end("complete")
+        self.end(Outcome.COMPLETE)
         return response
 
     async def _ends_now(self, read: Callable[[], Awaitable[bytes]]) -> bool:
@@ -512,7 +515,7 @@ class Exchange:
         try:
             original = await upstream.read()
         except (aiohttp.ClientError, OSError) as exc:
-            self.end("upstream_disconnected", f"the upstream dropped mid-response: {describe(exc)}")
+            self.end(Outcome.UPSTREAM_DISCONNECTED, f"the upstream dropped mid-response: {describe(exc)}")
             self.request.protocol.force_close()
             raise web.HTTPBadGateway() from exc
         self.writer.chunk(self.id, self.offset(), original)
@@ -523,7 +526,7 @@ class Exchange:
             else rewrite_card(original, self.proxy.upstream, self.proxy.public_for(self.request))
         )
         headers.popall("Content-Length", None)
-        self.end("complete")
+        self.end(Outcome.COMPLETE)
         return web.Response(
             status=upstream.status, reason=upstream.reason, headers=headers, body=rewritten or original
         )

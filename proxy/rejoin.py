@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import aiohttp
 
 from tasktape.eventlog import SSEEvent
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import CatchUp, Protocol, Request, Resubscription
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
-from .failure import UPSTREAM_DROPPED, describe
+from .failure import describe
 from .live import LiveStream
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class Rejoin:
             return recording, response
         await self._read_answer(recording, response)
         why = f"the agent answered the subscribe with {response.status} {response.content_type}"
-        recording.end("complete", why)
+        recording.end(Outcome.COMPLETE, why)
         return Failed(why, retried=response.status >= 500 or response.status in _RETRIED)
 
     async def _look_up(self, sent: list[str], attempts: int) -> bool | None:
@@ -170,7 +171,7 @@ class Rejoin:
             return False
         recording, response = answer
         body, whole = await self._read_answer(recording, response)
-        recording.end("complete" if whole else UPSTREAM_DROPPED)
+        recording.end(Outcome.COMPLETE if whole else Outcome.UPSTREAM_DISCONNECTED)
         if not whole:
             return False
         if response.status != 200 or "Content-Encoding" in response.headers:
@@ -180,7 +181,7 @@ class Rejoin:
         if catch.send_first or not self._ends(catch):
             return None  # no task in the answer, or one that goes on: nothing ends the stream
         made = tuple(self.stream.add_made(data) for data in catch.events)
-        self.stream.end("complete", closed=True)
+        self.stream.end(Outcome.COMPLETE, closed=True)
         gap = "; ".join(catch.gaps) or None
         self._note(
             ResumeOutcome.CAUGHT_UP,
@@ -221,7 +222,7 @@ class Rejoin:
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             why = f"the request failed before an answer: {describe(exc)}"
-            recording.end("upstream_error", why)
+            recording.end(Outcome.UPSTREAM_ERROR, why)
             return Failed(why, retried=True)
         proxy.writer.response_head(
             new_id,

@@ -19,18 +19,18 @@ from typing import Any
 from tasktape.eventlog import SSEEvent
 from tasktape.eventlog.exchange_rows import utc_iso
 from tasktape.eventlog.jsonrpc_ids import rpc_id
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import Protocol, Request
 from tasktape.eventlog.resumes import ResumeOutcome, ResumeSide
 
-from .failure import UPSTREAM_DROPPED
 from .headers import end_to_end
 from .live import LiveStream
 from .rejoin import caught_up
 
 # Whatever ended the recording of a stream that was still running: the recorder stopped
 # (proxy_stopped), its writer closed first (log_closed), or nothing did (it was killed).
-_CUT_SHORT = ("proxy_stopped", "log_closed")
+_CUT_SHORT = (Outcome.PROXY_STOPPED, Outcome.LOG_CLOSED)
 _REJOINED = (str(ResumeOutcome.REJOINED), str(ResumeOutcome.GAP))
 
 # Only the runs that can hold a stream still running: those killed (never ended) or ended
@@ -58,7 +58,7 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
-        runs = (capture_id, utc_iso(since), *_CUT_SHORT, UPSTREAM_DROPPED)
+        runs = (capture_id, utc_iso(since), *_CUT_SHORT, Outcome.UPSTREAM_DISCONNECTED)
         for root in conn.execute(_ROOTS, runs).fetchall():
             chain = [root["id"], *(r[0] for r in conn.execute(_CHAIN, (root["id"], *_REJOINED)))]
             last = conn.execute(

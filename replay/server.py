@@ -24,6 +24,7 @@ from tasktape.eventlog.content_coding import decode_body
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.protocols import ProtocolName, by_name
 from tasktape.eventlog.recorded import Recorded, read_log
@@ -49,7 +50,6 @@ from .streams import after, apply_edits, with_ids
 from .tasks import Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
-CLIENT_LEFT = "client_disconnected"
 CONFIGURED = "at start"  # the source of the specs a server is given (--fault, the marker)
 ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
 
@@ -357,7 +357,7 @@ class ReplayServer:
             start,
             cut_ns=cut_ns,
             end_ns=end_ns if recorded.is_sse else None,
-            hold=recorded.outcome == CLIENT_LEFT and recorded.is_sse,
+            hold=recorded.outcome == Outcome.CLIENT_DISCONNECTED and recorded.is_sse,
         )
         return await self._send(request, incoming, answer, header, served, recorded.protocol)
 

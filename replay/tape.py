@@ -19,6 +19,7 @@ from aiohttp import web
 from tasktape.errors import TapeError, Unfaithful
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.redact import Redactor, hide_credentials
 from tasktape.proxy.hosts import allowed_hosts
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from tasktape.eventlog import LogWriter
 
 # Outcomes where the answer came from the recorder, not the agent.
-NOT_RECORDINGS = frozenset({"upstream_error", "refused"})
+NOT_RECORDINGS = frozenset({Outcome.UPSTREAM_ERROR, Outcome.REFUSED})
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import aiohttp
 import click
 
 from tasktape.eventlog import EventLog, ProcessLogWriter, SSEDecoder
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.proxy import RecordingProxy
 from tasktape.replay import ReplayServer
@@ -162,7 +163,7 @@ def check(runs: list[Run], log: EventLog) -> None:
                 run.problems.append(f"exchange {x['id']}: {len(complete)} events in the log")
             if run.expect_cut and len(events) != len(complete) + 1:
                 run.problems.append(f"exchange {x['id']}: the cut-off last event is missing")
-            expected = "upstream_disconnected" if run.expect_cut else "complete"
+            expected = Outcome.UPSTREAM_DISCONNECTED if run.expect_cut else Outcome.COMPLETE
             if x["outcome"] != expected:
                 run.problems.append(f"exchange {x['id']}: outcome {x['outcome']}, expected {expected}")
         if not run.streams and not list(

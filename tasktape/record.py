@@ -13,6 +13,7 @@ import click
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.resumes import Resume
@@ -276,7 +277,7 @@ def describe_exchange(s: ExchangeSummary) -> str:
         parts.append(f"{s.events} events, first after {ttfe}")
     if s.duration_ns is not None:
         parts.append(f"took {s.duration_ns / 1e6:.1f} ms")
-    if s.outcome != "complete":
+    if s.outcome != Outcome.COMPLETE:
         parts.append(f"[{s.outcome}]")
     return "  ".join(parts)
 
