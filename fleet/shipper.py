@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 
 from tasktape.eventlog.exchange_rows import utc_iso
@@ -34,7 +35,18 @@ from tasktape.eventlog.exchange_rows import utc_iso
 from .hints import HintReader
 from .jetstream import RETRY, connect, ensure_stream
 from .names import STREAM, SUBJECTS
-from .wire import LOCAL_COLUMNS, MSG_ID, Message, Rows, Table, encoded, message_id, subject, wire_columns
+from .wire import (
+    LOCAL_COLUMNS,
+    MSG_ID,
+    Message,
+    Rows,
+    Table,
+    encoded,
+    message_id,
+    subject,
+    wire_columns,
+    within,
+)
 
 _IN_PROCESS = 10158  # JetStream: "duplicate message id is in process"
 ROUND_ROWS = 5000  # rows of a table read in one round at most
@@ -71,6 +83,7 @@ class ShipStats:
     retries: int = 0
     waiting: int = 0  # rows committed and not yet shipped, when last counted
     read_back: int = 0  # chunks and events read from the log, for want of their hints
+    too_large: int = 0  # rows bigger than the servers take (max_payload): not shipped, said loudly
 
 
 def _of(alias: str, columns: list[str]) -> str:
@@ -326,7 +339,29 @@ class Shipper:
             self._nc = nc
             return js
 
-    async def _publish(self, js: Any, m: Message) -> None:
+    async def _publish(self, js: Any, m: Message) -> int:
+        """Until JetStream has the message, in parts if it is bigger than the servers take;
+        the rows it holds that no server takes, alone, are left out, loudly. Returns how
+        many were left out."""
+        left_out = 0
+        for part in within(m, self._nc.max_payload):
+            if len(part.payload) > self._nc.max_payload:
+                left_out += 1
+                self.stats.too_large += 1
+                self._on_status(
+                    f"WARNING: a row of {part.table} (rowid {part.first}, {len(part.payload):,} bytes"
+                    f" encoded) is bigger than the servers take (max_payload {self._nc.max_payload:,}): it"
+                    " stays in the log and is not shipped; raise max_payload on the servers to ship rows"
+                    " this large"
+                )
+                continue
+            try:
+                await self._publish_part(js, part)
+            except nats.errors.MaxPayloadError:  # a server that takes less than the last one
+                left_out += await self._publish(js, part)
+        return left_out
+
+    async def _publish_part(self, js: Any, m: Message) -> None:
         """Until JetStream has the message (the same message id each time)."""
         payload, headers = m.payload, {MSG_ID: message_id(m)}
         to = subject(self.subjects, m.table, m.capture)
@@ -418,9 +453,10 @@ class Shipper:
                 self._hints.arrived.clear()
             r = self._read_round()
             if r.messages:
+                left_out = 0
                 for m in r.messages:
-                    await self._publish(js, m)
-                self._advance(r)
+                    left_out += await self._publish(js, m)
+                self._advance(r, left_out)
             elif stop.is_set():
                 self._shipped()
                 return
@@ -444,8 +480,8 @@ class Shipper:
             for waker in wakers:
                 waker.cancel()
 
-    def _advance(self, r: _Round) -> None:
-        r.cursor.rows = self.cursor.rows + sum(m.rows for m in r.messages)
+    def _advance(self, r: _Round, left_out: int) -> None:
+        r.cursor.rows = self.cursor.rows + sum(m.rows for m in r.messages) - left_out
         self._open = (self._open - r.closed) | r.opened
         self._open_captures = (self._open_captures - r.closed_captures) | r.open_captures
         r.cursor.open_from = min(self._open, default=r.cursor.exchanges + 1)

@@ -105,6 +105,22 @@ def _fitted(rows: Rows, rowids: Sequence[int]) -> Iterator[Message]:
         yield from _fitted(msgspec.structs.replace(rows, rows=part), ids)
 
 
+def within(message: Message, limit: int) -> Iterator[Message]:
+    """``message`` as messages of at most ``limit`` bytes (a server whose ``max_payload`` is
+    below MESSAGE_BYTES), halved until they fit. A row alone bigger than ``limit`` comes out
+    as it is: it cannot travel. The halves keep their parent's rowids, and their size and
+    checksum tell their ids apart."""
+    if len(message.payload) <= limit or message.rows == 1:
+        yield message
+        return
+    rows = _decoder.decode(message.payload)
+    half = len(rows.rows) // 2
+    for part in (rows.rows[:half], rows.rows[half:]):
+        payload = encode(msgspec.structs.replace(rows, rows=part))
+        m = message
+        yield from within(Message(m.table, m.capture, len(part), m.first, m.last, payload), limit)
+
+
 def decode(payload: bytes) -> Rows:
     """A message as shipped, its rows naming their exchange by uid; ``msgspec.ValidationError``
     or ``DecodeError`` for anything else."""

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 from a2a_frames import completed_run, sse
 from fleet_runs import collect_until, raw_messages, raw_rows, ship_once, stream_messages
 from log_rows import MS, SSE, shipped_rows, write_log
@@ -20,7 +21,7 @@ from nats_servers import NatsCluster
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.names import parse_servers
 from tasktape.fleet.shipper import Shipper
-from tasktape.fleet.wire import Table
+from tasktape.fleet.wire import Rows, Table, decode, encoded, message_id, within
 
 
 def cursor(log: Path) -> tuple[int, ...]:
@@ -152,3 +153,44 @@ async def test_tasktape_record_ships_what_it_records(nats_cluster: NatsCluster, 
     await collect_until(
         nats_cluster.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
     )
+
+
+async def test_a_row_bigger_than_the_servers_take_is_left_out_loudly_and_the_rest_ships(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    log, fleet = tmp_path / "big.db", tmp_path / "fleet.db"
+    with LogWriter(log) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        w.chunk(ex, MS, b"data: before\n\n")
+        w.chunk(ex, 2 * MS, b'data: "' + b"x" * (1536 * 1024) + b'"\n\n')  # over 1 MiB (max_payload)
+        w.chunk(ex, 3 * MS, b"data: after\n\n")
+        w.end_exchange(ex, duration_ns=4 * MS).result()
+    said: list[str] = []
+    stats = await ship_once(log, nats_node.url, on_status=said.append)
+    assert stats.too_large == 1 and stats.waiting == 0
+    (warning,) = [line for line in said if line.startswith("WARNING")]
+    assert "a row of events (rowid 2," in warning and "max_payload 1,048,576" in warning, warning
+    assert cursor(log)[-1] == stats.rows  # what was left out is not counted as shipped
+    await collect_until(nats_node.url, fleet, lambda: fleet.exists() and _events(fleet) == 2)
+    with sqlite3.connect(fleet) as conn:
+        assert conn.execute("SELECT data FROM events ORDER BY seq").fetchall() == [("before",), ("after",)]
+        assert _outcomes(fleet) == ["complete"]
+    # Shipping goes on past it: the next shipper has nothing left to send.
+    assert (await ship_once(log, nats_node.url)).too_large == 0
+
+
+def test_a_message_bigger_than_a_server_takes_goes_in_halves_that_fit() -> None:
+    rows = Rows(
+        Table.EVENTS, "cap", ("exchange_uid", "seq", "data"), [("x", n, "d" * 300) for n in range(40)]
+    )
+    (whole,) = encoded(rows, range(1, 41))
+    parts = list(within(whole, 4096))
+    assert len(parts) > 1 and all(len(p.payload) <= 4096 for p in parts)
+    assert [row for p in parts for row in decode(p.payload).rows] == rows.rows
+    assert sum(p.rows for p in parts) == 40
+    assert len({message_id(p) for p in parts}) == len(parts)  # each its own id
+    assert list(within(whole, len(whole.payload))) == [whole]
+    (alone,) = encoded(msgspec.structs.replace(rows, rows=rows.rows[:1]), [1])
+    assert list(within(alone, 10)) == [alone]  # a row alone too big comes out as it is
