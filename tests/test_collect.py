@@ -22,9 +22,10 @@ from processes import stop
 from tasktape.errors import LogBusy
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.fleet.collector import Collector
-from tasktape.fleet.names import parse_servers
+from tasktape.fleet.jetstream import ensure_stream
+from tasktape.fleet.names import STREAM, SUBJECTS, parse_servers
 from tasktape.fleet.sqlite_sink import SqliteSink
-from tasktape.fleet.wire import decode
+from tasktape.fleet.wire import Rows, Table, decode, encode, subject
 
 
 async def test_two_recorders_collect_into_one_log_that_equals_their_union(
@@ -133,6 +134,30 @@ async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsClust
     assert [line for line in said if "WARNING" in line] == [
         "WARNING: tasktape.someone.else holds no tasktape rows (Expected `array`, got `int`); dropped"
     ]
+
+
+async def test_rows_of_a_newer_schema_wait_for_a_collector_that_knows_them(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    rows = Rows(Table.CAPTURES, "cap-new", ("uid", "source", "column_of_tomorrow"), [("cap-new", "x", 1)])
+    nc = await nats.connect(parse_servers(nats_node.url))
+    await ensure_stream(nc.jetstream(), STREAM, SUBJECTS, 1)
+    await nc.jetstream().publish(subject(SUBJECTS, Table.CAPTURES, "cap-new"), encode(rows))
+    await nc.close()
+    fleet = tmp_path / "fleet.db"
+    args = [sys.executable, "-m", "tasktape", "collect", "--from", nats_node.url, "--db", str(fleet)]
+    ran = subprocess.run(
+        [*args, "--until-idle", "0.5"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 1
+    assert "carry columns this tasktape does not know (column_of_tomorrow)" in ran.stderr, ran.stderr
+    assert "upgrade the collector's tasktape" in ran.stderr
+    nc = await nats.connect(parse_servers(nats_node.url))
+    try:
+        info = await nc.jetstream().consumer_info(STREAM, "sqlite-fleet")
+        assert info.num_pending + info.num_ack_pending == 1  # not acknowledged: it waits
+    finally:
+        await nc.close()
 
 
 async def test_a_collector_killed_mid_batch_loses_and_duplicates_nothing(
