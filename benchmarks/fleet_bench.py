@@ -69,6 +69,7 @@ class _Timed:
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
         self.gather = sink.gather
+        self.nan_nulls = sink.nan_nulls
         self.started: dict[str, int] = {}  # exchange uid -> its started_ns
         self.commits: list[tuple[int, list[int]]] = []
 

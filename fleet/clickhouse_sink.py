@@ -106,6 +106,7 @@ class ClickHouseSink:
     missing)."""
 
     gather = 1.0  # seconds of messages in one insert: ClickHouse takes few, big inserts
+    nan_nulls = False  # NULLs as None: its columns of text and integers take no NaN
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -31,6 +31,7 @@ REPORT_EVERY = 5.0  # seconds between the lines saying what was collected
 
 class Sink(Protocol):
     gather: float  # seconds of messages the sink takes in one write (0: one fetch's)
+    nan_nulls: bool  # it takes NULLs as NaN, as a log writer encodes them (wire.decode)
 
     def apply(self, messages: Sequence[Rows]) -> Applied: ...
 
@@ -151,7 +152,7 @@ class Collector:
         good = []
         for msg in msgs:
             try:
-                rows.append(decode(msg.data))
+                rows.append(decode(msg.data, nan_nulls=self.sink.nan_nulls))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self.stats.refused += 1
                 self._on_status(f"WARNING: {msg.subject} holds no tasktape rows ({exc}); dropped")

@@ -39,6 +39,7 @@ class SqliteSink:
     """The event log at ``path`` (made if missing) as a fleet's sink."""
 
     gather = 0.0  # what one fetch brings goes into one transaction
+    nan_nulls = True  # bound as NaN, SQLite stores NULL
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

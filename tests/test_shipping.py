@@ -5,6 +5,7 @@ a broker that is away leaves rows waiting in the log, said so, and shipped once 
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import sqlite3
 import time
@@ -21,7 +22,7 @@ from nats_servers import NatsCluster
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.names import parse_servers
 from tasktape.fleet.shipper import Shipper
-from tasktape.fleet.wire import Rows, Table, decode, encoded, message_id, within
+from tasktape.fleet.wire import Rows, Table, decode, encode, encoded, message_id, within
 
 
 def cursor(log: Path) -> tuple[int, ...]:
@@ -194,3 +195,14 @@ def test_a_message_bigger_than_a_server_takes_goes_in_halves_that_fit() -> None:
     assert list(within(whole, len(whole.payload))) == [whole]
     (alone,) = encoded(msgspec.structs.replace(rows, rows=rows.rows[:1]), [1])
     assert list(within(alone, 10)) == [alone]  # a row alone too big comes out as it is
+
+
+def test_nulls_the_log_writer_encoded_as_nan_decode_as_none_or_stay_nan_for_sqlite() -> None:
+    nan = float("nan")
+    rows = Rows(
+        Table.EVENTS, "cap", ("exchange_id", "seq", "event_id"), [(7, 0, nan), (7, 1, "e1")], {7: "x7"}
+    )
+    assert decode(encode(rows)).rows == [("x7", 0, None), ("x7", 1, "e1")]
+    kept = decode(encode(rows), nan_nulls=True)
+    assert kept.columns == ("exchange_uid", "seq", "event_id")
+    assert [r[:2] for r in kept.rows] == [("x7", 0), ("x7", 1)] and math.isnan(kept.rows[0][2])
