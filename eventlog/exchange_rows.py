@@ -319,18 +319,17 @@ class ExchangeRows:
             self._release(self._decoder.feed(data), offset_ns, chunk_rows, event_rows)
         else:
             events = self._decoder.feed(data)
-            if events and data.endswith(b"\n") and self._written_back(data, events):
-                # Whole events alone: stored once, in their rows, which write the chunk back.
-                chunk = self._chunk_seq
-                self._chunk_seq += 1
-                crlf = int(data.endswith(b"\r\n\r\n"))
-                if len(events) == 1:
-                    self._event(events[0], events[0].data, offset_ns, event_rows, (chunk, crlf, _NULL))
+            if events and data.endswith(b"\n"):
+                crlf = data.endswith(b"\r\n\r\n")
+                if _written_back(data, events, crlf):
+                    # Whole events alone: stored once, in their rows, which write the chunk back.
+                    chunk, ends = self._chunk_seq, int(crlf)
+                    self._chunk_seq += 1
+                    held = _NULL if len(events) == 1 else len(events)  # on the first: how many it holds
+                    self._event(events[0], events[0].data, offset_ns, event_rows, (chunk, ends, held))
+                    for event in events[1:]:
+                        self._event(event, event.data, offset_ns, event_rows, (chunk, ends, 0))
                     return
-                self._event(events[0], events[0].data, offset_ns, event_rows, (chunk, crlf, len(events)))
-                for event in events[1:]:
-                    self._event(event, event.data, offset_ns, event_rows, (chunk, crlf, 0))
-                return
             self._chunk_row(offset_ns, data, chunk_rows)
             for event in events:
                 self._event(event, event.data, offset_ns, event_rows)
@@ -416,16 +415,6 @@ class ExchangeRows:
         return json.dumps(
             [(k, _header_text(v)) for k, v in self._redactor.header_pairs(pairs)], ensure_ascii=False
         )
-
-    @staticmethod
-    def _written_back(data: bytes, events: list[SSEEvent]) -> bool:
-        """Whether ``data`` is exactly these events, each in the one form its fields write
-        back (sse.written), all with the chunk's line ends."""
-        crlf = data.endswith(b"\r\n\r\n")
-        if len(events) == 1:
-            event = events[0]
-            return data == written(event.data, event.id, event.event, crlf)
-        return data == b"".join([written(e.data, e.id, e.event, crlf) for e in events])
 
     def _chunk_row(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
         chunk_rows.append((self.summary.exchange_id, self._chunk_seq, offset_ns, data))
@@ -531,6 +520,15 @@ class ExchangeRows:
                 *event_columns(c),
             )
         )
+
+
+def _written_back(data: bytes, events: list[SSEEvent], crlf: bool) -> bool:
+    """Whether ``data`` is exactly these events, each in the one form its fields write back
+    (sse.written), all with the chunk's line ends (``crlf``)."""
+    if len(events) == 1:  # the commonest, without a list to join
+        event = events[0]
+        return data == written(event.data, event.id, event.event, crlf)
+    return data == b"".join([written(e.data, e.id, e.event, crlf) for e in events])
 
 
 _OTHER = Classification("other")  # an event of a stream no protocol claimed

@@ -125,6 +125,12 @@ class ClickHouseSink:
 
     def _create(self) -> None:
         self.client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+        present = set(
+            self.client.query(
+                f"SELECT table, name FROM system.columns WHERE database = '{self.database}'"
+            ).result_rows
+        )
+        made_before = {table for table, _ in present}
         for table, (name, order, version) in TABLES.items():
             columns = ", ".join(f"{c} {_type(c, t, order)}" for c, t in self.columns[table])
             versioned = ", _version UInt8" if version else ""
@@ -135,9 +141,10 @@ class ClickHouseSink:
             )
             # A table an earlier version made lacks the columns the log has gained since.
             for c, t in self.columns[table]:
-                self.client.command(
-                    f"ALTER TABLE {self.database}.{name} ADD COLUMN IF NOT EXISTS {c} {_type(c, t, order)}"
-                )
+                if name in made_before and (name, c) not in present:
+                    self.client.command(
+                        f"ALTER TABLE {self.database}.{name} ADD COLUMN {c} {_type(c, t, order)}"
+                    )
         for name, sql in VIEWS.items():
             view = sql.format(db=self.database)
             self.client.command(f"CREATE OR REPLACE VIEW {self.database}.{name} AS {view}")

@@ -92,17 +92,7 @@ def encoded(rows: Rows, rowids: Sequence[int]) -> Iterator[Message]:
     cheaper than sizing every value."""
     for at in range(0, len(rows.rows), MESSAGE_ROWS):
         part = msgspec.structs.replace(rows, rows=rows.rows[at : at + MESSAGE_ROWS])
-        yield from _fitted(part, rowids[at : at + MESSAGE_ROWS])
-
-
-def _fitted(rows: Rows, rowids: Sequence[int]) -> Iterator[Message]:
-    payload = encode(rows)
-    if len(payload) <= MESSAGE_BYTES or len(rows.rows) == 1:
-        yield Message(rows.table, rows.capture, len(rows.rows), rowids[0], rowids[-1], payload)
-        return
-    half = len(rows.rows) // 2
-    for part, ids in ((rows.rows[:half], rowids[:half]), (rows.rows[half:], rowids[half:])):
-        yield from _fitted(msgspec.structs.replace(rows, rows=part), ids)
+        yield from _fitted(part, MESSAGE_BYTES, rowids[at : at + MESSAGE_ROWS])
 
 
 def within(message: Message, limit: int) -> Iterator[Message]:
@@ -113,12 +103,26 @@ def within(message: Message, limit: int) -> Iterator[Message]:
     if len(message.payload) <= limit or message.rows == 1:
         yield message
         return
-    rows = _decoder.decode(message.payload)
+    yield from _fitted(_decoder.decode(message.payload), limit, None, (message.first, message.last))
+
+
+def _fitted(
+    rows: Rows, limit: int, rowids: Sequence[int] | None, span: tuple[int, int] = (0, 0)
+) -> Iterator[Message]:
+    """``rows`` halved until each part encodes to at most ``limit`` bytes (or is one row);
+    each message names the rowids of its first and last rows, or, without ``rowids``,
+    ``span``."""
+    payload = encode(rows)
+    if len(payload) <= limit or len(rows.rows) == 1:
+        first, last = span if rowids is None else (rowids[0], rowids[-1])
+        yield Message(rows.table, rows.capture, len(rows.rows), first, last, payload)
+        return
     half = len(rows.rows) // 2
-    for part in (rows.rows[:half], rows.rows[half:]):
-        payload = encode(msgspec.structs.replace(rows, rows=part))
-        m = message
-        yield from within(Message(m.table, m.capture, len(part), m.first, m.last, payload), limit)
+    for part, ids in (
+        (rows.rows[:half], None if rowids is None else rowids[:half]),
+        (rows.rows[half:], None if rowids is None else rowids[half:]),
+    ):
+        yield from _fitted(msgspec.structs.replace(rows, rows=part), limit, ids, span)
 
 
 def decode(payload: bytes, *, nan_nulls: bool = False) -> Rows:
