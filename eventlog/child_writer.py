@@ -14,10 +14,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .producer import END, FLUSH, STOP
+from .sqlite_settings import stop_counting_memory
 from .writer import LogWriter
 
 
 def main(fd: int) -> None:
+    stop_counting_memory()  # this process only writes the log: before any connection opens
     conn = Connection(fd)
     path, options = conn.recv()
     # Ctrl-C, timeout(1) and systemd signal the whole process group: the recorder decides

@@ -14,6 +14,7 @@ from tasktape.errors import CassetteError, FlowFileError, LogError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import cassette_lines, load_into, read_cassette
 from tasktape.eventlog.recorded import from_log
+from tasktape.eventlog.sqlite_settings import stop_counting_memory
 
 from .mitm_command import INSTALL_HINT, mitmproxy_missing
 
@@ -96,6 +97,7 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
         loaded = [(f, _read_flows(f) if is_flow_file(f) else read_cassette(f)) for f in files]
     except CassetteError as exc:
         raise click.ClickException(str(exc)) from None
+    stop_counting_memory()
     try:
         writer = LogWriter(db)
     except LogError as exc:

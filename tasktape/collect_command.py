@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from tasktape.errors import LogError, UsageError
+from tasktape.eventlog.sqlite_settings import stop_counting_memory
 from tasktape.fleet.names import FETCH, STREAM, parse_servers
 
 
@@ -119,6 +120,8 @@ def collect(
         stats = await collector.run(stop)
         say(f"stopped: {stats.rows:,} rows from {stats.messages:,} messages, {stats.written:,} new")
 
+    if db is not None:
+        stop_counting_memory()  # this process writes one log
     try:
         with open_sink(db, clickhouse) as sink:
             asyncio.run(run(sink))
