@@ -99,6 +99,10 @@ class LiveStream:
     def ids(self) -> list[str]:
         return self._stamper.ids()
 
+    def last_agent_id(self) -> str | None:
+        """The id the agent gave the last of its events that had one (None: none had)."""
+        return self._stamper.last_own()
+
     def position(self, event_id: str) -> int | None:
         """Where the event of that id ends (None: this stream holds none)."""
         return self._stamper.position(event_id)

@@ -89,12 +89,14 @@ class Rejoin:
     async def again(self, why: str) -> Subscribed | None:
         """The stream followed anew, or None (said in the log) when it cannot be."""
         sent = self.stream.sent_data()
-        plan = self.protocol.resubscription(self.request, sent) if self.protocol else None
+        last_id = self.stream.last_agent_id()
+        plan = self.protocol.resubscription(self.request, sent, last_id) if self.protocol else None
         if plan is None:
             cannot = (
                 "no protocol recognised the request, so nothing knows how to follow its stream again"
                 if self.protocol is None
-                else f"{self.protocol.name} cannot follow it again (its task had not begun, or had ended)"
+                else f"{self.protocol.name} cannot follow it again (it had ended, or had not begun"
+                + (", and the agent gave its events no ids)" if last_id is None else ")")
             )
             self._note(ResumeOutcome.NOT_RESUMABLE, sent, error=f"{why}; {cannot}")
             return None

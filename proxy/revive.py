@@ -73,7 +73,8 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
             if protocol is None:
                 continue
             stream = _rebuilt(conn, root, chain, protocol)
-            if protocol.resubscription(original, stream.sent_data()) is not None:  # its task goes on
+            plan = protocol.resubscription(original, stream.sent_data(), stream.last_agent_id())
+            if plan is not None:  # it goes on
                 yield stream, original
     finally:
         conn.close()

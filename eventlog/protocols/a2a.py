@@ -88,8 +88,11 @@ class A2A(Protocol):
         c = classify(data)
         return c.kind == A2AKind.STATUS_UPDATE and c.state in _ENDS
 
-    def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
-        """``tasks/{id}:subscribe`` (or ``SubscribeToTask``) while the task has not ended."""
+    def resubscription(
+        self, request: Request, sent: Sequence[str], last_id: str | None
+    ) -> Resubscription | None:
+        """``tasks/{id}:subscribe`` (or ``SubscribeToTask``) while the task has not ended (a
+        subscribe starts from a snapshot, so the agent's event ids are not needed)."""
         return a2a_rejoin.resubscription(request, sent)
 
     def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:

@@ -199,10 +199,13 @@ class Protocol:
         it) carries, for protocols that name their artifacts."""
         return ()
 
-    def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
+    def resubscription(
+        self, request: Request, sent: Sequence[str], last_id: str | None
+    ) -> Resubscription | None:
         """How a resuming recorder follows the stream ``request`` opened again, once its
-        connection to the agent broke, given the data of the events clients were sent
-        (None: it cannot be: the stream had ended, or the protocol has no way)."""
+        connection to the agent broke, given the data of the events clients were sent and
+        the id the agent gave the last of its events that had one (None: none had).
+        None: it cannot be (the stream had ended, or the protocol has no way)."""
         return None
 
     def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:

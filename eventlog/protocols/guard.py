@@ -75,8 +75,10 @@ class Guarded(Protocol):
     def closes(self, data: str, event_type: str | None) -> bool:
         return self.safely("closes", False, lambda: bool(self.inner.closes(data, event_type)))
 
-    def resubscription(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
-        return self.safely("resubscription", None, lambda: self.inner.resubscription(request, sent))
+    def resubscription(
+        self, request: Request, sent: Sequence[str], last_id: str | None
+    ) -> Resubscription | None:
+        return self.safely("resubscription", None, lambda: self.inner.resubscription(request, sent, last_id))
 
     def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:
         return self.safely("lookup", None, lambda: self.inner.lookup(request, sent))

@@ -18,7 +18,16 @@ from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Frame, Problem, Stream, readable
-from .base import Protocol, Regenerated, Request, RequestInfo, StreamReader, classified, parsed
+from .base import (
+    Protocol,
+    Regenerated,
+    Request,
+    RequestInfo,
+    Resubscription,
+    StreamReader,
+    classified,
+    parsed,
+)
 
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
@@ -123,6 +132,18 @@ class MCP(Protocol):
     def closes(self, data: str, event_type: str | None) -> bool:
         """The answer to the request (its result or error): a POST stream ends with it."""
         return message_kind(parsed(data, MCPKind.OTHER)) in (MCPKind.RESPONSE, MCPKind.ERROR)
+
+    def resubscription(
+        self, request: Request, sent: Sequence[str], last_id: str | None
+    ) -> Resubscription | None:
+        """A ``GET`` of the endpoint with ``Last-Event-ID``, as a client resumes: a server
+        that keeps its events (an event store) replays the stream after that event, then
+        goes on with it. Only for a stream whose events had ids and whose answer had not
+        come yet; the session and protocol version headers go as the client sent them."""
+        if last_id is None or (sent and self.closes(sent[-1], None)):
+            return None
+        headers = (("Accept", "text/event-stream"), ("Last-Event-ID", last_id))
+        return Resubscription("GET", request.path, None, headers)
 
 
 class MCPReader(StreamReader):

@@ -1,0 +1,137 @@
+"""The resume gateway rejoining an MCP stream that broke: the official mcp SDK server (1.x)
+keeps its events in an event store, so the recorder follows a tool call's stream again with
+a ``GET`` carrying ``Last-Event-ID``, as a client resumes; the SDK client, through the
+recorder, gets every progress notification once and the result, and the call reaches the
+server once. A server that gives its events no ids cannot be rejoined, and the log says so."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import Any
+
+import aiohttp
+from conftest import RecordFactory
+from cutter import Cut, Cutter, Relayed
+from mcp_peers import run_mcp_client, run_mcp_server
+
+COUNT = ("--count", "6", "--delay", "0.1")
+PROGRESS = b"notifications/progress"
+
+
+def cut_the_tool_call(after_reports: int) -> Any:
+    """A plan: the first ``slow_count`` call's stream reset halfway through the event after
+    its ``after_reports``-th progress report (so half an event has passed)."""
+    made = []
+
+    def plan(request: Relayed, rng: random.Random) -> Cut | None:
+        if made or request.method != "POST" or b'"slow_count"' not in request.data:
+            return None
+        made.append(request)
+        return Cut(10, "rst", PROGRESS, after_reports + 1)
+
+    return plan
+
+
+def calls(report: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: (call["result"], [(p["progress"], p["total"], p["message"]) for p in call["progress"]])
+        for name, call in report["calls"].items()
+        if "progress" in call
+    }
+
+
+async def client(url: str) -> dict[str, Any]:
+    return await asyncio.to_thread(run_mcp_client, url, *COUNT, sdk="1")
+
+
+async def test_a_broken_tool_call_stream_is_rejoined_with_last_event_id(record: RecordFactory) -> None:
+    with run_mcp_server("--event-store", sdk="1") as server:
+        base = server.url.removesuffix("/mcp")
+        direct = await client(server.url)
+        async with Cutter(base, plan=cut_the_tool_call(2)) as cutter:
+            rec = await record(cutter.url, hold=30.0, rejoin_for=10.0)
+            through = await client(f"{rec.url}/mcp")
+            assert len(cutter.cuts()) == 1
+            rejoins = [r for r in cutter.requests if r.method == "GET" and b"Last-Event-ID" in r.data]
+            calls_made = cutter.count("POST", b'"slow_count"')
+        log = await rec.log()
+    assert calls(through) == calls(direct)  # every report once, in order, and the result
+    assert calls_made == 1  # the tool ran once
+    assert len(rejoins) == 1
+    with log:
+        (resume,) = log.db.conn.execute(
+            "SELECT r.side, r.outcome, r.last_event_id, x.method, x.request_headers"
+            " FROM resumes r JOIN exchanges x ON x.id = r.new_exchange_id"
+        ).fetchall()
+        sent_ids = [
+            r[0]
+            for r in log.db.conn.execute(
+                "SELECT e.event_id FROM events e JOIN resumes r ON e.exchange_id = r.exchange_id"
+                " WHERE e.event_id IS NOT NULL AND e.complete ORDER BY e.seq"
+            )
+        ]
+    side, outcome, last_event_id, method, headers = resume
+    assert (side, outcome, method) == ("upstream", "rejoined", "GET")
+    # Resumed from the last whole event the agent sent (not the one cut off), which the GET named.
+    assert last_event_id == sent_ids[-1]
+    assert (
+        f'"Last-Event-ID", "{last_event_id}"' in headers or f'"last-event-id", "{last_event_id}"' in headers
+    )
+
+
+async def tool_call_stream(url: str) -> bytes:
+    """A session opened and a ``slow_count`` call sent, as the SDK client does; what its
+    stream brought before it ended or broke off."""
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    got = b""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json=initialize, headers=accept) as opened:
+            headers = {**accept, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
+            await opened.read()
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        async with session.post(url, json=note, headers=headers) as noted:
+            await noted.read()
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "slow_count",
+                "arguments": {"n": 6, "delay": 0.1},
+                "_meta": {"progressToken": 2},
+            },
+        }
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            async with session.post(url, json=call, headers=headers) as answer:
+                async for data in answer.content.iter_any():
+                    got += data
+    return got
+
+
+async def test_a_stream_without_ids_is_not_rejoined_and_the_log_says_why(record: RecordFactory) -> None:
+    with run_mcp_server(sdk="1") as server:
+        base = server.url.removesuffix("/mcp")
+        async with Cutter(base, plan=cut_the_tool_call(2)) as cutter:
+            rec = await record(cutter.url, hold=30.0, rejoin_for=2.0)
+            got = await asyncio.wait_for(tool_call_stream(f"{rec.url}/mcp"), 20)
+            assert len(cutter.cuts()) == 1
+            assert cutter.count("GET") == 0  # nothing to resume from
+        log = await rec.log()
+    # Broken off where the agent's was (its last bytes as they came), with no result.
+    assert b"counted 2 of 6" in got and b"counted 3 of 6" not in got and b"counted to 6" not in got
+    with log:
+        (row,) = log.db.conn.execute("SELECT side, outcome, error FROM resumes").fetchall()
+    assert row[:2] == ("upstream", "not_resumable")
+    assert "gave its events no ids" in row[2]
