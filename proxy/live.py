@@ -100,7 +100,7 @@ class LiveStream:
         return self._stamper.ids()
 
     def last_agent_id(self) -> str | None:
-        """The id the agent gave the last of its events that had one (None: none had)."""
+        """The id the agent gave the last event clients are sent (None: it gave none)."""
         return self._stamper.last_own()
 
     def position(self, event_id: str) -> int | None:

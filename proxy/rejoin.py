@@ -95,8 +95,8 @@ class Rejoin:
             cannot = (
                 "no protocol recognised the request, so nothing knows how to follow its stream again"
                 if self.protocol is None
-                else f"{self.protocol.name} cannot follow it again (it had ended, or had not begun"
-                + (", and the agent gave its events no ids)" if last_id is None else ")")
+                else f"{self.protocol.name} cannot follow it again (it had ended or not begun"
+                + ("; the agent gave the last event sent no id)" if last_id is None else ")")
             )
             self._note(ResumeOutcome.NOT_RESUMABLE, sent, error=f"{why}; {cannot}")
             return None

@@ -79,8 +79,8 @@ class Stamper:
         return [self.id_of(n) for n in range(1, len(self.ends) + 1)]
 
     def last_own(self) -> str | None:
-        """The agent's id of the last event that had one (None: none had)."""
-        return next(reversed(self._own.values()), None)
+        """The agent's id of the last event (None: it gave that one none)."""
+        return self._own.get(len(self.ends))
 
     def position(self, event_id: str) -> int | None:
         """Where the (first) event of that id ends; None: there is none."""

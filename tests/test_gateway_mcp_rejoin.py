@@ -16,6 +16,10 @@ from conftest import RecordFactory
 from cutter import Cut, Cutter, Relayed
 from mcp_peers import run_mcp_client, run_mcp_server
 
+from tasktape.eventlog.protocols.base import Request, Resubscription
+from tasktape.eventlog.protocols.mcp import MCP
+from tasktape.proxy.stamper import Stamper
+
 COUNT = ("--count", "6", "--delay", "0.1")
 PROGRESS = b"notifications/progress"
 
@@ -134,4 +138,25 @@ async def test_a_stream_without_ids_is_not_rejoined_and_the_log_says_why(record:
     with log:
         (row,) = log.db.conn.execute("SELECT side, outcome, error FROM resumes").fetchall()
     assert row[:2] == ("upstream", "not_resumable")
-    assert "gave its events no ids" in row[2]
+    assert "the agent gave the last event sent no id" in row[2]
+
+
+def test_the_plan_resumes_from_the_last_event_only_while_the_answer_has_not_come() -> None:
+    mcp = MCP()
+    call = Request("POST", "/mcp?x=1", [("Mcp-Session-Id", "s1")], b'{"jsonrpc":"2.0","id":2}')
+    progress = '{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}'
+    answer = '{"jsonrpc":"2.0","id":2,"result":{"content":[]}}'
+    plan = mcp.resubscription(call, [progress], "e7")
+    assert plan == Resubscription(
+        "GET", "/mcp?x=1", None, (("Accept", "text/event-stream"), ("Last-Event-ID", "e7"))
+    )
+    assert mcp.resubscription(call, [progress], None) is None  # nothing to resume from
+    assert mcp.resubscription(call, [progress, answer], "e8") is None  # it had ended
+
+
+def test_the_last_agent_id_is_that_of_the_last_event_or_none() -> None:
+    stamper = Stamper("tg1.")
+    stamper.feed(b"id: a\ndata: 1\n\n")
+    assert stamper.last_own() == "a"
+    stamper.feed(b"data: 2\n\n")  # an event without an id after it: resuming from "a" would repeat it
+    assert stamper.last_own() is None

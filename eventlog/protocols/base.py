@@ -204,8 +204,8 @@ class Protocol:
     ) -> Resubscription | None:
         """How a resuming recorder follows the stream ``request`` opened again, once its
         connection to the agent broke, given the data of the events clients were sent and
-        the id the agent gave the last of its events that had one (None: none had).
-        None: it cannot be (the stream had ended, or the protocol has no way)."""
+        the id the agent gave the last of them (None: it gave that one none). None: it
+        cannot be (the stream had ended, or the protocol has no way)."""
         return None
 
     def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:

@@ -138,8 +138,9 @@ class MCP(Protocol):
     ) -> Resubscription | None:
         """A ``GET`` of the endpoint with ``Last-Event-ID``, as a client resumes: a server
         that keeps its events (an event store) replays the stream after that event, then
-        goes on with it. Only for a stream whose events had ids and whose answer had not
-        come yet; the session and protocol version headers go as the client sent them."""
+        goes on with it. Only for a stream whose last event sent had an id (from an earlier
+        one, the server would send again what came after it) and whose answer had not come
+        yet; the session and protocol version headers go as the client sent them."""
         if last_id is None or (sent and self.closes(sent[-1], None)):
             return None
         headers = (("Accept", "text/event-stream"), ("Last-Event-ID", last_id))
