@@ -274,7 +274,7 @@ async def pump(
 def _ended(recording: Exchange, stream: LiveStream, rejoin: Rejoin) -> None:
     """The agent's first response for the stream ended whole: so does the stream."""
     recording.upstream_ended = True
-    stream.end(Outcome.COMPLETE, closed=rejoin.closed())
+    stream.end(Outcome.COMPLETE, closed=rejoin.closed_later())
     recording.end(Outcome.COMPLETE)
 
 

@@ -34,7 +34,9 @@ class LiveStream:
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
-    closed: bool = False  # it ended with the event its protocol closes a stream with
+    # Whether it ended with the event its protocol closes a stream with: known, or asked
+    # once a reconnect needs it (most streams end whole and are never asked).
+    _closed: bool | Callable[[], bool] = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _waiting: int = 0  # followers waiting for more: none, while the first client's handler reads
     _stamper: Stamper = field(init=False)
@@ -42,6 +44,12 @@ class LiveStream:
     def __post_init__(self) -> None:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
         self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
+
+    @property
+    def closed(self) -> bool:
+        if not isinstance(self._closed, bool):
+            self._closed = self._closed()
+        return self._closed
 
     @property
     def size(self) -> int:
@@ -136,12 +144,12 @@ class LiveStream:
         joined = b"".join(segments[i:j])
         return joined[start - starts[i] : None if end is None else end - starts[i]]
 
-    def end(self, outcome: str, *, closed: bool = False) -> None:
-        """The upstream ended (``closed``: with its protocol's closing event): a tail it
-        cut off goes out as it came."""
+    def end(self, outcome: str, *, closed: bool | Callable[[], bool] = False) -> None:
+        """The upstream ended (``closed``: with its protocol's closing event, or what
+        tells whether it did): a tail it cut off goes out as it came."""
         if self.outcome is not None:
             return
-        self.closed = closed
+        self._closed = closed
         self._stamper.close()
         self.outcome = outcome
         self._wake()

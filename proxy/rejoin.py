@@ -24,6 +24,8 @@ from .failure import describe
 from .live import LiveStream
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aiohttp import web
 
     from .recorder import Exchange, RecordingProxy
@@ -73,13 +75,18 @@ class Rejoin:
 
     @functools.cached_property
     def protocol(self) -> Protocol | None:
-        """The stream's protocol: asked once it is needed (few streams break or end)."""
+        """The stream's protocol: asked once it is needed (few streams break)."""
         return recognise(self.request)
 
     def closed(self) -> bool:
         """Whether the stream's last event is its protocol's closing one."""
-        data = self.stream.last_data()
-        return data is not None and self.protocol is not None and self.protocol.closes(data, None)
+        return _ends_closed(self.stream, self.protocol)
+
+    def closed_later(self) -> Callable[[], bool]:
+        """``closed``, to be asked once the stream has ended, if ever (a reconnect to it):
+        it holds the original request and the stream, not the client's request."""
+        stream, request = self.stream, self.request
+        return lambda: _ends_closed(stream, recognise(request))
 
     def closes(self, event: SSEEvent) -> bool:
         """Whether this event of a rejoined stream is its last (an agent may leave a
@@ -263,6 +270,11 @@ class Rejoin:
         side, events = ResumeSide.UPSTREAM, len(sent)
         resume = Resume(self.stream.exchange_id, side, outcome, events_from_log=events, **fields)  # type: ignore[arg-type]
         self.proxy.resumed(resume)
+
+
+def _ends_closed(stream: LiveStream, protocol: Protocol | None) -> bool:
+    data = stream.last_data()
+    return data is not None and protocol is not None and protocol.closes(data, None)
 
 
 def caught_up(
