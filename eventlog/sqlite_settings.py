@@ -24,7 +24,6 @@ def _library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(_sqlite3.__file__)
         lib.sqlite3_libversion.restype = ctypes.c_char_p
         lib.sqlite3_memory_used.restype = ctypes.c_int64
-        lib.sqlite3_config.restype = ctypes.c_int
     except (AttributeError, OSError):  # a built-in module, or a library without those names
         return None
     if lib.sqlite3_libversion().decode() != sqlite3.sqlite_version:
