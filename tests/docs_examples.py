@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 DEFAULT_PORTS = {"record": 7470, "replay": 7471, "inspect": 7472, "agent": 7473}
@@ -107,12 +109,6 @@ def commands(body: str) -> list[Command]:
     if pending is not None:
         found.append(Command(pending))
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Page:

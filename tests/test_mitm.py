@@ -26,7 +26,8 @@ from loopback import serve
 from mitmproxy import exceptions, optmanager
 from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons, tflow
-from sdk_agent import SdkAgent, free_port, run_sdk_agent
+from ports import free_port
+from sdk_agent import SdkAgent, run_sdk_agent
 from sdk_client import stream_message
 
 from tasktape.eventlog import EventLog

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from conftest import RecordFactory
 from mitmproxy import io
 from mitmproxy.test import tflow
-from sdk_agent import free_port, run_sdk_agent
+from ports import free_port
+from sdk_agent import run_sdk_agent
 from sdk_client import stream_message
 from test_mitm import MITMDUMP, SECRET, digest, mitmdump_args, recorded_by_tasktape_record, running
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import aiohttp
 import pytest
 from aiohttp import web
 from conftest import RecordFactory
+from ports import free_port
 from yarl import URL
 
 
@@ -94,9 +94,7 @@ async def test_headers_end_to_end_hop_by_hop_and_forwarding(record: RecordFactor
 
 
 async def test_unreachable_upstream_gives_a_502_naming_the_reason(record: RecordFactory) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    port = free_port()  # nothing listens there
     rec = await record(f"http://127.0.0.1:{port}")
     async with rec.session.post(f"{rec.url}/message:stream", json={"message": {}}) as r:
         assert r.status == 502
@@ -200,9 +198,7 @@ async def test_small_request_bodies_respect_the_cap(record: RecordFactory) -> No
 
 
 async def test_a_streamed_body_is_recorded_even_when_the_upstream_fails(record: RecordFactory) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     rec = await record(f"http://127.0.0.1:{port}")
 
     async def body():
