@@ -28,6 +28,7 @@ from .proxy_bench import (
     BARE,
     BENCH,
     RECORD,
+    RESUMING,
     UNRECORDED,
     free_port,
     listening,
@@ -63,13 +64,15 @@ def run(quick: bool) -> list[Section]:
                 "--listen", f"127.0.0.1:{p}", "--db", str(db), "--quiet",
             ],
         }  # fmt: skip
+        paths[RESUMING] = lambda p, db: [*paths[RECORD](p, db), "--resume"]
         # One path at a time, its two runs side by side (the warm-up-only one mostly idles):
         # a process starved of CPU would read events coalesced, and count fewer per event.
         counts = {}
         with ThreadPoolExecutor(2) as pool:
             for name, command in paths.items():
-                idle = pool.submit(_count, tmp, command, name == RECORD, 0, 0)
-                counts[name, (streams, events)] = _count(tmp, command, name == RECORD, streams, events)
+                logged = name in (RECORD, RESUMING)
+                idle = pool.submit(_count, tmp, command, logged, 0, 0)
+                counts[name, (streams, events)] = _count(tmp, command, logged, streams, events)
                 counts[name, (0, 0)] = idle.result()
     total = streams * events
     per_event = {
@@ -92,7 +95,9 @@ def run(quick: bool) -> list[Section]:
         "Instructions per event in each process (callgrind: user space only, so the kernel's "
         "socket work is not counted), the difference between a run with the streams and one "
         "with only a warm-up. tasktape record's proxy process is what forwards; its log writer "
-        "is the child process that decodes, classifies and commits."
+        "is the child process that decodes, classifies and commits. With --resume, it gives events "
+        "without ids ids of its own and holds each stream for clients that reconnect (the "
+        "streams here never drop)."
     )
     return [section]
 
