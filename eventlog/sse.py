@@ -346,24 +346,28 @@ def _last_block_end(chunk: bytes) -> int:
 def whole_event(chunk: bytes) -> tuple[int, int] | None:
     """Whether ``chunk`` is one whole event that need not be split into lines: a data line,
     alone or after one other line, then a blank line, every line end LF or every one CRLF
-    (counted, not looked for line by line). Returns the length of its line ends and where
-    its data line begins (0: it is the only line), or None."""
-    count = chunk.count(b"\n")
+    (found with a few searches for the first of each byte, not counted). Returns the length
+    of its line ends and where its data line begins (0: it is the only line), or None."""
     if chunk.endswith(b"\n\n"):
         if _CR in chunk:
             return None
-        nl = 1
-    elif chunk.endswith(b"\r\n\r\n") and chunk.count(b"\r") == count:
-        nl = 2
+        nl, last = 1, len(chunk) - 2  # where the data line's line end must be
+        first = chunk.find(b"\n")
+    elif chunk.endswith(b"\r\n\r\n"):
+        nl, last = 2, len(chunk) - 4
+        first = chunk.find(b"\r")
+        if chunk.find(b"\n") != first + 1:
+            return None  # an LF alone, or a CR alone, in the first line
     else:
         return None
-    if count == 2:
-        at = 0
-    elif count == 3:
-        first = chunk.find(b"\n") + 1 - nl  # where the first line ends
-        if nl == 2 and chunk.find(b"\r") != first:
-            return None  # a CR alone, and an LF alone, within the block
+    at = 0
+    if first != last:  # a line before the data line: the next line end must be the data line's
         at = first + nl
-    else:
-        return None
-    return (nl, at) if chunk.startswith(b"data:", at) else None
+        if nl == 1:
+            if chunk.find(b"\n", at) != last:
+                return None
+        elif chunk.find(b"\r", at) != last or chunk.find(b"\n", at) != last + 1:
+            return None
+    # A slice, not startswith(): in Python 3.11 every bytes search method parses its arguments
+    # the slow way, and this runs once an event.
+    return (nl, at) if chunk[at : at + 5] == b"data:" else None

@@ -118,12 +118,15 @@ class Stamper:
             shape = whole_event(data)
             if shape is not None and shape[0] == len(lines.nl):
                 nl, at = shape
-                if not at:  # no id: one is spliced in
-                    data = data[:-nl] + template % (len(self.ends) + 1)
-                    self._out(data)
-                    self.ends.append(self.size)
+                if not at:  # no id: one is spliced in (and _out's work done here: a call less)
+                    ends = self.ends
+                    data = data[:-nl] + template % (len(ends) + 1)
+                    self.segments.append(data)
+                    self.starts.append(self.size)
+                    self.size += len(data)
+                    ends.append(self.size)
                     return data
-                if data.startswith(b"id: ") and data.find(b"\0", 0, at - nl) < 0:
+                if data.startswith(b"id: ") and b"\0" not in data:  # (a NUL anywhere: the slow way)
                     self._out(data)
                     self._event(self.size, data[4 : at - nl].decode("utf-8", "replace"))
                     return data
