@@ -12,23 +12,24 @@ import random
 import socket
 from pathlib import Path
 
-_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST = 10000
 _given: set[int] = set()
 
 
 def _ephemeral_start() -> int:
     try:
-        return int(_RANGE.read_text().split()[0])
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
 
 
+_TOP = _ephemeral_start() - 1
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nothing listens on, outside the ephemeral range, not given before."""
-    top = _ephemeral_start() - 1
     for _ in range(1000):
-        port = random.randint(_LOWEST, top)
+        port = random.randint(_LOWEST, _TOP)
         if port in _given:
             continue
         with socket.socket() as s:
@@ -38,7 +39,7 @@ def free_port() -> int:
                 continue
         _given.add(port)
         return port
-    raise RuntimeError(f"no free port found in {_LOWEST}-{top}")
+    raise RuntimeError(f"no free port found in {_LOWEST}-{_TOP}")
 
 
 def free_ports(n: int) -> list[int]:
