@@ -15,6 +15,7 @@ from tasktape.lazy import lazy_getattr
 from .classify import Classification, classify
 
 if TYPE_CHECKING:
+    from .a2a_terms import TaskState
     from .exchange_rows import ExchangeSummary
     from .models import (
         Artifact,
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
         StreamResponse,
         Task,
         TaskArtifactUpdateEvent,
-        TaskState,
         TaskStatus,
         TaskStatusUpdateEvent,
         Usage,
@@ -55,7 +55,7 @@ _WHERE = {
     "StreamResponse": ".models",
     "Task": ".models",
     "TaskArtifactUpdateEvent": ".models",
-    "TaskState": ".models",
+    "TaskState": ".a2a_terms",
     "TaskStatus": ".models",
     "TaskStatusUpdateEvent": ".models",
     "Usage": ".models",

@@ -17,7 +17,7 @@ import orjson
 from msgspec import UNSET
 
 from . import typed_frames
-from .models import STREAM_KINDS, V03_KINDS, is_jsonrpc, normalize_state
+from .a2a_terms import STREAM_KINDS, V03_KINDS, is_jsonrpc, normalize_state
 
 
 class Classification(NamedTuple):

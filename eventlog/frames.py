@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .a2a_terms import is_jsonrpc
 from .classify import Classification, load_json
-from .models import is_jsonrpc
 from .outcomes import Outcome
 from .protocols import by_name, recognise_exchange
 from .protocols.base import Protocol, Request, RequestInfo

@@ -4,7 +4,6 @@ optional fields may be missing), plus the A2A 0.3 shapes still seen in the wild.
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -12,38 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from tasktape.errors import FrameError
 
-
-class TaskState(StrEnum):
-    SUBMITTED = "TASK_STATE_SUBMITTED"
-    WORKING = "TASK_STATE_WORKING"
-    COMPLETED = "TASK_STATE_COMPLETED"
-    FAILED = "TASK_STATE_FAILED"
-    CANCELED = "TASK_STATE_CANCELED"
-    INPUT_REQUIRED = "TASK_STATE_INPUT_REQUIRED"
-    REJECTED = "TASK_STATE_REJECTED"
-    AUTH_REQUIRED = "TASK_STATE_AUTH_REQUIRED"
-    UNSPECIFIED = "TASK_STATE_UNSPECIFIED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-    @property
-    def interrupted(self) -> bool:
-        return self in INTERRUPTED_STATES
-
-
-TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELED, TaskState.REJECTED})
-INTERRUPTED_STATES = frozenset({TaskState.INPUT_REQUIRED, TaskState.AUTH_REQUIRED})
-
-# A2A 0.3 spells states in lowercase kebab case ("input-required").
-V03_STATES = {s.value.removeprefix("TASK_STATE_").lower().replace("_", "-"): s.value for s in TaskState}
-V03_STATES["unknown"] = TaskState.UNSPECIFIED.value
-
-
-def normalize_state(value: str) -> str:
-    """``"working"`` (A2A 0.3) -> ``"TASK_STATE_WORKING"``; v1.0 names and unknown values pass."""
-    return V03_STATES.get(value, value)
+from .a2a_terms import STREAM_KINDS, TaskState, from_v03, is_jsonrpc, normalize_state
 
 
 class _Model(BaseModel):
@@ -156,16 +124,6 @@ class TaskArtifactUpdateEvent(_WithUsage):
     kind: str | None = None
 
 
-STREAM_KINDS = ("task", "message", "statusUpdate", "artifactUpdate")
-# A2A 0.3 tags each result with "kind" instead of wrapping it in a named field.
-V03_KINDS = {
-    "task": "task",
-    "message": "message",
-    "status-update": "statusUpdate",
-    "artifact-update": "artifactUpdate",
-}
-
-
 class StreamResponse(_Model):
     """Exactly one of ``task``, ``message``, ``status_update``, ``artifact_update``."""
 
@@ -219,14 +177,6 @@ def _join_text(parts: list[Part]) -> str | None:
     return "".join(texts) if texts else None
 
 
-def from_v03(obj: dict[str, Any]) -> dict[str, Any]:
-    """Wrap an A2A 0.3 result (``{"kind": "status-update", ...}``) as a v1.0 StreamResponse."""
-    kind = obj.get("kind")
-    if isinstance(kind, str) and kind in V03_KINDS and not any(k in obj for k in STREAM_KINDS):
-        return {V03_KINDS[kind]: obj}
-    return obj
-
-
 def parse_stream_response(data: str | bytes | dict[str, Any]) -> StreamResponse | JsonRpcResponse:
     """Parse one SSE ``data`` payload: a REST StreamResponse, or a JSON-RPC response
     wrapping one (``result``) or carrying an ``error``; A2A 0.3 shapes are accepted.
@@ -244,7 +194,3 @@ def parse_stream_response(data: str | bytes | dict[str, Any]) -> StreamResponse 
         return StreamResponse.model_validate(from_v03(obj))
     except ValueError as exc:
         raise FrameError(str(exc)) from None
-
-
-def is_jsonrpc(obj: dict[str, Any]) -> bool:
-    return "jsonrpc" in obj or ("id" in obj and ("result" in obj or "error" in obj))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from .a2a_terms import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
 from .frames import Frame, Problem, Rule, Stream, readable
-from .models import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
 
 S = TaskState
 LEGAL: dict[str, frozenset[str]] = {

@@ -2,7 +2,8 @@
 
 Table and column names are a public contract (people write SQL against them), so a
 change is always a new migration; opening an older log upgrades it, and a log with
-migrations this version does not know is refused rather than misread.
+migrations this version does not know is refused rather than misread. A new log is made
+from the schema the migrations build (``new_log``), at a tenth of their cost.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from sqlite_utils.migrations import Migrations
 
 from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
 
-from .models import V03_STATES
+from . import new_log
+from .a2a_terms import V03_STATES
 
 migrations = Migrations("tasktape")
 MigrationFn = Callable[[sqlite_utils.Database], None]
@@ -660,7 +662,9 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         # A new log: pages of 16 KiB hold more rows each, so that an event row costs its
         # B-trees about an eighth fewer instructions to insert than with 4 KiB pages.
         db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-    if len(applied) < len(KNOWN):
+        new_log.create(db, migrations, KNOWN)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    elif len(applied) < len(KNOWN):
         if readonly:
             raise SchemaTooOld(
                 f"{path} uses schema version {len(applied)}, older than this tasktape's "
@@ -675,3 +679,8 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
 
 def schema_version(db: sqlite_utils.Database) -> int:
     return len([m for m in migrations.applied(db) if m.name in KNOWN])
+
+
+if __name__ == "__main__":  # python -m tasktape.eventlog.schema: new_log.sql written again
+    new_log.write(migrations)
+    print(f"wrote {new_log.NEW_LOG_SQL}")

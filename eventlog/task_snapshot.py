@@ -7,7 +7,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from .models import from_v03, is_jsonrpc
+from .a2a_terms import from_v03, is_jsonrpc
 
 SUBMITTED = "TASK_STATE_SUBMITTED"
 

@@ -39,11 +39,12 @@ from .errors import (
 from .lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from .eventlog.a2a_terms import TaskState
     from .eventlog.cassette import read_cassette, write_cassette
     from .eventlog.checker import Finding, Report, check_log, check_recorded
     from .eventlog.classify import Classification, classify
     from .eventlog.merge import MergeReport, merge_logs
-    from .eventlog.models import StreamResponse, TaskState, parse_stream_response
+    from .eventlog.models import StreamResponse, parse_stream_response
     from .eventlog.process_writer import ProcessLogWriter
     from .eventlog.reader import EventLog
     from .eventlog.recorded import Recorded, read_log
@@ -82,7 +83,7 @@ _WHERE = {
     "SSEEvent": ".eventlog.sse",
     "StreamResponse": ".eventlog.models",
     "Tape": ".replay.tape",
-    "TaskState": ".eventlog.models",
+    "TaskState": ".eventlog.a2a_terms",
     "check_log": ".eventlog.checker",
     "check_recorded": ".eventlog.checker",
     "classify": ".eventlog.classify",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import pytest
 import sqlite_utils
 
 from tasktape.errors import LogError, SchemaTooNew
-from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter, open_db
-from tasktape.eventlog.schema import migrations
+from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter, new_log, open_db
+from tasktape.eventlog.schema import PAGE_SIZE, migrations
 
 CONTRACT = {
     "captures": ["id", "started_at", "ended_at", "source", "upstream", "tool_version", "argv", "uid"],
@@ -153,6 +154,56 @@ def test_an_older_log_is_upgraded_on_open(tmp_path: Path) -> None:
     with EventLog(path) as log:
         assert log.captures()[0]["source"] == "old"
         assert "task_summary" in log.db.view_names()
+
+
+def _schema(path: Path) -> dict[str, object]:
+    """Everything a log's schema is: its objects as SQLite lists them, the table kinds,
+    the full-text index's settings, the migrations recorded, the version and page size."""
+    with sqlite3.connect(path) as conn:
+        schema = {
+            "objects": sorted(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")),
+            "tables": sorted(conn.execute("SELECT name, type, ncol, wr, strict FROM pragma_table_list")),
+            "fts": sorted(conn.execute("SELECT * FROM events_fts_config")),
+            "migrations": [m for (m,) in conn.execute("SELECT name FROM _sqlite_migrations ORDER BY id")],
+            "version": conn.execute("PRAGMA user_version").fetchone(),
+            "page_size": conn.execute("PRAGMA page_size").fetchone(),
+        }
+    conn.close()
+    return schema
+
+
+def test_a_new_log_has_the_schema_its_migrations_build(tmp_path: Path) -> None:
+    """A new log is made from new_log.sql, not by running the migrations: both make the
+    same log, and the file is what the migrations write now."""
+    migrated = sqlite_utils.Database(tmp_path / "migrated.db")
+    migrated.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    migrations.apply(migrated)
+    migrated.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    migrated.close()
+    open_db(tmp_path / "new.db").close()
+    assert _schema(tmp_path / "new.db") == _schema(tmp_path / "migrated.db")
+    assert new_log.write(migrations, tmp_path / "new_log.sql") == new_log.NEW_LOG_SQL.read_text(), (
+        "new_log.sql is out of date with the migrations: python -m tasktape.eventlog.schema"
+    )
+
+
+def test_a_new_log_is_written_and_read_like_a_migrated_one(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+        w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
+        frame = {
+            "artifactUpdate": {"taskId": "t1", "artifact": {"artifactId": "a", "parts": [{"text": "hello"}]}}
+        }
+        w.chunk(ex, 1, b"id: 1\ndata: " + json.dumps(frame).encode() + b"\n\n")
+        w.end_exchange(ex, duration_ns=2).result()
+    with EventLog(path) as log:
+        assert [e["event_id"] for e in log.task_events("t1")] == ["1"]
+        assert log.db.execute("SELECT rowid FROM events_fts WHERE events_fts MATCH 'hello'").fetchall() == [
+            (1,)
+        ]
+        assert log.db.execute("SELECT count(*) FROM chunks").fetchone() == (1,)
 
 
 def test_a_newer_log_is_refused(tmp_path: Path) -> None:

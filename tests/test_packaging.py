@@ -65,6 +65,7 @@ def test_the_wheel_ships_data_types_and_entry_points(dist: Path) -> None:
     assert "tasktape/py.typed" in names
     assert "tasktape/inspector/templates/tasktape_task.html" in names
     assert "tasktape/inspector/static/inspector.css" in names
+    assert "tasktape/eventlog/new_log.sql" in names  # the schema a new log is made with
     (wheel,) = dist.glob("tasktape-*.whl")
     with zipfile.ZipFile(wheel) as files:
         entry_points = files.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from ..a2a_terms import INTERRUPTED_STATES, STREAM_KINDS, TERMINAL_STATES, V03_KINDS, is_jsonrpc
 from ..classify import Classification, classify, load_json
-from ..models import INTERRUPTED_STATES, STREAM_KINDS, TERMINAL_STATES, V03_KINDS, is_jsonrpc
 from ..requests import A2A_METHODS, classify_request, rest_operation
 from ..rules import RULES
 from . import a2a_rejoin

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
+from ..a2a_terms import INTERRUPTED_STATES, TERMINAL_STATES, is_jsonrpc
 from ..classify import load_json
 from ..jsonrpc_ids import NO_ID
-from ..models import INTERRUPTED_STATES, TERMINAL_STATES, is_jsonrpc
 from ..requests import Binding, classify_request
 from ..task_snapshot import stream_response, task_after
 from .base import CatchUp, Request, Resubscription

@@ -1,0 +1,64 @@
+"""A2A's fixed vocabulary, for code that reads frames without the pydantic models: the
+task states (v1.0 names, and A2A 0.3's spellings of them), the four kinds of stream frame,
+and what tells a JSON-RPC envelope. Loading it loads no pydantic: the recorder and the log
+writer start without it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class TaskState(StrEnum):
+    SUBMITTED = "TASK_STATE_SUBMITTED"
+    WORKING = "TASK_STATE_WORKING"
+    COMPLETED = "TASK_STATE_COMPLETED"
+    FAILED = "TASK_STATE_FAILED"
+    CANCELED = "TASK_STATE_CANCELED"
+    INPUT_REQUIRED = "TASK_STATE_INPUT_REQUIRED"
+    REJECTED = "TASK_STATE_REJECTED"
+    AUTH_REQUIRED = "TASK_STATE_AUTH_REQUIRED"
+    UNSPECIFIED = "TASK_STATE_UNSPECIFIED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def interrupted(self) -> bool:
+        return self in INTERRUPTED_STATES
+
+
+TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELED, TaskState.REJECTED})
+INTERRUPTED_STATES = frozenset({TaskState.INPUT_REQUIRED, TaskState.AUTH_REQUIRED})
+
+# A2A 0.3 spells states in lowercase kebab case ("input-required").
+V03_STATES = {s.value.removeprefix("TASK_STATE_").lower().replace("_", "-"): s.value for s in TaskState}
+V03_STATES["unknown"] = TaskState.UNSPECIFIED.value
+
+
+def normalize_state(value: str) -> str:
+    """``"working"`` (A2A 0.3) -> ``"TASK_STATE_WORKING"``; v1.0 names and unknown values pass."""
+    return V03_STATES.get(value, value)
+
+
+STREAM_KINDS = ("task", "message", "statusUpdate", "artifactUpdate")
+# A2A 0.3 tags each result with "kind" instead of wrapping it in a named field.
+V03_KINDS = {
+    "task": "task",
+    "message": "message",
+    "status-update": "statusUpdate",
+    "artifact-update": "artifactUpdate",
+}
+
+
+def from_v03(obj: dict[str, Any]) -> dict[str, Any]:
+    """Wrap an A2A 0.3 result (``{"kind": "status-update", ...}``) as a v1.0 StreamResponse."""
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind in V03_KINDS and not any(k in obj for k in STREAM_KINDS):
+        return {V03_KINDS[kind]: obj}
+    return obj
+
+
+def is_jsonrpc(obj: dict[str, Any]) -> bool:
+    return "jsonrpc" in obj or ("id" in obj and ("result" in obj or "error" in obj))
