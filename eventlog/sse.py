@@ -341,33 +341,3 @@ def _last_block_end(chunk: bytes) -> int:
     """Where the last blank line (LF or CRLF) of ``chunk`` ends (0: it has none)."""
     lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
-
-
-def whole_event(chunk: bytes) -> tuple[int, int] | None:
-    """Whether ``chunk`` is one whole event that need not be split into lines: a data line,
-    alone or after one other line, then a blank line, every line end LF or every one CRLF
-    (found with a few searches for the first of each byte, not counted). Returns the length
-    of its line ends and where its data line begins (0: it is the only line), or None."""
-    if chunk.endswith(b"\n\n"):
-        if _CR in chunk:
-            return None
-        nl, last = 1, len(chunk) - 2  # where the data line's line end must be
-        first = chunk.find(b"\n")
-    elif chunk.endswith(b"\r\n\r\n"):
-        nl, last = 2, len(chunk) - 4
-        first = chunk.find(b"\r")
-        if chunk.find(b"\n") != first + 1:
-            return None  # an LF alone, or a CR alone, in the first line
-    else:
-        return None
-    at = 0
-    if first != last:  # a line before the data line: the next line end must be the data line's
-        at = first + nl
-        if nl == 1:
-            if chunk.find(b"\n", at) != last:
-                return None
-        elif chunk.find(b"\r", at) != last or chunk.find(b"\n", at) != last + 1:
-            return None
-    # A slice, not startswith(): in Python 3.11 every bytes search method parses its arguments
-    # the slow way, and this runs once an event.
-    return (nl, at) if chunk[at : at + 5] == b"data:" else None

@@ -94,7 +94,6 @@ async def relay_held(
         exchange.offset,
         stream.feed,
     )
-    sent = 0  # the bytes this client was sent
     reading = attached = True
     stream.attach()
     try:
@@ -103,6 +102,7 @@ async def relay_held(
             try:
                 data = await read()
             except BROKEN as exc:
+                sent = stream.size  # this client was sent all the stream holds, so far
                 reading = False
                 upstream.close()
                 why = _broke(exchange, stream, rejoin, exc)
@@ -112,6 +112,7 @@ async def relay_held(
                     _forget_later(proxy, stream)
                 break
             if not data:
+                sent = stream.size
                 reading = False
                 _ended(exchange, stream, rejoin)
                 _forget_later(proxy, stream)
@@ -119,7 +120,6 @@ async def relay_held(
             chunk(exchange.id, offset(), data)
             new = feed(data)
             if new:
-                sent += len(new)
                 await write(new)
         stream.detach()
         attached = False

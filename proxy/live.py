@@ -40,10 +40,15 @@ class LiveStream:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _waiting: int = 0  # followers waiting for more: none, while the first client's handler reads
     _stamper: Stamper = field(init=False)
+    # Bytes from the upstream: what they complete for clients joins the stream (and is
+    # returned). The stamper's own method, a call less for every chunk: it wakes the
+    # followers waiting, once for all a chunk brought.
+    feed: Callable[[bytes], bytes] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
         self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
+        self.feed = self._stamper.feed
 
     @property
     def closed(self) -> bool:
@@ -55,14 +60,6 @@ class LiveStream:
     def size(self) -> int:
         """The bytes clients are sent so far."""
         return self._stamper.size
-
-    def feed(self, data: bytes) -> bytes:
-        """Bytes from the upstream: what they complete for clients joins the stream (and
-        is returned)."""
-        new = self._stamper.feed(data)
-        if new and self._waiting:  # followers woken once for all the chunk brought
-            self._wake()
-        return new
 
     def rejoin(self, first: Callable[[SSEEvent], bool]) -> None:
         """The upstream broke and is followed anew: what was cut off mid-event is dropped
@@ -186,10 +183,13 @@ class LiveStream:
                 if self.outcome is not None:
                     return
                 self._waiting += 1
+                self._stamper.on_new = self._wake
                 try:
                     await self._changed.wait()
                 finally:
                     self._waiting -= 1
+                    if not self._waiting:
+                        self._stamper.on_new = None
         finally:
             self.detach()
 

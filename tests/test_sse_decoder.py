@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from tasktape.errors import DecoderClosed
 from tasktape.eventlog import SSEDecoder, SSEEvent
-from tasktape.eventlog.sse import whole_event
 
 WIRE = Path(__file__).resolve().parent / "data" / "wire"
 
@@ -387,24 +386,3 @@ def test_whole_events_in_a_chunk_decode_as_the_whole_stream(
         assert b"".join(e.raw for e in cut) == stream
         assert_raw_boundaries([e for e in cut if e.complete], pieces, ends)
         assert all(type(e.raw) is bytes for e in chunked)
-
-
-def _shape_by_lines(chunk: bytes) -> tuple[int, int] | None:
-    """What ``whole_event`` answers, worked out line by line as the SSE rules split lines."""
-    parts = re.split(rb"(\r\n|\r|\n)", chunk)
-    texts, ends = parts[0::2], parts[1::2]
-    if len(ends) not in (2, 3) or len(set(ends)) != 1 or ends[0] not in (b"\n", b"\r\n"):
-        return None
-    if texts[-1] or texts[-2] or not texts[-3].startswith(b"data:"):
-        return None  # not ended by a blank line after a data line
-    return len(ends[0]), 0 if len(ends) == 2 else len(texts[0]) + len(ends[0])
-
-
-@given(st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"data:", b"id: 7", b"x", b"\0"]), max_size=9))
-@example([b"data:", b"x", b"\n", b"\n"])
-@example([b"id: 7", b"\r\n", b"data:", b"\r\n", b"\r\n"])
-@example([b"id: 7", b"\r", b"data:", b"\r\n", b"\r\n"])  # a CR alone in a CRLF event
-@example([b"id: 7", b"\n", b"x", b"\n", b"data:", b"\n", b"\n"])  # three lines
-def test_whole_event_tells_a_one_event_chunk_as_its_lines_do(pieces: list[bytes]) -> None:
-    for chunk in (b"".join(pieces), b"".join(pieces) + b"\n\n", b"".join(pieces) + b"\r\n\r\n"):
-        assert whole_event(chunk) == _shape_by_lines(chunk), chunk

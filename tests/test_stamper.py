@@ -10,6 +10,8 @@ import re
 from itertools import pairwise
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from tasktape.eventlog import SSEDecoder
 from tasktape.proxy.live import LiveStream
@@ -112,6 +114,50 @@ def test_the_stamper_agrees_with_the_decoder(ends: str) -> None:
             assert got[found - 1 : found] in (b"\n", b"\r"), context  # at a line's end
         for end in stamper.positions.values():  # priming events' too
             assert got[end - 1 : end] in (b"\n", b"\r"), context
+
+
+# The pieces of a chunk that may or may not be one event of one data line, with or without
+# an id line before it: what the stamper's quick path has to tell apart.
+PIECES = [b"\r", b"\n", b"\r\n", b"data:", b"data: x", b"data", b"id: 7", b"id:", b"x", b"\0", b":"]
+
+
+@given(
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.lists(st.sampled_from(PIECES), max_size=9),
+    st.sampled_from([b"", b"\n", b"\n\n", b"\r\n", b"\r\n\r\n"]),
+)
+@example(b"\n", [b"data: x", b"\n"], b"\n")  # one event, no id
+@example(b"\r\n", [b"id: 7", b"\r\n", b"data: x", b"\r\n"], b"\r\n")  # one event with an id
+@example(b"\n", [b"data: x", b"\r"], b"\n\n")  # a CR ends a line in an LF stream too
+@example(b"\r\n", [b"id: 7", b"\n", b"data: x"], b"\r\n\r\n")  # an LF alone in a CRLF stream
+@example(b"\r\n", [b"id: 7", b"\r", b"\n", b"data: x"], b"\r\n\r\n")  # a CR, then an LF
+@example(b"\n", [b"id: 7", b"\0", b"\n", b"data: x"], b"\n\n")  # an id with a NUL is ignored
+@example(b"\n", [b"id: 7", b"\n"], b"\n")  # an id alone (a priming event)
+@example(b"\n", [b"id: 7", b"\n", b"data: x", b"\n", b"data: x"], b"\n\n")  # two data lines
+@example(b"\r\n", [b"data: x", b"\n"], b"\r\n\r\n")  # an LF alone: a blank line before the id
+@example(b"\n", [b"id: 7", b"\n", b"data: x", b"\r", b"\r", b"\n"], b"\n")  # the event ends sooner
+@example(b"\n", [b"id: 7", b"\n", b"data: x", b"\n", b"\n", b"data: x"], b"\n\n")  # two events
+@example(b"\r\n", [b"id: 7", b"\r\n", b"data: x", b"\n"], b"\r\n\r\n")  # an LF alone after the id
+@example(b"\r\n", [b"id: 7", b"\r", b"x", b"data: x"], b"\r\n\r\n")  # a CR alone: no data line
+def test_a_chunk_that_may_be_one_event_is_stamped_as_the_decoder_reads_it(
+    nl: bytes, pieces: list[bytes], end: bytes
+) -> None:
+    # The first event tells the stamper how the stream ends its lines: the chunk after it
+    # is what may be stamped without being split into lines (or may not, and is split).
+    first = b"data: a" + nl + nl
+    chunk = b"".join(pieces) + end
+    stamper = Stamper(PREFIX)
+    fed = [stamper.feed(piece) for piece in (first, chunk, first)]
+    stamper.close()
+    raw = first + chunk + first
+    out, ids, event_ends = expected(raw)
+    got = b"".join(stamper.segments)
+    assert got.startswith(b"".join(fed))  # and close() sent on what was cut off
+    assert got == out, raw
+    assert stamper.ids() == ids, raw
+    for event_id, end_at in zip(ids, event_ends, strict=True):
+        found = stamper.position(event_id)
+        assert found is not None and found <= end_at, raw
 
 
 def test_an_agent_chunk_whose_events_have_ids_goes_out_as_it_came() -> None:
