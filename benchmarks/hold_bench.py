@@ -5,7 +5,9 @@ tree (the forwarding process and its log writer, until every event is in the log
 The agent (``proxy_bench.upstream_main``) streams 200-byte events in the shapes agents write them: as the
 a2a-sdk does (CRLF line ends, no ids), as ``tasktape agent`` does (LF, an id on each) and LF
 without ids; each as fast as the clients read them, and paced 5 ms apart. Rounds interleave
-the two recorders, so a slow spell of the machine hits both.
+the recorders, so a slow spell of the machine hits each; a second ``tasktape record``, the
+control, shows how far two runs of the same recorder differ: a cost of --resume is
+measurable where its ratio to ``tasktape record`` leaves the control's.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from .harness import Section, percentiles
 from .proxy_bench import cpu_seconds, free_port, logged_events, process, start_upstream
 
 EVENT_SIZE = 200
-RUNS, QUICK_RUNS = 3, 1
-RECORD, RESUMING = "tasktape record", "tasktape record --resume"
+RUNS, QUICK_RUNS = 5, 1
+RECORD, CONTROL, RESUMING = "tasktape record", "tasktape record (control)", "tasktape record --resume"
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def run(quick: bool) -> list[Section]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         upstream = start_upstream(stack)
         recorders = {}
-        for name, extra in ((RECORD, []), (RESUMING, ["--resume"])):
+        for name, extra in ((RECORD, []), (CONTROL, []), (RESUMING, ["--resume"])):
             port, db = free_port(), tmp / f"{len(recorders)}.db"
             args = ["record", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db)]
             command = [python, "-m", "tasktape", *args, "--quiet", *extra]
@@ -129,15 +131,15 @@ def run(quick: bool) -> list[Section]:
             "path",
             "events/s",
             "CPU µs per event (whole tree)",
-            "vs record",
+            "vs record (middle half of the rounds)",
             "of which forwarding",
             "delivery p50 ms",
         ],
     )
-    ratios = []
+    spans: dict[str, list[tuple[float, float]]] = {CONTROL: [], RESUMING: []}
     for shape in SHAPES:
         for pace, streams, n, _ in workloads:
-            base = None
+            base = samples[(shape.name, pace, RECORD)]
             for name in recorders:
                 runs_ = samples[(shape.name, pace, name)]
                 rate = statistics.median(s[0] for s in runs_)
@@ -145,15 +147,32 @@ def run(quick: bool) -> list[Section]:
                 forwarding = statistics.median(s[2] for s in runs_)
                 latencies = [x for s in runs_ for x in s[3]]
                 p50 = f"{percentiles(latencies)[0]:.3f}" if latencies else "-"
-                base = base or cpu
-                ratio = cpu / base
-                if name == RESUMING:
-                    ratios.append(ratio)
+                # Each round's CPU against record's in the same round: a slow spell hits both.
+                ratios = sorted(s[1] / b[1] for s, b in zip(runs_, base, strict=True))
+                ratio = f"{statistics.median(ratios):.2f}x"
+                if name != RECORD:
+                    low, high = _middle_half(ratios)
+                    spans[name].append((low, high))
+                    ratio += f" ({low:.2f}x-{high:.2f}x)"
                 events = f"{streams} x {n:,}, {pace}"
-                section.add(shape.name, events, name, rate, cpu, f"{ratio:.2f}x", forwarding, p50)
+                section.add(shape.name, events, name, rate, cpu, ratio, forwarding, p50)
     section.notes.append(
-        f"Medians of {runs} runs. CPU counts the recorder's process and its log writer, from the first "
-        "request until every event is committed to the log. --resume's CPU per event is "
-        f"{min(ratios):.2f}x to {max(ratios):.2f}x record's over these shapes."
+        f"Medians of {runs} rounds; each round runs every recorder on every shape, in turn. CPU counts "
+        "the recorder's process and its log writer, from the first request until every event is "
+        "committed to the log. The control is a second `tasktape record`: its ratios to the first "
+        "are the spread of the measurement itself. The middle halves of the rounds' ratios: "
+        f"--resume {_hull(spans[RESUMING])}, the control {_hull(spans[CONTROL])}."
     )
     return [section]
+
+
+def _middle_half(ordered: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of sorted samples (the samples themselves, for few)."""
+    if len(ordered) < 4:
+        return ordered[0], ordered[-1]
+    q1, _, q3 = statistics.quantiles(ordered, n=4)
+    return q1, q3
+
+
+def _hull(spans: list[tuple[float, float]]) -> str:
+    return f"{min(s[0] for s in spans):.2f}x-{max(s[1] for s in spans):.2f}x"
