@@ -25,13 +25,15 @@ class Lines(NamedTuple):
 
     nl: bytes
     cut: bytes  # the first byte of a line end: partition() finds one byte with memchr
+    lead: bytes  # the rest of a line end, after the cut
+    tail: bytes  # what follows the cut of a block's last line: the rest of its end, a blank line
     sep: bytes  # the end of a block: a line end, then a blank line
     id_line: bytes  # a line that begins "id", after the first
     data_line: bytes
 
 
-LF = Lines(b"\n", b"\n", b"\n\n", b"\nid", b"\ndata")
-CRLF = Lines(b"\r\n", b"\r", b"\r\n\r\n", b"\r\nid", b"\r\ndata")
+LF = Lines(b"\n", b"\n", b"", b"\n", b"\n\n", b"\nid", b"\ndata")
+CRLF = Lines(b"\r\n", b"\r", b"\n", b"\n\r\n", b"\r\n\r\n", b"\r\nid", b"\r\ndata")
 
 
 class Stamper:
@@ -107,10 +109,8 @@ class Stamper:
         self._fresh = True  # none of the response read yet (it may begin with a BOM)
         self._first = first
         self._template = b""  # the id line's, once the line ends are known
-        # While a chunk may be one event: the byte a line end begins with, the rest of a
-        # line end, what follows a block's one line (the rest of its line end, a blank
-        # line), and the template.
-        self._quick: tuple[bytes, bytes, int, bytes, bytes] | None = None
+        # While a chunk may be one event: the lines' cut, lead and tail, and the template.
+        self._quick: tuple[bytes, bytes, bytes, bytes] | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the upstream: what they complete for clients (b"" if nothing)."""
@@ -120,35 +120,30 @@ class Stamper:
         # is stamped here with a few scans (partition, and ``in`` with an int, which are
         # memchr; in Python 3.11 find and startswith cost more in parsing their arguments).
         if quick is not None:
-            cut, lead, skip, tail, template = quick
+            cut, lead, tail, template = quick
             line, _, rest = data.partition(cut)
+            stamped = own = None
             if _CR not in line and _LF not in line:  # no other line end before the first
                 if rest == tail:  # one line, then a blank line
-                    if line[:5] == b"data:":  # no id: one is spliced in (_out's work done here)
-                        ends = self.ends
-                        data = line + template % (len(ends) + 1)
-                        self.segments.append(data)
-                        self.starts.append(self.size)
-                        self.size += len(data)
-                        ends.append(self.size)
-                        if self.on_new is not None:
-                            self.on_new()
-                        return data
-                elif line[:4] == b"id: " and _NUL not in line and (not skip or rest[:skip] == lead):
+                    if line[:5] == b"data:":  # no id: one is spliced in
+                        stamped = line + template % (len(self.ends) + 1)
+                elif line[:4] == b"id: " and _NUL not in line and (not lead or rest[:1] == lead):
                     # An id line (a NUL in it: the slow way), then the data line.
-                    second, _, rest = (rest[skip:] if skip else rest).partition(cut)
+                    second, _, rest = (rest[1:] if lead else rest).partition(cut)
                     if rest == tail and _CR not in second and _LF not in second and second[:5] == b"data:":
-                        own = line[4:].decode("utf-8", "replace")
-                        ends = self.ends  # _out's and _event's work, done here
-                        self.segments.append(data)
-                        self.starts.append(self.size)
-                        self.size += len(data)
-                        self._own[len(ends) + 1] = own
-                        self.positions.setdefault(own, self.size)
-                        ends.append(self.size)
-                        if self.on_new is not None:
-                            self.on_new()
-                        return data
+                        stamped, own = data, line[4:].decode("utf-8", "replace")
+            if stamped is not None:  # _out's and _event's work, done here: calls less
+                ends = self.ends
+                self.segments.append(stamped)
+                self.starts.append(self.size)
+                self.size += len(stamped)
+                if own is not None:
+                    self._own[len(ends) + 1] = own
+                    self.positions.setdefault(own, self.size)
+                ends.append(self.size)
+                if self.on_new is not None:
+                    self.on_new()
+                return stamped
         if not data:
             return b""
         before = len(self.segments)
@@ -156,8 +151,7 @@ class Stamper:
         lines = self._lines
         self._quick = None
         if lines is not None and not self._pending and self._decoder is None and self._first is None:
-            lead = lines.nl[1:]  # what follows the cut in a line end
-            self._quick = (lines.cut, lead, len(lead), lead + lines.nl, self._template)
+            self._quick = (lines.cut, lines.lead, lines.tail, self._template)
         new = self.segments[before:]
         if not new:
             return b""
