@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasktape.errors import CassetteError
@@ -151,61 +152,59 @@ def _ms(ns: int) -> float:
 
 
 def read_cassette(path: str | Path) -> list[Recorded]:
-    """Read and validate a cassette; raises :class:`CassetteError` naming the line."""
+    """Read and validate a cassette; raises :class:`CassetteError` naming the line.
+
+    Lines end at LF alone, as JSON Lines do: text may hold U+2028 or U+0085 as it is (the
+    cassettes tasktape writes do), which ``str.splitlines`` would take for line ends."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        content = path.read_bytes()
+    except OSError as exc:
         raise CassetteError(f"{path}: cannot read it as a cassette: {exc}") from None
     recorded: list[Recorded] = []
     current: Recorded | None = None
     header_seen = False
-    for number, line in enumerate(lines, 1):
-        where = f"{path}:{number}"
+    for number, line in enumerate(content.split(b"\n"), 1):
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
+            doc = _loads(line)
         except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise CassetteError(f"{where}: not JSON: {exc}") from None
+            raise CassetteError(f"{path}:{number}: not JSON: {exc}") from None
         if not header_seen:
-            _check_header(doc, where)
+            _check_header(doc, f"{path}:{number}")
             header_seen = True
             continue
-        if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in _LINES:
-            raise CassetteError(f"{where}: expected one of {', '.join(_LINES)} as the line's only key")
-        kind, body = next(iter(doc.items()))
-        try:
-            item = _LINES[kind].model_validate(body)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg']}" for e in exc.errors()
-            )
-            raise CassetteError(f"{where}: {kind}: {problems}") from None
-        except ValueError as exc:  # base64 that does not decode
-            raise CassetteError(f"{where}: {kind}: {exc}") from None
-        if isinstance(item, Exchange):
+        chunk = _plain_chunk(doc)
+        if chunk is None:  # any other line: read through its model
+            where = f"{path}:{number}"
+            kind, item = _validated(doc, where)
+            if isinstance(item, Exchange):
+                try:
+                    current = _exchange(item, f"{path.name}:{number}")
+                except ValueError as exc:  # a body that has no bytes: bad base64, lone surrogates
+                    raise CassetteError(f"{where}: exchange: request body: {exc}") from None
+                recorded.append(current)
+                continue
+            if current is None:
+                raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
+            if isinstance(item, End):
+                current.duration_ns = None if item.duration_ms is None else _ns(item.duration_ms)
+                current.outcome, current.error = item.outcome, item.error
+                current = None
+                continue
             try:
-                current = _exchange(item, f"{path.name}:{number}")
-            except ValueError as exc:  # a body that has no bytes: bad base64, lone surrogates
-                raise CassetteError(f"{where}: exchange: request body: {exc}") from None
-            recorded.append(current)
-            continue
-        if current is None:
-            raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
-        if isinstance(item, End):
-            current.duration_ns = None if item.duration_ms is None else _ns(item.duration_ms)
-            current.outcome, current.error = item.outcome, item.error
-            current = None
-            continue
-        offset = _ns(item.offset_ms)
-        if current.chunks and offset < current.chunks[-1][0]:
-            raise CassetteError(f"{where}: offset_ms goes back in time (the previous chunk was later)")
-        try:
-            data = item.sse() if isinstance(item, Event) else item.data()  # type: ignore[attr-defined]
-        except ValueError as exc:
-            raise CassetteError(f"{where}: {kind}: {exc}") from None
-        current.chunks.append((offset, data))
+                data = item.sse() if isinstance(item, Event) else item.data()  # type: ignore[attr-defined]
+            except ValueError as exc:
+                raise CassetteError(f"{where}: {kind}: {exc}") from None
+            chunk = (_ns(item.offset_ms), data)  # type: ignore[attr-defined]
+        elif current is None:
+            raise CassetteError(f"{path}:{number}: a chunk line must follow an exchange line")
+        if current.chunks and chunk[0] < current.chunks[-1][0]:
+            raise CassetteError(
+                f"{path}:{number}: offset_ms goes back in time (the previous chunk was later)"
+            )
+        current.chunks.append(chunk)
     if not header_seen:
         raise CassetteError(f"{path}: empty; a cassette starts with its header line")
     for r in recorded:
@@ -213,6 +212,54 @@ def read_cassette(path: str | Path) -> list[Recorded]:
             r.duration_ns = r.chunks[-1][0] if r.chunks else r.ttfb_ns
         r.outcome = r.outcome or Outcome.COMPLETE
     return recorded
+
+
+def _loads(line: bytes) -> Any:
+    """A line's JSON. What orjson refuses, the json module may still take (NaN, lone
+    surrogates, integers past 64 bits), for the models to judge; and what neither takes, the
+    json module's error tells."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
+_NUMBER = (int, float)
+
+
+def _plain_chunk(doc: Any) -> tuple[int, bytes] | None:
+    """A chunk line in the form tasktape writes, ``{"chunk": {"offset_ms": N, "text": S}}``,
+    read without its model (most lines of a cassette are these): its offset in
+    nanoseconds and its bytes. None for any other line, which its model reads (and
+    explains, when it is wrong): the two agree on every line this takes."""
+    if type(doc) is not dict or len(doc) != 1:
+        return None
+    body = doc.get("chunk")
+    if type(body) is not dict or len(body) != 2:
+        return None
+    offset, text = body.get("offset_ms"), body.get("text")
+    if type(text) is not str or type(offset) not in _NUMBER or not 0 <= offset <= MAX_MS:
+        return None
+    try:
+        return _ns(float(offset)), text.encode("utf-8")  # float: as the model reads it
+    except UnicodeEncodeError:  # a lone surrogate, from an escape: the model says so
+        return None
+
+
+def _validated(doc: Any, where: str) -> tuple[str, BaseModel]:
+    """A line's kind and its model, or :class:`CassetteError` saying what is wrong."""
+    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in _LINES:
+        raise CassetteError(f"{where}: expected one of {', '.join(_LINES)} as the line's only key")
+    kind, body = next(iter(doc.items()))
+    try:
+        return kind, _LINES[kind].model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg']}" for e in exc.errors()
+        )
+        raise CassetteError(f"{where}: {kind}: {problems}") from None
+    except ValueError as exc:  # base64 that does not decode
+        raise CassetteError(f"{where}: {kind}: {exc}") from None
 
 
 def read_header(path: str | Path) -> dict[str, Any]:

@@ -16,8 +16,6 @@ from tasktape.eventlog.cassette import cassette_lines, load_into, read_cassette
 from tasktape.eventlog.recorded import from_log
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 
-from .mitm_command import INSTALL_HINT, mitmproxy_missing
-
 
 @click.command("export")
 @click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -134,6 +132,10 @@ class _Flows:
 
 
 def _read_flows(path: Path) -> _Flows:
+    # Here, not at the top: mitm_command loads the proxy (aiohttp), which a cassette's import
+    # has no use for.
+    from .mitm_command import INSTALL_HINT, mitmproxy_missing  # noqa: PLC0415
+
     if mitmproxy_missing():
         raise click.ClickException(f"{path} is a mitmproxy flow file, and {INSTALL_HINT}")
     from tasktape.proxy.mitm_flows import read_flow_file  # noqa: PLC0415 - mitmproxy is optional

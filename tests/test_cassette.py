@@ -4,17 +4,23 @@ with line numbers, and the export/import commands."""
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from a2a_frames import completed_run, sse
 from click.testing import CliRunner
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tasktape.cli import main
 from tasktape.errors import CassetteError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import load_into, read_cassette, write_cassette
+from tasktape.eventlog.cassette import Chunk, _plain_chunk, load_into, read_cassette, write_cassette
 from tasktape.eventlog.recorded import Recorded, from_log
 
 
@@ -244,3 +250,104 @@ def test_export_makes_the_cassette_folder_and_explains_what_it_cannot_write(tmp_
     under_a_file = log_path / "x.jsonl"
     result = runner.invoke(main, ["export", str(log_path), "-o", str(under_a_file), "--task", "task.2"])
     assert result.exit_code == 1 and f"cannot write {under_a_file}: " in result.output
+
+
+def test_text_with_unicode_line_separators_reads_back(tmp_path: Path) -> None:
+    """U+2028, U+2029 and U+0085 are line ends to str.splitlines, not to JSON Lines."""
+    data = 'data: {"t":"a\u2028b\u2029c\x85d"}\n\n'.encode()
+    r = Recorded(
+        method="POST",
+        path="/",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(1_000_000, data), (2_000_000, data)],
+        duration_ns=3_000_000,
+        outcome="complete",
+    )
+    cassette = tmp_path / "separators.jsonl"
+    write_cassette(cassette, [r])
+    assert "\u2028".encode() in cassette.read_bytes()  # written as it is, not escaped
+    (back,) = read_cassette(cassette)
+    assert back.chunks == r.chunks
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(cassette.read_bytes().replace(b"\n", b"\r\n"))
+    assert read_cassette(crlf)[0].chunks == r.chunks
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+_offsets = (
+    st.integers(min_value=-5, max_value=2 * 10**12)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.booleans()
+    | st.sampled_from(["1.5", "x", None, 10**30, 1e12, 1e12 + 1])
+)
+_texts = st.text() | st.sampled_from(["\ud800", "a\udfff", 7, None, b"x".decode()])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"offset_ms": _offsets, "text": _texts},
+        optional={"base64": st.sampled_from(["YQ==", "***"]), "extra": _json_values},
+    ),
+    st.sampled_from(["chunk", "event", "end"]),
+    st.booleans(),
+)
+@example({"offset_ms": 123456789012.345, "text": "x"}, "chunk", False)  # past 2**53 ns
+@example({"offset_ms": 10**12 - 1, "text": "x"}, "chunk", False)  # an int: the model makes it a float
+@example({"offset_ms": True, "text": "x"}, "chunk", False)
+@example({"offset_ms": 1, "text": "\ud800"}, "chunk", False)
+def test_plain_chunks_read_as_their_model_reads_them(body: dict, kind: str, extra_key: bool) -> None:
+    """The quick reading of chunk lines takes only lines the model takes, alike."""
+    doc = {kind: body, **({"other": 1} if extra_key else {})}
+    quick = _plain_chunk(doc)
+    if quick is None:
+        return
+    assert kind == "chunk" and not extra_key
+    model = Chunk.model_validate(body)
+    assert quick == (round(model.offset_ms * 1_000_000), model.data())
+
+
+def test_a_cassette_reads_alike_however_its_json_is_spelled(tmp_path: Path) -> None:
+    """What orjson refuses (NaN, lone surrogates, huge integers) still gets the model's word."""
+    head = '{"tasktape_cassette": 1}\n{"exchange": {"request": {"method": "GET", "path": "/"}}}\n'
+    for line, message in (
+        ('{"chunk": {"offset_ms": NaN, "text": "a"}}', "finite number"),
+        ('{"chunk": {"offset_ms": 1, "text": "\\ud800"}}', "chunk"),
+        ('{"chunk": {"offset_ms": 100000000000000000000000, "text": "a"}}', "offset_ms"),
+    ):
+        cassette = tmp_path / "odd.jsonl"
+        cassette.write_text(head + line + "\n")
+        with pytest.raises(CassetteError) as caught:
+            read_cassette(cassette)
+        assert str(caught.value).startswith(f"{cassette}:3: chunk") and message in str(caught.value)
+    cassette.write_bytes(head.encode() + b'{"chunk": {"offset_ms": 1, "text": "\xff"}}\n')
+    with pytest.raises(CassetteError, match=r":3: not JSON: .*utf-8"):
+        read_cassette(cassette)
+    spelled = orjson.dumps({"chunk": {"offset_ms": 2.5, "text": "b\u00e9"}}).decode()
+    cassette.write_text(head + spelled + "\n" + '{"chunk": {"offset_ms": "3", "text": "c"}}\n')
+    (r,) = read_cassette(cassette)
+    assert r.chunks == [(2_500_000, "bé".encode()), (3_000_000, b"c")]
+
+
+def test_import_and_export_run_without_numpy_or_pandas(tmp_path: Path) -> None:
+    """sqlite-utils imports both when they are installed (the test extras bring them), a
+    third of a second that these commands have no use for."""
+    assert importlib.util.find_spec("numpy") is not None  # else this shows nothing
+    cassette, db, out = tmp_path / "c.jsonl", tmp_path / "c.db", tmp_path / "out.jsonl"
+    write_cassette(cassette, [Recorded(method="GET", path="/", status=200, chunks=[(0, b"hi")])])
+    for args in (["import", str(cassette), "--db", str(db)], ["export", str(db), "-o", str(out)]):
+        result = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "tasktape", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+        assert "sqlite_utils" in imported and not imported & {"numpy", "pandas"}, args
+    assert read_cassette(out)[0].chunks == [(0, b"hi")]

@@ -72,7 +72,7 @@ def test_the_wheel_ships_data_types_and_entry_points(dist: Path) -> None:
         metadata = files.read(next(n for n in names if n.endswith("/METADATA"))).decode()
     assert "[pytest11]\ntasktape = tasktape.replay.pytest_plugin" in entry_points
     assert "[datasette]\ntasktape = tasktape.inspector" in entry_points
-    assert "tasktape = tasktape.cli:main" in entry_points
+    assert "tasktape = tasktape.cli:run" in entry_points
     assert "License-Expression: Apache-2.0" in metadata
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
