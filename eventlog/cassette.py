@@ -405,8 +405,7 @@ def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int
                 ttfb_ns=r.ttfb_ns,
                 decoded_from=r.decoded_from,
             )
-        for offset, data in r.chunks:
-            writer.chunk(exchange, offset, data)
+        writer.chunks(exchange, r.chunks)
         writer.end_exchange(
             exchange, duration_ns=r.duration_ns or 0, outcome=r.outcome or Outcome.COMPLETE, error=r.error
         )

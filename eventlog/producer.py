@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -180,6 +180,12 @@ class LogProducer:
                 return
             self._queued += len(data)
         self._queue.put((CHUNK, exchange_id, offset_ns, data))
+
+    def chunks(self, exchange_id: int, pieces: Iterable[tuple[int, bytes]]) -> None:
+        """Pieces of one response body, ``(offset_ns, data)`` each, as ``chunk()`` takes
+        them one by one (an import has them all at hand)."""
+        for offset_ns, data in pieces:
+            self.chunk(exchange_id, offset_ns, data)
 
     def resume(self, resume: Resume) -> None:
         """A reconnect of one side of a held stream (a row of ``resumes``)."""

@@ -21,7 +21,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,21 @@ class LogWriter(LogProducer):
 
     def _alive(self) -> bool:
         return self._thread.is_alive() and self._committer.is_alive()
+
+    def chunks(self, exchange_id: int, pieces: Iterable[tuple[int, bytes]]) -> None:
+        """Pieces of one response body, ``(offset_ns, data)`` each, handed to the writer's
+        thread as one operation rather than one each, when they fit in the backlog bound
+        all together; else one by one, as ``chunk()`` takes them (and drops them)."""
+        ops = [(CHUNK, exchange_id, offset_ns, data) for offset_ns, data in pieces]
+        size = sum(len(op[3]) for op in ops)
+        with self._queued_lock:
+            fits = self._queued - self._taken + size <= self.max_backlog
+            if fits:
+                self._queued += size
+        if fits:
+            self._put((MANY, ops))
+        else:
+            super().chunks(exchange_id, ((op[2], op[3]) for op in ops))
 
     def put_many(self, ops: list[tuple[Any, ...]]) -> None:
         """Queue operations already in the writer's form (another process's producer sent

@@ -375,6 +375,53 @@ def test_a_writer_far_behind_drops_chunks_instead_of_growing(tmp_path: Path) -> 
         assert "chunks were not recorded: the log writer fell behind" in log.exchange(ex)["error"]
 
 
+def test_chunks_at_once_are_recorded_as_one_at_a_time(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
+    """``chunks()`` (one hand-over) and ``chunk()`` for each make the same rows."""
+    stream = sse(completed_run("t1", "c1"), ids="e")
+    pieces = [(n * 1000, piece) for n, piece in enumerate([*stream, stream[0][:7], stream[0][7:], b""])]
+    rows = []
+    for name in ("each", "at-once"):
+        db = tmp_path / f"{name}.db"
+        with writer_class(db) as w:
+            ex = w.begin_exchange(w.begin_capture(source="test"), method="POST", path="/message:stream")
+            w.response_head(
+                ex, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
+            )
+            if name == "each":
+                for offset, data in pieces:
+                    w.chunk(ex, offset, data)
+            else:
+                w.chunks(ex, pieces)
+            w.end_exchange(ex, duration_ns=len(pieces) * 1000).result(timeout=10)
+        with EventLog(db) as log:
+            rows.append(
+                (log.chunks(ex), [{k: v for k, v in e.items() if k != "rowid"} for e in log.events(ex)])
+            )
+    assert rows[0] == rows[1] and len(rows[0][1]) == len(stream) + 1
+
+
+def test_chunks_at_once_past_the_backlog_bound_are_dropped_one_by_one(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    w = LogWriter(db, max_backlog=10_000, busy_timeout=5, on_error=lambda exc, rows: None)
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    w.flush()
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # the writer stalls on its next commit
+    w.chunks(ex, [(0, b"a" * 1000)])
+    time.sleep(0.2)  # the stalled batch holds this one; the next ones pile up
+    w.chunks(ex, [(i, b"b" * 1000) for i in range(1, 100)])
+    blocker.rollback()
+    blocker.close()
+    w.end_exchange(ex, duration_ns=1).result(timeout=10)
+    w.close()
+    with EventLog(db) as log:
+        recorded = len(log.chunks(ex))
+        assert recorded + w.stats.chunks_dropped == 100 and 1 < recorded <= 12
+        assert "chunks were not recorded: the log writer fell behind" in log.exchange(ex)["error"]
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["read whole", "streamed"])
 def test_request_bodies_count_against_the_backlog_bound(
     tmp_path: Path, writer_class: type[LogProducer], late: bool
