@@ -30,11 +30,11 @@ COMMANDS = {
     "replay": (".replay_command", "replay"),
 }
 
-# Commands whose process needs neither numpy nor pandas. sqlite-utils imports both when
-# they are installed, only to convert their values on insert, which tasktape never has:
-# these commands start without them (a third of a second sooner, tens of MiB smaller).
-# The others may load what does use them: chDB, Datasette's plugins, the a2a-sdk.
-_WITHOUT_NUMPY = frozenset({"check", "diff", "export", "import", "merge", "record", "replay"})
+# Commands that always open a log, through sqlite-utils, which imports numpy and pandas
+# when they are installed only to convert their values on insert (tasktape never has any):
+# a third of a second. They load sqlite-utils first with both hidden from it, and only
+# from it: whatever imports them later (a protocol plug-in) still can.
+_SQLITE_UTILS_FIRST = frozenset({"check", "export", "import", "merge"})
 
 
 class _LazyGroup(click.Group):
@@ -55,10 +55,19 @@ def main() -> None:
 
 
 def run() -> None:
-    """The ``tasktape`` command: ``main`` in a process of its own (where ``main`` called in
-    another program's process leaves the modules it may import alone)."""
+    """The ``tasktape`` command: ``main`` in a process of its own (``main`` called in
+    another program's process leaves how that process loads its modules alone)."""
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
-    if command in _WITHOUT_NUMPY:
-        for name in ("numpy", "pandas"):
-            sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "cannot be imported"
+    if command in _SQLITE_UTILS_FIRST:
+        _load_sqlite_utils_without_numpy()
     main()
+
+
+def _load_sqlite_utils_without_numpy() -> None:
+    hidden = [name for name in ("numpy", "pandas") if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden))  # None: "not installed", while sqlite-utils loads
+    try:
+        import sqlite_utils  # noqa: F401, PLC0415
+    finally:
+        for name in hidden:
+            del sys.modules[name]
