@@ -217,11 +217,12 @@ def read_cassette(path: str | Path) -> list[Recorded]:
 def _loads(line: bytes) -> Any:
     """A line's JSON. What orjson refuses, the json module may still take (NaN, lone
     surrogates, integers past 64 bits), for the models to judge; and what neither takes, the
-    json module's error tells."""
+    json module's error tells. Given text, not bytes: from bytes it would also take a
+    byte-order mark or UTF-16, which a cassette is not (and ``read_header`` refuses)."""
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
-        return json.loads(line)
+        return json.loads(line.decode("utf-8"))
 
 
 _NUMBER = (int, float)

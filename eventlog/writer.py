@@ -198,7 +198,11 @@ class LogWriter(LogProducer):
         """Pieces of one response body, ``(offset_ns, data)`` each, handed to the writer's
         thread as one operation rather than one each, when they fit in the backlog bound
         all together; else one by one, as ``chunk()`` takes them (and drops them)."""
+        if self._closed:
+            raise WriterClosed(f"{self.path}: chunks() after close()")
         ops = [(CHUNK, exchange_id, offset_ns, data) for offset_ns, data in pieces]
+        if not ops:
+            return
         size = sum(len(op[3]) for op in ops)
         with self._queued_lock:
             fits = self._queued - self._taken + size <= self.max_backlog

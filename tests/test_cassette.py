@@ -329,7 +329,14 @@ def test_a_cassette_reads_alike_however_its_json_is_spelled(tmp_path: Path) -> N
     cassette.write_bytes(head.encode() + b'{"chunk": {"offset_ms": 1, "text": "\xff"}}\n')
     with pytest.raises(CassetteError, match=r":3: not JSON: .*utf-8"):
         read_cassette(cassette)
-    spelled = orjson.dumps({"chunk": {"offset_ms": 2.5, "text": "b\u00e9"}}).decode()
+    for odd in (
+        b"\xef\xbb\xbf" + head.encode(),
+        head.encode() + '{"chunk": {"offset_ms": 1, "text": "a"}}'.encode("utf-16"),
+    ):
+        cassette.write_bytes(odd)  # a byte-order mark, UTF-16: not a cassette, as read_header says
+        with pytest.raises(CassetteError, match=r"not JSON"):
+            read_cassette(cassette)
+        spelled = orjson.dumps({"chunk": {"offset_ms": 2.5, "text": "b\u00e9"}}).decode()
     cassette.write_text(head + spelled + "\n" + '{"chunk": {"offset_ms": "3", "text": "c"}}\n')
     (r,) = read_cassette(cassette)
     assert r.chunks == [(2_500_000, "bé".encode()), (3_000_000, b"c")]

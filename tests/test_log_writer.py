@@ -400,6 +400,8 @@ def test_chunks_at_once_are_recorded_as_one_at_a_time(
                 (log.chunks(ex), [{k: v for k, v in e.items() if k != "rowid"} for e in log.events(ex)])
             )
     assert rows[0] == rows[1] and len(rows[0][1]) == len(stream) + 1
+    with pytest.raises(WriterClosed):
+        w.chunks(ex, pieces)
 
 
 def test_chunks_at_once_past_the_backlog_bound_are_dropped_one_by_one(tmp_path: Path) -> None:
