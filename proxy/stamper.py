@@ -273,10 +273,9 @@ class Stamper:
                 if not sent_on:
                     continue
             if own is None:
-                own = self._next_id()
                 if parts is None:
                     parts = [sep.join(blocks[:i]) + sep] if i else []
-                stamped = block + nl + b"id: " + own.encode() + sep
+                stamped = block + self._template % (len(self.ends) + 1)  # _next_id's id line
                 parts.append(stamped)
                 at += len(stamped)
                 self.ends.append(at)
