@@ -2,13 +2,13 @@
 
 The shipper follows the local log, never the traffic: rows the writer committed past the
 cursor are taken from the writer's hints (chunks and events, see ``hints``) or read in one
-snapshot of the log (the rest, and what has no hint), published (each message until
-JetStream acknowledges it, the same message again after an unanswered publish), and only
-then is the cursor moved on, saved in the log's ``shipments`` table every few seconds. A
-broker that is slow or down leaves the rows in the log, where they wait; they go out when
-it is back, from where the saved cursor stands, after a restart too. At-least-once on the
-wire: what a lost acknowledgement or an unsaved cursor makes a collector see twice, its
-sink holds once.
+snapshot of the log (the rest, and what has no hint), published (a window of messages at
+a time, each until JetStream acknowledges it, the same message again after an unanswered
+publish), and only then is the cursor moved on, saved in the log's ``shipments`` table
+every few seconds. A broker that is slow or down leaves the rows in the log, where they
+wait; they go out when it is back, from where the saved cursor stands, after a restart
+too. At-least-once on the wire: what a lost acknowledgement or an unsaved cursor makes a
+collector see twice, its sink holds once.
 
 Rows that change after they are written (a capture's end, an exchange's head and end) are
 shipped again once they have: the shipper keeps the exchanges it shipped still under way,
@@ -58,6 +58,7 @@ HINT_GRACE = 0.5  # seconds rows wait for their hint before they are read from t
 LOOK_EVERY = 1.0  # with hints coming, seconds between looks at the whole log
 WAIT_REPORT = 1.0  # rows waiting longer than this are reported
 REPORT_EVERY = 5.0  # and again this often while they wait
+WINDOW = 8 << 20  # bytes published before their acknowledgements are awaited
 
 
 @dataclass
@@ -339,6 +340,58 @@ class Shipper:
             self._nc = nc
             return js
 
+    async def _publish_all(self, js: Any, messages: list[Message]) -> int:
+        """Every message of a round, until JetStream has each; returns how many rows were
+        left out (bigger than the servers take). They go out a window at a time, and the
+        window's acknowledgements are awaited together: a round trip each would pace
+        shipping by the brokers' latency."""
+        left_out, window, size = 0, [], 0
+        for m in messages:
+            for part in within(m, self._nc.max_payload):
+                if len(part.payload) > self._nc.max_payload:
+                    left_out += self._too_large(part)
+                    continue
+                window.append(part)
+                size += len(part.payload)
+                if size >= WINDOW:
+                    left_out += await self._publish_window(js, window)
+                    window, size = [], 0
+        if window:
+            left_out += await self._publish_window(js, window)
+        return left_out
+
+    async def _publish_window(self, js: Any, parts: list[Message]) -> int:
+        """``parts`` published at once; each that fails, or has no acknowledgement within
+        the publish timeout, published again on its own (the same message id: JetStream
+        stores it once). Sinks take messages in any order."""
+        sent: list[asyncio.Future[Any] | None] = []
+        for part in parts:
+            try:
+                future = await js.publish_async(
+                    subject(self.subjects, part.table, part.capture),
+                    part.payload,
+                    headers={MSG_ID: message_id(part)},
+                )
+            except (*RETRY, nats.errors.MaxPayloadError) as exc:
+                self._last_error, future = exc, None
+            sent.append(future)
+        waiting = [f for f in sent if f is not None]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self._publish_timeout)
+        left_out = 0
+        for part, future in zip(parts, sent, strict=True):
+            answered = future is not None and future.done() and not future.cancelled()
+            if answered and future.exception() is None:
+                self._acknowledged(part, future.result())
+                continue
+            if answered:  # it failed: why, for the report of rows waiting
+                self._last_error = future.exception()
+            elif future is not None:
+                future.cancel()
+            self.stats.retries += 1
+            left_out += await self._publish(js, part)
+        return left_out
+
     async def _publish(self, js: Any, m: Message) -> int:
         """Until JetStream has the message, in parts if it is bigger than the servers take;
         the rows it holds that no server takes, alone, are left out, loudly. Returns how
@@ -346,20 +399,24 @@ class Shipper:
         left_out = 0
         for part in within(m, self._nc.max_payload):
             if len(part.payload) > self._nc.max_payload:
-                left_out += 1
-                self.stats.too_large += 1
-                self._on_status(
-                    f"WARNING: a row of {part.table} (rowid {part.first}, {len(part.payload):,} bytes"
-                    f" encoded) is bigger than the servers take (max_payload {self._nc.max_payload:,}): it"
-                    " stays in the log and is not shipped; raise max_payload on the servers to ship rows"
-                    " this large"
-                )
+                left_out += self._too_large(part)
                 continue
             try:
                 await self._publish_part(js, part)
             except nats.errors.MaxPayloadError:  # a server that takes less than the last one
                 left_out += await self._publish(js, part)
         return left_out
+
+    def _too_large(self, part: Message) -> int:
+        """A row alone bigger than the servers take: left out, loudly (it stays in the log)."""
+        self.stats.too_large += 1
+        self._on_status(
+            f"WARNING: a row of {part.table} (rowid {part.first}, {len(part.payload):,} bytes"
+            f" encoded) is bigger than the servers take (max_payload {self._nc.max_payload:,}): it"
+            " stays in the log and is not shipped; raise max_payload on the servers to ship rows"
+            " this large"
+        )
+        return 1
 
     async def _publish_part(self, js: Any, m: Message) -> None:
         """Until JetStream has the message (the same message id each time)."""
@@ -383,10 +440,13 @@ class Shipper:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            self.stats.messages += 1
-            self.stats.duplicates += bool(ack.duplicate)
-            self.stats.rows += m.rows
+            self._acknowledged(m, ack)
             return
+
+    def _acknowledged(self, m: Message, ack: Any) -> None:
+        self.stats.messages += 1
+        self.stats.duplicates += bool(ack.duplicate)
+        self.stats.rows += m.rows
 
     async def _watch(self) -> None:
         """Say how many rows wait once no round has shipped them for a second, again every
@@ -453,10 +513,7 @@ class Shipper:
                 self._hints.arrived.clear()
             r = self._read_round()
             if r.messages:
-                left_out = 0
-                for m in r.messages:
-                    left_out += await self._publish(js, m)
-                self._advance(r, left_out)
+                self._advance(r, await self._publish_all(js, r.messages))
             elif stop.is_set():
                 self._shipped()
                 return

@@ -118,6 +118,40 @@ async def test_rows_wait_while_the_broker_is_away_and_go_out_when_it_is_back(tmp
         node.stop()
 
 
+async def test_messages_a_frozen_broker_never_acknowledged_go_again_and_are_stored_once(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    log = tmp_path / "a.db"
+    LogWriter(log).close()  # nothing to ship yet: the shipper connects and waits
+    shipper = Shipper(log, parse_servers(nats_node.url), publish_timeout=0.5)
+    stopping = asyncio.Event()
+    shipping = asyncio.ensure_future(shipper.run(stopping, drain=30))
+    broker = nats_node.nodes[0].process
+    assert broker is not None
+    try:
+        await asyncio.sleep(1.0)
+        broker.send_signal(signal.SIGSTOP)  # a window goes out, and nothing answers it
+        write_log(log, "a")
+        await asyncio.sleep(2.0)
+        assert shipper.stats.retries >= 1 and shipper.stats.rows == 0
+        broker.send_signal(signal.SIGCONT)
+        stopping.set()
+        stats = await shipping
+    finally:
+        broker.send_signal(signal.SIGCONT)
+        stopping.set()
+        await shipping
+        shipper.close()
+    # Each message went out twice or more (the window, then on its own): stored once.
+    assert stats.waiting == 0 and stats.duplicates >= 1 and cursor(log)[-1] == 17
+    published = [decode(p) for p in await raw_messages(nats_node.url)]
+    assert sum(len(m.rows) for m in published) == 17
+    fleet = tmp_path / "fleet.db"
+    await collect_until(
+        nats_node.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
+    )
+
+
 def cursor_or_none(log: Path) -> tuple[int, ...] | None:
     db = sqlite3.connect(log)
     row = db.execute("SELECT rows FROM shipments").fetchone()
