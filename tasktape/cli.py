@@ -7,7 +7,13 @@ Each command's module is imported when the command runs (or help lists it), so t
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
+from collections.abc import Callable
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
 
 import click
 
@@ -30,12 +36,6 @@ COMMANDS = {
     "replay": (".replay_command", "replay"),
 }
 
-# Commands that always open a log, through sqlite-utils, which imports numpy and pandas
-# when they are installed only to convert their values on insert (tasktape never has any):
-# a third of a second. They load sqlite-utils first with both hidden from it, and only
-# from it: whatever imports them later (a protocol plug-in) still can.
-_SQLITE_UTILS_FIRST = frozenset({"check", "export", "import", "merge"})
-
 
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -57,17 +57,35 @@ def main() -> None:
 def run() -> None:
     """The ``tasktape`` command: ``main`` in a process of its own (``main`` called in
     another program's process leaves how that process loads its modules alone)."""
-    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
-    if command in _SQLITE_UTILS_FIRST:
-        _load_sqlite_utils_without_numpy()
+    sys.meta_path.insert(0, _SqliteUtilsAlone())
     main()
 
 
-def _load_sqlite_utils_without_numpy() -> None:
-    hidden = [name for name in ("numpy", "pandas") if name not in sys.modules]
-    sys.modules.update(dict.fromkeys(hidden))  # None: "not installed", while sqlite-utils loads
-    try:
-        import sqlite_utils  # noqa: F401, PLC0415
-    finally:
-        for name in hidden:
-            del sys.modules[name]
+class _SqliteUtilsAlone(importlib.abc.MetaPathFinder):
+    """Hides numpy and pandas from sqlite-utils while it loads: it imports both when they
+    are installed, only to convert their values on insert, which tasktape never passes (a
+    third of a second). Whatever imports them later (Datasette, a protocol plug-in) still
+    can; a command that never opens a log never loads sqlite-utils at all."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> ModuleSpec | None:
+        if name != "sqlite_utils":
+            return None
+        sys.meta_path.remove(self)  # once: this import goes on without it
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader.exec_module = _hiding(spec.loader.exec_module)  # type: ignore[method-assign]
+        return spec
+
+
+def _hiding(exec_module: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def exec_hidden(module: ModuleType) -> None:
+        hidden = [name for name in ("numpy", "pandas") if name not in sys.modules]
+        sys.modules.update(dict.fromkeys(hidden))  # None: "not installed", while it loads
+        try:
+            exec_module(module)
+        finally:
+            for name in hidden:
+                if sys.modules.get(name, ...) is None:
+                    del sys.modules[name]
+
+    return exec_hidden

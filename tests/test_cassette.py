@@ -4,10 +4,7 @@ with line numbers, and the export/import commands."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -340,30 +337,3 @@ def test_a_cassette_reads_alike_however_its_json_is_spelled(tmp_path: Path) -> N
     cassette.write_text(head + spelled + "\n" + '{"chunk": {"offset_ms": "3", "text": "c"}}\n')
     (r,) = read_cassette(cassette)
     assert r.chunks == [(2_500_000, "bé".encode()), (3_000_000, b"c")]
-
-
-def test_import_and_export_run_without_numpy_or_pandas(tmp_path: Path) -> None:
-    """sqlite-utils imports both when they are installed (the test extras bring them), a
-    third of a second that these commands have no use for."""
-    assert importlib.util.find_spec("numpy") is not None  # else this shows nothing
-    cassette, db, out = tmp_path / "c.jsonl", tmp_path / "c.db", tmp_path / "out.jsonl"
-    write_cassette(cassette, [Recorded(method="GET", path="/", status=200, chunks=[(0, b"hi")])])
-    for args in (["import", str(cassette), "--db", str(db)], ["export", str(db), "-o", str(out)]):
-        result = subprocess.run(
-            [sys.executable, "-X", "importtime", "-m", "tasktape", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
-        assert "sqlite_utils" in imported and not imported & {"numpy", "pandas"}, args
-    assert read_cassette(out)[0].chunks == [(0, b"hi")]
-    # Hidden from sqlite-utils alone: what imports them afterwards (a plug-in) still can.
-    code = (
-        "import sys; sys.argv[1:] = ['export', '--help']\n"
-        "from tasktape.cli import run\n"
-        "try:\n    run()\nexcept SystemExit:\n    pass\n"
-        "import numpy, sqlite_utils.db\n"
-        "assert sqlite_utils.db.np is None and numpy.zeros(1).size == 1"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -1,0 +1,60 @@
+"""What the ``tasktape`` command loads: sqlite-utils without the numpy and pandas it
+imports when they are installed (a third of a second no command has a use for), and only
+for commands that open a log."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded
+
+
+def imported_by(*args: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "tasktape", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode in (0, 1), result.stderr[-2000:]  # diff and check find differences
+    return {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+
+
+def test_commands_that_open_a_log_load_sqlite_utils_without_numpy_or_pandas(tmp_path: Path) -> None:
+    assert importlib.util.find_spec("numpy") is not None  # else this shows nothing
+    cassette, db, out = tmp_path / "c.jsonl", tmp_path / "c.db", tmp_path / "out.jsonl"
+    write_cassette(cassette, [Recorded(method="GET", path="/", status=200, chunks=[(0, b"hi")])])
+    for args in (
+        ["import", str(cassette), "--db", str(db)],
+        ["export", str(db), "-o", str(out)],
+        ["check", str(db)],
+        ["diff", str(db), str(db)],
+    ):
+        imported = imported_by(*args)
+        assert "sqlite_utils" in imported and not imported & {"numpy", "pandas"}, args
+    assert "sqlite_utils" not in imported_by("diff", str(cassette), str(out))  # cassettes alone
+
+
+def test_they_are_hidden_from_sqlite_utils_alone() -> None:
+    """What imports them afterwards (a protocol plug-in) still can; what imported them
+    before keeps them."""
+    code = (
+        "import sys; sys.argv[1:] = ['export', '--help']\n"
+        "from tasktape.cli import run\n"
+        "try:\n    run()\nexcept SystemExit:\n    pass\n"
+        "import numpy, sqlite_utils.db\n"
+        "assert sqlite_utils.db.np is None and numpy.zeros(1).size == 1"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    code = (
+        "import sys, numpy; sys.argv[1:] = ['export', '--help']\n"
+        "from tasktape.cli import run\n"
+        "try:\n    run()\nexcept SystemExit:\n    pass\n"
+        "import sqlite_utils.db\n"
+        "assert sqlite_utils.db.np is numpy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
