@@ -9,7 +9,7 @@ import math
 import signal
 import socket
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +45,23 @@ def create_datasette(path: str | Path) -> Datasette:
 
 
 class Server(uvicorn.Server):
-    """uvicorn, stopped the way tasktape's other servers are: a first SIGINT or SIGTERM
-    stops it gracefully and ``serve`` returns (uvicorn would re-raise the signal once
-    done, killing the process), a second one stops it at once."""
+    """uvicorn, stopped the way tasktape's other servers are: a first of ``signals`` stops
+    it gracefully and ``serve`` returns (uvicorn would re-raise the signal once done,
+    killing the process), a second one stops it at once."""
+
+    def __init__(self, config: uvicorn.Config, signals: Sequence[signal.Signals]) -> None:
+        super().__init__(config)
+        self.signals = signals
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        loop, signals = asyncio.get_running_loop(), self.signals
+        for sig in signals:
             loop.add_signal_handler(sig, self.stop)
         try:
             yield
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
 
     def stop(self) -> None:
@@ -70,15 +74,16 @@ async def serve(
     sock: socket.socket,
     ready: Callable[[], None],
     grace: float,
+    signals: Sequence[signal.Signals],
     wrap: Callable[[Any], Any] = lambda app: app,
 ) -> None:
     """Serve ``ds`` (as ``wrap`` wraps its ASGI application) on the listening socket
-    ``sock`` until SIGINT or SIGTERM; call ``ready`` once it answers; give requests in
+    ``sock`` until one of ``signals``; call ``ready`` once it answers; give requests in
     flight ``grace`` seconds to finish."""
     config = uvicorn.Config(
         wrap(ds.app()), log_level="warning", access_log=False, timeout_graceful_shutdown=math.ceil(grace)
     )
-    server = Server(config)
+    server = Server(config, signals)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import click
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 from tasktape.fleet.names import FETCH, STREAM, parse_servers
+from tasktape.stop_signals import stop_signals
 
 
 @click.command("collect")
@@ -104,7 +104,7 @@ def collect(
     async def run(sink: Sink) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stop_signals():
             loop.add_signal_handler(sig, stop.set)
         collector = Collector(
             servers,

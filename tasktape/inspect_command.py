@@ -14,6 +14,7 @@ from tasktape.proxy.hosts import AsgiHostGuard
 
 from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
 from .serving import STOP_GRACE, bind
+from .stop_signals import stop_signals
 
 
 def open_check(path: Path, *, upgrade: bool = False) -> None:
@@ -31,8 +32,9 @@ def open_check(path: Path, *, upgrade: bool = False) -> None:
 def serve_inspector(
     path: Path, host: str, port: int, *, or_any_port: bool = False, allow_host: tuple[str, ...] = ()
 ) -> None:
-    """Serve Datasette over the log at ``path`` until SIGINT or SIGTERM; print where once
-    it answers. With ``or_any_port``, a free port stands in for ``port`` if it is taken."""
+    """Serve Datasette over the log at ``path`` until stopped (``stop_signals``); print
+    where once it answers. With ``or_any_port``, a free port stands in for ``port`` if it
+    is taken."""
     # Datasette takes over half a second to import: only the commands that serve it pay.
     from tasktape.inspector.app import create_datasette, serve  # noqa: PLC0415
 
@@ -63,7 +65,7 @@ def serve_inspector(
     def wrap(app: Any) -> Any:
         return app if allowed is None else AsgiHostGuard(app, allowed, "tasktape inspect")
 
-    asyncio.run(serve(ds, sock, ready, STOP_GRACE, wrap))
+    asyncio.run(serve(ds, sock, ready, STOP_GRACE, stop_signals(), wrap))
     click.echo("tasktape inspect: stopped", err=True)
 
 

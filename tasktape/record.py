@@ -163,8 +163,9 @@ def record(
 
     Point your A2A client at the address printed when ready, and change nothing else:
     responses stream through unchanged, chunk by chunk, while every request, chunk and
-    SSE event lands in the log. Stop with Ctrl-C (or SIGTERM): the log is flushed and
-    the exit status is 0, or 3 if anything could not be written to the log.
+    SSE event lands in the log. Stop with Ctrl-C (or SIGTERM, or SIGHUP when the terminal
+    closes): the log is flushed and the exit status is 0, or 3 if anything could not be
+    written to the log.
     """
     redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
     host, port = listen

@@ -1,15 +1,17 @@
-"""Serving an aiohttp application on loopback from the command line, until Ctrl-C/SIGTERM."""
+"""Serving an aiohttp application on loopback from the command line, until stopped
+(``stop_signals``)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import signal
 import socket
 from collections.abc import Callable
 
 import click
 from aiohttp import web
+
+from .stop_signals import stop_signals
 
 STOP_GRACE = 1.0  # seconds
 
@@ -57,11 +59,12 @@ async def serve_until_stopped(
     stopping: str,
     sock: socket.socket | None = None,
 ) -> None:
-    """Serve until SIGINT or SIGTERM; print ``ready(url)`` once listening."""
+    """Serve until SIGINT, SIGTERM or SIGHUP (``stop_signals``); print ``ready(url)`` once
+    listening."""
     runner, url = await start_site(app, host, port, sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in stop_signals():
         loop.add_signal_handler(sig, stop.set)
     # What start-up left (modules, classes, the application) lives until the end: out of
     # the collector's sight, full collections traverse only what serving allocates (in

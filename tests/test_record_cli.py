@@ -68,10 +68,11 @@ async def test_prints_one_line_per_exchange_and_flushes_on_signal(
         assert capture["source"] == "record" and capture["upstream"] == upstream
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 async def test_a_signal_to_the_whole_process_group_loses_nothing(tmp_path: Path, sig: signal.Signals) -> None:
-    """timeout(1), systemd and a terminal signal the recorder's log writer too: it keeps
-    writing until the recorder has stopped, and the log holds every exchange."""
+    """timeout(1), systemd and a terminal (Ctrl-C, or closing it) signal the recorder's log
+    writer too: it keeps writing until the recorder has stopped, and the log holds every
+    exchange."""
     db = tmp_path / "captures.db"
     async with (
         serve(upstream_app(events=2000)) as upstream,
@@ -98,6 +99,36 @@ async def test_a_signal_to_the_whole_process_group_loses_nothing(tmp_path: Path,
         assert [x["outcome"] for x in exchanges] == ["complete"] * 5
         events = [len(log.events(x["id"])) for x in exchanges]
         assert events == [2000] * 5 == [b.count(b"\n\n") for b in bodies]
+
+
+async def test_a_recorder_started_under_nohup_keeps_ignoring_sighup(tmp_path: Path) -> None:
+    def under_nohup() -> None:
+        os.setpgrp()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    db = tmp_path / "captures.db"
+    async with (
+        serve(upstream_app(events=50)) as upstream,
+        running(
+            "record",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--db",
+            str(db),
+            "--quiet",
+            preexec_fn=under_nohup,
+        ) as run,
+    ):
+        os.killpg(run.proc.pid, signal.SIGHUP)
+        await asyncio.sleep(0.5)  # a recorder stopping would have closed its port by now
+        body = await post_stream(run.url)  # still recording
+        assert run.proc.returncode is None and body.count(b"\n\n") == 50
+        run.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(run.proc.wait(), 30) == 0
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["complete"]
 
 
 async def test_a_full_log_never_stops_traffic_and_sets_the_exit_status(tmp_path: Path) -> None:
