@@ -31,6 +31,15 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), p99, ordered[-1]
 
 
+def middle_half(samples: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of samples (the lowest and the highest, for few)."""
+    ordered = sorted(samples)
+    if len(ordered) < 4:
+        return ordered[0], ordered[-1]
+    first, _, third = statistics.quantiles(ordered, n=4)
+    return first, third
+
+
 @dataclass
 class Section:
     title: str

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .harness import Section, percentiles
+from .harness import Section, middle_half, percentiles
 from .proxy_bench import cpu_seconds, free_port, logged_events, process, start_upstream
 
 EVENT_SIZE = 200
@@ -151,7 +151,7 @@ def run(quick: bool) -> list[Section]:
                 ratios = sorted(s[1] / b[1] for s, b in zip(runs_, base, strict=True))
                 ratio = f"{statistics.median(ratios):.2f}x"
                 if name != RECORD:
-                    low, high = _middle_half(ratios)
+                    low, high = middle_half(ratios)
                     spans[name].append((low, high))
                     ratio += f" ({low:.2f}x-{high:.2f}x)"
                 events = f"{streams} x {n:,}, {pace}"
@@ -164,14 +164,6 @@ def run(quick: bool) -> list[Section]:
         f"--resume {_hull(spans[RESUMING])}, the control {_hull(spans[CONTROL])}."
     )
     return [section]
-
-
-def _middle_half(ordered: list[float]) -> tuple[float, float]:
-    """The first and third quartiles of sorted samples (the samples themselves, for few)."""
-    if len(ordered) < 4:
-        return ordered[0], ordered[-1]
-    q1, _, q3 = statistics.quantiles(ordered, n=4)
-    return q1, q3
 
 
 def _hull(spans: list[tuple[float, float]]) -> str:

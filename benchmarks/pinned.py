@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .harness import Section
+from .harness import Section, middle_half
 from .proxy_bench import (
     BARE,
     CONTROL,
@@ -98,5 +98,5 @@ def run(quick: bool) -> list[Section]:
 def _cell(samples: list[float], ratios: list[float], bare: bool) -> str:
     if bare:
         return f"{statistics.median(samples):,.0f} (1.00x)"
-    first, _, third = statistics.quantiles(ratios, n=4)
+    first, third = middle_half(ratios)
     return f"{statistics.median(samples):,.0f} ({statistics.median(ratios):.2f}x; {first:.2f}-{third:.2f})"
