@@ -144,6 +144,10 @@ class Stamper:
                 if self.on_new is not None:
                     self.on_new()
                 return stamped
+            if rest and line[:5] == b"data:":
+                stamped = self._several(data, template)
+                if stamped is not None:
+                    return stamped
         if not data:
             return b""
         before = len(self.segments)
@@ -289,6 +293,34 @@ class Stamper:
         elif parts or rest:
             parts.append(rest)
             self._out(b"".join(parts))
+
+    def _several(self, data: bytes, template: bytes) -> bytes | None:
+        """A chunk of several whole events, each one data line and no id, its lines ended as
+        the response's are (an agent sending faster than it is read): stamped as ``_alike``
+        stamps them, without the slow way's calls; None if it is anything else."""
+        lines = self._lines
+        sep = lines.sep  # type: ignore[union-attr]
+        blocks = data.split(sep)
+        k = len(blocks) - 1
+        # k blank lines and k data lines: 2k line ends, all in the separators (as _fits,
+        # _split and _alike find them).
+        if blocks[-1] or data.count(b"\n") != 2 * k or data.count(sep + b"data:") != k - 1:
+            return None
+        if (_CR in data) if lines is LF else data.count(b"\r") != 2 * k:
+            return None
+        blocks.pop()
+        first, size = len(self.ends) + 1, self.size
+        parts = [b""] * (2 * k)
+        parts[::2] = blocks
+        parts[1::2] = map(template.__mod__, range(first, first + k))
+        self.ends += list(accumulate(map(len, parts), initial=size))[2::2]
+        stamped = b"".join(parts)
+        self.segments.append(stamped)
+        self.starts.append(size)
+        self.size = size + len(stamped)
+        if self.on_new is not None:
+            self.on_new()
+        return stamped
 
     def _alike(self, whole: bytes, blocks: list[bytes], lines: Lines) -> bool:
         """Blocks that are all one data line, or all an id line and a data line (a chunk
