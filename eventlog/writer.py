@@ -200,18 +200,18 @@ class LogWriter(LogProducer):
         all together; else one by one, as ``chunk()`` takes them (and drops them)."""
         if self._closed:
             raise WriterClosed(f"{self.path}: chunks() after close()")
-        ops = [(CHUNK, exchange_id, offset_ns, data) for offset_ns, data in pieces]
-        if not ops:
+        pieces = list(pieces)
+        if not pieces:
             return
-        size = sum(len(op[3]) for op in ops)
+        size = sum(len(data) for _, data in pieces)
         with self._queued_lock:
             fits = self._queued - self._taken + size <= self.max_backlog
             if fits:
                 self._queued += size
         if fits:
-            self._put((MANY, ops))
+            self._put((MANY, [(CHUNK, exchange_id, offset_ns, data) for offset_ns, data in pieces]))
         else:
-            super().chunks(exchange_id, ((op[2], op[3]) for op in ops))
+            super().chunks(exchange_id, pieces)
 
     def put_many(self, ops: list[tuple[Any, ...]]) -> None:
         """Queue operations already in the writer's form (another process's producer sent

@@ -347,10 +347,9 @@ class Shipper:
         shipping by the brokers' latency."""
         left_out, window, size = 0, [], 0
         for m in messages:
-            for part in within(m, self._nc.max_payload):
-                if len(part.payload) > self._nc.max_payload:
-                    left_out += self._too_large(part)
-                    continue
+            parts, out = self._fitting(m)
+            left_out += out
+            for part in parts:
                 window.append(part)
                 size += len(part.payload)
                 if size >= WINDOW:
@@ -396,27 +395,30 @@ class Shipper:
         """Until JetStream has the message, in parts if it is bigger than the servers take;
         the rows it holds that no server takes, alone, are left out, loudly. Returns how
         many were left out."""
-        left_out = 0
-        for part in within(m, self._nc.max_payload):
-            if len(part.payload) > self._nc.max_payload:
-                left_out += self._too_large(part)
-                continue
+        parts, left_out = self._fitting(m)
+        for part in parts:
             try:
                 await self._publish_part(js, part)
             except nats.errors.MaxPayloadError:  # a server that takes less than the last one
                 left_out += await self._publish(js, part)
         return left_out
 
-    def _too_large(self, part: Message) -> int:
-        """A row alone bigger than the servers take: left out, loudly (it stays in the log)."""
-        self.stats.too_large += 1
-        self._on_status(
-            f"WARNING: a row of {part.table} (rowid {part.first}, {len(part.payload):,} bytes"
-            f" encoded) is bigger than the servers take (max_payload {self._nc.max_payload:,}): it"
-            " stays in the log and is not shipped; raise max_payload on the servers to ship rows"
-            " this large"
-        )
-        return 1
+    def _fitting(self, m: Message) -> tuple[list[Message], int]:
+        """``m`` in parts the servers take, and how many rows were left out: a row alone
+        bigger than they take, loudly (it stays in the log)."""
+        limit, parts, left_out = self._nc.max_payload, [], 0
+        for part in within(m, limit):
+            if len(part.payload) <= limit:
+                parts.append(part)
+                continue
+            left_out += 1
+            self.stats.too_large += 1
+            self._on_status(
+                f"WARNING: a row of {part.table} (rowid {part.first}, {len(part.payload):,} bytes"
+                f" encoded) is bigger than the servers take (max_payload {limit:,}): it stays in the"
+                " log and is not shipped; raise max_payload on the servers to ship rows this large"
+            )
+        return parts, left_out
 
     async def _publish_part(self, js: Any, m: Message) -> None:
         """Until JetStream has the message (the same message id each time)."""

@@ -145,7 +145,7 @@ class Stamper:
                     self.on_new()
                 return stamped
             if rest and line[:5] == b"data:":
-                stamped = self._several(data, template)
+                stamped = self._several(data)
                 if stamped is not None:
                     return stamped
         if not data:
@@ -294,7 +294,7 @@ class Stamper:
             parts.append(rest)
             self._out(b"".join(parts))
 
-    def _several(self, data: bytes, template: bytes) -> bytes | None:
+    def _several(self, data: bytes) -> bytes | None:
         """A chunk of several whole events, each one data line and no id, its lines ended as
         the response's are (an agent sending faster than it is read): stamped as ``_alike``
         stamps them, without the slow way's calls; None if it is anything else."""
@@ -309,35 +309,32 @@ class Stamper:
         if (_CR in data) if lines is LF else data.count(b"\r") != 2 * k:
             return None
         blocks.pop()
-        first, size = len(self.ends) + 1, self.size
-        parts = [b""] * (2 * k)
-        parts[::2] = blocks
-        parts[1::2] = map(template.__mod__, range(first, first + k))
-        self.ends += list(accumulate(map(len, parts), initial=size))[2::2]
-        stamped = b"".join(parts)
-        self.segments.append(stamped)
-        self.starts.append(size)
-        self.size = size + len(stamped)
+        stamped = self._stamped(blocks)
+        self._out(stamped)
         if self.on_new is not None:
             self.on_new()
         return stamped
+
+    def _stamped(self, blocks: list[bytes]) -> bytes:
+        """Blocks of one data line each, each followed by its id line and blank line (one
+        join, the ids formatted and the ends summed in C); their ends recorded."""
+        k, first = len(blocks), len(self.ends) + 1
+        parts = [b""] * (2 * k)
+        parts[::2] = blocks
+        parts[1::2] = map(self._template.__mod__, range(first, first + k))
+        self.ends += list(accumulate(map(len, parts), initial=self.size))[2::2]
+        return b"".join(parts)
 
     def _alike(self, whole: bytes, blocks: list[bytes], lines: Lines) -> bool:
         """Blocks that are all one data line, or all an id line and a data line (a chunk
         of several events, from an agent that sends them faster than they are read),
         stamped and emitted with a few passes over them all: False if they are not."""
         nl, sep, k = lines.nl, lines.sep, len(blocks)
-        size, first = self.size, len(self.ends) + 1
         # A block of L lines holds L + 1 line ends, its blank line's among them (CRLF's LFs
         # are all in CRLFs: counting them counts the line ends).
         count = whole.count(b"\n")
         if whole.startswith(b"data:") and whole.count(sep + b"data:") == k - 1 and count == 2 * k:
-            # Each block, then its id line and blank line: one join, the ends summed in C.
-            parts = [b""] * (2 * k)
-            parts[::2] = blocks
-            parts[1::2] = map(self._template.__mod__, range(first, first + k))
-            self.ends += list(accumulate(map(len, parts), initial=size))[2::2]
-            self._out(b"".join(parts))
+            self._out(self._stamped(blocks))
         elif (
             count == 3 * k
             and whole.startswith(b"id: ")
@@ -345,7 +342,7 @@ class Stamper:
             and b"\0" not in whole
             and all(block.startswith(b"data:", block.find(nl) + len(nl)) for block in blocks)
         ):  # each block an id line, then a data line
-            ends = accumulate((len(block) + len(sep) for block in blocks), initial=size)
+            ends = accumulate((len(block) + len(sep) for block in blocks), initial=self.size)
             next(ends)  # the initial size
             for block, end in zip(blocks, ends, strict=True):
                 self._event(end, block[4 : block.find(nl)].decode("utf-8", "replace"))
