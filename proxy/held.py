@@ -83,7 +83,7 @@ async def relay_held(
     assert proxy.live is not None
     headers.popall("Content-Length", None)  # ids added where there were none change the length
     line = f"{request.method} {request.rel_url.raw_path}"
-    stream = proxy.live.open(exchange.id, line, rpc_id(exchange.request_body()), list(headers.items()))
+    stream = proxy.live.open(exchange.id, line, exchange.request_body(), list(headers.items()))
     rejoin = Rejoin.of(exchange, stream)
     hold = Hold(stream, proxy.hold or 0.0)
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -224,8 +224,9 @@ async def _follow(
     """Send the stream from ``position`` on to this client until it ends or the client leaves."""
     try:
         await response.prepare(request)
-        async for segments in stream.follow(position):
-            await response.write(segments[0] if len(segments) == 1 else b"".join(segments))
+        if stream.outcome is None or position < stream.size:  # (else it was all sent, and it ended)
+            async for segments in stream.follow(position):
+                await response.write(segments[0] if len(segments) == 1 else b"".join(segments))
         if stream.outcome == Outcome.COMPLETE:
             await response.write_eof()
         else:
@@ -293,7 +294,7 @@ def _broke(recording: Exchange, stream: LiveStream, rejoin: Rejoin, exc: BaseExc
 def _forget_later(proxy: RecordingProxy, stream: LiveStream) -> None:
     """Clients that come back soon after the end are still answered; then it is let go."""
     if proxy.live is not None:
-        asyncio.get_running_loop().call_later(proxy.hold or 0.0, proxy.live.forget, stream.exchange_id)
+        proxy.live.ended(stream)
 
 
 async def _read(

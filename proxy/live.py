@@ -13,8 +13,10 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
+from tasktape.eventlog.jsonrpc_ids import rpc_id
 from tasktape.eventlog.protocols.base import Request
 
 from .stamper import Stamper, line_end
@@ -29,7 +31,7 @@ class LiveStream:
 
     exchange_id: int
     request_line: str  # "POST /message:stream": what a reconnect repeats
-    request_rpc_id: object  # the JSON-RPC id its frames answer (or NO_ID)
+    request_body: bytes | None  # the request that opened it (read for its JSON-RPC id when asked)
     headers: list[tuple[str, str]]  # the response headers clients are sent
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
@@ -49,6 +51,11 @@ class LiveStream:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
         self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
         self.feed = self._stamper.feed
+
+    @cached_property
+    def request_rpc_id(self) -> object:
+        """The JSON-RPC id its frames answer (or NO_ID): only a reconnect asks."""
+        return rpc_id(self.request_body)
 
     @property
     def closed(self) -> bool:
@@ -95,11 +102,11 @@ class LiveStream:
         return [e.data for e in SSEDecoder().feed(self.since(0)) if e.data]
 
     def first_id(self) -> str | None:
-        return self._stamper.id_of(1) if self._stamper.ends else None
+        return self._stamper.id_of(1) if self._stamper.count else None
 
     def last_id(self) -> str | None:
-        ends = len(self._stamper.ends)
-        return self._stamper.id_of(ends) if ends else None
+        count = self._stamper.count
+        return self._stamper.id_of(count) if count else None
 
     def ids(self) -> list[str]:
         return self._stamper.ids()
@@ -201,30 +208,42 @@ class LiveStream:
 
 @dataclass(frozen=True)
 class Gone:
-    """A stream let go: which, and the first and last ids it held."""
+    """A stream let go: which, the first and last ids it held, and when it was let go."""
 
     exchange_id: int
     first: str | None
     last: str | None
+    when: str  # "300 s after it ended...": what let it go
 
 
 KEPT_GONE = 10_000  # request lines whose last stream let go is remembered
+HOLD_BYTES = 64 * 1024 * 1024  # the default of --hold-bytes
 
 
 class LiveStreams:
-    """The streams a resuming recorder holds, found by an event id they hold."""
+    """The streams a resuming recorder holds, found by an event id they hold.
 
-    def __init__(self) -> None:
+    A stream that ended is still held for ``hold`` seconds (a client that dropped just
+    before its end comes back for the rest), or less while the streams that ended hold
+    more than ``hold_bytes``: then the earliest to end are let go first. Memory stays
+    bounded however fast streams come and go, and is used again rather than grown."""
+
+    def __init__(self, hold: float = 0.0, hold_bytes: int = HOLD_BYTES) -> None:
+        self.hold, self.hold_bytes = hold, hold_bytes
         self._streams: dict[int, LiveStream] = {}
         self._asleep: dict[int, Request] = {}  # streams of an earlier run, and what opened them
         # The last stream let go of each request line (a few): a reconnect to it is refused,
         # not taken for a new request.
         self._gone: OrderedDict[str, Gone] = OrderedDict()
+        # The streams that ended, in the order they did: when each is let go, and its bytes.
+        self._ended: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self._ended_bytes = 0
+        self._sweep: asyncio.TimerHandle | None = None
 
     def open(
-        self, exchange_id: int, request_line: str, request_rpc_id: object, headers: list[tuple[str, str]]
+        self, exchange_id: int, request_line: str, request_body: bytes | None, headers: list[tuple[str, str]]
     ) -> LiveStream:
-        stream = LiveStream(exchange_id, request_line, request_rpc_id, headers)
+        stream = LiveStream(exchange_id, request_line, request_body, headers)
         self._streams[exchange_id] = stream
         return stream
 
@@ -237,13 +256,45 @@ class LiveStreams:
         """The request that opened a stream asleep, once (None: it is awake)."""
         return self._asleep.pop(stream.exchange_id, None)
 
-    def forget(self, exchange_id: int) -> None:
-        """Let an ended stream go (what it held stays in the log)."""
+    def ended(self, stream: LiveStream) -> None:
+        """A stream's upstream ended (or was let go): it is let go after the hold, or as
+        soon as the streams that ended hold more than ``hold_bytes``, the earliest first."""
+        if stream.exchange_id in self._ended or stream.exchange_id not in self._streams:
+            return
+        loop = asyncio.get_running_loop()
+        self._ended[stream.exchange_id] = (loop.time() + self.hold, stream.size)
+        self._ended_bytes += stream.size
+        while self._ended_bytes > self.hold_bytes:
+            self.forget(
+                next(iter(self._ended)),
+                f"as streams that ended after it filled --hold-bytes ({self.hold_bytes:,} bytes)",
+            )
+        if self._sweep is None and self._ended:
+            self._sweep = loop.call_at(next(iter(self._ended.values()))[0], self._let_go_due)
+
+    def _let_go_due(self) -> None:
+        """Let go the streams whose hold ran out; wake again for the next."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._ended:
+            exchange_id, (due, _) = next(iter(self._ended.items()))
+            if due > now:
+                self._sweep = loop.call_at(due, self._let_go_due)
+                return
+            self.forget(exchange_id)
+
+    def forget(self, exchange_id: int, when: str | None = None) -> None:
+        """Let a stream go (what it held stays in the log); ``when`` says what let it go."""
         stream = self._streams.pop(exchange_id, None)
         self._asleep.pop(exchange_id, None)
+        ended = self._ended.pop(exchange_id, None)
+        if ended is not None:
+            self._ended_bytes -= ended[1]
         if stream is not None:
+            when = when or f"{self.hold:g} s after it ended or was left (--hold)"
             self._gone.pop(stream.request_line, None)
-            self._gone[stream.request_line] = Gone(exchange_id, stream.first_id(), stream.last_id())
+            self._gone[stream.request_line] = Gone(exchange_id, stream.first_id(), stream.last_id(), when)
             if len(self._gone) > KEPT_GONE:
                 self._gone.popitem(last=False)
 

@@ -36,7 +36,7 @@ from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
-from .live import Gone, LiveStream, LiveStreams
+from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams
 from .rejoin import Rejoin
 from .resume_options import UnknownResume
 from .revive import asleep_in_log
@@ -72,6 +72,7 @@ class RecordingProxy:
         allowed_hosts: frozenset[str] | None = None,
         header_timeout: float = HEADER_TIMEOUT,
         hold: float | None = None,
+        hold_bytes: int = HOLD_BYTES,
         rejoin_for: float = 30.0,
         resume_unknown: UnknownResume | str = UnknownResume.REFUSE,
         on_resume: Callable[[Resume], None] | None = None,
@@ -91,7 +92,7 @@ class RecordingProxy:
         self.on_exchange = on_exchange
         # Resuming (``hold`` given): SSE streams are held, clients that reconnect follow them again.
         self.hold = hold
-        self.live = LiveStreams() if hold is not None else None
+        self.live = LiveStreams(hold, hold_bytes) if hold is not None else None
         self.rejoin_for = rejoin_for  # how long a held stream whose agent broke is subscribed again
         self.resume_unknown = UnknownResume.parse(resume_unknown)
         self.on_resume = on_resume
@@ -268,7 +269,7 @@ class RecordingProxy:
         if isinstance(held, Gone):
             holds = (
                 f"the stream of exchange {held.exchange_id} ({held.first!r} to {held.last!r}) was let go "
-                f"{self.hold:g} s after it ended or was left (--hold); the log has it"
+                f"{held.when}; the log has it"
             )
         else:
             ids = held.ids()

@@ -18,7 +18,6 @@ from typing import Any
 
 from tasktape.eventlog import SSEEvent
 from tasktape.eventlog.exchange_rows import utc_iso
-from tasktape.eventlog.jsonrpc_ids import rpc_id
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import Protocol, Request
@@ -96,7 +95,7 @@ def _rebuilt(conn: sqlite3.Connection, root: sqlite3.Row, chain: list[int], prot
     stream = LiveStream(
         root["id"],
         f"{root['method']} {root['path']}",
-        rpc_id(body.encode() if isinstance(body, str) else body),
+        body.encode() if isinstance(body, str) else body,
         list(headers.items()),
     )
     for n, exchange_id in enumerate(chain):

@@ -4,20 +4,30 @@ ends in the bytes its clients are sent.
 A stream whose lines all end alike (LF, or CRLF, as the a2a-sdk's do) is cut into blocks
 by bytes scans alone, and an event without an id gets an ``id:`` line spliced in before
 its blank line; an upstream chunk whose events all have ids, and that ends where an event
-does, goes out as the very bytes object it came in. Only a stream whose line ends are
+does, goes out as the very bytes object it came in. A run of events that are each one data
+line (what agents send most) is split into lines once, checked by a few calls into C
+(``min`` and ``max`` of the lines tell whether each is a data line) and joined with its
+ids in one go: no Python code runs per event. Where each event ends is worked out only
+when a reconnect asks. Only a stream whose line ends are
 mixed, or that begins with a byte-order mark, is read by the full ``SSEDecoder``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
 
 _BOM_START = 0xEF  # the first byte of a UTF-8 byte-order mark
 _CR, _LF, _NUL = 0x0D, 0x0A, 0x00  # as ints, ``in`` finds them with memchr
+# Lines that begin b"data:" and only they sort from DATA on and before NOT_DATA (":" + 1).
+DATA, NOT_DATA = b"data:", b"data;"
+# The numbers of the recorder's ids, b"0", b"1"...: made once for every stream (up to
+# NUMBERS_KEPT of them; a stream longer than that has its later ones made as it goes).
+_NUMBERS: list[bytes] = []
+NUMBERS_KEPT = 1 << 17
 
 
 class Lines(NamedTuple):
@@ -41,19 +51,25 @@ class Stamper:
     the stream's events from 1) and indexes where each ends, in the bytes clients are sent:
     ``segments``, one per upstream chunk that completed a block (or per event of the
     recorder's own), each beginning at the byte offset in ``starts``. An event is a block
-    with a data line, as an EventSource dispatches it."""
+    with a data line, as an EventSource dispatches it.
+
+    Where the events end is worked out when asked (``ends``): only a reconnect asks, and
+    the segments the quick ways stamp end an event at each blank line."""
 
     __slots__ = (
         "_cr_end",
         "_decoder",
+        "_ends",
         "_first",
         "_fresh",
+        "_id_head",
         "_lines",
         "_own",
         "_pending",
         "_quick",
         "_template",
-        "ends",
+        "_unindexed",
+        "count",
         "on_new",
         "positions",
         "prefix",
@@ -67,7 +83,9 @@ class Stamper:
         self.segments: list[bytes] = []
         self.starts: list[int] = []
         self.size = 0  # bytes so far
-        self.ends: list[int] = []  # where each event ends
+        self.count = 0  # events so far
+        self._ends: list[int] = []  # where each event ends, as far as worked out
+        self._unindexed: list[int] = []  # the segments after those, each ending an event at each blank line
         # The agent's ids (the recorder's, prefix<n>, are not stored): where the first
         # event of each ends (a priming event's too), and the number of each event that has one.
         self.positions: dict[str, int] = {}
@@ -81,11 +99,11 @@ class Stamper:
 
     def ids(self) -> list[str]:
         """Every event's id, in order."""
-        return [self.id_of(n) for n in range(1, len(self.ends) + 1)]
+        return [self.id_of(n) for n in range(1, self.count + 1)]
 
     def last_own(self) -> str | None:
         """The agent's id of the last event (None: it gave that one none)."""
-        return self._own.get(len(self.ends))
+        return self._own.get(self.count)
 
     def position(self, event_id: str) -> int | None:
         """Where the (first) event of that id ends; None: there is none."""
@@ -96,12 +114,31 @@ class Stamper:
         if not number.isascii() or not number.isdigit() or number[0] == "0":
             return None
         n = int(number)
-        return self.ends[n - 1] if n <= len(self.ends) and n not in self._own else None
+        return self.ends[n - 1] if n <= self.count and n not in self._own else None
+
+    @property
+    def ends(self) -> list[int]:
+        """Where each event ends."""
+        if self._unindexed:
+            self._index()
+        return self._ends
+
+    def _index(self) -> None:
+        """The ends of the events in the segments not yet indexed."""
+        sep = self._lines.sep  # type: ignore[union-attr]  # the quick ways know it
+        for i in self._unindexed:
+            at = self.starts[i]
+            for block in self.segments[i].split(sep)[:-1]:  # the last: b"", after the last blank line
+                at += len(block) + len(sep)
+                self._ends.append(at)
+        self._unindexed = []
 
     def restart(self, first: Callable[[SSEEvent], bool] | None) -> None:
         """A new upstream response goes on with the stream: what the last one cut off
         mid-event is dropped (no client was sent it). ``first`` is given the new one's first
         event and says whether it is sent on."""
+        if self._unindexed:  # by its own line ends, before the next response's
+            self._index()
         self._pending: list[bytes] = []  # bytes after the last whole block
         self._lines: Lines | None = None  # how the response ends its lines, once one came
         self._cr_end = False  # (CRLF) the last byte read was a CR
@@ -109,6 +146,7 @@ class Stamper:
         self._fresh = True  # none of the response read yet (it may begin with a BOM)
         self._first = first
         self._template = b""  # the id line's, once the line ends are known
+        self._id_head = b""  # the same, up to its number
         # While a chunk may be one event: the lines' cut, lead and tail, and the template.
         self._quick: tuple[bytes, bytes, bytes, bytes] | None = None
 
@@ -126,27 +164,30 @@ class Stamper:
             if _CR not in line and _LF not in line:  # no other line end before the first
                 if rest == tail:  # one line, then a blank line
                     if line[:5] == b"data:":  # no id: one is spliced in
-                        stamped = line + template % (len(self.ends) + 1)
+                        stamped = line + template % (self.count + 1)
                 elif line[:4] == b"id: " and _NUL not in line and (not lead or rest[:1] == lead):
                     # An id line (a NUL in it: the slow way), then the data line.
                     second, _, rest = (rest[1:] if lead else rest).partition(cut)
                     if rest == tail and _CR not in second and _LF not in second and second[:5] == b"data:":
                         stamped, own = data, line[4:].decode("utf-8", "replace")
             if stamped is not None:  # _out's and _event's work, done here: calls less
-                ends = self.ends
-                self.segments.append(stamped)
+                segments = self.segments
+                self._unindexed.append(len(segments))
+                segments.append(stamped)
                 self.starts.append(self.size)
                 self.size += len(stamped)
+                self.count += 1
                 if own is not None:
-                    self._own[len(ends) + 1] = own
+                    self._own[self.count] = own
                     self.positions.setdefault(own, self.size)
-                ends.append(self.size)
                 if self.on_new is not None:
                     self.on_new()
                 return stamped
-            if rest and line[:5] == b"data:":
-                stamped = self._several(data)
+            if rest and line[:5] == b"data:" and data[-1] == _LF:  # perhaps several whole events
+                stamped = self._plain(data)
                 if stamped is not None:
+                    if self.on_new is not None:
+                        self.on_new()
                     return stamped
         if not data:
             return b""
@@ -175,10 +216,12 @@ class Stamper:
                 self._lines = lines
                 if lines is not None:
                     # After an event's data line: _next_id's id line, then the blank line.
-                    id_line = f"id: {self.prefix}".replace("%", "%%").encode() + b"%d"
-                    self._template = lines.nl + id_line + lines.sep
+                    self._id_head = lines.nl + f"id: {self.prefix}".encode()
+                    self._template = self._id_head.replace(b"%", b"%%") + b"%d" + lines.sep
             if lines is None:
                 self._pending.append(data)  # no line end yet
+                return
+            if self._fast(data, lines):
                 return
             if self._fits(data, lines):
                 self._split(data, lines)
@@ -203,7 +246,7 @@ class Stamper:
         self._decoded(b"".join(pending))
 
     def _next_id(self) -> str:
-        return f"{self.prefix}{len(self.ends) + 1}"
+        return f"{self.prefix}{self.count + 1}"
 
     def made(self, data: str, end: bytes) -> str:
         """An event of the recorder's own (``data``, lines ended by ``end``): its id."""
@@ -211,7 +254,7 @@ class Stamper:
         lines = [b"data: " + line.encode() for line in data.split("\n")]
         raw = end.join([*lines, f"id: {event_id}".encode(), b"", b""])
         self._out(raw)
-        self.ends.append(self.size)
+        self._event(self.size)
         return event_id
 
     def _fits(self, data: bytes, lines: Lines) -> bool:
@@ -279,10 +322,10 @@ class Stamper:
             if own is None:
                 if parts is None:
                     parts = [sep.join(blocks[:i]) + sep] if i else []
-                stamped = block + self._template % (len(self.ends) + 1)  # _next_id's id line
+                stamped = block + self._template % (self.count + 1)  # _next_id's id line
                 parts.append(stamped)
                 at += len(stamped)
-                self.ends.append(at)
+                self._event(at)
             else:
                 at += len(block) + len(sep)
                 if parts is not None:
@@ -294,36 +337,60 @@ class Stamper:
             parts.append(rest)
             self._out(b"".join(parts))
 
-    def _several(self, data: bytes) -> bytes | None:
-        """A chunk of several whole events, each one data line and no id, its lines ended as
-        the response's are (an agent sending faster than it is read): stamped as ``_alike``
-        stamps them, without the slow way's calls; None if it is anything else."""
-        lines = self._lines
-        sep = lines.sep  # type: ignore[union-attr]
-        blocks = data.split(sep)
-        k = len(blocks) - 1
-        # k blank lines and k data lines: 2k line ends, all in the separators (as _fits,
-        # _split and _alike find them).
-        if blocks[-1] or data.count(b"\n") != 2 * k or data.count(sep + b"data:") != k - 1:
-            return None
-        if (_CR in data) if lines is LF else data.count(b"\r") != 2 * k:
-            return None
-        blocks.pop()
-        stamped = self._stamped(blocks)
-        self._out(stamped)
-        if self.on_new is not None:
-            self.on_new()
-        return stamped
+    def _fast(self, data: bytes, lines: Lines) -> bool:
+        """The blocks ``data`` completes (with the bytes pending before it), if ``_plain``
+        stamps them: the commonest chunk of an agent sending faster than it is read, cut
+        anywhere. What follows its last blank line pends, as ``_split`` keeps it. False:
+        nothing done, ``data`` goes the slow way."""
+        sep = lines.sep
+        end = data.rfind(sep) + len(sep)
+        if end < len(sep) or self._first is not None:
+            return False  # no blank line ends in it (a rejoin's first event goes to _take_first)
+        pending = self._pending
+        if self._plain(b"".join([*pending, data[:end]]) if pending else data[:end]) is None:
+            return False
+        rest = data[end:]
+        self._pending = [rest] if rest else []
+        self._cr_end = False  # the blank line ended in an LF
+        if not rest:
+            return True
+        if not self._fits(rest, lines):  # what follows has mixed line ends: decoded from here on
+            self._decode_from_here()
+        elif rest[:1] == b":":
+            self._idle(lines.nl)
+        return True
 
-    def _stamped(self, blocks: list[bytes]) -> bytes:
-        """Blocks of one data line each, each followed by its id line and blank line (one
-        join, the ids formatted and the ends summed in C); their ends recorded."""
-        k, first = len(blocks), len(self.ends) + 1
-        parts = [b""] * (2 * k)
-        parts[::2] = blocks
-        parts[1::2] = map(self._template.__mod__, range(first, first + k))
-        self.ends += list(accumulate(map(len, parts), initial=self.size))[2::2]
-        return b"".join(parts)
+    def _plain(self, whole: bytes) -> bytes | None:
+        """``whole`` (whole blocks) stamped and emitted, if every block is one data line
+        without an id, ended as the response's lines are; else None, and nothing done.
+        One split, and the rest in C: no call per event."""
+        lines = self._lines
+        if lines is LF:
+            if _CR in whole:
+                return None
+            split = whole.split(b"\n")
+        else:
+            split = whole.split(b"\r\n")
+        datas = split[::2]
+        # Each block one line, then a blank line: every other piece empty, the last too.
+        if not len(split) % 2 or datas.pop() or any(split[1::2]):
+            return None
+        if lines is not LF:  # no CR or LF but in the CRLFs
+            joined = b"".join(datas)
+            if _CR in joined or _LF in joined:
+                return None
+        if min(datas) < DATA or max(datas) >= NOT_DATA:  # each a data line
+            return None
+        k = len(datas)
+        parts = [self._id_head] * (4 * k)  # data line, id line to its number, number, blank line
+        parts[::4] = datas
+        parts[2::4] = _numbers(self.count + 1, k)
+        parts[3::4] = repeat(lines.sep, k)
+        stamped = b"".join(parts)
+        self._unindexed.append(len(self.segments))
+        self._out(stamped)
+        self.count += k
+        return stamped
 
     def _alike(self, whole: bytes, blocks: list[bytes], lines: Lines) -> bool:
         """Blocks that are all one data line, or all an id line and a data line (a chunk
@@ -332,11 +399,10 @@ class Stamper:
         nl, sep, k = lines.nl, lines.sep, len(blocks)
         # A block of L lines holds L + 1 line ends, its blank line's among them (CRLF's LFs
         # are all in CRLFs: counting them counts the line ends).
-        count = whole.count(b"\n")
-        if whole.startswith(b"data:") and whole.count(sep + b"data:") == k - 1 and count == 2 * k:
-            self._out(self._stamped(blocks))
-        elif (
-            count == 3 * k
+        if whole.startswith(b"data:"):
+            return self._plain(whole) is not None
+        if (
+            whole.count(b"\n") == 3 * k
             and whole.startswith(b"id: ")
             and whole.count(sep + b"id: ") == k - 1
             and b"\0" not in whole
@@ -347,9 +413,8 @@ class Stamper:
             for block, end in zip(blocks, ends, strict=True):
                 self._event(end, block[4 : block.find(nl)].decode("utf-8", "replace"))
             self._out(whole)
-        else:
-            return False
-        return True
+            return True
+        return False
 
     def _take_first(self, raw: bytes) -> bool:
         """A rejoined response's first event, given to ``first``: whether it is sent on."""
@@ -394,15 +459,28 @@ class Stamper:
 
     def _event(self, end: int, own: str | None = None) -> None:
         """One more event, ending at ``end``: with the agent's id ``own``, or the recorder's."""
+        ends = self.ends  # after the events before it
+        self.count += 1
         if own is not None:
-            self._own[len(self.ends) + 1] = own
+            self._own[self.count] = own
             self.positions.setdefault(own, end)
-        self.ends.append(end)
+        ends.append(end)
 
     def _out(self, segment: bytes) -> None:
         self.segments.append(segment)
         self.starts.append(self.size)
         self.size += len(segment)
+
+
+def _numbers(first: int, k: int) -> list[bytes]:
+    """The numbers ``first`` to ``first + k - 1``, as bytes."""
+    last = first + k
+    if last > len(_NUMBERS) and len(_NUMBERS) < NUMBERS_KEPT:
+        more = min(max(last, 2 * len(_NUMBERS), 1024), NUMBERS_KEPT)
+        _NUMBERS.extend(map(b"%d".__mod__, range(len(_NUMBERS), more)))
+    if last <= len(_NUMBERS):
+        return _NUMBERS[first:last]
+    return list(map(b"%d".__mod__, range(first, last)))
 
 
 def _tail(parts: list[bytes], n: int) -> bytes:

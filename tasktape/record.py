@@ -19,6 +19,7 @@ from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.resumes import Resume
 from tasktape.fleet.names import STREAM, parse_servers
 from tasktape.proxy import RecordingProxy
+from tasktape.proxy.live import HOLD_BYTES
 from tasktape.proxy.recorder import points_at, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
@@ -95,6 +96,15 @@ EXIT_LOG_FAILED = 3
     help="With --resume: how long a stream nobody follows is still read from the agent.",
 )
 @click.option(
+    "--hold-bytes",
+    type=click.IntRange(min=0),
+    default=HOLD_BYTES,
+    show_default=True,
+    metavar="BYTES",
+    help="With --resume: how many bytes of streams that ended are still held for clients that "
+    "come back (within --hold); past that, the earliest to end are let go first.",
+)
+@click.option(
     "--rejoin-for",
     type=click.FloatRange(min=0),
     default=30.0,
@@ -150,6 +160,7 @@ def record(
     max_log_size: int | None,
     resume: bool,
     hold: float,
+    hold_bytes: int,
     rejoin_for: float,
     resume_unknown: str,
     ship: str | None,
@@ -216,6 +227,7 @@ def record(
         allowed_hosts=answered_hosts(host, allow_host),
         on_exchange=_print_undecoded if quiet else _print_exchange,
         hold=hold if resume else None,
+        hold_bytes=hold_bytes,
         rejoin_for=rejoin_for,
         resume_unknown=resume_unknown,
         on_resume=None if quiet else _print_resume,

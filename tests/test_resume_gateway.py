@@ -1,7 +1,8 @@
 """The resume gateway (``tasktape record --resume``), as far as it goes: held streams with
 an id on every event, clients that drop and reconnect with Last-Event-ID followed again
 from the held stream (the agent sees one request), JSON-RPC reconnects answered with their
-own id, the upstream read to its end with nobody following, and the hold letting it go."""
+own id, the upstream read to its end with nobody following, and the hold (in seconds and in
+bytes) letting it go."""
 
 from __future__ import annotations
 
@@ -145,6 +146,39 @@ async def test_an_ended_stream_is_held_for_the_hold_then_let_go(record: RecordFa
     assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
     await asyncio.sleep(0.5)
     assert rec.proxy.live is not None and len(rec.proxy.live) == 0
+
+
+EVENT = b'data: {"pad": "%s"}\n\n' % (b"x" * 80)
+
+
+async def ten_events(request: web.Request) -> web.StreamResponse:
+    """Ten events without ids, as fast as they go."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(EVENT * 10)
+    return response
+
+
+async def test_ended_streams_past_hold_bytes_are_let_go_the_earliest_first(record: RecordFactory) -> None:
+    app, seen = counted(web.Application())
+    app.router.add_post("/{name}", ten_events)
+    stream = len(EVENT * 10) + 10 * len(b"id: tg1.10\n")  # one stream as clients get it, at most
+    rec = await record(app, hold=30.0, hold_bytes=stream * 3 // 2)  # one is held, not two
+    got = {}
+    async with aiohttp.ClientSession() as session:
+        for name in ("a", "b"):
+            async with session.post(f"{rec.url}/{name}", data=b"{}") as r:
+                got[name] = [e for e in events_of(await r.read()) if e.complete]
+    status, body = await rest_of(rec.url, {}, got["a"][4].id, "/a")  # let go when b ended
+    message = json.loads(body)["error"]["message"]
+    assert (
+        status == 400
+        and f"was let go as streams that ended after it filled --hold-bytes ({stream * 3 // 2:,}" in message
+    )
+    status, body = await rest_of(rec.url, {}, got["b"][4].id, "/b")  # still held
+    assert status == 200 and body == b"".join(e.raw for e in got["b"][5:])
+    assert seen == ["POST /a", "POST /b"]  # neither reconnect reached the agent
+    assert rec.proxy.live is not None and len(rec.proxy.live) == 1
 
 
 async def test_a_keep_alive_goes_out_at_once(record: RecordFactory) -> None:

@@ -94,26 +94,51 @@ def test_the_stamper_agrees_with_the_decoder(ends: str) -> None:
     rng = random.Random(f"stamper-{ends}")
     for case in range(1500):
         raw = random_stream(rng, ENDS[ends])
-        stamper = Stamper(PREFIX)
-        pieces = chunks(rng, raw)
-        returned = b"".join(stamper.feed(piece) for piece in pieces)
-        assert returned == b"".join(stamper.segments)
-        stamper.close()
-        out, ids, event_ends = expected(raw)
-        got = b"".join(stamper.segments)
-        context = f"case {case}: {raw!r} in {pieces!r}"
-        assert got == out, context
-        # The full decoder ends an event at a CR that ends its blank line, when the LF of
-        # that CRLF has not come yet: the LF is then the next piece's first byte.
-        at_lf = [end + (got[end - 1 : end + 1] == b"\r\n") for end in stamper.ends]
-        assert (stamper.ids(), at_lf) == (ids, event_ends), context
-        assert stamper.starts == [sum(map(len, stamper.segments[:i])) for i in range(len(stamper.segments))]
-        for event_id, end in zip(ids, event_ends, strict=True):
-            found = stamper.position(event_id)
-            assert found is not None and found <= end, context  # the first event of that id
-            assert got[found - 1 : found] in (b"\n", b"\r"), context  # at a line's end
-        for end in stamper.positions.values():  # priming events' too
-            assert got[end - 1 : end] in (b"\n", b"\r"), context
+        assert_as_decoded(chunks(rng, raw), f"case {case}")
+
+
+def assert_as_decoded(pieces: list[bytes], case: str = "") -> Stamper:
+    """The stamper fed ``pieces`` sends what the full decoder reads in them, with the same
+    ids, each event ending where the decoder ends it."""
+    raw = b"".join(pieces)
+    stamper = Stamper(PREFIX)
+    returned = b"".join(stamper.feed(piece) for piece in pieces)
+    assert returned == b"".join(stamper.segments)
+    stamper.close()
+    out, ids, event_ends = expected(raw)
+    got = b"".join(stamper.segments)
+    context = f"{case}: {raw!r} in {pieces!r}"
+    assert got == out, context
+    # The full decoder ends an event at a CR that ends its blank line, when the LF of
+    # that CRLF has not come yet: the LF is then the next piece's first byte.
+    at_lf = [end + (got[end - 1 : end + 1] == b"\r\n") for end in stamper.ends]
+    assert (stamper.ids(), at_lf) == (ids, event_ends), context
+    assert stamper.starts == [sum(map(len, stamper.segments[:i])) for i in range(len(stamper.segments))]
+    for event_id, end in zip(ids, event_ends, strict=True):
+        found = stamper.position(event_id)
+        assert found is not None and found <= end, context  # the first event of that id
+        assert got[found - 1 : found] in (b"\n", b"\r"), context  # at a line's end
+    for end in stamper.positions.values():  # priming events' too
+        assert got[end - 1 : end] in (b"\n", b"\r"), context
+    return stamper
+
+
+@pytest.mark.parametrize(
+    ("pieces", "decoded"),
+    [
+        # Whole events, then a line that a CR ends in an LF stream: read from there by the
+        # full decoder, which finds the id line after it.
+        ([b"data: a\n\n", b"data: b\n\ndata: c\r", b"id: own\n\n"], True),
+        ([b"data: a\r\n\r\n", b"data: b\r\n\r\ndata: c\n", b"id: own\r\n\r\n"], True),
+        # CRLFs cut after their CR, whole events between them: no need of the full decoder.
+        ([b"data: a\r\n\r\ndata: b\r", b"\n\r\ndata: c\r\n\r\ndata: d\r\nid: own\r", b"\n\r\n"], False),
+    ],
+)
+def test_whole_events_then_other_line_ends_are_read_as_the_decoder_reads_them(
+    pieces: list[bytes], decoded: bool
+) -> None:
+    stamper = assert_as_decoded(pieces)
+    assert (stamper._decoder is not None) == decoded
 
 
 # The pieces of a chunk that may or may not be one event of one data line, with or without
@@ -188,6 +213,11 @@ def test_a_keep_alive_goes_out_before_its_block_is_whole() -> None:
     assert stamper.feed(b": ping\n") == b": ping\n"
     assert stamper.feed(b"data: a\n") == b""
     assert stamper.feed(b"\n") == b"data: a\nid: tg7.1\n\n"
+    # After whole events in the same chunk, as before them.
+    assert (
+        stamper.feed(b"data: b\n\ndata: c\n\n: ping\n")
+        == b"data: b\nid: tg7.2\n\ndata: c\nid: tg7.3\n\n: ping\n"
+    )
 
 
 def test_a_rejoined_streams_first_event_is_given_to_its_catch_up() -> None:
@@ -206,6 +236,20 @@ def test_a_rejoined_streams_first_event_is_given_to_its_catch_up() -> None:
     )
     assert [e.data for e in seen] == ["snapshot"]  # type: ignore[attr-defined]
     assert stamper.ids() == ["tg7.1", "tg7.2", "tg7.3"]
+    # Whole events, each one data line, as the quick ways take them; then a rejoin whose
+    # response ends its lines otherwise: the first event still goes to the catch-up, and the
+    # events before it end where they did.
+    assert stamper.feed(b"data: d\n\ndata: e\n\n") == b"data: d\nid: tg7.4\n\ndata: e\nid: tg7.5\n\n"
+    stamper.restart(first)
+    assert stamper.feed(b"data: again\r\n\r\ndata: f\r\n\r\n") == (
+        b"data: made up\nid: tg7.6\n\ndata: f\r\nid: tg7.7\r\n\r\n"
+    )
+    assert [e.data for e in seen] == ["snapshot", "again"]  # type: ignore[attr-defined]
+    whole = b"".join(stamper.segments)
+    assert [whole[:end].rsplit(b"id: ", 1)[1] for end in stamper.ends] == [
+        *(b"tg7.%d\n\n" % n for n in range(1, 7)),
+        b"tg7.7\r\n\r\n",
+    ]
 
 
 async def test_a_follower_gets_the_bytes_after_any_event_then_the_live_tail() -> None:
