@@ -63,12 +63,12 @@ class Stamper:
         "_first",
         "_fresh",
         "_id_head",
+        "_indexed",
         "_lines",
         "_own",
         "_pending",
         "_quick",
         "_template",
-        "_unindexed",
         "count",
         "on_new",
         "positions",
@@ -85,7 +85,9 @@ class Stamper:
         self.size = 0  # bytes so far
         self.count = 0  # events so far
         self._ends: list[int] = []  # where each event ends, as far as worked out
-        self._unindexed: list[int] = []  # the segments after those, each ending an event at each blank line
+        # The segments whose events those are: each after them (the quick ways') ends an
+        # event at each of its blank lines.
+        self._indexed = 0
         # The agent's ids (the recorder's, prefix<n>, are not stored): where the first
         # event of each ends (a priming event's too), and the number of each event that has one.
         self.positions: dict[str, int] = {}
@@ -119,25 +121,25 @@ class Stamper:
     @property
     def ends(self) -> list[int]:
         """Where each event ends."""
-        if self._unindexed:
+        if self._indexed < len(self.segments):
             self._index()
         return self._ends
 
     def _index(self) -> None:
         """The ends of the events in the segments not yet indexed."""
         sep = self._lines.sep  # type: ignore[union-attr]  # the quick ways know it
-        for i in self._unindexed:
+        for i in range(self._indexed, len(self.segments)):
             at = self.starts[i]
             for block in self.segments[i].split(sep)[:-1]:  # the last: b"", after the last blank line
                 at += len(block) + len(sep)
                 self._ends.append(at)
-        self._unindexed = []
+        self._indexed = len(self.segments)
 
     def restart(self, first: Callable[[SSEEvent], bool] | None) -> None:
         """A new upstream response goes on with the stream: what the last one cut off
         mid-event is dropped (no client was sent it). ``first`` is given the new one's first
         event and says whether it is sent on."""
-        if self._unindexed:  # by its own line ends, before the next response's
+        if self._indexed < len(self.segments):  # by its own line ends, before the next response's
             self._index()
         self._pending: list[bytes] = []  # bytes after the last whole block
         self._lines: Lines | None = None  # how the response ends its lines, once one came
@@ -147,8 +149,9 @@ class Stamper:
         self._first = first
         self._template = b""  # the id line's, once the line ends are known
         self._id_head = b""  # the same, up to its number
-        # While a chunk may be one event: the lines' cut, lead and tail, and the template.
-        self._quick: tuple[bytes, bytes, bytes, bytes] | None = None
+        # While a chunk may be one event: the lines' cut, lead and tail, and the id line's
+        # head and end.
+        self._quick: tuple[bytes, bytes, bytes, bytes, bytes] | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the upstream: what they complete for clients (b"" if nothing)."""
@@ -158,22 +161,22 @@ class Stamper:
         # is stamped here with a few scans (partition, and ``in`` with an int, which are
         # memchr; in Python 3.11 find and startswith cost more in parsing their arguments).
         if quick is not None:
-            cut, lead, tail, template = quick
+            cut, lead, tail, head, sep = quick
             line, _, rest = data.partition(cut)
             stamped = own = None
             if _CR not in line and _LF not in line:  # no other line end before the first
                 if rest == tail:  # one line, then a blank line
                     if line[:5] == b"data:":  # no id: one is spliced in
-                        stamped = line + template % (self.count + 1)
+                        n = self.count + 1
+                        number = _NUMBERS[n] if n < len(_NUMBERS) else _numbers(n, 1)[0]
+                        stamped = b"".join((line, head, number, sep))
                 elif line[:4] == b"id: " and _NUL not in line and (not lead or rest[:1] == lead):
                     # An id line (a NUL in it: the slow way), then the data line.
                     second, _, rest = (rest[1:] if lead else rest).partition(cut)
                     if rest == tail and _CR not in second and _LF not in second and second[:5] == b"data:":
                         stamped, own = data, line[4:].decode("utf-8", "replace")
             if stamped is not None:  # _out's and _event's work, done here: calls less
-                segments = self.segments
-                self._unindexed.append(len(segments))
-                segments.append(stamped)
+                self.segments.append(stamped)
                 self.starts.append(self.size)
                 self.size += len(stamped)
                 self.count += 1
@@ -196,7 +199,7 @@ class Stamper:
         lines = self._lines
         self._quick = None
         if lines is not None and not self._pending and self._decoder is None and self._first is None:
-            self._quick = (lines.cut, lines.lead, lines.tail, self._template)
+            self._quick = (lines.cut, lines.lead, lines.tail, self._id_head, lines.sep)
         new = self.segments[before:]
         if not new:
             return b""
@@ -387,8 +390,9 @@ class Stamper:
         parts[2::4] = _numbers(self.count + 1, k)
         parts[3::4] = repeat(lines.sep, k)
         stamped = b"".join(parts)
-        self._unindexed.append(len(self.segments))
-        self._out(stamped)
+        self.segments.append(stamped)
+        self.starts.append(self.size)
+        self.size += len(stamped)
         self.count += k
         return stamped
 
@@ -467,9 +471,13 @@ class Stamper:
         ends.append(end)
 
     def _out(self, segment: bytes) -> None:
+        """A segment whose events (if any) the caller notes in ``ends``."""
+        if self._indexed < len(self.segments):
+            self._index()
         self.segments.append(segment)
         self.starts.append(self.size)
         self.size += len(segment)
+        self._indexed = len(self.segments)
 
 
 def _numbers(first: int, k: int) -> list[bytes]:

@@ -14,6 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tasktape.eventlog import SSEDecoder
+from tasktape.proxy import stamper as stamper_module
 from tasktape.proxy.live import LiveStream
 from tasktape.proxy.stamper import Stamper, with_id
 
@@ -206,6 +207,16 @@ def test_a_chunk_of_events_without_ids_gets_the_recorders_in_order() -> None:
     stamper.close()
     assert stamper.ids() == ["tg7.1", "tg7.2", "tg7.3", "tg7.4"]
     assert stamper.segments[-1] == b"data: cut off"  # a tail cut off goes as it came
+
+
+def test_ids_past_the_numbers_kept_are_made_as_they_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stamper_module, "_NUMBERS", [])
+    monkeypatch.setattr(stamper_module, "NUMBERS_KEPT", 4)
+    stamper = Stamper(PREFIX)
+    out = [stamper.feed(b"data: %d\n\n" % n) for n in range(1, 7)]
+    out.append(stamper.feed(b"".join(b"data: %d\n\n" % n for n in range(7, 12))))
+    assert b"".join(out) == b"".join(b"data: %d\nid: tg7.%d\n\n" % (n, n) for n in range(1, 12))
+    assert stamper_module._NUMBERS == [b"0", b"1", b"2", b"3"]
 
 
 def test_a_keep_alive_goes_out_before_its_block_is_whole() -> None:
