@@ -38,7 +38,7 @@ class LiveStream:
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
     # Whether it ended with the event its protocol closes a stream with: known, or asked
     # once a reconnect needs it (most streams end whole and are never asked).
-    _closed: bool | Callable[[], bool] = False
+    _closed: bool | Callable[[LiveStream], bool] = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _waiting: int = 0  # followers waiting for more: none, while the first client's handler reads
     _stamper: Stamper = field(init=False)
@@ -60,7 +60,7 @@ class LiveStream:
     @property
     def closed(self) -> bool:
         if not isinstance(self._closed, bool):
-            self._closed = self._closed()
+            self._closed = self._closed(self)
         return self._closed
 
     @property
@@ -148,7 +148,7 @@ class LiveStream:
         joined = b"".join(segments[i:j])
         return joined[start - starts[i] : None if end is None else end - starts[i]]
 
-    def end(self, outcome: str, *, closed: bool | Callable[[], bool] = False) -> None:
+    def end(self, outcome: str, *, closed: bool | Callable[[LiveStream], bool] = False) -> None:
         """The upstream ended (``closed``: with its protocol's closing event, or what
         tells whether it did): a tail it cut off goes out as it came."""
         if self.outcome is not None:
@@ -156,6 +156,7 @@ class LiveStream:
         self._closed = closed
         self._stamper.close()
         self.outcome = outcome
+        self.on_followed = None  # (its hold's: nothing more to hold it for)
         self._wake()
 
     def attach(self) -> None:

@@ -82,11 +82,12 @@ class Rejoin:
         """Whether the stream's last event is its protocol's closing one."""
         return _ends_closed(self.stream, self.protocol)
 
-    def closed_later(self) -> Callable[[], bool]:
-        """``closed``, to be asked once the stream has ended, if ever (a reconnect to it):
-        it holds the original request and the stream, not the client's request."""
-        stream, request = self.stream, self.request
-        return lambda: _ends_closed(stream, recognise(request))
+    def closed_later(self) -> Callable[[LiveStream], bool]:
+        """``closed``, to be asked of the stream once it has ended, if ever (a reconnect to
+        it): it holds the original request, not the client's request, nor the stream (a
+        stream let go is freed at once, not left to the garbage collector)."""
+        request = self.request
+        return lambda stream: _ends_closed(stream, recognise(request))
 
     def closes(self, event: SSEEvent) -> bool:
         """Whether this event of a rejoined stream is its last (an agent may leave a

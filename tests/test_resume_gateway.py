@@ -7,7 +7,9 @@ bytes) letting it go."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from typing import Any
 
 import aiohttp
@@ -179,6 +181,23 @@ async def test_ended_streams_past_hold_bytes_are_let_go_the_earliest_first(recor
     assert status == 200 and body == b"".join(e.raw for e in got["b"][5:])
     assert seen == ["POST /a", "POST /b"]  # neither reconnect reached the agent
     assert rec.proxy.live is not None and len(rec.proxy.live) == 1
+
+
+async def test_a_stream_let_go_is_freed_at_once(record: RecordFactory) -> None:
+    app = web.Application()
+    app.router.add_post("/{name}", ten_events)
+    rec = await record(app, hold=0.2)
+    gc.disable()  # what the stream held goes when it is let go, not at the next collection
+    try:
+        async with aiohttp.ClientSession() as session, session.post(f"{rec.url}/a", data=b"{}") as r:
+            assert len([e for e in events_of(await r.read()) if e.complete]) == 10
+        assert rec.proxy.live is not None
+        held = weakref.ref(rec.proxy.live.newest("POST /a"))  # type: ignore[arg-type]
+        assert held() is not None
+        await asyncio.sleep(0.5)
+        assert rec.proxy.live.newest("POST /a") is None and held() is None
+    finally:
+        gc.enable()
 
 
 async def test_a_keep_alive_goes_out_at_once(record: RecordFactory) -> None:
