@@ -194,18 +194,30 @@ class Stamper:
                     return stamped
         if not data:
             return b""
+        lines = self._lines
+        if lines is not None and self._decoder is None and self._first is None:
+            stamped = self._fast(data, lines)  # whole events, cut anywhere
+            if stamped is not None:
+                self._arm()
+                if self.on_new is not None:
+                    self.on_new()
+                return stamped
         before = len(self.segments)
         self._feed(data)
-        lines = self._lines
-        self._quick = None
-        if lines is not None and not self._pending and self._decoder is None and self._first is None:
-            self._quick = (lines.cut, lines.lead, lines.tail, self._id_head, lines.sep)
+        self._arm()
         new = self.segments[before:]
         if not new:
             return b""
         if self.on_new is not None:
             self.on_new()
         return new[0] if len(new) == 1 else b"".join(new)
+
+    def _arm(self) -> None:
+        """The quick path is taken while no bytes pend and the line ends are known alike."""
+        lines = self._lines
+        self._quick = None
+        if lines is not None and not self._pending and self._decoder is None and self._first is None:
+            self._quick = (lines.cut, lines.lead, lines.tail, self._id_head, lines.sep)
 
     def _feed(self, data: bytes) -> None:
         if self._fresh:
@@ -217,15 +229,14 @@ class Stamper:
             if lines is None:
                 lines = CRLF if b"\r" in data else LF if b"\n" in data else None
                 self._lines = lines
-                if lines is not None:
-                    # After an event's data line: _next_id's id line, then the blank line.
-                    self._id_head = lines.nl + f"id: {self.prefix}".encode()
-                    self._template = self._id_head.replace(b"%", b"%%") + b"%d" + lines.sep
-            if lines is None:
-                self._pending.append(data)  # no line end yet
-                return
-            if self._fast(data, lines):
-                return
+                if lines is None:
+                    self._pending.append(data)  # no line end yet
+                    return
+                # After an event's data line: _next_id's id line, then the blank line.
+                self._id_head = lines.nl + f"id: {self.prefix}".encode()
+                self._template = self._id_head.replace(b"%", b"%%") + b"%d" + lines.sep
+                if self._first is None and self._fast(data, lines) is not None:
+                    return  # (feed tries the quick ways itself once the line ends are known)
             if self._fits(data, lines):
                 self._split(data, lines)
                 return
@@ -340,28 +351,33 @@ class Stamper:
             parts.append(rest)
             self._out(b"".join(parts))
 
-    def _fast(self, data: bytes, lines: Lines) -> bool:
-        """The blocks ``data`` completes (with the bytes pending before it), if ``_plain``
-        stamps them: the commonest chunk of an agent sending faster than it is read, cut
-        anywhere. What follows its last blank line pends, as ``_split`` keeps it. False:
-        nothing done, ``data`` goes the slow way."""
+    def _fast(self, data: bytes, lines: Lines) -> bytes | None:
+        """The blocks ``data`` completes (with the bytes pending before it), stamped if
+        ``_plain`` takes them: the commonest chunk of an agent sending faster than it is
+        read, cut anywhere. What follows its last blank line pends, as ``_split`` keeps it.
+        None: nothing done, ``data`` goes the slow way (a rejoin's first event too, to
+        ``_take_first``)."""
         sep = lines.sep
         end = data.rfind(sep) + len(sep)
-        if end < len(sep) or self._first is not None:
-            return False  # no blank line ends in it (a rejoin's first event goes to _take_first)
+        if end < len(sep):
+            return None  # no blank line ends in it
         pending = self._pending
-        if self._plain(b"".join([*pending, data[:end]]) if pending else data[:end]) is None:
-            return False
+        stamped = self._plain(b"".join([*pending, data[:end]]) if pending else data[:end])
+        if stamped is None:
+            return None
         rest = data[end:]
         self._pending = [rest] if rest else []
         self._cr_end = False  # the blank line ended in an LF
         if not rest:
-            return True
+            return stamped
+        before = len(self.segments)
         if not self._fits(rest, lines):  # what follows has mixed line ends: decoded from here on
             self._decode_from_here()
         elif rest[:1] == b":":
             self._idle(lines.nl)
-        return True
+        if len(self.segments) == before:
+            return stamped
+        return b"".join([stamped, *self.segments[before:]])  # and a keep-alive after it, at once
 
     def _plain(self, whole: bytes) -> bytes | None:
         """``whole`` (whole blocks) stamped and emitted, if every block is one data line
@@ -374,6 +390,25 @@ class Stamper:
             split = whole.split(b"\n")
         else:
             split = whole.split(b"\r\n")
+        if len(split) == 3:  # one event (chunks are small when many streams share the CPU)
+            line, blank, last = split
+            if blank or last or line[:5] != DATA or (lines is not LF and (_CR in line or _LF in line)):
+                return None
+            n = self.count + 1
+            number = _NUMBERS[n] if n < len(_NUMBERS) else _numbers(n, 1)[0]
+            stamped = b"".join((line, self._id_head, number, lines.sep))
+            self.count = n
+        else:
+            stamped = self._run(split, lines)
+            if stamped is None:
+                return None
+        self.segments.append(stamped)
+        self.starts.append(self.size)
+        self.size += len(stamped)
+        return stamped
+
+    def _run(self, split: list[bytes], lines: Lines) -> bytes | None:
+        """``_plain``'s several events, their lines split: stamped, or None."""
         datas = split[::2]
         # Each block one line, then a blank line: every other piece empty, the last too.
         if not len(split) % 2 or datas.pop() or any(split[1::2]):
@@ -389,12 +424,8 @@ class Stamper:
         parts[::4] = datas
         parts[2::4] = _numbers(self.count + 1, k)
         parts[3::4] = repeat(lines.sep, k)
-        stamped = b"".join(parts)
-        self.segments.append(stamped)
-        self.starts.append(self.size)
-        self.size += len(stamped)
         self.count += k
-        return stamped
+        return b"".join(parts)
 
     def _alike(self, whole: bytes, blocks: list[bytes], lines: Lines) -> bool:
         """Blocks that are all one data line, or all an id line and a data line (a chunk

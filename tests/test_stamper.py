@@ -163,6 +163,7 @@ PIECES = [b"\r", b"\n", b"\r\n", b"data:", b"data: x", b"data", b"id: 7", b"id:"
 @example(b"\r\n", [b"data: x", b"\n"], b"\r\n\r\n")  # an LF alone: a blank line before the id
 @example(b"\n", [b"id: 7", b"\n", b"data: x", b"\r", b"\r", b"\n"], b"\n")  # the event ends sooner
 @example(b"\n", [b"id: 7", b"\n", b"data: x", b"\n", b"\n", b"data: x"], b"\n\n")  # two events
+@example(b"\n", [b"data: x", b"\n", b"x", b"\n"], b"")  # a line after the data line: not one event yet
 @example(b"\r\n", [b"id: 7", b"\r\n", b"data: x", b"\n"], b"\r\n\r\n")  # an LF alone after the id
 @example(b"\r\n", [b"id: 7", b"\r", b"x", b"data: x"], b"\r\n\r\n")  # a CR alone: no data line
 def test_a_chunk_that_may_be_one_event_is_stamped_as_the_decoder_reads_it(
