@@ -24,6 +24,14 @@ from .stamper import Stamper, line_end
 ID_PREFIX = "tg"  # ids the recorder gives: "tg<exchange>.<event>"
 
 
+def recorders_exchange(event_id: str) -> int | None:
+    """The exchange that opened the stream of one of the recorder's ids (None: not one)."""
+    exchange, dot, number = event_id.removeprefix(ID_PREFIX).partition(".")
+    if not event_id.startswith(ID_PREFIX) or not dot or not (exchange + number).isascii():
+        return None
+    return int(exchange) if exchange.isdigit() and number.isdigit() else None
+
+
 @dataclass
 class LiveStream:
     """One upstream stream: the bytes its clients are sent so far, where each event ends
@@ -236,6 +244,9 @@ class LiveStreams:
         # The last stream let go of each request line (a few): a reconnect to it is refused,
         # not taken for a new request.
         self._gone: OrderedDict[str, Gone] = OrderedDict()
+        # The streams let go (the last KEPT_GONE): a reconnect to one, after one of the
+        # recorder's ids, is answered from the log. No other stream of the log is.
+        self._let_go: OrderedDict[int, None] = OrderedDict()
         # The streams that ended, in the order they did: when each is let go, and its bytes.
         self._ended: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self._ended_bytes = 0
@@ -293,11 +304,18 @@ class LiveStreams:
         if ended is not None:
             self._ended_bytes -= ended[1]
         if stream is not None:
+            self._let_go[exchange_id] = None
+            if len(self._let_go) > KEPT_GONE:
+                self._let_go.popitem(last=False)
             when = when or f"{self.hold:g} s after it ended or was left (--hold)"
             self._gone.pop(stream.request_line, None)
             self._gone[stream.request_line] = Gone(exchange_id, stream.first_id(), stream.last_id(), when)
             if len(self._gone) > KEPT_GONE:
                 self._gone.popitem(last=False)
+
+    def was_let_go(self, exchange_id: int) -> bool:
+        """Whether the stream that exchange opened was held here, and let go."""
+        return exchange_id in self._let_go
 
     def gone(self, request_line: str) -> Gone | None:
         """The last stream of a request like this one that was let go, if it is not held."""

@@ -36,10 +36,10 @@ from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
-from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams
+from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams, recorders_exchange
 from .rejoin import Rejoin
 from .resume_options import UnknownResume
-from .revive import asleep_in_log
+from .revive import asleep_in_log, ended_in_log
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -228,7 +228,7 @@ class RecordingProxy:
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
         if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
-            found = self.live.find(last_id)
+            found = self.live.find(last_id) or await self._let_go(last_id)
             if found is not None and found[0].answers(last_id):
                 original = self.live.wake(found[0])
                 if original is not None:  # held since an earlier run: its agent is read again
@@ -255,6 +255,16 @@ class RecordingProxy:
             started_ns=started_ns,
         )
         return await Exchange(self, request, exchange, t0).run(teed or body)
+
+    async def _let_go(self, last_id: str) -> tuple[LiveStream, int] | None:
+        """A stream that ended and was let go, named by one of the recorder's ids in it:
+        rebuilt from the log (off the event loop), and where that event ends in it."""
+        exchange_id = recorders_exchange(last_id)
+        if exchange_id is None or not self.live.was_let_go(exchange_id):  # type: ignore[union-attr]
+            return None  # (no other stream of the log is answered: the agent was not asked)
+        stream = await asyncio.to_thread(ended_in_log, self.writer.path, exchange_id)
+        position = stream.position(last_id) if stream is not None else None
+        return None if stream is None or position is None else (stream, position)
 
     def _unknown_resume(
         self, request: web.Request, held: LiveStream | Gone, last_id: str

@@ -5,6 +5,9 @@ held asleep; the first client that reconnects to one with ``Last-Event-ID`` is a
 from it, and wakes it: the stream goes on through a subscribe to the agent, which carries
 that client's headers (the log keeps no credentials). One nobody wakes within ``--hold``
 is let go.
+
+A stream that ended and was let go is rebuilt the same way when a reconnect names one of
+the recorder's ids in it (``ended_in_log``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,36 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
         conn.close()
 
 
+# A stream's first exchange (not a reconnect's, nor a rejoin's subscribe).
+_ROOT = """
+SELECT id, method, path, query, request_headers, request_body, response_headers
+FROM exchanges
+WHERE id = ? AND is_sse = 1 AND status = 200
+  AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
+"""
+
+
+def ended_in_log(path: Path, exchange_id: int) -> LiveStream | None:
+    """The stream exchange ``exchange_id`` opened, rebuilt as its clients were sent it,
+    ended as it did; None if the log does not hold it, or not yet to its end."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        root = conn.execute(_ROOT, (exchange_id,)).fetchone()
+        if root is None:
+            return None
+        chain = [root["id"], *(r[0] for r in conn.execute(_CHAIN, (root["id"], *_REJOINED)))]
+        (outcome,) = conn.execute("SELECT outcome FROM exchanges WHERE id = ?", (chain[-1],)).fetchone()
+        protocol = recognise(_request(root))
+        if outcome is None or (protocol is None and len(chain) > 1):
+            return None  # still being written (or rejoined by a protocol no longer known)
+        stream = _rebuilt(conn, root, chain, protocol)
+        stream.end(outcome)
+        return stream
+    finally:
+        conn.close()
+
+
 def _request(row: sqlite3.Row) -> Request:
     body = row["request_body"]
     target = row["path"] + (f"?{row['query']}" if row["query"] else "")
@@ -86,7 +119,9 @@ def _request(row: sqlite3.Row) -> Request:
     return Request(row["method"], target, headers, body.encode() if isinstance(body, str) else body)
 
 
-def _rebuilt(conn: sqlite3.Connection, root: sqlite3.Row, chain: list[int], protocol: Protocol) -> LiveStream:
+def _rebuilt(
+    conn: sqlite3.Connection, root: sqlite3.Row, chain: list[int], protocol: Protocol | None
+) -> LiveStream:
     """The stream as its clients were sent it: the first exchange's events, then for
     each rejoin the events made up to catch them up and its subscribe's events."""
     headers = end_to_end(tuple(p) for p in json.loads(root["response_headers"] or "[]"))
@@ -103,6 +138,7 @@ def _rebuilt(conn: sqlite3.Connection, root: sqlite3.Row, chain: list[int], prot
             sent = stream.sent_data()
 
             def first(event: SSEEvent, sent: list[str] = sent) -> bool:
+                assert protocol is not None  # (a rejoin is its protocol's)
                 return caught_up(stream, protocol, sent, event)[0].send_first
 
             stream.rejoin(first)

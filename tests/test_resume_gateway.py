@@ -20,6 +20,8 @@ from sdk_agent import SdkAgent, run_sdk_agent
 from test_replay import events_of
 
 from tasktape.agent import create_agent_app
+from tasktape.proxy import live as live_module
+from tasktape.proxy.live import recorders_exchange
 
 QUESTION = "What does J45.909 mean?"
 REST_BODY = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": QUESTION}]}}
@@ -154,33 +156,71 @@ EVENT = b'data: {"pad": "%s"}\n\n' % (b"x" * 80)
 
 
 async def ten_events(request: web.Request) -> web.StreamResponse:
-    """Ten events without ids, as fast as they go."""
+    """Ten events, as fast as they go: with ``?ids=1`` each has an id (a0 to a9 on /a)."""
+    ids, name = request.query.get("ids") == "1", request.match_info["name"].encode()
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    await response.write(EVENT * 10)
+    await response.write(b"".join((b"id: %s%d\n" % (name, n) if ids else b"") + EVENT for n in range(10)))
     return response
 
 
-async def test_ended_streams_past_hold_bytes_are_let_go_the_earliest_first(record: RecordFactory) -> None:
+async def two_streams(record: RecordFactory, ids: bool) -> tuple[Any, list[str], dict[str, list[Any]], int]:
+    """Streams a and b, each of ten events, through a recorder holding one that ended, not two."""
     app, seen = counted(web.Application())
     app.router.add_post("/{name}", ten_events)
     stream = len(EVENT * 10) + 10 * len(b"id: tg1.10\n")  # one stream as clients get it, at most
-    rec = await record(app, hold=30.0, hold_bytes=stream * 3 // 2)  # one is held, not two
+    rec = await record(app, hold=30.0, hold_bytes=stream * 3 // 2)
     got = {}
     async with aiohttp.ClientSession() as session:
         for name in ("a", "b"):
-            async with session.post(f"{rec.url}/{name}", data=b"{}") as r:
+            async with session.post(f"{rec.url}/{name}?ids={int(ids)}", data=b"{}") as r:
                 got[name] = [e for e in events_of(await r.read()) if e.complete]
-    status, body = await rest_of(rec.url, {}, got["a"][4].id, "/a")  # let go when b ended
+    return rec, seen, got, stream * 3 // 2
+
+
+async def test_ended_streams_past_hold_bytes_are_let_go_the_earliest_first(record: RecordFactory) -> None:
+    rec, seen, got, hold_bytes = await two_streams(record, ids=True)
+    status, body = await rest_of(rec.url, {}, got["a"][4].id, "/a?ids=1")  # let go when b ended
     message = json.loads(body)["error"]["message"]
-    assert (
-        status == 400
-        and f"was let go as streams that ended after it filled --hold-bytes ({stream * 3 // 2:,}" in message
-    )
-    status, body = await rest_of(rec.url, {}, got["b"][4].id, "/b")  # still held
-    assert status == 200 and body == b"".join(e.raw for e in got["b"][5:])
-    assert seen == ["POST /a", "POST /b"]  # neither reconnect reached the agent
-    assert rec.proxy.live is not None and len(rec.proxy.live) == 1
+    assert status == 400 and "was let go as streams that ended after it filled --hold-bytes" in message
+    assert f"({hold_bytes:,} bytes)" in message
+    assert seen == ["POST /a", "POST /b"]  # the reconnect did not reach the agent
+    assert rec.proxy.live is not None and rec.proxy.live.newest("POST /b") is not None  # b still held
+    assert len(rec.proxy.live) == 1
+
+
+async def test_a_stream_let_go_is_answered_from_the_log_after_one_of_the_recorders_ids(
+    record: RecordFactory,
+) -> None:
+    rec, seen, got, _ = await two_streams(record, ids=False)
+    assert got["a"][4].id == "tg1.5" and rec.proxy.live is not None and len(rec.proxy.live) == 1
+    (await rec.log()).close()  # a's end is in the log
+    status, body = await rest_of(rec.url, {}, "tg1.5", "/a?ids=0")
+    assert status == 200 and body == b"".join(e.raw for e in got["a"][5:])  # the same bytes, the same ids
+    status, body = await rest_of(rec.url, {}, "tg1.11", "/a?ids=0")  # an id the stream never had
+    assert status == 400
+    assert seen == ["POST /a", "POST /b"]
+    with await rec.log() as log:
+        resumed = [r for r in log.db["resumes"].rows if r["outcome"] == "resumed"]
+        assert [(r["exchange_id"], r["last_event_id"], r["events_from_log"]) for r in resumed] == [
+            (1, "tg1.5", 5)
+        ]
+
+
+async def test_only_streams_held_here_are_answered_from_the_log(
+    record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live_module, "KEPT_GONE", 0)  # a, let go, is not remembered
+    rec, seen, _, _ = await two_streams(record, ids=False)
+    (await rec.log()).close()  # the log has a, whole
+    status, _ = await rest_of(rec.url, {}, "tg1.5", "/a?ids=0")
+    assert status == 200 and seen == ["POST /a", "POST /b", "POST /a"]  # a new request, as without --resume
+
+
+def test_the_recorders_ids_name_their_stream() -> None:
+    named = {"tg1.5": 1, "tg12.30": 12}
+    for event_id in [*named, "tg1", "tg.5", "tgx.5", "tg\u0661.5", "a4", "tg1.5.6"]:
+        assert recorders_exchange(event_id) == named.get(event_id), event_id
 
 
 async def test_a_stream_let_go_is_freed_at_once(record: RecordFactory) -> None:
