@@ -12,6 +12,7 @@ the recorder's ids in it (``ended_in_log``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -57,12 +58,10 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
     """The streams of earlier runs still running when they ended, rebuilt, each with the
     request that opened it."""
     since = time.time_ns() - int(hold * 1e9)
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
+    with _read_only(path) as conn:
         runs = (capture_id, utc_iso(since), *_CUT_SHORT, Outcome.UPSTREAM_DISCONNECTED)
         for root in conn.execute(_ROOTS, runs).fetchall():
-            chain = [root["id"], *(r[0] for r in conn.execute(_CHAIN, (root["id"], *_REJOINED)))]
+            chain = _chain(conn, root["id"])
             last = conn.execute(
                 "SELECT outcome, started_ns + coalesce((SELECT max(offset_ns) FROM chunks "
                 "WHERE exchange_id = x.id), 0) FROM exchanges x WHERE id = ?",
@@ -78,8 +77,6 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
             plan = protocol.resubscription(original, stream.sent_data(), stream.last_agent_id())
             if plan is not None:  # it goes on
                 yield stream, original
-    finally:
-        conn.close()
 
 
 # A stream's first exchange (not a reconnect's, nor a rejoin's subscribe).
@@ -94,13 +91,11 @@ WHERE id = ? AND is_sse = 1 AND status = 200
 def ended_in_log(path: Path, exchange_id: int) -> LiveStream | None:
     """The stream exchange ``exchange_id`` opened, rebuilt as its clients were sent it,
     ended as it did; None if the log does not hold it, or not yet to its end."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
+    with _read_only(path) as conn:
         root = conn.execute(_ROOT, (exchange_id,)).fetchone()
         if root is None:
             return None
-        chain = [root["id"], *(r[0] for r in conn.execute(_CHAIN, (root["id"], *_REJOINED)))]
+        chain = _chain(conn, root["id"])
         (outcome,) = conn.execute("SELECT outcome FROM exchanges WHERE id = ?", (chain[-1],)).fetchone()
         protocol = recognise(_request(root))
         if outcome is None or (protocol is None and len(chain) > 1):
@@ -108,8 +103,21 @@ def ended_in_log(path: Path, exchange_id: int) -> LiveStream | None:
         stream = _rebuilt(conn, root, chain, protocol)
         stream.end(outcome)
         return stream
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        yield conn
     finally:
         conn.close()
+
+
+def _chain(conn: sqlite3.Connection, root_id: int) -> list[int]:
+    """A stream's exchanges: its first, then each rejoin's subscribe."""
+    return [root_id, *(r[0] for r in conn.execute(_CHAIN, (root_id, *_REJOINED)))]
 
 
 def _request(row: sqlite3.Row) -> Request:

@@ -68,7 +68,6 @@ class Stamper:
         "_own",
         "_pending",
         "_quick",
-        "_template",
         "count",
         "on_new",
         "positions",
@@ -147,8 +146,7 @@ class Stamper:
         self._decoder: SSEDecoder | None = None  # a response with mixed line ends
         self._fresh = True  # none of the response read yet (it may begin with a BOM)
         self._first = first
-        self._template = b""  # the id line's, once the line ends are known
-        self._id_head = b""  # the same, up to its number
+        self._id_head = b""  # the id line's, up to its number, once the line ends are known
         # While a chunk may be one event: the lines' cut, lead and tail, and the id line's
         # head and end.
         self._quick: tuple[bytes, bytes, bytes, bytes, bytes] | None = None
@@ -232,9 +230,9 @@ class Stamper:
                 if lines is None:
                     self._pending.append(data)  # no line end yet
                     return
-                # After an event's data line: _next_id's id line, then the blank line.
+                # After an event's data line: _next_id's id line (this, then the number),
+                # then the blank line.
                 self._id_head = lines.nl + f"id: {self.prefix}".encode()
-                self._template = self._id_head.replace(b"%", b"%%") + b"%d" + lines.sep
                 if self._first is None and self._fast(data, lines) is not None:
                     return  # (feed tries the quick ways itself once the line ends are known)
             if self._fits(data, lines):
@@ -336,7 +334,7 @@ class Stamper:
             if own is None:
                 if parts is None:
                     parts = [sep.join(blocks[:i]) + sep] if i else []
-                stamped = block + self._template % (self.count + 1)  # _next_id's id line
+                stamped = b"".join((block, self._id_head, _numbers(self.count + 1, 1)[0], sep))
                 parts.append(stamped)
                 at += len(stamped)
                 self._event(at)

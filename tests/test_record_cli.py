@@ -13,15 +13,15 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
-from loopback import finished, running, serve, upstream_app
+from loopback import Running, finished, running, serve, upstream_app
 
 from tasktape.eventlog import EventLog, ExchangeSummary
 from tasktape.record import describe_exchange
@@ -33,6 +33,14 @@ async def tasktape_record(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.
     async with running("record", "--listen", "127.0.0.1:0", *args) as run:
         assert re.match(r"tasktape record: listening on http://127\.0\.0\.1:\d+ -> ", run.printed[0])
         yield run.proc, run.url
+
+
+def quiet_recorder(
+    upstream: str, db: Path, preexec_fn: Callable[[], None]
+) -> AbstractAsyncContextManager[Running]:
+    """``tasktape record --quiet`` in front of ``upstream``, started by ``preexec_fn``."""
+    args = ["--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(db), "--quiet"]
+    return running("record", *args, preexec_fn=preexec_fn)
 
 
 async def post_stream(url: str) -> bytes:
@@ -76,17 +84,7 @@ async def test_a_signal_to_the_whole_process_group_loses_nothing(tmp_path: Path,
     db = tmp_path / "captures.db"
     async with (
         serve(upstream_app(events=2000)) as upstream,
-        running(
-            "record",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "--db",
-            str(db),
-            "--quiet",
-            preexec_fn=os.setpgrp,
-        ) as run,
+        quiet_recorder(upstream, db, os.setpgrp) as run,
     ):
         bodies = await asyncio.gather(*(post_stream(run.url) for _ in range(5)))
         os.killpg(run.proc.pid, sig)
@@ -109,17 +107,7 @@ async def test_a_recorder_started_under_nohup_keeps_ignoring_sighup(tmp_path: Pa
     db = tmp_path / "captures.db"
     async with (
         serve(upstream_app(events=50)) as upstream,
-        running(
-            "record",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "--db",
-            str(db),
-            "--quiet",
-            preexec_fn=under_nohup,
-        ) as run,
+        quiet_recorder(upstream, db, under_nohup) as run,
     ):
         os.killpg(run.proc.pid, signal.SIGHUP)
         await asyncio.sleep(0.5)  # a recorder stopping would have closed its port by now
