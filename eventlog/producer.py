@@ -76,6 +76,7 @@ class LogProducer:
         self._stats_lock = threading.Lock()
         self._capture_ids = count(1)
         self._exchange_ids = count(1)
+        self.capture_uids: dict[int, str] = {}  # of the captures begun here
 
     def _start_ids(self, next_capture: int, next_exchange: int) -> None:
         self._capture_ids = count(next_capture)
@@ -93,11 +94,12 @@ class LogProducer:
         """Start a recording run (or import); returns its id. Credentials in URLs (the
         upstream's, or any in ``argv``) are left out."""
         capture_id, now = next(self._capture_ids), time.time_ns()
+        uid = self.capture_uids[capture_id] = uuid7(now)
         self._put(
             (
                 CAPTURE,
                 capture_id,
-                uuid7(now),
+                uid,
                 utc_iso(now),
                 source,
                 upstream and hide_credentials(upstream),

@@ -83,7 +83,8 @@ async def relay_held(
     assert proxy.live is not None
     headers.popall("Content-Length", None)  # ids added where there were none change the length
     line = f"{request.method} {request.rel_url.raw_path}"
-    stream = proxy.live.open(exchange.id, line, exchange.request_body(), list(headers.items()))
+    credentials = proxy.credentials.of(request.headers)
+    stream = proxy.live.open(exchange.id, line, exchange.request_body(), list(headers.items()), credentials)
     rejoin = Rejoin.of(exchange, stream)
     hold = Hold(stream, proxy.hold or 0.0)
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)

@@ -19,17 +19,20 @@ from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.jsonrpc_ids import rpc_id
 from tasktape.eventlog.protocols.base import Request
 
+from .credentials import KEY_DIGITS, same, stream_key
 from .stamper import Stamper, line_end
 
-ID_PREFIX = "tg"  # ids the recorder gives: "tg<exchange>.<event>"
+ID_PREFIX = "tg"  # ids the recorder gives: "tg<exchange>-<key>.<event>" (see credentials)
 
 
 def recorders_exchange(event_id: str) -> int | None:
-    """The exchange that opened the stream of one of the recorder's ids (None: not one)."""
-    exchange, dot, number = event_id.removeprefix(ID_PREFIX).partition(".")
-    if not event_id.startswith(ID_PREFIX) or not dot or not (exchange + number).isascii():
+    """The exchange that opened the stream of one of the recorder's ids (None: not one;
+    its key is checked by the stream)."""
+    head, dot, number = event_id.partition(".")
+    exchange, dash, key = head.removeprefix(ID_PREFIX).partition("-")
+    if not (event_id.startswith(ID_PREFIX) and dot and dash and event_id.isascii()):
         return None
-    return int(exchange) if exchange.isdigit() and number.isdigit() else None
+    return int(exchange) if exchange.isdigit() and number.isdigit() and len(key) == KEY_DIGITS else None
 
 
 @dataclass
@@ -41,6 +44,10 @@ class LiveStream:
     request_line: str  # "POST /message:stream": what a reconnect repeats
     request_body: bytes | None  # the request that opened it (read for its JSON-RPC id when asked)
     headers: list[tuple[str, str]]  # the response headers clients are sent
+    key: str  # in the recorder's ids of its events, which no client of another stream can guess
+    # The digest of the credentials it was opened with (see credentials); None: unknown
+    # (rebuilt from the log, which keeps none), until a client the agent let in wakes it.
+    credentials: bytes | None = b""
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
@@ -57,7 +64,7 @@ class LiveStream:
 
     def __post_init__(self) -> None:
         # Numbered by the events clients dispatch, so the ids are the same on every replay.
-        self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}.")
+        self._stamper = Stamper(f"{ID_PREFIX}{self.exchange_id}-{self.key}.")
         self.feed = self._stamper.feed
 
     @cached_property
@@ -96,6 +103,10 @@ class LiveStream:
         agent ended unfinished goes back to the agent, which may resume it itself (an MCP
         server that closes a stream for its client to poll)."""
         return self.outcome is None or self.closed or event_id.startswith(ID_PREFIX)
+
+    def admits(self, credentials: bytes) -> bool:
+        """Whether a reconnect with these credentials (their digest) may follow it."""
+        return self.credentials is not None and same(self.credentials, credentials)
 
     def last_data(self) -> str | None:
         """The data of the last event clients dispatch."""
@@ -244,18 +255,30 @@ class LiveStreams:
         # The last stream let go of each request line (a few): a reconnect to it is refused,
         # not taken for a new request.
         self._gone: OrderedDict[str, Gone] = OrderedDict()
-        # The streams let go (the last KEPT_GONE): a reconnect to one, after one of the
-        # recorder's ids, is answered from the log. No other stream of the log is.
-        self._let_go: OrderedDict[int, None] = OrderedDict()
+        # The streams let go (the last KEPT_GONE), and their credentials: a reconnect to
+        # one, after one of the recorder's ids, is answered from the log. No other stream
+        # of the log is.
+        self._let_go: OrderedDict[int, bytes] = OrderedDict()
+        # Streams taken up from the log that a client is waking: whether the agent let it.
+        self.waking: dict[int, asyncio.Future[bool]] = {}
+        # What the keys of this run's streams are made from: its capture's uid, once known.
+        self.capture_uid: str | None = None
         # The streams that ended, in the order they did: when each is let go, and its bytes.
         self._ended: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self._ended_bytes = 0
         self._sweep: asyncio.TimerHandle | None = None
 
     def open(
-        self, exchange_id: int, request_line: str, request_body: bytes | None, headers: list[tuple[str, str]]
+        self,
+        exchange_id: int,
+        request_line: str,
+        request_body: bytes | None,
+        headers: list[tuple[str, str]],
+        credentials: bytes,
     ) -> LiveStream:
-        stream = LiveStream(exchange_id, request_line, request_body, headers)
+        assert self.capture_uid, "the capture's uid makes the streams' keys"
+        key = stream_key(self.capture_uid, exchange_id)
+        stream = LiveStream(exchange_id, request_line, request_body, headers, key, credentials)
         self._streams[exchange_id] = stream
         return stream
 
@@ -304,7 +327,8 @@ class LiveStreams:
         if ended is not None:
             self._ended_bytes -= ended[1]
         if stream is not None:
-            self._let_go[exchange_id] = None
+            if stream.credentials is not None:  # (a stream from the log nobody woke: none known)
+                self._let_go[exchange_id] = stream.credentials
             if len(self._let_go) > KEPT_GONE:
                 self._let_go.popitem(last=False)
             when = when or f"{self.hold:g} s after it ended or was left (--hold)"
@@ -313,9 +337,10 @@ class LiveStreams:
             if len(self._gone) > KEPT_GONE:
                 self._gone.popitem(last=False)
 
-    def was_let_go(self, exchange_id: int) -> bool:
-        """Whether the stream that exchange opened was held here, and let go."""
-        return exchange_id in self._let_go
+    def let_go(self, exchange_id: int) -> bytes | None:
+        """The credentials of the stream that exchange opened, if it was held here and let
+        go (None: it was not)."""
+        return self._let_go.get(exchange_id)
 
     def gone(self, request_line: str) -> Gone | None:
         """The last stream of a request like this one that was let go, if it is not held."""

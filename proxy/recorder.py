@@ -15,7 +15,7 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -28,10 +28,12 @@ from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
+from tasktape.eventlog.redact import DEFAULT_HEADERS
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 from . import unread
 from .card import is_card_request, rewrite_card
+from .credentials import Credentials
 from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .held import Hold, follow_again, pump, relay_held
@@ -39,7 +41,7 @@ from .hosts import host_guard
 from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams, recorders_exchange
 from .rejoin import Rejoin
 from .resume_options import UnknownResume
-from .revive import asleep_in_log, ended_in_log
+from .revive import asleep_in_log, capture_uid, ended_in_log
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -76,6 +78,7 @@ class RecordingProxy:
         rejoin_for: float = 30.0,
         resume_unknown: UnknownResume | str = UnknownResume.REFUSE,
         on_resume: Callable[[Resume], None] | None = None,
+        credential_headers: Iterable[str] = DEFAULT_HEADERS,
     ) -> None:
         url = upstream_url(upstream)
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
@@ -96,6 +99,8 @@ class RecordingProxy:
         self.rejoin_for = rejoin_for  # how long a held stream whose agent broke is subscribed again
         self.resume_unknown = UnknownResume.parse(resume_unknown)
         self.on_resume = on_resume
+        # What a reconnect must carry as the request that opened its stream did.
+        self.credentials = Credentials(credential_headers)
         self._pumps: set[asyncio.Task[None]] = set()
         self._base = str(self.upstream).rstrip("/")
         # Named in the Via header of every request forwarded: one that comes back with it
@@ -130,6 +135,10 @@ class RecordingProxy:
         resuming, take up the streams of earlier runs still running."""
         if self.capture_id is None:
             self.capture_id = self.writer.begin_capture(source="record", upstream=str(self.upstream))
+        if self.live is not None:
+            self.live.capture_uid = self.writer.capture_uids.get(self.capture_id) or await asyncio.to_thread(
+                capture_uid, self.writer.path, self.capture_id
+            )
         if self.live is not None and self.hold:
             for stream, original in asleep_in_log(self.writer.path, self.capture_id, self.hold):
                 self.live.hold_asleep(stream, original)
@@ -207,7 +216,7 @@ class RecordingProxy:
         if self.on_resume is not None:
             self.on_resume(resume)
 
-    def hold_stream(self, pump: Awaitable[None]) -> None:
+    def hold_stream(self, pump: Awaitable[None]) -> asyncio.Task[None]:
         """Run ``pump`` (a held stream's reading of its upstream) on its own, to its end."""
 
         async def held() -> None:
@@ -217,6 +226,7 @@ class RecordingProxy:
         task = asyncio.ensure_future(held())
         self._pumps.add(task)
         task.add_done_callback(self._pumps.discard)
+        return task
 
     async def _forward(self, request: web.Request, read: bytes | None) -> web.StreamResponse:
         if any(self._via in v for v in request.headers.getall("Via", ())):
@@ -228,21 +238,9 @@ class RecordingProxy:
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
         if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
-            found = self.live.find(last_id) or await self._let_go(last_id)
-            if found is not None and found[0].answers(last_id):
-                original = self.live.wake(found[0])
-                if original is not None:  # held since an earlier run: its agent is read again
-                    rejoin = Rejoin(self, found[0], original, request)
-                    self.hold_stream(pump(found[0], rejoin, Hold(found[0], self.hold or 0.0)))
-                body = read if read is not None else await request.read()
-                return await follow_again(self, request, body, *found, t0, started_ns)
-            line = f"{request.method} {request.rel_url.raw_path}"
-            held = None if found else self.live.newest(line)
-            gone = None if found or held else self.live.gone(line)
-            if held is not None or gone is not None:  # a reconnect, after an event no stream held has
-                refused = self._unknown_resume(request, held or gone, last_id)  # type: ignore[arg-type]
-                if refused is not None:
-                    return refused
+            answered = await self._resume(request, read, last_id, t0, started_ns)
+            if answered is not None:
+                return answered
         body, teed = (read, None) if read is not None else await self._request_body(request)
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
@@ -256,15 +254,81 @@ class RecordingProxy:
         )
         return await Exchange(self, request, exchange, t0).run(teed or body)
 
+    async def _resume(
+        self, request: web.Request, read: bytes | None, last_id: str, t0: int, started_ns: int
+    ) -> web.StreamResponse | None:
+        """A request with ``Last-Event-ID``: answered from a stream held (or refused), or
+        None: it goes to the agent."""
+        live = self.live
+        assert live is not None
+        found = live.find(last_id) or await self._let_go(last_id)
+        if found is not None and found[0].answers(last_id):
+            stream, position = found
+            credentials = self.credentials.of(request.headers)
+            if stream.credentials is None:  # taken up from the log after a restart
+                await self._wake(stream, request, credentials)
+            if stream.admits(credentials):
+                body = read if read is not None else await request.read()
+                return await follow_again(self, request, body, stream, position, t0, started_ns)
+            why = "the request carries other credentials than the one that opened the stream"
+            return self._not_answered(request, stream.exchange_id, last_id, why, 403)
+        line = f"{request.method} {request.rel_url.raw_path}"
+        held = None if found else live.newest(line)
+        gone = None if found or held else live.gone(line)
+        if held is not None or gone is not None:  # a reconnect, after an event no stream held has
+            return self._unknown_resume(request, held or gone, last_id)  # type: ignore[arg-type]
+        return None
+
+    async def _wake(self, stream: LiveStream, request: web.Request, credentials: bytes) -> None:
+        """Wake a stream taken up from the log: it goes on through a subscribe to its agent,
+        with this client's headers. The log keeps no credentials: when the request that
+        opened it carried some, the agent is asked for the task with this client's headers
+        first: a 401 or 403 leaves the stream asleep, a 2xx gives it this client's
+        credentials (where asking cannot tell, the first answer to the subscribe does). A
+        client that reconnects meanwhile waits for that."""
+        live = self.live
+        assert live is not None
+        original = live.wake(stream)
+        if original is None:  # another client is waking it
+            waking = live.waking.get(stream.exchange_id)
+            if waking is not None:
+                await asyncio.shield(waking)
+            return
+        rejoin = Rejoin(self, stream, original, request)
+        admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        live.waking[stream.exchange_id] = admitted
+        try:
+            carried = self.credentials.carried(original.headers)
+            verdict = await rejoin.lets_follow() if carried else True
+            if verdict is False:  # asleep again, for a client the agent lets in
+                live.hold_asleep(stream, original)
+                admitted.set_result(False)
+                return
+            # The agent could not say (an MCP stream): the subscribe that carries it on tells.
+            rejoin.admitted = None if verdict else admitted
+            task = self.hold_stream(pump(stream, rejoin, Hold(stream, self.hold or 0.0)))
+            if verdict:
+                admitted.set_result(True)
+            else:
+                task.add_done_callback(lambda _: admitted.done() or admitted.set_result(False))
+            if await asyncio.shield(admitted):
+                stream.credentials = credentials if carried else b""  # (as the stream's request's)
+        finally:
+            live.waking.pop(stream.exchange_id, None)
+
     async def _let_go(self, last_id: str) -> tuple[LiveStream, int] | None:
         """A stream that ended and was let go, named by one of the recorder's ids in it:
         rebuilt from the log (off the event loop), and where that event ends in it."""
         exchange_id = recorders_exchange(last_id)
-        if exchange_id is None or not self.live.was_let_go(exchange_id):  # type: ignore[union-attr]
+        credentials = None if exchange_id is None else self.live.let_go(exchange_id)  # type: ignore[union-attr]
+        if credentials is None:
             return None  # (no other stream of the log is answered: the agent was not asked)
-        stream = await asyncio.to_thread(ended_in_log, self.writer.path, exchange_id)
-        position = stream.position(last_id) if stream is not None else None
-        return None if stream is None or position is None else (stream, position)
+        stream = await asyncio.to_thread(ended_in_log, self.writer.path, exchange_id)  # type: ignore[arg-type]
+        position = stream.position(last_id) if stream is not None else None  # (its key too)
+        if stream is None or position is None:
+            return None
+        stream.credentials = credentials
+        return stream, position
 
     def _unknown_resume(
         self, request: web.Request, held: LiveStream | Gone, last_id: str
@@ -272,10 +336,6 @@ class RecordingProxy:
         """A reconnect naming an event the stream held for it never had, or to a stream
         let go: refused (a 400 naming the ids held), or, with --resume-unknown forward,
         None: it goes upstream."""
-        resume = Resume(held.exchange_id, ResumeSide.CLIENT, ResumeOutcome.FORWARDED, last_event_id=last_id)
-        if self.resume_unknown is UnknownResume.FORWARD:
-            self.resumed(resume)
-            return None
         if isinstance(held, Gone):
             holds = (
                 f"the stream of exchange {held.exchange_id} ({held.first!r} to {held.last!r}) was let go "
@@ -284,8 +344,19 @@ class RecordingProxy:
         else:
             ids = held.ids()
             holds = f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
-        reason = f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
-        response, refusal = self._refusal(request, 400, reason)
+        why = f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
+        return self._not_answered(request, held.exchange_id, last_id, why, 400)
+
+    def _not_answered(
+        self, request: web.Request, exchange_id: int, last_id: str, reason: str, status: int
+    ) -> web.Response | None:
+        """A reconnect the stream it names does not answer: refused (``status``, saying
+        why), or, with --resume-unknown forward, None: it goes upstream."""
+        resume = Resume(exchange_id, ResumeSide.CLIENT, ResumeOutcome.FORWARDED, last_event_id=last_id)
+        if self.resume_unknown is UnknownResume.FORWARD:
+            self.resumed(resume)
+            return None
+        response, refusal = self._refusal(request, status, reason)
         self.resumed(replace(resume, outcome=ResumeOutcome.REFUSED, new_exchange_id=refusal, error=reason))
         return response
 

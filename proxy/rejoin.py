@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 FIRST_RETRY = 0.2  # seconds before the second subscribe; the first goes at once
 LAST_RETRY = 5.0  # the longest wait between two
 KEPT_ANSWER = 16 * 1024 * 1024  # bytes of an answer that is no stream read and kept
+_ADMISSIONS = frozenset({*range(200, 300), 401, 403})  # answers that tell whether a client may follow
 _RETRIED = frozenset({408, 425, 429})  # and 5xx: the agent may answer the next one
 # Not sent with a subscribe: it has no body, and its stream must reach clients as it comes.
 _DROPPED = ("Content-Length", "Content-Type", "Content-Encoding", "Last-Event-ID", "Accept-Encoding")
@@ -64,6 +66,9 @@ class Rejoin:
         # break at once cannot keep the stream held for ever.
         self._deadline: float | None = None
         self._held = -1
+        # Told whether the agent let the client follow the task: its first answer that is
+        # a 2xx (True), a 401 or a 403 (False). Waited for when the log knows no credentials.
+        self.admitted: asyncio.Future[bool] | None = None
 
     @classmethod
     def of(cls, exchange: Exchange, stream: LiveStream) -> Rejoin:
@@ -204,6 +209,21 @@ class Rejoin:
         )
         return True
 
+    async def lets_follow(self) -> bool | None:
+        """Whether the agent lets this rejoin's client follow the task, asked for the task
+        with its headers: True (a 2xx that is no JSON-RPC error), False (a 401 or a 403),
+        or None: it cannot tell (no way to ask, or another answer)."""
+        plan = self.protocol.lookup(self.request, self.stream.sent_data()) if self.protocol else None
+        answer = None if plan is None else await self._send(plan)
+        if answer is None or isinstance(answer, Failed):
+            return None
+        recording, response = answer
+        body, whole = await self._read_answer(recording, response)
+        recording.end(Outcome.COMPLETE if whole else Outcome.UPSTREAM_DISCONNECTED)
+        if response.status in (401, 403):
+            return False
+        return True if 200 <= response.status < 300 and whole and not _rpc_error(body) else None
+
     async def _send(self, plan: Resubscription) -> Subscribed | Failed:
         """One request to the agent for the stream, recorded as an exchange of its own."""
         from .recorder import Exchange, upstream_headers  # noqa: PLC0415 (the recorder imports this module)
@@ -234,6 +254,9 @@ class Rejoin:
             why = f"the request failed before an answer: {describe(exc)}"
             recording.end(Outcome.UPSTREAM_ERROR, why)
             return Failed(why, retried=True)
+        admitted = self.admitted
+        if admitted is not None and not admitted.done() and response.status in _ADMISSIONS:
+            admitted.set_result(response.status < 300)
         proxy.writer.response_head(
             new_id,
             status=response.status,
@@ -271,6 +294,14 @@ class Rejoin:
         side, events = ResumeSide.UPSTREAM, len(sent)
         resume = Resume(self.stream.exchange_id, side, outcome, events_from_log=events, **fields)  # type: ignore[arg-type]
         self.proxy.resumed(resume)
+
+
+def _rpc_error(body: bytes) -> bool:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and "error" in answer
 
 
 def _ends_closed(stream: LiveStream, protocol: Protocol | None) -> bool:

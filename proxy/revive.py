@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tasktape.errors import LogError
 from tasktape.eventlog import SSEEvent
 from tasktape.eventlog.exchange_rows import utc_iso
 from tasktape.eventlog.outcomes import Outcome
@@ -27,6 +28,7 @@ from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import Protocol, Request
 from tasktape.eventlog.resumes import ResumeOutcome, ResumeSide
 
+from .credentials import stream_key
 from .headers import end_to_end
 from .live import LiveStream
 from .rejoin import caught_up
@@ -36,10 +38,13 @@ from .rejoin import caught_up
 _CUT_SHORT = (Outcome.PROXY_STOPPED, Outcome.LOG_CLOSED)
 _REJOINED = (str(ResumeOutcome.REJOINED), str(ResumeOutcome.GAP))
 
+# What the key of a stream is made from (see credentials.stream_key).
+_CAPTURE_UID = "(SELECT uid FROM captures c WHERE c.id = capture_id) AS capture_uid"
+
 # Only the runs that can hold a stream still running: those killed (never ended) or ended
 # within the hold; and of their streams, those cut short, or broken (and perhaps rejoined).
 _ROOTS = f"""
-SELECT id, method, path, query, request_headers, request_body, response_headers
+SELECT id, method, path, query, request_headers, request_body, response_headers, {_CAPTURE_UID}
 FROM exchanges
 WHERE capture_id IN (SELECT id FROM captures WHERE id < ? AND (ended_at IS NULL OR ended_at >= ?))
   AND is_sse = 1 AND status = 200
@@ -80,8 +85,8 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
 
 
 # A stream's first exchange (not a reconnect's, nor a rejoin's subscribe).
-_ROOT = """
-SELECT id, method, path, query, request_headers, request_body, response_headers
+_ROOT = f"""
+SELECT id, method, path, query, request_headers, request_body, response_headers, {_CAPTURE_UID}
 FROM exchanges
 WHERE id = ? AND is_sse = 1 AND status = 200
   AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
@@ -103,6 +108,15 @@ def ended_in_log(path: Path, exchange_id: int) -> LiveStream | None:
         stream = _rebuilt(conn, root, chain, protocol)
         stream.end(outcome)
         return stream
+
+
+def capture_uid(path: Path, capture_id: int) -> str:
+    """The uid of a capture the log holds (one begun by another writer of it)."""
+    with _read_only(path) as conn:
+        row = conn.execute("SELECT uid FROM captures WHERE id = ?", (capture_id,)).fetchone()
+    if row is None:
+        raise LogError(f"{path} holds no capture {capture_id}")
+    return row[0]
 
 
 @contextlib.contextmanager
@@ -140,6 +154,8 @@ def _rebuilt(
         f"{root['method']} {root['path']}",
         body.encode() if isinstance(body, str) else body,
         list(headers.items()),
+        stream_key(root["capture_uid"], root["id"]),
+        None,  # the log keeps no credentials
     )
     for n, exchange_id in enumerate(chain):
         if n:

@@ -231,6 +231,7 @@ def record(
         rejoin_for=rejoin_for,
         resume_unknown=resume_unknown,
         on_resume=None if quiet else _print_resume,
+        credential_headers=redactor.headers,
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:

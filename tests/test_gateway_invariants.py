@@ -37,6 +37,7 @@ from sdk_agent import SdkAgent, run_sdk_agent
 from tasktape.agent import create_agent_app
 from tasktape.agent.app import STORE, _for_rest  # the agent's REST rendering of a frame
 from tasktape.agent.tasks import TaskRun, TaskStore
+from tasktape.proxy.credentials import stream_key
 
 BASE_SEED = 20261201
 SEEDS = range(4)  # runs of each random test (seeds from BASE_SEED)
@@ -482,6 +483,7 @@ class Upstream:
     outcome: str
     blocks: list[Block]  # its complete events
     tail: bytes  # an event cut off at its end
+    key: str  # in the recorder's ids of its events
 
 
 @dataclass
@@ -519,7 +521,9 @@ async def truth(rec: Recording, peer: Peer, received: Received) -> Truth:
                     reconnects.append({**x, "body": log.body(x["id"])})
             elif x["is_sse"] and (x["task_id"] == task_id or x["id"] in tasks or task_id in x["path"]):
                 blocks, tail = split(log.body(x["id"]))
-                upstream.append(Upstream(x["id"], x["path"], x["outcome"], blocks, tail))
+                (uid,) = log.db.execute("SELECT uid FROM captures WHERE id = ?", [x["capture_id"]]).fetchone()
+                key = stream_key(uid, x["id"])
+                upstream.append(Upstream(x["id"], x["path"], x["outcome"], blocks, tail, key))
         ids = [u.exchange_id for u in upstream]
         resumes = []
         if "resumes" in log.db.table_names() and ids:
@@ -630,7 +634,7 @@ def check(received: Received, truth: Truth, binding: str, *, rejoins: bool) -> N
     for block in first.blocks:
         if block.id is None and block.data:
             n += 1
-        owed.append((block, block.id or f"tg{first.exchange_id}.{n}"))
+        owed.append((block, block.id or f"tg{first.exchange_id}-{first.key}.{n}"))
     boundaries.add(len(owed))
     for again in rejoined:
         blocks = again.blocks

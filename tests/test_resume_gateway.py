@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import re
 import weakref
 from typing import Any
 
@@ -168,7 +169,7 @@ async def two_streams(record: RecordFactory, ids: bool) -> tuple[Any, list[str],
     """Streams a and b, each of ten events, through a recorder holding one that ended, not two."""
     app, seen = counted(web.Application())
     app.router.add_post("/{name}", ten_events)
-    stream = len(EVENT * 10) + 10 * len(b"id: tg1.10\n")  # one stream as clients get it, at most
+    stream = len(EVENT * 10) + 10 * len(b"id: tg1-0123456789ab.10\n")  # one stream as clients get it, at most
     rec = await record(app, hold=30.0, hold_bytes=stream * 3 // 2)
     got = {}
     async with aiohttp.ClientSession() as session:
@@ -193,17 +194,19 @@ async def test_a_stream_let_go_is_answered_from_the_log_after_one_of_the_recorde
     record: RecordFactory,
 ) -> None:
     rec, seen, got, _ = await two_streams(record, ids=False)
-    assert got["a"][4].id == "tg1.5" and rec.proxy.live is not None and len(rec.proxy.live) == 1
+    fifth = got["a"][4].id
+    assert re.fullmatch(r"tg1-[0-9a-f]{12}\.5", fifth)
+    assert rec.proxy.live is not None and len(rec.proxy.live) == 1
     (await rec.log()).close()  # a's end is in the log
-    status, body = await rest_of(rec.url, {}, "tg1.5", "/a?ids=0")
+    status, body = await rest_of(rec.url, {}, fifth, "/a?ids=0")
     assert status == 200 and body == b"".join(e.raw for e in got["a"][5:])  # the same bytes, the same ids
-    status, body = await rest_of(rec.url, {}, "tg1.11", "/a?ids=0")  # an id the stream never had
+    status, body = await rest_of(rec.url, {}, fifth.replace(".5", ".11"), "/a?ids=0")  # one it never had
     assert status == 400
     assert seen == ["POST /a", "POST /b"]
     with await rec.log() as log:
         resumed = [r for r in log.db["resumes"].rows if r["outcome"] == "resumed"]
         assert [(r["exchange_id"], r["last_event_id"], r["events_from_log"]) for r in resumed] == [
-            (1, "tg1.5", 5)
+            (1, fifth, 5)
         ]
 
 
@@ -211,15 +214,17 @@ async def test_only_streams_held_here_are_answered_from_the_log(
     record: RecordFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(live_module, "KEPT_GONE", 0)  # a, let go, is not remembered
-    rec, seen, _, _ = await two_streams(record, ids=False)
+    rec, seen, got, _ = await two_streams(record, ids=False)
     (await rec.log()).close()  # the log has a, whole
-    status, _ = await rest_of(rec.url, {}, "tg1.5", "/a?ids=0")
+    status, _ = await rest_of(rec.url, {}, got["a"][4].id, "/a?ids=0")
     assert status == 200 and seen == ["POST /a", "POST /b", "POST /a"]  # a new request, as without --resume
 
 
 def test_the_recorders_ids_name_their_stream() -> None:
-    named = {"tg1.5": 1, "tg12.30": 12}
-    for event_id in [*named, "tg1", "tg.5", "tgx.5", "tg\u0661.5", "a4", "tg1.5.6"]:
+    key = "0123456789ab"
+    named = {f"tg1-{key}.5": 1, f"tg12-{key}.30": 12}
+    others = ["tg1.5", "tg1", "tg.5", f"tg-{key}.5", f"tgx-{key}.5", f"tg\u0661-{key}.5", "a4"]
+    for event_id in [*named, *others, f"tg1-{key}.5.6", f"tg1-{key}0.5", f"tg1-{key[1:]}.5", f"tg1-{key}.x"]:
         assert recorders_exchange(event_id) == named.get(event_id), event_id
 
 
@@ -255,7 +260,7 @@ async def test_a_keep_alive_goes_out_at_once(record: RecordFactory) -> None:
     async with rec.session.post(f"{rec.url}/stream") as r:
         first = await asyncio.wait_for(r.content.readany(), 0.5)  # not held back with the next event
         assert first == b": keep-alive\n\n"
-        assert await r.read() == b"data: hello\nid: tg1.1\n\n"
+        assert re.fullmatch(rb"data: hello\nid: tg1-[0-9a-f]{12}\.1\n\n", await r.read())
 
 
 async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_is_then_refused(

@@ -265,11 +265,12 @@ def test_a_rejoined_streams_first_event_is_given_to_its_catch_up() -> None:
 
 
 async def test_a_follower_gets_the_bytes_after_any_event_then_the_live_tail() -> None:
-    stream = LiveStream(7, "POST /message:stream", None, [])
+    stream = LiveStream(7, "POST /message:stream", None, [], "k")
     stream.feed(b"data: a\n\ndata: b\n\n")
     stream.feed(b"id: x\ndata: c\n\n")
     whole = stream.since(0)
-    assert stream.ids() == ["tg7.1", "tg7.2", "x"] and stream.last_id() == "x" and stream.last_data() == "c"
+    assert stream.ids() == ["tg7-k.1", "tg7-k.2", "x"]
+    assert stream.last_id() == "x" and stream.last_data() == "c"
     for event_id in stream.ids()[:-1]:  # (after the last, a follower waits for more)
         position = stream.position(event_id)
         assert position is not None
@@ -286,5 +287,5 @@ async def test_a_follower_gets_the_bytes_after_any_event_then_the_live_tail() ->
     await asyncio.sleep(0)
     stream.feed(b"data: d\n\n")
     stream.end("complete")
-    assert await following == b"data: d\nid: tg7.4\n\n"
+    assert await following == b"data: d\nid: tg7-k.4\n\n"
     assert stream.sent_data() == ["a", "b", "c", "d"]

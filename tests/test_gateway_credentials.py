@@ -1,0 +1,167 @@
+"""Who may follow a held stream again (`tasktape record --resume`): a reconnect is answered
+only with the credentials the stream was opened with, and only after an id its clients
+were sent (the recorder's ids carry a key of their stream no other stream's clients know).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from conftest import RecordFactory, Serve
+from test_replay import events_of
+from test_resume_gateway import EVENT, REST_BODY, counted, ten_events
+
+from tasktape.agent import create_agent_app
+from tasktape.eventlog import LogWriter
+from tasktape.proxy.recorder import RecordingProxy
+
+ALICE = {"Authorization": "Bearer alice"}
+
+
+async def first_of(url: str, headers: dict[str, str], n: int, path: str = "/message:stream") -> list[Any]:
+    """``n`` events of a new stream, then the connection dropped."""
+    got = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}{path}", json=REST_BODY, headers={"A2A-Version": "1.0", **headers}) as r,
+    ):
+        while len([e for e in events_of(got) if e.complete]) < n:
+            got += await r.content.readany()
+    return [e for e in events_of(got) if e.complete][:n]
+
+
+async def again(
+    url: str, headers: dict[str, str], last_id: str, path: str = "/message:stream"
+) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session:
+        hs = {"A2A-Version": "1.0", "Last-Event-ID": last_id, **headers}
+        async with session.post(f"{url}{path}", json=REST_BODY, headers=hs) as r:
+            return r.status, await r.read()
+
+
+async def test_a_reconnect_with_other_credentials_is_refused(record: RecordFactory) -> None:
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0)
+    events = await first_of(rec.url, ALICE, 3)  # the agent's own ids
+    for other in ({"Authorization": "Bearer mallory"}, {}, {**ALICE, "Cookie": "session=1"}):
+        status, body = await again(rec.url, other, events[-1].id)
+        message = json.loads(body)["error"]["message"]
+        assert status == 403 and "other credentials than the one that opened the stream" in message
+    status, rest = await again(rec.url, {"authorization": "Bearer alice"}, events[-1].id)  # any case
+    assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
+    assert seen == ["POST /message:stream"]  # none of them reached the agent
+    await rec.proxy.wait_idle()
+    with await rec.log() as log:
+        rows = list(log.db.query("SELECT outcome, last_event_id, error FROM resumes WHERE side = 'client'"))
+    assert [r["outcome"] for r in rows] == ["refused"] * 3 + ["resumed"]
+    assert all(r["last_event_id"] == events[-1].id for r in rows)
+
+
+async def test_with_resume_unknown_forward_other_credentials_go_to_the_agent(record: RecordFactory) -> None:
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0, resume_unknown="forward")
+    events = await first_of(rec.url, ALICE, 2)
+    status, _ = await again(rec.url, {"Authorization": "Bearer mallory"}, events[-1].id)
+    assert status == 200 and seen == ["POST /message:stream"] * 2  # the agent answers it as it sees fit
+
+
+async def test_the_headers_compared_are_those_given(record: RecordFactory) -> None:
+    app = web.Application()
+    app.router.add_post("/{name}", ten_events)
+    rec = await record(app, hold=30.0, credential_headers=["X-Tenant-Token"])
+    events = await first_of(rec.url, {"X-Tenant-Token": "t1", "Authorization": "a"}, 4, "/a")
+    status, _ = await again(rec.url, {"X-Tenant-Token": "t2", "Authorization": "a"}, events[1].id, "/a")
+    assert status == 403
+    status, rest = await again(
+        rec.url, {"X-Tenant-Token": "t1"}, events[1].id, "/a"
+    )  # Authorization not compared
+    assert status == 200 and len([e for e in events_of(rest) if e.complete]) == 8
+
+
+async def test_a_stream_let_go_is_answered_from_the_log_with_its_credentials_only(
+    record: RecordFactory,
+) -> None:
+    app, seen = counted(web.Application())
+    app.router.add_post("/{name}", ten_events)
+    stream = len(EVENT * 10) + 10 * len(b"id: tg1-0123456789ab.10\n")
+    rec = await record(app, hold=30.0, hold_bytes=stream * 3 // 2)
+    got = {}
+    for name in ("a", "b"):  # b's end lets a go
+        got[name] = await first_of(rec.url, ALICE, 10, f"/{name}?ids=0")
+    await rec.proxy.wait_idle()
+    (await rec.log()).close()
+    fifth = got["a"][4].id
+    status, _ = await again(rec.url, {"Authorization": "Bearer mallory"}, fifth, "/a?ids=0")
+    assert status == 403
+    status, rest = await again(rec.url, ALICE, fifth, "/a?ids=0")
+    assert status == 200 and rest == b"".join(e.raw for e in got["a"][5:])
+    assert seen == ["POST /a", "POST /b"]
+
+
+async def test_the_recorders_ids_of_one_stream_do_not_name_another(record: RecordFactory) -> None:
+    app, seen = counted(web.Application())
+    app.router.add_post("/{name}", ten_events)
+    rec = await record(app, hold=30.0)
+    a = await first_of(rec.url, {}, 10, "/a?ids=0")
+    b = await first_of(rec.url, {}, 10, "/a?ids=0")
+    key_a, key_b = (re.fullmatch(r"tg(\d+)-([0-9a-f]{12})\.1", s[0].id).groups() for s in (a, b))  # type: ignore[union-attr]
+    assert key_a[1] != key_b[1]
+    # b's key with a's exchange: a guess at a's ids from b's, not one of a's
+    status, body = await again(rec.url, {}, f"tg{key_a[0]}-{key_b[1]}.5", "/a?ids=0")
+    assert status == 400 and "names no event of the stream held here" in json.loads(body)["error"]["message"]
+    status, rest = await again(rec.url, {}, a[4].id, "/a?ids=0")
+    assert status == 200 and rest == b"".join(e.raw for e in a[5:])
+    assert seen == ["POST /a", "POST /a"]
+
+
+@web.middleware
+async def alice_only(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The agent's own check: only Alice is let in."""
+    if request.headers.get("Authorization") != ALICE["Authorization"]:
+        return web.json_response({"error": "unauthorized"}, status=401)
+    return await handler(request)
+
+
+async def test_a_stream_taken_up_after_a_restart_is_followed_by_whom_the_agent_lets_in(
+    tmp_path: Path, serve: Serve
+) -> None:
+    app, seen = counted(create_agent_app(pace=0.3))
+    app.middlewares.append(alice_only)
+    agent = await serve(app)
+    db = tmp_path / "gateway.db"
+
+    @contextlib.asynccontextmanager
+    async def gateway() -> AsyncIterator[str]:
+        writer = LogWriter(db)
+        server = TestServer(RecordingProxy(agent, writer, hold=30.0).app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            yield str(server.make_url("")).rstrip("/")
+        finally:
+            await server.close()  # (its held stream is cut short, for the next run to take up)
+            await writer.aclose()
+
+    async with gateway() as url:
+        events = await first_of(url, ALICE, 3)
+    async with gateway() as url:
+        # The log has no credentials: the agent is asked for the task with the client's.
+        status, body = await again(url, {"Authorization": "Bearer mallory"}, events[-1].id)
+        assert status == 403 and b"TASK_STATE" not in body  # nothing of the stream
+        async with aiohttp.ClientSession() as session:
+            hs = {"A2A-Version": "1.0", "Last-Event-ID": events[-1].id, **ALICE}
+            async with session.post(f"{url}/message:stream", json=REST_BODY, headers=hs) as woken:
+                assert woken.status == 200
+                await woken.content.readany()
+                status, _ = await again(url, {"Authorization": "Bearer mallory"}, events[-1].id)
+                assert status == 403
+                status, rest = await again(url, ALICE, events[-1].id)
+                assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
+    assert seen.count("POST /message:stream") == 1  # one task
