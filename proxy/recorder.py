@@ -304,8 +304,8 @@ class RecordingProxy:
                 live.hold_asleep(stream, original)
                 admitted.set_result(False)
                 return
-            # The agent could not say (an MCP stream): the subscribe that carries it on tells.
-            rejoin.admitted = None if verdict else admitted
+            if verdict is None:  # asking could not tell (an MCP stream): what carries it on does
+                rejoin.admitted = admitted
             task = self.hold_stream(pump(stream, rejoin, Hold(stream, self.hold or 0.0)))
             if verdict:
                 admitted.set_result(True)

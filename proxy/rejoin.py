@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 FIRST_RETRY = 0.2  # seconds before the second subscribe; the first goes at once
 LAST_RETRY = 5.0  # the longest wait between two
 KEPT_ANSWER = 16 * 1024 * 1024  # bytes of an answer that is no stream read and kept
-_ADMISSIONS = frozenset({*range(200, 300), 401, 403})  # answers that tell whether a client may follow
 _RETRIED = frozenset({408, 425, 429})  # and 5xx: the agent may answer the next one
 # Not sent with a subscribe: it has no body, and its stream must reach clients as it comes.
 _DROPPED = ("Content-Length", "Content-Type", "Content-Encoding", "Last-Event-ID", "Accept-Encoding")
@@ -66,8 +64,8 @@ class Rejoin:
         # break at once cannot keep the stream held for ever.
         self._deadline: float | None = None
         self._held = -1
-        # Told whether the agent let the client follow the task: its first answer that is
-        # a 2xx (True), a 401 or a 403 (False). Waited for when the log knows no credentials.
+        # Told whether the agent let the client follow the task (see _admission), by its
+        # first answer that tells: waited for where asking for the task could not tell.
         self.admitted: asyncio.Future[bool] | None = None
 
     @classmethod
@@ -211,18 +209,22 @@ class Rejoin:
 
     async def lets_follow(self) -> bool | None:
         """Whether the agent lets this rejoin's client follow the task, asked for the task
-        with its headers: True (a 2xx that is no JSON-RPC error), False (a 401 or a 403),
-        or None: it cannot tell (no way to ask, or another answer)."""
-        plan = self.protocol.lookup(self.request, self.stream.sent_data()) if self.protocol else None
+        with its headers (see _admission); None also for a 2xx that holds no task (a
+        JSON-RPC error), or when there is no way to ask."""
+        sent = self.stream.sent_data()
+        plan = self.protocol.lookup(self.request, sent) if self.protocol else None
         answer = None if plan is None else await self._send(plan)
         if answer is None or isinstance(answer, Failed):
             return None
+        assert self.protocol is not None  # (it made the plan)
         recording, response = answer
         body, whole = await self._read_answer(recording, response)
         recording.end(Outcome.COMPLETE if whole else Outcome.UPSTREAM_DISCONNECTED)
-        if response.status in (401, 403):
-            return False
-        return True if 200 <= response.status < 300 and whole and not _rpc_error(body) else None
+        verdict = _admission(response.status)
+        holds_task = whole and not self.protocol.catch_up(sent, body.decode("utf-8", "replace")).send_first
+        if verdict and not holds_task:
+            return None  # (no task in the answer)
+        return verdict
 
     async def _send(self, plan: Resubscription) -> Subscribed | Failed:
         """One request to the agent for the stream, recorded as an exchange of its own."""
@@ -254,9 +256,9 @@ class Rejoin:
             why = f"the request failed before an answer: {describe(exc)}"
             recording.end(Outcome.UPSTREAM_ERROR, why)
             return Failed(why, retried=True)
-        admitted = self.admitted
-        if admitted is not None and not admitted.done() and response.status in _ADMISSIONS:
-            admitted.set_result(response.status < 300)
+        verdict, admitted = _admission(response.status), self.admitted
+        if admitted is not None and not admitted.done() and verdict is not None:
+            admitted.set_result(verdict)
         proxy.writer.response_head(
             new_id,
             status=response.status,
@@ -296,12 +298,10 @@ class Rejoin:
         self.proxy.resumed(resume)
 
 
-def _rpc_error(body: bytes) -> bool:
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(answer, dict) and "error" in answer
+def _admission(status: int) -> bool | None:
+    """What an agent's answer says of whether the client it went for may follow the task:
+    yes (a 2xx), no (a 401 or a 403), or nothing."""
+    return True if 200 <= status < 300 else False if status in (401, 403) else None
 
 
 def _ends_closed(stream: LiveStream, protocol: Protocol | None) -> bool:
