@@ -39,6 +39,7 @@ from .proxy_bench import (
 
 STREAMS, EVENTS, DELAY = 5, 500, 0.02  # 5 streams of 500 events 20 ms apart
 QUICK = (4, 100)
+AGENT_IDS = ", the agent's ids"
 WARM_UP = (2, 10)
 _STARTUP = 300.0  # seconds: Python importing aiohttp and sqlite-utils under valgrind
 
@@ -65,14 +66,17 @@ def run(quick: bool) -> list[Section]:
             ],
         }  # fmt: skip
         paths[RESUMING] = lambda p, db: [*paths[RECORD](p, db), "--resume"]
+        # The same two, the agent giving every event an id of its own (as tasktape agent does).
+        paths[RECORD + AGENT_IDS] = paths[RECORD]
+        paths[RESUMING + AGENT_IDS] = paths[RESUMING]
         # One path at a time, its two runs side by side (the warm-up-only one mostly idles):
         # a process starved of CPU would read events coalesced, and count fewer per event.
         counts = {}
         with ThreadPoolExecutor(2) as pool:
             for name, command in paths.items():
-                logged = name in (RECORD, RESUMING)
-                idle = pool.submit(_count, tmp, command, logged, 0, 0)
-                counts[name, (streams, events)] = _count(tmp, command, logged, streams, events)
+                logged, ids = name.startswith(RECORD), name.endswith(AGENT_IDS)
+                idle = pool.submit(_count, tmp, command, logged, 0, 0, ids)
+                counts[name, (streams, events)] = _count(tmp, command, logged, streams, events, ids)
                 counts[name, (0, 0)] = idle.result()
     total = streams * events
     per_event = {
@@ -97,16 +101,23 @@ def run(quick: bool) -> list[Section]:
         "with only a warm-up. tasktape record's proxy process is what forwards; its log writer "
         "is the child process that decodes, classifies and commits. With --resume, it gives events "
         "without ids ids of its own and holds each stream for clients that reconnect (the "
-        "streams here never drop)."
+        "streams here never drop); with the agent's ids, every event comes with an id and "
+        "goes out as it came."
     )
     return [section]
 
 
 def _count(
-    tmp: Path, args: Callable[[int, Path], list[str]], recording: bool, streams: int, events: int
+    tmp: Path,
+    args: Callable[[int, Path], list[str]],
+    recording: bool,
+    streams: int,
+    events: int,
+    ids: bool,
 ) -> tuple[float, float]:
     """Instructions of the proxy process and of its log writer (0 when none) over a run
-    that forwards ``streams`` paced streams of ``events`` events after the warm-up."""
+    that forwards ``streams`` paced streams of ``events`` events after the warm-up (each
+    with an id of the agent's, with ``ids``)."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     port, db = free_port(), out / "log.db"
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", "--trace-children=yes"]
@@ -121,9 +132,9 @@ def _count(
         if not listening(port, proc, timeout=_STARTUP):
             raise RuntimeError(f"{args(port, db)} did not start under valgrind")
         url = f"http://127.0.0.1:{port}"
-        asyncio.run(throughput_run(url, *WARM_UP))
+        asyncio.run(throughput_run(url, *WARM_UP, ids=ids))
         if streams:
-            asyncio.run(throughput_run(url, streams, events, delay=DELAY))
+            asyncio.run(throughput_run(url, streams, events, delay=DELAY, ids=ids))
         if recording:  # the writer's whole share: every event committed
             logged_events(db, WARM_UP[0] * WARM_UP[1] + streams * events, timeout=_STARTUP)
     finally:

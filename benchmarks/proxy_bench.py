@@ -229,16 +229,17 @@ async def latency_run(url: str, n: int) -> tuple[list[float], float]:
     return latencies, first or 0.0
 
 
-async def throughput_run(url: str, streams: int, n: int, *, delay: float = 0) -> float:
-    """Concurrent streams (as fast as they go, or ``delay`` seconds between events): events/s
-    received in all."""
+async def throughput_run(url: str, streams: int, n: int, *, delay: float = 0, ids: bool = False) -> float:
+    """Concurrent streams (as fast as they go, or ``delay`` seconds between events; with
+    ``ids``, each event with an id of the agent's): events/s received in all."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one() -> int:
             # Events, counted by the blank lines that end them (a resuming recorder adds an
             # id line to each, so their size is not the upstream's).
             events, tail = 0, b""
-            async with session.post(f"{url}/stream?n={n}&delay={delay}", data=b"{}") as response:
+            target = f"{url}/stream?n={n}&delay={delay}&ids={int(ids)}"
+            async with session.post(target, data=b"{}") as response:
                 async for data in response.content.iter_any():
                     events += (tail + data).count(b"\n\n")
                     tail = data[-1:]

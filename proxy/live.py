@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -354,8 +354,15 @@ class LiveStreams:
         return next((s for s in reversed(self._streams.values()) if s.request_line == request_line), None)
 
     def find(self, event_id: str) -> tuple[LiveStream, int] | None:
-        """The newest stream holding an event of that id, and where it is in it."""
-        for stream in reversed(self._streams.values()):
+        """The newest stream holding an event of that id, and where it is in it. One of
+        the recorder's ids names its stream; an agent's is looked for newest first, each
+        stream's ids read as it is looked in (the first look, once for all it holds)."""
+        exchange_id = recorders_exchange(event_id)
+        if exchange_id is None:
+            streams: Iterable[LiveStream] = reversed(self._streams.values())
+        else:
+            streams = [self._streams[exchange_id]] if exchange_id in self._streams else []
+        for stream in streams:
             position = stream.position(event_id)
             if position is not None:
                 return stream, position

@@ -7,23 +7,27 @@ its blank line; an upstream chunk whose events all have ids, and that ends where
 does, goes out as the very bytes object it came in. A run of events that are each one data
 line (what agents send most) is split into lines once, checked by a few calls into C
 (``min`` and ``max`` of the lines tell whether each is a data line) and joined with its
-ids in one go: no Python code runs per event. Where each event ends is worked out only
-when a reconnect asks. Only a stream whose line ends are
-mixed, or that begins with a byte-order mark, is read by the full ``SSEDecoder``.
+ids in one go: no Python code runs per event. A run of events that each have an id line
+and a data line goes out as it came, after the same few checks. Where each event ends, and
+which ids the agent gave, is worked out only when a reconnect (or a rejoin) asks. Only a
+stream whose line ends are mixed, or that begins with a byte-order mark, is read by the
+full ``SSEDecoder``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import accumulate, repeat
+from itertools import repeat
 from typing import NamedTuple
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
 
 _BOM_START = 0xEF  # the first byte of a UTF-8 byte-order mark
 _CR, _LF, _NUL = 0x0D, 0x0A, 0x00  # as ints, ``in`` finds them with memchr
-# Lines that begin b"data:" and only they sort from DATA on and before NOT_DATA (":" + 1).
+# Lines that begin b"data:" and only they sort from DATA on and before NOT_DATA (":" + 1);
+# lines that begin b"id: ", from ID on and before NOT_ID (" " + 1).
 DATA, NOT_DATA = b"data:", b"data;"
+ID, NOT_ID = b"id: ", b"id:!"
 # The numbers of the recorder's ids, b"0", b"1"...: made once for every stream (up to
 # NUMBERS_KEPT of them; a stream longer than that has its later ones made as it goes).
 _NUMBERS: list[bytes] = []
@@ -53,8 +57,9 @@ class Stamper:
     recorder's own), each beginning at the byte offset in ``starts``. An event is a block
     with a data line, as an EventSource dispatches it.
 
-    Where the events end is worked out when asked (``ends``): only a reconnect asks, and
-    the segments the quick ways stamp end an event at each blank line."""
+    Where the events end, and the agent's ids, are worked out when asked (``ends``,
+    ``own``): the segments the quick ways stamp end an event at each blank line, and each
+    event in them that begins with an id line has the agent's id; the others, the recorder's."""
 
     __slots__ = (
         "_cr_end",
@@ -67,10 +72,10 @@ class Stamper:
         "_lines",
         "_own",
         "_pending",
+        "_positions",
         "_quick",
         "count",
         "on_new",
-        "positions",
         "prefix",
         "segments",
         "size",
@@ -87,16 +92,18 @@ class Stamper:
         # The segments whose events those are: each after them (the quick ways') ends an
         # event at each of its blank lines.
         self._indexed = 0
-        # The agent's ids (the recorder's, prefix<n>, are not stored): where the first
-        # event of each ends (a priming event's too), and the number of each event that has one.
-        self.positions: dict[str, int] = {}
+        # The agent's ids in those (the recorder's, prefix<n>, are not stored): where the
+        # first event of each ends (a priming event's too), and the number of each event
+        # that has one.
+        self._positions: dict[str, int] = {}
         self._own: dict[int, str] = {}
         self.on_new: Callable[[], None] | None = None  # told when clients have more bytes
         self.restart(None)
 
     def id_of(self, n: int) -> str:
         """The id of the ``n``-th event (from 1)."""
-        return self._own.get(n, f"{self.prefix}{n}")
+        own = self._own_of(n)
+        return f"{self.prefix}{n}" if own is None else own
 
     def ids(self) -> list[str]:
         """Every event's id, in order."""
@@ -104,7 +111,39 @@ class Stamper:
 
     def last_own(self) -> str | None:
         """The agent's id of the last event (None: it gave that one none)."""
-        return self._own.get(self.count)
+        return self._own_of(self.count)
+
+    def _own_of(self, n: int) -> str | None:
+        """The agent's id of the ``n``-th event (None: it gave none). The first and the
+        last of those not indexed yet are read where they are, the rest left unindexed
+        (a stream let go names them, a rejoin asks for the last)."""
+        indexed = len(self._ends)
+        if n <= indexed or indexed + 1 < n < self.count:
+            return self.own.get(n)
+        # In a quick way's segment: each of its blocks an event.
+        nl, sep = self._lines.nl, self._lines.sep  # type: ignore[union-attr]  # the quick ways know them
+        if n == indexed + 1:
+            first = self.segments[self._indexed]
+            block = first[: first.find(sep)]
+        else:
+            last = self.segments[-1]
+            before = last.rfind(sep, 0, len(last) - len(sep))
+            block = last if before < 0 else last[before + len(sep) :]
+        return _quick_own(block, nl) if block[:4] == ID else None
+
+    @property
+    def own(self) -> dict[int, str]:
+        """The agent's id of each event that has one, by the event's number."""
+        if self._indexed < len(self.segments):
+            self._index()
+        return self._own
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """Where the first event of each of the agent's ids ends (a priming event's too)."""
+        if self._indexed < len(self.segments):
+            self._index()
+        return self._positions
 
     def position(self, event_id: str) -> int | None:
         """Where the (first) event of that id ends; None: there is none."""
@@ -115,7 +154,7 @@ class Stamper:
         if not number.isascii() or not number.isdigit() or number[0] == "0":
             return None
         n = int(number)
-        return self.ends[n - 1] if n <= self.count and n not in self._own else None
+        return self._ends[n - 1] if n <= self.count and n not in self._own else None
 
     @property
     def ends(self) -> list[int]:
@@ -125,13 +164,17 @@ class Stamper:
         return self._ends
 
     def _index(self) -> None:
-        """The ends of the events in the segments not yet indexed."""
-        sep = self._lines.sep  # type: ignore[union-attr]  # the quick ways know it
+        """The ends, and the agent's ids, of the events in the segments not yet indexed."""
+        nl, sep = self._lines.nl, self._lines.sep  # type: ignore[union-attr]  # the quick ways know them
+        ends, own, positions = self._ends, self._own, self._positions
         for i in range(self._indexed, len(self.segments)):
             at = self.starts[i]
             for block in self.segments[i].split(sep)[:-1]:  # the last: b"", after the last blank line
                 at += len(block) + len(sep)
-                self._ends.append(at)
+                ends.append(at)
+                if block[:4] == ID:
+                    agents = own[len(ends)] = _quick_own(block, nl)
+                    positions.setdefault(agents, at)
         self._indexed = len(self.segments)
 
     def restart(self, first: Callable[[SSEEvent], bool] | None) -> None:
@@ -161,7 +204,7 @@ class Stamper:
         if quick is not None:
             cut, lead, tail, head, sep = quick
             line, _, rest = data.partition(cut)
-            stamped = own = None
+            stamped = None
             if _CR not in line and _LF not in line:  # no other line end before the first
                 if rest == tail:  # one line, then a blank line
                     if line[:5] == b"data:":  # no id: one is spliced in
@@ -172,19 +215,16 @@ class Stamper:
                     # An id line (a NUL in it: the slow way), then the data line.
                     second, _, rest = (rest[1:] if lead else rest).partition(cut)
                     if rest == tail and _CR not in second and _LF not in second and second[:5] == b"data:":
-                        stamped, own = data, line[4:].decode("utf-8", "replace")
-            if stamped is not None:  # _out's and _event's work, done here: calls less
+                        stamped = data  # its id is read when asked (_index)
+            if stamped is not None:  # _plain's work, done here: calls less
                 self.segments.append(stamped)
                 self.starts.append(self.size)
                 self.size += len(stamped)
                 self.count += 1
-                if own is not None:
-                    self._own[self.count] = own
-                    self.positions.setdefault(own, self.size)
                 if self.on_new is not None:
                     self.on_new()
                 return stamped
-            if rest and line[:5] == b"data:" and data[-1] == _LF:  # perhaps several whole events
+            if rest and (line[:5] == DATA or line[:4] == ID) and data[-1] == _LF:  # several events?
                 stamped = self._plain(data)
                 if stamped is not None:
                     if self.on_new is not None:
@@ -308,7 +348,7 @@ class Stamper:
         nl, sep, id_line = lines.nl, lines.sep, lines.id_line
         blocks = whole.split(sep)
         rest = blocks.pop()  # b"", or the last blank line of an odd run of line ends
-        if not rest and self._first is None and self._alike(whole, blocks, lines):
+        if not rest and self._first is None and self._plain(whole) is not None:
             return
         parts: list[bytes] | None = None  # None while ``whole`` goes out untouched
         at = self.size
@@ -379,8 +419,9 @@ class Stamper:
 
     def _plain(self, whole: bytes) -> bytes | None:
         """``whole`` (whole blocks) stamped and emitted, if every block is one data line
-        without an id, ended as the response's lines are; else None, and nothing done.
-        One split, and the rest in C: no call per event."""
+        without an id, or every block an id line and a data line, ended as the response's
+        lines are; else None, and nothing done. One split, and the rest in C: no call per
+        event."""
         lines = self._lines
         if lines is LF:
             if _CR in whole:
@@ -388,7 +429,11 @@ class Stamper:
             split = whole.split(b"\n")
         else:
             split = whole.split(b"\r\n")
-        if len(split) == 3:  # one event (chunks are small when many streams share the CPU)
+        if whole[:4] == ID:
+            stamped = self._owned(whole, split, lines)
+            if stamped is None:
+                return None
+        elif len(split) == 3:  # one event (chunks are small when many streams share the CPU)
             line, blank, last = split
             if blank or last or line[:5] != DATA or (lines is not LF and (_CR in line or _LF in line)):
                 return None
@@ -404,6 +449,21 @@ class Stamper:
         self.starts.append(self.size)
         self.size += len(stamped)
         return stamped
+
+    def _owned(self, whole: bytes, split: list[bytes], lines: Lines) -> bytes | None:
+        """``_plain``'s events with ids of the agent's own, their lines split: ``whole``
+        as it came, or None. Their ids are read when asked (``_index``)."""
+        # Each block an id line and a data line, then a blank line: every third piece
+        # empty, the last too.
+        if len(split) % 3 != 1 or split[-1] or any(split[2::3]) or _NUL in whole:
+            return None
+        if lines is not LF and not whole.count(b"\r") == whole.count(b"\n") == len(split) - 1:
+            return None  # a CR or LF but in the CRLFs
+        ids, datas = split[0:-1:3], split[1::3]
+        if min(ids) < ID or max(ids) >= NOT_ID or min(datas) < DATA or max(datas) >= NOT_DATA:
+            return None
+        self.count += len(datas)
+        return whole
 
     def _run(self, split: list[bytes], lines: Lines) -> bytes | None:
         """``_plain``'s several events, their lines split: stamped, or None."""
@@ -424,30 +484,6 @@ class Stamper:
         parts[3::4] = repeat(lines.sep, k)
         self.count += k
         return b"".join(parts)
-
-    def _alike(self, whole: bytes, blocks: list[bytes], lines: Lines) -> bool:
-        """Blocks that are all one data line, or all an id line and a data line (a chunk
-        of several events, from an agent that sends them faster than they are read),
-        stamped and emitted with a few passes over them all: False if they are not."""
-        nl, sep, k = lines.nl, lines.sep, len(blocks)
-        # A block of L lines holds L + 1 line ends, its blank line's among them (CRLF's LFs
-        # are all in CRLFs: counting them counts the line ends).
-        if whole.startswith(b"data:"):
-            return self._plain(whole) is not None
-        if (
-            whole.count(b"\n") == 3 * k
-            and whole.startswith(b"id: ")
-            and whole.count(sep + b"id: ") == k - 1
-            and b"\0" not in whole
-            and all(block.startswith(b"data:", block.find(nl) + len(nl)) for block in blocks)
-        ):  # each block an id line, then a data line
-            ends = accumulate((len(block) + len(sep) for block in blocks), initial=self.size)
-            next(ends)  # the initial size
-            for block, end in zip(blocks, ends, strict=True):
-                self._event(end, block[4 : block.find(nl)].decode("utf-8", "replace"))
-            self._out(whole)
-            return True
-        return False
 
     def _take_first(self, raw: bytes) -> bool:
         """A rejoined response's first event, given to ``first``: whether it is sent on."""
@@ -536,6 +572,11 @@ def _has_data(block: bytes, lines: Lines) -> bool:
     if not block.startswith(b"data") and lines.data_line not in block:
         return False
     return any(line == b"data" or line.startswith(b"data:") for line in block.split(lines.nl))
+
+
+def _quick_own(block: bytes, nl: bytes) -> str:
+    """The agent's id of a block the quick ways took that begins with an id line."""
+    return block[4 : block.find(nl)].decode("utf-8", "replace")
 
 
 def _own_id(block: bytes, nl: bytes) -> str | None:

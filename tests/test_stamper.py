@@ -105,6 +105,10 @@ def assert_as_decoded(pieces: list[bytes], case: str = "") -> Stamper:
     stamper = Stamper(PREFIX)
     returned = b"".join(stamper.feed(piece) for piece in pieces)
     assert returned == b"".join(stamper.segments)
+    # The first and last ids, read before the stream is indexed (as a stream let go is
+    # named, and a rejoin asks), are the ones the index reads.
+    fed = stamper.count  # (closing may end one more)
+    edges = [stamper.id_of(1), stamper.id_of(fed), stamper.last_own()] if fed else []
     stamper.close()
     out, ids, event_ends = expected(raw)
     got = b"".join(stamper.segments)
@@ -114,6 +118,8 @@ def assert_as_decoded(pieces: list[bytes], case: str = "") -> Stamper:
     # that CRLF has not come yet: the LF is then the next piece's first byte.
     at_lf = [end + (got[end - 1 : end + 1] == b"\r\n") for end in stamper.ends]
     assert (stamper.ids(), at_lf) == (ids, event_ends), context
+    if fed:
+        assert edges == [ids[0], ids[fed - 1], stamper.own.get(fed)], context
     assert stamper.starts == [sum(map(len, stamper.segments[:i])) for i in range(len(stamper.segments))]
     for event_id, end in zip(ids, event_ends, strict=True):
         found = stamper.position(event_id)
@@ -140,6 +146,23 @@ def test_whole_events_then_other_line_ends_are_read_as_the_decoder_reads_them(
 ) -> None:
     stamper = assert_as_decoded(pieces)
     assert (stamper._decoder is not None) == decoded
+
+
+@pytest.mark.parametrize("nl", [b"\n", b"\r\n"])
+@pytest.mark.parametrize(
+    "run",
+    [
+        b"id: a\ndata: x\n\nid: b\ndata: y\n\n",  # each an id line and a data line: as it came
+        b"id: a\ndata: x\n\nid:b\ndata: y\n\n",  # an id line without its space
+        b"id: a\ndata: x\nevent: e\nid: b\ndata: y\n\n",  # one block of five lines
+        b"id: a\ndata: x\n\ndata: y\n\nid: c\ndata: z\n\n",  # an event without an id among them
+        b"id: a\ndata: x\n\nid: b\0\ndata: y\n\n",  # an id with a NUL is ignored
+        b"id: a\ndata: x\n\nid: b\ndata: y\r\n\n",  # a CR in a line
+        b"id: a\ndata: x\n\nid: b\nevent: y\n\n",  # no data line
+    ],
+)
+def test_a_run_of_events_with_the_agents_ids_is_read_as_the_decoder_reads_it(run: bytes, nl: bytes) -> None:
+    assert_as_decoded([b"data: a" + nl + nl, run.replace(b"\n", nl)])
 
 
 # The pieces of a chunk that may or may not be one event of one data line, with or without
@@ -194,6 +217,17 @@ def test_an_agent_chunk_whose_events_have_ids_goes_out_as_it_came() -> None:
             chunk = lf.replace(b"\n", nl)
             assert stamper.feed(chunk) is chunk
         assert stamper.ids() == ["1", "2", "3", "4"]
+
+
+def test_the_agents_ids_are_read_when_asked_the_first_and_last_where_they_are() -> None:
+    stamper = Stamper(PREFIX)
+    stamper.feed(b": ping\n\n")  # a segment without events, before the quick ways'
+    for n in range(1, 8):
+        stamper.feed(b"".join(b"id: e%d\ndata: x\n\n" % k for k in range(n * (n - 1) // 2, n * (n + 1) // 2)))
+    stamper.feed(b"data: y\n\n")
+    assert (stamper.id_of(1), stamper.id_of(29), stamper.last_own()) == ("e0", "tg7.29", None)
+    assert stamper.own == {n: f"e{n - 1}" for n in range(1, 29)}
+    assert stamper.position("e27") == stamper.ends[27] and stamper.position("tg7.29") == stamper.size
 
 
 def test_a_chunk_of_events_without_ids_gets_the_recorders_in_order() -> None:
