@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.jsonrpc_ids import rpc_id
@@ -255,10 +256,10 @@ class LiveStreams:
         # The last stream let go of each request line (a few): a reconnect to it is refused,
         # not taken for a new request.
         self._gone: OrderedDict[str, Gone] = OrderedDict()
-        # The streams let go (the last KEPT_GONE), and their credentials: a reconnect to
-        # one, after one of the recorder's ids, is answered from the log. No other stream
+        # The streams let go (the last KEPT_GONE), their credentials and the request line
+        # that opened each: a reconnect to one is answered from the log. No other stream
         # of the log is.
-        self._let_go: OrderedDict[int, bytes] = OrderedDict()
+        self._let_go: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
         # Streams taken up from the log that a client is waking: whether the agent let it.
         self.waking: dict[int, asyncio.Future[bool]] = {}
         # What the keys of this run's streams are made from: its capture's uid, once known.
@@ -328,7 +329,7 @@ class LiveStreams:
             self._ended_bytes -= ended[1]
         if stream is not None:
             if stream.credentials is not None:  # (a stream from the log nobody woke: none known)
-                self._let_go[exchange_id] = stream.credentials
+                self._let_go[exchange_id] = (stream.credentials, stream.request_line)
             if len(self._let_go) > KEPT_GONE:
                 self._let_go.popitem(last=False)
             when = when or f"{self.hold:g} s after it ended or was left (--hold)"
@@ -340,7 +341,18 @@ class LiveStreams:
     def let_go(self, exchange_id: int) -> bytes | None:
         """The credentials of the stream that exchange opened, if it was held here and let
         go (None: it was not)."""
-        return self._let_go.get(exchange_id)
+        held = self._let_go.get(exchange_id)
+        return None if held is None else held[0]
+
+    def let_go_alike(self, request_line: str, most: int) -> list[int]:
+        """The streams let go that a request like this one opened (at most ``most``), the
+        latest first: the exchanges that opened them."""
+        alike = (e for e, (_, line) in reversed(self._let_go.items()) if line == request_line)
+        return list(islice(alike, most))
+
+    def let_go_ids(self) -> frozenset[int]:
+        """The exchanges that opened the streams let go."""
+        return frozenset(self._let_go)
 
     def gone(self, request_line: str) -> Gone | None:
         """The last stream of a request like this one that was let go, if it is not held."""

@@ -39,9 +39,9 @@ from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, he
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams, recorders_exchange
-from .rejoin import Rejoin
+from .rejoin import Rejoin, named_task
 from .resume_options import UnknownResume
-from .revive import asleep_in_log, capture_uid, ended_in_log
+from .revive import LOOKED_IN, asleep_in_log, capture_uid, ended_in_log, holding
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -261,7 +261,7 @@ class RecordingProxy:
         None: it goes to the agent."""
         live = self.live
         assert live is not None
-        found = live.find(last_id) or await self._let_go(last_id)
+        found = live.find(last_id) or await self._let_go(request, last_id)
         if found is not None and found[0].answers(last_id):
             stream, position = found
             credentials = self.credentials.of(request.headers)
@@ -316,17 +316,27 @@ class RecordingProxy:
         finally:
             live.waking.pop(stream.exchange_id, None)
 
-    async def _let_go(self, last_id: str) -> tuple[LiveStream, int] | None:
-        """A stream that ended and was let go, named by one of the recorder's ids in it:
+    async def _let_go(self, request: web.Request, last_id: str) -> tuple[LiveStream, int] | None:
+        """A stream that ended and was let go, named by an id in it (one of the
+        recorder's names its stream; for one of the agent's, the log is asked which):
         rebuilt from the log (off the event loop), and where that event ends in it."""
+        live = self.live
+        assert live is not None
         exchange_id = recorders_exchange(last_id)
-        credentials = None if exchange_id is None else self.live.let_go(exchange_id)  # type: ignore[union-attr]
+        if exchange_id is None:
+            line = f"{request.method} {request.rel_url.raw_path}"
+            alike = live.let_go_alike(line, LOOKED_IN)
+            task = named_task(request, await request.read())
+            if alike or task != (None, None):
+                path, let_go = self.writer.path, live.let_go_ids()
+                exchange_id = await asyncio.to_thread(holding, path, last_id, alike, task, let_go)
+        credentials = None if exchange_id is None else live.let_go(exchange_id)
         if credentials is None:
             return None  # (no other stream of the log is answered: the agent was not asked)
         stream = await asyncio.to_thread(ended_in_log, self.writer.path, exchange_id)  # type: ignore[arg-type]
         position = stream.position(last_id) if stream is not None else None  # (its key too)
-        if stream is None or position is None:
-            return None
+        if stream is None or position is None or not stream.answers(last_id):
+            return None  # (an agent's id on a stream that ended unfinished: refused, as let go)
         stream.credentials = credentials
         return stream, position
 

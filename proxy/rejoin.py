@@ -83,14 +83,14 @@ class Rejoin:
 
     def closed(self) -> bool:
         """Whether the stream's last event is its protocol's closing one."""
-        return _ends_closed(self.stream, self.protocol)
+        return ends_closed(self.stream, self.protocol)
 
     def closed_later(self) -> Callable[[LiveStream], bool]:
         """``closed``, to be asked of the stream once it has ended, if ever (a reconnect to
         it): it holds the original request, not the client's request, nor the stream (a
         stream let go is freed at once, not left to the garbage collector)."""
         request = self.request
-        return lambda stream: _ends_closed(stream, recognise(request))
+        return lambda stream: ends_closed(stream, recognise(request))
 
     def closes(self, event: SSEEvent) -> bool:
         """Whether this event of a rejoined stream is its last (an agent may leave a
@@ -304,7 +304,17 @@ def _admission(status: int) -> bool | None:
     return True if 200 <= status < 300 else False if status in (401, 403) else None
 
 
-def _ends_closed(stream: LiveStream, protocol: Protocol | None) -> bool:
+def named_task(request: web.Request, body: bytes) -> tuple[str | None, str | None]:
+    """The task and the session a client's request names (each None if none), as its
+    protocol reads the request."""
+    asked = Request(request.method, request.rel_url.raw_path_qs, list(request.headers.items()), body)
+    protocol = recognise(asked)
+    info = protocol.request_info(asked) if protocol is not None else None
+    return (info.task_id, info.session_id) if info is not None else (None, None)
+
+
+def ends_closed(stream: LiveStream, protocol: Protocol | None) -> bool:
+    """Whether the stream's last event is its protocol's closing one."""
     data = stream.last_data()
     return data is not None and protocol is not None and protocol.closes(data, None)
 

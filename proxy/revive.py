@@ -31,7 +31,7 @@ from tasktape.eventlog.resumes import ResumeOutcome, ResumeSide
 from .credentials import stream_key
 from .headers import end_to_end
 from .live import LiveStream
-from .rejoin import caught_up
+from .rejoin import caught_up, ends_closed
 
 # Whatever ended the recording of a stream that was still running: the recorder stopped
 # (proxy_stopped), its writer closed first (log_closed), or nothing did (it was killed).
@@ -106,8 +106,37 @@ def ended_in_log(path: Path, exchange_id: int) -> LiveStream | None:
         if outcome is None or (protocol is None and len(chain) > 1):
             return None  # still being written (or rejoined by a protocol no longer known)
         stream = _rebuilt(conn, root, chain, protocol)
-        stream.end(outcome)
+        stream.end(outcome, closed=ends_closed(stream, protocol))
         return stream
+
+
+def holding(
+    path: Path, event_id: str, alike: list[int], task: tuple[str | None, str | None], let_go: frozenset[int]
+) -> int | None:
+    """Which stream let go holds an event of that id (one of the agent's): of the streams
+    ``alike`` (opened by requests like the reconnect), then those of the task and session
+    the reconnect names (``task``), the latest first, the first whose events (its rejoins'
+    included) have one; the exchange that opened it. None: none does. At most LOOKED_IN
+    streams of each are looked in."""
+    task_id, session_id = task
+    with _read_only(path) as conn:
+        named: list[int] = []
+        for column, value in (("task_id", task_id), ("session_id", session_id)):
+            if value is not None:
+                rows = conn.execute(_NAMED.format(column=column), (value, LOOKED_IN * 4))
+                named += [e for (e,) in rows if e in let_go][:LOOKED_IN]
+        for root in dict.fromkeys([*alike, *sorted(named, reverse=True)]):
+            chain = _chain(conn, root)
+            if conn.execute(_HOLDS.format(chain=", ".join("?" * len(chain))), (event_id, *chain)).fetchone():
+                return root
+    return None
+
+
+# A reconnect after an agent's id to a stream let go: the streams looked in, the exchanges
+# of a task or session named, and whether a stream's exchanges hold an event of that id.
+LOOKED_IN = 64
+_NAMED = "SELECT id FROM exchanges WHERE {column} = ? ORDER BY id DESC LIMIT ?"
+_HOLDS = "SELECT 1 FROM events WHERE event_id = ? AND exchange_id IN ({chain}) LIMIT 1"
 
 
 def capture_uid(path: Path, capture_id: int) -> str:
