@@ -17,7 +17,7 @@ full ``SSEDecoder``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
@@ -70,23 +70,28 @@ class Stamper:
         "_id_head",
         "_indexed",
         "_lines",
+        "_measured",
         "_own",
         "_pending",
         "_positions",
         "_quick",
+        "_size",
+        "_starts",
         "count",
         "on_new",
         "prefix",
         "segments",
-        "size",
-        "starts",
     )
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.segments: list[bytes] = []
-        self.starts: list[int] = []
-        self.size = 0  # bytes so far
+        # Where each segment begins, and the bytes so far, as far as worked out: the quick
+        # ways only add segments, and the rest is measured when asked (few ask, and at the
+        # end of a stream only its size).
+        self._starts: list[int] = []
+        self._measured = 0  # the segments whose starts those are
+        self._size = 0  # their bytes
         self.count = 0  # events so far
         self._ends: list[int] = []  # where each event ends, as far as worked out
         # The segments whose events those are: each after them (the quick ways') ends an
@@ -157,6 +162,26 @@ class Stamper:
         return self._ends[n - 1] if n <= self.count and n not in self._own else None
 
     @property
+    def starts(self) -> list[int]:
+        """Where each segment begins."""
+        if self._measured < len(self.segments):
+            self._measure()
+        return self._starts
+
+    @property
+    def size(self) -> int:
+        """The bytes so far."""
+        if self._measured < len(self.segments):
+            self._measure()
+        return self._size
+
+    def _measure(self) -> None:
+        new = self.segments[self._measured :]
+        self._starts += accumulate(map(len, new[:-1]), initial=self._size)
+        self._size += sum(map(len, new))
+        self._measured = len(self.segments)
+
+    @property
     def ends(self) -> list[int]:
         """Where each event ends."""
         if self._indexed < len(self.segments):
@@ -166,9 +191,9 @@ class Stamper:
     def _index(self) -> None:
         """The ends, and the agent's ids, of the events in the segments not yet indexed."""
         nl, sep = self._lines.nl, self._lines.sep  # type: ignore[union-attr]  # the quick ways know them
-        ends, own, positions = self._ends, self._own, self._positions
+        ends, own, positions, starts = self._ends, self._own, self._positions, self.starts
         for i in range(self._indexed, len(self.segments)):
-            at = self.starts[i]
+            at = starts[i]
             for block in self.segments[i].split(sep)[:-1]:  # the last: b"", after the last blank line
                 at += len(block) + len(sep)
                 ends.append(at)
@@ -190,9 +215,9 @@ class Stamper:
         self._fresh = True  # none of the response read yet (it may begin with a BOM)
         self._first = first
         self._id_head = b""  # the id line's, up to its number, once the line ends are known
-        # While a chunk may be one event: the lines' cut, lead and tail, and the id line's
-        # head and end.
-        self._quick: tuple[bytes, bytes, bytes, bytes, bytes] | None = None
+        # While a chunk may be one event: the lines' cut (and the other byte of a line
+        # end), lead and tail, and the id line's head and end.
+        self._quick: tuple[bytes, int, bytes, bytes, bytes, bytes] | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the upstream: what they complete for clients (b"" if nothing)."""
@@ -202,24 +227,25 @@ class Stamper:
         # is stamped here with a few scans (partition, and ``in`` with an int, which are
         # memchr; in Python 3.11 find and startswith cost more in parsing their arguments).
         if quick is not None:
-            cut, lead, tail, head, sep = quick
+            cut, other, lead, tail, head, sep = quick
             line, _, rest = data.partition(cut)
             stamped = None
-            if _CR not in line and _LF not in line:  # no other line end before the first
+            if other not in line:  # no other line end before the first
                 if rest == tail:  # one line, then a blank line
                     if line[:5] == b"data:":  # no id: one is spliced in
                         n = self.count + 1
-                        number = _NUMBERS[n] if n < len(_NUMBERS) else _numbers(n, 1)[0]
+                        try:
+                            number = _NUMBERS[n]
+                        except IndexError:  # past those made so far
+                            number = _numbers(n, 1)[0]
                         stamped = b"".join((line, head, number, sep))
                 elif line[:4] == b"id: " and _NUL not in line and (not lead or rest[:1] == lead):
                     # An id line (a NUL in it: the slow way), then the data line.
                     second, _, rest = (rest[1:] if lead else rest).partition(cut)
-                    if rest == tail and _CR not in second and _LF not in second and second[:5] == b"data:":
+                    if rest == tail and other not in second and second[:5] == b"data:":
                         stamped = data  # its id is read when asked (_index)
             if stamped is not None:  # _plain's work, done here: calls less
                 self.segments.append(stamped)
-                self.starts.append(self.size)
-                self.size += len(stamped)
                 self.count += 1
                 if self.on_new is not None:
                     self.on_new()
@@ -255,7 +281,8 @@ class Stamper:
         lines = self._lines
         self._quick = None
         if lines is not None and not self._pending and self._decoder is None and self._first is None:
-            self._quick = (lines.cut, lines.lead, lines.tail, self._id_head, lines.sep)
+            other = _CR if lines is LF else _LF  # the byte of a line end that the cut is not
+            self._quick = (lines.cut, other, lines.lead, lines.tail, self._id_head, lines.sep)
 
     def _feed(self, data: bytes) -> None:
         if self._fresh:
@@ -446,8 +473,6 @@ class Stamper:
             if stamped is None:
                 return None
         self.segments.append(stamped)
-        self.starts.append(self.size)
-        self.size += len(stamped)
         return stamped
 
     def _owned(self, whole: bytes, split: list[bytes], lines: Lines) -> bytes | None:
@@ -539,10 +564,10 @@ class Stamper:
         """A segment whose events (if any) the caller notes in ``ends``."""
         if self._indexed < len(self.segments):
             self._index()
+        self._starts.append(self.size)  # (measured first)
+        self._size += len(segment)
         self.segments.append(segment)
-        self.starts.append(self.size)
-        self.size += len(segment)
-        self._indexed = len(self.segments)
+        self._measured = self._indexed = len(self.segments)
 
 
 def _numbers(first: int, k: int) -> list[bytes]:
