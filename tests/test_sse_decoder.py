@@ -386,3 +386,71 @@ def test_whole_events_in_a_chunk_decode_as_the_whole_stream(
         assert b"".join(e.raw for e in cut) == stream
         assert_raw_boundaries([e for e in cut if e.complete], pieces, ends)
         assert all(type(e.raw) is bytes for e in chunked)
+
+
+# Runs of alike events long enough for the whole-events path to read them all at once,
+# and the blocks that make a run anything else.
+ALIKE_DATA = [b'data: {"n": %d}', b"data: x", b"data:x%d", "data: é%d".encode(), b"data: \xff%d"]
+ALIKE_DATA.append(b"data: a\x00b")
+ALIKE_HEADS = [None, b"id: %d", b"id:%d", b"id: a\x00%d", b"id: ", b"event: e%d"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.sampled_from(ALIKE_DATA),
+    head=st.sampled_from(ALIKE_HEADS),
+    n=st.integers(30, 90),  # (a run of more than _FEW_BYTES)
+    odd=st.none() | st.tuples(st.integers(0, 90), st.lists(st.sampled_from(LINES), min_size=1, max_size=5)),
+    end=st.sampled_from([b"\n", b"\r\n"]),
+    keep_raw=st.booleans(),
+    after=st.booleans(),
+)
+@example(data=b'data: {"n": %d}', head=b"id: %d", n=60, odd=None, end=b"\n", keep_raw=True, after=False)
+@example(data=b"data: %d", head=None, n=90, odd=(89, [b"id: 7"]), end=b"\r\n", keep_raw=False, after=True)
+@example(
+    data=b"data: %d",
+    head=b"id: %d",
+    n=50,
+    odd=(9, [b"id:7", b"data: x"]),
+    end=b"\n",
+    keep_raw=True,
+    after=True,
+)
+# One block of five lines, that split by lines looks like two of an id line and a data line.
+@example(
+    data=b"data: %d",
+    head=b"id: %d",
+    n=50,
+    odd=(9, [b"id: 7", b"data: x", b"data: w", b"id: 8", b"data: q"]),
+    end=b"\n",
+    keep_raw=False,
+    after=False,
+)
+@example(data=b"data: %d", head=None, n=50, odd=(9, [b": ping"]), end=b"\n", keep_raw=False, after=False)
+def test_a_run_of_alike_events_decodes_as_the_whole_stream(
+    data: bytes,
+    head: bytes | None,
+    n: int,
+    odd: tuple[int, list[bytes]] | None,
+    end: bytes,
+    keep_raw: bool,
+    after: bool,
+) -> None:
+    def filled(template: bytes, k: int) -> bytes:
+        return template % k if b"%d" in template else template
+
+    blocks = [end.join([*([filled(head, k)] if head else []), filled(data, k)]) + end + end for k in range(n)]
+    if odd is not None:
+        blocks.insert(odd[0] % (n + 1), end.join(odd[1]) + end + end)
+    chunks = [b"data: a" + end + end] if after else []  # the run after an event, or first
+    chunks.append(b"".join(blocks))
+    chunks.append(b"data: z" + end + end)  # (after the last id of the run)
+    stream = b"".join(chunks)
+    dec = SSEDecoder(keep_raw=keep_raw)
+    got = [e for c in chunks for e in dec.feed(c)] + dec.close()
+    expected, ends = reference(stream)
+    assert [fields(e) for e in got if e.complete] == expected
+    assert len(got) == len(expected) + (len(got) > len(expected))
+    if keep_raw:
+        assert b"".join(e.raw for e in got) == stream
+        assert_raw_boundaries([e for e in got if e.complete], chunks, ends)
