@@ -8,9 +8,10 @@ dropping it, so ``b"".join(e.raw for e in events)`` is always the whole input.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from itertools import repeat
 from operator import add, itemgetter
+
+import msgspec
 
 from tasktape.errors import DecoderClosed
 
@@ -24,14 +25,15 @@ _NUL = 0x00
 _DATA, _NOT_DATA, _ID, _NOT_ID = "data: ", "data:!", "id: ", "id:!"
 _AFTER_DATA, _AFTER_ID = itemgetter(slice(6, None)), itemgetter(slice(4, None))
 _FEW_BYTES = 512  # a chunk this short holds an event or two: the loop reads it as fast
+_ONE_BYTES = 4096  # a chunk longer is seldom one event of one line: not looked at as one
 # Larger retry values cannot be stored as a SQLite INTEGER; they are ignored like
 # any other invalid retry field.
 _MAX_RETRY = 2**63 - 1
 
 
-@dataclass(slots=True)
-class SSEEvent:
-    """One dispatched event (or, with ``complete=False``, the tail of a cut-off stream)."""
+class SSEEvent(msgspec.Struct, gc=False):
+    """One dispatched event (or, with ``complete=False``, the tail of a cut-off stream).
+    (A Struct: made in C, for every event recorded; it holds no other object.)"""
 
     data: str
     event: str | None
@@ -103,6 +105,10 @@ class SSEDecoder:
             self._at_start = False
             self._between = True
         if self._between:
+            if len(chunk) <= _ONE_BYTES and type(chunk) is bytes:
+                event = self._one(chunk)
+                if event is not None:
+                    return [event]
             events = self._from_between(chunk)
             if events is not None:
                 return events
@@ -183,6 +189,41 @@ class SSEDecoder:
             events.append(SSEEvent(value.decode("utf-8", "replace"), event, ident, None, self._last_id, raw))
         self._dropped = 0  # (without keep_raw) no byte since these events
         return events
+
+    def _one(self, chunk: bytes) -> SSEEvent | None:
+        """A chunk that is one whole event (the commonest, live: agents send an event a
+        write), read with a few scans: a ``data: `` line, after an ``id: `` line or not,
+        ended LF or CRLF. None, and nothing changed, if it is anything else (the loop of
+        ``_whole`` reads it, or the line-by-line parse)."""
+        first, _, rest = chunk.partition(b"\n")
+        head = None
+        if rest == b"\n":
+            line = first
+        elif rest == b"\r\n" and first[-1:] == b"\r":
+            line = first[:-1]
+        elif first[:4] == b"id: ":
+            line, _, rest = rest.partition(b"\n")
+            if rest == b"\n":
+                head = first
+            elif rest == b"\r\n" and first[-1:] == b"\r" and line[-1:] == b"\r":
+                head, line = first[:-1], line[:-1]
+            else:
+                return None
+            if _CR in head or _NUL in head:
+                return None
+        else:
+            return None
+        if line[:6] != b"data: " or _CR in line:
+            return None
+        try:
+            value = line[6:].decode()
+            ident = None if head is None else head[4:].decode()
+        except UnicodeDecodeError:
+            return None  # (read with replacement characters)
+        if ident is not None:
+            self._last_id = ident
+        self._dropped = 0
+        return SSEEvent(value, None, ident, None, self._last_id, chunk if self._keep_raw else b"")
 
     def _alike(self, chunk: bytes, text: bytes, crlf: bool) -> list[SSEEvent] | None:
         """``_whole``'s events when they are all alike (what agents send): every block a

@@ -331,6 +331,12 @@ plain_blocks = st.builds(
 @example(events=[b"data: a\r\n\r\n", b"id: 1\r\ndata: b\r\n\r\n"], starts=[], cuts=[], keep_raw=False)
 @example(events=[b"data: a\n\n", b"id: a\x00b\ndata: x\n\n"], starts=[], cuts=[], keep_raw=True)  # NUL: no id
 @example(
+    events=[b"data: a\n\n", b"id: a\rb\ndata: x\n\n"], starts=[], cuts=[], keep_raw=True
+)  # a CR ends a line
+@example(
+    events=[b"data: a\r\n\r\n", b"id: 1\ndata: b\r\n\r\n"], starts=[], cuts=[], keep_raw=True
+)  # LF, CRLF
+@example(
     events=[b"data: a\n\n", b"id: a\rbc\ndata: x\r\n\r\n"], starts=[], cuts=[], keep_raw=True
 )  # lone CR, LF
 @example(
