@@ -9,6 +9,9 @@ which gives the same answer for what both read (``tests/test_classify.py``). A m
 none of the structs names is skipped unread: an integer in it longer than the standard
 library parses (4,300 digits) leaves the frame readable here, where ``classify_json``
 calls it not JSON.
+
+The structs are kept out of the garbage collector's sight (``gc=False``): decoded JSON
+cannot refer back to them, so they make no cycle, and a frame is decoded per event.
 """
 
 from __future__ import annotations
@@ -19,23 +22,23 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 
-class _Part(Struct):
+class _Part(Struct, gc=False):
     text: Any = None
 
 
-class _Message(Struct):
+class _Message(Struct, gc=False):
     taskId: Any = None  # the wire's names
     contextId: Any = None
     parts: list[_Part] | None = None
     metadata: Any = None
 
 
-class _State(Struct):
+class _State(Struct, gc=False):
     state: Any = None
     message: _Message | None = None
 
 
-class _Status(Struct):
+class _Status(Struct, gc=False):
     """A task snapshot (its id in ``id``) or a status update (in ``taskId``)."""
 
     id: Any = None
@@ -45,13 +48,13 @@ class _Status(Struct):
     metadata: Any = None
 
 
-class _Artifact(Struct):
+class _Artifact(Struct, gc=False):
     artifactId: Any = None
     metadata: Any = None
     parts: list[_Part] | None = None
 
 
-class _ArtifactUpdate(Struct):
+class _ArtifactUpdate(Struct, gc=False):
     taskId: Any = None
     contextId: Any = None
     append: Any = None
@@ -60,7 +63,7 @@ class _ArtifactUpdate(Struct):
     metadata: Any = None
 
 
-class Kinds(Struct, forbid_unknown_fields=True):
+class Kinds(Struct, forbid_unknown_fields=True, gc=False):
     """A frame's body: which of the four it is (exactly one is set on an exact frame)."""
 
     task: _Status | UnsetType = UNSET
@@ -69,7 +72,7 @@ class Kinds(Struct, forbid_unknown_fields=True):
     artifactUpdate: _ArtifactUpdate | UnsetType = UNSET
 
 
-class Frame(Kinds, forbid_unknown_fields=True):
+class Frame(Kinds, forbid_unknown_fields=True, gc=False):
     """A bare frame, or a JSON-RPC response around one."""
 
     jsonrpc: Any = UNSET
