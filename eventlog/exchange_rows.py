@@ -318,10 +318,11 @@ class ExchangeRows:
             self._arrivals += 1
             self._release(self._decoder.feed(data), offset_ns, chunk_rows, event_rows)
         else:
-            events = self._decoder.feed(data)
+            decoder = self._decoder
+            events = decoder.feed(data)
             if events and data.endswith(b"\n"):
                 crlf = data.endswith(b"\r\n\r\n")
-                if _written_back(data, events, crlf):
+                if decoder.as_written or _written_back(data, events, crlf):
                     # Whole events alone: stored once, in their rows, which write the chunk back.
                     chunk, ends = self._chunk_seq, int(crlf)
                     self._chunk_seq += 1

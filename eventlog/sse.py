@@ -72,6 +72,7 @@ class SSEDecoder:
         "_line_start",
         "_retry",
         "_skip_lf",
+        "as_written",
     )
 
     def __init__(self, *, keep_raw: bool = True, start: bool = True) -> None:
@@ -97,9 +98,13 @@ class SSEDecoder:
         # Nothing pending: no bytes, no field of a block read (the first chunk, which may
         # begin with a BOM, is read line by line).
         self._between = False
+        # Whether the events the last feed returned are the chunk fed, each in the form
+        # ``written`` writes it back (a log need not keep the chunk beside them).
+        self.as_written = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode one more chunk; return the events whose blank line it completed."""
+        self.as_written = False
         if self._at_start and chunk and chunk[0] != _BOM[0] and not (self._buf or self._closed):
             # No byte-order mark: the stream begins between events, as after one.
             self._at_start = False
@@ -108,6 +113,7 @@ class SSEDecoder:
             if len(chunk) <= _ONE_BYTES and type(chunk) is bytes:
                 event = self._one(chunk)
                 if event is not None:
+                    self.as_written = True
                     return [event]
             events = self._from_between(chunk)
             if events is not None:
@@ -119,6 +125,7 @@ class SSEDecoder:
                 events = self._feed_lines(chunk[:end])
                 rest = chunk[end:]
                 more = self._from_between(rest) if self._between else None
+                self.as_written = False  # (events before them)
                 return events + (self._feed_lines(rest) if more is None else more)
         if self._skip_lf or self._at_start or self._closed or _LF in chunk or _CR in chunk:
             return self._feed_lines(chunk)
@@ -136,6 +143,7 @@ class SSEDecoder:
         if 0 < end < len(chunk):
             events = self._whole(chunk[:end])
             if events is not None:
+                self.as_written = False  # (not the whole chunk)
                 return events + self._feed_lines(chunk[end:])
         return None
 
@@ -262,6 +270,7 @@ class SSEDecoder:
         elif self._keep_raw:
             sep = b"\r\n\r\n" if crlf else b"\n\n"
             raws = map(add, chunk[: -len(sep)].split(sep), repeat(sep))
+        self.as_written = True  # (``feed`` says otherwise when they are not the whole chunk)
         return list(map(SSEEvent, values, repeat(None), ids, repeat(None), last_ids, raws))
 
     def _feed_lines(self, chunk: bytes) -> list[SSEEvent]:

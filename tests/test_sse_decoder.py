@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tasktape.errors import DecoderClosed
 from tasktape.eventlog import SSEDecoder, SSEEvent
+from tasktape.eventlog.sse import written
 
 WIRE = Path(__file__).resolve().parent / "data" / "wire"
 
@@ -58,6 +59,16 @@ def decode(chunks: list[bytes]) -> list[SSEEvent]:
     for c in chunks:
         out += dec.feed(c)
     return out + dec.close()
+
+
+def fed_as_written(dec: SSEDecoder, chunk: bytes) -> list[SSEEvent]:
+    """``dec.feed(chunk)``, checking that the chunk is its events as ``written`` writes them
+    back whenever the decoder says so."""
+    events = dec.feed(chunk)
+    if dec.as_written:
+        crlf = chunk.endswith(b"\r\n\r\n")
+        assert b"".join(written(e.data, e.id, e.event, crlf) for e in events) == chunk
+    return events
 
 
 def fields(e: SSEEvent) -> tuple:
@@ -364,7 +375,7 @@ def test_whole_events_in_a_chunk_decode_as_the_whole_stream(
         dec = SSEDecoder(keep_raw=keep_raw)
         out: list[SSEEvent] = []
         for c in chunks:
-            out += dec.feed(c)
+            out += fed_as_written(dec, c)
         return out + dec.close()
 
     chunks: list[bytes] = []
@@ -410,9 +421,21 @@ ALIKE_HEADS = [None, b"id: %d", b"id:%d", b"id: a\x00%d", b"id: ", b"event: e%d"
     end=st.sampled_from([b"\n", b"\r\n"]),
     keep_raw=st.booleans(),
     after=st.booleans(),
+    cut=st.sampled_from(["none", "head", "tail"]),
 )
-@example(data=b'data: {"n": %d}', head=b"id: %d", n=60, odd=None, end=b"\n", keep_raw=True, after=False)
-@example(data=b"data: %d", head=None, n=90, odd=(89, [b"id: 7"]), end=b"\r\n", keep_raw=False, after=True)
+@example(
+    data=b'data: {"n": %d}', head=b"id: %d", n=60, odd=None, end=b"\n", keep_raw=True, after=False, cut="none"
+)
+@example(
+    data=b"data: %d",
+    head=None,
+    n=90,
+    odd=(89, [b"id: 7"]),
+    end=b"\r\n",
+    keep_raw=False,
+    after=True,
+    cut="none",
+)
 @example(
     data=b"data: %d",
     head=b"id: %d",
@@ -421,6 +444,7 @@ ALIKE_HEADS = [None, b"id: %d", b"id:%d", b"id: a\x00%d", b"id: ", b"event: e%d"
     end=b"\n",
     keep_raw=True,
     after=True,
+    cut="none",
 )
 # One block of five lines, that split by lines looks like two of an id line and a data line.
 @example(
@@ -431,8 +455,18 @@ ALIKE_HEADS = [None, b"id: %d", b"id:%d", b"id: a\x00%d", b"id: ", b"event: e%d"
     end=b"\n",
     keep_raw=False,
     after=False,
+    cut="none",
 )
-@example(data=b"data: %d", head=None, n=50, odd=(9, [b": ping"]), end=b"\n", keep_raw=False, after=False)
+@example(
+    data=b"data: %d",
+    head=None,
+    n=50,
+    odd=(9, [b": ping"]),
+    end=b"\n",
+    keep_raw=False,
+    after=False,
+    cut="none",
+)
 def test_a_run_of_alike_events_decodes_as_the_whole_stream(
     data: bytes,
     head: bytes | None,
@@ -441,6 +475,7 @@ def test_a_run_of_alike_events_decodes_as_the_whole_stream(
     end: bytes,
     keep_raw: bool,
     after: bool,
+    cut: str,
 ) -> None:
     def filled(template: bytes, k: int) -> bytes:
         return template % k if b"%d" in template else template
@@ -449,11 +484,16 @@ def test_a_run_of_alike_events_decodes_as_the_whole_stream(
     if odd is not None:
         blocks.insert(odd[0] % (n + 1), end.join(odd[1]) + end + end)
     chunks = [b"data: a" + end + end] if after else []  # the run after an event, or first
-    chunks.append(b"".join(blocks))
-    chunks.append(b"data: z" + end + end)  # (after the last id of the run)
+    run, tail = b"".join(blocks), b"data: z" + end + end  # (after the last id of the run)
+    if cut == "head":  # the run's chunk begins inside its first event
+        chunks += [run[:3], run[3:], tail]
+    elif cut == "tail":  # and ends inside the event after it
+        chunks += [run + tail[:4], tail[4:]]
+    else:
+        chunks += [run, tail]
     stream = b"".join(chunks)
     dec = SSEDecoder(keep_raw=keep_raw)
-    got = [e for c in chunks for e in dec.feed(c)] + dec.close()
+    got = [e for c in chunks for e in fed_as_written(dec, c)] + dec.close()
     expected, ends = reference(stream)
     assert [fields(e) for e in got if e.complete] == expected
     assert len(got) == len(expected) + (len(got) > len(expected))
