@@ -39,7 +39,7 @@ from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, he
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams, recorders_exchange
-from .rejoin import Rejoin, named_task
+from .rejoin import Rejoin, agent_resumes, named_task
 from .resume_options import UnknownResume
 from .revive import LOOKED_IN, asleep_in_log, capture_uid, ended_in_log, holding
 
@@ -261,8 +261,11 @@ class RecordingProxy:
         None: it goes to the agent."""
         live = self.live
         assert live is not None
-        found = live.find(last_id) or await self._let_go(request, last_id)
-        if found is not None and found[0].answers(last_id):
+        told = await self._small_body(request, read)  # what the protocol reads the request by
+        found = live.find(last_id) or await self._let_go(request, told, last_id)
+        # An agent's id on a stream the agent ended unfinished goes back to it only where
+        # its protocol takes streams up again (else the request would start a new task).
+        if found is not None and (found[0].answers(last_id) or not agent_resumes(request, told)):
             stream, position = found
             credentials = self.credentials.of(request.headers)
             if stream.credentials is None:  # taken up from the log after a restart
@@ -316,7 +319,16 @@ class RecordingProxy:
         finally:
             live.waking.pop(stream.exchange_id, None)
 
-    async def _let_go(self, request: web.Request, last_id: str) -> tuple[LiveStream, int] | None:
+    async def _small_body(self, request: web.Request, read: bytes | None) -> bytes:
+        """The request's body where it is read whole anyway (small, of a known length);
+        else b"": a big or chunked one streams on to the agent untouched, if it goes there."""
+        if read is not None:
+            return read
+        length = request.content_length
+        whole = request.body_exists and length is not None and length <= READ_WHOLE
+        return await request.read() if whole else b""
+
+    async def _let_go(self, request: web.Request, body: bytes, last_id: str) -> tuple[LiveStream, int] | None:
         """A stream that ended and was let go, named by an id in it (one of the
         recorder's names its stream; for one of the agent's, the log is asked which):
         rebuilt from the log (off the event loop), and where that event ends in it."""
@@ -326,7 +338,7 @@ class RecordingProxy:
         if exchange_id is None:
             line = f"{request.method} {request.rel_url.raw_path}"
             alike = live.let_go_alike(line, LOOKED_IN)
-            task = named_task(request, await request.read())
+            task = named_task(request, body)
             if alike or task != (None, None):
                 path, let_go = self.writer.path, live.let_go_ids()
                 exchange_id = await asyncio.to_thread(holding, path, last_id, alike, task, let_go)
@@ -335,8 +347,8 @@ class RecordingProxy:
             return None  # (no other stream of the log is answered: the agent was not asked)
         stream = await asyncio.to_thread(ended_in_log, self.writer.path, exchange_id)  # type: ignore[arg-type]
         position = stream.position(last_id) if stream is not None else None  # (its key too)
-        if stream is None or position is None or not stream.answers(last_id):
-            return None  # (an agent's id on a stream that ended unfinished: refused, as let go)
+        if stream is None or position is None:
+            return None
         stream.credentials = credentials
         return stream, position
 

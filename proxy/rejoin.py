@@ -307,10 +307,21 @@ def _admission(status: int) -> bool | None:
 def named_task(request: web.Request, body: bytes) -> tuple[str | None, str | None]:
     """The task and the session a client's request names (each None if none), as its
     protocol reads the request."""
-    asked = Request(request.method, request.rel_url.raw_path_qs, list(request.headers.items()), body)
+    asked = _asked(request, body)
     protocol = recognise(asked)
     info = protocol.request_info(asked) if protocol is not None else None
     return (info.task_id, info.session_id) if info is not None else (None, None)
+
+
+def agent_resumes(request: web.Request, body: bytes) -> bool:
+    """Whether the agent takes a stream up again itself after a client's request like
+    this one (its protocol says so; True if no protocol claims it: the agent decides)."""
+    protocol = recognise(_asked(request, body))
+    return protocol is None or protocol.resumes_streams
+
+
+def _asked(request: web.Request, body: bytes) -> Request:
+    return Request(request.method, request.rel_url.raw_path_qs, list(request.headers.items()), body)
 
 
 def ends_closed(stream: LiveStream, protocol: Protocol | None) -> bool:

@@ -216,6 +216,38 @@ def gated(front: web.Application) -> web.Application:
     return front
 
 
+async def until_broken(url: str, headers: dict[str, str]) -> bytes:
+    """What a repeated message:stream gets before its stream ends, abruptly or not."""
+    got = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/message:stream", json=REST_BODY, headers={**HEADERS, **headers}) as r,
+    ):
+        assert r.status == 200
+        try:
+            async for data in r.content.iter_any():
+                got += data
+        except aiohttp.ClientPayloadError:
+            pass
+    return got
+
+
+async def test_a_reconnect_to_a_stream_that_could_not_be_rejoined_never_reaches_the_agent(
+    record: RecordFactory, serve: Serve
+) -> None:
+    # The agent's ids, the agent ended the stream unfinished, and it cannot be rejoined: a
+    # reconnect after one of its ids is answered from the stream held, ended as the agent's
+    # was. Sent to the agent, the repeated message:stream would start a second task.
+    agent = await serve(create_agent_app(pace=0.05))
+    front, seen = breaking(agent, after=4)
+    rec = await record(await serve(gated(front)), hold=30.0, rejoin_for=0.5)
+    got = [e for e in events_of(await until_broken(rec.url, {})) if e.complete]
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+    rest = await until_broken(rec.url, {"Last-Event-ID": got[1].id})
+    assert rest == b"".join(e.raw for e in got[2:])
+    assert seen.count("POST /message:stream") == 1
+
+
 async def test_a_failing_subscribe_is_retried_with_backoff_until_rejoin_for(
     record: RecordFactory, serve: Serve
 ) -> None:

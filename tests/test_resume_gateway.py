@@ -310,7 +310,7 @@ async def test_a_keep_alive_goes_out_at_once(record: RecordFactory) -> None:
         assert re.fullmatch(rb"data: hello\nid: tg1-[0-9a-f]{12}\.1\n\n", await r.read())
 
 
-async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_is_then_refused(
+async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_then_gets_what_the_log_holds(
     record: RecordFactory,
 ) -> None:
     app, seen = counted(create_agent_app(pace=3.0))
@@ -320,7 +320,15 @@ async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_is_then_r
     with await rec.log() as log:
         (stream,) = [x for x in log.exchanges() if x["is_sse"]]
         assert stream["outcome"] == "client_disconnected" and "--hold" in stream["error"]
-    await asyncio.sleep(0.5)  # and then forgotten
-    status, body = await rest_of(rec.url, REST_BODY, events[-1].id)
-    assert status == 400 and "was let go" in json.loads(body)["error"]["message"]
+    await asyncio.sleep(0.5)  # and then let go
+    (await rec.log()).close()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{rec.url}/message:stream", json=REST_BODY, headers={**HEADERS, "Last-Event-ID": events[0].id}
+        ) as r,
+    ):
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):  # ended as the recorder let its upstream go
+            await r.read()
     assert seen.count("POST /message:stream") == 1  # never a silent restart

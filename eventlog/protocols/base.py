@@ -158,6 +158,11 @@ class Protocol:
     # (task, message, response ids): ``tasktape diff`` compares those by position.
     server_ids: ClassVar[frozenset[str]] = frozenset()
     rules: ClassVar[Mapping[str, Rule]] = {}  # its lifecycle rules, by name
+    # Whether its servers take a stream up again themselves after the client's
+    # Last-Event-ID (MCP's do): a resuming recorder sends them a reconnect to a stream they
+    # ended unfinished. Otherwise the recorder answers it from what it holds, since the
+    # request again would start the work anew.
+    resumes_streams: ClassVar[bool] = False
 
     def claims(self, request: Request) -> bool:
         """Whether this request is one of this protocol's (strictly: never on a guess)."""

@@ -103,6 +103,7 @@ class MCP(Protocol):
     kinds = MCPKind
     # Clients number requests afresh, and the SDKs use the id as the progress token.
     regenerated: ClassVar[Regenerated] = Regenerated(pointers=(("params", "_meta", "progressToken"),))
+    resumes_streams: ClassVar[bool] = True  # a server may end a stream for its client to poll
 
     def claims(self, request: Request) -> bool:
         if request.header(VERSION_HEADER) is not None or request.header(SESSION_HEADER) is not None:
