@@ -53,8 +53,11 @@ async def _clients(rec: Running, name: str, until: float, got: dict[str, bytes])
             n += 1
 
 
+_COLLECT = [sys.executable, "-m", "tasktape", "collect"]
+
+
 def _collector(url: str, db: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "tasktape", "collect", "--from", url, "--db", str(db)]
+    args = [*_COLLECT, "--from", url, "--db", str(db)]
     return subprocess.Popen([*args, "--ack-wait", "1", "--batch", "5"], stderr=subprocess.PIPE)
 
 
@@ -69,8 +72,10 @@ async def test_a_fleet_loses_and_doubles_nothing_through_node_broker_and_collect
     got: dict[str, bytes] = {}
     collector = _collector(cluster.url, fleet)
     clickhouse = f"chdb://{tmp_path / 'clickhouse'}"
+    # Each collector has a fetch lost with the node killed handed out again within a second
+    # (the default waits 30 s for its acknowledgement).
     into_clickhouse = subprocess.Popen(
-        [sys.executable, "-m", "tasktape", "collect", "--from", cluster.url, "--clickhouse", clickhouse],
+        [*_COLLECT, "--from", cluster.url, "--clickhouse", clickhouse, "--ack-wait", "1"],
         stderr=subprocess.PIPE,
     )
     try:
