@@ -265,9 +265,7 @@ class SSEDecoder:
             self._last_id = last_ids[-1]
         raws: Iterable[bytes] = repeat(b"")
         self._dropped = 0  # (without keep_raw) no byte since these events
-        if self._keep_raw and len(values) == 1:
-            raws = (chunk,)
-        elif self._keep_raw:
+        if self._keep_raw:
             sep = b"\r\n\r\n" if crlf else b"\n\n"
             raws = map(add, chunk[: -len(sep)].split(sep), repeat(sep))
         self.as_written = True  # (``feed`` says otherwise when they are not the whole chunk)

@@ -99,10 +99,11 @@ class LiveStream:
         return event_id
 
     def answers(self, event_id: str) -> bool:
-        """Whether a reconnect after that event is this stream's to answer: while it is
-        held, once it closed, or for an id of the recorder's. An agent id on a stream the
-        agent ended unfinished goes back to the agent, which may resume it itself (an MCP
-        server that closes a stream for its client to poll)."""
+        """Whether a reconnect after that event is this stream's to answer whatever its
+        protocol: while it is held, once it closed, or for an id of the recorder's. An
+        agent id on a stream the agent ended unfinished is answered only where the agent
+        would not take the stream up itself (the recorder asks the protocol: an MCP server
+        may close a stream for its client to poll)."""
         return self.outcome is None or self.closed or event_id.startswith(ID_PREFIX)
 
     def admits(self, credentials: bytes) -> bool:

@@ -6,8 +6,9 @@ from it, and wakes it: the stream goes on through a subscribe to the agent, whic
 that client's headers (the log keeps no credentials). One nobody wakes within ``--hold``
 is let go.
 
-A stream that ended and was let go is rebuilt the same way when a reconnect names one of
-the recorder's ids in it (``ended_in_log``).
+A stream that ended and was let go is rebuilt the same way when a reconnect names an id
+in it (``ended_in_log``): one of the recorder's names its stream, and the log says which
+holds one of the agent's (``holding``).
 """
 
 from __future__ import annotations

@@ -212,16 +212,23 @@ async def test_a_stream_let_go_is_answered_from_the_log_after_one_of_the_recorde
         ]
 
 
-async def test_a_stream_let_go_is_answered_from_the_log_after_one_of_the_agents_ids(
-    record: RecordFactory,
-) -> None:
+async def let_go_after_three(record: RecordFactory) -> tuple[Any, list[str], bytes, list[Any]]:
+    """A recorder, the requests its agent saw, and the first three events of a stream its
+    client left, which then ended and was let go (its end in the log)."""
     app, seen = counted(create_agent_app(pace=0.02))
     rec = await record(app, hold=0.1)
     before, events = await first_events(rec.url, REST_BODY, 3)
     await asyncio.wait_for(rec.proxy.wait_idle(), 10)
     await asyncio.sleep(0.3)  # ended, then let go
     assert rec.proxy.live is not None and len(rec.proxy.live) == 0
-    (await rec.log()).close()  # its end is in the log
+    (await rec.log()).close()
+    return rec, seen, before, events
+
+
+async def test_a_stream_let_go_is_answered_from_the_log_after_one_of_the_agents_ids(
+    record: RecordFactory,
+) -> None:
+    rec, seen, before, events = await let_go_after_three(record)
     status, after = await rest_of(rec.url, REST_BODY, events[-1].id)  # the log says which stream has it
     assert status == 200
     assert before + after == await upstream_stream(rec)  # the rest, as the agent sent it
@@ -237,14 +244,8 @@ async def test_a_stream_let_go_is_answered_from_the_log_after_one_of_the_agents_
 async def test_a_subscribe_after_the_agents_id_to_a_task_let_go_is_answered_from_the_log(
     record: RecordFactory,
 ) -> None:
-    app, seen = counted(create_agent_app(pace=0.02))
-    rec = await record(app, hold=0.1)
-    before, events = await first_events(rec.url, REST_BODY, 3)
+    rec, seen, before, events = await let_go_after_three(record)
     task_id = json.loads(events[0].data)["task"]["id"]
-    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
-    await asyncio.sleep(0.3)  # ended, then let go
-    assert rec.proxy.live is not None and len(rec.proxy.live) == 0
-    (await rec.log()).close()
     async with (
         aiohttp.ClientSession() as session,
         session.get(
