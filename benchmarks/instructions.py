@@ -1,6 +1,8 @@
 """What each process spends per forwarded event, in instructions counted by valgrind's
 callgrind: unlike time on a shared machine, a count does not drift with the machine's
-speed, so it says exactly what recording adds to forwarding and what the log writer costs.
+speed, so it says exactly what recording adds to forwarding and what the log writer costs;
+nor does it count what other processes on the machine cost it (the brokers a shipping
+recorder sends to, here on the same CPUs, take none of its count).
 
 Each path runs under callgrind twice, once with only a warm-up and once with the paced
 streams too; the difference, divided by the events, is the cost of one event. The agent
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .fleet_bench import NATS_SERVER, NatsCluster, wait_shipped
 from .harness import Section
 from .proxy_bench import (
     BARE,
@@ -40,6 +43,7 @@ from .proxy_bench import (
 STREAMS, EVENTS, DELAY = 5, 500, 0.02  # 5 streams of 500 events 20 ms apart
 QUICK = (4, 100)
 AGENT_IDS = ", the agent's ids"
+SHIPPING = "tasktape record --ship"
 WARM_UP = (2, 10)
 _STARTUP = 300.0  # seconds: Python importing aiohttp and sqlite-utils under valgrind
 
@@ -48,7 +52,14 @@ def run(quick: bool) -> list[Section]:
     streams, events = QUICK if quick else (STREAMS, EVENTS)
     section = Section(
         f"Instructions per event: {streams} streams of {events} events {DELAY * 1000:.0f} ms apart",
-        ["path", "proxy process", "vs bare pass-through", "log writer process", "both, vs bare"],
+        [
+            "path",
+            "proxy process",
+            "vs bare pass-through",
+            "log writer process",
+            "shipper process",
+            "all, vs bare",
+        ],
     )
     if shutil.which("valgrind") is None:
         section.notes.append("valgrind is not installed, so nothing was counted (apt-get install valgrind).")
@@ -69,14 +80,18 @@ def run(quick: bool) -> list[Section]:
         # The same two, the agent giving every event an id of its own (as tasktape agent does).
         paths[RECORD + AGENT_IDS] = paths[RECORD]
         paths[RESUMING + AGENT_IDS] = paths[RESUMING]
+        if shutil.which(NATS_SERVER):  # shipping every row to a three-node JetStream cluster
+            cluster = NatsCluster(tmp / "nats").start()
+            stack.callback(cluster.stop)
+            paths[SHIPPING] = lambda p, db: [*paths[RECORD](p, db), "--ship", cluster.url]
         # One path at a time, its two runs side by side (the warm-up-only one mostly idles):
         # a process starved of CPU would read events coalesced, and count fewer per event.
         counts = {}
         with ThreadPoolExecutor(2) as pool:
             for name, command in paths.items():
-                logged, ids = name.startswith(RECORD), name.endswith(AGENT_IDS)
-                idle = pool.submit(_count, tmp, command, logged, 0, 0, ids)
-                counts[name, (streams, events)] = _count(tmp, command, logged, streams, events, ids)
+                logged, ids, shipped = name.startswith(RECORD), name.endswith(AGENT_IDS), name == SHIPPING
+                idle = pool.submit(_count, tmp, command, logged, 0, 0, ids, shipped)
+                counts[name, (streams, events)] = _count(tmp, command, logged, streams, events, ids, shipped)
                 counts[name, (0, 0)] = idle.result()
     total = streams * events
     per_event = {
@@ -87,13 +102,14 @@ def run(quick: bool) -> list[Section]:
         for name in paths
     }
     bare = per_event[BARE][0]
-    for name, (proxy, writer) in per_event.items():
+    for name, (proxy, writer, shipper) in per_event.items():
         section.add(
             name,
             f"{proxy:,.0f}",
             f"{proxy / bare:.2f}x",
             f"{writer:,.0f}" if writer else "-",
-            f"{(proxy + writer) / bare:.2f}x",
+            f"{shipper:,.0f}" if shipper else "-",
+            f"{(proxy + writer + shipper) / bare:.2f}x",
         )
     section.notes.append(
         "Instructions per event in each process (callgrind: user space only, so the kernel's "
@@ -102,8 +118,17 @@ def run(quick: bool) -> list[Section]:
         "is the child process that decodes, classifies and commits. With --resume, it gives events "
         "without ids ids of its own and holds each stream for clients that reconnect (the "
         "streams here never drop); with the agent's ids, every event comes with an id and "
-        "goes out as it came."
+        "goes out as it came. The shipper is the child process that sends committed rows to "
+        "JetStream (--ship)."
     )
+    if SHIPPING in per_event:
+        on, off = sum(per_event[SHIPPING]), sum(per_event[RECORD])
+        section.notes.append(
+            f"Shipping costs {on / off:.2f}x tasktape record's instructions per event across its "
+            f"process tree: the shipper process {per_event[SHIPPING][2]:,.0f}, reading each committed "
+            "row's hints and publishing it to a three-node JetStream cluster on this machine (until "
+            "every row is acknowledged); the brokers' own work is not the recorder's, and not counted."
+        )
     return [section]
 
 
@@ -114,10 +139,12 @@ def _count(
     streams: int,
     events: int,
     ids: bool,
-) -> tuple[float, float]:
-    """Instructions of the proxy process and of its log writer (0 when none) over a run
-    that forwards ``streams`` paced streams of ``events`` events after the warm-up (each
-    with an id of the agent's, with ``ids``)."""
+    shipped: bool,
+) -> tuple[float, float, float]:
+    """Instructions of the proxy process, of its log writer and of its shipper (0 when
+    none) over a run that forwards ``streams`` paced streams of ``events`` events after the
+    warm-up (each with an id of the agent's, with ``ids``); with ``shipped``, until every
+    row is acknowledged by JetStream."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     port, db = free_port(), out / "log.db"
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", "--trace-children=yes"]
@@ -137,17 +164,29 @@ def _count(
             asyncio.run(throughput_run(url, streams, events, delay=DELAY, ids=ids))
         if recording:  # the writer's whole share: every event committed
             logged_events(db, WARM_UP[0] * WARM_UP[1] + streams * events, timeout=_STARTUP)
+        if shipped:
+            wait_shipped(db, timeout=_STARTUP)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(_STARTUP)
-    counts = {int(f.name.split(".")[1]): _total(f) for f in out.glob("cg.*")}
-    proxy = counts.pop(proc.pid)
-    return proxy, sum(counts.values())
+    proxy = writer = shipper = 0.0
+    for f in out.glob("cg.*"):
+        total, command = _total(f)
+        if int(f.name.split(".")[1]) == proc.pid:
+            proxy = total
+        elif b"ship_process" in command:
+            shipper += total
+        else:
+            writer += total
+    return proxy, writer, shipper
 
 
-def _total(path: Path) -> float:
-    """The instruction total callgrind wrote at the end of its output file."""
-    match = re.search(rb"^(?:totals|summary): (\d+)", path.read_bytes(), re.MULTILINE)
+def _total(path: Path) -> tuple[float, bytes]:
+    """The instruction total callgrind wrote at the end of its output file, and the
+    command it counted."""
+    text = path.read_bytes()
+    match = re.search(rb"^(?:totals|summary): (\d+)", text, re.MULTILINE)
     if match is None:
         raise RuntimeError(f"{path}: no instruction total")
-    return float(match.group(1))
+    command = re.search(rb"^cmd: (.*)$", text, re.MULTILINE)
+    return float(match.group(1)), command.group(1) if command else b""
