@@ -59,8 +59,9 @@ from nats_servers import NATS_SERVER, NatsCluster
 BENCH = "import sys; from benchmarks.fleet_bench import {0}; {0}(*sys.argv[1:])"
 SINK = f"nats:{STREAM}"  # the shipper's row in a log's shipments table
 RECORDERS = 3
-RUNS = 15  # the rounds' ratios spread by ±0.1: the median of fifteen
+RUNS = 15  # the rounds' ratios spread by ±0.1: fifteen, their CPU pooled
 AIM = 1.10  # shipping costs at most this much CPU per event
+SHIPPER = b"ship_process"  # in the command line of a recorder's shipper process
 
 
 # -- the collectors ----------------------------------------------------------------------------
@@ -328,7 +329,7 @@ def parts_cpu(pid: int) -> dict[str, float]:
     found = {"forwarding": cpu_seconds(pid), "log writer": 0.0, "shipper": 0.0}
     for child in children(pid):
         with contextlib.suppress(OSError):
-            shipper = b"ship_process" in Path(f"/proc/{child}/cmdline").read_bytes()
+            shipper = SHIPPER in Path(f"/proc/{child}/cmdline").read_bytes()
             found["shipper" if shipper else "log writer"] += cpu_seconds(child)
     return found
 

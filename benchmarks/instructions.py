@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .fleet_bench import NATS_SERVER, NatsCluster, wait_shipped
+from .fleet_bench import NATS_SERVER, SHIPPER, NatsCluster, wait_shipped
 from .harness import Section
 from .proxy_bench import (
     BARE,
@@ -174,7 +174,7 @@ def _count(
         total, command = _total(f)
         if int(f.name.split(".")[1]) == proc.pid:
             proxy = total
-        elif b"ship_process" in command:
+        elif SHIPPER in command:
             shipper += total
         else:
             writer += total
