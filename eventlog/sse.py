@@ -170,6 +170,9 @@ class SSEDecoder:
         blocks = text[:-2].split(b"\n\n")
         last_id = self._last_id  # restored if the chunk turns out to be anything else
         events = []
+        # Whether each block is in the form ``written`` writes back: a space after each
+        # field's colon, and UTF-8 throughout (else replacement characters stand in).
+        as_written = True
         for block in blocks:
             ident = event = None
             if block.startswith(b"data:"):
@@ -178,14 +181,19 @@ class SSEDecoder:
                 first, _, line = block.partition(b"\n")
                 if first.startswith(b"id: ") and _NUL not in first:
                     ident = self._last_id = first[4:].decode("utf-8", "replace")
+                    as_written = as_written and "\ufffd" not in ident
                 elif first.startswith(b"event: "):
                     event = first[7:].decode("utf-8", "replace")
+                    as_written = as_written and "\ufffd" not in event
                 else:
                     line = b""
             if not line.startswith(b"data:") or _LF in line:
                 self._last_id = last_id
                 return None
-            value = line[6:] if line[5:6] == b" " else line[5:]
+            if line[5:6] == b" ":
+                value = line[6:]
+            else:
+                value, as_written = line[5:], False
             raw = b""
             if keep_raw:  # the event's bytes as they came: the chunk, or its block and line ends
                 if len(blocks) == 1:
@@ -194,8 +202,11 @@ class SSEDecoder:
                     raw = block.replace(b"\n", b"\r\n") + b"\r\n\r\n"
                 else:
                     raw = block + b"\n\n"
-            events.append(SSEEvent(value.decode("utf-8", "replace"), event, ident, None, self._last_id, raw))
+            data = value.decode("utf-8", "replace")
+            as_written = as_written and "\ufffd" not in data
+            events.append(SSEEvent(data, event, ident, None, self._last_id, raw))
         self._dropped = 0  # (without keep_raw) no byte since these events
+        self.as_written = as_written  # (``feed`` says otherwise when they are not the whole chunk)
         return events
 
     def _one(self, chunk: bytes) -> SSEEvent | None:

@@ -268,14 +268,18 @@ class LogWriter(LogProducer):
         try:
             self._apply(op, batch)
         except Exception as exc:
-            self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
-            if op[0] == END:
-                self._exchanges.pop(op[1], None)
-                _release(op, LogError(f"{self.path}: exchange {op[1]} could not be recorded: {exc}"))
-            elif op[0] == FLUSH:
-                batch.wakers.append(op[1])
-            elif op[0] == STOP:
-                batch.stop = True
+            self._not_applied(op, exc, batch)
+
+    def _not_applied(self, op: tuple[Any, ...], exc: Exception, batch: _Batch) -> None:
+        """Say that ``op`` failed, and release whoever waits on it."""
+        self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
+        if op[0] == END:
+            self._exchanges.pop(op[1], None)
+            _release(op, LogError(f"{self.path}: exchange {op[1]} could not be recorded: {exc}"))
+        elif op[0] == FLUSH:
+            batch.wakers.append(op[1])
+        elif op[0] == STOP:
+            batch.stop = True
 
     def _commit_loop(self) -> None:
         while True:
@@ -292,8 +296,19 @@ class LogWriter(LogProducer):
             self._taken += len(op[3])
             self._exchange(op[1]).chunk(op[2], op[3], batch.chunk_rows, batch.event_rows)
         elif code == MANY:
+            # Mostly chunks (what another process's producer sends): each applied here,
+            # without the two calls that dispatch an operation.
+            exchanges, chunk_rows, event_rows = self._exchanges, batch.chunk_rows, batch.event_rows
             for one in op[1]:
-                self._apply_safely(one, batch)
+                if one[0] != CHUNK:
+                    self._apply_safely(one, batch)
+                    continue
+                try:
+                    self._taken += len(one[3])
+                    rows = exchanges.get(one[1]) or self._exchange(one[1])
+                    rows.chunk(one[2], one[3], chunk_rows, event_rows)
+                except Exception as exc:
+                    self._not_applied(one, exc, batch)
         elif code == EXCHANGE:
             self._taken += len(op[8] or b"")  # the request body counts against the backlog too
             rows = self._exchanges[op[1]] = self._rows(op[1])

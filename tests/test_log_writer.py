@@ -20,6 +20,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from tasktape.errors import LogBusy, LogError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
+from tasktape.eventlog.producer import CHUNK
 
 
 @pytest.fixture(params=[LogWriter, ProcessLogWriter])
@@ -270,6 +271,25 @@ def write_while_locked(w: LogProducer, db: Path, exchange_id: int, data: bytes) 
     w.flush()
     blocker.rollback()
     blocker.close()
+
+
+def test_an_operation_that_cannot_become_rows_loses_only_its_own(tmp_path: Path) -> None:
+    failures: list[tuple[str, int]] = []
+    w = LogWriter(tmp_path / "log.db", on_error=lambda exc, rows: failures.append((type(exc).__name__, rows)))
+    cap = w.begin_capture(source="test")
+    ex = w.begin_exchange(cap, method="GET", path="/stream")
+    w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
+    # Chunks as another process's producer hands them over, all at once; one of them
+    # text where bytes belong (a bug of a producer's).
+    chunks = [b"data: 1\n\n", "data: 2\n\n", b"data: 3\n\n"]
+    w.put_many([(CHUNK, ex, i, data) for i, data in enumerate(chunks)])
+    w.end_exchange(ex, duration_ns=4).result(timeout=5)
+    w.close()
+    assert failures == [("TypeError", 1)] and w.stats.rows_lost == 1
+    assert (w.stats.last_error or "").startswith("TypeError while recording")
+    with EventLog(tmp_path / "log.db") as log:
+        assert [e["data"] for e in log.events(ex)] == ["1", "3"]
+        assert log.exchange(ex)["outcome"] == "complete"
 
 
 def test_a_failing_log_is_reported_and_the_writer_keeps_going(

@@ -405,6 +405,25 @@ def test_whole_events_in_a_chunk_decode_as_the_whole_stream(
         assert all(type(e.raw) is bytes for e in chunked)
 
 
+@pytest.mark.parametrize(
+    ("chunk", "said"),
+    [
+        (b"data: a\n\nid: 1\ndata: b\n\n", True),
+        (b"event: c\r\ndata: d\r\n\r\nid: 2\r\ndata: e\r\n\r\n", True),
+        (b"data:a\n\ndata: b\n\n", False),  # written back with a space after the colon
+        (b"data: a\n\nid: \xff\ndata: b\n\n", False),  # not UTF-8: read with a replacement character
+        (b"data: a\n\nevent: \xff\ndata: b\n\n", False),
+        ("data: \ufffd\n\ndata: b\n\n".encode(), False),  # as if it were: told by writing it back
+    ],
+)
+def test_a_few_whole_events_say_whether_the_chunk_is_their_written_form(chunk: bytes, said: bool) -> None:
+    # Short chunks of several events (the loop, not the alike run) tell the log whether it
+    # may write the chunk back from the events' rows rather than keep it.
+    dec = SSEDecoder()
+    assert len(fed_as_written(dec, chunk)) == 2
+    assert dec.as_written is said
+
+
 # Runs of alike events long enough for the whole-events path to read them all at once,
 # and the blocks that make a run anything else.
 ALIKE_DATA = [b'data: {"n": %d}', b"data: x", b"data:x%d", "data: é%d".encode(), b"data: \xff%d"]
