@@ -155,29 +155,31 @@ def run(quick: bool) -> list[Section]:
                 )
                 events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
             ing.add(name, rate, rate * rows / events)
-        # The live streams' log as a cassette, read back by the command that imports one.
-        live, cassette, empty = (
-            Path(tmp) / "ingest-False-0.db",
-            Path(tmp) / "live.jsonl",
-            Path(tmp) / "empty.jsonl",
-        )
-        subprocess.run(
-            [sys.executable, "-m", "tasktape", "export", str(live), "-o", str(cassette)],
-            check=True,
-            capture_output=True,
-        )
+        # Each log as a cassette, read back by the command that imports one: its chunks as
+        # they were (an import keeps them), so the streams' shape is the cassette's.
+        empty = Path(tmp) / "empty.jsonl"
         empty.write_text('{"tasktape_cassette": 1}\n')
-        with sqlite3.connect(live) as conn:
-            events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-        whole, start_up = import_seconds(cassette, Path(tmp)), import_seconds(empty, Path(tmp))
-        ing.add(
-            f"`tasktape import` of their cassette ({events:,} events), the whole command", events / whole, ""
-        )
-        ing.add(
-            f"the same, after its start-up ({start_up:.2f} s for an empty cassette)",
-            events / (whole - start_up),
-            "",
-        )
+        start_up = import_seconds(empty, Path(tmp))
+        for bulk, shape in ((False, "one event a chunk"), (True, "64 KiB chunks")):
+            log, cassette = Path(tmp) / f"ingest-{bulk}-0.db", Path(tmp) / f"ingest-{bulk}.jsonl"
+            subprocess.run(
+                [sys.executable, "-m", "tasktape", "export", str(log), "-o", str(cassette)],
+                check=True,
+                capture_output=True,
+            )
+            with sqlite3.connect(log) as conn:
+                events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            whole = import_seconds(cassette, Path(tmp))
+            ing.add(
+                f"`tasktape import` of their cassette ({events:,} events, {shape}), the whole command",
+                events / whole,
+                "",
+            )
+            ing.add(
+                f"the same, after its start-up ({start_up:.2f} s for an empty cassette)",
+                events / (whole - start_up),
+                "",
+            )
         ing.add(
             "decode + classify only, no SQLite (one event per chunk)",
             max(decode_and_classify(100 if quick else 250) for _ in range(3)),
