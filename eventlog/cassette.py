@@ -21,13 +21,12 @@ import base64
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasktape.errors import CassetteError
 from tasktape.version import __version__
@@ -37,6 +36,9 @@ from .outcomes import Outcome
 from .producer import LogProducer
 from .recorded import Recorded
 
+if TYPE_CHECKING:
+    from .cassette_models import Exchange
+
 VERSION = 1
 # Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
 # (about 31 years) refuses infinities and absurd values on loading, not when written.
@@ -45,102 +47,19 @@ MAX_MS = 1e12
 _NOT_IN_HEADERS = re.compile(r"[\r\n\x00]")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+def unsendable_header(headers: list[tuple[str, str]]) -> str | None:
+    """Why one of these response headers cannot be sent again on replay (None: each is
+    one HTTP allows)."""
+    return next(filter(None, (field_problem(name, value) for name, value in headers)), None)
 
 
-def _sendable_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Response headers are sent again on replay: each must be one HTTP allows."""
-    for name, value in headers:
-        problem = field_problem(name, value)
-        if problem:
-            raise ValueError(problem)
-    return headers
-
-
-def _headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def broken_header(headers: list[tuple[str, str]]) -> str | None:
+    """Why one of these request headers is broken (None: each has a name, and none holds a
+    CR, LF or NUL)."""
     for name, value in headers:
         if not name or _NOT_IN_HEADERS.search(name) or _NOT_IN_HEADERS.search(value):
-            raise ValueError(f"header {name!r}: a header needs a name, and holds no CR, LF or NUL")
-    return headers
-
-
-class Request(_Strict):
-    method: str = Field(min_length=1)
-    path: str = Field(pattern=r"^/")
-    query: str | None = None
-    headers: list[tuple[str, str]] = []
-    body: str | None = None
-    body_base64: str | None = None
-    body_truncated: bool = False
-
-    _check_headers = field_validator("headers")(_headers)
-
-    @model_validator(mode="after")
-    def _one_body(self) -> Request:
-        if self.body is not None and self.body_base64 is not None:
-            raise ValueError("give the body as 'body' or 'body_base64', not both")
-        return self
-
-
-class Response(_Strict):
-    status: int = Field(ge=100, le=599)
-    headers: list[tuple[str, str]] = []
-    sse: bool | None = None  # default: from the Content-Type
-    ttfb_ms: float = Field(default=0.0, ge=0, le=MAX_MS)
-    decoded_from: str | None = None
-    body_truncated: bool = False
-
-    _check_headers = field_validator("headers")(_sendable_headers)
-
-
-class Exchange(_Strict):
-    request: Request
-    response: Response | None = None
-    started_at: str | None = None
-
-
-class Chunk(_Strict):
-    offset_ms: float = Field(ge=0, le=MAX_MS)
-    text: str | None = None
-    base64: str | None = None
-
-    @model_validator(mode="after")
-    def _one_spelling(self) -> Chunk:
-        if (self.text is None) == (self.base64 is None):
-            raise ValueError("give the bytes as exactly one of 'text' or 'base64'")
-        return self
-
-    def data(self) -> bytes:
-        if self.text is not None:
-            return self.text.encode("utf-8")
-        return base64.b64decode(self.base64 or "", validate=True)
-
-
-class Event(_Strict):
-    offset_ms: float = Field(ge=0, le=MAX_MS)
-    data: str
-    id: str | None = None
-    event: str | None = None
-    retry: int | None = Field(default=None, ge=0)
-
-    def sse(self) -> bytes:
-        lines = [
-            f"{name}: {value}"
-            for name, value in (("id", self.id), ("event", self.event), ("retry", self.retry))
-            if value is not None
-        ]
-        lines += [f"data: {line}" for line in self.data.split("\n")]
-        return ("\n".join(lines) + "\n\n").encode("utf-8")
-
-
-class End(_Strict):
-    duration_ms: float | None = Field(default=None, ge=0, le=MAX_MS)
-    outcome: str = Outcome.COMPLETE
-    error: str | None = None
-
-
-_LINES: dict[str, type[BaseModel]] = {"exchange": Exchange, "chunk": Chunk, "event": Event, "end": End}
+            return f"header {name!r}: a header needs a name, and holds no CR, LF or NUL"
+    return None
 
 
 def _ns(ms: float) -> int:
@@ -176,28 +95,20 @@ def read_cassette(path: str | Path) -> list[Recorded]:
             header_seen = True
             continue
         chunk = _plain_chunk(doc)
-        if chunk is None:  # any other line: read through its model
-            where = f"{path}:{number}"
-            kind, item = _validated(doc, where)
-            if isinstance(item, Exchange):
-                try:
-                    current = _exchange(item, f"{path.name}:{number}")
-                except ValueError as exc:  # a body that has no bytes: bad base64, lone surrogates
-                    raise CassetteError(f"{where}: exchange: request body: {exc}") from None
+        if chunk is None:  # any other line: read without its model if it is as tasktape writes it
+            where, origin = f"{path}:{number}", f"{path.name}:{number}"
+            kind, item = _plain_line(doc, origin) or _modelled(doc, where, origin)
+            if kind == "exchange":
+                current = item
                 recorded.append(current)
                 continue
             if current is None:
                 raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
-            if isinstance(item, End):
-                current.duration_ns = None if item.duration_ms is None else _ns(item.duration_ms)
-                current.outcome, current.error = item.outcome, item.error
+            if kind == "end":
+                current.duration_ns, current.outcome, current.error = item
                 current = None
                 continue
-            try:
-                data = item.sse() if isinstance(item, Event) else item.data()  # type: ignore[attr-defined]
-            except ValueError as exc:
-                raise CassetteError(f"{where}: {kind}: {exc}") from None
-            chunk = (_ns(item.offset_ms), data)  # type: ignore[attr-defined]
+            chunk = item
         elif current is None:
             raise CassetteError(f"{path}:{number}: a chunk line must follow an exchange line")
         if current.chunks and chunk[0] < current.chunks[-1][0]:
@@ -247,13 +158,132 @@ def _plain_chunk(doc: Any) -> tuple[int, bytes] | None:
         return None
 
 
-def _validated(doc: Any, where: str) -> tuple[str, BaseModel]:
-    """A line's kind and its model, or :class:`CassetteError` saying what is wrong."""
-    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in _LINES:
-        raise CassetteError(f"{where}: expected one of {', '.join(_LINES)} as the line's only key")
+def _plain_line(doc: Any, origin: str) -> tuple[str, Any] | None:
+    """An exchange or end line in the form tasktape writes, read without its model: its
+    kind, and what ``_modelled`` gives for it. None for any other line, which its model
+    reads (and explains, when it is wrong): the two agree on every line this takes."""
+    if type(doc) is not dict or len(doc) != 1:
+        return None
+    body = doc.get("exchange")
+    if body is not None:
+        recorded = _plain_exchange(body, origin)
+        return None if recorded is None else ("exchange", recorded)
+    body = doc.get("end")
+    if type(body) is not dict or not body.keys() <= _END_KEYS:
+        return None
+    duration, outcome, error = (
+        body.get("duration_ms"),
+        body.get("outcome", Outcome.COMPLETE),
+        body.get("error"),
+    )
+    if duration is not None and not _in_range(duration):
+        return None
+    if type(outcome) is not str or (error is not None and type(error) is not str):
+        return None
+    return "end", (None if duration is None else _ns(float(duration)), outcome, error)
+
+
+_REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated"})
+_RESPONSE_KEYS = frozenset({"status", "headers", "sse", "ttfb_ms", "decoded_from", "body_truncated"})
+_EXCHANGE_KEYS = frozenset({"request", "response", "started_at"})
+_END_KEYS = frozenset({"duration_ms", "outcome", "error"})
+
+
+def _plain_exchange(body: Any, origin: str) -> Recorded | None:
+    """``_plain_line``'s exchange: a request with its body as text (or none), every field
+    of the type its model says, no other key."""
+    if type(body) is not dict or not body.keys() <= _EXCHANGE_KEYS:
+        return None
+    req, resp, started_at = body.get("request"), body.get("response"), body.get("started_at")
+    if type(req) is not dict or not req.keys() <= _REQUEST_KEYS or not _optional_str(started_at):
+        return None
+    method, path, query, text = req.get("method"), req.get("path"), req.get("query"), req.get("body")
+    if type(method) is not str or not method or type(path) is not str or not path.startswith("/"):
+        return None
+    if not (_optional_str(query) and _optional_str(text)):
+        return None
+    request_headers = _plain_headers(req.get("headers", []), broken_header)
+    truncated = req.get("body_truncated", False)
+    if request_headers is None or type(truncated) is not bool:
+        return None
+    try:
+        request_body = None if text is None else text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, from an escape: the model's reading says so
+        return None
+    recorded = Recorded(
+        method=method,
+        path=path,
+        query=query,
+        request_headers=request_headers,
+        request_body=request_body,
+        request_body_truncated=truncated,
+        started_at=started_at,
+        origin=origin,
+    )
+    if resp is None:
+        return recorded
+    if type(resp) is not dict or not resp.keys() <= _RESPONSE_KEYS:
+        return None
+    status, sse, ttfb, decoded_from = (
+        resp.get("status"),
+        resp.get("sse"),
+        resp.get("ttfb_ms", 0.0),
+        resp.get("decoded_from"),
+    )
+    response_headers = _plain_headers(resp.get("headers", []), unsendable_header)
+    truncated = resp.get("body_truncated", False)
+    if type(status) is not int or not 100 <= status <= 599 or response_headers is None:
+        return None
+    if not (sse is None or type(sse) is bool) or not _in_range(ttfb) or not _optional_str(decoded_from):
+        return None
+    if type(truncated) is not bool:
+        return None
+    if sse is None:
+        content_type = next((v for k, v in response_headers if k.lower() == "content-type"), "")
+        sse = content_type.startswith("text/event-stream")
+    recorded.status, recorded.response_headers, recorded.is_sse = status, response_headers, sse
+    recorded.ttfb_ns, recorded.decoded_from, recorded.response_body_truncated = (
+        _ns(float(ttfb)),
+        decoded_from,
+        truncated,
+    )
+    return recorded
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _in_range(ms: Any) -> bool:
+    """An offset or a duration its model takes: a number from 0 to MAX_MS (not NaN)."""
+    return type(ms) in _NUMBER and 0 <= ms <= MAX_MS
+
+
+def _plain_headers(
+    headers: Any, problem: Callable[[list[tuple[str, str]]], str | None]
+) -> list[tuple[str, str]] | None:
+    """Headers as pairs of strings in which ``problem`` finds none; None for anything else."""
+    if type(headers) is not list:
+        return None
+    pairs = []
+    for pair in headers:
+        if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not str:
+            return None
+        pairs.append((pair[0], pair[1]))
+    return None if problem(pairs) else pairs
+
+
+def _modelled(doc: Any, where: str, origin: str) -> tuple[str, Any]:
+    """A line read through its model: its kind, and what it holds (an exchange's
+    ``Recorded``; an end's duration, outcome and error; a chunk's or an event's offset
+    and bytes), or :class:`CassetteError` saying what is wrong."""
+    from .cassette_models import LINES, ValidationError  # noqa: PLC0415 - pydantic, only when needed
+
+    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in LINES:
+        raise CassetteError(f"{where}: expected one of {', '.join(LINES)} as the line's only key")
     kind, body = next(iter(doc.items()))
     try:
-        return kind, _LINES[kind].model_validate(body)
+        item = LINES[kind].model_validate(body)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg']}" for e in exc.errors()
@@ -261,6 +291,15 @@ def _validated(doc: Any, where: str) -> tuple[str, BaseModel]:
         raise CassetteError(f"{where}: {kind}: {problems}") from None
     except ValueError as exc:  # base64 that does not decode
         raise CassetteError(f"{where}: {kind}: {exc}") from None
+    if kind == "end":
+        return kind, (None if item.duration_ms is None else _ns(item.duration_ms), item.outcome, item.error)
+    try:
+        if kind == "exchange":
+            return kind, _exchange(item, origin)
+        return kind, (_ns(item.offset_ms), item.sse() if kind == "event" else item.data())
+    except ValueError as exc:  # bytes it cannot have: bad base64, lone surrogates
+        what = f"{kind}: request body" if kind == "exchange" else kind
+        raise CassetteError(f"{where}: {what}: {exc}") from None
 
 
 def read_header(path: str | Path) -> dict[str, Any]:

@@ -5,7 +5,6 @@ the queue."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import concurrent.futures
 import contextlib
@@ -277,6 +276,10 @@ class LogProducer:
 
     async def aflush(self) -> None:
         """Like :meth:`flush`, awaited without blocking the event loop."""
+        # Here, not at the top: whoever awaits this has loaded asyncio; a process that only
+        # writes a log (an import, the log writer's own) need not.
+        import asyncio  # noqa: PLC0415
+
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -301,6 +304,8 @@ class LogProducer:
         LogProducer.lost_in_process += self.stats.rows_lost
 
     async def aclose(self) -> None:
+        import asyncio  # noqa: PLC0415 - see aflush
+
         await asyncio.to_thread(self.close)
 
     def __enter__(self) -> LogProducer:

@@ -17,7 +17,16 @@ from hypothesis import strategies as st
 from tasktape.cli import main
 from tasktape.errors import CassetteError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import Chunk, _plain_chunk, load_into, read_cassette, write_cassette
+from tasktape.eventlog.cassette import (
+    _modelled,
+    _plain_chunk,
+    _plain_line,
+    cassette_lines,
+    load_into,
+    read_cassette,
+    write_cassette,
+)
+from tasktape.eventlog.cassette_models import Chunk
 from tasktape.eventlog.recorded import Recorded, from_log
 
 
@@ -308,6 +317,86 @@ def test_plain_chunks_read_as_their_model_reads_them(body: dict, kind: str, extr
     assert kind == "chunk" and not extra_key
     model = Chunk.model_validate(body)
     assert quick == (round(model.offset_ms * 1_000_000), model.data())
+
+
+_names = st.sampled_from(["Content-Type", "x-a", "", "bad name", "a\r", "Accept", 7])
+_values = st.sampled_from(["text/event-stream", "v", "a\nb", "t\tab", "\x01", "", None])
+_pairs = st.lists(_names | _values, min_size=2, max_size=2)
+_headers = st.lists(_pairs | _values, max_size=3) | st.sampled_from([None, "x", {}])
+_odd = st.sampled_from([None, 0, 1, "true", 2.0, [], {}])
+_requests = st.fixed_dictionaries(
+    {"method": st.sampled_from(["GET", "POST", "", 5]), "path": st.sampled_from(["/", "/a", "nope", "", 3])},
+    optional={
+        "query": st.sampled_from(["a=1", "", None, 4]),
+        "headers": _headers,
+        "body": _texts,
+        "body_base64": st.sampled_from(["YQ==", "***"]),
+        "body_truncated": st.booleans() | _odd,
+        "extra": _json_values,
+    },
+)
+_responses = st.fixed_dictionaries(
+    {"status": st.sampled_from([200, 204, 99, 600, 200.0, "200", True, None])},
+    optional={
+        "headers": _headers,
+        "sse": st.booleans() | _odd,
+        "ttfb_ms": _offsets,
+        "decoded_from": st.sampled_from(["gzip", None, 3]),
+        "body_truncated": st.booleans() | _odd,
+        "extra": _json_values,
+    },
+)
+_exchanges = st.fixed_dictionaries(
+    {"request": _requests | _odd},
+    optional={"response": _responses | _odd, "started_at": st.sampled_from(["2026-12-06T12:00Z", None, 5])},
+)
+_ends = st.fixed_dictionaries(
+    {},
+    optional={
+        "duration_ms": _offsets,
+        "outcome": st.sampled_from(["complete", "client_disconnected", 3, None]),
+        "error": st.sampled_from(["cut", None, 4]),
+        "extra": _json_values,
+    },
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(_exchanges.map(lambda e: {"exchange": e}), _ends.map(lambda e: {"end": e})), st.booleans())
+def test_plain_exchange_and_end_lines_read_as_their_models_read_them(doc: dict, extra_key: bool) -> None:
+    """The quick reading of exchange and end lines takes only lines the models take, alike."""
+    doc = {**doc, **({"other": 1} if extra_key else {})}
+    quick = _plain_line(doc, "c.jsonl:2")
+    if quick is not None:
+        assert not extra_key
+        assert quick == _modelled(doc, "c.jsonl:2", "c.jsonl:2")
+
+
+def test_the_lines_tasktape_writes_are_read_the_quick_way() -> None:
+    """Every exchange and end line of a cassette tasktape wrote, whatever its exchanges."""
+    full = Recorded(
+        method="POST",
+        path="/s",
+        query="a=1",
+        request_headers=[("A", "1")],
+        request_body=b"{}",
+        request_body_truncated=True,
+        status=200,
+        response_headers=[("Content-Type", "text/plain")],
+        is_sse=True,
+        ttfb_ns=5,
+        decoded_from="gzip",
+        response_body_truncated=True,
+        started_at="2026-12-06T12:00:00Z",
+        duration_ns=9,
+        outcome="upstream_disconnected",
+        error="cut",
+    )
+    bare = Recorded(method="GET", path="/")  # no response, no body, no duration
+    lines = [orjson.loads(line) for line in list(cassette_lines([full, bare]))[1:]]
+    for doc in lines:
+        if "chunk" not in doc:
+            assert _plain_line(doc, "c.jsonl:2") == _modelled(doc, "c.jsonl:2", "c.jsonl:2") is not None
 
 
 def test_a_cassette_reads_alike_however_its_json_is_spelled(tmp_path: Path) -> None:

@@ -58,3 +58,28 @@ def test_they_are_hidden_from_sqlite_utils_alone() -> None:
         "assert sqlite_utils.db.np is numpy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_a_cassette_tasktape_wrote_is_imported_without_pydantic(tmp_path: Path) -> None:
+    """Its lines are read without the cassette's models (pydantic, a tenth of a second of
+    start-up); a hand-written line, or a wrong one, loads them to read it or word why not."""
+    cassette, db = tmp_path / "c.jsonl", tmp_path / "c.db"
+    r = Recorded(
+        method="POST",
+        path="/s",
+        query="a=1",
+        request_headers=[("Accept", "*/*")],
+        request_body=b"{}",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(1, b"x")],
+    )
+    cut = Recorded(method="GET", path="/", error="cut", outcome="client_disconnected")
+    write_cassette(cassette, [r, cut])
+    imported = imported_by("import", str(cassette), "--db", str(db))
+    assert "tasktape.eventlog.cassette" in imported and "pydantic" not in imported
+    lines = cassette.read_text().splitlines()
+    lines.insert(2, '{"event": {"offset_ms": 2, "data": "by hand"}}')
+    cassette.write_text("\n".join(lines) + "\n")
+    assert "pydantic" in imported_by("import", str(cassette), "--db", str(tmp_path / "d.db"))

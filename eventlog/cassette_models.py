@@ -1,0 +1,113 @@
+"""A cassette's lines as pydantic models: what reads, and words the errors of, every line
+that ``cassette``'s own quick readings do not take (a hand-written line, an odd spelling,
+a mistake). Loaded only when such a line comes: a cassette tasktape wrote is read without
+them.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .cassette import MAX_MS, broken_header, unsendable_header
+from .outcomes import Outcome
+
+
+def _whole_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    problem = broken_header(headers)
+    if problem:
+        raise ValueError(problem)
+    return headers
+
+
+def _sendable_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    problem = unsendable_header(headers)
+    if problem:
+        raise ValueError(problem)
+    return headers
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Request(_Strict):
+    method: str = Field(min_length=1)
+    path: str = Field(pattern=r"^/")
+    query: str | None = None
+    headers: list[tuple[str, str]] = []
+    body: str | None = None
+    body_base64: str | None = None
+    body_truncated: bool = False
+
+    _check_headers = field_validator("headers")(_whole_headers)
+
+    @model_validator(mode="after")
+    def _one_body(self) -> Request:
+        if self.body is not None and self.body_base64 is not None:
+            raise ValueError("give the body as 'body' or 'body_base64', not both")
+        return self
+
+
+class Response(_Strict):
+    status: int = Field(ge=100, le=599)
+    headers: list[tuple[str, str]] = []
+    sse: bool | None = None  # default: from the Content-Type
+    ttfb_ms: float = Field(default=0.0, ge=0, le=MAX_MS)
+    decoded_from: str | None = None
+    body_truncated: bool = False
+
+    _check_headers = field_validator("headers")(_sendable_headers)
+
+
+class Exchange(_Strict):
+    request: Request
+    response: Response | None = None
+    started_at: str | None = None
+
+
+class Chunk(_Strict):
+    offset_ms: float = Field(ge=0, le=MAX_MS)
+    text: str | None = None
+    base64: str | None = None
+
+    @model_validator(mode="after")
+    def _one_spelling(self) -> Chunk:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError("give the bytes as exactly one of 'text' or 'base64'")
+        return self
+
+    def data(self) -> bytes:
+        if self.text is not None:
+            return self.text.encode("utf-8")
+        return base64.b64decode(self.base64 or "", validate=True)
+
+
+class Event(_Strict):
+    offset_ms: float = Field(ge=0, le=MAX_MS)
+    data: str
+    id: str | None = None
+    event: str | None = None
+    retry: int | None = Field(default=None, ge=0)
+
+    def sse(self) -> bytes:
+        lines = [
+            f"{name}: {value}"
+            for name, value in (("id", self.id), ("event", self.event), ("retry", self.retry))
+            if value is not None
+        ]
+        lines += [f"data: {line}" for line in self.data.split("\n")]
+        return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+class End(_Strict):
+    duration_ms: float | None = Field(default=None, ge=0, le=MAX_MS)
+    outcome: str = Outcome.COMPLETE
+    error: str | None = None
+
+
+LINES: dict[str, type[BaseModel]] = {"exchange": Exchange, "chunk": Chunk, "event": Event, "end": End}
+
+
+__all__ = ["LINES", "Chunk", "End", "Event", "Exchange", "Request", "Response", "ValidationError"]
