@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -150,7 +151,7 @@ def _plain_chunk(doc: Any) -> tuple[int, bytes] | None:
     if type(body) is not dict or len(body) != 2:
         return None
     offset, text = body.get("offset_ms"), body.get("text")
-    if type(text) is not str or type(offset) not in _NUMBER or not 0 <= offset <= MAX_MS:
+    if type(text) is not str or not _in_range(offset):
         return None
     try:
         return _ns(float(offset)), text.encode("utf-8")  # float: as the model reads it
@@ -206,48 +207,45 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
     truncated = req.get("body_truncated", False)
     if request_headers is None or type(truncated) is not bool:
         return None
-    try:
-        request_body = None if text is None else text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate, from an escape: the model's reading says so
-        return None
-    recorded = Recorded(
+    request = SimpleNamespace(
         method=method,
         path=path,
         query=query,
-        request_headers=request_headers,
-        request_body=request_body,
-        request_body_truncated=truncated,
-        started_at=started_at,
-        origin=origin,
+        headers=request_headers,
+        body=text,
+        body_base64=None,
+        body_truncated=truncated,
     )
-    if resp is None:
-        return recorded
-    if type(resp) is not dict or not resp.keys() <= _RESPONSE_KEYS:
+    response = None
+    if resp is not None:
+        if type(resp) is not dict or not resp.keys() <= _RESPONSE_KEYS:
+            return None
+        status, sse, ttfb, decoded_from = (
+            resp.get("status"),
+            resp.get("sse"),
+            resp.get("ttfb_ms", 0.0),
+            resp.get("decoded_from"),
+        )
+        response_headers = _plain_headers(resp.get("headers", []), unsendable_header)
+        truncated = resp.get("body_truncated", False)
+        if type(status) is not int or not 100 <= status <= 599 or response_headers is None:
+            return None
+        if not (sse is None or type(sse) is bool) or not _in_range(ttfb) or not _optional_str(decoded_from):
+            return None
+        if type(truncated) is not bool:
+            return None
+        response = SimpleNamespace(
+            status=status,
+            headers=response_headers,
+            sse=sse,
+            ttfb_ms=float(ttfb),  # as the model reads it
+            decoded_from=decoded_from,
+            body_truncated=truncated,
+        )
+    try:
+        return _exchange(SimpleNamespace(request=request, response=response, started_at=started_at), origin)
+    except ValueError:  # a lone surrogate in the body, from an escape: the model's reading says so
         return None
-    status, sse, ttfb, decoded_from = (
-        resp.get("status"),
-        resp.get("sse"),
-        resp.get("ttfb_ms", 0.0),
-        resp.get("decoded_from"),
-    )
-    response_headers = _plain_headers(resp.get("headers", []), unsendable_header)
-    truncated = resp.get("body_truncated", False)
-    if type(status) is not int or not 100 <= status <= 599 or response_headers is None:
-        return None
-    if not (sse is None or type(sse) is bool) or not _in_range(ttfb) or not _optional_str(decoded_from):
-        return None
-    if type(truncated) is not bool:
-        return None
-    if sse is None:
-        content_type = next((v for k, v in response_headers if k.lower() == "content-type"), "")
-        sse = content_type.startswith("text/event-stream")
-    recorded.status, recorded.response_headers, recorded.is_sse = status, response_headers, sse
-    recorded.ttfb_ns, recorded.decoded_from, recorded.response_body_truncated = (
-        _ns(float(ttfb)),
-        decoded_from,
-        truncated,
-    )
-    return recorded
 
 
 def _optional_str(value: Any) -> bool:
@@ -334,7 +332,9 @@ def _check_header(doc: Any, where: str) -> None:
         )
 
 
-def _exchange(item: Exchange, origin: str) -> Recorded:
+def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
+    """An exchange line's ``Recorded``: from its model, or from ``_plain_exchange``'s
+    reading of it (the same fields, checked alike)."""
     req, resp = item.request, item.response
     body = req.body.encode("utf-8") if req.body is not None else None
     if req.body_base64 is not None:
