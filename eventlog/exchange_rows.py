@@ -34,13 +34,6 @@ EVENT_COLUMNS = (
     *("state", "artifact_id", "artifact_type", "append", "last_chunk", "text", "usage", "parse_error"),
 )
 
-
-def _insert(table: str, columns: tuple[str, ...]) -> str:
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-
-
-INSERT_CHUNK = _insert("stored_chunks", CHUNK_COLUMNS)
-INSERT_EVENT = _insert("events", EVENT_COLUMNS)
 _INSERT_EXCHANGE = (
     "INSERT INTO exchanges (id, uid, capture_id, started_at, started_ns, method, path, query,"
     " request_headers, request_body, request_body_truncated, request_body_encoding, binding,"

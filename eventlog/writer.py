@@ -7,9 +7,9 @@ its rows, or an exchange has ended and nothing more is queued; a commit thread w
 batch in one transaction and commits at once, so a row is committed within about one batch
 time of being queued. Each commit writes every page it touched again: a token-paced
 stream's events are written in transactions of a tenth of a second, not one per event or
-two. Python work (decoding, classifying) holds the GIL and SQLite steps without it, but the
-commit thread takes the GIL back after every row, so the two threads mostly take turns a
-batch at a time rather than overlap.
+two. Python work (decoding, classifying) holds the GIL and SQLite steps without it; each
+statement inserts up to 64 rows (``RowInserts``), so the commit thread takes the GIL back
+once per 64 rows, not after every row.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from .content_coding import MAX_DECODED
 from .exchange_rows import (
     CHUNK_COLUMNS,
     EVENT_COLUMNS,
-    INSERT_CHUNK,
-    INSERT_EVENT,
     ExchangeRows,
     ExchangeSummary,
 )
@@ -56,6 +54,7 @@ from .producer import (
 )
 from .redact import Redactor
 from .resumes import INSERT_RESUME
+from .row_inserts import RowInserts
 from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
@@ -177,6 +176,8 @@ class LogWriter(LogProducer):
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
         (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
+        self._insert_chunks = RowInserts(conn, "stored_chunks", CHUNK_COLUMNS)
+        self._insert_events = RowInserts(conn, "events", EVENT_COLUMNS)
         self._tap = tap
         if tap is not None:
             tap.open(conn)
@@ -390,11 +391,11 @@ class LogWriter(LogProducer):
             for sql, params in statements:
                 conn.execute(sql, params)
             if chunk_rows:
-                conn.executemany(INSERT_CHUNK, chunk_rows)
+                self._insert_chunks(chunk_rows)
                 if self._tap:
                     (last_chunk,) = conn.execute("SELECT max(rowid) FROM stored_chunks").fetchone()
             if event_rows:
-                conn.executemany(INSERT_EVENT, event_rows)
+                self._insert_events(event_rows)
                 conn.execute(INDEX_TEXT, (self._indexed_through,))
                 (last_event,) = conn.execute("SELECT max(rowid) FROM events").fetchone()
             conn.execute("COMMIT")
