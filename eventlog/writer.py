@@ -7,9 +7,10 @@ its rows, or an exchange has ended and nothing more is queued; a commit thread w
 batch in one transaction and commits at once, so a row is committed within about one batch
 time of being queued. Each commit writes every page it touched again: a token-paced
 stream's events are written in transactions of a tenth of a second, not one per event or
-two. Python work (decoding, classifying) holds the GIL and SQLite steps without it; each
-statement inserts up to 64 rows (``RowInserts``), so the commit thread takes the GIL back
-once per 64 rows, not after every row.
+two. Python work (decoding, classifying) holds the GIL and SQLite steps without it, but the
+commit thread needs the GIL back after every statement (of up to 64 rows, ``RowInserts``)
+and waits out the row-building thread's switch interval for it, so the two threads mostly
+take turns a batch at a time rather than overlap.
 """
 
 from __future__ import annotations
