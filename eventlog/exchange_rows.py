@@ -58,8 +58,8 @@ _UPDATE_END = (
 # SQLite stores a bound NaN as NULL, and Python's sqlite3 binds a float several
 # times faster than None (which goes through its adapter lookup): most event
 # columns are NULL, so this roughly halves the cost of inserting an event row.
-_NULL = float("nan")
-_NO_CHUNK = (_NULL, _NULL, _NULL)  # an event whose bytes are in stored chunks
+NULL = float("nan")
+_NO_CHUNK = (NULL, NULL, NULL)  # an event whose bytes are in stored chunks
 
 
 @dataclass(slots=True)
@@ -319,7 +319,7 @@ class ExchangeRows:
                     # Whole events alone: stored once, in their rows, which write the chunk back.
                     chunk, ends = self._chunk_seq, int(crlf)
                     self._chunk_seq += 1
-                    held = _NULL if len(events) == 1 else len(events)  # on the first: how many it holds
+                    held = NULL if len(events) == 1 else len(events)  # on the first: how many it holds
                     self._event(events[0], events[0].data, offset_ns, event_rows, (chunk, ends, held))
                     for event in events[1:]:
                         self._event(event, event.data, offset_ns, event_rows, (chunk, ends, 0))
@@ -504,11 +504,11 @@ class ExchangeRows:
                 s.exchange_id,
                 seq,
                 offset_ns,
-                _NULL if ident is None else ident,
+                NULL if ident is None else ident,
                 event.last_event_id,
-                _NULL if event_type is None else event_type,
+                NULL if event_type is None else event_type,
                 data,
-                _NULL if retry is None else retry,
+                NULL if retry is None else retry,
                 1 if event.complete else 0,
                 *chunk,
                 *event_columns(c),
@@ -548,7 +548,7 @@ def _header_text(value: str) -> str:
 
 def event_columns(c: Classification) -> tuple[Any, ...]:
     """An event's classified columns, ``kind`` to ``parse_error``, as the events table binds
-    them: NULL as NaN, flags as 0 or 1 (see ``_NULL``; a bool binds slowly too)."""
+    them: NULL as NaN, flags as 0 or 1 (see ``NULL``; a bool binds slowly too)."""
     (
         kind,
         _,
@@ -567,16 +567,16 @@ def event_columns(c: Classification) -> tuple[Any, ...]:
         kind = str(kind)
     return (
         kind,
-        _NULL if task_id is None else task_id,
-        _NULL if context_id is None else context_id,
-        _NULL if state is None else state,
-        _NULL if artifact_id is None else artifact_id,
-        _NULL if artifact_type is None else artifact_type,
-        _NULL if append is None else 1 if append else 0,
-        _NULL if last_chunk is None else 1 if last_chunk else 0,
-        _NULL if text is None else text,
-        _NULL if usage is None else usage_json(usage),
-        _NULL if error is None else error,
+        NULL if task_id is None else task_id,
+        NULL if context_id is None else context_id,
+        NULL if state is None else state,
+        NULL if artifact_id is None else artifact_id,
+        NULL if artifact_type is None else artifact_type,
+        NULL if append is None else 1 if append else 0,
+        NULL if last_chunk is None else 1 if last_chunk else 0,
+        NULL if text is None else text,
+        NULL if usage is None else usage_json(usage),
+        NULL if error is None else error,
     )
 
 
