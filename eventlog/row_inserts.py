@@ -30,7 +30,7 @@ class RowInserts:
         # A build of SQLite may bind fewer parameters to a statement than 64 rows have.
         most = min(_MOST, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(columns))
         self._sizes: list[tuple[int, str]] = []
-        size = 1 << max(most, 1).bit_length() - 1
+        size = 1 << (max(most, 1).bit_length() - 1)  # the largest power of two up to most
         while size:
             self._sizes.append((size, head + ", ".join([row] * size)))
             size >>= 1
