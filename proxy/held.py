@@ -153,8 +153,8 @@ async def follow_again(
         path=request.rel_url.raw_path,
         query=request.rel_url.raw_query_string or None,
         request_headers=list(request.headers.items()),
-        request_body=body,
-        request_body_truncated=False,
+        request_body=None if body is None else body[: proxy.max_request_body],
+        request_body_truncated=body is not None and len(body) > proxy.max_request_body,
         started_ns=started_ns,
     )
 

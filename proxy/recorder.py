@@ -55,6 +55,10 @@ END_GRACE = 0.1  # seconds
 # Request bodies up to this size (with a Content-Length) are read whole before they
 # are forwarded; larger or chunked ones are streamed through.
 READ_WHOLE = 64 * 1024
+# A reconnect's body (a request with Last-Event-ID, resuming) is read whole up to this
+# size, chunked or not: what it repeats (a JSON-RPC request's method and id) is read from
+# it. A bigger one is not answered from a stream held, nor sent to the agent again.
+RECONNECT_READ = 64 * 1024 * 1024
 
 
 class RecordingProxy:
@@ -237,41 +241,50 @@ class RecordingProxy:
             )
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
+        body: bytes | _TeedBody | None = read
         if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
-            answered = await self._resume(request, read, last_id, t0, started_ns)
+            body = read if read is not None else await self._reconnect_body(request)
+            answered = await self._resume(request, body, last_id, t0, started_ns)
             if answered is not None:
                 return answered
-        body, teed = (read, None) if read is not None else await self._request_body(request)
+        elif read is None:
+            body = await self._request_body(request)
+        whole = body if isinstance(body, bytes) else None
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
             method=request.method,
             path=request.rel_url.raw_path,
             query=request.rel_url.raw_query_string or None,
             request_headers=list(request.headers.items()),
-            request_body=None if body is None else body[: self.max_request_body],
-            request_body_truncated=body is not None and len(body) > self.max_request_body,
+            request_body=None if whole is None else whole[: self.max_request_body],
+            request_body_truncated=whole is not None and len(whole) > self.max_request_body,
             started_ns=started_ns,
         )
-        return await Exchange(self, request, exchange, t0).run(teed or body)
+        return await Exchange(self, request, exchange, t0).run(body)
 
     async def _resume(
-        self, request: web.Request, read: bytes | None, last_id: str, t0: int, started_ns: int
+        self, request: web.Request, body: bytes | _TeedBody | None, last_id: str, t0: int, started_ns: int
     ) -> web.StreamResponse | None:
         """A request with ``Last-Event-ID``: answered from a stream held (or refused), or
         None: it goes to the agent."""
         live = self.live
         assert live is not None
-        told = await self._small_body(request, read)  # what the protocol reads the request by
+        told = body if isinstance(body, bytes) else b""  # what the protocol reads the request by
         found = live.find(last_id) or await self._let_go(request, told, last_id)
         # An agent's id on a stream the agent ended unfinished goes back to it only where
         # its protocol takes streams up again (else the request would start a new task).
         if found is not None and (found[0].answers(last_id) or not agent_resumes(request, told)):
             stream, position = found
+            if isinstance(body, _TeedBody):
+                why = (
+                    f"the reconnect's body is over {RECONNECT_READ:,} bytes: a reconnect is read "
+                    "whole to tell what it repeats, and is not sent to the agent again"
+                )
+                return self._not_answered(request, stream.exchange_id, last_id, why, 413)
             credentials = self.credentials.of(request.headers)
             if stream.credentials is None:  # taken up from the log after a restart
                 await self._wake(stream, request, credentials)
             if stream.admits(credentials):
-                body = read if read is not None else await request.read()
                 return await follow_again(self, request, body, stream, position, t0, started_ns)
             why = "the request carries other credentials than the one that opened the stream"
             return self._not_answered(request, stream.exchange_id, last_id, why, 403)
@@ -319,14 +332,20 @@ class RecordingProxy:
         finally:
             live.waking.pop(stream.exchange_id, None)
 
-    async def _small_body(self, request: web.Request, read: bytes | None) -> bytes:
-        """The request's body where it is read whole anyway (small, of a known length);
-        else b"": a big or chunked one streams on to the agent untouched, if it goes there."""
-        if read is not None:
-            return read
+    async def _reconnect_body(self, request: web.Request) -> bytes | _TeedBody | None:
+        """A reconnect's body, read whole (chunked or not) up to ``RECONNECT_READ`` bytes;
+        a bigger one streams on from what was read, should it go to the agent."""
+        if not request.body_exists:
+            return None
         length = request.content_length
-        whole = request.body_exists and length is not None and length <= READ_WHOLE
-        return await request.read() if whole else b""
+        if length is not None and length > RECONNECT_READ:
+            return _TeedBody(request.content, self.max_request_body)
+        read = bytearray()
+        while chunk := await request.content.read(RECONNECT_READ + 1 - len(read)):
+            read += chunk
+            if len(read) > RECONNECT_READ:
+                return _TeedBody(request.content, self.max_request_body, first=bytes(read))
+        return bytes(read)
 
     async def _let_go(self, request: web.Request, body: bytes, last_id: str) -> tuple[LiveStream, int] | None:
         """A stream that ended and was let go, named by an id in it (one of the
@@ -422,15 +441,15 @@ class RecordingProxy:
         self.writer.end_exchange(exchange, duration_ns=0, outcome=Outcome.REFUSED, error=reason)
         return exchange
 
-    async def _request_body(self, request: web.Request) -> tuple[bytes | None, _TeedBody | None]:
+    async def _request_body(self, request: web.Request) -> bytes | _TeedBody | None:
         """Small bodies (with a Content-Length) are read whole, so the log gets them with
         the request; bigger or chunked ones stream through while their first bytes are kept."""
         if not request.body_exists:
-            return None, None
+            return None
         length = request.content_length
         if length is not None and length <= READ_WHOLE:
-            return await request.read(), None
-        return None, _TeedBody(request.content, self.max_request_body)
+            return await request.read()
+        return _TeedBody(request.content, self.max_request_body)
 
     def upstream_url(self, raw_path: str) -> URL:
         return URL(self._base + raw_path, encoded=True)
@@ -449,21 +468,26 @@ class RecordingProxy:
 class _TeedBody:
     """A request body streamed to the upstream while its first ``cap`` bytes are kept."""
 
-    def __init__(self, content: aiohttp.StreamReader, cap: int) -> None:
+    def __init__(self, content: aiohttp.StreamReader, cap: int, first: bytes = b"") -> None:
         self.content = content
         self.cap = cap
+        self.first = first  # read from ``content`` already (a reconnect's, too big to answer)
         self.kept = bytearray()
         self.truncated = False
 
     async def stream(self) -> AsyncIterator[bytes]:
+        if self.first:
+            first, self.first = self.first, b""
+            self._keep(first)
+            yield first
         async for chunk in self.content.iter_any():
             self._keep(chunk)
             yield chunk
 
     async def drain(self) -> None:
         """Read what the upstream never took (it failed first), for the log."""
-        async for chunk in self.content.iter_any():
-            self._keep(chunk)
+        async for _ in self.stream():
+            pass
 
     def _keep(self, chunk: bytes) -> None:
         room = self.cap - len(self.kept)

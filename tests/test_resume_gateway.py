@@ -22,6 +22,7 @@ from test_replay import events_of
 
 from tasktape.agent import create_agent_app
 from tasktape.proxy import live as live_module
+from tasktape.proxy import recorder as recorder_module
 from tasktape.proxy.live import recorders_exchange
 
 QUESTION = "What does J45.909 mean?"
@@ -333,3 +334,71 @@ async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_then_gets
         with pytest.raises(aiohttp.ClientPayloadError):  # ended as the recorder let its upstream go
             await r.read()
     assert seen.count("POST /message:stream") == 1  # never a silent restart
+
+
+def in_pieces(data: bytes) -> Any:
+    """A body sent chunked (no Content-Length), in 10 kB pieces."""
+
+    async def pieces() -> Any:
+        for i in range(0, len(data), 10_000):
+            yield data[i : i + 10_000]
+
+    return pieces()
+
+
+async def post(url: str, data: bytes, last_id: str, chunked: bool) -> tuple[int, bytes]:
+    headers = {**HEADERS, "Last-Event-ID": last_id, "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=in_pieces(data) if chunked else data, headers=headers) as r,
+    ):
+        return r.status, await r.read()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["with a length", "chunked"])
+async def test_a_reconnect_with_a_big_body_is_answered_from_the_stream(
+    record: RecordFactory, chunked: bool
+) -> None:
+    # 2 MB: past what aiohttp reads whole by default (1 MiB), and past what the log keeps.
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0, max_body=50_000)
+    ask = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": REST_BODY}
+    _, events = await first_events(rec.url, ask, 3, "/jsonrpc")
+    again = json.dumps({**ask, "id": "again-7", "pad": "x" * 2_000_000}).encode()
+    status, after = await post(f"{rec.url}/jsonrpc", again, events[-1].id, chunked)
+    assert status == 200
+    assert {json.loads(e.data)["id"] for e in events_of(after) if e.complete} == {"again-7"}
+    assert seen.count("POST /jsonrpc") == 1
+    await rec.proxy.wait_idle()
+    with await rec.log() as log:
+        reconnect = next(x for x in log.exchanges() if x["id"] != 1 and x["is_sse"])
+        assert reconnect["request_body"] == again[:50_000].decode() and reconnect["request_body_truncated"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["with a length", "chunked"])
+async def test_a_reconnect_body_past_the_bound_is_refused_or_streams_on(
+    record: RecordFactory, monkeypatch: pytest.MonkeyPatch, chunked: bool
+) -> None:
+    monkeypatch.setattr(recorder_module, "RECONNECT_READ", 100_000)
+    got: list[bytes] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        got.append(await request.read())
+        return web.Response(text="ok")
+
+    app, seen = counted(create_agent_app(pace=0.3))
+    app.router.add_post("/echo", echo)
+    rec = await record(app, hold=30.0)
+    ask = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": REST_BODY}
+    _, events = await first_events(rec.url, ask, 3, "/jsonrpc")
+    big = json.dumps({**ask, "id": 2, "pad": "x" * 150_000}).encode()
+    # Naming an event held: not answered (it cannot be read whole), and not sent on.
+    status, body = await post(f"{rec.url}/jsonrpc", big, events[-1].id, chunked)
+    assert status == 413 and "over 100,000 bytes" in json.loads(body)["error"]["message"]
+    assert seen.count("POST /jsonrpc") == 1
+    # Naming none, to a path no stream is held for: it goes on to the agent whole.
+    status, _ = await post(f"{rec.url}/echo", big, "evt.elsewhere", chunked)
+    assert status == 200 and got == [big]
+    with await rec.log() as log:
+        (refused,) = log.db["resumes"].rows_where("outcome = 'refused'")
+        assert refused["last_event_id"] == events[-1].id
