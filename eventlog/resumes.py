@@ -15,6 +15,7 @@ class ResumeSide(StrEnum):
 
 class ResumeOutcome(StrEnum):
     RESUMED = "resumed"  # a client was sent the events after its Last-Event-ID, then the tail
+    ENDED = "ended"  # its Last-Event-ID names the last event of a stream that ended: a 204
     REFUSED = "refused"  # its Last-Event-ID names no event of the stream held: a 400
     FORWARDED = "forwarded"  # such a request went to the agent instead (--resume-unknown forward)
     REJOINED = "rejoined"  # the agent's stream goes on through a subscribe: nothing lost
@@ -45,6 +46,8 @@ class Resume:
             if self.outcome is ResumeOutcome.RESUMED:
                 sent = f"{self.events_from_log} events from the log"
                 return f"{head}: {sent}, then the live tail (exchange {self.new_exchange_id})"
+            if self.outcome is ResumeOutcome.ENDED:
+                return f"{head}, the stream's last event: told it had ended (exchange {self.new_exchange_id})"
             return f"{head}: {self.outcome} ({self.error})"
         head = f"exchange {self.exchange_id}: the agent's stream broke"
         tries = f"{self.attempts} subscribe{'s' if self.attempts != 1 else ''}"

@@ -35,6 +35,7 @@ MAX_GAP_LABELS = 3
 # is missing; red: the reconnect failed; grey: there was nothing to rejoin.
 RECONNECT_COLOURS = {
     ResumeOutcome.RESUMED: "#00897b",
+    ResumeOutcome.ENDED: "#00897b",
     ResumeOutcome.REJOINED: "#00897b",
     ResumeOutcome.CAUGHT_UP: "#00897b",
     ResumeOutcome.FORWARDED: "#1e88e5",
@@ -63,6 +64,8 @@ def reconnect_label(r: Reconnect) -> str:
     match r.outcome:
         case ResumeOutcome.RESUMED:
             label = f"client reconnected after {after}: {r.events_from_log or 0} from log"
+        case ResumeOutcome.ENDED:
+            label = f"client came back after the end ({after})"
         case ResumeOutcome.REFUSED:
             label = f"refused a client's {after}"
         case ResumeOutcome.FORWARDED:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -161,11 +162,6 @@ async def follow_again(
     def offset() -> int:
         return time.perf_counter_ns() - t0
 
-    writer.response_head(exchange_id, status=200, headers=stream.headers, is_sse=True, ttfb_ns=offset())
-    mine, theirs = rpc_id(body), stream.request_rpc_id
-    answering = (
-        None if mine is NO_ID or theirs is NO_ID or same_id(mine, theirs) else IdRewriter(theirs, mine)
-    )
     resumed = Resume(
         stream.exchange_id,
         ResumeSide.CLIENT,
@@ -173,6 +169,18 @@ async def follow_again(
         last_event_id=request.headers.get("Last-Event-ID"),
         events_from_log=stream.events_after(position),
         new_exchange_id=exchange_id,
+    )
+    if stream.outcome is not None and position >= stream.size:
+        # Nothing more will come. A 204 says so: an EventSource given an empty 200 would
+        # come back for ever.
+        writer.response_head(exchange_id, status=204, headers=None, is_sse=False, ttfb_ns=offset())
+        writer.end_exchange(exchange_id, duration_ns=offset(), outcome=Outcome.COMPLETE)
+        proxy.resumed(replace(resumed, outcome=ResumeOutcome.ENDED))
+        return web.Response(status=204)
+    writer.response_head(exchange_id, status=200, headers=stream.headers, is_sse=True, ttfb_ns=offset())
+    mine, theirs = rpc_id(body), stream.request_rpc_id
+    answering = (
+        None if mine is NO_ID or theirs is NO_ID or same_id(mine, theirs) else IdRewriter(theirs, mine)
     )
     response = web.StreamResponse(status=200, headers=stream.headers)
     outcome, error, noted = Outcome.COMPLETE, None, False

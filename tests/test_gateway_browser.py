@@ -127,7 +127,7 @@ async function fetchReader() {
   show({legs, taskId});
 }
 
-async function eventSource() {
+async function eventSource(closeAtEnd) {
   // Start the task, and let go of its stream after its first event.
   const controller = new AbortController();
   const response = await fetch("/message:stream", {method: "POST", signal: controller.signal,
@@ -142,22 +142,33 @@ async function eventSource() {
   controller.abort();
   const taskId = frameOf(new TextDecoder().decode(bytes.slice(0, eventEnds(bytes)[0]))).task.id;
   const seen = [];
-  let opens = 0, errors = 0;
+  let opens = 0, errors = 0, ended = false, errorsAfterEnd = 0;
   const source = new EventSource(`/tasks/${taskId}:subscribe`);
   source.onopen = () => { opens += 1; };
-  source.onerror = () => { errors += 1; };
+  source.onerror = () => {
+    errors += 1;
+    if (!ended) return;
+    // Left open past its end, the browser comes back with the last id: told the stream
+    // ended, it closes; else it would keep coming back.
+    if (source.readyState === EventSource.CLOSED) show({taskId, seen, opens, errors, closed: true});
+    else if (++errorsAfterEnd > 2) { source.close(); show({taskId, seen, opens, errors, closed: false}); }
+  };
   source.onmessage = (e) => {
     seen.push({id: e.lastEventId, data: e.data});
     const frame = JSON.parse(e.data);
     const body = frame.statusUpdate || frame.task;
     if (body && body.status.state === "TASK_STATE_COMPLETED") {
-      source.close();
-      show({taskId, seen, opens, errors});
+      ended = true;
+      if (closeAtEnd) {
+        source.close();
+        show({taskId, seen, opens, errors});
+      }
     }
   };
 }
 
-(params.get("mode") === "fetch" ? fetchReader() : eventSource()).catch((e) => show({error: String(e)}));
+const mode = params.get("mode");
+(mode === "fetch" ? fetchReader() : eventSource(mode !== "es-open")).catch((e) => show({error: String(e)}));
 </script></body></html>"""
 
 
@@ -308,3 +319,18 @@ async def test_an_eventsource_cut_off_reconnects_and_gets_every_event_once(
     ), f"seed {seed}: {made} cuts, {result['opens']} opens, {len(reconnects)} reconnects in the log"
     assert host.seen.count("POST /message:stream") == 1, f"seed {seed}: {host.seen}"
     assert host.seen.count(f"GET /tasks/{result['taskId']}:subscribe") == 1, f"seed {seed}: {host.seen}"
+
+
+@pytest.mark.usefixtures("browser")
+async def test_an_eventsource_left_open_past_the_end_is_told_it_ended(
+    record: RecordFactory, tmp_path: Path
+) -> None:
+    host = agent_app(pace=0.05)
+    rec = await record(host.app, hold=HOLD, rejoin_for=REJOIN_FOR)
+    result = await in_chromium(host, f"{rec.url}/page.html?mode=es-open", tmp_path / "profile")
+    # It came back once, after the last event, and was answered with a 204: it stopped.
+    assert result["closed"] and result["opens"] == 1, result
+    with await rec.log() as log:
+        resumes = [(r["outcome"], r["last_event_id"]) for r in log.db["resumes"].rows]
+    assert resumes == [("ended", result["seen"][-1]["id"])]
+    assert host.seen.count(f"GET /tasks/{result['taskId']}:subscribe") == 1, host.seen

@@ -154,6 +154,28 @@ async def test_an_ended_stream_is_held_for_the_hold_then_let_go(record: RecordFa
     assert rec.proxy.live is not None and len(rec.proxy.live) == 0
 
 
+async def test_a_reconnect_after_the_last_event_of_an_ended_stream_is_told_it_ended(
+    record: RecordFactory,
+) -> None:
+    app, seen = counted(create_agent_app(pace=0.02))
+    rec = await record(app, hold=30.0)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{rec.url}/message:stream", json=REST_BODY, headers=HEADERS) as r,
+    ):
+        whole = await r.read()
+    last = [e for e in events_of(whole) if e.complete][-1]
+    # A 204, by which an EventSource stops reconnecting (an empty 200 has it come back).
+    status, body = await rest_of(rec.url, REST_BODY, last.id)
+    assert (status, body) == (204, b"")
+    assert seen == ["POST /message:stream"]
+    await rec.proxy.wait_idle()
+    with await rec.log() as log:
+        (ended,) = log.db["resumes"].rows
+        assert (ended["outcome"], ended["last_event_id"], ended["events_from_log"]) == ("ended", last.id, 0)
+        assert log.exchange(ended["new_exchange_id"])["status"] == 204
+
+
 EVENT = b'data: {"pad": "%s"}\n\n' % (b"x" * 80)
 
 
