@@ -16,6 +16,7 @@ from tasktape.eventlog.interpreter import child_python
 
 from .record import EXIT_LOG_FAILED
 from .redaction_options import redaction_options
+from .stop_signals import stop_signals
 
 # mitmdump from this Python environment, where the addon's imports (eventlog) resolve. An
 # addon cannot set mitmdump's exit status: once mitmdump is done (and the addon has closed
@@ -92,14 +93,15 @@ def mitm(
 
 
 def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:
-    """Run a child to its end, passing SIGINT and SIGTERM on; its exit status (128 + the
+    """Run a child to its end, passing the signals that stop tasktape on (a SIGHUP as a
+    SIGTERM: mitmdump would die of it without closing its log); its exit status (128 + the
     signal's number when a signal ended it, as shells report it)."""
     child = subprocess.Popen(args, env=env)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        child.send_signal(signum)
+        child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in stop_signals()}
     try:
         status = child.wait()
     finally:

@@ -344,11 +344,22 @@ async def test_an_upstream_that_cannot_be_reached(mitm: Mitm) -> None:
 # -- the command, and the plain mitmdump -s form ----------------------------------------------
 
 
-@pytest.mark.parametrize("form", ["mitmdump -s", "mitmdump -s own script", "tasktape mitm"])
-async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path: Path, form: str) -> None:
+@pytest.mark.parametrize(
+    ("form", "sig"),
+    [
+        ("mitmdump -s", signal.SIGTERM),
+        ("mitmdump -s own script", signal.SIGTERM),
+        ("tasktape mitm", signal.SIGTERM),
+        ("tasktape mitm", signal.SIGHUP),
+    ],
+)
+async def test_stopped_mid_stream_the_log_is_complete(
+    demo_agent: str, tmp_path: Path, form: str, sig: signal.Signals
+) -> None:
     """Every form (the addon by path, by module from a script of one's own, and tasktape
     mitm), options by --set (only /message:* recorded): SIGTERM mid-stream (passed on by
-    tasktape mitm) ends the exchange ``proxy_stopped``; the exit status is 0."""
+    tasktape mitm, which passes a SIGHUP on as one) ends the exchange ``proxy_stopped``;
+    the exit status is 0."""
     port, db = free_port(), tmp_path / "stopped.db"
     own = tmp_path / "own_addons.py"
     own.write_text(
@@ -375,7 +386,7 @@ async def test_stopped_mid_stream_the_log_is_complete(demo_agent: str, tmp_path:
                 json={"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "long"}]}},
             )
             await response.content.readuntil(b"\n\n")
-            assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
+            assert await asyncio.to_thread(proc.stop, sig) == 0
             response.close()
     with EventLog(db) as log:
         (x,) = log.exchanges()
