@@ -88,7 +88,11 @@ def rest_operation(method: str, path: str) -> str | None:
 
 def classify_request(method: str, path: str, body: bytes | str | None) -> RequestInfo:
     """Classify one request. Never raises: what is not A2A gives an empty RequestInfo."""
-    obj = _json(body)
+    return classify_parsed(method, path, _json(body))
+
+
+def classify_parsed(method: str, path: str, obj: Any) -> RequestInfo:
+    """``classify_request`` of a body already parsed (``obj``: None if it is not JSON)."""
     if isinstance(obj, dict) and "jsonrpc" in obj and isinstance(obj.get("method"), str):
         params = obj.get("params") if isinstance(obj.get("params"), dict) else {}
         message = params.get("message") if isinstance(params.get("message"), dict) else {}

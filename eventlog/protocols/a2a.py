@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from ..a2a_terms import INTERRUPTED_STATES, STREAM_KINDS, TERMINAL_STATES, V03_KINDS, is_jsonrpc
 from ..classify import Classification, classify, load_json
-from ..requests import A2A_METHODS, classify_request, rest_operation
+from ..requests import A2A_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
 from . import a2a_rejoin
 from .base import CatchUp, Protocol, Regenerated, Request, RequestInfo, Resubscription, StreamReader, Summary
@@ -73,7 +73,7 @@ class A2A(Protocol):
         return (len(obj) == 1 and _frame_key(obj) is not None) or _bare_task(obj)
 
     def request_info(self, request: Request) -> RequestInfo:
-        return classify_request(request.method, request.path, request.body)
+        return classify_parsed(request.method, request.path, request.json())  # parsed once
 
     def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
         """Streams, and the answers of successful operations: an agent card, or an error
