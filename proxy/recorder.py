@@ -57,8 +57,10 @@ END_GRACE = 0.1  # seconds
 READ_WHOLE = 64 * 1024
 # A reconnect's body (a request with Last-Event-ID, resuming) is read whole up to this
 # size, chunked or not: what it repeats (a JSON-RPC request's method and id) is read from
-# it. A bigger one is not answered from a stream held, nor sent to the agent again.
-RECONNECT_READ = 64 * 1024 * 1024
+# it. A bigger one is not answered from a stream held, nor sent to the agent again. (Any
+# request holds as much in memory while it streams on: the first --max-body bytes, 16 MiB
+# by default, kept for the log.)
+RECONNECT_READ = 16 * 1024 * 1024
 
 
 class RecordingProxy:
