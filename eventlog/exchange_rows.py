@@ -16,6 +16,7 @@ import orjson
 
 from .classify import Classification
 from .content_coding import MAX_DECODED, Inflate, decode_body, too_large
+from .exchange_statements import INSERT_EXCHANGE, UPDATE_BODY, UPDATE_END, UPDATE_HEAD, Statement
 from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader
 from .redact import Redactor
@@ -23,7 +24,6 @@ from .sse import SSEDecoder, SSEEvent, written
 from .uids import uuid7
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
-Statement = tuple[str, tuple[Any, ...]]
 Rows = list[tuple[Any, ...]]
 
 # The columns of a chunk's and of an event's row, in the order the rows are built.
@@ -32,27 +32,6 @@ EVENT_COLUMNS = (
     *("exchange_id", "seq", "offset_ns", "event_id", "last_event_id", "event_type", "data"),
     *("retry", "complete", "chunk_seq", "chunk_crlf", "chunk_events", "kind", "task_id", "context_id"),
     *("state", "artifact_id", "artifact_type", "append", "last_chunk", "text", "usage", "parse_error"),
-)
-
-_INSERT_EXCHANGE = (
-    "INSERT INTO exchanges (id, uid, capture_id, started_at, started_ns, method, path, query,"
-    " request_headers, request_body, request_body_truncated, request_body_encoding, binding,"
-    " rpc_method, task_id, context_id, protocol, session_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-)
-_UPDATE_BODY = (
-    "UPDATE exchanges SET request_body = ?, request_body_truncated = ?, request_body_encoding = ?,"
-    " binding = ?, rpc_method = ?, task_id = ?, context_id = ?, protocol = ?, session_id = ? WHERE id = ?"
-)
-_UPDATE_HEAD = (
-    "UPDATE exchanges SET status = ?, response_headers = ?, is_sse = ?, ttfb_ns = ?,"
-    " body_encoding = ? WHERE id = ?"
-)
-_UPDATE_END = (
-    "UPDATE exchanges SET duration_ns = coalesce(?, duration_ns), outcome = ?,"
-    " error = coalesce(?, error), response_body = ?, response_body_truncated = ?,"
-    " binding = coalesce(binding, ?), task_id = coalesce(task_id, ?),"
-    " context_id = coalesce(context_id, ?), protocol = ?, session_id = ?, model = ?, answer = ?,"
-    " input_tokens = ?, output_tokens = ?, finish = ? WHERE id = ?"
 )
 
 # Headers as the log stores them: json.dumps(..., ensure_ascii=False)'s text, by one
@@ -167,7 +146,7 @@ class ExchangeRows:
         s = self.summary
         s.method, s.path = method, path
         info = self._recognise(body)
-        return _INSERT_EXCHANGE, (
+        return INSERT_EXCHANGE, (
             s.exchange_id,
             uuid7(started_ns),
             capture_id,
@@ -210,7 +189,7 @@ class ExchangeRows:
         stored, encoding = self._request_body(body)
         if self._protocol is None and stored is not None:
             self._recognise(stored)
-        return _UPDATE_BODY, (
+        return UPDATE_BODY, (
             stored_body(stored),
             int(truncated),
             encoding,
@@ -267,7 +246,7 @@ class ExchangeRows:
         if is_sse and self._error is None:
             # Raw event bytes are only needed to redact them inside the stored chunks.
             self._decoder = SSEDecoder(keep_raw=bool(self._redactor.json_pointers))
-        return _UPDATE_HEAD, (
+        return UPDATE_HEAD, (
             status,
             self._headers(headers),
             int(is_sse),
@@ -357,7 +336,7 @@ class ExchangeRows:
         s = self.summary
         s.outcome, s.duration_ns = outcome, duration_ns
         read = self._reader.finished() if self._reader is not None else None
-        return _UPDATE_END, (
+        return UPDATE_END, (
             duration_ns,
             outcome,
             "; ".join(filter(None, (error, self._error, self._request_error))) or None,

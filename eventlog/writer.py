@@ -38,6 +38,7 @@ from .exchange_rows import (
     ExchangeRows,
     ExchangeSummary,
 )
+from .exchange_statements import Statement, fold
 from .outcomes import Outcome
 from .producer import (
     BODY,
@@ -71,7 +72,7 @@ _INSERT_CAPTURE = (
 class _Batch:
     """Rows and waiters gathered for one transaction."""
 
-    statements: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
+    statements: list[Statement] = field(default_factory=list)
     chunk_rows: list[tuple[Any, ...]] = field(default_factory=list)
     event_rows: list[tuple[Any, ...]] = field(default_factory=list)
     wakers: list[Callable[[], None]] = field(default_factory=list)
@@ -80,6 +81,17 @@ class _Batch:
     )
     stop: bool = False
     cleaned: bool = False
+    # Where each exchange inserted in this batch has its INSERT in ``statements``: what
+    # follows for it (head, late body, end) is folded into that INSERT.
+    inserts: dict[int, int] = field(default_factory=dict)
+
+    def update(self, exchange_id: int, statement: Statement) -> None:
+        """An UPDATE of an exchange's row: folded into its INSERT if that is here."""
+        at = self.inserts.get(exchange_id)
+        if at is None:
+            self.statements.append(statement)
+        else:
+            self.statements[at] = fold(self.statements[at], statement)
 
     def take(self) -> _Batch:
         """What the batch holds so far, as a batch of its own; this one goes on empty
@@ -89,6 +101,7 @@ class _Batch:
         )
         for part in (self.statements, self.chunk_rows, self.event_rows, self.wakers, self.finished):
             part.clear()
+        self.inserts.clear()
         return taken
 
 
@@ -315,15 +328,16 @@ class LogWriter(LogProducer):
         elif code == EXCHANGE:
             self._taken += len(op[8] or b"")  # the request body counts against the backlog too
             rows = self._exchanges[op[1]] = self._rows(op[1])
+            batch.inserts[op[1]] = len(batch.statements)
             batch.statements.append(rows.request(*op[2:]))
         elif code == HEAD:
-            batch.statements.append(self._exchange(op[1]).head(*op[2:]))
+            batch.update(op[1], self._exchange(op[1]).head(*op[2:]))
         elif code == BODY:
             self._taken += len(op[2])
-            batch.statements.append(self._exchange(op[1]).late_request_body(*op[2:]))
+            batch.update(op[1], self._exchange(op[1]).late_request_body(*op[2:]))
         elif code == END:
             rows = self._exchanges.pop(op[1], None) or self._rows(op[1])
-            batch.statements.append(rows.end(*op[2:5], batch.chunk_rows, batch.event_rows))
+            batch.update(op[1], rows.end(*op[2:5], batch.chunk_rows, batch.event_rows))
             batch.finished.append((op[5], rows.summary))
         elif code == CAPTURE:
             batch.statements.append((_INSERT_CAPTURE, op[1:]))
