@@ -73,8 +73,13 @@ class ExchangeSummary:
 def utc_iso(ns: int) -> str:
     """Nanoseconds since the epoch as ``2026-11-30T10:18:28.123456Z``."""
     seconds, rest = divmod(ns, 1_000_000_000)
-    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=rest // 1000)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    second = _SECOND[0]  # (read once: another thread may replace it)
+    if second[0] != seconds:  # the date and time to the second, made once a second
+        second = _SECOND[0] = (seconds, datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{second[1]}.{rest // 1000:06d}Z"
+
+
+_SECOND: list[tuple[int, str]] = [(-1, "")]  # the last second utc_iso wrote, and its text
 
 
 def stored_body(body: bytes | None) -> bytes | str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from datetime import datetime
 
 _VERSION = 0x7000  # in the 16 bits after the milliseconds
@@ -24,7 +23,9 @@ def uuid7(ns: int, random: bytes | None = None) -> str:
     ms, rest = divmod(ns, 1_000_000)
     fraction = rest * 4096 // 1_000_000
     low = int.from_bytes(random or os.urandom(8)) & 0x3FFFFFFFFFFFFFFF
-    return str(uuid.UUID(int=(ms << 80) | ((_VERSION | fraction) << 64) | _VARIANT | low))
+    # As str(uuid.UUID(int=...)) spells it, without building one (a third of the time).
+    h = f"{(ms << 80) | ((_VERSION | fraction) << 64) | _VARIANT | low:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def derived_uuid7(ns: int, *parts: object) -> str:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from tasktape.errors import LogBusy, LogError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
+from tasktape.eventlog.exchange_rows import utc_iso
 from tasktape.eventlog.producer import CHUNK
 
 
@@ -593,3 +595,30 @@ def test_exchanges_ending_back_to_back_share_transactions(tmp_path: Path) -> Non
             ends.append(w.end_exchange(ex, duration_ns=1))
         assert [end.result(timeout=10).events for end in ends] == [1] * 1000
         assert w.stats.batches - before < 100
+
+
+def test_times_are_spelled_as_datetime_spells_them_from_any_thread() -> None:
+    """utc_iso makes the text of a second once; threads asking for other seconds meanwhile
+    each get their own."""
+
+    def spelled(ns: int) -> str:
+        seconds, rest = divmod(ns, 1_000_000_000)
+        moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=rest // 1000)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    wrong: list[int] = []
+
+    def ask(seed: int) -> None:
+        rng = random.Random(seed)
+        base = rng.randrange(0, 4 * 10**18)
+        for _ in range(20_000):
+            ns = base + rng.randrange(0, 3 * 10**9)  # the same few seconds as other threads, often
+            if utc_iso(ns) != spelled(ns):
+                wrong.append(ns)
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong

@@ -3,6 +3,7 @@ rows of logs upgraded from before uids alike."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
 import uuid
@@ -105,3 +106,12 @@ def test_an_upgraded_log_gets_the_same_uids_in_every_copy(tmp_path: Path) -> Non
     assert len(set(captures)) == 2 and len(set(exchanges)) == 3
     # Each names its row's start: the capture's started_at, the exchange's started_ns.
     assert _fields(captures[0])[0] == 1_796_033_908_123 and _fields(exchanges[0])[0] == 1_796_033_908_000
+
+
+def test_a_uuid7_is_spelled_as_the_uuid_module_spells_it() -> None:
+    rng = random.Random(3)
+    for _ in range(2000):
+        ns, bits = rng.randrange(0, 2**62), rng.randbytes(8)
+        uid = uuid7(ns, bits)
+        assert uid == str(uuid.UUID(uid)) == str(uuid.UUID(int=uuid.UUID(uid).int))
+        assert _fields(uid) == (ns // 1_000_000, 7, 0b10)
