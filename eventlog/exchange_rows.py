@@ -394,7 +394,16 @@ class ExchangeRows:
         if headers is None:
             return None
         pairs = headers.items() if isinstance(headers, Mapping) else headers
-        return _headers_json([(k, _header_text(v)) for k, v in self._redactor.header_pairs(pairs)])
+        # Most headers are ASCII and none redaction changes: those are taken as they are.
+        changed, value_of = self._redactor.changed_headers, self._redactor.header_value
+        return _headers_json(
+            [
+                (k, v)
+                if v.isascii() and k.lower() not in changed
+                else (k, _header_text(value_of(k.lower(), v)))
+                for k, v in pairs
+            ]
+        )
 
     def _chunk_row(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
         chunk_rows.append((self.summary.exchange_id, self._chunk_seq, offset_ns, data))

@@ -49,6 +49,8 @@ class Redactor:
     ) -> None:
         names = [*DEFAULT_HEADERS, *headers] if defaults else list(headers)
         self.headers = frozenset(n.lower() for n in names)
+        # Every header whose value redaction may change (the rest are kept as they are).
+        self.changed_headers = self.headers | URL_HEADERS | LINK_HEADERS
         params = [*DEFAULT_QUERY, *query] if defaults else list(query)
         self.query_params = frozenset(n.lower() for n in params)
         self.json_pointers = tuple(json_pointers)
@@ -58,9 +60,10 @@ class Redactor:
         """Credential headers redacted whole; headers that hold URLs (``Referer``,
         ``Location``, ``Content-Location``, ``Link``) keep them, with their query strings
         redacted."""
-        return [(k, self._header_value(k.lower(), v)) for k, v in pairs]
+        return [(k, self.header_value(k.lower(), v)) for k, v in pairs]
 
-    def _header_value(self, name: str, value: str) -> str:
+    def header_value(self, name: str, value: str) -> str:
+        """A header's value as ``header_pairs`` has it (``name`` in lower case)."""
         if name in self.headers:
             return REDACTED
         if name in URL_HEADERS:
