@@ -350,3 +350,10 @@ def test_a2a_usage_reaches_stream_summary(tmp_path: Path) -> None:
         34,
         "TASK_STATE_COMPLETED",
     )
+
+
+def test_a_requests_header_is_its_first_value_whatever_the_names_case() -> None:
+    request = Request("POST", "/", [("Mcp-Session-Id", "a"), ("X-Other", "b"), ("mcp-session-id", "c")])
+    assert request.header("MCP-SESSION-ID") == request.header("mcp-session-id") == "a"
+    assert (request.header("x-other"), request.header("Missing")) == ("b", None)
+    assert Request("GET", "/").header("A2A-Version") is None

@@ -47,11 +47,14 @@ class Request:
     headers: Sequence[tuple[str, str]] = ()
     body: bytes | str | None = None
     _json: Any = field(default=_UNREAD, repr=False, compare=False)
+    _names: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def header(self, name: str) -> str | None:
         """The first value of a header (names compared case-insensitively)."""
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
+        names = self._names
+        if names is None:  # made once, however many protocols ask (the first value wins)
+            names = self._names = {k.lower(): v for k, v in reversed(self.headers)}
+        return names.get(name.lower())
 
     def json(self) -> Any:
         """The body as JSON, or None when it is not (read once, however many protocols ask)."""
