@@ -100,6 +100,49 @@ def ingest(path: Path, n_tasks: int, *, bulk: bool, first_task: int = 0) -> floa
     return n_tasks * EVENTS_PER_TASK / elapsed
 
 
+# A short exchange as an agent makes many: an MCP tool call (JSON-RPC request, JSON answer).
+MCP_REQUEST_HEADERS = [
+    ("host", "127.0.0.1:8000"),
+    ("accept", "application/json, text/event-stream"),
+    ("content-type", "application/json"),
+    ("mcp-protocol-version", "2025-06-18"),
+    ("mcp-session-id", "5f1c0b2a9d8e4f7a"),
+    ("user-agent", "python-httpx/0.28"),
+]
+MCP_RESPONSE_HEADERS = [
+    ("content-type", "application/json"),
+    ("mcp-session-id", "5f1c0b2a9d8e4f7a"),
+    ("date", "Sun, 06 Dec 2026 15:00:00 GMT"),
+    ("server", "uvicorn"),
+]
+
+
+def tool_calls(path: Path, n: int) -> tuple[float, float]:
+    """Feed ``n`` MCP tool calls through one writer: exchanges/s from the first handed over
+    to the last committed, and the process's CPU µs per exchange meanwhile."""
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="benchmark")
+        start, cpu = time.perf_counter(), time.process_time()
+        for k in range(n):
+            call = {"name": "lookup", "arguments": {"code": f"J45.{k}"}}
+            body = json.dumps({"jsonrpc": "2.0", "id": k, "method": "tools/call", "params": call})
+            answer = {"content": [{"type": "text", "text": "Unspecified asthma"}], "isError": False}
+            ex = w.begin_exchange(
+                cap,
+                method="POST",
+                path="/mcp",
+                request_headers=MCP_REQUEST_HEADERS,
+                request_body=body.encode(),
+            )
+            w.response_head(ex, status=200, headers=MCP_RESPONSE_HEADERS, is_sse=False, ttfb_ns=1)
+            w.chunk(ex, 2, json.dumps({"jsonrpc": "2.0", "id": k, "result": answer}).encode())
+            w.end_exchange(ex, duration_ns=3)
+        w.flush()
+        elapsed, used = time.perf_counter() - start, time.process_time() - cpu
+        assert w.stats.rows_lost == 0
+    return n / elapsed, used / n * 1e6
+
+
 def decode_and_classify(n_tasks: int) -> float:
     """events/s of the writer's CPU work alone: decoding and classifying, no SQLite."""
     streams = [task_stream(n) for n in range(n_tasks)]
@@ -192,6 +235,19 @@ def run(quick: bool) -> list[Section]:
             "cassette, then writing it), best of 3."
         )
         sections.append(ing)
+
+        calls = Section("Short exchanges through the writer", ["exchange", "exchanges/s", "CPU µs each"])
+        n_calls = 1_000 if quick else 5_000
+        rate, cpu = max(tool_calls(Path(tmp) / f"calls-{i}.db", n_calls) for i in range(3))
+        calls.add("an MCP tool call (a JSON-RPC request, its JSON answer)", rate, cpu)
+        calls.notes.append(
+            f"{n_calls:,} exchanges fed to one writer as the recorder hands them over (the request "
+            "with its headers, the response's head, its body, the end), best of 3: from the first to "
+            "the last committed, and the CPU of the whole process (the feeding thread's too) meanwhile. "
+            "Each is one exchanges row (request and response headers, bodies, protocol, method, "
+            "session) and the body's chunk."
+        )
+        sections.append(calls)
 
         path = Path(tmp) / "big.db"
         rate = ingest(path, big_tasks, bulk=True)
