@@ -148,14 +148,15 @@ async def follow_again(
     """A reconnect: the events after ``position``, then the live tail; recorded as an
     exchange of its own (what this client was sent), never forwarded."""
     writer = proxy.writer
+    kept, cut = proxy.kept_body(body)
     exchange_id = writer.begin_exchange(
         proxy.capture_id,  # type: ignore[arg-type]
         method=request.method,
         path=request.rel_url.raw_path,
         query=request.rel_url.raw_query_string or None,
         request_headers=list(request.headers.items()),
-        request_body=None if body is None else body[: proxy.max_request_body],
-        request_body_truncated=body is not None and len(body) > proxy.max_request_body,
+        request_body=kept,
+        request_body_truncated=cut,
         started_ns=started_ns,
     )
 

@@ -245,21 +245,22 @@ class RecordingProxy:
         started_ns = time.time_ns()
         body: bytes | _TeedBody | None = read
         if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
-            body = read if read is not None else await self._reconnect_body(request)
+            if body is None:
+                body = await self._reconnect_body(request)
             answered = await self._resume(request, body, last_id, t0, started_ns)
             if answered is not None:
                 return answered
-        elif read is None:
+        elif body is None:
             body = await self._request_body(request)
-        whole = body if isinstance(body, bytes) else None
+        kept, cut = self.kept_body(body if isinstance(body, bytes) else None)  # (a streamed one: later)
         exchange = self.writer.begin_exchange(
             self.capture_id,  # type: ignore[arg-type]
             method=request.method,
             path=request.rel_url.raw_path,
             query=request.rel_url.raw_query_string or None,
             request_headers=list(request.headers.items()),
-            request_body=None if whole is None else whole[: self.max_request_body],
-            request_body_truncated=whole is not None and len(whole) > self.max_request_body,
+            request_body=kept,
+            request_body_truncated=cut,
             started_ns=started_ns,
         )
         return await Exchange(self, request, exchange, t0).run(body)
@@ -452,6 +453,13 @@ class RecordingProxy:
         if length is not None and length <= READ_WHOLE:
             return await request.read()
         return _TeedBody(request.content, self.max_request_body)
+
+    def kept_body(self, body: bytes | None) -> tuple[bytes | None, bool]:
+        """A request body read whole as the log keeps it (its first ``max_request_body``
+        bytes), and whether that cut it short."""
+        if body is None:
+            return None, False
+        return body[: self.max_request_body], len(body) > self.max_request_body
 
     def upstream_url(self, raw_path: str) -> URL:
         return URL(self._base + raw_path, encoded=True)
