@@ -51,7 +51,8 @@ class _LazyGroup(click.Group):
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tasktape")
 def main() -> None:
-    """Record, replay and inspect streaming agent traffic (A2A over Server-Sent Events)."""
+    """Record, replay and inspect streaming agent traffic over Server-Sent Events (A2A, MCP,
+    OpenAI and Anthropic)."""
 
 
 def run() -> None:
