@@ -1,5 +1,5 @@
 """The tasktape version, recorded with every capture (and the package's: pyproject.toml
-reads it from here). A constant, not the installed metadata: looking that up takes every
-process that starts (a recorder and its log writer each) about 13 ms."""
+reads it from here). A constant, not looked up in the installed metadata, which takes a
+few milliseconds in every process that starts (a recorder and its log writer each)."""
 
 __version__ = "0.1.0"
