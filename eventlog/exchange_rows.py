@@ -173,15 +173,20 @@ class ExchangeRows:
         )
 
     def _recognise(self, body: bytes | None) -> RequestInfo:
-        """Which protocol the request speaks, and what it says (once its body is here)."""
+        """Which protocol the request speaks, and what it says (once its body is here: a
+        body that comes late tells what the request is of the protocol already known, by
+        its headers or by the first event)."""
         s = self.summary
         request = Request(s.method or "", s.path or "", self._headers_seen, body)
-        protocol = recognise(request)
-        if protocol is None:
+        known = self._protocol
+        protocol = known if known is not None and known.claims(request) else recognise(request)
+        if protocol is None or (known is not None and protocol is not known):
             return RequestInfo()
-        self._use(protocol)
+        if known is None:
+            self._use(protocol)
         info = protocol.request_info(request)
-        s.binding, s.rpc_method, s.session_id = info.binding, info.rpc_method, info.session_id
+        s.binding = info.binding or s.binding
+        s.rpc_method, s.session_id = info.rpc_method or s.rpc_method, info.session_id or s.session_id
         s.task_id, s.context_id = s.task_id or info.task_id, s.context_id or info.context_id
         return info
 
@@ -192,7 +197,7 @@ class ExchangeRows:
     def late_request_body(self, body: bytes, truncated: bool) -> Statement:
         s = self.summary
         stored, encoding = self._request_body(body)
-        if self._protocol is None and stored is not None:
+        if stored is not None:
             self._recognise(stored)
         return UPDATE_BODY, (
             stored_body(stored),

@@ -18,6 +18,8 @@ from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.outcomes import Outcome
 
+from .kept_body import KeptBody
+
 # What mitmproxy says when the client side went away (HTTP/1; HTTP/2 and 3).
 _CLIENT_GONE = ("Client disconnected.", "stream reset by client")
 
@@ -101,21 +103,19 @@ class InFlight:
     exchange: int = 0  # ids start at 1: 0 until the exchange is begun
     streamed: bool = False
     ended: bool = False  # no more rows: the exchange ended, or the log was closed under it
-    body: bytearray | None = None
-    body_truncated: bool = False
+    body: KeptBody | None = None  # of a streamed request
 
     def offset(self) -> int:
         return time.perf_counter_ns() - self.t0
 
     def tee_request(self, inner: StreamCallable | None, cap: int) -> StreamCallable:
         """A ``request.stream`` callable keeping the body's first ``cap`` bytes for the log."""
-        kept = self.body = bytearray()
+        body = self.body = KeptBody(cap)
 
         def tee(data: bytes) -> bytes | Iterable[bytes]:
-            room = cap - len(kept)
-            if len(data) > room:
-                self.body_truncated = True
-            kept.extend(data[: max(room, 0)])
+            if not data:  # mitmproxy's call for the end of the body
+                body.whole = True
+            body.keep(data)
             return data if inner is None else inner(data)
 
         return tee
@@ -136,7 +136,7 @@ class InFlight:
     def end(self, writer: LogProducer, *, outcome: str = Outcome.COMPLETE, error: str | None = None) -> None:
         self.ended = True
         if self.body is not None:
-            writer.late_request_body(self.exchange, bytes(self.body), truncated=self.body_truncated)
+            self.body.log(writer, self.exchange)
         writer.end_exchange(self.exchange, duration_ns=self.offset(), outcome=outcome, error=error)
 
 

@@ -38,6 +38,7 @@ from .failure import describe
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
+from .kept_body import KeptBody
 from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams, recorders_exchange
 from .rejoin import Rejoin, agent_resumes, named_task
 from .resume_options import UnknownResume
@@ -480,30 +481,24 @@ class _TeedBody:
 
     def __init__(self, content: aiohttp.StreamReader, cap: int, first: bytes = b"") -> None:
         self.content = content
-        self.cap = cap
         self.first = first  # read from ``content`` already (a reconnect's, too big to answer)
-        self.kept = bytearray()
-        self.truncated = False
+        self.body = KeptBody(cap)
 
     async def stream(self) -> AsyncIterator[bytes]:
+        keep = self.body.keep
         if self.first:
             first, self.first = self.first, b""
-            self._keep(first)
+            keep(first)
             yield first
         async for chunk in self.content.iter_any():
-            self._keep(chunk)
+            keep(chunk)
             yield chunk
+        self.body.whole = True
 
     async def drain(self) -> None:
         """Read what the upstream never took (it failed first), for the log."""
         async for _ in self.stream():
             pass
-
-    def _keep(self, chunk: bytes) -> None:
-        room = self.cap - len(self.kept)
-        if len(chunk) > room:
-            self.truncated = True
-        self.kept += chunk[: max(room, 0)]
 
 
 class Exchange:
@@ -579,6 +574,8 @@ class Exchange:
     async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
         request = self.request
         is_sse = upstream.content_type == "text/event-stream"
+        if self.teed is not None and self.teed.body.whole:
+            self.teed.body.log(self.writer, self.id)
         self.writer.response_head(
             self.id,
             status=upstream.status,
@@ -671,7 +668,7 @@ class Exchange:
 
     def request_body(self) -> bytes | None:
         """The request's body as forwarded (as far as it was kept, when streamed through)."""
-        return bytes(self.teed.kept) if self.teed is not None else self._sent
+        return bytes(self.teed.body.kept) if self.teed is not None else self._sent
 
     def end(self, outcome: str, error: str | None = None) -> None:
         """Say in the log how the exchange ended (once)."""
@@ -679,7 +676,7 @@ class Exchange:
             return
         self.ended = True
         if self.teed is not None:  # a body streamed through: the log gets what was kept
-            self.writer.late_request_body(self.id, bytes(self.teed.kept), truncated=self.teed.truncated)
+            self.teed.body.log(self.writer, self.id)
         done = self.writer.end_exchange(self.id, duration_ns=self.offset(), outcome=outcome, error=error)
         if self.proxy.on_exchange is not None:
             callback = self.proxy.on_exchange

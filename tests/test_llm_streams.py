@@ -22,7 +22,7 @@ from tasktape.eventlog.checker import check_log
 from tasktape.replay import ReplayServer, load
 
 PIECES = ("Hel", "lo", ", wörld", "!")
-PROMPT = [{"role": "user", "content": "Say hello"}]
+SAY_HELLO = "Say hello"
 
 
 @dataclass
@@ -37,11 +37,14 @@ class Assembled:
     kinds: list[str]  # the event types the SDK yielded, in order
 
 
-async def chat(base: str) -> Assembled:
+async def chat(base: str, prompt: str = SAY_HELLO) -> Assembled:
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
     async with client:
         stream = await client.chat.completions.create(
-            model="gpt-4o-mini", messages=PROMPT, stream=True, stream_options={"include_usage": True}
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": prompt}],
+            stream=True,
+            stream_options={"include_usage": True},
         )
         texts, finish, usage, model, kinds = [], None, None, "", []
         async for chunk in stream:
@@ -55,10 +58,10 @@ async def chat(base: str) -> Assembled:
     return Assembled("".join(texts), model, usage.prompt_tokens, usage.completion_tokens, finish, kinds)
 
 
-async def responses(base: str) -> Assembled:
+async def responses(base: str, prompt: str = SAY_HELLO) -> Assembled:
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
     async with client:
-        stream = await client.responses.create(model="gpt-4o-mini", input="Say hello", stream=True)
+        stream = await client.responses.create(model="gpt-4o-mini", input=prompt, stream=True)
         kinds, final = [], None
         async for event in stream:
             kinds.append(event.type)
@@ -71,11 +74,13 @@ async def responses(base: str) -> Assembled:
     )
 
 
-async def messages(base: str) -> Assembled:
+async def messages(base: str, prompt: str = SAY_HELLO) -> Assembled:
     client = anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
     async with client:
         kinds = []
-        asked = client.messages.stream(model="claude-sonnet-4-5", max_tokens=64, messages=PROMPT)
+        asked = client.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": prompt}]
+        )
         async with asked as stream:
             async for event in stream:
                 kinds.append(event.type)
@@ -132,6 +137,25 @@ async def test_the_sdk_assembles_the_same_through_record_and_replay(
     took_ms = (time.monotonic() - started) * 1000
     assert replayed == direct
     assert took_ms >= 0.8 * summary["duration_ms"]
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_a_prompt_streamed_through_is_read_before_its_answer(case: str, record: RecordFactory) -> None:
+    """A request body over 64 KiB goes to the upstream as it comes (as a chunked one does):
+    the log still knows the protocol, and so each event, from the body it kept."""
+    make_app, client, protocol, call = CASES[case]
+    rec = await record(make_app(PIECES, delay=0))
+    long_prompt = "Summarise this: " + "lorem ipsum " * 8_000  # 96 KB
+    assembled = await client(rec.url, long_prompt)
+    assert assembled.answer == "".join(PIECES)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert (x["protocol"], x["rpc_method"]) == (protocol, call)
+        assert len(x["request_body"]) > 65536 and not x["request_body_truncated"]
+        events = log.events(x["id"])
+        assert "other" not in {e["kind"] for e in events}
+        assert summary_of(log, x["id"])["answer"] == assembled.answer
+    assert check_log(EventLog(rec.db)) == []
 
 
 async def test_event_kinds_per_protocol(record: RecordFactory) -> None:

@@ -575,6 +575,37 @@ def test_a_streamed_request_body_is_kept_as_it_passes(
         assert (x["request_body"], x["request_body_truncated"], x["outcome"]) == ("0123456789", 1, "complete")
 
 
+def test_a_streamed_prompt_read_whole_is_logged_before_its_answer(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    """An OpenAI request streamed through (stream_large_bodies) is claimed by its body: the
+    log has it before the answer's events, so each event is read as OpenAI's."""
+    recorder, _ = addon
+    flow = tflow.tflow(resp=True)
+    flow.request.method, flow.request.path = "POST", "/v1/chat/completions"
+    flow.request.content, flow.request.stream = None, True
+    recorder.requestheaders(flow)
+    asked = [{"role": "user", "content": "x" * 70_000}]
+    prompt = json.dumps({"model": "m", "messages": asked, "stream": True})
+    for piece in (prompt[:40_000].encode(), prompt[40_000:].encode(), b""):
+        flow.request.stream(piece)
+    recorder.request(flow)
+    flow.response.headers["Content-Type"] = "text/event-stream"
+    recorder.responseheaders(flow)
+    choices = [{"index": 0, "delta": {"content": "Hi"}}]
+    chunk = {"object": "chat.completion.chunk", "model": "m", "choices": choices}
+    flow.response.stream(f"data: {json.dumps(chunk)}\n\n".encode())
+    flow.response.stream(b"data: [DONE]\n\n")
+    flow.response.stream(b"")
+    recorder.response(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        (x,) = log.exchanges()
+        assert (x["protocol"], x["rpc_method"]) == ("openai", "chat.completions")
+        assert len(x["request_body"]) == len(prompt)
+        assert [e["kind"] for e in log.events(x["id"])] == ["delta", "done"]
+
+
 def test_compressed_request_bodies_are_decoded_up_to_the_bound(
     addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
 ) -> None:

@@ -75,11 +75,21 @@ def test_a_stream_is_claimed_by_its_first_event_only_when_it_is_exact() -> None:
 
     assert claimer('{"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_WORKING"}}}') == "a2a"
     assert claimer('{"jsonrpc": "2.0", "id": 1, "result": {"kind": "task", "id": "t"}}') == "a2a"
-    # An Anthropic message_start has a "message" key, and is no A2A message.
+    # An Anthropic message_start has a "message" key, and is no A2A message: it is Anthropic's.
     start = '{"type": "message_start", "message": {"id": "msg_1", "role": "assistant"}}'
-    assert claimer(start, "message_start") is None
+    assert claimer(start, "message_start") == claimer(start) == "anthropic"
+    assert claimer('{"type": "message", "role": "assistant", "content": []}') == "anthropic"
     assert claimer('{"message": {"role": "user"}, "extra": 1}') is None
+    chunk = '{"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": []}'
+    assert claimer(chunk) == claimer(chunk.replace(".chunk", "")) == "openai"
+    assert claimer('{"type": "response.created", "response": {}}', "response.created") == "openai"
+    assert claimer('{"object": "response", "output": []}') == "openai"
+    # Nothing on a guess: the end of a stream, a type that is not the event's, a bare object.
     assert claimer("[DONE]") is None
+    assert claimer('{"type": "response.created"}', "response.completed") is None
+    assert claimer('{"object": "chat.completion.chunk"}') is None
+    assert claimer('{"type": "message_start"}', "message_start") is None
+    assert claimer('{"type": "ping"}', "ping") is None
 
 
 def test_the_built_in_protocols_are_named_by_the_enum() -> None:
@@ -357,3 +367,40 @@ def test_a_requests_header_is_its_first_value_whatever_the_names_case() -> None:
     assert request.header("MCP-SESSION-ID") == request.header("mcp-session-id") == "a"
     assert (request.header("x-other"), request.header("Missing")) == ("b", None)
     assert Request("GET", "/").header("A2A-Version") is None
+
+
+@pytest.mark.parametrize("when", ["before the answer", "at the end"])
+def test_a_body_that_comes_late_tells_what_the_request_is(tmp_path: Path, when: str) -> None:
+    """A body streamed through reaches the log after the request's head: it still tells the
+    operation of a request its headers claimed (A2A-Version), and claims one nothing
+    else did (an OpenAI call), whether it comes before the answer's events or after them."""
+    a2a = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": {"message": {}}}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    cases = [
+        ("/", [("A2A-Version", "1.0")], a2a, b'data: {"task":{"id":"t1","status":{}}}\n\n'),
+        ("/v1/chat/completions", [], chat, CHAT_ANSWER),
+    ]
+    with LogWriter(tmp_path / "late.db") as w:
+        capture = w.begin_capture(source="test")
+        for path, headers, body, answer in cases:
+            x = w.begin_exchange(capture, method="POST", path=path, request_headers=headers)
+            if when == "before the answer":
+                w.late_request_body(x, json.dumps(body).encode())
+            w.response_head(x, status=200, headers=None, is_sse=True, ttfb_ns=1)
+            w.chunk(x, 2, answer)
+            if when == "at the end":
+                w.late_request_body(x, json.dumps(body).encode())
+            w.end_exchange(x, duration_ns=3)
+    with EventLog(tmp_path / "late.db") as log:
+        a2a_x, chat_x = log.exchanges()
+        assert (a2a_x["protocol"], a2a_x["rpc_method"]) == ("a2a", "SendStreamingMessage")
+        assert a2a_x["task_id"] == "t1"
+        assert (chat_x["protocol"], chat_x["rpc_method"]) == ("openai", "chat.completions")
+        kinds = [e["kind"] for e in log.events(chat_x["id"])]
+    assert kinds == ["delta", "done"]  # at the end, since its first event is OpenAI's too
+
+
+CHAT_ANSWER = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":'
+    b'[{"index":0,"delta":{"content":"Hi"}}]}\n\ndata: [DONE]\n\n'
+)

@@ -5,8 +5,9 @@
 type twice: in its ``event`` field and in its data's ``type``.
 
 An exchange is Anthropic's when it POSTs to ``.../v1/messages`` (or a ``.../messages``
-with an ``anthropic-version`` header) a JSON body with ``model`` and ``messages``.
-Event kinds are the event types.
+with an ``anthropic-version`` header) a JSON body with ``model`` and ``messages``; or,
+when that body is not at hand as the answer begins, when the answer's first event is a
+``message_start``. Event kinds are the event types.
 """
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ class Anthropic(Protocol):
             return False
         body = request.json()
         return isinstance(body, dict) and isinstance(body.get("model"), str) and "messages" in body
+
+    def claims_stream(self, data: str, event_type: str | None) -> bool:
+        """A response whose request body the log has not (yet): a stream's first event, a
+        ``message_start`` with its message (or a whole assistant message)."""
+        obj = parsed(data, AnthropicKind.OTHER) if data else None
+        if not isinstance(obj, dict):
+            return False
+        if event_type is None and obj.get("type") == "message":
+            return obj.get("role") == "assistant" and isinstance(obj.get("content"), list)
+        return (
+            event_type in (None, AnthropicKind.MESSAGE_START)
+            and obj.get("type") == AnthropicKind.MESSAGE_START
+            and isinstance(obj.get("message"), dict)
+        )
 
     def request_info(self, request: Request) -> RequestInfo:
         tail = "messages.count_tokens" if request.path.rstrip("/").endswith("count_tokens") else "messages"

@@ -6,7 +6,9 @@ llama.cpp, Ollama's compatibility layer) speak the same.
 
 An exchange is OpenAI's when it POSTs to ``.../chat/completions``, ``.../completions`` or
 ``.../responses`` a JSON body with a ``model`` and its ``messages``, ``prompt`` or
-``input``. Event kinds: ``delta`` (adds text), ``finish`` (a choice's finish_reason),
+``input``; or, when that body is not at hand as the answer begins (one streamed through),
+when the answer's first event is a chunk with its choices or a named Responses event.
+Event kinds: ``delta`` (adds text), ``finish`` (a choice's finish_reason),
 ``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a Responses terminal event),
 ``event`` (any other Responses event), ``error`` and ``other``.
 """
@@ -29,6 +31,9 @@ _CALLS = {
     "/responses": ("responses", "input"),
 }
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete"})
+# What the API names the objects it answers with: a chunk of a Chat Completions stream, a
+# whole chat completion, a (legacy) completion; each with its "choices".
+_CHOICE_OBJECTS = frozenset({"chat.completion.chunk", "chat.completion", "text_completion"})
 _TEXT_DELTA = "response.output_text.delta"
 
 
@@ -64,6 +69,19 @@ class OpenAI(Protocol):
 
     def claims(self, request: Request) -> bool:
         return _call(request) is not None
+
+    def claims_stream(self, data: str, event_type: str | None) -> bool:
+        """A response whose request body the log has not (yet): a Chat Completions chunk
+        (or a whole completion) with its choices, or a Responses event whose data names
+        its own type (or a whole response with its output)."""
+        obj = parsed(data, OpenAIKind.OTHER) if data else None
+        if not isinstance(obj, dict):
+            return False
+        if obj.get("object") in _CHOICE_OBJECTS:
+            return isinstance(obj.get("choices"), list)
+        if event_type is None:
+            return obj.get("object") == "response" and isinstance(obj.get("output"), list)
+        return event_type.startswith("response.") and obj.get("type") == event_type
 
     def request_info(self, request: Request) -> RequestInfo:
         return RequestInfo(rpc_method=_call(request))

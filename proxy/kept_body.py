@@ -1,0 +1,32 @@
+"""What the log keeps of a request body streamed through to the upstream: its first bytes,
+up to a bound, handed to the log once."""
+
+from __future__ import annotations
+
+from tasktape.eventlog import LogProducer
+
+
+class KeptBody:
+    """The first ``cap`` bytes of a body as it passes (``keep``), whether there were more,
+    and whether it came to its end (``whole``)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = bytearray()
+        self.truncated = False
+        self.whole = False
+        self._logged = False
+
+    def keep(self, data: bytes) -> None:
+        room = self.cap - len(self.kept)
+        if len(data) > room:
+            self.truncated = True
+        self.kept += data[: max(room, 0)]
+
+    def log(self, writer: LogProducer, exchange_id: int) -> None:
+        """Hand what was kept to the log, once: before the response when the upstream read
+        the body whole first (as LLM APIs do: the log then knows the protocol the request
+        speaks before its answer's events come), else when the exchange ends."""
+        if not self._logged:
+            self._logged = True
+            writer.late_request_body(exchange_id, bytes(self.kept), truncated=self.truncated)
