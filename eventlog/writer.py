@@ -34,6 +34,7 @@ from .content_coding import MAX_DECODED
 from .exchange_rows import (
     CHUNK_COLUMNS,
     EVENT_COLUMNS,
+    MAX_BODY,
     NULL,
     ExchangeRows,
     ExchangeSummary,
@@ -158,7 +159,7 @@ class LogWriter(LogProducer):
         busy_timeout: float = 5.0,
         max_bytes: int | None = None,
         redactor: Redactor | None = None,
-        max_body: int = 16 * 1024 * 1024,
+        max_body: int = MAX_BODY,
         max_decoded: int = MAX_DECODED,
         max_backlog: int = 256 * 1024 * 1024,
         tap: CommitTap | None = None,

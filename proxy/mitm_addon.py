@@ -23,6 +23,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from tasktape.errors import LogError
 from tasktape.eventlog import ProcessLogWriter
 from tasktape.eventlog.content_coding import MAX_DECODED
+from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
@@ -93,7 +94,7 @@ class TasktapeRecorder:
         loader.add_option(
             "tasktape_max_body",
             int,
-            16 * 1024 * 1024,
+            MAX_BODY,
             "Keep at most this many bytes of a request body or of a response that is not an event stream.",
         )
         loader.add_option(

@@ -16,6 +16,7 @@ from mitmproxy.flow import Error
 
 from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
+from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
 
 from .kept_body import KeptBody
@@ -152,7 +153,7 @@ def read_flow_file(path: Path) -> tuple[list[http.HTTPFlow], int]:
 
 
 def record_saved_flow(
-    writer: LogProducer, capture_id: int, flow: http.HTTPFlow, max_body: int = 16 * 1024 * 1024
+    writer: LogProducer, capture_id: int, flow: http.HTTPFlow, max_body: int = MAX_BODY
 ) -> bool:
     """Write one saved flow as an exchange; True when it is an event stream whose
     per-event timing is unknown (mitmproxy buffered it whole)."""

@@ -26,7 +26,7 @@ from yarl import URL
 
 from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
-from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import DEFAULT_HEADERS
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
@@ -61,7 +61,7 @@ READ_WHOLE = 64 * 1024
 # it. A bigger one is not answered from a stream held, nor sent to the agent again. (Any
 # request holds as much in memory while it streams on: the first --max-body bytes, 16 MiB
 # by default, kept for the log.)
-RECONNECT_READ = 16 * 1024 * 1024
+RECONNECT_READ = MAX_BODY
 
 
 class RecordingProxy:
@@ -75,7 +75,7 @@ class RecordingProxy:
         capture_id: int | None = None,
         public_url: str | None = None,
         rewrite_cards: bool = True,
-        max_request_body: int = 16 * 1024 * 1024,
+        max_request_body: int = MAX_BODY,
         connect_timeout: float = 10.0,
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
         allowed_hosts: frozenset[str] | None = None,

@@ -21,6 +21,7 @@ from yarl import URL
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.content_coding import decode_body
+from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
@@ -122,8 +123,10 @@ class ReplayServer:
                 writer if recording and writer else NullWriter(),
                 on_exchange=self._recorded_anew if recording else None,
             )
-        # A client pointed here instead of at its agent sends the same (big) headers.
+        # A client pointed here instead of at its agent sends the same (big) headers, and
+        # bodies as big as a recorder keeps (bigger ones are refused: see ``_read``).
         self.app = web.Application(
+            client_max_size=MAX_BODY,
             handler_args={
                 **HEADER_LIMITS,
                 **head_timeout(header_timeout),
@@ -166,7 +169,16 @@ class ReplayServer:
             return error(400, f"{FAULT_HEADER}: {exc}")
         if self.mode is ReplayMode.PASSTHROUGH:
             return await self._forward(request)
-        sent = await request.read() if request.body_exists else None
+        try:
+            sent = await request.read() if request.body_exists else None
+        except web.HTTPRequestEntityTooLarge:
+            line = f"{request.method} {request.rel_url.raw_path}"
+            self.stats.refused.append(f"{line} (a body over {MAX_BODY:,} bytes)")
+            return error(
+                413,
+                f"the request body is over {MAX_BODY:,} bytes: tasktape replay reads a body whole to "
+                "match it, up to what a recorder keeps of one by default (--max-body)",
+            )
         # Matched as the log keeps request bodies: decoded from their Content-Encoding.
         body = None if sent is None else decode_body(sent, request.headers.get("Content-Encoding"))[0]
         incoming = Incoming(

@@ -12,7 +12,7 @@ import click
 
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.content_coding import MAX_DECODED
-from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
@@ -59,7 +59,7 @@ EXIT_LOG_FAILED = 3
 @click.option(
     "--max-body",
     type=click.IntRange(min=0),
-    default=16 * 1024 * 1024,
+    default=MAX_BODY,
     show_default=True,
     metavar="BYTES",
     help="Keep at most this much of a request body or of a response body that is not an event stream.",

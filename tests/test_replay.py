@@ -241,6 +241,24 @@ async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
     assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
 
 
+async def test_a_request_body_as_big_as_a_recorder_keeps_is_matched(tmp_path: Path, serve: Serve) -> None:
+    """A prompt of some MiB (a recorder keeps 16 by default) is read and matched; a bigger
+    one gets a JSON 413 saying why, and is counted as refused."""
+    prompt = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 3_000_000}]})
+    server = ReplayServer(answers_ok(tmp_path, "/v1/chat/completions", prompt.encode()), speed=0)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/chat/completions", data=prompt) as r:
+            assert (r.status, await r.read()) == (200, b"ok")
+        async with session.post(f"{url}/v1/chat/completions", data=b"x" * (16 * 1024 * 1024 + 1)) as r:
+            refusal = (r.status, (await r.json())["error"]["message"])
+    assert refusal[0] == 413 and "over 16,777,216 bytes" in refusal[1]
+    assert (server.stats.served, server.stats.refused) == (
+        1,
+        ["POST /v1/chat/completions (a body over 16,777,216 bytes)"],
+    )
+
+
 async def test_match_headers(tmp_path: Path, serve: Serve) -> None:
     rec = Recorded(
         method="POST",
