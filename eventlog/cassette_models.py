@@ -91,6 +91,24 @@ class Event(_Strict):
     event: str | None = None
     retry: int | None = Field(default=None, ge=0)
 
+    # An event is written as SSE lines: a line break inside a field would end it there
+    # (and start a field of its own); data gets one data line per LF, and CR has no place.
+    @field_validator("id", "event")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and ("\n" in value or "\r" in value):
+            raise ValueError("an SSE field cannot hold a line break (CR or LF)")
+        if value is not None and "\0" in value:
+            raise ValueError("an SSE field cannot hold a NUL character")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _no_cr(cls, value: str) -> str:
+        if "\r" in value:
+            raise ValueError("SSE data cannot hold a CR: it ends a line (give its lines with LF)")
+        return value
+
     def sse(self) -> bytes:
         lines = [
             f"{name}: {value}"

@@ -658,6 +658,8 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         )
     if not applied and db.table_names():
         raise LogError(f"{path} is an SQLite database but not a tasktape event log")
+    if not applied and readonly:  # an empty file (or database): nothing to read, nothing to upgrade
+        raise LogError(f"{path} is empty: not an event log")
     if not applied and not readonly:
         # A new log: pages of 16 KiB hold more rows each, so that an event row costs its
         # B-trees about an eighth fewer instructions to insert than with 4 KiB pages.

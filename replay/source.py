@@ -7,14 +7,8 @@ from pathlib import Path
 
 from tasktape.errors import SourceError
 from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.recorded import Recorded, read_log
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def is_log(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(16) == SQLITE_MAGIC
 
 
 def load(paths: list[str | Path]) -> list[Recorded]:
@@ -29,8 +23,19 @@ def load(paths: list[str | Path]) -> list[Recorded]:
                 recorded += read_cassette(cassette)
         elif not source.exists():
             raise SourceError(f"{source}: no such file or folder")
-        elif is_log(source):
-            recorded += read_log(source)
         else:
-            recorded += read_cassette(source)
+            recorded += _read_file(source)
     return recorded
+
+
+def _read_file(source: Path) -> list[Recorded]:
+    kind = kind_of(source)
+    if kind is FileKind.LOG:
+        return read_log(source)
+    if kind is FileKind.FLOWS:
+        raise SourceError(
+            f"{source} is {kind}: import it into an event log first (tasktape import {source} --db LOG)"
+        )
+    if kind is FileKind.EMPTY:
+        raise SourceError(f"{source} is empty: neither an event log nor a cassette")
+    return read_cassette(source)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,8 @@ import click
 from tasktape.errors import CassetteError, FlowFileError, LogError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import cassette_lines, load_into, read_cassette
-from tasktape.eventlog.recorded import from_log
+from tasktape.eventlog.file_kinds import FileKind, kind_of
+from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 
 
@@ -49,6 +49,10 @@ def export(
     Redacted values stay redacted. Unless --no-cards, the last agent card read before the
     chosen exchanges is included, so a client replaying them can start by reading it.
     """
+    target = Path(output)
+    if output != "-" and target.is_file() and kind_of(target) is FileKind.LOG:
+        # A log (this one, most likely: `-o` where `--db` was meant) is never written over.
+        raise click.ClickException(f"{output} is {FileKind.LOG}: a cassette is not written over it")
     try:
         with EventLog(log) as opened:
             ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
@@ -92,7 +96,7 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
     """
     try:
         # Every file is read and checked before anything is written.
-        loaded = [(f, _read_flows(f) if is_flow_file(f) else read_cassette(f)) for f in files]
+        loaded = [(f, _read(f, db)) for f in files]
     except CassetteError as exc:
         raise click.ClickException(str(exc)) from None
     stop_counting_memory()
@@ -119,10 +123,14 @@ def _exchanges(n: int) -> str:
     return f"{n} exchange{'' if n == 1 else 's'}"
 
 
-def is_flow_file(path: Path) -> bool:
-    """A mitmproxy flow file: a series of tnetstrings, each starting with its length and a colon."""
-    with path.open("rb") as f:
-        return re.match(rb"\d{1,12}:", f.read(13)) is not None
+def _read(path: Path, db: Path) -> list[Recorded] | _Flows:
+    """A cassette's exchanges, or a flow file's flows; a log is not imported but merged."""
+    kind = kind_of(path)
+    if kind is FileKind.LOG:
+        raise click.ClickException(
+            f"{path} is {kind}, not a cassette: tasktape merge {path} -o {db} adds its rows to another log"
+        )
+    return _read_flows(path) if kind is FileKind.FLOWS else read_cassette(path)
 
 
 @dataclass

@@ -13,8 +13,8 @@ import click
 
 from tasktape.errors import LogError, TasktapeError
 from tasktape.eventlog import EventLog
+from tasktape.eventlog.file_kinds import is_log
 from tasktape.replay import load
-from tasktape.replay.source import is_log
 
 if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding, Report

@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from tasktape.errors import LogError, TasktapeError, UsageError
+from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
 from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, fidelity, load
 from tasktape.replay.faults import Faults
-from tasktape.replay.source import is_log
 
 from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
 from .redaction_options import redaction_options

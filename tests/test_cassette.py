@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tasktape.cli import main
-from tasktape.errors import CassetteError
+from tasktape.errors import CassetteError, LogError, SourceError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import (
     _modelled,
@@ -28,6 +28,7 @@ from tasktape.eventlog.cassette import (
 )
 from tasktape.eventlog.cassette_models import Chunk
 from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.replay import load
 
 
 def make_log(path: Path) -> Path:
@@ -207,6 +208,23 @@ def test_hand_written_events(tmp_path: Path) -> None:
             ":2",
             "response.status",
         ),
+        *(
+            (
+                [
+                    '{"tasktape_cassette": 1}',
+                    '{"exchange": {"request": {"method": "GET", "path": "/"}}}',
+                    json.dumps({"event": {"offset_ms": 1, "data": "x", **field}}),
+                ],
+                ":3",
+                problem,
+            )
+            for field, problem in (
+                ({"id": "a\nb"}, "line break"),
+                ({"event": "e\r\nf"}, "line break"),
+                ({"id": "a\u0000"}, "NUL"),
+                ({"data": "one\r\ntwo"}, "cannot hold a CR"),
+            )
+        ),
     ],
 )
 def test_broken_cassettes_are_rejected_with_their_line(
@@ -245,6 +263,31 @@ def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
     result = runner.invoke(main, ["import", str(broken), "--db", str(tmp_path / "x.db")])
     assert result.exit_code == 1 and "broken.jsonl:2: not JSON" in result.output
     assert not (tmp_path / "x.db").exists()  # nothing written when a cassette is broken
+
+
+def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """A log where a cassette is expected, a flow file where a log or cassette is, an
+    empty file: each is said to be what it is, with what to do instead; no log is ever
+    written over by a cassette."""
+    log_path = make_log(tmp_path / "a.db")
+    before = log_path.read_bytes()
+    runner = CliRunner()
+    result = runner.invoke(main, ["export", str(log_path), "-o", str(log_path)])
+    assert result.exit_code == 1 and "is an event log: a cassette is not written over it" in result.output
+    assert log_path.read_bytes() == before
+    into = tmp_path / "b.db"
+    result = runner.invoke(main, ["import", str(log_path), "--db", str(into)])
+    assert result.exit_code == 1 and f"tasktape merge {log_path} -o {into}" in result.output
+    assert not into.exists()
+    flows, empty = tmp_path / "flows.mitm", tmp_path / "empty.db"
+    flows.write_bytes(b"12:abcdefghijkl,")
+    empty.write_bytes(b"")
+    with pytest.raises(SourceError, match=r"flows\.mitm is a mitmproxy flow file: import it into a"):
+        load([flows])
+    with pytest.raises(SourceError, match=r"empty\.db is empty: neither an event log nor a cassette"):
+        load([empty])
+    with pytest.raises(LogError, match=r"empty\.db is empty: not an event log"):
+        EventLog(empty)
 
 
 def test_export_makes_the_cassette_folder_and_explains_what_it_cannot_write(tmp_path: Path) -> None:

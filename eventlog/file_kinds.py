@@ -1,0 +1,32 @@
+"""What a file given to tasktape is, told by its first bytes: an event log (SQLite), a
+mitmproxy flow file (tnetstrings), a cassette (anything else is read as one), or empty."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_FLOW_START = re.compile(rb"\d{1,12}:")  # a tnetstring: its length, then a colon
+
+
+class FileKind(StrEnum):
+    LOG = "an event log"
+    FLOWS = "a mitmproxy flow file"
+    CASSETTE = "a cassette"
+    EMPTY = "empty"
+
+
+def kind_of(path: Path) -> FileKind:
+    with path.open("rb") as f:
+        head = f.read(16)
+    if not head:
+        return FileKind.EMPTY
+    if head == SQLITE_MAGIC:
+        return FileKind.LOG
+    return FileKind.FLOWS if _FLOW_START.match(head) else FileKind.CASSETTE
+
+
+def is_log(path: Path) -> bool:
+    return kind_of(path) is FileKind.LOG
