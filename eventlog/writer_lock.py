@@ -7,7 +7,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from tasktape.errors import LogBusy
+from tasktape.errors import LogBusy, LogError
 
 
 def take_writer_lock(path: Path, *, shared: bool = False) -> int:
@@ -17,7 +17,11 @@ def take_writer_lock(path: Path, *, shared: bool = False) -> int:
 
     ``shared``: for writers that let SQLite number their rows (fleet collectors), which may
     write side by side, but never beside a writer that numbers them itself."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        where = f": its folder {path.parent} does not exist" if not path.parent.is_dir() else ""
+        raise LogError(f"cannot open {path} as an event log ({exc.strerror}){where}") from None
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:

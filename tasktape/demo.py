@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import click
 
+from tasktape.errors import LogError
 from tasktape.eventlog import EventLog, ProcessLogWriter, SSEDecoder
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
@@ -233,7 +234,10 @@ def demo(db: Path | None, pace: float, inspect: bool) -> None:
         raise click.ClickException(f"{db} exists already: choose another --db (the demo starts a new log)")
     click.echo(f"tasktape demo: starting the demo agent and the recorder; the log goes to {db}")
     started = time.perf_counter()
-    runs, agent_url, proxy_url = asyncio.run(run_demo(db, pace))
+    try:
+        runs, agent_url, proxy_url = asyncio.run(run_demo(db, pace))
+    except LogError as exc:
+        raise click.ClickException(str(exc)) from None
     # Read-write, so that closing it folds the WAL back into the file and tidies up.
     with EventLog(db, readonly=False) as log:
         check(runs, log)

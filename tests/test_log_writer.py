@@ -482,6 +482,14 @@ def test_request_bodies_count_against_the_backlog_bound(
     assert all(("request body was not recorded" in n) == (not k) for k, n in zip(kept, notes, strict=True))
 
 
+def test_a_log_whose_folder_is_not_there_is_refused_by_name(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
+    with pytest.raises(LogError, match=r"its folder .* does not exist"):
+        writer_class(tmp_path / "nope" / "x.db")
+    assert not (tmp_path / "nope").exists()
+
+
 def test_a_dead_writer_process_is_reported_and_never_hangs(tmp_path: Path) -> None:
     errors: list[str] = []
     w = ProcessLogWriter(tmp_path / "log.db", on_error=lambda exc, rows: errors.append(str(exc)))

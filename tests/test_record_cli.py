@@ -182,6 +182,13 @@ async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], mess
     assert status == 2 and message in err
 
 
+async def test_a_log_in_a_folder_that_is_not_there_is_explained(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "x.db"
+    status, err = await finished("record", "--upstream", "http://127.0.0.1:9", "--db", str(missing))
+    assert status == 1 and "Traceback" not in err
+    assert f"cannot open {missing} as an event log" in err and f"its folder {missing.parent} does not" in err
+
+
 async def test_a_busy_port_is_explained(tmp_path: Path) -> None:
     async with serve(upstream_app()) as upstream:
         port = upstream.rsplit(":", 1)[1]
