@@ -16,6 +16,8 @@ from tasktape.replay.matching import MatchRules
 from tasktape.replay.pairing import Run
 from tasktape.replay.source import load
 
+from .redaction_options import json_pointers
+
 MS = 1e6
 _TIMES = {Aspect.TTFE: "first event", Aspect.DURATION: "duration"}
 DEFAULT = Tolerance()
@@ -155,6 +157,7 @@ def _json(report: Report, a: Path, b: Path, tolerance: Tolerance) -> None:
     "--ignore",
     multiple=True,
     metavar="POINTER",
+    callback=json_pointers,
     help="A JSON pointer of the request body to leave out of pairing, as replay's --ignore "
     "(repeatable; * for any key).",
 )
@@ -178,11 +181,7 @@ def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...],
         tolerance = Tolerance.parse(tolerances)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--time-tolerance") from None
-    try:
-        rules = MatchRules.of(ignore)
-    except UsageError as exc:
-        raise click.BadParameter(str(exc), param_hint="--ignore") from None
-    report = diff_recordings(_load(a, "A"), _load(b, "B"), tolerance, rules)
+    report = diff_recordings(_load(a, "A"), _load(b, "B"), tolerance, MatchRules.of(ignore))
     if as_json:
         _json(report, a, b, tolerance)
     else:

@@ -1,5 +1,5 @@
 """``--redact-header``, ``--redact-query`` and ``--redact-json``, as record, mitm and replay all
-take them."""
+take them; and the check of an option's JSON pointers (``--ignore`` too)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from tasktape.eventlog.redact import parse_pointer
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def _pointers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+def json_pointers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """A click callback: each value a JSON pointer (``*`` for any key or index), or a usage error."""
     for pointer in value:
         try:
             parse_pointer(pointer)
@@ -31,7 +32,7 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             "--redact-json",
             multiple=True,
             metavar="POINTER",
-            callback=_pointers,
+            callback=json_pointers,
             help=f"{when}Redact this JSON field in request bodies, response bodies and events: a JSON "
             "pointer, '*' matching any key or index (repeatable), e.g. /params/message/metadata/apiKey.",
         )(command)

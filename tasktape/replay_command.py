@@ -17,7 +17,7 @@ from tasktape.replay import ReplayMode, ReplayServer, fidelity, load
 from tasktape.replay.faults import Faults
 
 from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
-from .redaction_options import redaction_options
+from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
 
 
@@ -78,6 +78,7 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     "--ignore",
     multiple=True,
     metavar="POINTER",
+    callback=json_pointers,
     help="A JSON pointer of the request body to leave out of matching (repeatable; * for any key).",
 )
 @click.option(

@@ -534,7 +534,7 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
             "--time-tolerance",
             "20",
         ): r"Invalid value for --time-tolerance: '20' is neither .*",
-        (str(good), str(good), "--ignore", "message"): r"Invalid value for --ignore: not a JSON pointer .*",
+        (str(good), str(good), "--ignore", "message"): r"Invalid value for '--ignore': not a JSON pointer .*",
         (str(tmp_path / "broken.db"), str(good)): (
             r"Invalid value for A: cannot open .*broken\.db as an event log: file is not a database"
         ),

@@ -79,6 +79,7 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
         (["--fault", "drop-after=x"], 1, "cannot read the fault 'drop-after=x'"),
         (["--fault", "times=1"], 1, "names no fault"),
         (["--mode", "record-missing", "--upstream", "http://127.0.0.1:9"], 2, "record-missing needs --db"),
+        (["--ignore", "foo"], 2, "Invalid value for '--ignore': not a JSON pointer (it must start with '/')"),
     ],
 )
 async def test_bad_arguments_are_explained(
