@@ -43,6 +43,7 @@ class CollectStats:
     written: int = 0  # rows the sink did not hold yet
     refused: int = 0  # messages that were not tasktape's rows: terminated, never redelivered
     lag: float = 0.0  # seconds between the last message's arrival in the stream and its commit
+    unreached: str | None = None  # why the stream was never reached, when until_idle gave up on it
 
 
 class Collector:
@@ -94,7 +95,10 @@ class Collector:
         return self.stats
 
     async def _collect(self, stop: asyncio.Event) -> None:
-        nc, sub = await self._subscribe()
+        subscribed = await self._subscribe()
+        if subscribed is None:
+            return
+        nc, sub = subscribed
         idle = self._until_idle
         quiet_since = time.monotonic()
         try:
@@ -111,8 +115,11 @@ class Collector:
             with contextlib.suppress(*RETRY):
                 await nc.close()
 
-    async def _subscribe(self) -> tuple[Any, Any]:
-        waited = time.monotonic()
+    async def _subscribe(self) -> tuple[Any, Any] | None:
+        """The connection and the durable consumer: tried again until they are there, or
+        (until_idle) None once that long has gone by without them."""
+        started = time.monotonic()
+        waited = started - REPORT_EVERY  # the first failure is said at once
         while True:
             nc = None
             try:
@@ -128,9 +135,13 @@ class Collector:
                 if nc is not None:
                     with contextlib.suppress(*RETRY):
                         await nc.close()
+                why = f"{','.join(self.servers)} ({type(exc).__name__}: {exc})".replace(": )", ")")
+                if self._until_idle is not None and time.monotonic() - started >= self._until_idle:
+                    self.stats.unreached = why
+                    return None
                 if time.monotonic() - waited > REPORT_EVERY:
                     waited = time.monotonic()
-                    self._on_status(f"waiting for {','.join(self.servers)}: {type(exc).__name__} {exc}")
+                    self._on_status(f"waiting for {why}")
                 await asyncio.sleep(0.25)
 
     async def _fetch(self, sub: Any) -> list[Any]:

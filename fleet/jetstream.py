@@ -12,6 +12,9 @@ import nats.js.errors
 from nats.js.api import StorageType, StreamConfig
 
 DUPLICATE_WINDOW = 120.0  # seconds JetStream remembers message ids for
+# Seconds a first connection is tried for before its caller hears why: the client's own
+# retries (for ever, as asked) would otherwise go on unseen.
+FIRST_CONNECT = 5.0
 
 # Errors of a broker that is down, slow or electing a leader: try again, later.
 RETRY = (
@@ -30,20 +33,28 @@ RETRY = (
 )
 
 
-async def connect(servers: list[str]) -> Any:
+async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
     """A connection that reconnects for ever (to any of ``servers``), quietly: a broker
-    that is away shows in what waits, not as tracebacks."""
-    return await nats.connect(
-        servers=servers,
-        connect_timeout=2,
-        reconnect_time_wait=0.25,
-        max_reconnect_attempts=-1,
-        allow_reconnect=True,
-        error_cb=_quiet,
-        disconnected_cb=_nothing,
-        reconnected_cb=_nothing,
-        closed_cb=_nothing,
+    that is away shows in what waits, not as tracebacks. The first connection is tried
+    for ``within`` seconds (then a TimeoutError, one of RETRY)."""
+    connecting = asyncio.wait_for(
+        nats.connect(
+            servers=servers,
+            connect_timeout=2,
+            reconnect_time_wait=0.25,
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
+            error_cb=_quiet,
+            disconnected_cb=_nothing,
+            reconnected_cb=_nothing,
+            closed_cb=_nothing,
+        ),
+        within,
     )
+    try:
+        return await connecting
+    except TimeoutError:
+        raise TimeoutError(f"no connection in {within:g} s") from None
 
 
 async def ensure_stream(js: Any, stream: str, subjects: str, servers: int) -> None:

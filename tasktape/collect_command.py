@@ -118,6 +118,11 @@ def collect(
         )
         say(f"collecting {stream} from {source} into {into} (consumer {name})")
         stats = await collector.run(stop)
+        if stats.unreached is not None:
+            raise UsageError(
+                f"never reached {stats.unreached}: with --until-idle, a broker that does not answer "
+                f"within {until_idle:g} s is given up on"
+            )
         say(f"stopped: {stats.rows:,} rows from {stats.messages:,} messages, {stats.written:,} new")
 
     if db is not None:

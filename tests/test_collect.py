@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -109,6 +110,25 @@ def test_a_sink_is_not_shared_with_a_recorder(tmp_path: Path) -> None:
         SqliteSink(fleet)
     with SqliteSink(fleet), pytest.raises(LogBusy):
         LogWriter(fleet)
+
+
+def test_a_broker_never_reached_is_said_and_until_idle_gives_up_on_it(tmp_path: Path) -> None:
+    """The first connection is tried for a few seconds, then said (the NATS client alone
+    would try for ever, silently); with --until-idle, the collector gives up on it, and exits 1."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    args = ["--from", f"nats://127.0.0.1:{port}", "--db", str(tmp_path / "c.db"), "--until-idle", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", "collect", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    assert f"never reached nats://127.0.0.1:{port} (TimeoutError: no connection in 5 s)" in done.stderr
 
 
 async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsCluster, tmp_path: Path) -> None:
