@@ -298,14 +298,16 @@ async def replay_check(recorded: list[Recorded], task_id: str) -> tuple[str, boo
     line = (
         f"Replayed the completed REST stream from the log ({len(stream.chunks)} chunks): "
         f"{'byte-identical' if same else 'BYTES DIFFER'}; each event within "
-        f"{statistics.median(errors):.2f} ms (median), {max(errors):.2f} ms (max) of its recorded moment."
+        f"{statistics.median(errors):.2f} ms (median), {max(errors):.2f} ms (max) of its recorded moment, "
+        "counted from the request."
     )
     return line, same
 
 
 def pacing_errors(recorded: list[tuple[int, bytes]], arrivals: list[tuple[float, bytes]]) -> list[float]:
-    """For each recorded event, how far (ms) its arrival was from its recorded offset,
-    both counted from the first event."""
+    """For each recorded event, how far (ms) its arrival was from its recorded offset, both
+    counted from the request. (Counted from the first event, the time the first answer
+    takes would count against every later event, which the replay paces from the request.)"""
 
     def event_times(pieces: list[tuple[float, bytes]]) -> list[float]:
         decoder, times = SSEDecoder(keep_raw=False), []
@@ -315,7 +317,7 @@ def pacing_errors(recorded: list[tuple[int, bytes]], arrivals: list[tuple[float,
 
     wanted = event_times([(offset / 1e9, data) for offset, data in recorded])
     got = event_times(arrivals)
-    return [abs((g - got[0]) - (w - wanted[0])) * 1000 for g, w in zip(got, wanted, strict=False)] or [0.0]
+    return [abs(g - w) * 1000 for g, w in zip(got, wanted, strict=False)] or [0.0]
 
 
 def next_steps(db: Path) -> list[str]:
