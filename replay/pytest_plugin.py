@@ -144,6 +144,15 @@ def pytest_configure(config: pytest.Config) -> None:
         command_line_max_age(config)
     except UsageError as exc:
         raise pytest.UsageError(f"--tasktape-max-age: {exc}") from None
+    upstream = config.getoption("--tasktape-upstream")
+    if upstream:
+        # Here: the recorder (aiohttp) loads only for a run that may record.
+        from tasktape.proxy.recorder import upstream_url  # noqa: PLC0415
+
+        try:
+            upstream_url(upstream)
+        except UsageError as exc:
+            raise pytest.UsageError(f"--tasktape-upstream: {exc}") from None
     parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
     # Each worker would replace the cassettes the others wrote.
     if mode is RecordMode.ALL and parallel:

@@ -343,6 +343,9 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
     parallel.stderr.fnmatch_lines(
         ["*--tasktape-record-mode=all replaces cassettes: run it without pytest-xdist's -n"]
     )
+    schemeless = run(project, "--tasktape-record-mode=once", "--tasktape-upstream=127.0.0.1:1")
+    assert schemeless.ret == pytest.ExitCode.USAGE_ERROR
+    schemeless.stderr.fnmatch_lines(["*--tasktape-upstream: *http:// or https:// URL*"])
 
 
 RECORDED_TESTS = """
