@@ -702,12 +702,17 @@ def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict
 
 def upstream_url(upstream: str) -> URL:
     """The upstream as a URL; a UsageError unless it is an absolute http(s) one."""
+    return http_url(upstream, "the upstream")
+
+
+def http_url(value: str, what: str) -> URL:
+    """``value`` as a URL; a UsageError naming ``what`` unless it is an absolute http(s) one."""
     try:
-        url = URL(upstream)
+        url = URL(value)
     except ValueError:
         url = None
     if url is None or not url.is_absolute() or url.scheme not in ("http", "https") or not url.host:
-        raise UsageError(f"the upstream must be an http:// or https:// URL, not {upstream!r}")
+        raise UsageError(f"{what} must be an http:// or https:// URL, not {value!r}")
     return url
 
 

@@ -7,7 +7,7 @@ import asyncio
 import click
 
 from .agent import create_agent_app
-from .listen import DEFAULT_AGENT_PORT, HostPort, warn_if_exposed
+from .listen import DEFAULT_AGENT_PORT, HostPort, public_url, warn_if_exposed
 from .serving import serve_until_stopped
 
 
@@ -27,7 +27,10 @@ from .serving import serve_until_stopped
     help="Scale every delay (think time, time per token): 0 streams as fast as possible.",
 )
 @click.option(
-    "--public-url", metavar="URL", help="Base URL its agent card lists (default: the one each request used)."
+    "--public-url",
+    metavar="URL",
+    callback=public_url,
+    help="Base URL its agent card lists (default: the one each request used).",
 )
 def agent(listen: tuple[str, int], pace: float, public_url: str | None) -> None:
     """Run the built-in A2A v1.0 demo agent (REST and JSON-RPC bindings).

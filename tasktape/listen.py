@@ -9,7 +9,9 @@ from typing import TypeVar
 
 import click
 
+from tasktape.errors import UsageError
 from tasktape.proxy.hosts import allowed_hosts
+from tasktape.proxy.recorder import http_url
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -17,6 +19,17 @@ DEFAULT_RECORD_PORT = 7470
 DEFAULT_REPLAY_PORT = 7471
 DEFAULT_INSPECT_PORT = 7472
 DEFAULT_AGENT_PORT = 7473
+
+
+def public_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for ``--public-url``: an absolute http(s) URL, or a usage error (it
+    goes into agent cards as the URL clients are to use)."""
+    if value is not None:
+        try:
+            http_url(value, "the public URL")
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
 
 
 class HostPort(click.ParamType):

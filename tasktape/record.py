@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.content_coding import MAX_DECODED
@@ -24,7 +25,14 @@ from tasktape.proxy.recorder import points_at, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
 from .event_loop import event_loop_option
-from .listen import DEFAULT_RECORD_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
+from .listen import (
+    DEFAULT_RECORD_PORT,
+    HostPort,
+    allow_host_option,
+    answered_hosts,
+    public_url,
+    warn_if_exposed,
+)
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -52,6 +60,7 @@ EXIT_LOG_FAILED = 3
 @click.option(
     "--public-url",
     metavar="URL",
+    callback=public_url,
     help="The proxy's URL as clients see it, written into agent cards "
     "(default: the scheme and Host of each card request).",
 )
@@ -172,12 +181,15 @@ def record(
 ) -> None:
     """Forward everything to the agent at --upstream and record it into the event log.
 
-    Point your A2A client at the address printed when ready, and change nothing else:
+    Point your client (A2A, MCP, an LLM SDK) at the address printed when ready, and
+    change nothing else:
     responses stream through unchanged, chunk by chunk, while every request, chunk and
     SSE event lands in the log. Stop with Ctrl-C (or SIGTERM, or SIGHUP when the terminal
     closes): the log is flushed and the exit status is 0, or 3 if anything could not be
     written to the log.
     """
+    _only_with("--resume", resume, ("hold", "hold_bytes", "rejoin_for", "resume_unknown"))
+    _only_with("--ship", ship, ("ship_stream", "ship_drain"))
     redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
     host, port = listen
     warn_if_exposed("tasktape record", host)
@@ -257,6 +269,16 @@ def record(
             err=True,
         )
         sys.exit(EXIT_LOG_FAILED)
+
+
+def _only_with(flag: str, given: object, names: tuple[str, ...]) -> None:
+    """Options that act only with ``flag``: given without it, they would do nothing, silently."""
+    if given:
+        return
+    ctx = click.get_current_context()
+    for name in names:
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            raise click.UsageError(f"--{name.replace('_', '-')} acts only with {flag}, which is not given")
 
 
 def _hint_sender(fd: int) -> HintSender:

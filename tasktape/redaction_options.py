@@ -34,7 +34,8 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             metavar="POINTER",
             callback=json_pointers,
             help=f"{when}Redact this JSON field in request bodies, response bodies and events: a JSON "
-            "pointer, '*' matching any key or index (repeatable), e.g. /params/message/metadata/apiKey.",
+            "pointer, '*' matching any key or index and '**' any depth (repeatable), e.g. "
+            "/params/message/metadata/apiKey or /**/apiKey.",
         )(command)
         command = click.option(
             "--redact-query",

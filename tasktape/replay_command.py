@@ -29,7 +29,7 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
 
 
 @click.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("sources", nargs=-1, metavar="SOURCE...", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--listen",
     type=HostPort(),
@@ -129,6 +129,8 @@ def replay(
     that event; tasks/{id}:subscribe gets the task's recorded events. On exit, it says what
     was served, what missed, and which recordings were never used.
     """
+    if not sources and mode is not ReplayMode.PASSTHROUGH:  # (passthrough replays nothing)
+        raise click.UsageError("Missing argument 'SOURCE...': the logs or cassettes to replay.")
     try:
         armed = [Faults.parse(spec) for spec in faults]
         recorded = load(list(sources))
@@ -181,7 +183,9 @@ def replay(
                 host,
                 port,
                 ready=lambda url: (
-                    f"tasktape replay: {len(recorded)} exchanges from {names} on {url} "
+                    f"tasktape replay: on {url}, everything goes to {upstream} (mode {mode.value})"
+                    if mode is ReplayMode.PASSTHROUGH
+                    else f"tasktape replay: {len(recorded)} exchanges from {names} on {url} "
                     f"(speed {speed:g}, mode {mode.value})"
                 ),
                 stopping="tasktape replay: stopping",
@@ -207,7 +211,7 @@ def report(server: ReplayServer) -> list[str]:
         lines += [
             f"    closest: {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest
         ]
-    unused = server.unused()
+    unused = server.unused() if server.mode is not ReplayMode.PASSTHROUGH else []
     if unused:
         lines.append(f"  {len(unused)} recorded exchanges were never used:")
         lines += [f"    {r.request_line} ({r.origin})" for r in unused]

@@ -175,6 +175,13 @@ async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path, stre
         (["--upstream", "http://x", "--listen", "127.0.0.1:99999"], "port from 0 to 65535"),
         (["--upstream", "http://x", "--redact-json", "no/slash"], "must start with '/'"),
         ([], "Missing option '--upstream'"),
+        (["--upstream", "http://x", "--hold", "5"], "--hold acts only with --resume, which is not given"),
+        (
+            ["--upstream", "http://x", "--resume-unknown", "forward"],
+            "--resume-unknown acts only with --resume",
+        ),
+        (["--upstream", "http://x", "--ship-drain", "1"], "--ship-drain acts only with --ship"),
+        (["--upstream", "http://x", "--public-url", "notaurl"], "the public URL must be an http:// or"),
     ],
 )
 async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], message: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from loopback import finished, running, stop
+from loopback import finished, running, serve, stop, upstream_app
 
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
@@ -65,6 +65,24 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
     assert "recorded exchanges were never used" not in err
     assert re.search(r"fidelity: 1 of 2 answers byte-identical, latest chunk [\d.]+ ms behind schedule", err)
     assert re.search(r"GET /tasks/t1 \(session.jsonl:\d+\): fault: status=503", err)
+
+
+async def test_passthrough_needs_no_source_and_reports_no_unused_ones(tmp_path: Path) -> None:
+    async with serve(upstream_app(events=3)) as agent:
+        for sources in ((), (str(cassette(tmp_path / "session.jsonl")),)):
+            args = ("--mode", "passthrough", "--upstream", agent, "--listen", "127.0.0.1:0")
+            async with running("replay", *sources, *args) as run:
+                assert f"on {run.url}, everything goes to {agent} (mode passthrough)" in run.printed[0]
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.post(f"{run.url}/message:stream", json={}) as r,
+                ):
+                    assert (await r.read()).count(b"data:") == 3
+                assert await stop(run, signal.SIGINT) == 0
+            assert "0 served, 0 missed, 1 forwarded" in run.printed[-1]
+            assert "never used" not in run.printed[-1]
+    code, err = await finished("replay", "--listen", "127.0.0.1:0")
+    assert code == 2 and "Missing argument 'SOURCE...'" in err
 
 
 @pytest.mark.parametrize(
