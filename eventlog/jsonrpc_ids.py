@@ -39,7 +39,7 @@ def jsonrpc_id_edits(
     replacement = json.dumps(new_id).encode()
     body = b"".join(data for _, data in chunks)
     if events is None:
-        span = _top_level_span(body, 0, body.decode("utf-8", "replace"), "id")
+        span = _id_span(0, body.decode("utf-8", "replace"))
         return [(span[0], span[1] - span[0], replacement)] if span and _is(body, span, old_id) else []
     edits = []
     for event in events:
@@ -47,7 +47,7 @@ def jsonrpc_id_edits(
         if "\n" in event.data:
             continue  # a JSON-RPC frame on several data lines: left as recorded
         at = raw.find(event.data.encode())
-        span = _top_level_span(raw, at, event.data, "id") if at >= 0 else None
+        span = _id_span(at, event.data) if at >= 0 else None
         if span and _is(raw, span, old_id):
             edits.append((event.start + span[0], span[1] - span[0], replacement))
     return edits
@@ -89,9 +89,9 @@ def _is(raw: bytes, span: tuple[int, int], rpc_id: object) -> bool:
     return same_id(value, rpc_id)
 
 
-def _top_level_span(raw: bytes, base: int, text: str, key: str) -> tuple[int, int] | None:
-    """The byte span in ``raw`` (``text`` starts at byte ``base``) of the value of the
-    top-level ``key`` of the JSON object ``text``."""
+def _id_span(base: int, text: str) -> tuple[int, int] | None:
+    """The byte span (``text`` starting at byte ``base``) of the value of the top-level
+    ``id`` of the JSON object ``text``."""
     decoder = json.JSONDecoder()
     i = _skip(text, 0)
     if i >= len(text) or text[i] != "{":
@@ -108,7 +108,7 @@ def _top_level_span(raw: bytes, base: int, text: str, key: str) -> tuple[int, in
                 return None
             start = _skip(text, i + 1)
             _, end = decoder.raw_decode(text, start)
-            if name == key:
+            if name == "id":
                 return base + len(text[:start].encode()), base + len(text[:end].encode())
             i = _skip(text, end)
             if text[i] != ",":

@@ -679,10 +679,6 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         db.execute("PRAGMA synchronous = NORMAL")
 
 
-def schema_version(db: sqlite_utils.Database) -> int:
-    return len([m for m in migrations.applied(db) if m.name in KNOWN])
-
-
 if __name__ == "__main__":  # python -m tasktape.eventlog.schema: new_log.sql written again
     new_log.write(migrations)
     print(f"wrote {new_log.NEW_LOG_SQL}")

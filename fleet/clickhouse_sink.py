@@ -190,4 +190,4 @@ def wire_columns_now() -> dict[Table, list[tuple[str, str]]]:
         local = {t: [(r[1], r[2]) for r in db.execute(f"PRAGMA table_info({t})")] for t in Table}
     finally:
         db.close()
-    return {t: wire_columns(t, columns) for t, columns in local.items()}
+    return {t: wire_columns(columns) for t, columns in local.items()}

@@ -166,7 +166,7 @@ class Shipper:
         """The SELECT of a table's rows as shipped (its rowid, its capture's uid, then the
         values), and the columns the values are of."""
         local = [(row[1], row[2]) for row in self._read.execute(f"PRAGMA table_info({table})")]
-        columns = [c for c, _ in wire_columns(table, local)]
+        columns = [c for c, _ in wire_columns(local)]
         if table is Table.CAPTURES:
             return f"SELECT t.rowid, t.uid, {_of('t', columns)} FROM captures t", tuple(columns)
         # The uid columns first: the capture's, or the exchange's (and a resume's new one);

@@ -43,7 +43,7 @@ UID_COLUMNS = {
 LOCAL_COLUMNS = {uid: local for local, uid in UID_COLUMNS.items()}  # capture_uid -> capture_id...
 
 
-def wire_columns(table: Table, local: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def wire_columns(local: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """A table's columns as its rows travel, from its columns in a log (name and SQLite
     type): integer ids left out, the uids that name the row's exchange (or capture) first."""
     names = [name for name, _ in local]

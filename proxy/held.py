@@ -24,7 +24,7 @@ from tasktape.eventlog.jsonrpc_ids import NO_ID, IdRewriter, rpc_id, same_id
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
-from .failure import describe
+from .failure import dropped
 from .live import LiveStream
 from .rejoin import Rejoin
 
@@ -148,17 +148,7 @@ async def follow_again(
     """A reconnect: the events after ``position``, then the live tail; recorded as an
     exchange of its own (what this client was sent), never forwarded."""
     writer = proxy.writer
-    kept, cut = proxy.kept_body(body)
-    exchange_id = writer.begin_exchange(
-        proxy.capture_id,  # type: ignore[arg-type]
-        method=request.method,
-        path=request.rel_url.raw_path,
-        query=request.rel_url.raw_query_string or None,
-        request_headers=list(request.headers.items()),
-        request_body=kept,
-        request_body_truncated=cut,
-        started_ns=started_ns,
-    )
+    exchange_id = proxy.begin_exchange(request, body, started_ns)
 
     def offset() -> int:
         return time.perf_counter_ns() - t0
@@ -292,7 +282,7 @@ def _ended(recording: Exchange, stream: LiveStream, rejoin: Rejoin) -> None:
 def _broke(recording: Exchange, stream: LiveStream, rejoin: Rejoin, exc: BaseException) -> str | None:
     """The upstream broke: why (the stream is to be rejoined), or None when it broke after
     its closing event, and the stream ends cleanly for its clients."""
-    why = f"the upstream dropped mid-response: {describe(exc)}"
+    why = dropped(exc)
     if rejoin.closed():
         recording.end(Outcome.UPSTREAM_DISCONNECTED, f"{why}, after the event that closes the stream")
         stream.end(Outcome.COMPLETE, closed=True)
@@ -326,7 +316,7 @@ async def _read(
             data = await read()
         except TimeoutError as exc:
             if not hold.ran_out:
-                why = f"the upstream dropped mid-response: {describe(exc)}"
+                why = dropped(exc)
                 recording.end(Outcome.UPSTREAM_DISCONNECTED, why)
                 return why
             reason = f"no client followed the stream for {hold.seconds:g} s (--hold): the upstream was let go"

@@ -19,6 +19,7 @@ from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
 
+from .failure import dropped
 from .kept_body import KeptBody
 
 # What mitmproxy says when the client side went away (HTTP/1; HTTP/2 and 3).
@@ -80,7 +81,7 @@ def ending(flow: http.HTTPFlow) -> tuple[str, str]:
         return Outcome.CLIENT_DISCONNECTED, f"the client went away mid-exchange: {message}"
     if flow.response is None:
         return Outcome.UPSTREAM_ERROR, f"the upstream failed before answering: {message}"
-    return Outcome.UPSTREAM_DISCONNECTED, f"the upstream dropped mid-response: {message}"
+    return Outcome.UPSTREAM_DISCONNECTED, dropped(message)
 
 
 def record_failure(

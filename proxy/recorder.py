@@ -34,7 +34,7 @@ from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 from . import unread
 from .card import is_card_request, rewrite_card
 from .credentials import Credentials
-from .failure import describe
+from .failure import describe, dropped
 from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
@@ -253,17 +253,7 @@ class RecordingProxy:
                 return answered
         elif body is None:
             body = await self._request_body(request)
-        kept, cut = self.kept_body(body if isinstance(body, bytes) else None)  # (a streamed one: later)
-        exchange = self.writer.begin_exchange(
-            self.capture_id,  # type: ignore[arg-type]
-            method=request.method,
-            path=request.rel_url.raw_path,
-            query=request.rel_url.raw_query_string or None,
-            request_headers=list(request.headers.items()),
-            request_body=kept,
-            request_body_truncated=cut,
-            started_ns=started_ns,
-        )
+        exchange = self.begin_exchange(request, body if isinstance(body, bytes) else None, started_ns)
         return await Exchange(self, request, exchange, t0).run(body)
 
     async def _resume(
@@ -455,12 +445,20 @@ class RecordingProxy:
             return await request.read()
         return _TeedBody(request.content, self.max_request_body)
 
-    def kept_body(self, body: bytes | None) -> tuple[bytes | None, bool]:
-        """A request body read whole as the log keeps it (its first ``max_request_body``
-        bytes), and whether that cut it short."""
-        if body is None:
-            return None, False
-        return body[: self.max_request_body], len(body) > self.max_request_body
+    def begin_exchange(self, request: web.Request, body: bytes | None, started_ns: int) -> int:
+        """The log's exchange of a request (its body when read whole: the first
+        ``max_request_body`` bytes of it; one streamed through comes later)."""
+        cut = body is not None and len(body) > self.max_request_body
+        return self.writer.begin_exchange(
+            self.capture_id,  # type: ignore[arg-type]
+            method=request.method,
+            path=request.rel_url.raw_path,
+            query=request.rel_url.raw_query_string or None,
+            request_headers=list(request.headers.items()),
+            request_body=body[: self.max_request_body] if cut else body,
+            request_body_truncated=cut,
+            started_ns=started_ns,
+        )
 
     def upstream_url(self, raw_path: str) -> URL:
         return URL(self._base + raw_path, encoded=True)
@@ -610,9 +608,7 @@ class Exchange:
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
                     # The upstream dropped mid-stream: end the client's stream just as
                     # abruptly (no terminating chunk), so the client sees the same failure.
-                    self.end(
-                        Outcome.UPSTREAM_DISCONNECTED, f"the upstream dropped mid-response: {describe(exc)}"
-                    )
+                    self.end(Outcome.UPSTREAM_DISCONNECTED, dropped(exc))
                     request.protocol.force_close()
                     return response
                 if not data:
@@ -650,7 +646,7 @@ class Exchange:
         try:
             original = await upstream.read()
         except (aiohttp.ClientError, OSError) as exc:
-            self.end(Outcome.UPSTREAM_DISCONNECTED, f"the upstream dropped mid-response: {describe(exc)}")
+            self.end(Outcome.UPSTREAM_DISCONNECTED, dropped(exc))
             self.request.protocol.force_close()
             raise web.HTTPBadGateway() from exc
         self.writer.chunk(self.id, self.offset(), original)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from tasktape.errors import UsageError
+from tasktape.choices import parse_choice
 
 
 class UnknownResume(StrEnum):
@@ -15,8 +15,4 @@ class UnknownResume(StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> UnknownResume:
-        try:
-            return cls(value)
-        except ValueError:
-            choices = ", ".join(repr(c.value) for c in cls)
-            raise UsageError(f"--resume-unknown must be one of {choices}, not {value!r}") from None
+        return parse_choice(cls, value, "a --resume-unknown choice")

@@ -3,20 +3,8 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
 
-from tasktape.errors import UsageError
-
-Choice = TypeVar("Choice", bound=StrEnum)
-
-
-def parse_choice(cls: type[Choice], value: str, what: str) -> Choice:
-    """The member of ``cls`` named ``value``; a typo is an error that lists them all."""
-    try:
-        return cls(value)
-    except ValueError:
-        choices = ", ".join(m.value for m in cls)
-        raise UsageError(f"{value!r} is not {what}; choose one of {choices}") from None
+from tasktape.choices import parse_choice
 
 
 class ReplayMode(StrEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from .modes import parse_choice
+from tasktape.choices import parse_choice
 
 
 class OnExpired(StrEnum):

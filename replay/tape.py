@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from tasktape.choices import parse_choice
 from tasktape.errors import TapeError, Unfaithful
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
@@ -27,7 +28,7 @@ from tasktape.proxy.hosts import allowed_hosts
 from .faults import Faults
 from .fidelity import Divergence
 from .matching import Incoming, mismatches
-from .modes import ReplayMode, parse_choice
+from .modes import ReplayMode
 from .on_expired import OnExpired
 from .record_mode import RecordMode
 from .server import Miss, ReplayServer, is_card

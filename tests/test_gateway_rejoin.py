@@ -334,5 +334,6 @@ async def test_an_unknown_id_goes_to_the_agent_with_resume_unknown_forward(recor
 
 
 def test_a_typo_in_resume_unknown_is_refused() -> None:
-    with pytest.raises(UsageError, match="must be one of 'refuse', 'forward', not 'froward'"):
+    refused = "'froward' is not a --resume-unknown choice; choose one of refuse, forward"
+    with pytest.raises(UsageError, match=refused):
         UnknownResume.parse("froward")

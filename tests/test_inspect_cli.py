@@ -18,7 +18,7 @@ from inspector_log import Served, record_log, task_of
 from tasktape.cli import main
 from tasktape.demo import next_steps
 from tasktape.eventlog import SCHEMA_VERSION, EventLog
-from tasktape.eventlog.schema import migrations, schema_version
+from tasktape.eventlog.schema import KNOWN, migrations
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,8 @@ def test_an_older_log_is_refused_with_how_to_upgrade_it(tmp_path: Path, served: 
     code, _, err = inspector.stop()
     assert code == 0, err
     with sqlite3.connect(old) as conn:
-        assert schema_version(sqlite_utils.Database(conn)) == SCHEMA_VERSION
+        applied = [m.name for m in migrations.applied(sqlite_utils.Database(conn))]
+        assert applied == KNOWN and len(applied) == SCHEMA_VERSION
 
 
 def test_a_port_in_use_is_a_clear_error(log: Path) -> None:

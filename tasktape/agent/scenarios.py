@@ -104,7 +104,7 @@ def cited_answer(topic: str, body: str) -> tuple[str, list[dict]]:
     ]
 
 
-def usage(run: TaskRun, prompt: str, output_tokens: int, *, contexts_seen: int) -> dict:
+def usage(prompt: str, output_tokens: int, *, contexts_seen: int) -> dict:
     input_tokens = 60 + 2 * len(tokens(prompt))
     cached = input_tokens // 2 if contexts_seen > 1 else 0
     total = input_tokens + output_tokens
@@ -146,7 +146,7 @@ def script_for(scenario: Scenario, contexts_seen: int) -> Script:
         spent += await stream_artifact(
             run, answer, name="answer", delay=delay, closing=parts, wait_after_first=wait_after_first
         )
-        run.set_status("TASK_STATE_COMPLETED", metadata=usage(run, text, spent, contexts_seen=contexts_seen))
+        run.set_status("TASK_STATE_COMPLETED", metadata=usage(text, spent, contexts_seen=contexts_seen))
 
     async def interrupted(run: TaskRun, text: str) -> None:
         run.set_status("TASK_STATE_WORKING")
