@@ -1,7 +1,7 @@
 """A2A's fixed vocabulary, for code that reads frames without the pydantic models: the
-task states (v1.0 names, and A2A 0.3's spellings of them), the four kinds of stream frame,
-and what tells a JSON-RPC envelope. Loading it loads no pydantic: the recorder and the log
-writer start without it."""
+task states (v1.0 names, and A2A 0.3's spellings of them), the kinds of stream frame (and
+of the log's events), the two bindings, and what tells a JSON-RPC envelope. Loading it
+loads no pydantic: the recorder and the log writer start without it."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ class TaskState(StrEnum):
 
 TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELED, TaskState.REJECTED})
 INTERRUPTED_STATES = frozenset({TaskState.INPUT_REQUIRED, TaskState.AUTH_REQUIRED})
+ENDS_A_STREAM = TERMINAL_STATES | INTERRUPTED_STATES  # a state a task's stream ends in
+
+
+def short_state(state: str | None) -> str:
+    """``TASK_STATE_COMPLETED`` -> ``COMPLETED``, as people read it."""
+    return (state or "").removeprefix("TASK_STATE_")
+
 
 # A2A 0.3 spells states in lowercase kebab case ("input-required").
 V03_STATES = {s.value.removeprefix("TASK_STATE_").lower().replace("_", "-"): s.value for s in TaskState}
@@ -42,7 +49,30 @@ def normalize_state(value: str) -> str:
     return V03_STATES.get(value, value)
 
 
-STREAM_KINDS = ("task", "message", "statusUpdate", "artifactUpdate")
+class A2AKind(StrEnum):
+    """The kinds of the log's A2A events: a stream frame's, or an error's, or other."""
+
+    TASK = "task"
+    MESSAGE = "message"
+    STATUS_UPDATE = "statusUpdate"
+    ARTIFACT_UPDATE = "artifactUpdate"
+    ERROR = "error"
+    OTHER = "other"
+
+
+# The four kinds of stream frame (a StreamResponse holds one), as plain strings.
+STREAM_KINDS = tuple(
+    k.value for k in (A2AKind.TASK, A2AKind.MESSAGE, A2AKind.STATUS_UPDATE, A2AKind.ARTIFACT_UPDATE)
+)
+
+
+class Binding(StrEnum):
+    """The two ways A2A is carried: ``RequestInfo.binding`` and ``Classification.binding``."""
+
+    REST = "rest"
+    JSONRPC = "jsonrpc"
+
+
 # A2A 0.3 tags each result with "kind" instead of wrapping it in a named field.
 V03_KINDS = {
     "task": "task",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tasktape.errors import UsageError
 
+from .a2a_terms import short_state
 from .frames import Problem, Rule, Stream, streams_of
 from .protocols import ProtocolName
 from .protocols import protocols as known_protocols
@@ -163,7 +164,7 @@ def _finding(rule: str, problem: Problem) -> Finding:
 def _cut_short(stream: Stream) -> Finding:
     done = [f for f in stream.frames if f.complete]
     states = [f.c.state for f in done if f.c.state]
-    last = f", the task last {states[-1].removeprefix('TASK_STATE_')}" if states else ""
+    last = f", the task last {short_state(states[-1])}" if states else ""
     why = f": {stream.error}" if stream.error else ""
     message = (
         f"broke off after {len(done)} complete events{last} ({stream.outcome}{why}); how it ends is unknown"

@@ -45,6 +45,16 @@ def load_json(data: str | bytes) -> Any:
         return json.loads(data)
 
 
+def json_or_none(data: str | bytes | None) -> Any:
+    """``load_json``'s value, or None for what is empty or not JSON."""
+    if not data:
+        return None
+    try:
+        return load_json(data)
+    except (ValueError, RecursionError):
+        return None
+
+
 def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
     """Classify one event's data (a REST frame, a JSON-RPC response, A2A 0.3, or anything).
 
@@ -120,7 +130,7 @@ def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classificati
 _EMPTY = Classification("other")
 
 
-def _str(value: Any) -> str | None:
+def str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
@@ -182,8 +192,8 @@ def _message(m: dict[str, Any], binding: str) -> Classification:
     return Classification(
         "message",
         binding,
-        task_id=_str(m.get("taskId")),
-        context_id=_str(m.get("contextId")),
+        task_id=str_or_none(m.get("taskId")),
+        context_id=str_or_none(m.get("contextId")),
         text=_text(m.get("parts")),
         usage=_usage(m.get("metadata")),
     )
@@ -219,7 +229,7 @@ def _artifact_update(a: dict[str, Any], binding: str) -> Classification:
 
 def _error(error: Any, binding: str) -> Classification:
     err = _dict(error)
-    message = _str(err.get("message"))
+    message = str_or_none(err.get("message"))
     code = err.get("code")
     text = f"{code}: {message}" if code is not None and message else message
     return Classification("error", binding, text=text)
@@ -272,8 +282,8 @@ def _typed(frame: typed_frames.Frame) -> Classification | None:
         return Classification(
             "message",
             binding,
-            task_id=_str(message.taskId),
-            context_id=_str(message.contextId),
+            task_id=str_or_none(message.taskId),
+            context_id=str_or_none(message.contextId),
             text=_parts_text(message.parts),
             usage=_usage(message.metadata),
         )

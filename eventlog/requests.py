@@ -8,10 +8,10 @@ bindings (the JSON-RPC method name; for REST, the equivalent name).
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from typing import Any
 
-from .classify import load_json
+from .a2a_terms import Binding
+from .classify import json_or_none, str_or_none
 from .protocols.base import RequestInfo
 
 _TASK = r"/tasks/(?P<task>[^/:]+)"
@@ -32,13 +32,6 @@ _REST_ROUTES = [
     (re.compile(r"(?:^|/)tasks$"), {"GET": "ListTasks"}),
     (re.compile(r"(?:^|/)extendedAgentCard$"), {"GET": "GetExtendedAgentCard"}),
 ]
-
-
-class Binding(StrEnum):
-    """The two ways A2A is carried: ``RequestInfo.binding`` and ``Classification.binding``."""
-
-    REST = "rest"
-    JSONRPC = "jsonrpc"
 
 
 # A subscription to a task's events: v1.0's name (both bindings), and 0.3's.
@@ -88,7 +81,7 @@ def rest_operation(method: str, path: str) -> str | None:
 
 def classify_request(method: str, path: str, body: bytes | str | None) -> RequestInfo:
     """Classify one request. Never raises: what is not A2A gives an empty RequestInfo."""
-    return classify_parsed(method, path, _json(body))
+    return classify_parsed(method, path, json_or_none(body))
 
 
 def classify_parsed(method: str, path: str, obj: Any) -> RequestInfo:
@@ -97,26 +90,14 @@ def classify_parsed(method: str, path: str, obj: Any) -> RequestInfo:
         params = obj.get("params") if isinstance(obj.get("params"), dict) else {}
         message = params.get("message") if isinstance(params.get("message"), dict) else {}
         task_id = params.get("id") if isinstance(params.get("id"), str) else None
-        task_id = task_id or _str(params.get("taskId")) or _str(message.get("taskId"))
-        return RequestInfo("jsonrpc", obj["method"], task_id, _str(message.get("contextId")), obj.get("id"))
+        task_id = task_id or str_or_none(params.get("taskId")) or str_or_none(message.get("taskId"))
+        context_id = str_or_none(message.get("contextId"))
+        return RequestInfo(Binding.JSONRPC, obj["method"], task_id, context_id, obj.get("id"))
     route = _route(method, path)
     if route is None:
         return RequestInfo()
     operation, match = route
     message = obj.get("message") if isinstance(obj, dict) else None
     message = message if isinstance(message, dict) else {}
-    task_id = match.groupdict().get("task") or _str(message.get("taskId"))
-    return RequestInfo("rest", operation, task_id, _str(message.get("contextId")))
-
-
-def _json(body: bytes | str | None) -> Any:
-    if not body:
-        return None
-    try:
-        return load_json(body)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+    task_id = match.groupdict().get("task") or str_or_none(message.get("taskId"))
+    return RequestInfo(Binding.REST, operation, task_id, str_or_none(message.get("contextId")))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .a2a_terms import INTERRUPTED_STATES, TERMINAL_STATES, TaskState
+from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, TaskState, short_state
 from .frames import Frame, Problem, Rule, Stream, readable
 
 S = TaskState
@@ -27,27 +27,23 @@ LEGAL: dict[str, frozenset[str]] = {
 # REST shows REJECTED and AUTH_REQUIRED as FAILED, so SUBMITTED -> REJECTED there reads
 # SUBMITTED -> FAILED (and SUBMITTED -> AUTH_REQUIRED too, where an agent maps it).
 REST_ONLY = {S.SUBMITTED: frozenset({S.FAILED})}
-ENDS_A_STREAM = TERMINAL_STATES | INTERRUPTED_STATES
-
-
-def _short(state: str) -> str:
-    return state.removeprefix("TASK_STATE_")
+_STATEFUL = (A2AKind.TASK, A2AKind.STATUS_UPDATE)  # the frames that carry a task's state
 
 
 def _describe(frame: Frame) -> str:
     c = frame.c
-    if c.kind in ("task", "statusUpdate"):
+    if c.kind in _STATEFUL:
         return f"a {c.kind} in {c.state or 'no state'}"
-    if c.kind == "error":
+    if c.kind == A2AKind.ERROR:
         return f"an error frame ({c.text or 'no message'})"
-    if c.kind == "other":
+    if c.kind == A2AKind.OTHER:
         return "a frame that is not A2A"
     return f"an {c.kind}" if c.kind[0] in "aeiou" else f"a {c.kind}"
 
 
 def transition(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Each task moves between states only as the lifecycle allows (same state again is fine)."""
-    frames = [(s, f) for s in streams for f in s.frames if f.c.kind in ("task", "statusUpdate") and f.c.state]
+    frames = [(s, f) for s in streams for f in s.frames if f.c.kind in _STATEFUL and f.c.state]
     if all(f.at_ns is not None for _, f in frames):
         # Exchanges overlap (a cancel during a stream, a resubscribe): go by arrival time.
         frames.sort(key=lambda sf: sf[1].at_ns or 0)
@@ -66,12 +62,12 @@ def transition(streams: Sequence[Stream]) -> Iterator[Problem]:
         )
         if state not in allowed:
             was = "" if before[1] is stream else f" (in {before[1].label(before[2])})"
-            can = ", ".join(sorted(_short(s) for s in LEGAL[before[0]]))
+            can = ", ".join(sorted(short_state(s) for s in LEGAL[before[0]]))
             why = f"allowed: {can}" if can else "a terminal state is final"
             yield Problem(
                 stream,
                 frame,
-                f"{_short(before[0])}{was} -> {_short(state)} is not a legal transition ({why})",
+                f"{short_state(before[0])}{was} -> {short_state(state)} is not a legal transition ({why})",
             )
 
 
@@ -85,9 +81,9 @@ def after_terminal(streams: Sequence[Stream]) -> Iterator[Problem]:
                 yield Problem(
                     stream,
                     frame,
-                    f"{_describe(frame)} after the task ended {_short(end.c.state or '')} at event {end.seq}",
+                    f"{_describe(frame)} after the task ended {short_state(end.c.state)} at event {end.seq}",
                 )
-            elif frame.c.kind in ("task", "statusUpdate") and frame.c.state in TERMINAL_STATES:
+            elif frame.c.kind in _STATEFUL and frame.c.state in TERMINAL_STATES:
                 ended[frame.task_id] = frame
 
 
@@ -100,12 +96,12 @@ def stream_end(streams: Sequence[Stream]) -> Iterator[Problem]:
         if not frames:
             yield Problem(stream, None, "the stream ended without a single event")
             continue
-        if all(f.c.kind == "message" for f in frames):
+        if all(f.c.kind == A2AKind.MESSAGE for f in frames):
             continue  # the agent answered with a Message: no task, no lifecycle
-        if any(f.c.kind in ("task", "statusUpdate") and f.c.state in TERMINAL_STATES for f in frames):
+        if any(f.c.kind in _STATEFUL and f.c.state in TERMINAL_STATES for f in frames):
             continue  # it did end; what came after is after-terminal's to report
         last = frames[-1]
-        if last.c.kind in ("task", "statusUpdate") and last.c.state in ENDS_A_STREAM:
+        if last.c.kind in _STATEFUL and last.c.state in ENDS_A_STREAM:
             continue
         yield Problem(
             stream, last, f"the stream ended on {_describe(last)}, not on a terminal or interrupted state"
@@ -123,7 +119,7 @@ def _artifact_steps(stream: Stream) -> Iterator[tuple[Frame, _Artifact | None]]:
     artifacts: dict[tuple[str | None, str | None], _Artifact] = {}
     for frame in stream.frames:
         c = frame.c
-        if c.kind != "artifactUpdate":
+        if c.kind != A2AKind.ARTIFACT_UPDATE:
             continue
         key = (frame.task_id, c.artifact_id)
         before = artifacts.get(key)
@@ -237,7 +233,7 @@ def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
         for f, problem in readable(stream):
             if problem is not None:
                 yield problem
-            elif f.c.kind == "other" and stream.is_sse:
+            elif f.c.kind == A2AKind.OTHER and stream.is_sse:
                 yield Problem(
                     stream, f, "not an A2A frame: none of task, message, statusUpdate, artifactUpdate"
                 )

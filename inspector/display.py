@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.a2a_terms import short_state
+from tasktape.eventlog.classify import json_or_none
 from tasktape.eventlog.protocols import ProtocolName
 
 # One colour per task state, shared by the pages (inspector.css defines the same as CSS
@@ -46,11 +47,6 @@ JSON_COLUMNS = frozenset(
 )
 
 
-def short_state(state: str) -> str:
-    """``TASK_STATE_INPUT_REQUIRED`` -> ``INPUT_REQUIRED``."""
-    return state.removeprefix("TASK_STATE_")
-
-
 def state_class(state: str | None) -> str:
     """The CSS class of a state's colour (``tt-s-completed``); unknown states get ``tt-s-other``."""
     if state in STATE_COLOURS:
@@ -78,9 +74,4 @@ def pretty_json(value: Any) -> str | None:
 
 def parse_json(data: Any) -> Any:
     """Parsed JSON, or None for anything that is not JSON text (or UTF-8 bytes of it)."""
-    if not isinstance(data, str | bytes) or not data:
-        return None
-    try:
-        return load_json(data)
-    except (ValueError, RecursionError):
-        return None
+    return json_or_none(data) if isinstance(data, str | bytes) else None

@@ -19,10 +19,11 @@ from datetime import datetime
 from typing import Any
 
 from tasktape.eventlog import classify
-from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.a2a_terms import Binding
+from tasktape.eventlog.classify import json_or_none
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.recorded import Recorded
-from tasktape.eventlog.requests import SUBSCRIBE_METHODS, Binding, classify_request
+from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.eventlog.task_snapshot import stream_response, task_after
 
@@ -125,7 +126,7 @@ class Tasks:
                         event,
                         self._event_id(index, n, event),
                         body[event.start : event.end],
-                        stream_response(_json(event.data)),
+                        stream_response(json_or_none(event.data)),
                         c.binding,
                         None if request_id is NO_ID else request_id,
                     )
@@ -265,17 +266,10 @@ def _gap_ns(first: Recorded, later: Recorded) -> int | None:
         return None
 
 
-def _json(data: str) -> Any:
-    try:
-        return load_json(data)
-    except (ValueError, RecursionError):
-        return None
-
-
 def _framed(frame: Any, binding: str | None, rpc_id: Any, like: TaskEvent) -> str:
     """A StreamResponse in ``binding``, written as the recording writes its JSON."""
     if binding == Binding.JSONRPC:
-        recorded = _json(like.event.data) if like.binding == Binding.JSONRPC else None
+        recorded = json_or_none(like.event.data) if like.binding == Binding.JSONRPC else None
         keys = list(recorded) if isinstance(recorded, dict) else ["jsonrpc", "id", "result"]
         values = {"jsonrpc": "2.0", "id": rpc_id, "result": frame}
         frame = {k: values[k] for k in keys if k in values} | values

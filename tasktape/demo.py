@@ -18,6 +18,7 @@ import click
 
 from tasktape.errors import LogError
 from tasktape.eventlog import EventLog, ProcessLogWriter, SSEDecoder
+from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.proxy import RecordingProxy
@@ -184,7 +185,7 @@ def report(runs: list[Run], log: EventLog) -> list[str]:
             (
                 run.name,
                 run.binding,
-                (run.final_state or "-").removeprefix("TASK_STATE_"),
+                short_state(run.final_state) or "-",
                 str(s.get("events", "-")),
                 f"{s['ttfe_ms']:.0f} ms" if s.get("ttfe_ms") is not None else "-",
                 f"{s['duration_ms']:.0f} ms" if s.get("duration_ms") is not None else "-",

@@ -12,6 +12,7 @@ import click
 from click.core import ParameterSource
 
 from tasktape.errors import LogError, UsageError
+from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
@@ -307,7 +308,7 @@ def describe_exchange(s: ExchangeSummary) -> str:
     if s.task_id:
         parts.append(f"task {s.task_id}")
     if s.final_state:
-        parts.append(s.final_state.removeprefix("TASK_STATE_"))
+        parts.append(short_state(s.final_state))
     if s.is_sse:
         ttfe = "-" if s.first_event_ns is None else f"{s.first_event_ns / 1e6:.1f} ms"
         parts.append(f"{s.events} events, first after {ttfe}")

@@ -627,7 +627,8 @@ def hostile_requests(body: bytes) -> Iterator[tuple[str, dict[str, Any], int, st
     yield "100,000 nested arrays", {"data": b"[" * 100_000}, 404, miss
     yield "985 nested objects", {"data": b'{"a":' * 985 + b"1" + b"}" * 985}, 404, miss
     yield "a number of a million digits", {"data": b'{"message": 1' + b"0" * 10**6 + b"}"}, 404, miss
-    yield "a body of 3 MiB", {"data": b"x" * 3 * 2**20}, 413, "Maximum request body size"
+    yield "a body of 3 MiB", {"data": b"x" * 3 * 2**20}, 404, miss
+    yield "a body of 17 MiB", {"data": b"x" * 17 * 2**20}, 413, "is over 16,777,216 bytes"
     long_id = "x" * 8000
     yield (
         "an 8 KB Last-Event-ID",

@@ -11,10 +11,9 @@ when nothing claimed the request, when its first event is an exact A2A frame.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any, ClassVar
 
-from ..a2a_terms import INTERRUPTED_STATES, STREAM_KINDS, TERMINAL_STATES, V03_KINDS, is_jsonrpc
+from ..a2a_terms import ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, is_jsonrpc
 from ..classify import Classification, classify, load_json
 from ..requests import A2A_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
@@ -23,17 +22,7 @@ from .base import CatchUp, Protocol, Regenerated, Request, RequestInfo, Resubscr
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 THINKING = "intermediate-thinking"
-_ENDS = TERMINAL_STATES | INTERRUPTED_STATES
-_ARTIFACT_UPDATE = "artifactUpdate"  # A2AKind.ARTIFACT_UPDATE, as a plain string: compared per event
-
-
-class A2AKind(StrEnum):
-    TASK = "task"
-    MESSAGE = "message"
-    STATUS_UPDATE = "statusUpdate"
-    ARTIFACT_UPDATE = "artifactUpdate"
-    ERROR = "error"
-    OTHER = "other"
+_ARTIFACT_UPDATE = A2AKind.ARTIFACT_UPDATE.value  # a plain string: compared per event
 
 
 class A2A(Protocol):
@@ -86,7 +75,7 @@ class A2A(Protocol):
     def closes(self, data: str, event_type: str | None) -> bool:
         """The status update that ends the run: a terminal or interrupted state."""
         c = classify(data)
-        return c.kind == A2AKind.STATUS_UPDATE and c.state in _ENDS
+        return c.kind == A2AKind.STATUS_UPDATE and c.state in ENDS_A_STREAM
 
     def resubscription(
         self, request: Request, sent: Sequence[str], last_id: str | None

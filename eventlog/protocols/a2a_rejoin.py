@@ -18,14 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from ..a2a_terms import INTERRUPTED_STATES, TERMINAL_STATES, is_jsonrpc
+from ..a2a_terms import ENDS_A_STREAM, Binding, is_jsonrpc
 from ..classify import load_json
 from ..jsonrpc_ids import NO_ID
-from ..requests import Binding, classify_request
+from ..requests import classify_request
 from ..task_snapshot import stream_response, task_after
 from .base import CatchUp, Request, Resubscription
 
-_ENDS = {str(s) for s in TERMINAL_STATES | INTERRUPTED_STATES}
 _STREAMING = re.compile(r"/(?:message:stream|tasks/[^/:]+:subscribe)$")
 _V03_METHODS = frozenset({"message/stream", "tasks/resubscribe", "tasks/get"})
 
@@ -33,7 +32,7 @@ _V03_METHODS = frozenset({"message/stream", "tasks/resubscribe", "tasks/get"})
 def resubscription(request: Request, sent: Sequence[str]) -> Resubscription | None:
     """The subscribe to the task the clients were being sent, while it has not ended."""
     task = task_after(_frames(sent))
-    if task is None or (task.get("status") or {}).get("state") in _ENDS:
+    if task is None or (task.get("status") or {}).get("state") in ENDS_A_STREAM:
         return None
     return _asking(request, task, ("SubscribeToTask", "tasks/resubscribe"), ":subscribe")
 
