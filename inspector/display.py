@@ -61,6 +61,11 @@ def ms(ns: float | None, digits: int = 1) -> str:
     return f"{ns / 1e6:,.{digits}f} ms"
 
 
+def ms_or_none(ns: int | None) -> float | None:
+    """Nanoseconds as milliseconds, for a page's numbers (None stays None)."""
+    return None if ns is None else ns / 1e6
+
+
 def pretty_json(value: Any) -> str | None:
     """Indented JSON when ``value`` is a JSON object or array (as text), else None."""
     if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):

@@ -26,7 +26,7 @@ from tasktape.eventlog.protocols.mcp import (
     result_text,
 )
 
-from .display import parse_json
+from .display import ms_or_none, parse_json
 from .findings import SavedFinding, saved_findings
 
 STATELESS = "capture-"  # the session name of a capture's exchanges that carry no session id
@@ -246,13 +246,9 @@ def _header(headers: Any, name: str) -> str | None:
     return None
 
 
-def _ms(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e6
-
-
 def _exchange(r: dict[str, Any], origin: int) -> SessionExchange:
     start = (r["started_ns"] - origin) / 1e6
-    duration = _ms(r["duration_ns"])
+    duration = ms_or_none(r["duration_ns"])
     body = parse_json(r["request_body"])
     body = body if isinstance(body, dict) else {}
     params = body.get("params") if isinstance(body.get("params"), dict) else {}
@@ -269,7 +265,7 @@ def _exchange(r: dict[str, Any], origin: int) -> SessionExchange:
         outcome=r["outcome"],
         error=r["error"],
         start_ms=start,
-        ttfb_ms=_ms(r["ttfb_ns"]),
+        ttfb_ms=ms_or_none(r["ttfb_ns"]),
         end_ms=None if duration is None else start + duration,
         last_event_id=_header(r["request_headers"], "Last-Event-ID"),
         protocol_version=_header(r["request_headers"], VERSION_HEADER),
@@ -301,7 +297,7 @@ def _messages(
         start = (r["started_ns"] - origin) / 1e6
         if not r["is_sse"]:
             body = parse_json(r["response_body"])
-            end = start + (_ms(r["duration_ns"] or r["ttfb_ns"]) or 0.0)
+            end = start + (ms_or_none(r["duration_ns"] or r["ttfb_ns"]) or 0.0)
             for message in body if isinstance(body, list) else [body]:
                 found.append((end, r["id"], None, message))
             continue

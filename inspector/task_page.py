@@ -18,7 +18,7 @@ from tasktape.eventlog.models import Artifact as ArtifactModel
 from tasktape.eventlog.models import JsonRpcResponse, Task, TaskStatus
 from tasktape.eventlog.resumes import ResumeSide
 
-from .display import parse_json
+from .display import ms_or_none, parse_json
 
 if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding
@@ -253,13 +253,9 @@ def load_task(path: str | Path, task_id: str) -> TaskPage | None:
         )
 
 
-def _ms(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e6
-
-
 def _exchange(x: dict[str, Any], origin: int) -> Exchange:
     start = (x["started_ns"] - origin) / 1e6
-    ttfb, duration = _ms(x["ttfb_ns"]), _ms(x["duration_ns"])
+    ttfb, duration = ms_or_none(x["ttfb_ns"]), ms_or_none(x["duration_ns"])
     return Exchange(
         id=x["id"],
         method=x["method"],

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from tasktape.counted import counted
 from tasktape.errors import CassetteError, CassetteExpired, TapeError, TasktapeError, UsageError
 
 from .cassette_age import FORMS, created_at, describe
@@ -82,13 +83,9 @@ class Totals:
         recorded = f", {self.recorded} recorded" if self.recorded else ""
         return (
             f"tasktape: {self.served} served, {self.missed} missed, {self.unused} unused, "
-            f"{self.refused} refused{recorded}, match rate {rate} ({_count(asked, 'request')}) "
-            f"across {_count(len(self.cassettes), 'cassette')}"
+            f"{self.refused} refused{recorded}, match rate {rate} ({counted(asked, 'request')}) "
+            f"across {counted(len(self.cassettes), 'cassette')}"
         )
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from tasktape.counted import counted
 from tasktape.errors import CassetteError, FlowFileError, LogError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import cassette_lines, load_into, read_cassette
@@ -73,7 +74,7 @@ def export(
             Path(output).write_text(text, encoding="utf-8")
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
-        click.echo(f"tasktape export: {_exchanges(len(recorded))} from {log} -> {output}", err=True)
+        click.echo(f"tasktape export: {counted(len(recorded), 'exchange')} from {log} -> {output}", err=True)
 
 
 @click.command("import")
@@ -112,15 +113,11 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
             capture = writer.begin_capture(source="import", upstream=None, argv=[str(path)])
             load_into(writer, content, capture)
             writer.end_capture(capture)
-            click.echo(f"tasktape import: {_exchanges(len(content))} from {path} -> {db}")
+            click.echo(f"tasktape import: {counted(len(content), 'exchange')} from {path} -> {db}")
     if writer.stats.rows_lost:
         raise click.ClickException(
             f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
         )
-
-
-def _exchanges(n: int) -> str:
-    return f"{n} exchange{'' if n == 1 else 's'}"
 
 
 def _read(path: Path, db: Path) -> list[Recorded] | _Flows:
@@ -164,4 +161,4 @@ def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path) -> N
     if content.others:
         notes.append(f"{content.others} non-HTTP flows skipped")
     extra = f" ({'; '.join(notes)})" if notes else ""
-    click.echo(f"tasktape import: {_exchanges(len(content.flows))} from {path} -> {db}{extra}")
+    click.echo(f"tasktape import: {counted(len(content.flows), 'exchange')} from {path} -> {db}{extra}")

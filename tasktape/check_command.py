@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tasktape.counted import counted
 from tasktape.errors import LogError, TasktapeError
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.file_kinds import is_log
@@ -48,10 +49,6 @@ def _line(source: Path, finding: Finding) -> str:
     )
     event = "" if finding.seq is None else f" event {finding.seq}"
     return f"{finding.task_id or '-'}  {place}{event}  {finding.rule}: {finding.message}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @click.command()
@@ -158,20 +155,20 @@ def _summary(
     counts = _by_protocol(results)
     # An A2A-only check reads as it always has; a mix says how many of each.
     per = ", ".join(f"{name} {n}" for name, n in counts.items()) if set(counts) - {"a2a"} else ""
-    what = f"{_plural(totals['streams'], 'stream')} ({_plural(totals['exchanges'], 'exchange')} in all" + (
+    what = f"{counted(totals['streams'], 'stream')} ({counted(totals['exchanges'], 'exchange')} in all" + (
         f": {per})" if per else ")"
     )
-    tasks = f" of {_plural(totals['tasks'], 'task')}" if not counts or "a2a" in counts else ""
+    tasks = f" of {counted(totals['tasks'], 'task')}" if not counts or "a2a" in counts else ""
     click.echo(
-        f"\nChecked {what}{tasks} from {_plural(len(results), 'source')}: "
-        + (f"{_plural(found, 'finding')}." if found else "no rule broken.")
+        f"\nChecked {what}{tasks} from {counted(len(results), 'source')}: "
+        + (f"{counted(found, 'finding')}." if found else "no rule broken.")
     )
     if cut:
-        click.echo(f"{_plural(cut, 'stream')} cut short: checked up to the break, not counted as broken.")
+        click.echo(f"{counted(cut, 'stream')} cut short: checked up to the break, not counted as broken.")
     broken = [name for name in all_rules() if by_rule[name]]
     width = max([18, *map(len, broken)])
     for name in broken:
         click.echo(f"  {name:<{width}} {by_rule[name]:>4}  {explain(name)}")
     for source, _, saved in results:
         if saved is not None:
-            click.echo(f"Saved {_plural(saved, 'finding')} into {source} (table findings).")
+            click.echo(f"Saved {counted(saved, 'finding')} into {source} (table findings).")

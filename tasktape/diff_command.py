@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from tasktape.counted import counted
 from tasktape.errors import TasktapeError, UsageError
 from tasktape.eventlog.recorded import Recorded
 from tasktape.replay.diff import Aspect, Difference, Report, Tolerance, diff_recordings
@@ -28,10 +29,6 @@ def _load(path: Path, name: str) -> list[Recorded]:
         return load([path])
     except (OSError, sqlite3.Error, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint=name) from None
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _where(run: Run) -> str:
@@ -91,7 +88,7 @@ def _human(report: Report) -> None:
     differ = sum(1 for p in report.pairs if p.differences)
     click.echo(
         ("\n" if report.differs else "")
-        + f"{_plural(len(report.pairs), 'pair')}, {differ} {'differs' if differ == 1 else 'differ'}, "
+        + f"{counted(len(report.pairs), 'pair')}, {differ} {'differs' if differ == 1 else 'differ'}, "
         f"{len(report.only_a)} only in A, {len(report.only_b)} only in B"
     )
 
