@@ -66,6 +66,12 @@ STREAM_KINDS = tuple(
 )
 
 
+# Where agent cards are served: the well-known paths (v1.0 and 0.3), the REST extended
+# card; and the JSON-RPC methods whose result is a card (v1.0 and 0.3).
+CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json", "/extendedAgentCard")
+CARD_METHODS = ("GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")
+
+
 class Binding(StrEnum):
     """The two ways A2A is carried: ``RequestInfo.binding`` and ``Classification.binding``."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from tasktape.errors import UnknownEventId, UnknownExchange
 
+from .a2a_terms import CARD_METHODS, CARD_PATHS
 from .schema import open_db
 
 Row = dict[str, Any]
@@ -121,11 +122,10 @@ class EventLog:
                 }
         if with_cards and chosen:
             first = min(chosen)
+            is_card = " OR ".join(["rpc_method = ?"] * len(CARD_METHODS) + ["path LIKE ?"] * len(CARD_PATHS))
             cards = self._rows(
-                "SELECT id, path FROM exchanges WHERE id < ? AND (rpc_method = 'GetExtendedAgentCard'"
-                " OR path LIKE '%/.well-known/agent-card.json' OR path LIKE '%/.well-known/agent.json'"
-                " OR path LIKE '%/extendedAgentCard') ORDER BY id DESC",
-                (first,),
+                f"SELECT id, path FROM exchanges WHERE id < ? AND ({is_card}) ORDER BY id DESC",
+                (first, *CARD_METHODS, *(f"%{p}" for p in CARD_PATHS)),
             )
             latest: dict[str, int] = {}
             for card in cards:

@@ -8,10 +8,8 @@ from typing import Any
 
 from yarl import URL
 
-# Where cards are served: the well-known paths (v1.0 and 0.3), the REST extended card.
-CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json", "/extendedAgentCard")
-# JSON-RPC methods whose result is a card (v1.0 and 0.3).
-CARD_METHODS = ("GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")
+from tasktape.eventlog.a2a_terms import CARD_METHODS, CARD_PATHS
+
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..a2a_terms import ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, is_jsonrpc
+from ..a2a_terms import CARD_PATHS, ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, is_jsonrpc
 from ..classify import Classification, classify, load_json
 from ..requests import A2A_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
 from . import a2a_rejoin
 from .base import CatchUp, Protocol, Regenerated, Request, RequestInfo, Resubscription, StreamReader, Summary
 
-CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 THINKING = "intermediate-thinking"
 _ARTIFACT_UPDATE = A2AKind.ARTIFACT_UPDATE.value  # a plain string: compared per event
 
