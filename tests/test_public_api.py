@@ -18,8 +18,16 @@ API_PAGE = ROOT / "docs" / "reference" / "python-api.md"
 
 # What each part may import of tasktape's other parts: dependencies point one way,
 # tasktape (the command line) -> {proxy, replay, inspector} -> eventlog.
-# The root (every part loads it first), its errors, its lazy loader and its version.
-SHARED = {"tasktape", "tasktape.errors", "tasktape.lazy", "tasktape.version"}
+# The root (every part loads it first), its errors, its lazy loader, its version, and two
+# helpers of wording: a choice given as text (choices), a count (counted).
+SHARED = {
+    "tasktape",
+    "tasktape.errors",
+    "tasktape.lazy",
+    "tasktape.version",
+    "tasktape.choices",
+    "tasktape.counted",
+}
 ALLOWED = {
     "tasktape.eventlog": {"tasktape.eventlog"},
     "tasktape.proxy": {"tasktape.eventlog", "tasktape.proxy"},
