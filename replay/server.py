@@ -27,7 +27,7 @@ from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter
-from tasktape.eventlog.protocols import ProtocolName, by_name
+from tasktape.eventlog.protocols import ProtocolName, by_name, protocols
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
@@ -103,6 +103,9 @@ class ReplayServer:
         self.add_ids = add_ids
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
+        # The protocols (plug-ins found, modules loaded: some 20-30 ms) now, not on the first
+        # request, whose answer would start that much behind its recorded pace.
+        protocols()
         for r in recorded:
             self._add(r)
         self.speed = speed

@@ -22,6 +22,7 @@ from tasktape.agent import create_agent_app
 from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.protocols import protocols
 from tasktape.replay import Faults, ReplayMode, ReplayServer, load
 
 MS = 1_000_000
@@ -239,6 +240,15 @@ async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
     lenient = await serve(ReplayServer(recorded, speed=0, ignore=("/trace",)).app)
     assert (await timed_post(f"{strict}/x", {"trace": "xyz", "q": 1}))[2] == 404
     assert (await timed_post(f"{lenient}/x", {"trace": "xyz", "q": 1}))[0] == b"ok"
+
+
+def test_the_protocols_are_loaded_before_the_first_request(tmp_path: Path) -> None:
+    """Finding the plug-ins and loading the protocols takes some 20-30 ms: done when the
+    server is made, so the first answer does not start that much behind its pace."""
+    recorded = answers_ok(tmp_path, "/x", b"{}")
+    protocols.cache_clear()
+    ReplayServer(recorded, speed=0)
+    assert protocols.cache_info().currsize == 1
 
 
 async def test_a_request_body_as_big_as_a_recorder_keeps_is_matched(tmp_path: Path, serve: Serve) -> None:
