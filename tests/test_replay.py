@@ -21,8 +21,8 @@ from tasktape.a2a_client import A2AClient
 from tasktape.agent import create_agent_app
 from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
 from tasktape.eventlog.cassette import write_cassette
-from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.protocols import protocols
+from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.replay import Faults, ReplayMode, ReplayServer, load
 
 MS = 1_000_000
@@ -245,9 +245,9 @@ async def test_ignore_pointers(tmp_path: Path, serve: Serve) -> None:
 def test_the_protocols_are_loaded_before_the_first_request(tmp_path: Path) -> None:
     """Finding the plug-ins and loading the protocols takes some 20-30 ms: done when the
     server is made, so the first answer does not start that much behind its pace."""
-    recorded = answers_ok(tmp_path, "/x", b"{}")
+    from_a_log = Recorded(method="POST", path="/x", status=200, chunks=[(0, b"ok")], protocol="a2a")
     protocols.cache_clear()
-    ReplayServer(recorded, speed=0)
+    ReplayServer([from_a_log], speed=0)  # (a log's recordings name their protocol already)
     assert protocols.cache_info().currsize == 1
 
 
