@@ -20,7 +20,7 @@ import msgspec
 import nats.errors
 from nats.js.api import ConsumerConfig
 
-from .jetstream import RETRY, connect, ensure_stream
+from .jetstream import RETRY, stream_ready
 from .names import FETCH, STREAM, SUBJECTS
 from .sqlite_sink import Applied
 from .wire import Rows, decode
@@ -121,20 +121,9 @@ class Collector:
         started = time.monotonic()
         waited = started - REPORT_EVERY  # the first failure is said at once
         while True:
-            nc = None
             try:
-                nc = await connect(self.servers)
-                js = nc.jetstream(timeout=5)
-                await ensure_stream(js, self.stream, self.subjects, len(self.servers))
-                config = ConsumerConfig(ack_wait=self._ack_wait, max_ack_pending=50_000)
-                sub = await js.pull_subscribe(
-                    f"{self.subjects}.>", durable=self.consumer, stream=self.stream, config=config
-                )
-                return nc, sub
+                return await stream_ready(self.servers, self.stream, self.subjects, 5, then=self._pull)
             except RETRY as exc:
-                if nc is not None:
-                    with contextlib.suppress(*RETRY):
-                        await nc.close()
                 why = f"{','.join(self.servers)} ({type(exc).__name__}: {exc})".replace(": )", ")")
                 if self._until_idle is not None and time.monotonic() - started >= self._until_idle:
                     self.stats.unreached = why
@@ -143,6 +132,13 @@ class Collector:
                     waited = time.monotonic()
                     self._on_status(f"waiting for {why}")
                 await asyncio.sleep(0.25)
+
+    async def _pull(self, js: Any) -> Any:
+        """The durable consumer (made if missing) collected through."""
+        config = ConsumerConfig(ack_wait=self._ack_wait, max_ack_pending=50_000)
+        return await js.pull_subscribe(
+            f"{self.subjects}.>", durable=self.consumer, stream=self.stream, config=config
+        )
 
     async def _fetch(self, sub: Any) -> list[Any]:
         """A fetch's messages, then more for up to ``gather`` seconds."""

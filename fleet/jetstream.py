@@ -4,6 +4,8 @@ comes first."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
@@ -81,3 +83,27 @@ async def _quiet(exc: Exception) -> None:
 
 async def _nothing() -> None:
     pass
+
+
+async def stream_ready(
+    servers: list[str],
+    stream: str,
+    subjects: str,
+    timeout: float,
+    then: Callable[[Any], Awaitable[Any]] | None = None,
+) -> tuple[Any, Any]:
+    """One try at a connection with the stream there: the connection, and its JetStream
+    context (``timeout`` for each request), or what ``then`` makes of it. On an error of
+    RETRY's the connection is closed again, and the error raised for the caller to wait
+    and try again."""
+    nc = None
+    try:
+        nc = await connect(servers)
+        js = nc.jetstream(timeout=timeout)
+        await ensure_stream(js, stream, subjects, len(servers))
+        return nc, (await then(js) if then is not None else js)
+    except RETRY:
+        if nc is not None:
+            with contextlib.suppress(*RETRY):
+                await nc.close()
+        raise

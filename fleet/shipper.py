@@ -33,7 +33,7 @@ import nats.js.errors
 from tasktape.eventlog.exchange_rows import utc_iso
 
 from .hints import HintReader
-from .jetstream import RETRY, connect, ensure_stream
+from .jetstream import RETRY, stream_ready
 from .names import STREAM, SUBJECTS
 from .wire import (
     LOCAL_COLUMNS,
@@ -325,19 +325,14 @@ class Shipper:
     async def _connect(self) -> Any:
         """Connected, with the stream there: until then, tried again and again."""
         while True:
-            nc = None
             try:
-                nc = await connect(self.servers)
-                js = nc.jetstream(timeout=self._publish_timeout)
-                await ensure_stream(js, self.stream, self.subjects, len(self.servers))
+                self._nc, js = await stream_ready(
+                    self.servers, self.stream, self.subjects, self._publish_timeout
+                )
             except RETRY as exc:
                 self._last_error = exc
-                if nc is not None:
-                    with contextlib.suppress(*RETRY):
-                        await nc.close()
                 await asyncio.sleep(0.25)
                 continue
-            self._nc = nc
             return js
 
     async def _publish_all(self, js: Any, messages: list[Message]) -> int:
