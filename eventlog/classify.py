@@ -17,7 +17,7 @@ import orjson
 from msgspec import UNSET
 
 from . import typed_frames
-from .a2a_terms import STREAM_KINDS, V03_KINDS, is_jsonrpc, normalize_state
+from .a2a_terms import STREAM_KINDS, V03_KINDS, Binding, is_jsonrpc, normalize_state
 
 
 class Classification(NamedTuple):
@@ -84,9 +84,9 @@ def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classificati
         return Classification("other", parse_error=f"not JSON: {exc}"[:500])
     if not isinstance(obj, dict):
         return Classification("other", parse_error=f"not a JSON object but {type(obj).__name__}")
-    binding = "rest"
+    binding = Binding.REST
     if is_jsonrpc(obj):
-        binding = "jsonrpc"
+        binding = Binding.JSONRPC
         if obj.get("result") is None and "error" in obj:
             return _error(obj["error"], binding)
         obj = obj.get("result")
@@ -121,7 +121,7 @@ def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classificati
     elif bare_task and "id" in obj and isinstance(obj.get("status"), dict):
         kind, body = "task", obj
     else:
-        return Classification("other", None if binding == "rest" else binding)
+        return Classification("other", None if binding == Binding.REST else binding)
     if not isinstance(body, dict):
         return Classification("other", binding, parse_error=f"{kind} is not an object")
     return _EXTRACT[kind](body, binding)
@@ -237,11 +237,11 @@ def _error(error: Any, binding: str) -> Classification:
 
 def _typed(frame: typed_frames.Frame) -> Classification | None:
     """An exact frame's classification, as the general path gives it; None: another shape."""
-    binding, body = "rest", frame
+    binding, body = Binding.REST, frame
     if frame.jsonrpc is not UNSET or frame.id is not UNSET or frame.result is not UNSET:
         if frame.result is UNSET or (frame.jsonrpc is UNSET and frame.id is UNSET):
             return None
-        binding, body = "jsonrpc", frame.result
+        binding, body = Binding.JSONRPC, frame.result
     task, message, status_update, artifact_update = (
         body.task,
         body.message,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .a2a_terms import is_jsonrpc
+from .a2a_terms import Binding, is_jsonrpc
 from .classify import Classification, load_json
 from .outcomes import Outcome
 from .protocols import by_name, recognise_exchange
@@ -130,7 +130,7 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
             info = info._replace(session_id=protocol.session(recorded.response_headers))
         if not protocol.checked(info, recorded.is_sse, recorded.status):
             continue
-        jsonrpc = info.rpc_id is not None or info.binding == "jsonrpc"
+        jsonrpc = info.rpc_id is not None or info.binding == Binding.JSONRPC
         stream = Stream(
             len(streams),
             where,

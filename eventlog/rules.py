@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, TaskState, short_state
+from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, Binding, TaskState, short_state
 from .frames import Frame, Problem, Rule, Stream, readable
 
 S = TaskState
@@ -58,7 +58,7 @@ def transition(streams: Sequence[Stream]) -> Iterator[Problem]:
         if before is None or before[0] == state:
             continue
         allowed = LEGAL[before[0]] | (
-            REST_ONLY.get(before[0], frozenset()) if frame.c.binding == "rest" else set()
+            REST_ONLY.get(before[0], frozenset()) if frame.c.binding == Binding.REST else set()
         )
         if state not in allowed:
             was = "" if before[1] is stream else f" (in {before[1].label(before[2])})"

@@ -8,6 +8,7 @@ from typing import Any
 
 from datasette.utils import tilde_encode
 
+from tasktape.eventlog.protocols import ProtocolName
 from tasktape.eventlog.resumes import ResumeOutcome
 from tasktape.eventlog.schema import VIEWS as VIEW_SQL
 
@@ -361,7 +362,7 @@ LIMIT 100""",
   round((max(x.started_ns + coalesce(x.duration_ns, x.ttfb_ns, 0)) - min(x.started_ns)) / 1e6, 3)
     AS duration_ms
 FROM exchanges x
-WHERE x.protocol = 'mcp'
+WHERE x.protocol = '{ProtocolName.MCP}'
 GROUP BY 1
 ORDER BY min(x.started_ns)""",
     },
@@ -452,7 +453,8 @@ def dashboards(db: str) -> dict[str, Any]:
                 "sessions": _metric(
                     "MCP sessions",
                     db,
-                    f"SELECT count(DISTINCT {_SESSION}) AS n FROM exchanges x WHERE x.protocol = 'mcp'",
+                    f"SELECT count(DISTINCT {_SESSION}) AS n FROM exchanges x "
+                    f"WHERE x.protocol = '{ProtocolName.MCP}'",
                 ),
                 "llm_streams": _metric(
                     "LLM streams",

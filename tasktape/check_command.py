@@ -15,6 +15,7 @@ from tasktape.counted import counted
 from tasktape.errors import LogError, TasktapeError
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.file_kinds import is_log
+from tasktape.eventlog.protocols import ProtocolName
 from tasktape.replay import load
 
 if TYPE_CHECKING:
@@ -154,11 +155,11 @@ def _summary(
     found = sum(by_rule.values())
     counts = _by_protocol(results)
     # An A2A-only check reads as it always has; a mix says how many of each.
-    per = ", ".join(f"{name} {n}" for name, n in counts.items()) if set(counts) - {"a2a"} else ""
+    per = ", ".join(f"{name} {n}" for name, n in counts.items()) if set(counts) - {ProtocolName.A2A} else ""
     what = f"{counted(totals['streams'], 'stream')} ({counted(totals['exchanges'], 'exchange')} in all" + (
         f": {per})" if per else ")"
     )
-    tasks = f" of {counted(totals['tasks'], 'task')}" if not counts or "a2a" in counts else ""
+    tasks = f" of {counted(totals['tasks'], 'task')}" if not counts or ProtocolName.A2A in counts else ""
     click.echo(
         f"\nChecked {what}{tasks} from {counted(len(results), 'source')}: "
         + (f"{counted(found, 'finding')}." if found else "no rule broken.")
