@@ -84,9 +84,9 @@ def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classificati
         return Classification("other", parse_error=f"not JSON: {exc}"[:500])
     if not isinstance(obj, dict):
         return Classification("other", parse_error=f"not a JSON object but {type(obj).__name__}")
-    binding = Binding.REST
+    binding = _REST
     if is_jsonrpc(obj):
-        binding = Binding.JSONRPC
+        binding = _JSONRPC
         if obj.get("result") is None and "error" in obj:
             return _error(obj["error"], binding)
         obj = obj.get("result")
@@ -121,13 +121,16 @@ def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classificati
     elif bare_task and "id" in obj and isinstance(obj.get("status"), dict):
         kind, body = "task", obj
     else:
-        return Classification("other", None if binding == Binding.REST else binding)
+        return Classification("other", None if binding == _REST else binding)
     if not isinstance(body, dict):
         return Classification("other", binding, parse_error=f"{kind} is not an object")
     return _EXTRACT[kind](body, binding)
 
 
 _EMPTY = Classification("other")
+# Bindings as module names: an enum member looked up on its class costs about a thousand
+# instructions on Python 3.11 (its metaclass __getattr__), and classifying runs per event.
+_REST, _JSONRPC = Binding.REST, Binding.JSONRPC
 
 
 def str_or_none(value: Any) -> str | None:
@@ -237,11 +240,11 @@ def _error(error: Any, binding: str) -> Classification:
 
 def _typed(frame: typed_frames.Frame) -> Classification | None:
     """An exact frame's classification, as the general path gives it; None: another shape."""
-    binding, body = Binding.REST, frame
+    binding, body = _REST, frame
     if frame.jsonrpc is not UNSET or frame.id is not UNSET or frame.result is not UNSET:
         if frame.result is UNSET or (frame.jsonrpc is UNSET and frame.id is UNSET):
             return None
-        binding, body = Binding.JSONRPC, frame.result
+        binding, body = _JSONRPC, frame.result
     task, message, status_update, artifact_update = (
         body.task,
         body.message,
