@@ -42,7 +42,7 @@ class Resume:
     def describe(self) -> str:
         """One line for the console."""
         if self.side is ResumeSide.CLIENT:
-            head = f"exchange {self.exchange_id}: a client reconnected after {self.last_event_id}"
+            head = f"exchange {self.exchange_id}: a client reconnected after {shown_id(self.last_event_id)}"
             if self.outcome is ResumeOutcome.RESUMED:
                 sent = f"{self.events_from_log} events from the log"
                 return f"{head}: {sent}, then the live tail (exchange {self.new_exchange_id})"
@@ -66,3 +66,13 @@ INSERT_RESUME = (
     "INSERT INTO resumes (exchange_id, at, at_ns, side, last_event_id, events_from_log, "
     "new_exchange_id, outcome, attempts, synthesized, error) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
+
+
+SHOWN = 80  # characters of an event id a message shows (a header may hold 64 KiB of one)
+
+
+def shown_id(event_id: str | None) -> str:
+    """An event id as messages show it: cut short when it is long."""
+    if event_id is None or len(event_id) <= SHOWN:
+        return str(event_id)
+    return f"{event_id[:SHOWN]}... ({len(event_id):,} characters)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
@@ -366,17 +366,25 @@ class LiveStreams:
         """The newest stream a request like this one opened."""
         return next((s for s in reversed(self._streams.values()) if s.request_line == request_line), None)
 
-    def find(self, event_id: str) -> tuple[LiveStream, int] | None:
-        """The newest stream holding an event of that id, and where it is in it. One of
-        the recorder's ids names its stream; an agent's is looked for newest first, each
-        stream's ids read as it is looked in (the first look, once for all it holds)."""
+    def find(
+        self, event_id: str, request_line: str = "", credentials: bytes | None = None
+    ) -> tuple[LiveStream, int] | None:
+        """The stream holding an event of that id, and where it is in it. One of the
+        recorder's ids names its stream. An agent's may be in several (agents number each
+        stream's events alike): the newest a request like this one opened, with these
+        credentials, is taken first; then the newest these credentials may follow; then the
+        newest of all (which refuses them). Each stream's ids are read as it is looked in
+        (the first look, once for all it holds)."""
         exchange_id = recorders_exchange(event_id)
-        if exchange_id is None:
-            streams: Iterable[LiveStream] = reversed(self._streams.values())
-        else:
-            streams = [self._streams[exchange_id]] if exchange_id in self._streams else []
-        for stream in streams:
-            position = stream.position(event_id)
-            if position is not None:
-                return stream, position
-        return None
+        if exchange_id is not None:
+            stream = self._streams.get(exchange_id)
+            position = stream.position(event_id) if stream is not None else None
+            return None if position is None else (stream, position)  # type: ignore[return-value]
+        holding = [
+            (stream, position)
+            for stream in reversed(self._streams.values())
+            if (position := stream.position(event_id)) is not None
+        ]
+        admitted = [found for found in holding if credentials is None or found[0].admits(credentials)]
+        same_line = [found for found in admitted if found[0].request_line == request_line]
+        return next(iter(same_line or admitted or holding), None)

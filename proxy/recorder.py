@@ -29,7 +29,7 @@ from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import DEFAULT_HEADERS
-from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
 
 from . import unread
 from .card import is_card_request, rewrite_card
@@ -62,6 +62,7 @@ READ_WHOLE = 64 * 1024
 # request holds as much in memory while it streams on: the first --max-body bytes, 16 MiB
 # by default, kept for the log.)
 RECONNECT_READ = MAX_BODY
+RECONNECTS = frozenset({"GET", "POST"})  # the methods a reconnect to a held stream comes with
 
 
 class RecordingProxy:
@@ -245,7 +246,10 @@ class RecordingProxy:
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
         body: bytes | _TeedBody | None = read
-        if self.live is not None and (last_id := request.headers.get("Last-Event-ID")) is not None:
+        last_id = request.headers.get("Last-Event-ID")
+        # An event stream is asked for with a GET or a POST; an empty id names no event
+        # (an EventSource whose last event reset it sends none).
+        if self.live is not None and last_id and request.method in RECONNECTS:
             if body is None:
                 body = await self._reconnect_body(request)
             answered = await self._resume(request, body, last_id, t0, started_ns)
@@ -264,7 +268,9 @@ class RecordingProxy:
         live = self.live
         assert live is not None
         told = body if isinstance(body, bytes) else b""  # what the protocol reads the request by
-        found = live.find(last_id) or await self._let_go(request, told, last_id)
+        line = f"{request.method} {request.rel_url.raw_path}"
+        credentials = self.credentials.of(request.headers)
+        found = live.find(last_id, line, credentials) or await self._let_go(request, told, last_id)
         # An agent's id on a stream the agent ended unfinished goes back to it only where
         # its protocol takes streams up again (else the request would start a new task).
         if found is not None and (found[0].answers(last_id) or not agent_resumes(request, told)):
@@ -275,14 +281,12 @@ class RecordingProxy:
                     "whole to tell what it repeats, and is not sent to the agent again"
                 )
                 return self._not_answered(request, stream.exchange_id, last_id, why, 413)
-            credentials = self.credentials.of(request.headers)
             if stream.credentials is None:  # taken up from the log after a restart
                 await self._wake(stream, request, credentials)
             if stream.admits(credentials):
                 return await follow_again(self, request, body, stream, position, t0, started_ns)
             why = "the request carries other credentials than the one that opened the stream"
             return self._not_answered(request, stream.exchange_id, last_id, why, 403)
-        line = f"{request.method} {request.rel_url.raw_path}"
         held = None if found else live.newest(line)
         gone = None if found or held else live.gone(line)
         if held is not None or gone is not None:  # a reconnect, after an event no stream held has
@@ -379,7 +383,7 @@ class RecordingProxy:
         else:
             ids = held.ids()
             holds = f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
-        why = f"Last-Event-ID {last_id!r} names no event of the stream held here; {holds}"
+        why = f"Last-Event-ID {shown_id(last_id)!r} names no event of the stream held here; {holds}"
         return self._not_answered(request, held.exchange_id, last_id, why, 400)
 
     def _not_answered(

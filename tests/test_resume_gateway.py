@@ -424,3 +424,76 @@ async def test_a_reconnect_body_past_the_bound_is_refused_or_streams_on(
     with await rec.log() as log:
         (refused,) = log.db["resumes"].rows_where("outcome = 'refused'")
         assert refused["last_event_id"] == events[-1].id
+
+
+async def numbered(request: web.Request) -> web.StreamResponse:
+    """Ten events numbered 1 to 10 on every stream (as agents number theirs), each naming
+    its stream (what a reconnect gets tells which stream answered it); after the third,
+    one every 0.2 s."""
+    name = request.match_info["name"].encode()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n in range(1, 11):
+        await response.write(b"id: %d\ndata: %s\n\n" % (n, name))
+        if n >= 3:
+            await asyncio.sleep(0.2)
+    return response
+
+
+async def test_an_agents_id_in_several_streams_resumes_the_one_this_request_opened(
+    record: RecordFactory,
+) -> None:
+    """Agents number each stream's events alike: a reconnect after id 3 resumes the stream
+    its own request (and credentials) opened, not the newest holding an id 3."""
+    app, seen = counted(web.Application())
+    app.router.add_post("/counter/{name}", numbered)
+    rec = await record(app, hold=30.0)
+    opened = (("a", "tokA"), ("b", "tokB"), ("c", "tokA"))
+
+    async def drop_after_3(name: str, token: str) -> None:
+        headers = {**HEADERS, "Authorization": f"Bearer {token}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{rec.url}/counter/{name}", data=b"{}", headers=headers) as r,
+        ):
+            got = b""
+            while len([e for e in events_of(got) if e.complete]) < 3:
+                got += await r.content.readany()
+
+    async def rest_after_3(name: str, token: str) -> None:
+        headers = {"Authorization": f"Bearer {token}", "Last-Event-ID": "3"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{rec.url}/counter/{name}", data=b"{}", headers=headers) as r,
+        ):
+            rest = [e for e in events_of(await r.read()) if e.complete]
+        assert (r.status, [e.id for e in rest]) == (200, [str(n) for n in range(4, 11)]), name
+        assert {e.data for e in rest} == {name}
+
+    await asyncio.gather(*(drop_after_3(name, token) for name, token in opened))
+    await asyncio.gather(*(rest_after_3(name, token) for name, token in opened))
+    assert sorted(seen) == ["POST /counter/a", "POST /counter/b", "POST /counter/c"]
+
+
+async def test_only_a_get_or_a_post_is_a_reconnect(record: RecordFactory) -> None:
+    """A HEAD, OPTIONS or DELETE naming an event held goes to the agent as it is (a HEAD
+    answered with the stream's bytes would break the connection's next response); so does
+    a request whose Last-Event-ID is empty, which names no event."""
+    app, seen = counted(web.Application())
+    app.router.add_post("/counter/{name}", numbered)
+
+    async def other(request: web.Request) -> web.Response:
+        return web.Response(text="the agent")
+
+    app.router.add_route("*", "/other", other)
+    rec = await record(app, hold=30.0)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{rec.url}/counter/a", data=b"{}") as r:
+            (held_id, *_) = [e.id for e in events_of(await r.read())]
+        for method in ("HEAD", "OPTIONS", "DELETE"):
+            async with session.request(method, f"{rec.url}/other", headers={"Last-Event-ID": held_id}) as r:
+                assert (r.status, await r.read()) == (200, b"" if method == "HEAD" else b"the agent")
+        async with session.post(f"{rec.url}/counter/a", data=b"{}", headers={"Last-Event-ID": ""}) as r:
+            assert len(events_of(await r.read())) == 10  # a stream of its own
+    assert seen.count("POST /counter/a") == 2
+    assert [s for s in seen if s.endswith("/other")] == ["HEAD /other", "OPTIONS /other", "DELETE /other"]
