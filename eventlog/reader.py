@@ -13,6 +13,7 @@ from typing import Any
 from tasktape.errors import UnknownEventId, UnknownExchange
 
 from .a2a_terms import CARD_METHODS, CARD_PATHS
+from .resumes import ResumeOutcome, ResumeSide
 from .schema import open_db
 
 Row = dict[str, Any]
@@ -138,6 +139,17 @@ class EventLog:
         if exchange_id is None:
             return self._rows("SELECT * FROM stream_summary")
         return self._rows("SELECT * FROM stream_summary WHERE exchange_id = ?", (exchange_id,))
+
+    def reconnects_answered(self) -> set[int]:
+        """The exchanges a resume gateway answered from a stream it held (reconnects): each
+        holds a slice of that stream's events, which the stream's own exchange holds too."""
+        answered = (ResumeOutcome.RESUMED, ResumeOutcome.ENDED)
+        rows = self.db.execute(
+            "SELECT new_exchange_id FROM resumes WHERE side = ? AND outcome IN (?, ?)"
+            " AND new_exchange_id IS NOT NULL",
+            (ResumeSide.CLIENT.value, *(o.value for o in answered)),
+        )
+        return {exchange_id for (exchange_id,) in rows}
 
     def task_ids(self) -> list[str]:
         """Every task the log knows: from its events, and from answers that were not streamed."""

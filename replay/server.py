@@ -224,8 +224,10 @@ class ReplayServer:
         self.tasks.changed()
 
     def _match(self, incoming: Incoming) -> tuple[int, bool] | None:
-        """The recording to answer with, and True: it counts as used once more."""
-        matching = self._matching(incoming)
+        """The recording to answer with, and True: it counts as used once more. A request
+        without Last-Event-ID is never answered with a recording of one that had it (the
+        rest of a stream from some event on), but with a stream from its start."""
+        matching = [i for i in self._matching(incoming) if self.recorded[i].resumed_from is None]
         unused = [i for i in matching if not self.used[i]]
         if unused:
             index = unused[0]  # identical requests are answered in recorded order

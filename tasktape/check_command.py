@@ -96,7 +96,7 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
     by_rule = Counter(f.rule for _, f in findings)
     totals = {
         key: sum(getattr(report, key) for _, report, _ in results)
-        for key in ("streams", "exchanges", "tasks")
+        for key in ("streams", "exchanges", "tasks", "reconnects")
     }
     if as_json:
         click.echo(
@@ -108,6 +108,7 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
                             "streams": r.streams,
                             "exchanges": r.exchanges,
                             "tasks": r.tasks,
+                            "reconnects": r.reconnects,
                             "by_protocol": r.by_protocol,
                             "findings": len(r.findings),
                             "saved": saved,
@@ -166,6 +167,11 @@ def _summary(
     )
     if cut:
         click.echo(f"{counted(cut, 'stream')} cut short: checked up to the break, not counted as broken.")
+    if totals["reconnects"]:
+        click.echo(
+            f"{counted(totals['reconnects'], 'reconnect')} the resume gateway answered from a stream it "
+            "held: not checked on their own (the streams they resumed hold their events)."
+        )
     broken = [name for name in all_rules() if by_rule[name]]
     width = max([18, *map(len, broken)])
     for name in broken:

@@ -16,14 +16,16 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 from sdk_agent import SdkAgent, run_sdk_agent
 from test_replay import events_of
 
 from tasktape.agent import create_agent_app
+from tasktape.eventlog.checker import report_log
 from tasktape.proxy import live as live_module
 from tasktape.proxy import recorder as recorder_module
 from tasktape.proxy.live import recorders_exchange
+from tasktape.replay import ReplayServer, load
 
 QUESTION = "What does J45.909 mean?"
 REST_BODY = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": QUESTION}]}}
@@ -497,3 +499,25 @@ async def test_only_a_get_or_a_post_is_a_reconnect(record: RecordFactory) -> Non
             assert len(events_of(await r.read())) == 10  # a stream of its own
     assert seen.count("POST /counter/a") == 2
     assert [s for s in seen if s.endswith("/other")] == ["HEAD /other", "OPTIONS /other", "DELETE /other"]
+
+
+async def test_a_gateway_log_checks_clean_and_replays_streams_whole(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """A reconnect's exchange is a slice of the stream it resumed: the checker leaves it
+    to that stream's own exchange (which holds every event), and a replayed request
+    without Last-Event-ID gets a stream from its start, never a slice."""
+    rec = await record(create_agent_app(pace=0.3), hold=30.0)
+    _, events = await first_events(rec.url, REST_BODY, 5)
+    assert (await rest_of(rec.url, REST_BODY, events[-1].id))[0] == 200
+    await rec.proxy.wait_idle()
+    with await rec.log() as log:
+        report = report_log(log)
+        whole = log.body(min(x["id"] for x in log.exchanges() if x["is_sse"]))
+    assert (report.findings, report.reconnects, report.streams) == ([], 1, 1)
+    url = await serve(ReplayServer(load([rec.db]), speed=0).app)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/message:stream", json=REST_BODY, headers=HEADERS) as r:
+            assert await r.read() == whole
+        async with session.post(f"{url}/message:stream", json=REST_BODY, headers=HEADERS) as r:
+            assert r.status == 404  # the one recorded stream was served; the slice is no answer
