@@ -43,7 +43,7 @@ class CollectStats:
     written: int = 0  # rows the sink did not hold yet
     refused: int = 0  # messages that were not tasktape's rows: terminated, never redelivered
     lag: float = 0.0  # seconds between the last message's arrival in the stream and its commit
-    unreached: str | None = None  # why the stream was never reached, when until_idle gave up on it
+    unreached: str | None = None  # why until_idle gave up on a broker it never reached, or lost
 
 
 class Collector:
@@ -77,6 +77,7 @@ class Collector:
         self._until_idle = until_idle
         self._on_status = on_status or (lambda line: None)
         self._reported = (0.0, 0)
+        self._lost: BaseException | None = None  # why the last fetch failed, while they fail
 
     async def run(self, stop: asyncio.Event) -> CollectStats:
         """Collect until ``stop`` is set (what was fetched by then is committed first), or
@@ -100,16 +101,27 @@ class Collector:
             return
         nc, sub = subscribed
         idle = self._until_idle
-        quiet_since = time.monotonic()
+        quiet_since = heard = said = time.monotonic()  # said: when the broker's absence was said
         try:
             while not stop.is_set():
                 msgs = await self._fetch(sub)
                 if msgs:
                     await self._commit(msgs)
                     quiet_since = time.monotonic()
+                elif not nc.is_connected:  # (a fetch then just times out, as when nothing came)
+                    away = time.monotonic() - heard
+                    why = self._why(self._lost or ConnectionError("the connection is down"))
+                    if idle is not None and away >= idle:  # it went away, and has not come back
+                        self.stats.unreached = f"lost {why}"
+                        return
+                    if away >= REPORT_EVERY and time.monotonic() - said >= REPORT_EVERY:
+                        said = time.monotonic()
+                        self._on_status(f"waiting for {why}")
+                    continue
                 elif idle is not None and time.monotonic() - quiet_since >= idle and await _drained(sub):
                     self._on_status(f"nothing new for {idle:g} s: stopping")
                     return
+                heard = time.monotonic()
                 self._report()
         finally:
             with contextlib.suppress(*RETRY):
@@ -124,14 +136,17 @@ class Collector:
             try:
                 return await stream_ready(self.servers, self.stream, self.subjects, 5, then=self._pull)
             except RETRY as exc:
-                why = f"{','.join(self.servers)} ({type(exc).__name__}: {exc})".replace(": )", ")")
+                why = self._why(exc)
                 if self._until_idle is not None and time.monotonic() - started >= self._until_idle:
-                    self.stats.unreached = why
+                    self.stats.unreached = f"never reached {why}"
                     return None
                 if time.monotonic() - waited > REPORT_EVERY:
                     waited = time.monotonic()
                     self._on_status(f"waiting for {why}")
                 await asyncio.sleep(0.25)
+
+    def _why(self, exc: BaseException) -> str:
+        return f"{','.join(self.servers)} ({type(exc).__name__}: {exc})".replace(": )", ")")
 
     async def _pull(self, js: Any) -> Any:
         """The durable consumer (made if missing) collected through."""
@@ -147,9 +162,11 @@ class Collector:
         while True:
             try:
                 msgs += await sub.fetch(self._batch, timeout=FETCH_WAIT)
+                self._lost = None
             except nats.errors.TimeoutError:
                 pass
-            except RETRY:
+            except RETRY as exc:
+                self._lost = exc
                 await asyncio.sleep(0.25)
             if not msgs or time.monotonic() >= until:
                 return msgs

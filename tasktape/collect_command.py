@@ -120,8 +120,8 @@ def collect(
         stats = await collector.run(stop)
         if stats.unreached is not None:
             raise UsageError(
-                f"never reached {stats.unreached}: with --until-idle, a broker that does not answer "
-                f"within {until_idle:g} s is given up on"
+                f"{stats.unreached}: with --until-idle, a broker that does not answer for "
+                f"{until_idle:g} s is given up on"
             )
         say(f"stopped: {stats.rows:,} rows from {stats.messages:,} messages, {stats.written:,} new")
 

@@ -131,6 +131,22 @@ def test_a_broker_never_reached_is_said_and_until_idle_gives_up_on_it(tmp_path: 
     assert f"never reached nats://127.0.0.1:{port} (TimeoutError: no connection in 5 s)" in done.stderr
 
 
+def test_a_broker_lost_for_until_idle_is_given_up_on(nats_node: NatsCluster, tmp_path: Path) -> None:
+    """Gone after the collector subscribed, the broker left it fetching nothing for ever
+    (a fetch then times out, as when nothing comes): with --until-idle it gives up, exit 1."""
+    args = ["--from", nats_node.url, "--db", str(tmp_path / "c.db"), "--until-idle", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tasktape", "collect", *args], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(3)  # subscribed by then
+        nats_node.kill(0)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1 and f"lost {nats_node.url}" in err, err
+
+
 async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsCluster, tmp_path: Path) -> None:
     log = write_log(tmp_path / "a.db", "a")
     await ship_once(log, nats_node.url)
