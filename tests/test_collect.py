@@ -134,7 +134,7 @@ def test_a_broker_never_reached_is_said_and_until_idle_gives_up_on_it(tmp_path: 
 def test_a_broker_lost_for_until_idle_is_given_up_on(nats_node: NatsCluster, tmp_path: Path) -> None:
     """Gone after the collector subscribed, the broker left it fetching nothing for ever
     (a fetch then times out, as when nothing comes): with --until-idle it gives up, exit 1."""
-    args = ["--from", nats_node.url, "--db", str(tmp_path / "c.db"), "--until-idle", "2"]
+    args = ["--from", nats_node.url, "--db", str(tmp_path / "c.db"), "--until-idle", "6"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tasktape", "collect", *args], stderr=subprocess.PIPE, text=True
     )
