@@ -13,6 +13,8 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import StorageType, StreamConfig
 
+from tasktape.errors import UsageError
+
 DUPLICATE_WINDOW = 120.0  # seconds JetStream remembers message ids for
 # Seconds a first connection is tried for before its caller hears why: the client's own
 # retries (for ever, as asked) would otherwise go on unseen.
@@ -73,8 +75,14 @@ async def ensure_stream(js: Any, stream: str, subjects: str, servers: int) -> No
         )
         try:
             await js.add_stream(config)
-        except nats.js.errors.BadRequestError:  # made meanwhile by another
-            await js.stream_info(stream)
+        except nats.js.errors.BadRequestError as refused:
+            try:
+                await js.stream_info(stream)  # made meanwhile by another shipper or collector
+            except nats.js.errors.NotFoundError:
+                raise UsageError(
+                    f"the stream {stream} cannot be made on the broker ({refused.description}): "
+                    f"another stream holds its subjects, {subjects}.>?"
+                ) from None
 
 
 async def _quiet(exc: Exception) -> None:

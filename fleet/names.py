@@ -20,4 +20,8 @@ def parse_servers(url: str) -> list[str]:
     hosts = [h.strip() for h in rest.split(",") if h.strip()]
     if not hosts:
         raise UsageError(f"{url!r} names no server: nats://HOST:PORT[,HOST:PORT...]")
+    for host in hosts:
+        _, colon, port = host.rsplit("@", 1)[-1].rpartition(":")  # (after any user:password@)
+        if colon and not (port.isdigit() and 0 < int(port) <= 65535) and not host.endswith("]"):
+            raise UsageError(f"{url!r}: {host!r} is not HOST:PORT with a port from 1 to 65535")
     return [f"{scheme}://{h}" for h in hosts]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from tasktape.errors import UsageError
 from tasktape.eventlog.interpreter import child_python
 
 from .hints import HintReader
@@ -94,6 +96,9 @@ def main(settings_json: str) -> None:
         )
         try:
             stats = await shipper.run(stop, drain=settings["drain"])
+        except UsageError as exc:  # the broker will not take the stream: nothing can be shipped
+            say(f"WARNING: shipping stopped: {exc}; rows wait in the log for its next shipping")
+            return 2
         finally:
             shipper.close()
             if hints is not None:
@@ -103,4 +108,8 @@ def main(settings_json: str) -> None:
             return 1
         return 0
 
-    sys.exit(asyncio.run(ship()))
+    code = asyncio.run(ship())
+    sys.stderr.flush()
+    # Not sys.exit: a thread may still be reading stdin (when shipping stopped on its own),
+    # and finalizing the interpreter under it aborts the process. Everything is closed.
+    os._exit(code)

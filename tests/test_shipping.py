@@ -13,12 +13,14 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import pytest
 from a2a_frames import completed_run, sse
 from fleet_runs import collect_until, raw_messages, raw_rows, ship_once, stream_messages
 from log_rows import MS, SSE, shipped_rows, write_log
 from loopback import running, serve, stop, upstream_app
 from nats_servers import NatsCluster
 
+from tasktape.errors import UsageError
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.names import parse_servers
 from tasktape.fleet.shipper import Shipper
@@ -214,6 +216,31 @@ async def test_a_row_bigger_than_the_servers_take_is_left_out_loudly_and_the_res
         assert _outcomes(fleet) == ["complete"]
     # Shipping goes on past it: the next shipper has nothing left to send.
     assert (await ship_once(log, nats_node.url)).too_large == 0
+
+
+async def test_a_stream_the_broker_will_not_make_stops_shipping_loudly(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """Another stream holds the subjects (a second --ship-stream on one broker): shipping
+    stops at once, saying why, and the recorder records on; the shipper process exits
+    cleanly (it aborted in the interpreter's shutdown, after a traceback)."""
+    await ship_once(write_log(tmp_path / "a.db", "a"), nats_node.url)  # the stream TASKTAPE is there
+    async with serve(upstream_app(events=3)) as agent:
+        args = ["--listen", "127.0.0.1:0", "--db", str(tmp_path / "b.db"), "--ship", nats_node.url]
+        async with running("record", "--upstream", agent, *args, "--ship-stream", "OTHER") as rec:
+            async with aiohttp.ClientSession() as session, session.post(f"{rec.url}/message:stream") as r:
+                assert len(await r.read()) > 0
+            await asyncio.sleep(1)
+            assert await stop(rec, signal.SIGINT) == 0
+    said = "".join(rec.printed)
+    assert "WARNING: shipping stopped: the stream OTHER cannot be made on the broker" in said
+    assert "Traceback" not in said and "Fatal Python error" not in said
+
+
+def test_a_server_list_names_its_ports() -> None:
+    assert parse_servers("nats://user:pw@a:4222,b") == ["nats://user:pw@a:4222", "nats://b"]
+    with pytest.raises(UsageError, match="'a:notaport' is not HOST:PORT with a port from 1 to 65535"):
+        parse_servers("nats://a:notaport")
 
 
 def test_a_message_bigger_than_a_server_takes_goes_in_halves_that_fit() -> None:
