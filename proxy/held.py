@@ -193,7 +193,11 @@ async def follow_again(
             outcome, error = Outcome.UPSTREAM_DISCONNECTED, f"the held stream ended {stream.outcome}"
             request.protocol.force_close()
     except (ConnectionError, asyncio.CancelledError) as exc:
-        outcome, error = Outcome.CLIENT_DISCONNECTED, "the client went away again"
+        if isinstance(exc, asyncio.CancelledError) and proxy.stopping:
+            outcome = Outcome.PROXY_STOPPED
+            error = "tasktape record stopped while this client followed the stream"
+        else:
+            outcome, error = Outcome.CLIENT_DISCONNECTED, "the client went away again"
         if isinstance(exc, asyncio.CancelledError):
             raise
     finally:

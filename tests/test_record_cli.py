@@ -273,6 +273,27 @@ async def test_stopping_with_a_stream_open_is_quick_and_says_so(tmp_path: Path) 
         assert log.captures()[0]["ended_at"]
 
 
+async def test_stopping_while_a_reconnected_client_follows_says_the_recorder_stopped(tmp_path: Path) -> None:
+    db = tmp_path / "captures.db"
+    async with (
+        serve(upstream_app(events=1000, delay=0.05)) as upstream,
+        tasktape_record("--upstream", upstream, "--db", str(db), "--quiet", "--resume") as (proc, url),
+    ):
+        async with aiohttp.ClientSession() as s, s.post(f"{url}/message:stream", json={}) as r:
+            first = await r.content.readuntil(b"\n\n")
+        last_id = re.search(rb"^id: (.*)$", first, re.M).group(1).decode()  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as s:
+            headers = {"Last-Event-ID": last_id}
+            async with s.post(f"{url}/message:stream", json={}, headers=headers) as r:
+                await r.content.readuntil(b"\n\n")
+                proc.send_signal(signal.SIGINT)
+                assert await asyncio.wait_for(proc.wait(), 20) == 0
+    with EventLog(db) as log:
+        held, follower = log.exchanges()
+    assert held["outcome"] == follower["outcome"] == "proxy_stopped"
+    assert follower["error"] == "tasktape record stopped while this client followed the stream"
+
+
 def test_the_recorder_loads_only_what_recording_needs() -> None:
     """Not the log reader, sqlite-utils (nor the numpy it imports when installed), Datasette
     or the demo: the recording process starts sooner and stays smaller. Its log writer
