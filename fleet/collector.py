@@ -20,7 +20,7 @@ import msgspec
 import nats.errors
 from nats.js.api import ConsumerConfig
 
-from .jetstream import RETRY, stream_ready
+from .jetstream import FIRST_CONNECT, RETRY, stream_ready
 from .names import FETCH, STREAM, SUBJECTS
 from .sqlite_sink import Applied
 from .wire import Rows, decode
@@ -134,7 +134,11 @@ class Collector:
         waited = started - REPORT_EVERY  # the first failure is said at once
         while True:
             try:
-                return await stream_ready(self.servers, self.stream, self.subjects, 5, then=self._pull)
+                # With until_idle, the first connection is not tried for longer than that.
+                within = min(FIRST_CONNECT, self._until_idle or FIRST_CONNECT)
+                return await stream_ready(
+                    self.servers, self.stream, self.subjects, 5, then=self._pull, within=max(within, 0.5)
+                )
             except RETRY as exc:
                 why = self._why(exc)
                 if self._until_idle is not None and time.monotonic() - started >= self._until_idle:

@@ -99,14 +99,15 @@ async def stream_ready(
     subjects: str,
     timeout: float,
     then: Callable[[Any], Awaitable[Any]] | None = None,
+    within: float = FIRST_CONNECT,
 ) -> tuple[Any, Any]:
-    """One try at a connection with the stream there: the connection, and its JetStream
-    context (``timeout`` for each request), or what ``then`` makes of it. On an error of
-    RETRY's the connection is closed again, and the error raised for the caller to wait
-    and try again."""
+    """One try at a connection with the stream there (the connection tried for ``within``
+    seconds): the connection, and its JetStream context (``timeout`` for each request), or
+    what ``then`` makes of it. On an error of RETRY's the connection is closed again, and
+    the error raised for the caller to wait and try again."""
     nc = None
     try:
-        nc = await connect(servers)
+        nc = await connect(servers, within)
         js = nc.jetstream(timeout=timeout)
         await ensure_stream(js, stream, subjects, len(servers))
         return nc, (await then(js) if then is not None else js)
