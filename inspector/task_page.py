@@ -234,9 +234,13 @@ def load_task(path: str | Path, task_id: str) -> TaskPage | None:
             return None
         origin = min(x["started_ns"] for x in xrows)
         exchanges = [_exchange(x, origin) for x in xrows]
-        events = _events(list(log.db.query(_EVENTS, {"t": task_id})), origin)
+        every = _events(list(log.db.query(_EVENTS, {"t": task_id})), origin)
         for x in exchanges:
-            x.events = sum(1 for e in events if e.exchange_id == x.id)
+            x.events = sum(1 for e in every if e.exchange_id == x.id)
+        # A reconnect the resume gateway answered holds a slice of a stream it held, whose
+        # own exchange holds every event: the task's events are counted and drawn once.
+        answered = log.reconnects_answered()
+        events = [e for e in every if e.exchange_id not in answered]
         snapshots = _snapshots(xrows, origin)
         findings, checker_error = _findings(log, [x.id for x in exchanges])
         return TaskPage(

@@ -17,7 +17,7 @@ from inspector_log import page
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 from tasktape.inspector.app import create_datasette
-from tasktape.inspector.task_page import Reconnect
+from tasktape.inspector.task_page import Reconnect, load_task
 from tasktape.inspector.timeline import RECONNECT_COLOURS, reconnect_label
 
 DB = "rc"
@@ -361,6 +361,17 @@ async def test_the_resumes_table_is_served_described_with_its_facets(ds: Dataset
         "refused": 1,
     }
     assert '<pre class="tt-json">[\n  &#34;r5&#34;\n]</pre>' in html  # synthesized, indented
+
+
+def test_a_reconnects_slice_is_not_counted_or_drawn_again(log: tuple[Path, dict[str, int]]) -> None:
+    """Exchange b holds two events the held stream (a) holds too: the task's page lists b,
+    with its own two, but counts and draws the task's events once."""
+    path, ids = log
+    page_data = load_task(path, "task.rc")
+    assert page_data is not None
+    assert {x.id: x.events for x in page_data.exchanges}[ids["b"]] == 2
+    assert ids["b"] not in {e.exchange_id for e in page_data.events}
+    assert ids["a"] in {e.exchange_id for e in page_data.events}
 
 
 def test_every_outcome_has_a_colour_and_a_label_of_its_own() -> None:
