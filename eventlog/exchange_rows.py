@@ -38,11 +38,11 @@ EVENT_COLUMNS = (
 # encoder (dumps makes an encoder for every call given an option: a microsecond).
 _headers_json = json.JSONEncoder(ensure_ascii=False).encode
 
+# Bytes of a request body, or of a response that is no event stream, the log keeps by default.
+MAX_BODY = 16 * 1024 * 1024
 # SQLite stores a bound NaN as NULL, and Python's sqlite3 binds a float several
 # times faster than None (which goes through its adapter lookup): most event
 # columns are NULL, so this roughly halves the cost of inserting an event row.
-# Bytes of a request body, or of a response that is no event stream, the log keeps by default.
-MAX_BODY = 16 * 1024 * 1024
 NULL = float("nan")
 _NO_CHUNK = (NULL, NULL, NULL)  # an event whose bytes are in stored chunks
 

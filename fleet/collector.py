@@ -132,12 +132,12 @@ class Collector:
         (until_idle) None once that long has gone by without them."""
         started = time.monotonic()
         waited = started - REPORT_EVERY  # the first failure is said at once
+        # With until_idle, a first connection is not tried for longer than that.
+        within = FIRST_CONNECT if self._until_idle is None else max(min(FIRST_CONNECT, self._until_idle), 0.5)
         while True:
             try:
-                # With until_idle, the first connection is not tried for longer than that.
-                within = min(FIRST_CONNECT, self._until_idle or FIRST_CONNECT)
                 return await stream_ready(
-                    self.servers, self.stream, self.subjects, 5, then=self._pull, within=max(within, 0.5)
+                    self.servers, self.stream, self.subjects, 5, then=self._pull, within=within
                 )
             except RETRY as exc:
                 why = self._why(exc)

@@ -23,10 +23,15 @@ class KeptBody:
             self.truncated = True
         self.kept += data[: max(room, 0)]
 
+    def log_if_whole(self, writer: LogProducer, exchange_id: int) -> None:
+        """As the response begins: the body goes to the log now if the upstream read it
+        whole first (as LLM APIs do: the log then knows the protocol the request speaks
+        before its answer's events come); else when the exchange ends (``log``)."""
+        if self.whole:
+            self.log(writer, exchange_id)
+
     def log(self, writer: LogProducer, exchange_id: int) -> None:
-        """Hand what was kept to the log, once: before the response when the upstream read
-        the body whole first (as LLM APIs do: the log then knows the protocol the request
-        speaks before its answer's events come), else when the exchange ends."""
+        """Hand what was kept to the log, once."""
         if not self._logged:
             self._logged = True
             writer.late_request_body(exchange_id, bytes(self.kept), truncated=self.truncated)

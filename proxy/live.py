@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
@@ -376,14 +376,12 @@ class LiveStreams:
         newest of all (which refuses them). Each stream's ids are read as it is looked in
         (the first look, once for all it holds)."""
         exchange_id = recorders_exchange(event_id)
-        if exchange_id is not None:
-            stream = self._streams.get(exchange_id)
-            position = stream.position(event_id) if stream is not None else None
-            return None if position is None else (stream, position)  # type: ignore[return-value]
+        if exchange_id is None:
+            streams: Iterable[LiveStream] = reversed(self._streams.values())
+        else:
+            streams = [self._streams[exchange_id]] if exchange_id in self._streams else []
         holding = [
-            (stream, position)
-            for stream in reversed(self._streams.values())
-            if (position := stream.position(event_id)) is not None
+            (stream, position) for stream in streams if (position := stream.position(event_id)) is not None
         ]
         admitted = [found for found in holding if credentials is None or found[0].admits(credentials)]
         same_line = [found for found in admitted if found[0].request_line == request_line]

@@ -224,8 +224,8 @@ class TasktapeRecorder:
             return
         assert self.writer is not None and flow.response is not None
         head = head_fields(flow.response)
-        if state.body is not None and state.body.whole:
-            state.body.log(self.writer, state.exchange)
+        if state.body is not None:
+            state.body.log_if_whole(self.writer, state.exchange)
         self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
         # mitmproxy buffers a body whole unless it streams: live event streams are switched
         # to streaming; a body streamed anyway (stream_large_bodies) is teed the same way.

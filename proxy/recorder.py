@@ -246,10 +246,13 @@ class RecordingProxy:
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
         body: bytes | _TeedBody | None = read
-        last_id = request.headers.get("Last-Event-ID")
         # An event stream is asked for with a GET or a POST; an empty id names no event
         # (an EventSource whose last event reset it sends none).
-        if self.live is not None and last_id and request.method in RECONNECTS:
+        if (
+            self.live is not None
+            and (last_id := request.headers.get("Last-Event-ID"))
+            and request.method in RECONNECTS
+        ):
             if body is None:
                 body = await self._reconnect_body(request)
             answered = await self._resume(request, body, last_id, t0, started_ns)
@@ -576,8 +579,8 @@ class Exchange:
     async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
         request = self.request
         is_sse = upstream.content_type == "text/event-stream"
-        if self.teed is not None and self.teed.body.whole:
-            self.teed.body.log(self.writer, self.id)
+        if self.teed is not None:
+            self.teed.body.log_if_whole(self.writer, self.id)
         self.writer.response_head(
             self.id,
             status=upstream.status,

@@ -127,7 +127,7 @@ class ReplayServer:
                 on_exchange=self._recorded_anew if recording else None,
             )
         # A client pointed here instead of at its agent sends the same (big) headers, and
-        # bodies as big as a recorder keeps (bigger ones are refused: see ``_read``).
+        # bodies as big as a recorder keeps (bigger ones are refused: see ``handle``).
         self.app = web.Application(
             client_max_size=MAX_BODY,
             handler_args={
