@@ -336,44 +336,6 @@ CREATE TABLE "resumes" (
 CREATE INDEX "resumes_exchange"
     ON "resumes" ("exchange_id");
 
-CREATE VIEW "exchange_metrics" AS SELECT
-  x.id AS exchange_id,
-  x.capture_id,
-  x.started_at,
-  x.method,
-  x.path,
-  x.status,
-  x.binding,
-  x.rpc_method,
-  x.task_id,
-  x.is_sse,
-  x.outcome,
-  (SELECT count(*) FROM chunks c WHERE c.exchange_id = x.id) AS chunks,
-  (SELECT coalesce(sum(length(c.data)), 0) FROM chunks c WHERE c.exchange_id = x.id) AS bytes,
-  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
-  round(x.ttfb_ns / 1e6, 3) AS ttfb_ms,
-  (SELECT round(min(e.offset_ns) / 1e6, 3) FROM events e WHERE e.exchange_id = x.id) AS ttfe_ms,
-  round(x.duration_ns / 1e6, 3) AS duration_ms
-FROM exchanges x
-ORDER BY x.id;
-
-CREATE VIEW "stream_summary" AS SELECT
-  x.id AS exchange_id,
-  x.protocol,
-  x.model,
-  x.answer,
-  x.input_tokens,
-  x.output_tokens,
-  x.finish,
-  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
-  round(coalesce(
-    (SELECT min(e.offset_ns) FROM events e WHERE e.exchange_id = x.id),
-    (SELECT min(c.offset_ns) FROM chunks c WHERE c.exchange_id = x.id)) / 1e6, 3) AS ttfe_ms,
-  round(x.duration_ns / 1e6, 3) AS duration_ms
-FROM exchanges x
-WHERE x.protocol IS NOT NULL
-ORDER BY x.id;
-
 CREATE VIRTUAL TABLE "events_fts" USING FTS5 ("text", content="events", columnsize=0);
 
 CREATE UNIQUE INDEX captures_uid ON captures (uid);
@@ -405,4 +367,45 @@ ORDER BY 1, 2;
 CREATE INDEX events_task_event ON events (task_id, event_id) WHERE task_id IS NOT NULL;
 
 CREATE INDEX events_context ON events (context_id) WHERE context_id IS NOT NULL;
+
+CREATE VIEW "exchange_metrics" AS SELECT
+  x.id AS exchange_id,
+  x.capture_id,
+  x.started_at,
+  x.method,
+  x.path,
+  x.status,
+  x.binding,
+  x.rpc_method,
+  x.task_id,
+  x.is_sse,
+  x.outcome,
+  (SELECT count(*) FROM stored_chunks c WHERE c.exchange_id = x.id)
+    + (SELECT count(*) FROM events e WHERE e.exchange_id = x.id AND e.chunk_seq IS NOT NULL AND coalesce(e.chunk_events, 1) > 0) AS chunks,
+  (SELECT coalesce(sum(length(c.data)), 0) FROM stored_chunks c WHERE c.exchange_id = x.id)
+    + (SELECT coalesce(sum(length(CAST(coalesce('id: ' || e.event_id || CASE e.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END, '') || coalesce('event: ' || e.event_type || CASE e.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END, '') || 'data: ' || e.data || CASE e.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END || CASE e.chunk_crlf WHEN 1 THEN char(13, 10) ELSE char(10) END AS BLOB))), 0)
+       FROM events e WHERE e.exchange_id = x.id AND e.chunk_seq IS NOT NULL) AS bytes,
+  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
+  round(x.ttfb_ns / 1e6, 3) AS ttfb_ms,
+  (SELECT round(min(e.offset_ns) / 1e6, 3) FROM events e WHERE e.exchange_id = x.id) AS ttfe_ms,
+  round(x.duration_ns / 1e6, 3) AS duration_ms
+FROM exchanges x
+ORDER BY x.id;
+
+CREATE VIEW "stream_summary" AS SELECT
+  x.id AS exchange_id,
+  x.protocol,
+  x.model,
+  x.answer,
+  x.input_tokens,
+  x.output_tokens,
+  x.finish,
+  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
+  round(coalesce(
+    (SELECT min(e.offset_ns) FROM events e WHERE e.exchange_id = x.id),
+    (SELECT min(c.offset_ns) FROM stored_chunks c WHERE c.exchange_id = x.id)) / 1e6, 3) AS ttfe_ms,
+  round(x.duration_ns / 1e6, 3) AS duration_ms
+FROM exchanges x
+WHERE x.protocol IS NOT NULL
+ORDER BY x.id;
 

@@ -64,7 +64,12 @@ def record_each(streams: list[list[bytes]]) -> list[tuple[list[dict], int]]:
                 exchanges.append(ex)
         with EventLog(path) as log:
             count = "SELECT count(*) FROM stored_chunks WHERE exchange_id = ?"
-            return [(log.chunks(ex), log.db.execute(count, (ex,)).fetchone()[0]) for ex in exchanges]
+            recorded = [(log.chunks(ex), log.db.execute(count, (ex,)).fetchone()[0]) for ex in exchanges]
+            # exchange_metrics, which reads the tables, counts what the chunks view reads back
+            metrics = log.db.execute("SELECT chunks, bytes FROM exchange_metrics ORDER BY exchange_id")
+            for (chunks, _), counted in zip(recorded, metrics, strict=True):
+                assert counted == (len(chunks), sum(len(c["data"]) for c in chunks))
+            return recorded
 
 
 def record(chunks: list[bytes]) -> tuple[list[dict], int]:
