@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
+from typing import NamedTuple
 
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.jsonrpc_ids import rpc_id
@@ -238,6 +239,14 @@ class Gone:
     when: str  # "300 s after it ended...": what let it go
 
 
+class LetGo(NamedTuple):
+    """A stream let go: the digest of its credentials (None: unknown, it was opened in an
+    earlier run), and the request line that opened it."""
+
+    credentials: bytes | None
+    request_line: str
+
+
 KEPT_GONE = 10_000  # request lines whose last stream let go is remembered
 HOLD_BYTES = 64 * 1024 * 1024  # the default of --hold-bytes
 
@@ -257,10 +266,9 @@ class LiveStreams:
         # The last stream let go of each request line (a few): a reconnect to it is refused,
         # not taken for a new request.
         self._gone: OrderedDict[str, Gone] = OrderedDict()
-        # The streams let go (the last KEPT_GONE), their credentials and the request line
-        # that opened each: a reconnect to one is answered from the log. No other stream
-        # of the log is.
-        self._let_go: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
+        # The streams let go (the last KEPT_GONE), by the exchange that opened each: a
+        # reconnect to one is answered from the log. No other stream of the log is.
+        self._let_go: OrderedDict[int, LetGo] = OrderedDict()
         # Streams taken up from the log that a client is waking: whether the agent let it.
         self.waking: dict[int, asyncio.Future[bool]] = {}
         # What the keys of this run's streams are made from: its capture's uid, once known.
@@ -288,6 +296,10 @@ class LiveStreams:
         """A stream rebuilt from the log (its upstream not read) until a client wakes it."""
         self._streams[stream.exchange_id] = stream
         self._asleep[stream.exchange_id] = original
+
+    def asleep(self) -> frozenset[int]:
+        """The streams asleep: the exchanges that opened them."""
+        return frozenset(self._asleep)
 
     def wake(self, stream: LiveStream) -> Request | None:
         """The request that opened a stream asleep, once (None: it is awake)."""
@@ -329,26 +341,32 @@ class LiveStreams:
         if ended is not None:
             self._ended_bytes -= ended[1]
         if stream is not None:
-            if stream.credentials is not None:  # (a stream from the log nobody woke: none known)
-                self._let_go[exchange_id] = (stream.credentials, stream.request_line)
-            if len(self._let_go) > KEPT_GONE:
-                self._let_go.popitem(last=False)
             when = when or f"{self.hold:g} s after it ended or was left (--hold)"
-            self._gone.pop(stream.request_line, None)
-            self._gone[stream.request_line] = Gone(exchange_id, stream.first_id(), stream.last_id(), when)
-            if len(self._gone) > KEPT_GONE:
-                self._gone.popitem(last=False)
+            gone = Gone(exchange_id, stream.first_id(), stream.last_id(), when)
+            self._remember(LetGo(stream.credentials, stream.request_line), gone)
 
-    def let_go(self, exchange_id: int) -> bytes | None:
-        """The credentials of the stream that exchange opened, if it was held here and let
-        go (None: it was not)."""
-        held = self._let_go.get(exchange_id)
-        return None if held is None else held[0]
+    def ended_before(self, exchange_id: int, request_line: str) -> None:
+        """A stream of an earlier run that ended within the hold: let go, as it would have
+        been had the recorder not stopped (whoever may follow it is asked when one does)."""
+        self._remember(LetGo(None, request_line), Gone(exchange_id, None, None, "in an earlier run"))
+
+    def _remember(self, let_go: LetGo, gone: Gone) -> None:
+        self._let_go[gone.exchange_id] = let_go
+        if len(self._let_go) > KEPT_GONE:
+            self._let_go.popitem(last=False)
+        self._gone.pop(let_go.request_line, None)
+        self._gone[let_go.request_line] = gone
+        if len(self._gone) > KEPT_GONE:
+            self._gone.popitem(last=False)
+
+    def let_go(self, exchange_id: int) -> LetGo | None:
+        """The stream that exchange opened, if it was held here and let go."""
+        return self._let_go.get(exchange_id)
 
     def let_go_alike(self, request_line: str, most: int) -> list[int]:
         """The streams let go that a request like this one opened (at most ``most``), the
         latest first: the exchanges that opened them."""
-        alike = (e for e, (_, line) in reversed(self._let_go.items()) if line == request_line)
+        alike = (e for e, held in reversed(self._let_go.items()) if held.request_line == request_line)
         return list(islice(alike, most))
 
     def let_go_ids(self) -> frozenset[int]:

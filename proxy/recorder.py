@@ -28,6 +28,7 @@ from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
+from tasktape.eventlog.protocols.base import Request
 from tasktape.eventlog.redact import DEFAULT_HEADERS
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
 
@@ -39,10 +40,10 @@ from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, he
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .kept_body import KeptBody
-from .live import HOLD_BYTES, Gone, LiveStream, LiveStreams, recorders_exchange
+from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, recorders_exchange
 from .rejoin import Rejoin, agent_resumes, named_task
 from .resume_options import UnknownResume
-from .revive import LOOKED_IN, asleep_in_log, capture_uid, ended_in_log, holding
+from .revive import LOOKED_IN, asleep_in_log, capture_uid, ended_before, ended_in_log, holding
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -151,6 +152,11 @@ class RecordingProxy:
             for stream, original in asleep_in_log(self.writer.path, self.capture_id, self.hold):
                 self.live.hold_asleep(stream, original)
                 asyncio.get_running_loop().call_later(self.hold, self._let_sleeper_go, stream)
+            asleep = self.live.asleep()
+            ended = ended_before(self.writer.path, self.capture_id, self.hold, KEPT_GONE)
+            for exchange_id, line in reversed(ended):
+                if exchange_id not in asleep:
+                    self.live.ended_before(exchange_id, line)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             auto_decompress=False,
@@ -273,7 +279,8 @@ class RecordingProxy:
         told = body if isinstance(body, bytes) else b""  # what the protocol reads the request by
         line = f"{request.method} {request.rel_url.raw_path}"
         credentials = self.credentials.of(request.headers)
-        found = live.find(last_id, line, credentials) or await self._let_go(request, told, last_id)
+        found = live.find(last_id, line, credentials)
+        found = found or await self._let_go(request, told, last_id, credentials)
         # An agent's id on a stream the agent ended unfinished goes back to it only where
         # its protocol takes streams up again (else the request would start a new task).
         if found is not None and (found[0].answers(last_id) or not agent_resumes(request, told)):
@@ -284,11 +291,17 @@ class RecordingProxy:
                     "whole to tell what it repeats, and is not sent to the agent again"
                 )
                 return self._not_answered(request, stream.exchange_id, last_id, why, 413)
-            if stream.credentials is None:  # taken up from the log after a restart
+            if stream.credentials is None and stream.outcome is None:  # taken up from the log after a restart
                 await self._wake(stream, request, credentials)
             if stream.admits(credentials):
                 return await follow_again(self, request, body, stream, position, t0, started_ns)
-            why = "the request carries other credentials than the one that opened the stream"
+            why = (
+                "the request carries other credentials than the one that opened the stream"
+                if stream.credentials is not None
+                else "the stream was opened in an earlier run of the recorder with credentials, which "
+                "the log does not keep, and the agent did not let this client see the task (or could not "
+                "be asked)"
+            )
             return self._not_answered(request, stream.exchange_id, last_id, why, 403)
         held = None if found else live.newest(line)
         gone = None if found or held else live.gone(line)
@@ -348,7 +361,9 @@ class RecordingProxy:
                 return _TeedBody(request.content, self.max_request_body, first=bytes(read))
         return bytes(read)
 
-    async def _let_go(self, request: web.Request, body: bytes, last_id: str) -> tuple[LiveStream, int] | None:
+    async def _let_go(
+        self, request: web.Request, body: bytes, last_id: str, credentials: bytes
+    ) -> tuple[LiveStream, int] | None:
         """A stream that ended and was let go, named by an id in it (one of the
         recorder's names its stream; for one of the agent's, the log is asked which):
         rebuilt from the log (off the event loop), and where that event ends in it."""
@@ -362,15 +377,31 @@ class RecordingProxy:
             if alike or task != (None, None):
                 path, let_go = self.writer.path, live.let_go_ids()
                 exchange_id = await asyncio.to_thread(holding, path, last_id, alike, task, let_go)
-        credentials = None if exchange_id is None else live.let_go(exchange_id)
-        if credentials is None:
+        held = None if exchange_id is None else live.let_go(exchange_id)
+        if held is None:
             return None  # (no other stream of the log is answered: the agent was not asked)
-        stream = await asyncio.to_thread(ended_in_log, self.writer.path, exchange_id)  # type: ignore[arg-type]
+        path = self.writer.path
+        rebuilt = await asyncio.to_thread(ended_in_log, path, exchange_id, self.capture_id)  # type: ignore[arg-type]
+        stream, original = rebuilt or (None, None)
         position = stream.position(last_id) if stream is not None else None  # (its key too)
         if stream is None or position is None:
             return None
-        stream.credentials = credentials
+        stream.credentials = held.credentials
+        if held.credentials is None:  # opened in an earlier run
+            assert original is not None
+            await self._vouch(stream, original, request, credentials)
         return stream, position
+
+    async def _vouch(
+        self, stream: LiveStream, original: Request, request: web.Request, credentials: bytes
+    ) -> None:
+        """A stream of an earlier run, followed again: the log keeps no credentials, so
+        where the request that opened it carried some, the agent is asked for its task
+        with this client's headers, and a 2xx lets this client follow it."""
+        if not self.credentials.carried(original.headers):
+            stream.credentials = b""
+        elif await Rejoin(self, stream, original, request).lets_follow():
+            stream.credentials = credentials
 
     def _unknown_resume(
         self, request: web.Request, held: LiveStream | Gone, last_id: str
@@ -380,8 +411,9 @@ class RecordingProxy:
         None: it goes upstream."""
         if isinstance(held, Gone):
             holds = (
-                f"the stream of exchange {held.exchange_id} ({held.first!r} to {held.last!r}) was let go "
-                f"{held.when}; the log has it"
+                f"the stream of exchange {held.exchange_id}"
+                + (f" ({held.first!r} to {held.last!r})" if held.first is not None else "")
+                + f" was let go {held.when}; the log has it"
             )
         else:
             ids = held.ids()

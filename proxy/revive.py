@@ -8,7 +8,9 @@ is let go.
 
 A stream that ended and was let go is rebuilt the same way when a reconnect names an id
 in it (``ended_in_log``): one of the recorder's names its stream, and the log says which
-holds one of the agent's (``holding``).
+holds one of the agent's (``holding``). So is one of an earlier run that ended within
+``--hold`` of the restart (``ended_before``): it would still be held had the recorder not
+stopped, so a reconnect to it is answered, not sent to the agent as a new request.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ _REJOINED = (str(ResumeOutcome.REJOINED), str(ResumeOutcome.GAP))
 # What the key of a stream is made from (see credentials.stream_key).
 _CAPTURE_UID = "(SELECT uid FROM captures c WHERE c.id = capture_id) AS capture_uid"
 
+# When an exchange's last bytes came: its end, or for one the log never saw end, its last
+# chunk (from the tables: the chunks view, asked for an exchange of the outer query, would
+# be read whole).
+_LAST_BYTES = """x.started_ns + coalesce(x.duration_ns, max(
+  coalesce((SELECT max(offset_ns) FROM stored_chunks WHERE exchange_id = x.id), 0),
+  coalesce((SELECT max(offset_ns) FROM events WHERE exchange_id = x.id), 0)))"""
+
 # Only the runs that can hold a stream still running: those killed (never ended) or ended
 # within the hold; and of their streams, those cut short, or broken (and perhaps rejoined).
 _ROOTS = f"""
@@ -69,9 +78,7 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
         for root in conn.execute(_ROOTS, runs).fetchall():
             chain = _chain(conn, root["id"])
             last = conn.execute(
-                "SELECT outcome, started_ns + coalesce((SELECT max(offset_ns) FROM chunks "
-                "WHERE exchange_id = x.id), 0) FROM exchanges x WHERE id = ?",
-                (chain[-1],),
+                f"SELECT outcome, {_LAST_BYTES} FROM exchanges x WHERE id = ?", (chain[-1],)
             ).fetchone()
             if last is None or (last[0] is not None and last[0] not in _CUT_SHORT) or last[1] < since:
                 continue
@@ -85,30 +92,57 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
                 yield stream, original
 
 
+# The streams of earlier runs whose last bytes came within the hold (the latest first):
+# the exchanges that opened them, and their request lines.
+_ENDED = f"""
+SELECT id, method, path FROM exchanges x
+WHERE capture_id IN (SELECT id FROM captures WHERE id < ? AND (ended_at IS NULL OR ended_at >= ?))
+  AND is_sse = 1 AND status = 200
+  AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
+  AND {_LAST_BYTES} >= ?
+ORDER BY id DESC LIMIT ?
+"""
+
+
+def ended_before(path: Path, capture_id: int, hold: float, most: int) -> list[tuple[int, str]]:
+    """The streams of earlier runs that ended (or were cut short) within ``hold`` seconds
+    of now, at most ``most``, the latest first: the exchange that opened each, and its
+    request line ("POST /message:stream")."""
+    since = time.time_ns() - int(hold * 1e9)
+    with _read_only(path) as conn:
+        rows = conn.execute(_ENDED, (capture_id, utc_iso(since), since, most)).fetchall()
+    return [(row["id"], f"{row['method']} {row['path']}") for row in rows]
+
+
 # A stream's first exchange (not a reconnect's, nor a rejoin's subscribe).
 _ROOT = f"""
-SELECT id, method, path, query, request_headers, request_body, response_headers, {_CAPTURE_UID}
+SELECT id, method, path, query, request_headers, request_body, response_headers, capture_id, {_CAPTURE_UID}
 FROM exchanges
 WHERE id = ? AND is_sse = 1 AND status = 200
   AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
 """
 
 
-def ended_in_log(path: Path, exchange_id: int) -> LiveStream | None:
+def ended_in_log(path: Path, exchange_id: int, capture_id: int) -> tuple[LiveStream, Request] | None:
     """The stream exchange ``exchange_id`` opened, rebuilt as its clients were sent it,
-    ended as it did; None if the log does not hold it, or not yet to its end."""
+    ended as it did, and the request that opened it; None if the log does not hold it,
+    or not yet to its end. One of an earlier run than ``capture_id`` (this run's) that the
+    log never saw end was cut short when that run was killed."""
     with _read_only(path) as conn:
         root = conn.execute(_ROOT, (exchange_id,)).fetchone()
         if root is None:
             return None
         chain = _chain(conn, root["id"])
         (outcome,) = conn.execute("SELECT outcome FROM exchanges WHERE id = ?", (chain[-1],)).fetchone()
-        protocol = recognise(_request(root))
+        if outcome is None and root["capture_id"] != capture_id:
+            outcome = Outcome.PROXY_STOPPED
+        original = _request(root)
+        protocol = recognise(original)
         if outcome is None or (protocol is None and len(chain) > 1):
             return None  # still being written (or rejoined by a protocol no longer known)
         stream = _rebuilt(conn, root, chain, protocol)
         stream.end(outcome, closed=ends_closed(stream, protocol))
-        return stream
+        return stream, original
 
 
 def holding(

@@ -47,6 +47,19 @@ async def again(
             return r.status, await r.read()
 
 
+@contextlib.asynccontextmanager
+async def gateway(db: Path, agent: str, hold: float = 30.0) -> AsyncIterator[str]:
+    """A resuming recorder on ``db`` for the span of the block: stopped as Ctrl-C stops it."""
+    writer = LogWriter(db)
+    server = TestServer(RecordingProxy(agent, writer, hold=hold).app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+        await writer.aclose()
+
+
 async def test_a_reconnect_with_other_credentials_is_refused(record: RecordFactory) -> None:
     app, seen = counted(create_agent_app(pace=0.3))
     rec = await record(app, hold=30.0)
@@ -137,21 +150,9 @@ async def test_a_stream_taken_up_after_a_restart_is_followed_by_whom_the_agent_l
     app.middlewares.append(alice_only)
     agent = await serve(app)
     db = tmp_path / "gateway.db"
-
-    @contextlib.asynccontextmanager
-    async def gateway() -> AsyncIterator[str]:
-        writer = LogWriter(db)
-        server = TestServer(RecordingProxy(agent, writer, hold=30.0).app, host="127.0.0.1")
-        await server.start_server()
-        try:
-            yield str(server.make_url("")).rstrip("/")
-        finally:
-            await server.close()  # (its held stream is cut short, for the next run to take up)
-            await writer.aclose()
-
-    async with gateway() as url:
-        events = await first_of(url, ALICE, 3)
-    async with gateway() as url:
+    async with gateway(db, agent) as url:
+        events = await first_of(url, ALICE, 3)  # (its stream is cut short, for the next run to take up)
+    async with gateway(db, agent) as url:
         # The log has no credentials: the agent is asked for the task with the client's.
         status, body = await again(url, {"Authorization": "Bearer mallory"}, events[-1].id)
         assert status == 403 and b"TASK_STATE" not in body  # nothing of the stream
