@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from .http_fields import field_problem
 from .outcomes import Outcome
 from .producer import LogProducer
 from .recorded import Recorded
+from .resumes import Resume, ResumeOutcome, ResumeSide
 
 if TYPE_CHECKING:
     from .cassette_models import Exchange
@@ -100,6 +102,10 @@ def read_cassette(path: str | Path) -> list[Recorded]:
             where, origin = f"{path}:{number}", f"{path.name}:{number}"
             kind, item = _plain_line(doc, origin) or _modelled(doc, where, origin)
             if kind == "exchange":
+                if item.reconnect_of is not None and len(recorded) + item.reconnect_of < 0:
+                    raise CassetteError(
+                        f"{where}: reconnect_of {item.reconnect_of} names an exchange before the first"
+                    )
                 current = item
                 recorded.append(current)
                 continue
@@ -186,7 +192,7 @@ def _plain_line(doc: Any, origin: str) -> tuple[str, Any] | None:
 
 _REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated"})
 _RESPONSE_KEYS = frozenset({"status", "headers", "sse", "ttfb_ms", "decoded_from", "body_truncated"})
-_EXCHANGE_KEYS = frozenset({"request", "response", "started_at"})
+_EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at"})
 _END_KEYS = frozenset({"duration_ms", "outcome", "error"})
 
 
@@ -197,6 +203,9 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
         return None
     req, resp, started_at = body.get("request"), body.get("response"), body.get("started_at")
     if type(req) is not dict or not req.keys() <= _REQUEST_KEYS or not _optional_str(started_at):
+        return None
+    reconnect_of = body.get("reconnect_of")
+    if reconnect_of is not None and (type(reconnect_of) is not int or reconnect_of >= 0):
         return None
     method, path, query, text = req.get("method"), req.get("path"), req.get("query"), req.get("body")
     if type(method) is not str or not method or type(path) is not str or not path.startswith("/"):
@@ -243,7 +252,10 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
             body_truncated=truncated,
         )
     try:
-        return _exchange(SimpleNamespace(request=request, response=response, started_at=started_at), origin)
+        item = SimpleNamespace(
+            request=request, response=response, reconnect_of=reconnect_of, started_at=started_at
+        )
+        return _exchange(item, origin)
     except ValueError:  # a lone surrogate in the body, from an escape: the model's reading says so
         return None
 
@@ -356,6 +368,7 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
         response_body_truncated=resp.body_truncated if resp else False,
         started_at=item.started_at,
         origin=origin,
+        reconnect_of=item.reconnect_of,
     )
 
 
@@ -392,6 +405,8 @@ def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]
             if r.response_body_truncated:
                 response["body_truncated"] = True
             exchange["response"] = response
+        if r.reconnect_of is not None:
+            exchange["reconnect_of"] = r.reconnect_of
         if r.started_at:
             exchange["started_at"] = r.started_at
         yield json.dumps({"exchange": exchange}, ensure_ascii=False)
@@ -423,9 +438,11 @@ def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any
 
 
 def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int) -> list[int]:
-    """Write exchanges into a log through ``writer``; returns their new exchange ids."""
-    ids = []
+    """Write exchanges into a log through ``writer``; returns their new exchange ids. A
+    reconnect the resume gateway answered is a row of ``resumes`` again, as it was."""
+    ids: list[int] = []
     for r in recorded:
+        started_ns = _started_ns(r.started_at)
         exchange = writer.begin_exchange(
             capture_id,
             method=r.method,
@@ -434,7 +451,7 @@ def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int
             request_headers=r.request_headers,
             request_body=r.request_body,
             request_body_truncated=r.request_body_truncated,
-            started_ns=_started_ns(r.started_at),
+            started_ns=started_ns,
         )
         if r.status is not None:
             writer.response_head(
@@ -449,6 +466,16 @@ def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int
         writer.end_exchange(
             exchange, duration_ns=r.duration_ns or 0, outcome=r.outcome or Outcome.COMPLETE, error=r.error
         )
+        if r.reconnect_of is not None:
+            answered = ResumeOutcome.ENDED if r.status == HTTPStatus.NO_CONTENT else ResumeOutcome.RESUMED
+            resume = Resume(
+                ids[len(ids) + r.reconnect_of],
+                ResumeSide.CLIENT,
+                answered,
+                last_event_id=r.resumed_from,
+                new_exchange_id=exchange,
+            )
+            writer.resume(resume, at_ns=None if started_ns is None else started_ns + r.ttfb_ns)
         ids.append(exchange)
     return ids
 

@@ -64,6 +64,9 @@ class Response(_Strict):
 class Exchange(_Strict):
     request: Request
     response: Response | None = None
+    # A reconnect the resume gateway answered from a stream it held: that stream's
+    # exchange, counted back from this one (-1: the exchange before).
+    reconnect_of: int | None = Field(default=None, lt=0)
     started_at: str | None = None
 
 

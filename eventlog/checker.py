@@ -80,7 +80,10 @@ def check_log(
 def report_recorded(recorded: Iterable[Recorded], protocols: Collection[str] | None = None) -> Report:
     """The full report on these exchanges (their place is ``Recorded.origin``); with
     ``protocols``, on the exchanges of those protocols only."""
-    return _report(streams_of([(r, r.origin, None) for r in recorded], _only(protocols)))
+    recorded = list(recorded)
+    checked = [r for r in recorded if r.reconnect_of is None]  # (as report_log leaves them)
+    report = _report(streams_of([(r, r.origin, None) for r in checked], _only(protocols)))
+    return replace(report, reconnects=len(recorded) - len(checked))
 
 
 def report_log(

@@ -188,9 +188,10 @@ class LogProducer:
         for offset_ns, data in pieces:
             self.chunk(exchange_id, offset_ns, data)
 
-    def resume(self, resume: Resume) -> None:
-        """A reconnect of one side of a held stream (a row of ``resumes``)."""
-        at_ns = time.time_ns()
+    def resume(self, resume: Resume, at_ns: int | None = None) -> None:
+        """A reconnect of one side of a held stream (a row of ``resumes``), at ``at_ns``
+        (default: now)."""
+        at_ns = time.time_ns() if at_ns is None else at_ns
         r = resume
         synthesized = json.dumps(r.synthesized) if r.synthesized else None
         self._put(

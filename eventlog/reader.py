@@ -140,16 +140,17 @@ class EventLog:
             return self._rows("SELECT * FROM stream_summary")
         return self._rows("SELECT * FROM stream_summary WHERE exchange_id = ?", (exchange_id,))
 
-    def reconnects_answered(self) -> set[int]:
-        """The exchanges a resume gateway answered from a stream it held (reconnects): each
-        holds a slice of that stream's events, which the stream's own exchange holds too."""
+    def reconnects_answered(self) -> dict[int, int]:
+        """The exchanges a resume gateway answered from a stream it held (reconnects), each
+        with the exchange that opened the stream: a reconnect's holds a slice of that
+        stream's events, which the stream's own exchange holds too."""
         answered = (ResumeOutcome.RESUMED, ResumeOutcome.ENDED)
         rows = self.db.execute(
-            "SELECT new_exchange_id FROM resumes WHERE side = ? AND outcome IN (?, ?)"
+            "SELECT new_exchange_id, exchange_id FROM resumes WHERE side = ? AND outcome IN (?, ?)"
             " AND new_exchange_id IS NOT NULL",
             (ResumeSide.CLIENT.value, *(o.value for o in answered)),
         )
-        return {exchange_id for (exchange_id,) in rows}
+        return dict(rows.fetchall())
 
     def task_ids(self) -> list[str]:
         """Every task the log knows: from its events, and from answers that were not streamed."""

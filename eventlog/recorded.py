@@ -48,6 +48,10 @@ class Recorded:
     binding: str | None = None
     rpc_method: str | None = None
     protocol: str | None = None  # as the log named it (None: to be recognised)
+    # A reconnect a resume gateway answered from a stream it held (a slice of that stream):
+    # the exchange of the stream, counted back from this one among those read or written
+    # with it (-1: the one before). None: an exchange of its own.
+    reconnect_of: int | None = None
 
     @property
     def cut_short(self) -> bool:
@@ -93,8 +97,11 @@ def read_log(path: str | Path, exchange_ids: list[int] | None = None) -> list[Re
 def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recorded]:
     """The exchanges of a log (all, or those ids), in id order, with their chunks."""
     rows = log.exchanges() if exchange_ids is None else [log.exchange(i) for i in sorted(set(exchange_ids))]
+    position = {x["id"]: n for n, x in enumerate(rows)}
+    streams = log.reconnects_answered()
     recorded = []
-    for x in rows:
+    for n, x in enumerate(rows):
+        stream = position.get(streams.get(x["id"], -1))
         recorded.append(
             Recorded(
                 method=x["method"],
@@ -120,6 +127,7 @@ def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recor
                 binding=x["binding"],
                 rpc_method=x["rpc_method"],
                 protocol=x["protocol"],
+                reconnect_of=None if stream is None else stream - n,
             )
         )
     return recorded

@@ -213,6 +213,22 @@ def test_hand_written_events(tmp_path: Path) -> None:
                 [
                     '{"tasktape_cassette": 1}',
                     '{"exchange": {"request": {"method": "GET", "path": "/"}}}',
+                    json.dumps({"exchange": {"request": {"method": "GET", "path": "/"}, "reconnect_of": of}}),
+                ],
+                ":3",
+                problem,
+            )
+            for of, problem in (
+                (-2, "names an exchange before the first"),
+                (0, "reconnect_of"),
+                (-0.5, "reconnect_of"),
+            )
+        ),
+        *(
+            (
+                [
+                    '{"tasktape_cassette": 1}',
+                    '{"exchange": {"request": {"method": "GET", "path": "/"}}}',
                     json.dumps({"event": {"offset_ms": 1, "data": "x", **field}}),
                 ],
                 ":3",
