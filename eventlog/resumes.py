@@ -38,6 +38,7 @@ class Resume:
     attempts: int | None = None  # subscribes sent (upstream)
     synthesized: tuple[str, ...] = ()  # ids of the events the recorder made up to catch clients up
     error: str | None = None  # why it was refused or gave up, or the gap
+    live: bool = True  # (a client's, resumed) the stream was still coming: the console says so
 
     def describe(self) -> str:
         """One line for the console."""
@@ -45,7 +46,8 @@ class Resume:
             head = f"exchange {self.exchange_id}: a client reconnected after {shown_id(self.last_event_id)}"
             if self.outcome is ResumeOutcome.RESUMED:
                 sent = f"{self.events_from_log} events from the log"
-                return f"{head}: {sent}, then the live tail (exchange {self.new_exchange_id})"
+                then = "then the live tail" if self.live else "the rest of the stream, which had ended"
+                return f"{head}: {sent}, {then} (exchange {self.new_exchange_id})"
             if self.outcome is ResumeOutcome.ENDED:
                 return f"{head}, the stream's last event: told it had ended (exchange {self.new_exchange_id})"
             return f"{head}: {self.outcome} ({self.error})"

@@ -160,6 +160,7 @@ async def follow_again(
         last_event_id=request.headers.get("Last-Event-ID"),
         events_from_log=stream.events_after(position),
         new_exchange_id=exchange_id,
+        live=stream.outcome is None,
     )
     if stream.outcome is not None and position >= stream.size:
         # Nothing more will come. A 204 says so: an EventSource given an empty 200 would

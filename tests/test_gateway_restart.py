@@ -174,3 +174,5 @@ async def test_after_a_kill_streams_that_ended_or_cannot_go_on_are_answered_from
             assert r.status == 204  # nothing more will come
         assert await stop(second) == 0
     assert seen == ["POST /a", "POST /slow"]  # no reconnect reached the agent
+    printed = "".join(second.printed)
+    assert f"after {ended[-1].id}: 6 events from the log, the rest of the stream, which had ended" in printed
