@@ -6,18 +6,17 @@ both without the bytes aiohttp quotes from the request: those may hold a token."
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
+from .failure import unquoted
+
 # Set on every request the proxy's handlers see; aiohttp answered the others itself.
 # (web.RequestKey came with aiohttp 3.14; before it, a plain key raises no warning.)
 HANDLED: Any = web.RequestKey("tasktape.handled", bool) if hasattr(web, "RequestKey") else "tasktape.handled"
-# Where aiohttp's description of an unreadable request starts quoting the request itself.
-_QUOTED = re.compile(r"""(?:[:\s]+|^)b?['"]""")
 
 
 class Refuser(Protocol):
@@ -28,7 +27,7 @@ class Refuser(Protocol):
 
 def reason_for(said: str, fallback: str) -> str:
     """aiohttp's description of what it could not read, cut where it quotes the request."""
-    return _QUOTED.split(said, maxsplit=1)[0].strip().rstrip(".:") or fallback
+    return unquoted(said).strip().rstrip(".:") or fallback
 
 
 class UnreadRequests(AbstractAccessLogger):

@@ -116,10 +116,39 @@ async def test_redaction_behind_a_bom_in_a_recorded_stream(record: RecordFactory
         ),
         ("Invalid method encountered:\n\n  b'GE\\x00T'", "Invalid method encountered"),
         ('Bad status line "token=abc"', "Bad status line"),
+        ("Duplicate 'Host' header found.", "Duplicate 'Host' header found"),  # names a header: kept
     ],
 )
 def test_refusal_reasons_are_cut_where_the_request_is_quoted_only(said: str, kept: str) -> None:
     assert reason_for(said, "fallback") == kept
+
+
+async def test_an_upstream_answer_that_cannot_be_read_is_logged_without_its_bytes(
+    record: RecordFactory,
+) -> None:
+    """A Set-Cookie past aiohttp's 64 KiB limit: the client's 502 and the log say why, but
+    not the cookie aiohttp quotes (Set-Cookie is redacted from every log)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        cookie = b"session=" + SECRET.encode() + b"a" * 70_000
+        writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: " + cookie + b"\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        rec = await record(f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}")
+        async with rec.session.get(f"{rec.url}/cookie") as r:
+            body = await r.text()
+        await rec.proxy.wait_idle()
+        with await rec.log() as log:
+            (error,) = [x["error"] for x in log.exchanges()]
+    finally:
+        upstream.close()
+        await upstream.wait_closed()
+    assert r.status == 502 and "Got more than 65536 bytes" in body and "Got more than 65536 bytes" in error
+    assert SECRET not in body and SECRET not in error
 
 
 @pytest.mark.parametrize("value", ["a\x7fb", "a\x0bb", "a\x0cb", "a\x01b"])
