@@ -507,9 +507,17 @@ class RecordingProxy:
 
     def local_location(self, location: str, request: web.Request) -> str:
         """A redirect to the upstream itself points at the proxy instead, so the client
-        does not leave the recording by following it."""
+        does not leave the recording by following it; one to a path under the upstream's
+        own path (``--upstream http://agent/api``, ``Location: /api/next``) is to that path
+        on the proxy (``/next``)."""
         if location == self._base or location.startswith(self._base + "/"):
             return str(self.public_for(request)).rstrip("/") + location[len(self._base) :]
+        under = self.upstream.raw_path.rstrip("/")
+        if under and location.startswith("/") and not location.startswith("//"):
+            path = location.partition("?")[0].partition("#")[0]
+            if path == under or path.startswith(under + "/"):
+                rest = location[len(under) :]
+                return rest if rest.startswith("/") else f"/{rest}"
         return location
 
 
@@ -748,6 +756,8 @@ def http_url(value: str, what: str) -> URL:
         url = None
     if url is None or not url.is_absolute() or url.scheme not in ("http", "https") or not url.host:
         raise UsageError(f"{what} must be an http:// or https:// URL, not {value!r}")
+    if "?" in value or "#" in value:  # a request's own path and query are put after it
+        raise UsageError(f"{what} cannot have a query string or a fragment: {value!r}")
     return url
 
 

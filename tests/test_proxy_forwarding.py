@@ -10,7 +10,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 from ports import free_port
 from yarl import URL
 
@@ -230,6 +230,27 @@ async def test_redirects_to_the_upstream_stay_on_the_proxy(record: RecordFactory
         assert r.headers["Location"] == f"{rec.url}/v2/card"
     async with rec.session.get(f"{rec.url}/login", allow_redirects=False) as r:
         assert r.headers["Location"] == "https://auth.example/login"
+
+
+async def test_a_redirect_under_the_upstreams_own_path_stays_on_the_proxy(
+    record: RecordFactory, serve: Serve
+) -> None:
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.query["to"])
+
+    async def there(request: web.Request) -> web.Response:
+        return web.Response(text=request.path_qs)
+
+    app = web.Application()
+    app.router.add_get("/api/moved", moved)
+    app.router.add_get("/api/next", there)
+    rec = await record(f"{await serve(app)}/api")  # the agent's /api, at the proxy's /
+    for to, local in (("/api/next?a=1", "/next?a=1"), ("/api", "/"), ("/elsewhere", "/elsewhere")):
+        async with rec.session.get(f"{rec.url}/moved", params={"to": to}, allow_redirects=False) as r:
+            assert r.headers["Location"] == local
+    async with rec.session.get(f"{rec.url}/moved", params={"to": "/api/next?a=1"}) as r:
+        assert await r.text() == "/api/next?a=1"  # followed through the proxy, to the agent's
+        assert str(r.url) == f"{rec.url}/next?a=1"
 
 
 async def test_header_bytes_that_are_not_utf8_are_kept_as_latin1(record: RecordFactory) -> None:

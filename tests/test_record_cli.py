@@ -182,6 +182,8 @@ async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path, stre
         ),
         (["--upstream", "http://x", "--ship-drain", "1"], "--ship-drain acts only with --ship"),
         (["--upstream", "http://x", "--public-url", "notaurl"], "the public URL must be an http:// or"),
+        (["--upstream", "http://x/api?team=1"], "the upstream cannot have a query string or a fragment"),
+        (["--upstream", "http://x/api#top"], "the upstream cannot have a query string or a fragment"),
     ],
 )
 async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], message: str) -> None:
