@@ -31,7 +31,10 @@ class KeptBody:
             self.log(writer, exchange_id)
 
     def log(self, writer: LogProducer, exchange_id: int) -> None:
-        """Hand what was kept to the log, once."""
+        """Hand what was kept to the log, once: truncated where more came than it keeps, or
+        where the body never came to its end (the upstream answered without reading it
+        all, or the client went away while sending it)."""
         if not self._logged:
             self._logged = True
-            writer.late_request_body(exchange_id, bytes(self.kept), truncated=self.truncated)
+            cut = self.truncated or not self.whole
+            writer.late_request_body(exchange_id, bytes(self.kept), truncated=cut)

@@ -212,6 +212,27 @@ async def test_a_streamed_body_is_recorded_even_when_the_upstream_fails(record: 
         assert x["outcome"] == "upstream_error" and x["request_body"] == '{"message": {"parts": []}}'
 
 
+async def test_a_body_the_upstream_did_not_read_to_its_end_is_logged_truncated(record: RecordFactory) -> None:
+    async def too_big(request: web.Request) -> web.Response:
+        return web.json_response({"error": "too big"}, status=413)  # without reading the body
+
+    app = web.Application()
+    app.router.add_post("/upload", too_big)
+    rec = await record(app)
+
+    async def body():
+        for _ in range(80):
+            yield b"x" * 65536  # 5 MiB, more than the upstream's connection takes unread
+
+    async with rec.session.post(f"{rec.url}/upload", data=body()) as r:
+        assert r.status == 413
+    await rec.proxy.wait_idle()
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert x["status"] == 413 and 0 < len(x["request_body"]) < 80 * 65536
+    assert x["request_body_truncated"] == 1  # a part of the body, said so
+
+
 async def test_redirects_to_the_upstream_stay_on_the_proxy(record: RecordFactory) -> None:
     where: list[str] = []
 
