@@ -28,6 +28,7 @@ from .display import (
     STATE_COLUMNS,
     ms,
     pretty_json,
+    row_number,
     short_state,
     state_class,
 )
@@ -200,7 +201,7 @@ async def stream_view(request: Request, datasette: Any) -> Response:
     the log does not have, or one of another protocol (said which, and where it shows)."""
     name, db = _event_log(request, datasette)
     raw = unquote(request.url_vars["exchange_id"])
-    exchange_id = int(raw) if raw.isdigit() else None
+    exchange_id = row_number(raw)
     page = None if exchange_id is None else await asyncio.to_thread(load_stream, db.path, exchange_id)
     if page is None:
         raise NotFound(await _not_a_stream(datasette, name, db, raw, exchange_id))

@@ -1,4 +1,5 @@
-"""How the inspector shows values: task state colours and names, durations in ms, JSON."""
+"""How the inspector shows values (task state colours and names, durations in ms, JSON),
+and reads the numbers in its URLs."""
 
 from __future__ import annotations
 
@@ -80,3 +81,12 @@ def pretty_json(value: Any) -> str | None:
 def parse_json(data: Any) -> Any:
     """Parsed JSON, or None for anything that is not JSON text (or UTF-8 bytes of it)."""
     return json_or_none(data) if isinstance(data, str | bytes) else None
+
+
+def row_number(text: str) -> int | None:
+    """A URL's row number (an exchange's, a capture's), or None: not one the log can hold
+    (ASCII digits only, up to SQLite's largest INTEGER)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if number < 2**63 else None

@@ -26,7 +26,7 @@ from tasktape.eventlog.protocols.mcp import (
     result_text,
 )
 
-from .display import ms_or_none, parse_json
+from .display import ms_or_none, parse_json, row_number
 from .findings import SavedFinding, saved_findings
 
 STATELESS = "capture-"  # the session name of a capture's exchanges that carry no session id
@@ -233,7 +233,7 @@ def load_session(path: str | Path, session_id: str) -> SessionPage | None:
 def _capture(session_id: str) -> int | None:
     """The capture a stateless session's name stands for."""
     number = session_id.removeprefix(STATELESS)
-    return int(number) if session_id.startswith(STATELESS) and number.isdigit() else None
+    return row_number(number) if session_id.startswith(STATELESS) else None
 
 
 def _header(headers: Any, name: str) -> str | None:

@@ -27,6 +27,7 @@ from test_mcp_sdk import generation
 from tasktape import inspector
 from tasktape.eventlog import EventLog
 from tasktape.inspector.app import create_datasette
+from tasktape.inspector.display import row_number
 from tasktape.inspector.metadata import QUERIES, TABLES, dashboards
 
 DB = "protocols"
@@ -273,6 +274,8 @@ async def test_unknown_sessions_and_streams_and_other_protocols_are_404(ds: Data
     assert "no MCP session nope in protocols" in await page(ds, f"/{DB}/-/session/nope", status=404)
     assert "no exchange 99999 in protocols" in await page(ds, f"/{DB}/-/stream/99999", status=404)
     assert "no exchange abc in protocols" in await page(ds, f"/{DB}/-/stream/abc", status=404)
+    assert "no exchange" in await page(ds, f"/{DB}/-/stream/{'9' * 25}", status=404)  # past SQLite's integers
+    assert [row_number(n) for n in ("12", "²", "9" * 25, str(2**63 - 1))] == [12, None, None, 2**63 - 1]
     mcp = exchanges(log, rpc_method="tools/list")[0]
     html = await page(ds, f"/{DB}/-/stream/{mcp['id']}", status=404)
     where = f"/{DB}/-/session/{mcp['session_id']}"
