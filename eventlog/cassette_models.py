@@ -32,9 +32,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+# A request's target as the log keeps it: a path; or, for a request the recorder refused as
+# it came, the target it was sent in another form (absolute "http://host/x", authority
+# "host:443", asterisk "*"), or nothing for one that could not be read.
+REQUEST_TARGET = r"^(?:/|\*$|$|[A-Za-z][A-Za-z0-9+.-]*://|[^\s/?#]+:[0-9]*$)"
+
+
 class Request(_Strict):
     method: str = Field(min_length=1)
-    path: str = Field(pattern=r"^/")
+    path: str = Field(pattern=REQUEST_TARGET)
     query: str | None = None
     headers: list[tuple[str, str]] = []
     body: str | None = None

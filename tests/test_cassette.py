@@ -113,6 +113,24 @@ def test_log_to_cassette_to_log_is_byte_exact(tmp_path: Path) -> None:
         assert [e["event_id"] for e in log.events(3)] == [f"2-{i}" for i in range(1, 11)] + [None]
 
 
+def test_requests_refused_as_they_came_go_to_a_cassette_and_back(tmp_path: Path) -> None:
+    """A recorder logs a request it refused with the target it was sent, in whatever form:
+    a cassette keeps it, so the log goes to a cassette and back whole."""
+    targets = ["http://evil.example/x", "evil.example:443", "*", ""]  # absolute, CONNECT, OPTIONS *, unread
+    with LogWriter(tmp_path / "a.db") as w:
+        capture = w.begin_capture(source="record")
+        for target in targets:
+            x = w.begin_exchange(capture, method="UNKNOWN" if not target else "GET", path=target)
+            w.response_head(x, status=400, headers=None, is_sse=False, ttfb_ns=0)
+            w.end_exchange(x, duration_ns=0, outcome="refused", error="refused")
+    with EventLog(tmp_path / "a.db") as log:
+        original = from_log(log)
+    write_cassette(tmp_path / "c.jsonl", original)
+    back = read_cassette(tmp_path / "c.jsonl")
+    assert [r.path for r in back] == targets
+    assert [comparable(r) for r in back] == [comparable(r) for r in original]
+
+
 def test_hand_written_events(tmp_path: Path) -> None:
     cassette = tmp_path / "hand.jsonl"
     lines = [
