@@ -81,15 +81,26 @@ def ending(flow: http.HTTPFlow) -> tuple[str, str]:
         return Outcome.CLIENT_DISCONNECTED, f"the client went away mid-exchange: {message}"
     if flow.response is None:
         return Outcome.UPSTREAM_ERROR, f"the upstream failed before answering: {message}"
+    if not _head_sent(flow, flow.response):
+        why = "the upstream broke off mid-response, whose head mitmproxy had kept (buffering the body)"
+        return Outcome.UPSTREAM_ERROR, f"{why}: {message}"
     return Outcome.UPSTREAM_DISCONNECTED, dropped(message)
+
+
+def _head_sent(flow: http.HTTPFlow, response: http.Response) -> bool:
+    """Whether the client was sent the response's head: only when its body streamed (a
+    live flow's says so; a saved flow's body was not kept). mitmproxy keeps the head of a
+    body it buffers until the body is whole, and answers with its 502 if it never is."""
+    return bool(response.stream) or (not flow.live and response.raw_content is None)
 
 
 def record_failure(
     writer: LogProducer, exchange: int, flow: http.HTTPFlow, offset_ns: int
 ) -> tuple[str, str]:
     """The outcome and error to end an exchange with that mitmproxy ended with an error.
-    When the upstream failed before answering, the client got mitmproxy's 502: that is
-    recorded as the answer, as ``tasktape record`` records its own 502."""
+    When the upstream failed before the client was sent an answer, the client got
+    mitmproxy's 502: that is recorded as the answer (in place of a head the upstream sent
+    and mitmproxy kept), as ``tasktape record`` records its own 502."""
     outcome, error = ending(flow)
     if outcome == Outcome.UPSTREAM_ERROR:
         writer.response_head(exchange, status=502, headers=None, is_sse=False, ttfb_ns=offset_ns)
@@ -166,7 +177,7 @@ def record_saved_flow(
 
     exchange = writer.begin_exchange(capture_id, **request_fields(request, max_body))
     note, untimed = None, False
-    if response is not None:
+    if response is not None and (flow.error is None or _head_sent(flow, response)):
         head = head_fields(response)
         writer.response_head(exchange, **head, ttfb_ns=offset(response.timestamp_start))
         body = response.raw_content

@@ -341,6 +341,35 @@ async def test_an_upstream_that_cannot_be_reached(mitm: Mitm) -> None:
     assert "failed before answering" in x["error"]
 
 
+async def test_an_upstream_breaking_off_a_body_mitmproxy_buffers(mitm: Mitm) -> None:
+    """mitmproxy keeps the head of a body it buffers: the client never saw the upstream's
+    200, but mitmproxy's 502, which is what the log holds."""
+
+    async def short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a": 1'
+        )
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(short, "127.0.0.1", 0)
+    before = last_id(mitm.db)
+    try:
+        port = upstream.sockets[0].getsockname()[1]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/short", proxy=mitm.forward) as r,
+        ):
+            assert r.status == 502  # mitmproxy's own answer
+    finally:
+        upstream.close()
+        await upstream.wait_closed()
+    (x,) = wait_for_exchanges(mitm.db, before, 1)
+    assert (x["status"], x["outcome"], x["is_sse"]) == (502, "upstream_error", 0)
+    assert "broke off mid-response" in x["error"]
+
+
 # -- the command, and the plain mitmdump -s form ----------------------------------------------
 
 
@@ -643,41 +672,68 @@ def test_hosts_and_paths_choose_what_is_recorded(addon: tuple[TasktapeRecorder, 
         assert (flow.id in recorder.flows) is expected, (host, path)
 
 
+STREAMED, BUFFERED = "streamed", "buffered"  # a response's body, as mitmproxy passed it on
+
+
 @pytest.mark.parametrize(
     ("message", "client", "server", "response", "outcome"),
     [
-        ("Client disconnected.", ConnectionState.CLOSED, ConnectionState.OPEN, True, "client_disconnected"),
+        (
+            "Client disconnected.",
+            ConnectionState.CLOSED,
+            ConnectionState.OPEN,
+            STREAMED,
+            "client_disconnected",
+        ),
         (
             "stream reset by client (CANCEL)",
             ConnectionState.OPEN,
             ConnectionState.OPEN,
-            True,
+            STREAMED,
             "client_disconnected",
         ),
         (
             "HTTP/1 protocol error: peer closed",
             ConnectionState.OPEN,
             ConnectionState.CLOSED,
-            True,
+            STREAMED,
             "upstream_disconnected",
         ),
-        ("Connection refused", ConnectionState.OPEN, ConnectionState.CLOSED, False, "upstream_error"),
-        ("Connection killed.", ConnectionState.OPEN, ConnectionState.OPEN, True, "killed"),
-        # A saved flow's connections are closed: its message alone decides.
+        # A body mitmproxy buffered: the client got its 502, never the upstream's head.
+        (
+            "HTTP/1 protocol error: peer closed",
+            ConnectionState.OPEN,
+            ConnectionState.CLOSED,
+            BUFFERED,
+            "upstream_error",
+        ),
+        ("Connection refused", ConnectionState.OPEN, ConnectionState.CLOSED, None, "upstream_error"),
+        ("Connection killed.", ConnectionState.OPEN, ConnectionState.OPEN, STREAMED, "killed"),
+        # A saved flow's connections are closed: its message alone decides (and its body:
+        # one streamed was not kept).
         (
             "HTTP/1 protocol error: peer closed",
             ConnectionState.CLOSED,
             ConnectionState.CLOSED,
-            True,
+            STREAMED,
             "upstream_disconnected",
+        ),
+        (
+            "HTTP/1 protocol error: peer closed",
+            ConnectionState.CLOSED,
+            ConnectionState.CLOSED,
+            BUFFERED,
+            "upstream_error",
         ),
     ],
 )
 def test_how_a_failed_flow_ended(
-    message: str, client: ConnectionState, server: ConnectionState, response: bool, outcome: str
+    message: str, client: ConnectionState, server: ConnectionState, response: str | None, outcome: str
 ) -> None:
-    flow = tflow.tflow(resp=response, err=tflow.terr(message))
+    flow = tflow.tflow(resp=response is not None, err=tflow.terr(message))
     flow.client_conn.state, flow.server_conn.state = client, server
+    if response == STREAMED:  # a live flow says so; a saved one has no body kept
+        flow.response.stream, flow.response.raw_content = True, None
     assert ending(flow)[0] == outcome
 
 

@@ -136,19 +136,24 @@ def test_streamed_failed_and_non_http_flows(tmp_path: Path) -> None:
     streamed = tflow.tflow(resp=True)
     streamed.response.headers["Content-Type"] = "text/event-stream"
     streamed.response.content = None  # mitmproxy keeps no body it streamed
-    dropped = tflow.tflow(resp=True, err=tflow.terr("HTTP/1 protocol error: peer closed connection"))
+    peer_closed = tflow.terr("HTTP/1 protocol error: peer closed connection")
+    dropped = tflow.tflow(resp=True, err=peer_closed)
+    dropped.response.content = None  # streamed: the client had the head
+    buffered = tflow.tflow(resp=True, err=peer_closed)  # the client got mitmproxy's 502 instead
     refused = tflow.tflow(err=tflow.terr("Connection refused"))
     flows = tmp_path / "flows.mitm"
-    write_flows(flows, [streamed, dropped, refused, tflow.ttcpflow()])
+    write_flows(flows, [streamed, dropped, buffered, refused, tflow.ttcpflow()])
     db = tmp_path / "log.db"
     result = CliRunner().invoke(main, ["import", str(flows), "--db", str(db)])
     assert result.exit_code == 0, result.output
-    assert "3 exchanges" in result.output and "1 non-HTTP flows skipped" in result.output
+    assert "4 exchanges" in result.output and "1 non-HTTP flows skipped" in result.output
     with EventLog(db) as log:
         got = [(x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
+        assert not log.chunks(log.exchanges()[2]["id"])  # nothing of a body the client never saw
     assert got[0] == (200, "complete", NOT_KEPT)
     assert got[1][:2] == (200, "upstream_disconnected")
-    assert got[2][:2] == (502, "upstream_error")
+    assert got[2][:2] == (502, "upstream_error") and "broke off mid-response" in got[2][2]
+    assert got[3][:2] == (502, "upstream_error")
 
 
 def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
