@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 # How much header a request from a client, or a response from the upstream, may carry.
@@ -70,3 +71,31 @@ def for_upstream(
     if host:
         out.setdefault("X-Forwarded-Host", host)
     return out
+
+
+# What aiohttp adds to every response it sends unless given: its own name as the Server,
+# and a Content-Type of application/octet-stream for a body. A response passed on from the
+# upstream gets neither (a client sniffs a body sent without a type). A Date is added, as
+# a proxy must where the upstream sent none (RFC 9110 section 6.6.1).
+_NOT_ADDED = (hdrs.SERVER, hdrs.CONTENT_TYPE)
+
+
+class _AsSent:
+    """aiohttp's headers on a response, less those it added that the upstream did not send."""
+
+    headers: CIMultiDict[str]
+
+    async def _prepare_headers(self) -> None:
+        given = [name for name in _NOT_ADDED if name in self.headers]
+        await super()._prepare_headers()  # type: ignore[misc]
+        for name in _NOT_ADDED:
+            if name not in given:
+                self.headers.popall(name, None)
+
+
+class Relayed(_AsSent, web.StreamResponse):
+    """A streamed response with the upstream's headers."""
+
+
+class RelayedWhole(_AsSent, web.Response):
+    """A response read whole (and rewritten) with the upstream's headers."""

@@ -25,6 +25,7 @@ from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 from .failure import dropped
+from .headers import Relayed
 from .live import LiveStream
 from .rejoin import Rejoin
 
@@ -88,7 +89,7 @@ async def relay_held(
     stream = proxy.live.open(exchange.id, line, exchange.request_body(), list(headers.items()), credentials)
     rejoin = Rejoin.of(exchange, stream)
     hold = Hold(stream, proxy.hold or 0.0)
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    response = Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
     read, write, chunk, offset, feed = (
         upstream.content.readany,
         response.write,
@@ -174,7 +175,7 @@ async def follow_again(
     answering = (
         None if mine is NO_ID or theirs is NO_ID or same_id(mine, theirs) else IdRewriter(theirs, mine)
     )
-    response = web.StreamResponse(status=200, headers=stream.headers)
+    response = Relayed(status=200, headers=stream.headers)
     outcome, error, noted = Outcome.COMPLETE, None, False
     try:
         await response.prepare(request)

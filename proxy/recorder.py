@@ -36,7 +36,15 @@ from . import unread
 from .card import is_card_request, rewrite_card
 from .credentials import Credentials
 from .failure import describe, dropped
-from .headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, for_upstream, head_timeout
+from .headers import (
+    HEADER_LIMITS,
+    HEADER_TIMEOUT,
+    Relayed,
+    RelayedWhole,
+    end_to_end,
+    for_upstream,
+    head_timeout,
+)
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .kept_body import KeptBody
@@ -638,7 +646,7 @@ class Exchange:
         if is_sse and self.proxy.live is not None and "Content-Encoding" not in upstream.headers:
             self.held = True
             return await relay_held(self, upstream, headers)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        response = Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
         # Whatever the upstream has sent so far is forwarded (and recorded) as one chunk:
         # one event at a time when it paces them, bigger pieces when the client lags.
         read, write, chunk_to_log, offset = (
@@ -705,7 +713,7 @@ class Exchange:
         )
         headers.popall("Content-Length", None)
         self.end(Outcome.COMPLETE)
-        return web.Response(
+        return RelayedWhole(
             status=upstream.status, reason=upstream.reason, headers=headers, body=rewritten or original
         )
 

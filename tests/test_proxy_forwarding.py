@@ -274,6 +274,45 @@ async def test_a_redirect_under_the_upstreams_own_path_stays_on_the_proxy(
         assert str(r.url) == f"{rec.url}/next?a=1"
 
 
+@pytest.mark.parametrize("resume", [False, True], ids=["record", "record --resume"])
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        ("/plain", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
+        ("/stream", b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: x\n\n"),
+        ("/.well-known/agent-card.json", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"),
+    ],
+)
+async def test_the_client_gets_the_upstreams_headers_and_a_date(
+    record: RecordFactory, path: str, sent: bytes, resume: bool
+) -> None:
+    """aiohttp names itself in a Server header and types an untyped body; the recorder
+    passes on neither. It adds a Date where the upstream sent none, as a proxy must."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(sent)
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        rec = await record(
+            f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}", hold=30.0 if resume else None
+        )
+        async with rec.session.get(f"{rec.url}{path}") as r:
+            await r.read()
+            names = {name.lower() for name in r.headers}
+    finally:
+        upstream.close()
+        await upstream.wait_closed()
+    sent_names = {
+        line.split(b":")[0].decode().lower() for line in sent.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]
+    }
+    hop = {"content-length", "transfer-encoding", "connection"}  # (framed anew for this connection)
+    assert names - hop == (sent_names - hop) | {"date"}
+
+
 async def test_header_bytes_that_are_not_utf8_are_kept_as_latin1(record: RecordFactory) -> None:
     rec = await record(echo_app())
     host, port = rec.url.removeprefix("http://").split(":")
