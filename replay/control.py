@@ -1,7 +1,7 @@
 """The replay server's control API, for browser tests and out-of-process clients:
 
     POST /_tasktape/faults   {"fault": SPEC} arms a fault spec (its scope counts from now)
-    GET  /_tasktape/faults   the armed specs, with how often each applied
+    GET  /_tasktape/faults   the armed specs, with how often each applied; request faults not made
     GET  /_tasktape/report   the fidelity report
     POST /_tasktape/reset    faults back to those given at start, no task started
 
@@ -55,7 +55,10 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
         return web.json_response({"armed": armed.as_json()})
 
     async def faults(request: web.Request) -> web.Response:
-        return web.json_response({"armed": [a.as_json() for a in server.armed]})
+        armed = [a.as_json() for a in server.armed]
+        return web.json_response(
+            {"armed": armed, "not_applied": [u.as_json() for u in server.stats.unapplied]}
+        )
 
     async def report(request: web.Request) -> web.Response:
         return web.json_response(server.report())

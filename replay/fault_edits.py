@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 
@@ -14,6 +14,8 @@ from .faults import BREAKS, FaultName, Faults
 from .streams import Edit, apply_edits
 
 REPLACEMENT = "\ufffd".encode()  # what corrupt=N puts in place of the data's last character
+BOM = "\ufeff".encode()  # a stream may begin with one
+BLANK_LINES = frozenset({b"\n", b"\r", b"\r\n"})  # each ends an SSE block
 
 
 @dataclass
@@ -40,7 +42,7 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
     def event(name: FaultName, n: int, count: int = 1) -> list[StreamEvent] | None:
         if n > 0 and n + count - 1 <= len(events):
             landing.applied.append(f"{name}={n}")
-            return events[n - 1 : n - 1 + count]
+            return [own_block(body, e) for e in events[n - 1 : n - 1 + count]]
         landing.missed.append(f"{name}={n} (the stream has {len(events)} events)")
         return None
 
@@ -50,6 +52,7 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
             landing.missed.append(f"{FaultName.NO_FINAL} (the stream has no closing event)")
         else:
             landing.applied.append(FaultName.NO_FINAL.value)
+            final = own_block(body, final)
             edits.append((final.start, final.end - final.start, b""))
     if faults.skip is not None and (hit := event(FaultName.SKIP, faults.skip)):
         edits.append((hit[0].start, hit[0].end - hit[0].start, b""))
@@ -85,6 +88,8 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
             hit_event = events[n - 1]
             where = hit_event.end
             if name is FaultName.CUT_FRAME:
+                edited = b"".join(data for _, data in landing.chunks)
+                hit_event = own_block(edited, hit_event)
                 where = hit_event.start + max(1, (hit_event.end - hit_event.start) // 2)
             landing.break_at = (where, name)
         else:
@@ -101,6 +106,21 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
                 f"{FaultName.STALL}={n}:{faults.stall_ms:g} (the stream has {len(events)} events)"
             )
     return landing
+
+
+def own_block(body: bytes, event: StreamEvent) -> StreamEvent:
+    """The event's own block: the decoder counts the blocks before it that dispatched
+    nothing (a comment such as ``: ping``, a lone ``retry:``) as its bytes, but a fault on
+    the event leaves them where they are. (A byte-order mark is the stream's, not its
+    first event's.)"""
+    start = position = len(BOM) if event.start == 0 and body.startswith(BOM) else event.start
+    # The last line is the blank one that ends the event: a blank line before it ends a
+    # block of its own.
+    for line in body[position : event.end].splitlines(keepends=True)[:-1]:
+        position += len(line)
+        if line in BLANK_LINES:
+            start = position
+    return replace(event, start=start)
 
 
 def _answer_faults(landing: Landing, faults: Faults) -> None:

@@ -94,6 +94,8 @@ AT_EVENT = frozenset(
 )
 # The faults that change a whole answer, not its events: they apply to any answer.
 ANSWER_FAULTS = frozenset({FaultName.DRIP, FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
+# Faults that edit events: one event takes one of them at most.
+EDITS = (FaultName.SKIP, FaultName.DUPLICATE, FaultName.SWAP, FaultName.CORRUPT)
 # Faults that end the connection at an event: a spec names one of them at most.
 BREAKS = (FaultName.DROP_AFTER, FaultName.CUT_FRAME, FaultName.RESET_AFTER)
 FORMS = (
@@ -165,19 +167,27 @@ class Faults:
         if len(breaks) > 1:
             raise FaultError(f"{' and '.join(breaks)} both end the connection: give one of them")
         touched: dict[int, FaultName] = {}
-        for name in (FaultName.SKIP, FaultName.DUPLICATE, FaultName.SWAP, FaultName.CORRUPT):
-            n = faults.value(name)
-            for event in () if n is None else (n, n + 1) if name is FaultName.SWAP else (n,):
-                if event in touched:
-                    both = f"{touched[event]} and {name} both change event {event}"
-                    raise FaultError(f"{both}: give one of them")
-                touched[event] = name
+        for event, name in faults.edited_events():
+            if event in touched:
+                both = f"{touched[event]} and {name} both change event {event}"
+                raise FaultError(f"{both}: give one of them")
+            touched[event] = name
         return faults
 
     def named(self) -> list[FaultName]:
         """The faults this spec asks for, in catalogue order."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         return [name for name, attr in FIELDS.items() if getattr(self, attr) != defaults[attr]]
+
+    def edited_events(self) -> list[tuple[int, FaultName]]:
+        """The events its edits change (swap=N changes N and N+1), each with the fault."""
+        edited = []
+        for name in EDITS:
+            n = self.value(name)
+            edited += (
+                [] if n is None else [(n, name), (n + 1, name)] if name is FaultName.SWAP else [(n, name)]
+            )
+        return edited
 
     def value(self, name: FaultName) -> Any:
         """What the spec gives ``name``: an event number, a rate, a status, a type."""
@@ -229,7 +239,10 @@ class Faults:
         if any(other.value(name) is not None for name in BREAKS):
             # The connection ends one way: the later spec's.
             changes = {FIELDS[name]: None for name in BREAKS} | changes
-        return replace(self, **changes)
+        # An event gets one edit: the later spec's (two on one event say nothing clear).
+        theirs = {event for event, _ in other.edited_events()}
+        overridden = {FIELDS[name]: None for event, name in self.edited_events() if event in theirs}
+        return replace(self, **(overridden | changes))
 
 
 def _item(faults: Faults, name: str, value: str, has_value: bool) -> Faults:

@@ -6,6 +6,9 @@ from enum import StrEnum
 
 from tasktape.choices import parse_choice
 
+# Why faults are refused in passthrough (given at start, or armed while it runs).
+NOTHING_REPLAYED = "mode passthrough replays nothing: a fault has no answer to be made on"
+
 
 class ReplayMode(StrEnum):
     REPLAY = "replay"  # a miss is an error

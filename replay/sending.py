@@ -18,6 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from tasktape.eventlog.spans import Chunks
+from tasktape.proxy.headers import Relayed
 
 from .fault_edits import Landing
 from .faults import FaultName, Faults
@@ -59,7 +60,7 @@ async def send(
         headers["Content-Type"] = faults.content_type
     if landing.chunks is not answer.chunks:  # a fault changed bytes
         headers.popall("Content-Length", None)
-    response = web.StreamResponse(status=answer.status, headers=headers)
+    response = Relayed(status=answer.status, headers=headers)  # the recorded headers: no Server added
     try:
         await _until(loop, due(answer.start, answer.ttfb_ns, speed) + shift)
         await response.prepare(request)

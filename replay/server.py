@@ -37,14 +37,15 @@ from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, he
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
-from . import control, fidelity
+from . import control, fidelity, settings
 from .armed import Armed, for_request, header_faults
 from .fault_edits import land
 from .faults import HEADER as FAULT_HEADER
 from .faults import FaultName, Faults
 from .fidelity import Digest, Divergence, Served
+from .framing import length_problem
 from .matching import Incoming, MatchRules, mismatches
-from .modes import ReplayMode
+from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import error
 from .sending import Answer, due, send
 from .streams import after, apply_edits, with_ids
@@ -53,6 +54,7 @@ from .tasks import Subscription, Tasks
 log = logging.getLogger("tasktape.replay")
 CONFIGURED = "at start"  # the source of the specs a server is given (--fault, the marker)
 ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
+FORWARDED = "the request was forwarded live to the upstream, and faults are made on replayed answers only"
 
 
 @dataclass
@@ -61,12 +63,28 @@ class Miss:
     closest: list[dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class Unapplied:
+    """The faults a request asked for (X-Tasktape-Fault) that were not made: it was
+    forwarded live (passthrough, or a miss in record-missing)."""
+
+    request: str
+    fault: str
+
+    def __str__(self) -> str:
+        return f"{FAULT_HEADER} {self.fault} of {self.request} not applied: {FORWARDED}"
+
+    def as_json(self) -> dict[str, str]:
+        return {"request": self.request, "fault": self.fault, "reason": FORWARDED}
+
+
 @dataclass
 class ReplayStats:
     served: int = 0
     forwarded: int = 0
     missed: list[Miss] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # requests answered with the replay's own error
+    unapplied: list[Unapplied] = field(default_factory=list)
 
 
 class ReplayServer:
@@ -94,12 +112,18 @@ class ReplayServer:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
         if mode is ReplayMode.RECORD_MISSING and (writer is None or log_path is None):
             raise UsageError("mode record-missing records into a log: give its writer and path")
+        given = [faults] if isinstance(faults, Faults) else list(faults or ())
+        if mode is ReplayMode.PASSTHROUGH and any(given):
+            raise UsageError(NOTHING_REPLAYED)
+        self.speed = settings.speed(speed)
+        self.miss_status = settings.miss_status(miss_status)
         self.log_path = Path(log_path) if log_path else None
         self.recorded: list[Recorded] = []
         self.used: list[int] = []  # times each recording was served
         self._events: dict[int, list[StreamEvent]] = {}
         self._digests: dict[int, Digest] = {}
         self.resumed: set[int] = set()  # recordings served only to clients resuming them
+        self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
         self.add_ids = add_ids
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
@@ -108,13 +132,10 @@ class ReplayServer:
         protocols()
         for r in recorded:
             self._add(r)
-        self.speed = speed
         self.mode = mode
-        given = [faults] if isinstance(faults, Faults) else list(faults or ())
         self._configured = [f for f in given if f]  # armed again by a reset
         self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         self.served: list[Served] = []  # the fidelity record, one per answer
-        self.miss_status = miss_status
         self.rules = MatchRules.of(ignore, match_headers)
         self.allow_repeats = allow_repeats
         self.stats = ReplayStats()
@@ -163,21 +184,25 @@ class ReplayServer:
         if not request.raw_path.startswith("/"):
             # What a client sends a forward proxy (GET http://elsewhere/x): in the modes that
             # forward, the upstream would be given that as its path.
-            return error(
-                400, "absolute-form request targets are not accepted: tasktape replay is not a forward proxy"
+            return self._refuse(
+                f"{request.method} {request.raw_path} (an absolute-form request target)",
+                400,
+                "absolute-form request targets are not accepted: tasktape replay is not a forward proxy",
             )
+        line = f"{request.method} {request.rel_url.raw_path}"
+        spec = request.headers.get(FAULT_HEADER)
         try:
-            header = header_faults(request.headers[FAULT_HEADER]) if FAULT_HEADER in request.headers else None
+            header = None if spec is None else header_faults(spec)
         except FaultError as exc:
-            return error(400, f"{FAULT_HEADER}: {exc}")
+            return self._refuse(f"{line} ({FAULT_HEADER} {spec!r}: {exc})", 400, f"{FAULT_HEADER}: {exc}")
+        upstream_request = self._for_upstream(request)
         if self.mode is ReplayMode.PASSTHROUGH:
-            return await self._forward(request)
+            return await self._forward(upstream_request, None, header)
         try:
             sent = await request.read() if request.body_exists else None
         except web.HTTPRequestEntityTooLarge:
-            line = f"{request.method} {request.rel_url.raw_path}"
-            self.stats.refused.append(f"{line} (a body over {MAX_BODY:,} bytes)")
-            return error(
+            return self._refuse(
+                f"{line} (a body over {MAX_BODY:,} bytes)",
                 413,
                 f"the request body is over {MAX_BODY:,} bytes: tasktape replay reads a body whole to "
                 "match it, up to what a recorder keeps of one by default (--max-body)",
@@ -191,7 +216,7 @@ class ReplayServer:
             body,
             list(request.headers.items()),
         )
-        last_id = request.headers.get("Last-Event-ID")
+        last_id = last_event_id(request)
         matched = self._match(incoming) if last_id is None else self._match_resumed(incoming, last_id)
         if matched is not None:
             self.stats.served += 1
@@ -200,14 +225,29 @@ class ReplayServer:
         if info.rpc_method in SUBSCRIBE_METHODS and info.task_id:
             answer = self.tasks.subscribe(info.task_id, info.binding, info.rpc_id, last_id, start, self.speed)
             if isinstance(answer, str):
-                self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
-                return error(400, answer)
+                return self._refuse(f"{incoming.request_line} (Last-Event-ID {last_id!r})", 400, answer)
             if answer is not None:
                 self.stats.served += 1
                 return await self._subscription(request, incoming, answer, header, start)
         if self.mode is ReplayMode.RECORD_MISSING:
-            return await self._forward(request, sent)
+            return await self._forward(upstream_request, sent, header)
         return self._miss(incoming)
+
+    def _refuse(self, what: str, status: int, message: str) -> web.Response:
+        """The replay's own error, for a request it cannot answer as the agent would:
+        counted as refused (``what``: the request, and why)."""
+        self.stats.refused.append(what)
+        return error(status, message)
+
+    def _for_upstream(self, request: web.Request) -> web.Request:
+        """The request as an upstream may be sent it: without the replay's own fault header,
+        which neither the agent nor a recording is to see. (Made before the body is read:
+        aiohttp clones no request after that.)"""
+        if self.proxy is None or FAULT_HEADER not in request.headers:
+            return request
+        headers = CIMultiDict(request.headers)
+        headers.popall(FAULT_HEADER)
+        return request.clone(headers=headers)
 
     def _matching(self, incoming: Incoming) -> list[int]:
         """Indexes of the recordings that match, in recorded order."""
@@ -218,6 +258,16 @@ class ReplayServer:
         if recorded.protocol is None:  # recognised once, not on every comparison
             protocol = protocol_of(recorded)
             recorded.protocol = None if protocol is None else protocol.name
+        problem = length_problem(recorded)
+        if problem is not None:
+            # Sent, it would hang the client (too long) or cut the body (too short).
+            self._unframed.add(len(self.recorded))
+            log.warning(
+                "tasktape replay: %s (%s): %s; it is left out, and the body sent whole",
+                recorded.request_line,
+                recorded.origin,
+                problem,
+            )
         self._by_route.setdefault((recorded.method, recorded.path), []).append(len(self.recorded))
         self.recorded.append(recorded)
         self.used.append(used)
@@ -227,7 +277,8 @@ class ReplayServer:
         """The recording to answer with, and True: it counts as used once more. A request
         without Last-Event-ID is never answered with a recording of one that had it (the
         rest of a stream from some event on), but with a stream from its start."""
-        matching = [i for i in self._matching(incoming) if self.recorded[i].resumed_from is None]
+        # (A recorded empty Last-Event-ID named no event: that request was a fresh one too.)
+        matching = [i for i in self._matching(incoming) if not self.recorded[i].resumed_from]
         unused = [i for i in matching if not self.used[i]]
         if unused:
             index = unused[0]  # identical requests are answered in recorded order
@@ -286,11 +337,20 @@ class ReplayServer:
             hint="record it (mode record-missing), or ignore fields that change between runs (--ignore)",
         )
 
-    async def _forward(self, request: web.Request, body: bytes | None = None) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, body: bytes | None, header: Faults | None
+    ) -> web.StreamResponse:
         """To the upstream through the recorder, with the body as the client sent it
-        (``body``, once this server has read it)."""
+        (``body``, once this server has read it). It gets no faults: those the request asked
+        for are said not to be made, not dropped in silence."""
         assert self.proxy is not None
         self.stats.forwarded += 1
+        if header:
+            unapplied = Unapplied(
+                f"{request.method} {request.rel_url.raw_path}", ";".join(header.fault_items())
+            )
+            self.stats.unapplied.append(unapplied)
+            log.warning("tasktape replay: %s", unapplied)
         return await self.proxy.handle(request, body)
 
     def _recorded_anew(self, summary: Any) -> None:
@@ -335,16 +395,15 @@ class ReplayServer:
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
         end_ns = recorded.duration_ns
-        last_id = request.headers.get("Last-Event-ID")
+        last_id = last_event_id(request)
         resumed_after = None
         if recorded.is_sse and last_id is not None and last_id != recorded.resumed_from:
             resumed = self._resume(recorded, chunks, last_id)
-            if isinstance(resumed, web.Response):
+            if isinstance(resumed, str):
                 # Nothing of it was served: the recording stays for the next request.
                 self.used[index] -= counted
                 self.stats.served -= 1
-                self.stats.refused.append(f"{incoming.request_line} (Last-Event-ID {last_id!r})")
-                return resumed
+                return self._refuse(f"{incoming.request_line} (Last-Event-ID {last_id!r})", 400, resumed)
             chunks, since_ns = resumed
             resumed_after = since_ns
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
@@ -361,7 +420,13 @@ class ReplayServer:
         elif recorded.is_sse:
             self.tasks.serving(index, start)  # its tasks run from now, in replay time
         headers = end_to_end(_sendable(recorded))
-        if rewrites or last_id is not None or recorded.decoded_from or recorded.response_body_truncated:
+        if (
+            rewrites
+            or last_id is not None
+            or recorded.decoded_from
+            or recorded.response_body_truncated
+            or index in self._unframed
+        ):
             headers.popall("Content-Length", None)
         if recorded.decoded_from:
             headers.popall("Content-Encoding", None)  # the recording holds the decoded body
@@ -412,18 +477,24 @@ class ReplayServer:
         """The error a status fault answers with, as late and as typed as the spec says."""
         status = faults.status or 500
         made = [f"{FaultName.STATUS}={status}"]
-        await asyncio.sleep(faults.delay_headers_ms / 1000)
         if faults.delay_headers_ms:
             made.append(f"{FaultName.DELAY_HEADERS}={faults.delay_headers_ms:g}")
+        if faults.content_type is not None:
+            made.append(f"{FaultName.CONTENT_TYPE}={faults.content_type}")
+        # Named before the delay: a client that leaves during it left a faulty answer.
+        served.faults += made
+        served.because(Divergence.FAULT, ", ".join(made))
+        try:
+            await asyncio.sleep(faults.delay_headers_ms / 1000)
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
+            served.because(Divergence.CLIENT_LEFT, "after 0 bytes")
+            raise
         if status in (204, 304):  # answers that carry no body
             response = web.Response(status=status)
         else:
             response = error(status, f"fault injected: status {status}")
         if faults.content_type is not None:
             response.headers["Content-Type"] = faults.content_type
-            made.append(f"{FaultName.CONTENT_TYPE}={faults.content_type}")
-        served.faults += made
-        served.because(Divergence.FAULT, ", ".join(made))
         body = response.body if isinstance(response.body, bytes) else b""
         served.body, served.bytes_sent = [(0, body)], len(body)
         served.late_s.append(0.0)
@@ -458,8 +529,9 @@ class ReplayServer:
                 return [(chunks[-1][0], card)], [*rewrites, f"the agent card points at {public}"]
         return chunks, rewrites
 
-    def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | web.Response:
-        """What follows the event ``last_id``, and that event's offset (the rest's new zero)."""
+    def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | str:
+        """What follows the event ``last_id``, and that event's offset (the rest's new zero);
+        or why there is none."""
         events = events_in(chunks)
         for event in events:
             if event.id == last_id:
@@ -469,10 +541,9 @@ class ReplayServer:
             hint = "this stream was recorded without event ids: replay with add_ids (--add-ids) to resume it"
         else:
             hint = f"its event ids run from {known[0]!r} to {known[-1]!r}"
-        return error(
-            400,
+        return (
             f"Last-Event-ID {last_id!r} names no event of the recorded stream "
-            f"({recorded.request_line}, {recorded.origin}); {hint}",
+            f"({recorded.request_line}, {recorded.origin}); {hint}"
         )
 
     def _event_id(self, index: int, n: int, event: StreamEvent) -> str | None:
@@ -501,6 +572,8 @@ class ReplayServer:
         """Arm a spec: its scope counts from now."""
         if not faults:
             raise FaultError("the spec names no fault")
+        if self.mode is ReplayMode.PASSTHROUGH:
+            raise FaultError(NOTHING_REPLAYED)
         armed = Armed(faults, source)
         self.armed.append(armed)
         return armed
@@ -513,6 +586,12 @@ class ReplayServer:
     def report(self) -> dict[str, Any]:
         """The fidelity report, as ``GET /_tasktape/report`` answers it."""
         return fidelity.report(self.served)
+
+
+def last_event_id(request: web.Request) -> str | None:
+    """The event a reconnecting client saw last; None for a fresh request. An empty
+    Last-Event-ID names none (in SSE, an empty id is no last event): fresh too."""
+    return request.headers.get("Last-Event-ID") or None
 
 
 def is_card(recorded: Recorded) -> bool:

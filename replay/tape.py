@@ -31,7 +31,7 @@ from .matching import Incoming, mismatches
 from .modes import ReplayMode
 from .on_expired import OnExpired
 from .record_mode import RecordMode
-from .server import Miss, ReplayServer, is_card
+from .server import Miss, ReplayServer, Unapplied, is_card
 
 if TYPE_CHECKING:
     from tasktape.eventlog import LogWriter
@@ -62,10 +62,11 @@ class TapeOptions:
 
 @dataclass(frozen=True)
 class Told:
-    """How many of a tape's misses and refused requests were reported already."""
+    """How many of a tape's misses, refused requests and faults not made were reported already."""
 
     missed: int = 0
     refused: int = 0
+    unapplied: int = 0
 
 
 @dataclass
@@ -93,8 +94,14 @@ class Tape:
     @property
     def refused(self) -> list[str]:
         """Requests the replay answered with an error of its own (a Last-Event-ID naming no
-        recorded event), each with what made it refuse."""
+        recorded event, a malformed X-Tasktape-Fault), each with what made it refuse."""
         return self.server.stats.refused
+
+    @property
+    def unapplied(self) -> list[Unapplied]:
+        """The faults requests asked for (X-Tasktape-Fault) that were not made: a recording
+        run forwarded those requests live to the upstream."""
+        return self.server.stats.unapplied
 
     @property
     def unused(self) -> list[Recorded]:
@@ -112,7 +119,7 @@ class Tape:
 
     def told(self) -> Told:
         """What :meth:`problems` has said once it said everything up to now."""
-        return Told(len(self.missed), len(self.refused))
+        return Told(len(self.missed), len(self.refused), len(self.unapplied))
 
     @property
     def events(self) -> list[SSEEvent]:
@@ -141,11 +148,15 @@ class Tape:
         why they differ, how late its chunks went out, its faults."""
         return self.server.report()
 
-    def assert_faithful(self, *, allow: Iterable[str] = (), max_lateness_ms: float | None = None) -> None:
+    def assert_faithful(
+        self, *, allow: str | Iterable[str] = (), max_lateness_ms: float | None = None
+    ) -> None:
         """Fail unless every answer was the recording byte for byte, but for the kinds of
         difference in ``allow`` (``"fault"``, ``"resume"``, ``"rewrite"``, ``"subscribe"``,
-        ``"client-left"``), and, given ``max_lateness_ms``, on time to within it."""
-        allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in allow}
+        ``"client-left"``: one, or a list of them), and, given ``max_lateness_ms``, on time
+        to within it."""
+        kinds = (allow,) if isinstance(allow, str) else allow  # one kind, never its letters
+        allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in kinds}
         lines = []
         for stream in self.report()["streams"]:
             where = f"{stream['method']} {stream['path']} ({stream['exchange']})"
@@ -162,9 +173,10 @@ class Tape:
             raise Unfaithful("tasktape: the replay was not the recording:\n  " + "\n  ".join(lines))
 
     def problems(self, *, since: Told | None = None, unused: bool = True) -> str | None:
-        """Why the test should fail: requests that missed the cassette and requests the
-        replay refused (those after ``since``, already told) and, when strict and
-        ``unused``, recordings left unused; None when there is nothing to say."""
+        """Why the test should fail: requests that missed the cassette, requests the replay
+        refused and faults a request asked for that were not made (those after ``since``,
+        already told) and, when strict and ``unused``, recordings left unused; None when
+        there is nothing to say."""
         since = since or Told()
         lines = []
         missed = self.missed[since.missed :]
@@ -175,6 +187,11 @@ class Tape:
         lines += [
             f"the replay refused {refused}, answering with an error of its own, not a recording"
             for refused in self.refused[since.refused :]
+        ]
+        # The test meant to see how its client copes with them: what it saw says nothing of that.
+        lines += [
+            f"{unapplied}; run the test again to replay it with them"
+            for unapplied in self.unapplied[since.unapplied :]
         ]
         if unused and self.strict and not self.recording:
             lines += [f"recorded but never requested: {r.request_line} ({r.origin})" for r in self.unused]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -13,19 +15,27 @@ from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.redact import Redactor
 from tasktape.proxy.recorder import upstream_url
-from tasktape.replay import ReplayMode, ReplayServer, fidelity, load
+from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
+from tasktape.replay.modes import NOTHING_REPLAYED
 
 from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
 from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
 
+Value = TypeVar("Value")
 
-def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
-    try:
-        return ReplayMode.parse(value)
-    except UsageError as exc:
-        raise click.BadParameter(str(exc)) from None
+
+def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Parameter, Any], Value]:
+    """A click callback: the value as ``check`` takes it, or its usage error as click's."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Value:
+        try:
+            return check(value)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return callback
 
 
 @click.command()
@@ -39,9 +49,10 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
 )
 @click.option(
     "--speed",
-    type=click.FloatRange(min=0),
+    type=float,
     default=1.0,
     show_default=True,
+    callback=_checked(settings.speed),
     help="Replay this many times faster than recorded; 0: as fast as possible.",
 )
 @click.option(
@@ -53,7 +64,7 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
     "--mode",
     default="replay",
     show_default=True,
-    callback=_mode,
+    callback=_checked(ReplayMode.parse),
     help="replay: a miss is an error; record-missing: misses go to --upstream and are recorded; "
     "passthrough: everything goes to --upstream.",
 )
@@ -90,10 +101,11 @@ def _mode(ctx: click.Context, param: click.Parameter, value: str) -> ReplayMode:
 )
 @click.option(
     "--miss-status",
-    type=click.IntRange(100, 599),
+    type=int,
     default=404,
     show_default=True,
-    help="The HTTP status of the answer to a request nothing recorded matches.",
+    callback=_checked(settings.miss_status),
+    help="The HTTP status of the answer to a request nothing recorded matches: an error status, 400 to 599.",
 )
 @click.option(
     "--allow-repeats",
@@ -127,10 +139,12 @@ def replay(
     Identical requests are answered in recorded order. Streams are sent at their recorded
     pace (--speed), chunk by chunk, byte for byte; a Last-Event-ID header resumes one after
     that event; tasks/{id}:subscribe gets the task's recorded events. On exit, it says what
-    was served, what missed, and which recordings were never used.
+    was served, what missed or was refused, and which recordings were never used.
     """
     if not sources and mode is not ReplayMode.PASSTHROUGH:  # (passthrough replays nothing)
         raise click.UsageError("Missing argument 'SOURCE...': the logs or cassettes to replay.")
+    if faults and mode is ReplayMode.PASSTHROUGH:
+        raise click.BadParameter(NOTHING_REPLAYED, param_hint="--fault")
     try:
         armed = [Faults.parse(spec) for spec in faults]
         recorded = load(list(sources))
@@ -200,10 +214,12 @@ def replay(
 
 
 def report(server: ReplayServer) -> list[str]:
-    """What was served, what missed, and which recordings were never used."""
+    """What was served, what missed, what was refused, which faults requests asked for
+    were not made, and which recordings were never used."""
     stats = server.stats
     lines = [
         f"tasktape replay: {stats.served} served, {len(stats.missed)} missed"
+        + (f", {len(stats.refused)} refused" if stats.refused else "")
         + (f", {stats.forwarded} forwarded" if stats.forwarded else "")
     ]
     for miss in stats.missed:
@@ -211,6 +227,8 @@ def report(server: ReplayServer) -> list[str]:
         lines += [
             f"    closest: {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest
         ]
+    lines += [f"  refused {refused}" for refused in stats.refused]
+    lines += [f"  {unapplied}" for unapplied in stats.unapplied]
     unused = server.unused() if server.mode is not ReplayMode.PASSTHROUGH else []
     if unused:
         lines.append(f"  {len(unused)} recorded exchanges were never used:")

@@ -65,3 +65,34 @@ def test_faults_from_the_test_and_the_report(project: pytest.Pytester) -> None:
         ["*'faults' is not a kind of difference; choose one of fault, resume, rewrite*"]
     )
     result.stdout.fnmatch_lines(["*cannot read the fault 'skip=two'*"])
+
+
+def test_allowing_one_kind_and_a_client_gone_during_a_late_status(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_allowed="""
+        import asyncio
+        import httpx
+        import pytest
+
+        pytestmark = pytest.mark.tasktape("cassettes/completed.jsonl", allow_repeats=True)
+        BODY = {"message": {"role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}}
+
+        async def test_one_kind_as_a_string(tasktape):
+            tasktape.fault("skip=2")
+            async with httpx.AsyncClient() as http:
+                await http.post(f"{tasktape.url}/message:stream", json=BODY)
+            tasktape.assert_faithful(allow="fault")
+
+        async def test_the_client_left_before_the_late_status(tasktape):
+            late = {"X-Tasktape-Fault": "status=500;delay-headers=1000"}
+            async with httpx.AsyncClient() as http:
+                with pytest.raises(httpx.TimeoutException):
+                    await http.post(f"{tasktape.url}/message:stream", json=BODY, headers=late, timeout=0.1)
+            await asyncio.sleep(0.2)
+            (stream,) = tasktape.report()["streams"]
+            assert stream["reasons"][1:] == ["client-left: after 0 bytes"]
+            tasktape.assert_faithful(allow=["fault", "client-left"])
+        """
+    )
+    run(project).assert_outcomes(passed=2)

@@ -183,6 +183,66 @@ def test_a_refused_request_fails_the_test_strict_or_not(project: pytest.Pytester
         assert result.stdout.str().split("short test summary")[0].count("the replay refused") == 1
 
 
+def test_a_malformed_fault_header_is_refused(project: pytest.Pytester) -> None:
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_bad_header="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        def test_a_count_in_a_request_s_fault(tasktape):
+            counted = {"X-Tasktape-Fault": "drop-after=1;times=1"}
+            response = httpx.post(f"{tasktape.url}/message:stream", json={}, headers=counted)
+            assert response.status_code == 400
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "the replay refused POST /message:stream (X-Tasktape-Fault 'drop-after=1;times=1': times and "
+            "every count requests: *), answering with an error of its own, not a recording",
+            "tasktape: 0 served, 0 missed, 2 unused, 1 refused, *",
+        ]
+    )
+
+
+def test_a_fault_a_recording_run_could_not_make_fails_the_test(
+    project: pytest.Pytester, agent: Agent
+) -> None:
+    """Recorded live, the answer got no fault: the test says so (what it saw says nothing of
+    how its client copes), the cassette keeps no X-Tasktape-Fault, and the next run replays
+    it with the fault."""
+    project.makepyfile(
+        test_recorded_fault="""
+        import httpx
+        import pytest
+
+        BODY = {"message": {"role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}}
+
+        def test_a_drop(tasktape):
+            headers = {"X-Tasktape-Fault": "drop-after=3", "A2A-Version": "1.0"}
+            with httpx.stream("POST", f"{tasktape.url}/message:stream", json=BODY, headers=headers) as r:
+                with pytest.raises(httpx.RemoteProtocolError):
+                    r.read()
+        """
+    )
+    result = run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={agent.url}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "X-Tasktape-Fault drop-after=3 of POST /message:stream not applied: the request was forwarded "
+            "live to the upstream, and faults are made on replayed answers only; run the test again to "
+            "replay it with them"
+        ]
+    )
+    cassette = project.path / "cassettes" / "test_recorded_fault" / "test_a_drop.jsonl"
+    assert exchanges(cassette) == ["POST /message:stream"]
+    assert "x-tasktape-fault" not in cassette.read_text().lower()
+    run(project).assert_outcomes(passed=1)
+
+
 AGED_TESTS = """
 import pytest
 from helpers import ask, final_state

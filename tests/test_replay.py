@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
 from sdk_agent import run_sdk_agent
@@ -19,6 +20,7 @@ from sdk_client import stream_message
 
 from tasktape.a2a_client import A2AClient
 from tasktape.agent import create_agent_app
+from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.protocols import protocols
@@ -533,3 +535,170 @@ async def test_a_stream_ends_at_its_recorded_end(serve: Serve) -> None:
         await resp.content.readuntil(b"\n\n")
         assert await resp.content.read() == b""
         assert time.monotonic() - started >= 0.25  # the server closed it when the recorded one did
+
+
+@pytest.mark.parametrize("status", [100, 101, 200, 204, 304, 399, 600, True])
+def test_a_miss_is_answered_with_an_error_status(status: int) -> None:
+    # A 1xx leaves the client waiting for ever; a 204 or a 304 loses the error's body.
+    with pytest.raises(UsageError, match="a miss is answered with an error status, 400 to 599"):
+        ReplayServer([], miss_status=status)
+    assert ReplayServer([], miss_status=599).miss_status == 599
+
+
+@pytest.mark.parametrize("speed", [float("nan"), float("inf"), -1.0])
+def test_a_speed_is_a_finite_number(speed: float) -> None:
+    with pytest.raises(
+        UsageError, match=r"the speed is 0 \(as fast as possible\) or a finite number above it"
+    ):
+        ReplayServer([], speed=speed)
+
+
+def sse_answer(**fields: Any) -> Recorded:
+    return Recorded(
+        **{
+            "method": "GET",
+            "path": "/events",
+            "status": 200,
+            "response_headers": [("Content-Type", "text/event-stream")],
+            "is_sse": True,
+            "chunks": [(MS, b"id: 1\ndata: a\n\n"), (2 * MS, b"id: 2\ndata: b\n\n")],
+            "outcome": "complete",
+            **fields,
+        }
+    )
+
+
+async def test_an_empty_last_event_id_is_a_fresh_request(tmp_path: Path, serve: Serve) -> None:
+    """In SSE an empty id is no last event: a client sending one asks for the stream from
+    its start, and a recording of such a request answers a request without one."""
+    whole = b"id: 1\ndata: a\n\nid: 2\ndata: b\n\n"
+    for recorded, sent in (
+        (sse_answer(), {"Last-Event-ID": ""}),
+        (sse_answer(request_headers=[("Last-Event-ID", "")]), {}),
+    ):
+        write_cassette(tmp_path / "c.jsonl", [recorded])
+        server = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0)
+        url = await serve(server.app)
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/events", headers=sent) as r:
+            assert (r.status, await r.read()) == (200, whole), sent
+        assert server.stats.refused == [] and server.stats.missed == [] and server.unused() == []
+        assert [s["reasons"] for s in server.report()["streams"]] == [[]]
+
+
+async def test_a_request_forwarded_live_gets_no_faults_and_says_so(tmp_path: Path, serve: Serve) -> None:
+    """The replay's own header reaches neither the agent nor the recording, and the faults
+    it asked for, which nothing replayed could be given, are listed as not applied."""
+    seen: list[str] = []
+    app = create_agent_app(pace=0)
+
+    async def note(request: web.Request, response: web.StreamResponse) -> None:
+        seen.append(request.headers.get("X-Tasktape-Fault", "(none)"))
+
+    app.on_response_prepare.append(note)
+    agent = await serve(app)
+    fault = {"X-Tasktape-Fault": "drop-after=1;path=/message*"}
+    passthrough = ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent)
+    db = tmp_path / "grows.db"
+    with LogWriter(db) as writer:
+        recording = ReplayServer(
+            [], speed=0, mode=ReplayMode.RECORD_MISSING, upstream=agent, writer=writer, log_path=db
+        )
+        for server in (passthrough, recording):
+            url = await serve(server.app)
+            body, _, status = await timed_post(f"{url}/message:stream", message("hello"), fault)
+            assert status == 200 and b"TASK_STATE_COMPLETED" in body  # whole: not dropped
+            async with aiohttp.ClientSession() as session, session.get(f"{url}/_tasktape/faults") as r:
+                assert (await r.json())["not_applied"] == [
+                    {
+                        "request": "POST /message:stream",
+                        "fault": "drop-after=1",
+                        "reason": "the request was forwarded live to the upstream, and faults are made on "
+                        "replayed answers only",
+                    }
+                ]
+            assert [str(u) for u in server.stats.unapplied] == [
+                "X-Tasktape-Fault drop-after=1 of POST /message:stream not applied: the request was "
+                "forwarded live to the upstream, and faults are made on replayed answers only"
+            ]
+        for _ in range(100):  # the recording is added once the log has it
+            if recording.recorded:
+                break
+            await asyncio.sleep(0.02)
+    assert seen == ["(none)", "(none)"]
+    (recorded,) = load([db])
+    assert "x-tasktape-fault" not in {name.lower() for name, _ in recorded.request_headers}
+    # Nothing is replayed in passthrough: a fault given to it has nothing to apply to.
+    with pytest.raises(UsageError, match="mode passthrough replays nothing"):
+        ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent, faults=Faults.parse("drop-after=1"))
+    with pytest.raises(UsageError, match="mode passthrough replays nothing"):
+        passthrough.arm(Faults.parse("drop-after=1"), "tasktape.fault()")
+
+
+BODY = b'{"n": 1}'
+
+
+@pytest.mark.parametrize("lengths", [["99"], ["2"], ["-8"], ["8 bytes"], ["8", "8"]])
+async def test_a_recorded_length_that_is_not_the_body_s_is_left_out(
+    tmp_path: Path, serve: Serve, caplog: pytest.LogCaptureFixture, lengths: list[str]
+) -> None:
+    """A cassette edited by hand: too long a length would hang the client, too short a one
+    would cut the body. The body goes out whole, framed as HTTP says, and the load says why."""
+
+    def answer(lengths: list[str], **fields: Any) -> Recorded:
+        return Recorded(
+            **{
+                "method": "GET",
+                "path": "/x",
+                "status": 200,
+                "response_headers": [("Content-Type", "application/json")]
+                + [("Content-Length", v) for v in lengths],
+                "chunks": [(0, BODY[:4]), (MS, BODY[4:])],
+                "outcome": "complete",
+                **fields,
+            }
+        )
+
+    write_cassette(tmp_path / "c.jsonl", [answer(lengths), answer(["8"], path="/right")])
+    server = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "tasktape.replay"]
+    assert warning.startswith("tasktape replay: GET /x (c.jsonl:2): its Content-Length")
+    assert warning.endswith("; it is left out, and the body sent whole")
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/x") as r:
+            assert await asyncio.wait_for(r.read(), 5) == BODY and "Content-Length" not in r.headers
+        async with session.get(f"{url}/right") as r:  # a right one goes out as recorded
+            assert await r.read() == BODY and r.headers.getall("Content-Length") == ["8"]
+    # No body to frame, or one that broke off: the recorded length is no mistake.
+    caplog.clear()
+    ReplayServer(
+        [
+            answer(["99"], method="HEAD", chunks=[]),
+            answer(["99"], status=304, chunks=[]),
+            answer(["99"], outcome="upstream_disconnected"),
+        ]
+    )
+    assert [r for r in caplog.records if r.name == "tasktape.replay"] == []
+
+
+async def test_a_replayed_answer_has_the_recorded_headers_and_a_date(tmp_path: Path, serve: Serve) -> None:
+    """aiohttp names itself in a Server header and types an untyped body: a replayed answer
+    gets neither, only a Date where the recording has none (as the recorder passes it on)."""
+    untyped = Recorded(
+        method="GET", path="/untyped", status=200, response_headers=[], chunks=[(0, BODY)], outcome="complete"
+    )
+    named = Recorded(
+        method="GET",
+        path="/named",
+        status=200,
+        response_headers=[("Server", "agent/1.0"), ("Date", "Sun, 06 Dec 2026 15:00:00 GMT")],
+        chunks=[(0, BODY)],
+        outcome="complete",
+    )
+    url = await serve(ReplayServer([untyped, named], speed=0).app)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/untyped") as r:
+            assert await r.read() == BODY
+            assert "Server" not in r.headers and "Content-Type" not in r.headers and "Date" in r.headers
+        async with session.get(f"{url}/named") as r:
+            assert (r.headers["Server"], r.headers["Date"]) == ("agent/1.0", "Sun, 06 Dec 2026 15:00:00 GMT")

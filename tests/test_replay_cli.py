@@ -48,6 +48,8 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
                 assert (await r.json())["task"]["id"] == "t1"
             async with session.get(f"{url}/tasks/t1", headers={"X-Tasktape-Fault": "status=503"}) as r:
                 assert r.status == 503
+            async with session.get(f"{url}/tasks/t1", headers={"X-Tasktape-Fault": "explode=1"}) as r:
+                assert r.status == 400
             async with session.post(
                 f"{url}/message:send",
                 json={"message": {"parts": [{"text": "other"}]}},
@@ -57,7 +59,8 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
                 assert r.status == 404 and 'header x-tenant "south" vs (absent)' in closest["differs"]
         assert await stop(run, signal.SIGINT) == 0
         err = run.printed[-1]
-    assert "tasktape replay: 2 served, 1 missed" in err
+    assert "tasktape replay: 2 served, 1 missed, 1 refused" in err
+    assert "  refused GET /tasks/t1 (X-Tasktape-Fault 'explode=1': unknown fault 'explode'; use " in err
     assert (
         "missed POST /message:send" in err
         and 'body differs at /message/parts/0/text ("other" vs "hi")' in err
@@ -75,12 +78,18 @@ async def test_passthrough_needs_no_source_and_reports_no_unused_ones(tmp_path: 
                 assert f"on {run.url}, everything goes to {agent} (mode passthrough)" in run.printed[0]
                 async with (
                     aiohttp.ClientSession() as session,
-                    session.post(f"{run.url}/message:stream", json={}) as r,
+                    session.post(
+                        f"{run.url}/message:stream", json={}, headers={"X-Tasktape-Fault": "drop-after=1"}
+                    ) as r,
                 ):
-                    assert (await r.read()).count(b"data:") == 3
+                    assert (await r.read()).count(b"data:") == 3  # forwarded live: no fault made
                 assert await stop(run, signal.SIGINT) == 0
             assert "0 served, 0 missed, 1 forwarded" in run.printed[-1]
             assert "never used" not in run.printed[-1]
+            assert (
+                "  X-Tasktape-Fault drop-after=1 of POST /message:stream not applied: the request was "
+                "forwarded live to the upstream" in run.printed[-1]
+            )
     code, err = await finished("replay", "--listen", "127.0.0.1:0")
     assert code == 2 and "Missing argument 'SOURCE...'" in err
 
@@ -98,6 +107,23 @@ async def test_passthrough_needs_no_source_and_reports_no_unused_ones(tmp_path: 
         (["--fault", "times=1"], 1, "names no fault"),
         (["--mode", "record-missing", "--upstream", "http://127.0.0.1:9"], 2, "record-missing needs --db"),
         (["--ignore", "foo"], 2, "Invalid value for '--ignore': not a JSON pointer (it must start with '/')"),
+        *(
+            (
+                ["--miss-status", status],
+                2,
+                "a miss is answered with an error status, 400 to 599, not " + status,
+            )
+            for status in ("100", "101", "204", "304", "200")
+        ),
+        *(
+            (["--speed", speed], 2, "the speed is 0 (as fast as possible) or a finite number above it, not ")
+            for speed in ("nan", "inf", "-1")
+        ),
+        (
+            ["--mode", "passthrough", "--upstream", "http://127.0.0.1:9", "--fault", "drop-after=1"],
+            2,
+            "Invalid value for --fault: mode passthrough replays nothing",
+        ),
     ],
 )
 async def test_bad_arguments_are_explained(

@@ -61,8 +61,16 @@ async def test_every_path_under_it_is_its_own(serve: Serve, tmp_path: Path) -> N
     # Nor are they forwarded where everything else is.
     agent = await serve(create_agent_app(pace=0))
     passthrough = await serve(ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent).app)
-    async with aiohttp.ClientSession() as session, session.get(f"{passthrough}/_tasktape/report") as r:
-        assert r.status == 200 and await r.json() == {"streams": []}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{passthrough}/_tasktape/report") as r:
+            assert r.status == 200 and await r.json() == {"streams": []}
+        # Nor can a fault be armed there: nothing is replayed to make it on.
+        async with session.post(f"{passthrough}/_tasktape/faults", json={"fault": "drop-after=1"}) as r:
+            assert (
+                r.status == 400 and "mode passthrough replays nothing" in (await r.json())["error"]["message"]
+            )
+        async with session.get(f"{passthrough}/_tasktape/faults") as r:
+            assert await r.json() == {"armed": [], "not_applied": []}
 
 
 async def test_other_hosts_origins_and_bodies_are_refused(serve: Serve, tmp_path: Path) -> None:

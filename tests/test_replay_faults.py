@@ -394,3 +394,92 @@ async def test_a_client_gone_before_the_headers_is_told_apart(tmp_path: Path, se
     await asyncio.sleep(0.4)
     (stream,) = server.report()["streams"]
     assert stream["reasons"] == ["client-left: after 0 bytes"] and stream["bytes_sent"] == 0
+
+
+async def test_a_request_s_fault_wins_over_an_armed_one_on_the_same_event(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    server = ReplayServer(load([db]), speed=0, allow_repeats=True)
+    server.arm(Faults.parse("skip=3;times=1"), "POST /_tasktape/faults")
+    url = await serve(server.app)
+    swapped = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": "swap=3"})
+    assert swapped.body == b"".join(e.raw for e in [*events[:2], events[3], events[2], *events[4:]])
+    assert server.report()["streams"][0]["faults"] == ["swap=3"]
+    # The armed spec was not made: it keeps its once for the next answer.
+    assert [(a.seen, a.applied) for a in server.armed] == [(1, 0)]
+    skipped = await wire(url, "/message:stream", message(QUESTION))
+    assert skipped.body == b"".join(e.raw for e in [*events[:2], *events[3:]])
+    # Two armed specs: the later one says what it names again, event by event.
+    later = Faults().merged(Faults.parse("duplicate=4;corrupt=6")).merged(Faults.parse("swap=3"))
+    assert (later.duplicate, later.swap, later.corrupt) == (None, 3, 6)
+
+
+FIRST, SECOND, THIRD = b"id: 1\ndata: a\n\n", b"id: 2\ndata: b\n\n", b"id: 3\ndata: c\n\n"
+KEEP_ALIVE = b": ping\n\nretry: 1000\r\n\r\n"  # blocks that dispatch no event
+PINGED = FIRST + KEEP_ALIVE + SECOND + THIRD
+
+
+def with_comments(tmp_path: Path) -> Path:
+    """A stream with blocks that dispatch no event before its second: a keep-alive comment
+    and a lone retry directive (the decoder counts them as event 2's bytes)."""
+    stream = Recorded(
+        method="GET",
+        path="/events",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(MS, PINGED[:20]), (2 * MS, PINGED[20:])],
+        outcome="complete",
+    )
+    path = tmp_path / "pinged.jsonl"
+    write_cassette(path, [stream])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("skip=2", FIRST + KEEP_ALIVE + THIRD),
+        ("duplicate=2", FIRST + KEEP_ALIVE + SECOND + SECOND + THIRD),
+        ("swap=1", SECOND + KEEP_ALIVE + FIRST + THIRD),
+        ("swap=2", FIRST + KEEP_ALIVE + THIRD + SECOND),
+        ("drop-after=1", FIRST),
+        ("cut-frame=2", FIRST + KEEP_ALIVE + SECOND[: len(SECOND) // 2]),
+    ],
+)
+async def test_an_event_s_faults_leave_the_blocks_before_it_alone(
+    serve: Serve, tmp_path: Path, spec: str, expected: bytes
+) -> None:
+    url = await serve(ReplayServer(load([with_comments(tmp_path)]), speed=0).app)
+    got = await wire(url, "/events", headers={"X-Tasktape-Fault": spec})
+    assert got.body == expected
+
+
+async def test_a_client_gone_during_a_late_status_fault_left(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    db, _ = demo
+    server = ReplayServer(load([db]), speed=0)
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(asyncio.TimeoutError):
+            await session.post(
+                f"{url}/message:stream",
+                json=message(QUESTION),
+                headers={"X-Tasktape-Fault": "status=500;delay-headers=1000"},
+                timeout=aiohttp.ClientTimeout(total=0.1),
+            )
+    await asyncio.sleep(0.2)
+    (stream,) = server.report()["streams"]
+    assert stream["faults"] == ["status=500", "delay-headers=1000"] and not stream["finished"]
+    assert stream["reasons"] == ["fault: status=500, delay-headers=1000", "client-left: after 0 bytes"]
+
+
+async def test_a_malformed_fault_header_is_refused_and_counted(serve: Serve, tmp_path: Path) -> None:
+    server = ReplayServer(load([card_and_stream(tmp_path)]), speed=0)
+    url = await serve(server.app)
+    got = await wire(url, "/events", headers={"X-Tasktape-Fault": "explode=1"})
+    assert got.status == 400 and "unknown fault 'explode'" in got.body.decode()
+    (refused,) = server.stats.refused
+    assert refused.startswith("GET /events (X-Tasktape-Fault 'explode=1': unknown fault 'explode'; use ")
+    assert server.stats.served == 0
