@@ -239,8 +239,8 @@ MALFORMED = {
         2,
         "exchange: response.status: Input should be a valid integer",
     ),
-    "a path that is not one": (
-        HEADER + '{"exchange": {"request": {"method": "GET", "path": "http://evil.example/"}}}\n',
+    "a path that is not one": (  # (an absolute-form target is one: a refused request's)
+        HEADER + '{"exchange": {"request": {"method": "GET", "path": "evil.example/x"}}}\n',
         2,
         "exchange: request.path: String should match pattern",
     ),
