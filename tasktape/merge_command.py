@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from tasktape.errors import LogError
+from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.merge import merge_logs
 
 
@@ -28,6 +29,16 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
     but what it gained since (the rest of exchanges still under way when it was merged
     before). A log still being recorded can be merged: what it held when its turn came.
     """
+    for log in logs:
+        kind = kind_of(log)
+        if kind is FileKind.EMPTY:
+            raise click.ClickException(f"{log} is empty: there is nothing to merge")
+        if kind is not FileKind.LOG:
+            raise click.ClickException(
+                f"{log} is {kind}, not an event log: tasktape import {log} --db {output} reads it into one"
+            )
+    if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
+        raise click.ClickException(f"{output} is {kind_of(output)}: merge writes an event log, not over it")
     try:
         for report in merge_logs(logs, output):
             click.echo(f"tasktape merge: {report.describe()}")

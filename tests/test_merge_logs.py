@@ -189,3 +189,18 @@ async def test_a_merged_fleet_replays_each_recorders_stream_byte_for_byte(
     with EventLog(fleet) as log:
         tasks = {r["task_id"] for r in log.db.query("SELECT task_id FROM task_summary")}
     assert tasks == {result_a.task_id, result_b.task_id}
+
+
+def test_the_command_points_files_of_another_kind_to_import(tmp_path: Path) -> None:
+    a, fleet = write_log(tmp_path / "a.db", "a"), tmp_path / "fleet.db"
+    cassette, empty = tmp_path / "c.jsonl", tmp_path / "empty.db"
+    cassette.write_text('{"tasktape_cassette": 1}\n')
+    empty.write_bytes(b"")
+    runner = CliRunner()
+    result = runner.invoke(main, ["merge", str(a), str(cassette), "-o", str(fleet)])
+    assert result.exit_code == 1 and f"tasktape import {cassette} --db {fleet}" in result.output
+    result = runner.invoke(main, ["merge", str(empty), "-o", str(fleet)])
+    assert result.exit_code == 1 and "is empty" in result.output
+    result = runner.invoke(main, ["merge", str(a), "-o", str(cassette)])
+    assert result.exit_code == 1 and "is a cassette: merge writes an event log" in result.output
+    assert not fleet.exists() and cassette.read_text() == '{"tasktape_cassette": 1}\n'
