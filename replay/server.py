@@ -439,7 +439,11 @@ class ReplayServer:
             start,
             cut_ns=cut_ns,
             end_ns=end_ns if recorded.is_sse else None,
-            hold=recorded.outcome == Outcome.CLIENT_DISCONNECTED and recorded.is_sse,
+            # A GET stream (MCP's standalone one) is the server's to keep open: the client that
+            # ended it is answered as that server would; any other breaks off where it did.
+            hold=recorded.outcome == Outcome.CLIENT_DISCONNECTED
+            and recorded.is_sse
+            and recorded.method == "GET",
         )
         return await self._send(request, incoming, answer, header, served, recorded.protocol)
 

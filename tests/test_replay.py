@@ -7,6 +7,7 @@ import asyncio
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -526,6 +527,20 @@ async def test_a_stream_its_client_ended_stays_open_until_the_client_leaves(serv
         # Well past the moment the recorded client left, the stream is still open.
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(resp.content.read(1), 0.5)
+
+
+async def test_a_posted_stream_its_client_left_breaks_off_where_it_did(serve: Serve) -> None:
+    """A token stream the client left (an SDK that broke out of its loop): the agent was
+    still sending. Replayed, it breaks off after the same bytes; held open, a client that
+    reads on would wait for ever."""
+    left = replace(get_stream("client_disconnected", 50 * MS), method="POST", path="/v1/chat/completions")
+    url = await serve(ReplayServer([left], speed=1.0).app)
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/chat/completions") as resp:
+        got = b""
+        with pytest.raises(aiohttp.ClientPayloadError):
+            while chunk := await asyncio.wait_for(resp.content.readany(), 2):
+                got += chunk
+    assert got == left.body
 
 
 async def test_a_stream_ends_at_its_recorded_end(serve: Serve) -> None:
