@@ -29,6 +29,9 @@ ChatBreak = Literal[
     "no_done",  # the stream ends without data: [DONE]
     "done_not_last",  # [DONE] comes before the last chunk
     "two_finishes",  # two chunks carry a finish_reason
+    "choice_unfinished",  # a second choice (n=2) that never gets a finish_reason
+    "refusal_after_finish",  # choice 0 refuses after its finish_reason
+    "error_event",  # an error event in place of the finish (what the API sends mid-stream)
 ]
 MessagesBreak = Literal[
     "unclosed_block",  # no content_block_stop
@@ -247,7 +250,15 @@ class _Completion:
 def _chat_frames(completion: _Completion, broken: ChatBreak | None) -> list[bytes]:
     chunks = [completion.chunk({"role": "assistant", "content": "", "refusal": None})]
     chunks += [completion.chunk({"content": piece}) for piece in completion.pieces]
+    if broken == "choice_unfinished":
+        second = completion.chunk({"content": "and another"})
+        chunks.append(second | {"choices": [second["choices"][0] | {"index": 1}]})
+    if broken == "error_event":
+        error = {"error": {"message": "The server had an error", "type": "server_error", "code": None}}
+        return [_data(_compact(chunk)) for chunk in chunks] + [_event("error", _compact(error))]
     chunks += [completion.chunk({}, "stop")] * (2 if broken == "two_finishes" else 1)
+    if broken == "refusal_after_finish":
+        chunks.append(completion.chunk({"refusal": "I cannot"}))
     if completion.include_usage:
         chunks.append(completion.chunk(None))
     frames = [_data(_compact(chunk)) for chunk in chunks]

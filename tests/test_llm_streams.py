@@ -199,6 +199,8 @@ BREAKS = [
     (openai_app, chat, "no_done", "openai-done-last"),
     (openai_app, chat, "done_not_last", "openai-done-last"),
     (openai_app, chat, "two_finishes", "openai-one-finish"),
+    (openai_app, chat, "choice_unfinished", "openai-one-finish"),
+    (openai_app, chat, "refusal_after_finish", "openai-one-finish"),
     (anthropic_app, messages, "unclosed_block", "anthropic-block-order"),
     (anthropic_app, messages, "stop_not_last", "anthropic-stop-last"),
     (anthropic_app, messages, "delta_before_start", "anthropic-block-order"),
@@ -216,6 +218,36 @@ async def test_each_broken_stream_breaks_its_rule(
     with await rec.log() as log:
         findings = check_log(log)
     assert {f.rule for f in findings} == {rule}, findings
+
+
+async def test_an_error_event_ends_an_openai_chat_stream(record: RecordFactory) -> None:
+    rec = await record(openai_app(PIECES, delay=0, broken="error_event"))
+    with pytest.raises(openai.APIError, match="The server had an error"):
+        await chat(rec.url)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        summary = summary_of(log, x["id"])
+        assert check_log(log) == []  # neither a choice unfinished nor its event field
+    assert (summary["finish"], summary["answer"]) == ("error", "".join(PIECES))
+
+
+async def test_a_responses_answer_read_whole_is_summarised(record: RecordFactory) -> None:
+    rec = await record(openai_app(PIECES, delay=0))
+    client = openai.AsyncOpenAI(base_url=f"{rec.url}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        response = await client.responses.create(model="gpt-4o-mini", input=SAY_HELLO)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        summary = summary_of(log, x["id"])
+    assert (
+        (summary["answer"], summary["finish"])
+        == (response.output_text, "completed")
+        == ("".join(PIECES), "completed")
+    )
+    assert (summary["input_tokens"], summary["output_tokens"]) == (
+        response.usage.input_tokens,
+        response.usage.output_tokens,
+    )
 
 
 async def test_an_error_event_ends_an_anthropic_stream(record: RecordFactory) -> None:

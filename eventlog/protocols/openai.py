@@ -142,6 +142,8 @@ class OpenAIReader(StreamReader):
         kind = obj.get("type")
         if isinstance(kind, str):
             return self._typed(kind, obj)
+        if obj.get("object") == "response":  # a Responses API answer read whole (no stream)
+            return self._response(obj, terminal=True)
         return self._chat(obj)
 
     def _error(self, error: dict[str, Any]) -> Classification:
@@ -207,11 +209,16 @@ class OpenAIReader(StreamReader):
         response = obj.get("response")
         if not isinstance(response, dict):
             return classified(OpenAIKind.EVENT)
+        return self._response(response, terminal=kind in TERMINAL)
+
+    def _response(self, response: dict[str, Any], *, terminal: bool) -> Classification:
+        """A response object: an event's, or the whole answer. A terminal one says how the
+        response finished, and its output text is the answer where none was streamed."""
         usage = _usage(self._model(response.get("model")), response.get("usage"))
         self._tokens(usage)
         status = response.get("status")
         status = status if isinstance(status, str) else None
-        if kind in TERMINAL:
+        if terminal:
             self.summary.finish = status
             if not self.pieces:
                 self.pieces.extend(_output_text(response))
@@ -258,38 +265,60 @@ def done_last(streams: Sequence[Stream]) -> Iterator[Problem]:
             yield Problem(stream, frames[-1], f"the stream ended without {marker}")
 
 
+# What a choice's delta adds to its answer: its text, a refusal, tool calls (and a legacy
+# completion's text, on the choice itself).
+_ADDS = ("content", "refusal", "tool_calls", "function_call")
+
+
+def _adds(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    return bool(choice.get("text")) or (isinstance(delta, dict) and any(delta.get(k) for k in _ADDS))
+
+
 def one_finish(streams: Sequence[Stream]) -> Iterator[Problem]:
-    """Each choice of a chat stream gets one finish_reason, after which it adds no text."""
+    """Each choice of a chat stream gets one finish_reason, after which it adds nothing."""
+    # (Nothing: no text, refusal or tool call. A stream an error ended need not finish them.)
     for stream in streams:
         if not stream.is_sse or _responses_api(stream):
             continue
         finished: dict[Any, int | None] = {}
+        seen: dict[Any, None] = {}  # the choices, in the order they came
         for frame in stream.frames:
             choices = (frame.payload or {}).get("choices")
             for choice in choices if isinstance(choices, list) else ():
                 if not isinstance(choice, dict):
                     continue
                 index = choice.get("index", 0)
-                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-                if index in finished and (delta.get("content") or choice.get("finish_reason")):
-                    what = "a second finish_reason" if choice.get("finish_reason") else "more text"
+                seen.setdefault(index, None)
+                if index in finished and (_adds(choice) or choice.get("finish_reason")):
+                    what = "a second finish_reason" if choice.get("finish_reason") else "more of its answer"
                     yield Problem(
                         stream, frame, f"{what} for choice {index}, finished at event {finished[index]}"
                     )
                 elif choice.get("finish_reason"):
                     finished[index] = frame.seq
-        if stream.complete and stream.frames and not finished:
+        if (
+            not stream.complete
+            or not stream.frames
+            or any(f.c.kind == OpenAIKind.ERROR for f in stream.frames)
+        ):
+            continue
+        if not finished:
             yield Problem(stream, None, "no choice got a finish_reason")
+        for index in (i for i in seen if finished and i not in finished):
+            yield Problem(stream, None, f"choice {index} got no finish_reason")
 
 
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Every event is a JSON object (or [DONE]); a Responses event's event field is its type."""
     for stream in streams:
+        responses = _responses_api(stream)  # (a chat stream names only its error event)
         for frame, problem in readable(stream):
             if problem is not None:
                 yield problem
             elif (
-                frame.event_type is not None
+                responses
+                and frame.event_type is not None
                 and frame.payload
                 and frame.payload.get("type") != frame.event_type
             ):
