@@ -29,12 +29,25 @@ from .writer_lock import release_writer_lock, take_writer_lock
 MERGED_TABLES = ("captures", "exchanges", "stored_chunks", "events", "findings", "resumes")
 LOCAL_TABLES = ("shipments",)  # how far this log was shipped: not the merged log's business
 
-# An exchange's rows are copied when it is new to the output, or was still under way in it.
+
+def _fewer(table: str) -> str:
+    """Whether the output holds fewer of an exchange's rows in ``table`` than the input."""
+    count = "(SELECT count(*) FROM {db}.{table} WHERE exchange_id = {x}.id)"
+    return f"{count.format(db='src', table=table, x='s')} > {count.format(db='main', table=table, x='m')}"
+
+
+# An exchange is brought up to date when it is new to the output, or was still under way
+# in it; its rows are copied then, and also when the output holds fewer of them (a log
+# collected from a fleet may hold an exchange's end before its rows, or without a row too
+# big to ship).
+_UNDER_WAY = "m.id IS NULL OR m.outcome IS NULL"
 _FRESH = (
     "CREATE TEMP TABLE merged_exchanges AS"
-    " SELECT s.id AS src_id, m.id AS dst_id, m.id IS NULL OR m.outcome IS NULL AS fresh"
+    f" SELECT s.id AS src_id, m.id AS dst_id, {_UNDER_WAY} AS under_way,"
+    f" {_UNDER_WAY} OR {_fewer('stored_chunks')} OR {_fewer('events')} AS fresh"
     " FROM src.exchanges s LEFT JOIN main.exchanges m ON m.uid = s.uid"
 )
+
 # Columns of an exchange that change while it is under way.
 _PROGRESS = ("status", "outcome", "duration_ns", "ttfb_ns", "response_headers")
 
@@ -180,7 +193,7 @@ def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
     report.continued = conn.execute(
         f"UPDATE main.exchanges AS m SET ({', '.join(kept)}) = ({', '.join(f's.{c}' for c in kept)})"
         " FROM src.exchanges s JOIN merged_exchanges f ON f.src_id = s.id"
-        f" WHERE f.fresh AND f.dst_id = m.id AND ({moved})"
+        f" WHERE f.under_way AND f.dst_id = m.id AND ({moved})"
     ).rowcount
     conn.execute(
         "UPDATE temp.merged_exchanges SET dst_id = (SELECT m.id FROM main.exchanges m"

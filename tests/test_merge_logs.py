@@ -64,6 +64,25 @@ def test_merging_again_adds_nothing(tmp_path: Path) -> None:
     assert rows_by_uid(fleet) == union(rows_by_uid(a), rows_by_uid(b))
 
 
+def test_an_exchange_the_output_holds_ended_but_without_all_its_rows_gets_them(tmp_path: Path) -> None:
+    """A log collected from a fleet may hold an exchange's end before its rows (messages
+    come in any order), or without a row too big to ship: merging the recorder's own log
+    into it adds what it lacks."""
+    a, fleet = write_log(tmp_path / "a.db", "a"), tmp_path / "fleet.db"
+    merge_logs([a], fleet)
+    whole = counts(fleet)
+    db = sqlite3.connect(fleet)
+    with db:
+        (exchange,) = db.execute("SELECT exchange_id FROM events GROUP BY exchange_id LIMIT 1").fetchone()
+        db.execute("DELETE FROM events WHERE exchange_id = ? AND seq = 1", (exchange,))
+        assert db.execute("SELECT outcome FROM exchanges WHERE id = ?", (exchange,)).fetchone()[0] is not None
+    db.close()
+    (report,) = merge_logs([a], fleet)
+    assert (report.exchanges, report.continued, report.events) == (0, 0, 1)
+    assert counts(fleet) == whole and rows_by_uid(fleet) == rows_by_uid(a)
+    assert merge_logs([a], fleet)[0].describe().endswith("nothing new")
+
+
 def test_a_log_still_recording_is_merged_as_far_as_it_got_then_continued(tmp_path: Path) -> None:
     path, fleet = tmp_path / "live.db", tmp_path / "fleet.db"
     chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
