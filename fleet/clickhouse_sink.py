@@ -22,7 +22,7 @@ from tasktape.errors import UsageError
 from tasktape.eventlog.schema import open_db
 
 from .sqlite_sink import Applied
-from .wire import Rows, Table, wire_columns
+from .wire import Rows, Table, refuse_unknown, wire_columns
 
 DATABASE = "tasktape"  # where the tables are, unless a server's URL names a database
 
@@ -162,14 +162,15 @@ class ClickHouseSink:
             blobs = [i for i, (_, t) in enumerate(self.columns[table]) if t == "BLOB"]
             rows = []
             for m in own:
+                refuse_unknown(m, wanted, f"ClickHouse database {self.database}")
                 at = {c: i for i, c in enumerate(m.columns)}
                 for row in m.rows:
                     values = [row[at[c]] if c in at else None for c in wanted]
                     for i in blobs:  # text where it was UTF-8: its bytes, as ClickHouse keeps them
                         if isinstance(values[i], str):
                             values[i] = values[i].encode()
-                    if version:
-                        values.append(int(row[at[version]] is not None))
+                    if version:  # (a row without the column is a version under way)
+                        values.append(int(version in at and row[at[version]] is not None))
                     rows.append(values)
             names = [*wanted, "_version"] if version else wanted
             self.client.insert(f"{self.database}.{name}", rows, column_names=names)

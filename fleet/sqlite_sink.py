@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import LogError
 from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
-from .wire import LOCAL_COLUMNS, Rows, Table
+from .wire import LOCAL_COLUMNS, UID_COLUMNS, Rows, Table, refuse_unknown
 
 
 @dataclass
@@ -79,12 +78,7 @@ class SqliteSink:
         return applied
 
     def _apply(self, m: Rows) -> int:
-        unknown = {LOCAL_COLUMNS.get(c, c) for c in m.columns} - self._columns[m.table]
-        if unknown:
-            raise LogError(
-                f"{self.path}: {m.table} rows carry columns this tasktape does not know"
-                f" ({', '.join(sorted(unknown))}): upgrade the collector's tasktape"
-            )
+        refuse_unknown(m, {UID_COLUMNS.get(c, c) for c in self._columns[m.table]}, str(self.path))
         if m.table is Table.CAPTURES:
             return self._captures(m)
         if m.table is Table.EXCHANGES:

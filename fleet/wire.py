@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from enum import StrEnum
 from typing import Any
 
 import msgspec
+
+from tasktape.errors import LogError
 
 MSG_ID = "Nats-Msg-Id"  # JetStream's deduplication header
 
@@ -125,12 +127,42 @@ def _fitted(
         yield from _fitted(msgspec.structs.replace(rows, rows=part), limit, ids, span)
 
 
+# What names a row, in each table's rows as they travel (an exchange's uid first, as
+# ``wire_columns`` orders them): a row without it cannot be written anywhere.
+KEYS = {
+    Table.CAPTURES: ("uid",),
+    Table.EXCHANGES: ("capture_uid", "uid"),
+    Table.STORED_CHUNKS: ("exchange_uid", "seq"),
+    Table.EVENTS: ("exchange_uid", "seq"),
+    Table.RESUMES: ("exchange_uid", "new_exchange_uid"),
+}
+
+
 def decode(payload: bytes, *, nan_nulls: bool = False) -> Rows:
     """A message as shipped, its rows naming their exchange by uid; ``msgspec.ValidationError``
-    or ``DecodeError`` for anything else. The NULLs of rows a log writer encoded travel as
-    NaN (as it binds them); with ``nan_nulls`` they stay NaN, for a sink that binds them
-    into SQLite, which stores NaN as NULL: a third of the cost of decoding them as None."""
-    message = _decoder.decode(payload)
+    or ``DecodeError`` for anything else (rows that are not as wide as their columns, or
+    lack what names them). The NULLs of rows a log writer encoded travel as NaN (as it binds
+    them); with ``nan_nulls`` they stay NaN, for a sink that binds them into SQLite, which
+    stores NaN as NULL: a third of the cost of decoding them as None."""
+    return _checked(_mapped(_decoder.decode(payload), nan_nulls))
+
+
+def _checked(message: Rows) -> Rows:
+    columns, width = message.columns, len(message.columns)
+    missing = [c for c in KEYS[message.table] if c not in columns]
+    if missing:
+        raise msgspec.ValidationError(f"{message.table} rows without {', '.join(missing)}")
+    if message.table in (Table.STORED_CHUNKS, Table.EVENTS) and columns[0] != "exchange_uid":
+        raise msgspec.ValidationError(f"{message.table} rows whose first column is not exchange_uid")
+    wrong = next((row for row in message.rows if len(row) != width), None)
+    if wrong is not None:
+        raise msgspec.ValidationError(f"a {message.table} row of {len(wrong)} values for {width} columns")
+    return message
+
+
+def _mapped(message: Rows, nan_nulls: bool) -> Rows:
+    """A message whose rows hold local exchange ids (a log writer's), as rows naming their
+    exchange by uid."""
     if not message.exchanges:
         return message
     try:
@@ -150,6 +182,18 @@ def decode(payload: bytes, *, nan_nulls: bool = False) -> Rows:
         raise msgspec.ValidationError(f"rows name exchanges the message does not map: {exc!r}") from None
     columns = (*message.columns[:at], "exchange_uid", *message.columns[at + 1 :])
     return Rows(message.table, message.capture, columns, rows)
+
+
+def refuse_unknown(message: Rows, known: Collection[str], where: str) -> None:
+    """A ``LogError`` for rows with columns not ``known`` (as they travel): a newer
+    tasktape's, whose values a sink would lose. The collector stops, leaving them
+    unacknowledged for a collector that knows them."""
+    unknown = sorted(set(message.columns) - set(known))
+    if unknown:
+        raise LogError(
+            f"{where}: {message.table} rows carry columns this tasktape does not know"
+            f" ({', '.join(unknown)}): upgrade the collector's tasktape"
+        )
 
 
 def subject(prefix: str, table: Table, capture: str) -> str:

@@ -153,6 +153,11 @@ async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsClust
     await ship_once(log, nats_node.url)
     nc = await nats.connect(parse_servers(nats_node.url))
     await nc.jetstream().publish("tasktape.someone.else", b"not rows at all")
+    # Rows, but not rows any sink can write: a row narrower than its columns, rows unnamed.
+    narrow = Rows(Table.EVENTS, "c", ("exchange_uid", "seq", "data"), [("x", 1)])
+    await nc.jetstream().publish("tasktape.c.events", encode(narrow))
+    unnamed = Rows(Table.CAPTURES, "c", ("source",), [("x",)])
+    await nc.jetstream().publish("tasktape.c.captures", encode(unnamed))
     await nc.close()
     await ship_once(log, nats_node.url)
     fleet = tmp_path / "fleet.db"
@@ -162,27 +167,41 @@ async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsClust
         stopping = asyncio.Event()
         task = asyncio.ensure_future(collector.run(stopping))
         deadline = time.monotonic() + 20
-        while shipped_rows(fleet) != shipped_rows(log) or not collector.stats.refused:
+        while shipped_rows(fleet) != shipped_rows(log) or collector.stats.refused < 3:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
         stopping.set()
         stats = await task
-    assert stats.refused == 1
+    assert stats.refused == 3
     assert [line for line in said if "WARNING" in line] == [
-        "WARNING: tasktape.someone.else holds no tasktape rows (Expected `array`, got `int`); dropped"
+        "WARNING: tasktape.someone.else holds no tasktape rows (Expected `array`, got `int`); dropped",
+        "WARNING: tasktape.c.events holds no tasktape rows (a events row of 2 values for 3 columns); dropped",
+        "WARNING: tasktape.c.captures holds no tasktape rows (captures rows without uid); dropped",
     ]
 
 
+@pytest.mark.parametrize("into", ["--db", "--clickhouse"])
 async def test_rows_of_a_newer_schema_wait_for_a_collector_that_knows_them(
-    nats_node: NatsCluster, tmp_path: Path
+    nats_node: NatsCluster, tmp_path: Path, into: str
 ) -> None:
     rows = Rows(Table.CAPTURES, "cap-new", ("uid", "source", "column_of_tomorrow"), [("cap-new", "x", 1)])
     nc = await nats.connect(parse_servers(nats_node.url))
     await ensure_stream(nc.jetstream(), STREAM, SUBJECTS, 1)
     await nc.jetstream().publish(subject(SUBJECTS, Table.CAPTURES, "cap-new"), encode(rows))
     await nc.close()
-    fleet = tmp_path / "fleet.db"
-    args = [sys.executable, "-m", "tasktape", "collect", "--from", nats_node.url, "--db", str(fleet)]
+    target = str(tmp_path / "fleet.db") if into == "--db" else f"chdb://{tmp_path / 'clickhouse'}"
+    args = [
+        sys.executable,
+        "-m",
+        "tasktape",
+        "collect",
+        "--from",
+        nats_node.url,
+        into,
+        target,
+        "--consumer",
+        "c",
+    ]
     ran = subprocess.run(
         [*args, "--until-idle", "0.5"], check=False, capture_output=True, text=True, timeout=60
     )
@@ -191,7 +210,7 @@ async def test_rows_of_a_newer_schema_wait_for_a_collector_that_knows_them(
     assert "upgrade the collector's tasktape" in ran.stderr
     nc = await nats.connect(parse_servers(nats_node.url))
     try:
-        info = await nc.jetstream().consumer_info(STREAM, "sqlite-fleet")
+        info = await nc.jetstream().consumer_info(STREAM, "c")
         assert info.num_pending + info.num_ack_pending == 1  # not acknowledged: it waits
     finally:
         await nc.close()
