@@ -20,7 +20,7 @@ import msgspec
 import nats.errors
 from nats.js.api import ConsumerConfig
 
-from .jetstream import FIRST_CONNECT, RETRY, stream_ready
+from .jetstream import FIRST_CONNECT, RETRY, failure, stream_ready
 from .names import FETCH, STREAM, SUBJECTS
 from .sqlite_sink import Applied
 from .wire import Rows, decode
@@ -150,7 +150,7 @@ class Collector:
                 await asyncio.sleep(0.25)
 
     def _why(self, exc: BaseException) -> str:
-        return f"{','.join(self.servers)} ({type(exc).__name__}: {exc})".replace(": )", ")")
+        return f"{','.join(self.servers)} ({failure(exc)})"
 
     async def _pull(self, js: Any) -> Any:
         """The durable consumer (made if missing) collected through."""

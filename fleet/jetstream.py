@@ -37,6 +37,17 @@ RETRY = (
 )
 
 
+def failure(exc: BaseException) -> str:
+    """Why the broker did not answer, in words: the NATS client's own messages are often
+    empty, or all None."""
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
+        return "JetStream does not answer: the broker is down, restarting, or runs without JetStream"
+    text = str(exc).removeprefix("nats: ")
+    if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError):
+        return text if text and text != "timeout" else "no answer in time"
+    return f"{type(exc).__name__}: {text}" if text and text != type(exc).__name__ else type(exc).__name__
+
+
 async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
     """A connection that reconnects for ever (to any of ``servers``), quietly: a broker
     that is away shows in what waits, not as tracebacks. The first connection is tried

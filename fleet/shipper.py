@@ -33,7 +33,7 @@ import nats.js.errors
 from tasktape.eventlog.exchange_rows import utc_iso
 
 from .hints import HintReader
-from .jetstream import RETRY, stream_ready
+from .jetstream import RETRY, failure, stream_ready
 from .names import STREAM, SUBJECTS
 from .wire import (
     LOCAL_COLUMNS,
@@ -459,8 +459,9 @@ class Shipper:
             if self._reported_at is None or now - self._reported_at >= REPORT_EVERY:
                 self._reported_at = now
                 why = self._last_error
-                reason = f": {type(why).__name__}{f' {why}' if str(why) else ''}" if why else ""
-                self._on_status(f"shipping: {waiting:,} rows wait for {','.join(self.servers)}{reason}")
+                reason = failure(why) if why else "not acknowledged yet"
+                rows = f"{waiting:,} row waits" if waiting == 1 else f"{waiting:,} rows wait"
+                self._on_status(f"shipping: {rows} for {','.join(self.servers)} ({reason})")
 
     def _shipped(self) -> None:
         """A round shipped all it found, or found nothing."""

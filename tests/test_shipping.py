@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import nats.errors
+import nats.js.errors
 import pytest
 from a2a_frames import completed_run, sse
 from fleet_runs import collect_until, raw_messages, raw_rows, ship_once, stream_messages
@@ -22,6 +24,7 @@ from nats_servers import NatsCluster
 
 from tasktape.errors import UsageError
 from tasktape.eventlog import LogWriter
+from tasktape.fleet.jetstream import failure
 from tasktape.fleet.names import parse_servers
 from tasktape.fleet.shipper import Shipper
 from tasktape.fleet.wire import Rows, Table, decode, encode, encoded, message_id, within
@@ -267,3 +270,16 @@ def test_nulls_the_log_writer_encoded_as_nan_decode_as_none_or_stay_nan_for_sqli
     kept = decode(encode(rows), nan_nulls=True)
     assert kept.columns == ("exchange_uid", "seq", "event_id")
     assert [r[:2] for r in kept.rows] == [("x7", 0), ("x7", 1)] and math.isnan(kept.rows[0][2])
+
+
+def test_a_broker_failure_is_said_in_words() -> None:
+    """The NATS client's own messages are often empty, or all None."""
+    said = [
+        failure(nats.js.errors.ServiceUnavailableError()),
+        failure(nats.errors.NoRespondersError()),
+        failure(nats.errors.TimeoutError()),
+        failure(ConnectionRefusedError(111, "Connect call failed")),
+    ]
+    assert said[:3] == [said[0], said[0], "no answer in time"] and "down" in said[0]
+    assert said[3] == "ConnectionRefusedError: [Errno 111] Connect call failed"
+    assert not any("None" in s for s in said)
