@@ -151,6 +151,10 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
         task_id = info.task_id
         if recorded.is_sse:
             for seq, event in enumerate(events_in(recorded.chunks)):
+                if not event.complete and not event.data:
+                    # Bytes after the last event that no client dispatches (a comment, the
+                    # LF of a CRLF cut from its CR, a block without data): not a frame.
+                    continue
                 c = reader.event(event.data, event.event)
                 frame = _frame(
                     seq,

@@ -201,7 +201,7 @@ def unique_ids(streams: Sequence[Stream]) -> Iterator[Problem]:
     for stream in streams:
         seen: dict[str, int | None] = {}
         for frame in stream.frames:
-            if frame.sse_id is None:
+            if not frame.sse_id:  # (an empty id clears the last event id: it names no event)
                 continue
             if frame.sse_id in seen:
                 yield Problem(

@@ -296,6 +296,26 @@ def test_sse_ids_are_unique_within_a_stream() -> None:
     assert rules_broken(stream(frames, ids="e")) == rules_broken(stream(frames, ids=None)) == []
     # Another stream may use the same ids.
     assert rules_broken(stream(frames), stream(run_ending("TASK_STATE_COMPLETED", "task.2"))) == []
+    # An empty id clears the last event id: it names no event, however often it comes.
+    empty = [b"id: \n" + event for event in sse(frames, ids=None)]
+    assert rules_broken(stream(empty)) == []
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b": bye\n\n", b": ping", b"retry: 1000\n\n", b"id: 9\n\n", b"\n"],
+    ids=["comment", "comment-cut", "retry", "id-only", "lf-of-a-split-crlf"],
+)
+def test_bytes_after_the_last_event_that_dispatch_nothing_are_no_frame(tail: bytes) -> None:
+    """sse-starlette (under the a2a-sdk) sends CRLF and `: ping` comments: what follows the
+    last event that no client would dispatch breaks no rule."""
+    events = sse(run_ending("TASK_STATE_COMPLETED"), ids="e")
+    if tail == b"\n":  # CRLF line ends, the blank line's CR in one chunk and its LF in the next
+        events = [event.replace(b"\n", b"\r\n") for event in events]
+        events[-1], tail = events[-1][:-1], events[-1][-1:]
+    assert rules_broken(stream([*events, tail])) == []
+    cut = b'data: {"statusUpdate": {"taskId"'  # but an event cut off still is one
+    assert "frame" in rules_broken(stream([*events, cut]))
 
 
 def test_jsonrpc_frames_answer_with_the_request_id() -> None:
