@@ -23,7 +23,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -172,7 +172,7 @@ def _options(request: pytest.FixtureRequest) -> TapeOptions:
         try:
             options = tape_options(request.node, request.config)
         except TasktapeError as exc:
-            pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
+            raise _failed(f"@pytest.mark.{MARKER}: {exc}") from None
         options = request.node.stash[_OPTIONS] = _aged(request, options)
     return options
 
@@ -189,7 +189,7 @@ def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
     try:
         expired = _expired(options)
     except CassetteError as exc:
-        pytest.fail(f"tasktape: {exc}", pytrace=False)
+        raise _failed(f"tasktape: {exc}") from None
     if expired is None:
         return options
     if options.on_expired is OnExpired.WARN:
@@ -239,23 +239,29 @@ async def _started(session: TapeSession) -> Tape:
         return await session.start()
     except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
         await session.stop()
-        pytest.fail(f"tasktape: {exc}", pytrace=False)
+        raise _failed(f"tasktape: {exc}") from None
     except OSError as exc:
         await session.stop()
-        _cassette_refused(session, exc)
+        raise _cassette_refused(session, exc) from None
 
 
-def _cassette_refused(session: TapeSession, exc: OSError) -> NoReturn:
+def _failed(message: str) -> BaseException:
+    """The test's failure, saying ``message`` alone: raised ``from None`` where another
+    error led to it, which pytest would otherwise show first, as a second error."""
+    return pytest.fail.Exception(message, pytrace=False)
+
+
+def _cassette_refused(session: TapeSession, exc: OSError) -> BaseException:
     """A cassette path the file system refuses (too long, a folder, no permission)."""
     where = exc.filename or session.options.cassette
-    pytest.fail(f"tasktape: cannot use the cassette {where}: {exc.strerror or exc}", pytrace=False)
+    return _failed(f"tasktape: cannot use the cassette {where}: {exc.strerror or exc}")
 
 
 async def _stopped(session: TapeSession) -> None:
     try:
         failed = await session.stop()
     except OSError as exc:
-        _cassette_refused(session, exc)
+        raise _cassette_refused(session, exc) from None
     if failed:
         where = session.options.cassette
         pytest.fail(

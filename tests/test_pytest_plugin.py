@@ -312,6 +312,8 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
     )
     result = run(project)
     result.assert_outcomes(errors=7)
+    # Each is said once, as the test's failure, not after the error that led to it.
+    assert "During handling of the above exception" not in result.stdout.str()
     result.stdout.fnmatch_lines_random(
         [
             "*tasktape: no cassette */cassettes/test_mistakes/test_no_cassette.jsonl; record it with "
