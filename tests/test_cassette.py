@@ -110,7 +110,8 @@ def test_log_to_cassette_to_log_is_byte_exact(tmp_path: Path) -> None:
         again = from_log(log)
         assert [comparable(r) for r in again] == [comparable(r) for r in original]
         # The events are derived again, the same.
-        assert [e["event_id"] for e in log.events(3)] == [f"2-{i}" for i in range(1, 11)] + [None]
+        # (The binary tail, which holds no data line, is in the chunks and no event.)
+        assert [e["event_id"] for e in log.events(3)] == [f"2-{i}" for i in range(1, 11)]
 
 
 def test_requests_refused_as_they_came_go_to_a_cassette_and_back(tmp_path: Path) -> None:

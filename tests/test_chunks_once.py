@@ -163,3 +163,30 @@ def test_an_older_log_keeps_its_chunks(tmp_path: Path) -> None:
     assert conn.execute("SELECT count(*) FROM stored_chunks").fetchone() == (2,)
     assert conn.execute("SELECT chunks, bytes FROM exchange_metrics").fetchone() == (2, len(b"".join(old)))
     conn.close()
+
+
+def test_bytes_after_the_last_event_that_dispatch_nothing_are_no_event(tmp_path: Path) -> None:
+    """A comment after the last event, or the LF of a CRLF cut from its CR, is kept in the
+    chunks, byte for byte, and makes no event row; a tail cut off after its data began does."""
+    tails = {"comment": [b": bye\n\n"], "split": [b"\n"], "cut": [b'data: {"par']}
+    with LogWriter(tmp_path / "log.db") as w:
+        capture = w.begin_capture(source="test")
+        ids = {}
+        for name, tail in tails.items():
+            first = b"data: x\r\n\r" if name == "split" else b"data: x\n\n"
+            x = ids[name] = w.begin_exchange(capture, method="GET", path=f"/{name}")
+            w.response_head(
+                x, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
+            )
+            for i, chunk in enumerate([first, *tail]):
+                w.chunk(x, i, chunk)
+            w.end_exchange(x, duration_ns=9).result()
+    with EventLog(tmp_path / "log.db") as log:
+        got = {name: [(e["data"], e["complete"]) for e in log.events(x)] for name, x in ids.items()}
+        chunks = {name: b"".join(c["data"] for c in log.chunks(x)) for name, x in ids.items()}
+    assert got == {"comment": [("x", 1)], "split": [("x", 1)], "cut": [("x", 1), ('{"par', 0)]}
+    assert chunks == {
+        "comment": b"data: x\n\n: bye\n\n",
+        "split": b"data: x\r\n\r\n",
+        "cut": b'data: x\n\ndata: {"par',
+    }
