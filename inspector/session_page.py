@@ -333,7 +333,7 @@ def _read_messages(
         target: SessionExchange | None = None
         if kind in (MCPKind.RESPONSE, MCPKind.ERROR):
             target = _asked(requests.get(_key(message.get("id")), []), carrier, at)
-            if target is not None and target.answer is None:
+            if target is not None:  # (answered twice, which check flags: the last, as stream_summary)
                 error = kind is MCPKind.ERROR
                 obj = message["error"] if error else message["result"]
                 text = error_text(obj) if error else result_text(obj)

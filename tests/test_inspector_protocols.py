@@ -25,10 +25,11 @@ from test_inspector_browser import chromium, screenshot
 from test_mcp_sdk import generation
 
 from tasktape import inspector
-from tasktape.eventlog import EventLog
+from tasktape.eventlog import EventLog, LogWriter
 from tasktape.inspector.app import create_datasette
 from tasktape.inspector.display import row_number
 from tasktape.inspector.metadata import QUERIES, TABLES, dashboards
+from tasktape.inspector.session_page import load_session
 
 DB = "protocols"
 ANSWER = "".join(PIECES)
@@ -471,3 +472,45 @@ def test_the_session_and_stream_pages_in_a_browser(
     assert len(re.findall(r'class="tt-gap-label"', svg)) == 1 and ANSWER in dom
     png = screenshot(tmp_path, url, "inspector-stream.png", 1600)
     assert len(png) > 50_000
+
+
+def test_a_request_answered_twice_shows_its_last_answer_as_the_summary_does(tmp_path: Path) -> None:
+    """An MCP server that answers a request twice breaks mcp-one-response; the session
+    page shows the last answer, as stream_summary does."""
+    headers = [
+        ("Content-Type", "application/json"),
+        ("MCP-Protocol-Version", "2025-06-18"),
+        ("Mcp-Session-Id", "s1"),
+    ]
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "twice", "arguments": {}}}
+
+    def answer(text: str) -> bytes:
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+        return (
+            b"event: message\ndata: "
+            + json.dumps({"jsonrpc": "2.0", "id": 1, "result": result}).encode()
+            + b"\n\n"
+        )
+
+    with LogWriter(tmp_path / "mcp.db") as w:
+        x = w.begin_exchange(
+            w.begin_capture(source="test"),
+            method="POST",
+            path="/mcp",
+            request_headers=headers,
+            request_body=json.dumps(call).encode(),
+        )
+        w.response_head(
+            x,
+            status=200,
+            headers=[("Content-Type", "text/event-stream"), ("Mcp-Session-Id", "s1")],
+            is_sse=True,
+            ttfb_ns=1,
+        )
+        w.chunk(x, 1_000_000, answer("one"))
+        w.chunk(x, 2_000_000, answer("two"))
+        w.end_exchange(x, duration_ns=3_000_000).result()
+    page = load_session(tmp_path / "mcp.db", "s1")
+    assert page is not None and [e.answer.text for e in page.exchanges if e.answer] == ["two"]
+    with EventLog(tmp_path / "mcp.db") as log:
+        assert [r["answer"] for r in log.stream_summary()] == ["two"]
