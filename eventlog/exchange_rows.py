@@ -443,8 +443,8 @@ class ExchangeRows:
                 pieces.extend(taken)
             else:
                 pieces.append([None, taken[-1][1] if taken else offset_ns, _reframe(event, data)])
-            if event.complete or event.data:  # bytes after the last event that dispatch nothing
-                self._event(event, data, offset_ns, event_rows)  # (a comment, a lone LF) are no event
+            if event.complete or event.data:  # sse.is_event, inline: this runs for every event
+                self._event(event, data, offset_ns, event_rows)
         merged: list[list[Any]] = []
         for piece in pieces:
             if merged and piece[0] is not None and merged[-1][0] == piece[0]:

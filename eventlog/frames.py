@@ -16,6 +16,7 @@ from .protocols import by_name, recognise_exchange
 from .protocols.base import Protocol, Request, RequestInfo
 from .recorded import Recorded
 from .spans import events_in
+from .sse import is_event
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,7 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
         task_id = info.task_id
         if recorded.is_sse:
             for seq, event in enumerate(events_in(recorded.chunks)):
-                if not event.complete and not event.data:
-                    # Bytes after the last event that no client dispatches (a comment, the
-                    # LF of a CRLF cut from its CR, a block without data): not a frame.
+                if not is_event(event.complete, event.data):
                     continue
                 c = reader.event(event.data, event.event)
                 frame = _frame(

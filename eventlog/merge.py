@@ -32,8 +32,10 @@ LOCAL_TABLES = ("shipments",)  # how far this log was shipped: not the merged lo
 
 def _fewer(table: str) -> str:
     """Whether the output holds fewer of an exchange's rows in ``table`` than the input."""
-    count = "(SELECT count(*) FROM {db}.{table} WHERE exchange_id = {x}.id)"
-    return f"{count.format(db='src', table=table, x='s')} > {count.format(db='main', table=table, x='m')}"
+    return (
+        f"(SELECT count(*) FROM src.{table} WHERE exchange_id = s.id)"
+        f" > (SELECT count(*) FROM main.{table} WHERE exchange_id = m.id)"
+    )
 
 
 # An exchange is brought up to date when it is new to the output, or was still under way

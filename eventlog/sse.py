@@ -437,6 +437,14 @@ class SSEDecoder:
         return result
 
 
+def is_event(complete: bool, data: str) -> bool:
+    """Whether a decoded block (or the tail ``close`` returns) is an event: one ended by its
+    blank line, or one cut off after its data began. Bytes after the last event that no
+    client dispatches (a comment, the LF of a CRLF cut from its CR, a block without data)
+    are not."""
+    return complete or bool(data)
+
+
 def written(data: str, ident: str | None, event: str | None, crlf: bool) -> bytes:
     """An event's bytes in the one form the log can write back from its fields (an
     ``id: `` line, an ``event: `` line, one ``data: `` line, a blank line; LF or CRLF):

@@ -390,13 +390,14 @@ class RecordingProxy:
             return None  # (no other stream of the log is answered: the agent was not asked)
         path = self.writer.path
         rebuilt = await asyncio.to_thread(ended_in_log, path, exchange_id, self.capture_id)  # type: ignore[arg-type]
-        stream, original = rebuilt or (None, None)
-        position = stream.position(last_id) if stream is not None else None  # (its key too)
-        if stream is None or position is None:
+        if rebuilt is None:
+            return None
+        stream, original = rebuilt
+        position = stream.position(last_id)  # (its key too)
+        if position is None:
             return None
         stream.credentials = held.credentials
         if held.credentials is None:  # opened in an earlier run
-            assert original is not None
             await self._vouch(stream, original, request, credentials)
         return stream, position
 

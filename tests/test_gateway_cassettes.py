@@ -9,9 +9,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 from conftest import RecordFactory
-from test_resume_gateway import REST_BODY, first_events, rest_of
+from test_resume_gateway import reconnected_once
 
-from tasktape.agent import create_agent_app
 from tasktape.cli import main
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.cassette import read_cassette
@@ -21,10 +20,7 @@ from tasktape.eventlog.checker import report_log, report_recorded
 async def test_a_gateway_cassette_checks_and_imports_as_its_log(
     record: RecordFactory, tmp_path: Path
 ) -> None:
-    rec = await record(create_agent_app(pace=0.3), hold=30.0)
-    _, events = await first_events(rec.url, REST_BODY, 5)
-    assert (await rest_of(rec.url, REST_BODY, events[-1].id))[0] == 200
-    await rec.proxy.wait_idle()
+    rec = await reconnected_once(record)
     with await rec.log() as log:
         original = report_log(log)
         resumed = log.db.execute(

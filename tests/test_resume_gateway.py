@@ -501,16 +501,23 @@ async def test_only_a_get_or_a_post_is_a_reconnect(record: RecordFactory) -> Non
     assert [s for s in seen if s.endswith("/other")] == ["HEAD /other", "OPTIONS /other", "DELETE /other"]
 
 
+async def reconnected_once(record: RecordFactory) -> Any:
+    """A gateway's recording of a stream a client left after five events and reconnected
+    to (a reconnect the gateway answered from the stream it held)."""
+    rec = await record(create_agent_app(pace=0.3), hold=30.0)
+    _, events = await first_events(rec.url, REST_BODY, 5)
+    assert (await rest_of(rec.url, REST_BODY, events[-1].id))[0] == 200
+    await rec.proxy.wait_idle()
+    return rec
+
+
 async def test_a_gateway_log_checks_clean_and_replays_streams_whole(
     record: RecordFactory, serve: Serve
 ) -> None:
     """A reconnect's exchange is a slice of the stream it resumed: the checker leaves it
     to that stream's own exchange (which holds every event), and a replayed request
     without Last-Event-ID gets a stream from its start, never a slice."""
-    rec = await record(create_agent_app(pace=0.3), hold=30.0)
-    _, events = await first_events(rec.url, REST_BODY, 5)
-    assert (await rest_of(rec.url, REST_BODY, events[-1].id))[0] == 200
-    await rec.proxy.wait_idle()
+    rec = await reconnected_once(record)
     with await rec.log() as log:
         report = report_log(log)
         whole = log.body(min(x["id"] for x in log.exchanges() if x["is_sse"]))
