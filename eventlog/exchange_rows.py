@@ -360,9 +360,9 @@ class ExchangeRows:
             s.protocol,
             s.session_id,
             *(
-                (read.model, read.answer, read.input_tokens, read.output_tokens, read.finish)
+                (read.model, read.answer, read.input_tokens, read.output_tokens, read.finish, read.tool_calls)
                 if read
-                else (None,) * 5
+                else (None,) * 6
             ),
             s.exchange_id,
         )

@@ -33,7 +33,7 @@ CREATE TABLE "exchanges" (
    "duration_ns" INTEGER,
    "outcome" TEXT,
    "error" TEXT
-, "request_body_truncated" INTEGER, "response_body_truncated" INTEGER, "body_encoding" TEXT, "request_body_encoding" TEXT, "protocol" TEXT, "session_id" TEXT, "model" TEXT, "answer" TEXT, "input_tokens" INTEGER, "output_tokens" INTEGER, "finish" TEXT, "uid" TEXT);
+, "request_body_truncated" INTEGER, "response_body_truncated" INTEGER, "body_encoding" TEXT, "request_body_encoding" TEXT, "protocol" TEXT, "session_id" TEXT, "model" TEXT, "answer" TEXT, "input_tokens" INTEGER, "output_tokens" INTEGER, "finish" TEXT, "uid" TEXT, "tool_calls" TEXT);
 
 CREATE TABLE "stored_chunks" (
    "exchange_id" INTEGER REFERENCES "exchanges"("id"),
@@ -400,6 +400,7 @@ CREATE VIEW "stream_summary" AS SELECT
   x.input_tokens,
   x.output_tokens,
   x.finish,
+  x.tool_calls,
   (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
   round(coalesce(
     (SELECT min(e.offset_ns) FROM events e WHERE e.exchange_id = x.id),

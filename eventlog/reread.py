@@ -18,16 +18,23 @@ _UPDATE_EVENT = (
 )
 _UPDATE_EXCHANGE = (
     "UPDATE exchanges SET protocol = ?, session_id = ?, binding = ?, rpc_method = ?, model = ?,"
-    " answer = ?, input_tokens = ?, output_tokens = ?, finish = ? WHERE id = ?"
+    " answer = ?, input_tokens = ?, output_tokens = ?, finish = ?{} WHERE id = ?"
 )
 
 
-def reread_log(conn: sqlite3.Connection) -> None:
-    """Read every exchange of the log again (in the caller's transaction)."""
+def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> None:
+    """Read every exchange of the log again (in the caller's transaction); or only those
+    of ``protocols``. What it writes of the summary is what the log has columns for (a
+    migration runs it on the schema of its time)."""
     texts_changed = False
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(exchanges)")}
+    with_calls = "tool_calls" in columns
+    update_exchange = _UPDATE_EXCHANGE.format(", tool_calls = ?" if with_calls else "")
+    only = f" WHERE protocol IN ({', '.join('?' * len(protocols))})" if protocols else ""
     exchanges = conn.execute(
         "SELECT id, method, path, request_headers, request_body, response_headers, response_body, is_sse,"
-        " binding, rpc_method FROM exchanges ORDER BY id"
+        f" binding, rpc_method FROM exchanges{only} ORDER BY id",
+        protocols,
     ).fetchall()
     for (
         x_id,
@@ -67,7 +74,7 @@ def reread_log(conn: sqlite3.Connection) -> None:
         read = reader.finished() if reader is not None else None
         session = info.session_id or (protocol.session(headers_from_json(resp_headers)) if protocol else None)
         conn.execute(
-            _UPDATE_EXCHANGE,
+            update_exchange,
             (
                 None if protocol is None else protocol.name,
                 session,
@@ -78,6 +85,7 @@ def reread_log(conn: sqlite3.Connection) -> None:
                     if read
                     else (None,) * 5
                 ),
+                *(((read.tool_calls if read else None),) if with_calls else ()),
                 x_id,
             ),
         )

@@ -640,6 +640,19 @@ def _metrics_without_the_chunks_view(db: sqlite_utils.Database) -> None:
     db.create_view("stream_summary", STREAM_SUMMARY_15.strip(), replace=True)
 
 
+STREAM_SUMMARY_16 = STREAM_SUMMARY_15.replace("  x.finish,\n", "  x.finish,\n  x.tool_calls,\n")
+
+
+@_migration("0016_tool_calls")
+def _tool_calls(db: sqlite_utils.Database) -> None:
+    # The tools an LLM's answer calls (JSON): its answer text alone said nothing of them.
+    db["exchanges"].add_column("tool_calls", str)
+    db.create_view("stream_summary", STREAM_SUMMARY_16.strip(), replace=True)
+    from .reread import reread_log  # noqa: PLC0415 (as in 0007)
+
+    reread_log(db.conn, ("openai", "anthropic"))
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one

@@ -1,5 +1,6 @@
 """The data of the LLM stream page: one OpenAI or Anthropic exchange read back from the log,
-what it came to (the answer, the model the stream reported, tokens, the finish), its events
+what it came to (the answer, the tools it calls, the model the stream reported, tokens, the
+finish), its events
 and the gaps between its text deltas, and the findings ``tasktape check`` saved about it.
 
 Times are milliseconds since the request arrived.
@@ -8,6 +9,7 @@ Times are milliseconds since the request arrived.
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,29 @@ class StreamEvent:
 
 
 @dataclass
+class ShownCall:
+    """A tool call as the page shows it: its arguments indented when they are JSON."""
+
+    id: str | None
+    name: str | None
+    arguments: str
+    whole: bool  # whether the arguments are JSON (not: cut off with the stream, or malformed)
+
+
+def _calls(value: str | None) -> list[ShownCall]:
+    calls = parse_json(value)
+    shown = []
+    for call in calls if isinstance(calls, list) else ():
+        arguments = call.get("arguments") or ""
+        try:
+            arguments, whole = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False), True
+        except ValueError:
+            whole = False
+        shown.append(ShownCall(call.get("id"), call.get("name"), arguments, whole))
+    return shown
+
+
+@dataclass
 class Gap:
     """The time between two text deltas."""
 
@@ -96,6 +121,7 @@ class StreamPage:
     input_tokens: int | None
     output_tokens: int | None
     finish: str | None
+    tool_calls: list[ShownCall]
     ttfb_ms: float | None
     duration_ms: float | None
     events: list[StreamEvent]
@@ -170,6 +196,7 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
             input_tokens=x["input_tokens"],
             output_tokens=x["output_tokens"],
             finish=x["finish"],
+            tool_calls=_calls(x["tool_calls"]),
             ttfb_ms=None if x["ttfb_ns"] is None else x["ttfb_ns"] / 1e6,
             duration_ms=None if x["duration_ns"] is None else x["duration_ns"] / 1e6,
             events=events,

@@ -9,13 +9,17 @@ would notice, and times within a tolerance, since no two runs take the same time
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import groupby
 from typing import Any
+
+import orjson
 
 from tasktape.errors import UsageError
 from tasktape.eventlog.classify import Classification
@@ -39,6 +43,7 @@ class Aspect(StrEnum):
     FINISH = "finish"  # A2A's last task state; an LLM's finish reason; MCP's result or error
     KINDS = "kinds"  # the event-kind sequence, repeats collapsed
     ANSWER = "answer"
+    TOOL_CALLS = "tool_calls"  # an LLM's: each tool called, with its arguments
     DELTAS = "deltas"  # the streamed texts, joined
     ARTIFACTS = "artifacts"
     USAGE = "usage"  # one field of it: tokens, credits, model
@@ -58,6 +63,7 @@ class Reading:
     finish: str | None
     kinds: tuple[str, ...]
     answer: str
+    tool_calls: tuple[str, ...]
     deltas: str
     artifacts: tuple[str, ...]
     usage: dict[str, Any]
@@ -117,6 +123,7 @@ def read(recorded: Recorded) -> Reading:
         summary.finish,
         tuple(kinds),
         summary.answer or "",
+        _calls(summary.tool_calls),
         "".join(deltas),
         tuple(artifacts),
         usage,
@@ -124,6 +131,18 @@ def read(recorded: Recorded) -> Reading:
         recorded.duration_ns,
         tuple(ids),
     )
+
+
+def _calls(tool_calls: str | None) -> tuple[str, ...]:
+    """Each call as ``name(arguments)``: its id is the server's, made up on every run; its
+    arguments compact when they are JSON (how a model spaces them says nothing)."""
+    shown = []
+    for call in orjson.loads(tool_calls) if tool_calls else ():
+        arguments = call["arguments"]
+        with contextlib.suppress(orjson.JSONDecodeError):
+            arguments = json.dumps(orjson.loads(arguments), separators=(",", ":"), ensure_ascii=False)
+        shown.append(f"{call['name']}({arguments})")
+    return tuple(shown)
 
 
 @dataclass(frozen=True)
@@ -217,6 +236,9 @@ def compare(a: Reading, b: Reading, ids: IdMap, tolerance: Tolerance) -> list[Di
     answer, deltas = ids.translate(a.answer), ids.translate(a.deltas)
     if answer != b.answer:
         found.append(Difference(Aspect.ANSWER, answer, b.answer, diff=text_diff(answer, b.answer)))
+    calls = tuple(map(ids.translate, a.tool_calls))
+    if calls != b.tool_calls:
+        found.append(Difference(Aspect.TOOL_CALLS, list(calls), list(b.tool_calls)))
     # Deltas that join into the answer on both sides would only repeat its diff.
     if deltas != b.deltas and not (deltas == answer and b.deltas == b.answer):
         found.append(Difference(Aspect.DELTAS, deltas, b.deltas, diff=text_diff(deltas, b.deltas)))

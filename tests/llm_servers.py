@@ -6,7 +6,9 @@ OpenAI pretty-prints (indent 2) only its non-streamed bodies; Anthropic pads eac
 event's JSON with a run of spaces before the closing brace and sends its ping as
 ``{"type": "ping"}``, with spaces. OpenAI's stream chunks carry a random ``obfuscation`` (unless
 ``stream_options.include_obfuscation`` is false) and, under ``include_usage``, ``"usage":null``.
-The server reports a dated model for the alias asked for.
+The server reports a dated model for the alias asked for. A request that offers ``tools``
+is answered with a call to each of the first two (``ARGUMENTS``, streamed in pieces), as the
+APIs stream tool calls.
 """
 
 from __future__ import annotations
@@ -46,21 +48,27 @@ MODELS = {
     "claude-sonnet-4-5": "claude-sonnet-4-5-20250929",
     "claude-haiku-4-5": "claude-haiku-4-5-20251001",
 }
+ARGUMENTS = {"city": "Zürich", "unit": "celsius"}  # what each tool is called with
 STRAY = " (stray)"  # the text of delta_before_start's delta
 OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 _ALNUM = string.ascii_letters + string.digits
 
 
 def openai_app(
-    pieces: Sequence[str] = TEXT, *, delay: float = DELAY, broken: ChatBreak | None = None
+    pieces: Sequence[str] = TEXT,
+    *,
+    delay: float = DELAY,
+    broken: ChatBreak | None = None,
+    arguments: dict[str, Any] = ARGUMENTS,
 ) -> web.Application:
-    """POST /v1/chat/completions and /v1/responses answering ``pieces``, streamed or whole;
-    ``broken`` breaks the chat completion stream."""
+    """POST /v1/chat/completions and /v1/responses answering ``pieces``, streamed or whole
+    (and the tools offered called with ``arguments``); ``broken`` breaks the chat completion
+    stream."""
     _check(broken, ChatBreak)
 
     async def chat(request: web.Request) -> web.StreamResponse:
         started, body = time.monotonic(), await request.json()
-        completion = _Completion(body, pieces)
+        completion = _Completion(body, pieces, arguments)
         if not body.get("stream"):
             return _pretty(completion.whole(), _openai_headers(started, "application/json"))
         frames = _chat_frames(completion, broken)
@@ -70,7 +78,7 @@ def openai_app(
 
     async def responses(request: web.Request) -> web.StreamResponse:
         started, body = time.monotonic(), await request.json()
-        response = _response(body, pieces)
+        response = _response(body, pieces, arguments)
         if not body.get("stream"):
             return _pretty(response, _openai_headers(started, "application/json"))
         frames = [_event(event["type"], _compact(event)) for event in _response_events(response, pieces)]
@@ -90,14 +98,16 @@ def anthropic_app(
     delay: float = DELAY,
     broken: MessagesBreak | None = None,
     overloaded_after: int | None = None,
+    arguments: dict[str, Any] = ARGUMENTS,
 ) -> web.Application:
-    """POST /v1/messages answering ``pieces``, streamed or whole; ``broken`` breaks the stream,
-    and ``overloaded_after`` ends it with an overloaded_error event after that many deltas."""
+    """POST /v1/messages answering ``pieces``, streamed or whole (and the tools offered
+    called with ``arguments``); ``broken`` breaks the stream, and ``overloaded_after`` ends it
+    with an overloaded_error event after that many deltas."""
     _check(broken, MessagesBreak)
 
     async def messages(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        message = _message(body, pieces)
+        message = _message(body, pieces, arguments)
         if not body.get("stream"):
             headers = _anthropic_headers("application/json")
             return web.Response(body=_compact(message).encode(), headers=headers)
@@ -150,6 +160,20 @@ def _token(length: int, alphabet: str = _ALNUM) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(length))
 
 
+def _tool_names(body: dict[str, Any]) -> list[str]:
+    """The names of the first two tools a request offers (Chat nests them under "function")."""
+    tools = body.get("tools") or []
+    return [t.get("function", t)["name"] for t in tools[:2]]
+
+
+def _pieces(text: str, size: int = 7) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def _prompt_tokens(prompt: Any) -> int:
     """A stand-in count: about one token per four characters of the prompt's JSON."""
     return max(1, len(_compact(prompt)) // 4)
@@ -190,9 +214,11 @@ def _anthropic_headers(content_type: str) -> dict[str, str]:
 class _Completion:
     """One chat completion: what every chunk shares, the request's options, and its usage."""
 
-    def __init__(self, body: dict[str, Any], pieces: Sequence[str]) -> None:
+    def __init__(self, body: dict[str, Any], pieces: Sequence[str], arguments: dict[str, Any]) -> None:
         options = body.get("stream_options") or {}
         self.pieces = pieces
+        self.calls = [("call_" + _token(24), name) for name in _tool_names(body)]
+        self.arguments = _compact(arguments)
         self.include_usage = bool(options.get("include_usage"))
         self.obfuscate = options.get("include_obfuscation", True)
         self.envelope = {
@@ -217,6 +243,10 @@ class _Completion:
             },
         }
 
+    @property
+    def finish(self) -> str:
+        return "tool_calls" if self.calls else "stop"
+
     def chunk(self, delta: dict[str, Any] | None, finish_reason: str | None = None) -> dict[str, Any]:
         """A chat.completion.chunk with one choice, or none (the usage chunk) for ``delta`` None."""
         chunk: dict[str, Any] = dict(self.envelope)
@@ -235,12 +265,15 @@ class _Completion:
     def whole(self) -> dict[str, Any]:
         """The chat.completion a request without ``stream`` gets."""
         message = {"role": "assistant", "content": "".join(self.pieces), "refusal": None, "annotations": []}
+        if self.calls:
+            calls = [_chat_call(call_id, name, self.arguments) for call_id, name in self.calls]
+            message |= {"content": None, "tool_calls": calls}
         return {
             "id": self.envelope["id"],
             "object": "chat.completion",
             "created": self.envelope["created"],
             "model": self.envelope["model"],
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish}],
             "usage": self.usage,
             "service_tier": self.envelope["service_tier"],
             "system_fingerprint": self.envelope["system_fingerprint"],
@@ -250,13 +283,20 @@ class _Completion:
 def _chat_frames(completion: _Completion, broken: ChatBreak | None) -> list[bytes]:
     chunks = [completion.chunk({"role": "assistant", "content": "", "refusal": None})]
     chunks += [completion.chunk({"content": piece}) for piece in completion.pieces]
+    for index, (call_id, name) in enumerate(completion.calls):
+        opened = {"index": index, **_chat_call(call_id, name, "")}
+        chunks.append(completion.chunk({"tool_calls": [opened]}))
+        chunks += [
+            completion.chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            for piece in _pieces(completion.arguments)
+        ]
     if broken == "choice_unfinished":
         second = completion.chunk({"content": "and another"})
         chunks.append(second | {"choices": [second["choices"][0] | {"index": 1}]})
     if broken == "error_event":
         error = {"error": {"message": "The server had an error", "type": "server_error", "code": None}}
         return [_data(_compact(chunk)) for chunk in chunks] + [_event("error", _compact(error))]
-    chunks += [completion.chunk({}, "stop")] * (2 if broken == "two_finishes" else 1)
+    chunks += [completion.chunk({}, completion.finish)] * (2 if broken == "two_finishes" else 1)
     if broken == "refusal_after_finish":
         chunks.append(completion.chunk({"refusal": "I cannot"}))
     if completion.include_usage:
@@ -269,7 +309,7 @@ def _chat_frames(completion: _Completion, broken: ChatBreak | None) -> list[byte
     return frames
 
 
-def _response(body: dict[str, Any], pieces: Sequence[str]) -> dict[str, Any]:
+def _response(body: dict[str, Any], pieces: Sequence[str], arguments: dict[str, Any]) -> dict[str, Any]:
     """The completed Responses API response object answering ``body`` with ``pieces``."""
     text = "".join(pieces)
     prompt = _prompt_tokens(body.get("input"))
@@ -287,7 +327,8 @@ def _response(body: dict[str, Any], pieces: Sequence[str]) -> dict[str, Any]:
         "max_output_tokens": body.get("max_output_tokens"),
         "max_tool_calls": None,
         "model": MODELS.get(body["model"], body["model"]),
-        "output": [item | {"content": [part], "role": "assistant"}],
+        "output": [_function_call(name, arguments) for name in _tool_names(body)]
+        or [item | {"content": [part], "role": "assistant"}],
         "parallel_tool_calls": True,
         "previous_response_id": None,
         "prompt_cache_key": None,
@@ -314,18 +355,63 @@ def _response(body: dict[str, Any], pieces: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def _function_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": "fc_" + secrets.token_hex(24),
+        "type": "function_call",
+        "status": "completed",
+        "arguments": _compact(arguments),
+        "call_id": "call_" + _token(24),
+        "name": name,
+    }
+
+
 def _response_events(response: dict[str, Any], pieces: Sequence[str]) -> list[dict[str, Any]]:
     """The typed events that stream ``response`` in ``pieces``, numbered by sequence_number."""
-    item = response["output"][0]
-    part = item["content"][0]
-    at = {"item_id": item["id"], "output_index": 0, "content_index": 0}
     pending = response | {"status": "in_progress", "service_tier": "auto", "output": [], "usage": None}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": pending},
         {"type": "response.in_progress", "response": pending},
+    ]
+    for index, item in enumerate(response["output"]):
+        if item["type"] == "function_call":
+            events += _function_call_events(index, item)
+        else:
+            events += _message_item_events(index, item, pieces)
+    events.append({"type": "response.completed", "response": response})
+    return [{"type": e["type"], "sequence_number": n, **e} for n, e in enumerate(events)]
+
+
+def _function_call_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    at = {"item_id": item["id"], "output_index": index}
+    opened = item | {"status": "in_progress", "arguments": ""}
+    events: list[dict[str, Any]] = [
+        {"type": "response.output_item.added", "output_index": index, "item": opened}
+    ]
+    for piece in _pieces(item["arguments"]):
+        obfuscation = _token(3 + secrets.randbelow(12))
+        events.append(
+            {
+                "type": "response.function_call_arguments.delta",
+                **at,
+                "delta": piece,
+                "obfuscation": obfuscation,
+            }
+        )
+    events += [
+        {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
+    ]
+    return events
+
+
+def _message_item_events(index: int, item: dict[str, Any], pieces: Sequence[str]) -> list[dict[str, Any]]:
+    part = item["content"][0]
+    at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    events: list[dict[str, Any]] = [
         {
             "type": "response.output_item.added",
-            "output_index": 0,
+            "output_index": index,
             "item": item | {"status": "in_progress", "content": []},
         },
         {"type": "response.content_part.added", **at, "part": part | {"text": ""}},
@@ -344,21 +430,26 @@ def _response_events(response: dict[str, Any], pieces: Sequence[str]) -> list[di
     events += [
         {"type": "response.output_text.done", **at, "text": part["text"], "logprobs": []},
         {"type": "response.content_part.done", **at, "part": part},
-        {"type": "response.output_item.done", "output_index": 0, "item": item},
-        {"type": "response.completed", "response": response},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
     ]
-    return [{"type": e["type"], "sequence_number": n, **e} for n, e in enumerate(events)]
+    return events
 
 
-def _message(body: dict[str, Any], pieces: Sequence[str]) -> dict[str, Any]:
+def _message(body: dict[str, Any], pieces: Sequence[str], arguments: dict[str, Any]) -> dict[str, Any]:
     """The Messages API message answering ``body`` with ``pieces``, as a request without stream gets it."""
     return {
         "id": "msg_01" + _token(22),
         "type": "message",
         "role": "assistant",
         "model": MODELS.get(body["model"], body["model"]),
-        "content": [{"type": "text", "text": "".join(pieces)}],
-        "stop_reason": "end_turn",
+        "content": [
+            {"type": "text", "text": "".join(pieces)},
+            *(
+                {"type": "tool_use", "id": "toolu_01" + _token(22), "name": name, "input": arguments}
+                for name in _tool_names(body)
+            ),
+        ],
+        "stop_reason": "tool_use" if _tool_names(body) else "end_turn",
         "stop_sequence": None,
         "usage": {
             "input_tokens": _prompt_tokens([body.get("system"), body.get("messages")]),
@@ -388,12 +479,19 @@ def _message_events(
     if overloaded_after is not None:
         return [*head, *deltas[:overloaded_after], OVERLOADED]
     stops = [] if broken == "unclosed_block" else [{"type": "content_block_stop", "index": 0}]
+    for index, block in enumerate(message["content"][1:], 1):  # its tool calls
+        opened = block | {"input": {}}
+        stops += [
+            {"type": "content_block_start", "index": index, "content_block": opened},
+            *(_json_delta(index, piece) for piece in ["", *_pieces(_compact(block["input"]))]),
+            {"type": "content_block_stop", "index": index},
+        ]
     counts = {
         key: usage[key] for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     }
     finish = {
         "type": "message_delta",
-        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
         "usage": counts | {"output_tokens": usage["output_tokens"]},
     }
     after = [finish] if broken == "stop_not_last" else []
@@ -402,6 +500,14 @@ def _message_events(
 
 def _text_delta(index: int, text: str) -> dict[str, Any]:
     return {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+
+
+def _json_delta(index: int, piece: str) -> dict[str, Any]:
+    return {
+        "type": "content_block_delta",
+        "index": index,
+        "delta": {"type": "input_json_delta", "partial_json": piece},
+    }
 
 
 def _anthropic_json(event: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 from conftest import RecordFactory
 from llm_servers import anthropic_app, openai_app
 from test_llm_streams import chat, messages
+from test_llm_tool_calls import chat_calls, messages_calls
 from test_mcp_sdk import generation, recorded_session
 
 from tasktape.agent import create_agent_app
@@ -504,6 +505,33 @@ async def test_llm_streams_differ_in_their_answer_not_in_how_many_deltas(record:
     ]
     code, doc = diff_json(messages_a, messages_c, *LOOSE)
     assert aspects(doc) == [["answer"]] and doc["pairs"][0]["a"]["protocol"] == "anthropic"
+
+
+async def test_tool_calls_differ_in_name_and_arguments_not_in_their_ids(record: RecordFactory) -> None:
+    """The calls' ids are made up on every run; what the model called, with what, is compared."""
+    logs = []
+    for arguments in ({"city": "Zürich"}, {"city": "Zürich"}, {"city": "Paris"}):
+        for app, ask in ((openai_app, chat_calls), (anthropic_app, messages_calls)):
+            rec = await record(app(delay=0, arguments=arguments))
+            await ask(rec.url, True)
+            (await rec.log()).close()
+            logs.append(rec.db)
+    chat_a, messages_a, chat_b, messages_b, chat_c, messages_c = logs
+    for a, b in ((chat_a, chat_b), (messages_a, messages_b)):
+        assert diff(a, b, *LOOSE).exit_code == 0
+    result = diff(chat_a, chat_c, *LOOSE)
+    assert result.exit_code == 1
+    assert result.output.splitlines()[1:3] == [
+        '  tool_calls: get_weather({"city":"Zürich"}), get_time({"city":"Zürich"})'
+        ' -> get_weather({"city":"Paris"}), get_time({"city":"Paris"})',
+        "",
+    ]
+    code, doc = diff_json(messages_a, messages_c, *LOOSE)
+    assert code == 1 and aspects(doc) == [["tool_calls"]]
+    assert doc["pairs"][0]["differences"][0]["b"] == [
+        'get_weather({"city":"Paris"})',
+        'get_time({"city":"Paris"})',
+    ]
 
 
 # -- what it refuses ------------------------------------------------------------------------

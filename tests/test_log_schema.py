@@ -49,6 +49,7 @@ CONTRACT = {
         "output_tokens",
         "finish",
         "uid",
+        "tool_calls",
     ],
     "chunks": ["exchange_id", "seq", "offset_ns", "data"],
     "events": [

@@ -16,9 +16,11 @@ from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
+import orjson
+
 from ..classify import Classification, load_json
 from ..frames import Problem, Stream, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, classified, parsed
+from .base import Protocol, Request, RequestInfo, StreamReader, Summary, ToolCall, classified, parsed
 
 
 class AnthropicKind(StrEnum):
@@ -35,6 +37,7 @@ class AnthropicKind(StrEnum):
 
 _KINDS = {k.value: k for k in AnthropicKind}
 _DELTA_KINDS = frozenset({AnthropicKind.CONTENT_BLOCK_DELTA})
+_TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})  # a block that calls a tool
 _TOKENS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
@@ -94,8 +97,18 @@ def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
     return out or None
 
 
+def _input(value: Any) -> str:
+    """A tool's input as JSON text (an empty object as none: the stream sends its pieces)."""
+    return orjson.dumps(value).decode() if isinstance(value, dict) and value else ""
+
+
 class AnthropicReader(StreamReader):
-    """The answer is the text blocks' deltas; tokens as the last event counted them."""
+    """The answer is the text blocks' deltas; tokens as the last event counted them; the
+    tool calls are the tool_use blocks, their input joined from its JSON pieces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._given: dict[Any, str] = {}  # a tool block's input as it started (used if no piece came)
 
     def event(self, data: str, event_type: str | None) -> Classification:
         obj = parsed(data, AnthropicKind.OTHER)
@@ -111,6 +124,16 @@ class AnthropicReader(StreamReader):
             if isinstance(text, str):
                 self.pieces.append(text)
                 return classified(kind, text)
+            if isinstance(delta, dict) and delta.get("type") == "input_json_delta":
+                piece = delta.get("partial_json")
+                if isinstance(piece, str):
+                    self.calls.setdefault(obj.get("index"), ToolCall()).arguments += piece
+            return classified(kind)
+        if kind is AnthropicKind.CONTENT_BLOCK_START:
+            block = obj.get("content_block")
+            if isinstance(block, dict) and block.get("type") in _TOOL_BLOCKS:
+                self._tool_block(obj.get("index"), block)
+                self._given[obj.get("index")] = _input(block.get("input"))
             return classified(kind)
         if kind is AnthropicKind.MESSAGE_START:
             message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
@@ -146,11 +169,28 @@ class AnthropicReader(StreamReader):
         content = obj.get("content") if isinstance(obj.get("content"), list) else []
         texts = [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
         self.pieces.extend(texts)
+        for index, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") in _TOOL_BLOCKS:
+                given = block.get("input")  # whole here
+                call = self._tool_block(index, block)
+                call.arguments = orjson.dumps(given).decode() if given is not None else ""
         reason = obj.get("stop_reason")
         self.summary.finish = reason if isinstance(reason, str) else None
         return Classification(
             AnthropicKind.OTHER, text="".join(texts) or None, state=self.summary.finish, usage=usage
         )
+
+    def _tool_block(self, index: Any, block: dict[str, Any]) -> ToolCall:
+        call = self.calls.setdefault(index, ToolCall())
+        call.id = block.get("id") if isinstance(block.get("id"), str) else None
+        call.name = block.get("name") if isinstance(block.get("name"), str) else None
+        return call
+
+    def finished(self) -> Summary:
+        for index, call in self.calls.items():
+            if not call.arguments:  # no piece came: the input as the block started, if any
+                call.arguments = self._given.get(index, "")
+        return super().finished()
 
     def _count(self, usage: dict[str, Any] | None) -> None:
         if usage:

@@ -75,6 +75,18 @@ class Summary:
     input_tokens: int | None = None
     output_tokens: int | None = None
     finish: str | None = None
+    tool_calls: str | None = None  # JSON: the tools the answer calls, as ``ToolCall`` objects
+
+
+@dataclass
+class ToolCall:
+    """A tool an LLM's answer calls: the call's id (what the tool's result answers), the
+    tool's name, and its arguments as the model wrote them (JSON text, cut off where the
+    stream was)."""
+
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 _new = tuple.__new__
@@ -107,6 +119,7 @@ class StreamReader:
     def __init__(self) -> None:
         self.summary = Summary()
         self.pieces: list[str] = []  # the answer's text as it came: finished() joins it
+        self.calls: dict[Any, ToolCall] = {}  # the tool calls, by the key their protocol gives each
 
     def event(self, data: str, event_type: str | None) -> Classification:
         """Classify one SSE event (its ``data`` and ``event`` field). Never raises."""
@@ -120,6 +133,8 @@ class StreamReader:
         """The summary once the response has ended."""
         if self.pieces:
             self.summary.answer = "".join(self.pieces)
+        if self.calls:
+            self.summary.tool_calls = orjson.dumps([vars(c) for c in self.calls.values()]).decode()
         return self.summary
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Problem, Stream, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, classified, parsed
+from .base import Protocol, Request, RequestInfo, StreamReader, ToolCall, classified, parsed
 
 DONE = "[DONE]"
 # The API call of each path tail, and the request body field it needs beside "model".
@@ -35,6 +35,15 @@ TERMINAL = frozenset({"response.completed", "response.failed", "response.incompl
 # whole chat completion, a (legacy) completion; each with its "choices".
 _CHOICE_OBJECTS = frozenset({"chat.completion.chunk", "chat.completion", "text_completion"})
 _TEXT_DELTA = "response.output_text.delta"
+# The Responses events that tell of a function call: its output item, its arguments' pieces.
+_CALL_EVENTS = frozenset(
+    {
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    }
+)
 
 
 class OpenAIKind(StrEnum):
@@ -185,6 +194,9 @@ class OpenAIReader(StreamReader):
                     holder = choice.get("message")
                 piece = holder.get("content") if type(holder) is dict else choice.get("text")
                 text = piece if type(piece) is str and piece else None
+                calls = type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
+                if calls:
+                    self._chat_calls(calls)
                 reason = choice.get("finish_reason")
                 finish = reason if type(reason) is str else None
         if text is not None:
@@ -196,6 +208,49 @@ class OpenAIReader(StreamReader):
             return classified(OpenAIKind.USAGE, None, None, usage)
         return classified(OpenAIKind.DELTA, text, None, usage)
 
+    def _chat_calls(self, calls: Any) -> None:
+        """A choice's tool calls: a delta's pieces of each (its index names the call; the
+        name and arguments come in pieces, as the SDKs join them), or a whole message's;
+        or the legacy ``function_call``, one call without an id."""
+        if isinstance(calls, dict):
+            calls = [{"index": "function_call", "function": calls}]
+        for position, piece in enumerate(calls if isinstance(calls, list) else ()):
+            if not isinstance(piece, dict):
+                continue
+            call = self.calls.setdefault(piece.get("index", position), ToolCall())
+            if call.id is None and isinstance(piece.get("id"), str):
+                call.id = piece["id"]
+            function = piece.get("function")
+            if isinstance(function, dict):
+                if isinstance(name := function.get("name"), str):
+                    call.name = (call.name or "") + name
+                if isinstance(arguments := function.get("arguments"), str):
+                    call.arguments += arguments
+
+    def _responses_call(self, kind: str, obj: dict[str, Any]) -> None:
+        """A Responses function call's output item (whole when done), or its arguments'
+        pieces; by the item's id."""
+        if kind.startswith("response.output_item."):
+            item = obj.get("item")
+            if isinstance(item, dict):
+                self._function_item(item)
+            return
+        call = self.calls.setdefault(obj.get("item_id"), ToolCall())
+        arguments = obj.get("arguments" if kind.endswith(".done") else "delta")
+        if isinstance(arguments, str):
+            call.arguments = arguments if kind.endswith(".done") else call.arguments + arguments
+
+    def _function_item(self, item: dict[str, Any]) -> None:
+        if item.get("type") != "function_call":
+            return
+        call = self.calls.setdefault(item.get("id", item.get("call_id")), ToolCall())
+        if isinstance(item.get("call_id"), str):
+            call.id = item["call_id"]
+        if isinstance(item.get("name"), str):
+            call.name = item["name"]
+        if isinstance(item.get("arguments"), str) and item["arguments"]:
+            call.arguments = item["arguments"]
+
     def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
         """A Responses API event."""
         if kind == _TEXT_DELTA:
@@ -206,6 +261,9 @@ class OpenAIReader(StreamReader):
             return classified(OpenAIKind.DELTA, text)
         if kind == "error":
             return self._error(obj)
+        if kind in _CALL_EVENTS:
+            self._responses_call(kind, obj)
+            return classified(OpenAIKind.EVENT)
         response = obj.get("response")
         if not isinstance(response, dict):
             return classified(OpenAIKind.EVENT)
@@ -222,6 +280,9 @@ class OpenAIReader(StreamReader):
             self.summary.finish = status
             if not self.pieces:
                 self.pieces.extend(_output_text(response))
+            for item in response.get("output") or ():  # the calls whole, as the response ended
+                if isinstance(item, dict):
+                    self._function_item(item)
             return classified(OpenAIKind.DONE, None, status, usage)
         return classified(OpenAIKind.EVENT, None, status, usage)
 

@@ -1,0 +1,213 @@
+"""The tools an LLM's answer calls: the log's ``tool_calls`` (on ``exchanges`` and in
+``stream_summary``) holds each call's id, tool name and arguments as the official SDK
+assembles them from the same stream (or answer), for OpenAI's Chat Completions and
+Responses APIs and Anthropic's Messages; a stream cut short keeps the arguments that came;
+the stream page shows them; older logs gain them on upgrade."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from conftest import RecordFactory
+from inspector_log import page
+from llm_servers import ARGUMENTS, anthropic_app, openai_app
+
+from tasktape.errors import SchemaTooOld
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.checker import check_log
+from tasktape.eventlog.schema import SCHEMA_VERSION, STREAM_SUMMARY_15
+from tasktape.inspector.app import create_datasette
+
+SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
+# (strict: the SDK's stream helper assembles only strict tools' calls)
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": name, "strict": True, "parameters": SCHEMA}}
+    for name in ("get_weather", "get_time", "never_called")
+]
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "parameters": {}} for t in CHAT_TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["name"], "input_schema": {"type": "object"}} for t in RESPONSES_TOOLS]
+ASK = "What is the weather and the time in Zürich?"
+
+Call = tuple[str, str, Any]  # id, name, arguments (parsed)
+Asker = Callable[[str, bool], Awaitable[list[Call]]]
+
+
+async def chat_calls(base: str, stream: bool) -> list[Call]:
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        asked: dict[str, Any] = {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": ASK}],
+            "tools": CHAT_TOOLS,
+        }
+        if stream:
+            async with client.chat.completions.stream(**asked) as events:
+                async for _ in events:
+                    pass
+                message = (await events.get_final_completion()).choices[0].message
+        else:
+            message = (await client.chat.completions.create(**asked)).choices[0].message
+    calls = message.tool_calls or []
+    return [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls]  # type: ignore[union-attr]
+
+
+async def responses_calls(base: str, stream: bool) -> list[Call]:
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        asked: dict[str, Any] = {"model": "gpt-4o-mini", "input": ASK, "tools": RESPONSES_TOOLS}
+        if stream:
+            async with client.responses.stream(**asked) as events:
+                async for _ in events:
+                    pass
+                response = await events.get_final_response()
+        else:
+            response = await client.responses.create(**asked)
+    items = [item for item in response.output if item.type == "function_call"]
+    return [(i.call_id, i.name, json.loads(i.arguments)) for i in items]  # type: ignore[union-attr]
+
+
+async def messages_calls(base: str, stream: bool) -> list[Call]:
+    client = anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+    async with client:
+        asked: dict[str, Any] = {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 256,
+            "messages": [{"role": "user", "content": ASK}],
+            "tools": ANTHROPIC_TOOLS,
+        }
+        if stream:
+            async with client.messages.stream(**asked) as events:
+                message = await events.get_final_message()
+        else:
+            message = await client.messages.create(**asked)
+    return [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"]
+
+
+CASES: dict[str, tuple[Callable[..., Any], Asker, str]] = {
+    "openai-chat": (openai_app, chat_calls, "tool_calls"),
+    "openai-responses": (openai_app, responses_calls, "completed"),
+    "anthropic-messages": (anthropic_app, messages_calls, "tool_use"),
+}
+
+
+def logged_calls(log: EventLog, exchange_id: int) -> list[Call]:
+    (row,) = log.stream_summary(exchange_id)
+    return [(c["id"], c["name"], json.loads(c["arguments"])) for c in json.loads(row["tool_calls"])]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize("case", CASES)
+async def test_the_log_holds_the_calls_the_sdk_assembled(
+    case: str, stream: bool, record: RecordFactory
+) -> None:
+    make_app, ask, finish = CASES[case]
+    rec = await record(make_app(delay=0))
+    calls = await ask(rec.url, stream)
+    assert [(name, arguments) for _, name, arguments in calls] == [
+        ("get_weather", ARGUMENTS),
+        ("get_time", ARGUMENTS),
+    ]
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert logged_calls(log, x["id"]) == calls
+        (summary,) = log.stream_summary(x["id"])
+        assert summary["finish"] == finish
+        assert check_log(log) == []
+        # The arguments are the model's JSON text as it came, not parsed and dumped again.
+        assert all(
+            c["arguments"] == json.dumps(ARGUMENTS, separators=(",", ":"), ensure_ascii=False)
+            for c in json.loads(x["tool_calls"])
+        )
+
+
+async def test_an_answer_without_calls_has_none(record: RecordFactory) -> None:
+    rec = await record(openai_app(delay=0))
+    client = openai.AsyncOpenAI(base_url=f"{rec.url}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}]
+        )
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["tool_calls"] is None and x["answer"]
+
+
+@pytest.mark.parametrize("case", ["openai-chat", "anthropic-messages"])
+async def test_a_stream_cut_short_keeps_the_arguments_that_came(case: str, record: RecordFactory) -> None:
+    """The client leaves in the middle of the first call's arguments: the log names the
+    call and holds its arguments as far as they came, which are no JSON yet."""
+    make_app, _, _ = CASES[case]
+    rec = await record(make_app(delay=0.02))
+    if case == "openai-chat":
+        client: Any = openai.AsyncOpenAI(base_url=f"{rec.url}/v1", api_key="sk-test", max_retries=0)
+        asked = client.chat.completions.stream(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": ASK}], tools=CHAT_TOOLS
+        )
+        wanted = "tool_calls.function.arguments.delta"
+    else:
+        client = anthropic.AsyncAnthropic(base_url=rec.url, api_key="sk-ant-test", max_retries=0)
+        asked = client.messages.stream(
+            model="claude-sonnet-4-5",
+            max_tokens=64,
+            messages=[{"role": "user", "content": ASK}],
+            tools=ANTHROPIC_TOOLS,
+        )
+        wanted = "input_json"
+    async with client, asked as events:
+        pieces = 0
+        async for event in events:
+            pieces += event.type == wanted and bool(getattr(event, "partial_json", True))
+            if pieces == 2:
+                break
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "client_disconnected"
+        (call,) = json.loads(x["tool_calls"])
+    assert call["name"] == "get_weather" and call["id"]
+    assert json.dumps(ARGUMENTS, separators=(",", ":"), ensure_ascii=False).startswith(call["arguments"])
+    assert 0 < len(call["arguments"]) < len(json.dumps(ARGUMENTS, ensure_ascii=False)) - 2
+
+
+async def test_the_stream_page_shows_the_calls(record: RecordFactory) -> None:
+    rec = await record(anthropic_app(delay=0))
+    calls = await messages_calls(rec.url, True)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    html = await page(create_datasette(rec.db), f"/{Path(rec.db).stem}/-/stream/{x['id']}")
+    assert "<h3>2 tool calls</h3>" in html
+    shown = re.findall(r'<div class="tt-art-head">(\w+) <code>(\w+)</code>', html)
+    assert shown == [(name, call_id) for call_id, name, _ in calls]
+    # The arguments indented, escaped as every recorded byte is.
+    assert html.count('<pre class="tt-text">{\n  &#34;city&#34;: &#34;Zürich&#34;,') == 2
+
+
+async def test_an_older_log_gains_its_calls_on_upgrade(record: RecordFactory, tmp_path: Path) -> None:
+    """A log of schema version 15 (no tool_calls column) is read again on upgrade."""
+    rec = await record(openai_app(delay=0))
+    calls = await responses_calls(rec.url, True)
+    with await rec.log():
+        pass
+    old = tmp_path / "old.db"
+    with sqlite3.connect(rec.db) as conn:
+        conn.execute("VACUUM INTO ?", (str(old),))
+    with sqlite3.connect(old) as conn:
+        conn.execute("DROP VIEW stream_summary")
+        conn.execute("ALTER TABLE exchanges DROP COLUMN tool_calls")
+        conn.execute(f"CREATE VIEW stream_summary AS {STREAM_SUMMARY_15}")
+        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0016_tool_calls'")
+    with pytest.raises(SchemaTooOld):
+        EventLog(old)
+    with LogWriter(old):  # opened for writing: upgraded
+        pass
+    with EventLog(old) as log:
+        assert log.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        (x,) = log.exchanges()
+        assert logged_calls(log, x["id"]) == calls
