@@ -89,7 +89,7 @@ TABLES: dict[str, dict[str, Any]] = {
             "output_tokens": "Output tokens, as the response counted them",
             "finish": "How it finished: finish_reason, stop_reason, a Responses status, an A2A state, "
             "MCP's result or error",
-            "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as the model wrote them)",
+            "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as written)",
         },
     },
     "chunks": {
@@ -308,7 +308,7 @@ TABLES: dict[str, dict[str, Any]] = {
             "input_tokens": "Input tokens, as the response counted them",
             "output_tokens": "Output tokens, as the response counted them",
             "finish": "finish_reason, stop_reason, a Responses status, an A2A state, MCP result or error",
-            "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as the model wrote them)",
+            "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as written)",
             "events": "Events in its stream",
             "ttfe_ms": "Time to first event (or first byte of a body that is not a stream)",
             "duration_ms": "Request arrival to the end of the response",
