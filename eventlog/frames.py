@@ -85,7 +85,10 @@ Rule = Callable[[Sequence[Stream]], Iterator[Problem]]
 def readable(stream: Stream) -> Iterator[tuple[Frame, Problem | None]]:
     """Each frame of a stream with what makes it unreadable, if anything: cut off mid-way
     though the stream ran to its end, or not parsed (a frame cut off by a broken
-    connection is left out: nothing can be said of it)."""
+    connection is left out: nothing can be said of it). The body of an HTTP error that is
+    not a stream is the protocol's only if it reads as one: a server's or an intermediary's
+    plain-text "404: Not Found" breaks no protocol."""
+    http_error = not stream.is_sse and stream.status is not None and stream.status >= 400
     for frame in stream.frames:
         if not frame.complete:
             if stream.complete:
@@ -95,7 +98,7 @@ def readable(stream: Stream) -> Iterator[tuple[Frame, Problem | None]]:
                         stream, frame, "the stream ended in the middle of this event (no blank line after it)"
                     ),
                 )
-        elif frame.c.parse_error:
+        elif frame.c.parse_error and not http_error:
             yield frame, Problem(stream, frame, frame.c.parse_error)
         else:
             yield frame, None

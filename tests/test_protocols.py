@@ -156,6 +156,29 @@ def test_progress_past_its_total_and_a_request_never_answered() -> None:
     assert rules_broken([mcp_call(1, progress(1, 1), outcome="upstream_disconnected")]) == set()
 
 
+def test_a_plain_text_http_error_breaks_no_protocol() -> None:
+    """What a server (or a proxy before it) answers a path it does not serve is HTTP's, not
+    the protocol's: not JSON, and no frame problem; a body of a 2xx still is."""
+    not_found = Recorded(
+        method="POST",
+        path="/mcp",
+        request_headers=MCP_HEADERS,
+        request_body=rpc("initialize", 1),
+        status=404,
+        response_headers=[("Content-Type", "text/plain; charset=utf-8")],
+        chunks=[(1000, b"404: Not Found")],
+        duration_ns=2000,
+        outcome="complete",
+    )
+    assert rules_broken([not_found]) == set()
+    bad_gateway = Recorded(
+        **{**not_found.__dict__, "path": "/v1/chat/completions", "request_headers": [], "status": 502}
+        | {"request_body": b'{"model":"gpt-4o-mini","messages":[]}', "chunks": [(1000, b"<html>502</html>")]}
+    )
+    assert rules_broken([bad_gateway]) == set()
+    assert rules_broken([Recorded(**{**bad_gateway.__dict__, "status": 200})]) == {"openai-frame"}
+
+
 def test_a_post_stream_closed_for_resumption_and_answered_on_the_resumed_get_is_clean() -> None:
     closed = mcp_call(7, progress(7, 1))
     resumed = Recorded(
