@@ -33,6 +33,7 @@ import orjson
 from tasktape.errors import CassetteError
 from tasktape.version import __version__
 
+from .file_kinds import FileKind, kind_of_bytes
 from .http_fields import field_problem
 from .outcomes import Outcome
 from .producer import LogProducer
@@ -73,16 +74,27 @@ def _ms(ns: int) -> float:
     return round(ns / 1_000_000, 6)
 
 
-def read_cassette(path: str | Path) -> list[Recorded]:
+def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
     """Read and validate a cassette; raises :class:`CassetteError` naming the line.
+    Its exchanges' origins say ``name`` (by default, the file's name) and the line.
 
     Lines end at LF alone, as JSON Lines do: text may hold U+2028 or U+0085 as it is (the
     cassettes tasktape writes do), which ``str.splitlines`` would take for line ends."""
     path = Path(path)
+    name = name or path.name
     try:
         content = path.read_bytes()
     except OSError as exc:
         raise CassetteError(f"{path}: cannot read it as a cassette: {exc}") from None
+    kind = kind_of_bytes(content[:16])
+    if kind is FileKind.LOG:
+        raise CassetteError(
+            f"{path} is an event log, not a cassette: make one of it with tasktape export {path} -o FILE"
+        )
+    if kind is FileKind.FLOWS:
+        raise CassetteError(
+            f"{path} is {kind}, not a cassette: tasktape import {path} --db LOG makes an event log of it"
+        )
     recorded: list[Recorded] = []
     current: Recorded | None = None
     header_seen = False
@@ -99,7 +111,7 @@ def read_cassette(path: str | Path) -> list[Recorded]:
             continue
         chunk = _plain_chunk(doc)
         if chunk is None:  # any other line: read without its model if it is as tasktape writes it
-            where, origin = f"{path}:{number}", f"{path.name}:{number}"
+            where, origin = f"{path}:{number}", f"{name}:{number}"
             kind, item = _plain_line(doc, origin) or _modelled(doc, where, origin)
             if kind == "exchange":
                 if item.reconnect_of is not None and len(recorded) + item.reconnect_of < 0:

@@ -20,7 +20,12 @@ class FileKind(StrEnum):
 
 def kind_of(path: Path) -> FileKind:
     with path.open("rb") as f:
-        head = f.read(16)
+        return kind_of_bytes(f.read(16))
+
+
+def kind_of_bytes(head: bytes) -> FileKind:
+    """The kind of a file that begins with ``head`` (its first 16 bytes or more)."""
+    head = head[:16]
     if not head:
         return FileKind.EMPTY
     if head == SQLITE_MAGIC:

@@ -1,5 +1,5 @@
 """Where recorded exchanges come from: event logs and cassettes (files, or folders of
-``*.jsonl`` cassettes), in the order given."""
+``*.jsonl`` cassettes, their subfolders included), in the order given."""
 
 from __future__ import annotations
 
@@ -16,16 +16,23 @@ def load(paths: list[str | Path]) -> list[Recorded]:
     recorded: list[Recorded] = []
     for source in map(Path, paths):
         if source.is_dir():
-            cassettes = sorted(source.glob("*.jsonl"))
+            cassettes = _cassettes_in(source)
             if not cassettes:
-                raise SourceError(f"{source}: a folder without cassettes (*.jsonl)")
+                raise SourceError(f"{source}: a folder without cassettes (*.jsonl, in it or its subfolders)")
             for cassette in cassettes:
-                recorded += read_cassette(cassette)
+                recorded += read_cassette(source / cassette, cassette.as_posix())
         elif not source.exists():
             raise SourceError(f"{source}: no such file or folder")
         else:
             recorded += _read_file(source)
     return recorded
+
+
+def _cassettes_in(folder: Path) -> list[Path]:
+    """The cassettes under a folder, as paths relative to it, in order (the pytest plug-in
+    keeps one folder of them per test module); hidden folders left out."""
+    found = (p.relative_to(folder) for p in folder.rglob("*.jsonl") if p.is_file())
+    return sorted(p for p in found if not any(part.startswith(".") for part in p.parts))
 
 
 def _read_file(source: Path) -> list[Recorded]:

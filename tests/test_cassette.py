@@ -323,6 +323,31 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
         load([empty])
     with pytest.raises(LogError, match=r"empty\.db is empty: not an event log"):
         EventLog(empty)
+    # Read as a cassette (the pytest plug-in's marker names one): what it is, what makes one.
+    with pytest.raises(CassetteError, match=rf"a\.db is an event log, not a cassette: .*export {log_path}"):
+        read_cassette(log_path)
+    with pytest.raises(CassetteError, match=r"flows\.mitm is a mitmproxy flow file, not a cassette"):
+        read_cassette(flows)
+
+
+def test_a_folder_holds_cassettes_in_its_subfolders_too(tmp_path: Path) -> None:
+    """As the pytest plug-in keeps them, a folder per test module: each read, in order,
+    named by its path in the folder; hidden folders are left out."""
+    folder = tmp_path / "cassettes"
+    for name in ("top.jsonl", "test_b/test_one.jsonl", "test_a/test_one.jsonl", ".trash/old.jsonl"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        write_cassette(folder / name, [Recorded(method="GET", path=f"/{name}", status=204)])
+    read = load([folder])
+    assert [r.origin for r in read] == ["test_a/test_one.jsonl:2", "test_b/test_one.jsonl:2", "top.jsonl:2"]
+    assert [r.path for r in read] == ["/test_a/test_one.jsonl", "/test_b/test_one.jsonl", "/top.jsonl"]
+    (folder / "top.jsonl").unlink()
+    (folder / "notes.txt").write_text("")
+    assert len(load([folder])) == 2
+    empty = tmp_path / "empty"
+    (empty / ".hidden").mkdir(parents=True)
+    (empty / ".hidden" / "x.jsonl").write_text("")
+    with pytest.raises(SourceError, match="a folder without cassettes"):
+        load([empty])
 
 
 def test_export_makes_the_cassette_folder_and_explains_what_it_cannot_write(tmp_path: Path) -> None:
