@@ -10,9 +10,12 @@ from aiohttp import web
 SOURCE = "tasktape replay"
 
 
-def error(status: int, message: str, **details: Any) -> web.Response:
-    """A JSON error: ``{"error": {"code", "message", "source", ...details}}``."""
+def error(status: int, message: str, *, answer: Any = None, **details: Any) -> web.Response:
+    """A JSON error: ``{"error": {"code", "message", "source", ...details}}``, or
+    ``answer`` (the error as the request's protocol says one)."""
     body = {"error": {"code": status, "message": message, "source": SOURCE, **details}}
+    if answer is not None:
+        body = answer
     return web.Response(
         status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"
     )

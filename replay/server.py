@@ -27,7 +27,8 @@ from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter
-from tasktape.eventlog.protocols import ProtocolName, by_name, protocols
+from tasktape.eventlog.protocols import ProtocolName, by_name, protocols, recognise
+from tasktape.eventlog.protocols.base import Request
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
@@ -46,7 +47,7 @@ from .fidelity import Digest, Divergence, Served
 from .framing import length_problem
 from .matching import Incoming, MatchRules, mismatches
 from .modes import NOTHING_REPLAYED, ReplayMode
-from .own_answers import error
+from .own_answers import SOURCE, error
 from .sending import Answer, due, send
 from .streams import after, apply_edits, with_ids
 from .tasks import Subscription, Tasks
@@ -87,6 +88,10 @@ class ReplayStats:
     unapplied: list[Unapplied] = field(default_factory=list)
 
 
+DEFAULT_MISS_STATUS = 404
+MISS_HINT = "record it (mode record-missing), or ignore fields that change between runs (--ignore)"
+
+
 class ReplayServer:
     """An aiohttp application serving ``recorded``."""
 
@@ -101,7 +106,7 @@ class ReplayServer:
         log_path: str | Path | None = None,
         add_ids: bool = False,
         faults: Faults | list[Faults] | None = None,
-        miss_status: int = 404,
+        miss_status: int | None = None,
         ignore: tuple[str, ...] = (),
         match_headers: tuple[str, ...] = (),
         allow_repeats: bool = False,
@@ -116,7 +121,7 @@ class ReplayServer:
         if mode is ReplayMode.PASSTHROUGH and any(given):
             raise UsageError(NOTHING_REPLAYED)
         self.speed = settings.speed(speed)
-        self.miss_status = settings.miss_status(miss_status)
+        self.miss_status = None if miss_status is None else settings.miss_status(miss_status)
         self.log_path = Path(log_path) if log_path else None
         self.recorded: list[Recorded] = []
         self.used: list[int] = []  # times each recording was served
@@ -330,11 +335,16 @@ class ReplayServer:
         ]
         self.stats.missed.append(Miss(incoming.request_line, closest))
         log.warning("tasktape replay: no recording matches %s", incoming.request_line)
+        # Said as the request's protocol says an error, at its status, where it has its own.
+        request = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
+        protocol = recognise(request)
+        message = f"no recorded exchange matches {incoming.request_line}"
+        details = {"closest": closest, "hint": MISS_HINT}
         return error(
-            self.miss_status,
-            f"no recorded exchange matches {incoming.request_line}",
-            closest=closest,
-            hint="record it (mode record-missing), or ignore fields that change between runs (--ignore)",
+            self.miss_status or (protocol and protocol.miss_status) or DEFAULT_MISS_STATUS,
+            message,
+            answer=protocol and protocol.error_answer(request, message, {"source": SOURCE, **details}),
+            **details,
         )
 
     async def _forward(

@@ -27,9 +27,12 @@ Value = TypeVar("Value")
 
 
 def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Parameter, Any], Value]:
-    """A click callback: the value as ``check`` takes it, or its usage error as click's."""
+    """A click callback: the value as ``check`` takes it (None, an option not given, as it
+    is), or its usage error as click's."""
 
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Value:
+        if value is None:
+            return value
         try:
             return check(value)
         except UsageError as exc:
@@ -102,10 +105,9 @@ def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Pa
 @click.option(
     "--miss-status",
     type=int,
-    default=404,
-    show_default=True,
     callback=_checked(settings.miss_status),
-    help="The HTTP status of the answer to a request nothing recorded matches: an error status, 400 to 599.",
+    help="The HTTP status of the answer to a request nothing recorded matches: an error status, 400 to 599 "
+    "(default: 404; 400 for MCP, whose clients take a 404 for the end of their session).",
 )
 @click.option(
     "--allow-repeats",
@@ -127,7 +129,7 @@ def replay(
     faults: tuple[str, ...],
     ignore: tuple[str, ...],
     match_headers: tuple[str, ...],
-    miss_status: int,
+    miss_status: int | None,
     allow_repeats: bool,
     allow_host: tuple[str, ...],
 ) -> None:

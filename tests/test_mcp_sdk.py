@@ -160,3 +160,30 @@ async def test_a_session_through_the_resume_gateway_is_unchanged(record: RecordF
         rec = await record(server.url.removesuffix("/mcp"), hold=30.0)
         through = await client(f"{rec.url}/mcp", peers)
     assert calls(through) == calls(direct)
+
+
+@pytest.mark.parametrize("name", ["mcp1", "mcp2-stateless"])
+async def test_a_miss_on_replay_is_no_ended_session(record: RecordFactory, serve: Serve, name: str) -> None:
+    """A tool call nothing recorded matches: the SDK's client fails with the replay's error,
+    not with "Session terminated" (what a 404 means to an MCP client)."""
+    peers = generation(name)
+    _, db = await recorded_session(record, peers)
+    replay = ReplayServer(load([db]), speed=0)
+    url = await serve(replay.app)
+    with pytest.raises(RuntimeError) as failed:
+        await asyncio.to_thread(
+            run_mcp_client,
+            f"{url}/mcp",
+            *COUNT,
+            "--a",
+            "40",
+            sdk=peers.sdk,
+            pythonpath=peers.pythonpath,
+            timeout=30,
+        )
+    said = str(failed.value)
+    assert "Session terminated" not in said
+    # mcp 2 shows the JSON-RPC error the miss is answered with; mcp 1 the HTTP status.
+    assert ("no recorded exchange matches POST /mcp" if peers.sdk == "2" else "400 Bad Request") in said, said
+    (miss,) = replay.stats.missed
+    assert miss.request == "POST /mcp"

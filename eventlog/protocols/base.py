@@ -181,6 +181,9 @@ class Protocol:
     # ended unfinished. Otherwise the recorder answers it from what it holds, since the
     # request again would start the work anew.
     resumes_streams: ClassVar[bool] = False
+    # The status a replay server answers a miss of its requests with, unless told one
+    # (None: the server's own, 404): for a protocol whose clients read a 404 as more.
+    miss_status: ClassVar[int | None] = None
 
     def claims(self, request: Request) -> bool:
         """Whether this request is one of this protocol's (strictly: never on a guess)."""
@@ -229,6 +232,11 @@ class Protocol:
         connection to the agent broke, given the data of the events clients were sent and
         the id the agent gave the last of them (None: it gave that one none). None: it
         cannot be (the stream had ended, or the protocol has no way)."""
+        return None
+
+    def error_answer(self, request: Request, message: str, details: Mapping[str, Any]) -> Any:
+        """The JSON a server of this protocol would answer ``request`` with to say it
+        failed (the replay server's answer to a miss), or None: tasktape's own error."""
         return None
 
     def lookup(self, request: Request, sent: Sequence[str]) -> Resubscription | None:

@@ -12,7 +12,7 @@ resume from) and ``other``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -56,6 +56,7 @@ CLIENT_METHODS = frozenset(
     }
 )
 PROGRESS = "notifications/progress"
+SERVER_ERROR = -32000  # JSON-RPC's first code for errors a server defines
 
 
 class MCPKind(StrEnum):
@@ -104,6 +105,9 @@ class MCP(Protocol):
     # Clients number requests afresh, and the SDKs use the id as the progress token.
     regenerated: ClassVar[Regenerated] = Regenerated(pointers=(("params", "_meta", "progressToken"),))
     resumes_streams: ClassVar[bool] = True  # a server may end a stream for its client to poll
+    # A 404 tells a client its session has ended: the SDK says "Session terminated" and
+    # drops the miss's reason.
+    miss_status: ClassVar[int | None] = 400
 
     def claims(self, request: Request) -> bool:
         if request.header(VERSION_HEADER) is not None or request.header(SESSION_HEADER) is not None:
@@ -133,6 +137,15 @@ class MCP(Protocol):
     def closes(self, data: str, event_type: str | None) -> bool:
         """The answer to the request (its result or error): a POST stream ends with it."""
         return message_kind(parsed(data, MCPKind.OTHER)) in (MCPKind.RESPONSE, MCPKind.ERROR)
+
+    def error_answer(self, request: Request, message: str, details: Mapping[str, Any]) -> Any:
+        """A JSON-RPC error answering the request by its id: the SDKs show its message (of
+        an HTTP error status alone, they say only that the server failed)."""
+        body = request.json()
+        if message_kind(body) is not MCPKind.REQUEST:
+            return None
+        error = {"code": SERVER_ERROR, "message": message, "data": dict(details)}
+        return {"jsonrpc": "2.0", "id": body["id"], "error": error}
 
     def resubscription(
         self, request: Request, sent: Sequence[str], last_id: str | None
