@@ -145,10 +145,11 @@ class ExchangeRows:
         body: bytes | None,
         body_truncated: bool,
     ) -> Statement:
-        self._headers_seen = _pairs(headers)
-        self._request_encoding = next(
-            (v for k, v in self._headers_seen if k.lower() == "content-encoding"), None
-        )
+        pairs = _pairs(headers)
+        self._request_encoding = next((v for k, v in pairs if k.lower() == "content-encoding"), None)
+        # The protocols read them redacted too: a redacted value is kept nowhere (an
+        # Mcp-Session-Id given to --redact-header was the row's session_id).
+        self._headers_seen = self._redactor.header_pairs(pairs)
         body, encoding = self._request_body(body)
         s = self.summary
         s.method, s.path = method, path
@@ -244,7 +245,7 @@ class ExchangeRows:
         self.summary.status = status
         self.summary.is_sse = is_sse
         if self._protocol is not None and self.summary.session_id is None and headers is not None:
-            self.summary.session_id = self._protocol.session(_pairs(headers))
+            self.summary.session_id = self._protocol.session(self._redactor.header_pairs(_pairs(headers)))
         # A response that is not a stream is read whole: no first event to recognise it by.
         self._recognised = self._recognised or not is_sse
         if content_encoding and content_encoding.strip().lower() != "identity":

@@ -1,8 +1,9 @@
 """Redaction: credentials and chosen JSON fields never reach the log.
 
 Headers and query parameters are redacted by name (case-insensitive); so are the query
-parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` headers and of
-each ``<URL>`` in a ``Link`` header (RFC 8288: paging links often carry a token). JSON
+parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` headers, of
+each ``<URL>`` in a ``Link`` header (RFC 8288: paging links often carry a token) and of
+``Refresh``'s ``url=``, and their user and password are left out. JSON
 fields are named by JSON pointers (RFC 6901, plus ``*`` for any key or index, e.g.
 ``/params/message/metadata/apiKey`` or ``/*/metadata/token``). A redacted JSON value is
 replaced in the original bytes, so the rest of the document keeps its exact formatting;
@@ -24,8 +25,12 @@ from tasktape.errors import UsageError
 
 REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
-# Headers whose value is a URL, which can carry a credential in its query string.
+# Headers whose value is a URL, which can carry a credential in its query string or its
+# user and password.
 URL_HEADERS = frozenset(("referer", "location", "content-location"))
+# Headers with a URL after ``url=`` (``Refresh: 0; url=...``).
+URL_PARAMETER_HEADERS = frozenset(("refresh",))
+_URL_PARAMETER = re.compile(r"(url\s*=\s*['\"]?)([^'\"\s]+)", re.IGNORECASE)
 # Headers listing URLs in angle brackets, each with parameters after it (RFC 8288).
 LINK_HEADERS = frozenset(("link",))
 _LINK_TARGET = re.compile(r"<([^>]*)>")
@@ -50,7 +55,7 @@ class Redactor:
         names = [*DEFAULT_HEADERS, *headers] if defaults else list(headers)
         self.headers = frozenset(n.lower() for n in names)
         # Every header whose value redaction may change (the rest are kept as they are).
-        self.changed_headers = self.headers | URL_HEADERS | LINK_HEADERS
+        self.changed_headers = self.headers | URL_HEADERS | LINK_HEADERS | URL_PARAMETER_HEADERS
         params = [*DEFAULT_QUERY, *query] if defaults else list(query)
         self.query_params = frozenset(n.lower() for n in params)
         self.json_pointers = tuple(json_pointers)
@@ -70,10 +75,14 @@ class Redactor:
             return self.url(value)
         if name in LINK_HEADERS:
             return _LINK_TARGET.sub(lambda m: f"<{self.url(m[1])}>", value)
+        if name in URL_PARAMETER_HEADERS:
+            return _URL_PARAMETER.sub(lambda m: m[1] + self.url(m[2]), value)
         return value
 
     def url(self, url: str) -> str:
-        """A URL (absolute or relative) with its query string redacted (:meth:`query`)."""
+        """A URL (absolute or relative) with its query string redacted (:meth:`query`), and
+        its user and password left out."""
+        url = hide_credentials(url)
         head, question, rest = url.partition("?")
         if not question:
             return url
@@ -95,15 +104,19 @@ class Redactor:
 
     def json_bytes(self, body: bytes) -> bytes:
         """``body`` with the chosen JSON fields redacted (unchanged when none is present
-        or when it is not JSON)."""
+        or when it is not JSON). JSON in UTF-16 or UTF-32 (RFC 7159 let it be) is read in
+        its encoding; bytes that are no UTF-8 in a UTF-8 document are kept as they are."""
         if not self._paths or not body:
             return body
+        encoding = _ENCODINGS.get(body[:4]) or _ENCODINGS.get(body[:2]) or json.detect_encoding(body)
+        errors = "surrogateescape" if encoding.startswith("utf-8") else "strict"
+        encoding = "utf-8" if encoding == "utf-8-sig" else encoding  # (json_text keeps the BOM)
         try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            return body
+            text = body.decode(encoding, errors)
+        except UnicodeDecodeError:  # (a UTF-16 or 32 guess that was wrong)
+            return UNREADABLE.encode() if _looks_like_json(body.decode("latin-1")) else body
         redacted = self.json_text(text)
-        return body if redacted is text else redacted.encode("utf-8")
+        return body if redacted is text else redacted.encode(encoding, errors)
 
     def json_text(self, text: str) -> str:
         """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed.
@@ -129,11 +142,7 @@ class Redactor:
             doc = _load(text)
         except (ValueError, RecursionError):
             if "\n" in text.strip():
-                lines = text.split("\n")
-                redacted = [self.json_text(line) for line in lines]
-                return (
-                    text if all(a is b for a, b in zip(lines, redacted, strict=True)) else "\n".join(redacted)
-                )
+                return self._lines(text)
             return UNREADABLE if _looks_like_json(text) else text
         secrets = [
             v for path in self._paths for v in _find(doc.value, path) if v != REDACTED and v is not None
@@ -153,11 +162,23 @@ class Redactor:
         value = doc.value
         for path in self._paths:
             value = _replace(value, path)
-        return json.dumps(
-            _scrub(value, {v for v in secrets if isinstance(v, str)}),
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        value = _scrub(value, {v for v in secrets if isinstance(v, str)})
+        rebuilt = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        if _SURROGATE.search(rebuilt):  # a lone surrogate (\ud800 in the original): no UTF-8 spells it
+            rebuilt = json.dumps(value, separators=(",", ":"))
+        return rebuilt
+
+    def _lines(self, text: str) -> str:
+        """Text of several lines that is not one JSON document: JSON Lines (the last may be
+        cut off), redacted line by line; or one document spread over lines that cannot be
+        read (cut off, malformed), replaced whole: its lines that are no JSON by themselves
+        (``"apiKey": "sk-...",``) hold its values."""
+        lines = text.split("\n")
+        last = max(i for i, line in enumerate(lines) if line.strip())
+        if any(_broken(line) and (i < last or not _looks_like_json(line)) for i, line in enumerate(lines)):
+            return UNREADABLE
+        redacted = [self.json_text(line) for line in lines]
+        return text if all(a is b for a, b in zip(lines, redacted, strict=True)) else "\n".join(redacted)
 
     def _clean(self, text: str, secrets: list[Any]) -> bool:
         try:
@@ -174,6 +195,16 @@ UNREADABLE = "[REDACTED: not readable as JSON]"
 ANY_DEPTH = "**"
 _BOM = "\ufeff"
 _QUERY_SEPARATORS = re.compile(r"([&;])")
+# A byte order mark's encoding, with its byte order: the mark is read as text and written back.
+_ENCODINGS = {
+    b"\xff\xfe\x00\x00": "utf-32-le",
+    b"\x00\x00\xfe\xff": "utf-32-be",
+    b"\xff\xfe": "utf-16-le",
+    b"\xfe\xff": "utf-16-be",
+}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A line of a document spread over lines: a member (a key and its colon), or a closing bracket.
+_MEMBER_OR_CLOSE = re.compile(r'\s*("(?:[^"\\]|\\.)*"\s*:|[}\]])')
 
 # The user and password of a URL (``http://user:secret@agent``), up to its last '@'.
 _USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
@@ -204,6 +235,17 @@ def _load(text: str) -> _Doc:
         return obj
 
     return _Doc(json.loads(text, object_pairs_hook=pairs), duplicates)
+
+
+def _broken(line: str) -> bool:
+    """Whether a line is JSON, or a piece of a JSON document, that cannot be read."""
+    if not (_looks_like_json(line) or _MEMBER_OR_CLOSE.match(line)):
+        return False
+    try:
+        _load(line)
+    except (ValueError, RecursionError):
+        return True
+    return False
 
 
 def _looks_like_json(text: str) -> bool:

@@ -25,7 +25,7 @@ from tasktape.eventlog import ProcessLogWriter
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
-from tasktape.eventlog.redact import Redactor, parse_pointer
+from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
 
 logger = logging.getLogger("tasktape")
@@ -40,6 +40,31 @@ _WRITER_OPTIONS = {
     "tasktape_max_decoded",
     "tasktape_max_log_size",
 }
+# mitmproxy's options whose values are credentials: kept out of the capture's argv.
+_CREDENTIAL_OPTIONS = frozenset({"proxyauth", "upstream_auth"})
+
+
+def argv_without_credentials(argv: Sequence[str]) -> list[str]:
+    """mitmdump's arguments with the values of its credential options redacted, however
+    given: ``--set proxyauth=VALUE``, ``--set=proxyauth=VALUE``, ``--proxyauth VALUE``,
+    ``--proxyauth=VALUE`` (``--upstream-auth`` the same)."""
+    out: list[str] = []
+    value_next = False
+    for arg in argv:
+        if value_next:
+            out.append(REDACTED)
+            value_next = False
+            continue
+        flag, equals, _ = arg.partition("=")
+        if flag.startswith("--") and flag[2:].replace("-", "_") in _CREDENTIAL_OPTIONS:
+            out.append(f"{flag}={REDACTED}" if equals else arg)
+            value_next = not equals
+            continue
+        setting = arg.removeprefix("--set=")  # (or the argument after --set)
+        name, equals, _ = setting.partition("=")
+        hidden = equals and name.replace("-", "_") in _CREDENTIAL_OPTIONS
+        out.append(f"{arg[: len(arg) - len(setting)]}{name}={REDACTED}" if hidden else arg)
+    return out
 
 
 class TasktapeRecorder:
@@ -160,7 +185,8 @@ class TasktapeRecorder:
             raise exceptions.OptionsError(f"tasktape_db: {exc}") from None
         modes = [ProxyMode.parse(m) for m in options.mode]
         upstream = modes[0].data if len(modes) == 1 and isinstance(modes[0], ReverseMode) else None
-        self.capture_id = self.writer.begin_capture(source="mitm", upstream=upstream, argv=sys.argv)
+        argv = argv_without_credentials(sys.argv)
+        self.capture_id = self.writer.begin_capture(source="mitm", upstream=upstream, argv=argv)
         logger.info(f"tasktape: recording into {db}")
 
     def _close(

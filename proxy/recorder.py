@@ -764,10 +764,17 @@ def http_url(value: str, what: str) -> URL:
     except ValueError:
         url = None
     if url is None or not url.is_absolute() or url.scheme not in ("http", "https") or not url.host:
-        raise UsageError(f"{what} must be an http:// or https:// URL, not {value!r}")
+        raise UsageError(f"{what} must be an http:// or https:// URL, not {_shown(value)!r}")
     if "?" in value or "#" in value:  # a request's own path and query are put after it
-        raise UsageError(f"{what} cannot have a query string or a fragment: {value!r}")
+        raise UsageError(f"{what} cannot have a query string or a fragment: {_shown(value)!r}")
     return url
+
+
+def _shown(value: str) -> str:
+    """A URL given as an option, as an error shows it: all before its last '@' after the
+    scheme left out (a password with a '#' or '?' in it is no password to a URL parser)."""
+    scheme, sep, rest = value.partition("://")
+    return scheme + sep + rest.rpartition("@")[2] if sep else value
 
 
 def points_at(url: URL, address: tuple[str, int]) -> bool:

@@ -535,6 +535,33 @@ def sse_flow() -> Any:
     return flow
 
 
+def test_mitmproxy_credentials_stay_out_of_the_captures_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = [
+        *(
+            "mitmdump",
+            "-s",
+            "addon.py",
+            "--set",
+            f"upstream_auth=bob:{SECRET}",
+            f"--set=proxyauth=alice:{SECRET}",
+        ),
+        *("--proxyauth", f"carol:{SECRET}", f"--upstream-auth=dave:{SECRET}", "--set", "tasktape_db=x.db"),
+    ]
+    monkeypatch.setattr(sys, "argv", given)
+    recorder = TasktapeRecorder()
+    with taddons.context(recorder) as tctx:
+        tctx.configure(recorder, tasktape_db=str(tmp_path / "unit.db"))
+        recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        (capture,) = log.captures()
+    assert json.loads(capture["argv"]) == [
+        *("mitmdump", "-s", "addon.py", "--set", "upstream_auth=[REDACTED]", "--set=proxyauth=[REDACTED]"),
+        *("--proxyauth", "[REDACTED]", "--upstream-auth=[REDACTED]", "--set", "tasktape_db=x.db"),
+    ]
+
+
 def test_options_are_declared_with_types_and_defaults(
     addon: tuple[TasktapeRecorder, taddons.context],
 ) -> None:

@@ -191,6 +191,13 @@ async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], mess
     assert status == 2 and message in err
 
 
+@pytest.mark.parametrize("upstream", ["http://bob:sk-pass#word@127.0.0.1:1", "ftp://bob:sk-pass?word@x"])
+async def test_a_bad_upstream_is_explained_without_its_password(tmp_path: Path, upstream: str) -> None:
+    status, err = await finished("record", "--db", str(tmp_path / "x.db"), "--upstream", upstream)
+    assert status == 2 and "sk-pass" not in err and "bob" not in err
+    assert "@" not in err and upstream.rpartition("@")[2] in err
+
+
 async def test_a_log_in_a_folder_that_is_not_there_is_explained(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "x.db"
     status, err = await finished("record", "--upstream", "http://127.0.0.1:9", "--db", str(missing))

@@ -56,6 +56,10 @@ def test_urls_in_headers_keep_their_query_string_redacted() -> None:
         ("Link", '</next?page=3&key=1>; rel="next", <https://a.example/p?sig=s>; anchor="<x?key=2>"'),
         ("Link", "<>; rel=self, </plain>; rel=up"),
         ("Location", "/tasks/t-1"),
+        ("Location", f"https://bob:{SECRET}@elsewhere.example/x?token=t&a=1"),
+        ("Refresh", f"0; url=https://bob:{SECRET}@a.example/next?token={SECRET}"),
+        ("refresh", "5; URL='/next?page=2&sig=s'"),
+        ("Refresh", "30"),
     ]
     assert r.header_pairs(pairs) == [
         ("Referer", "https://app.example/chat?lang=en&key=[REDACTED]#top"),
@@ -68,6 +72,10 @@ def test_urls_in_headers_keep_their_query_string_redacted() -> None:
         ),
         ("Link", "<>; rel=self, </plain>; rel=up"),
         ("Location", "/tasks/t-1"),
+        ("Location", "https://elsewhere.example/x?token=[REDACTED]&a=1"),
+        ("Refresh", "0; url=https://a.example/next?token=[REDACTED]"),
+        ("refresh", "5; URL='/next?page=2&sig=[REDACTED]'"),
+        ("Refresh", "30"),
     ]
     assert Redactor(defaults=False).url("/x?key=1") == "/x?key=1"
 
@@ -277,6 +285,113 @@ def test_cut_and_truncated_bodies_leak_nothing(tmp_path: Path) -> None:
     frame = b"".join(sse([{"task": {"id": "t", "metadata": {"apiKey": SECRET}}}]))
     record(tmp_path / "b.db", redactor, [frame[: len(frame) - 10]])
     assert_secret_nowhere(tmp_path / "b.db")
+
+
+PRETTY = json.dumps({"apiKey": SECRET, "task": {"id": "t", "pad": "x" * 80}}, indent=2)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(PRETTY.encode()[:70], id="pretty-cut-mid-value"),
+        pytest.param(PRETTY.encode()[: PRETTY.index("pad")], id="pretty-cut-after-a-line"),
+        pytest.param(PRETTY.replace("}\n}", "},\n}").encode(), id="pretty-trailing-comma"),
+        pytest.param(b"note:\n" + PRETTY.encode()[:70], id="text-then-pretty-cut"),
+    ],
+)
+def test_a_document_spread_over_lines_that_cannot_be_read_is_not_kept(tmp_path: Path, body: bytes) -> None:
+    """Only its first line looked like JSON: the lines after it, which hold the values,
+    were kept as they were."""
+    redactor = Redactor(json_pointers=["/apiKey"])
+    assert redactor.json_bytes(body) == UNREADABLE.encode()
+    ex = record(tmp_path / "a.db", redactor, [body], is_sse=False, request_body=body)
+    assert_secret_nowhere(tmp_path / "a.db")
+    # An event whose data lines spread one document, cut off by the stream's end.
+    lines = "".join(f"data: {line}\n" for line in PRETTY.splitlines()[:3])
+    record(tmp_path / "b.db", redactor, [f"event: message\n{lines}".encode()])
+    assert_secret_nowhere(tmp_path / "b.db")
+    with EventLog(tmp_path / "a.db") as log:
+        assert log.exchange(ex)["request_body"] == UNREADABLE
+
+
+def test_json_lines_and_text_around_json_keep_what_reads() -> None:
+    r = Redactor(json_pointers=["/apiKey"])
+    text = f'{{"apiKey": "{SECRET}"}}\n{{"ok": 1}}\n{{"apiKey": "{SECRET}", "cut'
+    assert r.json_text(text) == f'{{"apiKey": "{REDACTED}"}}\n{{"ok": 1}}\n{UNREADABLE}'
+    said = f'Answer:\n{{"apiKey": "{SECRET}"}}\n"Quoted" prose, and {{braces}} later\n'
+    assert r.json_text(said) == said.replace(SECRET, REDACTED)
+
+
+DOC = f'{{"apiKey":"{SECRET}","name":"café"}}'
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [
+        ("latin-1", DOC.encode("latin-1")),  # in a UTF-8 document, a byte that is no UTF-8
+        ("utf-16", DOC.encode("utf-16")),  # with a byte order mark, as RFC 7159 let JSON be
+        ("utf-16-be", ("\ufeff" + DOC).encode("utf-16-be")),
+        ("utf-32", DOC.encode("utf-32")),
+    ],
+    ids=["latin-1-byte", "utf-16", "utf-16-be", "utf-32"],
+)
+def test_json_that_is_not_utf_8_is_redacted_in_its_encoding(
+    tmp_path: Path, encoding: str, body: bytes
+) -> None:
+    spelt = SECRET.encode({"utf-16": "utf-16-le", "utf-32": "utf-32-le"}.get(encoding, encoding))
+    out = Redactor(json_pointers=["/apiKey"]).json_bytes(body)
+    assert spelt in body and spelt not in out
+    assert json.loads(out.decode(encoding).lstrip("\ufeff")) == {"apiKey": REDACTED, "name": "café"}
+    assert out[:2] == body[:2]  # the byte order mark as it was
+    record(tmp_path / "a.db", Redactor(json_pointers=["/apiKey"]), [body], is_sse=False, request_body=body)
+    assert_secret_nowhere(tmp_path / "a.db")
+    assert not any(spelt in path.read_bytes() for path in tmp_path.iterdir())
+
+
+def test_a_lone_surrogate_beside_a_secret_spelt_with_escapes_loses_nothing(tmp_path: Path) -> None:
+    """The document is rebuilt to redact the secret: a \\ud800 in it has no UTF-8, so it is
+    written escaped (the log writer failed, and every row of its batch was lost)."""
+    escaped = SECRET.replace("0", "\\u0030")
+    body = f'{{"apiKey":"{escaped}","x":"\\ud800"}}'.encode()
+    event = b"event: message\ndata: " + body + b"\n\n"
+    db = tmp_path / "a.db"
+    ex = record(db, Redactor(json_pointers=["/apiKey"]), [event], request_body=body)
+    assert_secret_nowhere(db)
+    with EventLog(db) as log:
+        x = log.exchange(ex)
+        assert json.loads(x["request_body"]) == {"apiKey": REDACTED, "x": "\ud800"}
+        (e,) = log.events(ex)
+        assert json.loads(e["data"]) == {"apiKey": REDACTED, "x": "\ud800"}
+
+
+def test_a_redacted_header_is_no_session_id(tmp_path: Path) -> None:
+    """An Mcp-Session-Id given to --redact-header: stored as redacted in the headers, it
+    was the row's session_id as sent (the request's, or the one initialize answered with)."""
+    db = tmp_path / "log.db"
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+    with LogWriter(db, redactor=Redactor(headers=["Mcp-Session-Id"])) as w:
+        capture = w.begin_capture(source="test")
+        asked = w.begin_exchange(
+            capture,
+            method="POST",
+            path="/mcp",
+            request_headers=[("Mcp-Session-Id", SECRET)],
+            request_body=body,
+        )
+        w.response_head(asked, status=202, headers=[], is_sse=False, ttfb_ns=1)
+        w.end_exchange(asked, duration_ns=2)
+        opened = w.begin_exchange(
+            capture,
+            method="POST",
+            path="/mcp",
+            request_headers=[("MCP-Protocol-Version", "2025-11-25")],
+            request_body=body.replace(b"tools/list", b"initialize"),
+        )
+        w.response_head(opened, status=200, headers=[("mcp-session-id", SECRET)], is_sse=False, ttfb_ns=1)
+        w.end_exchange(opened, duration_ns=2).result()
+    assert_secret_nowhere(db)
+    with EventLog(db) as log:
+        assert [(x["protocol"], x["session_id"]) for x in log.exchanges()] == [("mcp", REDACTED)] * 2
 
 
 def test_an_undecodable_body_is_withheld_when_fields_must_be_redacted(tmp_path: Path) -> None:
