@@ -1,16 +1,19 @@
 """Whether a recording's Content-Length can frame the body it holds when it is sent again.
-A log keeps what the upstream sent; a cassette may have been edited by hand since: a length
-that is not the body's would hang the client (too long) or cut the body (too short)."""
+A log keeps what the upstream sent, less what the recorder redacted in it; a cassette may
+have been edited by hand since: a length that is not the body's would hang the client (too
+long) or cut the body (too short)."""
 
 from __future__ import annotations
 
 import re
 
 from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.redact import REDACTED, UNREADABLE
 
 _LENGTH = re.compile(r"[0-9]+")
 # Answers without a body, whose Content-Length (if any) says what another answer would hold.
 _BODILESS_STATUSES = frozenset({204, 304})
+_MARKS = (REDACTED.encode(), UNREADABLE.encode())
 
 
 def length_problem(recorded: Recorded) -> str | None:
@@ -40,3 +43,9 @@ def _sends_it(recorded: Recorded) -> bool:
     if recorded.method == "HEAD" or status < 200 or status in _BODILESS_STATUSES:
         return False
     return not (recorded.decoded_from or recorded.response_body_truncated)
+
+
+def redacted(recorded: Recorded) -> bool:
+    """Whether the body holds what the recorder put for what it redacted: its length is not
+    the one the upstream announced, as it should not be."""
+    return any(mark in data for _, data in recorded.chunks for mark in _MARKS)

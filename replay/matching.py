@@ -19,7 +19,9 @@ from urllib.parse import parse_qsl
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import Regenerated
 from tasktape.eventlog.recorded import Recorded
-from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, parse_pointer
+from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, Redactor, parse_pointer
+
+_SHOWN = Redactor()  # what a miss's report shows of a request: its credentials left out
 
 
 @dataclass
@@ -32,7 +34,8 @@ class Incoming:
 
     @property
     def request_line(self) -> str:
-        return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
+        """As reports show it: the query's credentials (``key``, ``token``...) redacted."""
+        return f"{self.method} {self.path}" + (f"?{_SHOWN.query(self.query)}" if self.query else "")
 
 
 _MISSING = object()
@@ -62,13 +65,18 @@ def path(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | Non
 
 def query(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
     """The same parameters, in any order; a value redacted in the recording matches any."""
-    mine = sorted(parse_qsl(incoming.query or "", keep_blank_values=True))
-    theirs = sorted(parse_qsl(recorded.query or "", keep_blank_values=True))
+    mine, theirs = _parameters(incoming.query), _parameters(recorded.query)
     if len(mine) == len(theirs) and all(
         a[0] == b[0] and b[1] in (a[1], REDACTED) for a, b in zip(mine, theirs, strict=True)
     ):
         return None
-    return f"query {incoming.query or '(none)'} vs {recorded.query or '(none)'}"
+    return f"query {_SHOWN.query(incoming.query) or '(none)'} vs {recorded.query or '(none)'}"
+
+
+def _parameters(raw: str | None) -> list[tuple[str, str]]:
+    """A query's parameters, sorted; separated by '&' or ';', as redaction reads them (a
+    recording's ``token=[REDACTED];api_key=[REDACTED]`` is two)."""
+    return sorted(parse_qsl((raw or "").replace(";", "&"), keep_blank_values=True))
 
 
 def body(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:

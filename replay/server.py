@@ -44,7 +44,7 @@ from .fault_edits import land
 from .faults import HEADER as FAULT_HEADER
 from .faults import FaultName, Faults
 from .fidelity import Digest, Divergence, Served
-from .framing import length_problem
+from .framing import length_problem, redacted
 from .matching import Incoming, MatchRules, mismatches
 from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import SOURCE, error
@@ -267,6 +267,7 @@ class ReplayServer:
         if problem is not None:
             # Sent, it would hang the client (too long) or cut the body (too short).
             self._unframed.add(len(self.recorded))
+        if problem is not None and not redacted(recorded):
             log.warning(
                 "tasktape replay: %s (%s): %s; it is left out, and the body sent whole",
                 recorded.request_line,

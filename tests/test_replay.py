@@ -334,6 +334,23 @@ async def test_a_query_value_redacted_in_the_recording_matches_any(tmp_path: Pat
         assert (await timed_post(f"{url}/x?{different}", {}))[2] == 404, different
 
 
+async def test_a_query_redacted_with_semicolons_matches_and_a_miss_shows_no_credential(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """Redaction reads ';' as a separator too: the recorded query of ``token=T;api_key=K``
+    is two redacted parameters, which the request as it was recorded matches. A miss's
+    report shows no credential of the request's query (it reaches test and CI output)."""
+    recorded = answers_ok(tmp_path, "/x", b"{}", query="token=[REDACTED];api_key=[REDACTED]&lang=en")
+    replay = ReplayServer(recorded, speed=0, allow_repeats=True)
+    url = await serve(replay.app)
+    assert (await timed_post(f"{url}/x?token=sk-t1;api_key=sk-k1&lang=en", {}))[2] == 200
+    body, _, status = await timed_post(f"{url}/x?token=sk-t2;api_key=sk-k2&lang=de", {})
+    assert status == 404 and b"sk-" not in body
+    (miss,) = replay.stats.missed
+    assert miss.request == "POST /x?token=[REDACTED];api_key=[REDACTED]&lang=de"
+    assert "sk-" not in json.dumps(miss.closest)
+
+
 async def test_a_field_at_its_default_matches_its_absence(tmp_path: Path, serve: Serve) -> None:
     # A2A's JSON is protobuf JSON: the official SDK sends "configuration": {} where other
     # clients leave it out, and both mean the same.
@@ -684,8 +701,14 @@ async def test_a_recorded_length_that_is_not_the_body_s_is_left_out(
             assert await asyncio.wait_for(r.read(), 5) == BODY and "Content-Length" not in r.headers
         async with session.get(f"{url}/right") as r:  # a right one goes out as recorded
             assert await r.read() == BODY and r.headers.getall("Content-Length") == ["8"]
-    # No body to frame, or one that broke off: the recorded length is no mistake.
+    # No body to frame, or one that broke off: the recorded length is no mistake; nor is
+    # the length of a body the recorder redacted (the upstream's, before), left out quietly.
     caplog.clear()
+    redacted = b'{"apiKey": "[REDACTED]"}'
+    server = ReplayServer([answer(["31"], chunks=[(0, redacted)])], speed=0)
+    assert [r for r in caplog.records if r.name == "tasktape.replay"] == []
+    async with aiohttp.ClientSession() as session, session.get(f"{await serve(server.app)}/x") as r:
+        assert await asyncio.wait_for(r.read(), 5) == redacted and "Content-Length" not in r.headers
     ReplayServer(
         [
             answer(["99"], method="HEAD", chunks=[]),
