@@ -10,7 +10,10 @@ so other Datasette databases in the same environment are left as they are.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -49,11 +52,18 @@ def is_event_log(datasette: Any, database: str | None) -> bool:
 
 
 def task_path(datasette: Any, database: str, task_id: str) -> str:
-    return f"{datasette.urls.database(database)}/-/task/{quote(task_id, safe='')}"
+    return f"{datasette.urls.database(database)}/-/task/{_path_id(task_id)}"
 
 
 def session_path(datasette: Any, database: str, session_id: str) -> str:
-    return f"{datasette.urls.database(database)}/-/session/{quote(session_id, safe='')}"
+    return f"{datasette.urls.database(database)}/-/session/{_path_id(session_id)}"
+
+
+def _path_id(value: str) -> str:
+    """An id as a page's URL holds it: quoted, and a final ``.json`` escaped, since a
+    page's JSON is at its URL with ``.json`` added."""
+    quoted = quote(value, safe="")
+    return quoted[: -len(".json")] + "%2Ejson" if quoted.endswith(".json") else quoted
 
 
 def stream_path(datasette: Any, database: str, exchange_id: int) -> str:
@@ -69,6 +79,11 @@ def state_pill(state: str | None) -> Markup:
 
 
 _SHOWN_BYTES = 4096  # of a chunk shown in a view's page
+# A row page (/<db>/<table>/<key>) shows its JSON whole, as Datasette shows a row's other
+# cells; table and query pages cut it at truncate_cells_html. render_cell is not told
+# which page it draws for, so each request says it here.
+_ROW_PAGE = re.compile(r"^/(?!-/)[^/]+/(?!-/)[^/]+/[^/]+$")
+_WHOLE_CELLS: ContextVar[bool] = ContextVar("tasktape_whole_cells", default=False)
 
 
 @hookimpl
@@ -112,8 +127,34 @@ def render_cell(
     if column in JSON_COLUMNS:
         pretty = pretty_json(value)
         if pretty is not None:
-            return Markup('<pre class="tt-json">{}</pre>').format(pretty)
+            return Markup('<pre class="tt-json">{}</pre>').format(_cut(pretty, datasette))
     return None
+
+
+def _cut(text: str, datasette: Any) -> str:
+    """The text as a page shows a cell: cut at truncate_cells_html, but on a row page."""
+    limit = datasette.setting("truncate_cells_html")
+    if _WHOLE_CELLS.get() or not limit or len(text) <= limit:
+        return text
+    return text[:limit] + "\u2026"
+
+
+@hookimpl
+def asgi_wrapper(datasette: Any) -> Callable[[Any], Any]:
+    """Tells render_cell, for each request, whether it draws a row page."""
+
+    def wrap(app: Any) -> Any:
+        async def marked(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            path = scope.get("raw_path") or scope.get("path", "").encode()
+            token = _WHOLE_CELLS.set(bool(_ROW_PAGE.match(path.decode("latin-1").partition("?")[0])))
+            try:
+                await app(scope, receive, send)
+            finally:
+                _WHOLE_CELLS.reset(token)
+
+        return marked
+
+    return wrap
 
 
 def _field(row: Any, name: str) -> Any:
@@ -147,9 +188,9 @@ def register_routes() -> list[tuple[str, Any]]:
     """The pages of a task, an MCP session and an LLM stream: ``/<database>/-/task/<task
     id>``, ``/<database>/-/session/<session id>``, ``/<database>/-/stream/<exchange id>``."""
     return [
-        (r"^/(?P<database>[^/]+)/-/task/(?P<task_id>[^/]+)$", task_view),
-        (r"^/(?P<database>[^/]+)/-/session/(?P<session_id>[^/]+)$", session_view),
-        (r"^/(?P<database>[^/]+)/-/stream/(?P<exchange_id>[^/]+)$", stream_view),
+        (r"^/(?P<database>[^/]+)/-/task/(?P<task_id>[^/]+?)(?P<as_json>\.json)?$", task_view),
+        (r"^/(?P<database>[^/]+)/-/session/(?P<session_id>[^/]+?)(?P<as_json>\.json)?$", session_view),
+        (r"^/(?P<database>[^/]+)/-/stream/(?P<exchange_id>[^/]+?)(?P<as_json>\.json)?$", stream_view),
     ]
 
 
@@ -165,6 +206,23 @@ def _event_log(request: Request, datasette: Any) -> tuple[str, Database]:
     return name, db
 
 
+def _as_json(request: Request, page: Any) -> Response | None:
+    """The page's data as JSON, when its URL ends in ``.json``."""
+    if not request.url_vars.get("as_json"):
+        return None
+    return Response.json(asdict(page), default=str)
+
+
+async def _not_found(request: Request, datasette: Any, message: str) -> Response:
+    """A 404 saying which id is unknown. (Raising NotFound would send a URL holding a %
+    to Datasette's tilde-encoded form of it, and the 404 there would name another id.)"""
+    error = {"ok": False, "error": message, "status": 404, "title": None}
+    if request.url_vars.get("as_json"):
+        return Response.json(error, status=404)
+    html = await datasette.render_template(["404.html", "error.html"], error, request=request)
+    return Response.html(html, status=404)
+
+
 async def task_view(request: Request, datasette: Any) -> Response:
     """One task's whole run at a glance; 404 for a task the log does not know."""
     name, db = _event_log(request, datasette)
@@ -172,7 +230,9 @@ async def task_view(request: Request, datasette: Any) -> Response:
     # The log is read (and the checker run) off the event loop: other pages stay live.
     page = await asyncio.to_thread(load_task, db.path, task_id)
     if page is None:
-        raise NotFound(f"no task {task_id} in {name}")
+        return await _not_found(request, datasette, f"no task {task_id} in {name}")
+    if as_json := _as_json(request, page):
+        return as_json
     context = {
         "page": page,
         "database": name,
@@ -191,7 +251,9 @@ async def session_view(request: Request, datasette: Any) -> Response:
     session_id = unquote(request.url_vars["session_id"])
     page = await asyncio.to_thread(load_session, db.path, session_id)
     if page is None:
-        raise NotFound(f"no MCP session {session_id} in {name}")
+        return await _not_found(request, datasette, f"no MCP session {session_id} in {name}")
+    if as_json := _as_json(request, page):
+        return as_json
     context = {"page": page, "database": name, "timeline": session_svg(page), "mark_colours": MARK_COLOURS}
     return Response.html(await datasette.render_template("tasktape_session.html", context, request=request))
 
@@ -204,7 +266,11 @@ async def stream_view(request: Request, datasette: Any) -> Response:
     exchange_id = row_number(raw)
     page = None if exchange_id is None else await asyncio.to_thread(load_stream, db.path, exchange_id)
     if page is None:
-        raise NotFound(await _not_a_stream(datasette, name, db, raw, exchange_id))
+        return await _not_found(
+            request, datasette, await _not_a_stream(datasette, name, db, raw, exchange_id)
+        )
+    if as_json := _as_json(request, page):
+        return as_json
     context = {
         "page": page,
         "database": name,

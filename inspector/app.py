@@ -23,6 +23,9 @@ SETTINGS = {
     # Views such as task_summary aggregate per task: give them time on big logs.
     "sql_time_limit_ms": 5000,
     "facet_time_limit_ms": 1000,
+    # Suggesting facets runs a query per column over the whole table or view: seconds on a
+    # big log's views, for facets their metadata already names.
+    "suggest_facets": False,
     # Answers and raw frames are long: tables show their start, row and task pages all of it.
     "truncate_cells_html": 240,
 }

@@ -24,6 +24,7 @@ HIDDEN = (
     "events_fts_config",
     "events_fts_data",
     "events_fts_idx",
+    "shipments",  # tasktape record --ship's cursor, per destination
 )
 
 _ORIGIN = "since the request arrived"
@@ -46,6 +47,7 @@ TABLES: dict[str, dict[str, Any]] = {
             "upstream": "The agent's base URL, when recording",
             "tool_version": "The tasktape version that wrote it",
             "argv": "The command line, as a JSON array",
+            "uid": "The capture's id across logs (a UUIDv7): the same in every log it is merged into",
         },
     },
     "exchanges": {
@@ -90,6 +92,7 @@ TABLES: dict[str, dict[str, Any]] = {
             "finish": "How it finished: finish_reason, stop_reason, a Responses status, an A2A state, "
             "MCP's result or error",
             "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as written)",
+            "uid": "The exchange's id across logs: a UUIDv7 of the moment the request arrived",
         },
     },
     "chunks": {
@@ -232,9 +235,10 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "task_timeline": {
         "title": "Task timelines",
+        # No facets: each would compute the view's gaps over the whole log (seconds on a
+        # big one); the events table facets the same columns from its own rows.
         "description": "Every event of every task in time order, with the gap since the task's "
-        "previous event.",
-        "facets": ["kind", "state", "artifact_type"],
+        "previous event. Events has the same kinds, states and artifact types as facets.",
         "columns": {
             "task_id": "The task (opens its page)",
             "exchange_id": "The exchange that carried it",
@@ -340,11 +344,16 @@ ORDER BY first_seen""",
     "slowest_first_event": {
         "title": "Slowest time to first event",
         "description": "Streams by time from the request to their first event, slowest first; "
-        "only those that took at least :at_least_ms ms (empty: all).",
+        "only those that took at least :at_least_ms ms (a number; empty: all, streams without an "
+        "event too; anything else: none).",
+        # CAST reads the number a text starts with ('100abc' as 100, 'abc' as 0): the text is
+        # a number only when it equals its CAST, compared as a number.
         "sql": """SELECT exchange_id, task_id, started_at, rpc_method, binding, ttfb_ms, ttfe_ms,
   duration_ms, events, outcome
 FROM exchange_metrics
-WHERE is_sse = 1 AND ttfe_ms >= CAST(:at_least_ms AS REAL)
+WHERE is_sse = 1 AND (
+  trim(:at_least_ms) = ''
+  OR (CAST(trim(:at_least_ms) AS REAL) = trim(:at_least_ms) AND ttfe_ms >= CAST(trim(:at_least_ms) AS REAL)))
 ORDER BY ttfe_ms DESC
 LIMIT 100""",
     },
@@ -387,10 +396,13 @@ ORDER BY s.exchange_id""",
         "description": "Events whose text holds these words, as a phrase (full-text search; "
         "deltas, consolidated artifacts and status messages alike), the first 500 in the order "
         "they were recorded.",
+        # FTS5 reads its query up to a NUL, and an unterminated phrase is an error: text that
+        # holds one matches nothing.
         "sql": """SELECT e.task_id, e.exchange_id, e.seq, e.kind, e.state, e.artifact_type,
   snippet(events_fts, 0, '[', ']', '…', 16) AS matched
 FROM events_fts JOIN events e ON e.rowid = events_fts.rowid
-WHERE events_fts MATCH '"' || replace(:text, '"', '""') || '"'
+WHERE events_fts MATCH '"' || replace(CASE WHEN instr(CAST(:text AS BLOB), x'00') THEN '' ELSE :text END,
+  '"', '""') || '"'
 ORDER BY events_fts.rowid
 LIMIT 500""",
     },

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,7 @@ class Event:
     complete: bool
     parse_error: str | None
     repeated: bool = False  # sent again with an SSE id already seen (a resubscribe overlap)
+    task_id: str | None = None  # None: a frame of the task's stream that names no task
 
     @property
     def category(self) -> str:
@@ -183,6 +185,17 @@ class TaskPage:
     findings: list[Finding]
     checker_error: str | None
     reconnects: list[Reconnect] = field(default_factory=list)
+    # As task_summary has them: the events that name the task, and its first request to
+    # the last time it was seen (None when it was never seen in an event or an answer).
+    recorded_events: int = 0
+    seen_ms: float | None = None
+    unnamed_events: int = 0  # drawn, but they name no task: a cut-off frame, one not JSON
+
+    @property
+    def events_drawn_once(self) -> int:
+        """Events task_summary counts that the page draws once: a reconnect's slice of a
+        stream whose own exchange holds them."""
+        return self.recorded_events - (len(self.events) - self.unnamed_events)
 
     @property
     def final_state(self) -> str | None:
@@ -194,6 +207,7 @@ class TaskPage:
 
     @property
     def duration_ms(self) -> float:
+        """Its first request to the end of its last exchange: the span of the time axis."""
         ends = [x.end_ms for x in self.exchanges if x.end_ms is not None]
         ends += [e.at_ms for e in self.events] + [r.at_ms for r in self.reconnects]
         return max(ends, default=0.0)
@@ -234,27 +248,39 @@ def load_task(path: str | Path, task_id: str) -> TaskPage | None:
             return None
         origin = min(x["started_ns"] for x in xrows)
         exchanges = [_exchange(x, origin) for x in xrows]
-        every = _events(list(log.db.query(_EVENTS, {"t": task_id})), origin)
+        erows = list(log.db.query(_EVENTS, {"t": task_id}))
+        every = _events(erows, origin)
+        counts = Counter(e.exchange_id for e in every)
         for x in exchanges:
-            x.events = sum(1 for e in every if e.exchange_id == x.id)
+            x.events = counts[x.id]
         # A reconnect the resume gateway answered holds a slice of a stream it held, whose
         # own exchange holds every event: the task's events are counted and drawn once.
         answered = log.reconnects_answered()
         events = [e for e in every if e.exchange_id not in answered]
         snapshots = _snapshots(xrows, origin)
         findings, checker_error = _findings(log, [x.id for x in exchanges])
+        summary = _summary(log, task_id)
         return TaskPage(
             task_id=task_id,
             context_id=next((x["context_id"] for x in xrows if x["context_id"]), None),
             exchanges=exchanges,
             events=events,
-            states=_states(log, task_id, events, snapshots),
+            states=_states(_state_frames(erows), events, snapshots),
             artifacts=_artifacts(log, task_id) or _snapshot_artifacts(snapshots),
             usage=_usage(log, task_id, snapshots),
             findings=findings,
             checker_error=checker_error,
             reconnects=_reconnects(log, [x.id for x in exchanges], origin),
+            recorded_events=summary["events"] if summary else 0,
+            seen_ms=summary["duration_ms"] if summary else None,
+            unnamed_events=sum(1 for e in events if e.task_id is None),
         )
+
+
+def _summary(log: EventLog, task_id: str) -> dict[str, Any] | None:
+    """The task's row of task_summary, for the figures the page shares with it."""
+    rows = log.db.query("SELECT events, duration_ms FROM task_summary WHERE task_id = ?", [task_id])
+    return next(iter(rows), None)
 
 
 def _exchange(x: dict[str, Any], origin: int) -> Exchange:
@@ -313,6 +339,7 @@ def _events(rows: list[dict[str, Any]], origin: int) -> list[Event]:
                 complete=bool(r["complete"]),
                 parse_error=r["parse_error"],
                 repeated=r["event_id"] is not None and r["event_id"] in seen,
+                task_id=r["task_id"],
             )
         )
         if r["event_id"] is not None:
@@ -361,16 +388,16 @@ def _snapshots(xrows: list[dict[str, Any]], origin: int) -> list[_Snapshot]:
     return snapshots
 
 
+def _state_frames(rows: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
+    """The data of the events that carry a state, by (exchange, seq): those that name the
+    task and those of its streams that name none (a statusUpdate without a taskId)."""
+    return {(r["exchange_id"], r["seq"]): r["data"] for r in rows if r["state"] is not None}
+
+
 def _states(
-    log: EventLog, task_id: str, events: list[Event], snapshots: list[_Snapshot]
+    data: dict[tuple[int, int], str], events: list[Event], snapshots: list[_Snapshot]
 ) -> list[StateChange]:
     """Each change of state, from the streams and from task objects in other responses."""
-    data = {
-        (r["exchange_id"], r["seq"]): r["data"]
-        for r in log.db.query(
-            "SELECT exchange_id, seq, data FROM events WHERE task_id = ? AND state IS NOT NULL", [task_id]
-        )
-    }
     seen: list[StateChange] = []
     for e in events:
         if e.state is not None:

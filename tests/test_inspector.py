@@ -3,20 +3,27 @@ tasktape's metadata and plugin (loaded through its entry point, as `tasktape ins
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import sqlite3
+from collections.abc import Awaitable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
-from a2a_frames import completed_run, sse
+from a2a_frames import completed_run, sse, task
 from datasette.app import Datasette
+from datasette.database import Database
 from inspector_log import BROKEN, page, record_log, rows, stream_of, task_of
 from markupsafe import Markup
 
 from tasktape import inspector
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.checker import check_log
+from tasktape.inspector import task_page
 from tasktape.inspector.app import create_datasette
 from tasktape.inspector.display import STATE_COLOURS
 from tasktape.inspector.metadata import HIDDEN, QUERIES, TABLES, dashboards
@@ -64,6 +71,48 @@ async def test_every_table_and_view_renders_with_its_title_description_and_facet
     }
 
 
+async def test_a_listing_runs_only_the_facets_its_metadata_names(
+    ds: Datasette, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suggested facet, or a facet of task_timeline (whose gaps are a window over every
+    event), reads a whole view: seconds each on a big log."""
+    asked: list[str] = []
+    execute = Database.execute
+
+    async def recording(self: Database, sql: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(sql)
+        return await execute(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(Database, "execute", recording)
+    for name, meta in TABLES.items():
+        asked.clear()
+        await page(ds, f"/{DB}/{name}")
+        faceted = [
+            m.group(1) for sql in asked if (m := re.search(r"select (\S+) as value, count\(\*\)", sql))
+        ]
+        assert sorted(faceted) == sorted(meta.get("facets", [])), name
+        assert not [sql for sql in asked if "json_type(" in sql or "select date(" in sql], name
+        if name == "task_timeline":
+            assert not faceted
+
+
+async def test_json_is_cut_on_table_pages_and_whole_on_a_row_page(ds: Datasette, log: Path) -> None:
+    stream = stream_of(log, "completed")
+    with EventLog(log) as opened:
+        (longest,) = opened.db.query(
+            "SELECT seq, data FROM events WHERE exchange_id = ? ORDER BY length(data) DESC LIMIT 1", [stream]
+        )
+    whole = json.dumps(json.loads(longest["data"]), indent=2, ensure_ascii=False)
+    cut = ds.setting("truncate_cells_html")
+    assert len(whole) > cut
+    listed = await page(ds, f"/{DB}/events?exchange_id={stream}&_size=max")
+    cells = re.findall(r'<pre class="tt-json">(.*?)</pre>', listed, re.S)
+    assert len(cells) > 40 and all(len(html.unescape(c)) <= cut + 1 for c in cells)  # data and usage
+    assert str(Markup.escape(whole[:cut])) + "\u2026</pre>" in listed
+    one = await page(ds, f"/{DB}/events/{stream},{longest['seq']}")
+    assert f'<pre class="tt-json">{Markup.escape(whole)}</pre>' in one
+
+
 async def test_tasks_answered_without_a_stream_are_listed(ds: Datasette, log: Path) -> None:
     not_streamed, dropped = task_of(log, "not streamed"), task_of(log, "dropped")
     tasks = {t["task_id"]: t for t in await rows(ds, f"/{DB}/task_summary.json?_shape=objects&_size=max")}
@@ -96,6 +145,15 @@ async def test_internal_tables_are_hidden_and_foreign_keys_show_labels(ds: Datas
     stream = stream_of(log, "completed")
     html = await page(ds, f"/{DB}/events?exchange_id={stream}")
     assert f'<a href="/demo/exchanges/{stream}">/message:stream</a>' in html
+
+
+def test_every_table_and_column_of_the_log_is_described_or_hidden(log: Path) -> None:
+    with EventLog(log) as opened:
+        for name in opened.db.table_names() + opened.db.view_names():
+            if name not in HIDDEN:
+                assert name in TABLES, name
+                columns = {c.name for c in opened.db[name].columns}
+                assert columns <= set(TABLES[name]["columns"]), (name, columns - set(TABLES[name]["columns"]))
 
 
 async def test_full_text_search_finds_a_token_and_sees_through_the_search_box(ds: Datasette) -> None:
@@ -134,6 +192,21 @@ async def test_canned_queries_take_their_parameters(ds: Datasette, log: Path) ->
     assert found and all("[J45.909]" in r["matched"] for r in found)
     # FTS syntax in the text is read as words, not as a query (which would fail here).
     assert await rows(ds, f"/{DB}/search_event_text.json?text=J45.909+AND+(%22&_shape=objects") == []
+
+
+async def test_a_canned_querys_number_must_be_one_and_text_with_a_nul_matches_nothing(ds: Datasette) -> None:
+    def slowest(at_least: str) -> Awaitable[list[dict[str, Any]]]:
+        return rows(ds, f"/{DB}/slowest_first_event.json?at_least_ms={quote(at_least)}&_shape=objects")
+
+    every = await slowest("")
+    assert len(every) == 13 and await slowest(" ") == every
+    third = every[2]["ttfe_ms"]
+    assert [r["exchange_id"] for r in await slowest(f" {third} ")] == [r["exchange_id"] for r in every[:3]]
+    assert await slowest("0e3") == every  # a number as SQLite reads one
+    for not_a_number in ("abc", "1,000", f"{third}abc", "0x10"):
+        assert await slowest(not_a_number) == [], not_a_number  # CAST would read 0, 1, third, 0
+    for text in ("%00", "J45.909%00", "%00J45.909"):
+        assert await rows(ds, f"/{DB}/search_event_text.json?text={text}&_shape=objects") == [], text
 
 
 async def test_render_cell_colours_states_links_tasks_and_shows_ms_and_json(ds: Datasette, log: Path) -> None:
@@ -237,6 +310,73 @@ async def test_a_task_across_streams_and_requests(ds: Datasette, log: Path) -> N
     assert 'title="TASK_STATE_COMPLETED"' in last and "in the response of" in last
 
 
+async def test_the_task_page_counts_and_times_the_task_as_the_tasks_view_does(
+    ds: Datasette, log: Path
+) -> None:
+    summary = {t["task_id"]: t for t in await rows(ds, f"/{DB}/task_summary.json?_shape=objects&_size=max")}
+    for task_id, row in summary.items():
+        html = await page(ds, f"/{DB}/-/task/{task_id}")
+        events = re.search(r'"tt-label">events</span><strong>(\d+)</strong>', html)
+        seen = re.search(r'"tt-label">last seen after</span><strong>([\d,]+) ms</strong>', html)
+        assert events and int(events.group(1)) == row["events"], task_id
+        assert seen and int(seen.group(1).replace(",", "")) == round(row["duration_ms"]), task_id
+    # The cut-off frame of the dropped stream is drawn, and said to name no task.
+    dropped = await page(ds, f"/{DB}/-/task/{task_of(log, 'dropped')}")
+    assert "1 more drawn that names no task" in dropped
+
+
+async def test_a_state_the_tasks_stream_sent_without_its_id_is_shown(tmp_path: Path) -> None:
+    """A subscribe to task T whose statusUpdate names no task: its exchange is T's (by the
+    path), so the state is T's."""
+    path = tmp_path / "noid.db"
+    frames = [task("T", "c"), {"statusUpdate": {"status": {"state": "TASK_STATE_FAILED"}}}]
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        ex = w.begin_exchange(cap, method="POST", path="/tasks/T:subscribe")
+        w.response_head(ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=1)
+        for n, data in enumerate(sse(frames), 1):
+            w.chunk(ex, n * 1000, data)
+        w.end_exchange(ex, duration_ns=10_000)
+    html = await page(create_datasette(path), "/noid/-/task/T")
+    states = re.findall(r'<li>\s*<span class="tt-pill [^"]+" title="(\w+)"', html)
+    assert states == ["TASK_STATE_WORKING", "TASK_STATE_FAILED"]
+
+
+def test_a_task_polled_many_times_is_read_in_one_pass_over_its_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream, then a GetTask poll after poll: each exchange's events are counted once
+    over all of them, not by reading every event again per exchange."""
+    path, polls = tmp_path / "polled.db", 50
+    body = json.dumps({"id": "task.1", "contextId": "ctx.1", "status": {"state": "TASK_STATE_WORKING"}})
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+        w.response_head(ex, status=200, headers={}, is_sse=True, ttfb_ns=1)
+        w.chunk(ex, 1000, b"".join(sse(completed_run())))
+        w.end_exchange(ex, duration_ns=10_000)
+        for _ in range(polls):
+            get = w.begin_exchange(cap, method="GET", path="/tasks/task.1")
+            w.response_head(
+                get, status=200, headers={"content-type": "application/json"}, is_sse=False, ttfb_ns=1
+            )
+            w.chunk(get, 1000, body.encode())
+            w.end_exchange(get, duration_ns=2000)
+    passes = []
+
+    class Passes(list[task_page.Event]):
+        def __iter__(self) -> Iterator[task_page.Event]:
+            passes.append(1)
+            return super().__iter__()
+
+    read = task_page._events
+    monkeypatch.setattr(task_page, "_events", lambda rows, origin: Passes(read(rows, origin)))
+    loaded = task_page.load_task(path, "task.1")
+    assert loaded is not None and len(loaded.exchanges) == polls + 1
+    assert [x.events for x in loaded.exchanges] == [len(completed_run())] + [0] * polls
+    assert len(passes) < 5
+
+
 async def test_a_task_answered_without_a_stream(ds: Datasette, log: Path) -> None:
     html = await page(ds, f"/{DB}/-/task/{task_of(log, 'not streamed')}")
     assert "in the response of" in html and "TASK_STATE_COMPLETED" in html
@@ -261,6 +401,21 @@ async def test_the_task_page_shows_the_checkers_findings(ds: Datasette, log: Pat
 async def test_unknown_tasks_and_databases_are_404(ds: Datasette) -> None:
     await page(ds, f"/{DB}/-/task/task.nope", status=404)
     await page(ds, "/nope/-/task/task.nope", status=404)
+    # An id with a % in it is named as asked (Datasette would redirect it to a tilde-encoded
+    # URL, whose 404 named another id).
+    assert "no task task%20nope in demo" in await page(ds, f"/{DB}/-/task/task%2520nope", status=404)
+    missing = await ds.client.get(f"/{DB}/-/task/task%2520nope.json")
+    assert missing.status_code == 404 and missing.json()["error"] == "no task task%20nope in demo"
+
+
+async def test_the_task_page_has_its_data_as_json_beside_it(ds: Datasette, log: Path) -> None:
+    dropped = task_of(log, "dropped")
+    got = (await ds.client.get(f"/{DB}/-/task/{dropped}.json")).json()
+    loaded = task_page.load_task(log, dropped)
+    assert loaded is not None and got == json.loads(json.dumps(asdict(loaded), default=str))
+    assert got["task_id"] == dropped and got["states"][-1]["state"] == "TASK_STATE_COMPLETED"
+    # A task whose id ends in .json is linked with its dot escaped: its page, not JSON.
+    assert inspector.task_path(ds, DB, "t.json") == f"/{DB}/-/task/t%2Ejson"
 
 
 async def test_the_dashboard_draws_its_charts_from_real_queries(ds: Datasette) -> None:

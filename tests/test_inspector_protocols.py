@@ -11,6 +11,7 @@ import re
 import signal
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tasktape.inspector.app import create_datasette
 from tasktape.inspector.display import row_number
 from tasktape.inspector.metadata import QUERIES, TABLES, dashboards
 from tasktape.inspector.session_page import load_session
+from tasktape.inspector.stream_page import load_stream
 
 DB = "protocols"
 ANSWER = "".join(PIECES)
@@ -388,6 +390,22 @@ async def test_the_session_and_stream_pages_are_read_through_their_own_links(
         html = await page(ds, path)
         for href in sorted(set(re.findall(rf'href="(/{DB}/[^"#]+)', html))):
             await page(ds, href.replace("&amp;", "&"))
+
+
+async def test_the_session_and_stream_pages_have_their_data_as_json_beside_them(
+    ds: Datasette, log: Path
+) -> None:
+    session = exchanges(log, protocol="mcp")[0]["session_id"]
+    stream = exchanges(log, protocol="openai")[0]["id"]
+    for path, loaded in (
+        (f"/{DB}/-/session/{session}", load_session(log, session)),
+        (f"/{DB}/-/stream/{stream}", load_stream(log, stream)),
+    ):
+        response = await ds.client.get(f"{path}.json")
+        assert response.status_code == 200, path
+        assert loaded is not None and response.json() == json.loads(json.dumps(asdict(loaded), default=str))
+    missing = await ds.client.get(f"/{DB}/-/stream/99999.json")
+    assert missing.status_code == 404 and missing.json()["error"] == f"no exchange 99999 in {DB}"
 
 
 # -- the dashboards -----------------------------------------------------------------------------
