@@ -19,6 +19,7 @@ from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
 
 from . import new_log
 from .a2a_terms import V03_STATES
+from .writer_lock import release_writer_lock, take_writer_lock
 
 migrations = Migrations("tasktape")
 MigrationFn = Callable[[sqlite_utils.Database], None]
@@ -710,13 +711,32 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         if readonly:
             raise SchemaTooOld(
                 f"{path} uses schema version {len(applied)}, older than this tasktape's "
-                f"{SCHEMA_VERSION}: open it once with write access to upgrade it"
+                f"{SCHEMA_VERSION}: upgrade it in place with: tasktape upgrade {path}"
             )
         migrations.apply(db)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     if not readonly:
         db.enable_wal()
         db.execute("PRAGMA synchronous = NORMAL")
+
+
+def upgrade_log(path: str | Path) -> tuple[int, int]:
+    """Bring a log of an older tasktape to this version's schema, in place, under its
+    writer lock (a recorder still writing it is refused); its versions before and after."""
+    path = Path(path)
+    fd = take_writer_lock(path)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            before = len(list(migrations.applied(sqlite_utils.Database(conn))))
+        except sqlite3.DatabaseError as exc:
+            raise LogError(f"cannot open {path} as an event log: {exc}") from None
+        finally:
+            conn.close()
+        open_db(path).close()  # (refuses what is no log, or a newer one's)
+    finally:
+        release_writer_lock(fd)
+    return before, SCHEMA_VERSION
 
 
 if __name__ == "__main__":  # python -m tasktape.eventlog.schema: new_log.sql written again

@@ -34,6 +34,7 @@ COMMANDS = {
     "pull": (".pull_command", "pull"),
     "record": (".record", "record"),
     "replay": (".replay_command", "replay"),
+    "upgrade": (".upgrade_command", "upgrade"),
 }
 
 

@@ -25,7 +25,7 @@ def open_check(path: Path, *, upgrade: bool = False) -> None:
     except LogError as exc:
         hint = ""
         if isinstance(exc, SchemaTooOld):
-            hint = f"\nUpgrade it in place with: tasktape inspect {path} --upgrade"
+            hint = f", or serve it upgraded: tasktape inspect {path} --upgrade"
         raise click.ClickException(f"{exc}{hint}") from None
 
 

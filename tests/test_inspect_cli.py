@@ -84,7 +84,8 @@ def test_an_older_log_is_refused_with_how_to_upgrade_it(tmp_path: Path, served: 
     result = CliRunner().invoke(main, ["inspect", str(old)])
     assert result.exit_code == 1
     assert "older than this tasktape's" in result.output
-    assert f"Upgrade it in place with: tasktape inspect {old} --upgrade" in result.output
+    assert f"upgrade it in place with: tasktape upgrade {old}, or serve it upgraded:" in result.output
+    assert f"tasktape inspect {old} --upgrade" in result.output
     served.append(inspector := Served("inspect", str(old), "--upgrade", "--port", "0"))
     url = inspector.wait_for_url()
     assert get(f"{url}/old/findings")[0] == 200

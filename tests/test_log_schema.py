@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import sqlite_utils
+from click.testing import CliRunner
 
+from tasktape.cli import main
 from tasktape.errors import LogError, SchemaTooNew
 from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter, new_log, open_db
-from tasktape.eventlog.schema import PAGE_SIZE, migrations
+from tasktape.eventlog.schema import KNOWN, PAGE_SIZE, migrations
 
 CONTRACT = {
     "captures": ["id", "started_at", "ended_at", "source", "upstream", "tool_version", "argv", "uid"],
@@ -233,3 +235,27 @@ def test_what_is_not_a_log_is_refused(tmp_path: Path) -> None:
         open_db(garbage)
     with pytest.raises(LogError, match="cannot open"):
         EventLog(tmp_path / "missing.db")
+
+
+def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) -> None:
+    """The commands that only read a log refuse an older one and name the command that
+    upgrades it; it upgrades each log given, once, and refuses what it cannot."""
+    old = tmp_path / "old.db"
+    db = sqlite_utils.Database(old)
+    migrations.apply(db, stop_before="0004_search_and_findings")
+    db.close()
+    runner = CliRunner()
+    result = runner.invoke(main, ["export", str(old), "-o", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 1 and f"upgrade it in place with: tasktape upgrade {old}" in result.output
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    result = runner.invoke(main, ["upgrade", str(old), str(text)])
+    assert result.exit_code == 1
+    assert f"tasktape upgrade: {old}: schema version 3 -> {SCHEMA_VERSION}" in result.stdout
+    assert f"{text} is a cassette, not an event log" in result.stderr
+    assert _schema(old)["migrations"] == KNOWN
+    result = runner.invoke(main, ["upgrade", str(old)])
+    assert result.exit_code == 0 and f"already at schema version {SCHEMA_VERSION}" in result.output
+    with LogWriter(old):  # being written: refused, untouched
+        result = runner.invoke(main, ["upgrade", str(old)])
+    assert result.exit_code == 1 and "is being written by another tasktape writer" in result.stderr
