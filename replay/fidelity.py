@@ -22,6 +22,7 @@ class Divergence(StrEnum):
     REWRITE = "rewrite"  # the JSON-RPC id, added SSE ids, an agent card pointing here
     SUBSCRIBE = "subscribe"  # a subscription built from the task's events, after its snapshot
     CLIENT_LEFT = "client-left"  # the client went away before the end
+    STOPPED = "stopped"  # the replay server was stopped before the end
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,23 @@ DRAIN_TIMEOUT_S = 2.0  # how long a reset waits for the client to have every byt
 
 
 @dataclass
+class Stopping:
+    """Whether the server is being stopped: an answer cut from then on was cut by the stop
+    (aiohttp cancels its handler as it does when the client leaves)."""
+
+    now: bool = False
+
+
+STOPPING = web.AppKey("tasktape_replay_stopping", Stopping)
+
+
+def cut_short(app: web.Application, served: Served) -> None:
+    """Note why an answer did not go out whole: the server stopping, or the client leaving."""
+    why = Divergence.STOPPED if app[STOPPING].now else Divergence.CLIENT_LEFT
+    served.because(why, f"after {served.bytes_sent} bytes")
+
+
+@dataclass
 class Answer:
     """What to send, and when: offsets count from ``start`` (loop time)."""
 
@@ -114,7 +131,7 @@ async def send(
         served.finished = True
         return response
     except (ConnectionError, asyncio.CancelledError):
-        served.because(Divergence.CLIENT_LEFT, f"after {served.bytes_sent} bytes")
+        cut_short(request.app, served)
         raise
 
 

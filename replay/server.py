@@ -48,7 +48,7 @@ from .framing import length_problem, redacted
 from .matching import Incoming, MatchRules, mismatches
 from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import SOURCE, error
-from .sending import Answer, due, send
+from .sending import STOPPING, Answer, Stopping, cut_short, due, send
 from .streams import after, apply_edits, with_ids
 from .tasks import Subscription, Tasks
 
@@ -166,6 +166,12 @@ class ReplayServer:
         )
         self.app.router.add_routes(control.routes(self))
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.app[STOPPING] = stopping = Stopping()
+
+        async def stop(_app: web.Application) -> None:
+            stopping.now = True
+
+        self.app.on_shutdown.append(stop)
         if self.proxy is not None:
             proxy = self.proxy
             self.app.on_startup.append(lambda _app: proxy.start())
@@ -501,8 +507,8 @@ class ReplayServer:
         served.because(Divergence.FAULT, ", ".join(made))
         try:
             await asyncio.sleep(faults.delay_headers_ms / 1000)
-        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
-            served.because(Divergence.CLIENT_LEFT, "after 0 bytes")
+        except asyncio.CancelledError:  # the client went away, or the server is stopping
+            cut_short(self.app, served)
             raise
         if status in (204, 304):  # answers that carry no body
             response = web.Response(status=status)

@@ -153,7 +153,7 @@ class Tape:
     ) -> None:
         """Fail unless every answer was the recording byte for byte, but for the kinds of
         difference in ``allow`` (``"fault"``, ``"resume"``, ``"rewrite"``, ``"subscribe"``,
-        ``"client-left"``: one, or a list of them), and, given ``max_lateness_ms``, on time
+        ``"client-left"``, ``"stopped"``: one, or a list of them), and, given ``max_lateness_ms``, on time
         to within it."""
         kinds = (allow,) if isinstance(allow, str) else allow  # one kind, never its letters
         allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in kinds}

@@ -70,6 +70,33 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
     assert re.search(r"GET /tasks/t1 \(session.jsonl:\d+\): fault: status=503", err)
 
 
+async def test_a_stream_cut_by_the_stop_is_said_to_be_stopped_not_left(tmp_path: Path) -> None:
+    """Ctrl-C while a stream goes out: the report says the server stopped it (it said the
+    client left)."""
+    events = [(n * 100_000_000, f"data: {n}\n\n".encode()) for n in range(50)]  # 5 s of them
+    stream = Recorded(
+        method="GET",
+        path="/stream",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=events,
+        duration_ns=5_000_000_000,
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "long.jsonl", [stream])
+    async with running("replay", str(tmp_path / "long.jsonl"), "--listen", "127.0.0.1:0") as run:
+        url = re.search(r"on (http://127\.0\.0\.1:\d+)", run.printed[0]).group(1)  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/stream") as r:
+            assert await r.content.readuntil(b"data: 2\n\n")
+            assert await stop(run, signal.SIGINT) == 0
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        err = run.printed[-1]
+    assert re.search(r"GET /stream \(long.jsonl:\d+\): stopped: after \d+ bytes", err), err
+    assert "client-left" not in err
+
+
 async def test_passthrough_needs_no_source_and_reports_no_unused_ones(tmp_path: Path) -> None:
     async with serve(upstream_app(events=3)) as agent:
         for sources in ((), (str(cassette(tmp_path / "session.jsonl")),)):
