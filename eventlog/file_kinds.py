@@ -9,6 +9,7 @@ from pathlib import Path
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _FLOW_START = re.compile(rb"\d{1,12}:")  # a tnetstring: its length, then a colon
+_CASSETTE_START = re.compile(rb'\s*\{\s*"tasktape_cassette"')
 
 
 class FileKind(StrEnum):
@@ -35,3 +36,10 @@ def kind_of_bytes(head: bytes) -> FileKind:
 
 def is_log(path: Path) -> bool:
     return kind_of(path) is FileKind.LOG
+
+
+def is_cassette(path: Path) -> bool:
+    """Whether a file begins as a cassette does, with its header (any other text is read
+    as one only where a cassette is asked for)."""
+    with path.open("rb") as f:
+        return _CASSETTE_START.match(f.read(64)) is not None

@@ -19,6 +19,7 @@ from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
 
 from . import new_log
 from .a2a_terms import V03_STATES
+from .file_kinds import FileKind, is_cassette, kind_of
 from .writer_lock import release_writer_lock, take_writer_lock
 
 migrations = Migrations("tasktape")
@@ -673,6 +674,12 @@ def open_db(
 ) -> sqlite_utils.Database:
     """Open (creating and upgrading as needed) an event log; refuse what is not one."""
     path = Path(path)
+    kind = kind_of(path) if path.is_file() else FileKind.EMPTY
+    if kind is FileKind.FLOWS or (kind is FileKind.CASSETTE and is_cassette(path)):
+        # (SQLite would say only "file is not a database")
+        raise LogError(
+            f"{path} is {kind}, not an event log: tasktape import {path} --db LOG reads it into one"
+        )
     try:
         if readonly:
             conn = sqlite3.connect(

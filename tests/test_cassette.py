@@ -323,6 +323,16 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
         load([empty])
     with pytest.raises(LogError, match=r"empty\.db is empty: not an event log"):
         EventLog(empty)
+    # A cassette where a log is expected: SQLite said only "file is not a database".
+    cassette = tmp_path / "c.jsonl"
+    write_cassette(cassette, [Recorded(method="GET", path="/", status=204)])
+    for args in (["export", str(cassette), "-o", str(tmp_path / "x.jsonl")], ["inspect", str(cassette)]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 1
+        assert (
+            f"{cassette} is a cassette, not an event log: tasktape import {cassette} --db LOG"
+            in result.output
+        )
     # Read as a cassette (the pytest plug-in's marker names one): what it is, what makes one.
     with pytest.raises(CassetteError, match=rf"a\.db is an event log, not a cassette: .*export {log_path}"):
         read_cassette(log_path)
