@@ -29,6 +29,7 @@ A stall or a delay is at most an hour (MAX_MS): a longer one is a typo, not a te
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -160,7 +161,7 @@ class Faults:
             except FaultError:
                 raise
             except ValueError:
-                raise FaultError(f"cannot read the fault {item!r}: see {FORMS}") from None
+                raise FaultError(f"cannot read the fault {item!r}: {_wanted(name.strip())}") from None
         if faults.scope != Scope() and not faults.named():
             raise FaultError(f"{spec!r} says where a fault applies but names no fault: see {FORMS}")
         breaks = [n for n in faults.named() if n in BREAKS]
@@ -301,6 +302,32 @@ def _scope(scope: Scope, name: str, value: str) -> Scope:
             raise FaultError(f"path is a glob of request paths, starting with / or *, not {value!r}")
         return replace(scope, path=value)
     raise FaultError(f"unknown fault {name!r}; use {FORMS}")
+
+
+# What each fault and scope takes, and what its placeholder in FORMS stands for.
+_TAKES = dict(item.partition("=")[::2] for item in re.split(r"[,;] (?:scope: )?", FORMS))
+_MEANS = {
+    "N": "a whole number of events, 0 or more",
+    "N:MS": "an event count, a colon and milliseconds",
+    "MS": "milliseconds, 0 or more",
+    "BYTES_PER_S": "bytes a second",
+    "S": "an HTTP status",
+    "TYPE": "a media type",
+    "K": "a whole number of requests",
+    "P": "a probability from 0 to 1",
+    "GLOB": "a path pattern",
+    "seed": "a whole number",  # (its S is no status)
+}
+
+
+def _wanted(name: str) -> str:
+    """What the item named ``name`` takes, in words."""
+    if name not in _TAKES:
+        return f"see {FORMS}"
+    form = _TAKES[name]
+    if not form:
+        return f"{name} takes no value"
+    return f"it is {name}={form}, {form} {_MEANS.get(name) or _MEANS.get(form, 'a value')}"
 
 
 def _count(value: str) -> int:

@@ -161,8 +161,9 @@ def _summary(
         f": {per})" if per else ")"
     )
     tasks = f" of {counted(totals['tasks'], 'task')}" if not counts or ProtocolName.A2A in counts else ""
+    listed = found or cut  # (a blank line after the findings and notes, when there are any)
     click.echo(
-        f"\nChecked {what}{tasks} from {counted(len(results), 'source')}: "
+        f"{chr(10) if listed else ''}Checked {what}{tasks} from {counted(len(results), 'source')}: "
         + (f"{counted(found, 'finding')}." if found else "no rule broken.")
     )
     if cut:

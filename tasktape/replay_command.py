@@ -19,6 +19,7 @@ from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
 from tasktape.replay.modes import NOTHING_REPLAYED
 
+from .counted import counted
 from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
 from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
@@ -147,11 +148,15 @@ def replay(
         raise click.UsageError("Missing argument 'SOURCE...': the logs or cassettes to replay.")
     if faults and mode is ReplayMode.PASSTHROUGH:
         raise click.BadParameter(NOTHING_REPLAYED, param_hint="--fault")
+    # Usage errors (status 2), as tasktape check says of its sources.
     try:
         armed = [Faults.parse(spec) for spec in faults]
+    except TasktapeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fault") from None
+    try:
         recorded = load(list(sources))
     except TasktapeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint="SOURCE") from None
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:
         raise click.BadParameter(f"mode {mode.value} needs --upstream", param_hint="--upstream")
@@ -201,7 +206,7 @@ def replay(
                 ready=lambda url: (
                     f"tasktape replay: on {url}, everything goes to {upstream} (mode {mode.value})"
                     if mode is ReplayMode.PASSTHROUGH
-                    else f"tasktape replay: {len(recorded)} exchanges from {names} on {url} "
+                    else f"tasktape replay: {counted(len(recorded), 'exchange')} from {names} on {url} "
                     f"(speed {speed:g}, mode {mode.value})"
                 ),
                 stopping="tasktape replay: stopping",
@@ -233,6 +238,7 @@ def report(server: ReplayServer) -> list[str]:
     lines += [f"  {unapplied}" for unapplied in stats.unapplied]
     unused = server.unused() if server.mode is not ReplayMode.PASSTHROUGH else []
     if unused:
-        lines.append(f"  {len(unused)} recorded exchanges were never used:")
+        were = "was" if len(unused) == 1 else "were"
+        lines.append(f"  {counted(len(unused), 'recorded exchange')} {were} never used:")
         lines += [f"    {r.request_line} ({r.origin})" for r in unused]
     return lines + fidelity.summary(server.served)

@@ -130,8 +130,16 @@ async def test_passthrough_needs_no_source_and_reports_no_unused_ones(tmp_path: 
             "not a replay mode; choose one of replay, record-missing, passthrough",
         ),
         (["--mode", "passthrough"], 2, "mode passthrough needs --upstream"),
-        (["--fault", "drop-after=x"], 1, "cannot read the fault 'drop-after=x'"),
-        (["--fault", "times=1"], 1, "names no fault"),
+        (
+            ["--fault", "drop-after=x"],
+            2,
+            "Invalid value for --fault: cannot read the fault 'drop-after=x': it is drop-after=N, N a whole "
+            "number of events, 0 or more",
+        ),
+        (["--fault", "stall=3"], 2, "it is stall=N:MS, N:MS an event count, a colon and milliseconds"),
+        (["--fault", "seed=q"], 2, "it is seed=S, S a whole number"),
+        (["--fault", "no-final=2"], 2, "cannot read the fault 'no-final=2': no-final takes no value"),
+        (["--fault", "times=1"], 2, "names no fault"),
         (["--mode", "record-missing", "--upstream", "http://127.0.0.1:9"], 2, "record-missing needs --db"),
         (["--ignore", "foo"], 2, "Invalid value for '--ignore': not a JSON pointer (it must start with '/')"),
         *(
@@ -159,3 +167,11 @@ async def test_bad_arguments_are_explained(
     source = cassette(tmp_path / "session.jsonl")
     code, err = await finished("replay", str(source), *args)
     assert code == status and message in err, err
+
+
+async def test_a_source_that_cannot_be_read_is_a_usage_error_as_to_check(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    for command in ("replay", "check"):
+        code, err = await finished(command, str(notes))
+        assert code == 2 and f"Invalid value for SOURCE: {notes}:1: not JSON" in err, (command, err)
