@@ -9,9 +9,10 @@ from typing import TypeVar
 
 import click
 
-from tasktape.errors import UsageError
 from tasktape.proxy.hosts import allowed_hosts
 from tasktape.proxy.recorder import http_url
+
+from .option_checks import checked
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -21,15 +22,13 @@ DEFAULT_INSPECT_PORT = 7472
 DEFAULT_AGENT_PORT = 7473
 
 
-def public_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A click callback for ``--public-url``: an absolute http(s) URL, or a usage error (it
-    goes into agent cards as the URL clients are to use)."""
-    if value is not None:
-        try:
-            http_url(value, "the public URL")
-        except UsageError as exc:
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+def _public_url(value: str) -> str:
+    """An absolute http(s) URL (it goes into agent cards as the URL clients are to use)."""
+    http_url(value, "the public URL")
     return value
+
+
+public_url = checked(_public_url)  # the click callback of --public-url
 
 
 class HostPort(click.ParamType):

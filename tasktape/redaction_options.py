@@ -8,20 +8,21 @@ from typing import TypeVar
 
 import click
 
-from tasktape.errors import UsageError
 from tasktape.eventlog.redact import parse_pointer
+
+from .option_checks import checked
 
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def json_pointers(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    """A click callback: each value a JSON pointer (``*`` for any key or index), or a usage error."""
+def _pointers(value: tuple[str, ...]) -> tuple[str, ...]:
+    """Each value a JSON pointer (``*`` for any key or index)."""
     for pointer in value:
-        try:
-            parse_pointer(pointer)
-        except UsageError as exc:
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        parse_pointer(pointer)
     return value
+
+
+json_pointers = checked(_pointers)  # the click callback of the options that take pointers
 
 
 def redaction_options(when: str = "") -> Callable[[F], F]:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
@@ -21,25 +19,9 @@ from tasktape.replay.modes import NOTHING_REPLAYED
 
 from .counted import counted
 from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
+from .option_checks import checked
 from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
-
-Value = TypeVar("Value")
-
-
-def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Parameter, Any], Value]:
-    """A click callback: the value as ``check`` takes it (None, an option not given, as it
-    is), or its usage error as click's."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Value:
-        if value is None:
-            return value
-        try:
-            return check(value)
-        except UsageError as exc:
-            raise click.BadParameter(str(exc)) from None
-
-    return callback
 
 
 @click.command()
@@ -56,7 +38,7 @@ def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Pa
     type=float,
     default=1.0,
     show_default=True,
-    callback=_checked(settings.speed),
+    callback=checked(settings.speed),
     help="Replay this many times faster than recorded; 0: as fast as possible.",
 )
 @click.option(
@@ -68,7 +50,7 @@ def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Pa
     "--mode",
     default="replay",
     show_default=True,
-    callback=_checked(ReplayMode.parse),
+    callback=checked(ReplayMode.parse),
     help="replay: a miss is an error; record-missing: misses go to --upstream and are recorded; "
     "passthrough: everything goes to --upstream.",
 )
@@ -106,7 +88,7 @@ def _checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Pa
 @click.option(
     "--miss-status",
     type=int,
-    callback=_checked(settings.miss_status),
+    callback=checked(settings.miss_status),
     help="The HTTP status of the answer to a request nothing recorded matches: an error status, 400 to 599 "
     "(default: 404; 400 for MCP, whose clients take a 404 for the end of their session).",
 )
