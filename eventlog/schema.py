@@ -727,19 +727,28 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         db.execute("PRAGMA synchronous = NORMAL")
 
 
+def schema_version(path: str | Path) -> int:
+    """The schema version of the log at ``path``, read without changing it."""
+    path = Path(path)
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.DatabaseError as exc:
+        raise LogError(f"cannot open {path} as an event log: {exc}") from None
+    try:
+        return len(list(migrations.applied(sqlite_utils.Database(conn))))
+    except sqlite3.DatabaseError as exc:
+        raise LogError(f"cannot open {path} as an event log: {exc}") from None
+    finally:
+        conn.close()
+
+
 def upgrade_log(path: str | Path) -> tuple[int, int]:
     """Bring a log of an older tasktape to this version's schema, in place, under its
     writer lock (a recorder still writing it is refused); its versions before and after."""
     path = Path(path)
     fd = take_writer_lock(path)
     try:
-        conn = sqlite3.connect(path, isolation_level=None)
-        try:
-            before = len(list(migrations.applied(sqlite_utils.Database(conn))))
-        except sqlite3.DatabaseError as exc:
-            raise LogError(f"cannot open {path} as an event log: {exc}") from None
-        finally:
-            conn.close()
+        before = schema_version(path)
         open_db(path).close()  # (refuses what is no log, or a newer one's)
     finally:
         release_writer_lock(fd)

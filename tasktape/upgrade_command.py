@@ -8,12 +8,17 @@ import click
 
 from tasktape.errors import LogError
 from tasktape.eventlog.file_kinds import FileKind, kind_of
-from tasktape.eventlog.schema import upgrade_log
+from tasktape.eventlog.schema import SCHEMA_VERSION, schema_version, upgrade_log
 
 
 @click.command("upgrade")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def upgrade(logs: tuple[Path, ...]) -> None:
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say which logs an upgrade would change, and change none; exit 1 if any would be.",
+)
+def upgrade(logs: tuple[Path, ...], dry_run: bool) -> None:
     """Upgrade event logs written by an older tasktape to this version's schema, in place.
 
     The commands that only read a log (replay, export, diff, check --no-save, inspect)
@@ -29,14 +34,19 @@ def upgrade(logs: tuple[Path, ...]) -> None:
             failed = True
             continue
         try:
-            before, after = upgrade_log(log)
+            before, after = (schema_version(log), SCHEMA_VERSION) if dry_run else upgrade_log(log)
         except LogError as exc:
             click.echo(f"tasktape upgrade: {exc}", err=True)
             failed = True
             continue
-        done = (
-            f"schema version {before} -> {after}" if before < after else f"already at schema version {after}"
-        )
-        click.echo(f"tasktape upgrade: {log}: {done}")
+        if before > after:
+            click.echo(f"tasktape upgrade: {log} is of a newer tasktape (schema version {before})", err=True)
+            failed = True
+        elif before == after:
+            click.echo(f"tasktape upgrade: {log}: already at schema version {after}")
+        else:
+            failed |= dry_run
+            would = "would go" if dry_run else "went"
+            click.echo(f"tasktape upgrade: {log}: schema version {before} {would} to {after}")
     if failed:
         raise SystemExit(1)

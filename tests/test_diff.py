@@ -551,7 +551,7 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
         (
             str(good),
             str(tmp_path / "empty"),
-        ): r"Invalid value for B: .*empty: a folder without cassettes \(\*\.jsonl\)",
+        ): r"Invalid value for B: .*empty: a folder without cassettes \(\*\.jsonl, in it or its subfolders\)",
         (str(good), str(good), "--time-tolerance", "fast"): (
             r"Invalid value for --time-tolerance: 'fast' is neither a percentage \(20%\)"
             r" nor a duration \(50ms, 0\.5s\)"

@@ -249,13 +249,25 @@ def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) ->
     assert result.exit_code == 1 and f"upgrade it in place with: tasktape upgrade {old}" in result.output
     text = tmp_path / "notes.txt"
     text.write_text("hello")
+    result = runner.invoke(main, ["upgrade", "--dry-run", str(old)])
+    assert result.exit_code == 1
+    assert f"tasktape upgrade: {old}: schema version 3 would go to {SCHEMA_VERSION}" in result.stdout
+    assert _applied(old) == KNOWN[:3]
     result = runner.invoke(main, ["upgrade", str(old), str(text)])
     assert result.exit_code == 1
-    assert f"tasktape upgrade: {old}: schema version 3 -> {SCHEMA_VERSION}" in result.stdout
+    assert f"tasktape upgrade: {old}: schema version 3 went to {SCHEMA_VERSION}" in result.stdout
     assert f"{text} is a cassette, not an event log" in result.stderr
-    assert _schema(old)["migrations"] == KNOWN
-    result = runner.invoke(main, ["upgrade", str(old)])
-    assert result.exit_code == 0 and f"already at schema version {SCHEMA_VERSION}" in result.output
+    assert _applied(old) == KNOWN
+    for args in (["upgrade", str(old)], ["upgrade", "--dry-run", str(old)]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0 and f"already at schema version {SCHEMA_VERSION}" in result.output
     with LogWriter(old):  # being written: refused, untouched
         result = runner.invoke(main, ["upgrade", str(old)])
     assert result.exit_code == 1 and "is being written by another tasktape writer" in result.stderr
+
+
+def _applied(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        applied = [m for (m,) in conn.execute("SELECT name FROM _sqlite_migrations ORDER BY id")]
+    conn.close()
+    return applied
