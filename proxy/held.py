@@ -5,14 +5,15 @@ request reaching the agent (where it would start a second task).
 
 While its first client is there, that client's handler reads the upstream itself, as
 ``tasktape record`` does without ``--resume``; a pump task takes the reading over once it
-leaves, or once the upstream breaks (and is rejoined).
+leaves, once it stops reading what it is sent (the others, and the log, would wait for
+it), or once the upstream breaks (and is rejoined).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,38 @@ BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError)
 # joined (its client is answered at once, however much it missed); the rest in writes of
 # at most PIECE bytes (each at least one upstream chunk's).
 FIRST, PIECE = 16 * 1024, 1024 * 1024
+# How often the first client's writes are looked at: one that waits from one look to the
+# next (the client reads nothing) hands the upstream's reading over to a pump.
+TICK = 0.25
+
+
+class FirstClient:
+    """The first client of a held stream, whose handler reads the upstream, watched by a
+    timer (not per write, which costs each event): once a write to it has waited a whole
+    tick, ``take_over`` is called and ``handed_over`` set; the handler then follows the
+    stream as the other clients do, at its own pace."""
+
+    def __init__(self, take_over: Callable[[], None]) -> None:
+        self.in_write = False
+        self.writes = 0
+        self.handed_over = False
+        self._seen = -1  # the write in progress at the last look
+        self._take_over = take_over
+        self._timer = asyncio.get_running_loop().call_later(TICK, self._look)
+
+    def _look(self) -> None:
+        if self.in_write and self.writes == self._seen:
+            self.handed_over = True
+            self._timer = None
+            self._take_over()
+            return
+        self._seen = self.writes if self.in_write else -1
+        self._timer = asyncio.get_running_loop().call_later(TICK, self._look)
+
+    def done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class Hold:
@@ -99,6 +132,7 @@ async def relay_held(
     )
     reading = attached = True
     stream.attach()
+    first = FirstClient(lambda: proxy.hold_stream(pump(stream, rejoin, hold, exchange, upstream)))
     try:
         await response.prepare(request)
         while True:
@@ -123,16 +157,25 @@ async def relay_held(
             chunk(exchange.id, offset(), data)
             new = feed(data)
             if new:
+                sent = stream.size
+                first.in_write = True
                 await write(new)
+                first.in_write = False
+                first.writes += 1
+                if first.handed_over:  # a pump reads on: this client follows from here
+                    reading = False
+                    break
         stream.detach()
         attached = False
         await _follow(request, response, stream, sent)  # the rest: the tail, or a rejoin's
     except ConnectionError:
         pass  # the client left; the stream goes on without it
     finally:
+        first.done()
         if attached:
             stream.detach()
-        if reading:  # the client left (or the recorder stops) while this handler read: a pump reads on
+        if reading and not first.handed_over:
+            # The client left (or the recorder stops) while this handler read: a pump reads on.
             proxy.hold_stream(pump(stream, rejoin, hold, exchange, upstream))
     return response
 

@@ -10,6 +10,8 @@ import asyncio
 import gc
 import json
 import re
+import socket
+import time
 import weakref
 from typing import Any
 
@@ -179,6 +181,50 @@ async def test_a_reconnect_after_the_last_event_of_an_ended_stream_is_told_it_en
 
 
 EVENT = b'data: {"pad": "%s"}\n\n' % (b"x" * 80)
+
+
+BIG = 200_000  # bytes of data an event: a few fill any socket's buffers
+
+
+async def big_events(request: web.Request) -> web.StreamResponse:
+    """Forty big events, 20 ms apart (0.8 s), with ids."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n in range(40):
+        await response.write(b"id: e%d\ndata: %s\n\n" % (n, b"x" * BIG))
+        await asyncio.sleep(0.02)
+    return response
+
+
+async def test_a_first_client_that_stops_reading_holds_up_no_one(record: RecordFactory) -> None:
+    """The first client's handler reads the upstream: one that stops reading (its socket
+    buffers full) held the stream up for every other client, and the log, for as long as
+    it stayed. A pump takes the reading over; it follows at its own pace."""
+    app = web.Application()
+    app.router.add_post("/big", big_events)
+    rec = await record(app, hold=30.0)
+    host, port = rec.url.removeprefix("http://").split(":")
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect((host, int(port)))
+    try:
+        stalled.sendall(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        head = b""
+        while b"id: e0" not in head:  # its first event came; then it reads nothing more
+            head += await asyncio.to_thread(stalled.recv, 4096)
+        started = time.monotonic()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{rec.url}/big", data=b"{}", headers={"Last-Event-ID": "e0"}) as r,
+        ):
+            rest = [e for e in events_of(await asyncio.wait_for(r.read(), 20)) if e.complete]
+        assert [e.id for e in rest] == [f"e{n}" for n in range(1, 40)]
+        assert time.monotonic() - started < 10  # the stream's pace (0.8 s), not the stalled client's
+    finally:
+        stalled.close()
+    with await rec.log() as log:  # (once the stalled client is gone: its exchange was in flight)
+        (first, *_) = log.exchanges()
+        assert len(log.events(first["id"])) == 40 and first["outcome"] == "complete"
 
 
 async def ten_events(request: web.Request) -> web.StreamResponse:
