@@ -118,22 +118,22 @@ class Rejoin:
         deadline, delay, attempts = self._deadline, FIRST_RETRY, 0
         while True:
             attempts += 1
-            answer = await self._subscribe(plan)
+            answer = await self._subscribe(plan, deadline)
             if not isinstance(answer, Failed):
                 first = functools.partial(self._caught_up, sent=sent, by=answer[0].id, attempts=attempts)
                 self.stream.rejoin(first)
                 return answer
-            looked = None if answer.retried else await self._look_up(sent, attempts)
+            looked = None if answer.retried else await self._look_up(sent, attempts, deadline)
             if looked:
                 return None  # the task had ended: its clients were caught up, their streams ended
-            if looked is False and loop.time() + delay <= deadline:
+            if looked is False and loop.time() < deadline:
                 answer = Failed(f"{answer.why}, and asking for the task broke off", retried=True)
-            if not answer.retried or loop.time() + delay > deadline:
+            if not answer.retried or loop.time() >= deadline:
                 spent = f"; no subscribe succeeded in {self.proxy.rejoin_for:g} s" if answer.retried else ""
                 error = f"{why}; {answer.why}{spent}"
                 self._note(ResumeOutcome.GAVE_UP, sent, attempts=attempts, error=error)
                 return None
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, deadline - loop.time()))  # the last try at the deadline
             delay = min(delay * 2, LAST_RETRY)
 
     def _caught_up(self, first: SSEEvent, *, sent: list[str], by: int, attempts: int) -> bool:
@@ -156,9 +156,9 @@ class Rejoin:
         )
         return catch.send_first
 
-    async def _subscribe(self, plan: Resubscription) -> Subscribed | Failed:
+    async def _subscribe(self, plan: Resubscription, deadline: float) -> Subscribed | Failed:
         """One subscribe, recorded: its stream, or why not."""
-        sent = await self._send(plan)
+        sent = await self._send(plan, deadline)
         if isinstance(sent, Failed):
             return sent
         recording, response = sent
@@ -166,24 +166,24 @@ class Rejoin:
         if response.status == 200 and is_sse and "Content-Encoding" not in response.headers:
             recording.held = True
             return recording, response
-        await self._read_answer(recording, response)
+        await self._read_answer(recording, response, deadline)
         why = f"the agent answered the subscribe with {response.status} {response.content_type}"
         recording.end(Outcome.COMPLETE, why)
         return Failed(why, retried=response.status >= 500 or response.status in _RETRIED)
 
-    async def _look_up(self, sent: list[str], attempts: int) -> bool | None:
+    async def _look_up(self, sent: list[str], attempts: int, deadline: float) -> bool | None:
         """The agent would not be subscribed to: ask it where the task stands, and if that
         ends it, catch the clients up from its answer and end their streams cleanly (True).
         False: the answer broke off on the way (ask again); None: it does not help."""
         assert self.protocol is not None
         plan = self.protocol.lookup(self.request, sent)
-        answer = None if plan is None else await self._send(plan)
+        answer = None if plan is None else await self._send(plan, deadline)
         if answer is None:
             return None
         if isinstance(answer, Failed):
             return False
         recording, response = answer
-        body, whole = await self._read_answer(recording, response)
+        body, whole = await self._read_answer(recording, response, deadline)
         recording.end(Outcome.COMPLETE if whole else Outcome.UPSTREAM_DISCONNECTED)
         if not whole:
             return False
@@ -213,12 +213,13 @@ class Rejoin:
         JSON-RPC error), or when there is no way to ask."""
         sent = self.stream.sent_data()
         plan = self.protocol.lookup(self.request, sent) if self.protocol else None
-        answer = None if plan is None else await self._send(plan)
+        deadline = asyncio.get_running_loop().time() + self.proxy.rejoin_for
+        answer = None if plan is None else await self._send(plan, deadline)
         if answer is None or isinstance(answer, Failed):
             return None
         assert self.protocol is not None  # (it made the plan)
         recording, response = answer
-        body, whole = await self._read_answer(recording, response)
+        body, whole = await self._read_answer(recording, response, deadline)
         recording.end(Outcome.COMPLETE if whole else Outcome.UPSTREAM_DISCONNECTED)
         verdict = _admission(response.status)
         holds_task = whole and not self.protocol.catch_up(sent, body.decode("utf-8", "replace")).send_first
@@ -226,7 +227,7 @@ class Rejoin:
             return None  # (no task in the answer)
         return verdict
 
-    async def _send(self, plan: Resubscription) -> Subscribed | Failed:
+    async def _send(self, plan: Resubscription, deadline: float) -> Subscribed | Failed:
         """One request to the agent for the stream, recorded as an exchange of its own."""
         from .recorder import Exchange, upstream_headers  # noqa: PLC0415 (the recorder imports this module)
 
@@ -247,12 +248,18 @@ class Rejoin:
         )
         recording = Exchange(proxy, self.client, new_id, time.perf_counter_ns())
         assert proxy._session is not None
+        waited = _within(deadline)
         try:
             url = proxy.upstream_url(plan.path)
-            response = await proxy._session.request(
-                plan.method, url, headers=headers, data=plan.body, allow_redirects=False
-            )
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            async with asyncio.timeout(waited):
+                response = await proxy._session.request(
+                    plan.method, url, headers=headers, data=plan.body, allow_redirects=False
+                )
+        except TimeoutError:
+            why = f"the agent did not answer within {waited:.1f} s (--rejoin-for)"
+            recording.end(Outcome.UPSTREAM_ERROR, why)
+            return Failed(why, retried=True)
+        except (aiohttp.ClientError, OSError) as exc:
             why = f"the request failed before an answer: {describe(exc)}"
             recording.end(Outcome.UPSTREAM_ERROR, why)
             return Failed(why, retried=True)
@@ -269,14 +276,17 @@ class Rejoin:
         )
         return recording, response
 
-    async def _read_answer(self, recording: Exchange, response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-        """An answer that is no stream, read (as far as the log keeps it) and recorded, and
-        whether it came whole."""
+    async def _read_answer(
+        self, recording: Exchange, response: aiohttp.ClientResponse, deadline: float
+    ) -> tuple[bytes, bool]:
+        """An answer that is no stream, read (as far as the log keeps it, and within the
+        rejoin's time) and recorded, and whether it came whole."""
         body, whole = b"", True
         try:
-            while len(body) < KEPT_ANSWER and (data := await response.content.readany()):
-                body += data
-        except (aiohttp.ClientError, OSError):
+            async with asyncio.timeout(_within(deadline)):
+                while len(body) < KEPT_ANSWER and (data := await response.content.readany()):
+                    body += data
+        except (aiohttp.ClientError, OSError, TimeoutError):
             whole = False
         finally:
             response.close()
@@ -296,6 +306,12 @@ class Rejoin:
         side, events = ResumeSide.UPSTREAM, len(sent)
         resume = Resume(self.stream.exchange_id, side, outcome, events_from_log=events, **fields)  # type: ignore[arg-type]
         self.proxy.resumed(resume)
+
+
+def _within(deadline: float) -> float:
+    """How long a request may wait for the agent: until ``deadline`` (loop time), and at
+    least the first retry's wait, so that a try made at the deadline can be answered."""
+    return max(deadline - asyncio.get_running_loop().time(), FIRST_RETRY)
 
 
 def _admission(status: int) -> bool | None:

@@ -272,6 +272,24 @@ async def test_a_failing_subscribe_is_retried_with_backoff_until_rejoin_for(
     assert asyncio.get_running_loop().time() - started >= 0.6  # waited 0.2 s, then 0.4 s
 
 
+async def test_a_subscribe_the_agent_never_answers_gives_up_at_rejoin_for(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """The agent takes the subscribe's connection and says nothing: the client's stream
+    hung for as long as the agent said nothing (for ever, if it never did)."""
+    agent = await serve(create_agent_app(pace=0.05))
+    front, _ = breaking(agent, after=4)
+    slow_subscribes(front, 60)
+    rec = await record(await serve(front), hold=30.0, rejoin_for=1.0)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await asyncio.wait_for(read_all(rec.url, REST_BODY), 20)
+    assert asyncio.get_running_loop().time() - started < 5
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "gave_up" and row["attempts"] == 1  # (it waited to the deadline)
+    assert "the agent did not answer within 1.0 s (--rejoin-for)" in row["error"]
+
+
 def slow_subscribes(front: web.Application, seconds: float) -> None:
     """The agent is back only after ``seconds``: its task runs on meanwhile."""
 
