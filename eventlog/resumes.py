@@ -50,6 +50,8 @@ class Resume:
                 return f"{head}: {sent}, {then} (exchange {self.new_exchange_id})"
             if self.outcome is ResumeOutcome.ENDED:
                 return f"{head}, the stream's last event: told it had ended (exchange {self.new_exchange_id})"
+            if self.outcome is ResumeOutcome.FORWARDED:
+                return f"{head}: forwarded to the agent by exchange {self.new_exchange_id} ({self.error})"
             return f"{head}: {self.outcome} ({self.error})"
         head = f"exchange {self.exchange_id}: the agent's stream broke"
         tries = f"{self.attempts} subscribe{'s' if self.attempts != 1 else ''}"

@@ -301,6 +301,15 @@ class LiveStreams:
         """The streams asleep: the exchanges that opened them."""
         return frozenset(self._asleep)
 
+    def revive(self, stream: LiveStream, original: Request) -> None:
+        """A stream let go before its task ended, rebuilt from the log: asleep again, in
+        place of its ended self, until a client wakes it (its agent subscribed to anew)."""
+        ended = self._ended.pop(stream.exchange_id, None)
+        if ended is not None:
+            self._ended_bytes -= ended[1]
+        self._let_go.pop(stream.exchange_id, None)
+        self.hold_asleep(stream, original)
+
     def wake(self, stream: LiveStream) -> Request | None:
         """The request that opened a stream asleep, once (None: it is awake)."""
         return self._asleep.pop(stream.exchange_id, None)

@@ -51,7 +51,15 @@ from .kept_body import KeptBody
 from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, recorders_exchange
 from .rejoin import Rejoin, agent_resumes, named_task
 from .resume_options import UnknownResume
-from .revive import LOOKED_IN, asleep_in_log, capture_uid, ended_before, ended_in_log, holding
+from .revive import (
+    LOOKED_IN,
+    asleep_in_log,
+    capture_uid,
+    ended_before,
+    ended_in_log,
+    holding,
+    let_go_unfinished,
+)
 
 # The server hands request bodies over as the client sent them: aiohttp would otherwise
 # decode a Content-Encoding, and the upstream would get decoded bytes under the client's
@@ -260,6 +268,7 @@ class RecordingProxy:
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()
         body: bytes | _TeedBody | None = read
+        forwarded = None  # a reconnect --resume-unknown forward sends to the agent
         # An event stream is asked for with a GET or a POST; an empty id names no event
         # (an EventSource whose last event reset it sends none).
         if (
@@ -270,18 +279,21 @@ class RecordingProxy:
             if body is None:
                 body = await self._reconnect_body(request)
             answered = await self._resume(request, body, last_id, t0, started_ns)
-            if answered is not None:
+            if isinstance(answered, web.StreamResponse):
                 return answered
+            forwarded = answered
         elif body is None:
             body = await self._request_body(request)
         exchange = self.begin_exchange(request, body if isinstance(body, bytes) else None, started_ns)
+        if forwarded is not None:  # noted once the exchange that forwards it is
+            self.resumed(replace(forwarded, new_exchange_id=exchange))
         return await Exchange(self, request, exchange, t0).run(body)
 
     async def _resume(
         self, request: web.Request, body: bytes | _TeedBody | None, last_id: str, t0: int, started_ns: int
-    ) -> web.StreamResponse | None:
+    ) -> web.StreamResponse | Resume | None:
         """A request with ``Last-Event-ID``: answered from a stream held (or refused), or
-        None: it goes to the agent."""
+        it goes to the agent: None, or the resume to note (--resume-unknown forward)."""
         live = self.live
         assert live is not None
         told = body if isinstance(body, bytes) else b""  # what the protocol reads the request by
@@ -289,6 +301,8 @@ class RecordingProxy:
         credentials = self.credentials.of(request.headers)
         found = live.find(last_id, line, credentials)
         found = found or await self._let_go(request, told, last_id, credentials)
+        if found is not None and found[0].outcome == Outcome.CLIENT_DISCONNECTED:
+            found = await self._reopen(found, last_id)
         # An agent's id on a stream the agent ended unfinished goes back to it only where
         # its protocol takes streams up again (else the request would start a new task).
         if found is not None and (found[0].answers(last_id) or not agent_resumes(request, told)):
@@ -316,6 +330,23 @@ class RecordingProxy:
         if held is not None or gone is not None:  # a reconnect, after an event no stream held has
             return self._unknown_resume(request, held or gone, last_id)  # type: ignore[arg-type]
         return None
+
+    async def _reopen(self, found: tuple[LiveStream, int], last_id: str) -> tuple[LiveStream, int]:
+        """A stream --hold let go before its task ended: its reconnecting client would be
+        told it ended (a 204, or a cut). Rebuilt from the log asleep instead, where its
+        protocol can follow it again, so that the reconnect wakes it (a subscribe)."""
+        stream = found[0]
+        await self.writer.aflush()  # (the hold may have run out a moment ago: its end is committed)
+        reopened = await asyncio.to_thread(let_go_unfinished, self.writer.path, stream.exchange_id)
+        if reopened is None:
+            return found
+        stream, original = reopened
+        position = stream.position(last_id)
+        if position is None:
+            return found
+        assert self.live is not None
+        self.live.revive(stream, original)
+        return stream, position
 
     async def _wake(self, stream: LiveStream, request: web.Request, credentials: bytes) -> None:
         """Wake a stream taken up from the log: it goes on through a subscribe to its agent,
@@ -414,10 +445,10 @@ class RecordingProxy:
 
     def _unknown_resume(
         self, request: web.Request, held: LiveStream | Gone, last_id: str
-    ) -> web.Response | None:
+    ) -> web.Response | Resume:
         """A reconnect naming an event the stream held for it never had, or to a stream
         let go: refused (a 400 naming the ids held), or, with --resume-unknown forward,
-        None: it goes upstream."""
+        the resume to note once it has gone upstream."""
         if isinstance(held, Gone):
             holds = (
                 f"the stream of exchange {held.exchange_id}"
@@ -432,15 +463,17 @@ class RecordingProxy:
 
     def _not_answered(
         self, request: web.Request, exchange_id: int, last_id: str, reason: str, status: int
-    ) -> web.Response | None:
+    ) -> web.Response | Resume:
         """A reconnect the stream it names does not answer: refused (``status``, saying
-        why), or, with --resume-unknown forward, None: it goes upstream."""
-        resume = Resume(exchange_id, ResumeSide.CLIENT, ResumeOutcome.FORWARDED, last_event_id=last_id)
+        why), or, with --resume-unknown forward, the resume to note (saying why) once it
+        has gone upstream, by the exchange that sends it."""
+        resume = Resume(
+            exchange_id, ResumeSide.CLIENT, ResumeOutcome.FORWARDED, last_event_id=last_id, error=reason
+        )
         if self.resume_unknown is UnknownResume.FORWARD:
-            self.resumed(resume)
-            return None
+            return resume
         response, refusal = self._refusal(request, status, reason)
-        self.resumed(replace(resume, outcome=ResumeOutcome.REFUSED, new_exchange_id=refusal, error=reason))
+        self.resumed(replace(resume, outcome=ResumeOutcome.REFUSED, new_exchange_id=refusal))
         return response
 
     def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:

@@ -331,9 +331,11 @@ def named_task(request: web.Request, body: bytes) -> tuple[str | None, str | Non
 
 def agent_resumes(request: web.Request, body: bytes) -> bool:
     """Whether the agent takes a stream up again itself after a client's request like
-    this one (its protocol says so; True if no protocol claims it: the agent decides)."""
+    this one: its protocol says so. Of no protocol known, nothing tells, and an agent that
+    does not read Last-Event-ID would send the stream again from its start: it is not
+    asked (what the recorder holds answers)."""
     protocol = recognise(_asked(request, body))
-    return protocol is None or protocol.resumes_streams
+    return protocol is not None and protocol.resumes_streams
 
 
 def _asked(request: web.Request, body: bytes) -> Request:

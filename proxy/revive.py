@@ -133,7 +133,7 @@ def ended_in_log(path: Path, exchange_id: int, capture_id: int) -> tuple[LiveStr
         if root is None:
             return None
         chain = _chain(conn, root["id"])
-        (outcome,) = conn.execute("SELECT outcome FROM exchanges WHERE id = ?", (chain[-1],)).fetchone()
+        outcome = _outcome(conn, chain)
         if outcome is None and root["capture_id"] != capture_id:
             outcome = Outcome.PROXY_STOPPED
         original = _request(root)
@@ -143,6 +143,32 @@ def ended_in_log(path: Path, exchange_id: int, capture_id: int) -> tuple[LiveStr
         stream = _rebuilt(conn, root, chain, protocol)
         stream.end(outcome, closed=ends_closed(stream, protocol))
         return stream, original
+
+
+def let_go_unfinished(path: Path, exchange_id: int) -> tuple[LiveStream, Request] | None:
+    """The stream exchange ``exchange_id`` opened, when --hold let its upstream go with
+    nobody following before its task ended: rebuilt as its clients were sent it, not
+    ended (it goes on through a subscribe to its agent), and the request that opened it;
+    None for any other, or one its protocol cannot follow again."""
+    with _read_only(path) as conn:
+        root = conn.execute(_ROOT, (exchange_id,)).fetchone()
+        if root is None:
+            return None
+        chain = _chain(conn, root["id"])
+        original = _request(root)
+        protocol = recognise(original)
+        if _outcome(conn, chain) != Outcome.CLIENT_DISCONNECTED or protocol is None:
+            return None
+        stream = _rebuilt(conn, root, chain, protocol)
+        if protocol.resubscription(original, stream.sent_data(), stream.last_agent_id()) is None:
+            return None
+        return stream, original
+
+
+def _outcome(conn: sqlite3.Connection, chain: list[int]) -> str | None:
+    """How a stream's last exchange (its first, or its latest rejoin's) ended."""
+    (outcome,) = conn.execute("SELECT outcome FROM exchanges WHERE id = ?", (chain[-1],)).fetchone()
+    return outcome
 
 
 def holding(

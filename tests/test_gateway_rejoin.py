@@ -20,6 +20,7 @@ from test_resume_gateway import HEADERS, REST_BODY, counted, first_events, rest_
 
 from tasktape.agent import create_agent_app
 from tasktape.errors import UsageError
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 from tasktape.proxy.resume_options import UnknownResume
 
 
@@ -348,7 +349,20 @@ async def test_an_unknown_id_goes_to_the_agent_with_resume_unknown_forward(recor
     rec.writer.flush()
     with await rec.log() as log:
         (row,) = log.db.query("SELECT * FROM resumes")
+        forwarded = log.exchange(row["new_exchange_id"])
     assert row["side"] == "client" and row["outcome"] == "forwarded" and row["last_event_id"] == "evt.never"
+    # Which exchange sent it to the agent, and why it was not answered here.
+    assert forwarded["method"] == "POST" and forwarded["status"] == 200
+    assert "Last-Event-ID 'evt.never' names no event of the stream held here" in row["error"]
+    line = Resume(
+        row["exchange_id"],
+        ResumeSide(row["side"]),
+        ResumeOutcome(row["outcome"]),
+        last_event_id=row["last_event_id"],
+        new_exchange_id=row["new_exchange_id"],
+        error=row["error"],
+    ).describe()
+    assert line.endswith(f"forwarded to the agent by exchange {row['new_exchange_id']} ({row['error']})")
 
 
 def test_a_typo_in_resume_unknown_is_refused() -> None:

@@ -339,6 +339,25 @@ async def test_only_streams_held_here_are_answered_from_the_log(
     assert status == 200 and seen == ["POST /a", "POST /b", "POST /a"]  # a new request, as without --resume
 
 
+async def test_an_agents_id_on_a_stream_of_no_known_protocol_that_ended_is_answered_here(
+    record: RecordFactory,
+) -> None:
+    """Its agent may not read Last-Event-ID: sent to it, the reconnect got the stream again
+    from its start, every event twice."""
+    app, seen = counted(web.Application())
+    app.router.add_post("/{name}", ten_events)
+    rec = await record(app, hold=30.0)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{rec.url}/a?ids=1", data=b"{}") as r:
+            whole = [e for e in events_of(await r.read()) if e.complete]
+        await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+        for last, rest in (("a6", whole[7:]), ("a9", [])):
+            async with session.post(f"{rec.url}/a?ids=1", data=b"{}", headers={"Last-Event-ID": last}) as r:
+                got = [e for e in events_of(await r.read()) if e.complete]
+                assert r.status == (200 if rest else 204) and [e.raw for e in got] == [e.raw for e in rest]
+    assert seen == ["POST /a"]
+
+
 def test_the_recorders_ids_name_their_stream() -> None:
     key = "0123456789ab"
     named = {f"tg1-{key}.5": 1, f"tg12-{key}.30": 12}
@@ -382,28 +401,36 @@ async def test_a_keep_alive_goes_out_at_once(record: RecordFactory) -> None:
         assert re.fullmatch(rb"data: hello\nid: tg1-[0-9a-f]{12}\.1\n\n", await r.read())
 
 
-async def test_the_hold_runs_out_while_the_agent_talks_and_a_reconnect_then_gets_what_the_log_holds(
-    record: RecordFactory,
+@pytest.mark.parametrize("after", ["first", "last"])
+async def test_a_reconnect_after_the_hold_let_the_agent_go_mid_task_takes_the_task_up_again(
+    record: RecordFactory, after: str
 ) -> None:
-    app, seen = counted(create_agent_app(pace=3.0))
+    """The hold runs out while the agent still streams: its upstream is let go. A client
+    that reconnects then was told the stream had ended (cut after what the log held, or a
+    204 after its last event) while the task ran on. It is subscribed to anew instead,
+    and the client gets the rest of the task, its events once each."""
+    app, seen = counted(create_agent_app(pace=1.0))
     rec = await record(app, hold=0.3)
     _, events = await first_events(rec.url, REST_BODY, 3)
     await asyncio.wait_for(rec.proxy.wait_idle(), 10)  # let go though the agent still streams
     with await rec.log() as log:
         (stream,) = [x for x in log.exchanges() if x["is_sse"]]
         assert stream["outcome"] == "client_disconnected" and "--hold" in stream["error"]
-    await asyncio.sleep(0.5)  # and then let go
-    (await rec.log()).close()
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{rec.url}/message:stream", json=REST_BODY, headers={**HEADERS, "Last-Event-ID": events[0].id}
-        ) as r,
-    ):
-        assert r.status == 200
-        with pytest.raises(aiohttp.ClientPayloadError):  # ended as the recorder let its upstream go
-            await r.read()
+        held = [e["event_id"] for e in log.events(stream["id"])]
+    last = events[0].id if after == "first" else held[-1]
+    status, rest = await rest_of(rec.url, REST_BODY, last)
+    assert status == 200
+    got = [e for e in events_of(rest) if e.complete]
+    assert "TASK_STATE_COMPLETED" in got[-1].data
+    ids = [e.id for e in got]
+    assert (
+        len(ids) == len(set(ids)) and ids[: len(held) - held.index(last) - 1] == held[held.index(last) + 1 :]
+    )
     assert seen.count("POST /message:stream") == 1  # never a silent restart
+    assert any(s.endswith(":subscribe") for s in seen)
+    with await rec.log() as log:
+        outcomes = [r["outcome"] for r in log.db.query("SELECT outcome FROM resumes ORDER BY id")]
+    assert "rejoined" in outcomes or "gap" in outcomes
 
 
 def in_pieces(data: bytes) -> Any:
