@@ -44,6 +44,7 @@ from .wire import (
     encoded,
     message_id,
     subject,
+    trimmed,
     wire_columns,
     within,
 )
@@ -85,6 +86,7 @@ class ShipStats:
     waiting: int = 0  # rows committed and not yet shipped, when last counted
     read_back: int = 0  # chunks and events read from the log, for want of their hints
     too_large: int = 0  # rows bigger than the servers take (max_payload): not shipped, said loudly
+    trimmed: int = 0  # exchanges' rows shipped without their bodies, which alone the servers did not take
 
 
 def _of(alias: str, columns: list[str]) -> str:
@@ -405,6 +407,16 @@ class Shipper:
         for part in within(m, limit):
             if len(part.payload) <= limit:
                 parts.append(part)
+                continue
+            cut = trimmed(part, limit)
+            if cut is not None:
+                self.stats.trimmed += 1
+                self._on_status(
+                    f"a row of exchanges (rowid {part.first}, {len(part.payload):,} bytes encoded) is bigger"
+                    f" than the servers take (max_payload {limit:,}): shipped without its bodies, flagged"
+                    " as cut (the log keeps them)"
+                )
+                parts.append(cut)
                 continue
             left_out += 1
             self.stats.too_large += 1

@@ -108,6 +108,33 @@ def within(message: Message, limit: int) -> Iterator[Message]:
     yield from _fitted(_decoder.decode(message.payload), limit, None, (message.first, message.last))
 
 
+# The columns of an exchange's row that can be big, cut (the first two marked as cut) when
+# the row alone is bigger than a server takes: what the exchange was still travels.
+_BODIES = {"request_body": "request_body_truncated", "response_body": "response_body_truncated"}
+_SUMMARIES = ("answer", "tool_calls", "error")
+
+
+def trimmed(message: Message, limit: int) -> Message | None:
+    """An exchange's row alone bigger than ``limit`` bytes, with its bodies left out
+    (flagged as cut, as a body past the recorder's bound is) and then, if need be, its
+    answer, tool calls and error: None when it still does not fit, or is no such row."""
+    if message.table is not Table.EXCHANGES or message.rows != 1:
+        return None
+    rows = _decoder.decode(message.payload)
+    at = {c: i for i, c in enumerate(rows.columns)}
+    row = list(rows.rows[0])
+    for column in (*_BODIES, *_SUMMARIES):
+        if column not in at or row[at[column]] is None:
+            continue
+        row[at[column]] = None
+        if column in _BODIES and _BODIES[column] in at:
+            row[at[_BODIES[column]]] = 1
+        payload = encode(msgspec.structs.replace(rows, rows=[tuple(row)]))
+        if len(payload) <= limit:
+            return msgspec.structs.replace(message, payload=payload)
+    return None
+
+
 def _fitted(
     rows: Rows, limit: int, rowids: Sequence[int] | None, span: tuple[int, int] = (0, 0)
 ) -> Iterator[Message]:

@@ -221,6 +221,32 @@ async def test_a_row_bigger_than_the_servers_take_is_left_out_loudly_and_the_res
     assert (await ship_once(log, nats_node.url)).too_large == 0
 
 
+async def test_an_exchange_too_big_to_ship_travels_without_its_bodies(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """A request body over what the servers take: the exchange's row was left out, and a
+    collected log held its chunks under an empty placeholder (no method, status, outcome)."""
+    log, fleet = tmp_path / "big.db", tmp_path / "fleet.db"
+    with LogWriter(log, max_body=4 * 1024 * 1024) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(
+            cap, method="POST", path="/upload", request_body=b"x" * (1536 * 1024), started_ns=time.time_ns()
+        )
+        w.response_head(ex, status=201, headers=[("Content-Type", "text/plain")], is_sse=False, ttfb_ns=MS)
+        w.chunk(ex, MS, b"stored")
+        w.end_exchange(ex, duration_ns=2 * MS).result()
+    said: list[str] = []
+    stats = await ship_once(log, nats_node.url, on_status=said.append)
+    assert (stats.too_large, stats.trimmed, stats.waiting) == (0, 1, 0)
+    assert any("shipped without its bodies, flagged as cut" in line for line in said), said
+    await collect_until(nats_node.url, fleet, lambda: fleet.exists() and _outcomes(fleet) == ["complete"])
+    with sqlite3.connect(fleet) as conn:
+        row = conn.execute(
+            "SELECT method, path, status, request_body, request_body_truncated, response_body FROM exchanges"
+        ).fetchone()
+    assert row == ("POST", "/upload", 201, None, 1, "stored")  # (the request body was enough)
+
+
 async def test_a_stream_the_broker_will_not_make_stops_shipping_loudly(
     nats_node: NatsCluster, tmp_path: Path
 ) -> None:
