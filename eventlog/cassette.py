@@ -204,7 +204,7 @@ def _plain_line(doc: Any, origin: str) -> tuple[str, Any] | None:
 
 _REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated"})
 _RESPONSE_KEYS = frozenset({"status", "headers", "sse", "ttfb_ms", "decoded_from", "body_truncated"})
-_EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at"})
+_EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at", "recorded_by"})
 _END_KEYS = frozenset({"duration_ms", "outcome", "error"})
 
 
@@ -215,6 +215,9 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
         return None
     req, resp, started_at = body.get("request"), body.get("response"), body.get("started_at")
     if type(req) is not dict or not req.keys() <= _REQUEST_KEYS or not _optional_str(started_at):
+        return None
+    recorded_by = body.get("recorded_by")
+    if recorded_by is not None and (type(recorded_by) is not str or not recorded_by):
         return None
     reconnect_of = body.get("reconnect_of")
     if reconnect_of is not None and (type(reconnect_of) is not int or reconnect_of >= 0):
@@ -265,7 +268,11 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
         )
     try:
         item = SimpleNamespace(
-            request=request, response=response, reconnect_of=reconnect_of, started_at=started_at
+            request=request,
+            response=response,
+            reconnect_of=reconnect_of,
+            started_at=started_at,
+            recorded_by=recorded_by,
         )
         return _exchange(item, origin)
     except ValueError:  # a lone surrogate in the body, from an escape: the model's reading says so
@@ -381,6 +388,7 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
         started_at=item.started_at,
         origin=origin,
         reconnect_of=item.reconnect_of,
+        recorded_by=item.recorded_by,
     )
 
 
@@ -421,6 +429,8 @@ def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]
             exchange["reconnect_of"] = r.reconnect_of
         if r.started_at:
             exchange["started_at"] = r.started_at
+        if r.recorded_by:
+            exchange["recorded_by"] = r.recorded_by
         yield json.dumps({"exchange": exchange}, ensure_ascii=False)
         for offset, data in r.chunks:
             yield json.dumps(

@@ -74,6 +74,8 @@ class Exchange(_Strict):
     # exchange, counted back from this one (-1: the exchange before).
     reconnect_of: int | None = Field(default=None, lt=0)
     started_at: str | None = None
+    # The node id of the test that recorded it (the pytest plugin's cassettes).
+    recorded_by: str | None = Field(default=None, min_length=1)
 
 
 class Chunk(_Strict):

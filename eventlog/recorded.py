@@ -52,6 +52,9 @@ class Recorded:
     # the exchange of the stream, counted back from this one among those read or written
     # with it (-1: the one before). None: an exchange of its own.
     reconnect_of: int | None = None
+    # The node id of the test whose tasktape fixture recorded it (pytest plugin); None for
+    # exchanges recorded, exported or written any other way.
+    recorded_by: str | None = None
 
     @property
     def cut_short(self) -> bool:

@@ -39,11 +39,12 @@ OPTIONS = (
     "fail_on_unused",  # strict's older name
     "max_age",
     "in_thread",
+    "upstream",
 )
 SIGNATURE = (
     "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
     "match_headers=(), redact_headers=(), redact_query=(), redact_json=(), strict=None, max_age=None, "
-    "in_thread=False)"
+    "in_thread=False, upstream=None)"
 )
 
 
@@ -100,7 +101,7 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
             config.rootpath,
         ),
         mode=RecordMode.parse(config.getoption("--tasktape-record-mode")),
-        upstream=config.getoption("--tasktape-upstream"),
+        upstream=_upstream(o.get("upstream")) or config.getoption("--tasktape-upstream"),
         speed=float(speed),
         faults=Faults.parse(faults) if isinstance(faults, str) else faults,
         add_ids=_flag("add_ids", o.get("add_ids", False)),
@@ -116,6 +117,7 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
         max_age=command_line_max_age(config) if max_age is None else _max_age(max_age),
         on_expired=OnExpired.parse(config.getoption("--tasktape-on-expired")),
         in_thread=_flag("in_thread", o.get("in_thread", False)),
+        test=item.nodeid,
     )
 
 
@@ -161,6 +163,23 @@ def _max_age(value: Any) -> timedelta:
         with contextlib.suppress(OverflowError):  # infinity, or past what a timedelta holds
             return timedelta(seconds=value)
     raise MarkerError(f"max_age is an age such as {FORMS}, or a number of seconds, not {value!r}")
+
+
+def _upstream(value: Any) -> str | None:
+    """The marker's agent to record from, checked as ``--tasktape-upstream`` is (its
+    credentials, if any, left out of the error)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise MarkerError(f"upstream is a URL written as a string, not {type(value).__name__}")
+    # Here: the recorder (aiohttp) loads only for a test that names an upstream.
+    from tasktape.proxy.recorder import upstream_url  # noqa: PLC0415
+
+    try:
+        upstream_url(value)
+    except UsageError as exc:
+        raise MarkerError(f"upstream: {exc}") from None
+    return value
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -41,11 +41,14 @@ if TYPE_CHECKING:
 LOOP_SCOPES = ("function", "class", "module", "package", "session")
 _TAPE = pytest.StashKey["Tape"]()
 _OPTIONS = pytest.StashKey["TapeOptions"]()
-_WRITTEN = pytest.StashKey[set[Path]]()
+_WRITTEN = pytest.StashKey[dict[Path, set[str | None]]]()  # cassettes written, by which tests
 _RERECORDED = pytest.StashKey[set[Path]]()  # expired cassettes recorded again in this run
 _TOLD = pytest.StashKey["Told"]()  # what of the test's misses and refusals has been reported
 _TOTALS = pytest.StashKey["Totals"]()
 WORKER_OUTPUT = "tasktape"  # the key of a pytest-xdist worker's totals in its workeroutput
+
+
+Recording = tuple[str, str]  # a cassette's recording, across tests: the cassette, its origin there
 
 
 @dataclasses.dataclass
@@ -54,35 +57,49 @@ class Totals:
 
     served: int = 0
     missed: int = 0
-    unused: int = 0
     refused: int = 0
     recorded: int = 0  # requests a recording run sent on to the upstream
     cassettes: set[str] = dataclasses.field(default_factory=set)
+    # A recording is unused when a test left it so and no test of the run requested it
+    # (tests sharing a cassette each request their own part of it).
+    unused: set[Recording] = dataclasses.field(default_factory=set)
+    requested: set[Recording] = dataclasses.field(default_factory=set)
 
     def add(self, tape: Tape) -> None:
         self.served += tape.served
         self.missed += len(tape.missed)
-        # A recording run records what it was asked for: what it left alone says nothing.
-        self.unused += 0 if tape.recording else len(tape.unused)
         self.refused += len(tape.refused)
         self.recorded += tape.server.stats.forwarded
         self.cassettes.add(str(tape.cassette))
+        # A recording run records what it was asked for: what it left alone says nothing.
+        if not tape.recording:
+            unused = {(str(tape.cassette), r.origin) for r in tape.unused}
+            self.unused |= unused
+            self.requested |= {(str(tape.cassette), r.origin) for r in tape.server.recorded} - unused
 
     def as_sent(self) -> dict[str, Any]:
         """As a pytest-xdist worker sends it (execnet carries plain values)."""
-        return {**dataclasses.asdict(self), "cassettes": sorted(self.cassettes)}
+        return {
+            **dataclasses.asdict(self),
+            "cassettes": sorted(self.cassettes),
+            "unused": sorted(self.unused),
+            "requested": sorted(self.requested),
+        }
 
     def merge(self, sent: dict[str, Any]) -> None:
-        for name in ("served", "missed", "unused", "refused", "recorded"):
+        for name in ("served", "missed", "refused", "recorded"):
             setattr(self, name, getattr(self, name) + sent[name])
         self.cassettes.update(sent["cassettes"])
+        self.unused.update((cassette, origin) for cassette, origin in sent["unused"])
+        self.requested.update((cassette, origin) for cassette, origin in sent["requested"])
 
     def line(self) -> str:
         asked = self.served + self.missed
         rate = f"{100 * self.served // asked}%" if asked else "n/a"  # rounded down: 100% is all
         recorded = f", {self.recorded} recorded" if self.recorded else ""
+        unused = len(self.unused - self.requested)
         return (
-            f"tasktape: {self.served} served, {self.missed} missed, {self.unused} unused, "
+            f"tasktape: {self.served} served, {self.missed} missed, {unused} unused, "
             f"{self.refused} refused{recorded}, match rate {rate} ({counted(asked, 'request')}) "
             f"across {counted(len(self.cassettes), 'cassette')}"
         )
@@ -160,7 +177,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             "--tasktape-on-expired=rerecord replaces cassettes: run it without pytest-xdist's -n"
         )
-    config.stash[_WRITTEN] = set()
+    config.stash[_WRITTEN] = {}
     config.stash[_RERECORDED] = set()
     config.stash[_TOTALS] = Totals()
 
@@ -257,16 +274,37 @@ def _cassette_refused(session: TapeSession, exc: OSError) -> BaseException:
     return _failed(f"tasktape: cannot use the cassette {where}: {exc.strerror or exc}")
 
 
-async def _stopped(session: TapeSession) -> None:
+async def _stopped(session: TapeSession) -> list[str]:
+    """Stop the tape; what it recorded cut short (to warn of: in the test's thread)."""
     try:
-        failed = await session.stop()
+        finished = await session.stop()
     except OSError as exc:
         raise _cassette_refused(session, exc) from None
-    if failed:
+    if finished.failed:
         where = session.options.cassette
         pytest.fail(
-            f"tasktape: the upstream failed to answer, so {where} did not get:\n  " + "\n  ".join(failed),
+            f"tasktape: the upstream failed to answer, so {where} did not get:\n  "
+            + "\n  ".join(finished.failed),
             pytrace=False,
+        )
+    return finished.cut_short
+
+
+def _warn_of_unframed(request: pytest.FixtureRequest, tape: Tape) -> None:
+    """A Content-Length edited by hand is said where the test's warnings are, not only logged."""
+    for unframed in tape.unframed:
+        request.node.warn(pytest.PytestWarning(f"tasktape: {unframed}"))
+
+
+def _warn_of_cut_short(request: pytest.FixtureRequest, cut_short: list[str]) -> None:
+    """A response the client left mid-way (the test failing, most likely) is kept as it
+    happened; the test's next runs would break off there with no word of why."""
+    for recording in cut_short:
+        request.node.warn(
+            pytest.PytestWarning(
+                f"tasktape: {recording}; it is kept as it happened, so its replays break off at the "
+                "same byte: if the test failed mid-stream, record it again once it passes"
+            )
         )
 
 
@@ -276,10 +314,11 @@ def _loop_fixture(scope: str) -> Any:
     async def fixture(request: pytest.FixtureRequest) -> AsyncIterator[Tape]:
         session = _session(request)
         tape = await _started(session)
+        _warn_of_unframed(request, tape)
         try:
             yield tape
         finally:
-            await _stopped(session)
+            _warn_of_cut_short(request, await _stopped(session))
 
     fixture.__name__ = f"_tasktape_in_{scope}_loop"
     return pytest_asyncio.fixture(fixture, loop_scope=scope)  # type: ignore[call-overload]
@@ -314,11 +353,12 @@ def tasktape(request: pytest.FixtureRequest) -> Iterator[Tape]:
 
     try:
         tape = run(_started(session))
+        _warn_of_unframed(request, tape)
         request.node.stash[_TAPE] = tape
         yield tape
     finally:
         try:
-            run(_stopped(session))
+            _warn_of_cut_short(request, run(_stopped(session)))
         finally:
             run(loop.shutdown_default_executor())
             loop.call_soon_threadsafe(loop.stop)
@@ -377,8 +417,9 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         result = yield
     except (Exception, pytest.fail.Exception):
         # The test failed on its own (most likely because of the miss): keep its error,
-        # and add what the cassette lacked beside it.
+        # and add what the cassette lacked beside it, and what may explain it.
         _tell(item, "call")
+        _note(item)
         raise
     problems = _problems(item)
     if problems:
@@ -432,6 +473,14 @@ def _tell(item: pytest.Item, when: str, *, unused: bool = True) -> None:
     problems = _problems(item, unused=unused)
     if problems:
         item.add_report_section(when, "tasktape", problems)
+
+
+def _note(item: pytest.Item) -> None:
+    """Beside a failure: the recordings served that broke off when recorded."""
+    tape = item.stash.get(_TAPE, None)
+    notes = tape and tape.notes()
+    if notes:
+        item.add_report_section("call", "tasktape notes", notes)
 
 
 def _problems(item: pytest.Item, *, unused: bool = True) -> str | None:

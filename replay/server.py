@@ -112,6 +112,8 @@ class ReplayServer:
         allow_repeats: bool = False,
         allowed_hosts: frozenset[str] | None = None,
         header_timeout: float = HEADER_TIMEOUT,
+        prefer: str | None = None,
+        miss_hint: str = MISS_HINT,
     ) -> None:
         if mode is not ReplayMode.REPLAY and not upstream:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
@@ -143,6 +145,9 @@ class ReplayServer:
         self.served: list[Served] = []  # the fidelity record, one per answer
         self.rules = MatchRules.of(ignore, match_headers)
         self.allow_repeats = allow_repeats
+        # The test (its node id) whose own recordings answer first when several match.
+        self.prefer = prefer
+        self.miss_hint = miss_hint  # what a miss's answer suggests, in the words of who serves it
         self.stats = ReplayStats()
         self.proxy: RecordingProxy | None = None
         if upstream:
@@ -291,15 +296,22 @@ class ReplayServer:
         rest of a stream from some event on), but with a stream from its start."""
         # (A recorded empty Last-Event-ID named no event: that request was a fresh one too.)
         matching = [i for i in self._matching(incoming) if not self.recorded[i].resumed_from]
-        unused = [i for i in matching if not self.used[i]]
+        unused = self._preferred([i for i in matching if not self.used[i]])
         if unused:
             index = unused[0]  # identical requests are answered in recorded order
         elif matching and (self.allow_repeats or is_card(self.recorded[matching[-1]])):
-            index = matching[-1]  # a card is the same however often it is asked for
+            # A card is the same however often it is asked for: the last recorded answers.
+            index = self._preferred(matching[::-1])[0]
         else:
             return None
         self.used[index] += 1
         return index, True
+
+    def _preferred(self, indexes: list[int]) -> list[int]:
+        """``indexes`` with the preferred test's recordings first, each group in the order given."""
+        if self.prefer is None:
+            return indexes
+        return sorted(indexes, key=lambda i: self.recorded[i].recorded_by != self.prefer)
 
     def _match_resumed(self, incoming: Incoming, last_id: str) -> tuple[int, bool] | None:
         """A reconnecting client repeats its request with Last-Event-ID: the recording of
@@ -346,7 +358,7 @@ class ReplayServer:
         request = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
         protocol = recognise(request)
         message = f"no recorded exchange matches {incoming.request_line}"
-        details = {"closest": closest, "hint": MISS_HINT}
+        details = {"closest": closest, "hint": self.miss_hint}
         return error(
             self.miss_status or (protocol and protocol.miss_status) or DEFAULT_MISS_STATUS,
             message,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from tasktape.choices import parse_choice
-from tasktape.errors import TapeError, Unfaithful
+from tasktape.errors import CassetteError, TapeError, TasktapeError, Unfaithful
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
 from tasktape.eventlog.outcomes import Outcome
@@ -27,6 +28,7 @@ from tasktape.proxy.hosts import allowed_hosts
 
 from .faults import Faults
 from .fidelity import Divergence
+from .framing import length_problem, redacted
 from .matching import Incoming, mismatches
 from .modes import ReplayMode
 from .on_expired import OnExpired
@@ -38,6 +40,11 @@ if TYPE_CHECKING:
 
 # Outcomes where the answer came from the recorder, not the agent.
 NOT_RECORDINGS = frozenset({Outcome.UPSTREAM_ERROR, Outcome.REFUSED})
+# What a miss's answer (and the failure it leads to) suggests, in the plugin's own options.
+MISS_HINT = (
+    "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL, "
+    "or ignore what changes between runs with @pytest.mark.tasktape(ignore=[...])"
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,16 @@ class TapeOptions:
     max_age: timedelta | None = None
     on_expired: OnExpired = OnExpired.WARN
     in_thread: bool = False
+    test: str | None = None  # the node id of the test: what it records is tagged with it
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a tape's stop has to tell: the requests the upstream failed to answer (the
+    cassette did not get them), and the recordings it got cut short."""
+
+    failed: list[str] = field(default_factory=list)
+    cut_short: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,7 @@ class Tape:
     server: ReplayServer
     recording: bool = False
     strict: bool = False
+    test: str | None = None  # the node id of the test it serves
 
     @property
     def served(self) -> int:
@@ -117,6 +135,28 @@ class Tape:
 
         return [r for r in server.unused() if not answered(r)]
 
+    @property
+    def unused_own(self) -> list[Recorded]:
+        """The unused recordings the test answers for (strict mode fails it on them): those it
+        recorded, and those that name no test; not those of other tests sharing the cassette."""
+        return [r for r in self.unused if r.recorded_by in (None, self.test)]
+
+    @property
+    def cut_short(self) -> list[Recorded]:
+        """Recordings served that broke off when recorded: their replays break off alike."""
+        server = self.server
+        return [r for r, n in zip(server.recorded, server.used, strict=True) if n and r.cut_short]
+
+    @property
+    def unframed(self) -> list[str]:
+        """The recordings whose Content-Length is not the length of the body they hold (an
+        edit by hand, most likely): the replay sends them without it."""
+        return [
+            f"{r.request_line} ({r.origin}): {problem}; it is left out, and the body sent whole"
+            for r in self.recorded
+            if (problem := length_problem(r)) is not None and not redacted(r)
+        ]
+
     def told(self) -> Told:
         """What :meth:`problems` has said once it said everything up to now."""
         return Told(len(self.missed), len(self.refused), len(self.unapplied))
@@ -136,7 +176,11 @@ class Tape:
     def fault(self, spec: str | Faults) -> None:
         """Arm a fault spec from the test, as ``POST /_tasktape/faults`` does: its scope
         (``times=1`` for once) counts from now."""
-        faults = Faults.parse(spec) if isinstance(spec, str) else spec
+        __tracebackhide__ = True  # a mistake in the spec is shown at the test's line
+        try:
+            faults = Faults.parse(spec) if isinstance(spec, str) else spec
+        except TasktapeError as exc:
+            raise exc.with_traceback(None) from None  # without tasktape's frames below
         self.server.arm(faults, "tasktape.fault()")
 
     def reset(self) -> None:
@@ -155,8 +199,12 @@ class Tape:
         difference in ``allow`` (``"fault"``, ``"resume"``, ``"rewrite"``, ``"subscribe"``,
         ``"client-left"``, ``"stopped"``: one, or a list of them), and, given ``max_lateness_ms``, on time
         to within it."""
+        __tracebackhide__ = True  # a failure (or a mistake in ``allow``) is shown at the test's line
         kinds = (allow,) if isinstance(allow, str) else allow  # one kind, never its letters
-        allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in kinds}
+        try:
+            allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in kinds}
+        except TasktapeError as exc:
+            raise exc.with_traceback(None) from None  # without tasktape's frames below
         lines = []
         for stream in self.report()["streams"]:
             where = f"{stream['method']} {stream['path']} ({stream['exchange']})"
@@ -175,8 +223,8 @@ class Tape:
     def problems(self, *, since: Told | None = None, unused: bool = True) -> str | None:
         """Why the test should fail: requests that missed the cassette, requests the replay
         refused and faults a request asked for that were not made (those after ``since``,
-        already told) and, when strict and ``unused``, recordings left unused; None when
-        there is nothing to say."""
+        already told) and, when strict and ``unused``, recordings it answers for left unused;
+        None when there is nothing to say."""
         since = since or Told()
         lines = []
         missed = self.missed[since.missed :]
@@ -194,15 +242,23 @@ class Tape:
             for unapplied in self.unapplied[since.unapplied :]
         ]
         if unused and self.strict and not self.recording:
-            lines += [f"recorded but never requested: {r.request_line} ({r.origin})" for r in self.unused]
+            lines += [f"recorded but never requested: {r.request_line} ({r.origin})" for r in self.unused_own]
         if not lines:
             return None
         if missed:
-            lines.append(
-                "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL, "
-                "or ignore what changes between runs with @pytest.mark.tasktape(ignore=[...])"
-            )
+            lines.append(MISS_HINT)
         return "\n".join(["tasktape: the cassette and the requests disagree", *lines])
+
+    def notes(self) -> str | None:
+        """What may explain a failure without being one: recordings served that break off
+        where they broke off when recorded (a client that left a stream, the test having
+        failed, records it so). None when there is nothing to say."""
+        lines = [
+            f"{r.request_line} ({r.origin}) was recorded cut short ({r.outcome}): its replay breaks "
+            "off at the same byte; if the test failed while recording it, record it again"
+            for r in self.cut_short
+        ]
+        return "\n".join(lines) or None
 
 
 def _as_request(recorded: Recorded) -> Incoming:
@@ -224,28 +280,21 @@ class TapeSession:
     """A tape's life: ``await start()`` in the loop that will serve it, ``await stop()`` in the
     same loop; a recording run then writes the cassette."""
 
-    def __init__(self, options: TapeOptions, written: set[Path]) -> None:
+    def __init__(self, options: TapeOptions, written: dict[Path, set[str | None]]) -> None:
         self.options = options
-        # Cassettes this test session has written: mode all replaces a cassette once, then
-        # the other tests that share it add to it.
+        # Cassettes this test session has written, and the tests that recorded into them:
+        # mode all replaces a cassette once, then the other tests that share it add to it.
         self.written = written
         self.tape: Tape | None = None
         self._runner: web.AppRunner | None = None
         self._folder: Path | None = None
         self._writer: LogWriter | None = None
 
-    @property
-    def records(self) -> bool:
-        o = self.options
-        if o.mode is RecordMode.ONCE:
-            # A cassette this run created is still being recorded (tests may share one).
-            return not o.cassette.exists() or o.cassette in self.written
-        return o.mode in (RecordMode.NEW_EPISODES, RecordMode.ALL)
-
     async def start(self) -> Tape:
         o = self.options
-        exists, records = o.cassette.exists(), self.records
-        if not records and not exists:
+        existing = self._existing()
+        records = self._records(existing)
+        if not records and existing is None:
             raise TapeError(
                 f"no cassette {o.cassette}; record it with --tasktape-record-mode=once "
                 "--tasktape-upstream URL, or name an existing one in @pytest.mark.tasktape"
@@ -255,7 +304,7 @@ class TapeSession:
                 f"--tasktape-record-mode={o.mode.value} records {o.cassette} from an agent: "
                 "give it with --tasktape-upstream URL"
             )
-        recorded = read_cassette(o.cassette) if exists and self._keeps() else []
+        recorded = self._kept(existing or [])
         common: dict[str, Any] = {
             "speed": o.speed,
             "add_ids": o.add_ids,
@@ -265,6 +314,8 @@ class TapeSession:
             "allow_repeats": o.allow_repeats,
             # On loopback, it answers loopback names only: a page cannot rebind one to it.
             "allowed_hosts": allowed_hosts(()),
+            "prefer": o.test,
+            "miss_hint": MISS_HINT,
         }
         if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))
@@ -290,52 +341,108 @@ class TapeSession:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.strict)
+        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.strict, o.test)
         return self.tape
 
-    def _keeps(self) -> bool:
-        """Whether what the cassette holds now stays in it."""
-        return self.options.mode is not RecordMode.ALL or self.options.cassette in self.written
+    def _existing(self) -> list[Recorded] | None:
+        """The cassette's recordings now; None when there is no cassette. Mode all, which
+        records a cassette again, takes one it cannot read for one with nothing to keep."""
+        o = self.options
+        if not o.cassette.exists():
+            return None
+        if o.mode is RecordMode.ALL:
+            with contextlib.suppress(CassetteError):
+                return read_cassette(o.cassette)
+            return []
+        return read_cassette(o.cassette)
 
-    async def stop(self) -> list[str]:
-        """Stop serving; a recording run writes the cassette. Returns what could not be
-        recorded (the upstream failed to answer), which the cassette does not get."""
+    def _records(self, existing: list[Recorded] | None) -> bool:
+        o = self.options
+        if o.mode is RecordMode.ONCE:
+            # A cassette this run created is still being recorded (tests may share one), and
+            # so is one the plugin wrote that has nothing of this test yet (another worker, or
+            # another run, recorded the tests sharing it before this one).
+            return (
+                existing is None
+                or o.cassette in self.written
+                or (o.upstream is not None and _awaits(existing, o.test))
+            )
+        return o.mode in (RecordMode.NEW_EPISODES, RecordMode.ALL)
+
+    def _kept(self, existing: list[Recorded]) -> list[Recorded]:
+        """What of the cassette's recordings stays in it. Mode all records the test's own
+        again, and those that name no test too unless a test of this run recorded the
+        cassette already; other tests' recordings stay (a run of some of the tests that
+        share a cassette does not take the others' recordings away)."""
+        o = self.options
+        if o.mode is not RecordMode.ALL:
+            return existing
+        replaced = o.cassette not in self.written
+
+        def stays(recorded: Recorded) -> bool:
+            if recorded.recorded_by is None:
+                return not replaced
+            return recorded.recorded_by != o.test
+
+        return [r for r in existing if stays(r)]
+
+    async def stop(self) -> Finished:
+        """Stop serving; a recording run writes the cassette. Says what could not be recorded
+        (the upstream failed to answer), which the cassette does not get, and what it got cut short."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self._writer is None:
-            return []
+            return Finished()
         return await asyncio.to_thread(self._finish)
 
-    def _finish(self) -> list[str]:
+    def _finish(self) -> Finished:
         assert self._writer is not None and self._folder is not None
         o = self.options
         try:
             self._writer.close()
             recorded = read_log(self._folder / "recording.db")
             # tasktape's own answer to a failed upstream is no recording of the agent.
-            new = [r for r in recorded if r.outcome not in NOT_RECORDINGS]
+            new = [
+                dataclasses.replace(r, recorded_by=o.test)
+                for r in recorded
+                if r.outcome not in NOT_RECORDINGS
+            ]
             failed = [f"{r.request_line}: {r.error}" for r in recorded if r.outcome in NOT_RECORDINGS]
+            cut_short: list[str] = []
             if new:
                 o.cassette.parent.mkdir(parents=True, exist_ok=True)
                 with _locked(o.cassette.parent):
                     # Read again: a test sharing this cassette (in this process or another
                     # worker) may have added to it meanwhile.
-                    kept = read_cassette(o.cassette) if o.cassette.exists() and self._keeps() else []
+                    kept = self._kept(self._existing() or [])
                     header: dict[str, Any] = {"source": "pytest"}
-                    if kept:
-                        # The recordings it keeps are as old as they were: so is the cassette
-                        # (the age --tasktape-max-age measures).
+                    ours = self.written.get(o.cassette, set())
+                    if any(r.recorded_by not in ours for r in kept):
+                        # The recordings it keeps from before this run are as old as they
+                        # were: so is the cassette (the age --tasktape-max-age measures).
                         created = read_header(o.cassette).get("created_at")
                         if created is not None:
                             header["created_at"] = created
                     header["upstream"] = hide_credentials(o.upstream) if o.upstream else None
                     write_cassette(o.cassette, [*kept, *new], **header)
-                self.written.add(o.cassette)
-            return failed
+                self.written.setdefault(o.cassette, set()).add(o.test)
+                cut_short = [
+                    f"{r.request_line} (exchange {n} of {shown(o.cassette)}) was recorded cut short "
+                    f"({r.outcome})"
+                    for n, r in enumerate(new, len(kept) + 1)
+                    if r.cut_short
+                ]
+            return Finished(failed, cut_short)
         finally:
             self._writer = None
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _awaits(existing: list[Recorded], test: str | None) -> bool:
+    """Whether a cassette the plugin recorded (its recordings name their tests) has none of ``test``'s."""
+    tests = {r.recorded_by for r in existing}
+    return test is not None and test not in tests and bool(tests - {None})
 
 
 @contextlib.contextmanager

@@ -461,7 +461,11 @@ _responses = st.fixed_dictionaries(
 )
 _exchanges = st.fixed_dictionaries(
     {"request": _requests | _odd},
-    optional={"response": _responses | _odd, "started_at": st.sampled_from(["2026-12-06T12:00Z", None, 5])},
+    optional={
+        "response": _responses | _odd,
+        "started_at": st.sampled_from(["2026-12-06T12:00Z", None, 5]),
+        "recorded_by": st.sampled_from(["test_a.py::test_a[x]", "", None, 6]),
+    },
 )
 _ends = st.fixed_dictionaries(
     {},
@@ -504,12 +508,26 @@ def test_the_lines_tasktape_writes_are_read_the_quick_way() -> None:
         duration_ns=9,
         outcome="upstream_disconnected",
         error="cut",
+        recorded_by="test_s.py::test_s[a]",
     )
     bare = Recorded(method="GET", path="/")  # no response, no body, no duration
     lines = [orjson.loads(line) for line in list(cassette_lines([full, bare]))[1:]]
     for doc in lines:
         if "chunk" not in doc:
             assert _plain_line(doc, "c.jsonl:2") == _modelled(doc, "c.jsonl:2", "c.jsonl:2") is not None
+
+
+def test_the_test_that_recorded_an_exchange_is_kept_and_optional(tmp_path: Path) -> None:
+    """The pytest plugin tags what a test recorded; a cassette without the tag reads as ever."""
+    tagged = Recorded(method="GET", path="/a", status=200, recorded_by="test_s.py::test_s[a]")
+    write_cassette(tmp_path / "c.jsonl", [tagged, Recorded(method="GET", path="/b", status=200)])
+    lines = (tmp_path / "c.jsonl").read_text().splitlines()
+    assert '"recorded_by": "test_s.py::test_s[a]"' in lines[1] and "recorded_by" not in lines[3]
+    assert [r.recorded_by for r in read_cassette(tmp_path / "c.jsonl")] == ["test_s.py::test_s[a]", None]
+    untold = {"exchange": {"request": {"method": "GET", "path": "/"}, "recorded_by": ""}}
+    (tmp_path / "c.jsonl").write_text('{"tasktape_cassette": 1}\n' + json.dumps(untold) + "\n")
+    with pytest.raises(CassetteError, match=r":2: exchange: recorded_by: "):
+        read_cassette(tmp_path / "c.jsonl")
 
 
 def test_a_cassette_reads_alike_however_its_json_is_spelled(tmp_path: Path) -> None:

@@ -65,6 +65,9 @@ def test_faults_from_the_test_and_the_report(project: pytest.Pytester) -> None:
         ["*'faults' is not a kind of difference; choose one of fault, resume, rewrite*"]
     )
     result.stdout.fnmatch_lines(["*cannot read the fault 'skip=two'*"])
+    # Each at the test's own line: none of tasktape's frames below it.
+    out = result.stdout.str()
+    assert not any(f"{name}.py:" in out for name in ("tape", "faults", "choices"))
 
 
 def test_allowing_one_kind_and_a_client_gone_during_a_late_status(project: pytest.Pytester) -> None:

@@ -13,6 +13,7 @@ import test_pytest_plugin as plugin_tests
 from test_pytest_plugin import ROOT, Agent, exchanges, run, sample
 
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
+from tasktape.eventlog.recorded import Recorded
 
 # The fixtures the plugin's own tests use: a project with the a2a-sdk helpers, the demo agent.
 project = plugin_tests.project
@@ -69,6 +70,54 @@ def test_strict_fails_a_test_that_left_recordings_unused(project: pytest.Pyteste
     strict = run(project, "--tasktape-strict")
     strict.assert_outcomes(passed=2, failed=2)
     strict.stdout.fnmatch_lines(["FAILED *test_only_reads_the_card*", "FAILED *test_strict_on_its_own*"])
+
+
+def answer(path: str, text: str, recorded_by: str | None = None) -> Recorded:
+    """A recorded GET answered with ``text``, as the test ``recorded_by`` recorded it."""
+    headers = [("Content-Type", "text/plain")]
+    chunks = [(0, text.encode())]
+    return Recorded("GET", path, status=200, response_headers=headers, chunks=chunks, recorded_by=recorded_by)
+
+
+def test_tests_sharing_a_cassette_are_held_to_their_own_recordings(project: pytest.Pytester) -> None:
+    """Each test gets the recordings it recorded first, strict mode holds it to them (and to
+    those no test is named for), and the run counts unused what no test requested."""
+    cassettes = project.path / "cassettes"
+    cassettes.mkdir()
+    write_cassette(
+        cassettes / "shared.jsonl",
+        [
+            answer("/answer", "b's answer", "test_shared.py::test_b"),
+            answer("/answer", "a's answer", "test_shared.py::test_a"),
+            answer("/by-hand", "no test's"),
+        ],
+    )
+    project.makepyfile(
+        test_shared="""
+        import httpx
+        import pytest
+
+        pytestmark = pytest.mark.tasktape("cassettes/shared.jsonl")
+
+        def test_a(tasktape):
+            assert httpx.get(f"{tasktape.url}/answer").text == "a's answer"
+            assert httpx.get(f"{tasktape.url}/by-hand").text == "no test's"
+
+        def test_b(tasktape):
+            assert httpx.get(f"{tasktape.url}/answer").text == "b's answer"
+        """
+    )
+    result = run(project, "--tasktape-strict")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_b _*",
+            "tasktape: the cassette and the requests disagree",
+            "recorded but never requested: GET /by-hand (shared.jsonl:8)",
+            "tasktape: 3 served, 0 missed, 0 unused, 0 refused, *",
+        ]
+    )
+    assert "recorded but never requested: GET /answer" not in result.stdout.str()
 
 
 def test_strict_and_its_older_name_merge_as_one_option(project: pytest.Pytester) -> None:
@@ -149,6 +198,35 @@ def test_a_card_read_once_uses_all_its_recordings_but_a_card_never_read_is_unuse
     never = out.split("_ test_never_reads_it _")[1].split("short test summary")[0]
     assert never.count(f"recorded but never requested: {CARD}") == 2
     assert "POST /message:stream" not in never
+
+
+def test_a_content_length_edited_by_hand_is_a_warning(project: pytest.Pytester) -> None:
+    """The replay sends the body whole without it; the test's warnings say so, not only its log."""
+    cassettes = project.path / "cassettes"
+    cassettes.mkdir()
+    text = (ROOT / "cassettes" / "completed.jsonl").read_text()
+    assert text.count('["Content-Length", "700"]') == 1
+    (cassettes / "edited.jsonl").write_text(
+        text.replace('["Content-Length", "700"]', '["Content-Length", "70"]')
+    )
+    project.makepyfile(
+        test_edited="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/edited.jsonl")
+        def test_card(tasktape):
+            assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").json()["name"]
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*PytestWarning: tasktape: GET /.well-known/agent-card.json (edited.jsonl:2): its Content-Length "
+            "70 is not the length of the body it holds (700 bytes); it is left out, and the body sent whole"
+        ]
+    )
 
 
 def test_a_refused_request_fails_the_test_strict_or_not(project: pytest.Pytester) -> None:
@@ -488,7 +566,9 @@ def test_refused_once_two_unused(tasktape):
 def test_without_a_tape():
     pass
 """
-SUMMARY = "tasktape: 6 served, 1 missed, 4 unused, 1 refused, match rate 85% (7 requests) across 2 cassettes"
+# Every recording was requested by some test (test_served_twice uses all of completed.jsonl):
+# what the others left unused is none.
+SUMMARY = "tasktape: 6 served, 1 missed, 0 unused, 1 refused, match rate 85% (7 requests) across 2 cassettes"
 
 
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one process", "xdist"])

@@ -163,7 +163,9 @@ def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pyt
 
         @pytest.mark.tasktape("cassettes/completed.jsonl")
         def test_a_client_that_shrugs_off_a_404(tasktape):
-            assert httpx.get(f"{tasktape.url}/tasks/task.unknown").status_code == 404
+            response = httpx.get(f"{tasktape.url}/tasks/task.unknown")
+            print(response.text)
+            assert response.status_code == 404
 
         @pytest.mark.tasktape("cassettes/completed.jsonl")
         def test_fails_on_its_own(tasktape):
@@ -187,6 +189,10 @@ def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pyt
         ["E *MethodNotFoundError: Resource not found: *", "*- Captured tasktape call -*", "tasktape: the *"]
     )
     result.stdout.fnmatch_lines(["GET /tasks/task.unknown matches nothing in cassettes/completed.jsonl*"])
+    # The answer's own hint names the plugin's options, not the command line's.
+    result.stdout.fnmatch_lines(
+        ['*"hint": "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL*']
+    )
     # A test failing for its own reasons fails as it would without tasktape.
     result.stdout.fnmatch_lines(["*def test_fails_on_its_own*", "E       assert 1 == 2"])
 
@@ -635,11 +641,55 @@ def test_once_records_a_cassette_two_tests_share(project: pytest.Pytester, agent
     )
     upstream = f"--tasktape-upstream={agent.url}"
     run(project, "--tasktape-record-mode=once", upstream).assert_outcomes(passed=2)
-    assert exchanges(project.path / "cassettes" / "shared.jsonl") == [
+    cassette = project.path / "cassettes" / "shared.jsonl"
+    assert exchanges(cassette) == [
         "GET /.well-known/agent-card.json",
         "POST /message:stream",
         "POST /message:stream",
     ]
+    # Each exchange names the test that recorded it (the second test read the first one's card).
+    first, second = "test_shared.py::test_first", "test_shared.py::test_second"
+    assert [r.recorded_by for r in read_cassette(cassette)] == [first, first, second]
+    run(project).assert_outcomes(passed=2)
+    # Mode all on one of the tests records its own recordings again and keeps the other's.
+    old = read_cassette(cassette)
+    run(project, "--tasktape-record-mode=all", upstream, "-k", "second").assert_outcomes(passed=1)
+    new = read_cassette(cassette)
+    assert [r.recorded_by for r in new] == [first, first, second]
+    assert [r.body for r in new[:2]] == [r.body for r in old[:2]] and new[2].body != old[2].body
+    run(project, "--tasktape-record-mode=all", upstream, "-k", "first").assert_outcomes(passed=1)
+    assert [r.recorded_by for r in read_cassette(cassette)] == [second, first, first]
+    run(project).assert_outcomes(passed=2)
+
+
+def test_once_under_xdist_adds_to_a_cassette_another_worker_wrote(
+    project: pytest.Pytester, agent: Agent
+) -> None:
+    """The test that comes second, on the other worker, finds the cassette written and adds to it."""
+    project.makepyfile(
+        test_race="""
+        import time
+        from pathlib import Path
+        import pytest
+        from helpers import ask, final_state
+
+        @pytest.fixture
+        def second(request):
+            if request.node.callspec.params["question"] == "This will fail":
+                cassette = Path(__file__).parent / "cassettes" / "race.jsonl"
+                deadline = time.monotonic() + 20
+                while not cassette.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+        @pytest.mark.tasktape("cassettes/race.jsonl")
+        @pytest.mark.parametrize("question", ["What does J45.909 mean?", "This will fail"])
+        async def test_ask(second, tasktape, question):
+            assert final_state(await ask(tasktape.url, question)) != "TASK_STATE_WORKING"
+        """
+    )
+    upstream = f"--tasktape-upstream={agent.url}"
+    run(project, "-n", "2", "--tasktape-record-mode=once", upstream).assert_outcomes(passed=2)
+    assert exchanges(project.path / "cassettes" / "race.jsonl")[1:] == ["POST /message:stream"] * 2
     run(project).assert_outcomes(passed=2)
 
 
@@ -704,3 +754,79 @@ async def test_a_cassette_path_the_file_system_refuses_is_explained(project: pyt
     result.assert_outcomes(passed=1, errors=1)  # the test ran; writing its cassette failed
     result.stdout.fnmatch_lines(["*tasktape: cannot use the cassette *: File name too long*"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_a_recording_cut_short_is_kept_and_said_so(
+    project: pytest.Pytester, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that fails mid-stream while recording leaves the stream cut short: it is what
+    happened, so it is kept, with a warning; its replays break off there, and say why."""
+    project.makepyfile(
+        test_cut="""
+        import os
+        import httpx
+
+        BODY = {"message": {"role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}}
+
+        def test_stream(tasktape):
+            with httpx.stream("POST", f"{tasktape.url}/message:stream", json=BODY) as response:
+                for n, _ in enumerate(response.iter_lines()):
+                    if n == 3 and os.environ.get("CLIENT_BUG"):
+                        raise RuntimeError("a bug in the client")
+        """
+    )
+    monkeypatch.setenv("CLIENT_BUG", "1")
+    recorded = run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={agent.url}")
+    recorded.assert_outcomes(failed=1, warnings=1)
+    recorded.stdout.fnmatch_lines(
+        [
+            "*PytestWarning: tasktape: POST /message:stream (exchange 1 of "
+            "cassettes/test_cut/test_stream.jsonl) was recorded cut short (client_disconnected); it is kept "
+            "as it happened, so its replays break off at the same byte: *"
+        ]
+    )
+    monkeypatch.delenv("CLIENT_BUG")
+    replayed = run(project)
+    replayed.assert_outcomes(failed=1)
+    replayed.stdout.fnmatch_lines(
+        [
+            "E *RemoteProtocolError: *incomplete chunked read*",
+            "*- Captured tasktape notes call -*",
+            "POST /message:stream (test_stream.jsonl:2) was recorded cut short (client_disconnected): its "
+            "replay breaks off at the same byte; *",
+        ]
+    )
+
+
+def test_a_marker_names_its_upstream(project: pytest.Pytester, agent: Agent) -> None:
+    """The marker's upstream wins over the command line's, and is checked as that one is."""
+    project.makepyfile(
+        test_upstreams=f"""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape(upstream="{agent.url}")
+        def test_its_own_agent(tasktape):
+            assert httpx.get(f"{{tasktape.url}}/.well-known/agent-card.json").status_code == 200
+
+        @pytest.mark.tasktape(upstream="ftp://me:s3cret@example.com/agent")
+        def test_not_http(tasktape):
+            pass
+
+        @pytest.mark.tasktape(upstream=8000)
+        def test_not_a_string(tasktape):
+            pass
+        """
+    )
+    result = run(project, "--tasktape-record-mode=once", "--tasktape-upstream=http://127.0.0.1:9")
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*@pytest.mark.tasktape: upstream: the upstream must be an http:// or https:// URL, not "
+            "'ftp://example.com/agent'*",
+            "*@pytest.mark.tasktape: upstream is a URL written as a string, not int*",
+        ]
+    )
+    assert "s3cret" not in result.stdout.str()
+    cassette = project.path / "cassettes" / "test_upstreams" / "test_its_own_agent.jsonl"
+    assert exchanges(cassette) == ["GET /.well-known/agent-card.json"]
