@@ -31,6 +31,7 @@ from tasktape.counted import counted
 from tasktape.errors import CassetteError, CassetteExpired, TapeError, TasktapeError, UsageError
 
 from .cassette_age import FORMS, created_at, describe
+from .loop_stalls import LoopStalls
 from .marker import MARKER, SIGNATURE, command_line_max_age, tape_options
 from .on_expired import OnExpired
 from .record_mode import RecordMode
@@ -315,9 +316,11 @@ def _loop_fixture(scope: str) -> Any:
         session = _session(request)
         tape = await _started(session)
         _warn_of_unframed(request, tape)
+        tape.stalls = LoopStalls(asyncio.get_running_loop())
         try:
             yield tape
         finally:
+            tape.stalls.stop()
             _warn_of_cut_short(request, await _stopped(session))
 
     fixture.__name__ = f"_tasktape_in_{scope}_loop"

@@ -29,6 +29,7 @@ from tasktape.proxy.hosts import allowed_hosts
 from .faults import Faults
 from .fidelity import Divergence
 from .framing import length_problem, redacted
+from .loop_stalls import LoopStalls
 from .matching import Incoming, mismatches
 from .modes import ReplayMode
 from .on_expired import OnExpired
@@ -98,6 +99,7 @@ class Tape:
     recording: bool = False
     strict: bool = False
     test: str | None = None  # the node id of the test it serves
+    stalls: LoopStalls | None = None  # served in the test's own loop: how long that loop stalled
 
     @property
     def served(self) -> int:
@@ -258,7 +260,8 @@ class Tape:
             "off at the same byte; if the test failed while recording it, record it again"
             for r in self.cut_short
         ]
-        return "\n".join(lines) or None
+        stalled = self.stalls and self.stalls.note()
+        return "\n".join([*lines, *([stalled] if stalled else [])]) or None
 
 
 def _as_request(recorded: Recorded) -> Incoming:

@@ -798,6 +798,36 @@ def test_a_recording_cut_short_is_kept_and_said_so(
     )
 
 
+def test_a_blocking_client_in_an_async_test_is_named_beside_its_failure(project: pytest.Pytester) -> None:
+    """The tape is served in the test's own loop: a synchronous client there blocks the loop
+    that would answer it, and waits for its own timeout. The failure says why."""
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_blocking="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_sync_client(tasktape):
+            httpx.get(f"{tasktape.url}/.well-known/agent-card.json", timeout=1.5)
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", in_thread=True)
+        async def test_sync_client_in_thread(tasktape):
+            assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json", timeout=5).status_code == 200
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E *ReadTimeout*",
+            "*- Captured tasktape notes call -*",
+            "the test's event loop, which serves the cassette, did not run for 1.* s: a blocking call in "
+            "the async test (a synchronous HTTP client?) *@pytest.mark.tasktape(in_thread=True)",
+        ]
+    )
+
+
 def test_a_marker_names_its_upstream(project: pytest.Pytester, agent: Agent) -> None:
     """The marker's upstream wins over the command line's, and is checked as that one is."""
     project.makepyfile(
