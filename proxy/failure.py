@@ -8,7 +8,8 @@ import re
 # request's or a response's bytes, which may hold a token or a cookie): a quoted string
 # after a colon or a space that no more words follow ("Duplicate 'Host' header found."
 # names a header, and is kept whole).
-_QUOTED = re.compile(r"""(?:[:\s]+|^)b?(['"])(?:(?!\1\s+\w).)*$""", re.DOTALL)
+# (aiohttp quotes a request line too long as bytearray(b'...').)
+_QUOTED = re.compile(r"""(?:[:\s]+|^)(?:bytearray\(|bytes\()?b?(['"])(?:(?!\1\s+\w).)*$""", re.DOTALL)
 
 
 def unquoted(text: str) -> str:

@@ -576,6 +576,9 @@ async def test_oversized_headers_are_refused_before_the_upstream_and_logged(
     for headers, said in ((too_long, f"Got more than {MAX_LINE} bytes"), (too_many, "Too many headers")):
         async with rec.session.get(f"{rec.url}/tiny", headers=headers) as r:
             assert r.status == 400 and said in await r.text()
+    # A request line too long, a token in its query: aiohttp quotes it as bytearray(b'...').
+    async with rec.session.get(f"{rec.url}/tiny?token=s3cr3t&pad={'a' * MAX_LINE}") as r:
+        assert r.status == 400
     reader, writer = await asyncio.open_connection(*rec.url.removeprefix("http://").split(":"))
     writer.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 a TLS hello\r\n\r\n")
     assert (await reader.read()).startswith(b"HTTP/1.0 400 Bad Request\r\n")
@@ -583,15 +586,16 @@ async def test_oversized_headers_are_refused_before_the_upstream_and_logged(
     assert contacted == []
     with await rec.log() as log:
         refused = [(x["method"], x["path"], x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
-    assert [r[:4] for r in refused] == [("UNKNOWN", "", 400, "refused")] * 3
+    assert [r[:4] for r in refused] == [("UNKNOWN", "", 400, "refused")] * 4
     assert refused[0][4] == f"the request could not be read: Got more than {MAX_LINE} bytes when reading"
     assert refused[1][4] == "the request could not be read: Too many headers received"
-    assert refused[2][4] == "the request could not be read: Received HTTPS traffic on an HTTP port"
+    assert refused[2][4] == f"the request could not be read: Got more than {MAX_LINE} bytes when reading"
+    assert refused[3][4] == "the request could not be read: Received HTTPS traffic on an HTTP port"
     assert b"s3cr3t" not in b"".join(p.read_bytes() for p in rec.db.parent.glob(rec.db.name + "*"))
     said = [r.getMessage() for r in caplog.records if r.name == "tasktape.http"]
     assert said[0] == unread_line(f"Got more than {MAX_LINE} bytes when reading")
     # aiohttp logs a first request that is not HTTP at all at the debug level only.
-    assert len(said) == 2 and "s3cr3t" not in caplog.text
+    assert len(said) == 3 and "s3cr3t" not in caplog.text
 
 
 async def test_a_32_mib_upload_streams_through_and_the_log_keeps_its_cap(record: RecordFactory) -> None:

@@ -116,6 +116,10 @@ async def test_redaction_behind_a_bom_in_a_recorded_stream(record: RecordFactory
         ),
         ("Invalid method encountered:\n\n  b'GE\\x00T'", "Invalid method encountered"),
         ('Bad status line "token=abc"', "Bad status line"),
+        (
+            "Got more than 65536 bytes when reading: bytearray(b'/x?token=abc&pad=aaa')",
+            "Got more than 65536 bytes when reading",
+        ),
         ("Duplicate 'Host' header found.", "Duplicate 'Host' header found"),  # names a header: kept
     ],
 )
