@@ -29,6 +29,12 @@ def allowed_hosts(extra: Iterable[str]) -> frozenset[str]:
     return LOOPBACK_NAMES | {host_name(name) for name in extra}
 
 
+def answered(host: str, allowed: frozenset[str]) -> bool:
+    """Whether a request with this Host is answered: one naming an allowed name, or none
+    (an HTTP/1.0 client may send none; a browser, which a rebinding page drives, always does)."""
+    return not host or host_name(host) in allowed
+
+
 def refusal(host: str, command: str) -> str:
     return (
         f"Host {host!r} is not a name {command} answers: it listens on loopback, and answers "
@@ -52,7 +58,7 @@ class AsgiHostGuard:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if host_name(host) not in self.allowed:
+            if not answered(host, self.allowed):
                 body = refusal_body(host, self.command)
                 headers = [
                     (b"content-type", b"application/json"),
@@ -71,7 +77,7 @@ def host_guard(allowed: frozenset[str], command: str, refuse: Refuse | None = No
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host", "")
-        if host_name(host) in allowed:
+        if answered(host, allowed):
             return await handler(request)
         reason = refusal(host, command)
         if refuse is not None:

@@ -261,6 +261,11 @@ async def test_loopback_servers_answer_only_loopback_host_names(tmp_path: Path, 
                             if status == 421:
                                 message = (await r.json())["error"]["message"]
                                 assert "--allow-host rebound.example" in message
+                # An HTTP/1.0 client may send no Host (no browser, which a rebinding page drives, does).
+                reader, writer = await asyncio.open_connection("127.0.0.1", int(port))
+                writer.write(b"GET /.well-known/agent-card.json HTTP/1.0\r\n\r\n")
+                assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.0 200 ")
+                writer.close()
                 run.proc.send_signal(signal.SIGINT)
                 await asyncio.wait_for(run.proc.communicate(), 30)
     if command == "record":
