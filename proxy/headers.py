@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -42,6 +42,15 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+
+
+def asks_websocket(headers: Mapping[str, str]) -> bool:
+    """Whether a request asks to switch its connection to WebSocket (RFC 6455): an
+    ``Upgrade: websocket`` its ``Connection`` header names. (An h2c upgrade may be ignored:
+    its client goes on in HTTP/1.1.)"""
+    tokens = {t.strip().lower() for t in headers.get("Connection", "").split(",")}
+    wanted = {t.strip().lower() for t in headers.get("Upgrade", "").split(",")}
+    return "upgrade" in tokens and "websocket" in wanted
 
 
 def end_to_end(headers: Iterable[tuple[str, str]], connection: str = "") -> CIMultiDict[str]:

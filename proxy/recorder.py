@@ -41,6 +41,7 @@ from .headers import (
     HEADER_TIMEOUT,
     Relayed,
     RelayedWhole,
+    asks_websocket,
     end_to_end,
     for_upstream,
     head_timeout,
@@ -264,6 +265,15 @@ class RecordingProxy:
                 request,
                 508,
                 f"the request came back to this recorder: its upstream {self.upstream} leads here",
+            )
+        if asks_websocket(request.headers):
+            # Forwarded without its Upgrade (hop-by-hop), it would get the agent's plain answer,
+            # a 400 as often as not, or a 101 that switches nothing.
+            return self._refuse(
+                request,
+                501,
+                "a WebSocket upgrade: tasktape record carries HTTP exchanges (event streams "
+                "included), not upgraded connections; point this client at the agent itself",
             )
         t0 = time.perf_counter_ns()
         started_ns = time.time_ns()

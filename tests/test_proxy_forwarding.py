@@ -129,6 +129,36 @@ async def test_not_an_open_proxy(record: RecordFactory) -> None:
         assert [x["outcome"] for x in log.exchanges()] == ["refused", "refused"]
 
 
+async def test_a_websocket_upgrade_is_refused_saying_why(record: RecordFactory) -> None:
+    """Its Upgrade is hop-by-hop: forwarded without it, the client got the agent's plain
+    answer (a 400 from an aiohttp agent), or a 101 that switched nothing and broke the
+    connection. Refused, and logged; an h2c upgrade is ignored, as HTTP lets a server."""
+    contacted = []
+
+    async def ws(request: web.Request) -> web.StreamResponse:
+        contacted.append(request.headers.get("Upgrade"))
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        return socket
+
+    app = web.Application()
+    app.router.add_get("/ws", ws)
+    rec = await record(app)
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await rec.session.ws_connect(f"{rec.url}/ws")
+    assert refused.value.status == 501
+    async with rec.session.get(
+        f"{rec.url}/ws", headers={"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c"}
+    ) as r:
+        assert r.status == 400  # the agent's own answer to a plain GET of its WebSocket route
+    assert contacted == [None]
+    with await rec.log() as log:
+        (refusal, plain) = log.exchanges()
+    assert refusal["outcome"] == "refused" and refusal["status"] == 501
+    assert "a WebSocket upgrade: tasktape record carries HTTP exchanges" in refusal["error"]
+    assert plain["outcome"] == "complete"
+
+
 async def test_client_disconnect_cancels_the_upstream_at_once(record: RecordFactory) -> None:
     cancelled = asyncio.Event()
     first_sent = asyncio.Event()
