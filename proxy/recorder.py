@@ -266,6 +266,16 @@ class RecordingProxy:
                 508,
                 f"the request came back to this recorder: its upstream {self.upstream} leads here",
             )
+        codings = [c.strip().lower() for c in request.headers.get("Transfer-Encoding", "").split(",")]
+        if any(c not in ("", "chunked") for c in codings):
+            # aiohttp takes the chunks off and leaves the coding on: the agent would be sent
+            # its bytes as a plain body (RFC 9112: a coding not understood is a 501).
+            return self._refuse(
+                request,
+                501,
+                f"Transfer-Encoding {request.headers['Transfer-Encoding']!r}: tasktape record passes "
+                "request bodies chunked or of a length; send the coding as Content-Encoding",
+            )
         if asks_websocket(request.headers):
             # Forwarded without its Upgrade (hop-by-hop), it would get the agent's plain answer,
             # a 400 as often as not, or a 101 that switches nothing.
@@ -654,7 +664,13 @@ class Exchange:
                 allow_redirects=False,
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            reason = f"upstream {proxy.upstream} failed before answering: {describe(exc)}"
+            # (A response aiohttp could not read, a 204 with a body after it, is an answer.)
+            how = (
+                "answered what could not be read"
+                if isinstance(exc, aiohttp.ClientResponseError)
+                else "failed before answering"
+            )
+            reason = f"upstream {proxy.upstream} {how}: {describe(exc)}"
             if self.teed is not None:
                 await self.teed.drain()
             response = error_response(502, reason)

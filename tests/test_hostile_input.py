@@ -5,6 +5,7 @@ cannot be sent, and agent data of unexpected shapes on the task page."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import signal
 from pathlib import Path
@@ -105,6 +106,50 @@ async def test_redaction_behind_a_bom_in_a_recorded_stream(record: RecordFactory
         stored = b"".join(row[0] for row in log.db.execute("SELECT data FROM chunks"))
         (ev,) = log.events(log.exchanges()[0]["id"])
     assert SECRET.encode() not in stored and SECRET not in ev["data"]
+
+
+async def test_a_transfer_coding_the_recorder_would_drop_is_refused(record: RecordFactory) -> None:
+    """aiohttp takes the chunks off a gzip, chunked body and leaves the gzip on: the agent
+    was sent the gzip bytes as a plain body, and the log kept them as one."""
+    contacted: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        contacted.append(request.path)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    rec = await record(app)
+    body = gzip.compress(b'{"a": 1}')
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip, chunked\r\n"
+    head += b"Connection: close\r\n\r\n"
+    answer = await raw_request(rec.url, head + chunked)
+    assert answer.startswith(b"HTTP/1.1 501 ") and b"send the coding as Content-Encoding" in answer
+    assert contacted == []
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert (x["status"], x["outcome"]) == (501, "refused") and "Transfer-Encoding 'gzip, chunked'" in x[
+        "error"
+    ]
+
+
+async def test_an_answer_the_recorder_cannot_read_is_said_to_be_one(record: RecordFactory) -> None:
+    """A 204 with a body after it: a 502, whose reason no longer says the upstream never answered."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        rec = await record(f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}")
+        async with rec.session.get(f"{rec.url}/x") as r:
+            assert r.status == 502 and "answered what could not be read" in await r.text()
+    finally:
+        upstream.close()
 
 
 @pytest.mark.parametrize(
