@@ -46,6 +46,18 @@ def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:
     return app
 
 
+def answering_anything(contacted: list[str]) -> web.Application:
+    """An agent answering every request ``upstream``, noting each target it was asked."""
+
+    async def anything(request: web.Request) -> web.Response:
+        contacted.append(request.raw_path)
+        return web.Response(text="upstream")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    return app
+
+
 @dataclass
 class Running:
     proc: asyncio.subprocess.Process

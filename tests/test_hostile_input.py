@@ -5,9 +5,11 @@ cannot be sent, and agent data of unexpected shapes on the task page."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +18,7 @@ from a2a_frames import sse, status, task
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
-from loopback import running, serve
+from loopback import answering_anything, running, serve
 
 from tasktape.agent import create_agent_app
 from tasktape.errors import CassetteError, UsageError
@@ -29,6 +31,19 @@ from tasktape.proxy.unread import reason_for
 from tasktape.replay import ReplayServer
 
 SECRET = "sk-live-0123456789"
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(
+    answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """An upstream that answers each connection with ``answer``, on raw sockets: its URL."""
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def raw_request(url: str, request: bytes) -> bytes:
@@ -112,14 +127,7 @@ async def test_a_transfer_coding_the_recorder_would_drop_is_refused(record: Reco
     """aiohttp takes the chunks off a gzip, chunked body and leaves the gzip on: the agent
     was sent the gzip bytes as a plain body, and the log kept them as one."""
     contacted: list[str] = []
-
-    async def anything(request: web.Request) -> web.Response:
-        contacted.append(request.path)
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", anything)
-    rec = await record(app)
+    rec = await record(answering_anything(contacted))
     body = gzip.compress(b'{"a": 1}')
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     head = b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip, chunked\r\n"
@@ -143,13 +151,10 @@ async def test_an_answer_the_recorder_cannot_read_is_said_to_be_one(record: Reco
         await writer.drain()
         writer.close()
 
-    upstream = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        rec = await record(f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}")
+    async with raw_upstream(answer) as upstream:
+        rec = await record(upstream)
         async with rec.session.get(f"{rec.url}/x") as r:
             assert r.status == 502 and "answered what could not be read" in await r.text()
-    finally:
-        upstream.close()
 
 
 @pytest.mark.parametrize(
@@ -185,17 +190,13 @@ async def test_an_upstream_answer_that_cannot_be_read_is_logged_without_its_byte
         await writer.drain()
         writer.close()
 
-    upstream = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        rec = await record(f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}")
+    async with raw_upstream(answer) as upstream:
+        rec = await record(upstream)
         async with rec.session.get(f"{rec.url}/cookie") as r:
             body = await r.text()
         await rec.proxy.wait_idle()
         with await rec.log() as log:
             (error,) = [x["error"] for x in log.exchanges()]
-    finally:
-        upstream.close()
-        await upstream.wait_closed()
     assert r.status == 502 and "Got more than 65536 bytes" in body and "Got more than 65536 bytes" in error
     assert SECRET not in body and SECRET not in error
 

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from conftest import RecordFactory, Serve
+from loopback import answering_anything
 from ports import free_port
 from yarl import URL
 
@@ -107,15 +108,8 @@ async def test_unreachable_upstream_gives_a_502_naming_the_reason(record: Record
 
 
 async def test_not_an_open_proxy(record: RecordFactory) -> None:
-    contacted = []
-
-    async def anything(request: web.Request) -> web.Response:
-        contacted.append(request.raw_path)
-        return web.Response(text="upstream")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", anything)
-    rec = await record(app)
+    contacted: list[str] = []
+    rec = await record(answering_anything(contacted))
     host, port = rec.url.removeprefix("http://").split(":")
     for request_line in (b"GET http://example.com/x HTTP/1.1", b"CONNECT example.com:443 HTTP/1.1"):
         reader, writer = await asyncio.open_connection(host, int(port))
