@@ -18,6 +18,7 @@ Offsets are milliseconds with up to six decimals, so log -> cassette -> log is e
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from .outcomes import Outcome
 from .producer import LogProducer
 from .recorded import Recorded
 from .resumes import Resume, ResumeOutcome, ResumeSide
+from .uids import derived_uuid7, iso_ns
 
 if TYPE_CHECKING:
     from .cassette_models import Exchange
@@ -459,12 +461,24 @@ def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any
         partial.unlink(missing_ok=True)
 
 
-def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int) -> list[int]:
+def cassette_uid(content: bytes, created_at: str | None) -> str:
+    """The uid of the capture that imports a cassette of these bytes: the same for the same
+    bytes, so that importing it again adds nothing twice, and logs that imported it merge
+    as one (its exchanges' uids follow from it)."""
+    return derived_uuid7(iso_ns(created_at), "cassette", hashlib.sha256(content).hexdigest())
+
+
+def load_into(
+    writer: LogProducer, recorded: Iterable[Recorded], capture_id: int, capture_uid: str | None = None
+) -> list[int]:
     """Write exchanges into a log through ``writer``; returns their new exchange ids. A
-    reconnect the resume gateway answered is a row of ``resumes`` again, as it was."""
+    reconnect the resume gateway answered is a row of ``resumes`` again, as it was. With
+    ``capture_uid`` (a cassette's, :func:`cassette_uid`), each exchange's uid follows from
+    it and the exchange's place in the cassette."""
     ids: list[int] = []
-    for r in recorded:
+    for n, r in enumerate(recorded):
         started_ns = _started_ns(r.started_at)
+        uid = None if capture_uid is None else derived_uuid7(started_ns or 0, "exchange", capture_uid, n)
         exchange = writer.begin_exchange(
             capture_id,
             method=r.method,
@@ -474,6 +488,7 @@ def load_into(writer: LogProducer, recorded: Iterable[Recorded], capture_id: int
             request_body=r.request_body,
             request_body_truncated=r.request_body_truncated,
             started_ns=started_ns,
+            uid=uid,
         )
         if r.status is not None:
             writer.response_head(

@@ -144,6 +144,7 @@ class ExchangeRows:
         headers: Headers | None,
         body: bytes | None,
         body_truncated: bool,
+        uid: str | None = None,
     ) -> Statement:
         pairs = _pairs(headers)
         self._request_encoding = next((v for k, v in pairs if k.lower() == "content-encoding"), None)
@@ -156,7 +157,7 @@ class ExchangeRows:
         info = self._recognise(body)
         return INSERT_EXCHANGE, (
             s.exchange_id,
-            uuid7(started_ns),
+            uid or uuid7(started_ns),
             capture_id,
             utc_iso(started_ns),
             started_ns,

@@ -89,11 +89,13 @@ class LogProducer:
         upstream: str | None = None,
         argv: list[str] | None = None,
         tool_version: str | None = None,
+        uid: str | None = None,
     ) -> int:
         """Start a recording run (or import); returns its id. Credentials in URLs (the
-        upstream's, or any in ``argv``) are left out."""
+        upstream's, or any in ``argv``) are left out. ``uid``: its own (an import's, made
+        from what it imports), else a new one."""
         capture_id, now = next(self._capture_ids), time.time_ns()
-        uid = self.capture_uids[capture_id] = uuid7(now)
+        uid = self.capture_uids[capture_id] = uid or uuid7(now)
         self._put(
             (
                 CAPTURE,
@@ -122,9 +124,11 @@ class LogProducer:
         request_body: bytes | None = None,
         request_body_truncated: bool = False,
         started_ns: int | None = None,
+        uid: str | None = None,
     ) -> int:
         """Start one request/response exchange; returns its id at once. The writer
-        classifies the request (binding, operation, task and context) and redacts it."""
+        classifies the request (binding, operation, task and context) and redacts it.
+        ``uid``: its own (an import's), else one made from when it started."""
         exchange_id = next(self._exchange_ids)
         if request_body and not self._admit(len(request_body)):
             request_body = self._drop_body(exchange_id)
@@ -140,6 +144,7 @@ class LogProducer:
                 _pairs(request_headers),
                 request_body,
                 request_body_truncated,
+                uid,
             )
         )
         return exchange_id

@@ -12,7 +12,7 @@ import click
 from tasktape.counted import counted
 from tasktape.errors import CassetteError, FlowFileError, LogError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import cassette_lines, load_into, read_cassette
+from tasktape.eventlog.cassette import cassette_lines, cassette_uid, load_into, read_cassette, read_header
 from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
@@ -105,19 +105,32 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
         writer = LogWriter(db)
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
+    held = _imported(db)
     with writer:
         for path, content in loaded:
             if isinstance(content, _Flows):
                 _import_flows(writer, path, content, db)
                 continue
-            capture = writer.begin_capture(source="import", upstream=None, argv=[str(path)])
-            load_into(writer, content, capture)
+            uid = cassette_uid(path.read_bytes(), read_header(path).get("created_at"))
+            if uid in held:
+                click.echo(f"tasktape import: {path} is in {db} already (capture {held[uid]}): nothing added")
+                continue
+            capture = held[uid] = writer.begin_capture(
+                source="import", upstream=None, argv=[str(path)], uid=uid
+            )
+            load_into(writer, content, capture, uid)
             writer.end_capture(capture)
             click.echo(f"tasktape import: {counted(len(content), 'exchange')} from {path} -> {db}")
     if writer.stats.rows_lost:
         raise click.ClickException(
             f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
         )
+
+
+def _imported(db: Path) -> dict[str, int]:
+    """The log's captures by uid (an imported cassette's follows from its bytes)."""
+    with EventLog(db) as log:
+        return {c["uid"]: c["id"] for c in log.captures()}
 
 
 def _read(path: Path, db: Path) -> list[Recorded] | _Flows:

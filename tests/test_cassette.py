@@ -292,12 +292,41 @@ def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "nothing matches" in result.output
     result = runner.invoke(main, ["import", str(out), str(out), "--db", str(tmp_path / "new.db")])
     with EventLog(tmp_path / "new.db") as log:
-        assert [c["source"] for c in log.captures()] == ["import", "import"]
+        assert [c["source"] for c in log.captures()] == ["import"]  # the same cassette twice: once
+    assert f"{out} is in {tmp_path / 'new.db'} already (capture 1): nothing added" in result.output
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"tasktape_cassette": 1}\n{oops\n')
     result = runner.invoke(main, ["import", str(broken), "--db", str(tmp_path / "x.db")])
     assert result.exit_code == 1 and "broken.jsonl:2: not JSON" in result.output
     assert not (tmp_path / "x.db").exists()  # nothing written when a cassette is broken
+
+
+def test_a_cassette_imported_again_adds_nothing_and_its_logs_merge_as_one(tmp_path: Path) -> None:
+    """Its capture's uid follows from its bytes (its exchanges' from that): importing it
+    again added it twice, and so did merging two logs that had each imported it."""
+    log_path = make_log(tmp_path / "a.db")
+    cassette = tmp_path / "c.jsonl"
+    runner = CliRunner()
+    assert runner.invoke(main, ["export", str(log_path), "-o", str(cassette)]).exit_code == 0
+    one, two, merged = tmp_path / "one.db", tmp_path / "two.db", tmp_path / "merged.db"
+    said = []
+    for db in (one, one, two):
+        result = runner.invoke(main, ["import", str(cassette), "--db", str(db)])
+        assert result.exit_code == 0, result.output
+        said.append("nothing added" in result.output)
+    assert said == [False, True, False]
+    with EventLog(one) as a, EventLog(two) as b:
+        assert len(a.captures()) == len(b.captures()) == 1
+        assert [x["uid"] for x in a.exchanges()] == [x["uid"] for x in b.exchanges()]
+        exchanges = len(a.exchanges())
+    assert runner.invoke(main, ["merge", str(one), str(two), "-o", str(merged)]).exit_code == 0
+    with EventLog(merged) as log:
+        assert (len(log.captures()), len(log.exchanges())) == (1, exchanges)
+    # Another cassette (a byte changed) is another capture.
+    cassette.write_bytes(cassette.read_bytes().replace(b'"tasktape_cassette": 1', b'"tasktape_cassette": 1 '))
+    assert runner.invoke(main, ["import", str(cassette), "--db", str(one)]).exit_code == 0
+    with EventLog(one) as log:
+        assert (len(log.captures()), len(log.exchanges())) == (2, 2 * exchanges)
 
 
 def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
