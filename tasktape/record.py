@@ -12,12 +12,12 @@ import click
 from click.core import ParameterSource
 
 from tasktape.errors import LogError, UsageError
-from tasktape.eventlog.a2a_terms import Binding, short_state
+from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
-from tasktape.eventlog.protocols import ProtocolName
+from tasktape.eventlog.protocols import by_name
 from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.resumes import Resume
 from tasktape.fleet.names import STREAM, parse_servers
@@ -302,9 +302,10 @@ def _start_shipper(
 
 def describe_exchange(s: ExchangeSummary) -> str:
     """One line per finished exchange: request, status, task, final state, events, times."""
-    # A JSON-RPC request's path does not say what it asks: its method does.
-    jsonrpc = s.binding == Binding.JSONRPC or s.protocol == ProtocolName.MCP
-    operation = f" ({s.rpc_method})" if jsonrpc and s.rpc_method and s.rpc_method != s.method else ""
+    # A request whose path does not say what it asks (JSON-RPC's): its operation does.
+    protocol = by_name(s.protocol)
+    unsaid = protocol is not None and not protocol.path_names_operation(s.binding)
+    operation = f" ({s.rpc_method})" if unsaid and s.rpc_method and s.rpc_method != s.method else ""
     parts = [f"{s.method} {s.path}{operation} {s.status or '-'}"]
     if s.task_id:
         parts.append(f"task {s.task_id}")

@@ -222,6 +222,7 @@ def test_lines_for_other_exchanges() -> None:
         status=200,
         events=3,
         task_id="t1",
+        protocol="a2a",
         binding="jsonrpc",
         rpc_method="SubscribeToTask",
         final_state="TASK_STATE_CANCELED",

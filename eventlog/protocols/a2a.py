@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..a2a_terms import CARD_PATHS, ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, is_jsonrpc
+from ..a2a_terms import CARD_PATHS, ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, Binding, is_jsonrpc
 from ..classify import Classification, classify, load_json
 from ..requests import A2A_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
@@ -62,6 +62,9 @@ class A2A(Protocol):
 
     def request_info(self, request: Request) -> RequestInfo:
         return classify_parsed(request.method, request.path, request.json())  # parsed once
+
+    def path_names_operation(self, binding: str | None) -> bool:
+        return binding != Binding.JSONRPC  # (REST's paths name theirs: /message:stream)
 
     def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
         """Streams, and the answers of successful operations: an agent card, or an error

@@ -198,6 +198,12 @@ class Protocol:
         """What the log indexes about a request this protocol claimed."""
         return RequestInfo()
 
+    def path_names_operation(self, binding: str | None) -> bool:
+        """Whether a request's path says what it asks (the operation ``rpc_method`` holds):
+        not over JSON-RPC, whose one endpoint takes every method (the recorder's console
+        line then names it)."""
+        return True
+
     def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
         """Whether ``tasktape check`` reads this exchange (its rules see only those)."""
         return True

@@ -127,6 +127,9 @@ class MCP(Protocol):
             method = request.method  # the GET stream, the DELETE that ends a session
         return RequestInfo(None, method, None, None, rpc_id, request.header(SESSION_HEADER))
 
+    def path_names_operation(self, binding: str | None) -> bool:
+        return False  # JSON-RPC, on one endpoint
+
     def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
         name = SESSION_HEADER.lower()
         return next((v for k, v in response_headers if k.lower() == name), None)
