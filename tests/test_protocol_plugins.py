@@ -18,6 +18,7 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from docs_examples import DOCS, blocks
@@ -27,6 +28,9 @@ from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog import protocols as registry
 from tasktape.eventlog.checker import all_rules, check_log, protocol_names
 from tasktape.eventlog.protocols import Request, by_name, protocols, recognise
+from tasktape.eventlog.protocols.base import Protocol
+from tasktape.eventlog.protocols.guard import Guarded
+from tasktape.eventlog.protocols.mcp import MCPKind
 from tasktape.eventlog.recorded import Recorded
 
 PAGE = DOCS / "protocols.md"
@@ -314,3 +318,34 @@ def test_a_plugin_hook_that_raises_costs_only_what_it_would_have_told(
     assert isinstance(findings, list)
     told = [r.getMessage() for r in caplog.records if "protocol failing" in r.getMessage()]
     assert any(f"boom in {hook}" in t for t in told), told
+
+
+def test_a_guarded_plugin_keeps_its_settings_and_its_new_hooks_are_guarded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a plug-in declares (its servers take streams up again, its misses' status)
+    passes through the guard; its error_answer and path_names_operation raising cost a
+    protocol-shaped miss answer and the operation's mention, nothing more."""
+
+    class Polling(Protocol):
+        name = "polling"
+        kinds = MCPKind
+        resumes_streams = True
+        miss_status = 409
+
+        def claims(self, request: Request) -> bool:
+            return True
+
+        def error_answer(self, request: Request, message: str, details: Any) -> Any:
+            raise RuntimeError("boom in error_answer")
+
+        def path_names_operation(self, binding: str | None) -> bool:
+            raise RuntimeError("boom in path_names_operation")
+
+    guarded = Guarded(Polling())
+    assert (guarded.resumes_streams, guarded.miss_status) == (True, 409)
+    with caplog.at_level(logging.WARNING, logger="tasktape"):
+        assert guarded.error_answer(Request("POST", "/"), "no", {}) is None
+        assert guarded.path_names_operation(None) is True
+    told = " ".join(r.getMessage() for r in caplog.records)
+    assert "its error_answer hook raised" in told and "its path_names_operation hook raised" in told

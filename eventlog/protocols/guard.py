@@ -7,7 +7,7 @@ tested not to raise, and the writer calls them for every event."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..classify import Classification
@@ -27,6 +27,8 @@ class Guarded(Protocol):
         self.kinds = inner.kinds  # type: ignore[misc]
         self.regenerated = inner.regenerated  # type: ignore[misc]
         self.server_ids = inner.server_ids  # type: ignore[misc]
+        self.resumes_streams = inner.resumes_streams  # type: ignore[misc]
+        self.miss_status = inner.miss_status  # type: ignore[misc]
         self.rules = {n: self._rule(n, r) for n, r in inner.rules.items()}  # type: ignore[misc]
 
     def failed(self, hook: str, exc: Exception) -> None:
@@ -71,6 +73,14 @@ class Guarded(Protocol):
 
     def session(self, response_headers: Sequence[tuple[str, str]]) -> str | None:
         return self.safely("session", None, lambda: self.inner.session(response_headers))
+
+    def path_names_operation(self, binding: str | None) -> bool:
+        return self.safely(
+            "path_names_operation", True, lambda: bool(self.inner.path_names_operation(binding))
+        )
+
+    def error_answer(self, request: Request, message: str, details: Mapping[str, Any]) -> Any:
+        return self.safely("error_answer", None, lambda: self.inner.error_answer(request, message, details))
 
     def closes(self, data: str, event_type: str | None) -> bool:
         return self.safely("closes", False, lambda: bool(self.inner.closes(data, event_type)))
