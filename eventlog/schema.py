@@ -8,6 +8,7 @@ from the schema the migrations build (``new_log``), at a tenth of their cost.
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -718,7 +719,7 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         if readonly:
             raise SchemaTooOld(
                 f"{path} uses schema version {len(applied)}, older than this tasktape's "
-                f"{SCHEMA_VERSION}: upgrade it in place with: tasktape upgrade {path}"
+                f"{SCHEMA_VERSION}: upgrade it in place with: tasktape upgrade {shlex.quote(str(path))}"
             )
         migrations.apply(db)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -728,18 +729,25 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
 
 
 def schema_version(path: str | Path) -> int:
-    """The schema version of the log at ``path``, read without changing it."""
+    """The schema version of the log at ``path``, read without changing it; a LogError for
+    what is no log (another SQLite database, an empty one)."""
     path = Path(path)
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.DatabaseError as exc:
         raise LogError(f"cannot open {path} as an event log: {exc}") from None
     try:
-        return len(list(migrations.applied(sqlite_utils.Database(conn))))
+        db = sqlite_utils.Database(conn)
+        version = len(list(migrations.applied(db)))
+        tables = db.table_names()
     except sqlite3.DatabaseError as exc:
         raise LogError(f"cannot open {path} as an event log: {exc}") from None
     finally:
         conn.close()
+    if not version:
+        what = "an SQLite database but not" if tables else "an empty SQLite database, not"
+        raise LogError(f"{path} is {what} a tasktape event log")
+    return version
 
 
 def upgrade_log(path: str | Path) -> tuple[int, int]:

@@ -139,8 +139,8 @@ def _calls(tool_calls: str | None) -> tuple[str, ...]:
     shown = []
     for call in orjson.loads(tool_calls) if tool_calls else ():
         arguments = call["arguments"]
-        with contextlib.suppress(orjson.JSONDecodeError):
-            arguments = json.dumps(orjson.loads(arguments), separators=(",", ":"), ensure_ascii=False)
+        with contextlib.suppress(ValueError, RecursionError):  # (json: big integers stay exact)
+            arguments = json.dumps(json.loads(arguments), separators=(",", ":"), ensure_ascii=False)
         shown.append(f"{call['name']}({arguments})")
     return tuple(shown)
 

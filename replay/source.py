@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tasktape.errors import SourceError
@@ -16,7 +17,7 @@ def load(paths: list[str | Path]) -> list[Recorded]:
     recorded: list[Recorded] = []
     for source in map(Path, paths):
         if source.is_dir():
-            cassettes = _cassettes_in(source)
+            cassettes = cassettes_in(source)
             if not cassettes:
                 raise SourceError(f"{source}: a folder without cassettes (*.jsonl, in it or its subfolders)")
             for cassette in cassettes:
@@ -28,11 +29,22 @@ def load(paths: list[str | Path]) -> list[Recorded]:
     return recorded
 
 
-def _cassettes_in(folder: Path) -> list[Path]:
+def cassettes_in(folder: Path) -> list[Path]:
     """The cassettes under a folder, as paths relative to it, in order (the pytest plug-in
-    keeps one folder of them per test module); hidden folders left out."""
-    found = (p.relative_to(folder) for p in folder.rglob("*.jsonl") if p.is_file())
-    return sorted(p for p in found if not any(part.startswith(".") for part in p.parts))
+    keeps one folder of them per test module); hidden folders left out, folders linked to
+    followed (each once: a link that loops back is not)."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    for where, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(where)
+        if real in seen:  # reached again through a link
+            folders.clear()
+            continue
+        seen.add(real)
+        folders[:] = [f for f in folders if not f.startswith(".")]
+        here = Path(where).relative_to(folder)
+        found += [here / f for f in files if f.endswith(".jsonl") and (Path(where) / f).is_file()]
+    return sorted(found)
 
 
 def _read_file(source: Path) -> list[Recorded]:

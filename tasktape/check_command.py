@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,21 +15,43 @@ import click
 from tasktape.counted import counted
 from tasktape.errors import LogError, TasktapeError
 from tasktape.eventlog import EventLog
+from tasktape.eventlog.cassette import read_cassette
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.protocols import ProtocolName
 from tasktape.replay import load
+from tasktape.replay.source import cassettes_in
 
 if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding, Report
 
 
-def _check_source(source: Path, save: bool, only: tuple[str, ...]) -> tuple[Report, int | None]:
-    """The report on one source, and how many findings were saved into it (None: not a log)."""
+def _each(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
+    """The sources given, each cassette of a folder one of its own (named by its path in
+    the folder): two cassettes are two recordings, whatever folder holds them."""
+    for path in paths:
+        if not path.is_dir():
+            yield path, None
+            continue
+        members = cassettes_in(path)
+        if not members:
+            raise click.BadParameter(
+                f"{path}: a folder without cassettes (*.jsonl, in it or its subfolders)", param_hint="SOURCE"
+            )
+        yield from ((path / member, member.as_posix()) for member in members)
+
+
+def _check_source(
+    source: Path, save: bool, only: tuple[str, ...], name: str | None = None
+) -> tuple[Report, int | None]:
+    """The report on one source (a cassette of a folder: ``name``d by its path in it), and
+    how many findings were saved into it (None: not a log)."""
     # Here, not at the top: the inspector package is Datasette's plugin, and importing it
     # costs every tasktape command its start-up time.
     from tasktape.eventlog.checker import report_log, report_recorded, save_findings  # noqa: PLC0415
 
     try:
+        if name is not None:
+            return report_recorded(read_cassette(source, name), only or None), None
         if not (source.is_file() and is_log(source)):
             return report_recorded(load([source]), only or None), None
         with EventLog(source, readonly=not save) as log:
@@ -90,7 +113,7 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
             param_hint="--protocol",
         )
     rules = all_rules()
-    results = [(source, *_check_source(source, not no_save, protocols)) for source in sources]
+    results = [(path, *_check_source(path, not no_save, protocols, name)) for path, name in _each(sources)]
     findings = [(s, f) for s, report, _ in results for f in report.findings]
     cut_short = [(s, f) for s, report, _ in results for f in report.cut_short]
     by_rule = Counter(f.rule for _, f in findings)

@@ -170,7 +170,8 @@ def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...],
     status, protocol, outcome, final state (an A2A task's, an LLM's finish reason), its
     sequence of event kinds (repeats collapsed: how many deltas carried an answer is no
     difference, the answer text is), its answer and streamed deltas (as unified diffs),
-    artifact names, usage and credits, and its time to first event and duration, within
+    the tools an LLM's answer called and with what, artifact names, usage and credits, and
+    its time to first event and duration, within
     --time-tolerance. Exchanges in one recording alone are listed.
     Exit status: 0 nothing differs, 1 something does, 2 bad input.
     """

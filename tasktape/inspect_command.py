@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def open_check(path: Path, *, upgrade: bool = False) -> None:
     except LogError as exc:
         hint = ""
         if isinstance(exc, SchemaTooOld):
-            hint = f", or serve it upgraded: tasktape inspect {path} --upgrade"
+            hint = f", or serve it upgraded: tasktape inspect {shlex.quote(str(path))} --upgrade"
         raise click.ClickException(f"{exc}{hint}") from None
 
 

@@ -382,6 +382,17 @@ def test_a_folder_holds_cassettes_in_its_subfolders_too(tmp_path: Path) -> None:
     (folder / "top.jsonl").unlink()
     (folder / "notes.txt").write_text("")
     assert len(load([folder])) == 2
+    # A folder linked to is followed (as the folder it is), a link that loops back is not.
+    elsewhere = tmp_path / "shared"
+    elsewhere.mkdir()
+    write_cassette(elsewhere / "s.jsonl", [Recorded(method="GET", path="/shared", status=204)])
+    (folder / "linked").symlink_to(elsewhere)
+    (folder / "test_a" / "loop").symlink_to(folder)
+    assert [r.origin for r in load([folder])] == [
+        "linked/s.jsonl:2",
+        "test_a/test_one.jsonl:2",
+        "test_b/test_one.jsonl:2",
+    ]
     empty = tmp_path / "empty"
     (empty / ".hidden").mkdir(parents=True)
     (empty / ".hidden" / "x.jsonl").write_text("")

@@ -193,11 +193,25 @@ def test_every_sample_cassette_passes(cassette: Path) -> None:
     assert cut == ([("dropped_connection.jsonl:5", 8)] if cassette.name == "dropped_connection.jsonl" else [])
 
 
-def test_a_folder_of_cassettes() -> None:
+def test_a_folder_of_cassettes(tmp_path: Path) -> None:
+    """Each cassette of a folder is a source of its own, named by its path in the folder:
+    two recordings of one task (a cassette copied into two tests' folders) were checked as
+    one stream of events, and broke the lifecycle."""
     result = check(CASSETTES[0].parent)
     assert result.exit_code == 0, result.output
     assert "dropped_connection.jsonl:5 event 8  cut-short: broke off after 8 complete events" in result.output
-    assert "from 1 source: no rule broken.\n1 stream cut short" in result.output
+    assert f"from {len(CASSETTES)} sources: no rule broken.\n1 stream cut short" in result.output
+    for folder in ("test_a", "test_b"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(CASSETTES[0].parent / "completed.jsonl", tmp_path / folder / "completed.jsonl")
+    result = check(tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [s["source"] for s in doc["sources"]] == [
+        str(tmp_path / "test_a" / "completed.jsonl"),
+        str(tmp_path / "test_b" / "completed.jsonl"),
+    ]
+    assert doc["findings"] == []
 
 
 def not_a_cassette(folder: Path) -> Path:

@@ -532,6 +532,17 @@ async def test_tool_calls_differ_in_name_and_arguments_not_in_their_ids(record: 
         'get_weather({"city":"Paris"})',
         'get_time({"city":"Paris"})',
     ]
+    # Integers past 64 bits compared, and shown, as they were sent.
+    big = []
+    for account in (123456789012345678901234567890, 123456789012345678901234567899):
+        rec = await record(openai_app(delay=0, arguments={"account": account}))
+        await chat_calls(rec.url, True)
+        (await rec.log()).close()
+        big.append(rec.db)
+    code, doc = diff_json(*big, *LOOSE)
+    assert code == 1 and doc["pairs"][0]["differences"][0]["b"][0] == (
+        'get_weather({"account":123456789012345678901234567899})'
+    )
 
 
 # -- what it refuses ------------------------------------------------------------------------

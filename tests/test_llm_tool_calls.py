@@ -23,6 +23,8 @@ from llm_servers import ARGUMENTS, anthropic_app, openai_app
 from tasktape.errors import SchemaTooOld
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.checker import check_log
+from tasktape.eventlog.protocols.anthropic import AnthropicReader
+from tasktape.eventlog.protocols.openai import OpenAIReader
 from tasktape.eventlog.schema import SCHEMA_VERSION, STREAM_SUMMARY_15
 from tasktape.inspector.app import create_datasette
 
@@ -211,3 +213,72 @@ async def test_an_older_log_gains_its_calls_on_upgrade(record: RecordFactory, tm
         assert log.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         (x,) = log.exchanges()
         assert logged_calls(log, x["id"]) == calls
+
+
+def calls_read(reader: Any, events: list[tuple[str | None, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The tool calls a protocol's reader makes of these events (type, data)."""
+    for event_type, data in events:
+        reader.event(json.dumps(data), event_type)
+    return json.loads(reader.finished().tool_calls or "[]")
+
+
+def chunk(*pieces: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    choice = {"index": 0, "delta": {"tool_calls": list(pieces)}, "finish_reason": None}
+    return None, {"object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+
+
+def test_the_variants_servers_that_copy_the_apis_send() -> None:
+    """Calls without an index (each its own, by its id), an id that comes empty first, a
+    Responses item whose id is null (its place in the output names it), a tool of no
+    input (arguments "{}", as the SDK makes it; "" only while the block is open)."""
+    unindexed = [
+        chunk({"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}),
+        chunk({"function": {"arguments": '{"city":"A"}'}}),
+        chunk({"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": ""}}),
+        chunk({"function": {"arguments": '{"tz":"B"}'}}),
+    ]
+    assert calls_read(OpenAIReader(), unindexed) == [
+        {"id": "call_a", "name": "get_weather", "arguments": '{"city":"A"}'},
+        {"id": "call_b", "name": "get_time", "arguments": '{"tz":"B"}'},
+    ]
+    late_id = [
+        chunk({"index": 0, "id": "", "function": {"name": "f", "arguments": "{}"}}),
+        chunk({"index": 0, "id": "call_real"}),
+    ]
+    assert calls_read(OpenAIReader(), late_id) == [{"id": "call_real", "name": "f", "arguments": "{}"}]
+    items = [
+        {
+            "type": "function_call",
+            "id": None,
+            "call_id": f"call_{n}",
+            "name": "f",
+            "arguments": f'{{"n":{n}}}',
+        }
+        for n in (1, 2)
+    ]
+    added = [
+        (
+            "response.output_item.added",
+            {"type": "response.output_item.added", "output_index": n, "item": item},
+        )
+        for n, item in enumerate(items)
+    ]
+    assert [c["id"] for c in calls_read(OpenAIReader(), added)] == ["call_1", "call_2"]
+
+    def block(closed: bool) -> list[tuple[str, dict[str, Any]]]:
+        tool = {"type": "tool_use", "id": "toolu_1", "name": "now", "input": {}}
+        events = [
+            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": tool}),
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": ""},
+                },
+            ),
+        ]
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": 0})] * closed
+
+    assert calls_read(AnthropicReader(), block(True)) == [{"id": "toolu_1", "name": "now", "arguments": "{}"}]
+    assert calls_read(AnthropicReader(), block(False))[0]["arguments"] == ""  # cut before any came

@@ -264,6 +264,22 @@ def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) ->
     with LogWriter(old):  # being written: refused, untouched
         result = runner.invoke(main, ["upgrade", str(old)])
     assert result.exit_code == 1 and "is being written by another tasktape writer" in result.stderr
+    # Another application's database, an empty one: no log, with or without --dry-run, and
+    # left as they were (an empty one was made a log).
+    other, empty = tmp_path / "other.db", tmp_path / "empty.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (text)")
+    conn.close()
+    with sqlite3.connect(empty) as conn:  # a database file, of no table
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("DROP TABLE t")
+    conn.close()
+    for db, said in ((other, "an SQLite database but not"), (empty, "an empty SQLite database, not")):
+        before = db.read_bytes()
+        for args in (["upgrade", str(db)], ["upgrade", "--dry-run", str(db)]):
+            result = runner.invoke(main, args)
+            assert result.exit_code == 1 and "a tasktape event log" in result.stderr, result.output
+            assert said in result.stderr and db.read_bytes() == before
 
 
 def _applied(path: Path) -> list[str]:

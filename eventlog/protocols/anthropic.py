@@ -109,6 +109,7 @@ class AnthropicReader(StreamReader):
     def __init__(self) -> None:
         super().__init__()
         self._given: dict[Any, str] = {}  # a tool block's input as it started (used if no piece came)
+        self._closed: set[Any] = set()  # the tool blocks that came to their stop
 
     def event(self, data: str, event_type: str | None) -> Classification:
         obj = parsed(data, AnthropicKind.OTHER)
@@ -128,6 +129,10 @@ class AnthropicReader(StreamReader):
                 piece = delta.get("partial_json")
                 if isinstance(piece, str):
                     self.calls.setdefault(obj.get("index"), ToolCall()).arguments += piece
+            return classified(kind)
+        if kind is AnthropicKind.CONTENT_BLOCK_STOP:
+            if obj.get("index") in self.calls:
+                self._closed.add(obj.get("index"))
             return classified(kind)
         if kind is AnthropicKind.CONTENT_BLOCK_START:
             block = obj.get("content_block")
@@ -188,8 +193,9 @@ class AnthropicReader(StreamReader):
 
     def finished(self) -> Summary:
         for index, call in self.calls.items():
-            if not call.arguments:  # no piece came: the input as the block started, if any
-                call.arguments = self._given.get(index, "")
+            if not call.arguments:  # no piece came: the input as the block started; a tool of no
+                # input, whose block closed: "{}" (what the SDK makes of it)
+                call.arguments = self._given.get(index) or ("{}" if index in self._closed else "")
         return super().finished()
 
     def _count(self, usage: dict[str, Any] | None) -> None:

@@ -133,6 +133,7 @@ class OpenAIReader(StreamReader):
     def __init__(self) -> None:
         super().__init__()
         self._seen_model: str | None = None
+        self._last_unindexed: Any = None  # the key of the last call that came without an index
 
     def event(self, data: str, event_type: str | None) -> Classification:
         if data == DONE:
@@ -217,8 +218,9 @@ class OpenAIReader(StreamReader):
         for position, piece in enumerate(calls if isinstance(calls, list) else ()):
             if not isinstance(piece, dict):
                 continue
-            call = self.calls.setdefault(piece.get("index", position), ToolCall())
-            if call.id is None and isinstance(piece.get("id"), str):
+            key = piece.get("index")
+            call = self.calls.setdefault(self._unindexed(piece, position) if key is None else key, ToolCall())
+            if not call.id and isinstance(piece.get("id"), str):
                 call.id = piece["id"]
             function = piece.get("function")
             if isinstance(function, dict):
@@ -227,23 +229,35 @@ class OpenAIReader(StreamReader):
                 if isinstance(arguments := function.get("arguments"), str):
                     call.arguments += arguments
 
+    def _unindexed(self, piece: dict[str, Any], position: int) -> Any:
+        """The call a piece without an index belongs to (servers that copy the API may give
+        none): a new one for a new id, or for a second piece of one list; else the last."""
+        new_id = piece.get("id")
+        if (
+            position
+            or self._last_unindexed is None
+            or (isinstance(new_id, str) and new_id and new_id != self.calls[self._last_unindexed].id)
+        ):
+            self._last_unindexed = ("unindexed", len(self.calls))
+        return self._last_unindexed
+
     def _responses_call(self, kind: str, obj: dict[str, Any]) -> None:
         """A Responses function call's output item (whole when done), or its arguments'
-        pieces; by the item's id."""
+        pieces; by the item's place in the output (every event names it), else its id."""
         if kind.startswith("response.output_item."):
             item = obj.get("item")
             if isinstance(item, dict):
-                self._function_item(item)
+                self._function_item(obj.get("output_index", item.get("id") or item.get("call_id")), item)
             return
-        call = self.calls.setdefault(obj.get("item_id"), ToolCall())
+        call = self.calls.setdefault(obj.get("output_index", obj.get("item_id")), ToolCall())
         arguments = obj.get("arguments" if kind.endswith(".done") else "delta")
         if isinstance(arguments, str):
             call.arguments = arguments if kind.endswith(".done") else call.arguments + arguments
 
-    def _function_item(self, item: dict[str, Any]) -> None:
+    def _function_item(self, key: Any, item: dict[str, Any]) -> None:
         if item.get("type") != "function_call":
             return
-        call = self.calls.setdefault(item.get("id", item.get("call_id")), ToolCall())
+        call = self.calls.setdefault(key, ToolCall())
         if isinstance(item.get("call_id"), str):
             call.id = item["call_id"]
         if isinstance(item.get("name"), str):
@@ -280,9 +294,9 @@ class OpenAIReader(StreamReader):
             self.summary.finish = status
             if not self.pieces:
                 self.pieces.extend(_output_text(response))
-            for item in response.get("output") or ():  # the calls whole, as the response ended
+            for index, item in enumerate(response.get("output") or ()):  # the calls whole, at its end
                 if isinstance(item, dict):
-                    self._function_item(item)
+                    self._function_item(index, item)
             return classified(OpenAIKind.DONE, None, status, usage)
         return classified(OpenAIKind.EVENT, None, status, usage)
 
