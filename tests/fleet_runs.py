@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.js.errors
 
 from tasktape.fleet.collector import Collector, CollectStats
 from tasktape.fleet.names import STREAM, parse_servers
@@ -65,11 +66,18 @@ async def raw_messages(url: str, consumer: str = "raw") -> list[bytes]:
     try:
         sub = await nc.jetstream().pull_subscribe("tasktape.>", durable=consumer, stream=STREAM)
         found: list[bytes] = []
+        unavailable = 0
         while True:
             try:
                 found += [m.data for m in await sub.fetch(1000, timeout=2)]
             except TimeoutError:  # nats.errors.TimeoutError too: no more messages
                 return found
+            except nats.js.errors.ServiceUnavailableError:
+                # A new consumer of a clustered stream answers 503 until its leader is chosen.
+                unavailable += 1
+                if unavailable > 50:
+                    raise
+                await asyncio.sleep(0.1)
     finally:
         await nc.close()
 
