@@ -204,10 +204,14 @@ class RecordingProxy:
         if request.method == "CONNECT":
             return self._refuse(request, 405, "CONNECT is not accepted: tasktape record is a reverse proxy")
         if not request.raw_path.startswith("/"):
+            form = (
+                "an asterisk-form request target (OPTIONS *)"
+                if request.raw_path == "*"
+                else "absolute-form request targets"
+            )
+            verb = "is" if request.raw_path == "*" else "are"
             return self._refuse(
-                request,
-                400,
-                "absolute-form request targets are not accepted: tasktape record is a reverse proxy",
+                request, 400, f"{form} {verb} not accepted: tasktape record is a reverse proxy of paths"
             )
         return await handler(request)
 

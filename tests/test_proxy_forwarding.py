@@ -111,16 +111,20 @@ async def test_not_an_open_proxy(record: RecordFactory) -> None:
     contacted: list[str] = []
     rec = await record(answering_anything(contacted))
     host, port = rec.url.removeprefix("http://").split(":")
-    for request_line in (b"GET http://example.com/x HTTP/1.1", b"CONNECT example.com:443 HTTP/1.1"):
+    for request_line, said in (
+        (b"GET http://example.com/x HTTP/1.1", b"absolute-form request targets are not accepted"),
+        (b"CONNECT example.com:443 HTTP/1.1", b"CONNECT is not accepted"),
+        (b"OPTIONS * HTTP/1.1", b"an asterisk-form request target (OPTIONS *) is not accepted"),
+    ):
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(request_line + b"\r\nHost: example.com\r\nConnection: close\r\n\r\n")
         response = await reader.read()
         writer.close()
         assert response.split(b"\r\n")[0] in (b"HTTP/1.1 400 Bad Request", b"HTTP/1.1 405 Method Not Allowed")
-        assert b"not accepted" in response
+        assert said in response, response
     assert contacted == []
     with await rec.log() as log:
-        assert [x["outcome"] for x in log.exchanges()] == ["refused", "refused"]
+        assert [x["outcome"] for x in log.exchanges()] == ["refused"] * 3
 
 
 async def test_a_websocket_upgrade_is_refused_saying_why(record: RecordFactory) -> None:
