@@ -461,10 +461,10 @@ def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any
         partial.unlink(missing_ok=True)
 
 
-def cassette_uid(content: bytes, created_at: str | None) -> str:
-    """The uid of the capture that imports a cassette of these bytes: the same for the same
-    bytes, so that importing it again adds nothing twice, and logs that imported it merge
-    as one (its exchanges' uids follow from it)."""
+def imported_uid(content: bytes, created_at: str | None = None) -> str:
+    """The uid of the capture that imports a file of these bytes (a cassette, a flow file):
+    the same for the same bytes, so that importing it again adds nothing twice, and logs
+    that imported it merge as one (its exchanges' uids follow from it)."""
     return derived_uuid7(iso_ns(created_at), "cassette", hashlib.sha256(content).hexdigest())
 
 
@@ -473,7 +473,7 @@ def load_into(
 ) -> list[int]:
     """Write exchanges into a log through ``writer``; returns their new exchange ids. A
     reconnect the resume gateway answered is a row of ``resumes`` again, as it was. With
-    ``capture_uid`` (a cassette's, :func:`cassette_uid`), each exchange's uid follows from
+    ``capture_uid`` (a cassette's, :func:`imported_uid`), each exchange's uid follows from
     it and the exchange's place in the cassette."""
     ids: list[int] = []
     for n, r in enumerate(recorded):

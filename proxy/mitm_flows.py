@@ -18,6 +18,7 @@ from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
+from tasktape.eventlog.uids import derived_uuid7
 
 from .failure import dropped
 from .kept_body import KeptBody
@@ -165,17 +166,28 @@ def read_flow_file(path: Path) -> tuple[list[http.HTTPFlow], int]:
 
 
 def record_saved_flow(
-    writer: LogProducer, capture_id: int, flow: http.HTTPFlow, max_body: int = MAX_BODY
+    writer: LogProducer,
+    capture_id: int,
+    flow: http.HTTPFlow,
+    max_body: int = MAX_BODY,
+    capture_uid: str | None = None,
 ) -> bool:
-    """Write one saved flow as an exchange; True when it is an event stream whose
-    per-event timing is unknown (mitmproxy buffered it whole)."""
+    """Write one saved flow as an exchange (with ``capture_uid``, an import's, its uid
+    follows from that and the flow's id); True when it is an event stream whose per-event
+    timing is unknown (mitmproxy buffered it whole)."""
     request, response = flow.request, flow.response
     start = request.timestamp_start
 
     def offset(moment: float | None) -> int:
         return max(0, round(((moment or start) - start) * 1e9))
 
-    exchange = writer.begin_exchange(capture_id, **request_fields(request, max_body))
+    fields = request_fields(request, max_body)
+    uid = (
+        None
+        if capture_uid is None
+        else derived_uuid7(fields["started_ns"] or 0, "flow", capture_uid, flow.id)
+    )
+    exchange = writer.begin_exchange(capture_id, **fields, uid=uid)
     note, untimed = None, False
     if response is not None and (flow.error is None or _head_sent(flow, response)):
         head = head_fields(response)

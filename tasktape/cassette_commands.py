@@ -12,7 +12,7 @@ import click
 from tasktape.counted import counted
 from tasktape.errors import CassetteError, FlowFileError, LogError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import cassette_lines, cassette_uid, load_into, read_cassette, read_header
+from tasktape.eventlog.cassette import cassette_lines, imported_uid, load_into, read_cassette, read_header
 from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
@@ -108,12 +108,13 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
     held = _imported(db)
     with writer:
         for path, content in loaded:
-            if isinstance(content, _Flows):
-                _import_flows(writer, path, content, db)
-                continue
-            uid = cassette_uid(path.read_bytes(), read_header(path).get("created_at"))
+            flows = isinstance(content, _Flows)
+            uid = imported_uid(path.read_bytes(), None if flows else read_header(path).get("created_at"))
             if uid in held:
                 click.echo(f"tasktape import: {path} is in {db} already (capture {held[uid]}): nothing added")
+                continue
+            if isinstance(content, _Flows):
+                held[uid] = _import_flows(writer, path, content, db, uid)
                 continue
             capture = held[uid] = writer.begin_capture(
                 source="import", upstream=None, argv=[str(path)], uid=uid
@@ -164,14 +165,17 @@ def _read_flows(path: Path) -> _Flows:
         raise click.ClickException(str(exc)) from None
 
 
-def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path) -> None:
+def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path, uid: str) -> int:
+    """A flow file's flows into the log, as one capture (its id); each exchange's uid
+    follows from the capture's and its flow's id."""
     from tasktape.proxy.mitm_flows import record_saved_flow  # noqa: PLC0415 - see _read_flows
 
-    capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path)])
-    untimed = sum(record_saved_flow(writer, capture, flow) for flow in content.flows)
+    capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path)], uid=uid)
+    untimed = sum(record_saved_flow(writer, capture, flow, capture_uid=uid) for flow in content.flows)
     writer.end_capture(capture)
     notes = [f"{untimed} event streams without per-event timing"] if untimed else []
     if content.others:
         notes.append(f"{content.others} non-HTTP flows skipped")
     extra = f" ({'; '.join(notes)})" if notes else ""
     click.echo(f"tasktape import: {counted(len(content.flows), 'exchange')} from {path} -> {db}{extra}")
+    return capture

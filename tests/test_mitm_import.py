@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -98,6 +99,17 @@ async def test_imported_flows_give_the_events_tasktape_record_records(
         got = [digest(log, x) for x in log.exchanges()]
     n = 1 + CASES.index((agent, binding)) * 2  # after the first card: each case's card and stream
     assert got[n : n + 2] == expected
+
+
+def test_a_flow_file_is_imported_once(saved: Saved, imported: Path, tmp_path: Path) -> None:
+    """Its capture's uid follows from its bytes, each exchange's from that and its flow's id."""
+    copy = tmp_path / "copy.db"
+    shutil.copy(imported, copy)
+    result = CliRunner().invoke(main, ["import", str(saved.flows), "--db", str(copy)])
+    assert result.exit_code == 0 and "already (capture 1): nothing added" in result.output
+    with EventLog(copy) as log, EventLog(imported) as first:
+        assert len(log.captures()) == 1
+        assert [x["uid"] for x in log.exchanges()] == [x["uid"] for x in first.exchanges()]
 
 
 def test_an_imported_stream_says_its_timing_is_unknown(imported: Path) -> None:
