@@ -76,6 +76,10 @@ def _ms(ns: int) -> float:
     return round(ns / 1_000_000, 6)
 
 
+# The error of a cassette's last exchange that the file ends in (before its end line).
+CUT_OFF = "the cassette ends before this exchange's end line: cut off (its other exchanges have theirs)"
+
+
 def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
     """Read and validate a cassette; raises :class:`CassetteError` naming the line.
     Its exchanges' origins say ``name`` (by default, the file's name) and the line.
@@ -100,6 +104,7 @@ def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
     recorded: list[Recorded] = []
     current: Recorded | None = None
     header_seen = False
+    ends = 0  # end lines read
     for number, line in enumerate(content.split(b"\n"), 1):
         if not line.strip():
             continue
@@ -128,6 +133,7 @@ def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
             if kind == "end":
                 current.duration_ns, current.outcome, current.error = item
                 current = None
+                ends += 1
                 continue
             chunk = item
         elif current is None:
@@ -139,6 +145,10 @@ def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
         current.chunks.append(chunk)
     if not header_seen:
         raise CassetteError(f"{path}: empty; a cassette starts with its header line")
+    if current is not None and ends:
+        # Its other exchanges end with an end line, as written: the file was cut off here
+        # (a cassette written by hand may have none at all).
+        current.outcome, current.error = Outcome.LOG_CLOSED, CUT_OFF
     for r in recorded:
         if r.duration_ns is None:
             r.duration_ns = r.chunks[-1][0] if r.chunks else r.ttfb_ns

@@ -17,7 +17,9 @@ Headers = list[tuple[str, str]]
 
 
 # Outcomes whose recorded response stops where the connection broke.
-CUT_SHORT = frozenset({Outcome.UPSTREAM_DISCONNECTED, Outcome.CLIENT_DISCONNECTED, Outcome.PROXY_STOPPED})
+CUT_SHORT = frozenset(
+    {Outcome.UPSTREAM_DISCONNECTED, Outcome.CLIENT_DISCONNECTED, Outcome.PROXY_STOPPED, Outcome.LOG_CLOSED}
+)
 
 
 @dataclass

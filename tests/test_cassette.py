@@ -18,6 +18,7 @@ from tasktape.cli import main
 from tasktape.errors import CassetteError, LogError, SourceError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import (
+    CUT_OFF,
     _modelled,
     _plain_chunk,
     _plain_line,
@@ -367,6 +368,32 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
         read_cassette(log_path)
     with pytest.raises(CassetteError, match=r"flows\.mitm is a mitmproxy flow file, not a cassette"):
         read_cassette(flows)
+
+
+def test_a_cassette_cut_off_mid_file_is_no_complete_recording(tmp_path: Path) -> None:
+    """``head -n 20``, a disk full: the last exchange lost its end line (and maybe chunks),
+    and replayed as a whole stream. Where the other exchanges have their end lines, it is
+    cut short (log_closed, saying why): replays break off there and check notes it. A
+    cassette written by hand with no end line at all is read as it always was."""
+    log_path = make_log(tmp_path / "a.db")
+    whole = tmp_path / "whole.jsonl"
+    assert CliRunner().invoke(main, ["export", str(log_path), "-o", str(whole)]).exit_code == 0
+    lines = whole.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:-2]))  # the last exchange's end line, and its last chunk, gone
+    *kept, last = read_cassette(cut)
+    assert all(r.outcome == "complete" for r in kept) and last.cut_short
+    assert (last.outcome, last.error) == ("log_closed", CUT_OFF)
+    result = CliRunner().invoke(main, ["check", str(cut)])
+    assert "cut-short" in result.output, result.output
+    by_hand = tmp_path / "by_hand.jsonl"
+    by_hand.write_text(
+        '{"tasktape_cassette": 1}\n'
+        '{"exchange": {"request": {"method": "GET", "path": "/"}, "response": {"status": 200}}}\n'
+        '{"chunk": {"offset_ms": 1, "text": "hello"}}\n'
+    )
+    (only,) = read_cassette(by_hand)
+    assert only.outcome == "complete" and only.error is None
 
 
 def test_a_folder_holds_cassettes_in_its_subfolders_too(tmp_path: Path) -> None:
