@@ -15,8 +15,9 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import ctx, exceptions, http, optmanager
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
@@ -41,7 +42,7 @@ _WRITER_OPTIONS = {
     "tasktape_max_log_size",
 }
 # mitmproxy's options whose values are credentials: kept out of the capture's argv.
-_CREDENTIAL_OPTIONS = frozenset({"proxyauth", "upstream_auth"})
+_CREDENTIAL_OPTIONS = frozenset({"proxyauth", "upstream_auth", "web_password"})
 
 
 def argv_without_credentials(argv: Sequence[str]) -> list[str]:
@@ -65,6 +66,20 @@ def argv_without_credentials(argv: Sequence[str]) -> list[str]:
         hidden = equals and name.replace("-", "_") in _CREDENTIAL_OPTIONS
         out.append(f"{arg[: len(arg) - len(setting)]}{name}={REDACTED}" if hidden else arg)
     return out
+
+
+def check_settings(settings: Sequence[str]) -> None:
+    """The addon's options as ``--set NAME=VALUE`` gives them, checked as mitmproxy checks
+    them once the addon has loaded: an OptionsError for a repeated, unknown or malformed
+    one. (Found then, mitmproxy says nothing, and the addon records nothing.)"""
+    options = optmanager.OptManager()
+
+    class Declared:  # the Loader's add_option, onto these options
+        def add_option(self, name: str, typespec: Any, default: Any, help: str, choices: Any = None) -> None:
+            options.add_option(name, typespec, default, help, choices)
+
+    TasktapeRecorder().load(Declared())  # type: ignore[arg-type]
+    options.set(*settings)
 
 
 class TasktapeRecorder:

@@ -85,11 +85,35 @@ def mitm(
     sets += [f"tasktape_redact_headers={name}" for name in redact_header]
     sets += [f"tasktape_redact_query={name}" for name in redact_query]
     sets += [f"tasktape_redact_json={pointer}" for pointer in redact_json]
+    _check_settings(sets, mitmdump_args)
     python, env = child_python()
     args = [*python, "-c", _MITMDUMP, "-s", str(addon_path())]
     for setting in sets:
         args += ["--set", setting]
     sys.exit(run_forwarding_signals([*args, *mitmdump_args], env))
+
+
+def _check_settings(own: list[str], mitmdump_args: tuple[str, ...]) -> None:
+    """The addon's options after ``--`` with those tasktape mitm sets itself, checked before
+    mitmdump starts: one given twice (``tasktape_db``, which ``--db`` sets), unknown or
+    malformed made mitmproxy leave the addon out, silently, and nothing was recorded."""
+    from mitmproxy.exceptions import OptionsError  # noqa: PLC0415 (mitmproxy: the extra)
+
+    from tasktape.proxy.mitm_addon import check_settings  # noqa: PLC0415
+
+    given = [
+        value
+        for flag, value in zip(("", *mitmdump_args), mitmdump_args, strict=False)
+        if flag == "--set" and value.startswith("tasktape_")
+    ]
+    given += [a.removeprefix("--set=") for a in mitmdump_args if a.startswith("--set=tasktape_")]
+    try:
+        check_settings([*own, *given])
+    except OptionsError as exc:
+        raise click.UsageError(
+            f"{exc} (the addon's options after --; tasktape mitm sets tasktape_db from --db and "
+            "tasktape_freeze_heap itself): mitmproxy would leave the addon out, and record nothing"
+        ) from None
 
 
 def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:

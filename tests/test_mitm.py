@@ -516,6 +516,34 @@ def test_tasktape_mitm_refuses_a_bad_pointer_before_starting() -> None:
     assert result.returncode == 2 and "--redact-json" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("tasktape_db=other.db", "Received multiple values for tasktape_db"),
+        ("tasktape_freeze_heap=false", "Received multiple values for tasktape_freeze_heap"),
+        ("tasktape_max_body=abc", "Not an integer: abc"),
+        ("tasktape_hostz=api.example", "Unknown option(s): tasktape_hostz"),
+    ],
+)
+def test_an_addon_option_mitmproxy_would_refuse_is_refused_before_it_starts(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    """mitmproxy checks the addon's options once the addon has loaded, and on an error
+    leaves it out, saying nothing: traffic flowed, exit 0, and nothing was recorded."""
+    db = tmp_path / "m.db"
+    for given in (["--set", setting], [f"--set={setting}"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--", "-p", "0", *given],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert result.returncode == 2 and said in result.stderr, result.stderr
+        assert "mitmproxy would leave the addon out, and record nothing" in result.stderr
+    assert not db.exists()
+
+
 # -- the addon in mitmproxy's test harness --------------------------------------------------
 
 
@@ -548,6 +576,7 @@ def test_mitmproxy_credentials_stay_out_of_the_captures_argv(
             f"--set=proxyauth=alice:{SECRET}",
         ),
         *("--proxyauth", f"carol:{SECRET}", f"--upstream-auth=dave:{SECRET}", "--set", "tasktape_db=x.db"),
+        *("--set", f"web_password={SECRET}"),
     ]
     monkeypatch.setattr(sys, "argv", given)
     recorder = TasktapeRecorder()
@@ -559,6 +588,7 @@ def test_mitmproxy_credentials_stay_out_of_the_captures_argv(
     assert json.loads(capture["argv"]) == [
         *("mitmdump", "-s", "addon.py", "--set", "upstream_auth=[REDACTED]", "--set=proxyauth=[REDACTED]"),
         *("--proxyauth", "[REDACTED]", "--upstream-auth=[REDACTED]", "--set", "tasktape_db=x.db"),
+        *("--set", "web_password=[REDACTED]"),
     ]
 
 
