@@ -27,7 +27,7 @@ from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
-from tasktape.proxy.mitm_flows import InFlight, head_fields, record_failure, request_fields
+from tasktape.proxy.mitm_flows import STREAMED, InFlight, head_fields, record_failure, request_fields
 
 logger = logging.getLogger("tasktape")
 
@@ -274,6 +274,7 @@ class TasktapeRecorder:
         stream = flow.response.stream
         if flow.live and (head["is_sse"] or stream):
             flow.response.stream = state.tee_response(self.writer, stream if callable(stream) else None)
+            flow.metadata[STREAMED] = True  # kept in a flow file (-w): its import knows it
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self.flows.pop(flow.id, None)

@@ -88,11 +88,16 @@ def ending(flow: http.HTTPFlow) -> tuple[str, str]:
     return Outcome.UPSTREAM_DISCONNECTED, dropped(message)
 
 
+# A flow's metadata key: its response was streamed through by tasktape's addon.
+STREAMED = "tasktape_streamed"
+
+
 def _head_sent(flow: http.HTTPFlow, response: http.Response) -> bool:
     """Whether the client was sent the response's head: only when its body streamed (a
-    live flow's says so; a saved flow's body was not kept). mitmproxy keeps the head of a
-    body it buffers until the body is whole, and answers with its 502 if it never is."""
-    return bool(response.stream) or (not flow.live and response.raw_content is None)
+    live flow's says so; a saved one's, if tasktape's addon streamed it, its metadata; else
+    mitmproxy buffered it, as it does by default). mitmproxy keeps the head of a body it
+    buffers until the body is whole, and answers with its 502 if it never is."""
+    return bool(response.stream) or bool(flow.metadata.get(STREAMED))
 
 
 def record_failure(

@@ -26,7 +26,7 @@ from test_mitm import MITMDUMP, SECRET, digest, mitmdump_args, recorded_by_taskt
 
 from tasktape.cli import main
 from tasktape.eventlog import EventLog
-from tasktape.proxy.mitm_flows import NOT_KEPT, UNTIMED
+from tasktape.proxy.mitm_flows import NOT_KEPT, STREAMED, UNTIMED
 
 CASES = [("demo", "rest"), ("sdk", "rest"), ("sdk", "jsonrpc")]  # in the order they are saved
 
@@ -150,15 +150,18 @@ def test_streamed_failed_and_non_http_flows(tmp_path: Path) -> None:
     streamed.response.content = None  # mitmproxy keeps no body it streamed
     peer_closed = tflow.terr("HTTP/1 protocol error: peer closed connection")
     dropped = tflow.tflow(resp=True, err=peer_closed)
-    dropped.response.content = None  # streamed: the client had the head
+    dropped.response.content = None  # streamed by tasktape's addon (saved with -w): the client had the head
+    dropped.metadata[STREAMED] = True
     buffered = tflow.tflow(resp=True, err=peer_closed)  # the client got mitmproxy's 502 instead
+    buffered_unkept = tflow.tflow(resp=True, err=peer_closed)  # the same, as mitmdump -w saves it
+    buffered_unkept.response.content = None
     refused = tflow.tflow(err=tflow.terr("Connection refused"))
     flows = tmp_path / "flows.mitm"
-    write_flows(flows, [streamed, dropped, buffered, refused, tflow.ttcpflow()])
+    write_flows(flows, [streamed, dropped, buffered, refused, buffered_unkept, tflow.ttcpflow()])
     db = tmp_path / "log.db"
     result = CliRunner().invoke(main, ["import", str(flows), "--db", str(db)])
     assert result.exit_code == 0, result.output
-    assert "4 exchanges" in result.output and "1 non-HTTP flows skipped" in result.output
+    assert "5 exchanges" in result.output and "1 non-HTTP flows skipped" in result.output
     with EventLog(db) as log:
         got = [(x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
         assert not log.chunks(log.exchanges()[2]["id"])  # nothing of a body the client never saw
@@ -166,6 +169,7 @@ def test_streamed_failed_and_non_http_flows(tmp_path: Path) -> None:
     assert got[1][:2] == (200, "upstream_disconnected")
     assert got[2][:2] == (502, "upstream_error") and "broke off mid-response" in got[2][2]
     assert got[3][:2] == (502, "upstream_error")
+    assert got[4][:2] == (502, "upstream_error")  # (it was a 200, its upstream said to have dropped)
 
 
 def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
