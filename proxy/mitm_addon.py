@@ -27,7 +27,14 @@ from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
-from tasktape.proxy.mitm_flows import STREAMED, InFlight, head_fields, record_failure, request_fields
+from tasktape.proxy.mitm_flows import (
+    STREAMED,
+    InFlight,
+    head_fields,
+    record_failure,
+    record_saved_flow,
+    request_fields,
+)
 
 logger = logging.getLogger("tasktape")
 
@@ -92,6 +99,7 @@ class TasktapeRecorder:
         self.flows: dict[str, InFlight] = {}
         self._hosts: tuple[str, ...] = ()
         self._paths: tuple[str, ...] = ()
+        self._read: set[str] = set()  # the flows read from a file, recorded
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -239,7 +247,8 @@ class TasktapeRecorder:
         return not self._paths or any(fnmatch.fnmatchcase(path, p) for p in self._paths)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if self.writer is None or not self._wanted(flow.request):
+        # A flow read from a file (mitmdump -r) is recorded once whole, as an import is.
+        if self.writer is None or not flow.live or not self._wanted(flow.request):
             return
         state = self.flows[flow.id] = InFlight(time.perf_counter_ns())
         stream = flow.request.stream  # switched on by stream_large_bodies: keep what passes
@@ -270,13 +279,15 @@ class TasktapeRecorder:
         self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
         # mitmproxy buffers a body whole unless it streams: live event streams are switched
         # to streaming; a body streamed anyway (stream_large_bodies) is teed the same way.
-        # (A flow read from a file, `mitmdump -r`, has its body already: recorded whole.)
         stream = flow.response.stream
-        if flow.live and (head["is_sse"] or stream):
+        if head["is_sse"] or stream:
             flow.response.stream = state.tee_response(self.writer, stream if callable(stream) else None)
             flow.metadata[STREAMED] = True  # kept in a flow file (-w): its import knows it
 
     def response(self, flow: http.HTTPFlow) -> None:
+        if not flow.live:
+            self._saved(flow)
+            return
         state = self.flows.pop(flow.id, None)
         if state is None:
             return
@@ -287,6 +298,9 @@ class TasktapeRecorder:
         state.end(self.writer)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        if not flow.live:
+            self._saved(flow)
+            return
         state = self._begun(flow)
         if state is None:
             return
@@ -294,6 +308,14 @@ class TasktapeRecorder:
         assert self.writer is not None
         outcome, error = record_failure(self.writer, state.exchange, flow, state.offset())
         state.end(self.writer, outcome=outcome, error=error)
+
+    def _saved(self, flow: http.HTTPFlow) -> None:
+        """A flow read from a file: recorded once, whole, with the times and the error it
+        was saved with (its response hook comes before its error's, which it already has)."""
+        if self.writer is None or flow.id in self._read or not self._wanted(flow.request):
+            return
+        self._read.add(flow.id)
+        record_saved_flow(self.writer, self.capture_id, flow, ctx.options.tasktape_max_body)
 
 
 addons = [TasktapeRecorder()]

@@ -812,3 +812,27 @@ def test_the_error_hook_records_the_outcome(
         (x,) = log.exchanges()
         assert x["outcome"] == "upstream_disconnected"
         assert [c["data"] for c in log.chunks(x["id"])] == [b"data: 1\n\n"]
+
+
+def test_flows_read_from_a_file_are_recorded_as_saved(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    """`mitmdump -r`: mitmproxy calls a loaded flow's response hook before its error's, and
+    a failed flow was recorded complete, timed by the clock of the reading; it is recorded
+    once, as `tasktape import` records it: the error it was saved with, its own times."""
+    recorder, _ = addon
+    broken = tflow.tflow(resp=True, err=tflow.terr("HTTP/1 protocol error: peer closed connection"))
+    broken.error.timestamp = 1_000.15
+    whole = tflow.tflow(resp=True)
+    for flow in (broken, whole):
+        flow.live = False
+        flow.request.timestamp_start = 1_000.0
+        flow.response.timestamp_start, flow.response.timestamp_end = 1_000.05, 1_000.25
+        hooks = [recorder.requestheaders, recorder.request, recorder.responseheaders, recorder.response]
+        for hook in [*hooks, *([recorder.error] if flow.error else [])]:
+            hook(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        rows = [(x["status"], x["outcome"], x["duration_ns"]) for x in log.exchanges()]
+    assert rows[0] == (502, "upstream_error", 150_000_000)  # mitmproxy's 502: it had buffered the body
+    assert rows[1] == (200, "complete", 250_000_000)  # its own times, not the reading's
