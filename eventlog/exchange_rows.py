@@ -164,7 +164,7 @@ class ExchangeRows:
             method,
             path,
             self._redactor.query(query),
-            self._headers(headers),
+            None if headers is None else self._headers(self._headers_seen),
             stored_body(body),
             int(body_truncated),
             encoding,
@@ -245,8 +245,9 @@ class ExchangeRows:
     ) -> Statement:
         self.summary.status = status
         self.summary.is_sse = is_sse
-        if self._protocol is not None and self.summary.session_id is None and headers is not None:
-            self.summary.session_id = self._protocol.session(self._redactor.header_pairs(_pairs(headers)))
+        redacted = None if headers is None else self._redactor.header_pairs(_pairs(headers))
+        if self._protocol is not None and self.summary.session_id is None and redacted is not None:
+            self.summary.session_id = self._protocol.session(redacted)
         # A response that is not a stream is read whole: no first event to recognise it by.
         self._recognised = self._recognised or not is_sse
         if content_encoding and content_encoding.strip().lower() != "identity":
@@ -262,7 +263,7 @@ class ExchangeRows:
             self._decoder = SSEDecoder(keep_raw=bool(self._redactor.json_pointers))
         return UPDATE_HEAD, (
             status,
-            self._headers(headers),
+            None if redacted is None else self._headers(redacted),
             int(is_sse),
             ttfb_ns,
             decoded_from,
@@ -399,20 +400,10 @@ class ExchangeRows:
         else:
             self._error = f"{why}: {part} is stored as received"
 
-    def _headers(self, headers: Headers | None) -> str | None:
-        if headers is None:
-            return None
-        pairs = headers.items() if isinstance(headers, Mapping) else headers
-        # Most headers are ASCII and none redaction changes: those are taken as they are.
-        changed, value_of = self._redactor.changed_headers, self._redactor.header_value
-        return _headers_json(
-            [
-                (k, v)
-                if v.isascii() and k.lower() not in changed
-                else (k, _header_text(value_of(k.lower(), v)))
-                for k, v in pairs
-            ]
-        )
+    @staticmethod
+    def _headers(redacted: list[tuple[str, str]]) -> str:
+        """Redacted headers as stored: their bytes that are not UTF-8 read as Latin-1."""
+        return _headers_json([(k, v) if v.isascii() else (k, _header_text(v)) for k, v in redacted])
 
     def _chunk_row(self, offset_ns: int, data: bytes, chunk_rows: Rows) -> None:
         chunk_rows.append((self.summary.exchange_id, self._chunk_seq, offset_ns, data))

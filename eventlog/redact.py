@@ -64,8 +64,12 @@ class Redactor:
     def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         """Credential headers redacted whole; headers that hold URLs (``Referer``,
         ``Location``, ``Content-Location``, ``Link``) keep them, with their query strings
-        redacted."""
-        return [(k, self.header_value(k.lower(), v)) for k, v in pairs]
+        redacted. (Most headers are none of those: taken as they are.)"""
+        changed = self.changed_headers
+        return [
+            (k, v) if (name := k.lower()) not in changed else (k, self.header_value(name, v))
+            for k, v in pairs
+        ]
 
     def header_value(self, name: str, value: str) -> str:
         """A header's value as ``header_pairs`` has it (``name`` in lower case)."""

@@ -204,14 +204,13 @@ class RecordingProxy:
         if request.method == "CONNECT":
             return self._refuse(request, 405, "CONNECT is not accepted: tasktape record is a reverse proxy")
         if not request.raw_path.startswith("/"):
-            form = (
-                "an asterisk-form request target (OPTIONS *)"
+            what = (
+                "an asterisk-form request target (OPTIONS *) is"
                 if request.raw_path == "*"
-                else "absolute-form request targets"
+                else "absolute-form request targets are"
             )
-            verb = "is" if request.raw_path == "*" else "are"
             return self._refuse(
-                request, 400, f"{form} {verb} not accepted: tasktape record is a reverse proxy of paths"
+                request, 400, f"{what} not accepted: tasktape record is a reverse proxy of paths"
             )
         return await handler(request)
 

@@ -82,14 +82,9 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
             ).fetchone()
             if last is None or (last[0] is not None and last[0] not in _CUT_SHORT) or last[1] < since:
                 continue
-            original = _request(root)
-            protocol = recognise(original)
-            if protocol is None:
-                continue
-            stream = _rebuilt(conn, root, chain, protocol)
-            plan = protocol.resubscription(original, stream.sent_data(), stream.last_agent_id())
-            if plan is not None:  # it goes on
-                yield stream, original
+            going_on = _going_on(conn, root, chain)
+            if going_on is not None:
+                yield going_on
 
 
 # The streams of earlier runs whose last bytes came within the hold (the latest first):
@@ -155,14 +150,22 @@ def let_go_unfinished(path: Path, exchange_id: int) -> tuple[LiveStream, Request
         if root is None:
             return None
         chain = _chain(conn, root["id"])
-        original = _request(root)
-        protocol = recognise(original)
-        if _outcome(conn, chain) != Outcome.CLIENT_DISCONNECTED or protocol is None:
-            return None
-        stream = _rebuilt(conn, root, chain, protocol)
-        if protocol.resubscription(original, stream.sent_data(), stream.last_agent_id()) is None:
-            return None
-        return stream, original
+        return _going_on(conn, root, chain) if _outcome(conn, chain) == Outcome.CLIENT_DISCONNECTED else None
+
+
+def _going_on(
+    conn: sqlite3.Connection, root: sqlite3.Row, chain: list[int]
+) -> tuple[LiveStream, Request] | None:
+    """The stream ``root`` opened, rebuilt, and that request, when its protocol can follow
+    it on (a subscribe to its agent); None when it cannot."""
+    original = _request(root)
+    protocol = recognise(original)
+    if protocol is None:
+        return None
+    stream = _rebuilt(conn, root, chain, protocol)
+    if protocol.resubscription(original, stream.sent_data(), stream.last_agent_id()) is None:
+        return None
+    return stream, original
 
 
 def _outcome(conn: sqlite3.Connection, chain: list[int]) -> str | None:

@@ -131,6 +131,7 @@ class ReplayServer:
         self._digests: dict[int, Digest] = {}
         self.resumed: set[int] = set()  # recordings served only to clients resuming them
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
+        self.unframed: list[str] = []  # of those, the ones an edit made so (not redaction): said
         self.add_ids = add_ids
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
@@ -279,12 +280,10 @@ class ReplayServer:
             # Sent, it would hang the client (too long) or cut the body (too short).
             self._unframed.add(len(self.recorded))
         if problem is not None and not redacted(recorded):
-            log.warning(
-                "tasktape replay: %s (%s): %s; it is left out, and the body sent whole",
-                recorded.request_line,
-                recorded.origin,
-                problem,
-            )
+            where = f"{recorded.request_line} ({recorded.origin})"
+            said = f"{where}: {problem}; it is left out, and the body sent whole"
+            self.unframed.append(said)
+            log.warning("tasktape replay: %s", said)
         self._by_route.setdefault((recorded.method, recorded.path), []).append(len(self.recorded))
         self.recorded.append(recorded)
         self.used.append(used)

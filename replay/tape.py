@@ -28,7 +28,6 @@ from tasktape.proxy.hosts import allowed_hosts
 
 from .faults import Faults
 from .fidelity import Divergence
-from .framing import length_problem, redacted
 from .loop_stalls import LoopStalls
 from .matching import Incoming, mismatches
 from .modes import ReplayMode
@@ -152,12 +151,8 @@ class Tape:
     @property
     def unframed(self) -> list[str]:
         """The recordings whose Content-Length is not the length of the body they hold (an
-        edit by hand, most likely): the replay sends them without it."""
-        return [
-            f"{r.request_line} ({r.origin}): {problem}; it is left out, and the body sent whole"
-            for r in self.recorded
-            if (problem := length_problem(r)) is not None and not redacted(r)
-        ]
+        edit by hand, most likely): the replay sends them without it, and says so."""
+        return self.server.unframed
 
     def told(self) -> Told:
         """What :meth:`problems` has said once it said everything up to now."""
