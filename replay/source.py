@@ -17,10 +17,7 @@ def load(paths: list[str | Path]) -> list[Recorded]:
     recorded: list[Recorded] = []
     for source in map(Path, paths):
         if source.is_dir():
-            cassettes = cassettes_in(source)
-            if not cassettes:
-                raise SourceError(f"{source}: a folder without cassettes (*.jsonl, in it or its subfolders)")
-            for cassette in cassettes:
+            for cassette in cassettes_in(source):
                 recorded += read_cassette(source / cassette, cassette.as_posix())
         elif not source.exists():
             raise SourceError(f"{source}: no such file or folder")
@@ -32,7 +29,7 @@ def load(paths: list[str | Path]) -> list[Recorded]:
 def cassettes_in(folder: Path) -> list[Path]:
     """The cassettes under a folder, as paths relative to it, in order (the pytest plug-in
     keeps one folder of them per test module); hidden folders left out, folders linked to
-    followed (each once: a link that loops back is not)."""
+    followed (each once: a link that loops back is not). A SourceError when there is none."""
     found: list[Path] = []
     seen: set[str] = set()
     for where, folders, files in os.walk(folder, followlinks=True):
@@ -44,6 +41,8 @@ def cassettes_in(folder: Path) -> list[Path]:
         folders[:] = [f for f in folders if not f.startswith(".")]
         here = Path(where).relative_to(folder)
         found += [here / f for f in files if f.endswith(".jsonl") and (Path(where) / f).is_file()]
+    if not found:
+        raise SourceError(f"{folder}: a folder without cassettes (*.jsonl, in it or its subfolders)")
     return sorted(found)
 
 

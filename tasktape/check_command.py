@@ -32,11 +32,10 @@ def _each(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
         if not path.is_dir():
             yield path, None
             continue
-        members = cassettes_in(path)
-        if not members:
-            raise click.BadParameter(
-                f"{path}: a folder without cassettes (*.jsonl, in it or its subfolders)", param_hint="SOURCE"
-            )
+        try:
+            members = cassettes_in(path)
+        except TasktapeError as exc:
+            raise click.BadParameter(str(exc), param_hint="SOURCE") from None
         yield from ((path / member, member.as_posix()) for member in members)
 
 
