@@ -20,7 +20,7 @@ from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import load_into, read_cassette
 from tasktape.eventlog.checker import check_recorded, report_log
 from tasktape.eventlog.classify import classify
-from tasktape.eventlog.protocols import ProtocolName, Request, recognise, recognise_stream
+from tasktape.eventlog.protocols import ProtocolName, Request, recognise, recognise_exchange, recognise_stream
 from tasktape.eventlog.recorded import Recorded, read_log
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,3 +427,12 @@ CHAT_ANSWER = (
     b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":'
     b'[{"index":0,"delta":{"content":"Hi"}}]}\n\ndata: [DONE]\n\n'
 )
+
+
+@pytest.mark.parametrize("hostile", ["{}", "[1]", '{"a": 1}'])
+def test_an_object_where_a_name_goes_is_no_claim(hostile: str) -> None:
+    """A JSON-RPC method, an A2A 0.3 kind, an OpenAI object given as an object or a list:
+    the protocols' claims raised on them (a set cannot look one up), and the log writer
+    with them."""
+    body = f'{{"jsonrpc": "2.0", "id": 1, "method": {hostile}, "kind": {hostile}, "object": {hostile}}}'
+    assert recognise_exchange(Request("POST", "/", [], body.encode()), (body, None)) is None

@@ -18,7 +18,17 @@ from ..classify import Classification, classify, load_json
 from ..requests import A2A_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
 from . import a2a_rejoin
-from .base import CatchUp, Protocol, Regenerated, Request, RequestInfo, Resubscription, StreamReader, Summary
+from .base import (
+    CatchUp,
+    Protocol,
+    Regenerated,
+    Request,
+    RequestInfo,
+    Resubscription,
+    StreamReader,
+    Summary,
+    among,
+)
 
 THINKING = "intermediate-thinking"
 _ARTIFACT_UPDATE = A2AKind.ARTIFACT_UPDATE.value  # a plain string: compared per event
@@ -40,7 +50,7 @@ class A2A(Protocol):
             return True
         body = request.json()
         if not (
-            isinstance(body, dict) and body.get("jsonrpc") == "2.0" and body.get("method") in A2A_METHODS
+            isinstance(body, dict) and body.get("jsonrpc") == "2.0" and among(body.get("method"), A2A_METHODS)
         ):
             return False
         # tasks/get and tasks/cancel are MCP methods too: an MCP client says which it speaks.
@@ -54,7 +64,7 @@ class A2A(Protocol):
             return False
         if isinstance(obj, dict) and is_jsonrpc(obj) and set(obj) <= {"jsonrpc", "id", "result"}:
             obj = obj.get("result")
-            if isinstance(obj, dict) and obj.get("kind") in V03_KINDS:
+            if isinstance(obj, dict) and among(obj.get("kind"), V03_KINDS):
                 return True
         if not isinstance(obj, dict):
             return False

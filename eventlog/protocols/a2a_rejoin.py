@@ -23,7 +23,7 @@ from ..classify import load_json
 from ..jsonrpc_ids import NO_ID
 from ..requests import classify_request
 from ..task_snapshot import stream_response, task_after
-from .base import CatchUp, Request, Resubscription
+from .base import CatchUp, Request, Resubscription, among
 
 _STREAMING = re.compile(r"/(?:message:stream|tasks/[^/:]+:subscribe)$")
 _V03_METHODS = frozenset({"message/stream", "tasks/resubscribe", "tasks/get"})
@@ -32,7 +32,7 @@ _V03_METHODS = frozenset({"message/stream", "tasks/resubscribe", "tasks/get"})
 def resubscription(request: Request, sent: Sequence[str]) -> Resubscription | None:
     """The subscribe to the task the clients were being sent, while it has not ended."""
     task = task_after(_frames(sent))
-    if task is None or (task.get("status") or {}).get("state") in ENDS_A_STREAM:
+    if task is None or among((task.get("status") or {}).get("state"), ENDS_A_STREAM):
         return None
     return _asking(request, task, ("SubscribeToTask", "tasks/resubscribe"), ":subscribe")
 

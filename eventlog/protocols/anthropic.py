@@ -20,7 +20,7 @@ import orjson
 
 from ..classify import Classification, load_json
 from ..frames import Problem, Stream, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, Summary, ToolCall, classified, parsed
+from .base import Protocol, Request, RequestInfo, StreamReader, Summary, ToolCall, among, classified, parsed
 
 
 class AnthropicKind(StrEnum):
@@ -115,7 +115,8 @@ class AnthropicReader(StreamReader):
         obj = parsed(data, AnthropicKind.OTHER)
         if isinstance(obj, Classification):
             return obj
-        kind = _KINDS.get(obj.get("type"), AnthropicKind.OTHER)  # type: ignore[arg-type]
+        named = obj.get("type")
+        kind = _KINDS[named] if among(named, _KINDS) else AnthropicKind.OTHER
         s = self.summary
         if kind is AnthropicKind.CONTENT_BLOCK_DELTA:
             delta = obj.get("delta")
@@ -136,7 +137,7 @@ class AnthropicReader(StreamReader):
             return classified(kind)
         if kind is AnthropicKind.CONTENT_BLOCK_START:
             block = obj.get("content_block")
-            if isinstance(block, dict) and block.get("type") in _TOOL_BLOCKS:
+            if isinstance(block, dict) and among(block.get("type"), _TOOL_BLOCKS):
                 self._tool_block(obj.get("index"), block)
                 self._given[obj.get("index")] = _input(block.get("input"))
             return classified(kind)
@@ -175,7 +176,7 @@ class AnthropicReader(StreamReader):
         texts = [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
         self.pieces.extend(texts)
         for index, block in enumerate(content):
-            if isinstance(block, dict) and block.get("type") in _TOOL_BLOCKS:
+            if isinstance(block, dict) and among(block.get("type"), _TOOL_BLOCKS):
                 given = block.get("input")  # whole here
                 call = self._tool_block(index, block)
                 call.arguments = orjson.dumps(given).decode() if given is not None else ""

@@ -11,7 +11,7 @@ its events add to an answer and name (``tasktape diff``), and the lifecycle rule
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -90,6 +90,12 @@ class ToolCall:
 
 
 _new = tuple.__new__
+
+
+def among(value: Any, names: Collection[str]) -> bool:
+    """Whether a JSON value is one of ``names``: hostile JSON puts an object or a list
+    where a name goes, which a set cannot even look up."""
+    return type(value) is str and value in names
 
 
 def classified(

@@ -25,6 +25,7 @@ from .base import (
     RequestInfo,
     Resubscription,
     StreamReader,
+    among,
     classified,
     parsed,
 )
@@ -114,7 +115,9 @@ class MCP(Protocol):
             return True
         body = request.json()
         return (
-            isinstance(body, dict) and body.get("jsonrpc") == "2.0" and body.get("method") in CLIENT_METHODS
+            isinstance(body, dict)
+            and body.get("jsonrpc") == "2.0"
+            and among(body.get("method"), CLIENT_METHODS)
         )
 
     def request_info(self, request: Request) -> RequestInfo:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Problem, Stream, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, ToolCall, classified, parsed
+from .base import Protocol, Request, RequestInfo, StreamReader, ToolCall, among, classified, parsed
 
 DONE = "[DONE]"
 # The API call of each path tail, and the request body field it needs beside "model".
@@ -86,7 +86,7 @@ class OpenAI(Protocol):
         obj = parsed(data, OpenAIKind.OTHER) if data else None
         if not isinstance(obj, dict):
             return False
-        if obj.get("object") in _CHOICE_OBJECTS:
+        if among(obj.get("object"), _CHOICE_OBJECTS):
             return isinstance(obj.get("choices"), list)
         if event_type is None:
             return obj.get("object") == "response" and isinstance(obj.get("output"), list)
