@@ -24,8 +24,10 @@ if TYPE_CHECKING:
     from .tape import TapeOptions
 
 MARKER = "tasktape"
+TAPES_FIXTURE = "tasktapes"  # a test's named tapes, by name
 OPTIONS = (
     "cassette",
+    "name",
     "speed",
     "faults",
     "add_ids",
@@ -42,18 +44,32 @@ OPTIONS = (
     "upstream",
 )
 SIGNATURE = (
-    "tasktape(cassette=None, *, speed=0, faults=None, add_ids=False, allow_repeats=False, ignore=(), "
-    "match_headers=(), redact_headers=(), redact_query=(), redact_json=(), strict=None, max_age=None, "
-    "in_thread=False, upstream=None)"
+    "tasktape(cassette=None, *, name=None, speed=0, faults=None, add_ids=False, allow_repeats=False, "
+    "ignore=(), match_headers=(), redact_headers=(), redact_query=(), redact_json=(), strict=None, "
+    "max_age=None, in_thread=False, upstream=None)"
 )
 
 
-def merged(item: pytest.Item) -> dict[str, Any]:
-    """Every tasktape marker on the test, its class and its module: the closest says
-    each option (a module's cassette, a test's speed)."""
+_NAME = re.compile(r"[A-Za-z_][\w-]*", re.ASCII)  # a file name's part, and NAME= of --tasktape-upstream
+_NAMED_UPSTREAM = re.compile(r"([A-Za-z_][\w-]*)=(.*)", re.ASCII | re.DOTALL)
+
+
+def tape_names(item: pytest.Item) -> list[str]:
+    """The names of the test's named tapes, sorted (the order they start in)."""
+    names = {_name(marker.kwargs.get("name")) for marker in item.iter_markers(MARKER)}
+    return sorted(name for name in names if name is not None)
+
+
+def merged(item: pytest.Item, name: str | None = None) -> dict[str, Any]:
+    """Every tasktape marker of the tape ``name`` (None: the markers that name no tape) on
+    the test, its class and its module: the closest says each option (a module's cassette,
+    a test's speed)."""
     options: dict[str, Any] = {}
     for marker in item.iter_markers(MARKER):  # closest first
+        if _name(marker.kwargs.get("name")) != name:
+            continue
         given = dict(marker.kwargs)
+        given.pop("name", None)
         if len(marker.args) > 1:
             raise MarkerError(f"it takes one cassette path, not {len(marker.args)}")
         if marker.args:
@@ -67,20 +83,20 @@ def merged(item: pytest.Item) -> dict[str, Any]:
             if "strict" in given:
                 raise MarkerError("strict is given twice (as strict= and as fail_on_unused=, its older name)")
             given["strict"] = given.pop("fail_on_unused")
-        for name, value in given.items():
-            options.setdefault(name, value)
+        for option, value in given.items():
+            options.setdefault(option, value)
     return options
 
 
-def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
-    """The test's tape as its markers and the command line say."""
+def tape_options(item: pytest.Item, config: pytest.Config, name: str | None = None) -> TapeOptions:
+    """The test's tape ``name`` (None: its unnamed one) as its markers and the command line say."""
     # Here, not at the top: pytest imports the plugin in every run, and a run whose
     # tests use no cassette should not pay for the replay server.
     from tasktape.eventlog.redact import Redactor, parse_pointer  # noqa: PLC0415
 
     from .tape import TapeOptions  # noqa: PLC0415
 
-    o = merged(item)
+    o = merged(item, name)
     cassette = o.get("cassette")
     if cassette is not None and not isinstance(cassette, str | PathLike):
         raise MarkerError(f"the cassette is a path, not {cassette!r}")
@@ -97,11 +113,11 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
     max_age = o.get("max_age")
     return TapeOptions(
         cassette=inside(
-            Path(item.path).parent / cassette if cassette is not None else default_cassette(item),
+            Path(item.path).parent / cassette if cassette is not None else default_cassette(item, name),
             config.rootpath,
         ),
         mode=RecordMode.parse(config.getoption("--tasktape-record-mode")),
-        upstream=_upstream(o.get("upstream")) or config.getoption("--tasktape-upstream"),
+        upstream=_upstream(o.get("upstream")) or command_line_upstreams(config).get(name),
         speed=float(speed),
         faults=Faults.parse(faults) if isinstance(faults, str) else faults,
         add_ids=_flag("add_ids", o.get("add_ids", False)),
@@ -118,13 +134,15 @@ def tape_options(item: pytest.Item, config: pytest.Config) -> TapeOptions:
         on_expired=OnExpired.parse(config.getoption("--tasktape-on-expired")),
         in_thread=_flag("in_thread", o.get("in_thread", False)),
         test=item.nodeid,
+        name=name,
     )
 
 
-def default_cassette(item: pytest.Item) -> Path:
-    """``cassettes/<module>/<Class.>test[params].jsonl`` beside the test module; a name
-    that had to change to be a file name gets a short hash of the original, so two
-    tests never share a cassette by accident."""
+def default_cassette(item: pytest.Item, tape: str | None = None) -> Path:
+    """``cassettes/<module>/<Class.>test[params].jsonl`` beside the test module
+    (``...test[params].<tape>.jsonl`` for a named tape); a name that had to change to be
+    a file name gets a short hash of the original, so two tests never share a cassette
+    by accident."""
     raw = item.name
     name = re.sub(r"[^\w.\-\[\]]", "_", raw)
     if name != raw or len(name) > 120:
@@ -132,7 +150,8 @@ def default_cassette(item: pytest.Item) -> Path:
     cls = getattr(item, "cls", None)
     prefix = f"{cls.__name__}." if cls else ""
     test_file = Path(item.path)
-    return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}.jsonl"
+    suffix = f".{tape}" if tape else ""
+    return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}{suffix}.jsonl"
 
 
 def inside(cassette: Path, root: Path) -> Path:
@@ -143,6 +162,30 @@ def inside(cassette: Path, root: Path) -> Path:
             f"the cassette {cassette} is outside the test's directory tree ({root}); keep cassettes under it"
         )
     return cassette
+
+
+def upstream_option(name: str | None) -> str:
+    """The command-line option that gives the tape ``name`` its upstream."""
+    return f"--tasktape-upstream {name}=URL" if name else "--tasktape-upstream URL"
+
+
+def marker_name(name: str | None) -> str:
+    """``name=...,`` as the tape ``name``'s marker starts (nothing for the unnamed tape)."""
+    return f"name={name!r}, " if name else ""
+
+
+def command_line_upstreams(config: pytest.Config) -> dict[str | None, str]:
+    """``--tasktape-upstream``'s agents: ``URL`` for the unnamed tape, ``NAME=URL`` for the
+    tape ``NAME``; each given once."""
+    found: dict[str | None, str] = {}
+    for given in config.getoption("--tasktape-upstream") or ():
+        named = _NAMED_UPSTREAM.fullmatch(given)
+        name, url = (named[1], named[2]) if named else (None, given)
+        if name in found:
+            whose = f"tape {name}'s upstream" if name else "the upstream (of tapes that name none)"
+            raise UsageError(f"{whose} is given twice")
+        found[name] = url
+    return found
 
 
 def command_line_max_age(config: pytest.Config) -> timedelta | None:
@@ -180,6 +223,16 @@ def _upstream(value: Any) -> str | None:
     except UsageError as exc:
         raise MarkerError(f"upstream: {exc}") from None
     return value
+
+
+def _name(value: Any) -> str | None:
+    """A tape's name: letters, digits, ``_`` and ``-`` (it goes into a file name, and
+    into ``--tasktape-upstream NAME=URL``)."""
+    if value is None or (isinstance(value, str) and _NAME.fullmatch(value)):
+        return value
+    raise MarkerError(
+        f"name is a tape's name (letters, digits, _ and -, starting with a letter or _), not {value!r}"
+    )
 
 
 def _flag(name: str, value: Any) -> bool:

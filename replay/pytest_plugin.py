@@ -7,7 +7,9 @@ through the ``pytest11`` entry point; nothing to import).
 
 The fixture serves the cassette (in the test's event loop for pytest-asyncio tests, in a
 thread for the others) and fails the test when a request missed it, whether the test or
-one of its fixtures sent it.
+one of its fixtures sent it. A test that talks to several upstreams (an agent and the LLM
+API it calls) names a tape for each, ``@pytest.mark.tasktape(name="llm")``, and gets them
+from the ``tasktapes`` fixture: ``tasktapes["llm"].url``.
 ``--tasktape-record-mode`` records cassettes through the recording proxy from
 ``--tasktape-upstream``; ``--tasktape-strict`` fails tests that leave recordings unused;
 ``--tasktape-max-age`` holds cassettes to an age. The run ends with one line summing up
@@ -32,19 +34,31 @@ from tasktape.errors import CassetteError, CassetteExpired, TapeError, TasktapeE
 
 from .cassette_age import FORMS, created_at, describe
 from .loop_stalls import LoopStalls
-from .marker import MARKER, SIGNATURE, command_line_max_age, tape_options
+from .marker import (
+    MARKER,
+    SIGNATURE,
+    TAPES_FIXTURE,
+    command_line_max_age,
+    command_line_upstreams,
+    marker_name,
+    tape_names,
+    tape_options,
+    upstream_option,
+)
 from .on_expired import OnExpired
 from .record_mode import RecordMode
 
 if TYPE_CHECKING:
-    from .tape import Tape, TapeOptions, TapeSession, Told
+    from .tape import Tape, TapeOptions, Tapes, TapeSession, Told
 
 LOOP_SCOPES = ("function", "class", "module", "package", "session")
-_TAPE = pytest.StashKey["Tape"]()
-_OPTIONS = pytest.StashKey["TapeOptions"]()
+# A test's tapes are keyed by name: None for the unnamed one (the tasktape fixture's).
+_TAPES = pytest.StashKey[dict[str | None, "Tape"]]()
+_OPTIONS = pytest.StashKey[dict[str | None, "TapeOptions"]]()
 _WRITTEN = pytest.StashKey[dict[Path, set[str | None]]]()  # cassettes written, by which tests
 _RERECORDED = pytest.StashKey[set[Path]]()  # expired cassettes recorded again in this run
-_TOLD = pytest.StashKey["Told"]()  # what of the test's misses and refusals has been reported
+_TOLD = pytest.StashKey[dict[str | None, "Told"]]()  # what of each tape's misses was reported
+_STALLS = pytest.StashKey[LoopStalls]()  # the test's loop, when it serves tapes: how long it stalled
 _TOTALS = pytest.StashKey["Totals"]()
 WORKER_OUTPUT = "tasktape"  # the key of a pytest-xdist worker's totals in its workeroutput
 
@@ -116,7 +130,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="none (replay only, the default), once (record cassettes that do not exist yet), "
         "new_episodes (record what misses, add it to the cassette), all (record everything again).",
     )
-    group.addoption("--tasktape-upstream", metavar="URL", help="The agent to record from.")
+    group.addoption(
+        "--tasktape-upstream",
+        action="append",
+        metavar="[NAME=]URL",
+        help="The agent to record from; NAME=URL for the tapes named NAME (a test of several "
+        "upstreams). Repeat it for each.",
+    )
     group.addoption(
         "--tasktape-strict",
         "--tasktape-fail-on-unused",  # its older name
@@ -159,15 +179,19 @@ def pytest_configure(config: pytest.Config) -> None:
         command_line_max_age(config)
     except UsageError as exc:
         raise pytest.UsageError(f"--tasktape-max-age: {exc}") from None
-    upstream = config.getoption("--tasktape-upstream")
-    if upstream:
+    try:
+        upstreams = command_line_upstreams(config)
+    except UsageError as exc:
+        raise pytest.UsageError(f"--tasktape-upstream: {exc}") from None
+    if upstreams:
         # Here: the recorder (aiohttp) loads only for a run that may record.
         from tasktape.proxy.recorder import upstream_url  # noqa: PLC0415
 
-        try:
-            upstream_url(upstream)
-        except UsageError as exc:
-            raise pytest.UsageError(f"--tasktape-upstream: {exc}") from None
+        for name, upstream in upstreams.items():
+            try:
+                upstream_url(upstream)
+            except UsageError as exc:
+                raise pytest.UsageError(f"--tasktape-upstream {f'{name}=' if name else ''}: {exc}") from None
     parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
     # Each worker would replace the cassettes the others wrote.
     if mode is RecordMode.ALL and parallel:
@@ -183,16 +207,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_TOTALS] = Totals()
 
 
-def _options(request: pytest.FixtureRequest) -> TapeOptions:
-    """The test's options (read once, kept on the test); a mistake fails the test."""
-    options = request.node.stash.get(_OPTIONS, None)
-    if options is None:
+def _options(request: pytest.FixtureRequest, name: str | None) -> TapeOptions:
+    """The options of the test's tape ``name`` (read once, kept on the test); a mistake
+    fails the test."""
+    known = request.node.stash.setdefault(_OPTIONS, {})
+    if name not in known:
         try:
-            options = tape_options(request.node, request.config)
+            options = tape_options(request.node, request.config, name)
         except TasktapeError as exc:
-            raise _failed(f"@pytest.mark.{MARKER}: {exc}") from None
-        options = request.node.stash[_OPTIONS] = _aged(request, options)
-    return options
+            where = f"({marker_name(name).removesuffix(', ')})" if name else ""
+            raise _failed(f"@pytest.mark.{MARKER}{where}: {exc}") from None
+        known[name] = _aged(request, options)
+    return known[name]
 
 
 def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
@@ -216,13 +242,13 @@ def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
     if options.on_expired is OnExpired.FAIL:
         pytest.fail(
             f"tasktape: {expired}; record it again with --tasktape-on-expired=rerecord "
-            "--tasktape-upstream URL (or every cassette with --tasktape-record-mode=all)",
+            f"{upstream_option(options.name)} (or every cassette with --tasktape-record-mode=all)",
             pytrace=False,
         )
     if not options.upstream:
         pytest.fail(
             f"tasktape: {expired}; --tasktape-on-expired=rerecord records it again from an agent: "
-            "give it with --tasktape-upstream URL",
+            f"give it with {upstream_option(options.name)}",
             pytrace=False,
         )
     rerecorded.add(options.cassette)
@@ -246,21 +272,54 @@ def _expired(options: TapeOptions) -> str | None:
     return f"{where} is {describe(age)} old (created_at {written}), past the limit of {limit}"
 
 
-def _session(request: pytest.FixtureRequest) -> TapeSession:
+def _names(request: pytest.FixtureRequest, named: bool) -> list[str | None]:
+    """The names of the tapes a fixture serves: the unnamed one, or the named ones."""
+    if not named:
+        return [None]
+    try:
+        names: list[str | None] = [*tape_names(request.node)]
+    except TasktapeError as exc:
+        raise _failed(f"@pytest.mark.{MARKER}: {exc}") from None
+    if not names:
+        raise _failed(
+            f"the {TAPES_FIXTURE} fixture serves a test's named tapes, and this test names none: "
+            f'name each with @pytest.mark.{MARKER}(name="...")'
+        )
+    return names
+
+
+def _sessions(request: pytest.FixtureRequest, named: bool) -> list[TapeSession]:
+    """The sessions of the tapes a fixture serves: the test's unnamed tape (``tasktape``),
+    or its named ones (``tasktapes``). Two tapes of a test never share a cassette."""
     from .tape import TapeSession  # noqa: PLC0415 - loaded once a test asks for a tape
 
-    return TapeSession(_options(request), request.config.stash[_WRITTEN])
+    options = [_options(request, name) for name in _names(request, named)]
+    taken = {o.cassette.resolve(): o.name for o in request.node.stash.get(_OPTIONS, {}).values()}
+    for o in options:
+        other = next((n for c, n in taken.items() if n != o.name and c == o.cassette.resolve()), False)
+        if other is not False:
+            tapes = " and ".join(f"tape {n}" if n else "the unnamed tape" for n in (other, o.name))
+            raise _failed(f"tasktape: {tapes} share the cassette {o.cassette}: give each its own")
+    written = request.config.stash[_WRITTEN]
+    return [TapeSession(o, written) for o in options]
 
 
-async def _started(session: TapeSession) -> Tape:
-    try:
-        return await session.start()
-    except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
-        await session.stop()
-        raise _failed(f"tasktape: {exc}") from None
-    except OSError as exc:
-        await session.stop()
-        raise _cassette_refused(session, exc) from None
+async def _started(sessions: list[TapeSession]) -> dict[str | None, Tape]:
+    """Start every session; when one cannot start, those started stop, and the test fails."""
+    tapes: dict[str | None, Tape] = {}
+    for session in sessions:
+        try:
+            tapes[session.options.name] = await session.start()
+        except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
+            error = _failed(f"tasktape: {exc}")
+        except OSError as exc:
+            error = _cassette_refused(session, exc)
+        else:
+            continue
+        for started in sessions:
+            await started.stop()
+        raise error from None
+    return tapes
 
 
 def _failed(message: str) -> BaseException:
@@ -275,26 +334,36 @@ def _cassette_refused(session: TapeSession, exc: OSError) -> BaseException:
     return _failed(f"tasktape: cannot use the cassette {where}: {exc.strerror or exc}")
 
 
-async def _stopped(session: TapeSession) -> list[str]:
-    """Stop the tape; what it recorded cut short (to warn of: in the test's thread)."""
-    try:
-        finished = await session.stop()
-    except OSError as exc:
-        raise _cassette_refused(session, exc) from None
-    if finished.failed:
-        where = session.options.cassette
-        pytest.fail(
-            f"tasktape: the upstream failed to answer, so {where} did not get:\n  "
-            + "\n  ".join(finished.failed),
-            pytrace=False,
-        )
-    return finished.cut_short
+async def _stopped(sessions: list[TapeSession]) -> list[str]:
+    """Stop every tape (each, whatever another's stop says); what they recorded cut short
+    (to warn of: in the test's thread)."""
+    cut_short: list[str] = []
+    failures: list[BaseException] = []
+    for session in sessions:
+        try:
+            finished = await session.stop()
+        except OSError as exc:
+            failures.append(_cassette_refused(session, exc))
+            continue
+        if finished.failed:
+            where = session.options.cassette
+            failures.append(
+                _failed(
+                    f"tasktape: the upstream failed to answer, so {where} did not get:\n  "
+                    + "\n  ".join(finished.failed)
+                )
+            )
+        cut_short += finished.cut_short
+    if failures:
+        raise _failed("\n".join(str(f) for f in failures))
+    return cut_short
 
 
-def _warn_of_unframed(request: pytest.FixtureRequest, tape: Tape) -> None:
+def _warn_of_unframed(request: pytest.FixtureRequest, tapes: dict[str | None, Tape]) -> None:
     """A Content-Length edited by hand is said where the test's warnings are, not only logged."""
-    for unframed in tape.unframed:
-        request.node.warn(pytest.PytestWarning(f"tasktape: {unframed}"))
+    for tape in tapes.values():
+        for unframed in tape.unframed:
+            request.node.warn(pytest.PytestWarning(f"tasktape: {unframed}"))
 
 
 def _warn_of_cut_short(request: pytest.FixtureRequest, cut_short: list[str]) -> None:
@@ -309,22 +378,30 @@ def _warn_of_cut_short(request: pytest.FixtureRequest, cut_short: list[str]) -> 
         )
 
 
-def _loop_fixture(scope: str) -> Any:
-    """The tape, served in the event loop pytest-asyncio runs the test in (``scope``)."""
+def _loop_fixture(scope: str, named: bool) -> Any:
+    """The tapes, served in the event loop pytest-asyncio runs the test in (``scope``)."""
 
-    async def fixture(request: pytest.FixtureRequest) -> AsyncIterator[Tape]:
-        session = _session(request)
-        tape = await _started(session)
-        _warn_of_unframed(request, tape)
-        tape.stalls = LoopStalls(asyncio.get_running_loop())
+    async def fixture(request: pytest.FixtureRequest) -> AsyncIterator[dict[str | None, Tape]]:
+        sessions = _sessions(request, named)
+        tapes = await _started(sessions)
+        _warn_of_unframed(request, tapes)
+        # One watch of the loop, however many tapes it serves.
+        stalls = None if _STALLS in request.node.stash else LoopStalls(asyncio.get_running_loop())
+        if stalls is not None:
+            request.node.stash[_STALLS] = stalls
         try:
-            yield tape
+            yield tapes
         finally:
-            tape.stalls.stop()
-            _warn_of_cut_short(request, await _stopped(session))
+            if stalls is not None:
+                stalls.stop()
+            _warn_of_cut_short(request, await _stopped(sessions))
 
-    fixture.__name__ = f"_tasktape_in_{scope}_loop"
+    fixture.__name__ = _loop_fixture_name(scope, named)
     return pytest_asyncio.fixture(fixture, loop_scope=scope)  # type: ignore[call-overload]
+
+
+def _loop_fixture_name(scope: str, named: bool) -> str:
+    return f"_{TAPES_FIXTURE if named else MARKER}_in_{scope}_loop"
 
 
 try:
@@ -333,20 +410,38 @@ except ImportError:  # sync tests need nothing more
     pytest_asyncio = None
 else:
     for _scope in LOOP_SCOPES:
-        globals()[f"_tasktape_in_{_scope}_loop"] = _loop_fixture(_scope)
+        for _named in (False, True):
+            globals()[_loop_fixture_name(_scope, _named)] = _loop_fixture(_scope, _named)
 
 
 @pytest.fixture
 def tasktape(request: pytest.FixtureRequest) -> Iterator[Tape]:
     """A replay server for this test's cassette (see ``@pytest.mark.tasktape``): ``.url`` to
     point the client at, then ``.served``, ``.missed``, ``.refused``, ``.unused`` and ``.events``."""
-    if not _options(request).in_thread and _in_test_loop(request):
-        tape = request.getfixturevalue(f"_tasktape_in_{_loop_scope(request)}_loop")
-        request.node.stash[_TAPE] = tape
-        yield tape
+    for tapes in _served(request, named=False):
+        yield tapes[None]
+
+
+@pytest.fixture
+def tasktapes(request: pytest.FixtureRequest) -> Iterator[Tapes]:
+    """The test's named tapes (``@pytest.mark.tasktape(name="llm")``), one per upstream it
+    talks to, by name: ``tasktapes["llm"].url``; each a tape as ``tasktape`` gives."""
+    from .tape import Tapes  # noqa: PLC0415 - loaded once a test asks for a tape
+
+    for tapes in _served(request, named=True):
+        yield Tapes({name: tape for name, tape in tapes.items() if name is not None})
+
+
+def _served(request: pytest.FixtureRequest, named: bool) -> Iterator[dict[str | None, Tape]]:
+    """Serve a fixture's tapes for the test's length, in its loop or in a thread of their own."""
+    threaded = any(_options(request, name).in_thread for name in _names(request, named))
+    if not threaded and _in_test_loop(request):
+        tapes = request.getfixturevalue(_loop_fixture_name(_loop_scope(request), named))
+        request.node.stash.setdefault(_TAPES, {}).update(tapes)
+        yield tapes
         return
-    # Its own loop in a thread: the test may block (a sync client) while the server answers.
-    session = _session(request)
+    # Their own loop in a thread: the test may block (a sync client) while the servers answer.
+    sessions = _sessions(request, named)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="tasktape-replay", daemon=True)
     thread.start()
@@ -355,13 +450,13 @@ def tasktape(request: pytest.FixtureRequest) -> Iterator[Tape]:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
     try:
-        tape = run(_started(session))
-        _warn_of_unframed(request, tape)
-        request.node.stash[_TAPE] = tape
-        yield tape
+        tapes = run(_started(sessions))
+        _warn_of_unframed(request, tapes)
+        request.node.stash.setdefault(_TAPES, {}).update(tapes)
+        yield tapes
     finally:
         try:
-            _warn_of_cut_short(request, run(_stopped(session)))
+            _warn_of_cut_short(request, run(_stopped(sessions)))
         finally:
             run(loop.shutdown_default_executor())
             loop.call_soon_threadsafe(loop.stop)
@@ -399,13 +494,16 @@ def pytest_runtest_setup(item: pytest.Item) -> Any:
     """A fixture that failed on a miss keeps its error, with what was closest beside it;
     a test marked itself but not asking for the fixture (it would replay nothing,
     silently) fails, saying so."""
-    own = any(m.name == MARKER for m in getattr(item, "own_markers", ()))
-    if own and MARKER not in getattr(item, "fixturenames", ()):
-        pytest.fail(
-            f"@pytest.mark.{MARKER} on {item.name} serves its cassette to the {MARKER} fixture, "
-            f"which the test does not ask for: add `{MARKER}` to its arguments",
-            pytrace=False,
-        )
+    own = [m for m in getattr(item, "own_markers", ()) if m.name == MARKER]
+    fixtures = getattr(item, "fixturenames", ())
+    for fixture, mine in ((MARKER, "its cassette"), (TAPES_FIXTURE, "its named tapes")):
+        named = fixture == TAPES_FIXTURE
+        if any((m.kwargs.get("name") is not None) == named for m in own) and fixture not in fixtures:
+            pytest.fail(
+                f"@pytest.mark.{MARKER} on {item.name} serves {mine} to the {fixture} fixture, "
+                f"which the test does not ask for: add `{fixture}` to its arguments",
+                pytrace=False,
+            )
     try:
         return (yield)
     except (Exception, pytest.fail.Exception):
@@ -445,8 +543,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
             pytest.fail(problems, pytrace=False)
         return result
     finally:
-        tape = item.stash.get(_TAPE, None)
-        if tape is not None:
+        for tape in item.stash.get(_TAPES, {}).values():
             item.config.stash[_TOTALS].add(tape)
 
 
@@ -479,19 +576,20 @@ def _tell(item: pytest.Item, when: str, *, unused: bool = True) -> None:
 
 
 def _note(item: pytest.Item) -> None:
-    """Beside a failure: the recordings served that broke off when recorded."""
-    tape = item.stash.get(_TAPE, None)
-    notes = tape and tape.notes()
-    if notes:
-        item.add_report_section("call", "tasktape notes", notes)
+    """Beside a failure: the recordings served that broke off when recorded, and how long
+    the test's loop stalled while it served them."""
+    notes = [tape.notes() for tape in item.stash.get(_TAPES, {}).values()]
+    stalls = item.stash.get(_STALLS, None)
+    notes.append(stalls and stalls.note())
+    if any(notes):
+        item.add_report_section("call", "tasktape notes", "\n".join(n for n in notes if n))
 
 
 def _problems(item: pytest.Item, *, unused: bool = True) -> str | None:
-    """What the test's tape has to say that was not said yet (it is then said)."""
-    tape = item.stash.get(_TAPE, None)
-    if tape is None:
-        return None
-    told: Told | None = item.stash.get(_TOLD, None)
-    problems = tape.problems(since=told, unused=unused)
-    item.stash[_TOLD] = tape.told()
-    return problems
+    """What the test's tapes have to say that was not said yet (it is then said)."""
+    told = item.stash.setdefault(_TOLD, {})
+    problems = []
+    for name, tape in item.stash.get(_TAPES, {}).items():
+        problems.append(tape.problems(since=told.get(name), unused=unused))
+        told[name] = tape.told()
+    return "\n".join(p for p in problems if p) or None

@@ -9,7 +9,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +28,7 @@ from tasktape.proxy.hosts import allowed_hosts
 
 from .faults import Faults
 from .fidelity import Divergence
-from .loop_stalls import LoopStalls
+from .marker import marker_name, upstream_option
 from .matching import Incoming, mismatches
 from .modes import ReplayMode
 from .on_expired import OnExpired
@@ -40,11 +40,14 @@ if TYPE_CHECKING:
 
 # Outcomes where the answer came from the recorder, not the agent.
 NOT_RECORDINGS = frozenset({Outcome.UPSTREAM_ERROR, Outcome.REFUSED})
-# What a miss's answer (and the failure it leads to) suggests, in the plugin's own options.
-MISS_HINT = (
-    "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream URL, "
-    "or ignore what changes between runs with @pytest.mark.tasktape(ignore=[...])"
-)
+
+
+def miss_hint(name: str | None) -> str:
+    """What a miss's answer (and the failure it leads to) suggests, in the plugin's own options."""
+    return (
+        f"record what is missing with --tasktape-record-mode=new_episodes {upstream_option(name)}, "
+        f"or ignore what changes between runs with @pytest.mark.tasktape({marker_name(name)}ignore=[...])"
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class TapeOptions:
     on_expired: OnExpired = OnExpired.WARN
     in_thread: bool = False
     test: str | None = None  # the node id of the test: what it records is tagged with it
+    name: str | None = None  # the tape's name, for a test of several (``name=`` on its marker)
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ class Tape:
     recording: bool = False
     strict: bool = False
     test: str | None = None  # the node id of the test it serves
-    stalls: LoopStalls | None = None  # served in the test's own loop: how long that loop stalled
+    name: str | None = None  # its name among the test's tapes (None: the unnamed one)
 
     @property
     def served(self) -> int:
@@ -243,8 +247,9 @@ class Tape:
         if not lines:
             return None
         if missed:
-            lines.append(MISS_HINT)
-        return "\n".join(["tasktape: the cassette and the requests disagree", *lines])
+            lines.append(miss_hint(self.name))
+        whose = f" (tape {self.name})" if self.name else ""
+        return "\n".join([f"tasktape{whose}: the cassette and the requests disagree", *lines])
 
     def notes(self) -> str | None:
         """What may explain a failure without being one: recordings served that break off
@@ -255,8 +260,32 @@ class Tape:
             "off at the same byte; if the test failed while recording it, record it again"
             for r in self.cut_short
         ]
-        stalled = self.stalls and self.stalls.note()
-        return "\n".join([*lines, *([stalled] if stalled else [])]) or None
+        return "\n".join(lines) or None
+
+
+class Tapes(Mapping[str, Tape]):
+    """What the ``tasktapes`` fixture gives a test: its named tapes, one per upstream it
+    talks to (``@pytest.mark.tasktape(name="llm")``), each its own server and cassette."""
+
+    def __init__(self, tapes: dict[str, Tape]) -> None:
+        self._tapes = tapes
+
+    def __getitem__(self, name: str) -> Tape:
+        __tracebackhide__ = True  # a name the test does not have is shown at the test's line
+        try:
+            return self._tapes[name]
+        except KeyError:
+            known = ", ".join(self._tapes) or "none"
+            raise KeyError(f"no tape named {name!r}; this test's tapes: {known}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tapes)
+
+    def __len__(self) -> int:
+        return len(self._tapes)
+
+    def __repr__(self) -> str:
+        return f"Tapes({', '.join(f'{n}={t.url}' for n, t in self._tapes.items())})"
 
 
 def _as_request(recorded: Recorded) -> Incoming:
@@ -295,12 +324,12 @@ class TapeSession:
         if not records and existing is None:
             raise TapeError(
                 f"no cassette {o.cassette}; record it with --tasktape-record-mode=once "
-                "--tasktape-upstream URL, or name an existing one in @pytest.mark.tasktape"
+                f"{upstream_option(o.name)}, or name an existing one in @pytest.mark.tasktape"
             )
         if records and not o.upstream:
             raise TapeError(
                 f"--tasktape-record-mode={o.mode.value} records {o.cassette} from an agent: "
-                "give it with --tasktape-upstream URL"
+                f"give it with {upstream_option(o.name)}"
             )
         recorded = self._kept(existing or [])
         common: dict[str, Any] = {
@@ -313,7 +342,7 @@ class TapeSession:
             # On loopback, it answers loopback names only: a page cannot rebind one to it.
             "allowed_hosts": allowed_hosts(()),
             "prefer": o.test,
-            "miss_hint": MISS_HINT,
+            "miss_hint": miss_hint(o.name),
         }
         if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))
@@ -339,7 +368,7 @@ class TapeSession:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.strict, o.test)
+        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.strict, o.test, o.name)
         return self.tape
 
     def _existing(self) -> list[Recorded] | None:

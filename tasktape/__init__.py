@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from .replay.record_mode import RecordMode
     from .replay.server import ReplayServer
     from .replay.source import load
-    from .replay.tape import Tape
+    from .replay.tape import Tape, Tapes
     from .version import __version__
 
 _WHERE = {
@@ -83,6 +83,7 @@ _WHERE = {
     "SSEEvent": ".eventlog.sse",
     "StreamResponse": ".eventlog.models",
     "Tape": ".replay.tape",
+    "Tapes": ".replay.tape",
     "TaskState": ".eventlog.a2a_terms",
     "check_log": ".eventlog.checker",
     "check_recorded": ".eventlog.checker",
@@ -133,6 +134,7 @@ __all__ = [
     "StreamResponse",
     "Tape",
     "TapeError",
+    "Tapes",
     "TaskState",
     "TasktapeError",
     "Unfaithful",

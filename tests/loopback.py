@@ -7,8 +7,9 @@ import asyncio
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 from a2a_frames import completed_run, sse
@@ -25,6 +26,24 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
         yield str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+@contextmanager
+def in_thread(app: web.Application) -> Iterator[str]:
+    """``app`` on a free loopback port, served from a thread of its own (for a pytest run
+    in this one, ``pytester``'s): its base URL; stopped afterwards."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = TestServer(app, host="127.0.0.1")
+    asyncio.run_coroutine_threadsafe(server.start_server(), loop).result()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
 
 
 def upstream_app(events: int = 10, delay: float = 0.0) -> web.Application:

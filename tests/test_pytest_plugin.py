@@ -7,7 +7,6 @@ import asyncio
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +14,10 @@ from pathlib import Path
 import httpcore  # noqa: F401  (kept loaded across the runs below: see the comment in run())
 import pytest
 from aiohttp import web
-from loopback import serve
+from loopback import in_thread, serve
 
 from tasktape.agent import create_agent_app
 from tasktape.eventlog.cassette import read_cassette
-from tasktape.serving import start_site
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = '''
@@ -68,15 +66,8 @@ def agent() -> Iterator[Agent]:
         found.requests.append(f"{request.method} {request.path}")
 
     app.on_response_prepare.append(count)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runner, found.url = asyncio.run_coroutine_threadsafe(start_site(app, "127.0.0.1", 0), loop).result()
-    yield found
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
-    loop.close()
+    with in_thread(app) as found.url:
+        yield found
 
 
 @pytest.fixture
@@ -324,7 +315,7 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
         [
             "*tasktape: no cassette */cassettes/test_mistakes/test_no_cassette.jsonl; record it with "
             "--tasktape-record-mode=once --tasktape-upstream URL*",
-            "*@pytest.mark.tasktape: unknown option(s) sped; known: cassette, speed, faults, *",
+            "*@pytest.mark.tasktape: unknown option(s) sped; known: cassette, name, speed, faults, *",
             "*@pytest.mark.tasktape: unknown fault 'drop-afterwards'*",
             "*@pytest.mark.tasktape: not a JSON pointer (it must start with '/'): 'metadata'*",
             "*@pytest.mark.tasktape: add_ids is True or False, not 'no'*",

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import json
 import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 from conftest import RecordFactory
-from loopback import running, stop
+from loopback import in_thread, running, stop
 
 from tasktape.cli import main
 from tasktape.eventlog import EventLog, LogWriter
@@ -298,17 +297,8 @@ async def test_credentials_in_the_upstream_url_go_to_the_upstream_alone(record: 
 def threaded_agent() -> Iterator[tuple[str, list[dict[str, str]]]]:
     """The secrets agent in a thread of its own (pytester runs pytest in this one)."""
     seen: list[dict[str, str]] = []
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runner, url = asyncio.run_coroutine_threadsafe(
-        start_site(secrets_agent(seen), "127.0.0.1", 0), loop
-    ).result()
-    yield url.replace("http://", f"http://agent:{SECRETS['upstream password']}@"), seen
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
-    loop.close()
+    with in_thread(secrets_agent(seen)) as url:
+        yield url.replace("http://", f"http://agent:{SECRETS['upstream password']}@"), seen
 
 
 INI = "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"

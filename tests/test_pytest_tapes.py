@@ -1,0 +1,281 @@
+"""A test that talks to several upstreams (an A2A agent, and the LLM API the code under test
+calls) gets a tape for each: ``@pytest.mark.tasktape(name=...)`` and the ``tasktapes``
+fixture, recorded and replayed by a pytest of its own (``pytester``) with the official
+openai SDK and the demo agent."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpcore  # noqa: F401  (kept loaded across the in-process runs: see test_pytest_plugin.run)
+import pytest
+from aiohttp import web
+from llm_servers import openai_app
+from loopback import in_thread
+
+from tasktape.agent import create_agent_app
+from tasktape.eventlog.cassette import read_cassette
+
+ROOT = Path(__file__).resolve().parent.parent
+# What the code under test does: ask the model, then hand its answer to the agent.
+CODE = """
+import httpx
+import openai
+
+
+def ask_model(llm_url):
+    client = openai.OpenAI(base_url=f"{llm_url}/v1", api_key="sk-test", max_retries=0)
+    stream = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hello"}], stream=True
+    )
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def hand_over(agent_url, text):
+    body = {"message": {"role": "ROLE_USER", "parts": [{"text": text}]}}
+    with httpx.stream(
+        "POST", f"{agent_url}/message:stream", json=body, headers={"A2A-Version": "1.0"}
+    ) as response:
+        return response.read().decode()
+"""
+# A chat completion the model streamed, as a cassette: the replay-only tests' LLM.
+CHAT = "\n".join(
+    [
+        '{"tasktape_cassette": 1}',
+        '{"exchange": {"request": {"method": "POST", "path": "/v1/chat/completions", "headers": '
+        '[["Content-Type", "application/json"]], "body": "{\\"model\\":\\"gpt-4o-mini\\",\\"messages\\":'
+        '[{\\"role\\":\\"user\\",\\"content\\":\\"Say hello\\"}],\\"stream\\":true}"}, "response": '
+        '{"status": 200, "headers": [["Content-Type", "text/event-stream"]]}}}',
+        '{"event": {"offset_ms": 5, "data": "{\\"id\\":\\"c1\\",\\"object\\":\\"chat.completion.chunk\\",'
+        '\\"choices\\":[{\\"index\\":0,\\"delta\\":{\\"content\\":\\"Hello\\"},\\"finish_reason\\":null}]}"}}',
+        '{"event": {"offset_ms": 6, "data": "{\\"id\\":\\"c1\\",\\"object\\":\\"chat.completion.chunk\\",'
+        '\\"choices\\":[{\\"index\\":0,\\"delta\\":{},\\"finish_reason\\":\\"stop\\"}]}"}}',
+        '{"event": {"offset_ms": 7, "data": "[DONE]"}}',
+        '{"end": {"duration_ms": 8}}',
+        "",
+    ]
+)
+
+
+@dataclass
+class Upstreams:
+    """The demo agent and an OpenAI-like API on loopback, each counting what reaches it."""
+
+    agent: str = ""
+    llm: str = ""
+    requests: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[Upstreams]:
+    found = Upstreams()
+    agent, llm = create_agent_app(pace=0.02), openai_app(delay=0.001)
+    for app in (agent, llm):
+
+        async def count(request: web.Request, response: web.StreamResponse) -> None:
+            found.requests.append(f"{request.method} {request.path}")
+
+        app.on_response_prepare.append(count)
+    with in_thread(agent) as found.agent, in_thread(llm) as found.llm:
+        yield found
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(planner=CODE)
+    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    (pytester.path / "cassettes").mkdir()
+    shutil.copy(ROOT / "cassettes" / "completed.jsonl", pytester.path / "cassettes")
+    (pytester.path / "cassettes" / "chat.jsonl").write_text(CHAT)
+    return pytester
+
+
+def run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return project.runpytest_inprocess("-p", "no:cacheprovider", *args)
+
+
+def exchanges(cassette: Path) -> list[str]:
+    return [r.request_line for r in read_cassette(cassette)]
+
+
+def test_each_upstream_recorded_into_its_own_cassette_then_replayed(
+    project: pytest.Pytester, upstreams: Upstreams
+) -> None:
+    project.makepyfile(
+        test_plan=f"""
+        import pytest
+        from planner import ask_model, hand_over
+
+        @pytest.mark.tasktape(name="llm", upstream="{upstreams.llm}")
+        @pytest.mark.tasktape(name="agent")
+        def test_plan(tasktapes):
+            text = ask_model(tasktapes["llm"].url)
+            answer = hand_over(tasktapes["agent"].url, text)
+            assert text == "Hello! How can I help?"
+            assert "TASK_STATE_COMPLETED" in answer
+            assert sorted(tasktapes) == ["agent", "llm"]
+            assert tasktapes["agent"].url != tasktapes["llm"].url
+        """
+    )
+    recorded = run(project, "--tasktape-record-mode=once", f"--tasktape-upstream=agent={upstreams.agent}")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines(
+        ["tasktape: 0 served, 0 missed, 0 unused, 0 refused, 2 recorded, *2 cassettes"]
+    )
+    folder = project.path / "cassettes" / "test_plan"
+    assert exchanges(folder / "test_plan.llm.jsonl") == ["POST /v1/chat/completions"]
+    assert exchanges(folder / "test_plan.agent.jsonl") == ["POST /message:stream"]
+    assert not (folder / "test_plan.jsonl").exists()
+    assert upstreams.requests == ["POST /v1/chat/completions", "POST /message:stream"]
+
+    upstreams.requests.clear()
+    replayed = run(project, "--tasktape-strict")
+    replayed.assert_outcomes(passed=1)
+    replayed.stdout.fnmatch_lines(
+        ["tasktape: 2 served, 0 missed, 0 unused, 0 refused, match rate 100%*2 cassettes"]
+    )
+    assert upstreams.requests == []
+
+
+def test_a_miss_names_its_tape_and_the_unnamed_tape_goes_along(project: pytest.Pytester) -> None:
+    """In the test's own loop, with the unnamed tape beside the named one; what each tape
+    has to say is said under its name, and one tape's miss leaves the other's answers alone."""
+    project.makepyfile(
+        test_both="""
+        import asyncio
+        import pytest
+        from planner import ask_model, hand_over
+
+        pytestmark = pytest.mark.tasktape(name="llm", cassette="cassettes/chat.jsonl", in_thread=True)
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        async def test_the_answer(tasktape, tasktapes):
+            text = await asyncio.to_thread(ask_model, tasktapes["llm"].url)
+            answer = await asyncio.to_thread(hand_over, tasktape.url, "What does J45.909 mean?")
+            assert text == "Hello"
+            assert "TASK_STATE_COMPLETED" in answer
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", strict=True)
+        def test_the_model_is_asked_something_else(tasktape, tasktapes):
+            import openai
+            client = openai.OpenAI(base_url=f"{tasktapes['llm'].url}/v1", api_key="sk-test", max_retries=0)
+            with pytest.raises(openai.APIStatusError):
+                client.chat.completions.create(model="gpt-4o", messages=[], stream=True)
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "tasktape: the cassette and the requests disagree",
+            "recorded but never requested: POST /message:stream (completed.jsonl:*)",
+            "tasktape (tape llm): the cassette and the requests disagree",
+            "POST /v1/chat/completions matches nothing in cassettes/chat.jsonl; the closest recordings:",
+            "*body differs*",
+            "record what is missing with --tasktape-record-mode=new_episodes --tasktape-upstream llm=URL, "
+            "or ignore what changes between runs with @pytest.mark.tasktape(name='llm', ignore=[...])",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["tasktape: 2 served, 1 missed, 1 unused, 0 refused, match rate 66% (3 requests) across 2 cassettes"]
+    )
+
+
+def test_named_markers_merge_by_name(project: pytest.Pytester) -> None:
+    """A module's marker of a tape and a test's marker of the same tape merge, the test's
+    saying what both say; a marker that names no tape is not a named tape's."""
+    project.makepyfile(
+        test_merged="""
+        import pytest
+        from planner import ask_model
+
+        pytestmark = [
+            pytest.mark.tasktape(name="llm", cassette="cassettes/chat.jsonl", faults="drop-after=5"),
+            pytest.mark.tasktape(faults="drop-after=0"),
+        ]
+
+        @pytest.mark.tasktape(name="llm", faults="drop-after=1")
+        def test_the_tests_fault(tasktapes):
+            with pytest.raises(Exception, match="incomplete chunked read"):
+                ask_model(tasktapes["llm"].url)
+
+        def test_the_modules_fault(tasktapes):
+            assert ask_model(tasktapes["llm"].url) == "Hello"
+        """
+    )
+    run(project).assert_outcomes(passed=2)
+
+
+def test_mistakes_are_named(project: pytest.Pytester, upstreams: Upstreams) -> None:
+    project.makepyfile(
+        test_mistakes="""
+        import pytest
+
+        @pytest.mark.tasktape(name="l l m")
+        def test_a_name_with_spaces(tasktapes):
+            pass
+
+        def test_no_named_tapes(tasktapes):
+            pass
+
+        @pytest.mark.tasktape(name="llm", cassette="cassettes/chat.jsonl")
+        def test_named_but_not_asked_for(tasktape):
+            pass
+
+        @pytest.mark.tasktape(name="one", cassette="cassettes/chat.jsonl")
+        @pytest.mark.tasktape(name="two", cassette="./cassettes/chat.jsonl")
+        def test_two_tapes_one_cassette(tasktapes):
+            pass
+
+        @pytest.mark.tasktape(name="llm", cassette="cassettes/chat.jsonl")
+        def test_an_unknown_name(tasktapes):
+            tasktapes["agent"]
+
+        @pytest.mark.tasktape(name="tools")
+        def test_recorded_without_its_upstream(tasktapes):
+            pass
+        """
+    )
+    result = run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={upstreams.agent}")
+    result.assert_outcomes(errors=5, failed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*@pytest.mark.tasktape: name is a tape's name (letters, digits, _ and -, starting with a "
+            "letter or _), not 'l l m'",
+            "*the tasktapes fixture serves a test's named tapes, and this test names none: name each "
+            'with @pytest.mark.tasktape(name="...")',
+            "*@pytest.mark.tasktape on test_named_but_not_asked_for serves its named tapes to the "
+            "tasktapes fixture, which the test does not ask for: add `tasktapes` to its arguments",
+            "*tasktape: tape one and tape two share the cassette *chat.jsonl: give each its own",
+            "E * KeyError: \"no tape named 'agent'; this test's tapes: llm\"",
+            "*tasktape: --tasktape-record-mode=once records *test_recorded_without_its_upstream.tools.jsonl "
+            "from an agent: give it with --tasktape-upstream tools=URL",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["llm=http://a", "llm=http://b"], "--tasktape-upstream: tape llm's upstream is given twice"),
+        (
+            ["http://a", "http://b"],
+            "--tasktape-upstream: the upstream (of tapes that name none) is given twice",
+        ),
+        (
+            ["llm=ftp://me:s3cret@h/x"],
+            "--tasktape-upstream llm=: the upstream must be an http:// or https:// URL*",
+        ),
+    ],
+)
+def test_upstreams_on_the_command_line_are_checked(
+    project: pytest.Pytester, given: list[str], said: str
+) -> None:
+    project.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = run(project, *(f"--tasktape-upstream={g}" for g in given))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {said}"])
+    assert "s3cret" not in result.stderr.str()
