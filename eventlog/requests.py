@@ -36,6 +36,19 @@ _REST_ROUTES = [
 
 # A subscription to a task's events: v1.0's name (both bindings), and 0.3's.
 SUBSCRIBE_METHODS = frozenset({"SubscribeToTask", "tasks/resubscribe"})
+# The operations that only read (a task, a list, a config, a card): asked again, they change nothing.
+READ_METHODS = SUBSCRIBE_METHODS | {
+    "GetTask",
+    "ListTasks",
+    "GetTaskPushNotificationConfig",
+    "ListTaskPushNotificationConfigs",
+    "ListTaskPushNotificationConfig",
+    "GetExtendedAgentCard",
+    "tasks/get",
+    "tasks/pushNotificationConfig/get",
+    "tasks/pushNotificationConfig/list",
+    "agent/getAuthenticatedExtendedCard",
+}
 # The JSON-RPC methods of A2A v1.0, and of A2A 0.3.
 A2A_METHODS = frozenset(
     {

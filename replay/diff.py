@@ -31,6 +31,8 @@ from tasktape.eventlog.spans import events_in
 from .matching import MatchRules
 from .pairing import IdMap, Run, ids_in, is_id, pair, runs
 
+SAFE_METHODS = frozenset({"GET", "HEAD"})  # HTTP's methods that only read
+
 WRAP = 72  # a long answer is diffed in lines this wide, so a change shows where it is
 
 
@@ -58,6 +60,7 @@ class Reading:
     recorded: Recorded
     protocol: str | None
     operation: str | None
+    reads: bool  # whether the request only reads: repeats of it are one run (a client polling)
     status: int | None
     outcome: str | None
     finish: str | None
@@ -114,10 +117,13 @@ def read(recorded: Recorded) -> Reading:
         counted += (("output_tokens", summary.output_tokens),)
         usage = {k: v for k, v in counted if v is not None}
     request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
+    operation = protocol.request_info(request).rpc_method if protocol is not None else None
+    reads = recorded.method in SAFE_METHODS or operation in (protocol.read_operations if protocol else ())
     return Reading(
         recorded,
         protocol.name if protocol is not None else None,
-        protocol.request_info(request).rpc_method if protocol is not None else None,
+        operation,
+        reads,
         recorded.status,
         recorded.outcome,
         summary.finish,

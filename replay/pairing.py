@@ -115,16 +115,18 @@ def same_request(a: Recorded, b: Recorded, rules: MatchRules) -> bool:
 
 
 def runs(readings: Iterable[Reading], rules: MatchRules) -> list[Run]:
-    """The exchanges in runs: a request joins the run of the last exchange with the same
-    method, path and operation when it is identical to it (the exchanges of other
-    requests in between, as concurrent clients interleave them, do not break a run)."""
+    """The exchanges in runs: a request that only reads joins the run of the last exchange
+    with the same method, path and operation when it is identical to it (the exchanges of
+    other requests in between, as concurrent clients interleave them, do not break a
+    run). A request that makes something (a message, a tool call) is a run of its own,
+    however often it was sent: each answer counts."""
     found: list[Run] = []
     last: dict[tuple[str, str, str | None], Run] = {}
     for reading in readings:
         r = reading.recorded
         key = (r.method, r.path, reading.operation)
         run = last.get(key)
-        if run is not None and same_request(r, run.last.recorded, rules):
+        if run is not None and reading.reads and same_request(r, run.last.recorded, rules):
             run.members.append(reading)
             continue
         last[key] = run = Run([reading])

@@ -353,6 +353,29 @@ def test_the_last_answer_of_a_run_is_what_is_compared(tmp_path: Path) -> None:
     ]
 
 
+def test_a_message_sent_twice_is_two_exchanges_each_compared(tmp_path: Path) -> None:
+    """Only reads repeat harmlessly: the same question sent twice made two tasks, and the
+    first one's changed answer shows, though the second's is the same."""
+
+    def asked_twice(first: str) -> list[dict[str, Any]]:
+        lines = []
+        for text in (first, "Deleted."):
+            t, c, art = (str(uuid.uuid4()) for _ in range(3))
+            frames = [task(t, c), *streamed(t, c, art, [text]), status(t, c, "TASK_STATE_COMPLETED")]
+            lines += sse_exchange("/message:stream", message("Delete report.txt"), frames, f"{uuid.uuid4()}-")
+        return lines
+
+    a = cassette(tmp_path / "a.jsonl", asked_twice("Deleted."))
+    b = cassette(tmp_path / "b.jsonl", asked_twice("I refuse to delete files."))
+    result = diff(a, b)
+    assert result.exit_code == 1
+    assert (
+        result.output.splitlines()[0]
+        == "POST /message:stream (a2a SendStreamingMessage)  a.jsonl:2 ~ b.jsonl:2"
+    )
+    assert result.output.endswith("2 pairs, 1 differs, 0 only in A, 0 only in B\n")
+
+
 def test_kinds_artifacts_and_usage_show_what_changed(tmp_path: Path) -> None:
     """B skips the WORKING status, names its artifact otherwise and costs more credits."""
 

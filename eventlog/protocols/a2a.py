@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from ..a2a_terms import CARD_PATHS, ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, Binding, is_jsonrpc
 from ..classify import Classification, classify, load_json
-from ..requests import A2A_METHODS, classify_parsed, rest_operation
+from ..requests import A2A_METHODS, READ_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
 from . import a2a_rejoin
 from .base import (
@@ -39,6 +39,7 @@ class A2A(Protocol):
     kinds = A2AKind
     regenerated: ClassVar[Regenerated] = Regenerated(keys=frozenset({"messageId", "timestamp", "$timestamp"}))
     server_ids: ClassVar[frozenset[str]] = frozenset({"id", "taskId", "contextId", "artifactId", "messageId"})
+    read_operations: ClassVar[frozenset[str]] = READ_METHODS
     rules = RULES
 
     def claims(self, request: Request) -> bool:

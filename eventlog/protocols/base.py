@@ -190,6 +190,10 @@ class Protocol:
     # The status a replay server answers a miss of its requests with, unless told one
     # (None: the server's own, 404): for a protocol whose clients read a 404 as more.
     miss_status: ClassVar[int | None] = None
+    # Its operations (``rpc_method``) that only read: asked again, they change nothing (a
+    # client polling), so ``tasktape diff`` takes repeats as one run. GETs always read; a
+    # request that makes something (a message, a tool call) never does.
+    read_operations: ClassVar[frozenset[str]] = frozenset()
 
     def claims(self, request: Request) -> bool:
         """Whether this request is one of this protocol's (strictly: never on a guess)."""

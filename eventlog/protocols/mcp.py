@@ -109,6 +109,10 @@ class MCP(Protocol):
     # A 404 tells a client its session has ended: the SDK says "Session terminated" and
     # drops the miss's reason.
     miss_status: ClassVar[int | None] = 400
+    read_operations: ClassVar[frozenset[str]] = frozenset(
+        {"ping", "tools/list", "prompts/list", "prompts/get"}
+        | {"resources/list", "resources/read", "resources/templates/list"}
+    )
 
     def claims(self, request: Request) -> bool:
         if request.header(VERSION_HEADER) is not None or request.header(SESSION_HEADER) is not None:
