@@ -332,6 +332,7 @@ def test_a_guarded_plugin_keeps_its_settings_and_its_new_hooks_are_guarded(
         kinds = MCPKind
         resumes_streams = True
         miss_status = 409
+        read_operations = frozenset({"poll"})
 
         def claims(self, request: Request) -> bool:
             return True
@@ -343,7 +344,7 @@ def test_a_guarded_plugin_keeps_its_settings_and_its_new_hooks_are_guarded(
             raise RuntimeError("boom in path_names_operation")
 
     guarded = Guarded(Polling())
-    assert (guarded.resumes_streams, guarded.miss_status) == (True, 409)
+    assert (guarded.resumes_streams, guarded.miss_status, guarded.read_operations) == (True, 409, {"poll"})
     with caplog.at_level(logging.WARNING, logger="tasktape"):
         assert guarded.error_answer(Request("POST", "/"), "no", {}) is None
         assert guarded.path_names_operation(None) is True
