@@ -57,6 +57,14 @@ def for_request(
     return faults, taken
 
 
+def give_back(taken: list[Armed], made: list[str]) -> None:
+    """The specs that took an answer none of whose faults were made (the answer was too
+    short for them, or another spec's took their place) keep their count for the next."""
+    for spec in taken:
+        if not set(made) & set(spec.faults.fault_items()):
+            spec.applied -= 1
+
+
 def header_faults(value: str) -> Faults:
     """The ``X-Tasktape-Fault`` of one request: a request counts nothing, so no times or every."""
     faults = Faults.parse(value)

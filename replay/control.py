@@ -89,7 +89,7 @@ def _guarded(handler: Handler, *, body: bool = False) -> Handler:
         if not _loopback(request.remote) or host_name(request.headers.get("Host", "")) not in LOOPBACK_NAMES:
             return error(403, "the control API answers loopback clients, at a loopback name, only")
         origin = request.headers.get("Origin")
-        if origin is not None and URL(origin).raw_authority.lower() != request.host.lower():
+        if origin is not None and _authority(origin) != request.host.lower():
             return error(403, f"the control API answers pages of its own origin only, not {origin}")
         if body and request.content_type != "application/json":
             return error(415, "send Content-Type: application/json")
@@ -97,6 +97,14 @@ def _guarded(handler: Handler, *, body: bool = False) -> Handler:
 
     guarded.__doc__ = handler.__doc__
     return guarded
+
+
+def _authority(origin: str) -> str | None:
+    """An Origin's host and port, as a Host header names them; None for one that is no URL."""
+    try:
+        return URL(origin).raw_authority.lower()
+    except ValueError:  # a bracket left open, a port out of range
+        return None
 
 
 def _loopback(remote: str | None) -> bool:

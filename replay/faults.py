@@ -95,6 +95,8 @@ AT_EVENT = frozenset(
 )
 # The faults that change a whole answer, not its events: they apply to any answer.
 ANSWER_FAULTS = frozenset({FaultName.DRIP, FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
+# The faults a status fault's answer takes.
+STATUS_ANSWER = frozenset({FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
 # Faults that edit events: one event takes one of them at most.
 EDITS = (FaultName.SKIP, FaultName.DUPLICATE, FaultName.SWAP, FaultName.CORRUPT)
 # Faults that end the connection at an event: a spec names one of them at most.
@@ -202,6 +204,12 @@ class Faults:
     def fault_items(self) -> list[str]:
         """Its faults written out, as a report shows those made."""
         return self.items()[: len(self.named())]
+
+    def status_items(self) -> list[str]:
+        """What a status fault makes, written out: the status, when its headers go out,
+        their type (the answer's other faults need the recorded answer)."""
+        made = zip(self.fault_items(), self.named(), strict=True)
+        return [item for item, name in made if name in STATUS_ANSWER]
 
     def items(self) -> list[str]:
         """The spec written out again, faults then scope: what a report shows."""

@@ -39,10 +39,10 @@ from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
 from . import control, fidelity, settings
-from .armed import Armed, for_request, header_faults
+from .armed import Armed, for_request, give_back, header_faults
 from .fault_edits import land
 from .faults import HEADER as FAULT_HEADER
-from .faults import FaultName, Faults
+from .faults import Faults
 from .fidelity import Digest, Divergence, Served
 from .framing import length_problem, redacted
 from .matching import Incoming, MatchRules, mismatches
@@ -370,16 +370,17 @@ class ReplayServer:
     ) -> web.StreamResponse:
         """To the upstream through the recorder, with the body as the client sent it
         (``body``, once this server has read it). It gets no faults: those the request asked
-        for are said not to be made, not dropped in silence."""
+        for are said not to be made, not dropped in silence, where a replayed answer would
+        have got them (the scope's path, a stream for faults on events)."""
         assert self.proxy is not None
         self.stats.forwarded += 1
-        if header:
-            unapplied = Unapplied(
-                f"{request.method} {request.rel_url.raw_path}", ";".join(header.fault_items())
-            )
+        response = await self.proxy.handle(request, body)
+        path = request.rel_url.raw_path
+        if header and Armed(header, FAULT_HEADER).takes(path, response.content_type == "text/event-stream"):
+            unapplied = Unapplied(f"{request.method} {path}", ";".join(header.fault_items()))
             self.stats.unapplied.append(unapplied)
             log.warning("tasktape replay: %s", unapplied)
-        return await self.proxy.handle(request, body)
+        return response
 
     def _recorded_anew(self, summary: Any) -> None:
         """record-missing: what was just recorded (committed: this runs once it is)
@@ -489,30 +490,25 @@ class ReplayServer:
         self.served.append(served)
         faults, taken = for_request(self.armed, header, incoming.path, answer.is_sse)
         if faults.status:
-            return await self._faulty_status(served, faults)
+            made = faults.status_items()
+            give_back(taken, made)
+            return await self._faulty_status(served, faults, made)
         protocol = by_name(protocol_name)
 
         def closing(event: StreamEvent) -> bool:
             return protocol is not None and protocol.closes(event.data, event.event)
 
         landing = land(answer.chunks, answer.is_sse, faults, closing)
-        made = set(landing.applied)
-        for spec in taken:
-            if not made & set(spec.faults.fault_items()):
-                spec.applied -= 1
+        give_back(taken, landing.applied)
         served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
         if landing.applied:
             served.because(Divergence.FAULT, ", ".join(landing.applied))
         return await send(request, answer, faults, landing, served, self.speed)
 
-    async def _faulty_status(self, served: Served, faults: Faults) -> web.Response:
-        """The error a status fault answers with, as late and as typed as the spec says."""
+    async def _faulty_status(self, served: Served, faults: Faults, made: list[str]) -> web.Response:
+        """The error a status fault answers with, as late and as typed as the spec says
+        (``made``: those faults, written out)."""
         status = faults.status or 500
-        made = [f"{FaultName.STATUS}={status}"]
-        if faults.delay_headers_ms:
-            made.append(f"{FaultName.DELAY_HEADERS}={faults.delay_headers_ms:g}")
-        if faults.content_type is not None:
-            made.append(f"{FaultName.CONTENT_TYPE}={faults.content_type}")
         # Named before the delay: a client that leaves during it left a faulty answer.
         served.faults += made
         served.because(Divergence.FAULT, ", ".join(made))

@@ -639,6 +639,13 @@ async def test_a_request_forwarded_live_gets_no_faults_and_says_so(tmp_path: Pat
             url = await serve(server.app)
             body, _, status = await timed_post(f"{url}/message:stream", message("hello"), fault)
             assert status == 200 and b"TASK_STATE_COMPLETED" in body  # whole: not dropped
+            # Faults a replayed answer would not get either (of another path; on events, for
+            # an answer that is no stream) are not missed.
+            card = f"{url}/.well-known/agent-card.json"
+            for spec in ("skip=2", "status=500;path=/other"):
+                async with aiohttp.ClientSession() as session:
+                    async with session.get(card, headers={"X-Tasktape-Fault": spec}) as r:
+                        assert r.status == 200
             async with aiohttp.ClientSession() as session, session.get(f"{url}/_tasktape/faults") as r:
                 assert (await r.json())["not_applied"] == [
                     {
@@ -656,9 +663,9 @@ async def test_a_request_forwarded_live_gets_no_faults_and_says_so(tmp_path: Pat
             if recording.recorded:
                 break
             await asyncio.sleep(0.02)
-    assert seen == ["(none)", "(none)"]
-    (recorded,) = load([db])
-    assert "x-tasktape-fault" not in {name.lower() for name, _ in recorded.request_headers}
+    assert seen == ["(none)"] * 6  # two streams and four card reads, none with the header
+    for recorded in load([db]):  # the stream and the two card reads
+        assert "x-tasktape-fault" not in {name.lower() for name, _ in recorded.request_headers}
     # Nothing is replayed in passthrough: a fault given to it has nothing to apply to.
     with pytest.raises(UsageError, match="mode passthrough replays nothing"):
         ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent, faults=Faults.parse("drop-after=1"))

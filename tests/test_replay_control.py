@@ -86,6 +86,9 @@ async def test_other_hosts_origins_and_bodies_are_refused(serve: Serve, tmp_path
             f"{url}/_tasktape/faults", json=spec, headers={"Origin": "http://evil.example"}
         ) as r:
             assert r.status == 403 and "its own origin" in await r.text()
+        for malformed in ("http://[", "http://127.0.0.1:99999"):  # no URL: refused as foreign
+            async with session.get(f"{url}/_tasktape/faults", headers={"Origin": malformed}) as r:
+                assert r.status == 403 and "its own origin" in await r.text()
         async with session.post(f"{url}/_tasktape/faults", json=spec, headers={"Origin": url}) as r:
             assert r.status == 200
         deep = "[" * 50_000

@@ -367,6 +367,26 @@ async def test_times_counts_only_answers_that_got_the_fault(serve: Serve, demo: 
     assert len((await wire(url, "/message:stream", message(QUESTION))).events) == len(events)
 
 
+async def test_a_status_fault_takes_no_count_from_the_faults_it_stands_for(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    """An answer a status fault replaced made no drop: "drop once" drops the next stream,
+    whether the status came from another armed spec or from the request."""
+    db, recorded = demo
+    events = events_of(recorded)
+    specs = [Faults.parse("drop-after=3;times=1"), Faults.parse("status=503;times=1")]
+    server = ReplayServer(load([db]), speed=0, allow_repeats=True, faults=specs)
+    url = await serve(server.app)
+    assert (await wire(url, "/message:stream", message(QUESTION))).status == 503
+    assert [a.applied for a in server.armed] == [0, 1]
+    asked = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": "status=500"})
+    assert asked.status == 500
+    assert [a.applied for a in server.armed] == [0, 1]
+    dropped = await wire(url, "/message:stream", message(QUESTION))
+    assert dropped.status == 200 and len(dropped.events) == 3 and not dropped.ended
+    assert len((await wire(url, "/message:stream", message(QUESTION))).events) == len(events)
+
+
 async def test_a_status_fault_keeps_its_delay_and_type(serve: Serve, demo: tuple[Path, bytes]) -> None:
     db, _ = demo
     got = await faulty(serve, db, "status=503;delay-headers=200;content-type=text/x-error")
