@@ -294,11 +294,14 @@ def _sessions(request: pytest.FixtureRequest, named: bool) -> list[TapeSession]:
     from .tape import TapeSession  # noqa: PLC0415 - loaded once a test asks for a tape
 
     options = [_options(request, name) for name in _names(request, named)]
-    taken = {o.cassette.resolve(): o.name for o in request.node.stash.get(_OPTIONS, {}).values()}
+    # Among every tape of the test read so far (the other fixture's too).
+    sharing: dict[Path, list[str | None]] = {}
+    for o in request.node.stash.get(_OPTIONS, {}).values():
+        sharing.setdefault(o.cassette.resolve(), []).append(o.name)
     for o in options:
-        other = next((n for c, n in taken.items() if n != o.name and c == o.cassette.resolve()), False)
-        if other is not False:
-            tapes = " and ".join(f"tape {n}" if n else "the unnamed tape" for n in (other, o.name))
+        names = sorted(sharing[o.cassette.resolve()], key=lambda n: n or "")
+        if len(names) > 1:
+            tapes = " and ".join(f"tape {n}" if n else "the unnamed tape" for n in names)
             raise _failed(f"tasktape: {tapes} share the cassette {o.cassette}: give each its own")
     written = request.config.stash[_WRITTEN]
     return [TapeSession(o, written) for o in options]

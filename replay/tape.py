@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from tasktape.choices import parse_choice
-from tasktape.errors import CassetteError, TapeError, TasktapeError, Unfaithful
+from tasktape.errors import CassetteError, TapeError, TasktapeError, Unfaithful, UnknownTape
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
 from tasktape.eventlog.outcomes import Outcome
@@ -276,7 +276,7 @@ class Tapes(Mapping[str, Tape]):
             return self._tapes[name]
         except KeyError:
             known = ", ".join(self._tapes) or "none"
-            raise KeyError(f"no tape named {name!r}; this test's tapes: {known}") from None
+            raise UnknownTape(f"no tape named {name!r}; this test's tapes: {known}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tapes)

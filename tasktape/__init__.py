@@ -33,6 +33,7 @@ from .errors import (
     Unfaithful,
     UnknownEventId,
     UnknownExchange,
+    UnknownTape,
     UsageError,
     WriterClosed,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "Unfaithful",
     "UnknownEventId",
     "UnknownExchange",
+    "UnknownTape",
     "UsageError",
     "WriterClosed",
     "__version__",

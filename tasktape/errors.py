@@ -12,7 +12,8 @@ TasktapeError
 ├── SourceError (ValueError)       a replay source that is neither a log nor a cassette
 ├── FlowFileError (ValueError)     a mitmproxy flow file that cannot be read
 ├── TapeError                      a test's cassette cannot be served as asked (missing, or
-│                                  recording without an upstream)
+│   │                              recording without an upstream)
+│   └── UnknownTape (KeyError)     tasktapes[NAME] of a name the test gave no tape
 ├── CassetteExpired (UserWarning)  a warning: a test's cassette is older than its age limit
 ├── Unfaithful (AssertionError)    a replay that was not the recording (Tape.assert_faithful)
 ├── A2AClientError                 the built-in A2A client got no usable answer
@@ -75,6 +76,12 @@ class FlowFileError(TasktapeError, ValueError):
 
 class TapeError(TasktapeError):
     pass
+
+
+class UnknownTape(TapeError, KeyError):
+    def __str__(self) -> str:
+        # KeyError's own __str__ quotes its message as if it were a key.
+        return str(self.args[0]) if self.args else ""
 
 
 class Unfaithful(TasktapeError, AssertionError):

@@ -250,7 +250,7 @@ def test_mistakes_are_named(project: pytest.Pytester, upstreams: Upstreams) -> N
             "*@pytest.mark.tasktape on test_named_but_not_asked_for serves its named tapes to the "
             "tasktapes fixture, which the test does not ask for: add `tasktapes` to its arguments",
             "*tasktape: tape one and tape two share the cassette *chat.jsonl: give each its own",
-            "E * KeyError: \"no tape named 'agent'; this test's tapes: llm\"",
+            "E * tasktape.errors.UnknownTape: no tape named 'agent'; this test's tapes: llm",
             "*tasktape: --tasktape-record-mode=once records *test_recorded_without_its_upstream.tools.jsonl "
             "from an agent: give it with --tasktape-upstream tools=URL",
         ]

@@ -643,9 +643,9 @@ async def test_a_request_forwarded_live_gets_no_faults_and_says_so(tmp_path: Pat
             # an answer that is no stream) are not missed.
             card = f"{url}/.well-known/agent-card.json"
             for spec in ("skip=2", "status=500;path=/other"):
-                async with aiohttp.ClientSession() as session:
-                    async with session.get(card, headers={"X-Tasktape-Fault": spec}) as r:
-                        assert r.status == 200
+                headers = {"X-Tasktape-Fault": spec}
+                async with aiohttp.ClientSession() as session, session.get(card, headers=headers) as r:
+                    assert r.status == 200
             async with aiohttp.ClientSession() as session, session.get(f"{url}/_tasktape/faults") as r:
                 assert (await r.json())["not_applied"] == [
                     {
