@@ -40,7 +40,7 @@ from .outcomes import Outcome
 from .producer import LogProducer
 from .recorded import Recorded
 from .resumes import Resume, ResumeOutcome, ResumeSide
-from .uids import derived_uuid7, iso_ns
+from .uids import derived_uuid7, iso_ns, moment_ns, read_time
 
 if TYPE_CHECKING:
     from .cassette_models import Exchange
@@ -49,8 +49,15 @@ VERSION = 1
 # Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
 # (about 31 years) refuses infinities and absurd values on loading, not when written.
 MAX_MS = 1e12
-# A CR, LF or NUL in a header would split the response it is replayed in.
-_NOT_IN_HEADERS = re.compile(r"[\r\n\x00]")
+# A CR, LF or NUL in a header, or in a request's method, path or query, would split the
+# message it is replayed in or the line it is reported on.
+_SPLITS_A_LINE = re.compile(r"[\r\n\x00]")
+# The header's keys besides its version, each a string when given (null: not given).
+_HEADER_TEXTS = ("created_at", "tool_version", "source", "upstream")
+# How a time given in a cassette is to be written, when it cannot be read.
+TIME_FORM = "an ISO 8601 time, such as 2026-11-30T11:30:41.740Z"
+# The outcomes an end line can give (StrEnum members are found by their values).
+_OUTCOMES = frozenset(Outcome)
 
 
 def unsendable_header(headers: list[tuple[str, str]]) -> str | None:
@@ -63,9 +70,14 @@ def broken_header(headers: list[tuple[str, str]]) -> str | None:
     """Why one of these request headers is broken (None: each has a name, and none holds a
     CR, LF or NUL)."""
     for name, value in headers:
-        if not name or _NOT_IN_HEADERS.search(name) or _NOT_IN_HEADERS.search(value):
+        if not name or _SPLITS_A_LINE.search(name) or _SPLITS_A_LINE.search(value):
             return f"header {name!r}: a header needs a name, and holds no CR, LF or NUL"
     return None
+
+
+def splits_a_line(value: str | None) -> bool:
+    """Whether a request's method, path or query holds a CR, LF or NUL."""
+    return value is not None and _SPLITS_A_LINE.search(value) is not None
 
 
 def _ns(ms: float) -> int:
@@ -78,6 +90,11 @@ def _ms(ns: int) -> float:
 
 # The error of a cassette's last exchange that the file ends in (before its end line).
 CUT_OFF = "the cassette ends before this exchange's end line: cut off (its other exchanges have theirs)"
+# The error of an exported exchange the log held no end of.
+UNDER_WAY = (
+    "the log held no end of this exchange when it was exported (its recorder was still writing "
+    "it, or was killed): cut short there"
+)
 
 
 def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
@@ -131,7 +148,10 @@ def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
             if current is None:
                 raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
             if kind == "end":
-                current.duration_ns, current.outcome, current.error = item
+                duration, current.outcome, current.error, timed = item
+                # Without duration_ms, the exchange lasted as long as its chunks; with null, its
+                # length is not known (the log had none), and stays so.
+                current.duration_ns = duration if timed else _last_offset(current)
                 current = None
                 ends += 1
                 continue
@@ -149,11 +169,16 @@ def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
         # Its other exchanges end with an end line, as written: the file was cut off here
         # (a cassette written by hand may have none at all).
         current.outcome, current.error = Outcome.LOG_CLOSED, CUT_OFF
+        current.duration_ns = _last_offset(current)
     for r in recorded:
-        if r.duration_ns is None:
-            r.duration_ns = r.chunks[-1][0] if r.chunks else r.ttfb_ns
-        r.outcome = r.outcome or Outcome.COMPLETE
+        if r.outcome is None:  # no end line (written by hand): it ended whole, with its last chunk
+            r.outcome, r.duration_ns = Outcome.COMPLETE, _last_offset(r)
     return recorded
+
+
+def _last_offset(r: Recorded) -> int:
+    """How long an exchange whose end gives no duration lasted: to its last chunk."""
+    return r.chunks[-1][0] if r.chunks else r.ttfb_ns
 
 
 def _loads(line: bytes) -> Any:
@@ -209,9 +234,10 @@ def _plain_line(doc: Any, origin: str) -> tuple[str, Any] | None:
     )
     if duration is not None and not _in_range(duration):
         return None
-    if type(outcome) is not str or (error is not None and type(error) is not str):
+    if type(outcome) is not str or outcome not in _OUTCOMES or (error is not None and type(error) is not str):
         return None
-    return "end", (None if duration is None else _ns(float(duration)), outcome, error)
+    timed = "duration_ms" in body
+    return "end", (None if duration is None else _ns(float(duration)), outcome, error, timed)
 
 
 _REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated"})
@@ -228,6 +254,8 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
     req, resp, started_at = body.get("request"), body.get("response"), body.get("started_at")
     if type(req) is not dict or not req.keys() <= _REQUEST_KEYS or not _optional_str(started_at):
         return None
+    if started_at is not None and read_time(started_at) is None:
+        return None
     recorded_by = body.get("recorded_by")
     if recorded_by is not None and (type(recorded_by) is not str or not recorded_by):
         return None
@@ -238,6 +266,8 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
     if type(method) is not str or not method or type(path) is not str or not path.startswith("/"):
         return None
     if not (_optional_str(query) and _optional_str(text)):
+        return None
+    if splits_a_line(method) or splits_a_line(path) or splits_a_line(query):
         return None
     request_headers = _plain_headers(req.get("headers", []), broken_header)
     truncated = req.get("body_truncated", False)
@@ -333,7 +363,8 @@ def _modelled(doc: Any, where: str, origin: str) -> tuple[str, Any]:
     except ValueError as exc:  # base64 that does not decode
         raise CassetteError(f"{where}: {kind}: {exc}") from None
     if kind == "end":
-        return kind, (None if item.duration_ms is None else _ns(item.duration_ms), item.outcome, item.error)
+        duration = None if item.duration_ms is None else _ns(item.duration_ms)
+        return kind, (duration, item.outcome, item.error, "duration_ms" in item.model_fields_set)
     try:
         if kind == "exchange":
             return kind, _exchange(item, origin)
@@ -373,6 +404,12 @@ def _check_header(doc: Any, where: str) -> None:
             f"{where}: cassette version {version} was written by a newer tasktape (this one reads "
             f"version {VERSION}); upgrade tasktape"
         )
+    for key in _HEADER_TEXTS:
+        if not _optional_str(doc.get(key)):
+            raise CassetteError(f"{where}: '{key}' must be a string")
+    created = doc.get("created_at")
+    if created is not None and read_time(created) is None:
+        raise CassetteError(f"{where}: 'created_at' must be {TIME_FORM}")
 
 
 def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
@@ -487,7 +524,9 @@ def load_into(
     it and the exchange's place in the cassette."""
     ids: list[int] = []
     for n, r in enumerate(recorded):
-        started_ns = _started_ns(r.started_at)
+        # A time the log cannot hold (or, in a Recorded made in Python, no time at all) leaves
+        # the exchange the time it is loaded at: loaded, not lost.
+        started_ns = moment_ns(r.started_at) if r.started_at else None
         uid = None if capture_uid is None else derived_uuid7(started_ns or 0, "exchange", capture_uid, n)
         exchange = writer.begin_exchange(
             capture_id,
@@ -511,7 +550,7 @@ def load_into(
             )
         writer.chunks(exchange, r.chunks)
         writer.end_exchange(
-            exchange, duration_ns=r.duration_ns or 0, outcome=r.outcome or Outcome.COMPLETE, error=r.error
+            exchange, duration_ns=r.duration_ns, outcome=r.outcome or Outcome.COMPLETE, error=r.error
         )
         if r.reconnect_of is not None:
             answered = ResumeOutcome.ENDED if r.status == HTTPStatus.NO_CONTENT else ResumeOutcome.RESUMED
@@ -525,19 +564,3 @@ def load_into(
             writer.resume(resume, at_ns=None if started_ns is None else started_ns + r.ttfb_ns)
         ids.append(exchange)
     return ids
-
-
-def _started_ns(started_at: str | None) -> int | None:
-    if not started_at:
-        return None
-    try:
-        moment = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    seconds = int(moment.timestamp())
-    ns = seconds * 1_000_000_000 + moment.microsecond * 1000
-    # Beyond what the log holds (nanoseconds in an INTEGER: the years 1677 to 2262), it is
-    # treated as a time that cannot be read: the exchange gets the time it is loaded at.
-    return ns if -(2**63) <= ns < 2**63 else None

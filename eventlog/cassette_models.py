@@ -10,8 +10,9 @@ import base64
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .cassette import MAX_MS, broken_header, unsendable_header
+from .cassette import MAX_MS, TIME_FORM, broken_header, splits_a_line, unsendable_header
 from .outcomes import Outcome
+from .uids import read_time
 
 
 def _whole_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -49,6 +50,13 @@ class Request(_Strict):
 
     _check_headers = field_validator("headers")(_whole_headers)
 
+    @field_validator("method", "path", "query")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if splits_a_line(value):
+            raise ValueError("cannot hold a CR, LF or NUL, which would split the request line")
+        return value
+
     @model_validator(mode="after")
     def _one_body(self) -> Request:
         if self.body is not None and self.body_base64 is not None:
@@ -76,6 +84,14 @@ class Exchange(_Strict):
     started_at: str | None = None
     # The node id of the test that recorded it (the pytest plugin's cassettes).
     recorded_by: str | None = Field(default=None, min_length=1)
+
+    @field_validator("started_at")
+    @classmethod
+    def _a_time(cls, value: str | None) -> str | None:
+        # Read as the log's time of the exchange (and its uid's): not one to replace quietly.
+        if value is not None and read_time(value) is None:
+            raise ValueError(f"must be {TIME_FORM}")
+        return value
 
 
 class Chunk(_Strict):
@@ -132,7 +148,7 @@ class Event(_Strict):
 
 class End(_Strict):
     duration_ms: float | None = Field(default=None, ge=0, le=MAX_MS)
-    outcome: str = Outcome.COMPLETE
+    outcome: Outcome = Outcome.COMPLETE
     error: str | None = None
 
 

@@ -99,6 +99,8 @@ def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeR
     """Merge the logs ``sources`` into the log ``output`` (made when missing), in order;
     what each added. An older source is read through an upgraded copy, left as it is."""
     output, sources = Path(output), [Path(source) for source in sources]
+    if not output.parent.is_dir():  # (SQLite would say only "unable to open database file")
+        raise LogError(f"cannot open {output} as an event log: its folder {output.parent} does not exist")
     for source in sources:  # all checked before anything is written
         if not source.is_file():
             raise LogError(f"{source}: no such log")

@@ -254,7 +254,7 @@ class LogProducer:
         self,
         exchange_id: int,
         *,
-        duration_ns: int,
+        duration_ns: int | None,
         outcome: str = Outcome.COMPLETE,
         error: str | None = None,
     ) -> concurrent.futures.Future[ExchangeSummary]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from datetime import datetime
+from datetime import UTC, datetime
 
 _VERSION = 0x7000  # in the 16 bits after the milliseconds
 _VARIANT = 0x8000000000000000  # RFC 9562's, in the top bits of the last 64
@@ -35,13 +35,28 @@ def derived_uuid7(ns: int, *parts: object) -> str:
     return uuid7(ns, digest[:8])
 
 
-def iso_ns(iso: str | None) -> int:
-    """``2026-11-30T10:18:28.123456Z`` (as the log writes times) in nanoseconds; 0 when
-    there is no time to read."""
-    if not iso:
-        return 0
+def read_time(iso: str) -> datetime | None:
+    """An ISO 8601 time (``2026-11-30T10:18:28.123456Z``), UTC unless it names its offset
+    (whatever the local time zone); None when it is no time."""
     try:
         moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
     except ValueError:
-        return 0
-    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def moment_ns(iso: str) -> int | None:
+    """An ISO 8601 time (see ``read_time``) in nanoseconds since the epoch; None when it is
+    no time, or one no uid can name (before 1970: its milliseconds are unsigned) or no log
+    can hold (after 2262: nanoseconds in an INTEGER)."""
+    moment = read_time(iso)
+    if moment is None:
+        return None
+    ns = int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+    return ns if 0 <= ns < 2**63 else None
+
+
+def iso_ns(iso: str | None) -> int:
+    """``2026-11-30T10:18:28.123456Z`` (as the log writes times) in nanoseconds; 0 when
+    there is no time to read (see ``moment_ns``)."""
+    return (moment_ns(iso) if iso else None) or 0

@@ -12,8 +12,16 @@ import click
 from tasktape.counted import counted
 from tasktape.errors import CassetteError, FlowFileError, LogError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import cassette_lines, imported_uid, load_into, read_cassette, read_header
+from tasktape.eventlog.cassette import (
+    UNDER_WAY,
+    cassette_lines,
+    imported_uid,
+    load_into,
+    read_cassette,
+    read_header,
+)
 from tasktape.eventlog.file_kinds import FileKind, kind_of
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 
@@ -49,6 +57,8 @@ def export(
     response head, and every chunk with its offset (text when UTF-8, else base64).
     Redacted values stay redacted. Unless --no-cards, the last agent card read before the
     chosen exchanges is included, so a client replaying them can start by reading it.
+    Each choice must match something. An exchange the log holds no end of yet (its
+    recorder still writing it) is written cut short there, as log_closed.
     """
     target = Path(output)
     if output != "-" and target.is_file() and kind_of(target) is FileKind.LOG:
@@ -56,14 +66,21 @@ def export(
         raise click.ClickException(f"{output} is {FileKind.LOG}: a cassette is not written over it")
     try:
         with EventLog(log) as opened:
+            capture_of = dict(opened.db.execute("SELECT id, capture_id FROM exchanges").fetchall())
+            _check_choices(opened, tasks, contexts, [n for n in exchanges if n not in capture_of])
             ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
             recorded = from_log(opened, ids)
-            captures = opened.captures()
+            upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
     if not recorded:
-        raise click.ClickException(f"{log}: nothing matches what was chosen")
-    upstreams = sorted({c["upstream"] for c in captures if c["upstream"]})
+        raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
+    # The header names the upstream of the captures the exported exchanges come from.
+    upstreams = sorted({upstream_of[capture_of[i]] for i in ids} - {None})
+    # An exchange the log holds no end of is cut short where the log stops, not ended whole.
+    under_way = [r for r in recorded if r.outcome is None]
+    for r in under_way:
+        r.outcome, r.error = Outcome.LOG_CLOSED, UNDER_WAY
     lines = cassette_lines(recorded, source=log.name, upstream=upstreams[0] if len(upstreams) == 1 else None)
     text = "\n".join(lines) + "\n"
     if output == "-":
@@ -75,6 +92,24 @@ def export(
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"tasktape export: {counted(len(recorded), 'exchange')} from {log} -> {output}", err=True)
+    for r in under_way:
+        click.echo(
+            f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
+            f"cut short ({Outcome.LOG_CLOSED})",
+            err=True,
+        )
+
+
+def _check_choices(
+    log: EventLog, tasks: tuple[str, ...], contexts: tuple[str, ...], missing: list[int]
+) -> None:
+    """Each task and context chosen must match something, and no exchange be ``missing``:
+    one mistyped among others would otherwise leave its exchanges out unnoticed."""
+    unmatched = [f"task {t}" for t in tasks if not log.select(tasks=[t], with_cards=False)]
+    unmatched += [f"context {c}" for c in contexts if not log.select(contexts=[c], with_cards=False)]
+    unmatched += [f"exchange {n}" for n in missing]
+    if unmatched:
+        raise click.ClickException(f"{log.path}: nothing matches {', '.join(unmatched)}; nothing written")
 
 
 @click.command("import")
@@ -93,23 +128,25 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
 
     A flow file is told by its content, whatever its name. Event streams that mitmproxy
     buffered whole keep their events but not their pace: every chunk and event gets the
-    offset of the response's end, and the exchange's `error` says so.
+    offset of the response's end, and the exchange's `error` says so. What a file holds
+    is kept whole: bodies past the 16 MiB a recorder keeps are not cut.
     """
     try:
         # Every file is read and checked before anything is written.
-        loaded = [(f, _read(f, db)) for f in files]
+        loaded = [_read(f, db) for f in files]
     except CassetteError as exc:
         raise click.ClickException(str(exc)) from None
     stop_counting_memory()
     try:
-        writer = LogWriter(db)
+        # What a file holds is kept whole: a body is as long as its recorder kept it, and
+        # nothing waits on the writer but bytes already in memory (so none is dropped).
+        writer = LogWriter(db, max_body=sys.maxsize, max_backlog=sys.maxsize)
     except LogError as exc:
         raise click.ClickException(str(exc)) from None
     held = _imported(db)
     with writer:
-        for path, content in loaded:
-            flows = isinstance(content, _Flows)
-            uid = imported_uid(path.read_bytes(), None if flows else read_header(path).get("created_at"))
+        for one in loaded:
+            path, content, uid = one.path, one.content, one.uid
             if uid in held:
                 click.echo(f"tasktape import: {path} is in {db} already (capture {held[uid]}): nothing added")
                 continue
@@ -117,7 +154,7 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
                 held[uid] = _import_flows(writer, path, content, db, uid)
                 continue
             capture = held[uid] = writer.begin_capture(
-                source="import", upstream=None, argv=[str(path)], uid=uid
+                source="import", upstream=one.upstream, argv=[str(path)], uid=uid
             )
             load_into(writer, content, capture, uid)
             writer.end_capture(capture)
@@ -134,20 +171,37 @@ def _imported(db: Path) -> dict[str, int]:
         return {c["uid"]: c["id"] for c in log.captures()}
 
 
-def _read(path: Path, db: Path) -> list[Recorded] | _Flows:
-    """A cassette's exchanges, or a flow file's flows; a log is not imported but merged."""
+def _read(path: Path, db: Path) -> _Loaded:
+    """A cassette's exchanges, or a flow file's flows, and the capture they make; a log is
+    not imported but merged."""
     kind = kind_of(path)
     if kind is FileKind.LOG:
         raise click.ClickException(
             f"{path} is {kind}, not a cassette: tasktape merge {path} -o {db} adds its rows to another log"
         )
-    return _read_flows(path) if kind is FileKind.FLOWS else read_cassette(path)
+    if kind is FileKind.FLOWS:
+        return _Loaded(path, _read_flows(path), imported_uid(path.read_bytes()))
+    recorded = read_cassette(path)
+    header = read_header(path)  # checked as read_cassette read it
+    uid = imported_uid(path.read_bytes(), header.get("created_at"))
+    return _Loaded(path, recorded, uid, header.get("upstream"))
 
 
 @dataclass
 class _Flows:
     flows: list[Any]  # mitmproxy HTTPFlows
     others: int  # TCP, UDP and DNS flows, which have no place in the log
+
+
+@dataclass
+class _Loaded:
+    """A file read and checked for import: what it holds, and its capture's uid (which
+    follows from its bytes) and upstream (a cassette's header names it)."""
+
+    path: Path
+    content: list[Recorded] | _Flows
+    uid: str
+    upstream: str | None = None
 
 
 def _read_flows(path: Path) -> _Flows:

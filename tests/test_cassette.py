@@ -505,9 +505,12 @@ _pairs = st.lists(_names | _values, min_size=2, max_size=2)
 _headers = st.lists(_pairs | _values, max_size=3) | st.sampled_from([None, "x", {}])
 _odd = st.sampled_from([None, 0, 1, "true", 2.0, [], {}])
 _requests = st.fixed_dictionaries(
-    {"method": st.sampled_from(["GET", "POST", "", 5]), "path": st.sampled_from(["/", "/a", "nope", "", 3])},
+    {
+        "method": st.sampled_from(["GET", "POST", "", "G\nET", 5]),
+        "path": st.sampled_from(["/", "/a", "nope", "", "/a\r\nX: y", 3]),
+    },
     optional={
-        "query": st.sampled_from(["a=1", "", None, 4]),
+        "query": st.sampled_from(["a=1", "", "a\x00", None, 4]),
         "headers": _headers,
         "body": _texts,
         "body_base64": st.sampled_from(["YQ==", "***"]),
@@ -530,7 +533,7 @@ _exchanges = st.fixed_dictionaries(
     {"request": _requests | _odd},
     optional={
         "response": _responses | _odd,
-        "started_at": st.sampled_from(["2026-12-06T12:00Z", None, 5]),
+        "started_at": st.sampled_from(["2026-12-06T12:00Z", "9999-12-31T23:59:59Z", "yesterday", None, 5]),
         "recorded_by": st.sampled_from(["test_a.py::test_a[x]", "", None, 6]),
     },
 )
@@ -538,7 +541,7 @@ _ends = st.fixed_dictionaries(
     {},
     optional={
         "duration_ms": _offsets,
-        "outcome": st.sampled_from(["complete", "client_disconnected", 3, None]),
+        "outcome": st.sampled_from(["complete", "client_disconnected", "upstream_disconected", 3, None]),
         "error": st.sampled_from(["cut", None, 4]),
         "extra": _json_values,
     },

@@ -1,0 +1,249 @@
+"""Cassettes at their edges: exchanges the log holds no end of, times and outcomes that are
+no such thing, bodies past the recorder's cap, upstreams, and choices that match nothing;
+each through the commands, on real files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tasktape.cli import main
+from tasktape.errors import CassetteError
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import read_cassette
+from tasktape.replay import load
+
+ROOT = Path(__file__).resolve().parent.parent
+SSE = [("Content-Type", "text/event-stream")]
+HEAD = '{"tasktape_cassette": 1}'
+GET = '{"exchange": {"request": {"method": "GET", "path": "/"}, "response": {"status": 200}}}'
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def one_error_line(output: str) -> str:
+    """The one line a refused command says, never a traceback."""
+    assert "Traceback" not in output, output
+    (line,) = output.strip().splitlines()
+    return line
+
+
+def started_stream(writer: LogWriter, upstream: str | None = "http://127.0.0.1:9") -> int:
+    """A stream begun in a capture of its own, two events in, not ended."""
+    capture = writer.begin_capture(source="record", upstream=upstream)
+    exchange = writer.begin_exchange(capture, method="POST", path="/message:stream")
+    writer.response_head(exchange, status=200, headers=SSE, is_sse=True, ttfb_ns=1_000_000)
+    writer.chunk(exchange, 2_000_000, b"id: 1\ndata: {}\n\n")
+    writer.chunk(exchange, 3_000_000, b"id: 2\ndata: {}\n\n")
+    return exchange
+
+
+def test_an_exchange_the_log_holds_no_end_of_is_exported_cut_short(tmp_path: Path) -> None:
+    """Exported while its recorder was still writing it, a stream was written as complete,
+    and replayed and checked as a whole one."""
+    log, cassette = tmp_path / "live.db", tmp_path / "live.jsonl"
+    writer = LogWriter(log)
+    try:
+        started_stream(writer)
+        writer.flush()
+        code, output = cli("export", str(log), "-o", str(cassette))
+    finally:
+        writer.close()
+    assert code == 0, output
+    assert "live.db exchange 1 (POST /message:stream) has no end in the log yet" in output
+    end = lines(cassette)[-1]["end"]
+    assert (end["duration_ms"], end["outcome"]) == (None, "log_closed")
+    assert end["error"].startswith("the log held no end of this exchange when it was exported")
+    (recorded,) = read_cassette(cassette)
+    assert recorded.cut_short and recorded.duration_ns is None
+    code, output = cli("check", str(cassette))
+    assert "cut-short" in output, output
+    # Imported and exported again, it is the same line.
+    assert cli("import", str(cassette), "--db", str(tmp_path / "copy.db"))[0] == 0
+    assert cli("export", str(tmp_path / "copy.db"), "-o", str(tmp_path / "again.jsonl"))[0] == 0
+    assert lines(tmp_path / "again.jsonl")[1:] == lines(cassette)[1:]
+
+
+def test_an_exchange_without_a_duration_goes_round_trip_unchanged(tmp_path: Path) -> None:
+    """A recorder stopped mid-stream leaves it log_closed without a duration: export wrote
+    null, import made it the last chunk's offset, and the next export differed."""
+    log = tmp_path / "cut.db"
+    with LogWriter(log) as writer:
+        started_stream(writer)  # closed before it ends: log_closed, no duration
+    cassettes = [tmp_path / f"{n}.jsonl" for n in range(3)]
+    assert cli("export", str(log), "-o", str(cassettes[0]))[0] == 0
+    for n in (1, 2):
+        db = tmp_path / f"copy{n}.db"
+        assert cli("import", str(cassettes[n - 1]), "--db", str(db))[0] == 0
+        assert cli("export", str(db), "-o", str(cassettes[n]))[0] == 0
+        with EventLog(db) as copy:
+            (row,) = copy.exchanges()
+            assert (row["outcome"], row["duration_ns"]) == ("log_closed", None)
+    exchanges = [path.read_text().splitlines()[1:] for path in cassettes]
+    assert exchanges[0] == exchanges[1] == exchanges[2]
+    assert lines(cassettes[0])[-1]["end"]["duration_ms"] is None
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"created_at": 5}, "'created_at' must be a string"),
+        ({"created_at": ["2026-11-30T11:00:00Z"]}, "'created_at' must be a string"),
+        ({"created_at": "yesterday"}, "'created_at' must be an ISO 8601 time"),
+        ({"created_at": "2026-13-45"}, "'created_at' must be an ISO 8601 time"),
+        ({"upstream": 7}, "'upstream' must be a string"),
+    ],
+)
+def test_a_header_time_that_is_no_time_is_refused_before_anything_is_written(
+    tmp_path: Path, header: dict, message: str
+) -> None:
+    """A created_at that was no string crashed the import (AttributeError), after the
+    files before it on the command line were imported."""
+    good, bad, db = tmp_path / "good.jsonl", tmp_path / "bad.jsonl", tmp_path / "into.db"
+    good.write_text(f"{HEAD}\n{GET}\n")
+    bad.write_text(json.dumps({"tasktape_cassette": 1, **header}) + f"\n{GET}\n")
+    code, output = cli("import", str(good), str(bad), "--db", str(db))
+    line = one_error_line(output)
+    assert code == 1 and line.startswith(f"Error: {bad}:1: ") and message in line
+    assert not db.exists()  # not even the good one
+
+
+def test_a_start_time_that_is_no_time_is_refused(tmp_path: Path) -> None:
+    """It was replaced by the time of the import, unsaid."""
+    cassette = tmp_path / "started.jsonl"
+    for started in ("not a date", "2026-02-30T12:00:00Z"):
+        exchange = {"request": {"method": "GET", "path": "/"}, "started_at": started}
+        cassette.write_text(f"{HEAD}\n{json.dumps({'exchange': exchange})}\n")
+        code, output = cli("import", str(cassette), "--db", str(tmp_path / "into.db"))
+        assert code == 1
+        line = one_error_line(output)
+        assert line.startswith(f"Error: {cassette}:2: exchange: started_at: ") and "ISO 8601" in line
+    assert not (tmp_path / "into.db").exists()
+
+
+def test_a_mistyped_outcome_is_refused_naming_the_outcomes(tmp_path: Path) -> None:
+    """It was read as a stream that ended whole, by check, import and replay alike."""
+    cassette = tmp_path / "typo.jsonl"
+    cassette.write_text(
+        f"{HEAD}\n{GET}\n"
+        '{"chunk": {"offset_ms": 1, "text": "data: 1\\n\\n"}}\n'
+        '{"end": {"duration_ms": 3, "outcome": "upstream_disconected"}}\n'
+    )
+    for command in (["check", str(cassette)], ["import", str(cassette), "--db", str(tmp_path / "t.db")]):
+        code, output = cli(*command)
+        assert code != 0, output
+        assert f"{cassette}:4: end: outcome: " in output and "'upstream_disconnected'" in output
+        assert "'log_closed'" in output and "Traceback" not in output
+    with pytest.raises(CassetteError, match=r"typo\.jsonl:4: end: outcome: .*'complete'"):
+        load([cassette])
+
+
+def test_import_keeps_bodies_past_the_recorders_cap(tmp_path: Path) -> None:
+    """A body past 16 MiB (a recorder's cap) was cut to it on import, unsaid, and flagged
+    truncated as if the recording had been."""
+    size = 17 * 2**20
+    cassette, db = tmp_path / "big.jsonl", tmp_path / "big.db"
+    exchange = {"request": {"method": "GET", "path": "/big"}, "response": {"status": 200, "sse": False}}
+    chunk = {"chunk": {"offset_ms": 1, "text": "x" * size}}
+    cassette.write_text(f"{HEAD}\n{json.dumps({'exchange': exchange})}\n{json.dumps(chunk)}\n")
+    code, output = cli("import", str(cassette), "--db", str(db))
+    assert code == 0, output
+    with EventLog(db) as log:
+        (row,) = log.exchanges()
+        assert len(log.body(row["id"])) == size and not row["response_body_truncated"]
+
+
+def test_the_cassettes_page_says_importing_again_adds_nothing_and_it_does(tmp_path: Path) -> None:
+    """The page said so, and further down that importing one twice adds it twice."""
+    page = (ROOT / "docs" / "cassettes.md").read_text()
+    assert "importing it again adds nothing" in page
+    assert "twice, as two captures" not in page
+    cassette, db = tmp_path / "c.jsonl", tmp_path / "c.db"
+    cassette.write_text(f"{HEAD}\n{GET}\n")
+    assert cli("import", str(cassette), "--db", str(db))[0] == 0
+    code, output = cli("import", str(cassette), "--db", str(db))
+    assert code == 0 and "nothing added" in output
+    with EventLog(db) as log:
+        assert len(log.exchanges()) == 1
+
+
+def test_the_upstream_is_that_of_the_exchanges_exported_and_import_keeps_it(tmp_path: Path) -> None:
+    """Export named the upstream of every capture of the log; import kept none."""
+    log, theirs = tmp_path / "mixed.db", tmp_path / "theirs.jsonl"
+    theirs.write_text(json.dumps({"tasktape_cassette": 1, "upstream": "http://agent.example"}) + f"\n{GET}\n")
+    with LogWriter(log) as writer:
+        ours = started_stream(writer, upstream="http://127.0.0.1:9")
+        writer.end_exchange(ours, duration_ns=4_000_000)
+    assert cli("import", str(theirs), "--db", str(log))[0] == 0
+    with EventLog(log) as opened:
+        assert [c["upstream"] for c in opened.captures()] == ["http://127.0.0.1:9", "http://agent.example"]
+    for chosen, upstream in (("1", "http://127.0.0.1:9"), ("2", "http://agent.example")):
+        out = tmp_path / f"{chosen}.jsonl"
+        assert cli("export", str(log), "-o", str(out), "--exchange", chosen, "--no-cards")[0] == 0
+        assert lines(out)[0]["upstream"] == upstream
+    both = tmp_path / "both.jsonl"
+    assert cli("export", str(log), "-o", str(both))[0] == 0
+    assert lines(both)[0]["upstream"] is None  # two upstreams: no one of them
+
+
+def test_export_of_a_log_without_exchanges_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "empty.db"
+    with LogWriter(log) as writer:
+        writer.begin_capture(source="record")
+    code, output = cli("export", str(log), "-o", str(tmp_path / "e.jsonl"))
+    assert code == 1
+    assert one_error_line(output) == f"Error: {log} has no exchanges: there is nothing to export"
+    assert not (tmp_path / "e.jsonl").exists()
+
+
+def test_each_choice_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
+    """An unknown task beside a known exchange was left out unsaid."""
+    log, out = tmp_path / "one.db", tmp_path / "out.jsonl"
+    with LogWriter(log) as writer:
+        writer.end_exchange(started_stream(writer), duration_ns=4_000_000)
+    for choice in (["--task", "nosuch"], ["--context", "nosuch"], ["--exchange", "9"]):
+        code, output = cli("export", str(log), "-o", str(out), "--exchange", "1", *choice)
+        assert code == 1
+        what = f"{choice[0].removeprefix('--')} {choice[1]}"
+        assert one_error_line(output) == f"Error: {log}: nothing matches {what}; nothing written"
+        assert not out.exists()
+    assert cli("export", str(log), "-o", str(out), "--exchange", "1")[0] == 0
+
+
+def test_merge_into_a_folder_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    log, output = tmp_path / "a.db", tmp_path / "missing" / "dir" / "m.db"
+    with LogWriter(log) as writer:
+        writer.begin_capture(source="record")
+    code, said = cli("merge", str(log), "-o", str(output))
+    assert code == 1
+    expected = f"Error: cannot open {output} as an event log: its folder {output.parent} does not exist"
+    assert one_error_line(said) == expected
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        ({"method": "G\nET", "path": "/"}, "request.method"),
+        ({"method": "GET", "path": "/a\r\nX: y"}, "request.path"),
+        ({"method": "GET", "path": "/", "query": "a=1\r\nX: y"}, "request.query"),
+    ],
+)
+def test_a_line_break_in_the_request_line_is_refused(tmp_path: Path, request_: dict, field: str) -> None:
+    """Only headers were checked for CR and LF."""
+    cassette = tmp_path / "split.jsonl"
+    cassette.write_text(f"{HEAD}\n{json.dumps({'exchange': {'request': request_}})}\n")
+    code, output = cli("import", str(cassette), "--db", str(tmp_path / "s.db"))
+    assert code == 1
+    line = one_error_line(output)
+    assert line.startswith(f"Error: {cassette}:2: exchange: {field}: ") and "CR, LF or NUL" in line
+    assert not (tmp_path / "s.db").exists()
