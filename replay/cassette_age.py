@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from tasktape.errors import UsageError
@@ -28,19 +28,14 @@ def parse_max_age(text: str) -> timedelta:
 
 def created_at(cassette: Path) -> datetime | None:
     """When the cassette's header says it was recorded; None when it does not say (a
-    hand-written header) or says something that is no time."""
+    hand-written header). A header whose ``created_at`` is no time raises CassetteError."""
     # Here, not at the top: the plugin loads this module in every run, the cassette
     # reader (and pydantic) only when a test uses a cassette.
     from tasktape.eventlog.cassette import read_header  # noqa: PLC0415
+    from tasktape.eventlog.uids import read_time  # noqa: PLC0415
 
     written = read_header(cassette).get("created_at")
-    if not isinstance(written, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(written)
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return None if written is None else read_time(written)
 
 
 def describe(span: timedelta) -> str:
