@@ -52,6 +52,11 @@ def named(request: Request) -> str | None:
         (Request("DELETE", "/mcp", MCP_HEADERS), "mcp"),
         (Request("POST", "/v1/chat/completions", [], b'{"model": "m", "messages": []}'), "openai"),
         (Request("POST", "/openai/v1/responses", [], b'{"model": "m", "input": "hi"}'), "openai"),
+        # A Responses call may name no input: a stored prompt (which may carry the model too),
+        # or the response it follows.
+        (Request("POST", "/v1/responses", [], b'{"prompt": {"id": "pmpt_1"}, "stream": true}'), "openai"),
+        (Request("POST", "/v1/responses", [], b'{"model": "m", "previous_response_id": "resp_1"}'), "openai"),
+        (Request("POST", "/v1/responses", [], b'{"stream": true}'), None),
         (
             Request("POST", "/v1/messages", [], b'{"model": "m", "messages": [], "max_tokens": 5}'),
             "anthropic",
@@ -147,6 +152,66 @@ def rules_broken(recorded: list[Recorded]) -> set[str]:
 @pytest.mark.parametrize("rule", MCP_BREAKS)
 def test_each_broken_mcp_session_breaks_its_rule(rule: str) -> None:
     assert rules_broken(MCP_BREAKS[rule]) == {rule}
+
+
+def test_a_progress_token_used_again_by_a_later_request_counts_afresh() -> None:
+    """Tokens are unique among the requests under way only: once a request is answered, a
+    later one may carry its token again."""
+    first, second = (mcp_call(n, progress("p", 1, 2), progress("p", 2, 2), result(n)) for n in (1, 2))
+    for n, call in enumerate((first, second), 1):
+        call.request_body = rpc("tools/call", n, name="slow", _meta={"progressToken": "p"})
+    # Event ids are unique across a session's streams.
+    second.chunks = [(at, chunk.replace(b"id: e", b"id: f")) for at, chunk in second.chunks]
+    assert rules_broken([first, second]) == set()
+    # Within one request, progress still rises.
+    second.chunks = [second.chunks[1], second.chunks[0], second.chunks[2]]
+    assert rules_broken([first, second]) == {"mcp-progress-rising"}
+
+
+@pytest.mark.parametrize("code", ["oops", 1.5, True, None])
+def test_an_error_code_that_is_no_integer_breaks_the_rule(code: Any) -> None:
+    error = {"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": "x"}}
+    assert rules_broken([mcp_call(1, error)]) == {"mcp-result-xor-error"}
+
+
+def responses_stream(request_body: bytes) -> Recorded:
+    """A Responses API stream (its events typed), answering ``request_body``."""
+    done = {"id": "resp_1", "object": "response", "status": "completed", "output": []}
+    events = [
+        ("response.created", {"type": "response.created", "response": {**done, "status": "in_progress"}}),
+        ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "Hi"}),
+        ("response.completed", {"type": "response.completed", "response": done}),
+    ]
+    chunks = [
+        (n * 1000, f"event: {e}\ndata: {json.dumps(d)}\n\n".encode()) for n, (e, d) in enumerate(events)
+    ]
+    return Recorded(
+        method="POST",
+        path="/v1/responses",
+        request_body=request_body,
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=chunks,
+        duration_ns=3_000,
+        origin="responses",
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"prompt": {"id": "pmpt_1"}, "stream": true}', b'{"model": "gpt-4.1", "input": "cut at --max-b'],
+    ids=["stored prompt", "body cut short"],
+)
+def test_a_responses_stream_is_checked_as_one_however_its_request_reads(body: bytes) -> None:
+    """Told by its request when it can be read, else by its events: never as a chat stream
+    (whose rules would look for choices and [DONE])."""
+    stream = responses_stream(body)
+    assert rules_broken([stream]) == set()
+    stream.chunks.append((4000, b"data: [DONE]\n\n"))
+    assert {f.message for f in check_recorded([stream])} == {
+        "a second end marker (a terminal response event)"
+    }
 
 
 def test_progress_past_its_total_and_a_request_never_answered() -> None:

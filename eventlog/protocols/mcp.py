@@ -262,6 +262,13 @@ def _cut_short(stream: Stream, session: list[Stream]) -> bool:
     )
 
 
+def _progress_token(body: Any) -> Any:
+    """The progress token a request carries (``params._meta.progressToken``), if any."""
+    params = body.get("params") if isinstance(body, dict) and "method" in body else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
 def _key(rpc_id: Any) -> tuple[str, Any]:
     return (type(rpc_id).__name__, rpc_id)  # 1 and "1" are different ids
 
@@ -276,8 +283,15 @@ def result_xor_error(streams: Sequence[Stream]) -> Iterator[Problem]:
                 yield Problem(stream, frame, "a response with both a result and an error")
             elif "result" not in message and "error" not in message:
                 yield Problem(stream, frame, "a response with neither a result nor an error")
-            elif "error" in message and error_text(message["error"]) is None:
+            elif "error" in message and not _well_formed(message["error"]):
                 yield Problem(stream, frame, "an error without an integer code and a message")
+
+
+def _well_formed(error: Any) -> bool:
+    """Whether a JSON-RPC error has what JSON-RPC 2.0 requires: an integer code, a message."""
+    if not isinstance(error, dict):
+        return False
+    return type(error.get("code")) is int and isinstance(error.get("message"), str)
 
 
 def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
@@ -286,6 +300,11 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
         last: dict[Any, float] = {}
         seen: set[str] = set()
         for stream in session:
+            # A token is unique among the requests under way: a new request that carries one
+            # counts its progress afresh (the request that carried it before has been answered).
+            token = _progress_token(stream.request_body)
+            if token is not None:
+                last.pop(_key(token), None)
             for frame, message in _messages(stream):
                 if message.get("method") != PROGRESS or frame.sse_id in seen:
                     continue

@@ -24,11 +24,12 @@ from ..frames import Problem, Stream, readable
 from .base import Protocol, Request, RequestInfo, StreamReader, ToolCall, among, classified, parsed
 
 DONE = "[DONE]"
-# The API call of each path tail, and the request body field it needs beside "model".
+# The API call of each path tail, and the request body fields it needs one of beside its
+# "model" (a Responses call may name none: a stored prompt, or the response it follows).
 _CALLS = {
-    "/chat/completions": ("chat.completions", "messages"),
-    "/completions": ("completions", "prompt"),
-    "/responses": ("responses", "input"),
+    "/chat/completions": ("chat.completions", ("messages",)),
+    "/completions": ("completions", ("prompt",)),
+    "/responses": ("responses", ("input", "prompt", "previous_response_id", "conversation")),
 }
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete"})
 # What the API names the objects it answers with: a chunk of a Chat Completions stream, a
@@ -65,9 +66,11 @@ def _call(request: Request) -> str | None:
     for tail, (call, needs) in _CALLS.items():
         if request.path.endswith(tail):
             body = request.json()
-            if isinstance(body, dict) and isinstance(body.get("model"), str) and needs in body:
-                return call
-            return None
+            if not isinstance(body, dict) or not any(need in body for need in needs):
+                return None
+            # A stored prompt may carry the model for a Responses call.
+            named = isinstance(body.get("model"), str) or (call == "responses" and "prompt" in body)
+            return call if named else None
     return None
 
 
@@ -318,7 +321,13 @@ def _output_text(response: dict[str, Any]) -> list[str]:
 
 
 def _responses_api(stream: Stream) -> bool:
-    return stream.request.rpc_method == "responses"
+    """Whether the stream answers a Responses call: its request says so or, a request body
+    the log could not read (cut at --max-body), its events name their response.* types."""
+    call = stream.request.rpc_method
+    if call is not None:
+        return call == "responses"
+    first = stream.frames[0] if stream.frames else None
+    return first is not None and (first.event_type or "").startswith("response.")
 
 
 def done_last(streams: Sequence[Stream]) -> Iterator[Problem]:
