@@ -290,21 +290,36 @@ def _names(request: pytest.FixtureRequest, named: bool) -> list[str | None]:
 
 def _sessions(request: pytest.FixtureRequest, named: bool) -> list[TapeSession]:
     """The sessions of the tapes a fixture serves: the test's unnamed tape (``tasktape``),
-    or its named ones (``tasktapes``). Two tapes of a test never share a cassette."""
-    from .tape import TapeSession  # noqa: PLC0415 - loaded once a test asks for a tape
+    or its named ones (``tasktapes``). Two tapes of a test never share a cassette; while
+    some tape of the test records, one without an upstream of its own replays."""
+    from .tape import TapeSession, shown  # noqa: PLC0415 - loaded once a test asks for a tape
 
-    options = [_options(request, name) for name in _names(request, named)]
-    # Among every tape of the test read so far (the other fixture's too).
+    names = _names(request, named)
+    fixtures = request.fixturenames
+    others = [None] if named and MARKER in fixtures else []
+    others += _names(request, True) if not named and TAPES_FIXTURE in fixtures else []
+    every = {name: _options(request, name) for name in [*names, *others]}
     sharing: dict[Path, list[str | None]] = {}
-    for o in request.node.stash.get(_OPTIONS, {}).values():
+    for o in every.values():
         sharing.setdefault(o.cassette.resolve(), []).append(o.name)
-    for o in options:
-        names = sorted(sharing[o.cassette.resolve()], key=lambda n: n or "")
-        if len(names) > 1:
-            tapes = " and ".join(f"tape {n}" if n else "the unnamed tape" for n in names)
-            raise _failed(f"tasktape: {tapes} share the cassette {o.cassette}: give each its own")
+    for cassette, sharers in sharing.items():
+        if len(sharers) > 1:
+            sharers.sort(key=lambda n: n or "")  # the unnamed tape first
+            tapes = " and ".join(f"tape {n}" if n else "the unnamed tape" for n in sharers)
+            raise _failed(f"tasktape: {tapes} share the cassette {shown(cassette)}: give each its own")
+    # new_episodes or all for the tapes given an upstream (the model's), the others (an
+    # agent not running) as they were recorded.
+    recording = any(o.upstream for o in every.values())
     written = request.config.stash[_WRITTEN]
-    return [TapeSession(o, written) for o in options]
+    return [TapeSession(_replaying(every[name], recording), written) for name in names]
+
+
+def _replaying(options: TapeOptions, recording: bool) -> TapeOptions:
+    """A tape's options once a mode that records every tape (new_episodes, all) left alone
+    the tapes given no upstream, while others of the test record."""
+    if recording and not options.upstream and options.mode in (RecordMode.NEW_EPISODES, RecordMode.ALL):
+        return dataclasses.replace(options, mode=RecordMode.NONE)
+    return options
 
 
 async def _started(sessions: list[TapeSession]) -> dict[str | None, Tape]:

@@ -120,6 +120,7 @@ def test_each_upstream_recorded_into_its_own_cassette_then_replayed(
             assert tasktapes["agent"].url != tasktapes["llm"].url
         """
     )
+    upstreams.requests.clear()
     recorded = run(project, "--tasktape-record-mode=once", f"--tasktape-upstream=agent={upstreams.agent}")
     recorded.assert_outcomes(passed=1)
     recorded.stdout.fnmatch_lines(
@@ -184,6 +185,36 @@ def test_a_miss_names_its_tape_and_the_unnamed_tape_goes_along(project: pytest.P
     )
 
 
+def test_new_episodes_of_one_upstream_replay_the_others(
+    project: pytest.Pytester, upstreams: Upstreams
+) -> None:
+    """The tapes given an upstream record what misses; the others, whose agent need not run,
+    replay their cassettes. With no upstream at all, the mode still says what it needs."""
+    project.makepyfile(
+        test_episode="""
+        import pytest
+        from planner import ask_model, hand_over
+
+        @pytest.mark.tasktape(name="agent", cassette="cassettes/completed.jsonl")
+        @pytest.mark.tasktape(name="llm")
+        def test_a_new_question_to_the_model(tasktapes):
+            assert ask_model(tasktapes["llm"].url) == "Hello! How can I help?"
+            assert "TASK_STATE_COMPLETED" in hand_over(tasktapes["agent"].url, "What does J45.909 mean?")
+        """
+    )
+    upstreams.requests.clear()
+    recorded = run(project, "--tasktape-record-mode=new_episodes", f"--tasktape-upstream=llm={upstreams.llm}")
+    recorded.assert_outcomes(passed=1)
+    assert upstreams.requests == ["POST /v1/chat/completions"]
+    folder = project.path / "cassettes" / "test_episode"
+    assert exchanges(folder / "test_a_new_question_to_the_model.llm.jsonl") == ["POST /v1/chat/completions"]
+    alone = run(project, "--tasktape-record-mode=new_episodes")
+    alone.assert_outcomes(errors=1)
+    alone.stdout.fnmatch_lines(
+        ["*records *completed.jsonl from an agent: give it with --tasktape-upstream agent=URL"]
+    )
+
+
 def test_named_markers_merge_by_name(project: pytest.Pytester) -> None:
     """A module's marker of a tape and a test's marker of the same tape merge, the test's
     saying what both say; a marker that names no tape is not a named tape's."""
@@ -230,6 +261,11 @@ def test_mistakes_are_named(project: pytest.Pytester, upstreams: Upstreams) -> N
         def test_two_tapes_one_cassette(tasktapes):
             pass
 
+        @pytest.mark.tasktape("cassettes/chat.jsonl")
+        @pytest.mark.tasktape(name="llm", cassette="cassettes/chat.jsonl")
+        def test_the_unnamed_and_a_named_tape_one_cassette(tasktapes, tasktape):
+            pass
+
         @pytest.mark.tasktape(name="llm", cassette="cassettes/chat.jsonl")
         def test_an_unknown_name(tasktapes):
             tasktapes["agent"]
@@ -240,7 +276,7 @@ def test_mistakes_are_named(project: pytest.Pytester, upstreams: Upstreams) -> N
         """
     )
     result = run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={upstreams.agent}")
-    result.assert_outcomes(errors=5, failed=1)
+    result.assert_outcomes(errors=6, failed=1)
     result.stdout.fnmatch_lines_random(
         [
             "*@pytest.mark.tasktape: name is a tape's name (letters, digits, _ and -, starting with a "
@@ -249,7 +285,8 @@ def test_mistakes_are_named(project: pytest.Pytester, upstreams: Upstreams) -> N
             'with @pytest.mark.tasktape(name="...")',
             "*@pytest.mark.tasktape on test_named_but_not_asked_for serves its named tapes to the "
             "tasktapes fixture, which the test does not ask for: add `tasktapes` to its arguments",
-            "*tasktape: tape one and tape two share the cassette *chat.jsonl: give each its own",
+            "*tasktape: tape one and tape two share the cassette cassettes/chat.jsonl: give each its own",
+            "*tasktape: the unnamed tape and tape llm share the cassette cassettes/chat.jsonl: give *",
             "E * tasktape.errors.UnknownTape: no tape named 'agent'; this test's tapes: llm",
             "*tasktape: --tasktape-record-mode=once records *test_recorded_without_its_upstream.tools.jsonl "
             "from an agent: give it with --tasktape-upstream tools=URL",
