@@ -13,7 +13,9 @@ messages into one insert per table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from tasktape.errors import UsageError
 from tasktape.eventlog.schema import open_db
 
+from .names import own_consumer
 from .sqlite_sink import Applied
 from .wire import Rows, Table, refuse_unknown, wire_columns
 
@@ -76,17 +79,23 @@ WHERE e.task_id IS NOT NULL GROUP BY e.task_id""",
 _TYPES = {"INTEGER": "Int64", "TEXT": "String", "BLOB": "String", "FLOAT": "Float64", "REAL": "Float64"}
 
 
-def connect(url: str) -> tuple[Any, str]:
+def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
     """A clickhouse-connect client of ``url`` and the database tasktape's tables are in:
     ``http(s)://HOST:PORT[/DATABASE]``, or ``chdb:///ABS/PATH`` / ``chdb://REL`` for the
-    embedded engine (its database ``tasktape``)."""
+    embedded engine (its database ``tasktape``). Unless ``create``, an embedded store that
+    is not there yet is a UsageError, not made."""
     try:
         import clickhouse_connect  # noqa: PLC0415 - an extra: tasktape[clickhouse]
     except ImportError:
         raise UsageError("ClickHouse needs an extra: pip install 'tasktape[clickhouse]'") from None
+    # Its client logs a warning of its own beside each error it raises, which Python would
+    # print, unasked, as a second line: an application that sets up logging still sees it.
+    logging.getLogger("clickhouse_connect").addHandler(logging.NullHandler())
     if url.startswith("chdb://"):
         rest = url.removeprefix("chdb://")
         path = Path(rest) if rest.startswith("/") else Path.cwd() / rest
+        if not create and not (path / "metadata").is_dir():  # (chDB's own, made with the store)
+            raise UsageError(f"nothing in {url}: there is no ClickHouse store at {path}")
         path.mkdir(parents=True, exist_ok=True)
         return clickhouse_connect.get_client(dsn=f"chdb://{path}"), DATABASE
     if url.startswith(("http://", "https://")):
@@ -96,6 +105,29 @@ def connect(url: str) -> tuple[Any, str]:
     raise UsageError(f"{url!r} is not a ClickHouse URL: http://HOST:8123, chdb:///ABS/PATH or chdb://REL")
 
 
+def shown(url: str) -> str:
+    """``url`` as said to the user: without the user and password it may carry."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url  # (as written: chdb:///ABS/PATH would not come back whole from urlunsplit)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+@contextlib.contextmanager
+def reaching(url: str) -> Iterator[None]:
+    """A server that does not answer (refused, unknown, gone) as one line that names it."""
+    from clickhouse_connect.driver.exceptions import OperationalError  # noqa: PLC0415 - an extra
+
+    try:
+        yield
+    except OperationalError as exc:
+        cause: BaseException = exc
+        while cause.__cause__ is not None:  # the socket's own error says it best: "Connection refused"
+            cause = cause.__cause__
+        why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause)
+        raise UsageError(f"cannot reach ClickHouse at {shown(url)}: {why}") from None
+
+
 def blob_columns(columns: Sequence[tuple[str, str]]) -> list[str]:
     """The columns a log keeps bytes in (a body, a chunk): read back from ClickHouse as bytes."""
     return [c for c, t in columns if t == "BLOB"]
@@ -103,16 +135,21 @@ def blob_columns(columns: Sequence[tuple[str, str]]) -> list[str]:
 
 class ClickHouseSink:
     """The ClickHouse at ``url`` as a fleet's sink (its database, tables and views made if
-    missing)."""
+    missing), or, not ``create``, as what a collector made there, to read (nothing made:
+    a UsageError if nothing was)."""
 
     gather = 1.0  # seconds of messages in one insert: ClickHouse takes few, big inserts
     nan_nulls = False  # NULLs as None: its columns of text and integers take no NaN
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
-        self.client, self.database = connect(url)
         self.columns = wire_columns_now()
-        self._create()
+        with reaching(url):
+            self.client, self.database = connect(url, create=create)
+            if create:
+                self._create()
+            else:
+                self._read_as_is()
 
     def close(self) -> None:
         self.client.close()
@@ -123,13 +160,40 @@ class ClickHouseSink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def consumer(self) -> str:
+        """The durable consumer this database is collected through unless told: its own,
+        named after the UUID ClickHouse gave it when it was made. A collector started again
+        on it takes up where it stopped; another database, or one made again, starts from
+        the stream's first message."""
+        with reaching(self.url):
+            found = self.client.query(
+                "SELECT uuid FROM system.databases WHERE name = {d:String}", parameters={"d": self.database}
+            )
+        return own_consumer("clickhouse", self.database, str(found.result_rows[0][0]))
+
+    def _present(self) -> set[tuple[str, str]]:
+        """(table, column) of each column the database has."""
+        sql = "SELECT table, name FROM system.columns WHERE database = {d:String}"
+        return set(self.client.query(sql, parameters={"d": self.database}).result_rows)
+
+    def _read_as_is(self) -> None:
+        present = self._present()
+        missing = sorted({name for name, _, _ in TABLES.values()} - {table for table, _ in present})
+        if missing:
+            raise UsageError(
+                f"nothing in {shown(self.url)}: tasktape collect never wrote there (no table "
+                f"{self.database}.{missing[0]})"
+            )
+        # A database an earlier version made lacks the columns the log has gained since: what
+        # it has is read, and the rest stays NULL.
+        self.columns = {
+            t: [(c, kind) for c, kind in columns if (TABLES[t][0], c) in present]
+            for t, columns in self.columns.items()
+        }
+
     def _create(self) -> None:
         self.client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
-        present = set(
-            self.client.query(
-                f"SELECT table, name FROM system.columns WHERE database = '{self.database}'"
-            ).result_rows
-        )
+        present = self._present()
         made_before = {table for table, _ in present}
         for table, (name, order, version) in TABLES.items():
             columns = ", ".join(f"{c} {_type(c, t, order)}" for c, t in self.columns[table])
@@ -173,7 +237,8 @@ class ClickHouseSink:
                         values.append(int(version in at and row[at[version]] is not None))
                     rows.append(values)
             names = [*wanted, "_version"] if version else wanted
-            self.client.insert(f"{self.database}.{name}", rows, column_names=names)
+            with reaching(self.url):  # (what was not written is handed out again)
+                self.client.insert(f"{self.database}.{name}", rows, column_names=names)
         applied.written = applied.rows  # what ClickHouse held already, it merges away
         return applied
 

@@ -35,6 +35,8 @@ class Sink(Protocol):
 
     def apply(self, messages: Sequence[Rows]) -> Applied: ...
 
+    def consumer(self) -> str: ...  # the durable consumer the sink is collected through, unless told
+
 
 @dataclass
 class CollectStats:

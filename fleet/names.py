@@ -1,8 +1,11 @@
 """What a fleet's shippers and collectors agree on by name: the JetStream stream, its
-subjects, and how its servers are written. Light to import: the recorder reads its
-options with it, and loads NATS's client only when it ships."""
+subjects, what may name a stream or consumer, and how its servers are written. Light to
+import: the recorder reads its options with it, and loads NATS's client only when it ships."""
 
 from __future__ import annotations
+
+import hashlib
+import re
 
 from tasktape.errors import UsageError
 
@@ -10,6 +13,10 @@ STREAM = "TASKTAPE"  # the JetStream stream, unless told otherwise
 SUBJECTS = "tasktape"  # subjects: tasktape.<capture uid>.<table>
 FETCH = 100  # messages a collector fetches (and commits together) at a time, unless told:
 # up to 100,000 rows and 50 MiB (1,000 messages could be half a gigabyte, and drained 4x slower)
+
+# What a stream or consumer name may not hold, besides whitespace: the servers keep it as a
+# file name and in subjects, and NATS's own client refuses these (deep in a run, not at start).
+_NOT_IN_NAMES = ".*>/\\"
 
 
 def parse_servers(url: str) -> list[str]:
@@ -25,3 +32,20 @@ def parse_servers(url: str) -> list[str]:
         if colon and not (port.isdigit() and 0 < int(port) <= 65535) and not host.endswith("]"):
             raise UsageError(f"{url!r}: {host!r} is not HOST:PORT with a port from 1 to 65535")
     return [f"{scheme}://{h}" for h in hosts]
+
+
+def jetstream_name(name: str) -> str:
+    """``name``, if it can name a JetStream stream or consumer; else a UsageError saying what can."""
+    if not name or any(c.isspace() or c in _NOT_IN_NAMES for c in name):
+        raise UsageError(
+            f"{name!r} cannot name a JetStream stream or consumer: a name is one or more characters, "
+            "none of them whitespace, '.', '*', '>', '/' or '\\' (as TASKTAPE, fleet-eu_1)"
+        )
+    return name
+
+
+def own_consumer(kind: str, label: str, identity: str) -> str:
+    """The durable consumer of one sink: its kind and a label to read, and a digest of what
+    tells it from every other sink (``identity``)."""
+    readable = re.sub(r"[^A-Za-z0-9_-]", "_", label)[:40]
+    return f"{kind}-{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"

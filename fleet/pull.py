@@ -14,7 +14,7 @@ from typing import Any
 from tasktape.errors import UsageError
 from tasktape.eventlog.exchange_rows import stored_body
 
-from .clickhouse_sink import TABLES, ClickHouseSink, blob_columns
+from .clickhouse_sink import TABLES, ClickHouseSink, blob_columns, reaching, shown
 from .sqlite_sink import Applied, SqliteSink
 from .wire import Rows, Table
 
@@ -65,11 +65,12 @@ def _ns(moment: datetime | None, default: int) -> int:
 
 
 def pull_slice(url: str, chosen: Slice, output: str | Path) -> Applied:
-    """Bring the exchanges ``chosen`` of the ClickHouse at ``url`` into the log ``output``."""
-    with ClickHouseSink(url) as sink:
+    """Bring the exchanges ``chosen`` of the ClickHouse at ``url`` into the log ``output``
+    (the ClickHouse side only read: what no collector made there is not made)."""
+    with ClickHouseSink(url, create=False) as sink, reaching(url):
         uids = chosen.exchange_uids(sink)
         if not uids:
-            raise UsageError(f"nothing in {url} matches the slice chosen")
+            raise UsageError(f"nothing in {shown(url)} matches the slice chosen")
         # With the reconnects and rejoins of their streams, which the resumes name.
         uids = sorted({*uids, *_resumed_by(sink, uids)})
         exchanges = _rows(sink, Table.EXCHANGES, "uid", uids, "started_ns, uid")

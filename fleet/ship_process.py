@@ -4,7 +4,9 @@ broker that is slow or down costs the traffic nothing, not even the GIL.
 The recorder starts it once the log exists and stops it by closing its stdin (so does
 dying: the pipe closes either way). It then ships what was committed for at most ``drain``
 seconds more, and exits; rows still waiting stay in the log, and go out the next time the
-log is shipped. It says what it waits for on stderr, as the recorder's own lines.
+log is shipped. It says what it waits for on stderr, as the recorder's own lines. Should it
+stop before it is told to (it failed, or was killed), the recorder says so at once, and
+again when it stops, with the rows left waiting.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +51,7 @@ class ShipperProcess:
             **{"path": str(path), "servers": servers, "stream": stream},
             **{"drain": drain, "prefix": prefix, "hints_fd": hints_fd},
         }
+        self._path, self._servers, self._stream, self._prefix = Path(path), servers, stream, prefix
         python, env = child_python()
         self._process = subprocess.Popen(
             [*python, "-c", _CHILD_MAIN, json.dumps(settings)],
@@ -55,18 +59,53 @@ class ShipperProcess:
             env=env,
             pass_fds=[hints_fd] if hints_fd is not None else [],
         )
+        self._closing = False
+        threading.Thread(target=self._watch, name="tasktape:shipper-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Say at once when the child stops before it was told to: nothing ships after that,
+        and the recorder would otherwise record on as if all went out."""
+        code = self._process.wait()
+        if not self._closing:
+            self._say(
+                f"WARNING: shipping stopped: the shipper {_ended(code)}; every row recorded from now "
+                "on waits in the log for its next shipping"
+            )
 
     def close(self) -> int:
         """Stop shipping (after the drain); the child's exit status: 0 when every row
-        committed before was shipped, 1 when some wait in the log."""
+        committed before was shipped, 1 when some wait in the log (the child says how many).
+        Any other, it failed (or was killed): said here, with the rows left waiting."""
+        self._closing = True
         stdin: IO[bytes] | None = self._process.stdin
         if stdin is not None:
             stdin.close()
         try:
-            return self._process.wait(timeout=self.drain + 15)
+            code = self._process.wait(timeout=self.drain + 15)
         except subprocess.TimeoutExpired:
             self._process.kill()
-            return self._process.wait()
+            code = self._process.wait()
+        if code not in (0, 1):
+            self._say(
+                f"WARNING: shipping failed (the shipper {_ended(code)}): {self._waiting():,} rows "
+                "wait in the log for its next shipping"
+            )
+        return code
+
+    def _say(self, line: str) -> None:
+        print(f"{self._prefix}{line}", file=sys.stderr, flush=True)
+
+    def _waiting(self) -> int:
+        """Rows committed to the log and not shipped, as far as the cursor the child last saved says."""
+        shipper = Shipper(self._path, self._servers, stream=self._stream)
+        try:
+            return shipper.waiting()
+        finally:
+            shipper.close()
+
+
+def _ended(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
 def main(settings_json: str) -> None:
@@ -108,7 +147,11 @@ def main(settings_json: str) -> None:
             return 1
         return 0
 
-    code = asyncio.run(ship())
+    try:
+        code = asyncio.run(ship())
+    except Exception:  # a failure nothing above expects: said, and the recorder says what it means
+        traceback.print_exc()
+        code = 3
     sys.stderr.flush()
     # Not sys.exit: a thread may still be reading stdin (when shipping stopped on its own),
     # and finalizing the interpreter under it aborts the process. Everything is closed.

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, open_db
+from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, migrations, open_db
 from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
+from .names import own_consumer
 from .wire import LOCAL_COLUMNS, UID_COLUMNS, Rows, Table, refuse_unknown
 
 
@@ -42,12 +43,23 @@ class SqliteSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        open_db(self.path).close()  # made or upgraded
+        db = open_db(self.path)  # made or upgraded
+        try:
+            self._made_at = migrations.applied(db)[0].applied_at  # when this file became a log
+        finally:
+            db.close()
         self._lock = take_writer_lock(self.path, shared=True)
         self._conn = sqlite3.connect(self.path, isolation_level=None)
         self._conn.execute("PRAGMA busy_timeout = 30000")
         self._columns = {t: {row[1] for row in self._conn.execute(f"PRAGMA table_info({t})")} for t in Table}
         self._ids: dict[tuple[str, str], int] = {}  # (table, uid) -> the sink's id
+
+    def consumer(self) -> str:
+        """The durable consumer this log is collected through unless told: its own, named
+        after where it is and when it was made. A collector started again on it takes up
+        where it stopped; another log, or one made again under the same name, starts from
+        the stream's first message (its rows would be lost to a consumer that had them)."""
+        return own_consumer("sqlite", self.path.stem, f"{self.path.resolve()}\n{self._made_at}")
 
     def close(self) -> None:
         self._conn.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +10,10 @@ import click
 
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
-from tasktape.fleet.names import FETCH, STREAM, parse_servers
+from tasktape.fleet.names import FETCH, STREAM, jetstream_name, parse_servers
 from tasktape.stop_signals import stop_signals
+
+from .option_checks import checked
 
 
 @click.command("collect")
@@ -37,10 +38,19 @@ from tasktape.stop_signals import stop_signals
 @click.option(
     "--consumer",
     metavar="NAME",
+    callback=checked(jetstream_name),
     help="The durable consumer: collectors of one name share its rows; each sink needs its own "
-    "[default: sqlite-<the log's name>].",
+    "[default: the sink's own, made with it: a new sink gets the whole stream, and one collected "
+    "into before takes up where it stopped].",
 )
-@click.option("--stream", default=STREAM, show_default=True, metavar="NAME", help="The JetStream stream.")
+@click.option(
+    "--stream",
+    default=STREAM,
+    show_default=True,
+    metavar="NAME",
+    callback=checked(jetstream_name),
+    help="The JetStream stream.",
+)
 @click.option(
     "--ack-wait",
     type=click.FloatRange(min=0.5),
@@ -91,11 +101,11 @@ def collect(
         servers = parse_servers(source)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--from") from None
-    into = str(db) if db is not None else clickhouse
-    kind, named = ("sqlite", db.stem) if db is not None else ("clickhouse", str(clickhouse).rstrip("/"))
-    name = consumer or f"{kind}-" + re.sub(r"[^A-Za-z0-9_-]", "_", named.rsplit("/", 1)[-1])
     # Here: NATS's client and the sink load only for this command.
+    from tasktape.fleet.clickhouse_sink import shown  # noqa: PLC0415
     from tasktape.fleet.collector import Collector, Sink  # noqa: PLC0415
+
+    into = str(db) if db is not None else shown(str(clickhouse))
 
     def say(line: str) -> None:
         if not quiet or line.startswith("WARNING"):
@@ -106,6 +116,7 @@ def collect(
         loop = asyncio.get_running_loop()
         for sig in stop_signals():
             loop.add_signal_handler(sig, stop.set)
+        name = consumer or sink.consumer()
         collector = Collector(
             servers,
             sink,

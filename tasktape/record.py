@@ -20,7 +20,7 @@ from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.protocols import by_name
 from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.resumes import Resume
-from tasktape.fleet.names import STREAM, parse_servers
+from tasktape.fleet.names import STREAM, jetstream_name, parse_servers
 from tasktape.proxy import RecordingProxy
 from tasktape.proxy.live import HOLD_BYTES
 from tasktape.proxy.recorder import points_at, upstream_url
@@ -35,6 +35,7 @@ from .listen import (
     public_url,
     warn_if_exposed,
 )
+from .option_checks import checked
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -143,6 +144,7 @@ EXIT_LOG_FAILED = 3
     default=STREAM,
     show_default=True,
     metavar="NAME",
+    callback=checked(jetstream_name),
     help="With --ship: the JetStream stream (made if missing, a replica per server up to three).",
 )
 @click.option(
