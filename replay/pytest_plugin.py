@@ -191,7 +191,7 @@ def pytest_configure(config: pytest.Config) -> None:
             try:
                 upstream_url(upstream)
             except UsageError as exc:
-                raise pytest.UsageError(f"--tasktape-upstream {f'{name}=' if name else ''}: {exc}") from None
+                raise pytest.UsageError(f"--tasktape-upstream{f' {name}=' if name else ''}: {exc}") from None
     parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
     # Each worker would replace the cassettes the others wrote.
     if mode is RecordMode.ALL and parallel:
