@@ -673,19 +673,30 @@ class Exchange:
                 if isinstance(exc, aiohttp.ClientResponseError)
                 else "failed before answering"
             )
-            reason = f"upstream {proxy.upstream} {how}: {describe(exc)}"
-            if self.teed is not None:
-                await self.teed.drain()
-            response = error_response(502, reason)
-            self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self.offset())
-            self.writer.chunk(self.id, self.offset(), response.body)  # type: ignore[arg-type]
-            self.end(Outcome.UPSTREAM_ERROR, reason)
-            return response
+            return await self._bad_gateway(f"upstream {proxy.upstream} {how}: {describe(exc)}")
         try:
+            if upstream.status < 200:
+                # A switch the client never asked for (a WebSocket upgrade is refused before
+                # it goes out): passed on, the client would take its connection as switched.
+                return await self._bad_gateway(
+                    f"upstream {proxy.upstream} answered {upstream.status} {upstream.reason} to a request "
+                    "that asked for no protocol switch: tasktape record carries HTTP exchanges, not "
+                    "upgraded connections"
+                )
             return await self._relay(upstream, card)
         finally:
             if not self.held:
                 upstream.close()
+
+    async def _bad_gateway(self, reason: str) -> web.Response:
+        """The client's answer when the upstream gave none it could be sent: a 502, recorded as such."""
+        if self.teed is not None:
+            await self.teed.drain()
+        response = error_response(502, reason)
+        self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self.offset())
+        self.writer.chunk(self.id, self.offset(), response.body)  # type: ignore[arg-type]
+        self.end(Outcome.UPSTREAM_ERROR, reason)
+        return response
 
     async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
         request = self.request

@@ -157,6 +157,28 @@ async def test_a_websocket_upgrade_is_refused_saying_why(record: RecordFactory) 
     assert plain["outcome"] == "complete"
 
 
+async def test_a_switch_the_client_never_asked_for_is_a_502(record: RecordFactory) -> None:
+    """Passed on, a 101 to a plain request left the client's connection taken as switched
+    (curl read the agent's raw bytes as the body; httpx waited for ever)."""
+
+    async def switching(request: web.Request) -> web.StreamResponse:
+        switched = web.StreamResponse(status=101, headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+        await switched.prepare(request)
+        await switched.write(b"raw bytes of another protocol")
+        return switched
+
+    app = web.Application()
+    app.router.add_get("/x", switching)
+    rec = await record(app)
+    async with rec.session.get(f"{rec.url}/x") as r:
+        assert r.status == 502
+        said = (await r.json())["error"]["message"]
+    assert "answered 101 Switching Protocols to a request that asked for no protocol switch" in said
+    with await rec.log() as log:
+        (exchange,) = log.exchanges()
+    assert (exchange["status"], exchange["outcome"]) == (502, "upstream_error")
+
+
 async def test_client_disconnect_cancels_the_upstream_at_once(record: RecordFactory) -> None:
     cancelled = asyncio.Event()
     first_sent = asyncio.Event()
