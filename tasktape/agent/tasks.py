@@ -10,18 +10,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasktape.errors import NotCancelable
+from tasktape.eventlog.a2a_terms import INTERRUPTED_STATES as INTERRUPTED
+from tasktape.eventlog.a2a_terms import TERMINAL_STATES as TERMINAL
 
 from .ids import new_id
-
-TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"}
-INTERRUPTED = {"TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED"}
 
 Frame = dict[str, Any]
 Event = tuple[str, Frame]  # (SSE id, StreamResponse)
 
 
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def timestamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def text_message(role: str, text: str, *, task_id: str, context_id: str) -> Frame:
@@ -42,6 +41,7 @@ class TaskRun:
         self.context_id = context_id
         self.pace = pace
         self.state = "TASK_STATE_SUBMITTED"
+        self.updated = datetime.now(UTC)  # when the status last changed: its timestamp, the list order
         self.status_message: Frame | None = None
         self.history: list[Frame] = []
         self.artifacts: dict[str, Frame] = {}
@@ -86,6 +86,7 @@ class TaskRun:
         self, state: str, *, message: str | None = None, metadata: dict[str, Any] | None = None
     ) -> None:
         self.state = state
+        self.updated = datetime.now(UTC)
         self.status_message = (
             text_message("ROLE_AGENT", message, task_id=self.id, context_id=self.context_id)
             if message
@@ -127,19 +128,20 @@ class TaskRun:
     # -- what clients see --------------------------------------------------------------------
 
     def _status(self) -> Frame:
-        status: Frame = {"state": self.state, "timestamp": now()}
+        status: Frame = {"state": self.state, "timestamp": timestamp(self.updated)}
         if self.status_message:
             status["message"] = self.status_message
         return status
 
-    def snapshot(self) -> Frame:
-        task: Frame = {
-            "id": self.id,
-            "contextId": self.context_id,
-            "status": self._status(),
-            "history": list(self.history),
-        }
-        if self.artifacts:
+    def snapshot(self, *, history_length: int | None = None, artifacts: bool = True) -> Frame:
+        """The task as clients see it; ``history_length``: at most that many of the most
+        recent messages (0: no ``history`` at all); ``artifacts``: False leaves them out."""
+        task: Frame = {"id": self.id, "contextId": self.context_id, "status": self._status()}
+        if history_length is None:
+            task["history"] = list(self.history)
+        elif history_length:
+            task["history"] = self.history[-history_length:]
+        if self.artifacts and artifacts:
             task["artifacts"] = list(self.artifacts.values())
         if self.metadata:
             task["metadata"] = dict(self.metadata)
