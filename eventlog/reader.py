@@ -6,6 +6,7 @@ writer is appending (WAL): each call sees the rows committed when it starts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,8 @@ class EventLog:
     ) -> list[int]:
         """Ids of the exchanges of these tasks and contexts (named by the exchange or by
         any of its events), and these exchanges; nothing named means all. With
-        ``with_cards``, the last agent card read before the first of them comes too, so
-        a client replaying them can start by reading it."""
+        ``with_cards``, the last agent card read from the same host before the first of
+        them comes too, so a client replaying them can start by reading it."""
         tasks, contexts, chosen = list(tasks), list(contexts), set(exchanges)
         if not (tasks or contexts or chosen):
             return [x["id"] for x in self.exchanges()]
@@ -122,17 +123,31 @@ class EventLog:
                     )
                 }
         if with_cards and chosen:
-            first = min(chosen)
-            is_card = " OR ".join(["rpc_method = ?"] * len(CARD_METHODS) + ["path LIKE ?"] * len(CARD_PATHS))
-            cards = self._rows(
-                f"SELECT id, path FROM exchanges WHERE id < ? AND ({is_card}) ORDER BY id DESC",
-                (first, *CARD_METHODS, *(f"%{p}" for p in CARD_PATHS)),
-            )
-            latest: dict[str, int] = {}
-            for card in cards:
-                latest.setdefault(card["path"], card["id"])
-            chosen |= set(latest.values())
+            chosen |= self._cards_before(chosen)
         return sorted(chosen)
+
+    def _cards_before(self, chosen: set[int]) -> set[int]:
+        """For each host the exchanges asked (a forward proxy's log holds several), the last
+        card of each card path read from that host before the first of them."""
+        first_of: dict[str | None, int] = {}
+        marks = ",".join("?" * len(chosen))
+        for x in self._rows(
+            f"SELECT id, request_headers FROM exchanges WHERE id IN ({marks}) ORDER BY id", tuple(chosen)
+        ):
+            first_of.setdefault(_host(x["request_headers"]), x["id"])
+        if not first_of:  # none of them is in the log
+            return set()
+        is_card = " OR ".join(["rpc_method = ?"] * len(CARD_METHODS) + ["path LIKE ?"] * len(CARD_PATHS))
+        cards = self._rows(
+            f"SELECT id, path, request_headers FROM exchanges WHERE id < ? AND ({is_card}) ORDER BY id DESC",
+            (max(first_of.values()), *CARD_METHODS, *(f"%{p}" for p in CARD_PATHS)),
+        )
+        latest: dict[tuple[str | None, str], int] = {}
+        for card in cards:
+            host = _host(card["request_headers"])
+            if card["id"] < first_of.get(host, 0):
+                latest.setdefault((host, card["path"]), card["id"])
+        return set(latest.values())
 
     def stream_summary(self, exchange_id: int | None = None) -> list[Row]:
         """Rows of the ``stream_summary`` view: every exchange of a known protocol, or one."""
@@ -160,3 +175,12 @@ class EventLog:
                 "SELECT task_id FROM events WHERE task_id IS NOT NULL UNION SELECT task_id FROM task_answers"
             )
         ]
+
+
+def _host(request_headers: str | None) -> str | None:
+    """The host a recorded request named (its ``Host`` header; an HTTP/2 request through
+    mitmproxy has none, its ``:authority`` not being a header)."""
+    for name, value in json.loads(request_headers or "[]"):
+        if name.lower() == "host":
+            return str(value).lower()
+    return None

@@ -95,7 +95,8 @@ class TasktapeRecorder:
 
     def __init__(self) -> None:
         self.writer: ProcessLogWriter | None = None
-        self.capture_id = 0
+        self.capture_id = 0  # 0 until the capture is begun
+        self._running = False
         self.flows: dict[str, InFlight] = {}
         self._hosts: tuple[str, ...] = ()
         self._paths: tuple[str, ...] = ()
@@ -206,11 +207,21 @@ class TasktapeRecorder:
             )
         except LogError as exc:
             raise exceptions.OptionsError(f"tasktape_db: {exc}") from None
-        modes = [ProxyMode.parse(m) for m in options.mode]
-        upstream = modes[0].data if len(modes) == 1 and isinstance(modes[0], ReverseMode) else None
-        argv = argv_without_credentials(sys.argv)
-        self.capture_id = self.writer.begin_capture(source="mitm", upstream=upstream, argv=argv)
-        logger.info(f"tasktape: recording into {db}")
+        if self._running:
+            self._capture(self.writer)
+
+    def _capture(self, writer: ProcessLogWriter) -> int:
+        """The capture's id, begun on first need: once mitmproxy runs, or at a flow before
+        that (one read from a file). When mitmproxy cannot listen it exits without the done
+        hook, so a capture begun at start-up would never have ended."""
+        if not self.capture_id:
+            options = ctx.options
+            modes = [ProxyMode.parse(m) for m in options.mode]
+            upstream = modes[0].data if len(modes) == 1 and isinstance(modes[0], ReverseMode) else None
+            argv = argv_without_credentials(sys.argv)
+            self.capture_id = writer.begin_capture(source="mitm", upstream=upstream, argv=argv)
+            logger.info(f"tasktape: recording into {writer.path}")
+        return self.capture_id
 
     def _close(
         self, outcome: str = Outcome.LOG_CLOSED, error: str = "the log was closed during the exchange"
@@ -218,13 +229,15 @@ class TasktapeRecorder:
         """End the exchanges in flight, then close the log (committing everything)."""
         writer, self.writer = self.writer, None
         flows, self.flows = self.flows, {}
+        capture_id, self.capture_id = self.capture_id, 0
         if writer is None:
             return
         for state in flows.values():
             if state.exchange:
                 state.end(writer, outcome=outcome, error=error)
             state.ended = True
-        writer.end_capture(self.capture_id)
+        if capture_id:
+            writer.end_capture(capture_id)
         writer.close()
         stats = writer.stats
         if stats.rows_lost:
@@ -234,6 +247,9 @@ class TasktapeRecorder:
             )
 
     def running(self) -> None:
+        self._running = True
+        if self.writer is not None:
+            self._capture(self.writer)
         if ctx.options.tasktape_freeze_heap:
             gc.freeze()
 
@@ -262,7 +278,7 @@ class TasktapeRecorder:
         if state is not None and not state.exchange:
             assert self.writer is not None
             fields = request_fields(flow.request, ctx.options.tasktape_max_body)
-            state.exchange = self.writer.begin_exchange(self.capture_id, **fields)
+            state.exchange = self.writer.begin_exchange(self._capture(self.writer), **fields)
         return state
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -315,7 +331,7 @@ class TasktapeRecorder:
         if self.writer is None or flow.id in self._read or not self._wanted(flow.request):
             return
         self._read.add(flow.id)
-        record_saved_flow(self.writer, self.capture_id, flow, ctx.options.tasktape_max_body)
+        record_saved_flow(self.writer, self._capture(self.writer), flow, ctx.options.tasktape_max_body)
 
 
 addons = [TasktapeRecorder()]

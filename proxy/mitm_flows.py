@@ -73,10 +73,12 @@ def ending(flow: http.HTTPFlow) -> tuple[str, str]:
     message = flow.error.msg
     if message == Error.KILLED_MESSAGE:
         return Outcome.KILLED, "killed in mitmproxy (by an addon or by hand)"
-    # A live flow also tells by its connections: the client stopped reading first.
+    # A live flow also tells by its connections: mitmproxy stops reading the client's as
+    # the client leaves, before this hook (and may have closed the upstream's on passing
+    # that on). An HTTP/2 client's close or GOAWAY has no message of its own ("peer closed
+    # connection" is an upstream's too); a saved flow's connections are all closed.
     client_gone = message.startswith(_CLIENT_GONE) or (
-        not flow.client_conn.state & ConnectionState.CAN_READ
-        and bool(flow.server_conn.state & ConnectionState.CAN_READ)
+        flow.live and not flow.client_conn.state & ConnectionState.CAN_READ
     )
     if client_gone:
         return Outcome.CLIENT_DISCONNECTED, f"the client went away mid-exchange: {message}"

@@ -582,6 +582,7 @@ def test_mitmproxy_credentials_stay_out_of_the_captures_argv(
     recorder = TasktapeRecorder()
     with taddons.context(recorder) as tctx:
         tctx.configure(recorder, tasktape_db=str(tmp_path / "unit.db"))
+        recorder.running()  # the capture begins once mitmproxy runs
         recorder.done()
     with EventLog(tmp_path / "unit.db") as log:
         (capture,) = log.captures()
@@ -730,64 +731,39 @@ def test_hosts_and_paths_choose_what_is_recorded(addon: tuple[TasktapeRecorder, 
 
 
 STREAMED, BUFFERED = "streamed", "buffered"  # a response's body, as mitmproxy passed it on
+OPEN, CLOSED = ConnectionState.OPEN, ConnectionState.CLOSED
+LIVE, SAVED = True, False
 
 
 @pytest.mark.parametrize(
-    ("message", "client", "server", "response", "outcome"),
+    ("message", "client", "server", "response", "live", "outcome"),
     [
-        (
-            "Client disconnected.",
-            ConnectionState.CLOSED,
-            ConnectionState.OPEN,
-            STREAMED,
-            "client_disconnected",
-        ),
-        (
-            "stream reset by client (CANCEL)",
-            ConnectionState.OPEN,
-            ConnectionState.OPEN,
-            STREAMED,
-            "client_disconnected",
-        ),
-        (
-            "HTTP/1 protocol error: peer closed",
-            ConnectionState.OPEN,
-            ConnectionState.CLOSED,
-            STREAMED,
-            "upstream_disconnected",
-        ),
+        ("Client disconnected.", CLOSED, OPEN, STREAMED, LIVE, "client_disconnected"),
+        ("stream reset by client (CANCEL)", OPEN, OPEN, STREAMED, LIVE, "client_disconnected"),
+        # An HTTP/2 client's close: mitmproxy closed an HTTP/1 upstream's on passing it on.
+        ("peer closed connection", CLOSED, CLOSED, STREAMED, LIVE, "client_disconnected"),
+        # The same message, of an HTTP/2 upstream's close.
+        ("peer closed connection", OPEN, CLOSED, STREAMED, LIVE, "upstream_disconnected"),
+        ("HTTP/1 protocol error: peer closed", OPEN, CLOSED, STREAMED, LIVE, "upstream_disconnected"),
         # A body mitmproxy buffered: the client got its 502, never the upstream's head.
-        (
-            "HTTP/1 protocol error: peer closed",
-            ConnectionState.OPEN,
-            ConnectionState.CLOSED,
-            BUFFERED,
-            "upstream_error",
-        ),
-        ("Connection refused", ConnectionState.OPEN, ConnectionState.CLOSED, None, "upstream_error"),
-        ("Connection killed.", ConnectionState.OPEN, ConnectionState.OPEN, STREAMED, "killed"),
+        ("HTTP/1 protocol error: peer closed", OPEN, CLOSED, BUFFERED, LIVE, "upstream_error"),
+        ("Connection refused", OPEN, CLOSED, None, LIVE, "upstream_error"),
+        ("Connection killed.", OPEN, OPEN, STREAMED, LIVE, "killed"),
         # A saved flow's connections are closed: its message alone decides (and its body:
         # one streamed was not kept).
-        (
-            "HTTP/1 protocol error: peer closed",
-            ConnectionState.CLOSED,
-            ConnectionState.CLOSED,
-            STREAMED,
-            "upstream_disconnected",
-        ),
-        (
-            "HTTP/1 protocol error: peer closed",
-            ConnectionState.CLOSED,
-            ConnectionState.CLOSED,
-            BUFFERED,
-            "upstream_error",
-        ),
+        ("HTTP/1 protocol error: peer closed", CLOSED, CLOSED, STREAMED, SAVED, "upstream_disconnected"),
+        ("HTTP/1 protocol error: peer closed", CLOSED, CLOSED, BUFFERED, SAVED, "upstream_error"),
     ],
 )
 def test_how_a_failed_flow_ended(
-    message: str, client: ConnectionState, server: ConnectionState, response: str | None, outcome: str
+    message: str,
+    client: ConnectionState,
+    server: ConnectionState,
+    response: str | None,
+    live: bool,
+    outcome: str,
 ) -> None:
-    flow = tflow.tflow(resp=response is not None, err=tflow.terr(message))
+    flow = tflow.tflow(resp=response is not None, err=tflow.terr(message), live=live)
     flow.client_conn.state, flow.server_conn.state = client, server
     if response == STREAMED:  # a live flow says so; a saved one has no body kept
         flow.response.stream, flow.response.raw_content = True, None
