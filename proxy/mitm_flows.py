@@ -23,8 +23,9 @@ from tasktape.eventlog.uids import derived_uuid7
 from .failure import dropped
 from .kept_body import KeptBody
 
-# What mitmproxy says when the client side went away (HTTP/1; HTTP/2 and 3).
-_CLIENT_GONE = ("Client disconnected.", "stream reset by client")
+# What mitmproxy says when the client side went away (HTTP/1; an HTTP/2 stream reset; an
+# HTTP/3 stream closed).
+_CLIENT_GONE = ("Client disconnected.", "stream reset by client", "stream closed by client")
 
 # The note on an SSE exchange whose body mitmproxy buffered whole before saving it.
 UNTIMED = (

@@ -740,6 +740,15 @@ LIVE, SAVED = True, False
     [
         ("Client disconnected.", CLOSED, OPEN, STREAMED, LIVE, "client_disconnected"),
         ("stream reset by client (CANCEL)", OPEN, OPEN, STREAMED, LIVE, "client_disconnected"),
+        # HTTP/3's: a saved flow keeps only its message.
+        (
+            "stream closed by client (H3_REQUEST_CANCELLED)",
+            CLOSED,
+            CLOSED,
+            STREAMED,
+            SAVED,
+            "client_disconnected",
+        ),
         # An HTTP/2 client's close: mitmproxy closed an HTTP/1 upstream's on passing it on.
         ("peer closed connection", CLOSED, CLOSED, STREAMED, LIVE, "client_disconnected"),
         # The same message, of an HTTP/2 upstream's close.
