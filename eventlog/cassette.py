@@ -500,6 +500,8 @@ def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any
     once: a reader never sees half a cassette."""
     text = "\n".join(cassette_lines(recorded, **header)) + "\n"
     target = Path(path)
+    if not target.parent.is_dir():  # (said of the cassette, not of the file written first)
+        raise CassetteError(f"cannot write {target}: its folder {target.parent} does not exist")
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         partial.write_text(text, encoding="utf-8")

@@ -184,7 +184,7 @@ def parse_stream_response(data: str | bytes | dict[str, Any]) -> StreamResponse 
     Raises :class:`FrameError` (a ``ValueError``) naming what is wrong."""
     try:
         obj = json.loads(data) if isinstance(data, str | bytes) else data
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested past what the parser follows)
         raise FrameError(f"not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise FrameError(f"not a JSON object: {type(obj).__name__}")

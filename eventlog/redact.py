@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote_plus
 
+from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 REDACTED = "[REDACTED]"
@@ -52,13 +53,14 @@ class Redactor:
         query: Iterable[str] = (),
         defaults: bool = True,
     ) -> None:
+        headers, query = listed(headers, "headers"), listed(query, "query")
         names = [*DEFAULT_HEADERS, *headers] if defaults else list(headers)
         self.headers = frozenset(n.lower() for n in names)
         # Every header whose value redaction may change (the rest are kept as they are).
         self.changed_headers = self.headers | URL_HEADERS | LINK_HEADERS | URL_PARAMETER_HEADERS
         params = [*DEFAULT_QUERY, *query] if defaults else list(query)
         self.query_params = frozenset(n.lower() for n in params)
-        self.json_pointers = tuple(json_pointers)
+        self.json_pointers = listed(json_pointers, "json_pointers")
         self._paths = [parse_pointer(p) for p in self.json_pointers]
 
     def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDictProxy
 
+from tasktape.choices import listed
 from tasktape.eventlog.redact import DEFAULT_HEADERS
 
 # What a stream keeps of its credentials is a digest under this run's key: they are in no
@@ -27,7 +28,7 @@ class Credentials:
     """The credential headers compared (names, any case), and the digests of requests'."""
 
     def __init__(self, names: Iterable[str] = DEFAULT_HEADERS) -> None:
-        self.names = tuple(sorted({n.lower() for n in names}))
+        self.names = tuple(sorted({n.lower() for n in listed(names, "credential_headers")}))
 
     def of(self, headers: CIMultiDictProxy[str]) -> bytes:
         """The digest of a request's credentials (b"": it carried none)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
+from tasktape.choices import listed
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import Regenerated
 from tasktape.eventlog.recorded import Recorded
@@ -52,6 +53,7 @@ class MatchRules:
 
     @classmethod
     def of(cls, ignore: Iterable[str] = (), headers: Iterable[str] = ()) -> MatchRules:
+        ignore, headers = listed(ignore, "ignore"), listed(headers, "headers")
         return cls(tuple(parse_pointer(p) for p in ignore), tuple(h.lower() for h in headers))
 
 

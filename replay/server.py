@@ -100,7 +100,7 @@ class ReplayServer:
         recorded: list[Recorded],
         *,
         speed: float = 1.0,
-        mode: ReplayMode = ReplayMode.REPLAY,
+        mode: ReplayMode | str = ReplayMode.REPLAY,
         upstream: str | None = None,
         writer: LogProducer | None = None,
         log_path: str | Path | None = None,
@@ -115,6 +115,7 @@ class ReplayServer:
         prefer: str | None = None,
         miss_hint: str = MISS_HINT,
     ) -> None:
+        mode = ReplayMode.parse(mode)  # its name will do ("passthrough"), a typo will not
         if mode is not ReplayMode.REPLAY and not upstream:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
         if mode is ReplayMode.RECORD_MISSING and (writer is None or log_path is None):

@@ -14,6 +14,8 @@ from tasktape.eventlog.recorded import Recorded, read_log
 
 def load(paths: list[str | Path]) -> list[Recorded]:
     """Every recorded exchange of the sources, in order."""
+    if isinstance(paths, str | Path):  # one source, not a list of them (a str's letters)
+        raise SourceError(f"load() takes a list of sources: load([{str(paths)!r}])")
     recorded: list[Recorded] = []
     for source in map(Path, paths):
         if source.is_dir():

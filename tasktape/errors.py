@@ -8,7 +8,7 @@ TasktapeError
 ├── DecoderClosed                  feed() after close() on an SSEDecoder
 ├── FrameError (ValueError)        data that is not an A2A stream frame (parse_stream_response)
 ├── UnknownEventId (LookupError)   no event with that id (resume after an id never seen)
-├── CassetteError (ValueError)     a cassette that cannot be read; names the file and line
+├── CassetteError (ValueError)     a cassette that cannot be read (or written); names the file
 ├── SourceError (ValueError)       a replay source that is neither a log nor a cassette
 ├── FlowFileError (ValueError)     a mitmproxy flow file that cannot be read
 ├── TapeError                      a test's cassette cannot be served as asked (missing, or

@@ -1,0 +1,81 @@
+"""The Python API used as a library, carelessly: one string where a list of names goes, a
+mode given by its name, text no stream sends, a cassette written into no folder, one
+source given alone. Each is refused in the error tree, or does what was meant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+from conftest import Serve
+from loopback import answering_anything
+
+import tasktape
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.models import parse_stream_response
+from tasktape.proxy import RecordingProxy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tasktape.Redactor(headers="X-Tenant"),
+        lambda: tasktape.Redactor(query="token"),
+        lambda: tasktape.Redactor(json_pointers="/apiKey"),
+        lambda: tasktape.MatchRules.of(headers="X-Tenant"),
+        lambda: tasktape.MatchRules.of(ignore="/metadata"),
+        lambda: RecordingProxy("http://127.0.0.1:9", None, credential_headers="X-Tenant"),  # type: ignore[arg-type]
+    ],
+    ids=["redacted headers", "redacted query", "json pointers", "matched headers", "ignored", "credentials"],
+)
+def test_one_string_where_a_list_of_names_goes_is_refused(make: object) -> None:
+    """Its letters were taken for the names: the header "X-Tenant" went into the log as it
+    was, while headers named "x", "-", "t"... were redacted."""
+    with pytest.raises(tasktape.UsageError, match=r"is a list of names, not one string: write \['"):
+        make()  # type: ignore[operator]
+
+
+async def test_a_replay_mode_given_by_its_name_is_that_mode(serve: Serve) -> None:
+    """A str mode was never the enum member the server compared by identity: passthrough
+    replayed instead, record-missing skipped its checks, replay raised AttributeError."""
+    contacted: list[str] = []
+    upstream = await serve(answering_anything(contacted))
+    server = tasktape.ReplayServer([], mode="passthrough", upstream=upstream)
+    assert server.mode is tasktape.ReplayMode.PASSTHROUGH
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/anything") as r:
+        assert r.status == 200
+    assert contacted
+    assert tasktape.ReplayServer([], mode="replay").mode is tasktape.ReplayMode.REPLAY
+    with pytest.raises(tasktape.UsageError, match="give its writer and path"):
+        tasktape.ReplayServer([], mode="record-missing", upstream=upstream)
+    with pytest.raises(tasktape.UsageError, match="'replya' is not a replay mode"):
+        tasktape.ReplayServer([], mode="replya")
+
+
+def test_text_no_stream_sends_is_classified_or_refused_as_documented() -> None:
+    """classify never raises, even on a lone surrogate (text decoded with surrogateescape);
+    parse_stream_response raises FrameError, even on JSON nested past what Python follows."""
+    assert tasktape.classify('{"a": "\ud800"}').kind == "other"
+    update = '{"statusUpdate": {"taskId": "t\ud800", "status": {"state": "TASK_STATE_WORKING"}}}'
+    assert tasktape.classify(update).state == "TASK_STATE_WORKING"
+    with pytest.raises(tasktape.FrameError, match="not JSON"):
+        parse_stream_response('{"task": ' + "[" * 5000 + "]" * 5000 + "}")
+
+
+def test_a_cassette_written_into_no_folder_says_which(tmp_path: Path) -> None:
+    """It raised FileNotFoundError naming the file written first (.c.jsonl.NNN.partial)."""
+    target = tmp_path / "missing" / "c.jsonl"
+    with pytest.raises(tasktape.CassetteError, match=f"cannot write {target}: its folder .* does not exist"):
+        write_cassette(target, [])
+
+
+def test_one_source_given_alone_is_refused_saying_how() -> None:
+    """A str's letters were taken for the sources: "c: no such file or folder"."""
+    cassette = str(ROOT / "cassettes" / "completed.jsonl")
+    with pytest.raises(tasktape.SourceError, match=r"load\(\) takes a list of sources"):
+        tasktape.load(cassette)  # type: ignore[arg-type]
+    assert tasktape.load([cassette])
