@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 from sdk_client import cancel_task, get_task, send_message, stream_message, subscribe
 
 from tasktape.agent import create_agent_app
@@ -23,11 +22,8 @@ UUID7 = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 
 
 @pytest.fixture
-async def agent() -> AsyncIterator[str]:
-    server = TestServer(create_agent_app(pace=0.05), host="127.0.0.1")
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/")
-    await server.close()
+async def agent(serve: Serve) -> str:
+    return await serve(create_agent_app(pace=0.05))
 
 
 def body(event: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ message fields, the optional capabilities it does not offer, and the errors of b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -21,7 +20,7 @@ from a2a.types.a2a_pb2 import (
     SendMessageRequest,
     TaskState,
 )
-from aiohttp.test_utils import TestServer
+from conftest import Serve
 from sdk_client import Binding, sdk_client, to_dict
 
 from tasktape.agent import create_agent_app
@@ -40,11 +39,8 @@ Answer = tuple[int, dict[str, Any]]
 
 
 @pytest.fixture
-async def agent() -> AsyncIterator[str]:
-    server = TestServer(create_agent_app(pace=0.05), host="127.0.0.1")
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/")
-    await server.close()
+async def agent(serve: Serve) -> str:
+    return await serve(create_agent_app(pace=0.05))
 
 
 def message(text: str, **fields: Any) -> dict[str, Any]:
