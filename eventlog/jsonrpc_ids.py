@@ -4,6 +4,7 @@ answers carry another request's id, byte-exact elsewhere."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .spans import Chunks, StreamEvent, events_in
@@ -36,19 +37,36 @@ def jsonrpc_id_edits(
     """Edits making each JSON-RPC response to the recorded request (the body, or each
     event's data whose top-level id is ``old_id``) carry ``new_id``, byte-exact
     elsewhere: notifications, and the server's own requests, keep theirs."""
-    replacement = json.dumps(new_id).encode()
+    if events is not None:
+        return value_edits(chunks, events, ("id",), old_id, new_id)
     body = b"".join(data for _, data in chunks)
-    if events is None:
-        span = _id_span(0, body.decode("utf-8", "replace"))
-        return [(span[0], span[1] - span[0], replacement)] if span and _is(body, span, old_id) else []
+    span = _pointer_span(0, body.decode("utf-8", "replace"), ("id",))
+    if span is None or not _is(body, span, old_id):
+        return []
+    return [(span[0], span[1] - span[0], json.dumps(new_id).encode())]
+
+
+def value_edits(
+    chunks: Chunks,
+    events: Sequence[StreamEvent],
+    pointer: tuple[str, ...],
+    old: object,
+    new: object,
+    wanted: Callable[[Any], bool] | None = None,
+) -> list[Edit]:
+    """Edits making each event whose data has ``old`` at ``pointer`` (object members from
+    the top) carry ``new`` there, byte-exact elsewhere; only in the messages ``wanted``
+    takes, when given."""
+    replacement = json.dumps(new).encode()
+    body = b"".join(data for _, data in chunks)
     edits = []
     for event in events:
         raw = body[event.start : event.end]
         if "\n" in event.data:
             continue  # a JSON-RPC frame on several data lines: left as recorded
         at = raw.find(event.data.encode())
-        span = _id_span(at, event.data) if at >= 0 else None
-        if span and _is(raw, span, old_id):
+        span = _pointer_span(at, event.data, pointer) if at >= 0 else None
+        if span and _is(raw, span, old) and (wanted is None or wanted(json.loads(event.data))):
             edits.append((event.start + span[0], span[1] - span[0], replacement))
     return edits
 
@@ -89,11 +107,24 @@ def _is(raw: bytes, span: tuple[int, int], rpc_id: object) -> bool:
     return same_id(value, rpc_id)
 
 
-def _id_span(base: int, text: str) -> tuple[int, int] | None:
-    """The byte span (``text`` starting at byte ``base``) of the value of the top-level
-    ``id`` of the JSON object ``text``."""
+def _pointer_span(base: int, text: str, pointer: tuple[str, ...]) -> tuple[int, int] | None:
+    """The byte span (``text`` starting at byte ``base``) of the value at ``pointer``
+    (object members from the top) of the JSON object ``text``."""
+    start, end = 0, None
+    for name in pointer:
+        span = _member_span(text, start, name)
+        if span is None:
+            return None
+        start, end = span
+    if end is None:
+        return None
+    return base + len(text[:start].encode()), base + len(text[:end].encode())
+
+
+def _member_span(text: str, i: int, name: str) -> tuple[int, int] | None:
+    """The character span of the value of member ``name`` of the JSON object at ``i``."""
     decoder = json.JSONDecoder()
-    i = _skip(text, 0)
+    i = _skip(text, i)
     if i >= len(text) or text[i] != "{":
         return None
     i += 1
@@ -102,14 +133,14 @@ def _id_span(base: int, text: str) -> tuple[int, int] | None:
             i = _skip(text, i)
             if i < len(text) and text[i] == "}":
                 return None
-            name, i = decoder.raw_decode(text, i)
+            key, i = decoder.raw_decode(text, i)
             i = _skip(text, i)
             if text[i] != ":":
                 return None
             start = _skip(text, i + 1)
             _, end = decoder.raw_decode(text, start)
-            if name == "id":
-                return base + len(text[:start].encode()), base + len(text[:end].encode())
+            if key == name:
+                return start, end
             i = _skip(text, end)
             if text[i] != ",":
                 return None

@@ -82,20 +82,32 @@ def _parameters(raw: str | None) -> list[tuple[str, str]]:
 
 
 def body(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+    found = _body_differences(incoming, recorded, rules)
+    if found is None:
+        mine, theirs = incoming.body or b"", recorded.request_body or b""
+        return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
+    if not found:
+        return None
+    differences = [shown for _, shown in found]
+    shown = ", ".join(differences[:3]) + (f" and {len(differences) - 3} more" if len(differences) > 3 else "")
+    return f"body differs at {shown}"
+
+
+def _body_differences(
+    incoming: Incoming, recorded: Recorded, rules: MatchRules
+) -> list[tuple[tuple[str, ...], str]] | None:
+    """Where the bodies differ, as JSON: each place and how it is shown; None when they
+    differ and one is not JSON."""
     mine, theirs = incoming.body or b"", recorded.request_body or b""
     if mine == theirs:
-        return None
+        return []
     a, b = _json(mine), _json(theirs)
     if a is _MISSING or b is _MISSING:
-        return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
+        return None
     jsonrpc = isinstance(b, dict) and "jsonrpc" in b
     protocol = protocol_of(recorded)
     regenerated = _NOTHING if protocol is None else protocol.regenerated
-    differences = list(_differences(a, b, (), rules, regenerated, jsonrpc=jsonrpc))
-    if not differences:
-        return None
-    shown = ", ".join(differences[:3]) + (f" and {len(differences) - 3} more" if len(differences) > 3 else "")
-    return f"body differs at {shown}"
+    return list(_differences(a, b, (), rules, regenerated, jsonrpc=jsonrpc))
 
 
 def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
@@ -124,6 +136,25 @@ def mismatches(
 ) -> list[str]:
     """Why ``incoming`` does not match ``recorded``: empty when it does."""
     return [reason for name in matchers if (reason := MATCHERS[name](incoming, recorded, rules))]
+
+
+def distance(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> tuple[bool, bool, int, int]:
+    """How far ``incoming`` is from ``recorded``, to list the nearest recordings of a miss
+    first: the HTTP method, the path, the operation (a JSON-RPC body's method: on one
+    endpoint, every request has the same path), then how many other things differ (each
+    body field, a body that is not JSON, the query, the headers)."""
+    found = _body_differences(incoming, recorded, rules)
+    places = [at for at, _ in found] if found is not None else [()]
+    operation = places.count(("method",))
+    others = len(places) - operation
+    others += query(incoming, recorded, rules) is not None
+    others += headers(incoming, recorded, rules) is not None
+    return (
+        method(incoming, recorded, rules) is not None,
+        path(incoming, recorded, rules) is not None,
+        operation,
+        others,
+    )
 
 
 def _header_values(pairs: Iterable[tuple[str, str]], name: str) -> list[str]:
@@ -160,8 +191,9 @@ def _ignored(path: tuple[str, ...], rules: MatchRules, regenerated: Regenerated,
 
 def _differences(
     a: Any, b: Any, at: tuple[str, ...], rules: MatchRules, regenerated: Regenerated, *, jsonrpc: bool
-) -> Iterable[str]:
-    """JSON pointers where the incoming value ``a`` and the recorded ``b`` differ."""
+) -> Iterable[tuple[tuple[str, ...], str]]:
+    """Where the incoming value ``a`` and the recorded ``b`` differ: each place, and its
+    JSON pointer with the two values as a mismatch shows them."""
     if _ignored(at, rules, regenerated, jsonrpc=jsonrpc) or b == REDACTED:
         return
     if _unset(a) and _unset(b):
@@ -178,7 +210,7 @@ def _differences(
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             yield from _differences(x, y, (*at, str(i)), rules, regenerated, jsonrpc=jsonrpc)
     elif a != b or type(a) is not type(b):
-        yield "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
+        yield at, "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
 
 
 def _unset(value: Any) -> bool:

@@ -45,7 +45,7 @@ from .faults import HEADER as FAULT_HEADER
 from .faults import Faults
 from .fidelity import Digest, Divergence, Served
 from .framing import length_problem, redacted
-from .matching import Incoming, MatchRules, mismatches
+from .matching import Incoming, MatchRules, distance, mismatches
 from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import SOURCE, error
 from .sending import STOPPING, Answer, Stopping, cut_short, due, send
@@ -131,6 +131,7 @@ class ReplayServer:
         self._events: dict[int, list[StreamEvent]] = {}
         self._digests: dict[int, Digest] = {}
         self.resumed: set[int] = set()  # recordings served only to clients resuming them
+        self._asked: dict[int, Incoming] = {}  # the request each recording last answered from its start
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
         self.unframed: list[str] = []  # of those, the ones an edit made so (not redaction): said
         self.add_ids = add_ids
@@ -325,10 +326,23 @@ class ReplayServer:
             self.used[again[0]] += 1
             return again[0], True
         holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
+        if not holding:
+            holding = [i for i in self._resumable(incoming) if self._holds(i, last_id)]
         if holding:
             # Its rest goes to the client it was cut from: it stays for identical requests.
             return holding[-1], False
         return self._match(incoming)
+
+    def _resumable(self, incoming: Incoming) -> list[int]:
+        """The recorded streams a request it does not match may continue, as their
+        protocols say (MCP: a GET resuming a POST stream that broke)."""
+        resuming = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
+        out = []
+        for i, r in enumerate(self.recorded):
+            protocol = by_name(r.protocol)
+            if r.is_sse and protocol is not None and protocol.resumable(resuming, _request(r)):
+                out.append(i)
+        return out
 
     def _holds(self, index: int, event_id: str) -> bool:
         if any(e.id == event_id for e in self.events_of(index)):
@@ -342,8 +356,7 @@ class ReplayServer:
             reasons = mismatches(incoming, r, self.rules)
             if not reasons:
                 reasons = [f"already served {self.used[i]} time(s); identical requests replay in order"]
-            weight = sum(3 if x.startswith("method") else 2 if x.startswith("path") else 1 for x in reasons)
-            scored.append((weight, i, reasons))
+            scored.append((distance(incoming, r, self.rules), i, reasons))
         closest = [
             {
                 "request": self.recorded[i].request_line,
@@ -421,7 +434,11 @@ class ReplayServer:
         start: float,
     ) -> web.StreamResponse:
         recorded = self.recorded[index]
-        chunks, rewrites = self._prepared(recorded, index, incoming, request)
+        if counted:
+            self._asked[index] = incoming
+        # The rest of a stream goes with the rewrites its start got (its JSON-RPC id).
+        asked = incoming if counted else self._asked.get(index, incoming)
+        chunks, rewrites = self._prepared(recorded, index, asked, request)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
         end_ns = recorded.duration_ns
@@ -475,7 +492,9 @@ class ReplayServer:
             and recorded.is_sse
             and recorded.method == "GET",
         )
-        return await self._send(request, incoming, answer, header, served, recorded.protocol)
+        return await self._send(
+            request, incoming, answer, header, served, recorded.protocol, index if counted else None
+        )
 
     async def _send(
         self,
@@ -485,14 +504,19 @@ class ReplayServer:
         header: Faults | None,
         served: Served,
         protocol_name: str | None,
+        counted: int | None = None,
     ) -> web.StreamResponse:
         """Send an answer with the faults its scopes give it (a spec whose faults the
-        answer was too short for keeps its count for the next one)."""
+        answer was too short for keeps its count for the next one). ``counted``: the
+        recording the answer used up, which a status fault gives back."""
         self.served.append(served)
         faults, taken = for_request(self.armed, header, incoming.path, answer.is_sse)
         if faults.status:
             made = faults.status_items()
             give_back(taken, made)
+            if counted is not None:
+                # None of it was sent: the client's retry gets it.
+                self.used[counted] -= 1
             return await self._faulty_status(served, faults, made)
         protocol = by_name(protocol_name)
 
@@ -537,13 +561,20 @@ class ReplayServer:
         a card pointing here. Second: what changed, if anything."""
         chunks = recorded.chunks
         edits, rewrites = [], []
+        events = self.events_of(index) if recorded.is_sse else None
         theirs, mine = rpc_id(recorded.request_body), rpc_id(incoming.body)
         if theirs is not NO_ID and mine is not NO_ID and not same_id(mine, theirs):
-            events = self.events_of(index) if recorded.is_sse else None
             id_edits = jsonrpc_id_edits(chunks, events, theirs, mine)
             if id_edits:
                 edits += id_edits
                 rewrites.append(f"the JSON-RPC id {json.dumps(theirs)} is {json.dumps(mine)}")
+        protocol = by_name(recorded.protocol)
+        if protocol is not None:
+            own = _request(recorded)
+            asked = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
+            more, said = protocol.answer_edits(own, asked, chunks, events)
+            edits += more
+            rewrites += said
         if self.add_ids and recorded.is_sse:
             id_edits = with_ids(self.events_of(index), f"{ID_PREFIX}{index + 1}.")
             if id_edits:
@@ -621,6 +652,10 @@ def last_event_id(request: web.Request) -> str | None:
     """The event a reconnecting client saw last; None for a fresh request. An empty
     Last-Event-ID names none (in SSE, an empty id is no last event): fresh too."""
     return request.headers.get("Last-Event-ID") or None
+
+
+def _request(recorded: Recorded) -> Request:
+    return Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
 
 
 def is_card(recorded: Recorded) -> bool:

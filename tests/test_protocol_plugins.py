@@ -343,10 +343,20 @@ def test_a_guarded_plugin_keeps_its_settings_and_its_new_hooks_are_guarded(
         def path_names_operation(self, binding: str | None) -> bool:
             raise RuntimeError("boom in path_names_operation")
 
+        def resumable(self, resuming: Request, recorded: Request) -> bool:
+            return recorded.method == "POST"
+
+        def answer_edits(self, recorded: Any, incoming: Any, chunks: Any, events: Any) -> Any:
+            raise RuntimeError("boom in answer_edits")
+
     guarded = Guarded(Polling())
+    # What it answers reaches replay through the guard (it was the base class's False).
+    assert guarded.resumable(Request("GET", "/"), Request("POST", "/")) is True
     assert (guarded.resumes_streams, guarded.miss_status, guarded.read_operations) == (True, 409, {"poll"})
     with caplog.at_level(logging.WARNING, logger="tasktape"):
         assert guarded.error_answer(Request("POST", "/"), "no", {}) is None
         assert guarded.path_names_operation(None) is True
+        assert guarded.answer_edits(Request("POST", "/"), Request("POST", "/"), [], None) == ([], [])
     told = " ".join(r.getMessage() for r in caplog.records)
     assert "its error_answer hook raised" in told and "its path_names_operation hook raised" in told
+    assert "its answer_edits hook raised" in told

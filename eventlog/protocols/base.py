@@ -22,6 +22,8 @@ from ..classify import Classification, load_json
 
 if TYPE_CHECKING:
     from ..frames import Rule
+    from ..jsonrpc_ids import Edit
+    from ..spans import Chunks, StreamEvent
 
 
 class RequestInfo(NamedTuple):
@@ -249,6 +251,21 @@ class Protocol:
         the id the agent gave the last of them (None: it gave that one none). None: it
         cannot be (the stream had ended, or the protocol has no way)."""
         return None
+
+    def answer_edits(
+        self, recorded: Request, incoming: Request, chunks: Chunks, events: Sequence[StreamEvent] | None
+    ) -> tuple[list[Edit], list[str]]:
+        """Edits making the recorded answer (``chunks``; ``events`` when it is a stream) to
+        ``recorded`` answer ``incoming``, which replay matched to it, beyond its JSON-RPC id
+        (which replay rewrites for every protocol); and what they change, as the fidelity
+        report says it."""
+        return [], []
+
+    def resumable(self, resuming: Request, recorded: Request) -> bool:
+        """Whether ``resuming``, a request with ``Last-Event-ID``, may continue the stream
+        that answered ``recorded`` (a request it does not match: a replay server tries
+        those it matches first)."""
+        return False
 
     def error_answer(self, request: Request, message: str, details: Mapping[str, Any]) -> Any:
         """The JSON a server of this protocol would answer ``request`` with to say it

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..classify import Classification
 from .base import CatchUp, Protocol, Request, RequestInfo, Resubscription, StreamReader, Summary
+
+if TYPE_CHECKING:
+    from ..jsonrpc_ids import Edit
+    from ..spans import Chunks, StreamEvent
 
 log = logging.getLogger("tasktape")
 T = TypeVar("T")
@@ -85,6 +89,16 @@ class Guarded(Protocol):
 
     def closes(self, data: str, event_type: str | None) -> bool:
         return self.safely("closes", False, lambda: bool(self.inner.closes(data, event_type)))
+
+    def answer_edits(
+        self, recorded: Request, incoming: Request, chunks: Chunks, events: Sequence[StreamEvent] | None
+    ) -> tuple[list[Edit], list[str]]:
+        return self.safely(
+            "answer_edits", ([], []), lambda: self.inner.answer_edits(recorded, incoming, chunks, events)
+        )
+
+    def resumable(self, resuming: Request, recorded: Request) -> bool:
+        return self.safely("resumable", False, lambda: bool(self.inner.resumable(resuming, recorded)))
 
     def resubscription(
         self, request: Request, sent: Sequence[str], last_id: str | None

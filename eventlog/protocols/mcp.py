@@ -12,12 +12,15 @@ resume from) and ``other``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Frame, Problem, Stream, readable
+from ..jsonrpc_ids import Edit, same_id, value_edits
+from ..spans import Chunks, StreamEvent
 from .base import (
     Protocol,
     Regenerated,
@@ -157,6 +160,27 @@ class MCP(Protocol):
         error = {"code": SERVER_ERROR, "message": message, "data": dict(details)}
         return {"jsonrpc": "2.0", "id": body["id"], "error": error}
 
+    def answer_edits(
+        self, recorded: Request, incoming: Request, chunks: Chunks, events: Sequence[StreamEvent] | None
+    ) -> tuple[list[Edit], list[str]]:
+        """The progress notifications carry the client's progress token: replay matching
+        ignores it, and a client drops progress of a token it did not give."""
+        old, new = _progress_token(recorded.json()), _progress_token(incoming.json())
+        if events is None or old is None or new is None or same_id(old, new):
+            return [], []
+        edits = value_edits(chunks, events, ("params", "progressToken"), old, new, _is_progress)
+        return edits, [f"the progress token {json.dumps(old)} is {json.dumps(new)}"] if edits else []
+
+    def resumable(self, resuming: Request, recorded: Request) -> bool:
+        """A client resumes a POST stream that broke with a GET of the endpoint carrying
+        the id of the last event it got, in its session."""
+        return (
+            resuming.method == "GET"
+            and recorded.method == "POST"
+            and resuming.path == recorded.path
+            and resuming.header(SESSION_HEADER) == recorded.header(SESSION_HEADER)
+        )
+
     def resubscription(
         self, request: Request, sent: Sequence[str], last_id: str | None
     ) -> Resubscription | None:
@@ -267,6 +291,10 @@ def _progress_token(body: Any) -> Any:
     params = body.get("params") if isinstance(body, dict) and "method" in body else None
     meta = params.get("_meta") if isinstance(params, dict) else None
     return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+def _is_progress(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("method") == PROGRESS
 
 
 def _key(rpc_id: Any) -> tuple[str, Any]:

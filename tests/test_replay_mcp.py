@@ -1,0 +1,151 @@
+"""Replaying MCP to the official mcp 1.x client: progress notifications carry the client's
+progress token, a dropped tool-call stream resumes with a GET, a miss lists the nearest
+recordings, and an injected error status leaves its recording for the SDK's retry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import RecordFactory, Serve
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp_peers import run_mcp_server
+
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded
+from tasktape.replay import Faults, ReplayServer, load
+
+TIMEOUT = 20  # s: a client the replay leaves waiting fails the test instead of hanging it
+Call = Callable[[ClientSession], Awaitable[Any]]
+
+
+async def add(session: ClientSession) -> str:
+    result = await session.call_tool("add", {"a": 2, "b": 3})
+    return result.content[0].text  # type: ignore[union-attr]
+
+
+async def count(session: ClientSession) -> tuple[str, list[tuple[float, str | None]]]:
+    progress: list[tuple[float, str | None]] = []
+
+    async def seen(done: float, total: float | None, message: str | None) -> None:
+        progress.append((done, message))
+
+    result = await session.call_tool("slow_count", {"n": 3, "delay": 0.05}, progress_callback=seen)
+    return result.content[0].text, progress  # type: ignore[union-attr]
+
+
+async def run(url: str, *calls: Call) -> list[Any]:
+    """What each call got, in one session of the SDK's client."""
+
+    async def session() -> list[Any]:
+        async with streamable_http_client(url) as (read, write, _), ClientSession(read, write) as s:
+            await s.initialize()
+            return [await call(s) for call in calls]
+
+    return await asyncio.wait_for(session(), TIMEOUT)
+
+
+async def recorded(
+    record: RecordFactory, *server_args: str, calls: tuple[Call, ...]
+) -> tuple[list[Any], Path]:
+    with run_mcp_server(*server_args, sdk="1") as server:
+        rec = await record(server.url.removesuffix("/mcp"))
+        got = await run(f"{rec.url}/mcp", *calls)
+        (await rec.log()).close()  # every exchange committed
+    return got, rec.db
+
+
+async def test_progress_carries_the_token_of_the_call_at_hand(record: RecordFactory, serve: Serve) -> None:
+    # The SDK's progress token is the request id: called in another order, the tool call has another.
+    (_, counted), db = await recorded(record, calls=(add, count))
+    assert len(counted[1]) == 3
+    replay = ReplayServer(load([db]), speed=0)
+    url = await serve(replay.app)
+    counted_again, added = await run(f"{url}/mcp", count, add)
+    assert (counted_again, added) == (counted, "5")
+    # The report names the token's rewrite beside the id's.
+    (reasons,) = [s["reasons"] for s in replay.report()["streams"] if len(s["reasons"]) > 1]
+    old, new = reasons[0].removeprefix("rewrite: the JSON-RPC id ").split(" is ")
+    assert old != new
+    assert reasons == [
+        f"rewrite: the JSON-RPC id {old} is {new}",
+        f"rewrite: the progress token {old} is {new}",
+    ]
+
+
+@pytest.mark.parametrize("add_ids", [False, True], ids=["event-store", "add-ids"])
+async def test_a_dropped_tool_call_stream_resumes(record: RecordFactory, serve: Serve, add_ids: bool) -> None:
+    # With an event store the server gives the ids; without, the replay adds them.
+    store = () if add_ids else ("--event-store",)
+    # Called in another order: the rest of the stream answers the call's id of this run.
+    (_, counted), db = await recorded(record, *store, calls=(add, count))
+    faults = Faults.parse("drop-after=3;times=1;path=/mcp")
+    replay = ReplayServer(load([db]), speed=0, faults=faults, add_ids=add_ids)
+    url = await serve(replay.app)
+    assert await run(f"{url}/mcp", count, add) == [counted, "5"]
+    assert replay.stats.refused == []
+    streams = replay.report()["streams"]
+    (dropped,) = [s for s in streams if s["faults"] == ["drop-after=3"]]
+    (resumed,) = [s for s in streams if any(r.startswith("resume: after event") for r in s["reasons"])]
+    assert (dropped["method"], resumed["method"], resumed["exchange"]) == ("POST", "GET", dropped["exchange"])
+
+
+def mcp_post(body: dict[str, Any], answer: dict[str, Any]) -> Recorded:
+    return Recorded(
+        method="POST",
+        path="/mcp",
+        request_headers=[("Content-Type", "application/json"), ("Mcp-Session-Id", "s1")],
+        request_body=json.dumps(body).encode(),
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(0, json.dumps(answer).encode())],
+        outcome="complete",
+    )
+
+
+def rpc(rpc_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
+
+
+async def test_a_miss_lists_the_nearest_recordings_first(tmp_path: Path, serve: Serve) -> None:
+    asks = [
+        rpc(1, "tools/call", {"name": "add", "arguments": {"a": 1, "b": 2}}),
+        rpc(2, "tools/list", {}),
+        rpc(3, "tools/call", {"name": "slow_count", "arguments": {"n": 3, "delay": 0.1}}),
+        rpc(4, "prompts/get", {"name": "greet", "arguments": {"who": "x"}}),
+        rpc(5, "resources/read", {"uri": "data://greeting"}),
+    ]
+    write_cassette(
+        tmp_path / "c.jsonl", [mcp_post(a, {"jsonrpc": "2.0", "id": a["id"], "result": {}}) for a in asks]
+    )
+    replay = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0)
+    url = await serve(replay.app)
+    async with aiohttp.ClientSession() as http:
+        ask = rpc(9, "resources/read", {"uri": "data://farewell"})
+        async with http.post(f"{url}/mcp", json=ask, headers={"Mcp-Session-Id": "s1"}) as response:
+            assert response.status == 400
+            closest = (await response.json())["error"]["data"]["closest"]
+    assert closest[0]["differs"] == ['body differs at /params/uri ("data://farewell" vs "data://greeting")']
+
+
+async def test_a_retry_after_an_injected_status_gets_the_recording(tmp_path: Path, serve: Serve) -> None:
+    ask = rpc(1, "tools/list", {})
+    write_cassette(
+        tmp_path / "c.jsonl", [mcp_post(ask, {"jsonrpc": "2.0", "id": 1, "result": {"tools": []}})]
+    )
+    replay = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, faults=Faults.parse("status=500;times=1"))
+    url = await serve(replay.app)
+    statuses = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):  # a client retrying an error status, as the SDKs do
+            async with http.post(f"{url}/mcp", json=ask, headers={"Mcp-Session-Id": "s1"}) as response:
+                statuses.append((response.status, await response.read()))
+    assert statuses[0][0] == 500
+    assert statuses[1] == (200, replay.recorded[0].body)
+    assert replay.stats.missed == [] and replay.unused() == []
