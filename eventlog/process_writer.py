@@ -77,9 +77,11 @@ class ProcessLogWriter(LogProducer):
         except (OSError, EOFError, LogError) as exc:
             self._process.kill()
             self._process.wait()
+            self._conn.close()
             raise LogError(f"{self.path}: the log writer process failed to start ({exc})") from None
-        if reply[0] == "failed":
+        if reply[0] == "failed":  # (the child released what it opened, and exits)
             self._process.wait()
+            self._conn.close()
             raise reply[1]
         _, next_capture, next_exchange = reply
         self._waiting: dict[int, Any] = {}  # token -> Future or waker

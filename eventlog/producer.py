@@ -20,7 +20,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasktape.errors import LogError, WriterClosed
+from tasktape.errors import LogError, UnknownExchange, WriterClosed
 from tasktape.version import __version__
 
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
@@ -64,11 +64,17 @@ class LogProducer:
         self._last_report = -_REPORT_EVERY
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._closed = False
+        # The exchanges begun here and not yet ended: calls for any other are refused, as
+        # they would write rows of no exchange or change one already finished.
+        self._open: set[int] = set()
+        self._last_exchange = 0  # the highest id begun here (an id below it not open has ended)
         # Chunk bytes queued and taken by the consumer (one thread): their difference
         # is the backlog, which must not grow without bound when the disk is slower
         # than the traffic.
         self._queued = 0
         self._taken = 0
+        # Held while an operation is checked and queued, and while close() queues STOP: no
+        # operation can follow STOP, where nobody would write it.
         self._queued_lock = threading.Lock()
         self._dropped: dict[int, int] = {}
         self._bodies_dropped: set[int] = set()
@@ -80,7 +86,13 @@ class LogProducer:
     def _start_ids(self, next_capture: int, next_exchange: int) -> None:
         self._capture_ids = count(next_capture)
         self._exchange_ids = count(next_exchange)
+        self._first_exchange = next_exchange
         _open_writers.add(self)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: every call that writes raises WriterClosed."""
+        return self._closed
 
     def begin_capture(
         self,
@@ -132,25 +144,34 @@ class LogProducer:
         exchange_id = next(self._exchange_ids)
         if request_body and not self._admit(len(request_body)):
             request_body = self._drop_body(exchange_id)
-        self._put(
-            (
-                EXCHANGE,
-                exchange_id,
-                capture_id,
-                started_ns or time.time_ns(),
-                method,
-                path,
-                query,
-                _pairs(request_headers),
-                request_body,
-                request_body_truncated,
-                uid,
+        # Open before it is queued: were it opened after, a close() in between would leave
+        # it open in a closed writer, and its chunks would be queued after STOP.
+        self._open.add(exchange_id)
+        self._last_exchange = max(self._last_exchange, exchange_id)
+        try:
+            self._put(
+                (
+                    EXCHANGE,
+                    exchange_id,
+                    capture_id,
+                    started_ns or time.time_ns(),
+                    method,
+                    path,
+                    query,
+                    _pairs(request_headers),
+                    request_body,
+                    request_body_truncated,
+                    uid,
+                )
             )
-        )
+        except WriterClosed:
+            self._open.discard(exchange_id)
+            raise
         return exchange_id
 
     def late_request_body(self, exchange_id: int, body: bytes, *, truncated: bool = False) -> None:
         """The request body of an exchange begun without it (a body streamed through)."""
+        self._check_open(exchange_id, "late_request_body()")
         if body and not self._admit(len(body)):
             self._drop_body(exchange_id)  # the exchange keeps no body, and says why
             return
@@ -170,6 +191,7 @@ class LogProducer:
         """The response's status and headers. Chunks of a body sent with a
         ``content_encoding`` (gzip, deflate, br) are stored decoded; ``decoded_from``
         says chunks given already decoded were sent with that encoding."""
+        self._check_open(exchange_id, "response_head()")
         self._put(
             (HEAD, exchange_id, status, _pairs(headers), is_sse, ttfb_ns, content_encoding, decoded_from)
         )
@@ -178,14 +200,14 @@ class LogProducer:
         """One piece of the response body, exactly as received, ``offset_ns`` after the
         request arrived. SSE bodies are decoded and classified by the writer; other
         bodies are kept up to ``max_body`` bytes."""
-        if self._closed:
-            raise WriterClosed(f"{self.path}: chunk() after close()")
-        with self._queued_lock:  # _admit, inline: this runs for every chunk forwarded
+        with self._queued_lock:  # _check_open and _admit, inline: this runs for every chunk forwarded
+            if exchange_id not in self._open:  # (close() empties it: then WriterClosed)
+                raise self._not_open(exchange_id, "chunk()")
             if self._queued - self._taken > self.max_backlog:
                 self._drop(exchange_id)
                 return
             self._queued += len(data)
-        self._queue.put((CHUNK, exchange_id, offset_ns, data))
+            self._queue.put((CHUNK, exchange_id, offset_ns, data))
 
     def chunks(self, exchange_id: int, pieces: Iterable[tuple[int, bytes]]) -> None:
         """Pieces of one response body, ``(offset_ns, data)`` each, as ``chunk()`` takes
@@ -259,7 +281,9 @@ class LogProducer:
         error: str | None = None,
     ) -> concurrent.futures.Future[ExchangeSummary]:
         """Finish an exchange. The future resolves once its rows are committed (or
-        their batch failed: see :attr:`stats`)."""
+        their batch failed: see :attr:`stats`). Once ended, the exchange takes no more
+        calls (UnknownExchange)."""
+        self._ending(exchange_id)
         done: concurrent.futures.Future[ExchangeSummary] = concurrent.futures.Future()
         dropped = self._dropped.pop(exchange_id, 0)
         notes = [f"{dropped} chunks were not recorded: the log writer fell behind"] if dropped else []
@@ -301,10 +325,12 @@ class LogProducer:
     def close(self) -> None:
         """Commit everything queued, finish exchanges still open (outcome
         ``log_closed``), and release the log. Safe to call twice."""
-        if self._closed:
-            return
-        self._put((STOP,))
-        self._closed = True
+        with self._queued_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._open.clear()
+            self._queue.put((STOP,))
         self._shutdown()
         _open_writers.discard(self)
         LogProducer.lost_in_process += self.stats.rows_lost
@@ -321,9 +347,29 @@ class LogProducer:
         self.close()
 
     def _put(self, op: tuple[Any, ...]) -> None:
+        with self._queued_lock:
+            if self._closed:
+                raise WriterClosed(f"{self.path}: the log writer is closed")
+            self._queue.put(op)
+
+    def _check_open(self, exchange_id: int, call: str) -> None:
+        if exchange_id not in self._open:
+            raise self._not_open(exchange_id, call)
+
+    def _ending(self, exchange_id: int) -> None:
+        try:
+            self._open.remove(exchange_id)  # (atomic: of two ends racing, one is refused)
+        except KeyError:
+            raise self._not_open(exchange_id, "end_exchange()") from None
+
+    def _not_open(self, exchange_id: int, call: str) -> LogError:
+        """What a call for an exchange that is not open here raises: WriterClosed once the
+        writer is closed, else UnknownExchange (it has ended, or was never begun here)."""
         if self._closed:
-            raise WriterClosed(f"{self.path}: the log writer is closed")
-        self._queue.put(op)
+            return WriterClosed(f"{self.path}: {call} after close()")
+        ended = self._first_exchange <= exchange_id <= self._last_exchange
+        why = "has ended" if ended else "was never begun by this writer"
+        return UnknownExchange(f"{self.path}: {call} for exchange {exchange_id}, which {why}")
 
     def _alive(self) -> bool:
         raise NotImplementedError
@@ -377,12 +423,20 @@ def close_open_writers() -> None:
 class NullWriter(LogProducer):
     """Takes every operation and writes nothing: for forwarding without recording."""
 
-    def __init__(self) -> None:
-        super().__init__("(nowhere)", None, max_backlog=0)
+    def __init__(self, path: str | Path = "(nowhere)") -> None:
+        """``path``: the log it stands in for (a recorder's, once that log was closed)."""
+        super().__init__(path, None, max_backlog=0)
         self._start_ids(1, 1)
 
     def chunk(self, exchange_id: int, offset_ns: int, data: bytes) -> None:
         return None
+
+    # Any id, ended or not: nothing is written for it.
+    def _check_open(self, exchange_id: int, call: str) -> None:
+        return None
+
+    def _ending(self, exchange_id: int) -> None:
+        self._open.discard(exchange_id)
 
     def _put(self, op: tuple[Any, ...]) -> None:
         if op[0] == END and op[5].set_running_or_notify_cancel():

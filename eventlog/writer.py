@@ -16,6 +16,7 @@ take turns a batch at a time rather than overlap.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import queue
 import re
 import sqlite3
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import LogError, WriterClosed
+from tasktape.errors import LogError, UsageError
 
 from .commit_tap import CommitTap
 from .content_coding import MAX_DECODED
@@ -124,17 +125,6 @@ def _clean_batch(batch: _Batch) -> None:
     batch.event_rows = [tuple(map(_clean, row)) for row in batch.event_rows]
 
 
-def _release(op: tuple[Any, ...], error: Exception) -> None:
-    """Wake whoever waits on an operation that will not be written."""
-    if op[0] == END and op[5].set_running_or_notify_cancel():
-        op[5].set_exception(error)
-    elif op[0] == FLUSH:
-        op[1]()
-    elif op[0] == MANY:
-        for one in op[1]:
-            _release(one, error)
-
-
 class LogWriter(LogProducer):
     """Writes one event log from this process; safe to call from any thread and from the
     event loop::
@@ -175,28 +165,35 @@ class LogWriter(LogProducer):
         are dropped (and reported) rather than held in memory; ``tap`` is told of the
         chunks and events of each commit (``CommitTap``)."""
         super().__init__(path, on_error, max_backlog)
+        if not isinstance(busy_timeout, int | float) or not 0 <= busy_timeout < math.inf:
+            raise UsageError(f"busy_timeout is a number of seconds, at least 0, not {busy_timeout!r}")
         self._max_batch = max_batch_seconds
         self._redactor = redactor or Redactor()
         self._max_body = max_body
         self._max_decoded = max_decoded
         self._lock_fd = take_writer_lock(self.path)
+        conn = None
         try:
             self._db = open_db(self.path, check_same_thread=False)
+            conn = self._conn = self._db.conn
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            if max_bytes is not None:
+                page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+                conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
+            (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
+            self._insert_chunks = RowInserts(conn, "stored_chunks", CHUNK_COLUMNS)
+            self._insert_events = RowInserts(conn, "events", EVENT_COLUMNS)
+            self.first_ids = (_next_id(conn, "captures"), _next_id(conn, "exchanges"))
+            self._tap = tap
+            if tap is not None:  # last: nothing after it can fail and leave it open
+                tap.open(conn)
         except BaseException:
+            # Whatever was opened is released: else the log stays locked (LogBusy) for as
+            # long as this process lives.
+            if conn is not None:
+                conn.close()
             release_writer_lock(self._lock_fd)
             raise
-        conn = self._db.conn
-        self._conn = conn
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-        if max_bytes is not None:
-            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-            conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
-        (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
-        self._insert_chunks = RowInserts(conn, "stored_chunks", CHUNK_COLUMNS)
-        self._insert_events = RowInserts(conn, "events", EVENT_COLUMNS)
-        self._tap = tap
-        if tap is not None:
-            tap.open(conn)
         self._exchanges: dict[int, ExchangeRows] = {}
         self._batches: queue.Queue[_Batch] = queue.Queue(maxsize=2)
         self._building = _Batch()  # the batch the writer thread is filling
@@ -205,7 +202,6 @@ class LogWriter(LogProducer):
         self._committer = threading.Thread(target=self._commit_loop, name=f"{name}:commit", daemon=True)
         self._thread.start()
         self._committer.start()
-        self.first_ids = (_next_id(conn, "captures"), _next_id(conn, "exchanges"))
         self._start_ids(*self.first_ids)
 
     def _alive(self) -> bool:
@@ -215,8 +211,7 @@ class LogWriter(LogProducer):
         """Pieces of one response body, ``(offset_ns, data)`` each, handed to the writer's
         thread as one operation rather than one each, when they fit in the backlog bound
         all together; else one by one, as ``chunk()`` takes them (and drops them)."""
-        if self._closed:
-            raise WriterClosed(f"{self.path}: chunks() after close()")
+        self._check_open(exchange_id, "chunks()")
         pieces = list(pieces)
         if not pieces:
             return
@@ -271,13 +266,6 @@ class LogWriter(LogProducer):
                     break
                 self._apply_safely(op, batch)
             self._batches.put(batch)
-        # Whoever raced close() with a last operation is not left waiting.
-        while True:
-            try:
-                op = get_nowait()
-            except queue.Empty:
-                return
-            _release(op, WriterClosed(f"{self.path}: the log writer closed first"))
 
     def _apply_safely(self, op: tuple[Any, ...], batch: _Batch) -> None:
         """An operation that cannot be turned into rows (a bug, or content nothing
@@ -292,7 +280,8 @@ class LogWriter(LogProducer):
         self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
         if op[0] == END:
             self._exchanges.pop(op[1], None)
-            _release(op, LogError(f"{self.path}: exchange {op[1]} could not be recorded: {exc}"))
+            if op[5].set_running_or_notify_cancel():
+                op[5].set_exception(LogError(f"{self.path}: exchange {op[1]} could not be recorded: {exc}"))
         elif op[0] == FLUSH:
             batch.wakers.append(op[1])
         elif op[0] == STOP:

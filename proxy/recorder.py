@@ -14,6 +14,7 @@ import ipaddress
 import json
 import secrets
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import replace
@@ -28,6 +29,7 @@ from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
+from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.protocols.base import Request
 from tasktape.eventlog.redact import DEFAULT_HEADERS
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
@@ -183,6 +185,19 @@ class RecordingProxy:
             **HEADER_LIMITS,
         )
 
+    def unrecorded(self) -> LogProducer:
+        """The log was closed under the recorder (its writer raised WriterClosed): what
+        is forwarded from now on is not recorded, which is said once; traffic goes on."""
+        if not isinstance(self.writer, NullWriter):
+            print(
+                f"tasktape: WARNING: the log {self.writer.path} was closed while the recorder "
+                "forwarded: traffic goes on, no longer recorded",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.writer = NullWriter(self.writer.path)  # (the log can still be read)
+        return self.writer
+
     async def _mark_stopping(self) -> None:
         self.stopping = True  # exchanges cut short from now on were stopped, not abandoned
 
@@ -263,6 +278,8 @@ class RecordingProxy:
         return task
 
     async def _forward(self, request: web.Request, read: bytes | None) -> web.StreamResponse:
+        if self.writer.closed:  # (what follows, a held stream's reconnect too, takes self.writer)
+            self.unrecorded()
         if any(self._via in v for v in request.headers.getall("Via", ())):
             return self._refuse(
                 request,
@@ -513,8 +530,7 @@ class RecordingProxy:
     def log_unread(self, status: int, reason: str) -> None:
         """aiohttp answered a request it could not read (see ``unread``): neither its
         method nor its path is known, and its answer, which quotes it, is not kept."""
-        with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
-            self._log_refusal("UNKNOWN", "", None, status, None, f"the request could not be read: {reason}")
+        self._log_refusal("UNKNOWN", "", None, status, None, f"the request could not be read: {reason}")
 
     def _log_refusal(
         self,
@@ -526,18 +542,24 @@ class RecordingProxy:
         reason: str,
         query: str | None = None,
     ) -> int:
-        exchange = self.writer.begin_exchange(
-            self.capture_id,  # type: ignore[arg-type]
-            method=method,
-            path=path,
-            query=query,
-            request_headers=headers,
-        )
-        self.writer.response_head(exchange, status=status, headers=None, is_sse=False, ttfb_ns=0)
-        if body is not None:
-            self.writer.chunk(exchange, 0, body)
-        self.writer.end_exchange(exchange, duration_ns=0, outcome=Outcome.REFUSED, error=reason)
-        return exchange
+        def log(writer: LogProducer) -> int:
+            exchange = writer.begin_exchange(
+                self.capture_id,  # type: ignore[arg-type]
+                method=method,
+                path=path,
+                query=query,
+                request_headers=headers,
+            )
+            writer.response_head(exchange, status=status, headers=None, is_sse=False, ttfb_ns=0)
+            if body is not None:
+                writer.chunk(exchange, 0, body)
+            writer.end_exchange(exchange, duration_ns=0, outcome=Outcome.REFUSED, error=reason)
+            return exchange
+
+        try:
+            return log(self.writer)
+        except WriterClosed:
+            return log(self.unrecorded())
 
     async def _request_body(self, request: web.Request) -> bytes | _TeedBody | None:
         """Small bodies (with a Content-Length) are read whole, so the log gets them with
@@ -553,16 +575,23 @@ class RecordingProxy:
         """The log's exchange of a request (its body when read whole: the first
         ``max_request_body`` bytes of it; one streamed through comes later)."""
         cut = body is not None and len(body) > self.max_request_body
-        return self.writer.begin_exchange(
-            self.capture_id,  # type: ignore[arg-type]
-            method=request.method,
-            path=request.rel_url.raw_path,
-            query=request.rel_url.raw_query_string or None,
-            request_headers=list(request.headers.items()),
-            request_body=body[: self.max_request_body] if cut else body,
-            request_body_truncated=cut,
-            started_ns=started_ns,
-        )
+
+        def begin(writer: LogProducer) -> int:
+            return writer.begin_exchange(
+                self.capture_id,  # type: ignore[arg-type]
+                method=request.method,
+                path=request.rel_url.raw_path,
+                query=request.rel_url.raw_query_string or None,
+                request_headers=list(request.headers.items()),
+                request_body=body[: self.max_request_body] if cut else body,
+                request_body_truncated=cut,
+                started_ns=started_ns,
+            )
+
+        try:
+            return begin(self.writer)
+        except WriterClosed:  # (closed while the request's body was read)
+            return begin(self.unrecorded())
 
     def upstream_url(self, raw_path: str) -> URL:
         return URL(self._base + raw_path, encoded=True)
@@ -630,6 +659,15 @@ class Exchange:
     def offset(self) -> int:
         return time.perf_counter_ns() - self.t0
 
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[LogProducer]:
+        """Steps of recording (not chunks): once the log is closed, they are skipped and
+        the rest of the exchange is forwarded unrecorded (the log ended it, ``log_closed``)."""
+        try:
+            yield self.writer
+        except WriterClosed:
+            self.writer = self.proxy.unrecorded()
+
     async def run(self, body: bytes | _TeedBody | None) -> web.StreamResponse:
         try:
             return await self._run(body)
@@ -693,24 +731,26 @@ class Exchange:
         if self.teed is not None:
             await self.teed.drain()
         response = error_response(502, reason)
-        self.writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self.offset())
-        self.writer.chunk(self.id, self.offset(), response.body)  # type: ignore[arg-type]
+        with self._recording() as writer:
+            writer.response_head(self.id, status=502, headers=None, is_sse=False, ttfb_ns=self.offset())
+            writer.chunk(self.id, self.offset(), response.body)  # type: ignore[arg-type]
         self.end(Outcome.UPSTREAM_ERROR, reason)
         return response
 
     async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
         request = self.request
         is_sse = upstream.content_type == "text/event-stream"
-        if self.teed is not None:
-            self.teed.body.log_if_whole(self.writer, self.id)
-        self.writer.response_head(
-            self.id,
-            status=upstream.status,
-            headers=list(upstream.headers.items()),
-            is_sse=is_sse,
-            ttfb_ns=self.offset(),
-            content_encoding=upstream.headers.get("Content-Encoding"),
-        )
+        with self._recording() as writer:
+            if self.teed is not None:
+                self.teed.body.log_if_whole(writer, self.id)
+            writer.response_head(
+                self.id,
+                status=upstream.status,
+                headers=list(upstream.headers.items()),
+                is_sse=is_sse,
+                ttfb_ns=self.offset(),
+                content_encoding=upstream.headers.get("Content-Encoding"),
+            )
         headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
         if "Location" in headers:
             headers["Location"] = self.proxy.local_location(headers["Location"], request)
@@ -743,7 +783,11 @@ class Exchange:
                 if not data:
                     self.upstream_ended = True
                     break
-                chunk_to_log(self.id, offset(), data)
+                try:
+                    chunk_to_log(self.id, offset(), data)
+                except WriterClosed:  # the log was closed under the stream: it goes on unrecorded
+                    self.writer = self.proxy.unrecorded()
+                    chunk_to_log = self.writer.chunk
                 await write(data)
             await response.write_eof()
         except ConnectionError as exc:
@@ -778,7 +822,8 @@ class Exchange:
             self.end(Outcome.UPSTREAM_DISCONNECTED, dropped(exc))
             self.request.protocol.force_close()
             raise web.HTTPBadGateway() from exc
-        self.writer.chunk(self.id, self.offset(), original)
+        with self._recording() as writer:
+            writer.chunk(self.id, self.offset(), original)
         encoded = "Content-Encoding" in upstream.headers  # sent anyway: it stays as it is
         rewritten = (
             None
@@ -800,12 +845,14 @@ class Exchange:
         if self.ended:
             return
         self.ended = True
-        if self.teed is not None:  # a body streamed through: the log gets what was kept
-            self.teed.body.log(self.writer, self.id)
-        done = self.writer.end_exchange(self.id, duration_ns=self.offset(), outcome=outcome, error=error)
-        if self.proxy.on_exchange is not None:
-            callback = self.proxy.on_exchange
-            done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
+        with self._recording() as writer:
+            if self.teed is not None:  # a body streamed through: the log gets what was kept
+                self.teed.body.log(writer, self.id)
+            done = writer.end_exchange(self.id, duration_ns=self.offset(), outcome=outcome, error=error)
+            # (A NullWriter's summary tells of nothing recorded.)
+            if self.proxy.on_exchange is not None and not isinstance(writer, NullWriter):
+                callback = self.proxy.on_exchange
+                done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
 
 
 def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict[str]:

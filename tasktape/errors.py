@@ -24,7 +24,7 @@ TasktapeError
     ├── SchemaTooOld               an older log opened read-only: opening it to write upgrades it
     ├── LogBusy                    another writer holds the log
     ├── WriterClosed               rows handed to a LogWriter after close()
-    └── UnknownExchange (KeyError) no exchange with that id in the log
+    └── UnknownExchange (KeyError) no exchange of that id in the log, or none open in a writer
 
 The second bases are there for callers that already catch ``ValueError``, ``LookupError``
 or ``KeyError`` (and, for ``CassetteExpired`` and ``Unfaithful``, for warning filters and pytest's
