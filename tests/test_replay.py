@@ -663,7 +663,9 @@ async def test_a_request_forwarded_live_gets_no_faults_and_says_so(tmp_path: Pat
             if recording.recorded:
                 break
             await asyncio.sleep(0.02)
-    assert seen == ["(none)"] * 6  # two streams and four card reads, none with the header
+    # The two streams and the card reads that reached it (record-missing replays a card it
+    # recorded once the log has it), none with the header.
+    assert len(seen) in (5, 6) and set(seen) == {"(none)"}
     for recorded in load([db]):  # the stream and the two card reads
         assert "x-tasktape-fault" not in {name.lower() for name, _ in recorded.request_headers}
     # Nothing is replayed in passthrough: a fault given to it has nothing to apply to.
