@@ -161,6 +161,8 @@ class RecordingProxy:
     async def start(self) -> None:
         """Open the pooled upstream session (and the capture, unless one was given);
         resuming, take up the streams of earlier runs still running."""
+        if self._session is not None:
+            raise UsageError("the recording proxy is started already: start() it once, close() it once")
         if self.capture_id is None:
             self.capture_id = self.writer.begin_capture(source="record", upstream=str(self.upstream))
         if self.live is not None:
@@ -207,6 +209,7 @@ class RecordingProxy:
         await asyncio.gather(*self._pumps, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+            self._session = None  # (served again, its app starts it again)
         if self.capture_id is not None:
             with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
                 self.writer.end_capture(self.capture_id)
@@ -238,6 +241,8 @@ class RecordingProxy:
         usable from another application's handler (whose server must keep request bodies
         as sent: ``handler_args=AS_SENT``). ``body``: the request's body, when the caller
         has read it already."""
+        if self._session is None:  # (its app starts it; mounted elsewhere, its owner must)
+            raise UsageError("the recording proxy is not started: await its start() before it handles any")
         with self.in_flight():
             return await self._forward(request, body)
 

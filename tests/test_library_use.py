@@ -73,6 +73,36 @@ def test_a_cassette_written_into_no_folder_says_which(tmp_path: Path) -> None:
         write_cassette(target, [])
 
 
+async def test_a_recording_proxy_mounted_elsewhere_says_it_was_not_started(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A bare AssertionError became a 500, logged as a client that went away; started
+    twice, its first upstream session leaked."""
+    with tasktape.LogWriter(tmp_path / "mounted.db") as writer:
+        proxy = RecordingProxy("http://127.0.0.1:9", writer)
+        app = aiohttp.web.Application()
+        errors: list[BaseException] = []
+
+        async def handler(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+            try:
+                return await proxy.handle(request)
+            except tasktape.UsageError as exc:
+                errors.append(exc)
+                raise aiohttp.web.HTTPServiceUnavailable() from None
+
+        app.router.add_get("/x", handler)
+        url = await serve(app)
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/x") as r:
+            assert r.status == 503
+        assert "not started: await its start()" in str(errors[0])
+        await proxy.start()
+        with pytest.raises(tasktape.UsageError, match="started already"):
+            await proxy.start()
+        await proxy.close()
+        await proxy.start()  # (served again: its app starts it again)
+        await proxy.close()
+
+
 def test_one_source_given_alone_is_refused_saying_how() -> None:
     """A str's letters were taken for the sources: "c: no such file or folder"."""
     cassette = str(ROOT / "cassettes" / "completed.jsonl")
