@@ -90,6 +90,11 @@ class ReplayStats:
 
 DEFAULT_MISS_STATUS = 404
 MISS_HINT = "record it (mode record-missing), or ignore fields that change between runs (--ignore)"
+# A forwarded request's X-Tasktape-Fault, until its answer's head (web.RequestKey came with
+# aiohttp 3.14; before it, a plain key raises no warning).
+ASKED_FAULTS: Any = (
+    web.RequestKey("tasktape.asked_faults", Faults) if hasattr(web, "RequestKey") else "tasktape.asked_faults"
+)
 
 
 class ReplayServer:
@@ -174,6 +179,7 @@ class ReplayServer:
         )
         self.app.router.add_routes(control.routes(self))
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.app.on_response_prepare.append(self._unapplied)
         self.app[STOPPING] = stopping = Stopping()
 
         async def stop(_app: web.Application) -> None:
@@ -388,13 +394,20 @@ class ReplayServer:
         have got them (the scope's path, a stream for faults on events)."""
         assert self.proxy is not None
         self.stats.forwarded += 1
-        response = await self.proxy.handle(request, body)
+        if header:
+            request[ASKED_FAULTS] = header  # told once the answer's head shows what it is
+        return await self.proxy.handle(request, body)
+
+    async def _unapplied(self, request: web.Request, response: web.StreamResponse) -> None:
+        """As a forwarded answer's head goes out (before the client has any of it): the
+        faults its request asked for, which it did not get, said where a replayed answer
+        would have got them."""
+        header = request.get(ASKED_FAULTS)
         path = request.rel_url.raw_path
         if header and Armed(header, FAULT_HEADER).takes(path, response.content_type == "text/event-stream"):
             unapplied = Unapplied(f"{request.method} {path}", ";".join(header.fault_items()))
             self.stats.unapplied.append(unapplied)
             log.warning("tasktape replay: %s", unapplied)
-        return response
 
     def _recorded_anew(self, summary: Any) -> None:
         """record-missing: what was just recorded (committed: this runs once it is)
