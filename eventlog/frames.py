@@ -13,7 +13,7 @@ from .a2a_terms import Binding, is_jsonrpc
 from .classify import Classification, load_json
 from .outcomes import Outcome
 from .protocols import by_name, recognise_exchange
-from .protocols.base import Protocol, Request, RequestInfo
+from .protocols.base import Protocol, RequestInfo
 from .recorded import Recorded
 from .spans import events_in
 from .sse import is_event
@@ -109,7 +109,7 @@ def protocol_of(recorded: Recorded) -> Protocol | None:
     when that says nothing, its response) shows, as the log writer tells it."""
     if recorded.protocol is not None:
         return by_name(recorded.protocol)
-    request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
+    request = recorded.as_request()
     response: tuple[str, str | None] | None = None
     if recorded.is_sse:
         first = next((e for e in events_in(recorded.chunks[:8]) if e.data), None)
@@ -128,7 +128,7 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
         protocol = protocol_of(recorded)
         if protocol is None or (only is not None and protocol.name not in only):
             continue
-        request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
+        request = recorded.as_request()
         info = protocol.request_info(request)
         if info.session_id is None:  # a session's first request: the response names it
             info = info._replace(session_id=protocol.session(recorded.response_headers))

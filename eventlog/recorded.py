@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .outcomes import Outcome
 
 if TYPE_CHECKING:
+    from .protocols.base import Request
     from .reader import EventLog
 
 Headers = list[tuple[str, str]]
@@ -75,6 +76,12 @@ class Recorded:
     @property
     def request_line(self) -> str:
         return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
+
+    def as_request(self) -> Request:
+        """The recorded request, as the protocols read one."""
+        from .protocols.base import Request  # noqa: PLC0415 - loaded with the protocols
+
+        return Request(self.method, self.path, self.request_headers, self.request_body)
 
 
 def _bytes(value: Any) -> bytes | None:

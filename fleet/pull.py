@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tasktape.errors import UsageError
 from tasktape.eventlog.exchange_rows import stored_body
+from tasktape.eventlog.uids import read_time
 
 from .clickhouse_sink import TABLES, ClickHouseSink, blob_columns, reaching, shown
 from .sqlite_sink import Applied, SqliteSink
@@ -53,11 +54,10 @@ class Slice:
 
 def parse_time(text: str) -> datetime:
     """An ISO 8601 time; UTC unless it says otherwise."""
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{text!r} is not an ISO 8601 time (2026-12-01T09:00:00Z)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    moment = read_time(text)
+    if moment is None:
+        raise UsageError(f"{text!r} is not an ISO 8601 time (2026-12-01T09:00:00Z)")
+    return moment
 
 
 def _ns(moment: datetime | None, default: int) -> int:

@@ -24,7 +24,7 @@ import orjson
 from tasktape.errors import UsageError
 from tasktape.eventlog.classify import Classification
 from tasktape.eventlog.frames import protocol_of
-from tasktape.eventlog.protocols.base import Request, StreamReader
+from tasktape.eventlog.protocols.base import StreamReader
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.spans import events_in
 
@@ -116,7 +116,7 @@ def read(recorded: Recorded) -> Reading:
         counted = (("model", summary.model), ("input_tokens", summary.input_tokens))
         counted += (("output_tokens", summary.output_tokens),)
         usage = {k: v for k, v in counted if v is not None}
-    request = Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
+    request = recorded.as_request()
     operation = protocol.request_info(request).rpc_method if protocol is not None else None
     reads = recorded.method in SAFE_METHODS or operation in (protocol.read_operations if protocol else ())
     return Reading(

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 
 from tasktape.choices import listed
 from tasktape.eventlog.frames import protocol_of
-from tasktape.eventlog.protocols.base import Regenerated
+from tasktape.eventlog.protocols.base import Regenerated, Request
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, Redactor, parse_pointer
 
@@ -37,6 +37,10 @@ class Incoming:
     def request_line(self) -> str:
         """As reports show it: the query's credentials (``key``, ``token``...) redacted."""
         return f"{self.method} {self.path}" + (f"?{_SHOWN.query(self.query)}" if self.query else "")
+
+    def as_request(self) -> Request:
+        """The request, as the protocols read one."""
+        return Request(self.method, self.path, self.headers, self.body)
 
 
 _MISSING = object()

@@ -28,7 +28,6 @@ from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.protocols import ProtocolName, by_name, protocols, recognise
-from tasktape.eventlog.protocols.base import Request
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
@@ -342,11 +341,11 @@ class ReplayServer:
     def _resumable(self, incoming: Incoming) -> list[int]:
         """The recorded streams a request it does not match may continue, as their
         protocols say (MCP: a GET resuming a POST stream that broke)."""
-        resuming = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
+        resuming = incoming.as_request()
         out = []
         for i, r in enumerate(self.recorded):
             protocol = by_name(r.protocol)
-            if r.is_sse and protocol is not None and protocol.resumable(resuming, _request(r)):
+            if r.is_sse and protocol is not None and protocol.resumable(resuming, r.as_request()):
                 out.append(i)
         return out
 
@@ -374,7 +373,7 @@ class ReplayServer:
         self.stats.missed.append(Miss(incoming.request_line, closest))
         log.warning("tasktape replay: no recording matches %s", incoming.request_line)
         # Said as the request's protocol says an error, at its status, where it has its own.
-        request = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
+        request = incoming.as_request()
         protocol = recognise(request)
         message = f"no recorded exchange matches {incoming.request_line}"
         details = {"closest": closest, "hint": self.miss_hint}
@@ -583,8 +582,8 @@ class ReplayServer:
                 rewrites.append(f"the JSON-RPC id {json.dumps(theirs)} is {json.dumps(mine)}")
         protocol = by_name(recorded.protocol)
         if protocol is not None:
-            own = _request(recorded)
-            asked = Request(incoming.method, incoming.path, incoming.headers, incoming.body)
+            own = recorded.as_request()
+            asked = incoming.as_request()
             more, said = protocol.answer_edits(own, asked, chunks, events)
             edits += more
             rewrites += said
@@ -665,10 +664,6 @@ def last_event_id(request: web.Request) -> str | None:
     """The event a reconnecting client saw last; None for a fresh request. An empty
     Last-Event-ID names none (in SSE, an empty id is no last event): fresh too."""
     return request.headers.get("Last-Event-ID") or None
-
-
-def _request(recorded: Recorded) -> Request:
-    return Request(recorded.method, recorded.path, recorded.request_headers, recorded.request_body)
 
 
 def is_card(recorded: Recorded) -> bool:

@@ -15,13 +15,14 @@ import binascii
 import copy
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from aiohttp import web
 
 from tasktape.errors import A2AError
 from tasktape.eventlog.a2a_terms import TaskState
+from tasktape.eventlog.uids import read_time
 
 from .ids import new_id
 from .protocol import (
@@ -253,13 +254,10 @@ def _moment(value: Any) -> datetime | None:
     """``statusTimestampAfter``: an ISO 8601 time (UTC if it names no zone)."""
     if value is None:
         return None
-    try:
-        moment = datetime.fromisoformat(str(value))
-    except ValueError:
-        raise ErrorKind.INVALID_PARAMS.error(
-            f"statusTimestampAfter: an ISO 8601 time, got {value!r}"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    moment = read_time(str(value))
+    if moment is None:
+        raise ErrorKind.INVALID_PARAMS.error(f"statusTimestampAfter: an ISO 8601 time, got {value!r}")
+    return moment
 
 
 def _for_rest(frame: Frame) -> Frame:
