@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import UnknownEventId, UnknownExchange
+from tasktape.errors import LogClosed, UnknownEventId, UnknownExchange
 
 from .a2a_terms import CARD_METHODS, CARD_PATHS
 from .resumes import ResumeOutcome, ResumeSide
@@ -34,9 +34,11 @@ class EventLog:
     def __init__(self, path: str | Path, *, readonly: bool = True) -> None:
         self.path = Path(path)
         self.db = open_db(self.path, readonly=readonly)
+        self._closed = False
 
     def close(self) -> None:
         self.db.close()
+        self._closed = True
 
     def __enter__(self) -> EventLog:
         return self
@@ -45,7 +47,12 @@ class EventLog:
         self.close()
 
     def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
-        return list(self.db.query(sql, params))
+        return list(self._query(sql, params))
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> Iterable[Row]:
+        if self._closed:
+            raise LogClosed(f"{self.path}: this EventLog was closed; open the log again to read it")
+        return self.db.query(sql, params)
 
     def captures(self) -> list[Row]:
         return self._rows("SELECT * FROM captures ORDER BY id")
@@ -160,12 +167,12 @@ class EventLog:
         with the exchange that opened the stream: a reconnect's holds a slice of that
         stream's events, which the stream's own exchange holds too."""
         answered = (ResumeOutcome.RESUMED, ResumeOutcome.ENDED)
-        rows = self.db.execute(
+        rows = self._query(
             "SELECT new_exchange_id, exchange_id FROM resumes WHERE side = ? AND outcome IN (?, ?)"
             " AND new_exchange_id IS NOT NULL",
             (ResumeSide.CLIENT.value, *(o.value for o in answered)),
         )
-        return dict(rows.fetchall())
+        return {r["new_exchange_id"]: r["exchange_id"] for r in rows}
 
     def task_ids(self) -> list[str]:
         """Every task the log knows: from its events, and from answers that were not streamed."""

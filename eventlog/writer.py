@@ -164,9 +164,15 @@ class LogWriter(LogProducer):
         ``max_backlog`` is how many chunk bytes may wait for the writer before new chunks
         are dropped (and reported) rather than held in memory; ``tap`` is told of the
         chunks and events of each commit (``CommitTap``)."""
+        for name, value, whole, least in (
+            ("max_batch_seconds", max_batch_seconds, False, 0),
+            ("busy_timeout", busy_timeout, False, 0),
+            ("max_body", max_body, True, 0),
+            ("max_decoded", max_decoded, True, 0),
+            ("max_backlog", max_backlog, True, 0),
+        ) + ((("max_bytes", max_bytes, True, 1),) if max_bytes is not None else ()):
+            _check_bound(name, value, whole=whole, least=least)
         super().__init__(path, on_error, max_backlog)
-        if not isinstance(busy_timeout, int | float) or not 0 <= busy_timeout < math.inf:
-            raise UsageError(f"busy_timeout is a number of seconds, at least 0, not {busy_timeout!r}")
         self._max_batch = max_batch_seconds
         self._redactor = redactor or Redactor()
         self._max_body = max_body
@@ -460,6 +466,15 @@ class LogWriter(LogProducer):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _check_bound(name: str, value: Any, *, whole: bool, least: int) -> None:
+    """A bound given as something else fails at once, not in the writer's thread later."""
+    kinds = int if whole else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not least <= value < math.inf:
+        what = "a whole number" if whole else "a number"
+        unit = "" if whole else " of seconds"
+        raise UsageError(f"{name} is {what}{unit}, at least {least}, not {value!r}")
 
 
 def _next_id(conn: sqlite3.Connection, table: str) -> int:

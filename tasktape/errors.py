@@ -24,6 +24,7 @@ TasktapeError
     ├── SchemaTooOld               an older log opened read-only: opening it to write upgrades it
     ├── LogBusy                    another writer holds the log
     ├── WriterClosed               rows handed to a LogWriter after close()
+    ├── LogClosed                  an EventLog read after close()
     └── UnknownExchange (KeyError) no exchange of that id in the log, or none open in a writer
 
 The second bases are there for callers that already catch ``ValueError``, ``LookupError``
@@ -124,6 +125,10 @@ class LogBusy(LogError):
 
 
 class WriterClosed(LogError):
+    pass
+
+
+class LogClosed(LogError):
     pass
 
 

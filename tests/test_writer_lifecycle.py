@@ -16,7 +16,7 @@ from a2a_frames import completed_run, sse
 from aiohttp import web
 from conftest import RecordFactory
 
-from tasktape.errors import UnknownExchange, UsageError, WriterClosed
+from tasktape.errors import LogClosed, UnknownExchange, UsageError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
@@ -121,6 +121,40 @@ def test_a_writer_that_fails_to_start_releases_the_log(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) == fds  # neither the lock nor the connection is left open
     with LogWriter(db) as w:  # not LogBusy
         w.begin_capture(source="test")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_bytes", "10MB"),
+        ("max_bytes", 0),
+        ("max_body", 1.5),
+        ("max_decoded", -1),
+        ("max_backlog", True),
+        ("max_batch_seconds", float("nan")),
+        ("busy_timeout", -1),
+    ],
+)
+def test_a_bound_that_is_no_number_is_refused_naming_it(
+    tmp_path: Path, writer_class: type[LogProducer], option: str, value: object
+) -> None:
+    # Taken as given, these failed later (a TypeError deep in the writer's thread, a log
+    # that took no row) or never (a NaN batch time).
+    with pytest.raises(UsageError, match=f"^{option} is a (whole )?number"):
+        writer_class(tmp_path / "log.db", **{option: value})
+    with writer_class(tmp_path / "log.db", max_bytes=None) as w:  # None: no cap
+        w.begin_capture(source="test")
+
+
+def test_a_closed_event_log_says_so(tmp_path: Path) -> None:
+    with LogWriter(tmp_path / "log.db") as w:
+        w.begin_capture(source="test")
+    log = EventLog(tmp_path / "log.db")
+    assert len(log.captures()) == 1
+    log.close()
+    for read in (log.captures, log.exchanges, log.reconnects_answered, lambda: log.task_events("t1")):
+        with pytest.raises(LogClosed, match="was closed"):
+            read()
 
 
 def chunk_until_closed(w: LogProducer, ex: int, accepted: list[int], started: threading.Event) -> None:
