@@ -4,7 +4,9 @@ registered by name: each returns None when the two agree, or a short reason why 
 Bodies are compared as JSON, ignoring what the recorded exchange's protocol says its
 clients regenerate on every run (A2A: ``messageId`` anywhere, timestamps; MCP: the
 progress token), the JSON-RPC ``id``, values that were redacted in the recording, and any
-JSON pointer the user names. Headers are compared only when the
+JSON pointer the user names; numbers are compared as numbers (``3`` is ``3.0``), and a
+field at its default is one left out only where the protocol says so (A2A's protobuf
+JSON). Headers are compared only when the
 user names them (most vary with the client: its version, tracing ids, lengths).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -70,7 +73,9 @@ def path(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | Non
 
 
 def query(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
-    """The same parameters, in any order; a value redacted in the recording matches any."""
+    """The same parameters, names in any order but the values of a repeated name in the
+    same order (``a=1&a=0`` is a list, which a server reads in order); a value redacted in
+    the recording matches any."""
     mine, theirs = _parameters(incoming.query), _parameters(recorded.query)
     if len(mine) == len(theirs) and all(
         a[0] == b[0] and b[1] in (a[1], REDACTED) for a, b in zip(mine, theirs, strict=True)
@@ -80,9 +85,10 @@ def query(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | No
 
 
 def _parameters(raw: str | None) -> list[tuple[str, str]]:
-    """A query's parameters, sorted; separated by '&' or ';', as redaction reads them (a
-    recording's ``token=[REDACTED];api_key=[REDACTED]`` is two)."""
-    return sorted(parse_qsl((raw or "").replace(";", "&"), keep_blank_values=True))
+    """A query's parameters, sorted by name (a stable sort: a repeated name's values keep
+    their order); separated by '&' or ';', as redaction reads them (a recording's
+    ``token=[REDACTED];api_key=[REDACTED]`` is two)."""
+    return sorted(parse_qsl((raw or "").replace(";", "&"), keep_blank_values=True), key=itemgetter(0))
 
 
 def body(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
@@ -108,10 +114,7 @@ def _body_differences(
     a, b = _json(mine), _json(theirs)
     if a is _MISSING or b is _MISSING:
         return None
-    jsonrpc = isinstance(b, dict) and "jsonrpc" in b
-    protocol = protocol_of(recorded)
-    regenerated = _NOTHING if protocol is None else protocol.regenerated
-    return list(_differences(a, b, (), rules, regenerated, jsonrpc=jsonrpc))
+    return list(_differences(a, b, (), _Comparison.of(recorded, b, rules)))
 
 
 def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
@@ -182,45 +185,91 @@ def _json(data: bytes) -> Any:
         return _MISSING
 
 
-def _ignored(path: tuple[str, ...], rules: MatchRules, regenerated: Regenerated, *, jsonrpc: bool) -> bool:
-    if path and path[-1] in regenerated.keys:
-        return True
-    if jsonrpc and path == ("id",):
-        return True
-    return any(
-        len(rule) == len(path) and all(r in ("*", p) for r, p in zip(rule, path, strict=True))
-        for rule in (*rules.ignore, *regenerated.pointers)
-    )
+@dataclass(frozen=True)
+class _Comparison:
+    """How two bodies are compared: what is ignored, and whether a field at its default is
+    one left out (as the recorded exchange's protocol says; no protocol: it is not)."""
+
+    rules: MatchRules
+    regenerated: Regenerated
+    jsonrpc: bool
+    defaults_are_absent: bool
+
+    @classmethod
+    def of(cls, recorded: Recorded, body: Any, rules: MatchRules) -> _Comparison:
+        protocol = protocol_of(recorded)
+        jsonrpc = isinstance(body, dict) and "jsonrpc" in body
+        if protocol is None:
+            return cls(rules, _NOTHING, jsonrpc, defaults_are_absent=False)
+        return cls(rules, protocol.regenerated, jsonrpc, protocol.defaults_are_absent)
+
+    def ignored(self, path: tuple[str, ...]) -> bool:
+        if path and path[-1] in self.regenerated.keys:
+            return True
+        if self.jsonrpc and path == ("id",):
+            return True
+        return any(
+            len(rule) == len(path) and all(r in ("*", p) for r, p in zip(rule, path, strict=True))
+            for rule in (*self.rules.ignore, *self.regenerated.pointers)
+        )
+
+    def left_out(self, value: Any) -> bool:
+        """Whether a value says what leaving its field out says. In protobuf JSON, null and
+        every default do, so one client's ``"configuration": {}`` matches another's omission."""
+        if value is _MISSING:
+            return True
+        return self.defaults_are_absent and (
+            value is None or value in ({}, [], "") or value is False or _zero(value)
+        )
+
+    @staticmethod
+    def opened(a: Any, b: Any) -> tuple[Any, Any]:
+        """An object left out, beside one that is not, as the empty object to compare its
+        members with: SDKs differ in sending ``"params": {}`` or nothing, and an object
+        whose every member is ignored (MCP's ``_meta`` holding only the progress token)
+        says what leaving it out says."""
+        if a is _MISSING and type(b) is dict:
+            return {}, b
+        if b is _MISSING and type(a) is dict:
+            return a, {}
+        return a, b
 
 
 def _differences(
-    a: Any, b: Any, at: tuple[str, ...], rules: MatchRules, regenerated: Regenerated, *, jsonrpc: bool
+    a: Any, b: Any, at: tuple[str, ...], how: _Comparison
 ) -> Iterable[tuple[tuple[str, ...], str]]:
     """Where the incoming value ``a`` and the recorded ``b`` differ: each place, and its
     JSON pointer with the two values as a mismatch shows them."""
-    if _ignored(at, rules, regenerated, jsonrpc=jsonrpc) or b == REDACTED:
+    if how.ignored(at) or b == REDACTED:
         return
-    if _unset(a) and _unset(b):
+    if how.left_out(a) and how.left_out(b):
         return
-    if _MISSING in (a, b) and dict in (type(a), type(b)):
-        # An object left out is one whose every field is at its default.
-        a, b = ({} if v is _MISSING else v for v in (a, b))
+    a, b = how.opened(a, b)
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
-            yield from _differences(
-                a.get(key, _MISSING), b.get(key, _MISSING), (*at, key), rules, regenerated, jsonrpc=jsonrpc
-            )
+            yield from _differences(a.get(key, _MISSING), b.get(key, _MISSING), (*at, key), how)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from _differences(x, y, (*at, str(i)), rules, regenerated, jsonrpc=jsonrpc)
-    elif a != b or type(a) is not type(b):
+            yield from _differences(x, y, (*at, str(i)), how)
+    elif not _same(a, b):
         yield at, "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
 
 
-def _unset(value: Any) -> bool:
-    """A2A's JSON is protobuf JSON: a field left out, null, or at its default says the same,
-    so one client's ``"configuration": {}`` matches another's omission."""
-    return value is _MISSING or value in (None, {}, [], "", 0)
+def _number(value: Any) -> bool:
+    """A JSON number (``true`` is no number, though Python's bool is an int)."""
+    return type(value) in (int, float)
+
+
+def _zero(value: Any) -> bool:
+    return _number(value) and value == 0
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two JSON values (neither an object nor a list to compare member by member)
+    are equal: JSON has one number type, so ``3`` is ``3.0``; ``true`` is not ``1``."""
+    if _number(a) and _number(b):
+        return bool(a == b)
+    return type(a) is type(b) and a == b
 
 
 def _values(a: Any, b: Any) -> str:

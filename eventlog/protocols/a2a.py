@@ -40,6 +40,7 @@ class A2A(Protocol):
     regenerated: ClassVar[Regenerated] = Regenerated(keys=frozenset({"messageId", "timestamp", "$timestamp"}))
     server_ids: ClassVar[frozenset[str]] = frozenset({"id", "taskId", "contextId", "artifactId", "messageId"})
     read_operations: ClassVar[frozenset[str]] = READ_METHODS
+    defaults_are_absent: ClassVar[bool] = True  # its JSON is protobuf JSON
     rules = RULES
 
     def claims(self, request: Request) -> bool:

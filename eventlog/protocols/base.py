@@ -196,6 +196,10 @@ class Protocol:
     # client polling), so ``tasktape diff`` takes repeats as one run. GETs always read; a
     # request that makes something (a message, a tool call) never does.
     read_operations: ClassVar[frozenset[str]] = frozenset()
+    # Whether its request bodies are protobuf JSON, where a field at its default (0,
+    # false, "", null, [], {}) says what leaving it out says: replay matching takes them
+    # as equal. In any other JSON they say different things.
+    defaults_are_absent: ClassVar[bool] = False
 
     def claims(self, request: Request) -> bool:
         """Whether this request is one of this protocol's (strictly: never on a guess)."""

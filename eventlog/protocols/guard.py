@@ -34,6 +34,7 @@ class Guarded(Protocol):
         self.resumes_streams = inner.resumes_streams  # type: ignore[misc]
         self.miss_status = inner.miss_status  # type: ignore[misc]
         self.read_operations = inner.read_operations  # type: ignore[misc]
+        self.defaults_are_absent = inner.defaults_are_absent  # type: ignore[misc]
         self.rules = {n: self._rule(n, r) for n, r in inner.rules.items()}  # type: ignore[misc]
 
     def failed(self, hook: str, exc: Exception) -> None:

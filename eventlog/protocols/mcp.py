@@ -164,10 +164,13 @@ class MCP(Protocol):
         self, recorded: Request, incoming: Request, chunks: Chunks, events: Sequence[StreamEvent] | None
     ) -> tuple[list[Edit], list[str]]:
         """The progress notifications carry the client's progress token: replay matching
-        ignores it, and a client drops progress of a token it did not give."""
+        ignores it, and a client drops progress of a token it did not give. A client that
+        gave none asked for no progress: its answer has none."""
         old, new = _progress_token(recorded.json()), _progress_token(incoming.json())
-        if events is None or old is None or new is None or same_id(old, new):
+        if events is None or old is None or (new is not None and same_id(old, new)):
             return [], []
+        if new is None:
+            return _without_progress(events, old)
         edits = value_edits(chunks, events, ("params", "progressToken"), old, new, _is_progress)
         return edits, [f"the progress token {json.dumps(old)} is {json.dumps(new)}"] if edits else []
 
@@ -295,6 +298,25 @@ def _progress_token(body: Any) -> Any:
 
 def _is_progress(message: Any) -> bool:
     return isinstance(message, dict) and message.get("method") == PROGRESS
+
+
+def _without_progress(events: Sequence[StreamEvent], token: Any) -> tuple[list[Edit], list[str]]:
+    """Edits leaving out the progress notifications of ``token``, and what they change. A
+    complete event keeps its blank line (an empty line is no event): what replay adds to
+    an event (an SSE id) goes just before it, next to the cut, not inside it."""
+    progress = [e for e in events if _progress_of(e.data, token)]
+    if not progress:
+        return [], []
+    edits = [(e.start, e.end - (len(e.terminator) if e.complete else 0) - e.start, b"") for e in progress]
+    said = f"{len(progress)} progress notifications of token {json.dumps(token)} are left out"
+    return edits, [f"{said}: the request gave no progress token"]
+
+
+def _progress_of(data: str, token: Any) -> bool:
+    """Whether an event's data is a progress notification of ``token``."""
+    message = parsed(data, MCPKind.OTHER)
+    params = message.get("params") if _is_progress(message) else None
+    return isinstance(params, dict) and same_id(params.get("progressToken"), token)
 
 
 def _key(rpc_id: Any) -> tuple[str, Any]:

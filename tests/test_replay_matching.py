@@ -1,0 +1,265 @@
+"""How a replay server matches a request to a recording: a field at its default is one left
+out only in a protocol whose JSON is protobuf JSON (A2A, or a plug-in that says so), numbers
+are compared as numbers, a repeated query parameter's values in their order, and an MCP
+tool call that gave no progress token gets no recorded progress."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import RecordFactory, Serve
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import ProgressNotification, ServerNotification
+from mcp_peers import run_mcp_server
+
+from tasktape.eventlog import protocols as registry
+from tasktape.eventlog.cassette import write_cassette
+from tasktape.eventlog.recorded import Recorded
+from tasktape.replay import ReplayServer, load
+
+TIMEOUT = 20  # s: a client the replay leaves waiting fails the test instead of hanging it
+MCP_HEADERS = [("Content-Type", "application/json"), ("Mcp-Session-Id", "s1")]
+
+
+def exchange(
+    path: str, body: Any, headers: list[tuple[str, str]] | None = None, query: str | None = None
+) -> Recorded:
+    """A POST of ``body`` (JSON) answered ``{"ok": true}``."""
+    return Recorded(
+        method="POST",
+        path=path,
+        query=query,
+        request_headers=headers or [("Content-Type", "application/json")],
+        request_body=json.dumps(body).encode(),
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(0, b'{"ok": true}')],
+        outcome="complete",
+    )
+
+
+async def replaying(tmp_path: Path, serve: Serve, *recorded: Recorded) -> tuple[ReplayServer, str]:
+    """A replay server of a cassette of ``recorded`` (repeats allowed), and its URL."""
+    write_cassette(tmp_path / "c.jsonl", list(recorded))
+    replay = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, allow_repeats=True)
+    return replay, await serve(replay.app)
+
+
+async def status_of(url: str, body: Any, headers: list[tuple[str, str]] | None = None) -> int:
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers or []) as response:
+        await response.read()
+        return response.status
+
+
+def tool_call(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "set_level", "arguments": arguments},
+    }
+
+
+async def test_an_mcp_argument_at_its_default_is_not_one_left_out(tmp_path: Path, serve: Serve) -> None:
+    # MCP's JSON is plain JSON: level 0 is not false, "", null, [], {}, or no level at all.
+    replay, url = await replaying(tmp_path, serve, exchange("/mcp", tool_call({"level": 0}), MCP_HEADERS))
+    assert await status_of(f"{url}/mcp", tool_call({"level": 0}), MCP_HEADERS) == 200
+    others: list[dict[str, Any]] = [{"level": v} for v in (False, "", None, [], {})] + [{}]
+    for arguments in others:
+        assert await status_of(f"{url}/mcp", tool_call(arguments), MCP_HEADERS) == 400, arguments
+    assert [m.closest[0]["differs"] for m in replay.stats.missed] == [
+        [f"body differs at /params/arguments/level ({shown} vs 0)"]
+        for shown in ("false", '""', "null", "[]", "{}", "(absent)")
+    ]
+
+
+async def test_an_llm_request_without_temperature_misses_the_temperature_0_recording(
+    tmp_path: Path, serve: Serve
+) -> None:
+    # OpenAI's and Anthropic's defaults are the server's to choose: leaving one out asks for that.
+    chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+    message = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    replay, url = await replaying(
+        tmp_path,
+        serve,
+        exchange("/v1/chat/completions", {**chat, "temperature": 0}),
+        exchange("/v1/messages", {**message, "temperature": 0}),
+    )
+    assert [r.protocol for r in replay.recorded] == ["openai", "anthropic"]
+    assert await status_of(f"{url}/v1/chat/completions", {**chat, "temperature": 0.0}) == 200
+    assert await status_of(f"{url}/v1/chat/completions", chat) == 404
+    assert await status_of(f"{url}/v1/messages", message) == 404
+    assert [m.closest[0]["differs"] for m in replay.stats.missed] == [
+        ["body differs at /temperature ((absent) vs 0)"]
+    ] * 2
+
+
+async def test_a_request_of_no_known_protocol_compares_defaults_as_values(
+    tmp_path: Path, serve: Serve
+) -> None:
+    replay, url = await replaying(tmp_path, serve, exchange("/x", {"n": 0, "tags": [], "opts": {}}))
+    assert replay.recorded[0].protocol is None
+    assert await status_of(f"{url}/x", {"n": 0, "tags": [], "opts": {}}) == 200
+    for different in ({"tags": [], "opts": {}}, {"n": False, "tags": [], "opts": {}}, {"n": 0, "opts": {}}):
+        assert await status_of(f"{url}/x", different) == 404, different
+    # An object left out is the empty one (SDKs differ in sending `"params": {}` or nothing);
+    # an object with members is not.
+    assert await status_of(f"{url}/x", {"n": 0, "tags": []}) == 200
+    assert await status_of(f"{url}/x", {"n": 0, "tags": [], "opts": {"deep": 0}}) == 404
+
+
+PLUGIN = """
+from enum import StrEnum
+
+from tasktape.eventlog.protocols.base import Protocol
+
+
+class Kind(StrEnum):
+    OTHER = "other"
+
+
+class Grpcish(Protocol):
+    name = "grpcish"
+    kinds = Kind
+    defaults_are_absent = {absent}
+
+    def claims(self, request):
+        return request.header("Grpcish-Version") is not None
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``plugin(absent)`` installs a plug-in protocol (through its entry point, as pip
+    would) saying whether its defaults are fields left out; forgotten after the test."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+
+    def install(absent: bool) -> None:
+        (folder / "grpcish_tasktape.py").write_text(PLUGIN.replace("{absent}", str(absent)))
+        info = folder / "grpcish_tasktape-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpcish-tasktape\nVersion: 0.1.0\n")
+        points = f"[{registry.ENTRY_POINT_GROUP}]\ngrpcish = grpcish_tasktape:Grpcish\n"
+        (info / "entry_points.txt").write_text(points)
+        importlib.invalidate_caches()
+        registry.protocols.cache_clear()
+
+    yield install
+    registry.protocols.cache_clear()
+    sys.modules.pop("grpcish_tasktape", None)
+
+
+@pytest.mark.parametrize("absent", [True, False])
+async def test_a_plugin_protocol_says_whether_its_defaults_are_left_out(
+    tmp_path: Path, serve: Serve, plugin: Any, absent: bool
+) -> None:
+    # What the plug-in declares reaches matching through the guard that wraps it.
+    plugin(absent)
+    headers = [("Content-Type", "application/json"), ("Grpcish-Version", "1")]
+    replay, url = await replaying(tmp_path, serve, exchange("/rpc", {"page": 0, "filter": ""}, headers))
+    assert replay.recorded[0].protocol == "grpcish"
+    assert await status_of(f"{url}/rpc", {}, headers) == (200 if absent else 404)
+
+
+async def test_numbers_match_as_numbers_and_booleans_are_no_numbers(tmp_path: Path, serve: Serve) -> None:
+    # JSON has one number type: a client that writes 3.0 asks what one that writes 3 does.
+    replay, url = await replaying(
+        tmp_path,
+        serve,
+        exchange("/mcp", tool_call({"n": 3, "scale": 0.5, "on": 1}), MCP_HEADERS),
+        exchange("/x", {"flag": 0, "values": [1, 2]}),
+    )
+    assert await status_of(f"{url}/mcp", tool_call({"n": 3.0, "scale": 0.5, "on": 1.0}), MCP_HEADERS) == 200
+    assert await status_of(f"{url}/x", {"flag": 0.0, "values": [1.0, 2]}) == 200
+    assert await status_of(f"{url}/mcp", tool_call({"n": 3, "scale": 0.5, "on": True}), MCP_HEADERS) == 400
+    assert await status_of(f"{url}/x", {"flag": False, "values": [1, 2]}) == 404
+    assert await status_of(f"{url}/mcp", tool_call({"n": 3.5, "scale": 0.5, "on": 1}), MCP_HEADERS) == 400
+    assert [m.closest[0]["differs"] for m in replay.stats.missed] == [
+        ["body differs at /params/arguments/on (true vs 1)"],
+        ["body differs at /flag (false vs 0)"],
+        ["body differs at /params/arguments/n (3.5 vs 3)"],
+    ]
+
+
+async def test_a_repeated_query_parameter_keeps_the_order_of_its_values(tmp_path: Path, serve: Serve) -> None:
+    # Different names in any order; one name's values are a list, which a server reads in order.
+    replay, url = await replaying(tmp_path, serve, exchange("/x", {}, query="b=2&a=1&a=0"))
+    assert await status_of(f"{url}/x?a=1&b=2&a=0", {}) == 200
+    assert await status_of(f"{url}/x?a=1&a=0&b=2", {}) == 200
+    assert await status_of(f"{url}/x?a=0&a=1&b=2", {}) == 404
+    assert await status_of(f"{url}/x?b=2&a=0&a=1", {}) == 404
+    assert replay.stats.missed[0].closest[0]["differs"] == ["query a=0&a=1&b=2 vs b=2&a=1&a=0"]
+
+
+async def count(session: ClientSession, progress: bool) -> tuple[str, list[float]]:
+    """The slow tool's result, and the progress its callback got (with ``progress``)."""
+    seen: list[float] = []
+
+    async def callback(done: float, total: float | None, message: str | None) -> None:
+        seen.append(done)
+
+    result = await session.call_tool(
+        "slow_count", {"n": 3, "delay": 0.05}, progress_callback=callback if progress else None
+    )
+    return result.content[0].text, seen  # type: ignore[union-attr]
+
+
+async def session_run(url: str, progress: bool) -> tuple[str, list[float], list[Any]]:
+    """One session of the SDK's client calling the slow tool: its result, the progress its
+    callback got, and every progress notification the client received, asked for or not."""
+    received: list[Any] = []
+
+    async def handler(message: Any) -> None:
+        if isinstance(message, ServerNotification) and isinstance(message.root, ProgressNotification):
+            received.append(message.root.params.progressToken)
+
+    async def run() -> tuple[str, list[float], list[Any]]:
+        async with (
+            streamable_http_client(url) as (read, write, _),
+            ClientSession(read, write, message_handler=handler) as session,
+        ):
+            await session.initialize()
+            text, seen = await count(session, progress)
+            return text, seen, received
+
+    return await asyncio.wait_for(run(), TIMEOUT)
+
+
+@pytest.mark.parametrize("add_ids", [False, True], ids=["as-recorded", "add-ids"])
+async def test_a_tool_call_without_a_progress_token_gets_no_progress(
+    record: RecordFactory, serve: Serve, add_ids: bool
+) -> None:
+    # Recorded with a progress callback (the SDK sends a token), replayed to a call without
+    # one: the client asked for no progress, and gets none, of a token it never gave.
+    with run_mcp_server(sdk="1") as server:
+        rec = await record(server.url.removesuffix("/mcp"))
+        text, seen, received = await session_run(f"{rec.url}/mcp", progress=True)
+        (await rec.log()).close()
+    assert (text, len(seen), len(received)) == ("counted to 3", 3, 3)
+    replay = ReplayServer(load([rec.db]), speed=0, add_ids=add_ids)
+    url = await serve(replay.app)
+    assert await session_run(f"{url}/mcp", progress=False) == ("counted to 3", [], [])
+    token = json.dumps(received[0])
+    (reasons,) = [
+        s["reasons"] for s in replay.report()["streams"] if any("progress" in r for r in s["reasons"])
+    ]
+    assert (
+        f"rewrite: 3 progress notifications of token {token} are left out: the request gave no progress token"
+        in reasons
+    )
+    assert replay.stats.missed == [] and replay.stats.refused == []
