@@ -23,6 +23,7 @@ from aiohttp import web
 from yarl import URL
 
 from tasktape.errors import FaultError
+from tasktape.eventlog.content_coding import decode_body
 from tasktape.proxy.hosts import LOOPBACK_NAMES, host_name
 
 from .faults import Faults
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 PREFIX = "/_tasktape"
 SOURCE = "POST /_tasktape/faults"
 MAX_BODY = 64 * 1024  # a fault spec is a line
+ARM_BODY = '{"fault": SPEC}'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -42,12 +44,20 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
         body = await request.content.read(MAX_BODY + 1)
         if len(body) > MAX_BODY:
             return error(413, f"a fault spec is at most {MAX_BODY} bytes")
+        # Decoded as the replay decodes the bodies it matches (a client may gzip its POSTs).
+        body, problem = decode_body(body, request.headers.get("Content-Encoding"), MAX_BODY)
+        if problem is not None:
+            return error(400, problem)
         try:
             doc = json.loads(body) if body else None
         except (ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict) or not isinstance(doc.get("fault"), str):
-            return error(400, 'send {"fault": SPEC}, such as {"fault": "drop-after=3;times=1"}')
+            return error(400, f'send {ARM_BODY}, such as {{"fault": "drop-after=3;times=1"}}')
+        unknown = sorted(set(doc) - {"fault"})
+        if unknown:
+            named = ", ".join(json.dumps(k) for k in unknown)
+            return error(400, f"unknown key(s) {named}: send {ARM_BODY}, its one key")
         try:
             armed = server.arm(Faults.parse(doc["fault"]), SOURCE)
         except FaultError as exc:
@@ -72,7 +82,9 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
     async def elsewhere(request: web.Request) -> web.Response:
         allowed = known.get(request.match_info["tail"])
         if allowed is not None:
-            return error(405, f"{request.path} answers {' and '.join(allowed)}", allowed=list(allowed))
+            refused = error(405, f"{request.path} answers {' and '.join(allowed)}", allowed=list(allowed))
+            refused.headers["Allow"] = ", ".join(allowed)  # as a 405 must say (RFC 9110)
+            return refused
         return error(404, f"{request.path} is no part of the control API: see {', '.join(known)}")
 
     return [

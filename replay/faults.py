@@ -150,6 +150,7 @@ class Faults:
         parameters and all)."""
         faults = cls()
         rest = spec
+        given: set[str] = set()  # a name given twice would have its last value win, unsaid
         while rest:
             item, _, rest = rest.partition(";")
             item = item.strip()
@@ -158,6 +159,9 @@ class Faults:
             if not item:
                 continue
             name, sep, value = item.partition("=")
+            if name.strip() in given:
+                raise FaultError(f"{name.strip()} is given twice in {spec!r}: give it once")
+            given.add(name.strip())
             try:
                 faults = _item(faults, name.strip(), value.strip(), bool(sep))
             except FaultError:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 
 from tasktape.eventlog.spans import Chunks
@@ -59,6 +59,11 @@ class Answer:
     cut_ns: int | None = None  # the recording broke off here: so does the replay
     end_ns: int | None = None  # a stream ends here (its server closed it some time after its last event)
     hold: bool = False  # the stream stays open until the client leaves (its recorded client ended it)
+    framed: bool = False  # recorded with its length, which an edit changed: sent with the new one
+
+    def whole(self, landing: Landing) -> bool:
+        """Whether the body goes out to its end (no fault nor recorded break cuts it)."""
+        return landing.break_at is None and self.cut_ns is None and not self.hold
 
 
 def due(start: float, offset_ns: float, speed: float) -> float:
@@ -77,7 +82,13 @@ async def send(
         headers["Content-Type"] = faults.content_type
     if landing.chunks is not answer.chunks:  # a fault changed bytes
         headers.popall("Content-Length", None)
+    if answer.framed and answer.whole(landing) and "Content-Length" not in headers:
+        headers["Content-Length"] = str(sum(len(data) for _, data in landing.chunks))
     response = Relayed(status=answer.status, headers=headers)  # the recorded headers: no Server added
+    if "Content-Length" not in headers and request.version < HttpVersion11:
+        # An HTTP/1.0 body of unknown length ends with the connection: aiohttp would keep a
+        # keep-alive client's open (it decides before it sees there is no length).
+        response.force_close()
     try:
         await _until(loop, due(answer.start, answer.ttfb_ns, speed) + shift)
         await response.prepare(request)
@@ -130,7 +141,12 @@ async def send(
         await response.write_eof()
         served.finished = True
         return response
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:
+        # The client left (it stopped reading, as clients do): the answer ends here, which
+        # is no error of the server's.
+        cut_short(request.app, served)
+        return response
+    except asyncio.CancelledError:
         cut_short(request.app, served)
         raise
 

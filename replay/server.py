@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import itertools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
 from tasktape.proxy.card import is_card_request, point_card_at
-from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, head_timeout
+from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, Relayed, end_to_end, head_timeout
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
@@ -88,6 +90,8 @@ class ReplayStats:
 
 
 DEFAULT_MISS_STATUS = 404
+ALLOW_REPEATS = "--allow-repeats (allow_repeats=True in the pytest marker)"
+REPEATS_HINT = f"answer requests more often than recorded with {ALLOW_REPEATS}"
 MISS_HINT = "record it (mode record-missing), or ignore fields that change between runs (--ignore)"
 # A forwarded request's X-Tasktape-Fault, until its answer's head (web.RequestKey came with
 # aiohttp 3.14; before it, a plain key raises no warning).
@@ -136,6 +140,8 @@ class ReplayServer:
         self._digests: dict[int, Digest] = {}
         self.resumed: set[int] = set()  # recordings served only to clients resuming them
         self._asked: dict[int, Incoming] = {}  # the request each recording last answered from its start
+        self._asked_at: dict[int, int] = {}  # and when, in the order of requests served
+        self._serial = itertools.count()
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
         self.unframed: list[str] = []  # of those, the ones an edit made so (not redaction): said
         self.add_ids = add_ids
@@ -213,7 +219,7 @@ class ReplayServer:
                 400,
                 "absolute-form request targets are not accepted: tasktape replay is not a forward proxy",
             )
-        line = f"{request.method} {request.rel_url.raw_path}"
+        line = f"{request.method} {request.rel_url.path}"
         spec = request.headers.get(FAULT_HEADER)
         try:
             header = None if spec is None else header_faults(spec)
@@ -235,7 +241,7 @@ class ReplayServer:
         body = None if sent is None else decode_body(sent, request.headers.get("Content-Encoding"))[0]
         incoming = Incoming(
             request.method,
-            request.rel_url.raw_path,
+            request.rel_url.path,  # decoded, as the agent's server reads it (%3A is ":")
             request.rel_url.raw_query_string or None,
             body,
             list(request.headers.items()),
@@ -245,6 +251,10 @@ class ReplayServer:
         if matched is not None:
             self.stats.served += 1
             return await self._serve(request, incoming, *matched, header, start)
+        head = self._head_of_get(incoming)
+        if head is not None:
+            self.stats.served += 1
+            return await self._head(request, incoming, head)
         info = classify_request(incoming.method, incoming.path, body)
         if info.rpc_method in SUBSCRIBE_METHODS and info.task_id:
             answer = self.tasks.subscribe(info.task_id, info.binding, info.rpc_id, last_id, start, self.speed)
@@ -255,7 +265,7 @@ class ReplayServer:
                 return await self._subscription(request, incoming, answer, header, start)
         if self.mode is ReplayMode.RECORD_MISSING:
             return await self._forward(upstream_request, sent, header)
-        return self._miss(incoming)
+        return self._miss(incoming, last_id)
 
     def _refuse(self, what: str, status: int, message: str) -> web.Response:
         """The replay's own error, for a request it cannot answer as the agent would:
@@ -276,7 +286,17 @@ class ReplayServer:
     def _matching(self, incoming: Incoming) -> list[int]:
         """Indexes of the recordings that match, in recorded order."""
         candidates = self._by_route.get((incoming.method, incoming.path), [])
-        return [i for i in candidates if not mismatches(incoming, self.recorded[i], self.rules)]
+        return [
+            i for i in candidates if not mismatches(self._facing(incoming, i), self.recorded[i], self.rules)
+        ]
+
+    def _facing(self, incoming: Incoming, index: int) -> Incoming:
+        """``incoming`` as compared with recording ``index``: paths compare decoded, so one
+        naming the recorded path however encoded takes its recorded spelling."""
+        recorded = self.recorded[index].path
+        if recorded != incoming.path and decoded_path(recorded) == incoming.path:
+            return dataclasses.replace(incoming, path=recorded)
+        return incoming
 
     def _add(self, recorded: Recorded, used: int = 0) -> None:
         if recorded.protocol is None:  # recognised once, not on every comparison
@@ -291,7 +311,8 @@ class ReplayServer:
             said = f"{where}: {problem}; it is left out, and the body sent whole"
             self.unframed.append(said)
             log.warning("tasktape replay: %s", said)
-        self._by_route.setdefault((recorded.method, recorded.path), []).append(len(self.recorded))
+        route = (recorded.method, decoded_path(recorded.path))
+        self._by_route.setdefault(route, []).append(len(self.recorded))
         self.recorded.append(recorded)
         self.used.append(used)
         self.tasks.changed()
@@ -305,8 +326,9 @@ class ReplayServer:
         unused = self._preferred([i for i in matching if not self.used[i]])
         if unused:
             index = unused[0]  # identical requests are answered in recorded order
-        elif matching and (self.allow_repeats or is_card(self.recorded[matching[-1]])):
-            # A card is the same however often it is asked for: the last recorded answers.
+        elif matching and (self.allow_repeats or is_repeatable(self.recorded[matching[-1]])):
+            # A card is the same however often it is asked for, and a browser asks for a
+            # preflight as its cache says: the last recorded answers.
             index = self._preferred(matching[::-1])[0]
         else:
             return None
@@ -335,8 +357,56 @@ class ReplayServer:
             holding = [i for i in self._resumable(incoming) if self._holds(i, last_id)]
         if holding:
             # Its rest goes to the client it was cut from: it stays for identical requests.
-            return holding[-1], False
+            return self._served_stream(holding, incoming), False
+        streams = [i for i in matching if self.recorded[i].is_sse and not self.recorded[i].resumed_from]
+        if streams:
+            # An id no stream it matches holds: the one it was served says which ids it has.
+            return self._served_stream(streams, incoming), False
         return self._match(incoming)
+
+    def _served_stream(self, streams: list[int], incoming: Incoming) -> int:
+        """Of the recorded ``streams``, the one a client resuming with ``incoming`` was most
+        likely served: one served to a request with its JSON-RPC id, else the one served
+        last; if none was served, the one an identical fresh request gets next."""
+        served = [i for i in streams if i in self._asked]
+        if served:
+            mine = rpc_id(incoming.body)
+
+            def likeliness(i: int) -> tuple[bool, int]:
+                theirs = rpc_id(self._asked[i].body)
+                return mine is not NO_ID and same_id(mine, theirs), self._asked_at[i]
+
+            return max(served, key=likeliness)
+        fresh = self._preferred([i for i in streams if not self.used[i]])
+        return fresh[0] if fresh else streams[-1]
+
+    def _head_of_get(self, incoming: Incoming) -> int | None:
+        """For a HEAD nothing recorded matches: the recorded GET whose head answers it (the
+        one an identical GET gets next, else the last), as the agent's server answers one."""
+        if incoming.method != "HEAD":
+            return None
+        gets = self._matching(dataclasses.replace(incoming, method="GET"))
+        gets = [i for i in gets if not self.recorded[i].resumed_from]
+        fresh = [i for i in gets if not self.used[i]]
+        if fresh:
+            return fresh[0]
+        return gets[-1] if gets else None
+
+    async def _head(self, request: web.Request, incoming: Incoming, index: int) -> web.StreamResponse:
+        """A recorded GET's status and headers, without its body: the recording stays for
+        the GET."""
+        recorded = self.recorded[index]
+        headers = end_to_end(_sendable(recorded))
+        if recorded.decoded_from:
+            headers.popall("Content-Encoding", None)  # the recording holds the decoded body
+        if not recorded.is_sse:
+            # The length the GET's body goes out with (a card pointing here), as a HEAD says it.
+            chunks, _ = self._prepared(recorded, index, incoming, request)
+            headers["Content-Length"] = str(sum(len(data) for _, data in chunks))
+        response = Relayed(status=recorded.status or 200, headers=headers)
+        await response.prepare(request)
+        await response.write_eof()
+        return response
 
     def _resumable(self, incoming: Incoming) -> list[int]:
         """The recorded streams a request it does not match may continue, as their
@@ -355,20 +425,22 @@ class ReplayServer:
         prefix = f"{ID_PREFIX}{index + 1}."
         return self.add_ids and event_id.startswith(prefix)
 
-    def _miss(self, incoming: Incoming) -> web.Response:
+    def _miss(self, incoming: Incoming, last_id: str | None) -> web.Response:
         scored = []
         for i, r in enumerate(self.recorded):
-            reasons = mismatches(incoming, r, self.rules)
-            if not reasons:
-                reasons = [f"already served {self.used[i]} time(s); identical requests replay in order"]
-            scored.append((distance(incoming, r, self.rules), i, reasons))
+            facing = self._facing(incoming, i)
+            reasons = mismatches(facing, r, self.rules)
+            used_up = not reasons and not self._resume_only(i, last_id)
+            reasons = reasons or [self._why_not_again(i, last_id)]
+            scored.append((distance(facing, r, self.rules), i, reasons, used_up))
+        nearest = sorted(scored)[:3]
         closest = [
             {
                 "request": self.recorded[i].request_line,
                 "recorded": self.recorded[i].origin,
                 "differs": reasons,
             }
-            for _, i, reasons in sorted(scored)[:3]
+            for _, i, reasons, _ in nearest
         ]
         self.stats.missed.append(Miss(incoming.request_line, closest))
         log.warning("tasktape replay: no recording matches %s", incoming.request_line)
@@ -376,12 +448,35 @@ class ReplayServer:
         request = incoming.as_request()
         protocol = recognise(request)
         message = f"no recorded exchange matches {incoming.request_line}"
-        details = {"closest": closest, "hint": self.miss_hint}
+        repeated = any(used_up for *_, used_up in nearest)
+        details = {
+            "closest": closest,
+            "hint": f"{self.miss_hint}; {REPEATS_HINT}" if repeated else self.miss_hint,
+        }
         return error(
             self.miss_status or (protocol and protocol.miss_status) or DEFAULT_MISS_STATUS,
             message,
             answer=protocol and protocol.error_answer(request, message, {"source": SOURCE, **details}),
             **details,
+        )
+
+    def _resume_only(self, index: int, last_id: str | None) -> bool:
+        """Whether recording ``index`` is of a resume another Last-Event-ID than ``last_id`` made."""
+        resumed_from = self.recorded[index].resumed_from
+        return bool(resumed_from) and resumed_from != last_id
+
+    def _why_not_again(self, index: int, last_id: str | None) -> str:
+        """Why a recording the request matches did not answer it (``last_id``: the
+        request's Last-Event-ID)."""
+        resumed_from = self.recorded[index].resumed_from
+        if self._resume_only(index, last_id):
+            return (
+                f"recorded as a resume after event {resumed_from}: only a request with "
+                f"Last-Event-ID {resumed_from} gets it"
+            )
+        return (
+            f"already served {self.used[index]} time(s); identical requests replay in order, each "
+            f"once unless with {ALLOW_REPEATS}"
         )
 
     async def _forward(
@@ -402,7 +497,7 @@ class ReplayServer:
         faults its request asked for, which it did not get, said where a replayed answer
         would have got them."""
         header = request.get(ASKED_FAULTS)
-        path = request.rel_url.raw_path
+        path = request.rel_url.path
         if header and Armed(header, FAULT_HEADER).takes(path, response.content_type == "text/event-stream"):
             unapplied = Unapplied(f"{request.method} {path}", ";".join(header.fault_items()))
             self.stats.unapplied.append(unapplied)
@@ -448,8 +543,11 @@ class ReplayServer:
         recorded = self.recorded[index]
         if counted:
             self._asked[index] = incoming
-        # The rest of a stream goes with the rewrites its start got (its JSON-RPC id).
-        asked = incoming if counted else self._asked.get(index, incoming)
+            self._asked_at[index] = next(self._serial)
+        # A client repeating its request to resume gets its own JSON-RPC id; one resuming
+        # otherwise (MCP: a GET after a POST stream) the rewrites the stream's start got.
+        own = counted or rpc_id(incoming.body) is not NO_ID
+        asked = incoming if own else self._asked.get(index, incoming)
         chunks, rewrites = self._prepared(recorded, index, asked, request)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
@@ -479,6 +577,12 @@ class ReplayServer:
         elif recorded.is_sse:
             self.tasks.serving(index, start)  # its tasks run from now, in replay time
         headers = end_to_end(_sendable(recorded))
+        # A length the recording says of its own body is said anew of the body edited.
+        framed = (
+            "Content-Length" in headers
+            and index not in self._unframed
+            and not recorded.response_body_truncated
+        )
         if (
             rewrites
             or last_id is not None
@@ -503,6 +607,7 @@ class ReplayServer:
             hold=recorded.outcome == Outcome.CLIENT_DISCONNECTED
             and recorded.is_sse
             and recorded.method == "GET",
+            framed=framed,
         )
         return await self._send(
             request, incoming, answer, header, served, recorded.protocol, index if counted else None
@@ -669,6 +774,24 @@ def last_event_id(request: web.Request) -> str | None:
 def is_card(recorded: Recorded) -> bool:
     """Whether the recording answers an agent card read (answered however often it is asked)."""
     return is_card_request(recorded.method, recorded.path, recorded.request_body)
+
+
+def is_preflight(recorded: Recorded) -> bool:
+    """Whether the recording answers a CORS preflight: a browser sends one as its preflight
+    cache says, so their count differs between recording and replay."""
+    return recorded.method == "OPTIONS" and any(
+        name.lower() == "access-control-request-method" for name, _ in recorded.request_headers
+    )
+
+
+def is_repeatable(recorded: Recorded) -> bool:
+    """Whether the recording answers however often it is asked (a card, a preflight)."""
+    return is_card(recorded) or is_preflight(recorded)
+
+
+def decoded_path(path: str) -> str:
+    """A path as a server reads it, its percent-encoding decoded (as aiohttp decodes it)."""
+    return URL.build(path=path, encoded=True).path
 
 
 def _sendable(recorded: Recorded) -> list[tuple[str, str]]:

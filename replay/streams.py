@@ -22,26 +22,39 @@ def apply_edits(chunks: Chunks, edits: list[Edit]) -> Chunks:
         last = at + removed
     edited = b"".join([*pieces, body[last:]])
 
-    def moved(boundary: int) -> int:
-        shift = 0
-        for at, removed, inserted in edits:
-            if at >= boundary:
-                break
-            if at + removed > boundary:  # the boundary fell inside what this edit removed
-                return at + shift + len(inserted)
-            shift += len(inserted) - removed
-        return boundary + shift
-
     out: Chunks = []
     start, new_start = 0, 0
+    moving = _Boundaries(edits)
     for n, (offset, data) in enumerate(chunks):
         end = start + len(data)
-        new_end = len(edited) if n == len(chunks) - 1 else moved(end)
+        new_end = len(edited) if n == len(chunks) - 1 else moving.moved(end)
         piece = edited[new_start:new_end]
         if piece or not data:
             out.append((offset, piece))
         start, new_start = end, max(new_start, new_end)
     return out
+
+
+class _Boundaries:
+    """Where chunk boundaries go once sorted edits are made. Boundaries are asked for in
+    order, so one pass over the edits does for all of them (a stream of thousands of
+    events with an edit in each would otherwise take a quadratic time)."""
+
+    def __init__(self, edits: list[Edit]) -> None:
+        self._edits = edits
+        self._next = 0  # the first edit not wholly before the last boundary asked for
+        self._shift = 0  # how far the edits before it moved what follows them
+
+    def moved(self, boundary: int) -> int:
+        while self._next < len(self._edits):
+            at, removed, inserted = self._edits[self._next]
+            if at >= boundary:
+                break
+            if at + removed > boundary:  # the boundary fell inside what this edit removed
+                return at + self._shift + len(inserted)
+            self._shift += len(inserted) - removed
+            self._next += 1
+        return boundary + self._shift
 
 
 def with_ids(events: list[StreamEvent], prefix: str) -> list[Edit]:
