@@ -139,7 +139,7 @@ def tape_options(item: pytest.Item, config: pytest.Config, name: str | None = No
 
 
 def default_cassette(item: pytest.Item, tape: str | None = None) -> Path:
-    """``cassettes/<module>/<Class.>test[params].jsonl`` beside the test module
+    """``cassettes/<module>/<Outer.Class.>test[params].jsonl`` beside the test module
     (``...test[params].<tape>.jsonl`` for a named tape); a name that had to change to be
     a file name gets a short hash of the original, so two tests never share a cassette
     by accident."""
@@ -147,11 +147,21 @@ def default_cassette(item: pytest.Item, tape: str | None = None) -> Path:
     name = re.sub(r"[^\w.\-\[\]]", "_", raw)
     if name != raw or len(name) > 120:
         name = f"{name[:100]}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
-    cls = getattr(item, "cls", None)
-    prefix = f"{cls.__name__}." if cls else ""
+    prefix = "".join(f"{part}." for part in _class_path(item))
     test_file = Path(item.path)
     suffix = f".{tape}" if tape else ""
     return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}{suffix}.jsonl"
+
+
+def _class_path(item: pytest.Item) -> list[str]:
+    """The classes the test is in, outermost first: ``TestOuter``, ``TestInner``. The
+    innermost is named as its class is (as it always was: the cassettes of tests in
+    classes that nest in none keep their names); the ones around it as pytest names them."""
+    cls = getattr(item, "cls", None)
+    if cls is None:
+        return []
+    outer = [node.name for node in item.listchain() if isinstance(node, pytest.Class)][:-1]
+    return [*outer, cls.__name__]
 
 
 def inside(cassette: Path, root: Path) -> Path:

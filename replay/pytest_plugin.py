@@ -60,37 +60,73 @@ _RERECORDED = pytest.StashKey[set[Path]]()  # expired cassettes recorded again i
 _TOLD = pytest.StashKey[dict[str | None, "Told"]]()  # what of each tape's misses was reported
 _STALLS = pytest.StashKey[LoopStalls]()  # the test's loop, when it serves tapes: how long it stalled
 _TOTALS = pytest.StashKey["Totals"]()
+_COLLECTED = pytest.StashKey["Collected"]()  # the session's tests, deselected ones too
 WORKER_OUTPUT = "tasktape"  # the key of a pytest-xdist worker's totals in its workeroutput
 
 
-Recording = tuple[str, str]  # a cassette's recording, across tests: the cassette, its origin there
+# A cassette's recording, across tests: the cassette, its origin there, its request line.
+Recording = tuple[str, str, str]
+
+
+@dataclasses.dataclass
+class Collected:
+    """What the session collected (every node, deselected or not): enough to tell that a
+    recording's test is gone. Each pytest-xdist worker collects every test, so each knows."""
+
+    root: Path  # pytest's rootdir, which node ids are relative to
+    known: set[str] = dataclasses.field(default_factory=set)  # every node collected
+    # The collectors whose every child was collected (not those --lf left empty).
+    walked: set[str] = dataclasses.field(default_factory=set)
+
+    def add(self, report: pytest.CollectReport) -> None:
+        children = {node.nodeid for node in report.result}
+        self.known |= children
+        if report.passed and children:
+            self.walked.add(report.nodeid)
+
+    def gone(self, test: str) -> bool:
+        """Whether the node id ``test`` names no test any more: its file is not there, or
+        the module (or class) it would be in was collected without it. A test of a file
+        or class the session did not collect (run by node id, say) is not judged gone."""
+        if test in self.known:
+            return False
+        parts = test.split("[", 1)[0].split("::")  # parameters may hold "::"
+        for end in range(len(parts) - 1, 0, -1):
+            parent = "::".join(parts[:end])
+            if parent in self.walked or parent in self.known:
+                return parent in self.walked
+        return not (self.root / parts[0]).is_file()
 
 
 @dataclasses.dataclass
 class Totals:
     """What the tapes of a run did, summed up for the line that ends the run."""
 
+    tapes: int = 0
     served: int = 0
     missed: int = 0
     refused: int = 0
-    recorded: int = 0  # requests a recording run sent on to the upstream
-    cassettes: set[str] = dataclasses.field(default_factory=set)
+    recorded: int = 0  # exchanges recording runs wrote into cassettes
+    cassettes: set[str] = dataclasses.field(default_factory=set)  # those there once used
     # A recording is unused when a test left it so and no test of the run requested it
     # (tests sharing a cassette each request their own part of it).
     unused: set[Recording] = dataclasses.field(default_factory=set)
     requested: set[Recording] = dataclasses.field(default_factory=set)
 
     def add(self, tape: Tape) -> None:
+        self.tapes += 1
         self.served += tape.served
         self.missed += len(tape.missed)
         self.refused += len(tape.refused)
-        self.recorded += tape.server.stats.forwarded
-        self.cassettes.add(str(tape.cassette))
+        self.recorded += tape.written
+        if tape.cassette.exists():  # not one a recording run failed to write
+            self.cassettes.add(str(tape.cassette))
         # A recording run records what it was asked for: what it left alone says nothing.
         if not tape.recording:
-            unused = {(str(tape.cassette), r.origin) for r in tape.unused}
+            cassette = str(tape.cassette)
+            unused = {(cassette, r.origin, r.request_line) for r in tape.unused}
             self.unused |= unused
-            self.requested |= {(str(tape.cassette), r.origin) for r in tape.server.recorded} - unused
+            self.requested |= {(cassette, r.origin, r.request_line) for r in tape.server.recorded} - unused
 
     def as_sent(self) -> dict[str, Any]:
         """As a pytest-xdist worker sends it (execnet carries plain values)."""
@@ -102,11 +138,20 @@ class Totals:
         }
 
     def merge(self, sent: dict[str, Any]) -> None:
-        for name in ("served", "missed", "refused", "recorded"):
+        for name in ("tapes", "served", "missed", "refused", "recorded"):
             setattr(self, name, getattr(self, name) + sent[name])
         self.cassettes.update(sent["cassettes"])
-        self.unused.update((cassette, origin) for cassette, origin in sent["unused"])
-        self.requested.update((cassette, origin) for cassette, origin in sent["requested"])
+        self.unused.update((c, origin, line) for c, origin, line in sent["unused"])
+        self.requested.update((c, origin, line) for c, origin, line in sent["requested"])
+
+    def named_unused(self) -> list[str]:
+        """Each recording left unused, as a person finds it: its request, cassette and line."""
+        from .tape import shown  # noqa: PLC0415 - loaded by now: a test used a tape
+
+        return [
+            f"  {line} ({shown(Path(cassette).parent / origin)})"
+            for cassette, origin, line in sorted(self.unused - self.requested)
+        ]
 
     def line(self) -> str:
         asked = self.served + self.missed
@@ -205,6 +250,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_WRITTEN] = {}
     config.stash[_RERECORDED] = set()
     config.stash[_TOTALS] = Totals()
+    config.stash[_COLLECTED] = Collected(config.rootpath)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    """Note what was collected, before other plugins (--lf) leave some of it out."""
+    report = yield
+    collector.config.stash[_COLLECTED].add(report)
+    return report
 
 
 def _options(request: pytest.FixtureRequest, name: str | None) -> TapeOptions:
@@ -310,8 +364,8 @@ def _sessions(request: pytest.FixtureRequest, named: bool) -> list[TapeSession]:
     # new_episodes or all for the tapes given an upstream (the model's), the others (an
     # agent not running) as they were recorded.
     recording = any(o.upstream for o in every.values())
-    written = request.config.stash[_WRITTEN]
-    return [TapeSession(_replaying(every[name], recording), written) for name in names]
+    written, gone = request.config.stash[_WRITTEN], request.config.stash[_COLLECTED].gone
+    return [TapeSession(_replaying(every[name], recording), written, gone) for name in names]
 
 
 def _replaying(options: TapeOptions, recording: bool) -> TapeOptions:
@@ -583,8 +637,13 @@ def pytest_testnodedown(node: Any, error: object | None) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """One line for the run, when a test used a tape."""
     totals = config.stash[_TOTALS]
-    if totals.cassettes and not hasattr(config, "workeroutput"):
+    if totals.tapes and not hasattr(config, "workeroutput"):
         terminalreporter.write_line(totals.line())
+        named = totals.named_unused()
+        if named and (config.get_verbosity() > 0 or config.getoption("tasktape_strict")):
+            terminalreporter.write_line("tasktape: unused recordings:")
+            for line in named:
+                terminalreporter.write_line(line)
 
 
 def _tell(item: pytest.Item, when: str, *, unused: bool = True) -> None:

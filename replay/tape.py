@@ -9,7 +9,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -103,6 +103,9 @@ class Tape:
     strict: bool = False
     test: str | None = None  # the node id of the test it serves
     name: str | None = None  # its name among the test's tapes (None: the unnamed one)
+    # Whether a node id names no test of the session any more (renamed, moved, deleted).
+    gone: Callable[[str], bool] = field(kw_only=True, repr=False)
+    written: int = 0  # the exchanges a recording run wrote into the cassette, once stopped
 
     @property
     def served(self) -> int:
@@ -143,8 +146,13 @@ class Tape:
     @property
     def unused_own(self) -> list[Recorded]:
         """The unused recordings the test answers for (strict mode fails it on them): those it
-        recorded, and those that name no test; not those of other tests sharing the cassette."""
-        return [r for r in self.unused if r.recorded_by in (None, self.test)]
+        recorded, those that name no test, and those of a test that is gone (renamed, moved,
+        deleted: no test will ask for them); not those of other tests sharing the cassette."""
+        return [r for r in self.unused if r.recorded_by in (None, self.test) or self._left(r)]
+
+    def _left(self, recorded: Recorded) -> bool:
+        """Whether ``recorded`` was left by a test that is gone."""
+        return recorded.recorded_by is not None and self.gone(recorded.recorded_by)
 
     @property
     def cut_short(self) -> list[Recorded]:
@@ -231,6 +239,9 @@ class Tape:
         missed = self.missed[since.missed :]
         for miss in missed:
             where = shown(self.cassette)
+            if not miss.closest:  # none to be close: the cassette is its header alone
+                lines.append(f"{miss.request} matches nothing in {where}, which holds no recordings")
+                continue
             lines.append(f"{miss.request} matches nothing in {where}; the closest recordings:")
             lines += [f"  {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest]
         lines += [
@@ -243,7 +254,11 @@ class Tape:
             for unapplied in self.unapplied[since.unapplied :]
         ]
         if unused and self.strict and not self.recording:
-            lines += [f"recorded but never requested: {r.request_line} ({r.origin})" for r in self.unused_own]
+            lines += [
+                f"recorded but never requested: {r.request_line} ({r.origin})"
+                + (f", by {r.recorded_by}, which is no test any more" if self._left(r) else "")
+                for r in self.unused_own
+            ]
         if not lines:
             return None
         if missed:
@@ -307,11 +322,17 @@ class TapeSession:
     """A tape's life: ``await start()`` in the loop that will serve it, ``await stop()`` in the
     same loop; a recording run then writes the cassette."""
 
-    def __init__(self, options: TapeOptions, written: dict[Path, set[str | None]]) -> None:
+    def __init__(
+        self,
+        options: TapeOptions,
+        written: dict[Path, set[str | None]],
+        gone: Callable[[str], bool],
+    ) -> None:
         self.options = options
         # Cassettes this test session has written, and the tests that recorded into them:
         # mode all replaces a cassette once, then the other tests that share it add to it.
         self.written = written
+        self.gone = gone  # whether a node id names no test of the session any more
         self.tape: Tape | None = None
         self._runner: web.AppRunner | None = None
         self._folder: Path | None = None
@@ -352,7 +373,7 @@ class TapeSession:
 
             self._writer = LogWriter(db, redactor=o.redactor)
             server = ReplayServer(
-                recorded,
+                self._answering(recorded),
                 mode=ReplayMode.RECORD_MISSING,
                 upstream=o.upstream,
                 writer=self._writer,
@@ -368,7 +389,9 @@ class TapeSession:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self.tape = Tape(url, o.cassette, o.mode, recorded, server, records, o.strict, o.test, o.name)
+        self.tape = Tape(
+            url, o.cassette, o.mode, recorded, server, records, o.strict, o.test, o.name, gone=self.gone
+        )
         return self.tape
 
     def _existing(self) -> list[Recorded] | None:
@@ -396,11 +419,18 @@ class TapeSession:
             )
         return o.mode in (RecordMode.NEW_EPISODES, RecordMode.ALL)
 
+    def _answering(self, kept: list[Recorded]) -> list[Recorded]:
+        """What of the cassette answers a recording run's requests before the upstream does.
+        Mode all asks the upstream every time: the other tests' recordings it keeps answer
+        none of the test's requests, which would then go unrecorded."""
+        return [] if self.options.mode is RecordMode.ALL else kept
+
     def _kept(self, existing: list[Recorded]) -> list[Recorded]:
         """What of the cassette's recordings stays in it. Mode all records the test's own
         again, and those that name no test too unless a test of this run recorded the
         cassette already; other tests' recordings stay (a run of some of the tests that
-        share a cassette does not take the others' recordings away)."""
+        share a cassette does not take the others' recordings away), but for those of tests
+        that are gone, which no run will record again."""
         o = self.options
         if o.mode is not RecordMode.ALL:
             return existing
@@ -409,7 +439,7 @@ class TapeSession:
         def stays(recorded: Recorded) -> bool:
             if recorded.recorded_by is None:
                 return not replaced
-            return recorded.recorded_by != o.test
+            return recorded.recorded_by != o.test and not self.gone(recorded.recorded_by)
 
         return [r for r in existing if stays(r)]
 
@@ -437,7 +467,7 @@ class TapeSession:
             ]
             failed = [f"{r.request_line}: {r.error}" for r in recorded if r.outcome in NOT_RECORDINGS]
             cut_short: list[str] = []
-            if new:
+            if self._writes(new, failed):
                 o.cassette.parent.mkdir(parents=True, exist_ok=True)
                 with _locked(o.cassette.parent):
                     # Read again: a test sharing this cassette (in this process or another
@@ -454,6 +484,8 @@ class TapeSession:
                     header["upstream"] = hide_credentials(o.upstream) if o.upstream else None
                     write_cassette(o.cassette, [*kept, *new], **header)
                 self.written.setdefault(o.cassette, set()).add(o.test)
+                if self.tape is not None:
+                    self.tape.written = len(new)
                 cut_short = [
                     f"{r.request_line} (exchange {n} of {shown(o.cassette)}) was recorded cut short "
                     f"({r.outcome})"
@@ -464,6 +496,14 @@ class TapeSession:
         finally:
             self._writer = None
             shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _writes(self, new: list[Recorded], failed: list[str]) -> bool:
+        """Whether the recording run writes the cassette: when it recorded something, and,
+        the upstream having answered every request, when mode all records the cassette again
+        (what the test no longer asks goes) or there is none yet: a test that sent nothing
+        gets a cassette of no recordings, which its next runs replay."""
+        again = self.options.mode is RecordMode.ALL or not self.options.cassette.exists()
+        return bool(new) or (again and not failed)
 
 
 def _awaits(existing: list[Recorded], test: str | None) -> bool:

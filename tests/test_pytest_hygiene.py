@@ -448,15 +448,16 @@ def test_an_expired_cassette_is_recorded_again(project: pytest.Pytester, agent: 
     before = len(agent.requests)
     result = run(project, *rerecord, f"--tasktape-upstream={agent.url}")
     result.assert_outcomes(passed=2)
-    # As mode all: the first test replaces the cassette, the second adds to what it recorded.
-    assert agent.requests[before:] == [CARD, "POST /message:stream", "POST /message:stream"]
-    assert exchanges(cassette) == [CARD, "POST /message:stream", "POST /message:stream"]
+    # As mode all: the first test replaces the cassette, the second adds to what it recorded;
+    # each sends every request to the agent.
+    assert agent.requests[before:] == [CARD, "POST /message:stream"] * 2
+    assert exchanges(cassette) == [CARD, "POST /message:stream"] * 2
     assert old[1].body != read_cassette(cassette)[1].body
     fresh = datetime.fromisoformat(read_header(cassette)["created_at"])
     assert datetime.now(UTC) - fresh < timedelta(minutes=5)
     result.stdout.fnmatch_lines(
         [
-            "tasktape: 1 served, 0 missed, 0 unused, 0 refused, 3 recorded, match rate 100% (1 request) "
+            "tasktape: 0 served, 0 missed, 0 unused, 0 refused, 4 recorded, match rate n/a (0 requests) "
             "across 1 cassette"
         ]
     )

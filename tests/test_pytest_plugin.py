@@ -430,16 +430,12 @@ def test_all_records_everything_again(project: pytest.Pytester, agent: Agent) ->
     old = read_cassette(cassette)
     before = len(agent.requests)
     run(project, "--tasktape-record-mode=all", f"--tasktape-upstream={agent.url}")
-    # Both streams recorded anew; the card too, once: the second test reads it from what the
-    # first one recorded in this run.
-    assert agent.requests[before:] == ["GET /.well-known/agent-card.json", *["POST /message:stream"] * 2]
+    # Every request of each test goes to the agent and is recorded anew, the card's too.
+    card, stream = "GET /.well-known/agent-card.json", "POST /message:stream"
+    assert agent.requests[before:] == [card, stream, card, stream]
     new = read_cassette(cassette)
-    assert [r.request_line for r in new] == [
-        "GET /.well-known/agent-card.json",
-        "POST /message:stream",
-        "POST /message:stream",
-    ]
-    assert old[1].body not in (new[1].body, new[2].body)  # new task ids: recorded, not kept
+    assert [r.request_line for r in new] == [card, stream, card, stream]
+    assert old[1].body not in (new[1].body, new[3].body)  # new task ids: recorded, not kept
     run(project).assert_outcomes(passed=2)
 
 
@@ -642,14 +638,15 @@ def test_once_records_a_cassette_two_tests_share(project: pytest.Pytester, agent
     first, second = "test_shared.py::test_first", "test_shared.py::test_second"
     assert [r.recorded_by for r in read_cassette(cassette)] == [first, first, second]
     run(project).assert_outcomes(passed=2)
-    # Mode all on one of the tests records its own recordings again and keeps the other's.
+    # Mode all on one of the tests records every request it makes again (the card it read
+    # from the other's recording too) and keeps the other's recordings.
     old = read_cassette(cassette)
     run(project, "--tasktape-record-mode=all", upstream, "-k", "second").assert_outcomes(passed=1)
     new = read_cassette(cassette)
-    assert [r.recorded_by for r in new] == [first, first, second]
-    assert [r.body for r in new[:2]] == [r.body for r in old[:2]] and new[2].body != old[2].body
+    assert [r.recorded_by for r in new] == [first, first, second, second]
+    assert [r.body for r in new[:2]] == [r.body for r in old[:2]] and new[3].body != old[2].body
     run(project, "--tasktape-record-mode=all", upstream, "-k", "first").assert_outcomes(passed=1)
-    assert [r.recorded_by for r in read_cassette(cassette)] == [second, first, first]
+    assert [r.recorded_by for r in read_cassette(cassette)] == [second, second, first, first]
     run(project).assert_outcomes(passed=2)
 
 
