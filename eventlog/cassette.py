@@ -23,6 +23,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
@@ -90,25 +91,21 @@ def _ms(ns: int) -> float:
 
 # The error of a cassette's last exchange that the file ends in (before its end line).
 CUT_OFF = "the cassette ends before this exchange's end line: cut off (its other exchanges have theirs)"
-# The error of an exported exchange the log held no end of.
-UNDER_WAY = (
-    "the log held no end of this exchange when it was exported (its recorder was still writing "
-    "it, or was killed): cut short there"
-)
 
 
-def read_cassette(path: str | Path, name: str | None = None) -> list[Recorded]:
+def read_cassette(
+    path: str | Path, name: str | None = None, *, content: bytes | None = None
+) -> list[Recorded]:
     """Read and validate a cassette; raises :class:`CassetteError` naming the line.
     Its exchanges' origins say ``name`` (by default, the file's name) and the line.
+    ``content``: the file's bytes, when read already (a pipe can be read only once).
 
     Lines end at LF alone, as JSON Lines do: text may hold U+2028 or U+0085 as it is (the
     cassettes tasktape writes do), which ``str.splitlines`` would take for line ends."""
     path = Path(path)
     name = name or path.name
-    try:
-        content = path.read_bytes()
-    except OSError as exc:
-        raise CassetteError(f"{path}: cannot read it as a cassette: {exc}") from None
+    if content is None:
+        content = _read(path)
     kind = kind_of_bytes(content[:16])
     if kind is FileKind.LOG:
         raise CassetteError(
@@ -374,16 +371,24 @@ def _modelled(doc: Any, where: str, origin: str) -> tuple[str, Any]:
         raise CassetteError(f"{where}: {what}: {exc}") from None
 
 
-def read_header(path: str | Path) -> dict[str, Any]:
-    """A cassette's header line (the rest of the file is not read); raises
-    :class:`CassetteError` naming the line."""
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CassetteError(f"{path}: cannot read it as a cassette: {exc}") from None
+
+
+def read_header(path: str | Path, *, content: bytes | None = None) -> dict[str, Any]:
+    """A cassette's header line (of a file, the rest is not read; or of its ``content``,
+    read already); raises :class:`CassetteError` naming the line."""
     path = Path(path)
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open("rb") if content is None else nullcontext(content.split(b"\n")) as lines:
             for number, line in enumerate(lines, 1):
                 if line.strip():
+                    text = line.decode("utf-8")
                     try:
-                        doc = json.loads(line)
+                        doc = json.loads(text)
                     except (ValueError, RecursionError) as exc:
                         raise CassetteError(f"{path}:{number}: not JSON: {exc}") from None
                     _check_header(doc, f"{path}:{number}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from tasktape.errors import UsageError
 
 from .a2a_terms import short_state
-from .frames import Problem, Rule, Stream, streams_of
+from .frames import Problem, Rule, Stream, at_log_end, streams_of
 from .protocols import ProtocolName
 from .protocols import protocols as known_protocols
 from .reader import EventLog
@@ -49,6 +49,9 @@ class Report:
     # Reconnects a resume gateway answered from a stream it held, not checked on their own:
     # each is a slice of that stream, whose own exchange holds every event.
     reconnects: int = 0
+    # The log's exchanges this report speaks for: saving it replaces their findings, and no
+    # others' (a check of one protocol leaves the others' findings as they were).
+    exchange_ids: tuple[int, ...] = ()
 
 
 def all_rules() -> dict[str, Rule]:
@@ -94,8 +97,13 @@ def report_log(
     reconnects = log.reconnects_answered()
     checked = [i for i in ids if i not in reconnects]
     recorded = from_log(log, checked)
+    at_log_end(recorded)
     items = [(r, str(i), i) for r, i in zip(recorded, checked, strict=True)]
-    return replace(_report(streams_of(items, _only(protocols))), reconnects=len(ids) - len(checked))
+    streams = streams_of(items, _only(protocols))
+    # Every exchange when all protocols are checked (one of a protocol no longer known
+    # loses its findings too); else those of the protocols checked.
+    spoken_for = ids if protocols is None else [s.exchange_id for s in streams if s.exchange_id is not None]
+    return replace(_report(streams), reconnects=len(ids) - len(checked), exchange_ids=tuple(spoken_for))
 
 
 def _only(names: Collection[str] | None) -> set[str] | None:

@@ -4,7 +4,7 @@ classified by its protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -56,7 +56,8 @@ class Stream:
 
     @property
     def complete(self) -> bool:
-        """Whether the response ended as it meant to (a missing outcome: hand-made, so yes)."""
+        """Whether the response ended as it meant to (a missing outcome: a hand-made
+        cassette's, so yes; a log's exchanges under way are cut short by ``at_log_end``)."""
         return self.outcome in (None, Outcome.COMPLETE)
 
     @property
@@ -68,6 +69,23 @@ class Stream:
         """``exchange 13 event 4`` or ``completed.jsonl:5 event 4``, for messages."""
         place = self.where if self.exchange_id is None else f"exchange {self.where}"
         return place if frame is None or frame.seq is None else f"{place} event {frame.seq}"
+
+
+# The error of a log's exchange the log held no end of when it was read.
+UNDER_WAY = (
+    "the log held no end of this exchange when it was read (its recorder was still writing "
+    "it, or was killed): cut short there"
+)
+
+
+def at_log_end(recorded: Iterable[Recorded]) -> list[Recorded]:
+    """Exchanges read from a log that it holds no end of (no outcome: a recorder still
+    writes them, or was killed) cut short where the log stops, as ``log_closed``: so every
+    reader of a log (a check, an export) takes them. Returns those exchanges."""
+    under_way = [r for r in recorded if r.outcome is None]
+    for r in under_way:
+        r.outcome, r.error = Outcome.LOG_CLOSED, UNDER_WAY
+    return under_way
 
 
 @dataclass(frozen=True)

@@ -752,12 +752,16 @@ def schema_version(path: str | Path) -> int:
 
 def upgrade_log(path: str | Path) -> tuple[int, int]:
     """Bring a log of an older tasktape to this version's schema, in place, under its
-    writer lock (a recorder still writing it is refused); its versions before and after."""
+    writer lock (a recorder still writing it is refused); its versions before and after.
+    A log at this version (or a newer one's) is left as it is, without the lock: a
+    recorder writing it is no reason to refuse saying so."""
     path = Path(path)
+    before = schema_version(path)  # (refuses what is no log)
+    if before >= SCHEMA_VERSION:
+        return before, SCHEMA_VERSION
     fd = take_writer_lock(path)
     try:
-        before = schema_version(path)
-        open_db(path).close()  # (refuses what is no log, or a newer one's)
+        open_db(path).close()
     finally:
         release_writer_lock(fd)
     return before, SCHEMA_VERSION

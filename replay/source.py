@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tasktape.errors import SourceError
 from tasktape.eventlog.cassette import read_cassette
-from tasktape.eventlog.file_kinds import FileKind, kind_of
+from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, read_once
 from tasktape.eventlog.recorded import Recorded, read_log
 
 
@@ -49,7 +49,12 @@ def cassettes_in(folder: Path) -> list[Path]:
 
 
 def _read_file(source: Path) -> list[Recorded]:
-    kind = kind_of(source)
+    content = read_once(source)
+    kind = kind_of(source) if content is None else kind_of_bytes(content)
+    if kind is FileKind.LOG and content is not None:
+        raise SourceError(
+            f"{source} is {kind} given as a stream: SQLite reads a log from a file; give its path"
+        )
     if kind is FileKind.LOG:
         return read_log(source)
     if kind is FileKind.FLOWS:
@@ -58,4 +63,4 @@ def _read_file(source: Path) -> list[Recorded]:
         )
     if kind is FileKind.EMPTY:
         raise SourceError(f"{source} is empty: neither an event log nor a cassette")
-    return read_cassette(source)
+    return read_cassette(source, content=content)

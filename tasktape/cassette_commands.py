@@ -10,20 +10,27 @@ from typing import Any
 import click
 
 from tasktape.counted import counted
-from tasktape.errors import CassetteError, FlowFileError, LogError
+from tasktape.errors import CassetteError, FlowFileError, LogBusy, LogError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import (
-    UNDER_WAY,
     cassette_lines,
     imported_uid,
     load_into,
     read_cassette,
     read_header,
 )
-from tasktape.eventlog.file_kinds import FileKind, kind_of
+from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, named_kind
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
+
+
+def bad_input(message: str) -> click.ClickException:
+    """A file that is not what the command takes: a usage error (exit status 2, as click's
+    own), said on one line."""
+    error = click.ClickException(message)
+    error.exit_code = 2
+    return error
 
 
 @click.command("export")
@@ -59,11 +66,13 @@ def export(
     chosen exchanges is included, so a client replaying them can start by reading it.
     Each choice must match something. An exchange the log holds no end of yet (its
     recorder still writing it) is written cut short there, as log_closed.
+    Exit status: 0 written, 1 not written (nothing to export, a choice matching nothing, a
+    write that failed), 2 bad input (LOG no event log this tasktape reads, -o a log).
     """
     target = Path(output)
     if output != "-" and target.is_file() and kind_of(target) is FileKind.LOG:
         # A log (this one, most likely: `-o` where `--db` was meant) is never written over.
-        raise click.ClickException(f"{output} is {FileKind.LOG}: a cassette is not written over it")
+        raise bad_input(f"{output} is {FileKind.LOG}: a cassette is not written over it")
     try:
         with EventLog(log) as opened:
             capture_of = dict(opened.db.execute("SELECT id, capture_id FROM exchanges").fetchall())
@@ -71,24 +80,25 @@ def export(
             ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
             recorded = from_log(opened, ids)
             upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
-    except LogError as exc:
-        raise click.ClickException(str(exc)) from None
+    except LogError as exc:  # what is no log this tasktape reads: bad input
+        raise bad_input(str(exc)) from None
     if not recorded:
         raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
     # The header names the upstream of the captures the exported exchanges come from.
     upstreams = sorted({upstream_of[capture_of[i]] for i in ids} - {None})
     # An exchange the log holds no end of is cut short where the log stops, not ended whole.
-    under_way = [r for r in recorded if r.outcome is None]
-    for r in under_way:
-        r.outcome, r.error = Outcome.LOG_CLOSED, UNDER_WAY
+    # (Imported here: the checker's frames load the protocols, which import has no use for.)
+    from tasktape.eventlog.frames import at_log_end  # noqa: PLC0415
+
+    under_way = at_log_end(recorded)
     lines = cassette_lines(recorded, source=log.name, upstream=upstreams[0] if len(upstreams) == 1 else None)
     text = "\n".join(lines) + "\n"
     if output == "-":
         sys.stdout.write(text)
     else:
+        folder_for(target)  # cassettes/ as tests name it
         try:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)  # cassettes/ as tests name it
-            Path(output).write_text(text, encoding="utf-8")
+            target.write_text(text, encoding="utf-8")
         except OSError as exc:
             raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"tasktape export: {counted(len(recorded), 'exchange')} from {log} -> {output}", err=True)
@@ -98,6 +108,18 @@ def export(
             f"cut short ({Outcome.LOG_CLOSED})",
             err=True,
         )
+
+
+def folder_for(path: Path) -> None:
+    """The folder a file is written in, made if missing (export, import and merge alike);
+    a file where a folder is meant is bad input."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        file = next(p for p in reversed(path.parents) if p.is_file())
+        raise bad_input(f"cannot write {path}: {file} is a file, not a folder") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _check_choices(
@@ -120,7 +142,7 @@ def _check_choices(
     "--db",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="The event log to add them to (created if needed).",
+    help="The event log to add them to (created if needed, its folder too).",
 )
 def import_(files: tuple[Path, ...], db: Path) -> None:
     """Read cassettes, or mitmproxy flow files (`mitmdump -w`), into an event log (each
@@ -130,25 +152,33 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
     buffered whole keep their events but not their pace: every chunk and event gets the
     offset of the response's end, and the exchange's `error` says so. What a file holds
     is kept whole: bodies past the 16 MiB a recorder keeps are not cut.
+    Exit status: 0 imported, 1 not (the log busy with another writer, rows not written), 2 bad
+    input (a file no cassette or flow file, --db no event log).
     """
     try:
         # Every file is read and checked before anything is written.
         loaded = [_read(f, db) for f in files]
-    except CassetteError as exc:
-        raise click.ClickException(str(exc)) from None
+    except (CassetteError, FlowFileError) as exc:
+        raise bad_input(str(exc)) from None
     stop_counting_memory()
+    folder_for(db)
     try:
         # What a file holds is kept whole: a body is as long as its recorder kept it, and
         # nothing waits on the writer but bytes already in memory (so none is dropped).
         writer = LogWriter(db, max_body=sys.maxsize, max_backlog=sys.maxsize)
-    except LogError as exc:
+    except LogBusy as exc:  # another writer holds it: a failure, not bad input
         raise click.ClickException(str(exc)) from None
+    except LogError as exc:
+        raise bad_input(str(exc)) from None
     held = _imported(db)
     with writer:
         for one in loaded:
             path, content, uid = one.path, one.content, one.uid
             if uid in held:
-                click.echo(f"tasktape import: {path} is in {db} already (capture {held[uid]}): nothing added")
+                click.echo(
+                    f"tasktape import: {path} is in {db} already (capture {held[uid]}): nothing added",
+                    err=True,
+                )
                 continue
             if isinstance(content, _Flows):
                 held[uid] = _import_flows(writer, path, content, db, uid)
@@ -158,7 +188,7 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
             )
             load_into(writer, content, capture, uid)
             writer.end_capture(capture)
-            click.echo(f"tasktape import: {counted(len(content), 'exchange')} from {path} -> {db}")
+            click.echo(f"tasktape import: {counted(len(content), 'exchange')} from {path} -> {db}", err=True)
     if writer.stats.rows_lost:
         raise click.ClickException(
             f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
@@ -174,16 +204,21 @@ def _imported(db: Path) -> dict[str, int]:
 def _read(path: Path, db: Path) -> _Loaded:
     """A cassette's exchanges, or a flow file's flows, and the capture they make; a log is
     not imported but merged."""
-    kind = kind_of(path)
+    content = path.read_bytes()  # once: a pipe (export -o - | import /dev/stdin) is read only once
+    kind = kind_of_bytes(content)
+    if kind is FileKind.LOG and path.is_file() and named_kind(path) is FileKind.DATABASE:
+        raise CassetteError(f"{path} is {FileKind.DATABASE}, nor a cassette: there is nothing to import")
     if kind is FileKind.LOG:
-        raise click.ClickException(
+        raise CassetteError(
             f"{path} is {kind}, not a cassette: tasktape merge {path} -o {db} adds its rows to another log"
         )
+    if kind is FileKind.FLOWS and not path.is_file():  # (mitmproxy reads the file again)
+        raise CassetteError(f"{path} is {kind} given as a stream: give the flow file's path")
     if kind is FileKind.FLOWS:
-        return _Loaded(path, _read_flows(path), imported_uid(path.read_bytes()))
-    recorded = read_cassette(path)
-    header = read_header(path)  # checked as read_cassette read it
-    uid = imported_uid(path.read_bytes(), header.get("created_at"))
+        return _Loaded(path, _read_flows(path), imported_uid(content))
+    recorded = read_cassette(path, content=content)
+    header = read_header(path, content=content)  # checked as read_cassette read it
+    uid = imported_uid(content, header.get("created_at"))
     return _Loaded(path, recorded, uid, header.get("upstream"))
 
 
@@ -213,10 +248,7 @@ def _read_flows(path: Path) -> _Flows:
         raise click.ClickException(f"{path} is a mitmproxy flow file, and {INSTALL_HINT}")
     from tasktape.proxy.mitm_flows import read_flow_file  # noqa: PLC0415 - mitmproxy is optional
 
-    try:
-        return _Flows(*read_flow_file(path))
-    except FlowFileError as exc:
-        raise click.ClickException(str(exc)) from None
+    return _Flows(*read_flow_file(path))
 
 
 def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path, uid: str) -> int:
@@ -231,5 +263,7 @@ def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path, uid:
     if content.others:
         notes.append(f"{content.others} non-HTTP flows skipped")
     extra = f" ({'; '.join(notes)})" if notes else ""
-    click.echo(f"tasktape import: {counted(len(content.flows), 'exchange')} from {path} -> {db}{extra}")
+    click.echo(
+        f"tasktape import: {counted(len(content.flows), 'exchange')} from {path} -> {db}{extra}", err=True
+    )
     return capture

@@ -18,6 +18,7 @@ from tasktape.eventlog import EventLog
 from tasktape.eventlog.cassette import read_cassette
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.protocols import ProtocolName
+from tasktape.eventlog.schema import schema_version
 from tasktape.replay import load
 from tasktape.replay.source import cassettes_in
 
@@ -27,7 +28,16 @@ if TYPE_CHECKING:
 
 def _each(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
     """The sources given, each cassette of a folder one of its own (named by its path in
-    the folder): two cassettes are two recordings, whatever folder holds them."""
+    the folder): two cassettes are two recordings, whatever folder holds them. A file given
+    twice (by the same path or another to it, or in a folder given too) is checked once."""
+    seen: set[Path] = set()
+    for path, name in _given(paths):
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            yield path, name
+
+
+def _given(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
     for path in paths:
         if not path.is_dir():
             yield path, None
@@ -53,15 +63,16 @@ def _check_source(
             return report_recorded(read_cassette(source, name), only or None), None
         if not (source.is_file() and is_log(source)):
             return report_recorded(load([source]), only or None), None
+        if save:
+            schema_version(source)  # refuses what is no log: a check never makes one
         with EventLog(source, readonly=not save) as log:
-            ids = [x["id"] for x in log.exchanges()]
-            report = report_log(log, ids, only or None)
+            report = report_log(log, None, only or None)
     except (OSError, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
     if not save:
         return report, None
     try:
-        return report, save_findings(source, report.findings, exchange_ids=ids)
+        return report, save_findings(source, report.findings, exchange_ids=report.exchange_ids)
     except (LogError, sqlite3.Error) as exc:
         raise click.UsageError(f"{exc}; check it with --no-save to leave it as it is") from None
 
@@ -88,7 +99,7 @@ def _line(source: Path, finding: Finding) -> str:
     help="Check only this protocol's exchanges (a2a, mcp, openai, anthropic, a plug-in's); repeatable.",
 )
 def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tuple[str, ...]) -> None:
-    """Check recorded streams against their protocols' lifecycles: event logs, cassettes, or folders of them.
+    """Check recorded streams against their protocols' lifecycles: logs, cassettes, folders of cassettes.
 
     Each exchange is checked by the rules of the protocol it speaks (exchanges of no
     known protocol are left alone). A2A: legal state transitions per task (across its

@@ -160,7 +160,7 @@ def _json(report: Report, a: Path, b: Path, tolerance: Tolerance) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the pairs and their differences as JSON.")
 def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...], as_json: bool) -> None:
-    """Show what changed between two recordings of the same scenarios (logs, cassettes, folders of them).
+    """Show what changed between two recordings of the same scenarios (logs, cassettes, folders of cassettes).
 
     Exchanges pair by their request as replay matches it, in A's order: what clients
     make up afresh (message ids, timestamps, JSON-RPC ids) left out, and ids the agent

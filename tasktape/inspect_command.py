@@ -9,10 +9,11 @@ from typing import Any
 
 import click
 
-from tasktape.errors import LogError, SchemaTooOld
+from tasktape.errors import LogBusy, LogError, SchemaTooOld
 from tasktape.eventlog import EventLog
 from tasktape.proxy.hosts import AsgiHostGuard
 
+from .cassette_commands import bad_input
 from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
 from .serving import STOP_GRACE, bind
 from .stop_signals import stop_signals
@@ -23,11 +24,13 @@ def open_check(path: Path, *, upgrade: bool = False) -> None:
     upgrade an older one; with ``upgrade``, upgrade it in place first."""
     try:
         EventLog(path, readonly=not upgrade).close()
+    except LogBusy as exc:  # (--upgrade while a recorder writes it): a failure, not bad input
+        raise click.ClickException(str(exc)) from None
     except LogError as exc:
         hint = ""
         if isinstance(exc, SchemaTooOld):
             hint = f", or serve it upgraded: tasktape inspect {shlex.quote(str(path))} --upgrade"
-        raise click.ClickException(f"{exc}{hint}") from None
+        raise bad_input(f"{exc}{hint}") from None
 
 
 def serve_inspector(
@@ -98,6 +101,8 @@ def inspect(log: Path, port: int, host: str, upgrade: bool, allow_host: tuple[st
     timeline, tasks by final state, the slowest time to first event, MCP sessions, LLM
     streams, and a search of event text. Charts over every protocol. Safe while a recorder
     is still writing LOG: new rows show up as they are committed.
+    Exit status: 0 stopped, 1 it could not serve (a port in use), 2 bad input (LOG no
+    event log this tasktape reads).
     """
     open_check(log, upgrade=upgrade)
     serve_inspector(log, host, port, allow_host=allow_host)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import click
 
-from tasktape.errors import LogError
-from tasktape.eventlog.file_kinds import FileKind, kind_of
+from tasktape.errors import LogBusy, LogError
+from tasktape.eventlog.file_kinds import FileKind, kind_of, named_kind
 from tasktape.eventlog.merge import merge_logs
+
+from .cassette_commands import bad_input, folder_for
 
 
 @click.command("merge")
@@ -18,7 +20,7 @@ from tasktape.eventlog.merge import merge_logs
     "--output",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="The log to merge them into (created if needed; what it holds stays).",
+    help="The log to merge them into (created if needed, its folder too; what it holds stays).",
 )
 def merge(logs: tuple[Path, ...], output: Path) -> None:
     """Merge event logs, one recorder's each, into one log to inspect and replay.
@@ -28,19 +30,26 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
     idempotent: a log merged again, or into an output that already holds it, adds nothing
     but what it gained since (the rest of exchanges still under way when it was merged
     before). A log still being recorded can be merged: what it held when its turn came.
+    Exit status: 0 merged, 1 not (the output busy with another writer), 2 bad input (a file
+    no event log this tasktape reads, a log merged into itself).
     """
     for log in logs:
         kind = kind_of(log)
         if kind is FileKind.EMPTY:
-            raise click.ClickException(f"{log} is empty: there is nothing to merge")
+            raise bad_input(f"{log} is empty: there is nothing to merge")
+        if named_kind(log) in (FileKind.DATABASE, FileKind.OTHER):
+            raise bad_input(f"{log} is {named_kind(log)}: there is nothing to merge")
         if kind is not FileKind.LOG:
-            raise click.ClickException(
+            raise bad_input(
                 f"{log} is {kind}, not an event log: tasktape import {log} --db {output} reads it into one"
             )
     if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
-        raise click.ClickException(f"{output} is {kind_of(output)}: merge writes an event log, not over it")
+        raise bad_input(f"{output} is {kind_of(output)}: merge writes an event log, not over it")
+    folder_for(output)
     try:
         for report in merge_logs(logs, output):
-            click.echo(f"tasktape merge: {report.describe()}")
-    except LogError as exc:
+            click.echo(f"tasktape merge: {report.describe()}", err=True)  # (stdout stays for data)
+    except LogBusy as exc:  # another writer holds the output: a failure, not bad input
         raise click.ClickException(str(exc)) from None
+    except LogError as exc:
+        raise bad_input(str(exc)) from None

@@ -54,13 +54,17 @@ from .serving import bind, serve_until_stopped
     help="replay: a miss is an error; record-missing: misses go to --upstream and are recorded; "
     "passthrough: everything goes to --upstream.",
 )
-@click.option("--upstream", metavar="URL", help="The agent, for record-missing and passthrough.")
+@click.option(
+    "--upstream",
+    metavar="URL",
+    help="The agent, for record-missing and passthrough (refused in replay mode).",
+)
 @click.option(
     "--db",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="The log record-missing adds to (default: SOURCE, when it is one log).",
+    help="The log record-missing adds to (default: SOURCE, when it is one log); refused in other modes.",
 )
-@redaction_options(when="record-missing: ")
+@redaction_options(when="record-missing only: ")
 @click.option(
     "--fault",
     "faults",
@@ -116,7 +120,7 @@ def replay(
     allow_repeats: bool,
     allow_host: tuple[str, ...],
 ) -> None:
-    """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of them.
+    """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of cassettes.
 
     Requests match on method, path, query and body (compared as JSON, ignoring what
     clients regenerate: messageId, timestamps, the JSON-RPC id; and redacted values),
@@ -147,6 +151,16 @@ def replay(
             upstream_url(upstream)
         except UsageError as exc:
             raise click.BadParameter(str(exc), param_hint="--upstream") from None
+    _refuse_other_modes_options(
+        mode,
+        {
+            "--db": db is not None,
+            "--upstream": bool(upstream),
+            "--redact-header": bool(redact_header),
+            "--redact-query": bool(redact_query),
+            "--redact-json": bool(redact_json),
+        },
+    )
     host, port = listen
     sock = bind(host, port)  # before the log is opened: a port in use leaves it as it was
     if mode is ReplayMode.RECORD_MISSING:
@@ -200,6 +214,28 @@ def replay(
             writer.close()
     for line in report(server):
         click.echo(line, err=True)
+
+
+# The options only some modes use: given with another mode, they would be left unused
+# unnoticed (a log --db names never made, traffic never recorded, values never redacted).
+_MODES_OF = {
+    "--db": (ReplayMode.RECORD_MISSING,),
+    "--upstream": (ReplayMode.RECORD_MISSING, ReplayMode.PASSTHROUGH),
+    "--redact-header": (ReplayMode.RECORD_MISSING,),
+    "--redact-query": (ReplayMode.RECORD_MISSING,),
+    "--redact-json": (ReplayMode.RECORD_MISSING,),
+}
+
+
+def _refuse_other_modes_options(mode: ReplayMode, given: dict[str, bool]) -> None:
+    """A usage error for an option given that ``mode`` has no use for, naming the modes
+    that have."""
+    for option, modes in _MODES_OF.items():
+        if given[option] and mode not in modes:
+            needs = " or ".join(m.value for m in modes)
+            raise click.BadParameter(
+                f"{option} is for mode {needs}; mode {mode.value} has no use for it", param_hint=option
+            )
 
 
 def report(server: ReplayServer) -> list[str]:

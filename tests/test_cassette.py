@@ -298,7 +298,7 @@ def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"tasktape_cassette": 1}\n{oops\n')
     result = runner.invoke(main, ["import", str(broken), "--db", str(tmp_path / "x.db")])
-    assert result.exit_code == 1 and "broken.jsonl:2: not JSON" in result.output
+    assert result.exit_code == 2 and "broken.jsonl:2: not JSON" in result.output
     assert not (tmp_path / "x.db").exists()  # nothing written when a cassette is broken
 
 
@@ -338,11 +338,11 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
     before = log_path.read_bytes()
     runner = CliRunner()
     result = runner.invoke(main, ["export", str(log_path), "-o", str(log_path)])
-    assert result.exit_code == 1 and "is an event log: a cassette is not written over it" in result.output
+    assert result.exit_code == 2 and "is an event log: a cassette is not written over it" in result.output
     assert log_path.read_bytes() == before
     into = tmp_path / "b.db"
     result = runner.invoke(main, ["import", str(log_path), "--db", str(into)])
-    assert result.exit_code == 1 and f"tasktape merge {log_path} -o {into}" in result.output
+    assert result.exit_code == 2 and f"tasktape merge {log_path} -o {into}" in result.output
     assert not into.exists()
     flows, empty = tmp_path / "flows.mitm", tmp_path / "empty.db"
     flows.write_bytes(b"12:abcdefghijkl,")
@@ -358,7 +358,7 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
     write_cassette(cassette, [Recorded(method="GET", path="/", status=204)])
     for args in (["export", str(cassette), "-o", str(tmp_path / "x.jsonl")], ["inspect", str(cassette)]):
         result = runner.invoke(main, args)
-        assert result.exit_code == 1
+        assert result.exit_code == 2
         assert (
             f"{cassette} is a cassette, not an event log: tasktape import {cassette} --db LOG"
             in result.output
@@ -435,7 +435,8 @@ def test_export_makes_the_cassette_folder_and_explains_what_it_cannot_write(tmp_
     assert result.exit_code == 0 and read_cassette(out)
     under_a_file = log_path / "x.jsonl"
     result = runner.invoke(main, ["export", str(log_path), "-o", str(under_a_file), "--task", "task.2"])
-    assert result.exit_code == 1 and f"cannot write {under_a_file}: " in result.output
+    assert result.exit_code == 2, result.output
+    assert f"cannot write {under_a_file}: {log_path} is a file, not a folder" in result.output
 
 
 def test_text_with_unicode_line_separators_reads_back(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def test_an_exchange_the_log_holds_no_end_of_is_exported_cut_short(tmp_path: Pat
     assert "live.db exchange 1 (POST /message:stream) has no end in the log yet" in output
     end = lines(cassette)[-1]["end"]
     assert (end["duration_ms"], end["outcome"]) == (None, "log_closed")
-    assert end["error"].startswith("the log held no end of this exchange when it was exported")
+    assert end["error"].startswith("the log held no end of this exchange when it was read")
     (recorded,) = read_cassette(cassette)
     assert recorded.cut_short and recorded.duration_ns is None
     code, output = cli("check", str(cassette))
@@ -114,7 +114,7 @@ def test_a_header_time_that_is_no_time_is_refused_before_anything_is_written(
     bad.write_text(json.dumps({"tasktape_cassette": 1, **header}) + f"\n{GET}\n")
     code, output = cli("import", str(good), str(bad), "--db", str(db))
     line = one_error_line(output)
-    assert code == 1 and line.startswith(f"Error: {bad}:1: ") and message in line
+    assert code == 2 and line.startswith(f"Error: {bad}:1: ") and message in line
     assert not db.exists()  # not even the good one
 
 
@@ -125,7 +125,7 @@ def test_a_start_time_that_is_no_time_is_refused(tmp_path: Path) -> None:
         exchange = {"request": {"method": "GET", "path": "/"}, "started_at": started}
         cassette.write_text(f"{HEAD}\n{json.dumps({'exchange': exchange})}\n")
         code, output = cli("import", str(cassette), "--db", str(tmp_path / "into.db"))
-        assert code == 1
+        assert code == 2
         line = one_error_line(output)
         assert line.startswith(f"Error: {cassette}:2: exchange: started_at: ") and "ISO 8601" in line
     assert not (tmp_path / "into.db").exists()
@@ -220,14 +220,18 @@ def test_each_choice_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
     assert cli("export", str(log), "-o", str(out), "--exchange", "1")[0] == 0
 
 
-def test_merge_into_a_folder_that_does_not_exist_says_so(tmp_path: Path) -> None:
+def test_merge_and_import_make_the_folder_they_write_in_as_export_does(tmp_path: Path) -> None:
     log, output = tmp_path / "a.db", tmp_path / "missing" / "dir" / "m.db"
     with LogWriter(log) as writer:
         writer.begin_capture(source="record")
     code, said = cli("merge", str(log), "-o", str(output))
-    assert code == 1
-    expected = f"Error: cannot open {output} as an event log: its folder {output.parent} does not exist"
-    assert one_error_line(said) == expected
+    assert code == 0, said
+    assert output.is_file()
+    cassette, into = tmp_path / "c.jsonl", tmp_path / "new" / "sub" / "i.db"
+    cassette.write_text(f"{HEAD}\n{GET}\n")
+    code, said = cli("import", str(cassette), "--db", str(into))
+    assert code == 0, said
+    assert into.is_file()
 
 
 @pytest.mark.parametrize(
@@ -243,7 +247,7 @@ def test_a_line_break_in_the_request_line_is_refused(tmp_path: Path, request_: d
     cassette = tmp_path / "split.jsonl"
     cassette.write_text(f"{HEAD}\n{json.dumps({'exchange': {'request': request_}})}\n")
     code, output = cli("import", str(cassette), "--db", str(tmp_path / "s.db"))
-    assert code == 1
+    assert code == 2
     line = one_error_line(output)
     assert line.startswith(f"Error: {cassette}:2: exchange: {field}: ") and "CR, LF or NUL" in line
     assert not (tmp_path / "s.db").exists()

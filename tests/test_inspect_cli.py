@@ -69,9 +69,9 @@ def test_inspect_refuses_what_is_not_an_event_log(tmp_path: Path) -> None:
     sqlite_utils.Database(other)["t"].insert({"a": 1})
     runner = CliRunner()
     result = runner.invoke(main, ["inspect", str(text)])
-    assert result.exit_code == 1 and f"cannot open {text} as an event log" in result.output
+    assert result.exit_code == 2 and f"cannot open {text} as an event log" in result.output
     result = runner.invoke(main, ["inspect", str(other)])
-    assert result.exit_code == 1 and "is an SQLite database but not a tasktape event log" in result.output
+    assert result.exit_code == 2 and "is an SQLite database but not a tasktape event log" in result.output
     result = runner.invoke(main, ["inspect", str(tmp_path / "missing.db")])
     assert result.exit_code == 2 and "does not exist" in result.output
 
@@ -82,7 +82,7 @@ def test_an_older_log_is_refused_with_how_to_upgrade_it(tmp_path: Path, served: 
     migrations.apply(db, stop_before="0004_search_and_findings")
     db.close()
     result = CliRunner().invoke(main, ["inspect", str(old)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "older than this tasktape's" in result.output
     assert f"upgrade it in place with: tasktape upgrade {old}, or serve it upgraded:" in result.output
     assert f"tasktape inspect {old} --upgrade" in result.output

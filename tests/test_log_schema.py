@@ -246,7 +246,7 @@ def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) ->
     db.close()
     runner = CliRunner()
     result = runner.invoke(main, ["export", str(old), "-o", str(tmp_path / "x.jsonl")])
-    assert result.exit_code == 1 and f"upgrade it in place with: tasktape upgrade {old}" in result.output
+    assert result.exit_code == 2 and f"upgrade it in place with: tasktape upgrade {old}" in result.output
     text = tmp_path / "notes.txt"
     text.write_text("hello")
     result = runner.invoke(main, ["upgrade", "--dry-run", str(old)])
@@ -254,16 +254,16 @@ def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) ->
     assert f"tasktape upgrade: {old}: schema version 3 would go to {SCHEMA_VERSION}" in result.stdout
     assert _applied(old) == KNOWN[:3]
     result = runner.invoke(main, ["upgrade", str(old), str(text)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # one file could not be upgraded
     assert f"tasktape upgrade: {old}: schema version 3 went to {SCHEMA_VERSION}" in result.stdout
-    assert f"{text} is a cassette, not an event log" in result.stderr
+    assert f"{text} is a file that is neither an event log nor a cassette: no log to upgrade" in result.stderr
     assert _applied(old) == KNOWN
     for args in (["upgrade", str(old)], ["upgrade", "--dry-run", str(old)]):
         result = runner.invoke(main, args)
         assert result.exit_code == 0 and f"already at schema version {SCHEMA_VERSION}" in result.output
-    with LogWriter(old):  # being written: refused, untouched
+    with LogWriter(old):  # being written, and current: nothing to do, so no lock needed
         result = runner.invoke(main, ["upgrade", str(old)])
-    assert result.exit_code == 1 and "is being written by another tasktape writer" in result.stderr
+    assert result.exit_code == 0 and f"already at schema version {SCHEMA_VERSION}" in result.output
     # Another application's database, an empty one: no log, with or without --dry-run, and
     # left as they were (an empty one was made a log).
     other, empty = tmp_path / "other.db", tmp_path / "empty.db"
@@ -278,7 +278,7 @@ def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) ->
         before = db.read_bytes()
         for args in (["upgrade", str(db)], ["upgrade", "--dry-run", str(db)]):
             result = runner.invoke(main, args)
-            assert result.exit_code == 1 and "a tasktape event log" in result.stderr, result.output
+            assert result.exit_code == 2 and "a tasktape event log" in result.stderr, result.output
             assert said in result.stderr and db.read_bytes() == before
 
 

@@ -190,7 +190,7 @@ def test_the_command_says_what_each_log_added(tmp_path: Path) -> None:
     result = runner.invoke(main, ["merge", str(a), "-o", str(fleet)])
     assert result.output == f"tasktape merge: {a}: nothing new\n"
     result = runner.invoke(main, ["merge", str(fleet), "-o", str(fleet)])
-    assert result.exit_code == 1 and "cannot be merged into itself" in result.output
+    assert result.exit_code == 2 and "cannot be merged into itself" in result.output
 
 
 async def test_a_merged_fleet_replays_each_recorders_stream_byte_for_byte(
@@ -217,9 +217,9 @@ def test_the_command_points_files_of_another_kind_to_import(tmp_path: Path) -> N
     empty.write_bytes(b"")
     runner = CliRunner()
     result = runner.invoke(main, ["merge", str(a), str(cassette), "-o", str(fleet)])
-    assert result.exit_code == 1 and f"tasktape import {cassette} --db {fleet}" in result.output
+    assert result.exit_code == 2 and f"tasktape import {cassette} --db {fleet}" in result.output
     result = runner.invoke(main, ["merge", str(empty), "-o", str(fleet)])
-    assert result.exit_code == 1 and "is empty" in result.output
+    assert result.exit_code == 2 and "is empty" in result.output
     result = runner.invoke(main, ["merge", str(a), "-o", str(cassette)])
-    assert result.exit_code == 1 and "is a cassette: merge writes an event log" in result.output
+    assert result.exit_code == 2 and "is a cassette: merge writes an event log" in result.output
     assert not fleet.exists() and cassette.read_text() == '{"tasktape_cassette": 1}\n'

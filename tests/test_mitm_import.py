@@ -83,8 +83,8 @@ def imported(saved: Saved, tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert f"7 exchanges from {saved.flows}" in result.stdout
-    assert "(3 event streams without per-event timing)" in result.stdout
+    assert f"7 exchanges from {saved.flows}" in result.stderr
+    assert "(3 event streams without per-event timing)" in result.stderr
     return db
 
 
@@ -178,6 +178,6 @@ def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
     broken.write_bytes(good.read_bytes()[:-20])
     db = tmp_path / "log.db"
     result = CliRunner().invoke(main, ["import", str(good), str(broken), "--db", str(db)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"{broken}: not a readable mitmproxy flow file" in result.output
     assert not db.exists()
