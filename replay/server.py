@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
-import itertools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -29,40 +27,35 @@ from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter
-from tasktape.eventlog.protocols import ProtocolName, by_name, protocols, recognise
+from tasktape.eventlog.protocols import ProtocolName, by_name, protocols
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
-from tasktape.proxy.card import is_card_request, point_card_at
+from tasktape.proxy.card import point_card_at
 from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, Relayed, end_to_end, head_timeout
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
 from . import control, fidelity, settings
 from .armed import Armed, for_request, give_back, header_faults
+from .choosing import ID_PREFIX, Recordings, is_card
 from .fault_edits import land
 from .faults import HEADER as FAULT_HEADER
 from .faults import Faults
 from .fidelity import Digest, Divergence, Served
 from .framing import length_problem, redacted
-from .matching import Incoming, MatchRules, distance, mismatches
+from .matching import Incoming, MatchRules
+from .misses import MISS_HINT, Miss, miss
 from .modes import NOTHING_REPLAYED, ReplayMode
-from .own_answers import SOURCE, error
+from .own_answers import error
 from .sending import STOPPING, Answer, Stopping, cut_short, due, send
 from .streams import after, apply_edits, with_ids
 from .tasks import Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
 CONFIGURED = "at start"  # the source of the specs a server is given (--fault, the marker)
-ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
 FORWARDED = "the request was forwarded live to the upstream, and faults are made on replayed answers only"
-
-
-@dataclass
-class Miss:
-    request: str
-    closest: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -89,10 +82,6 @@ class ReplayStats:
     unapplied: list[Unapplied] = field(default_factory=list)
 
 
-DEFAULT_MISS_STATUS = 404
-ALLOW_REPEATS = "--allow-repeats (allow_repeats=True in the pytest marker)"
-REPEATS_HINT = f"answer requests more often than recorded with {ALLOW_REPEATS}"
-MISS_HINT = "record it (mode record-missing), or ignore fields that change between runs (--ignore)"
 # A forwarded request's X-Tasktape-Fault, until its answer's head (web.RequestKey came with
 # aiohttp 3.14; before it, a plain key raises no warning).
 ASKED_FAULTS: Any = (
@@ -134,19 +123,13 @@ class ReplayServer:
         self.speed = settings.speed(speed)
         self.miss_status = None if miss_status is None else settings.miss_status(miss_status)
         self.log_path = Path(log_path) if log_path else None
-        self.recorded: list[Recorded] = []
-        self.used: list[int] = []  # times each recording was served
-        self._events: dict[int, list[StreamEvent]] = {}
+        self.recordings = Recordings(
+            MatchRules.of(ignore, match_headers), allow_repeats=allow_repeats, prefer=prefer, add_ids=add_ids
+        )
         self._digests: dict[int, Digest] = {}
-        self.resumed: set[int] = set()  # recordings served only to clients resuming them
-        self._asked: dict[int, Incoming] = {}  # the request each recording last answered from its start
-        self._asked_at: dict[int, int] = {}  # and when, in the order of requests served
-        self._serial = itertools.count()
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
         self.unframed: list[str] = []  # of those, the ones an edit made so (not redaction): said
-        self.add_ids = add_ids
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
-        self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
         # The protocols (plug-ins found, modules loaded: some 20-30 ms) now, not on the first
         # request, whose answer would start that much behind its recorded pace.
         protocols()
@@ -156,10 +139,6 @@ class ReplayServer:
         self._configured = [f for f in given if f]  # armed again by a reset
         self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         self.served: list[Served] = []  # the fidelity record, one per answer
-        self.rules = MatchRules.of(ignore, match_headers)
-        self.allow_repeats = allow_repeats
-        # The test (its node id) whose own recordings answer first when several match.
-        self.prefer = prefer
         self.miss_hint = miss_hint  # what a miss's answer suggests, in the words of who serves it
         self.stats = ReplayStats()
         self.proxy: RecordingProxy | None = None
@@ -197,14 +176,35 @@ class ReplayServer:
             self.app.on_cleanup.append(lambda _app: proxy.close())
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    # -- what was used -----------------------------------------------------------------------
+    # -- the recordings, and what was used -------------------------------------------------------
+
+    @property
+    def recorded(self) -> list[Recorded]:
+        return self.recordings.recorded
+
+    @property
+    def used(self) -> list[int]:
+        """Times each recording was served."""
+        return self.recordings.used
+
+    @property
+    def resumed(self) -> set[int]:
+        """Recordings served only to clients resuming them."""
+        return self.recordings.resumed
+
+    @property
+    def rules(self) -> MatchRules:
+        return self.recordings.rules
+
+    @property
+    def add_ids(self) -> bool:
+        return self.recordings.add_ids
+
+    def events_of(self, index: int) -> list[StreamEvent]:
+        return self.recordings.events_of(index)
 
     def unused(self) -> list[Recorded]:
-        return [
-            r
-            for i, (r, n) in enumerate(zip(self.recorded, self.used, strict=True))
-            if not n and i not in self.resumed
-        ]
+        return self.recordings.unused()
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -247,11 +247,15 @@ class ReplayServer:
             list(request.headers.items()),
         )
         last_id = last_event_id(request)
-        matched = self._match(incoming) if last_id is None else self._match_resumed(incoming, last_id)
+        recordings = self.recordings
+        if last_id is None:
+            matched = recordings.match(incoming)
+        else:
+            matched = recordings.match_resumed(incoming, last_id)
         if matched is not None:
             self.stats.served += 1
             return await self._serve(request, incoming, *matched, header, start)
-        head = self._head_of_get(incoming)
+        head = recordings.head_of_get(incoming)
         if head is not None:
             self.stats.served += 1
             return await self._head(request, incoming, head)
@@ -283,21 +287,6 @@ class ReplayServer:
         headers.popall(FAULT_HEADER)
         return request.clone(headers=headers)
 
-    def _matching(self, incoming: Incoming) -> list[int]:
-        """Indexes of the recordings that match, in recorded order."""
-        candidates = self._by_route.get((incoming.method, incoming.path), [])
-        return [
-            i for i in candidates if not mismatches(self._facing(incoming, i), self.recorded[i], self.rules)
-        ]
-
-    def _facing(self, incoming: Incoming, index: int) -> Incoming:
-        """``incoming`` as compared with recording ``index``: paths compare decoded, so one
-        naming the recorded path however encoded takes its recorded spelling."""
-        recorded = self.recorded[index].path
-        if recorded != incoming.path and decoded_path(recorded) == incoming.path:
-            return dataclasses.replace(incoming, path=recorded)
-        return incoming
-
     def _add(self, recorded: Recorded, used: int = 0) -> None:
         if recorded.protocol is None:  # recognised once, not on every comparison
             protocol = protocol_of(recorded)
@@ -311,86 +300,8 @@ class ReplayServer:
             said = f"{where}: {problem}; it is left out, and the body sent whole"
             self.unframed.append(said)
             log.warning("tasktape replay: %s", said)
-        route = (recorded.method, decoded_path(recorded.path))
-        self._by_route.setdefault(route, []).append(len(self.recorded))
-        self.recorded.append(recorded)
-        self.used.append(used)
+        self.recordings.add(recorded, used)
         self.tasks.changed()
-
-    def _match(self, incoming: Incoming) -> tuple[int, bool] | None:
-        """The recording to answer with, and True: it counts as used once more. A request
-        without Last-Event-ID is never answered with a recording of one that had it (the
-        rest of a stream from some event on), but with a stream from its start."""
-        # (A recorded empty Last-Event-ID named no event: that request was a fresh one too.)
-        matching = [i for i in self._matching(incoming) if not self.recorded[i].resumed_from]
-        unused = self._preferred([i for i in matching if not self.used[i]])
-        if unused:
-            index = unused[0]  # identical requests are answered in recorded order
-        elif matching and (self.allow_repeats or is_repeatable(self.recorded[matching[-1]])):
-            # A card is the same however often it is asked for, and a browser asks for a
-            # preflight as its cache says: the last recorded answers.
-            index = self._preferred(matching[::-1])[0]
-        else:
-            return None
-        self.used[index] += 1
-        return index, True
-
-    def _preferred(self, indexes: list[int]) -> list[int]:
-        """``indexes`` with the preferred test's recordings first, each group in the order given."""
-        if self.prefer is None:
-            return indexes
-        return sorted(indexes, key=lambda i: self.recorded[i].recorded_by != self.prefer)
-
-    def _match_resumed(self, incoming: Incoming, last_id: str) -> tuple[int, bool] | None:
-        """A reconnecting client repeats its request with Last-Event-ID: the recording of
-        that very resumption (a client reconnecting as it did when recorded, an MCP GET
-        after a closed POST stream) is served as it was; else it resumes the recorded
-        stream that holds that event (served before, most likely), or else the one the
-        request would get anyway."""
-        matching = self._matching(incoming)
-        again = [i for i in matching if not self.used[i] and self.recorded[i].resumed_from == last_id]
-        if again:
-            self.used[again[0]] += 1
-            return again[0], True
-        holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
-        if not holding:
-            holding = [i for i in self._resumable(incoming) if self._holds(i, last_id)]
-        if holding:
-            # Its rest goes to the client it was cut from: it stays for identical requests.
-            return self._served_stream(holding, incoming), False
-        streams = [i for i in matching if self.recorded[i].is_sse and not self.recorded[i].resumed_from]
-        if streams:
-            # An id no stream it matches holds: the one it was served says which ids it has.
-            return self._served_stream(streams, incoming), False
-        return self._match(incoming)
-
-    def _served_stream(self, streams: list[int], incoming: Incoming) -> int:
-        """Of the recorded ``streams``, the one a client resuming with ``incoming`` was most
-        likely served: one served to a request with its JSON-RPC id, else the one served
-        last; if none was served, the one an identical fresh request gets next."""
-        served = [i for i in streams if i in self._asked]
-        if served:
-            mine = rpc_id(incoming.body)
-
-            def likeliness(i: int) -> tuple[bool, int]:
-                theirs = rpc_id(self._asked[i].body)
-                return mine is not NO_ID and same_id(mine, theirs), self._asked_at[i]
-
-            return max(served, key=likeliness)
-        fresh = self._preferred([i for i in streams if not self.used[i]])
-        return fresh[0] if fresh else streams[-1]
-
-    def _head_of_get(self, incoming: Incoming) -> int | None:
-        """For a HEAD nothing recorded matches: the recorded GET whose head answers it (the
-        one an identical GET gets next, else the last), as the agent's server answers one."""
-        if incoming.method != "HEAD":
-            return None
-        gets = self._matching(dataclasses.replace(incoming, method="GET"))
-        gets = [i for i in gets if not self.recorded[i].resumed_from]
-        fresh = [i for i in gets if not self.used[i]]
-        if fresh:
-            return fresh[0]
-        return gets[-1] if gets else None
 
     async def _head(self, request: web.Request, incoming: Incoming, index: int) -> web.StreamResponse:
         """A recorded GET's status and headers, without its body: the recording stays for
@@ -408,76 +319,10 @@ class ReplayServer:
         await response.write_eof()
         return response
 
-    def _resumable(self, incoming: Incoming) -> list[int]:
-        """The recorded streams a request it does not match may continue, as their
-        protocols say (MCP: a GET resuming a POST stream that broke)."""
-        resuming = incoming.as_request()
-        out = []
-        for i, r in enumerate(self.recorded):
-            protocol = by_name(r.protocol)
-            if r.is_sse and protocol is not None and protocol.resumable(resuming, r.as_request()):
-                out.append(i)
-        return out
-
-    def _holds(self, index: int, event_id: str) -> bool:
-        if any(e.id == event_id for e in self.events_of(index)):
-            return True
-        prefix = f"{ID_PREFIX}{index + 1}."
-        return self.add_ids and event_id.startswith(prefix)
-
     def _miss(self, incoming: Incoming, last_id: str | None) -> web.Response:
-        scored = []
-        for i, r in enumerate(self.recorded):
-            facing = self._facing(incoming, i)
-            reasons = mismatches(facing, r, self.rules)
-            used_up = not reasons and not self._resume_only(i, last_id)
-            reasons = reasons or [self._why_not_again(i, last_id)]
-            scored.append((distance(facing, r, self.rules), i, reasons, used_up))
-        nearest = sorted(scored)[:3]
-        closest = [
-            {
-                "request": self.recorded[i].request_line,
-                "recorded": self.recorded[i].origin,
-                "differs": reasons,
-            }
-            for _, i, reasons, _ in nearest
-        ]
-        self.stats.missed.append(Miss(incoming.request_line, closest))
-        log.warning("tasktape replay: no recording matches %s", incoming.request_line)
-        # Said as the request's protocol says an error, at its status, where it has its own.
-        request = incoming.as_request()
-        protocol = recognise(request)
-        message = f"no recorded exchange matches {incoming.request_line}"
-        repeated = any(used_up for *_, used_up in nearest)
-        details = {
-            "closest": closest,
-            "hint": f"{self.miss_hint}; {REPEATS_HINT}" if repeated else self.miss_hint,
-        }
-        return error(
-            self.miss_status or (protocol and protocol.miss_status) or DEFAULT_MISS_STATUS,
-            message,
-            answer=protocol and protocol.error_answer(request, message, {"source": SOURCE, **details}),
-            **details,
-        )
-
-    def _resume_only(self, index: int, last_id: str | None) -> bool:
-        """Whether recording ``index`` is of a resume another Last-Event-ID than ``last_id`` made."""
-        resumed_from = self.recorded[index].resumed_from
-        return bool(resumed_from) and resumed_from != last_id
-
-    def _why_not_again(self, index: int, last_id: str | None) -> str:
-        """Why a recording the request matches did not answer it (``last_id``: the
-        request's Last-Event-ID)."""
-        resumed_from = self.recorded[index].resumed_from
-        if self._resume_only(index, last_id):
-            return (
-                f"recorded as a resume after event {resumed_from}: only a request with "
-                f"Last-Event-ID {resumed_from} gets it"
-            )
-        return (
-            f"already served {self.used[index]} time(s); identical requests replay in order, each "
-            f"once unless with {ALLOW_REPEATS}"
-        )
+        missed, answer = miss(self.recordings, incoming, last_id, self.miss_hint, self.miss_status)
+        self.stats.missed.append(missed)
+        return answer
 
     async def _forward(
         self, request: web.Request, body: bytes | None, header: Faults | None
@@ -526,11 +371,6 @@ class ReplayServer:
             self._digests[index] = Digest.of(self.recorded[index].body)
         return self._digests[index]
 
-    def events_of(self, index: int) -> list[StreamEvent]:
-        if index not in self._events:
-            self._events[index] = events_in(self.recorded[index].chunks)
-        return self._events[index]
-
     async def _serve(
         self,
         request: web.Request,
@@ -542,12 +382,11 @@ class ReplayServer:
     ) -> web.StreamResponse:
         recorded = self.recorded[index]
         if counted:
-            self._asked[index] = incoming
-            self._asked_at[index] = next(self._serial)
+            self.recordings.answered(index, incoming)
         # A client repeating its request to resume gets its own JSON-RPC id; one resuming
         # otherwise (MCP: a GET after a POST stream) the rewrites the stream's start got.
         own = counted or rpc_id(incoming.body) is not NO_ID
-        asked = incoming if own else self._asked.get(index, incoming)
+        asked = incoming if own else self.recordings.asked(index, incoming)
         chunks, rewrites = self._prepared(recorded, index, asked, request)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
@@ -769,29 +608,6 @@ def last_event_id(request: web.Request) -> str | None:
     """The event a reconnecting client saw last; None for a fresh request. An empty
     Last-Event-ID names none (in SSE, an empty id is no last event): fresh too."""
     return request.headers.get("Last-Event-ID") or None
-
-
-def is_card(recorded: Recorded) -> bool:
-    """Whether the recording answers an agent card read (answered however often it is asked)."""
-    return is_card_request(recorded.method, recorded.path, recorded.request_body)
-
-
-def is_preflight(recorded: Recorded) -> bool:
-    """Whether the recording answers a CORS preflight: a browser sends one as its preflight
-    cache says, so their count differs between recording and replay."""
-    return recorded.method == "OPTIONS" and any(
-        name.lower() == "access-control-request-method" for name, _ in recorded.request_headers
-    )
-
-
-def is_repeatable(recorded: Recorded) -> bool:
-    """Whether the recording answers however often it is asked (a card, a preflight)."""
-    return is_card(recorded) or is_preflight(recorded)
-
-
-def decoded_path(path: str) -> str:
-    """A path as a server reads it, its percent-encoding decoded (as aiohttp decodes it)."""
-    return URL.build(path=path, encoded=True).path
 
 
 def _sendable(recorded: Recorded) -> list[tuple[str, str]]:

@@ -26,14 +26,16 @@ from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.redact import Redactor, hide_credentials
 from tasktape.proxy.hosts import allowed_hosts
 
+from .choosing import is_card
 from .faults import Faults
 from .fidelity import Divergence
 from .marker import marker_name, upstream_option
 from .matching import Incoming, mismatches
+from .misses import Miss
 from .modes import ReplayMode
 from .on_expired import OnExpired
 from .record_mode import RecordMode
-from .server import Miss, ReplayServer, Unapplied, is_card
+from .server import ReplayServer, Unapplied
 
 if TYPE_CHECKING:
     from tasktape.eventlog import LogWriter

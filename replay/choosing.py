@@ -1,0 +1,200 @@
+"""Which recording answers a request: the recordings a replay server holds, how often each
+was served and to which request, and the choice among those a request matches (recorded
+order, the preferred test's first, repeats, resumes, a HEAD answered from a GET)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from yarl import URL
+
+from tasktape.eventlog.jsonrpc_ids import NO_ID, rpc_id, same_id
+from tasktape.eventlog.protocols import by_name
+from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.spans import StreamEvent, events_in
+from tasktape.proxy.card import is_card_request
+
+from .matching import Incoming, MatchRules, mismatches
+
+ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
+
+
+class Recordings:
+    """The recordings a server answers with, in recorded order, and their use."""
+
+    def __init__(self, rules: MatchRules, *, allow_repeats: bool, prefer: str | None, add_ids: bool) -> None:
+        self.recorded: list[Recorded] = []
+        self.used: list[int] = []  # times each recording was served
+        self._events: dict[int, list[StreamEvent]] = {}
+        self.resumed: set[int] = set()  # recordings served only to clients resuming them
+        self._asked: dict[int, Incoming] = {}  # the request each recording last answered from its start
+        self._asked_at: dict[int, int] = {}  # and when, in the order of requests served
+        self._serial = itertools.count()
+        self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
+        self.rules = rules
+        self.allow_repeats = allow_repeats
+        # The test (its node id) whose own recordings answer first when several match.
+        self.prefer = prefer
+        self.add_ids = add_ids
+
+    def add(self, recorded: Recorded, used: int = 0) -> None:
+        route = (recorded.method, decoded_path(recorded.path))
+        self._by_route.setdefault(route, []).append(len(self.recorded))
+        self.recorded.append(recorded)
+        self.used.append(used)
+
+    # -- what was used -----------------------------------------------------------------------
+
+    def unused(self) -> list[Recorded]:
+        return [
+            r
+            for i, (r, n) in enumerate(zip(self.recorded, self.used, strict=True))
+            if not n and i not in self.resumed
+        ]
+
+    def answered(self, index: int, incoming: Incoming) -> None:
+        """Recording ``index`` answers ``incoming`` from its start (counted as used)."""
+        self._asked[index] = incoming
+        self._asked_at[index] = next(self._serial)
+
+    def asked(self, index: int, otherwise: Incoming) -> Incoming:
+        """The request recording ``index`` last answered from its start; ``otherwise`` if none."""
+        return self._asked.get(index, otherwise)
+
+    def events_of(self, index: int) -> list[StreamEvent]:
+        if index not in self._events:
+            self._events[index] = events_in(self.recorded[index].chunks)
+        return self._events[index]
+
+    # -- choosing ------------------------------------------------------------------------------
+
+    def _matching(self, incoming: Incoming) -> list[int]:
+        """Indexes of the recordings that match, in recorded order."""
+        candidates = self._by_route.get((incoming.method, incoming.path), [])
+        return [
+            i for i in candidates if not mismatches(self.facing(incoming, i), self.recorded[i], self.rules)
+        ]
+
+    def facing(self, incoming: Incoming, index: int) -> Incoming:
+        """``incoming`` as compared with recording ``index``: paths compare decoded, so one
+        naming the recorded path however encoded takes its recorded spelling."""
+        recorded = self.recorded[index].path
+        if recorded != incoming.path and decoded_path(recorded) == incoming.path:
+            return dataclasses.replace(incoming, path=recorded)
+        return incoming
+
+    def match(self, incoming: Incoming) -> tuple[int, bool] | None:
+        """The recording to answer with, and True: it counts as used once more. A request
+        without Last-Event-ID is never answered with a recording of one that had it (the
+        rest of a stream from some event on), but with a stream from its start."""
+        # (A recorded empty Last-Event-ID named no event: that request was a fresh one too.)
+        matching = [i for i in self._matching(incoming) if not self.recorded[i].resumed_from]
+        unused = self._preferred([i for i in matching if not self.used[i]])
+        if unused:
+            index = unused[0]  # identical requests are answered in recorded order
+        elif matching and (self.allow_repeats or is_repeatable(self.recorded[matching[-1]])):
+            # A card is the same however often it is asked for, and a browser asks for a
+            # preflight as its cache says: the last recorded answers.
+            index = self._preferred(matching[::-1])[0]
+        else:
+            return None
+        self.used[index] += 1
+        return index, True
+
+    def _preferred(self, indexes: list[int]) -> list[int]:
+        """``indexes`` with the preferred test's recordings first, each group in the order given."""
+        if self.prefer is None:
+            return indexes
+        return sorted(indexes, key=lambda i: self.recorded[i].recorded_by != self.prefer)
+
+    def match_resumed(self, incoming: Incoming, last_id: str) -> tuple[int, bool] | None:
+        """A reconnecting client repeats its request with Last-Event-ID: the recording of
+        that very resumption (a client reconnecting as it did when recorded, an MCP GET
+        after a closed POST stream) is served as it was; else it resumes the recorded
+        stream that holds that event (served before, most likely), or else the one the
+        request would get anyway."""
+        matching = self._matching(incoming)
+        again = [i for i in matching if not self.used[i] and self.recorded[i].resumed_from == last_id]
+        if again:
+            self.used[again[0]] += 1
+            return again[0], True
+        holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
+        if not holding:
+            holding = [i for i in self._resumable(incoming) if self._holds(i, last_id)]
+        if holding:
+            # Its rest goes to the client it was cut from: it stays for identical requests.
+            return self._served_stream(holding, incoming), False
+        streams = [i for i in matching if self.recorded[i].is_sse and not self.recorded[i].resumed_from]
+        if streams:
+            # An id no stream it matches holds: the one it was served says which ids it has.
+            return self._served_stream(streams, incoming), False
+        return self.match(incoming)
+
+    def _served_stream(self, streams: list[int], incoming: Incoming) -> int:
+        """Of the recorded ``streams``, the one a client resuming with ``incoming`` was most
+        likely served: one served to a request with its JSON-RPC id, else the one served
+        last; if none was served, the one an identical fresh request gets next."""
+        served = [i for i in streams if i in self._asked]
+        if served:
+            mine = rpc_id(incoming.body)
+
+            def likeliness(i: int) -> tuple[bool, int]:
+                theirs = rpc_id(self._asked[i].body)
+                return mine is not NO_ID and same_id(mine, theirs), self._asked_at[i]
+
+            return max(served, key=likeliness)
+        fresh = self._preferred([i for i in streams if not self.used[i]])
+        return fresh[0] if fresh else streams[-1]
+
+    def head_of_get(self, incoming: Incoming) -> int | None:
+        """For a HEAD nothing recorded matches: the recorded GET whose head answers it (the
+        one an identical GET gets next, else the last), as the agent's server answers one."""
+        if incoming.method != "HEAD":
+            return None
+        gets = self._matching(dataclasses.replace(incoming, method="GET"))
+        gets = [i for i in gets if not self.recorded[i].resumed_from]
+        fresh = [i for i in gets if not self.used[i]]
+        if fresh:
+            return fresh[0]
+        return gets[-1] if gets else None
+
+    def _resumable(self, incoming: Incoming) -> list[int]:
+        """The recorded streams a request it does not match may continue, as their
+        protocols say (MCP: a GET resuming a POST stream that broke)."""
+        resuming = incoming.as_request()
+        out = []
+        for i, r in enumerate(self.recorded):
+            protocol = by_name(r.protocol)
+            if r.is_sse and protocol is not None and protocol.resumable(resuming, r.as_request()):
+                out.append(i)
+        return out
+
+    def _holds(self, index: int, event_id: str) -> bool:
+        if any(e.id == event_id for e in self.events_of(index)):
+            return True
+        prefix = f"{ID_PREFIX}{index + 1}."
+        return self.add_ids and event_id.startswith(prefix)
+
+
+def is_card(recorded: Recorded) -> bool:
+    """Whether the recording answers an agent card read (answered however often it is asked)."""
+    return is_card_request(recorded.method, recorded.path, recorded.request_body)
+
+
+def is_preflight(recorded: Recorded) -> bool:
+    """Whether the recording answers a CORS preflight: a browser sends one as its preflight
+    cache says, so their count differs between recording and replay."""
+    return recorded.method == "OPTIONS" and any(
+        name.lower() == "access-control-request-method" for name, _ in recorded.request_headers
+    )
+
+
+def is_repeatable(recorded: Recorded) -> bool:
+    """Whether the recording answers however often it is asked (a card, a preflight)."""
+    return is_card(recorded) or is_preflight(recorded)
+
+
+def decoded_path(path: str) -> str:
+    """A path as a server reads it, its percent-encoding decoded (as aiohttp decodes it)."""
+    return URL.build(path=path, encoded=True).path
