@@ -363,9 +363,12 @@ class ExchangeRows:
             s.protocol,
             s.session_id,
             *(
-                (read.model, read.answer, read.input_tokens, read.output_tokens, read.finish, read.tool_calls)
+                (
+                    *(read.model, read.answer, read.input_tokens, read.output_tokens, read.finish),
+                    *(read.tool_calls, read.cached_input_tokens),
+                )
                 if read
-                else (None,) * 6
+                else (None,) * 7
             ),
             s.exchange_id,
         )

@@ -24,7 +24,7 @@ BODY_COLUMNS = (
 END_COLUMNS = (
     *("duration_ns", "outcome", "error", "response_body", "response_body_truncated", "binding"),
     *("task_id", "context_id", "protocol", "session_id", "model", "answer", "input_tokens"),
-    *("output_tokens", "finish", "tool_calls"),
+    *("output_tokens", "finish", "tool_calls", "cached_input_tokens"),
 )
 # What the end does not overwrite: what the request already said (a column set before is
 # kept, else the end's value), and what only a value sets (the end's, unless it has none).

@@ -33,7 +33,7 @@ CREATE TABLE "exchanges" (
    "duration_ns" INTEGER,
    "outcome" TEXT,
    "error" TEXT
-, "request_body_truncated" INTEGER, "response_body_truncated" INTEGER, "body_encoding" TEXT, "request_body_encoding" TEXT, "protocol" TEXT, "session_id" TEXT, "model" TEXT, "answer" TEXT, "input_tokens" INTEGER, "output_tokens" INTEGER, "finish" TEXT, "uid" TEXT, "tool_calls" TEXT);
+, "request_body_truncated" INTEGER, "response_body_truncated" INTEGER, "body_encoding" TEXT, "request_body_encoding" TEXT, "protocol" TEXT, "session_id" TEXT, "model" TEXT, "answer" TEXT, "input_tokens" INTEGER, "output_tokens" INTEGER, "finish" TEXT, "uid" TEXT, "tool_calls" TEXT, "cached_input_tokens" INTEGER);
 
 CREATE TABLE "stored_chunks" (
    "exchange_id" INTEGER REFERENCES "exchanges"("id"),
@@ -398,6 +398,7 @@ CREATE VIEW "stream_summary" AS SELECT
   x.model,
   x.answer,
   x.input_tokens,
+  x.cached_input_tokens,
   x.output_tokens,
   x.finish,
   x.tool_calls,

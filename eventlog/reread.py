@@ -21,6 +21,9 @@ _UPDATE_EXCHANGE = (
     " answer = ?, input_tokens = ?, output_tokens = ?, finish = ?{} WHERE id = ?"
 )
 
+# Summary columns later migrations added: each is written where the log has it.
+_LATER_COLUMNS = ("tool_calls", "cached_input_tokens")
+
 
 def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> None:
     """Read every exchange of the log again (in the caller's transaction); or only those
@@ -28,8 +31,8 @@ def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> Non
     migration runs it on the schema of its time)."""
     texts_changed = False
     columns = {row[1] for row in conn.execute("PRAGMA table_info(exchanges)")}
-    with_calls = "tool_calls" in columns
-    update_exchange = _UPDATE_EXCHANGE.format(", tool_calls = ?" if with_calls else "")
+    later = [c for c in _LATER_COLUMNS if c in columns]
+    update_exchange = _UPDATE_EXCHANGE.format("".join(f", {c} = ?" for c in later))
     only = f" WHERE protocol IN ({', '.join('?' * len(protocols))})" if protocols else ""
     exchanges = conn.execute(
         "SELECT id, method, path, request_headers, request_body, response_headers, response_body, is_sse,"
@@ -85,7 +88,7 @@ def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> Non
                     if read
                     else (None,) * 5
                 ),
-                *(((read.tool_calls if read else None),) if with_calls else ()),
+                *(getattr(read, c) if read else None for c in later),
                 x_id,
             ),
         )

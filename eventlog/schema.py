@@ -656,6 +656,23 @@ def _tool_calls(db: sqlite_utils.Database) -> None:
     reread_log(db.conn, ("openai", "anthropic"))
 
 
+STREAM_SUMMARY_17 = STREAM_SUMMARY_16.replace(
+    "  x.input_tokens,\n", "  x.input_tokens,\n  x.cached_input_tokens,\n"
+)
+
+
+@_migration("0017_cached_input_tokens")
+def _cached_input_tokens(db: sqlite_utils.Database) -> None:
+    # Anthropic's input_tokens left out the tokens read from its cache, OpenAI's counted them:
+    # input_tokens counts all of them now, and cached_input_tokens those read from a cache.
+    # MCP's tool errors, log messages and a client's answers to the server are read anew too.
+    db["exchanges"].add_column("cached_input_tokens", int)
+    db.create_view("stream_summary", STREAM_SUMMARY_17.strip(), replace=True)
+    from .reread import reread_log  # noqa: PLC0415 (as in 0007)
+
+    reread_log(db.conn, ("openai", "anthropic", "mcp"))
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one

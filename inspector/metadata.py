@@ -9,11 +9,12 @@ from typing import Any
 from datasette.utils import tilde_encode
 
 from tasktape.eventlog.protocols import ProtocolName
+from tasktape.eventlog.protocols.mcp import FAILED as MCP_FAILED
 from tasktape.eventlog.resumes import ResumeOutcome
 from tasktape.eventlog.schema import VIEWS as VIEW_SQL
 
 from .display import PROTOCOL_COLOURS, STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
-from .stream_page import LLM_PROTOCOLS
+from .stream_page import LLM_PROTOCOLS, NOT_TOKENS
 
 PLUGIN = "tasktape"  # its per-database configuration marks the databases that are event logs
 VIEWS = frozenset({*VIEW_SQL, "stream_summary", "chunks"})
@@ -31,6 +32,8 @@ _ORIGIN = "since the request arrived"
 # An MCP exchange's session, as the session page names it (see session_page.session_key).
 _SESSION = "coalesce(x.session_id, 'capture-' || x.capture_id)"
 _LLM = ", ".join(f"'{p}'" for p in sorted(LLM_PROTOCOLS))  # the protocols with a stream page
+_NOT_TOKENS = ", ".join(f"'{k}'" for k in sorted(NOT_TOKENS))  # events whose text is no token
+_MCP_FAILED = ", ".join(f"'{f}'" for f in sorted(MCP_FAILED))  # the finishes of a request that failed
 
 TABLES: dict[str, dict[str, Any]] = {
     "captures": {
@@ -87,10 +90,11 @@ TABLES: dict[str, dict[str, Any]] = {
             "session_id": "MCP's Mcp-Session-Id (opens the session's page)",
             "model": "The model the response reported",
             "answer": "What the response comes to: the answer reassembled, a tool result's text",
-            "input_tokens": "Input tokens, as the response counted them",
+            "input_tokens": "Input tokens, the cached ones too, as the response counted them",
+            "cached_input_tokens": "Of the input tokens, those read from the API's prompt cache",
             "output_tokens": "Output tokens, as the response counted them",
             "finish": "How it finished: finish_reason, stop_reason, a Responses status, an A2A state, "
-            "MCP's result or error",
+            "MCP's result, tool_error (a tool that failed: isError) or error",
             "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as written)",
             "uid": "The exchange's id across logs: a UUIDv7 of the moment the request arrived",
         },
@@ -139,17 +143,18 @@ TABLES: dict[str, dict[str, Any]] = {
             "chunk_crlf": "1: that chunk's lines end in CRLF",
             "chunk_events": "On the first event of a chunk of several: how many it holds (0 on the others)",
             "kind": "What it is, in its protocol's terms: A2A's task, statusUpdate, artifactUpdate...; "
-            "MCP's request, response, notification, error, priming; OpenAI's delta, finish, usage, done; "
-            "Anthropic's event types",
+            "MCP's request, response, notification, log, error, priming; OpenAI's delta, refusal, finish, "
+            "usage, done; Anthropic's event types",
             "task_id": "The task",
             "context_id": "The context",
             "state": "A2A task state; OpenAI finish_reason or Responses status; Anthropic stop_reason; "
-            "MCP result or error",
+            "MCP result, tool_error or error",
             "artifact_id": "Artifact id, for artifact events",
             "artifact_type": "The artifact's metadata.type, e.g. intermediate-thinking",
             "append": "1: this delta appends to the artifact; 0: it starts or replaces it",
             "last_chunk": "1: this event closes the artifact",
-            "text": "What it adds: A2A text parts joined, a token delta, an MCP progress message or result",
+            "text": "What it adds: A2A text parts joined, a token delta or refusal, an MCP progress "
+            "message, log message (its level, then its data) or result",
             "usage": "Model and tokens: A2A's $usage (with credits), an LLM stream's counts",
             "parse_error": "Why the data is not a readable frame",
         },
@@ -309,9 +314,11 @@ TABLES: dict[str, dict[str, Any]] = {
             "protocol": "a2a, mcp, openai or anthropic",
             "model": "The model the response reported (not the alias asked for)",
             "answer": "The answer reassembled from the deltas, a tool result's text, an error",
-            "input_tokens": "Input tokens, as the response counted them",
+            "input_tokens": "Input tokens, the cached ones too, as the response counted them",
+            "cached_input_tokens": "Of the input tokens, those read from the API's prompt cache",
             "output_tokens": "Output tokens, as the response counted them",
-            "finish": "finish_reason, stop_reason, a Responses status, an A2A state, MCP result or error",
+            "finish": "finish_reason, stop_reason, a Responses status, an A2A state, MCP result, "
+            "tool_error or error",
             "tool_calls": "The tools an LLM's answer calls (JSON: id, name, arguments as written)",
             "events": "Events in its stream",
             "ttfe_ms": "Time to first event (or first byte of a body that is not a stream)",
@@ -359,7 +366,8 @@ LIMIT 100""",
     },
     "mcp_sessions": {
         "title": "MCP sessions",
-        "description": "One row per MCP session: its exchanges, the tools it called, errors and the "
+        "description": "One row per MCP session: its exchanges, the tools it called, errors (JSON-RPC "
+        "errors and failed tool calls) and the "
         "findings saved about it. Exchanges without a session id (the stateless revision) are "
         "grouped per capture, as capture-<id>. A session id opens the session's page.",
         "sql": f"""SELECT {_SESSION} AS session_id,
@@ -368,7 +376,7 @@ LIMIT 100""",
   sum(x.rpc_method = 'tools/call') AS tool_calls,
   group_concat(DISTINCT CASE WHEN x.rpc_method = 'tools/call' AND json_valid(x.request_body)
     THEN json_extract(x.request_body, '$.params.name') END) AS tools,
-  sum(x.finish = 'error') AS errors,
+  sum(x.finish IN ({_MCP_FAILED})) AS errors,
   sum((SELECT count(*) FROM findings f WHERE f.exchange_id = x.id)) AS findings,
   round((max(x.started_ns + coalesce(x.duration_ns, x.ttfb_ns, 0)) - min(x.started_ns)) / 1e6, 3)
     AS duration_ms
@@ -385,7 +393,7 @@ ORDER BY min(x.started_ns)""",
         "sql": f"""SELECT s.exchange_id, s.protocol, x.rpc_method AS call, x.started_at, s.model, s.finish,
   s.input_tokens, s.output_tokens, s.events,
   (SELECT round(min(e.offset_ns) / 1e6, 3) FROM events e
-   WHERE e.exchange_id = s.exchange_id AND e.text <> '' AND e.kind <> 'error') AS ttft_ms,
+   WHERE e.exchange_id = s.exchange_id AND e.text <> '' AND e.kind NOT IN ({_NOT_TOKENS})) AS ttft_ms,
   s.duration_ms, substr(s.answer, 1, 200) AS answer
 FROM stream_summary s JOIN exchanges x ON x.id = s.exchange_id
 WHERE s.protocol IN ({_LLM})

@@ -18,17 +18,21 @@ from typing import Any
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.protocols import ProtocolName
 from tasktape.eventlog.protocols.mcp import (
+    FAILED,
+    LOG,
     PROGRESS,
     VERSION_HEADER,
+    MCPFinish,
     MCPKind,
-    error_text,
+    answer_of,
+    log_text,
     message_kind,
-    result_text,
 )
 
 from .display import ms_or_none, parse_json, row_number
 from .findings import SavedFinding, saved_findings
 
+_ANSWERS = frozenset({MCPKind.RESPONSE, MCPKind.ERROR})  # a client's POST that answers the server
 STATELESS = "capture-"  # the session name of a capture's exchanges that carry no session id
 TOOL_CALL = "tools/call"
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"  # where 2026-07-28 names the server
@@ -62,15 +66,35 @@ class Progress:
 
 
 @dataclass
-class Answer:
-    """The response to a request: its result or its error."""
+class LogLine:
+    """A log message the server sent while it answered a request."""
 
     at_ms: float
-    error: bool
+    text: str | None  # its level, then its data
+    exchange_id: int
+    seq: int | None
+
+
+@dataclass
+class Answer:
+    """The response to a request: its result (a tool's, which may say the tool failed) or
+    its error."""
+
+    at_ms: float
+    finish: MCPFinish
     text: str | None  # a tool result's text, or the error's code and message
     result: Any  # the result (or error) object
     exchange_id: int
     seq: int | None  # None: the JSON body of a response that is not a stream
+
+    @property
+    def error(self) -> bool:
+        """Whether the request failed: a JSON-RPC error, or a tool that failed."""
+        return self.finish in FAILED
+
+    @property
+    def label(self) -> str:
+        return {MCPFinish.TOOL_ERROR: "tool error"}.get(self.finish, self.finish.value)
 
 
 @dataclass
@@ -95,12 +119,16 @@ class SessionExchange:
     arguments: str | None = None
     events: int = 0
     progress: list[Progress] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
     answer: Answer | None = None
+    replies_to: str | None = None  # for the client's answer to a server's request: its method
     resumed_on: list[int] = field(default_factory=list)  # the GETs that carried its messages
     carried: list[int] = field(default_factory=list)  # for a GET: the requests whose messages it carried
 
     @property
     def label(self) -> str:
+        if self.replies_to is not None:
+            return f"{self.rpc_method} to {self.replies_to}"
         return self.rpc_method if self.rpc_method and self.rpc_method != self.method else self.method
 
     @property
@@ -119,7 +147,7 @@ class SessionExchange:
         """What the exchange came to, in a few words."""
         answer = self.answer
         if answer is not None and answer.error:
-            return f"error {answer.text}" if answer.text else "error"
+            return f"{answer.label} {answer.text}" if answer.text else answer.label
         result = answer.result if answer is not None and isinstance(answer.result, dict) else {}
         if self.rpc_method in ("initialize", "server/discover"):
             versions = result.get("supportedVersions")
@@ -139,6 +167,8 @@ class SessionExchange:
             return f"{what}, carrying the messages of {carried}" if carried else what
         if self.method == "DELETE":
             return "ends the session"
+        if self.rpc_method in _ANSWERS and self.status == 202:
+            return "accepted"
         if self.rpc_id is None and self.rpc_method is not None and self.status == 202:
             return "notification, accepted"
         return answer.text if answer is not None else None
@@ -327,17 +357,20 @@ def _read_messages(
             requests.setdefault(_key(x.rpc_id), []).append(x)
         if (token := _progress_token(r)) is not None:
             tokens.setdefault(_key(token), []).append(x)
+    asks: dict[tuple[str, Any], str] = {}  # the server's requests to the client: their methods, by id
     for at, exchange_id, seq, message in _messages(log, rows, origin):
         carrier = by_id[exchange_id]
         kind = message_kind(message)
         target: SessionExchange | None = None
-        if kind in (MCPKind.RESPONSE, MCPKind.ERROR):
+        if kind is MCPKind.REQUEST:
+            asks[_key(message["id"])] = message["method"]
+        elif kind in (MCPKind.RESPONSE, MCPKind.ERROR):
             target = _asked(requests.get(_key(message.get("id")), []), carrier, at)
             if target is not None:  # (answered twice, which check flags: the last, as stream_summary)
-                error = kind is MCPKind.ERROR
-                obj = message["error"] if error else message["result"]
-                text = error_text(obj) if error else result_text(obj)
-                target.answer = Answer(at, error, text, obj, exchange_id, seq)
+                target.answer = Answer(at, *answer_of(message), exchange_id, seq)
+        elif kind is MCPKind.NOTIFICATION and message.get("method") == LOG:
+            # No id says which request a log message is about: the one whose stream carried it.
+            carrier.logs.append(LogLine(at, log_text(message.get("params")), exchange_id, seq))
         elif kind is MCPKind.NOTIFICATION and message.get("method") == PROGRESS:
             params = message.get("params") if isinstance(message.get("params"), dict) else {}
             target = _asked(tokens.get(_key(params.get("progressToken")), []), carrier, at)
@@ -357,6 +390,10 @@ def _read_messages(
                 target.resumed_on.append(carrier.id)
             if target.id not in carrier.carried:
                 carrier.carried.append(target.id)
+    for r, x in zip(rows, exchanges, strict=True):
+        body = parse_json(r["request_body"])
+        if message_kind(body) in _ANSWERS:
+            x.replies_to = asks.get(_key(body.get("id")))
 
 
 def _asked(candidates: list[SessionExchange], carrier: SessionExchange, at: float) -> SessionExchange | None:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tasktape.eventlog import EventLog
-from tasktape.eventlog.protocols import ProtocolName
-from tasktape.eventlog.protocols.anthropic import AnthropicKind
+from tasktape.eventlog.protocols import ProtocolName, by_name
+from tasktape.eventlog.protocols.anthropic import REFUSAL, AnthropicKind
 from tasktape.eventlog.protocols.openai import OpenAIKind
 
 from .display import parse_json
@@ -27,10 +27,13 @@ LLM_PROTOCOLS = frozenset({ProtocolName.OPENAI.value, ProtocolName.ANTHROPIC.val
 _FINISH = frozenset({OpenAIKind.FINISH, AnthropicKind.MESSAGE_DELTA})
 _DONE = frozenset({OpenAIKind.DONE, AnthropicKind.MESSAGE_STOP})
 _ERROR = frozenset({OpenAIKind.ERROR, AnthropicKind.ERROR})
+# The kinds whose text is no token of the answer: an error's message, why a response failed.
+NOT_TOKENS = _ERROR | _DONE
 LONGEST = 3  # the longest gaps the page names
 TITLES = {ProtocolName.OPENAI.value: "OpenAI", ProtocolName.ANTHROPIC.value: "Anthropic"}
 # Finishes that mean the answer is not whole: cut at the token limit, filtered, failed.
 CUT_SHORT = frozenset({"error", "failed", "incomplete", "length", "max_tokens", "content_filter", "refusal"})
+FAILED = frozenset({"error", "failed"})  # finishes that say the call failed, and have a reason
 
 
 @dataclass
@@ -51,12 +54,12 @@ class StreamEvent:
         """What it is, for colour: delta, finish, done, usage, error or other."""
         if not self.complete or self.parse_error or self.kind in _ERROR:
             return "error"
+        if self.kind in _DONE:  # (a failed response's says why)
+            return "done"
         if self.text:
             return "delta"
         if self.kind in _FINISH:
             return "finish"
-        if self.kind in _DONE:
-            return "done"
         if self.tokens:
             return "usage"
         return "other"
@@ -71,25 +74,30 @@ class StreamEvent:
 
 @dataclass
 class ShownCall:
-    """A tool call as the page shows it: its arguments indented when they are JSON."""
+    """A tool call: its arguments as the model wrote them (the page indents them when they
+    are JSON)."""
 
     id: str | None
     name: str | None
     arguments: str
-    whole: bool  # whether the arguments are JSON (not: cut off with the stream, or malformed)
+
+    @property
+    def indented(self) -> str | None:
+        """The arguments indented, or None when they are not JSON (cut off with the
+        stream, or malformed)."""
+        try:
+            return json.dumps(json.loads(self.arguments), indent=2, ensure_ascii=False)
+        except ValueError:
+            return None
 
 
 def _calls(value: str | None) -> list[ShownCall]:
     calls = parse_json(value)
-    shown = []
-    for call in calls if isinstance(calls, list) else ():
-        arguments = call.get("arguments") or ""
-        try:
-            arguments, whole = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False), True
-        except ValueError:
-            whole = False
-        shown.append(ShownCall(call.get("id"), call.get("name"), arguments, whole))
-    return shown
+    return [
+        ShownCall(call.get("id"), call.get("name"), call.get("arguments") or "")
+        for call in (calls if isinstance(calls, list) else ())
+        if isinstance(call, dict)
+    ]
 
 
 @dataclass
@@ -115,12 +123,14 @@ class StreamPage:
     error: str | None
     started_at: str | None
     asked_model: str | None  # as the request named it
-    prompt: str | None  # the last user message's text
+    prompt: str | None  # what the request sent last: the user's text, or a tool's result
+    prompt_is_tool_result: bool  # whether it is the result of a tool the model called
     model: str | None  # as the stream reported it
     answer: str | None
-    input_tokens: int | None
+    input_tokens: int | None  # every input token, the cached ones too
     output_tokens: int | None
     finish: str | None
+    failure: str | None  # why the call failed, in the API's words
     tool_calls: list[ShownCall]
     ttfb_ms: float | None
     duration_ms: float | None
@@ -134,6 +144,22 @@ class StreamPage:
     @property
     def finished_badly(self) -> bool:
         return self.finish in CUT_SHORT
+
+    @property
+    def refused(self) -> bool:
+        """Whether the model declined: it said so (OpenAI's refusal), or stopped for it
+        (Anthropic's stop_reason)."""
+        return self.finish == REFUSAL or any(e.kind == OpenAIKind.REFUSAL for e in self.events)
+
+    @property
+    def cached_input_tokens(self) -> int | None:
+        """The input tokens read from the cache, as the last count of them said."""
+        counts = [
+            e.usage["cached_input_tokens"]
+            for e in self.events
+            if e.usage and "cached_input_tokens" in e.usage
+        ]
+        return counts[-1] if counts else None
 
     @property
     def deltas(self) -> list[StreamEvent]:
@@ -178,6 +204,7 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
         events = _events(list(log.events(exchange_id)))
         body = parse_json(x["request_body"])
         body = body if isinstance(body, dict) else {}
+        prompt, tool_result = _prompt(body)
         return StreamPage(
             exchange_id=exchange_id,
             protocol=x["protocol"],
@@ -190,12 +217,14 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
             error=x["error"],
             started_at=x["started_at"],
             asked_model=body.get("model") if isinstance(body.get("model"), str) else None,
-            prompt=_prompt(body),
+            prompt=prompt,
+            prompt_is_tool_result=tool_result,
             model=x["model"],
             answer=x["answer"],
             input_tokens=x["input_tokens"],
             output_tokens=x["output_tokens"],
             finish=x["finish"],
+            failure=_failure(x, events),
             tool_calls=_calls(x["tool_calls"]),
             ttfb_ms=None if x["ttfb_ns"] is None else x["ttfb_ns"] / 1e6,
             duration_ms=None if x["duration_ns"] is None else x["duration_ns"] / 1e6,
@@ -226,16 +255,53 @@ def _events(rows: list[dict[str, Any]]) -> list[StreamEvent]:
     return events
 
 
-def _prompt(body: dict[str, Any]) -> str | None:
-    """The text of the last user message (chat messages, Responses input, a prompt)."""
+def _failure(x: dict[str, Any], events: list[StreamEvent]) -> str | None:
+    """Why the call failed: what its error events or its failed response said, else the
+    error body it was answered with, as its protocol reads it."""
+    if x["finish"] not in FAILED:
+        return None
+    said = [e.text for e in events if e.text and (e.kind in _ERROR or e.kind in _DONE)]
+    if said:
+        return said[-1]
+    protocol = by_name(x["protocol"])
+    if x["is_sse"] or not x["response_body"] or protocol is None:
+        return None
+    read = protocol.reader().body(x["response_body"])
+    return read.text if read is not None else None
+
+
+# A message that carries a tool's result: OpenAI's tool (or legacy function) message, a
+# Responses function_call_output item; Anthropic's are tool_result blocks of a user message.
+_TOOL_ROLES = frozenset({"tool", "function"})
+_TOOL_OUTPUT = "function_call_output"
+_TOOL_RESULT_BLOCK = "tool_result"
+
+
+def _prompt(body: dict[str, Any]) -> tuple[str | None, bool]:
+    """What the request sent last (chat messages, Responses input, a prompt): the last user
+    message's text, or the result of a tool the model called, and whether it is that."""
     for key in ("messages", "input", "prompt"):
         value = body.get(key)
         if isinstance(value, str):
-            return value
+            return value, False
         for message in reversed(value) if isinstance(value, list) else ():
-            if isinstance(message, dict) and message.get("role") == "user":
-                return _text(message.get("content"))
-    return None
+            if not isinstance(message, dict):
+                continue
+            if message.get("role") in _TOOL_ROLES or message.get("type") == _TOOL_OUTPUT:
+                return _text(message.get("content", message.get("output"))), True
+            if message.get("role") == "user":
+                return _user_text(message.get("content"))
+    return None, False
+
+
+def _user_text(content: Any) -> tuple[str | None, bool]:
+    """A user message's text, or the tool results it carries (Anthropic's)."""
+    blocks = content if isinstance(content, list) else []
+    results = [b for b in blocks if isinstance(b, dict) and b.get("type") == _TOOL_RESULT_BLOCK]
+    if not results:
+        return _text(content), False
+    texts = [t for b in results if (t := _text(b.get("content"))) is not None]
+    return "\n".join(texts) or None, True
 
 
 def _text(content: Any) -> str | None:

@@ -52,6 +52,7 @@ CONTRACT = {
         "finish",
         "uid",
         "tool_calls",
+        "cached_input_tokens",
     ],
     "chunks": ["exchange_id", "seq", "offset_ns", "data"],
     "events": [

@@ -38,7 +38,9 @@ class AnthropicKind(StrEnum):
 _KINDS = {k.value: k for k in AnthropicKind}
 _DELTA_KINDS = frozenset({AnthropicKind.CONTENT_BLOCK_DELTA})
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})  # a block that calls a tool
-_TOKENS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+_TOKENS = ("input_tokens", "output_tokens")
+_CACHE_READ, _CACHE_WRITE = "cache_read_input_tokens", "cache_creation_input_tokens"
+REFUSAL = "refusal"  # the stop_reason of an answer the model declined to give
 
 
 class Anthropic(Protocol):
@@ -90,13 +92,6 @@ class Anthropic(Protocol):
         return c.text if c.kind in _DELTA_KINDS else None
 
 
-def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
-    out: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
-    if isinstance(usage, dict):
-        out.update((k, usage[k]) for k in _TOKENS if isinstance(usage.get(k), int))
-    return out or None
-
-
 def _input(value: Any) -> str:
     """A tool's input as JSON text (an empty object as none: the stream sends its pieces)."""
     return orjson.dumps(value).decode() if isinstance(value, dict) and value else ""
@@ -110,6 +105,7 @@ class AnthropicReader(StreamReader):
         super().__init__()
         self._given: dict[Any, str] = {}  # a tool block's input as it started (used if no piece came)
         self._closed: set[Any] = set()  # the tool blocks that came to their stop
+        self._cache = {_CACHE_READ: 0, _CACHE_WRITE: 0}  # the cache's input tokens, as last counted
 
     def event(self, data: str, event_type: str | None) -> Classification:
         obj = parsed(data, AnthropicKind.OTHER)
@@ -143,14 +139,14 @@ class AnthropicReader(StreamReader):
             return classified(kind)
         if kind is AnthropicKind.MESSAGE_START:
             message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
-            usage = _usage(message.get("model"), message.get("usage"))
+            usage = self._usage(message.get("model"), message.get("usage"))
             self._count(usage)
             return classified(kind, None, None, usage)
         if kind is AnthropicKind.MESSAGE_DELTA:
             delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
             reason = delta.get("stop_reason")
             state = reason if isinstance(reason, str) else None
-            usage = _usage(None, obj.get("usage"))
+            usage = self._usage(None, obj.get("usage"))
             self._count(usage)
             s.finish = state or s.finish
             return classified(kind, None, state, usage)
@@ -170,7 +166,7 @@ class AnthropicReader(StreamReader):
             return None
         if not isinstance(obj, dict) or obj.get("type") != "message":
             return self.event(data if isinstance(data, str) else data.decode("utf-8", "replace"), None)
-        usage = _usage(obj.get("model"), obj.get("usage"))
+        usage = self._usage(obj.get("model"), obj.get("usage"))
         self._count(usage)
         content = obj.get("content") if isinstance(obj.get("content"), list) else []
         texts = [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
@@ -199,12 +195,31 @@ class AnthropicReader(StreamReader):
                 call.arguments = self._given.get(index) or ("{}" if index in self._closed else "")
         return super().finished()
 
+    def _usage(self, model: Any, usage: Any) -> dict[str, Any] | None:
+        """Token counts as OpenAI's mean them: the input is every input token (Anthropic's
+        ``input_tokens`` leaves out those read from the cache and those written to it),
+        ``cached_input_tokens`` those read from the cache; ``cache_creation_input_tokens``
+        those written to it. A count that comes later (message_delta) is a running total."""
+        out: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
+        if not isinstance(usage, dict):
+            return out or None
+        self._cache.update((k, usage[k]) for k in self._cache if type(usage.get(k)) is int)
+        out.update((k, usage[k]) for k in _TOKENS if type(usage.get(k)) is int)
+        if "input_tokens" in out:
+            out["input_tokens"] += self._cache[_CACHE_READ] + self._cache[_CACHE_WRITE]
+        if type(usage.get(_CACHE_READ)) is int:
+            out["cached_input_tokens"] = usage[_CACHE_READ]
+        if type(usage.get(_CACHE_WRITE)) is int:
+            out[_CACHE_WRITE] = usage[_CACHE_WRITE]
+        return out or None
+
     def _count(self, usage: dict[str, Any] | None) -> None:
         if usage:
             s = self.summary
             s.model = usage.get("model", s.model)
             s.input_tokens = usage.get("input_tokens", s.input_tokens)
             s.output_tokens = usage.get("output_tokens", s.output_tokens)
+            s.cached_input_tokens = usage.get("cached_input_tokens", s.cached_input_tokens)
 
 
 # -- lifecycle rules ----------------------------------------------------------------------

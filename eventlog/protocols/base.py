@@ -74,10 +74,11 @@ class Summary:
 
     model: str | None = None  # as the response reports it, not as requested
     answer: str | None = None
-    input_tokens: int | None = None
+    input_tokens: int | None = None  # every input token, the cached ones too
     output_tokens: int | None = None
     finish: str | None = None
     tool_calls: str | None = None  # JSON: the tools the answer calls, as ``ToolCall`` objects
+    cached_input_tokens: int | None = None  # of the input tokens, those read from a cache
 
 
 @dataclass

@@ -5,9 +5,11 @@ ids and ``Last-Event-ID`` for resumption (revisions 2025-06-18 and 2025-11-25, w
 
 An exchange is MCP when its request carries ``MCP-Protocol-Version`` or
 ``Mcp-Session-Id``, or posts a JSON-RPC message whose method is MCP's. Event kinds:
-``request`` (the server asks the client), ``response``, ``notification``, ``error`` (an
-error response), ``priming`` (an event without data, sent so that a client has an id to
-resume from) and ``other``.
+``request`` (the server asks the client), ``response``, ``notification``, ``log`` (a log
+message, ``notifications/message``), ``error`` (an error response), ``priming`` (an event
+without data, sent so that a client has an id to resume from) and ``other``. A response
+finishes its request as a ``result``, a ``tool_error`` (a result with ``isError`` true: the
+tool failed) or an ``error`` (a JSON-RPC error).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ CLIENT_METHODS = frozenset(
     }
 )
 PROGRESS = "notifications/progress"
+LOG = "notifications/message"
 SERVER_ERROR = -32000  # JSON-RPC's first code for errors a server defines
 
 
@@ -67,9 +70,21 @@ class MCPKind(StrEnum):
     REQUEST = "request"
     RESPONSE = "response"
     NOTIFICATION = "notification"
+    LOG = "log"  # a log message (notifications/message): its level and data are its text
     ERROR = "error"
     PRIMING = "priming"
     OTHER = "other"
+
+
+class MCPFinish(StrEnum):
+    """How a response answers its request (its event's state, the exchange's finish)."""
+
+    RESULT = "result"
+    TOOL_ERROR = "tool_error"  # a result with isError true: how MCP says a tool failed
+    ERROR = "error"  # a JSON-RPC error: the request itself failed
+
+
+FAILED = frozenset({MCPFinish.TOOL_ERROR, MCPFinish.ERROR})
 
 
 def message_kind(obj: Any) -> MCPKind:
@@ -101,6 +116,30 @@ def error_text(error: Any) -> str | None:
         return None
     code, message = error.get("code"), error.get("message")
     return f"{code}: {message}" if code is not None and isinstance(message, str) else None
+
+
+def answer_of(message: dict[str, Any]) -> tuple[MCPFinish, str | None, Any]:
+    """How a response (or error response) answers its request, its text, and its result
+    (or error) object."""
+    if "error" in message:
+        return MCPFinish.ERROR, error_text(message["error"]), message["error"]
+    result = message["result"]
+    failed = isinstance(result, dict) and result.get("isError") is True
+    return (MCPFinish.TOOL_ERROR if failed else MCPFinish.RESULT), result_text(result), result
+
+
+def log_text(params: Any) -> str | None:
+    """A log message as one line: its level (and logger), then its data (any JSON: a
+    string as it is, else as JSON)."""
+    if not isinstance(params, dict) or "data" not in params:
+        return None
+    data = params["data"]
+    line = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    level, logger = params.get("level"), params.get("logger")
+    said = level if isinstance(level, str) else ""
+    if isinstance(logger, str) and logger:
+        said = f"{said} [{logger}]".lstrip()
+    return f"{said}: {line}" if said else line
 
 
 class MCP(Protocol):
@@ -135,6 +174,8 @@ class MCP(Protocol):
             rpc_id = body.get("id")
         if method is None and request.method != "POST":
             method = request.method  # the GET stream, the DELETE that ends a session
+        elif method is None and message_kind(body) in (MCPKind.RESPONSE, MCPKind.ERROR):
+            method = message_kind(body).value  # the client's answer to a request of the server's
         return RequestInfo(None, method, None, None, rpc_id, request.header(SESSION_HEADER))
 
     def path_names_operation(self, binding: str | None) -> bool:
@@ -199,7 +240,8 @@ class MCP(Protocol):
 
 
 class MCPReader(StreamReader):
-    """The finish is ``result`` or ``error``, of the last answer; the answer its text."""
+    """The finish is the last answer's (``result``, ``tool_error`` or ``error``); the
+    answer its text."""
 
     def event(self, data: str, event_type: str | None) -> Classification:
         if not data:
@@ -216,19 +258,17 @@ class MCPReader(StreamReader):
         kind = message_kind(obj)
         if kind is MCPKind.OTHER:
             return Classification(kind, parse_error="not a JSON-RPC 2.0 message")
-        text = state = None
-        if kind is MCPKind.RESPONSE:
-            text, state = result_text(obj["result"]), "result"
-        elif kind is MCPKind.ERROR:
-            text, state = error_text(obj["error"]), "error"
-        elif kind is MCPKind.NOTIFICATION:
-            params = obj.get("params")
-            message = params.get("message") if isinstance(params, dict) else None
-            text = message if isinstance(message, str) else None
-        if state is not None:
-            self.summary.finish = state
-            self.summary.answer = text
-        return classified(kind, text, state)
+        if kind in (MCPKind.RESPONSE, MCPKind.ERROR):
+            state, text, _ = answer_of(obj)
+            self.summary.finish, self.summary.answer = state, text
+            return classified(kind, text, state)
+        if kind is not MCPKind.NOTIFICATION:
+            return classified(kind)  # a request of the server's
+        params = obj.get("params")
+        if obj["method"] == LOG:
+            return classified(MCPKind.LOG, log_text(params))
+        message = params.get("message") if isinstance(params, dict) else None
+        return classified(kind, message if isinstance(message, str) else None)  # progress says one
 
 
 # -- lifecycle rules ----------------------------------------------------------------------

@@ -8,8 +8,9 @@ An exchange is OpenAI's when it POSTs to ``.../chat/completions``, ``.../complet
 ``.../responses`` a JSON body with a ``model`` and its ``messages``, ``prompt`` or
 ``input``; or, when that body is not at hand as the answer begins (one streamed through),
 when the answer's first event is a chunk with its choices or a named Responses event.
-Event kinds: ``delta`` (adds text), ``finish`` (a choice's finish_reason),
-``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a Responses terminal event),
+Event kinds: ``delta`` (adds text), ``refusal`` (adds the text of the model's refusal:
+a chat delta's ``refusal``, a ``response.refusal.delta``), ``finish`` (a choice's
+finish_reason), ``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a Responses terminal event),
 ``event`` (any other Responses event), ``error`` and ``other``.
 """
 
@@ -36,6 +37,9 @@ TERMINAL = frozenset({"response.completed", "response.failed", "response.incompl
 # whole chat completion, a (legacy) completion; each with its "choices".
 _CHOICE_OBJECTS = frozenset({"chat.completion.chunk", "chat.completion", "text_completion"})
 _TEXT_DELTA = "response.output_text.delta"
+_REFUSAL_DELTA = "response.refusal.delta"
+# The output's content parts the answer is made of, and the key of each one's text.
+_TEXT_PARTS = {"output_text": "text", "refusal": "refusal"}
 # The Responses events that tell of a function call: its output item, its arguments' pieces.
 _CALL_EVENTS = frozenset(
     {
@@ -49,6 +53,7 @@ _CALL_EVENTS = frozenset(
 
 class OpenAIKind(StrEnum):
     DELTA = "delta"
+    REFUSAL = "refusal"
     FINISH = "finish"
     USAGE = "usage"
     DONE = "done"
@@ -57,7 +62,8 @@ class OpenAIKind(StrEnum):
     OTHER = "other"
 
 
-_DELTA_KINDS = frozenset({OpenAIKind.DELTA, OpenAIKind.FINISH})  # a finish chunk may carry text too
+# A finish chunk may carry text too.
+_DELTA_KINDS = frozenset({OpenAIKind.DELTA, OpenAIKind.REFUSAL, OpenAIKind.FINISH})
 
 
 def _call(request: Request) -> str | None:
@@ -110,22 +116,33 @@ class OpenAI(Protocol):
         return c.text if c.kind in _DELTA_KINDS else None
 
 
+# Each count of a usage object, by its path there, and the name tasktape gives it: the
+# Chat API's prompt/completion tokens, the Responses API's input/output tokens. The
+# input counts every input token, the cached ones too (as both APIs count them).
+_COUNTS = (
+    (("prompt_tokens",), "input_tokens"),
+    (("completion_tokens",), "output_tokens"),
+    (("input_tokens",), "input_tokens"),
+    (("output_tokens",), "output_tokens"),
+    (("total_tokens",), "total_tokens"),
+    (("prompt_tokens_details", "cached_tokens"), "cached_input_tokens"),
+    (("input_tokens_details", "cached_tokens"), "cached_input_tokens"),
+    (("completion_tokens_details", "reasoning_tokens"), "reasoning_tokens"),
+    (("output_tokens_details", "reasoning_tokens"), "reasoning_tokens"),
+)
+
+
 def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
-    """Token counts in one vocabulary: the Chat API's prompt/completion tokens, or the
-    Responses API's input/output tokens."""
+    """Token counts in one vocabulary (``_COUNTS``), and the model."""
     out: dict[str, Any] = {}
     if isinstance(model, str):
         out["model"] = model
-    if isinstance(usage, dict):
-        for theirs, ours in (
-            ("prompt_tokens", "input_tokens"),
-            ("completion_tokens", "output_tokens"),
-            ("input_tokens", "input_tokens"),
-            ("output_tokens", "output_tokens"),
-            ("total_tokens", "total_tokens"),
-        ):
-            if isinstance(usage.get(theirs), int):
-                out[ours] = usage[theirs]
+    for path, ours in _COUNTS if isinstance(usage, dict) else ():
+        value: Any = usage
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if type(value) is int:
+            out[ours] = value
     return out or None
 
 
@@ -167,8 +184,8 @@ class OpenAIReader(StreamReader):
         )
 
     def _model(self, model: Any) -> Any:
-        """The model, when it is news (first seen, or changed)."""
-        if not isinstance(model, str) or model == self._seen_model:
+        """The model, when it is news (first seen, or changed; an empty name is none)."""
+        if not isinstance(model, str) or not model or model == self._seen_model:
             return None
         self._seen_model = self.summary.model = model
         return model
@@ -178,6 +195,7 @@ class OpenAIReader(StreamReader):
             s = self.summary
             s.input_tokens = usage.get("input_tokens", s.input_tokens)
             s.output_tokens = usage.get("output_tokens", s.output_tokens)
+            s.cached_input_tokens = usage.get("cached_input_tokens", s.cached_input_tokens)
 
     def _chat(self, obj: dict[str, Any]) -> Classification:
         """A chat.completion.chunk (or text_completion, or a whole chat.completion)."""
@@ -189,6 +207,9 @@ class OpenAIReader(StreamReader):
             self._tokens(usage)
         choices = obj.get("choices")
         text = finish = None
+        # A chunk without choice 0 is there for its counts (a server that counts on every
+        # chunk counts on choice 0's too: those are deltas).
+        kind = OpenAIKind.USAGE if type(counts) is dict else OpenAIKind.DELTA
         if type(choices) is list:
             for choice in choices:
                 if type(choice) is not dict or choice.get("index", 0) != 0:
@@ -197,7 +218,10 @@ class OpenAIReader(StreamReader):
                 if holder is None:
                     holder = choice.get("message")
                 piece = holder.get("content") if type(holder) is dict else choice.get("text")
-                text = piece if type(piece) is str and piece else None
+                text, kind = piece if type(piece) is str and piece else None, OpenAIKind.DELTA
+                refusal = holder.get("refusal") if type(holder) is dict else None
+                if text is None and type(refusal) is str and refusal:  # what the model said instead
+                    text, kind = refusal, OpenAIKind.REFUSAL
                 calls = type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
                 if calls:
                     self._chat_calls(calls)
@@ -208,9 +232,7 @@ class OpenAIReader(StreamReader):
         if finish is not None:
             self.summary.finish = finish
             return classified(OpenAIKind.FINISH, text, finish, usage)
-        if text is None and type(counts) is dict:
-            return classified(OpenAIKind.USAGE, None, None, usage)
-        return classified(OpenAIKind.DELTA, text, None, usage)
+        return classified(kind, text, None, usage)
 
     def _chat_calls(self, calls: Any) -> None:
         """A choice's tool calls: a delta's pieces of each (its index names the call; the
@@ -270,12 +292,12 @@ class OpenAIReader(StreamReader):
 
     def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
         """A Responses API event."""
-        if kind == _TEXT_DELTA:
+        if kind in (_TEXT_DELTA, _REFUSAL_DELTA):
             delta = obj.get("delta")
             text = delta if isinstance(delta, str) else None
             if text:
                 self.pieces.append(text)
-            return classified(OpenAIKind.DELTA, text)
+            return classified(OpenAIKind.DELTA if kind == _TEXT_DELTA else OpenAIKind.REFUSAL, text)
         if kind == "error":
             return self._error(obj)
         if kind in _CALL_EVENTS:
@@ -300,20 +322,26 @@ class OpenAIReader(StreamReader):
             for index, item in enumerate(response.get("output") or ()):  # the calls whole, at its end
                 if isinstance(item, dict):
                     self._function_item(index, item)
-            return classified(OpenAIKind.DONE, None, status, usage)
+            return classified(OpenAIKind.DONE, _error_message(response), status, usage)
         return classified(OpenAIKind.EVENT, None, status, usage)
 
 
+def _error_message(response: dict[str, Any]) -> str | None:
+    """Why a response failed (``response.failed``), as its error says."""
+    error = response.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
 def _output_text(response: dict[str, Any]) -> list[str]:
+    """The text of the output's messages: their text parts, and refusals."""
     texts = []
     for item in response.get("output") or ():
         for part in (item.get("content") or ()) if isinstance(item, dict) else ():
-            if (
-                isinstance(part, dict)
-                and part.get("type") == "output_text"
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
+            named = part.get("type") if isinstance(part, dict) else None
+            key = _TEXT_PARTS.get(named) if type(named) is str else None
+            if key is not None and isinstance(part.get(key), str):
+                texts.append(part[key])
     return texts
 
 
