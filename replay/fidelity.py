@@ -68,7 +68,9 @@ class Served:
             "method": self.method,
             "path": self.path,
             "exchange": self.exchange,
-            "identical": sent == recorded,
+            # Every byte, and an end as recorded: one a fault or its client broke off after
+            # its last byte came without the body's end, which the client saw as an error.
+            "identical": sent == recorded and (self.finished or not self.reasons),
             "sha256_sent": sent.sha256,
             "sha256_recorded": recorded.sha256,
             "bytes_sent": sent.size,

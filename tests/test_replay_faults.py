@@ -257,6 +257,22 @@ async def test_a_fault_the_stream_is_too_short_for_is_reported(
     ]
 
 
+async def test_an_answer_broken_off_after_its_last_byte_is_not_the_recording(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    # Every byte went out, but not the body's end: the client saw an error, which the
+    # recording's client did not.
+    db, recorded = demo
+    server = ReplayServer(load([db]), speed=0)
+    url = await serve(server.app)
+    count = len(events_of(recorded))
+    got = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": f"drop-after={count}"})
+    assert got.body == recorded and not got.ended
+    (stream,) = server.report()["streams"]
+    assert stream["bytes_sent"] == stream["bytes_recorded"] and not stream["finished"]
+    assert not stream["identical"] and stream["reasons"] == [f"fault: drop-after={count}"]
+
+
 def card_and_stream(tmp_path: Path) -> Path:
     """A cassette with an agent card and a stream (each may be asked for again)."""
     card = Recorded(
