@@ -49,7 +49,8 @@ def run(quick: bool) -> list[Section]:
         section.add(name, median * 1000, (median - base) * 1000, modules[name])
     section.notes.append(
         f"The median of {rounds} fresh interpreters each, run in turn. Names load on first use: "
-        "`import tasktape` loads only the package root, its errors and its lazy loader; any part of "
-        "`tasktape.eventlog` loads the A2A model (pydantic) with it."
+        "`import tasktape` loads only the package root, its errors and its lazy loader; the log's "
+        "reader and SSE decoder load no pydantic (the A2A model loads with the A2A protocol, which "
+        "classifies what the writer writes)."
     )
     return [section]
