@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -47,6 +48,14 @@ NULL = float("nan")
 _NO_CHUNK = (NULL, NULL, NULL)  # an event whose bytes are in stored chunks
 
 
+class Kept(StrEnum):
+    """How much of a finished exchange the log holds, when not all of it."""
+
+    ROW = "recorded without its body"  # its row, not its bodies, chunks or events
+    UNFINISHED = "its end is not in the log"  # its row, as it was before it ended
+    NOTHING = "not recorded"
+
+
 @dataclass(slots=True)
 class ExchangeSummary:
     """What the writer learnt from one finished exchange."""
@@ -70,6 +79,8 @@ class ExchangeSummary:
     duration_ns: int | None = None
     outcome: str | None = None
     undecoded: str | None = None  # why (part of) a body is stored as received, not decoded
+    kept: Kept | None = None  # what of it the log holds, when not all (None: all of it)
+    lost: str | None = None  # and why the rest is not there
 
 
 def utc_iso(ns: int) -> str:

@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,18 @@ from .exchange_rows import (
     NULL,
     ExchangeRows,
     ExchangeSummary,
+    Kept,
 )
-from .exchange_statements import Statement, fold
+from .exchange_statements import (
+    BODY_COLUMNS,
+    END_COLUMNS,
+    HEAD_COLUMNS,
+    UPDATE_BODY,
+    UPDATE_END,
+    UPDATE_HEAD,
+    Statement,
+    fold,
+)
 from .outcomes import Outcome
 from .producer import (
     BODY,
@@ -70,6 +81,13 @@ _INSERT_CAPTURE = (
 )
 
 
+# What a full log says, on the exchanges it keeps without their bytes and to whoever waits.
+_FULL = "the log is full"
+# Of a log with a size cap, the part kept for closing the exchanges under way when the rest
+# is full: an eighth, at most this much.
+_RESERVE = 1024 * 1024
+
+
 @dataclass(slots=True)
 class _Batch:
     """Rows and waiters gathered for one transaction."""
@@ -83,6 +101,8 @@ class _Batch:
     )
     stop: bool = False
     cleaned: bool = False
+    stripped: bool = False  # of what a full log no longer takes
+    failed: str | None = None  # why it could not be written
     # Where each exchange inserted in this batch has its INSERT in ``statements``: what
     # follows for it (head, late body, end) is folded into that INSERT.
     inserts: dict[int, int] = field(default_factory=dict)
@@ -183,9 +203,12 @@ class LogWriter(LogProducer):
             self._db = open_db(self.path, check_same_thread=False)
             conn = self._conn = self._db.conn
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._max_pages: int | None = None
             if max_bytes is not None:
                 page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-                conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
+                self._max_pages = max(1, max_bytes // page_size)
+                reserve = min(self._max_pages // 8, _RESERVE // page_size)
+                conn.execute(f"PRAGMA max_page_count = {self._max_pages - reserve}")
             (self._indexed_through,) = conn.execute(INDEXED_THROUGH).fetchone()
             self._insert_chunks = RowInserts(conn, "stored_chunks", CHUNK_COLUMNS)
             self._insert_events = RowInserts(conn, "events", EVENT_COLUMNS)
@@ -201,6 +224,13 @@ class LogWriter(LogProducer):
             release_writer_lock(self._lock_fd)
             raise
         self._exchanges: dict[int, ExchangeRows] = {}
+        # Read and written by the commit thread only. Once the log is full, it takes nothing
+        # new: only what closes the exchanges already in it, without their bytes.
+        self._full = False
+        self._lost: dict[int, str] = {}  # exchanges whose row is not in the log, and why
+        self._cut: set[int] = set()  # exchanges in the log that lost bytes to a full log
+        self._cut_response: set[int] = set()  # of those, the ones that lost response bytes
+        self._full_error: Exception = LogError(_FULL)  # what SQLite said when it was full
         self._batches: queue.Queue[_Batch] = queue.Queue(maxsize=2)
         self._building = _Batch()  # the batch the writer thread is filling
         name = f"tasktape-writer:{self.path.name}"
@@ -394,6 +424,10 @@ class LogWriter(LogProducer):
 
     def _commit(self, batch: _Batch) -> None:
         """Write the batch in one transaction; wake its waiters whatever happens."""
+        if self._full and not batch.stripped:
+            self._strip(batch, keep_new=False)
+        elif self._lost:
+            self._drop_rows_of_lost(batch)
         chunk_rows, event_rows, statements = batch.chunk_rows, batch.event_rows, batch.statements
         rows = len(chunk_rows) + len(event_rows) + sum(s[0].startswith("INSERT") for s in statements)
         conn = self._conn
@@ -429,23 +463,115 @@ class LogWriter(LogProducer):
                 _clean_batch(batch)
                 self._commit(batch)
                 return
-            self._failed("UnicodeEncodeError: text that is not valid Unicode", rows)
+            self._lose(batch, "UnicodeEncodeError: text that is not valid Unicode", rows)
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if statements and (chunk_rows or event_rows):
+            if _is_full(exc) and not batch.stripped:
                 # What the exchanges are (their rows, status, outcome) is a few hundred
-                # bytes, and may fit where their bodies did not (a full log): keep that.
-                self._failed(f"{type(exc).__name__}: {exc}", len(chunk_rows) + len(event_rows), exc)
-                batch.chunk_rows, batch.event_rows = [], []
+                # bytes, and fits in the room kept for it where their bodies did not.
+                self._fill(exc)
+                self._strip(batch, keep_new=True)
                 self._commit(batch)
                 return
-            self._failed(f"{type(exc).__name__}: {exc}", rows, exc)
+            self._lose(batch, f"{type(exc).__name__}: {exc}", rows, exc)
+        self._finish(batch)
+
+    def _fill(self, exc: Exception) -> None:
+        """The log is full: from now on it takes only what closes the exchanges in it,
+        in the room kept for that."""
+        self._full, self._full_error = True, exc
+        if self._max_pages is not None:
+            self._conn.execute(f"PRAGMA max_page_count = {self._max_pages}")
+
+    def _strip(self, batch: _Batch, *, keep_new: bool) -> None:
+        """Take out of the batch what a full log does not take: chunks, events, bodies, and
+        new rows, but for those of the batch that found it full (``keep_new``)."""
+        batch.stripped = True
+        cut = {row[0] for rows in (batch.chunk_rows, batch.event_rows) for row in rows}
+        self._cut |= cut
+        self._cut_response |= cut
+        dropped = len(batch.chunk_rows) + len(batch.event_rows)
+        batch.chunk_rows, batch.event_rows = [], []
+        statements = []
+        for statement in batch.statements:
+            kept = self._without_bytes(statement, keep_new)
+            if kept is None:
+                dropped += 1
+            else:
+                statements.append(kept)
+        batch.statements = statements
+        if dropped:
+            exc = self._full_error
+            self._failed(f"{type(exc).__name__}: {exc}", dropped, exc)
+
+    def _without_bytes(self, statement: Statement, keep_new: bool) -> Statement | None:
+        """A statement as a full log takes it: an exchange's without its bodies (its end
+        saying so), none for a new row unless ``keep_new``."""
+        sql, params = statement
+        columns = _columns(sql)
+        if columns is None:  # a capture's or a resume's
+            return statement if keep_new or not sql.startswith("INSERT") else None
+        values = list(params)
+        exchange_id = values[columns.index("id")]
+        if exchange_id in self._lost:
+            return None
+        if not keep_new and sql.startswith("INSERT"):
+            self._lost[exchange_id] = _FULL
+            return None
+        for body, truncated in _BODIES:
+            if body in columns and values[columns.index(body)] is not None:
+                values[columns.index(body)], values[columns.index(truncated)] = None, 1
+                self._cut.add(exchange_id)
+                if body == "response_body":
+                    self._cut_response.add(exchange_id)
+        if "outcome" in columns and exchange_id in self._cut:
+            if exchange_id in self._cut_response:
+                values[columns.index("response_body_truncated")] = 1
+            at = columns.index("error")
+            values[at] = "; ".join(filter(None, (values[at], f"{_FULL}: its bytes are not all in it")))
+        return sql, tuple(values)
+
+    def _drop_rows_of_lost(self, batch: _Batch) -> None:
+        """Chunks and events of an exchange whose row is not in the log are not written:
+        a row of no exchange would say nothing true."""
+        lost = self._lost
+        chunk_rows = [row for row in batch.chunk_rows if row[0] not in lost]
+        event_rows = [row for row in batch.event_rows if row[0] not in lost]
+        dropped = len(batch.chunk_rows) + len(batch.event_rows) - len(chunk_rows) - len(event_rows)
+        if dropped:
+            batch.chunk_rows, batch.event_rows = chunk_rows, event_rows
+            self._failed(f"rows of exchanges not in the log ({self.stats.last_error})", dropped)
+
+    def _lose(self, batch: _Batch, error: str, rows: int, exc: BaseException | None = None) -> None:
+        """The batch could not be written: its exchanges say so to whoever waits on them."""
+        why = _FULL if self._full else f"the log could not be written ({error})"
+        batch.failed = why
+        for sql, params in batch.statements:
+            if sql.startswith(_INSERT_EXCHANGE):
+                self._lost[params[0]] = why
+        self._failed(error, rows, exc)
+
+    def _finish(self, batch: _Batch) -> None:
+        """Tell whoever waits on the batch's exchanges what the log keeps of each."""
         for future, summary in batch.finished:
+            answer = self._kept(summary, batch.failed)
             if future.set_running_or_notify_cancel():
-                future.set_result(summary)
+                future.set_result(answer)
         for wake in batch.wakers:
             wake()
+
+    def _kept(self, summary: ExchangeSummary, failed: str | None) -> ExchangeSummary:
+        """The summary of a finished exchange, saying what of it the log does not keep."""
+        exchange_id = summary.exchange_id
+        cut = exchange_id in self._cut
+        self._cut.discard(exchange_id)
+        self._cut_response.discard(exchange_id)
+        if exchange_id in self._lost:
+            return _partly(summary, Kept.NOTHING, self._lost.pop(exchange_id))
+        if failed is not None:
+            return _partly(summary, Kept.UNFINISHED, failed)
+        return _partly(summary, Kept.ROW, _FULL) if cut else summary
 
     def _tell_tap(self, last_chunk: int, last_event: int, batch: _Batch) -> None:
         """Tell the tap of the chunks and events just committed. They are in the log
@@ -466,6 +592,31 @@ class LogWriter(LogProducer):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+_INSERT_EXCHANGE = "INSERT INTO exchanges ("
+_UPDATED_COLUMNS = {UPDATE_HEAD: HEAD_COLUMNS, UPDATE_BODY: BODY_COLUMNS, UPDATE_END: END_COLUMNS}
+_BODIES = (("request_body", "request_body_truncated"), ("response_body", "response_body_truncated"))
+
+
+@cache
+def _columns(sql: str) -> tuple[str, ...] | None:
+    """The columns of ``exchanges`` a statement sets, in the order of its parameters (an
+    UPDATE's last is the row's id); None for a statement of another table."""
+    if sql.startswith(_INSERT_EXCHANGE):
+        return tuple(sql[len(_INSERT_EXCHANGE) : sql.index(")")].split(", "))
+    updated = _UPDATED_COLUMNS.get(sql)
+    return None if updated is None else (*updated, "id")
+
+
+def _is_full(exc: BaseException) -> bool:
+    """Whether SQLite failed for want of room: a full disk, or the log's size cap."""
+    code = getattr(exc, "sqlite_errorcode", 0) if isinstance(exc, sqlite3.Error) else 0
+    return code & 0xFF == sqlite3.SQLITE_FULL
+
+
+def _partly(summary: ExchangeSummary, kept: Kept, why: str) -> ExchangeSummary:
+    return replace(summary, kept=kept, lost=why)
 
 
 def _check_bound(name: str, value: Any, *, whole: bool, least: int) -> None:

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -99,6 +99,7 @@ class RecordingProxy:
         max_request_body: int = MAX_BODY,
         connect_timeout: float = 10.0,
         on_exchange: Callable[[ExchangeSummary], None] | None = None,
+        on_refusal: Callable[[Refusal], None] | None = None,
         allowed_hosts: frozenset[str] | None = None,
         header_timeout: float = HEADER_TIMEOUT,
         hold: float | None = None,
@@ -121,6 +122,7 @@ class RecordingProxy:
         self.max_request_body = max_request_body
         self.connect_timeout = connect_timeout
         self.on_exchange = on_exchange
+        self.on_refusal = on_refusal  # told of each request answered here, not forwarded
         # Resuming (``hold`` given): SSE streams are held, clients that reconnect follow them again.
         self.hold = hold
         self.live = LiveStreams(hold, hold_bytes) if hold is not None else None
@@ -561,6 +563,8 @@ class RecordingProxy:
             writer.end_exchange(exchange, duration_ns=0, outcome=Outcome.REFUSED, error=reason)
             return exchange
 
+        if self.on_refusal is not None:
+            self.on_refusal(Refusal(method, path, status, reason))
         try:
             return log(self.writer)
         except WriterClosed:
@@ -618,6 +622,16 @@ class RecordingProxy:
                 rest = location[len(under) :]
                 return rest if rest.startswith("/") else f"/{rest}"
         return location
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request the recorder answered itself (``refused`` in the log), and why."""
+
+    method: str
+    path: str
+    status: int
+    reason: str
 
 
 class _TeedBody:

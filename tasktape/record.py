@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
+from yarl import URL
 
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.a2a_terms import short_state
@@ -23,7 +26,7 @@ from tasktape.eventlog.resumes import Resume
 from tasktape.fleet.names import STREAM, jetstream_name, parse_servers
 from tasktape.proxy import RecordingProxy
 from tasktape.proxy.live import HOLD_BYTES
-from tasktape.proxy.recorder import points_at, upstream_url
+from tasktape.proxy.recorder import Refusal, points_at, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
 from .event_loop import event_loop_option
@@ -89,8 +92,9 @@ EXIT_LOG_FAILED = 3
     "--max-log-size",
     type=click.IntRange(min=1),
     metavar="BYTES",
-    help="Stop writing the log once it reaches this size; traffic keeps flowing, and the "
-    "lost rows are reported (and make the exit status 3).",
+    help="Keep the log within this size: once full, it takes nothing new (exchanges under way "
+    "get their ends, without their bytes); traffic keeps flowing, and the lost rows are "
+    "reported (and make the exit status 3).",
 )
 @click.option(
     "--resume",
@@ -158,7 +162,11 @@ EXIT_LOG_FAILED = 3
 )
 @allow_host_option()
 @event_loop_option()
-@click.option("--quiet", is_flag=True, help="Print only the listening address and errors.")
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="Print only the listening address and errors (refused requests, 502s from the upstream).",
+)
 def record(
     upstream: str,
     listen: tuple[str, int],
@@ -241,7 +249,8 @@ def record(
         rewrite_cards=not no_rewrite_card,
         max_request_body=max_body,
         allowed_hosts=answered_hosts(host, allow_host),
-        on_exchange=_print_undecoded if quiet else _print_exchange,
+        on_exchange=_print_failed if quiet else _print_exchange,
+        on_refusal=_print_refusal,
         hold=hold if resume else None,
         hold_bytes=hold_bytes,
         rejoin_for=rejoin_for,
@@ -249,6 +258,7 @@ def record(
         on_resume=None if quiet else _print_resume,
         credential_headers=redactor.headers,
     )
+    _say_if_down(proxy.upstream)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(
@@ -320,7 +330,20 @@ def describe_exchange(s: ExchangeSummary) -> str:
         parts.append(f"took {s.duration_ns / 1e6:.1f} ms")
     if s.outcome != Outcome.COMPLETE:
         parts.append(f"[{s.outcome}]")
-    return "  ".join(parts)
+    if s.kept is not None:  # what of it a full (or failing) log could not keep
+        parts.append(f"{s.kept}: {s.lost}")
+    return shown("  ".join(parts))
+
+
+# Control characters (C0, DEL, C1): from the traffic, they would move the cursor, clear the
+# terminal, set its title or start a line of their own.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """Text from the traffic as a console line shows it: control characters escaped
+    (``\\x1b``), printable Unicode as it is."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def _print_exchange(summary: ExchangeSummary) -> None:
@@ -328,8 +351,43 @@ def _print_exchange(summary: ExchangeSummary) -> None:
     _print_undecoded(summary)
 
 
+# How an exchange ends when the proxy itself failed its client (a 502 for an upstream that
+# cannot be reached, times out or breaks): said even with --quiet.
+_FAILED = frozenset({Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_DISCONNECTED})
+
+
+def _print_failed(summary: ExchangeSummary) -> None:
+    """--quiet: only the exchanges the proxy failed, and bodies the log could not decode."""
+    if summary.outcome in _FAILED:
+        click.echo(describe_exchange(summary))
+    _print_undecoded(summary)
+
+
+def _print_refusal(refusal: Refusal) -> None:
+    """A request answered here and not forwarded: said even with --quiet."""
+    r = refusal
+    click.echo(shown(f"{r.method} {r.path} {r.status}  [refused: {r.reason}]"))
+
+
+def _say_if_down(upstream: URL) -> None:
+    """The upstream does not take connections now: the recorder starts anyway (the agent
+    may come up later), and says so once, even with --quiet."""
+    try:
+        socket.create_connection((upstream.host, upstream.port), timeout=_PROBE_TIMEOUT).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        click.echo(
+            f"tasktape record: WARNING: the upstream {upstream} did not answer ({why}); "
+            "requests get a 502 until it does",
+            err=True,
+        )
+
+
+_PROBE_TIMEOUT = 2.0  # seconds the start waits to see the upstream take a connection
+
+
 def _print_resume(resume: Resume) -> None:
-    click.echo(f"resume: {resume.describe()}")
+    click.echo(f"resume: {shown(resume.describe())}")
 
 
 def _print_undecoded(summary: ExchangeSummary) -> None:
@@ -337,7 +395,9 @@ def _print_undecoded(summary: ExchangeSummary) -> None:
     a broken or unknown Content-Encoding), which search and replay matching cannot read."""
     if summary.undecoded:
         click.echo(
-            f"tasktape record: WARNING: exchange {summary.exchange_id} ({summary.method} {summary.path}): "
-            f"{summary.undecoded}; see exchanges.error",
+            shown(
+                f"tasktape record: WARNING: exchange {summary.exchange_id} "
+                f"({summary.method} {summary.path}): {summary.undecoded}; see exchanges.error"
+            ),
             err=True,
         )

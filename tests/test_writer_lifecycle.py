@@ -5,6 +5,7 @@ proxy whose log is closed under it."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sqlite3
 import threading
@@ -17,7 +18,8 @@ from aiohttp import web
 from conftest import RecordFactory
 
 from tasktape.errors import LogClosed, UnknownExchange, UsageError, WriterClosed
-from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
+from tasktape.eventlog import EventLog, ExchangeSummary, LogProducer, LogWriter, ProcessLogWriter
+from tasktape.eventlog.exchange_rows import Kept
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 WORKING = b'data: {"statusUpdate": {"taskId": "t1", "status": {"state": "TASK_STATE_WORKING"}}}\n\n'
@@ -186,3 +188,47 @@ def test_a_chunk_that_raced_close_is_written(tmp_path: Path, writer_class: type[
         with EventLog(db) as log:
             stored = len(log.body(ex))
         assert (w.stats.rows_lost, stored) == (0, len(accepted)), f"trial {trial}"
+
+
+def one_exchange(
+    w: LogProducer, cap: int, path: str, head: list[tuple[str, str]] | None, chunks: list[bytes]
+) -> concurrent.futures.Future[ExchangeSummary]:
+    """An exchange whose chunks are committed as they come (a flush after each)."""
+    ex = w.begin_exchange(cap, method="GET", path=path)
+    w.response_head(ex, status=200, headers=head, is_sse=head is SSE, ttfb_ns=1)
+    for i, data in enumerate(chunks):
+        w.chunk(ex, i, data)
+        w.flush()
+    return w.end_exchange(ex, duration_ns=len(chunks) + 1)
+
+
+def test_a_full_log_stays_true_to_itself(tmp_path: Path, writer_class: type[LogProducer]) -> None:
+    """Once the log reaches its size cap it takes nothing new: the exchange that filled it
+    is kept without its body and says so, later ones are not recorded and their waiters
+    are told, and no chunk or event is ever written without its exchange."""
+    db = tmp_path / "log.db"
+    w = writer_class(db, max_bytes=1024 * 1024, on_error=lambda exc, rows: None)
+    cap = w.begin_capture(source="test")
+    ends = [
+        one_exchange(w, cap, "/plain", None, [b"hello\n"]),
+        one_exchange(w, cap, "/huge", None, [os.urandom(3 * 1024 * 1024)]),
+        one_exchange(w, cap, "/sse", SSE, [WORKING] * 20),
+        one_exchange(w, cap, "/plain", None, [b"hello\n"]),
+    ]
+    said = [end.result(timeout=30) for end in ends]
+    w.close()
+    assert said[0].kept is None
+    assert (said[1].kept, said[1].lost) == (Kept.ROW, "the log is full")
+    for late in said[2:]:
+        assert (late.kept, late.lost) == (Kept.NOTHING, "the log is full")
+    assert w.stats.rows_lost >= 2 + 20  # the body, the stream's events, the two rows
+    with EventLog(db) as log:
+        assert log.db.execute("PRAGMA foreign_key_check").fetchall() == []
+        rows = log.db.execute(
+            "SELECT path, outcome, response_body IS NULL, response_body_truncated, error FROM exchanges"
+        ).fetchall()
+    assert [tuple(row) for row in rows] == [
+        ("/plain", "complete", 0, 0, None),
+        ("/huge", "complete", 1, 1, "the log is full: its bytes are not all in it"),
+    ]
+    assert db.stat().st_size <= 1024 * 1024
