@@ -114,3 +114,18 @@ def shipped_rows(path: Path) -> dict[str, Any]:
     """What a recorder ships of its log: every row the writer commits (findings are the
     checker's, written into each log by tasktape check)."""
     return {table: rows for table, rows in rows_by_uid(path).items() if table != "findings"}
+
+
+def before_migration(db: Path, old: Path, migration: str, *, column: str, summary_view: str) -> Path:
+    """A copy of the log ``db`` at ``old`` as it was before ``migration`` added ``column`` to
+    ``exchanges`` (and to ``stream_summary``, then ``summary_view``): opened for writing,
+    the migration runs on it."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("VACUUM INTO ?", (str(old),))
+    with sqlite3.connect(old) as conn:
+        conn.execute("DROP VIEW stream_summary")
+        conn.execute(f"ALTER TABLE exchanges DROP COLUMN {column}")
+        conn.execute(f"CREATE VIEW stream_summary AS {summary_view}")
+        conn.execute("DELETE FROM _sqlite_migrations WHERE name = ?", (migration,))
+    conn.close()
+    return old

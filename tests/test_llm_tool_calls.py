@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from conftest import RecordFactory
 from inspector_log import page
 from llm_servers import ARGUMENTS, anthropic_app, openai_app
+from log_rows import before_migration
 
 from tasktape.errors import SchemaTooOld
 from tasktape.eventlog import EventLog, LogWriter
@@ -197,14 +197,9 @@ async def test_an_older_log_gains_its_calls_on_upgrade(record: RecordFactory, tm
     calls = await responses_calls(rec.url, True)
     with await rec.log():
         pass
-    old = tmp_path / "old.db"
-    with sqlite3.connect(rec.db) as conn:
-        conn.execute("VACUUM INTO ?", (str(old),))
-    with sqlite3.connect(old) as conn:
-        conn.execute("DROP VIEW stream_summary")
-        conn.execute("ALTER TABLE exchanges DROP COLUMN tool_calls")
-        conn.execute(f"CREATE VIEW stream_summary AS {STREAM_SUMMARY_15}")
-        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0016_tool_calls'")
+    old = before_migration(
+        rec.db, tmp_path / "old.db", "0016_tool_calls", column="tool_calls", summary_view=STREAM_SUMMARY_15
+    )
     with pytest.raises(SchemaTooOld):
         EventLog(old)
     with LogWriter(old):  # opened for writing: upgraded

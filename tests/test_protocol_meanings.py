@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 from conftest import RecordFactory
 from llm_servers import anthropic_app
+from log_rows import before_migration
 from test_llm_tool_calls import messages_calls
 
 from tasktape.eventlog import EventLog, LogWriter
@@ -474,15 +475,16 @@ async def test_input_tokens_count_the_cached_ones_for_every_api(record: RecordFa
         html = await get(rec.db, f"/-/stream/{row['exchange_id']}")
         assert "<tr><th>of which cached</th><td>20000</td></tr>" in html
     # A log of the schema before (Anthropic's input counted without its cache) is read anew.
-    old = rec.db.with_name("old.db")
-    with sqlite3.connect(rec.db) as conn:
-        conn.execute("VACUUM INTO ?", (str(old),))
+    old = before_migration(
+        rec.db,
+        rec.db.with_name("old.db"),
+        "0017_cached_input_tokens",
+        column="cached_input_tokens",
+        summary_view=STREAM_SUMMARY_16,
+    )
     with sqlite3.connect(old) as conn:
-        conn.execute("DROP VIEW stream_summary")
-        conn.execute("ALTER TABLE exchanges DROP COLUMN cached_input_tokens")
-        conn.execute(f"CREATE VIEW stream_summary AS {STREAM_SUMMARY_16}")
         conn.execute("UPDATE exchanges SET input_tokens = 3 WHERE protocol = 'anthropic'")
-        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0017_cached_input_tokens'")
+    conn.close()
     with LogWriter(old):  # opened for writing: upgraded
         pass
     assert summaries(old) == rows
