@@ -81,6 +81,7 @@ class ExchangeSummary:
     undecoded: str | None = None  # why (part of) a body is stored as received, not decoded
     kept: Kept | None = None  # what of it the log holds, when not all (None: all of it)
     lost: str | None = None  # and why the rest is not there
+    body_cut_at: int | None = None  # the bytes of a response body kept, when max_body cut it
 
 
 def utc_iso(ns: int) -> str:
@@ -430,6 +431,7 @@ class ExchangeRows:
         room = self._max_body - self._body_len
         if len(data) > room:
             data, self._truncated = data[:room], True
+            self.summary.body_cut_at = self._max_body
             if not data:
                 return
         self._body_len += len(data)

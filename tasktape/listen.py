@@ -32,7 +32,10 @@ public_url = checked(_public_url)  # the click callback of --public-url
 
 
 class HostPort(click.ParamType):
-    """``HOST:PORT``, ``[IPv6]:PORT`` or just ``PORT`` (on 127.0.0.1); port 0 picks a free one."""
+    """``HOST:PORT``, ``[IPv6]:PORT`` or just ``PORT`` (on 127.0.0.1); port 0 picks a free one.
+
+    A bare IPv6 address is refused, not read as a host: ``::1:8080`` is itself an address,
+    so its last group could as well be a port."""
 
     name = "HOST:PORT"
 
@@ -45,10 +48,31 @@ class HostPort(click.ParamType):
         host, sep, port = text.rpartition(":")
         if not sep:
             host, port = "127.0.0.1", text
-        host = host.strip("[]") or "127.0.0.1"
+        elif ":" in host or host.startswith("["):
+            host = self._bracketed(host, text, param, ctx)
         if not port.isdigit() or not 0 <= int(port) <= 65535:
             self.fail(f"{text!r} is not HOST:PORT with a port from 0 to 65535", param, ctx)
-        return host, int(port)
+        return host or "127.0.0.1", int(port)
+
+    def _bracketed(
+        self, host: str, text: str, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        """The IPv6 address inside ``[...]``; anything else with colons is refused."""
+        inner = host.removeprefix("[").removesuffix("]")
+        if f"[{inner}]" != host or not _is_ipv6(inner):
+            self.fail(
+                f"{text!r} is not HOST:PORT: write an IPv6 address in brackets, then its port, as [::1]:PORT",
+                param,
+                ctx,
+            )
+        return inner
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 def allow_host_option() -> Callable[[F], F]:

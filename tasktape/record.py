@@ -29,6 +29,7 @@ from tasktape.proxy.live import HOLD_BYTES
 from tasktape.proxy.recorder import Refusal, points_at, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
+from .counted import counted
 from .event_loop import event_loop_option
 from .listen import (
     DEFAULT_RECORD_PORT,
@@ -332,18 +333,36 @@ def describe_exchange(s: ExchangeSummary) -> str:
         parts.append(f"[{s.outcome}]")
     if s.kept is not None:  # what of it a full (or failing) log could not keep
         parts.append(f"{s.kept}: {s.lost}")
+    elif s.body_cut_at is not None:  # --max-body: the client got it all, the log does not have it
+        parts.append(f"body cut at {_size(s.body_cut_at)} in the log")
     return shown("  ".join(parts))
 
 
+def _size(n: int) -> str:
+    """Bytes as --max-body is usually given: ``16 MiB``, ``64 KiB``, else ``1000 bytes``."""
+    for unit, name in ((2**20, "MiB"), (2**10, "KiB")):
+        if n and n % unit == 0:
+            return f"{n // unit} {name}"
+    return counted(n, "byte")
+
+
 # Control characters (C0, DEL, C1): from the traffic, they would move the cursor, clear the
-# terminal, set its title or start a line of their own.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# terminal, set its title or start a line of their own. Lone surrogates (a header's bytes
+# that are not UTF-8, as Python reads them; a JSON string's \udcXX): printed, they are not
+# UTF-8 either, which a terminal shows as mojibake and grep takes for a binary file.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def shown(text: str) -> str:
     """Text from the traffic as a console line shows it: control characters escaped
-    (``\\x1b``), printable Unicode as it is."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+    (``\\x1b``), lone surrogates as their code point (``\\udce9``, where the byte 0xe9
+    that is not UTF-8 came in), printable Unicode as it is."""
+    return _UNSHOWN.sub(_escaped, text)
+
+
+def _escaped(m: re.Match[str]) -> str:
+    code = ord(m[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _print_exchange(summary: ExchangeSummary) -> None:

@@ -4,16 +4,19 @@ what the log could not keep."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
-from contextlib import AbstractAsyncContextManager
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from loopback import Running, running, serve, stop
+from loopback import Running, running, serve, stop, upstream_app
 from ports import free_port
 
 
@@ -111,4 +114,85 @@ async def test_exchanges_a_full_log_could_not_keep_say_so(tmp_path: Path) -> Non
         "GET /plain 200  took",
         "GET /huge 200  took  recorded without its body: the log is full",
         "GET /plain 200  took  not recorded: the log is full",
+    ]
+
+
+async def test_a_response_cut_at_max_body_says_so(tmp_path: Path) -> None:
+    """The client gets all 3 MiB, the log only the first 1 MiB: the line says the log's copy is cut."""
+    async with (
+        serve(plain_and_huge()) as upstream,
+        recorder(upstream, tmp_path / "log.db", "--max-body", str(1024 * 1024)) as run,
+    ):
+        lines = []
+        for path in ("/plain", "/huge"):  # each printed before the next
+            assert await get(f"{run.url}{path}") == 200
+            lines.append((await run.proc.stdout.readline()).decode())  # type: ignore[union-attr]
+        status, _, _ = await stopped(run)
+    assert status == 0
+    assert [re.sub(r"took [\d.]+ ms", "took", line.strip()) for line in lines] == [
+        "GET /plain 200  took",
+        "GET /huge 200  took  body cut at 1 MiB in the log",
+    ]
+
+
+@asynccontextmanager
+async def answering_without_a_status_line(answer: bytes) -> AsyncIterator[str]:
+    """An upstream whose answer to any request is ``answer``, where a status line should be."""
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(reply, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_502_says_why_without_the_upstreams_bytes(tmp_path: Path) -> None:
+    """aiohttp quotes the bytes it could not read, with a caret and the URL after them: the
+    client's 502 and the log say what went wrong, not what the upstream sent."""
+    db = tmp_path / "log.db"
+    answer = b'id: 0\ndata: {"token": "sk-live-0123"}\n\n'
+    async with answering_without_a_status_line(answer) as upstream, recorder(upstream, db) as run:
+        async with aiohttp.ClientSession() as session, session.get(f"{run.url}/sse?key=k9") as r:
+            body = await r.text()
+        status, lines, _ = await stopped(run)
+    assert status == 0 and r.status == 502
+    with sqlite3.connect(db) as conn:
+        (error,) = conn.execute("SELECT error FROM exchanges").fetchone()
+    for said in (body, error):
+        assert "answered what could not be read" in said and "Bad status line" in said, said
+        assert "sk-live" not in said and "id: 0" not in said and "key=k9" not in said, said
+    (line,) = lines
+    assert re.sub(r"took [\d.]+ ms", "took", line) == "GET /sse 502  took  [upstream_error]"
+
+
+async def test_bytes_that_are_not_utf8_are_escaped(tmp_path: Path) -> None:
+    """A Last-Event-ID with a Latin-1 byte reaches the console as a lone surrogate, which a
+    terminal shows as mojibake and grep takes for binary: it is printed as its escape."""
+    async with serve(upstream_app()) as upstream, recorder(upstream, tmp_path / "log.db", "--resume") as run:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{run.url}/message:stream", json={}) as r,
+        ):
+            await r.read()
+        host, port = run.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = b"POST /message:stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: e1\xe9\r\n"
+        writer.write(
+            head + b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+        )
+        assert (await reader.read()).startswith(b"HTTP/1.1 400 ")
+        writer.close()
+        status, lines, _ = await stopped(run)
+    assert status == 0  # (and its output was read as UTF-8)
+    resumes = [line for line in lines if line.startswith("resume: ")]
+    assert resumes == [
+        "resume: exchange 1: a client reconnected after e1\\udce9: refused "
+        "(Last-Event-ID 'e1\\udce9' names no event of the stream held here)"
     ]
