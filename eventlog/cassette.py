@@ -36,7 +36,7 @@ from tasktape.errors import CassetteError
 from tasktape.version import __version__
 
 from .file_kinds import FileKind, kind_of_bytes
-from .http_fields import field_problem
+from .http_fields import read_problem
 from .outcomes import Outcome
 from .producer import LogProducer
 from .recorded import Recorded
@@ -50,6 +50,8 @@ VERSION = 1
 # Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
 # (about 31 years) refuses infinities and absurd values on loading, not when written.
 MAX_MS = 1e12
+# A status as HTTP/1.1 sends it: three digits (RFC 9110 section 15), as a log keeps it.
+MIN_STATUS, MAX_STATUS = 100, 999
 # A CR, LF or NUL in a header, or in a request's method, path or query, would split the
 # message it is replayed in or the line it is reported on.
 _SPLITS_A_LINE = re.compile(r"[\r\n\x00]")
@@ -61,10 +63,10 @@ TIME_FORM = "an ISO 8601 time, such as 2026-11-30T11:30:41.740Z"
 _OUTCOMES = frozenset(Outcome)
 
 
-def unsendable_header(headers: list[tuple[str, str]]) -> str | None:
-    """Why one of these response headers cannot be sent again on replay (None: each is
-    one HTTP allows)."""
-    return next(filter(None, (field_problem(name, value) for name, value in headers)), None)
+def unread_header(headers: list[tuple[str, str]]) -> str | None:
+    """Why one of these response headers is none a log holds (None: an HTTP parser reads
+    each). One replay cannot send again is kept as it came: replay leaves it out."""
+    return next(filter(None, (read_problem(name, value) for name, value in headers)), None)
 
 
 def broken_header(headers: list[tuple[str, str]]) -> str | None:
@@ -289,9 +291,9 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
             resp.get("ttfb_ms", 0.0),
             resp.get("decoded_from"),
         )
-        response_headers = _plain_headers(resp.get("headers", []), unsendable_header)
+        response_headers = _plain_headers(resp.get("headers", []), unread_header)
         truncated = resp.get("body_truncated", False)
-        if type(status) is not int or not 100 <= status <= 599 or response_headers is None:
+        if type(status) is not int or not MIN_STATUS <= status <= MAX_STATUS or response_headers is None:
             return None
         if not (sse is None or type(sse) is bool) or not _in_range(ttfb) or not _optional_str(decoded_from):
             return None

@@ -10,7 +10,7 @@ import base64
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .cassette import MAX_MS, TIME_FORM, broken_header, splits_a_line, unsendable_header
+from .cassette import MAX_MS, MAX_STATUS, MIN_STATUS, TIME_FORM, broken_header, splits_a_line, unread_header
 from .outcomes import Outcome
 from .uids import read_time
 
@@ -22,8 +22,8 @@ def _whole_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return headers
 
 
-def _sendable_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    problem = unsendable_header(headers)
+def _read_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    problem = unread_header(headers)
     if problem:
         raise ValueError(problem)
     return headers
@@ -65,14 +65,14 @@ class Request(_Strict):
 
 
 class Response(_Strict):
-    status: int = Field(ge=100, le=599)
+    status: int = Field(ge=MIN_STATUS, le=MAX_STATUS)
     headers: list[tuple[str, str]] = []
     sse: bool | None = None  # default: from the Content-Type
     ttfb_ms: float = Field(default=0.0, ge=0, le=MAX_MS)
     decoded_from: str | None = None
     body_truncated: bool = False
 
-    _check_headers = field_validator("headers")(_sendable_headers)
+    _check_headers = field_validator("headers")(_read_headers)
 
 
 class Exchange(_Strict):

@@ -109,3 +109,16 @@ def decode_body(body: bytes, encoding: str | None, limit: int = MAX_DECODED) -> 
 
 def too_large(encoding: str, limit: int) -> str:
     return f"Content-Encoding {encoding}: the body decodes to more than {limit:,} bytes (--max-decoded)"
+
+
+# What an exchange's error says when its body's decoding stopped part-way (too large, bytes
+# that do not decode): the rest of the body is stored as it came, still encoded. (The log
+# keeps the words: logs written before keep being read by them.)
+REST_AS_RECEIVED = "the rest of the body is stored as received"
+
+
+def rest_undecoded(error: str | None) -> str | None:
+    """Why a body is stored decoded only in part, the rest as it came (an exchange's error
+    says so, among its other errors); None for a body stored in one form."""
+    said = (part for part in (error or "").split("; ") if part.endswith(f": {REST_AS_RECEIVED}"))
+    return next((part.removesuffix(f": {REST_AS_RECEIVED}") for part in said), None)

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from .classify import Classification
-from .content_coding import MAX_DECODED, Inflate, decode_body, too_large
+from .content_coding import MAX_DECODED, REST_AS_RECEIVED, Inflate, decode_body, too_large
 from .exchange_statements import INSERT_EXCHANGE, UPDATE_BODY, UPDATE_END, UPDATE_HEAD, Statement
 from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader
@@ -412,8 +412,8 @@ class ExchangeRows:
         if self._redactor.json_pointers:
             self._withheld = True
             self._error = f"{why}: {part} is not stored, since it could not be redacted"
-        else:
-            self._error = f"{why}: {part} is stored as received"
+        else:  # (the rest's words are what replay reads: rest_undecoded)
+            self._error = f"{why}: {REST_AS_RECEIVED if rest else 'the body is stored as received'}"
 
     @staticmethod
     def _headers(redacted: list[tuple[str, str]]) -> str:

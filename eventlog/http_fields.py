@@ -1,6 +1,7 @@
 """What HTTP allows in a header field (RFC 9110 sections 5.1 and 5.5): a name is a token,
 a value holds no control character but HTAB. A response header outside these rules cannot
-be sent again, so cassettes refuse it and replay leaves it out."""
+be sent again: replay leaves it out. A log keeps what an HTTP parser read, which is laxer
+(a value may hold other control characters, never CR, LF or NUL), and so do cassettes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_SPLITS = re.compile(r"[\r\n\x00]")
 
 
 def field_problem(name: str, value: str) -> str | None:
@@ -16,4 +18,13 @@ def field_problem(name: str, value: str) -> str | None:
         return f"header {name!r}: a header name is a token (letters, digits and !#$%&'*+-.^_`|~)"
     if _CONTROL.search(value):
         return f"header {name!r}: a header value holds no control character but tab"
+    return None
+
+
+def read_problem(name: str, value: str) -> str | None:
+    """Why ``name: value`` is no response header an HTTP parser reads (and a log holds), or None."""
+    if not _TOKEN.fullmatch(name):
+        return f"header {name!r}: a header name is a token (letters, digits and !#$%&'*+-.^_`|~)"
+    if _SPLITS.search(value):
+        return f"header {name!r}: a header value holds no CR, LF or NUL"
     return None

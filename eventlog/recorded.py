@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .content_coding import rest_undecoded
 from .outcomes import Outcome
 
 if TYPE_CHECKING:
@@ -63,6 +64,12 @@ class Recorded:
     def cut_short(self) -> bool:
         """Whether the response broke off mid-way (rather than ending or being refused)."""
         return self.outcome in CUT_SHORT
+
+    @property
+    def partly_decoded(self) -> str | None:
+        """Why its body is decoded from its Content-Encoding only in part, the rest still
+        encoded (no client can read the two as one body); None for a body in one form."""
+        return rest_undecoded(self.error) if self.decoded_from else None
 
     @property
     def resumed_from(self) -> str | None:

@@ -68,14 +68,16 @@ def ms_or_none(ns: int | None) -> float | None:
 
 
 def pretty_json(value: Any) -> str | None:
-    """Indented JSON when ``value`` is a JSON object or array (as text), else None."""
+    """Indented JSON when ``value`` is a JSON object or array (as text), else None: JSON
+    nested too deep to indent is shown as it is."""
     if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
         return None
     try:
-        parsed = json.loads(value)
-    except ValueError:
+        pretty = json.dumps(json.loads(value), indent=2, ensure_ascii=False)
+    except (ValueError, RecursionError):
         return None
-    return json.dumps(parsed, indent=2, ensure_ascii=False)
+    # A lone surrogate (JSON may escape one) is no character a page can send: escaped again.
+    return pretty.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def parse_json(data: Any) -> Any:

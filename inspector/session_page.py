@@ -25,6 +25,7 @@ from tasktape.eventlog.protocols.mcp import (
     MCPFinish,
     MCPKind,
     answer_of,
+    id_key,
     log_text,
     message_kind,
 )
@@ -305,10 +306,6 @@ def _exchange(r: dict[str, Any], origin: int) -> SessionExchange:
     )
 
 
-def _key(value: Any) -> tuple[str, Any]:
-    return (type(value).__name__, value)  # 1 and "1" are different ids
-
-
 def _progress_token(row: dict[str, Any]) -> Any:
     body = parse_json(row["request_body"])
     params = body.get("params") if isinstance(body, dict) else None
@@ -353,19 +350,20 @@ def _read_messages(
     requests: dict[tuple[str, Any], list[SessionExchange]] = {}
     tokens: dict[tuple[str, Any], list[SessionExchange]] = {}
     for r, x in zip(rows, exchanges, strict=True):
-        if x.rpc_id is not None:
-            requests.setdefault(_key(x.rpc_id), []).append(x)
-        if (token := _progress_token(r)) is not None:
-            tokens.setdefault(_key(token), []).append(x)
+        if x.rpc_id is not None and (key := id_key(x.rpc_id)) is not None:
+            requests.setdefault(key, []).append(x)
+        if (token := _progress_token(r)) is not None and (key := id_key(token)) is not None:
+            tokens.setdefault(key, []).append(x)
     asks: dict[tuple[str, Any], str] = {}  # the server's requests to the client: their methods, by id
     for at, exchange_id, seq, message in _messages(log, rows, origin):
         carrier = by_id[exchange_id]
         kind = message_kind(message)
         target: SessionExchange | None = None
         if kind is MCPKind.REQUEST:
-            asks[_key(message["id"])] = message["method"]
+            if (key := id_key(message["id"])) is not None:
+                asks[key] = message["method"]
         elif kind in (MCPKind.RESPONSE, MCPKind.ERROR):
-            target = _asked(requests.get(_key(message.get("id")), []), carrier, at)
+            target = _asked(_with_id(requests, message.get("id")), carrier, at)
             if target is not None:  # (answered twice, which check flags: the last, as stream_summary)
                 target.answer = Answer(at, *answer_of(message), exchange_id, seq)
         elif kind is MCPKind.NOTIFICATION and message.get("method") == LOG:
@@ -373,7 +371,7 @@ def _read_messages(
             carrier.logs.append(LogLine(at, log_text(message.get("params")), exchange_id, seq))
         elif kind is MCPKind.NOTIFICATION and message.get("method") == PROGRESS:
             params = message.get("params") if isinstance(message.get("params"), dict) else {}
-            target = _asked(tokens.get(_key(params.get("progressToken")), []), carrier, at)
+            target = _asked(_with_id(tokens, params.get("progressToken")), carrier, at)
             if target is not None:
                 target.progress.append(
                     Progress(
@@ -393,7 +391,13 @@ def _read_messages(
     for r, x in zip(rows, exchanges, strict=True):
         body = parse_json(r["request_body"])
         if message_kind(body) in _ANSWERS:
-            x.replies_to = asks.get(_key(body.get("id")))
+            x.replies_to = asks.get(key) if (key := id_key(body.get("id"))) is not None else None
+
+
+def _with_id(exchanges: dict[tuple[str, Any], list[SessionExchange]], rpc_id: Any) -> list[SessionExchange]:
+    """The exchanges under an id (or progress token); none for what is no id."""
+    key = id_key(rpc_id)
+    return [] if key is None else exchanges.get(key, [])
 
 
 def _asked(candidates: list[SessionExchange], carrier: SessionExchange, at: float) -> SessionExchange | None:

@@ -56,6 +56,13 @@ from .tasks import Subscription, Tasks
 log = logging.getLogger("tasktape.replay")
 CONFIGURED = "at start"  # the source of the specs a server is given (--fault, the marker)
 FORWARDED = "the request was forwarded live to the upstream, and faults are made on replayed answers only"
+# Why a recording whose body is decoded only in part cannot be sent: the wire bytes are
+# gone (the decoded part, encoded again, would be other bytes), and the two halves together
+# are no body a client can read.
+PARTLY_DECODED = (
+    "the log holds its body decoded only in part and the rest as it came, still encoded,"
+    " which together are no body a client can read"
+)
 
 
 @dataclass(frozen=True)
@@ -277,6 +284,17 @@ class ReplayServer:
         self.stats.refused.append(what)
         return error(status, message)
 
+    def _unreadable(self, incoming: Incoming, recorded: Recorded) -> web.Response:
+        """A recording whose body no client can read (decoded in part, the rest encoded) is
+        not sent: the replay's own error says why."""
+        self.stats.served -= 1
+        why = f"{recorded.partly_decoded}: {PARTLY_DECODED}"
+        return self._refuse(
+            f"{incoming.request_line} ({recorded.origin}: {why})",
+            502,
+            f"the recording of {incoming.request_line} ({recorded.origin}) cannot be sent: {why}",
+        )
+
     def _for_upstream(self, request: web.Request) -> web.Request:
         """The request as an upstream may be sent it: without the replay's own fault header,
         which neither the agent nor a recording is to see. (Made before the body is read:
@@ -300,6 +318,8 @@ class ReplayServer:
             said = f"{where}: {problem}; it is left out, and the body sent whole"
             self.unframed.append(said)
             log.warning("tasktape replay: %s", said)
+        for said in _not_as_recorded(recorded):
+            log.warning("tasktape replay: %s (%s): %s", recorded.request_line, recorded.origin, said)
         self.recordings.add(recorded, used)
         self.tasks.changed()
 
@@ -307,6 +327,8 @@ class ReplayServer:
         """A recorded GET's status and headers, without its body: the recording stays for
         the GET."""
         recorded = self.recorded[index]
+        if recorded.partly_decoded:
+            return self._unreadable(incoming, recorded)
         headers = end_to_end(_sendable(recorded))
         if recorded.decoded_from:
             headers.popall("Content-Encoding", None)  # the recording holds the decoded body
@@ -381,6 +403,9 @@ class ReplayServer:
         start: float,
     ) -> web.StreamResponse:
         recorded = self.recorded[index]
+        if recorded.partly_decoded:
+            self.used[index] -= counted  # nothing of it was served
+            return self._unreadable(incoming, recorded)
         if counted:
             self.recordings.answered(index, incoming)
         # A client repeating its request to resume gets its own JSON-RPC id; one resuming
@@ -608,6 +633,17 @@ def last_event_id(request: web.Request) -> str | None:
     """The event a reconnecting client saw last; None for a fresh request. An empty
     Last-Event-ID names none (in SSE, an empty id is no last event): fresh too."""
     return request.headers.get("Last-Event-ID") or None
+
+
+def _not_as_recorded(recorded: Recorded) -> list[str]:
+    """What makes a recording's body other than the one the upstream sent: said as it loads."""
+    said = []
+    if recorded.partly_decoded:
+        said.append(f"{recorded.partly_decoded}: {PARTLY_DECODED}; it is answered with a 502 error")
+    if recorded.response_body_truncated:
+        kept = sum(len(data) for _, data in recorded.chunks)
+        said.append(f"its body was cut when recorded (--max-body), {kept:,} bytes kept: it is replayed cut")
+    return said
 
 
 def _sendable(recorded: Recorded) -> list[tuple[str, str]]:

@@ -301,7 +301,7 @@ MALFORMED = {
         HEADER + '{"exchange": {"request": {"method": "GET", "path": "/"}, "response": {"status": 200, '
         '"headers": [["X-A", "a\\r\\nSet-Cookie: s=1"]]}}}\n',
         2,
-        "exchange: response.headers: Value error, header 'X-A': a header value holds no control character",
+        "exchange: response.headers: Value error, header 'X-A': a header value holds no CR, LF or NUL",
     ),
     "100,000 nested arrays": (HEADER + "[" * 100_000 + "\n", 2, "not JSON: maximum recursion depth exceeded"),
     "a number of a million digits": (

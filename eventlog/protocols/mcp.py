@@ -289,10 +289,24 @@ def _sessions(streams: Sequence[Stream]) -> list[list[Stream]]:
     return list(sessions.values())
 
 
+def id_key(rpc_id: Any) -> tuple[str, Any] | None:
+    """A JSON-RPC id (or progress token) as a dict key: 1 and "1" are different ids. None
+    for what is no id: JSON-RPC 2.0 says an id is a string, a number or null."""
+    if rpc_id is None or (isinstance(rpc_id, str | int | float) and not isinstance(rpc_id, bool)):
+        return (type(rpc_id).__name__, rpc_id)
+    return None
+
+
+def _bad_ids(stream: Stream, frame: Frame | None, message: Any) -> Iterator[Problem]:
+    """A message whose id is no string, number or null: it is no one's answer."""
+    if isinstance(message, dict) and "id" in message and id_key(message["id"]) is None:
+        yield Problem(stream, frame, f"id {json.dumps(message['id'])} is no string, number or null")
+
+
 def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Each request gets one response in its session: on its POST stream, or the GET that resumed it."""
     for session in _sessions(streams):
-        answers: dict[Any, list[tuple[Stream, Frame]]] = {}
+        answers: dict[tuple[str, Any], list[tuple[Stream, Frame]]] = {}
         seen: set[str] = set()
         for stream in session:
             for frame, message in _messages(stream):
@@ -302,12 +316,18 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
                     if frame.sse_id in seen:
                         continue  # the same event once more, as a resumed stream repeats it
                     seen.add(frame.sse_id)
-                answers.setdefault(_key(message.get("id")), []).append((stream, frame))
+                if (key := id_key(message.get("id"))) is None:
+                    yield from _bad_ids(stream, frame, message)
+                    continue
+                answers.setdefault(key, []).append((stream, frame))
         for stream in session:
             body = stream.request_body
             if message_kind(body) is not MCPKind.REQUEST or stream.status is None or stream.status >= 400:
                 continue
-            got = answers.get(_key(body["id"]), [])
+            if (key := id_key(body["id"])) is None:
+                yield from _bad_ids(stream, None, body)
+                continue
+            got = answers.get(key, [])
             if not got and not _cut_short(stream, session):
                 yield Problem(stream, None, f"request {body['id']!r} ({body['method']}) got no response")
             for other, frame in got[1:]:
@@ -359,10 +379,6 @@ def _progress_of(data: str, token: Any) -> bool:
     return isinstance(params, dict) and same_id(params.get("progressToken"), token)
 
 
-def _key(rpc_id: Any) -> tuple[str, Any]:
-    return (type(rpc_id).__name__, rpc_id)  # 1 and "1" are different ids
-
-
 def result_xor_error(streams: Sequence[Stream]) -> Iterator[Problem]:
     """A response carries a result or an error, never both; an error has a code and a message."""
     for stream in streams:
@@ -393,8 +409,8 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
             # A token is unique among the requests under way: a new request that carries one
             # counts its progress afresh (the request that carried it before has been answered).
             token = _progress_token(stream.request_body)
-            if token is not None:
-                last.pop(_key(token), None)
+            if token is not None and (key := id_key(token)) is not None:
+                last.pop(key, None)
             for frame, message in _messages(stream):
                 if message.get("method") != PROGRESS or frame.sse_id in seen:
                     continue
@@ -409,7 +425,9 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
                 if not isinstance(progress, int | float):
                     yield Problem(stream, frame, f"progress of token {token!r} is not a number")
                     continue
-                before = last.get(_key(token))
+                if (key := id_key(token)) is None:
+                    continue  # a token is a string or a number: this one is no one's
+                before = last.get(key)
                 if before is not None and progress <= before:
                     yield Problem(
                         stream, frame, f"progress of token {token!r} went from {before} to {progress}"
@@ -418,7 +436,7 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
                     yield Problem(
                         stream, frame, f"progress {progress} of token {token!r} passes its total {total}"
                     )
-                last[_key(token)] = progress
+                last[key] = progress
 
 
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
