@@ -32,7 +32,9 @@ class Credentials:
 
     def of(self, headers: CIMultiDictProxy[str]) -> bytes:
         """The digest of a request's credentials (b"": it carried none)."""
-        found = [f"{name}:{value}" for name in self.names for value in headers.getall(name, ())]
+        found = [
+            f"{name}:{_as_compared(name, value)}" for name in self.names for value in headers.getall(name, ())
+        ]
         if not found:
             return b""
         return hashlib.blake2b("\n".join(found).encode(), key=_RUN_KEY, digest_size=16).digest()
@@ -40,6 +42,18 @@ class Credentials:
     def carried(self, headers: Iterable[tuple[str, str]]) -> bool:
         """Whether a request (as the log holds it: credentials redacted) carried any."""
         return any(name.lower() in self.names for name, _ in headers)
+
+
+# Headers whose value starts with an auth scheme, which HTTP compares case-insensitively
+# (RFC 9110 section 11.1): ``bearer`` is ``Bearer``. Their credentials are compared as sent.
+_SCHEMED = frozenset({"authorization", "proxy-authorization"})
+
+
+def _as_compared(name: str, value: str) -> str:
+    if name not in _SCHEMED:
+        return value
+    scheme, space, rest = value.partition(" ")
+    return scheme.lower() + space + rest
 
 
 def same(kept: bytes, given: bytes) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from aiohttp import hdrs, web
@@ -57,6 +58,23 @@ def end_to_end(headers: Iterable[tuple[str, str]], connection: str = "") -> CIMu
     """The headers minus hop-by-hop ones, including any the Connection header names."""
     named = {token.strip().lower() for token in connection.split(",") if token.strip()}
     return CIMultiDict((k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named)
+
+
+# What aiohttp refuses in a header value it sends (RFC 9110 section 5.5): a control
+# character but a tab. The upstream's client read it; passed on it would fail the answer.
+_UNSENDABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def left_out(headers: CIMultiDict[str]) -> list[str]:
+    """Take the headers whose values cannot be sent (a control character) out of
+    ``headers``: their names."""
+    names = [name for name, value in headers.items() if _UNSENDABLE.search(value)]
+    for name in dict.fromkeys(names):
+        kept = [v for v in headers.getall(name) if not _UNSENDABLE.search(v)]
+        headers.popall(name)
+        for value in kept:
+            headers.add(name, value)
+    return list(dict.fromkeys(names))
 
 
 def for_upstream(

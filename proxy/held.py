@@ -105,7 +105,7 @@ class Hold:
     def _let_go(self) -> None:
         self._timer = None
         if self.content is not None and not self._stream.followers and self._stream.outcome is None:
-            self.ran_out = True
+            self.ran_out = self._stream.letting_go = True
             self.content.set_exception(TimeoutError(f"nobody followed the stream for {self.seconds:g} s"))
 
 
@@ -119,7 +119,14 @@ async def relay_held(
     headers.popall("Content-Length", None)  # ids added where there were none change the length
     line = f"{request.method} {request.rel_url.raw_path}"
     credentials = proxy.credentials.of(request.headers)
-    stream = proxy.live.open(exchange.id, line, exchange.request_body(), list(headers.items()), credentials)
+    stream = proxy.live.open(
+        exchange.id,
+        line,
+        exchange.request_body(),
+        list(headers.items()),
+        credentials,
+        list(request.headers.items()),
+    )
     rejoin = Rejoin.of(exchange, stream)
     hold = Hold(stream, proxy.hold or 0.0)
     response = Relayed(status=upstream.status, reason=upstream.reason, headers=headers)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
@@ -22,6 +22,7 @@ from tasktape.eventlog.jsonrpc_ids import rpc_id
 from tasktape.eventlog.protocols.base import Request
 
 from .credentials import KEY_DIGITS, same, stream_key
+from .reconnects import Opener, opener
 from .stamper import Stamper, line_end
 
 ID_PREFIX = "tg"  # ids the recorder gives: "tg<exchange>-<key>.<event>" (see credentials)
@@ -53,6 +54,8 @@ class LiveStream:
     outcome: str | None = None  # set once the upstream ended: complete, upstream_disconnected...
     followers: int = 0
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
+    request_headers: Sequence[tuple[str, str]] = ()  # of the request that opened it
+    letting_go: bool = False  # its hold ran out: its upstream is being closed
     # Whether it ended with the event its protocol closes a stream with: known, or asked
     # once a reconnect needs it (most streams end whole and are never asked).
     _closed: bool | Callable[[LiveStream], bool] = False
@@ -73,6 +76,11 @@ class LiveStream:
     def request_rpc_id(self) -> object:
         """The JSON-RPC id its frames answer (or NO_ID): only a reconnect asks."""
         return rpc_id(self.request_body)
+
+    def opened(self) -> Request:
+        """The request that opened it (as far as a reconnect is compared with it)."""
+        method, _, path = self.request_line.partition(" ")
+        return Request(method, path, self.request_headers, self.request_body)
 
     @property
     def closed(self) -> bool:
@@ -223,6 +231,15 @@ class LiveStream:
         finally:
             self.detach()
 
+    async def until_ended(self) -> None:
+        """Wait for the upstream's end (of a stream being let go)."""
+        while self.outcome is None:
+            self._waiting += 1
+            try:
+                await self._changed.wait()
+            finally:
+                self._waiting -= 1
+
     def _wake(self) -> None:
         if self._waiting:
             self._changed.set()
@@ -231,12 +248,21 @@ class LiveStream:
 
 @dataclass(frozen=True)
 class Gone:
-    """A stream let go: which, the first and last ids it held, and when it was let go."""
+    """A stream let go: which, the first and last ids it held, when it was let go, and
+    what opened it (what a reconnect to it repeats; None: unknown, of an earlier run)."""
 
     exchange_id: int
     first: str | None
     last: str | None
     when: str  # "300 s after it ended...": what let it go
+    opener: Opener | None = None
+    key: str | None = None  # in the recorder's ids of its events
+
+
+def keyed(event_id: str, exchange_id: int, key: str | None) -> bool:
+    """Whether an id is one of the recorder's of that stream, its key right (one only
+    its clients were sent, or may have been)."""
+    return key is not None and event_id.startswith(f"{ID_PREFIX}{exchange_id}-{key}.")
 
 
 class LetGo(NamedTuple):
@@ -285,15 +311,18 @@ class LiveStreams:
         request_body: bytes | None,
         headers: list[tuple[str, str]],
         credentials: bytes,
+        request_headers: Sequence[tuple[str, str]] = (),
     ) -> LiveStream:
         assert self.capture_uid, "the capture's uid makes the streams' keys"
         key = stream_key(self.capture_uid, exchange_id)
         stream = LiveStream(exchange_id, request_line, request_body, headers, key, credentials)
+        stream.request_headers = request_headers
         self._streams[exchange_id] = stream
         return stream
 
     def hold_asleep(self, stream: LiveStream, original: Request) -> None:
         """A stream rebuilt from the log (its upstream not read) until a client wakes it."""
+        stream.request_headers = original.headers  # (a reconnect is compared with them)
         self._streams[stream.exchange_id] = stream
         self._asleep[stream.exchange_id] = original
 
@@ -351,7 +380,8 @@ class LiveStreams:
             self._ended_bytes -= ended[1]
         if stream is not None:
             when = when or f"{self.hold:g} s after it ended or was left (--hold)"
-            gone = Gone(exchange_id, stream.first_id(), stream.last_id(), when)
+            first, last, opened = stream.first_id(), stream.last_id(), opener(stream.opened())
+            gone = Gone(exchange_id, first, last, when, opened, stream.key)
             self._remember(LetGo(stream.credentials, stream.request_line), gone)
 
     def ended_before(self, exchange_id: int, request_line: str) -> None:
@@ -382,33 +412,48 @@ class LiveStreams:
         """The exchanges that opened the streams let go."""
         return frozenset(self._let_go)
 
-    def gone(self, request_line: str) -> Gone | None:
-        """The last stream of a request like this one that was let go, if it is not held."""
-        return None if self.newest(request_line) else self._gone.get(request_line)
+    def gone(self, resuming: Request) -> Gone | None:
+        """The last stream let go that a request like this one opened (the same line, and
+        as far as it is known the same operation), if no such stream is held."""
+        line = f"{resuming.method} {resuming.path.partition('?')[0]}"
+        gone = self._gone.get(line)
+        alike = gone is not None and (gone.opener is None or gone.opener.repeated_by(opener(resuming)))
+        return gone if alike and not self.newest(line) else None
 
     def __len__(self) -> int:
         return len(self._streams)
 
     def newest(self, request_line: str) -> LiveStream | None:
         """The newest stream a request like this one opened."""
-        return next((s for s in reversed(self._streams.values()) if s.request_line == request_line), None)
+        return self.latest(lambda s: s.request_line == request_line)
+
+    def latest(self, continued: Callable[[LiveStream], bool]) -> LiveStream | None:
+        """The newest stream a request continues (``continued`` says which do)."""
+        return next((s for s in reversed(self._streams.values()) if continued(s)), None)
 
     def find(
-        self, event_id: str, request_line: str = "", credentials: bytes | None = None
+        self,
+        event_id: str,
+        request_line: str = "",
+        credentials: bytes | None = None,
+        continued: Callable[[LiveStream], bool] = lambda _: True,
     ) -> tuple[LiveStream, int] | None:
         """The stream holding an event of that id, and where it is in it. One of the
         recorder's ids names its stream. An agent's may be in several (agents number each
         stream's events alike): the newest a request like this one opened, with these
         credentials, is taken first; then the newest these credentials may follow; then the
-        newest of all (which refuses them). Each stream's ids are read as it is looked in
-        (the first look, once for all it holds)."""
+        newest of all (which refuses them). Only streams the request ``continued`` are
+        taken (a request that is no reconnect to a stream is not answered from it). Each
+        stream's ids are read as it is looked in (the first look, once for all it holds)."""
         exchange_id = recorders_exchange(event_id)
         if exchange_id is None:
             streams: Iterable[LiveStream] = reversed(self._streams.values())
         else:
             streams = [self._streams[exchange_id]] if exchange_id in self._streams else []
         holding = [
-            (stream, position) for stream in streams if (position := stream.position(event_id)) is not None
+            (stream, position)
+            for stream in streams
+            if (position := stream.position(event_id)) is not None and continued(stream)
         ]
         admitted = [found for found in holding if credentials is None or found[0].admits(credentials)]
         same_line = [found for found in admitted if found[0].request_line == request_line]

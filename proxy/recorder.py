@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any
 
 import aiohttp
@@ -36,7 +37,7 @@ from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_i
 
 from . import unread
 from .card import is_card_request, rewrite_card
-from .credentials import Credentials
+from .credentials import Credentials, same
 from .failure import describe, dropped
 from .headers import (
     HEADER_LIMITS,
@@ -47,11 +48,13 @@ from .headers import (
     end_to_end,
     for_upstream,
     head_timeout,
+    left_out,
 )
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .kept_body import KeptBody
-from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, recorders_exchange
+from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, keyed, recorders_exchange
+from .reconnects import continues
 from .rejoin import Rejoin, agent_resumes, named_task
 from .resume_options import UnknownResume
 from .revive import (
@@ -346,8 +349,17 @@ class RecordingProxy:
         told = body if isinstance(body, bytes) else b""  # what the protocol reads the request by
         line = f"{request.method} {request.rel_url.raw_path}"
         credentials = self.credentials.of(request.headers)
-        found = live.find(last_id, line, credentials)
-        found = found or await self._let_go(request, told, last_id, credentials)
+        resuming = Request(request.method, request.rel_url.raw_path_qs, list(request.headers.items()), told)
+
+        def continued(stream: LiveStream) -> bool:
+            if isinstance(body, _TeedBody):  # not read whole: what it repeats is not known
+                return stream.request_line == line
+            return continues(resuming, stream.opened(), stream)
+
+        found = live.find(last_id, line, credentials, continued)
+        found = found or await self._let_go(request, resuming, last_id, credentials)
+        if found is not None and found[0].letting_go:  # its hold ran out just now: as if it had ended
+            await found[0].until_ended()
         if found is not None and found[0].outcome == Outcome.CLIENT_DISCONNECTED:
             found = await self._reopen(found, last_id)
         # An agent's id on a stream the agent ended unfinished goes back to it only where
@@ -372,10 +384,10 @@ class RecordingProxy:
                 "be asked)"
             )
             return self._not_answered(request, stream.exchange_id, last_id, why, 403)
-        held = None if found else live.newest(line)
-        gone = None if found or held else live.gone(line)
+        held = None if found else live.latest(continued)
+        gone = None if found or held else live.gone(resuming)
         if held is not None or gone is not None:  # a reconnect, after an event no stream held has
-            return self._unknown_resume(request, held or gone, last_id)  # type: ignore[arg-type]
+            return self._unknown_resume(request, held or gone, last_id, credentials)  # type: ignore[arg-type]
         return None
 
     async def _reopen(self, found: tuple[LiveStream, int], last_id: str) -> tuple[LiveStream, int]:
@@ -401,15 +413,14 @@ class RecordingProxy:
         opened it carried some, the agent is asked for the task with this client's headers
         first: a 401 or 403 leaves the stream asleep, a 2xx gives it this client's
         credentials (where asking cannot tell, the first answer to the subscribe does). A
-        client that reconnects meanwhile waits for that."""
+        client that reconnects meanwhile waits for that, and where the agent did not let
+        that one in, is asked for with its own headers."""
         live = self.live
         assert live is not None
-        original = live.wake(stream)
-        if original is None:  # another client is waking it
+        while (original := live.wake(stream)) is None:  # another client is waking it
             waking = live.waking.get(stream.exchange_id)
-            if waking is not None:
-                await asyncio.shield(waking)
-            return
+            if waking is None or await asyncio.shield(waking):
+                return
         rejoin = Rejoin(self, stream, original, request)
         admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         live.waking[stream.exchange_id] = admitted
@@ -448,7 +459,7 @@ class RecordingProxy:
         return bytes(read)
 
     async def _let_go(
-        self, request: web.Request, body: bytes, last_id: str, credentials: bytes
+        self, request: web.Request, resuming: Request, last_id: str, credentials: bytes
     ) -> tuple[LiveStream, int] | None:
         """A stream that ended and was let go, named by an id in it (one of the
         recorder's names its stream; for one of the agent's, the log is asked which):
@@ -459,9 +470,10 @@ class RecordingProxy:
         if exchange_id is None:
             line = f"{request.method} {request.rel_url.raw_path}"
             alike = live.let_go_alike(line, LOOKED_IN)
-            task = named_task(request, body)
+            task = named_task(request, resuming.body if isinstance(resuming.body, bytes) else b"")
             if alike or task != (None, None):
                 path, let_go = self.writer.path, live.let_go_ids()
+                await self.writer.aflush()  # (a stream let go a moment ago: its events committed)
                 exchange_id = await asyncio.to_thread(holding, path, last_id, alike, task, let_go)
         held = None if exchange_id is None else live.let_go(exchange_id)
         if held is None:
@@ -472,7 +484,7 @@ class RecordingProxy:
             return None
         stream, original = rebuilt
         position = stream.position(last_id)  # (its key too)
-        if position is None:
+        if position is None or not continues(resuming, original, stream):
             return None
         stream.credentials = held.credentials
         if held.credentials is None:  # opened in an earlier run
@@ -491,22 +503,24 @@ class RecordingProxy:
             stream.credentials = credentials
 
     def _unknown_resume(
-        self, request: web.Request, held: LiveStream | Gone, last_id: str
+        self, request: web.Request, held: LiveStream | Gone, last_id: str, credentials: bytes
     ) -> web.Response | Resume:
         """A reconnect naming an event the stream held for it never had, or to a stream
-        let go: refused (a 400 naming the ids held), or, with --resume-unknown forward,
-        the resume to note once it has gone upstream."""
-        if isinstance(held, Gone):
-            holds = (
-                f"the stream of exchange {held.exchange_id}"
-                + (f" ({held.first!r} to {held.last!r})" if held.first is not None else "")
-                + f" was let go {held.when}; the log has it"
-            )
-        else:
-            ids = held.ids()
-            holds = f"it holds {ids[0]!r} to {ids[-1]!r} ({len(ids)} events)" if ids else "it holds none yet"
-        why = f"Last-Event-ID {shown_id(last_id)!r} names no event of the stream held here; {holds}"
+        let go: refused (a 400 saying what this client may know of the stream: see
+        ``_what_it_holds``), or, with --resume-unknown forward, the resume to note once it
+        has gone upstream."""
+        holds = _what_it_holds(held, last_id, self._admitted(held, credentials))
+        why = f"Last-Event-ID {shown_id(last_id)!r} names no event of the stream held here{holds}"
         return self._not_answered(request, held.exchange_id, last_id, why, 400)
+
+    def _admitted(self, held: LiveStream | Gone, credentials: bytes) -> Admitted:
+        """How far a client with these credentials may follow the stream."""
+        assert self.live is not None
+        let_go = None if isinstance(held, LiveStream) else self.live.let_go(held.exchange_id)
+        kept = held.credentials if isinstance(held, LiveStream) else let_go and let_go.credentials
+        if kept is None or not same(kept, credentials):
+            return Admitted.NO
+        return Admitted.WITH_CREDENTIALS if kept else Admitted.ANYONE
 
     def _not_answered(
         self, request: web.Request, exchange_id: int, last_id: str, reason: str, status: int
@@ -613,8 +627,9 @@ class RecordingProxy:
         does not leave the recording by following it; one to a path under the upstream's
         own path (``--upstream http://agent/api``, ``Location: /api/next``) is to that path
         on the proxy (``/next``)."""
-        if location == self._base or location.startswith(self._base + "/"):
-            return str(self.public_for(request)).rstrip("/") + location[len(self._base) :]
+        if location == self._base or location.startswith(tuple(self._base + c for c in "/?#")):
+            rest = location[len(self._base) :]  # (a query or a fragment: of the proxy's root)
+            return str(self.public_for(request)).rstrip("/") + (rest if rest[:1] in ("", "/") else f"/{rest}")
         under = self.upstream.raw_path.rstrip("/")
         if under and location.startswith("/") and not location.startswith("//"):
             path = location.partition("?")[0].partition("#")[0]
@@ -622,6 +637,43 @@ class RecordingProxy:
                 rest = location[len(under) :]
                 return rest if rest.startswith("/") else f"/{rest}"
         return location
+
+
+class Admitted(Enum):
+    """How far a client may follow a stream: not at all (other credentials, or unknown),
+    as anyone may (it was opened without any), or with the credentials that opened it."""
+
+    NO = "no"
+    ANYONE = "anyone"
+    WITH_CREDENTIALS = "with_credentials"
+
+
+def _what_it_holds(held: LiveStream | Gone, last_id: str, admitted: Admitted) -> str:
+    """What a refused reconnect is told of the stream it named no event of, beyond that it
+    is held: only what tells nothing to a client that could not follow it already. The
+    recorder's ids carry the stream's key, so they are named only to a client that named
+    one of them (its key right) and may follow it; how many events it holds and the
+    agent's own ids (as guessable as the agent makes them), only to a client carrying the
+    credentials that opened it."""
+    mine = admitted is not Admitted.NO and keyed(last_id, held.exchange_id, held.key)
+    if isinstance(held, Gone):  # (that it was let go, and when, tells nothing of it)
+        named = (mine or admitted is Admitted.WITH_CREDENTIALS) and held.first is not None
+        ids = _ids_named((held.first, held.last) if named else (), mine)  # type: ignore[arg-type]
+        return f"; the stream of exchange {held.exchange_id}{ids} was let go {held.when}; the log has it"
+    if not (mine or admitted is Admitted.WITH_CREDENTIALS):
+        return ""
+    ids = held.ids()
+    if not ids:
+        return "; it holds none yet"
+    return f"; it holds {len(ids)} events{_ids_named((ids[0], ids[-1]), mine)}"
+
+
+def _ids_named(ends: tuple[str, str] | tuple[()], keyed_ok: bool) -> str:
+    """The first and last ids, where they may be named: the recorder's only when
+    ``keyed_ok`` (the client named one of them)."""
+    if not ends or (not keyed_ok and any(recorders_exchange(i) is not None for i in ends)):
+        return ""
+    return f" ({ends[0]!r} to {ends[1]!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +725,7 @@ class Exchange:
         self.client_left = False  # before the end: a stop meanwhile does not change that
         self.teed: _TeedBody | None = None
         self.held = False  # its upstream stream is held (resuming): its reading ends it
+        self.note: str | None = None  # what the log says of it besides how it ended
         self._sent: bytes | None = None
 
     def offset(self) -> int:
@@ -771,6 +824,11 @@ class Exchange:
                 content_encoding=upstream.headers.get("Content-Encoding"),
             )
         headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
+        if dropped_headers := left_out(headers):
+            self.note = (
+                f"the response header {', '.join(dropped_headers)} was left out of what the client "
+                "was sent: its value holds a control character, which HTTP does not allow"
+            )
         if "Location" in headers:
             headers["Location"] = self.proxy.local_location(headers["Location"], request)
         if card and not is_sse:
@@ -867,6 +925,7 @@ class Exchange:
         with self._recording() as writer:
             if self.teed is not None:  # a body streamed through: the log gets what was kept
                 self.teed.body.log(writer, self.id)
+            error = "; ".join(e for e in (error, self.note) if e) or None
             done = writer.end_exchange(self.id, duration_ns=self.offset(), outcome=outcome, error=error)
             # (A NullWriter's summary tells of nothing recorded.)
             if self.proxy.on_exchange is not None and not isinstance(writer, NullWriter):

@@ -28,6 +28,7 @@ _CR, _LF, _NUL = 0x0D, 0x0A, 0x00  # as ints, ``in`` finds them with memchr
 # lines that begin b"id: ", from ID on and before NOT_ID (" " + 1).
 DATA, NOT_DATA = b"data:", b"data;"
 ID, NOT_ID = b"id: ", b"id:!"
+SPACED_ID = b"id: !"  # below it: an id line empty, or with a space or control character first
 # The numbers of the recorder's ids, b"0", b"1"...: made once for every stream (up to
 # NUMBERS_KEPT of them; a stream longer than that has its later ones made as it goes).
 _NUMBERS: list[bytes] = []
@@ -239,8 +240,15 @@ class Stamper:
                         except IndexError:  # past those made so far
                             number = _numbers(n, 1)[0]
                         stamped = b"".join((line, head, number, sep))
-                elif line[:4] == b"id: " and _NUL not in line and (not lead or rest[:1] == lead):
-                    # An id line (a NUL in it: the slow way), then the data line.
+                elif (
+                    line[:4] == b"id: "
+                    and line[4:5] > b" "
+                    and line[-1:] > b" "
+                    and _NUL not in line
+                    and (not lead or rest[:1] == lead)
+                ):
+                    # An id line (a NUL in it, or one empty or with spaces around it: the
+                    # slow way), then the data line.
                     second, _, rest = (rest[1:] if lead else rest).partition(cut)
                     if rest == tail and other not in second and second[:5] == b"data:":
                         stamped = data  # its id is read when asked (_index)
@@ -485,7 +493,9 @@ class Stamper:
         if lines is not LF and not whole.count(b"\r") == whole.count(b"\n") == len(split) - 1:
             return None  # a CR or LF but in the CRLFs
         ids, datas = split[0:-1:3], split[1::3]
-        if min(ids) < ID or max(ids) >= NOT_ID or min(datas) < DATA or max(datas) >= NOT_DATA:
+        if min(ids) < SPACED_ID or max(ids) >= NOT_ID or min(datas) < DATA or max(datas) >= NOT_DATA:
+            return None
+        if b" " + lines.nl in whole or b"\t" + lines.nl in whole:  # an id with spaces after it, perhaps
             return None
         self.count += len(datas)
         return whole
@@ -531,7 +541,7 @@ class Stamper:
         parts: list[bytes] = []
         at = self.size
         for event in decoder.feed(data):
-            raw, own = event.raw, event.id
+            raw, own = event.raw, sendable(event.id)
             if self._first is not None:
                 if parts:
                     self._out(b"".join(parts))
@@ -605,14 +615,23 @@ def _quick_own(block: bytes, nl: bytes) -> str:
 
 
 def _own_id(block: bytes, nl: bytes) -> str | None:
-    """The id a block's id lines give it (the last without NUL), as ``SSEDecoder`` reads it."""
+    """The id a block's id lines give it (the last without NUL), as ``SSEDecoder`` reads it;
+    None where a client could not send it back in ``Last-Event-ID``: empty (a client takes
+    it as a reset, and reconnects without one), or with spaces or tabs around it (which
+    HTTP strips from a header's value). Such an event gets the recorder's id, as one with
+    none does."""
     found = None
     for line in block.split(nl):
         if line == b"id" or line.startswith(b"id:"):
             value = line[4:] if line[3:4] == b" " else line[3:]
             if b"\x00" not in value:
-                found = value.decode("utf-8", "replace")
+                found = sendable(value.decode("utf-8", "replace"))
     return found
+
+
+def sendable(event_id: str | None) -> str | None:
+    """An agent's id, where a client can send it back in ``Last-Event-ID`` (None: not)."""
+    return event_id if event_id and event_id == event_id.strip(" \t") else None
 
 
 def with_id(raw: bytes, event_id: str) -> bytes:

@@ -80,8 +80,11 @@ def expected(raw: bytes) -> tuple[bytes, list[str], list[int]]:
     out, ids, ends = [], [], []
     at = 0
     for n, event in enumerate(decoder.feed(raw), 1):
-        event_id = event.id if event.id is not None else f"{PREFIX}{n}"
-        stamped = event.raw if event.id is not None else with_id(event.raw, event_id)
+        # An agent's id a client can send back is kept; none, an empty one (a reset) or one
+        # HTTP would strip of its spaces gets the recorder's.
+        kept = event.id is not None and event.id != "" and event.id == event.id.strip(" \t")
+        event_id = event.id if kept else f"{PREFIX}{n}"
+        stamped = event.raw if kept else with_id(event.raw, event_id)
         out.append(stamped)
         at += len(stamped)
         ids.append(event_id)

@@ -1,0 +1,73 @@
+"""Which requests carrying ``Last-Event-ID`` continue a stream a resuming recorder holds.
+
+Only what the stream's protocol says continues it: the request that opened it again (the
+same request line, and as its protocol reads it the same binding and operation), the
+protocol's subscribe to the stream's task on that binding, or what the protocol takes as
+a resumption of it (MCP's ``GET`` of the endpoint in the stream's session). Any other
+request with the header (a cancel, a read of the task) is the agent's to answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from tasktape.eventlog.protocols import recognise
+from tasktape.eventlog.protocols.base import Protocol, Request
+
+if TYPE_CHECKING:
+    from .live import LiveStream
+
+
+class Opener(NamedTuple):
+    """What a reconnect repeats of the request that opened a stream: its line, and as its
+    protocol reads it, which protocol, binding and operation (None where none claims it)."""
+
+    line: str
+    protocol: str | None = None
+    binding: str | None = None
+    operation: str | None = None
+
+    def repeated_by(self, other: Opener) -> bool:
+        """Whether ``other`` is this request again: the same line and, where a protocol
+        claims both (a claim may hang on a header a reconnect leaves out), the same
+        protocol, binding and operation."""
+        claimed = self.protocol is not None and other.protocol is not None
+        return self.line == other.line and (not claimed or self == other)
+
+
+def opener(request: Request) -> Opener:
+    """What a request opens (or, with ``Last-Event-ID``, would continue)."""
+    line = f"{request.method} {request.path.partition('?')[0]}"
+    protocol = recognise(request)
+    if protocol is None:
+        return Opener(line)
+    info = protocol.request_info(request)
+    return Opener(line, protocol.name, info.binding, info.rpc_method)
+
+
+def continues(resuming: Request, opened: Request, stream: LiveStream) -> bool:
+    """Whether ``resuming`` continues ``stream``, which ``opened`` opened."""
+    mine = opener(resuming)
+    if opener(opened).repeated_by(mine):
+        return True
+    protocol = recognise(opened)
+    if protocol is None or mine.protocol != protocol.name:
+        return False
+    return protocol.resumable(resuming, opened) or _subscribes(protocol, resuming, mine, opened, stream)
+
+
+def _subscribes(
+    protocol: Protocol, resuming: Request, mine: Opener, opened: Request, stream: LiveStream
+) -> bool:
+    """Whether ``resuming`` is the protocol's subscribe to the stream's task, on the
+    stream's binding (the request its rejoin would send, from the first event naming it)."""
+    task = protocol.request_info(resuming).task_id
+    if task is None:
+        return False
+    reader = protocol.reader()
+    named = next((data for data in stream.sent_data() if reader.event(data, None).task_id == task), None)
+    plan = None if named is None else protocol.resubscription(opened, [named], None)
+    if plan is None:
+        return False
+    asked = Request(plan.method, plan.path, opened.headers, plan.body)
+    return opener(asked) == mine and protocol.request_info(asked).task_id == task

@@ -1,0 +1,301 @@
+"""Edges of the resume gateway (`tasktape record --resume`): what a refused reconnect is
+told of a stream it could not follow, which requests with Last-Event-ID are reconnects at
+all, clients waking a stream together after a restart, event ids a client cannot send back,
+a hold running out as a client reconnects, and headers the client cannot be sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import RecordFactory, Serve
+from test_gateway_credentials import ALICE, first_of, gateway
+from test_replay import events_of
+from test_resume_gateway import REST_BODY, counted, first_events
+
+from tasktape.agent import create_agent_app
+
+MALLORY = {"Authorization": "Bearer mallory"}
+
+
+async def unnumbered(request: web.Request) -> web.StreamResponse:
+    """Ten events without ids (the recorder gives them its own), 0.1 s apart."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n in range(10):
+        await response.write(b"data: %d\n\n" % n)
+        await asyncio.sleep(0.1)
+    return response
+
+
+async def refusal(url: str, headers: dict[str, str], last_id: str, path: str = "/s") -> tuple[int, str]:
+    """A reconnect's status, and its refusal's message (empty when it was answered)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}{path}", data=b"{}", headers={"Last-Event-ID": last_id, **headers}) as r,
+    ):
+        body = await r.read()
+    return r.status, json.loads(body)["error"]["message"] if r.status >= 400 else ""
+
+
+async def first_ids(url: str, headers: dict[str, str], n: int, path: str = "/s") -> list[str]:
+    """The ids of ``n`` events of a new stream; then the connection is dropped."""
+    got = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}{path}", data=b"{}", headers=headers) as r,
+    ):
+        while len([e for e in events_of(got) if e.complete]) < n:
+            got += await r.content.readany()
+    return [e.id for e in events_of(got) if e.complete][:n]
+
+
+async def test_a_refusal_tells_no_ids_of_a_stream_the_client_could_not_follow(record: RecordFactory) -> None:
+    """The recorder's ids carry their stream's key: a 400 naming them to anyone who sends
+    the same request with a made-up id would let anyone follow someone else's stream."""
+    app = web.Application()
+    app.router.add_post("/s", unnumbered)
+    rec = await record(app, hold=30.0)
+    ids = await first_ids(rec.url, ALICE, 2)
+    for headers in ({}, MALLORY):  # no credentials, or others
+        status, message = await refusal(rec.url, headers, "garbage")
+        assert status == 400 and "names no event of the stream held here" in message
+        assert "tg" not in message and "events" not in message
+    # The client that opened it, naming a made-up id: how many events, not their keyed ids.
+    status, message = await refusal(rec.url, ALICE, "garbage")
+    assert status == 400 and "tg" not in message and " events" in message
+    # Naming one of its ids (its key right) that it does not hold: the ids it holds.
+    beyond = ids[0].rsplit(".", 1)[0] + ".99"
+    status, message = await refusal(rec.url, ALICE, beyond)
+    assert status == 400 and repr(ids[0]) in message
+    # A stream opened without credentials: nobody is told its ids either.
+    open_ids = await first_ids(rec.url, {}, 2, "/s?open")
+    status, message = await refusal(rec.url, {}, "garbage")
+    assert status == 400 and open_ids[0].rsplit(".", 1)[0] not in message and "tg" not in message
+
+
+async def test_a_refusal_after_the_stream_was_let_go_tells_no_ids(record: RecordFactory) -> None:
+    """The same once the hold let it go: the refusal says so, without its ids."""
+    app = web.Application()
+    app.router.add_post("/s", unnumbered)
+    rec = await record(app, hold=0.2)
+    await first_ids(rec.url, ALICE, 2)
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+    await asyncio.sleep(0.5)
+    for headers in ({}, ALICE):
+        status, message = await refusal(rec.url, headers, "garbage")
+        assert status == 400 and "was let go" in message and "tg" not in message
+
+
+async def test_a_request_that_continues_no_stream_goes_to_the_agent(record: RecordFactory) -> None:
+    """Last-Event-ID on a cancel, a read of the task, a subscribe of another task, or a
+    stream request of the other binding: none continues the stream held, each is the
+    agent's to answer (a cancel answered with the stream would never reach the agent)."""
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0)
+    ask = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": REST_BODY}
+    _, events = await first_events(rec.url, ask, 3, "/jsonrpc")
+    task = json.loads(events[0].data)["result"]["task"]["id"]
+    last = {"A2A-Version": "1.0", "Last-Event-ID": events[-1].id}
+    async with aiohttp.ClientSession() as session:
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task}}
+        async with session.post(f"{rec.url}/jsonrpc", json=cancel, headers=last) as r:
+            assert r.content_type == "application/json"
+            assert (await r.json())["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+        async with session.get(f"{rec.url}/tasks/{task}", headers=last) as r:
+            assert r.content_type == "application/json" and (await r.json())["id"] == task
+        async with session.get(f"{rec.url}/tasks/nonexistent:subscribe", headers=last) as r:
+            assert r.status == 404
+        # The REST binding's stream request, after the JSON-RPC stream's id: a stream of its own.
+        async with session.post(f"{rec.url}/message:stream", json=REST_BODY, headers=last) as r:
+            rest = [e for e in events_of(await r.read()) if e.complete]
+        assert r.status == 200 and "jsonrpc" not in rest[0].data
+    assert seen.count("POST /jsonrpc") == 2 and seen.count("POST /message:stream") == 1
+    assert seen.count("GET /tasks/nonexistent:subscribe") == 1 and f"GET /tasks/{task}" in seen
+
+
+async def test_a_subscribe_of_the_streams_task_is_a_reconnect(record: RecordFactory) -> None:
+    """A subscribe of the task a stream carries, on its binding, continues it: answered
+    from what is held, never reaching the agent."""
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0)
+    events = await first_of(rec.url, {}, 3)
+    task = json.loads(events[0].data)["task"]["id"]
+    headers = {"A2A-Version": "1.0", "Last-Event-ID": events[-1].id}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{rec.url}/tasks/{task}:subscribe", headers=headers) as r,
+    ):
+        rest = [e for e in events_of(await r.read()) if e.complete]
+    assert r.status == 200 and "TASK_STATE_COMPLETED" in rest[-1].data
+    assert not any(s.endswith(":subscribe") for s in seen)
+
+
+@web.middleware
+async def alice_slowly(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Only Alice is let in; anyone else is told so after 0.3 s."""
+    if request.headers.get("Authorization") != ALICE["Authorization"]:
+        await asyncio.sleep(0.3)
+        return web.json_response({"error": "unauthorized"}, status=401)
+    return await handler(request)
+
+
+async def test_a_client_waiting_on_anothers_wake_that_failed_is_asked_for_itself(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """After a restart, Mallory's reconnect asks the agent first; Alice, reconnecting
+    meanwhile, waits for that, and is let in on her own credentials when Mallory is not."""
+    app, seen = counted(create_agent_app(pace=0.3))
+    app.middlewares.append(alice_slowly)
+    agent = await serve(app)
+    db = tmp_path / "gateway.db"
+    async with gateway(db, agent) as url:
+        events = await first_of(url, ALICE, 3)
+    async with gateway(db, agent) as url:
+
+        async def alice_later() -> tuple[int, bytes]:
+            await asyncio.sleep(0.05)
+            return await again_on(url, ALICE, events[-1].id)
+
+        mallory, alice = await asyncio.gather(again_on(url, MALLORY, events[-1].id), alice_later())
+    assert mallory[0] == 403
+    assert alice[0] == 200 and "TASK_STATE_COMPLETED" in alice[1].decode()
+    assert seen.count("POST /message:stream") == 1
+
+
+async def again_on(url: str, headers: dict[str, str], last_id: str) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session:
+        hs = {"A2A-Version": "1.0", "Last-Event-ID": last_id, **headers}
+        async with session.post(f"{url}/message:stream", json=REST_BODY, headers=hs) as r:
+            return r.status, await r.read()
+
+
+async def test_the_auth_scheme_is_compared_as_http_does(record: RecordFactory) -> None:
+    """``bearer`` and ``Bearer`` are one scheme (RFC 9110 section 11.1)."""
+    app = web.Application()
+    app.router.add_post("/s", unnumbered)
+    rec = await record(app, hold=30.0)
+    ids = await first_ids(rec.url, {"Authorization": "Bearer tokA"}, 2)
+    status, _ = await refusal(rec.url, {"Authorization": "bearer tokA"}, ids[-1])
+    assert status == 200
+    status, _ = await refusal(rec.url, {"Authorization": "Bearer toka"}, ids[-1])
+    assert status == 403  # (the token itself is compared as it is)
+
+
+@pytest.fixture
+async def control_character_upstream() -> AsyncIterator[str]:
+    """An upstream whose answer carries a header value with a control character (which
+    aiohttp's own server would not send)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Ctl: a\x01b\r\nX-Ok: yes\r\n"
+        writer.write(head + b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("hold", [None, 30.0], ids=["record", "resume"])
+async def test_a_header_the_client_cannot_be_sent_is_left_out(
+    record: RecordFactory, control_character_upstream: str, hold: float | None
+) -> None:
+    """The answer goes out without it (not a 500), and the log says which was left out."""
+    rec = await record(control_character_upstream, hold=hold)
+    async with aiohttp.ClientSession() as session, session.get(f"{rec.url}/x") as r:
+        assert (r.status, await r.read(), "X-Ctl" in r.headers, r.headers["X-Ok"]) == (
+            200,
+            b"ok",
+            False,
+            "yes",
+        )
+    with await rec.log() as log:
+        (exchange,) = log.exchanges()
+    assert exchange["outcome"] == "complete" and "X-Ctl" in exchange["error"]
+
+
+ODD_IDS = (b"id: good1", b"id: ", b"id:", b"id: e 2 ", b"id:  lead", b"id: tab\t", b"id: good2")
+
+
+async def odd_ids(request: web.Request) -> web.StreamResponse:
+    """Events whose ids a client cannot send back (empty, spaces around them) among good
+    ones; in one chunk with ``?bulk=1``, else one event a chunk."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    events = [b"%s\ndata: %d\n\n" % (line, n) for n, line in enumerate(ODD_IDS)]
+    for chunk in [b"".join(events)] if request.query.get("bulk") else events:
+        await response.write(chunk)
+        await asyncio.sleep(0.02)
+    return response
+
+
+@pytest.mark.parametrize("bulk", ["0", "1"], ids=["paced", "bulk"])
+async def test_an_id_a_client_cannot_send_back_is_the_recorders(record: RecordFactory, bulk: str) -> None:
+    """An empty id resets a client's last id (it would reconnect without one: a new task);
+    spaces around one are stripped from the header it comes back in. Those events get the
+    recorder's ids, the only bytes added to them, and a reconnect after each is answered."""
+    app = web.Application()
+    app.router.add_post("/s", odd_ids)
+    rec = await record(app, hold=30.0)
+    async with aiohttp.ClientSession() as session, session.post(f"{rec.url}/s?bulk={bulk}", data=b"{}") as r:
+        sent = [e for e in events_of(await r.read()) if e.complete]
+    ids = [e.id for e in sent]
+    assert ids[0] == "good1" and ids[-1] == "good2" and all(i.startswith("tg") for i in ids[1:-1])
+    assert [e.raw for e in sent][1].startswith(b"id: \ndata: 1\nid: tg")  # the agent's line kept
+    for event_id in ids[:-1]:
+        assert (await refusal(rec.url, {}, event_id, f"/s?bulk={bulk}"))[0] == 200, event_id
+
+
+async def test_a_redirect_to_the_upstreams_base_with_a_query_stays_on_the_proxy(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """``Location: http://agent/api?x=1`` is the agent's root (``/api``) with a query, as
+    ``/api?x=1`` and ``http://agent/api/next`` are its paths: the client stays on the record."""
+    base = ""
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound(base + request.query["to"])
+
+    app = web.Application()
+    app.router.add_get("/api/moved", moved)
+    base = f"{await serve(app)}/api"
+    rec = await record(base)
+    for to, local in (("?x=1", f"{rec.url}/?x=1"), ("/next", f"{rec.url}/next"), ("#top", f"{rec.url}/#top")):
+        async with rec.session.get(f"{rec.url}/moved", params={"to": to}, allow_redirects=False) as r:
+            assert r.headers["Location"] == local
+
+
+async def test_a_reconnect_as_the_hold_runs_out_is_served(record: RecordFactory) -> None:
+    """With ``--hold 0`` each stream is let go as its client drops: a reconnect at once
+    comes while the agent's connection is being closed, and is served the rest (the task
+    followed again), never an empty stream cut off."""
+    rec = await record(create_agent_app(pace=0.02), hold=0.0)
+
+    async def drop_and_come_back(delay: float) -> tuple[int, str]:
+        _, events = await first_events(rec.url, REST_BODY, 3)
+        await asyncio.sleep(delay)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{rec.url}/message:stream",
+                json=REST_BODY,
+                headers={"A2A-Version": "1.0", "Last-Event-ID": events[-1].id},
+            ) as r,
+        ):
+            rest = [e for e in events_of(await r.read()) if e.complete]
+        return r.status, rest[-1].data if rest else ""
+
+    got = await asyncio.gather(*(drop_and_come_back(n / 2000) for n in range(24)))
+    assert all(status == 200 and "TASK_STATE_COMPLETED" in last for status, last in got), got
