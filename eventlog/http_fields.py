@@ -14,17 +14,17 @@ _SPLITS = re.compile(r"[\r\n\x00]")
 
 def field_problem(name: str, value: str) -> str | None:
     """Why ``name: value`` cannot be sent as a header, or None when it can."""
-    if not _TOKEN.fullmatch(name):
-        return f"header {name!r}: a header name is a token (letters, digits and !#$%&'*+-.^_`|~)"
-    if _CONTROL.search(value):
-        return f"header {name!r}: a header value holds no control character but tab"
-    return None
+    return _problem(name, value, _CONTROL, "no control character but tab")
 
 
 def read_problem(name: str, value: str) -> str | None:
     """Why ``name: value`` is no response header an HTTP parser reads (and a log holds), or None."""
+    return _problem(name, value, _SPLITS, "no CR, LF or NUL")
+
+
+def _problem(name: str, value: str, refused: re.Pattern[str], rule: str) -> str | None:
     if not _TOKEN.fullmatch(name):
         return f"header {name!r}: a header name is a token (letters, digits and !#$%&'*+-.^_`|~)"
-    if _SPLITS.search(value):
-        return f"header {name!r}: a header value holds no CR, LF or NUL"
+    if refused.search(value):
+        return f"header {name!r}: a header value holds {rule}"
     return None

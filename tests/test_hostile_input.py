@@ -201,33 +201,30 @@ async def test_an_upstream_answer_that_cannot_be_read_is_logged_without_its_byte
     assert SECRET not in body and SECRET not in error
 
 
+def odd_header_cassette(tmp_path: Path, value: str) -> Path:
+    """A cassette of one exchange whose response has the header ``X-Odd: value``."""
+    line = {
+        "exchange": {
+            "request": {"method": "GET", "path": "/"},
+            "response": {"status": 200, "headers": [["X-Odd", value]]},
+        }
+    }
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"tasktape_cassette": 1}) + "\n" + json.dumps(line) + "\n")
+    return path
+
+
 @pytest.mark.parametrize("value", ["a\x7fb", "a\x0bb", "a\x0cb", "a\x01b"])
 def test_a_cassette_header_a_log_can_hold_is_read_as_it_came(tmp_path: Path, value: str) -> None:
     """An HTTP parser reads a value holding DEL, VT, FF or another control character, so a
     log can hold one: its cassette reads it back as it came (replay leaves it out)."""
-    line = {
-        "exchange": {
-            "request": {"method": "GET", "path": "/"},
-            "response": {"status": 200, "headers": [["X-Odd", value]]},
-        }
-    }
-    path = tmp_path / "odd.jsonl"
-    path.write_text(json.dumps({"tasktape_cassette": 1}) + "\n" + json.dumps(line) + "\n")
-    assert read_cassette(path)[0].response_headers == [("X-Odd", value)]
+    assert read_cassette(odd_header_cassette(tmp_path, value))[0].response_headers == [("X-Odd", value)]
 
 
 @pytest.mark.parametrize("value", ["a\rb", "a\nb", "a\x00b"])
 def test_a_cassette_header_no_parser_reads_is_refused_with_its_line(tmp_path: Path, value: str) -> None:
-    line = {
-        "exchange": {
-            "request": {"method": "GET", "path": "/"},
-            "response": {"status": 200, "headers": [["X-Odd", value]]},
-        }
-    }
-    path = tmp_path / "odd.jsonl"
-    path.write_text(json.dumps({"tasktape_cassette": 1}) + "\n" + json.dumps(line) + "\n")
     with pytest.raises(CassetteError, match=r"odd\.jsonl:2.*holds no CR, LF or NUL"):
-        read_cassette(path)
+        read_cassette(odd_header_cassette(tmp_path, value))
 
 
 async def test_replay_leaves_out_a_recorded_header_it_cannot_send(tmp_path: Path) -> None:
