@@ -431,11 +431,12 @@ async def _stopped(sessions: list[TapeSession]) -> list[str]:
     return cut_short
 
 
-def _warn_of_unframed(request: pytest.FixtureRequest, tapes: dict[str | None, Tape]) -> None:
-    """A Content-Length edited by hand is said where the test's warnings are, not only logged."""
+def _warn_of_changes(request: pytest.FixtureRequest, tapes: dict[str | None, Tape]) -> None:
+    """What the replay sends otherwise than recorded (a Content-Length edited by hand, a body
+    cut when recorded) is said where the test's warnings are, not only logged."""
     for tape in tapes.values():
-        for unframed in tape.unframed:
-            request.node.warn(pytest.PytestWarning(f"tasktape: {unframed}"))
+        for said in tape.not_as_recorded:
+            request.node.warn(pytest.PytestWarning(f"tasktape: {said}"))
 
 
 def _warn_of_cut_short(request: pytest.FixtureRequest, cut_short: list[str]) -> None:
@@ -456,7 +457,7 @@ def _loop_fixture(scope: str, named: bool) -> Any:
     async def fixture(request: pytest.FixtureRequest) -> AsyncIterator[dict[str | None, Tape]]:
         sessions = _sessions(request, named)
         tapes = await _started(sessions)
-        _warn_of_unframed(request, tapes)
+        _warn_of_changes(request, tapes)
         # One watch of the loop, however many tapes it serves.
         stalls = None if _STALLS in request.node.stash else LoopStalls(asyncio.get_running_loop())
         if stalls is not None:
@@ -523,7 +524,7 @@ def _served(request: pytest.FixtureRequest, named: bool) -> Iterator[dict[str | 
 
     try:
         tapes = run(_started(sessions))
-        _warn_of_unframed(request, tapes)
+        _warn_of_changes(request, tapes)
         request.node.stash.setdefault(_TAPES, {}).update(tapes)
         yield tapes
     finally:

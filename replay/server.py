@@ -135,7 +135,9 @@ class ReplayServer:
         )
         self._digests: dict[int, Digest] = {}
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
-        self.unframed: list[str] = []  # of those, the ones an edit made so (not redaction): said
+        # What the replay sends otherwise than recorded, said as it loads (a Content-Length an
+        # edit made wrong, not redaction; a body cut or decoded in part when recorded).
+        self.not_as_recorded: list[str] = []
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         # The protocols (plug-ins found, modules loaded: some 20-30 ms) now, not on the first
         # request, whose answer would start that much behind its recorded pace.
@@ -316,10 +318,12 @@ class ReplayServer:
         if problem is not None and not redacted(recorded):
             where = f"{recorded.request_line} ({recorded.origin})"
             said = f"{where}: {problem}; it is left out, and the body sent whole"
-            self.unframed.append(said)
+            self.not_as_recorded.append(said)
             log.warning("tasktape replay: %s", said)
-        for said in _not_as_recorded(recorded):
-            log.warning("tasktape replay: %s (%s): %s", recorded.request_line, recorded.origin, said)
+        for why in _not_as_recorded(recorded):
+            said = f"{recorded.request_line} ({recorded.origin}): {why}"
+            self.not_as_recorded.append(said)
+            log.warning("tasktape replay: %s", said)
         self.recordings.add(recorded, used)
         self.tasks.changed()
 

@@ -163,10 +163,11 @@ class Tape:
         return [r for r, n in zip(server.recorded, server.used, strict=True) if n and r.cut_short]
 
     @property
-    def unframed(self) -> list[str]:
-        """The recordings whose Content-Length is not the length of the body they hold (an
-        edit by hand, most likely): the replay sends them without it, and says so."""
-        return self.server.unframed
+    def not_as_recorded(self) -> list[str]:
+        """What the replay sends otherwise than recorded, and why: a Content-Length that is
+        not the length of the body it holds (an edit by hand, most likely: sent without it),
+        a body cut when recorded (sent cut), one decoded only in part (a 502)."""
+        return self.server.not_as_recorded
 
     def told(self) -> Told:
         """What :meth:`problems` has said once it said everything up to now."""

@@ -229,6 +229,35 @@ def test_a_content_length_edited_by_hand_is_a_warning(project: pytest.Pytester) 
     )
 
 
+def test_a_body_cut_when_recorded_is_a_warning(project: pytest.Pytester) -> None:
+    """Replayed cut, as recorded: the test's warnings say so, not only the replay's log."""
+    cassettes = project.path / "cassettes"
+    cassettes.mkdir()
+    text = (ROOT / "cassettes" / "completed.jsonl").read_text()
+    assert text.count('"sse": false,') >= 1
+    (cassettes / "cut.jsonl").write_text(
+        text.replace('"sse": false,', '"sse": false, "body_truncated": true,', 1)
+    )
+    project.makepyfile(
+        test_cut="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/cut.jsonl")
+        def test_card(tasktape):
+            assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").status_code == 200
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*PytestWarning: tasktape: GET /.well-known/agent-card.json (cut.jsonl:2): its body was cut "
+            "when recorded (--max-body), 700 bytes kept: it is replayed cut"
+        ]
+    )
+
+
 def test_a_refused_request_fails_the_test_strict_or_not(project: pytest.Pytester) -> None:
     sample(project, "completed.jsonl")
     project.makepyfile(
