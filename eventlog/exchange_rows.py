@@ -79,6 +79,7 @@ class ExchangeSummary:
     duration_ns: int | None = None
     outcome: str | None = None
     undecoded: str | None = None  # why (part of) a body is stored as received, not decoded
+    error: str | None = None  # why it did not end as it meant to, as the recorder tells it
     kept: Kept | None = None  # what of it the log holds, when not all (None: all of it)
     lost: str | None = None  # and why the rest is not there
     body_cut_at: int | None = None  # the bytes of a response body kept, when max_body cut it
@@ -361,7 +362,7 @@ class ExchangeRows:
                 body = redacted
             self._classify_body(body)
         s = self.summary
-        s.outcome, s.duration_ns = outcome, duration_ns
+        s.outcome, s.duration_ns, s.error = outcome, duration_ns, error
         read = self._reader.finished() if self._reader is not None else None
         return UPDATE_END, (
             duration_ns,

@@ -313,6 +313,12 @@ def _start_shipper(
     return ShipperProcess(db, servers, stream=stream, drain=drain, prefix=prefix, hints_fd=hints_fd)
 
 
+# How an exchange ends when the upstream failed its client (a 502 for an upstream that
+# cannot be reached, times out or breaks; an answer it broke off): said with its reason,
+# even with --quiet.
+_FAILED = frozenset({Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_DISCONNECTED})
+
+
 def describe_exchange(s: ExchangeSummary) -> str:
     """One line per finished exchange: request, status, task, final state, events, times."""
     # A request whose path does not say what it asks (JSON-RPC's): its operation does.
@@ -329,7 +335,9 @@ def describe_exchange(s: ExchangeSummary) -> str:
         parts.append(f"{s.events} events, first after {ttfe}")
     if s.duration_ns is not None:
         parts.append(f"took {s.duration_ns / 1e6:.1f} ms")
-    if s.outcome != Outcome.COMPLETE:
+    if s.outcome in _FAILED and s.error:  # why the client got a 502, or its answer broke off
+        parts.append(f"[{s.outcome}: {s.error}]")
+    elif s.outcome != Outcome.COMPLETE:
         parts.append(f"[{s.outcome}]")
     if s.kept is not None:  # what of it a full (or failing) log could not keep
         parts.append(f"{s.kept}: {s.lost}")
@@ -368,11 +376,6 @@ def _escaped(m: re.Match[str]) -> str:
 def _print_exchange(summary: ExchangeSummary) -> None:
     click.echo(describe_exchange(summary))
     _print_undecoded(summary)
-
-
-# How an exchange ends when the proxy itself failed its client (a 502 for an upstream that
-# cannot be reached, times out or breaks): said even with --quiet.
-_FAILED = frozenset({Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_DISCONNECTED})
 
 
 def _print_failed(summary: ExchangeSummary) -> None:
