@@ -4,8 +4,6 @@ mitmproxy flow file (tnetstrings), a cassette (anything else is read as one), or
 from __future__ import annotations
 
 import re
-import sqlite3
-from contextlib import closing
 from enum import StrEnum
 from pathlib import Path
 
@@ -19,7 +17,7 @@ class FileKind(StrEnum):
     FLOWS = "a mitmproxy flow file"
     CASSETTE = "a cassette"
     EMPTY = "empty"
-    # What ``named_kind`` tells apart, for messages: neither is read as what it is not.
+    # What ``schema.named_kind`` tells apart, for messages: neither is read as what it is not.
     DATABASE = "an SQLite database that is not a tasktape event log"
     OTHER = "a file that is neither an event log nor a cassette"
 
@@ -44,29 +42,6 @@ def read_once(path: Path) -> bytes | None:
     ``<(...)``), read here so that its kind and its content are told from the same bytes;
     None for a regular file, which is read where it is needed."""
     return None if path.is_file() else path.read_bytes()
-
-
-def named_kind(path: Path) -> FileKind:
-    """The kind of a file as a message names it: ``kind_of``'s, but an SQLite database
-    without tasktape's migrations is another program's, and text that does not begin as a
-    cassette is none."""
-    kind = kind_of(path)
-    if kind is FileKind.LOG and not _has_tasktape_schema(path):
-        return FileKind.DATABASE
-    if kind is FileKind.CASSETTE and not is_cassette(path):
-        return FileKind.OTHER
-    return kind
-
-
-def _has_tasktape_schema(path: Path) -> bool:
-    try:
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
-            found = conn.execute(
-                "SELECT 1 FROM _sqlite_migrations WHERE migration_set = 'tasktape' LIMIT 1"
-            ).fetchone()
-    except sqlite3.DatabaseError:  # (no such table, or no database at all)
-        return False
-    return found is not None
 
 
 def is_log(path: Path) -> bool:

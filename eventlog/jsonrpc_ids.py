@@ -31,6 +31,14 @@ def same_id(a: Any, b: Any) -> bool:
     return a == b and type(a) is type(b)
 
 
+def id_key(rpc_id: Any) -> tuple[str, Any] | None:
+    """A JSON-RPC id (or progress token) as a dict key, ids that are ``same_id`` alike. None
+    for what is no id: JSON-RPC 2.0 says an id is a string, a number or null."""
+    if rpc_id is None or (isinstance(rpc_id, str | int | float) and not isinstance(rpc_id, bool)):
+        return (type(rpc_id).__name__, rpc_id)
+    return None
+
+
 def jsonrpc_id_edits(
     chunks: Chunks, events: list[StreamEvent] | None, old_id: object, new_id: object
 ) -> list[Edit]:

@@ -745,6 +745,21 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
         db.execute("PRAGMA synchronous = NORMAL")
 
 
+def named_kind(path: Path) -> FileKind:
+    """The kind of a file as a message names it: ``kind_of``'s, but an SQLite database
+    without tasktape's migrations is another program's, and text that does not begin as a
+    cassette is none."""
+    kind = kind_of(path)
+    if kind is FileKind.LOG:
+        try:
+            schema_version(path)
+        except LogError:
+            return FileKind.DATABASE
+    if kind is FileKind.CASSETTE and not is_cassette(path):
+        return FileKind.OTHER
+    return kind
+
+
 def schema_version(path: str | Path) -> int:
     """The schema version of the log at ``path``, read without changing it; a LogError for
     what is no log (another SQLite database, an empty one)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasktape.eventlog import EventLog
+from tasktape.eventlog.jsonrpc_ids import id_key
 from tasktape.eventlog.protocols import ProtocolName
 from tasktape.eventlog.protocols.mcp import (
     FAILED,
@@ -25,7 +26,6 @@ from tasktape.eventlog.protocols.mcp import (
     MCPFinish,
     MCPKind,
     answer_of,
-    id_key,
     log_text,
     message_kind,
 )

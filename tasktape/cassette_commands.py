@@ -19,9 +19,10 @@ from tasktape.eventlog.cassette import (
     read_cassette,
     read_header,
 )
-from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, named_kind
+from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 
 

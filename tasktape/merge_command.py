@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from tasktape.errors import LogBusy, LogError
-from tasktape.eventlog.file_kinds import FileKind, kind_of, named_kind
+from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.merge import merge_logs
+from tasktape.eventlog.schema import named_kind
 
 from .cassette_commands import bad_input, folder_for
 

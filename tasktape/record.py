@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -259,7 +260,9 @@ def record(
         on_resume=None if quiet else _print_resume,
         credential_headers=redactor.headers,
     )
-    _say_if_down(proxy.upstream)
+    # On a thread of its own: an upstream that drops connections silently would hold the
+    # start up for the probe's whole timeout.
+    threading.Thread(target=_say_if_down, args=(proxy.upstream,), daemon=True).start()
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(

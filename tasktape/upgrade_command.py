@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from tasktape.errors import LogBusy, LogError
-from tasktape.eventlog.file_kinds import FileKind, kind_of, named_kind
-from tasktape.eventlog.schema import SCHEMA_VERSION, schema_version, upgrade_log
+from tasktape.eventlog.file_kinds import FileKind, kind_of
+from tasktape.eventlog.schema import SCHEMA_VERSION, named_kind, schema_version, upgrade_log
 
 
 class Status(IntEnum):

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Frame, Problem, Stream, readable
-from ..jsonrpc_ids import Edit, same_id, value_edits
+from ..jsonrpc_ids import Edit, id_key, same_id, value_edits
 from ..spans import Chunks, StreamEvent
 from .base import (
     Protocol,
@@ -287,14 +287,6 @@ def _sessions(streams: Sequence[Stream]) -> list[list[Stream]]:
         key = stream.request.session_id or ("exchange", stream.index)
         sessions.setdefault(key, []).append(stream)
     return list(sessions.values())
-
-
-def id_key(rpc_id: Any) -> tuple[str, Any] | None:
-    """A JSON-RPC id (or progress token) as a dict key: 1 and "1" are different ids. None
-    for what is no id: JSON-RPC 2.0 says an id is a string, a number or null."""
-    if rpc_id is None or (isinstance(rpc_id, str | int | float) and not isinstance(rpc_id, bool)):
-        return (type(rpc_id).__name__, rpc_id)
-    return None
 
 
 def _bad_ids(stream: Stream, frame: Frame | None, message: Any) -> Iterator[Problem]:
