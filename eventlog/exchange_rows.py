@@ -83,6 +83,7 @@ class ExchangeSummary:
     kept: Kept | None = None  # what of it the log holds, when not all (None: all of it)
     lost: str | None = None  # and why the rest is not there
     body_cut_at: int | None = None  # the bytes of a response body kept, when max_body cut it
+    request_cut_at: int | None = None  # and of a request body
 
 
 def utc_iso(ns: int) -> str:
@@ -164,8 +165,10 @@ class ExchangeRows:
         # The protocols read them redacted too: a redacted value is kept nowhere (an
         # Mcp-Session-Id given to --redact-header was the row's session_id).
         self._headers_seen = self._redactor.header_pairs(pairs)
-        body, encoding = self._request_body(body)
         s = self.summary
+        if body_truncated and body is not None:
+            s.request_cut_at = len(body)
+        body, encoding = self._request_body(body)
         s.method, s.path = method, path
         info = self._recognise(body)
         return INSERT_EXCHANGE, (
@@ -213,6 +216,8 @@ class ExchangeRows:
 
     def late_request_body(self, body: bytes, truncated: bool) -> Statement:
         s = self.summary
+        if truncated:
+            s.request_cut_at = len(body)
         stored, encoding = self._request_body(body)
         if stored is not None:
             self._recognise(stored)

@@ -344,8 +344,14 @@ def describe_exchange(s: ExchangeSummary) -> str:
         parts.append(f"[{s.outcome}]")
     if s.kept is not None:  # what of it a full (or failing) log could not keep
         parts.append(f"{s.kept}: {s.lost}")
-    elif s.body_cut_at is not None:  # --max-body: the client got it all, the log does not have it
-        parts.append(f"body cut at {_size(s.body_cut_at)} in the log")
+    else:  # --max-body: the peers got it all, the log does not have it
+        cuts = [
+            f"{name} cut at {_size(at)}"
+            for name, at in (("request body", s.request_cut_at), ("body", s.body_cut_at))
+            if at is not None
+        ]
+        if cuts:
+            parts.append(f"{' and '.join(cuts)} in the log")
     return shown("  ".join(parts))
 
 

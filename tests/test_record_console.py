@@ -32,10 +32,14 @@ def plain_and_huge() -> web.Application:
     async def rpc(request: web.Request) -> web.Response:
         return web.json_response({"jsonrpc": "2.0", "id": 1, "result": {}})
 
+    async def upload(request: web.Request) -> web.Response:
+        return web.Response(text=f"{len(await request.read())}\n")
+
     app = web.Application()
     app.router.add_get("/plain", plain)
     app.router.add_get("/huge", huge)
     app.router.add_post("/jsonrpc", rpc)
+    app.router.add_post("/upload", upload)
     return app
 
 
@@ -134,6 +138,33 @@ async def test_a_response_cut_at_max_body_says_so(tmp_path: Path) -> None:
     assert [re.sub(r"took [\d.]+ ms", "took", line.strip()) for line in lines] == [
         "GET /plain 200  took",
         "GET /huge 200  took  body cut at 1 MiB in the log",
+    ]
+
+
+async def test_a_request_cut_at_max_body_says_so(tmp_path: Path) -> None:
+    """The upstream gets every byte of an upload, the log only the first --max-body: the
+    line says so, for a body read whole and for one streamed through alike."""
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield b"y" * 50_000
+
+    async with (
+        serve(plain_and_huge()) as upstream,
+        recorder(upstream, tmp_path / "log.db", "--max-body", "16384") as run,
+        aiohttp.ClientSession() as session,
+    ):
+        lines, received = [], []
+        for body in (b"x" * 1000, b"x" * 40_000, chunked()):
+            async with session.post(f"{run.url}/upload", data=body) as r:
+                received.append(await r.text())
+            lines.append((await run.proc.stdout.readline()).decode())  # type: ignore[union-attr]
+        status, _, _ = await stopped(run)
+    assert status == 0 and received == ["1000\n", "40000\n", "200000\n"]
+    assert [re.sub(r"took [\d.]+ ms", "took", line.strip()) for line in lines] == [
+        "POST /upload 200  took",
+        "POST /upload 200  took  request body cut at 16 KiB in the log",
+        "POST /upload 200  took  request body cut at 16 KiB in the log",
     ]
 
 
