@@ -110,6 +110,29 @@ async def test_an_mcp_id_that_is_an_object_is_a_finding_and_the_session_page_sho
     assert "tools/call" in html
 
 
+async def test_a_server_request_and_its_answer_with_a_boolean_id_are_findings(record: RecordFactory) -> None:
+    """A server's request with the id ``true`` can be answered by no one (true is no
+    JSON-RPC id), nor can a client's answer carrying it be matched: check says so of both."""
+    upstream = sse_app(
+        b'{"jsonrpc":"2.0","id":true,"method":"sampling/createMessage","params":{}}',
+        b'{"jsonrpc":"2.0","id":7,"result":{}}',
+    )
+    recording = await record(upstream)
+    headers = {**MCP_HEADERS, "Mcp-Session-Id": SESSION}
+    await recorded(recording, "/mcp", mcp_call(7), headers)
+    answer = json.dumps({"jsonrpc": "2.0", "id": True, "result": {}}).encode()
+    db = await recorded(recording, "/mcp", answer, headers)
+
+    result = tasktape("check", db)
+    assert result.exit_code == 1, result.output
+    findings = [line for line in result.output.splitlines() if "no string, number or null" in line]
+    assert findings == [  # (the upstream answered the answer with its stream again)
+        f"-  {db.name} exchange 1 event 0  mcp-one-response: id true is no string, number or null",
+        f"-  {db.name} exchange 2  mcp-one-response: id true is no string, number or null",
+        f"-  {db.name} exchange 2 event 0  mcp-one-response: id true is no string, number or null",
+    ]
+
+
 # -- the inspector's pages on hostile JSON -------------------------------------------------
 
 

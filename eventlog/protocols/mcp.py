@@ -301,8 +301,14 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
         answers: dict[tuple[str, Any], list[tuple[Stream, Frame]]] = {}
         seen: set[str] = set()
         for stream in session:
+            # A server's request, and a client's answer to one, need an id the other can match.
+            if message_kind(stream.request_body) in (MCPKind.RESPONSE, MCPKind.ERROR):
+                yield from _bad_ids(stream, None, stream.request_body)
             for frame, message in _messages(stream):
-                if message_kind(message) not in (MCPKind.RESPONSE, MCPKind.ERROR):
+                kind = message_kind(message)
+                if kind is MCPKind.REQUEST:
+                    yield from _bad_ids(stream, frame, message)
+                if kind not in (MCPKind.RESPONSE, MCPKind.ERROR):
                     continue
                 if frame.sse_id is not None:
                     if frame.sse_id in seen:
