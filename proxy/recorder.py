@@ -825,7 +825,7 @@ class Exchange:
             )
         headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
         if dropped_headers := left_out(headers):
-            self.note = (
+            self.noted(
                 f"the response header {', '.join(dropped_headers)} was left out of what the client "
                 "was sent: its value holds a control character, which HTTP does not allow"
             )
@@ -833,10 +833,15 @@ class Exchange:
             headers["Location"] = self.proxy.local_location(headers["Location"], request)
         if card and not is_sse:
             return await self._relay_card(upstream, headers)
-        # An encoded stream cannot be given ids or cut into events: it passes as ever.
-        if is_sse and self.proxy.live is not None and "Content-Encoding" not in upstream.headers:
-            self.held = True
-            return await relay_held(self, upstream, headers)
+        if is_sse and self.proxy.live is not None:
+            if (coding := upstream.headers.get("Content-Encoding")) is None:
+                self.held = True
+                return await relay_held(self, upstream, headers)
+            # An encoded stream cannot be given ids or cut into events: it passes as ever.
+            self.noted(
+                f"not held for resuming: the upstream sent the stream with Content-Encoding {coding}, "
+                "which cannot be given ids or cut into events"
+            )
         response = Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
         # Whatever the upstream has sent so far is forwarded (and recorded) as one chunk:
         # one event at a time when it paces them, bigger pieces when the client lags.
@@ -916,6 +921,10 @@ class Exchange:
     def request_body(self) -> bytes | None:
         """The request's body as forwarded (as far as it was kept, when streamed through)."""
         return bytes(self.teed.body.kept) if self.teed is not None else self._sent
+
+    def noted(self, note: str) -> None:
+        """Something the log (and the console) says of the exchange however it ends."""
+        self.note = note if self.note is None else f"{self.note}; {note}"
 
     def end(self, outcome: str, error: str | None = None) -> None:
         """Say in the log how the exchange ended (once)."""

@@ -342,6 +342,8 @@ def describe_exchange(s: ExchangeSummary) -> str:
         parts.append(f"[{s.outcome}: {s.error}]")
     elif s.outcome != Outcome.COMPLETE:
         parts.append(f"[{s.outcome}]")
+    elif s.error:  # what the recorder did otherwise than asked (a header left out, a stream not held)
+        parts.append(f"[{s.error}]")
     if s.kept is not None:  # what of it a full (or failing) log could not keep
         parts.append(f"{s.kept}: {s.lost}")
     else:  # --max-body: the peers got it all, the log does not have it

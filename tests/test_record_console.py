@@ -5,6 +5,7 @@ what the log could not keep."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import re
@@ -32,6 +33,11 @@ def plain_and_huge() -> web.Application:
     async def rpc(request: web.Request) -> web.Response:
         return web.json_response({"jsonrpc": "2.0", "id": 1, "result": {}})
 
+    async def gzipped_stream(request: web.Request) -> web.Response:
+        body = gzip.compress(b"data: one\n\ndata: two\n\n")
+        headers = {"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+        return web.Response(body=body, headers=headers)
+
     async def upload(request: web.Request) -> web.Response:
         return web.Response(text=f"{len(await request.read())}\n")
 
@@ -40,6 +46,7 @@ def plain_and_huge() -> web.Application:
     app.router.add_get("/huge", huge)
     app.router.add_post("/jsonrpc", rpc)
     app.router.add_post("/upload", upload)
+    app.router.add_get("/gz", gzipped_stream)
     return app
 
 
@@ -230,3 +237,21 @@ async def test_bytes_that_are_not_utf8_are_escaped(tmp_path: Path) -> None:
         "resume: exchange 1: a client reconnected after e1\\udce9: refused "
         "(Last-Event-ID 'e1\\udce9' names no event of the stream held here)"
     ]
+
+
+async def test_a_compressed_stream_not_held_for_resuming_says_so(tmp_path: Path) -> None:
+    """With --resume, a stream the upstream compressed passes through as it came, and
+    cannot be resumed: its line says so (it was said nowhere), as does the log."""
+    db = tmp_path / "log.db"
+    async with serve(plain_and_huge()) as upstream, recorder(upstream, db, "--resume") as run:
+        assert await get(f"{run.url}/gz") == 200
+        line = (await run.proc.stdout.readline()).decode()  # type: ignore[union-attr]
+        status, _, _ = await stopped(run)
+    said = (
+        "not held for resuming: the upstream sent the stream with Content-Encoding gzip, "
+        "which cannot be given ids or cut into events"
+    )
+    assert status == 0
+    assert re.sub(r"[\d.]+ ms", "", line.strip()) == f"GET /gz 200  2 events, first after   took   [{said}]"
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT outcome, error FROM exchanges").fetchall() == [("complete", said)]
