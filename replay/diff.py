@@ -79,6 +79,8 @@ def read(recorded: Recorded) -> Reading:
     """An exchange as its protocol's reader and hooks read it (of no known protocol: its
     events all ``other``, no text)."""
     protocol = protocol_of(recorded)
+    if protocol is not None:  # recognised once, not on every comparison of its request
+        recorded.protocol = protocol.name
     reader = protocol.reader() if protocol is not None else StreamReader()
     keys = protocol.server_ids if protocol is not None else frozenset()
     kinds: list[str] = []

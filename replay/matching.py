@@ -13,7 +13,7 @@ user names them (most vary with the client: its version, tracing ids, lengths).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 
 from tasktape.choices import listed
 from tasktape.eventlog.frames import protocol_of
-from tasktape.eventlog.protocols.base import Regenerated, Request
+from tasktape.eventlog.protocols.base import Protocol, Regenerated, Request
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, Redactor, parse_pointer
 
@@ -197,7 +197,10 @@ class _Comparison:
 
     @classmethod
     def of(cls, recorded: Recorded, body: Any, rules: MatchRules) -> _Comparison:
-        protocol = protocol_of(recorded)
+        return cls.under(protocol_of(recorded), body, rules)
+
+    @classmethod
+    def under(cls, protocol: Protocol | None, body: Any, rules: MatchRules) -> _Comparison:
         jsonrpc = isinstance(body, dict) and "jsonrpc" in body
         if protocol is None:
             return cls(rules, _NOTHING, jsonrpc, defaults_are_absent=False)
@@ -284,3 +287,55 @@ def _values(a: Any, b: Any) -> str:
 def _cut(text: str) -> str:
     """At most 40 characters of a value shown in a mismatch."""
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# -- keys: what finds the candidates among many recordings ---------------------------------
+
+_DROPPED = ("(as if absent)",)  # a value that matches a missing one: ignored, at its default
+
+
+def match_key(request: Incoming, protocol: Protocol | None, rules: MatchRules) -> Hashable | None:
+    """A key that two requests matching under ``protocol`` (the one whose recording they
+    are compared with) share: the query, the headers the rules name and the body as
+    matching reads it (ignored fields and fields at their default left out, numbers as
+    numbers). Some requests that do not match may share one too: a key finds candidates,
+    :func:`mismatches` decides. None for a request holding a redacted value, which matches
+    any there: it is compared with each."""
+    parameters = _parameters(request.query)
+    named = tuple(tuple(_header_values(request.headers, name)) for name in rules.headers)
+    if any(value == REDACTED for _, value in parameters) or any(REDACTED in v for v in named):
+        return None
+    raw = request.body or b""
+    parsed = _json(raw)
+    if parsed is _MISSING:
+        return tuple(parameters), named, raw
+    how = _Comparison.under(protocol, parsed, rules)
+    try:
+        body = _normal(parsed, (), how)
+    except _Redacted:
+        return None
+    return tuple(parameters), named, body
+
+
+class _Redacted(Exception):
+    """A redacted value: it matches anything, so no key stands for the request."""
+
+
+def _normal(value: Any, at: tuple[str, ...], how: _Comparison) -> Hashable:
+    """``value`` as :func:`_differences` compares it: every value it takes as equal to
+    another maps to the same (``_DROPPED`` for those equal to an absent one)."""
+    if how.ignored(at):
+        return _DROPPED
+    if value == REDACTED:
+        raise _Redacted
+    if how.left_out(value):
+        return _DROPPED
+    if isinstance(value, dict):
+        members = ((key, _normal(item, (*at, key), how)) for key, item in value.items())
+        kept = tuple(sorted((key, item) for key, item in members if item is not _DROPPED))
+        return kept or _DROPPED  # an object whose every member is as if absent is too
+    if isinstance(value, list):
+        return ("[]", *(_normal(item, (*at, str(i)), how) for i, item in enumerate(value)))
+    if type(value) is float and value.is_integer():
+        return int(value)  # 3.0 is 3
+    return value

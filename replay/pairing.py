@@ -14,12 +14,13 @@ import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tasktape.eventlog.classify import load_json
+from tasktape.eventlog.protocols import by_name
 from tasktape.eventlog.recorded import Recorded
 
-from .matching import Incoming, MatchRules, mismatches
+from .matching import Incoming, MatchRules, match_key, mismatches
 
 if TYPE_CHECKING:
     from .diff import Reading
@@ -145,22 +146,64 @@ class Pairing:
 def pair(a: list[Run], b: list[Run], rules: MatchRules) -> Pairing:
     """Each run of A with the first unpaired run of B whose request matches its own."""
     ids = IdMap()
-    # Only a request of the same method, path and operation can match: B's runs by those.
-    free: dict[tuple[str, str, str | None], list[Run]] = {}
-    for run in b:
-        r = run.first.recorded
-        free.setdefault((r.method, r.path, run.first.operation), []).append(run)
+    free = _Candidates(b, {run.first.protocol for run in (*a, *b)}, rules)
     pairs: list[tuple[Run, Run]] = []
     only_a: list[Run] = []
     for run in a:
         request = ids.request(run.first.recorded)
-        candidates = free.get((request.method, request.path, run.first.operation), [])
-        match = next((c for c in candidates if same_request(request, c.first.recorded, rules)), None)
+        match = free.take(request, run.first.operation, run.first.protocol)
         if match is None:
             only_a.append(run)
             continue
-        candidates.remove(match)
         pairs.append((run, match))
         ids.learn(run.ids, match.ids)
     paired = {id(b_run) for _, b_run in pairs}
     return Pairing(pairs, only_a, [run for run in b if id(run) not in paired], ids)
+
+
+class _Candidates:
+    """B's unpaired runs, found by the keys of their requests (:func:`match_key`) rather
+    than compared one by one: recordings of hundreds of exchanges that do not pair (a
+    prompt changed) would take minutes. A request is compared with those sharing a key,
+    and with those that have none (a redacted value, which matches any)."""
+
+    def __init__(self, b: list[Run], protocols: set[str | None], rules: MatchRules) -> None:
+        self._rules = rules
+        self._protocols = {name: by_name(name) if name else None for name in protocols}
+        self._order = {id(run): n for n, run in enumerate(b)}
+        self._paired: set[int] = set()
+        # Only a request of the same method, path and operation can match.
+        self._keyed: dict[tuple[Any, ...], list[Run]] = {}
+        self._unkeyed: dict[tuple[str, str, str | None], list[Run]] = {}
+        self._all: dict[tuple[str, str, str | None], list[Run]] = {}
+        for run in b:
+            r = run.first.recorded
+            where = (r.method, r.path, run.first.operation)
+            self._all.setdefault(where, []).append(run)
+            for name, protocol in self._protocols.items():
+                key = match_key(_incoming(r), protocol, rules)
+                if key is None:
+                    self._unkeyed.setdefault(where, []).append(run)
+                    break
+                self._keyed.setdefault((*where, name, key), []).append(run)
+
+    def take(self, request: Recorded, operation: str | None, protocol: str | None) -> Run | None:
+        """The first unpaired run whose request matches ``request``: compared either way
+        round (:func:`same_request`), so under its protocol or the run's."""
+        where = (request.method, request.path, operation)
+        found: list[Run] = list(self._unkeyed.get(where, ()))
+        for name, each in self._protocols.items():
+            key = match_key(_incoming(request), each, self._rules)
+            if key is None:  # compared with every run there
+                found = self._all.get(where, [])
+                break
+            found += (
+                run
+                for run in self._keyed.get((*where, name, key), ())
+                if name in (protocol, run.first.protocol)
+            )
+        for run in sorted({id(r): r for r in found}.values(), key=lambda r: self._order[id(r)]):
+            if id(run) not in self._paired and same_request(request, run.first.recorded, self._rules):
+                self._paired.add(id(run))
+                return run
+        return None
