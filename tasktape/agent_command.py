@@ -7,7 +7,9 @@ import asyncio
 import click
 
 from .agent import create_agent_app
-from .listen import DEFAULT_AGENT_PORT, HostPort, public_url, warn_if_exposed
+from .agent.tasks import check_pace
+from .listen import DEFAULT_AGENT_PORT, Exposure, HostPort, public_url, warn_if_exposed
+from .option_checks import checked
 from .serving import serve_until_stopped
 
 
@@ -21,7 +23,8 @@ from .serving import serve_until_stopped
 )
 @click.option(
     "--pace",
-    type=click.FloatRange(min=0),
+    type=float,
+    callback=checked(check_pace),
     default=1.0,
     show_default=True,
     help="Scale every delay (think time, time per token): 0 streams as fast as possible.",
@@ -51,7 +54,7 @@ def agent(listen: tuple[str, int], pace: float, public_url: str | None) -> None:
     (none)  COMPLETED
     """
     host, port = listen
-    warn_if_exposed("tasktape agent", host)
+    warn_if_exposed("tasktape agent", host, Exposure.AGENT)
     app = create_agent_app(pace=pace, public_url=public_url)
     asyncio.run(
         serve_until_stopped(

@@ -6,6 +6,8 @@ received, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -26,8 +28,10 @@ from tasktape.replay import ReplayServer
 
 from .a2a_client import A2AClient, StreamResult
 from .agent import create_agent_app
+from .agent.tasks import check_pace
 from .inspect_command import serve_inspector
 from .listen import DEFAULT_INSPECT_PORT
+from .option_checks import checked
 from .serving import start_site
 
 
@@ -208,7 +212,8 @@ def report(runs: list[Run], log: EventLog) -> list[str]:
 )
 @click.option(
     "--pace",
-    type=click.FloatRange(min=0),
+    type=float,
+    callback=checked(check_pace),
     default=1.0,
     show_default=True,
     help="Scale the agent's think time and time per token (0: as fast as possible).",
@@ -230,9 +235,7 @@ def demo(db: Path | None, pace: float, inspect: bool) -> None:
     completely and the replay was byte-identical. With --inspect, it then serves the log
     in the inspector until Ctrl-C.
     """
-    db = db or Path(f"tasktape-demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
-    if db.exists():
-        raise click.ClickException(f"{db} exists already: choose another --db (the demo starts a new log)")
+    db = new_log(db)
     click.echo(f"tasktape demo: starting the demo agent and the recorder; the log goes to {db}")
     started = time.perf_counter()
     try:
@@ -275,6 +278,32 @@ def demo(db: Path | None, pace: float, inspect: bool) -> None:
         serve_inspector(db, "127.0.0.1", DEFAULT_INSPECT_PORT, or_any_port=True)
     if failed:
         raise SystemExit(1)
+
+
+def new_log(db: Path | None) -> Path:
+    """The log to start: ``db``, which must not exist, or a new tasktape-demo-<time>.db in the
+    working directory, with -2, -3... added if a demo started in the same second took it."""
+    if db is not None:
+        if not _create(db):
+            raise click.ClickException(
+                f"{db} exists already: choose another --db (the demo starts a new log)"
+            )
+        return db
+    stem = f"tasktape-demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    names = itertools.chain([f"{stem}.db"], (f"{stem}-{n}.db" for n in itertools.count(2)))
+    return next(Path(name) for name in names if _create(Path(name)))
+
+
+def _create(db: Path) -> bool:
+    """Create ``db`` empty, exclusively, so that no other run takes it for its log too;
+    False if it exists."""
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise click.ClickException(f"cannot create the log {db}: {exc.strerror}") from None
+    return True
 
 
 async def replay_check(recorded: list[Recorded], task_id: str) -> tuple[str, bool]:

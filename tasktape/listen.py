@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TypeVar
 
 import click
@@ -103,11 +104,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def warn_if_exposed(command: str, host: str) -> None:
+class Exposure(StrEnum):
+    """What a server listening beyond loopback gives anyone who can reach it."""
+
+    RECORDER = "anyone who can reach it can use it, and what they send is recorded"
+    REPLAY = "anyone who can reach it can use it, and be answered what the recordings hold"
+    # It keeps every task in memory, and ListTasks shows them to any client.
+    AGENT = (
+        "anyone who can reach it can use it, and read every task sent to it, messages "
+        "included (GET /tasks lists them all); it records nothing"
+    )
+
+
+def warn_if_exposed(command: str, host: str, exposure: Exposure = Exposure.RECORDER) -> None:
+    """A loud warning, saying what ``exposure`` gives away, if ``host`` is not loopback."""
     if not is_loopback(host):
         click.secho(
-            f"WARNING: {command} is listening on {host}, beyond this machine's loopback: anyone who "
-            "can reach it can use it, and what they send is recorded.",
+            f"WARNING: {command} is listening on {host}, beyond this machine's loopback: {exposure}.",
             fg="red",
             bold=True,
             err=True,

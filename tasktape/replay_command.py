@@ -18,7 +18,14 @@ from tasktape.replay.faults import Faults
 from tasktape.replay.modes import NOTHING_REPLAYED
 
 from .counted import counted
-from .listen import DEFAULT_REPLAY_PORT, HostPort, allow_host_option, answered_hosts, warn_if_exposed
+from .listen import (
+    DEFAULT_REPLAY_PORT,
+    Exposure,
+    HostPort,
+    allow_host_option,
+    answered_hosts,
+    warn_if_exposed,
+)
 from .option_checks import checked
 from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
@@ -175,7 +182,7 @@ def replay(
             writer = ProcessLogWriter(db, redactor=Redactor(redact_header, redact_json, query=redact_query))
         except LogError as exc:
             raise click.ClickException(str(exc)) from None
-    warn_if_exposed("tasktape replay", host)
+    warn_if_exposed("tasktape replay", host, Exposure.RECORDER if writer is not None else Exposure.REPLAY)
     logging.basicConfig(format="%(message)s")
     server = ReplayServer(
         recorded,

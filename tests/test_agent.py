@@ -4,17 +4,22 @@ reaches its documented end, streams look like the hosted API's, and so through t
 from __future__ import annotations
 
 import asyncio
+import math
 import re
+import subprocess
+import sys
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
+from loopback import running, stop
 from sdk_client import cancel_task, get_task, send_message, stream_message, subscribe
 
 from tasktape.agent import create_agent_app
 from tasktape.agent.scenarios import Scenario, choose
+from tasktape.errors import UsageError
 from tasktape.eventlog import SSEDecoder, classify
 
 BINDINGS = ["rest", "jsonrpc"]
@@ -212,6 +217,96 @@ async def test_errors(agent: str) -> None:
         async with session.post(f"{agent}/jsonrpc", json=rpc) as r:
             reply = await r.json()
             assert reply["id"] == "x" and reply["error"]["code"] == -32001
+
+
+# A message with a field of the wrong type, and the error naming it: what the official
+# SDK's server refuses when it reads the message as protobuf JSON.
+MALFORMED: list[tuple[dict[str, Any], str]] = [
+    ({"parts": [{"text": "hi"}, {"text": 5}]}, "message.parts[1].text: a string"),
+    ({"parts": [{"text": None}]}, "message.parts[0]: a part holds one of text, raw, url, data"),
+    ({"parts": [{"raw": "a"}]}, "message.parts[0].raw: base64-encoded bytes"),
+    ({"parts": [{"raw": 5}]}, "message.parts[0].raw: base64-encoded bytes"),
+    ({"parts": [{"url": ["https://example.com/a.pdf"]}]}, "message.parts[0].url: a string"),
+    ({"parts": [{"data": {}, "mediaType": 5}]}, "message.parts[0].mediaType: a string"),
+    ({"parts": [{"url": "https://example.com/a", "filename": 5}]}, "message.parts[0].filename: a string"),
+    ({"parts": [{"text": "hi", "metadata": "cited"}]}, "message.parts[0].metadata: an object"),
+    ({"metadata": [1]}, "message.metadata: an object"),
+    ({"extensions": [1]}, "message.extensions: a list of strings"),
+]
+
+
+@pytest.mark.parametrize(("fields", "error"), MALFORMED, ids=[error for _, error in MALFORMED])
+async def test_a_malformed_message_is_invalid_params_and_starts_no_task(
+    agent: str, fields: dict[str, Any], error: str
+) -> None:
+    """Every send method answers it 400 / -32602, as other malformed fields, never 500; and
+    no task is left SUBMITTED behind it."""
+    message = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}], **fields}
+    headers = {"A2A-Version": "1.0"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for path in ("/message:send", "/message:stream"):
+            async with session.post(agent + path, json={"message": message}) as r:
+                assert r.status == 400, await r.text()
+                refused = (await r.json())["error"]
+                assert refused["message"] == error and refused["details"][0]["reason"] == "INVALID_PARAMS"
+        for method in ("SendMessage", "SendStreamingMessage"):
+            rpc = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {"message": message}}
+            async with session.post(f"{agent}/jsonrpc", json=rpc) as r:
+                assert r.status == 200 and await r.json() == {
+                    "jsonrpc": "2.0",
+                    "id": 7,
+                    "error": {"code": -32602, "message": error},
+                }
+        async with session.get(f"{agent}/tasks") as r:
+            assert (await r.json())["tasks"] == []
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"raw": "aGVsbG8="},
+        {"raw": "aGVsbG8", "mediaType": "text/plain", "filename": "hello.txt"},  # padding optional
+        {"url": "https://example.com/a.pdf", "mediaType": "application/pdf"},
+        {"data": None},  # a JSON null is data too
+        {"text": "hi", "url": None, "metadata": None},  # protobuf JSON: null is unset
+    ],
+)
+async def test_file_and_data_parts_are_answered(agent: str, part: dict[str, Any]) -> None:
+    message = {"messageId": "m1", "role": "ROLE_USER", "parts": [part]}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{agent}/message:send", json={"message": message}) as r,
+    ):
+        assert r.status == 200 and (await r.json())["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+@pytest.mark.parametrize("pace", [math.nan, math.inf, -1.0])
+def test_a_pace_that_never_ends_a_delay_is_refused(pace: float) -> None:
+    """A NaN or infinite pace would make every task sleep forever."""
+    with pytest.raises(UsageError, match=r"the pace is 0 \(as fast as possible\) or a finite number"):
+        create_agent_app(pace=pace)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", "agent", "--listen", "127.0.0.1:0", "--pace", str(pace)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    refused = "the pace is 0 (as fast as possible) or a finite number above it"
+    assert done.returncode == 2 and f"Invalid value for '--pace': {refused}, not {pace}" in done.stderr
+
+
+async def test_listening_beyond_loopback_warns_of_what_is_exposed() -> None:
+    """The agent records nothing, but shows every task it was sent to anyone who asks."""
+    async with running("agent", "--listen", "0.0.0.0:0", "--pace", "0") as run:
+        assert await stop(run) == 0
+    stderr = run.printed[-1]
+    assert (
+        "WARNING: tasktape agent is listening on 0.0.0.0, beyond this machine's loopback: anyone who "
+        "can reach it can use it, and read every task sent to it, messages included (GET /tasks lists "
+        "them all); it records nothing."
+    ) in stderr
+    assert "recorded" not in stderr
 
 
 def test_choose() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tasktape.demo import Run, check
 from tasktape.eventlog import EventLog, LogWriter
@@ -71,6 +74,45 @@ def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 1 and "exists already" in result.stderr
+
+
+def test_a_default_name_taken_in_the_same_second_gets_a_suffix(tmp_path: Path) -> None:
+    """Two demos started in the same second: the second takes -2, not the first one's log.
+    The names of the coming minute are taken in advance, so that it is so whenever it starts."""
+    now = time.time()
+    taken = {time.strftime("tasktape-demo-%Y%m%d-%H%M%S.db", time.localtime(now + s)) for s in range(60)}
+    for name in taken:
+        (tmp_path / name).write_bytes(b"")
+    result = subprocess.run(
+        [sys.executable, "-m", "tasktape", "demo", "--pace", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.search(r"the log goes to (tasktape-demo-\d{8}-\d{6})-2\.db\n", result.stdout)
+    assert found and f"{found.group(1)}.db" in taken, result.stdout
+    assert "All 12 scenarios recorded completely" in result.stdout
+    assert {p.name for p in tmp_path.iterdir()} == taken | {f"{found.group(1)}-2.db"}
+    assert all((tmp_path / name).stat().st_size == 0 for name in taken)
+
+
+@pytest.mark.parametrize("pace", ["nan", "inf", "-1"])
+def test_a_pace_that_never_ends_a_delay_is_refused(tmp_path: Path, pace: str) -> None:
+    """A NaN or infinite pace would make the agent's every task sleep forever."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tasktape", "demo", "--pace", pace, "--db", "demo.db"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,
+    )
+    refused = "the pace is 0 (as fast as possible) or a finite number above it"
+    assert result.returncode == 2 and f"Invalid value for '--pace': {refused}, not " in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_recording_that_does_not_match_is_reported(tmp_path: Path) -> None:

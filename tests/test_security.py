@@ -460,6 +460,8 @@ async def test_everything_listens_on_loopback_unless_told_otherwise_and_then_war
             assert (
                 f"WARNING: tasktape {name} is listening on 0.0.0.0, beyond this machine's loopback" in stderr
             )
+            # What it says is given away is true of it: only the recorder records.
+            assert ("what they send is recorded" in stderr) == (name == "record"), (name, stderr)
         else:
             assert addresses == {"127.0.0.1"} and url.startswith("http://127.0.0.1:"), (name, url)
             # (record may warn that its upstream, nothing on port 9, did not answer)

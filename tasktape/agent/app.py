@@ -36,6 +36,7 @@ from .protocol import (
     check_version,
     history_length,
     integer,
+    message_text,
     named_task_id,
 )
 from .scenarios import Scenario, choose, script_for
@@ -62,8 +63,9 @@ PUBLIC_URL = web.AppKey("public_url", str)
 
 
 def create_agent_app(*, pace: float = 1.0, public_url: str | None = None) -> web.Application:
-    """The demo agent as an aiohttp application. ``pace`` scales every delay (0: none);
-    ``public_url`` is the base URL its card lists (default: the one each request used)."""
+    """The demo agent as an aiohttp application. ``pace`` scales every delay (0: none; not
+    a finite number of 0 or more: a ``UsageError``); ``public_url`` is the base URL its card
+    lists (default: the one each request used)."""
     app = web.Application()
     app[STORE] = TaskStore(pace)
     app[PUBLIC_URL] = public_url or ""
@@ -159,9 +161,10 @@ def _start(request: web.Request, send: SendRequest) -> tuple[TaskRun, asyncio.Qu
             )
         script = script_for(Scenario.COMPLETED, len(store.contexts[run.context_id]))
     else:
+        # The scenario is chosen before the task exists: a task is made only to be run.
+        scenario = choose(message_text(message))
         run = store.new(message.get("contextId"))
-        text = "".join(p.get("text", "") for p in message["parts"] if isinstance(p, dict))
-        script = script_for(choose(text), len(store.contexts[run.context_id]))
+        script = script_for(scenario, len(store.contexts[run.context_id]))
     # The script's events come once this handler awaits: watching now misses none.
     run.start(message, script)
     queue = run.watch()

@@ -4,8 +4,10 @@ and the fields a request must carry."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum, StrEnum
 from typing import Any
 
@@ -65,8 +67,60 @@ class Role(StrEnum):
     AGENT = "ROLE_AGENT"
 
 
-# A part holds exactly one of these.
+def _is_string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_base64(value: Any) -> bool:
+    """Protobuf JSON's bytes, read as the official SDK reads them: base64, standard or
+    URL-safe, padding optional, characters outside the alphabet (line breaks) skipped."""
+    if not isinstance(value, str):
+        return False
+    encoded = value.encode()
+    try:
+        base64.urlsafe_b64decode(encoded + b"=" * (4 - len(encoded) % 4))
+    except (ValueError, binascii.Error):
+        return False
+    return True
+
+
+class Shape(Enum):
+    """What a message field holds in protobuf JSON: its check, and how an error names it."""
+
+    STRING = (_is_string, "a string")
+    BYTES = (_is_base64, "base64-encoded bytes")
+    OBJECT = (_is_object, "an object")
+    STRINGS = (_is_strings, "a list of strings")
+
+    def __init__(self, check: Callable[[Any], bool], words: str) -> None:
+        self.check, self.words = check, words
+
+
+# A part holds exactly one of these; ``data`` is any JSON value.
 _PART_CONTENT = ("text", "raw", "url", "data")
+_PART_FIELDS = {
+    "text": Shape.STRING,
+    "raw": Shape.BYTES,
+    "url": Shape.STRING,
+    "filename": Shape.STRING,
+    "mediaType": Shape.STRING,
+    "metadata": Shape.OBJECT,
+}
+_MESSAGE_FIELDS = {
+    "taskId": Shape.STRING,
+    "contextId": Shape.STRING,
+    "metadata": Shape.OBJECT,
+    "extensions": Shape.STRINGS,
+    "referenceTaskIds": Shape.STRINGS,
+}
 
 
 def check_version(version: str | None) -> None:
@@ -85,19 +139,42 @@ def check_message(message: Any) -> dict[str, Any]:
     parts = message.get("parts")
     if not isinstance(parts, list) or not parts:
         raise ErrorKind.INVALID_PARAMS.error("message.parts: at least one part is required")
-    if not all(isinstance(p, dict) and sum(k in p for k in _PART_CONTENT) == 1 for p in parts):
-        raise ErrorKind.INVALID_PARAMS.error(
-            f"message.parts: each part holds one of {', '.join(_PART_CONTENT)}"
-        )
+    for index, part in enumerate(parts):
+        _check_part(part, f"message.parts[{index}]")
     if message.get("role") not in list(Role):
         raise ErrorKind.INVALID_PARAMS.error(f"message.role: one of {', '.join(Role)} is required")
-    for name in ("taskId", "contextId"):
-        if name in message and not isinstance(message[name], str):
-            raise ErrorKind.INVALID_PARAMS.error(f"message.{name}: a string")
+    _check_fields(message, _MESSAGE_FIELDS, "message")
     # A missing messageId is tolerated (the project's own examples send none); a wrong one is not.
-    if "messageId" in message and not (isinstance(message["messageId"], str) and message["messageId"]):
+    if message.get("messageId") is not None and not (
+        isinstance(message["messageId"], str) and message["messageId"]
+    ):
         raise ErrorKind.INVALID_PARAMS.error("message.messageId: a non-empty string")
     return message
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a checked message: its text parts, joined."""
+    return "".join(part.get("text") or "" for part in message["parts"])
+
+
+def _check_part(part: Any, where: str) -> None:
+    """A part holds one content, and each field it sets is of its type (so a text part's
+    text is a string: the agent reads it)."""
+    if not (isinstance(part, dict) and sum(_sets(part, name) for name in _PART_CONTENT) == 1):
+        raise ErrorKind.INVALID_PARAMS.error(f"{where}: a part holds one of {', '.join(_PART_CONTENT)}")
+    _check_fields(part, _PART_FIELDS, where)
+
+
+def _check_fields(frame: dict[str, Any], fields: Mapping[str, Shape], where: str) -> None:
+    for name, shape in fields.items():
+        if _sets(frame, name) and not shape.check(frame[name]):
+            raise ErrorKind.INVALID_PARAMS.error(f"{where}.{name}: {shape.words}")
+
+
+def _sets(frame: dict[str, Any], name: str) -> bool:
+    """Whether ``name`` is set: protobuf JSON reads null as unset, except in a part's
+    ``data`` (a google.protobuf.Value, where null is a value)."""
+    return name in frame and (frame[name] is not None or name == "data")
 
 
 def named_task_id(params: Any) -> str:

@@ -5,18 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tasktape.errors import NotCancelable
+from tasktape.errors import NotCancelable, UsageError
 from tasktape.eventlog.a2a_terms import INTERRUPTED_STATES as INTERRUPTED
 from tasktape.eventlog.a2a_terms import TERMINAL_STATES as TERMINAL
 
 from .ids import new_id
+from .protocol import message_text
 
 Frame = dict[str, Any]
 Event = tuple[str, Frame]  # (SSE id, StreamResponse)
+
+
+def check_pace(value: float) -> float:
+    """``value`` as the agent's pace, the factor of every delay: 0 (none) or a finite number
+    above it (a NaN or infinite delay never ends, and no task with it would)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise UsageError(f"the pace is 0 (as fast as possible) or a finite number above it, not {value!r}")
+    return float(value)
 
 
 def timestamp(moment: datetime) -> str:
@@ -60,8 +70,7 @@ class TaskRun:
         message = {**message, "taskId": self.id, "contextId": self.context_id}
         self.history.append(message)
         self._settled.clear()
-        text = "".join(p.get("text", "") for p in message.get("parts", []) if isinstance(p, dict))
-        self._runner = asyncio.get_running_loop().create_task(self._run(script, text))
+        self._runner = asyncio.get_running_loop().create_task(self._run(script, message_text(message)))
 
     async def _run(self, script: Callable[[TaskRun, str], Awaitable[None]], text: str) -> None:
         try:
@@ -179,7 +188,7 @@ class TaskRun:
 
 class TaskStore:
     def __init__(self, pace: float) -> None:
-        self.pace = pace
+        self.pace = check_pace(pace)
         self.tasks: dict[str, TaskRun] = {}
         self.contexts: dict[str, list[str]] = {}
 
