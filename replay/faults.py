@@ -181,6 +181,30 @@ class Faults:
             touched[event] = name
         return faults
 
+    @classmethod
+    def checked(cls, faults: Faults | str) -> Faults:
+        """Faults as the replay server takes them: a spec, parsed; or ``Faults`` built by
+        hand, checked as a spec's items are (a negative event, a NaN stall, a status of
+        99, a content type with a line break are a ``FaultError`` here, not a 500 or a
+        client waiting for ever on the first request)."""
+        if isinstance(faults, str):
+            return cls.parse(faults)
+        if not isinstance(faults, Faults):
+            raise FaultError(
+                f"faults are a spec such as 'drop-after=3' or Faults, not {type(faults).__name__}"
+            )
+        if type(faults.no_final) is not bool:
+            raise FaultError(f"no_final is True or False, not {faults.no_final!r}")
+        # Written out exactly (floats as repr), scope first: content-type takes the rest.
+        spec = ";".join(
+            faults.scope_items(exact=True) + sorted(faults.fault_items(exact=True), key=_last_if_type)
+        )
+        if cls.parse(spec) != faults:
+            raise FaultError(
+                f"{faults!r} is not what the spec {spec!r} reads as: give each value as a spec does"
+            )
+        return faults
+
     def named(self) -> list[FaultName]:
         """The faults this spec asks for, in catalogue order."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -205,9 +229,13 @@ class Faults:
         """Whether it acts on events, so only streams get it (and count for its scope)."""
         return any(n not in ANSWER_FAULTS for n in self.named())
 
-    def fault_items(self) -> list[str]:
-        """Its faults written out, as a report shows those made."""
-        return self.items()[: len(self.named())]
+    def fault_items(self, exact: bool = False) -> list[str]:
+        """Its faults written out, as a report shows those made (``exact``: every value as
+        it is, not rounded for reading)."""
+        return self.items(exact)[: len(self.named())]
+
+    def scope_items(self, exact: bool = False) -> list[str]:
+        return self.items(exact)[len(self.named()) :]
 
     def status_items(self) -> list[str]:
         """What a status fault makes, written out: the status, when its headers go out,
@@ -215,12 +243,14 @@ class Faults:
         made = zip(self.fault_items(), self.named(), strict=True)
         return [item for item, name in made if name in STATUS_ANSWER]
 
-    def items(self) -> list[str]:
-        """The spec written out again, faults then scope: what a report shows."""
+    def items(self, exact: bool = False) -> list[str]:
+        """The spec written out again, faults then scope: what a report shows (numbers
+        rounded for reading, unless ``exact``)."""
+        number = repr if exact else "{:g}".format
         shown = {
-            FaultName.STALL: f"{self.stall_after}:{self.stall_ms:g}",
-            FaultName.DRIP: f"{self.drip:g}" if self.drip is not None else None,
-            FaultName.DELAY_HEADERS: f"{self.delay_headers_ms:g}",
+            FaultName.STALL: f"{self.stall_after}:{number(self.stall_ms)}",
+            FaultName.DRIP: number(self.drip) if self.drip is not None else None,
+            FaultName.DELAY_HEADERS: number(self.delay_headers_ms),
         }
         out = [
             name.value if name is FaultName.NO_FINAL else f"{name}={shown.get(name, self.value(name))}"
@@ -228,7 +258,7 @@ class Faults:
         ]
         scope = dataclasses.asdict(self.scope)
         out += [
-            f"{name}={scope[name]:g}" if name == ScopeName.P else f"{name}={scope[name]}"
+            f"{name}={number(scope[name])}" if name == ScopeName.P else f"{name}={scope[name]}"
             for name in scope
             if scope[name] is not None
         ]
@@ -256,6 +286,10 @@ class Faults:
         theirs = {event for event, _ in other.edited_events()}
         overridden = {FIELDS[name]: None for event, name in self.edited_events() if event in theirs}
         return replace(self, **(overridden | changes))
+
+
+def _last_if_type(item: str) -> bool:
+    return item.startswith(f"{FaultName.CONTENT_TYPE}=")
 
 
 def _item(faults: Faults, name: str, value: str, has_value: bool) -> Faults:

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ class ReplayServer:
         writer: LogProducer | None = None,
         log_path: str | Path | None = None,
         add_ids: bool = False,
-        faults: Faults | list[Faults] | None = None,
+        faults: Faults | str | Sequence[Faults | str] | None = None,
         miss_status: int | None = None,
         ignore: tuple[str, ...] = (),
         match_headers: tuple[str, ...] = (),
@@ -124,7 +125,7 @@ class ReplayServer:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
         if mode is ReplayMode.RECORD_MISSING and (writer is None or log_path is None):
             raise UsageError("mode record-missing records into a log: give its writer and path")
-        given = [faults] if isinstance(faults, Faults) else list(faults or ())
+        given = [Faults.checked(f) for f in ([faults] if isinstance(faults, Faults | str) else faults or ())]
         if mode is ReplayMode.PASSTHROUGH and any(given):
             raise UsageError(NOTHING_REPLAYED)
         self.speed = settings.speed(speed)
@@ -613,8 +614,9 @@ class ReplayServer:
 
     # -- the control API -----------------------------------------------------------------------
 
-    def arm(self, faults: Faults, source: str) -> Armed:
+    def arm(self, faults: Faults | str, source: str) -> Armed:
         """Arm a spec: its scope counts from now."""
+        faults = Faults.checked(faults)
         if not faults:
             raise FaultError("the spec names no fault")
         if self.mode is ReplayMode.PASSTHROUGH:

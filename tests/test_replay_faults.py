@@ -24,6 +24,7 @@ from tasktape.errors import FaultError
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
 from tasktape.replay import Faults, ReplayServer, load
+from tasktape.replay.faults import Scope
 
 QUESTION = "What does J45.909 mean?"
 MS = 1_000_000
@@ -352,6 +353,35 @@ async def test_where_specs_are_refused(serve: Serve, tmp_path: Path) -> None:
     # content-type takes the rest of the spec, parameters and all.
     typed = Faults.parse("drop-after=2; content-type=text/event-stream; charset=utf-8")
     assert (typed.drop_after, typed.content_type) == (2, "text/event-stream; charset=utf-8")
+
+
+async def test_faults_built_by_hand_are_checked_as_a_spec_is(serve: Serve, demo: tuple[Path, bytes]) -> None:
+    """Faults made in Python, not parsed, are refused where a spec with the same values
+    is (they were a 500 on the first request, or a client waiting for ever); a spec given
+    as a string is read as one, by the server and by arm()."""
+    db, recorded = demo
+    recordings = load([db])
+    for faults, words in (
+        (Faults(drop_after=-5), "drop-after=-5"),
+        (Faults(drop_after="x"), "drop-after=x"),  # type: ignore[arg-type]
+        (Faults(stall_after=1, stall_ms=float("nan")), "stall=1:nan"),
+        (Faults(content_type="a\r\nX: 1"), "no control character"),
+        (Faults(status=99), "a final status"),
+        (Faults(drop_after=1, cut_frame=2), "both end the connection"),
+        (Faults(no_final=1), "True or False"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(FaultError, match=words):
+            ReplayServer(recordings, faults=faults)
+        with pytest.raises(FaultError, match=words):
+            ReplayServer(recordings).arm(faults, "test")
+    exact = Faults(stall_after=1, stall_ms=12.345678901, scope=Scope(times=2, p=0.123456789))
+    assert ReplayServer(recordings, faults=[exact]).armed[0].faults == exact
+    events = events_of(recorded)
+    server = ReplayServer(load([db]), speed=0, faults="drop-after=3")
+    url = await serve(server.app)
+    got = await wire(url, "/message:stream", message(QUESTION))
+    assert got.body == b"".join(e.raw for e in events[:3]) and not got.ended
+    assert server.arm("drop-after=2;times=1", "test").faults == Faults.parse("drop-after=2;times=1")
 
 
 async def test_a_later_spec_says_how_the_connection_ends(serve: Serve, demo: tuple[Path, bytes]) -> None:
