@@ -22,7 +22,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -46,7 +47,13 @@ from .uids import derived_uuid7, iso_ns, moment_ns, read_time
 if TYPE_CHECKING:
     from .cassette_models import Exchange
 
-VERSION = 1
+# The version this tasktape reads and writes: 2 when exchanges carry their uids (which
+# tasktape 0.1, reading version 1, would refuse as unknown keys: a newer version tells it to
+# upgrade instead); a cassette without them is written as version 1, which any reads.
+VERSION = 2
+_WITHOUT_UIDS = 1
+# What a writer sets in the header, not its caller.
+_RESERVED = ("tasktape_cassette", "tool_version")
 # Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
 # (about 31 years) refuses infinities and absurd values on loading, not when written.
 MAX_MS = 1e12
@@ -83,6 +90,15 @@ def splits_a_line(value: str | None) -> bool:
     return value is not None and _SPLITS_A_LINE.search(value) is not None
 
 
+def is_uid(value: str) -> bool:
+    """Whether ``value`` is a uid as a log holds it: a UUID as ``str(uuid.UUID)`` spells it
+    (another spelling of the same one would not match it)."""
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
+
+
 def _ns(ms: float) -> int:
     return round(ms * 1_000_000)
 
@@ -104,6 +120,14 @@ def read_cassette(
 
     Lines end at LF alone, as JSON Lines do: text may hold U+2028 or U+0085 as it is (the
     cassettes tasktape writes do), which ``str.splitlines`` would take for line ends."""
+    return read_with_uids(path, name, content=content)[0]
+
+
+def read_with_uids(
+    path: str | Path, name: str | None = None, *, content: bytes | None = None
+) -> tuple[list[Recorded], list[str | None]]:
+    """``read_cassette``'s exchanges, and the uid each carries (None where it carries none,
+    as a cassette written by hand or by an older tasktape)."""
     path = Path(path)
     name = name or path.name
     if content is None:
@@ -118,6 +142,7 @@ def read_cassette(
             f"{path} is {kind}, not a cassette: tasktape import {path} --db LOG makes an event log of it"
         )
     recorded: list[Recorded] = []
+    uids: list[str | None] = []
     current: Recorded | None = None
     header_seen = False
     ends = 0  # end lines read
@@ -143,6 +168,7 @@ def read_cassette(
                     )
                 current = item
                 recorded.append(current)
+                uids.append(doc["exchange"].get("uid"))  # (checked as the line was read)
                 continue
             if current is None:
                 raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
@@ -172,7 +198,7 @@ def read_cassette(
     for r in recorded:
         if r.outcome is None:  # no end line (written by hand): it ended whole, with its last chunk
             r.outcome, r.duration_ns = Outcome.COMPLETE, _last_offset(r)
-    return recorded
+    return recorded, uids
 
 
 def _last_offset(r: Recorded) -> int:
@@ -241,7 +267,7 @@ def _plain_line(doc: Any, origin: str) -> tuple[str, Any] | None:
 
 _REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated"})
 _RESPONSE_KEYS = frozenset({"status", "headers", "sse", "ttfb_ms", "decoded_from", "body_truncated"})
-_EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at", "recorded_by"})
+_EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at", "recorded_by", "uid"})
 _END_KEYS = frozenset({"duration_ms", "outcome", "error"})
 
 
@@ -260,6 +286,9 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
         return None
     reconnect_of = body.get("reconnect_of")
     if reconnect_of is not None and (type(reconnect_of) is not int or reconnect_of >= 0):
+        return None
+    uid = body.get("uid")
+    if uid is not None and (type(uid) is not str or not is_uid(uid)):
         return None
     method, path, query, text = req.get("method"), req.get("path"), req.get("query"), req.get("body")
     if type(method) is not str or not method or type(path) is not str or not path.startswith("/"):
@@ -455,11 +484,20 @@ def _text_or_base64(data: bytes, text_key: str, base64_key: str) -> dict[str, st
         return {base64_key: base64.b64encode(data).decode("ascii")}
 
 
-def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]:
+def cassette_lines(
+    recorded: Iterable[Recorded], uids: Sequence[str | None] = (), **header: Any
+) -> Iterable[str]:
+    """A cassette's lines: its header (the version and ``header``), then its exchanges',
+    each with its uid in ``uids`` (the log's, for export: importing it again adds nothing
+    twice) where there is one."""
+    reserved = [key for key in _RESERVED if key in header]
+    if reserved:
+        raise CassetteError(f"the header's {', '.join(reserved)} is the writer's to set, not given")
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    head = {"tasktape_cassette": VERSION, "created_at": created, "tool_version": __version__, **header}
+    version = VERSION if any(uids) else _WITHOUT_UIDS
+    head = {"tasktape_cassette": version, "created_at": created, "tool_version": __version__, **header}
     yield json.dumps(head, ensure_ascii=False)
-    for r in recorded:
+    for n, r in enumerate(recorded):
         request: dict[str, Any] = {"method": r.method, "path": r.path}
         if r.query:
             request["query"] = r.query
@@ -487,6 +525,8 @@ def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]
             exchange["started_at"] = r.started_at
         if r.recorded_by:
             exchange["recorded_by"] = r.recorded_by
+        if n < len(uids) and uids[n]:
+            exchange["uid"] = uids[n]
         yield json.dumps({"exchange": exchange}, ensure_ascii=False)
         for offset, data in r.chunks:
             yield json.dumps(
@@ -504,15 +544,33 @@ def cassette_lines(recorded: Iterable[Recorded], **header: Any) -> Iterable[str]
 
 def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any) -> None:
     """Write exchanges as a cassette (the header gets the version and ``header``), all at
-    once: a reader never sees half a cassette."""
-    text = "\n".join(cassette_lines(recorded, **header)) + "\n"
+    once: a reader never sees half a cassette. What it would not read back (a chunk before
+    the one it follows, a request without a method...) is a :class:`CassetteError`, and
+    nothing is written; so is a file that cannot be written. A symbolic link is written
+    through, to the file it names."""
     target = Path(path)
+    text = "\n".join(cassette_lines(recorded, **header)) + "\n"
+    try:
+        read_cassette(target, content=text.encode("utf-8"))
+    except CassetteError as exc:
+        raise CassetteError(f"cannot write {target}: it would not read back: {exc}") from None
+    _replace(target, text)
+
+
+def _replace(target: Path, text: str) -> None:
+    """``target`` made to hold ``text`` at once: written beside it, then moved over it (over
+    the file a link names, the link kept)."""
+    if target.is_dir():
+        raise CassetteError(f"cannot write {target}: it is a folder")
     if not target.parent.is_dir():  # (said of the cassette, not of the file written first)
         raise CassetteError(f"cannot write {target}: its folder {target.parent} does not exist")
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    real = target.resolve()
+    partial = real.with_name(f".{real.name}.{os.getpid()}.partial")
     try:
         partial.write_text(text, encoding="utf-8")
-        partial.replace(target)
+        partial.replace(real)
+    except OSError as exc:
+        raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None
     finally:
         partial.unlink(missing_ok=True)
 
@@ -525,18 +583,33 @@ def imported_uid(content: bytes, created_at: str | None = None) -> str:
 
 
 def load_into(
-    writer: LogProducer, recorded: Iterable[Recorded], capture_id: int, capture_uid: str | None = None
+    writer: LogProducer,
+    recorded: Iterable[Recorded],
+    capture_id: int,
+    capture_uid: str | None = None,
+    uids: Sequence[str | None] = (),
+    held: MutableMapping[str, int] | None = None,
 ) -> list[int]:
-    """Write exchanges into a log through ``writer``; returns their new exchange ids. A
-    reconnect the resume gateway answered is a row of ``resumes`` again, as it was. With
-    ``capture_uid`` (a cassette's, :func:`imported_uid`), each exchange's uid follows from
-    it and the exchange's place in the cassette."""
+    """Write exchanges into a log through ``writer``; returns their exchange ids. A
+    reconnect the resume gateway answered is a row of ``resumes`` again, as it was. An
+    exchange keeps its uid in ``uids`` (a cassette's, exported from a log); one without
+    gets, with ``capture_uid`` (a cassette's, :func:`imported_uid`), one that follows from
+    it and the exchange's place in the cassette. ``held``: the exchange ids of the uids the
+    log holds; an exchange among them is not written again (its id is the one held), and
+    those written are added to it."""
+    held = {} if held is None else held
     ids: list[int] = []
     for n, r in enumerate(recorded):
+        given = uids[n] if n < len(uids) else None
+        if given in held:
+            ids.append(held[given])
+            continue
         # A time the log cannot hold (or, in a Recorded made in Python, no time at all) leaves
         # the exchange the time it is loaded at: loaded, not lost.
         started_ns = moment_ns(r.started_at) if r.started_at else None
-        uid = None if capture_uid is None else derived_uuid7(started_ns or 0, "exchange", capture_uid, n)
+        uid = given
+        if uid is None and capture_uid is not None:
+            uid = derived_uuid7(started_ns or 0, "exchange", capture_uid, n)
         exchange = writer.begin_exchange(
             capture_id,
             method=r.method,
@@ -572,4 +645,6 @@ def load_into(
             )
             writer.resume(resume, at_ns=None if started_ns is None else started_ns + r.ttfb_ns)
         ids.append(exchange)
+        if uid is not None:
+            held[uid] = exchange
     return ids

@@ -10,7 +10,16 @@ import base64
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .cassette import MAX_MS, MAX_STATUS, MIN_STATUS, TIME_FORM, broken_header, splits_a_line, unread_header
+from .cassette import (
+    MAX_MS,
+    MAX_STATUS,
+    MIN_STATUS,
+    TIME_FORM,
+    broken_header,
+    is_uid,
+    splits_a_line,
+    unread_header,
+)
 from .outcomes import Outcome
 from .uids import read_time
 
@@ -84,6 +93,15 @@ class Exchange(_Strict):
     started_at: str | None = None
     # The node id of the test that recorded it (the pytest plugin's cassettes).
     recorded_by: str | None = Field(default=None, min_length=1)
+    # The uid of the log's exchange it was exported from: imported, it keeps it.
+    uid: str | None = None
+
+    @field_validator("uid")
+    @classmethod
+    def _a_uid(cls, value: str | None) -> str | None:
+        if value is not None and not is_uid(value):
+            raise ValueError("must be a UUID in lowercase, as a log holds it")
+        return value
 
     @field_validator("started_at")
     @classmethod

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasktape.choices import listed
 from tasktape.errors import LogError, SchemaTooOld
 
 from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
@@ -50,8 +51,14 @@ _FRESH = (
     " FROM src.exchanges s LEFT JOIN main.exchanges m ON m.uid = s.uid"
 )
 
-# Columns of an exchange that change while it is under way.
-_PROGRESS = ("status", "outcome", "duration_ns", "ttfb_ns", "response_headers")
+# Whether the source holds an exchange the output holds under way further along: ended
+# there, answered there, or, answered in both, with more of its rows. Only then is it
+# brought up to date: a copy of the log taken earlier, merged after a later one, would set
+# it back.
+_FURTHER = (
+    "s.outcome IS NOT NULL OR (s.status IS NOT NULL AND (m.status IS NULL"
+    f" OR {_fewer('stored_chunks')} OR {_fewer('events')}))"
+)
 
 
 @dataclass
@@ -60,6 +67,7 @@ class MergeReport:
 
     source: Path
     captures: int = 0
+    ended: int = 0  # captures the output held under way, ended since
     exchanges: int = 0
     continued: int = 0  # exchanges the output held under way, brought up to date
     chunks: int = 0
@@ -69,7 +77,7 @@ class MergeReport:
 
     @property
     def added(self) -> bool:
-        return any((self.captures, self.exchanges, self.continued, self.chunks, self.events))
+        return any((self.captures, self.ended, self.exchanges, self.continued, self.chunks, self.events))
 
     def describe(self) -> str:
         """One line for the console."""
@@ -77,6 +85,7 @@ class MergeReport:
             return f"{self.source}: nothing new"
         counts = (
             (self.captures, "capture"),
+            (self.ended, "capture ended"),
             (self.exchanges, "exchange"),
             (self.continued, "exchange continued"),
             (self.chunks, "chunk"),
@@ -98,7 +107,8 @@ def _plural(what: str, n: int) -> str:
 def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeReport]:
     """Merge the logs ``sources`` into the log ``output`` (made when missing), in order;
     what each added. An older source is read through an upgraded copy, left as it is."""
-    output, sources = Path(output), [Path(source) for source in sources]
+    # One path alone is refused: a string's letters would be taken for the logs.
+    output, sources = Path(output), [Path(s) for s in listed(_one_path(sources), "sources")]
     if not output.parent.is_dir():  # (SQLite would say only "unable to open database file")
         raise LogError(f"cannot open {output} as an event log: its folder {output.parent} does not exist")
     for source in sources:  # all checked before anything is written
@@ -141,6 +151,11 @@ def _merge_one(conn: sqlite3.Connection, source: Path) -> MergeReport:
     return report
 
 
+def _one_path(sources: Sequence[str | Path] | Path) -> Sequence[str | Path] | str:
+    """``sources``, a path alone as its string (which ``listed`` refuses, saying so)."""
+    return str(sources) if isinstance(sources, Path) else sources
+
+
 @contextlib.contextmanager
 def _readable(source: Path) -> Iterator[Path]:
     """``source``, or an upgraded copy of it when it was written by an older tasktape (its
@@ -172,10 +187,10 @@ def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
         f"INSERT INTO main.captures ({', '.join(cols)}) SELECT {', '.join(f's.{c}' for c in cols)}"
         " FROM src.captures s WHERE s.uid NOT IN (SELECT uid FROM main.captures) ORDER BY s.id"
     ).rowcount
-    conn.execute(
+    report.ended = conn.execute(
         "UPDATE main.captures AS m SET ended_at = s.ended_at FROM src.captures s"
         " WHERE s.uid = m.uid AND m.ended_at IS NULL AND s.ended_at IS NOT NULL"
-    )
+    ).rowcount
     conn.execute(
         "CREATE TEMP TABLE merged_captures AS SELECT s.id AS src_id, m.id AS dst_id"
         " FROM src.captures s JOIN main.captures m ON m.uid = s.uid"
@@ -193,11 +208,10 @@ def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
         " JOIN merged_exchanges f ON f.src_id = s.id WHERE f.dst_id IS NULL ORDER BY s.id"
     ).rowcount
     kept = [c for c in cols if c not in ("uid", "capture_id")]
-    moved = " OR ".join(f"s.{c} IS NOT m.{c}" for c in _PROGRESS)
     report.continued = conn.execute(
         f"UPDATE main.exchanges AS m SET ({', '.join(kept)}) = ({', '.join(f's.{c}' for c in kept)})"
         " FROM src.exchanges s JOIN merged_exchanges f ON f.src_id = s.id"
-        f" WHERE f.under_way AND f.dst_id = m.id AND ({moved})"
+        f" WHERE f.under_way AND f.dst_id = m.id AND ({_FURTHER})"
     ).rowcount
     conn.execute(
         "UPDATE temp.merged_exchanges SET dst_id = (SELECT m.id FROM main.exchanges m"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,8 @@ from tasktape.eventlog.cassette import (
     cassette_lines,
     imported_uid,
     load_into,
-    read_cassette,
     read_header,
+    read_with_uids,
 )
 from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes
 from tasktape.eventlog.outcomes import Outcome
@@ -80,6 +80,8 @@ def export(
             _check_choices(opened, tasks, contexts, [n for n in exchanges if n not in capture_of])
             ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
             recorded = from_log(opened, ids)
+            uid_of = dict(opened.db.execute("SELECT id, uid FROM exchanges").fetchall())
+            uids = [uid_of[i] for i in sorted(set(ids))]  # (in from_log's order)
             upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
     except LogError as exc:  # what is no log this tasktape reads: bad input
         raise bad_input(str(exc)) from None
@@ -92,7 +94,8 @@ def export(
     from tasktape.eventlog.frames import at_log_end  # noqa: PLC0415
 
     under_way = at_log_end(recorded)
-    lines = cassette_lines(recorded, source=log.name, upstream=upstreams[0] if len(upstreams) == 1 else None)
+    upstream = upstreams[0] if len(upstreams) == 1 else None
+    lines = cassette_lines(recorded, uids, source=log.name, upstream=upstream)
     text = "\n".join(lines) + "\n"
     if output == "-":
         sys.stdout.write(text)
@@ -171,7 +174,7 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
         raise click.ClickException(str(exc)) from None
     except LogError as exc:
         raise bad_input(str(exc)) from None
-    held = _imported(db)
+    held, held_exchanges = _imported(db, [u for one in loaded for u in one.uids if u])
     with writer:
         for one in loaded:
             path, content, uid = one.path, one.content, one.uid
@@ -184,22 +187,58 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
             if isinstance(content, _Flows):
                 held[uid] = _import_flows(writer, path, content, db, uid)
                 continue
+            # An exchange exported from a log keeps its uid: one the log holds (this cassette
+            # exported from it, or imported or merged before) is not added again.
+            skipped = _held(one.uids, held_exchanges)
+            if skipped == len(content) and content:
+                click.echo(
+                    f"tasktape import: {path}: {skipped} of {counted(len(content), 'exchange')} already"
+                    f" in {db}: nothing added",
+                    err=True,
+                )
+                continue
             capture = held[uid] = writer.begin_capture(
                 source="import", upstream=one.upstream, argv=[str(path)], uid=uid
             )
-            load_into(writer, content, capture, uid)
+            load_into(writer, content, capture, uid, one.uids, held_exchanges)
             writer.end_capture(capture)
-            click.echo(f"tasktape import: {counted(len(content), 'exchange')} from {path} -> {db}", err=True)
+            said = f"tasktape import: {counted(len(content) - skipped, 'exchange')} from {path} -> {db}"
+            if skipped:
+                said += f" ({skipped} of {counted(len(content), 'exchange')} already in {db}: skipped)"
+            click.echo(said, err=True)
     if writer.stats.rows_lost:
         raise click.ClickException(
             f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
         )
 
 
-def _imported(db: Path) -> dict[str, int]:
-    """The log's captures by uid (an imported cassette's follows from its bytes)."""
+def _imported(db: Path, uids: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """The log's captures by uid (an imported cassette's follows from its bytes), and
+    those of its exchanges whose uid is among ``uids``."""
     with EventLog(db) as log:
-        return {c["uid"]: c["id"] for c in log.captures()}
+        captures = {c["uid"]: c["id"] for c in log.captures()}
+        exchanges: dict[str, int] = {}
+        for start in range(0, len(uids), _UIDS_A_QUERY):
+            some = uids[start : start + _UIDS_A_QUERY]
+            marks = ", ".join("?" * len(some))
+            query = f"SELECT uid, id FROM exchanges WHERE uid IN ({marks})"
+            exchanges.update(log.db.execute(query, some).fetchall())
+    return captures, exchanges
+
+
+def _held(uids: list[str | None], held: dict[str, int]) -> int:
+    """How many of a cassette's exchanges ``load_into`` leaves out: their uid held, or given
+    to one before them."""
+    seen: set[str] = set()
+    count = 0
+    for uid in filter(None, uids):
+        count += uid in held or uid in seen
+        seen.add(uid)
+    return count
+
+
+# Uids looked up in one query (SQLite's bound on a query's parameters is 32766).
+_UIDS_A_QUERY = 10_000
 
 
 def _read(path: Path, db: Path) -> _Loaded:
@@ -217,10 +256,10 @@ def _read(path: Path, db: Path) -> _Loaded:
         raise CassetteError(f"{path} is {kind} given as a stream: give the flow file's path")
     if kind is FileKind.FLOWS:
         return _Loaded(path, _read_flows(path), imported_uid(content))
-    recorded = read_cassette(path, content=content)
-    header = read_header(path, content=content)  # checked as read_cassette read it
+    recorded, uids = read_with_uids(path, content=content)
+    header = read_header(path, content=content)  # checked as read_with_uids read it
     uid = imported_uid(content, header.get("created_at"))
-    return _Loaded(path, recorded, uid, header.get("upstream"))
+    return _Loaded(path, recorded, uid, header.get("upstream"), uids)
 
 
 @dataclass
@@ -238,6 +277,7 @@ class _Loaded:
     content: list[Recorded] | _Flows
     uid: str
     upstream: str | None = None
+    uids: list[str | None] = field(default_factory=list)  # its exchanges' own, where it gives them
 
 
 def _read_flows(path: Path) -> _Flows:

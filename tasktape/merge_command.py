@@ -45,7 +45,7 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
                 f"{log} is {kind}, not an event log: tasktape import {log} --db {output} reads it into one"
             )
     if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
-        raise bad_input(f"{output} is {kind_of(output)}: merge writes an event log, not over it")
+        raise bad_input(f"{output} is {named_kind(output)}: merge writes an event log, not over it")
     folder_for(output)
     try:
         for report in merge_logs(logs, output):

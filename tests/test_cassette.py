@@ -282,7 +282,7 @@ def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
     chosen = read_cassette(out)
     assert [r.path for r in chosen] == ["/.well-known/agent-card.json", "/"]  # the card comes along
     header = json.loads(out.read_text().splitlines()[0])
-    assert header["tasktape_cassette"] == 1 and header["upstream"] == "http://127.0.0.1:9"
+    assert header["tasktape_cassette"] == 2 and header["upstream"] == "http://127.0.0.1:9"
     result = runner.invoke(
         main, ["export", str(log_path), "-o", str(out), "--context", "ctx.1", "--no-cards"]
     )
@@ -323,11 +323,131 @@ def test_a_cassette_imported_again_adds_nothing_and_its_logs_merge_as_one(tmp_pa
     assert runner.invoke(main, ["merge", str(one), str(two), "-o", str(merged)]).exit_code == 0
     with EventLog(merged) as log:
         assert (len(log.captures()), len(log.exchanges())) == (1, exchanges)
-    # Another cassette (a byte changed) is another capture.
-    cassette.write_bytes(cassette.read_bytes().replace(b'"tasktape_cassette": 1', b'"tasktape_cassette": 1 '))
-    assert runner.invoke(main, ["import", str(cassette), "--db", str(one)]).exit_code == 0
+    # Another cassette (a byte changed) would be another capture; but its exchanges keep the
+    # uids they were exported with, which the log holds: nothing is added.
+    cassette.write_bytes(cassette.read_bytes().replace(b'"tasktape_cassette": 2', b'"tasktape_cassette": 2 '))
+    result = runner.invoke(main, ["import", str(cassette), "--db", str(one)])
+    assert result.exit_code == 0 and f"{exchanges} of {exchanges} exchanges already in {one}" in result.output
     with EventLog(one) as log:
-        assert (len(log.captures()), len(log.exchanges())) == (2, 2 * exchanges)
+        assert (len(log.captures()), len(log.exchanges())) == (1, exchanges)
+
+
+def _exported_uids(cassette: Path) -> list[str | None]:
+    docs = [json.loads(line) for line in cassette.read_text().splitlines()[1:]]
+    return [doc["exchange"].get("uid") for doc in docs if "exchange" in doc]
+
+
+def test_a_logs_own_cassette_imported_into_it_adds_nothing(tmp_path: Path) -> None:
+    """Its capture's uid follows from the cassette's bytes (another at each export), so a
+    log's own export imported into it doubled every exchange: an exported exchange carries
+    its uid, and one the log holds is not added again."""
+    log_path, cassette = make_log(tmp_path / "a.db"), tmp_path / "a.jsonl"
+    runner = CliRunner()
+    assert runner.invoke(main, ["export", str(log_path), "-o", str(cassette)]).exit_code == 0
+    with EventLog(log_path) as log:
+        held = [x["uid"] for x in log.exchanges()]
+    assert _exported_uids(cassette) == held
+    result = runner.invoke(main, ["import", str(cassette), "--db", str(log_path)])
+    assert result.exit_code == 0, result.output
+    n = len(held)
+    assert (
+        result.output
+        == f"tasktape import: {cassette}: {n} of {n} exchanges already in {log_path}: nothing added\n"
+    )
+    with EventLog(log_path) as log:
+        assert [x["uid"] for x in log.exchanges()] == held and len(log.captures()) == 1
+
+
+def test_an_import_adds_only_the_exchanges_the_log_lacks_and_merges_with_their_source(
+    tmp_path: Path,
+) -> None:
+    """An exchange reached by two routes (an export imported, and a merge of the log it came
+    from) is one exchange: imported, it keeps the uid it had in its log."""
+    log_path, one, whole = make_log(tmp_path / "a.db"), tmp_path / "one.jsonl", tmp_path / "whole.jsonl"
+    copy = tmp_path / "copy.db"
+    runner = CliRunner()
+    assert (
+        runner.invoke(
+            main, ["export", str(log_path), "-o", str(one), "--exchange", "2", "--no-cards"]
+        ).exit_code
+        == 0
+    )
+    assert runner.invoke(main, ["export", str(log_path), "-o", str(whole)]).exit_code == 0
+    assert runner.invoke(main, ["import", str(one), "--db", str(copy)]).exit_code == 0
+    result = runner.invoke(main, ["import", str(whole), "--db", str(copy)])
+    assert result.exit_code == 0, result.output
+    with EventLog(log_path) as log:
+        held = [x["uid"] for x in log.exchanges()]
+    n = len(held)
+    said = f"{n - 1} exchanges from {whole} -> {copy} (1 of {n} exchanges already in {copy}: skipped)"
+    assert result.output == f"tasktape import: {said}\n"
+    merged = runner.invoke(main, ["merge", str(log_path), "-o", str(copy)])
+    assert merged.exit_code == 0, merged.output
+    with EventLog(copy) as log:
+        assert sorted(x["uid"] for x in log.exchanges()) == sorted(held)
+
+
+def test_exchange_uids_are_read_as_a_log_holds_them(tmp_path: Path) -> None:
+    """A cassette whose exchanges carry no uid is version 1, which tasktape 0.1 reads; one
+    whose do is version 2, which it refuses asking for an upgrade (rather than for the key
+    it did not know). A uid another spelling of a UUID would match nothing: refused."""
+    plain = tmp_path / "plain.jsonl"
+    write_cassette(plain, [Recorded(method="GET", path="/", status=204)])
+    assert json.loads(plain.read_text().splitlines()[0])["tasktape_cassette"] == 1
+    for uid, said in (("0192d4e0-7c1a-7000-8000-00000000000A", "lowercase"), (7, "string")):
+        bad = tmp_path / "bad.jsonl"
+        exchange = {"request": {"method": "GET", "path": "/"}, "uid": uid}
+        bad.write_text('{"tasktape_cassette": 2}\n' + json.dumps({"exchange": exchange}) + "\n")
+        with pytest.raises(CassetteError, match=rf"bad\.jsonl:2: exchange: uid: .*{said}"):
+            read_cassette(bad)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "said"),
+    [
+        (Recorded(method="GET", path="/", status=200, chunks=[(5, b"b"), (1, b"a")]), "goes back in time"),
+        (Recorded(method="GET", path="/", status=200, chunks=[(-1, b"a")]), "offset_ms"),
+        (Recorded(method=None, path="/"), "method"),  # type: ignore[arg-type]
+        (Recorded(method="GET", path="no-slash"), "path"),
+    ],
+)
+def test_write_cassette_refuses_what_it_would_not_read_back(
+    tmp_path: Path, recorded: Recorded, said: str
+) -> None:
+    """It wrote cassettes read_cassette then refused; nothing is written now."""
+    cassette = tmp_path / "c.jsonl"
+    cassette.write_text("kept\n")
+    with pytest.raises(CassetteError, match=rf"cannot write .*c\.jsonl: it would not read back: .*{said}"):
+        write_cassette(cassette, [recorded])
+    assert cassette.read_text() == "kept\n" and list(tmp_path.iterdir()) == [cassette]
+
+
+def test_write_cassette_keeps_its_header_readable_and_says_what_it_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header key could replace the version (the file then unreadable); a folder given
+    raised a bare ValueError or OSError, not the CassetteError a write failure is."""
+    answer = [Recorded(method="GET", path="/", status=204)]
+    cassette = tmp_path / "c.jsonl"
+    with pytest.raises(CassetteError, match="tasktape_cassette is the writer's to set"):
+        write_cassette(cassette, answer, tasktape_cassette=7)
+    with pytest.raises(CassetteError, match="'created_at' must be an ISO 8601 time"):
+        write_cassette(cassette, answer, created_at="yesterday")
+    assert not cassette.exists()
+    monkeypatch.chdir(tmp_path)
+    for folder in (".", tmp_path):
+        with pytest.raises(CassetteError, match="it is a folder"):
+            write_cassette(folder, answer)
+
+
+def test_write_cassette_writes_through_a_link(tmp_path: Path) -> None:
+    """A link to a cassette (kept in another folder) was replaced by a file of its own."""
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    write_cassette(real, [Recorded(method="GET", path="/old", status=204)])
+    link.symlink_to(real)
+    write_cassette(link, [Recorded(method="GET", path="/new", status=204)])
+    assert link.is_symlink() and [r.path for r in read_cassette(real)] == ["/new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "real.jsonl"]
 
 
 def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:

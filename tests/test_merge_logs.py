@@ -16,7 +16,7 @@ from log_rows import MS, SSE, arrival, copy_log, rows_by_uid, union, write_log
 from test_replay import message, recorded_demo, stream_exchange, timed_post
 
 from tasktape.cli import main
-from tasktape.errors import LogBusy, LogError
+from tasktape.errors import LogBusy, LogError, UsageError
 from tasktape.eventlog import EventLog, LogWriter, open_db
 from tasktape.eventlog.checker import report_log, save_findings
 from tasktape.eventlog.merge import LOCAL_TABLES, MERGED_TABLES, merge_logs
@@ -223,3 +223,64 @@ def test_the_command_points_files_of_another_kind_to_import(tmp_path: Path) -> N
     result = runner.invoke(main, ["merge", str(a), "-o", str(cassette)])
     assert result.exit_code == 2 and "is a cassette: merge writes an event log" in result.output
     assert not fleet.exists() and cassette.read_text() == '{"tasktape_cassette": 1}\n'
+
+
+def test_an_earlier_copy_merged_after_a_later_one_sets_nothing_back(tmp_path: Path) -> None:
+    """Copies of a log being recorded, merged newest first: the older one, which holds the
+    exchange begun but not yet answered, wiped its status, headers and time to first byte,
+    keeping the event it had no place for, and was said to have continued it."""
+    path, early, late, fleet = (tmp_path / name for name in ("live.db", "early.db", "late.db", "fleet.db"))
+    chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.flush()
+        copy_log(path, early)
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        w.chunk(ex, MS, chunks[0])
+        w.flush()
+        copy_log(path, late)
+        w.end_exchange(ex, duration_ns=20 * MS).result()
+    merge_logs([late], fleet)
+    held = rows_by_uid(fleet)
+    (report,) = merge_logs([early], fleet)
+    assert report.describe() == f"{early}: nothing new"
+    assert rows_by_uid(fleet) == held
+    with EventLog(fleet) as log:
+        (x,) = log.exchanges()
+        assert (x["status"], x["ttfb_ns"], x["outcome"]) == (200, MS, None)
+        assert x["response_headers"] and log.body(x["id"]) == chunks[0]
+
+
+def test_a_capture_ended_since_is_said_to_be(tmp_path: Path) -> None:
+    """Merged again after its recorder stopped, a log brought the end of its capture, and
+    the command said "nothing new"."""
+    path, fleet = tmp_path / "live.db", tmp_path / "fleet.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record")
+        w.flush()
+        merge_logs([path], fleet)
+        w.end_capture(cap)
+    result = CliRunner().invoke(main, ["merge", str(path), "-o", str(fleet)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"tasktape merge: {path}: added 1 capture ended\n"
+    with EventLog(fleet) as log:
+        assert log.captures()[0]["ended_at"] is not None
+
+
+def test_a_text_file_as_the_output_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """Text that is no cassette was called one."""
+    a, notes = write_log(tmp_path / "a.db", "a"), tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    result = CliRunner().invoke(main, ["merge", str(a), "-o", str(notes)])
+    assert result.exit_code == 2
+    assert f"{notes} is a file that is neither an event log nor a cassette: merge writes" in result.output
+    assert notes.read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("one", ["a.db", Path("a.db")])
+def test_one_path_where_a_list_is_meant_is_refused_saying_so(tmp_path: Path, one: str | Path) -> None:
+    """A string's letters were taken for logs ("a: no such log")."""
+    with pytest.raises(UsageError, match=r"not one string: write \['a\.db'\]"):
+        merge_logs(one, tmp_path / "fleet.db")  # type: ignore[arg-type]
+    assert not (tmp_path / "fleet.db").exists()
