@@ -65,7 +65,7 @@ def main(fd: int) -> None:
             code = op[0]
             if code == END:
                 done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-                done.add_done_callback(lambda f, token=op[5]: send(("done", token, f.result())))
+                done.add_done_callback(lambda f, token=op[5]: send(_answer(token, f)))
                 ops[i] = (*op[:5], done)
             elif code == FLUSH:
                 ops[i] = (FLUSH, lambda token=op[1]: send(("flushed", token)))
@@ -78,3 +78,10 @@ def main(fd: int) -> None:
             writer.close()
             send(("closed", writer.stats))
             return
+
+
+def _answer(token: int, done: concurrent.futures.Future[Any]) -> tuple[Any, ...]:
+    """What the recorder hears of an exchange ended: its summary, or why it could not be
+    recorded (its future raises that, as a ``LogWriter``'s would)."""
+    exc = done.exception()
+    return ("done", token, done.result()) if exc is None else ("not_done", token, str(exc))

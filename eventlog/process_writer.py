@@ -26,7 +26,7 @@ from typing import Any
 from tasktape.errors import LogError
 
 from .interpreter import child_python
-from .producer import BODY, CHUNK, END, EXCHANGE, FLUSH, STOP, LogProducer
+from .producer import BODY, CHUNK, END, EXCHANGE, FLUSH, STOP, LogProducer, check_options
 
 _BATCH = 4096  # operations per message at most
 _GATHER = 0.002  # seconds: how long operations gather before they are sent, at first
@@ -55,6 +55,8 @@ class ProcessLogWriter(LogProducer):
         max_backlog: int = 256 * 1024 * 1024,
         **options: Any,
     ) -> None:
+        # Here, before the child starts: the parent needs the tap's fds.
+        check_options(options.get("redactor"), options.get("tap"))
         super().__init__(path, on_error, max_backlog)
         ours, theirs = socket.socketpair()
         # A plain child process (not multiprocessing's spawn, which re-imports the
@@ -184,6 +186,10 @@ class ProcessLogWriter(LogProducer):
                 future = self._pop(message[1])
                 if future.set_running_or_notify_cancel():
                     future.set_result(message[2])
+            elif kind == "not_done":  # the exchange could not be recorded: why
+                future = self._pop(message[1])
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(LogError(message[2]))
             elif kind == "flushed":
                 self._pop(message[1])()
             elif kind == "failed_batch":

@@ -9,6 +9,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import json
+import math
 import queue
 import sys
 import threading
@@ -20,12 +21,12 @@ from itertools import count
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasktape.errors import LogError, UnknownExchange, WriterClosed
+from tasktape.errors import LogError, UnknownExchange, UsageError, WriterClosed
 from tasktape.version import __version__
 
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
 from .outcomes import Outcome
-from .redact import hide_credentials
+from .redact import Redactor
 from .resumes import Resume
 from .uids import uuid7
 
@@ -103,9 +104,9 @@ class LogProducer:
         tool_version: str | None = None,
         uid: str | None = None,
     ) -> int:
-        """Start a recording run (or import); returns its id. Credentials in URLs (the
-        upstream's, or any in ``argv``) are left out. ``uid``: its own (an import's, made
-        from what it imports), else a new one."""
+        """Start a recording run (or import); returns its id. The writer's redactor applies
+        to the ``upstream`` URL and to ``argv`` (default: ``sys.argv``) as to everything it
+        stores. ``uid``: its own (an import's, made from what it imports), else a new one."""
         capture_id, now = next(self._capture_ids), time.time_ns()
         uid = self.capture_uids[capture_id] = uid or uuid7(now)
         self._put(
@@ -115,9 +116,9 @@ class LogProducer:
                 uid,
                 utc_iso(now),
                 source,
-                upstream and hide_credentials(upstream),
+                upstream,
                 tool_version or __version__,
-                json.dumps([hide_credentials(arg) for arg in (sys.argv if argv is None else argv)]),
+                [str(arg) for arg in (sys.argv if argv is None else argv)],
             )
         )
         return capture_id
@@ -200,6 +201,10 @@ class LogProducer:
         """One piece of the response body, exactly as received, ``offset_ns`` after the
         request arrived. SSE bodies are decoded and classified by the writer; other
         bodies are kept up to ``max_body`` bytes."""
+        # Bytes at an int offset pass after three comparisons; anything else is checked
+        # (and copied) apart.
+        if type(data) is not bytes or type(offset_ns) is not int or offset_ns < 0:
+            offset_ns, data = checked_piece(offset_ns, data)
         with self._queued_lock:  # _check_open and _admit, inline: this runs for every chunk forwarded
             if exchange_id not in self._open:  # (close() empties it: then WriterClosed)
                 raise self._not_open(exchange_id, "chunk()")
@@ -211,8 +216,9 @@ class LogProducer:
 
     def chunks(self, exchange_id: int, pieces: Iterable[tuple[int, bytes]]) -> None:
         """Pieces of one response body, ``(offset_ns, data)`` each, as ``chunk()`` takes
-        them one by one (an import has them all at hand)."""
-        for offset_ns, data in pieces:
+        them one by one (an import has them all at hand); one that ``chunk()`` refuses is
+        refused before any is queued."""
+        for offset_ns, data in checked_pieces(pieces):
             self.chunk(exchange_id, offset_ns, data)
 
     def resume(self, resume: Resume, at_ns: int | None = None) -> None:
@@ -399,6 +405,57 @@ class LogProducer:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def checked_piece(offset_ns: Any, data: Any) -> tuple[int, bytes]:
+    """A piece of a body as the writers take it, or UsageError at the call: the writer's
+    thread would lose its exchange for it, or store rows no reader can read back. Data
+    given as a bytearray or memoryview is copied (the caller may reuse its buffer, and a
+    memoryview cannot travel to a writer process)."""
+    check_bound("offset_ns", offset_ns, whole=True, least=0)
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise UsageError(f"a chunk's data is bytes (or a bytearray or memoryview), not {type(data).__name__}")
+    return int(offset_ns), bytes(data)
+
+
+def checked_pieces(pieces: Iterable[tuple[Any, Any]]) -> list[tuple[int, bytes]]:
+    """Pieces of a body, each as :func:`checked_piece` has it: all checked before any is
+    queued."""
+    return [
+        (offset_ns, data)
+        if type(data) is bytes and type(offset_ns) is int and offset_ns >= 0
+        else checked_piece(offset_ns, data)
+        for offset_ns, data in pieces
+    ]
+
+
+def check_bound(name: str, value: Any, *, whole: bool, least: int) -> None:
+    """A bound given as something else fails at once, not in the writer's thread later."""
+    kinds = int if whole else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not least <= value < math.inf:
+        what = "a whole number" if whole else "a number"
+        unit = "" if whole else " of seconds"
+        raise UsageError(f"{name} is {what}{unit}, at least {least}, not {value!r}")
+
+
+# What a commit tap has (``commit_tap.CommitTap``).
+_TAP_METHODS = ("open", "committed", "changed", "close")
+
+
+def check_options(redactor: Any, tap: Any) -> None:
+    """A redactor or tap of another kind fails at once: in the writer's thread, every
+    exchange would be lost to it."""
+    if redactor is not None and not isinstance(redactor, Redactor):
+        raise UsageError(
+            f"redactor must be a tasktape Redactor (Redactor(headers=[...])), not {type(redactor).__name__}"
+        )
+    if tap is not None and not (
+        hasattr(tap, "fds") and all(callable(getattr(tap, name, None)) for name in _TAP_METHODS)
+    ):
+        raise UsageError(
+            "tap must be a CommitTap (with fds, open(), committed(), changed() and close()), "
+            f"not {type(tap).__name__}"
+        )
 
 
 def _pairs(headers: Headers | None) -> list[tuple[str, str]] | None:

@@ -7,10 +7,12 @@ writer is appending (WAL): each call sees the rows committed when it starts.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tasktape.choices import listed
 from tasktape.errors import LogClosed, UnknownEventId, UnknownExchange
 
 from .a2a_terms import CARD_METHODS, CARD_PATHS
@@ -33,12 +35,15 @@ class EventLog:
 
     def __init__(self, path: str | Path, *, readonly: bool = True) -> None:
         self.path = Path(path)
-        self.db = open_db(self.path, readonly=readonly)
+        # Usable from any thread (a web handler's, ``asyncio.to_thread``), one call at a time.
+        self.db = open_db(self.path, readonly=readonly, check_same_thread=False)
+        self._lock = threading.Lock()
         self._closed = False
 
     def close(self) -> None:
-        self.db.close()
-        self._closed = True
+        with self._lock:
+            self.db.close()
+            self._closed = True
 
     def __enter__(self) -> EventLog:
         return self
@@ -47,12 +52,10 @@ class EventLog:
         self.close()
 
     def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
-        return list(self._query(sql, params))
-
-    def _query(self, sql: str, params: tuple[Any, ...]) -> Iterable[Row]:
-        if self._closed:
-            raise LogClosed(f"{self.path}: this EventLog was closed; open the log again to read it")
-        return self.db.query(sql, params)
+        with self._lock:  # (all read while it is held: the rows come from a cursor)
+            if self._closed:
+                raise LogClosed(f"{self.path}: this EventLog was closed; open the log again to read it")
+            return list(self.db.query(sql, params))
 
     def captures(self) -> list[Row]:
         return self._rows("SELECT * FROM captures ORDER BY id")
@@ -115,7 +118,7 @@ class EventLog:
         any of its events), and these exchanges; nothing named means all. With
         ``with_cards``, the last agent card read from the same host before the first of
         them comes too, so a client replaying them can start by reading it."""
-        tasks, contexts, chosen = list(tasks), list(contexts), set(exchanges)
+        tasks, contexts, chosen = listed(tasks, "tasks"), listed(contexts, "contexts"), set(exchanges)
         if not (tasks or contexts or chosen):
             return [x["id"] for x in self.exchanges()]
         for column, values in (("task_id", tasks), ("context_id", contexts)):
@@ -167,7 +170,7 @@ class EventLog:
         with the exchange that opened the stream: a reconnect's holds a slice of that
         stream's events, which the stream's own exchange holds too."""
         answered = (ResumeOutcome.RESUMED, ResumeOutcome.ENDED)
-        rows = self._query(
+        rows = self._rows(
             "SELECT new_exchange_id, exchange_id FROM resumes WHERE side = ? AND outcome IN (?, ?)"
             " AND new_exchange_id IS NOT NULL",
             (ResumeSide.CLIENT.value, *(o.value for o in answered)),

@@ -95,6 +95,39 @@ class Redactor:
         query, hash_, fragment = rest.partition("#")
         return f"{head}?{self.query(query)}{hash_}{fragment}"
 
+    def argv(self, argv: Iterable[str]) -> list[str]:
+        """Command-line arguments as a log keeps them: the value of an option named for a
+        credential (``--api-key VALUE``, ``--password=VALUE``, ``token=VALUE``: a word of its
+        name is a query parameter redacted here) or of a credential header given as
+        ``NAME: VALUE`` redacted; URLs as :meth:`url` keeps them."""
+        out: list[str] = []
+        value_next = False
+        for arg in argv:
+            if value_next:  # (the value of the option before it)
+                out.append(REDACTED)
+                value_next = False
+                continue
+            name, equals, _ = arg.partition("=")
+            header, colon, _ = arg.partition(":")
+            if self._names_credential(name):
+                out.append(f"{name}={REDACTED}" if equals else arg)
+                value_next = not equals and name.startswith("-")
+            elif colon and header.strip().lower() in self.headers:
+                out.append(f"{header}: {REDACTED}")
+            else:
+                out.append(self.url(arg))
+        return out
+
+    def _names_credential(self, name: str) -> bool:
+        """Whether an option's (or a setting's) name says that its value is a credential: the
+        whole name, or one of its words (``--openai-api-key``, ``apiToken``), is a query
+        parameter redacted here."""
+        bare = name.lstrip("-")
+        if not bare or not bare.replace("-", "").replace("_", "").isalnum():
+            return False
+        words = {bare.lower(), *(w.lower() for w in _WORDS.findall(bare))}
+        return not words.isdisjoint(self.query_params)
+
     def query(self, raw: str | None) -> str | None:
         """A raw query string with the values of the chosen parameters replaced (names
         compared once percent-decoded); every other byte stays as it was."""
@@ -214,6 +247,10 @@ _MEMBER_OR_CLOSE = re.compile(r'\s*("(?:[^"\\]|\\.)*"\s*:|[}\]])')
 
 # The user and password of a URL (``http://user:secret@agent``), up to its last '@'.
 _USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
+
+
+# The words of a name: ``apiToken`` is api, Token; ``OPENAI_API_KEY`` is OPENAI, API, KEY.
+_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 
 
 def hide_credentials(text: str) -> str:

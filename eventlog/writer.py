@@ -16,7 +16,7 @@ take turns a batch at a time rather than overlap.
 from __future__ import annotations
 
 import concurrent.futures
-import math
+import json
 import queue
 import re
 import sqlite3
@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import LogError, UsageError
+from tasktape.errors import LogError
 
 from .commit_tap import CommitTap
 from .content_coding import MAX_DECODED
@@ -67,6 +67,9 @@ from .producer import (
     STOP,
     LogProducer,
     WriterStats,
+    check_bound,
+    check_options,
+    checked_pieces,
 )
 from .redact import Redactor
 from .resumes import INSERT_RESUME
@@ -191,7 +194,8 @@ class LogWriter(LogProducer):
             ("max_decoded", max_decoded, True, 0),
             ("max_backlog", max_backlog, True, 0),
         ) + ((("max_bytes", max_bytes, True, 1),) if max_bytes is not None else ()):
-            _check_bound(name, value, whole=whole, least=least)
+            check_bound(name, value, whole=whole, least=least)
+        check_options(redactor, tap)
         super().__init__(path, on_error, max_backlog)
         self._max_batch = max_batch_seconds
         self._redactor = redactor or Redactor()
@@ -248,7 +252,7 @@ class LogWriter(LogProducer):
         thread as one operation rather than one each, when they fit in the backlog bound
         all together; else one by one, as ``chunk()`` takes them (and drops them)."""
         self._check_open(exchange_id, "chunks()")
-        pieces = list(pieces)
+        pieces = checked_pieces(pieces)
         if not pieces:
             return
         size = sum(len(data) for _, data in pieces)
@@ -366,7 +370,7 @@ class LogWriter(LogProducer):
             batch.update(op[1], rows.end(*op[2:5], batch.chunk_rows, batch.event_rows))
             batch.finished.append((op[5], rows.summary))
         elif code == CAPTURE:
-            batch.statements.append((_INSERT_CAPTURE, op[1:]))
+            batch.statements.append((_INSERT_CAPTURE, self._capture_row(op)))
         elif code == RESUME:
             batch.statements.append((INSERT_RESUME, op[1:]))
         elif code == CAPTURE_END:
@@ -386,6 +390,12 @@ class LogWriter(LogProducer):
                 )
             self._exchanges.clear()
             batch.stop = True
+
+    def _capture_row(self, op: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A capture's row, its upstream URL and its argv redacted as everything stored is."""
+        _, *head, upstream, tool_version, argv = op
+        upstream = upstream and self._redactor.url(upstream)
+        return (*head, upstream, tool_version, json.dumps(self._redactor.argv(argv)))
 
     def _checkpoint(self) -> None:
         """Move everything from the -wal file into the log file, so that the log file alone
@@ -617,15 +627,6 @@ def _is_full(exc: BaseException) -> bool:
 
 def _partly(summary: ExchangeSummary, kept: Kept, why: str) -> ExchangeSummary:
     return replace(summary, kept=kept, lost=why)
-
-
-def _check_bound(name: str, value: Any, *, whole: bool, least: int) -> None:
-    """A bound given as something else fails at once, not in the writer's thread later."""
-    kinds = int if whole else int | float
-    if isinstance(value, bool) or not isinstance(value, kinds) or not least <= value < math.inf:
-        what = "a whole number" if whole else "a number"
-        unit = "" if whole else " of seconds"
-        raise UsageError(f"{name} is {what}{unit}, at least {least}, not {value!r}")
 
 
 def _next_id(conn: sqlite3.Connection, table: str) -> int:

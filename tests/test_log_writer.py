@@ -19,7 +19,8 @@ import pytest
 from a2a_frames import completed_run, sse
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from tasktape.errors import LogBusy, LogError, WriterClosed
+from tasktape import Redactor, read_log
+from tasktape.errors import LogBusy, LogError, UsageError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
 from tasktape.eventlog.exchange_rows import utc_iso
 from tasktape.eventlog.producer import CHUNK
@@ -630,3 +631,134 @@ def test_times_are_spelled_as_datetime_spells_them_from_any_thread() -> None:
     for t in threads:
         t.join()
     assert not wrong
+
+
+def test_an_exchange_that_cannot_be_recorded_fails_its_future_in_either_writer(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
+    """The writer process's future hung forever where LogWriter's raised: now both raise,
+    and the writer carries on."""
+    w = writer_class(tmp_path / "log.db", on_error=lambda exc, rows: None)
+    cap = w.begin_capture(source="test")
+    ex = w.begin_exchange(cap, method="GET", path="/")
+    # An error that is no text: the writer's thread cannot make the exchange's row of it.
+    done = w.end_exchange(ex, duration_ns=1, error=5)  # type: ignore[arg-type]
+    with pytest.raises(LogError, match=f"exchange {ex} could not be recorded"):
+        done.result(timeout=10)
+    after = w.begin_exchange(cap, method="GET", path="/after")
+    assert w.end_exchange(after, duration_ns=1).result(timeout=10).path == "/after"
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("offset_ns", "data", "said"),
+    [
+        (10, "text", "data is bytes .* not str"),
+        (None, b"x", "offset_ns is a whole number, at least 0, not None"),
+        (-5_000_000, b"x", "offset_ns is a whole number, at least 0, not -5000000"),
+        (True, b"x", "offset_ns is a whole number, at least 0, not True"),
+        (1.5, b"x", "offset_ns is a whole number, at least 0, not 1.5"),
+    ],
+)
+def test_a_chunk_that_is_no_bytes_at_a_whole_offset_is_refused_at_the_call(
+    tmp_path: Path, writer_class: type[LogProducer], offset_ns: object, data: object, said: str
+) -> None:
+    """Taken as given, these lost the exchange, or stored a chunk that broke body(),
+    read_log() and export, or that export wrote into a cassette no reader takes."""
+    db = tmp_path / "log.db"
+    with writer_class(db) as w:
+        ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+        w.response_head(ex, status=200, headers=None, is_sse=False, ttfb_ns=1)
+        with pytest.raises(UsageError, match=said):
+            w.chunk(ex, offset_ns, data)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match=said):  # and none of the pieces is queued
+            w.chunks(ex, [(1, b"never"), (offset_ns, data)])  # type: ignore[list-item]
+        # Any bytes-like data is taken (a memoryview cannot travel to the writer process
+        # as it is: it lost the whole batch there).
+        w.chunk(ex, 2, bytearray(b"kept "))
+        w.chunks(ex, [(3, memoryview(b"whole"))])
+        assert w.end_exchange(ex, duration_ns=4).result(timeout=10).bytes == 10
+    assert w.stats.rows_lost == 0
+    with EventLog(db) as log:
+        assert [(c["offset_ns"], c["data"]) for c in log.chunks(ex)] == [(2, b"kept "), (3, b"whole")]
+    (recorded,) = read_log(db)
+    assert recorded.body == b"kept whole"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        (
+            "redactor",
+            ["X-Secret"],
+            r"^redactor must be a tasktape Redactor \(Redactor\(headers=\[...\]\)\), not list$",
+        ),
+        ("tap", 5, r"^tap must be a CommitTap \(with fds, open\(\), .*\), not int$"),
+    ],
+)
+def test_a_redactor_or_tap_of_another_kind_is_refused_naming_it(
+    tmp_path: Path, writer_class: type[LogProducer], option: str, value: object, said: str
+) -> None:
+    """Taken as given, a redactor that is no Redactor lost every exchange (and hung the
+    writer process's futures), and a tap of 5 raised a bare AttributeError."""
+    with pytest.raises(UsageError, match=said):
+        writer_class(tmp_path / "log.db", **{option: value})
+    with writer_class(tmp_path / "log.db", redactor=Redactor(headers=["X-Secret"])) as w:  # not LogBusy
+        w.begin_capture(source="test")
+
+
+def test_a_capture_keeps_no_credential_of_its_upstream_or_command_line(
+    tmp_path: Path, writer_class: type[LogProducer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The redactor covers the capture's row as the rest: the query of the upstream URL,
+    and the values of credential options in argv, the host program's by default."""
+    monkeypatch.setattr(sys, "argv", ["agent.py", "--api-key", "sk-live-123", "--password=hunter2"])
+    db = tmp_path / "log.db"
+    with writer_class(db, redactor=Redactor(query=["session"])) as w:
+        w.begin_capture(source="lib", upstream="http://u:pw@h/?api_key=sk-live&x=1&session=s1")
+        argv = [
+            *("tasktape", "record", "--upstream=http://h/?token=t1", "--openai-api-key=sk-o"),
+            *("--apiToken", "tk", "OPENAI_API_KEY=sk-e", "--session", "s2", "--max-tokens", "100"),
+            *("-H", "Authorization: Bearer sk-h", "--listen", "127.0.0.1:8080"),
+        ]
+        w.begin_capture(source="record", upstream="http://h:9999", argv=argv)
+    with EventLog(db) as log:
+        rows = [(c["upstream"], json.loads(c["argv"])) for c in log.captures()]
+    assert rows == [
+        (
+            "http://h/?api_key=[REDACTED]&x=1&session=[REDACTED]",
+            ["agent.py", "--api-key", "[REDACTED]", "--password=[REDACTED]"],
+        ),
+        (
+            "http://h:9999",
+            [
+                *(
+                    "tasktape",
+                    "record",
+                    "--upstream=http://h/?token=[REDACTED]",
+                    "--openai-api-key=[REDACTED]",
+                ),
+                *("--apiToken", "[REDACTED]", "OPENAI_API_KEY=[REDACTED]", "--session", "[REDACTED]"),
+                *("--max-tokens", "100", "-H", "Authorization: [REDACTED]", "--listen", "127.0.0.1:8080"),
+            ],
+        ),
+    ]
+    assert "sk-" not in db.read_bytes().decode("latin-1")
+
+
+def test_select_takes_lists_of_tasks_and_contexts_not_one_string(tmp_path: Path) -> None:
+    """One string was read as its letters, and selected nothing, silently."""
+    db = tmp_path / "log.db"
+    stream = b"".join(sse(completed_run(), ids="e"))
+    with LogWriter(db) as w:
+        ex = w.begin_exchange(w.begin_capture(source="test"), method="POST", path="/message:stream")
+        w.response_head(ex, status=200, headers=None, is_sse=True, ttfb_ns=1)
+        w.chunk(ex, 1, stream)
+        w.end_exchange(ex, duration_ns=2)
+    with EventLog(db) as log:
+        for option, name in (("tasks", "task.1"), ("contexts", "ctx.1")):
+            with pytest.raises(
+                UsageError, match=f"^{option} is a list of names, not one string: write \\['{name}'\\]$"
+            ):
+                log.select(**{option: name})
+            assert log.select(**{option: [name]}) == [ex]

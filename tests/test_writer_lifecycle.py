@@ -110,6 +110,15 @@ class FailingTap:
     def open(self, conn: sqlite3.Connection) -> None:
         raise RuntimeError("the tap cannot start")
 
+    def committed(self, table: str, columns: object, rows: list[tuple[object, ...]], last: int) -> None:
+        pass
+
+    def changed(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
 
 def test_a_writer_that_fails_to_start_releases_the_log(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
@@ -157,6 +166,37 @@ def test_a_closed_event_log_says_so(tmp_path: Path) -> None:
     for read in (log.captures, log.exchanges, log.reconnects_answered, lambda: log.task_events("t1")):
         with pytest.raises(LogClosed, match="was closed"):
             read()
+
+
+def test_an_event_log_is_usable_from_any_thread(tmp_path: Path) -> None:
+    """Opened in one thread, it raised sqlite3's ProgrammingError in any other (a web
+    handler's, asyncio.to_thread), and could not be closed there."""
+    with LogWriter(tmp_path / "log.db") as w:
+        ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=1)
+        w.chunks(ex, [(i, WORKING) for i in range(20)])
+        w.end_exchange(ex, duration_ns=21)
+    log = EventLog(tmp_path / "log.db")
+    assert asyncio.run(asyncio.to_thread(log.body, ex)) == WORKING * 20
+    read: list[tuple[int, int]] = []
+
+    def read_over_and_over() -> None:  # several threads at once, one call at a time
+        for _ in range(50):
+            read.append((len(log.body(ex)), len(log.events(ex))))
+
+    readers = [threading.Thread(target=read_over_and_over) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    assert read == [(len(WORKING) * 20, 20)] * 200
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    closer.join()
+    with pytest.raises(LogClosed, match="was closed"):
+        log.exchanges()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):  # closed, not only said to be
+        log.db.execute("SELECT 1")
 
 
 def chunk_until_closed(w: LogProducer, ex: int, accepted: list[int], started: threading.Event) -> None:
