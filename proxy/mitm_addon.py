@@ -48,6 +48,8 @@ _WRITER_OPTIONS = {
     "tasktape_max_decoded",
     "tasktape_max_log_size",
 }
+# The least value of each bound (tasktape_max_log_size may also be None: no bound).
+_LEAST = {"tasktape_max_body": 0, "tasktape_max_decoded": 0, "tasktape_max_log_size": 1}
 # mitmproxy's options whose values are credentials: kept out of the capture's argv.
 _CREDENTIAL_OPTIONS = frozenset({"proxyauth", "upstream_auth", "web_password"})
 
@@ -76,9 +78,10 @@ def argv_without_credentials(argv: Sequence[str]) -> list[str]:
 
 
 def check_settings(settings: Sequence[str]) -> None:
-    """The addon's options as ``--set NAME=VALUE`` gives them, checked as mitmproxy checks
-    them once the addon has loaded: an OptionsError for a repeated, unknown or malformed
-    one. (Found then, mitmproxy says nothing, and the addon records nothing.)"""
+    """The addon's options as ``--set NAME=VALUE`` gives them, checked as mitmproxy and the
+    addon check them once the addon has loaded: an OptionsError for a repeated, unknown or
+    malformed one, or a value out of range. (Found then, mitmproxy says nothing, and the
+    addon records nothing; or it stops with a traceback.)"""
     options = optmanager.OptManager()
 
     class Declared:  # the Loader's add_option, onto these options
@@ -87,6 +90,21 @@ def check_settings(settings: Sequence[str]) -> None:
 
     TasktapeRecorder().load(Declared())  # type: ignore[arg-type]
     options.set(*settings)
+    check_values(options)
+
+
+def check_values(options: optmanager.OptManager) -> None:
+    """An OptionsError for a value the options' types let through that the log would
+    refuse: a malformed JSON pointer, a bound below its least."""
+    for pointer in options.tasktape_redact_json:
+        try:
+            parse_pointer(pointer)
+        except ValueError as exc:
+            raise exceptions.OptionsError(f"tasktape_redact_json: {exc}") from None
+    for name, least in _LEAST.items():
+        value = getattr(options, name)
+        if value is not None and value < least:
+            raise exceptions.OptionsError(f"{name}: must be {least} or more, not {value}")
 
 
 class TasktapeRecorder:
@@ -125,7 +143,8 @@ class TasktapeRecorder:
             Sequence[str],
             [],
             "Redact this JSON field in request bodies, response bodies and events in the log: a JSON "
-            "pointer, '*' matching any key or index, e.g. /params/message/metadata/apiKey.",
+            "pointer, '*' matching any key or index, '**' any depth, e.g. /params/message/metadata/apiKey "
+            "or /**/apiKey.",
         )
         loader.add_option(
             "tasktape_hosts",
@@ -176,14 +195,7 @@ class TasktapeRecorder:
             self._paths = tuple(options.tasktape_paths)
         if not updated & _WRITER_OPTIONS:
             return
-        for pointer in options.tasktape_redact_json:
-            try:
-                parse_pointer(pointer)
-            except ValueError as exc:
-                raise exceptions.OptionsError(f"tasktape_redact_json: {exc}") from None
-        for name in ("tasktape_max_body", "tasktape_max_decoded"):
-            if getattr(options, name) < 0:
-                raise exceptions.OptionsError(f"{name}: must be 0 or more")
+        check_values(options)
         self._close()
         if options.tasktape_db:
             self._open(options.tasktape_db)
@@ -295,35 +307,49 @@ class TasktapeRecorder:
         self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
         # mitmproxy buffers a body whole unless it streams: live event streams are switched
         # to streaming; a body streamed anyway (stream_large_bodies) is teed the same way.
+        # (A body of unknown size may still be switched to streaming mid-way, with no hook:
+        # not kept then, and the exchange says so as it ends.)
         stream = flow.response.stream
         if head["is_sse"] or stream:
             flow.response.stream = state.tee_response(self.writer, stream if callable(stream) else None)
             flow.metadata[STREAMED] = True  # kept in a flow file (-w): its import knows it
 
     def response(self, flow: http.HTTPFlow) -> None:
-        if not flow.live:
-            self._saved(flow)
-            return
         state = self.flows.pop(flow.id, None)
         if state is None:
+            self._unfollowed(flow)
             return
         assert self.writer is not None and flow.response is not None
         body = flow.response.raw_content
-        if not state.streamed and body:
+        if state.response_tee is None and body:
             self.writer.chunk(state.exchange, state.offset(), body)
-        state.end(self.writer)
+        self._end(flow, state)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        if not flow.live:
-            self._saved(flow)
-            return
         state = self._begun(flow)
         if state is None:
+            self._unfollowed(flow)
             return
         del self.flows[flow.id]
         assert self.writer is not None
         outcome, error = record_failure(self.writer, state.exchange, flow, state.offset())
+        self._end(flow, state, outcome, error)
+
+    def _end(
+        self, flow: http.HTTPFlow, state: InFlight, outcome: str = Outcome.COMPLETE, error: str | None = None
+    ) -> None:
+        assert self.writer is not None
+        # (An option of mitmproxy's proxy server: absent from its test harness.)
+        late_possible = bool(getattr(ctx.options, "stream_large_bodies", None))
+        state.note_unrecorded(flow, late_possible)
         state.end(self.writer, outcome=outcome, error=error)
+
+    def _unfollowed(self, flow: http.HTTPFlow) -> None:
+        """A flow ending that the addon did not follow from its request headers: one read
+        from a file is recorded now. (mitmproxy also ends some live flows with ``live``
+        False, a killed one for instance: those it follows, it ended above.)"""
+        if not flow.live:
+            self._saved(flow)
 
     def _saved(self, flow: http.HTTPFlow) -> None:
         """A flow read from a file: recorded once, whole, with the times and the error it

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +38,79 @@ NOT_KEPT = "the body was streamed through mitmproxy and is not in the flow file"
 StreamCallable = Callable[[bytes], "bytes | Iterable[bytes]"]
 
 
+class Side(StrEnum):
+    """The message of a flow whose body mitmproxy may stream (``flow.<side>.stream``)."""
+
+    REQUEST = "request"
+    RESPONSE = "response"
+
+
+def late_stream_note(side: Side) -> str:
+    """A body of unknown size (chunked, or read to the close) that mitmproxy switched to
+    streaming once it had buffered past ``stream_large_bodies``: it calls no hook then, so
+    no tee could be set, and the part it had buffered went out unseen too."""
+    return (
+        f"the {side} body was streamed by mitmproxy (stream_large_bodies) after it began buffering; not kept"
+    )
+
+
+def replaced_stream_note(side: Side) -> str:
+    return (
+        f"a later addon replaced flow.{side}.stream: the {side} body passed without being recorded "
+        "(load tasktape's addon after it)"
+    )
+
+
+def unrecorded_stream(
+    side: Side, stream: object, tee: StreamCallable | None, late_possible: bool
+) -> str | None:
+    """Why a body streamed past the addon's tee, if it did: ``stream`` is the message's at
+    the flow's end, ``tee`` the addon's (None if it set none), ``late_possible`` whether
+    mitmproxy may have switched to streaming mid-body (``stream_large_bodies`` is set)."""
+    if tee is not None:
+        return None if stream is tee else replaced_stream_note(side)
+    if not stream:
+        return None
+    return late_stream_note(side) if stream is True and late_possible else replaced_stream_note(side)
+
+
+def _passed(out: bytes | Iterable[bytes]) -> bytes:
+    """What a stream callable passes on, as one piece (mitmproxy takes bytes or an iterable of them)."""
+    return out if isinstance(out, bytes) else b"".join(out)
+
+
 def is_event_stream(response: http.Response) -> bool:
     """``Content-Type: text/event-stream`` with any parameters, as ``tasktape record`` decides."""
     return response.headers.get("content-type", "").split(";")[0].strip().lower() == "text/event-stream"
 
 
+def request_headers(request: http.Request) -> list[tuple[str, str]]:
+    """A request's headers; an HTTP/2 or HTTP/3 request's ``:authority`` first, as the
+    ``Host`` an HTTP/1 client sends (readers of the log find the host there)."""
+    headers = list(request.headers.items(multi=True))
+    if (request.is_http2 or request.is_http3) and request.authority and "host" not in request.headers:
+        headers.insert(0, ("Host", request.authority))
+    return headers
+
+
+def request_body(request: http.Request) -> bytes | None:
+    """The body mitmproxy buffered; None when it streamed it, or when the request has none
+    at all (no Content-Length or 0, not chunked), as ``tasktape record`` stores it."""
+    body = request.raw_content
+    if body == b"" and "chunked" not in request.headers.get("transfer-encoding", "").lower():
+        return None
+    return body
+
+
 def request_fields(request: http.Request, max_body: int) -> dict[str, Any]:
     """``begin_exchange`` arguments for a request (with its body when it was buffered)."""
     path, _, query = request.path.partition("?")
-    body = request.raw_content
+    body = request_body(request)
     return {
         "method": request.method,
         "path": path or "/",
         "query": query or None,
-        "request_headers": list(request.headers.items(multi=True)),
+        "request_headers": request_headers(request),
         "request_body": None if body is None else body[:max_body],
         "request_body_truncated": body is not None and len(body) > max_body,
         "started_ns": round(request.timestamp_start * 1e9),
@@ -119,46 +179,72 @@ def record_failure(
 @dataclass
 class InFlight:
     """A live flow being recorded: its exchange once begun, the clock its offsets count
-    from (the request headers' arrival), and what was kept of a streamed request body."""
+    from (the request headers' arrival), the addon's stream tees, what was kept of a
+    streamed request body, and notes for the exchange's end."""
 
     t0: int
     exchange: int = 0  # ids start at 1: 0 until the exchange is begun
-    streamed: bool = False
     ended: bool = False  # no more rows: the exchange ended, or the log was closed under it
     body: KeptBody | None = None  # of a streamed request
+    request_tee: StreamCallable | None = None
+    response_tee: StreamCallable | None = None
+    notes: list[str] = field(default_factory=list)
 
     def offset(self) -> int:
         return time.perf_counter_ns() - self.t0
 
     def tee_request(self, inner: StreamCallable | None, cap: int) -> StreamCallable:
-        """A ``request.stream`` callable keeping the body's first ``cap`` bytes for the log."""
+        """A ``request.stream`` callable keeping the first ``cap`` bytes that pass on (what
+        ``inner``, an earlier addon's callable, returns) for the log."""
         body = self.body = KeptBody(cap)
 
         def tee(data: bytes) -> bytes | Iterable[bytes]:
             if not data:  # mitmproxy's call for the end of the body
                 body.whole = True
+            if inner is not None:
+                data = _passed(inner(data))
             body.keep(data)
-            return data if inner is None else inner(data)
+            return data
 
+        self.request_tee = tee
         return tee
 
     def tee_response(self, writer: LogProducer, inner: StreamCallable | None) -> StreamCallable:
-        """A ``response.stream`` callable handing each chunk, as received, to the log
-        (one queue append: the writer does the rest on its own threads)."""
+        """A ``response.stream`` callable handing each chunk that passes on (what ``inner``,
+        an earlier addon's callable, returns), as received, to the log (one queue append:
+        the writer does the rest on its own threads)."""
         chunk, clock, t0 = writer.chunk, time.perf_counter_ns, self.t0
-        self.streamed = True
 
         def tee(data: bytes) -> bytes | Iterable[bytes]:
+            if inner is not None:
+                data = _passed(inner(data))
             if data and not self.ended:
                 chunk(self.exchange, clock() - t0, data)
-            return data if inner is None else inner(data)
+            return data
 
+        self.response_tee = tee
         return tee
+
+    def note_unrecorded(self, flow: http.HTTPFlow, late_possible: bool) -> None:
+        """Note each body that streamed past the tees (a streamed request body's then counts
+        as cut: not all of it, if any, was kept)."""
+        messages = (
+            (Side.REQUEST, flow.request, self.request_tee),
+            (Side.RESPONSE, flow.response, self.response_tee),
+        )
+        for side, message, tee in messages:
+            note = None if message is None else unrecorded_stream(side, message.stream, tee, late_possible)
+            if note is None:
+                continue
+            self.notes.append(note)
+            if side is Side.REQUEST and self.body is None:
+                self.body = KeptBody(0)
 
     def end(self, writer: LogProducer, *, outcome: str = Outcome.COMPLETE, error: str | None = None) -> None:
         self.ended = True
         if self.body is not None:
             self.body.log(writer, self.exchange)
+        error = "; ".join(filter(None, (error, *self.notes))) or None
         writer.end_exchange(self.exchange, duration_ns=self.offset(), outcome=outcome, error=error)
 
 

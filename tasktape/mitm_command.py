@@ -96,7 +96,8 @@ def mitm(
 def _check_settings(own: list[str], mitmdump_args: tuple[str, ...]) -> None:
     """The addon's options after ``--`` with those tasktape mitm sets itself, checked before
     mitmdump starts: one given twice (``tasktape_db``, which ``--db`` sets), unknown or
-    malformed made mitmproxy leave the addon out, silently, and nothing was recorded."""
+    malformed made mitmproxy leave the addon out, silently, and nothing was recorded; one
+    out of range (``tasktape_max_log_size=0``) stopped mitmdump with a traceback."""
     from mitmproxy.exceptions import OptionsError  # noqa: PLC0415 (mitmproxy: the extra)
 
     from tasktape.proxy.mitm_addon import check_settings  # noqa: PLC0415
@@ -112,7 +113,7 @@ def _check_settings(own: list[str], mitmdump_args: tuple[str, ...]) -> None:
     except OptionsError as exc:
         raise click.UsageError(
             f"{exc} (the addon's options after --; tasktape mitm sets tasktape_db from --db and "
-            "tasktape_freeze_heap itself): mitmproxy would leave the addon out, and record nothing"
+            "tasktape_freeze_heap itself): mitmproxy would leave the addon out, or stop, and record nothing"
         ) from None
 
 

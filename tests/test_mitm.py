@@ -523,13 +523,17 @@ def test_tasktape_mitm_refuses_a_bad_pointer_before_starting() -> None:
         ("tasktape_freeze_heap=false", "Received multiple values for tasktape_freeze_heap"),
         ("tasktape_max_body=abc", "Not an integer: abc"),
         ("tasktape_hostz=api.example", "Unknown option(s): tasktape_hostz"),
+        # Values the options' types let through, which stopped mitmdump with a traceback.
+        ("tasktape_max_log_size=0", "tasktape_max_log_size: must be 1 or more, not 0"),
+        ("tasktape_max_body=-1", "tasktape_max_body: must be 0 or more, not -1"),
     ],
 )
 def test_an_addon_option_mitmproxy_would_refuse_is_refused_before_it_starts(
     tmp_path: Path, setting: str, said: str
 ) -> None:
     """mitmproxy checks the addon's options once the addon has loaded, and on an error
-    leaves it out, saying nothing: traffic flowed, exit 0, and nothing was recorded."""
+    leaves it out, saying nothing: traffic flowed, exit 0, and nothing was recorded. (The
+    addon's own checks of their values stopped it with a traceback.)"""
     db = tmp_path / "m.db"
     for given in (["--set", setting], [f"--set={setting}"]):
         result = subprocess.run(
@@ -540,7 +544,7 @@ def test_an_addon_option_mitmproxy_would_refuse_is_refused_before_it_starts(
             timeout=30,
         )
         assert result.returncode == 2 and said in result.stderr, result.stderr
-        assert "mitmproxy would leave the addon out, and record nothing" in result.stderr
+        assert "mitmproxy would leave the addon out, or stop, and record nothing" in result.stderr
     assert not db.exists()
 
 
@@ -614,6 +618,9 @@ def test_options_are_declared_with_types_and_defaults(
     assert all(v["help"] for v in declared.values())
     with pytest.raises(exceptions.OptionsError, match="JSON pointer"):
         tctx.configure(recorder, tasktape_redact_json=["apiKey"])
+    # mitmproxy reports an OptionsError as the option's; anything else as the addon's crash.
+    with pytest.raises(exceptions.OptionsError, match="tasktape_max_log_size: must be 1 or more"):
+        tctx.configure(recorder, tasktape_max_log_size=0)
 
 
 def test_event_streams_are_switched_to_streaming_and_teed(
