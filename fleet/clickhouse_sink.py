@@ -150,6 +150,18 @@ class ClickHouseSink:
                 self._create()
             else:
                 self._read_as_is()
+        from clickhouse_connect.driver import exceptions  # noqa: PLC0415 - an extra, there by now
+
+        # A value the client cannot send, or the server will not take (one it cannot reach
+        # is a UsageError: see reaching).
+        self.refuses: tuple[type[Exception], ...] = (
+            exceptions.DataError,
+            exceptions.ProgrammingError,
+            exceptions.IntegrityError,
+            TypeError,
+            ValueError,
+            OverflowError,
+        )
 
     def close(self) -> None:
         self.client.close()

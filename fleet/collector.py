@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import nats.errors
 from nats.js.api import ConsumerConfig
 
 from .jetstream import FIRST_CONNECT, RETRY, failure, stream_ready
-from .names import FETCH, STREAM, SUBJECTS
+from .names import FETCH, STREAM, SUBJECTS, shown
 from .sqlite_sink import Applied
 from .wire import Rows, decode
 
@@ -32,6 +34,8 @@ REPORT_EVERY = 5.0  # seconds between the lines saying what was collected
 class Sink(Protocol):
     gather: float  # seconds of messages the sink takes in one write (0: one fetch's)
     nan_nulls: bool  # it takes NULLs as NaN, as a log writer encodes them (wire.decode)
+    # Errors of a message the sink cannot store (its values, not the sink): it is dropped.
+    refuses: tuple[type[Exception], ...]
 
     def apply(self, messages: Sequence[Rows]) -> Applied: ...
 
@@ -152,13 +156,28 @@ class Collector:
                 await asyncio.sleep(0.25)
 
     def _why(self, exc: BaseException) -> str:
-        return f"{','.join(self.servers)} ({failure(exc)})"
+        return f"{shown(self.servers)} ({failure(exc)})"
 
     async def _pull(self, js: Any) -> Any:
         """The durable consumer (made if missing) collected through."""
         config = ConsumerConfig(ack_wait=self._ack_wait, max_ack_pending=50_000)
-        return await js.pull_subscribe(
+        sub = await js.pull_subscribe(
             f"{self.subjects}.>", durable=self.consumer, stream=self.stream, config=config
+        )
+        await self._keep_ack_wait(js, sub)
+        return sub
+
+    async def _keep_ack_wait(self, js: Any, sub: Any) -> None:
+        """The consumer's ack_wait made this collector's: one there already keeps its own
+        (pull_subscribe only looks it up)."""
+        info = await sub.consumer_info()
+        had = info.config.ack_wait or 0.0
+        if math.isclose(had, self._ack_wait):
+            return
+        await js.add_consumer(self.stream, dataclasses.replace(info.config, ack_wait=self._ack_wait))
+        self._on_status(
+            f"the consumer {self.consumer} now hands out unacknowledged rows again after"
+            f" {self._ack_wait:g} s (it was {had:g} s)"
         )
 
     async def _fetch(self, sub: Any) -> list[Any]:
@@ -178,28 +197,50 @@ class Collector:
                 return msgs
 
     async def _commit(self, msgs: list[Any]) -> None:
-        rows: list[Rows] = []
-        good = []
+        decoded: list[tuple[Any, Rows]] = []
         for msg in msgs:
             try:
-                rows.append(decode(msg.data, nan_nulls=self.sink.nan_nulls))
+                decoded.append((msg, decode(msg.data, nan_nulls=self.sink.nan_nulls)))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self.stats.refused += 1
-                self._on_status(f"WARNING: {msg.subject} holds no tasktape rows ({exc}); dropped")
-                with contextlib.suppress(*RETRY):
-                    await msg.term()
-                continue
-            good.append(msg)
-        applied = self.sink.apply(rows)  # committed: only now acknowledged
-        for msg in good:
+                await self._drop(msg, f"holds no tasktape rows ({exc})")
+        try:
+            applied = self.sink.apply([rows for _, rows in decoded])  # committed: only now acknowledged
+        except self.sink.refuses:
+            # One message the sink cannot store must not hold back (nor, being handed out
+            # again, stop for good) every collector of the stream: each goes alone.
+            applied, decoded = await self._commit_alone(decoded)
+        for msg, _ in decoded:
             with contextlib.suppress(*RETRY):  # unacknowledged, it comes again; the sink holds it once
                 await msg.ack()
         s = self.stats
         s.messages += applied.messages
         s.rows += applied.rows
         s.written += applied.written
-        if good:
-            s.lag = max(time.time() - good[-1].metadata.timestamp.timestamp(), 0.0)
+        if decoded:
+            s.lag = max(time.time() - decoded[-1][0].metadata.timestamp.timestamp(), 0.0)
+
+    async def _commit_alone(self, decoded: list[tuple[Any, Rows]]) -> tuple[Applied, list[tuple[Any, Rows]]]:
+        """Each message in a transaction of its own; those the sink refuses, dropped. What
+        was committed, and the messages it holds."""
+        applied, kept = Applied(), []
+        for msg, rows in decoded:
+            try:
+                one = self.sink.apply([rows])
+            except self.sink.refuses as exc:
+                await self._drop(msg, f"holds rows the sink cannot store ({type(exc).__name__}: {exc})")
+                continue
+            kept.append((msg, rows))
+            applied.messages += one.messages
+            applied.rows += one.rows
+            applied.written += one.written
+        return applied, kept
+
+    async def _drop(self, msg: Any, why: str) -> None:
+        """A message no sink can take, said and terminated: never handed out again."""
+        self.stats.refused += 1
+        self._on_status(f"WARNING: {msg.subject} {why}; dropped")
+        with contextlib.suppress(*RETRY):
+            await msg.term()
 
     def _report(self) -> None:
         at, rows = self._reported

@@ -15,6 +15,8 @@ from nats.js.api import StorageType, StreamConfig
 
 from tasktape.errors import UsageError
 
+from .names import shown
+
 DUPLICATE_WINDOW = 120.0  # seconds JetStream remembers message ids for
 # Seconds a first connection is tried for before its caller hears why: the client's own
 # retries (for ever, as asked) would otherwise go on unseen.
@@ -37,6 +39,11 @@ RETRY = (
 )
 
 
+class Unauthorized(UsageError):
+    """The servers refused the user and password (or token) given: trying again, with the
+    same ones, changes nothing."""
+
+
 def failure(exc: BaseException) -> str:
     """Why the broker did not answer, in words: the NATS client's own messages are often
     empty, or all None."""
@@ -51,7 +58,16 @@ def failure(exc: BaseException) -> str:
 async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
     """A connection that reconnects for ever (to any of ``servers``), quietly: a broker
     that is away shows in what waits, not as tracebacks. The first connection is tried
-    for ``within`` seconds (then a TimeoutError, one of RETRY)."""
+    for ``within`` seconds (then a TimeoutError, one of RETRY), or Unauthorized if the
+    servers refused the credentials given."""
+    # The servers' refusal of the credentials, which the client keeps to itself (retrying
+    # for ever); its other errors (a connection reset in between) must not hide it.
+    refusals: list[Exception] = []
+
+    async def noted(exc: Exception) -> None:
+        if _refused(exc):
+            refusals[:] = [exc]
+
     connecting = asyncio.wait_for(
         nats.connect(
             servers=servers,
@@ -59,7 +75,7 @@ async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
             reconnect_time_wait=0.25,
             max_reconnect_attempts=-1,
             allow_reconnect=True,
-            error_cb=_quiet,
+            error_cb=noted,
             disconnected_cb=_nothing,
             reconnected_cb=_nothing,
             closed_cb=_nothing,
@@ -69,7 +85,16 @@ async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
     try:
         return await connecting
     except TimeoutError:
+        if refusals:
+            said = str(refusals[0]).removeprefix("nats: ").strip("'")
+            raise Unauthorized(f"{shown(servers)} refused the user and password given: {said}") from None
         raise TimeoutError(f"no connection in {within:g} s") from None
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether the servers refused the client's credentials (while it connects, the client
+    gives the server's words as a plain Error)."""
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
 
 
 async def ensure_stream(js: Any, stream: str, subjects: str, servers: int) -> None:
@@ -94,10 +119,6 @@ async def ensure_stream(js: Any, stream: str, subjects: str, servers: int) -> No
                     f"the stream {stream} cannot be made on the broker ({refused.description}): "
                     f"another stream holds its subjects, {subjects}.>?"
                 ) from None
-
-
-async def _quiet(exc: Exception) -> None:
-    pass
 
 
 async def _nothing() -> None:

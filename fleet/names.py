@@ -8,6 +8,7 @@ import hashlib
 import re
 
 from tasktape.errors import UsageError
+from tasktape.eventlog.redact import hide_credentials
 
 STREAM = "TASKTAPE"  # the JetStream stream, unless told otherwise
 SUBJECTS = "tasktape"  # subjects: tasktape.<capture uid>.<table>
@@ -32,6 +33,11 @@ def parse_servers(url: str) -> list[str]:
         if colon and not (port.isdigit() and 0 < int(port) <= 65535) and not host.endswith("]"):
             raise UsageError(f"{url!r}: {host!r} is not HOST:PORT with a port from 1 to 65535")
     return [f"{scheme}://{h}" for h in hosts]
+
+
+def shown(servers: list[str]) -> str:
+    """``servers`` as said to the user: without the user and password a URL may carry."""
+    return hide_credentials(",".join(servers))
 
 
 def jetstream_name(name: str) -> str:

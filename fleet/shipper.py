@@ -34,7 +34,7 @@ from tasktape.eventlog.exchange_rows import utc_iso
 
 from .hints import HintReader
 from .jetstream import RETRY, failure, stream_ready
-from .names import STREAM, SUBJECTS
+from .names import STREAM, SUBJECTS, shown
 from .wire import (
     LOCAL_COLUMNS,
     MSG_ID,
@@ -42,6 +42,7 @@ from .wire import (
     Rows,
     Table,
     encoded,
+    first_row,
     message_id,
     subject,
     trimmed,
@@ -98,6 +99,18 @@ def _slices(ids: list[int], size: int = 500) -> Iterator[list[int]]:
         yield ids[at : at + size]
 
 
+class _StreamGone(Exception):
+    """The stream did not answer a publish, or is not the one it was: it went (deleted) or
+    was made again."""
+
+
+def stream_identity(info: Any) -> str:
+    """What tells a stream from another of its name (a JetStream ``StreamInfo``): when it
+    was made, and in which cluster."""
+    cluster = info.cluster.name if info.cluster is not None else None
+    return f"{info.created}" if not cluster else f"{info.created}@{cluster}"
+
+
 @dataclass
 class _Round:
     messages: list[Message] = field(default_factory=list)
@@ -111,7 +124,10 @@ class _Round:
 
 class Shipper:
     """Ships the log at ``path`` to the JetStream ``stream`` on ``servers``, as the
-    destination named ``sink`` in the log's ``shipments`` table."""
+    destination named ``sink`` in the log's ``shipments`` table. Its row there names the
+    stream it was shipped to by when the stream was made (and its cluster): shipping to
+    another one (another broker, or the stream made again) starts over from the first row,
+    which every sink holds once."""
 
     def __init__(
         self,
@@ -153,10 +169,9 @@ class Shipper:
         # A cursor lost to a power cut only sends rows again, which every sink holds once.
         self._write.execute("PRAGMA synchronous = NORMAL")
         self._selects = {t: self._select(t) for t in Table}
-        self.cursor = self._load_cursor()
-        # Every exchange from open_from on may have changed since it was shipped.
-        self._open = set(range(self.cursor.open_from, self.cursor.exchanges + 1))
-        self._open_captures = set(range(1, self.cursor.captures + 1))
+        self._shipped_to: str | None = None  # the stream the cursor is of (stream_identity)
+        self._start_at(self._load_cursor())
+        self._acked_seq = 0  # the stream's last sequence number this shipper was told of
         self._nc: Any = None
         self._progress_at = time.monotonic()  # when a round last shipped, or found nothing to
         self._reported_at: float | None = None  # when rows were last said to wait
@@ -188,11 +203,26 @@ class Shipper:
         )
         return sql, tuple(columns)
 
+    def _start_at(self, cursor: Cursor) -> None:
+        self.cursor = cursor
+        # Every exchange from open_from on may have changed since it was shipped.
+        self._open = set(range(cursor.open_from, cursor.exchanges + 1))
+        self._open_captures = set(range(1, cursor.captures + 1))
+
+    # The sink's row in shipments: its name, then the stream's identity after a space (no
+    # stream name holds one); a log shipped before streams were told apart has none.
+    _ROWS = "(sink = ? OR sink LIKE ? || ' %')"
+
     def _load_cursor(self) -> Cursor:
         row = self._read.execute(
-            f"SELECT {', '.join(Cursor.COLUMNS)} FROM shipments WHERE sink = ?", (self.sink,)
+            f"SELECT sink, {', '.join(Cursor.COLUMNS)} FROM shipments WHERE {self._ROWS}"
+            " ORDER BY shipped_at DESC LIMIT 1",
+            (self.sink, self.sink),
         ).fetchone()
-        return Cursor(*row) if row else Cursor()
+        if row is None:
+            return Cursor()
+        self._shipped_to = row[0][len(self.sink) + 1 :] or None
+        return Cursor(*row[1:])
 
     def _save_when_due(self) -> None:
         if self._unsaved and time.monotonic() - self._saved_at >= SAVE_EVERY:
@@ -204,12 +234,17 @@ class Shipper:
         names = ", ".join(Cursor.COLUMNS)
         marks = ", ".join("?" * len(Cursor.COLUMNS))
         news = ", ".join(f"excluded.{c}" for c in Cursor.COLUMNS)
+        row = self.sink if self._shipped_to is None else f"{self.sink} {self._shipped_to}"
         self._write.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         try:
             self._write.execute(
                 f"INSERT INTO shipments (sink, {names}, shipped_at) VALUES (?, {marks}, ?)"
                 f" ON CONFLICT(sink) DO UPDATE SET ({names}, shipped_at) = ({news}, excluded.shipped_at)",
-                (self.sink, *(getattr(cursor, c) for c in Cursor.COLUMNS), utc_iso(time.time_ns())),
+                (row, *(getattr(cursor, c) for c in Cursor.COLUMNS), utc_iso(time.time_ns())),
+            )
+            # The cursor of the stream shipped to before, if another: it was started over.
+            self._write.execute(
+                f"DELETE FROM shipments WHERE {self._ROWS} AND sink != ?", (self.sink, self.sink, row)
             )
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or wait:
@@ -325,17 +360,44 @@ class Shipper:
     # -- the broker ---------------------------------------------------------------------------
 
     async def _connect(self) -> Any:
-        """Connected, with the stream there: until then, tried again and again."""
+        """Connected, with the stream there (made if missing), and the cursor of that stream:
+        until then, tried again and again."""
         while True:
             try:
-                self._nc, js = await stream_ready(
-                    self.servers, self.stream, self.subjects, self._publish_timeout
+                self._nc, (js, identity) = await stream_ready(
+                    self.servers, self.stream, self.subjects, self._publish_timeout, then=self._identify
                 )
             except RETRY as exc:
                 self._last_error = exc
                 await asyncio.sleep(0.25)
                 continue
+            self._ship_to(identity)
             return js
+
+    async def _identify(self, js: Any) -> tuple[Any, str]:
+        return js, stream_identity(await js.stream_info(self.stream))
+
+    def _ship_to(self, identity: str) -> None:
+        """The cursor started over if it is of another stream than ``identity``: rows
+        shipped to that one are not in this one."""
+        known, self._shipped_to = self._shipped_to, identity
+        self._acked_seq = 0
+        if known is None or known == identity:
+            return
+        self._on_status(
+            f"shipping: the stream {self.stream} on {shown(self.servers)} is not the one this log was"
+            f" shipped to (made {identity}, not {known}): shipping the whole log to it"
+        )
+        self._start_at(Cursor())  # (rows no hint holds any more are read back from the log)
+        self._unsaved = True
+
+    async def _reconnect(self) -> Any:
+        """The stream again, after it did not answer a publish, or numbered a message
+        lower than one before: deleted, or made again (by another shipper or a collector)."""
+        if self._nc is not None:
+            with contextlib.suppress(*RETRY):
+                await self._nc.close()
+        return await self._connect()
 
     async def _publish_all(self, js: Any, messages: list[Message]) -> int:
         """Every message of a round, until JetStream has each; returns how many rows were
@@ -374,16 +436,21 @@ class Shipper:
         waiting = [f for f in sent if f is not None]
         if waiting:
             await asyncio.wait(waiting, timeout=self._publish_timeout)
+        # Every answer read now (one left unread is logged as lost when the round is given
+        # up midway); those that did not come in time, given up on, and published again below.
+        answers: dict[asyncio.Future[Any] | None, BaseException | None] = {}
+        for future in waiting:
+            if future.done() and not future.cancelled():
+                answers[future] = future.exception()
+            else:
+                future.cancel()
         left_out = 0
         for part, future in zip(parts, sent, strict=True):
-            answered = future is not None and future.done() and not future.cancelled()
-            if answered and future.exception() is None:
+            if future in answers and answers[future] is None:
                 self._acknowledged(part, future.result())
                 continue
-            if answered:  # it failed: why, for the report of rows waiting
-                self._last_error = future.exception()
-            elif future is not None:
-                future.cancel()
+            if answers.get(future) is not None:  # it failed: why, for the report of rows waiting
+                self._last_error = answers[future]
             self.stats.retries += 1
             left_out += await self._publish(js, part)
         return left_out
@@ -412,7 +479,7 @@ class Shipper:
             if cut is not None:
                 self.stats.trimmed += 1
                 self._on_status(
-                    f"a row of exchanges (rowid {part.first}, {len(part.payload):,} bytes encoded) is bigger"
+                    f"{first_row(part)}, {len(part.payload):,} bytes encoded) is bigger"
                     f" than the servers take (max_payload {limit:,}): shipped without its bodies, flagged"
                     " as cut (the log keeps them)"
                 )
@@ -421,7 +488,7 @@ class Shipper:
             left_out += 1
             self.stats.too_large += 1
             self._on_status(
-                f"WARNING: a row of {part.table} (rowid {part.first}, {len(part.payload):,} bytes"
+                f"WARNING: {first_row(part)}, {len(part.payload):,} bytes"
                 f" encoded) is bigger than the servers take (max_payload {limit:,}): it stays in the"
                 " log and is not shipped; raise max_payload on the servers to ship rows this large"
             )
@@ -435,6 +502,8 @@ class Shipper:
         while True:
             try:
                 ack = await js.publish(to, payload, headers=dict(headers))
+            except nats.js.errors.NoStreamResponseError:
+                raise _StreamGone from None
             except nats.js.errors.APIError as exc:
                 if exc.err_code != _IN_PROCESS:
                     raise
@@ -453,6 +522,10 @@ class Shipper:
             return
 
     def _acknowledged(self, m: Message, ack: Any) -> None:
+        if not ack.duplicate:  # (a duplicate's is the first copy's)
+            if ack.seq < self._acked_seq:  # a stream made again, or a resend stored later
+                raise _StreamGone
+            self._acked_seq = ack.seq
         self.stats.messages += 1
         self.stats.duplicates += bool(ack.duplicate)
         self.stats.rows += m.rows
@@ -471,9 +544,9 @@ class Shipper:
             if self._reported_at is None or now - self._reported_at >= REPORT_EVERY:
                 self._reported_at = now
                 why = self._last_error
-                reason = failure(why) if why else "not acknowledged yet"
+                reason = failure(why) if why else "connecting" if self._nc is None else "not acknowledged yet"
                 rows = f"{waiting:,} row waits" if waiting == 1 else f"{waiting:,} rows wait"
-                self._on_status(f"shipping: {rows} for {','.join(self.servers)} ({reason})")
+                self._on_status(f"shipping: {rows} for {shown(self.servers)} ({reason})")
 
     def _shipped(self) -> None:
         """A round shipped all it found, or found nothing."""
@@ -523,7 +596,12 @@ class Shipper:
                 self._hints.arrived.clear()
             r = self._read_round()
             if r.messages:
-                self._advance(r, await self._publish_all(js, r.messages))
+                try:
+                    left_out = await self._publish_all(js, r.messages)
+                except _StreamGone:
+                    js = await self._reconnect()  # and the round again, from where the cursor is
+                    continue
+                self._advance(r, left_out)
             elif stop.is_set():
                 self._shipped()
                 return

@@ -40,6 +40,15 @@ class SqliteSink:
 
     gather = 0.0  # what one fetch brings goes into one transaction
     nan_nulls = True  # bound as NaN, SQLite stores NULL
+    # A value SQLite cannot bind or a constraint refuses: the message's, not the log's
+    # (which is busy, full or broken: OperationalError, and the collector stops).
+    refuses: tuple[type[Exception], ...] = (
+        sqlite3.ProgrammingError,
+        sqlite3.IntegrityError,
+        sqlite3.DataError,
+        sqlite3.InterfaceError,
+        OverflowError,
+    )
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

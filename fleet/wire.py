@@ -163,14 +163,18 @@ KEYS = {
     Table.EVENTS: ("exchange_uid", "seq"),
     Table.RESUMES: ("exchange_uid", "new_exchange_uid"),
 }
+NULLABLE_KEYS = ("new_exchange_uid",)  # a resume that made no new exchange names none
+# What a value may be: what SQLite stores (MessagePack's maps, arrays and extensions are not).
+SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 
 def decode(payload: bytes, *, nan_nulls: bool = False) -> Rows:
     """A message as shipped, its rows naming their exchange by uid; ``msgspec.ValidationError``
     or ``DecodeError`` for anything else (rows that are not as wide as their columns, or
-    lack what names them). The NULLs of rows a log writer encoded travel as NaN (as it binds
-    them); with ``nan_nulls`` they stay NaN, for a sink that binds them into SQLite, which
-    stores NaN as NULL: a third of the cost of decoding them as None."""
+    lack what names them, or hold values no sink can store: maps, arrays). The NULLs of
+    rows a log writer encoded travel as NaN (as it binds them); with ``nan_nulls`` they stay
+    NaN, for a sink that binds them into SQLite, which stores NaN as NULL: a third of the
+    cost of decoding them as None."""
     return _checked(_mapped(_decoder.decode(payload), nan_nulls))
 
 
@@ -184,7 +188,22 @@ def _checked(message: Rows) -> Rows:
     wrong = next((row for row in message.rows if len(row) != width), None)
     if wrong is not None:
         raise msgspec.ValidationError(f"a {message.table} row of {len(wrong)} values for {width} columns")
+    odd = next((v for row in message.rows for v in row if type(v) not in SCALARS), None)
+    if odd is not None:
+        raise msgspec.ValidationError(
+            f"a {message.table} row holds a {type(odd).__name__}, which no sink stores"
+        )
+    keys = [columns.index(c) for c in KEYS[message.table] if c not in NULLABLE_KEYS]
+    unnamed = next((row for row in message.rows if any(_null(row[at]) for at in keys)), None)
+    if unnamed is not None:
+        named = ", ".join(columns[at] for at in keys)
+        raise msgspec.ValidationError(f"a {message.table} row without a value for {named}")
     return message
+
+
+def _null(value: Any) -> bool:
+    """NULL, as decoded or as a log writer encodes it (NaN)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _mapped(message: Rows, nan_nulls: bool) -> Rows:
@@ -209,6 +228,15 @@ def _mapped(message: Rows, nan_nulls: bool) -> Rows:
         raise msgspec.ValidationError(f"rows name exchanges the message does not map: {exc!r}") from None
     columns = (*message.columns[:at], "exchange_uid", *message.columns[at + 1 :])
     return Rows(message.table, message.capture, columns, rows)
+
+
+def first_row(message: Message) -> str:
+    """The first row of ``message`` in words, by what names it (``KEYS``): the halves of a
+    message that was too big keep its rowids, which name none of their rows."""
+    rows = decode(message.payload)
+    row = dict(zip(rows.columns, rows.rows[0], strict=True))
+    keys = ", ".join(f"{c} {row[c]}" for c in KEYS[rows.table] if c not in NULLABLE_KEYS)
+    return f"a row of {rows.table} ({keys}"
 
 
 def refuse_unknown(message: Rows, known: Collection[str], where: str) -> None:

@@ -11,6 +11,7 @@ import click
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 from tasktape.fleet.names import FETCH, STREAM, jetstream_name, parse_servers
+from tasktape.fleet.names import shown as shown_servers
 from tasktape.stop_signals import stop_signals
 
 from .option_checks import checked
@@ -104,6 +105,7 @@ def collect(
     # Here: NATS's client and the sink load only for this command.
     from tasktape.fleet.clickhouse_sink import shown  # noqa: PLC0415
     from tasktape.fleet.collector import Collector, Sink  # noqa: PLC0415
+    from tasktape.fleet.jetstream import Unauthorized  # noqa: PLC0415
 
     into = str(db) if db is not None else shown(str(clickhouse))
 
@@ -127,7 +129,7 @@ def collect(
             until_idle=until_idle,
             on_status=say,
         )
-        say(f"collecting {stream} from {source} into {into} (consumer {name})")
+        say(f"collecting {stream} from {shown_servers(servers)} into {into} (consumer {name})")
         stats = await collector.run(stop)
         if stats.unreached is not None:
             raise UsageError(
@@ -141,6 +143,8 @@ def collect(
     try:
         with open_sink(db, clickhouse) as sink:
             asyncio.run(run(sink))
+    except Unauthorized as exc:  # as a wrong --from would be
+        raise click.BadParameter(str(exc), param_hint="--from") from None
     except (LogError, UsageError) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -180,6 +180,72 @@ async def test_a_message_that_is_not_rows_is_dropped_loudly(nats_node: NatsClust
     ]
 
 
+async def test_a_message_a_sink_cannot_store_is_dropped_and_the_rest_of_its_batch_kept(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """A map as an event's data crashed every collector of the stream, for good (never
+    acknowledged, it came back), rolling back the valid rows of its batch; exchanges with
+    no uid were written as rows with none, once more at each redelivery."""
+    log = write_log(tmp_path / "a.db", "a")
+    x = "01a24f99-0000-7000-8000-0000000000bb"
+    bad = [
+        Rows(Table.EVENTS, "c", ("exchange_uid", "seq", "data"), [(x, 0, {"a": 1})]),
+        Rows(Table.EXCHANGES, "c", ("capture_uid", "uid", "method"), [("c", None, "GET")]),
+        Rows(Table.EVENTS, "c", ("exchange_uid", "seq", "data"), [(x, 2**64 - 1, "too big for SQLite")]),
+    ]
+    nc = await nats.connect(parse_servers(nats_node.url))
+    await ensure_stream(nc.jetstream(), STREAM, SUBJECTS, 1)
+    for rows in bad:
+        await nc.jetstream().publish(subject(SUBJECTS, rows.table, "c"), encode(rows))
+    await nc.close()
+    await ship_once(log, nats_node.url)  # the same batch as the bad ones
+    args = ["collect", "--from", nats_node.url, "--db", str(tmp_path / "fleet.db"), "--until-idle", "1"]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", "tasktape", *args], check=False, capture_output=True, text=True, timeout=60
+        )
+        for _ in range(2)  # the second finds nothing: the bad ones do not come again
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert shipped_rows(tmp_path / "fleet.db") == shipped_rows(log)
+    assert runs[0].stderr.splitlines() == [
+        "tasktape collect: WARNING: tasktape.c.events holds no tasktape rows"
+        " (a events row holds a dict, which no sink stores); dropped",
+        "tasktape collect: WARNING: tasktape.c.exchanges holds no tasktape rows"
+        " (a exchanges row without a value for capture_uid, uid); dropped",
+        "tasktape collect: WARNING: tasktape.c.events holds rows the sink cannot store"
+        " (OverflowError: Python int too large to convert to SQLite INTEGER); dropped",
+    ]
+    assert "stopped: 0 rows from 0 messages" in runs[1].stdout, runs[1].stdout
+    assert runs[1].stderr == ""
+
+
+async def test_a_collector_started_again_with_another_ack_wait_changes_its_consumers(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """--ack-wait was ignored once the durable consumer existed: it kept the first one's."""
+    said: list[str] = []
+
+    async def collect_with(ack_wait: float) -> float:
+        with SqliteSink(tmp_path / "fleet.db") as sink:
+            collector = Collector(
+                parse_servers(nats_node.url), sink, consumer="c", ack_wait=ack_wait, until_idle=0.5,
+                on_status=said.append,
+            )  # fmt: skip
+            await collector.run(asyncio.Event())
+        nc = await nats.connect(parse_servers(nats_node.url))
+        try:
+            return float((await nc.jetstream().consumer_info(STREAM, "c")).config.ack_wait)
+        finally:
+            await nc.close()
+
+    assert await collect_with(30) == 30
+    assert await collect_with(2) == 2
+    assert "the consumer c now hands out unacknowledged rows again after 2 s (it was 30 s)" in said, said
+    assert await collect_with(2) == 2
+    assert sum("now hands out" in line for line in said) == 1  # said only when it changes
+
+
 @pytest.mark.parametrize("into", ["--db", "--clickhouse"])
 async def test_rows_of_a_newer_schema_wait_for_a_collector_that_knows_them(
     nats_node: NatsCluster, tmp_path: Path, into: str

@@ -4,19 +4,29 @@ share a file name, a ClickHouse that is not there."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 from fleet_runs import ship_once
-from log_rows import shipped_rows, write_log
+from log_rows import MS, SSE, shipped_rows, write_log
 from loopback import running, serve, stop, upstream_app
-from nats_servers import NatsCluster
+from nats_servers import NATS_SERVER, NatsCluster
+from ports import free_port
+from processes import stop as stop_process
+
+from tasktape.errors import UsageError
+from tasktape.eventlog import LogWriter
 
 
 def _tasktape(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -147,3 +157,77 @@ def test_a_clickhouse_not_there_is_one_line_and_a_pull_makes_no_store(
         == f"Error: nothing in chdb://nowhere: there is no ClickHouse store at {tmp_path}/nowhere\n"
     )
     assert not (tmp_path / "nowhere").exists() and not (tmp_path / "t.db").exists()
+
+
+@contextlib.contextmanager
+def _nats_configured(root: Path, config: str) -> Iterator[int]:
+    """A ``nats-server`` with JetStream on loopback, with ``config`` besides: its port."""
+    port = free_port()
+    root.mkdir(parents=True)
+    conf = root / "nats.conf"
+    conf.write_text(f'listen: 127.0.0.1:{port}\njetstream {{ store_dir: "{root}" }}\n{config}\n')
+    server = subprocess.Popen(
+        [NATS_SERVER, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert server.poll() is None and time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        stop_process(server)
+
+
+def test_a_wrong_password_is_said_as_such_and_no_password_is_shown(tmp_path: Path) -> None:
+    """Passwords were printed in status lines, and a wrong one was 'no connection in 5 s'
+    (the client's 'Authorization Violation' kept to itself) while it retried for ever."""
+    with _nats_configured(tmp_path / "nats", "authorization { user: fleet, password: s3cr3tpw }") as port:
+        log = write_log(tmp_path / "a.db", "a")
+        wrong = _tasktape(
+            "collect", "--from", f"nats://fleet:wrongpw@127.0.0.1:{port}", "--db", str(tmp_path / "c.db"),
+            "--until-idle", "1",
+        )  # fmt: skip
+        assert wrong.returncode == 2, wrong.stderr
+        assert (
+            f"Invalid value for --from: nats://127.0.0.1:{port} refused the user and password given:"
+            " Authorization Violation" in wrong.stderr
+        ), wrong.stderr
+        right = _tasktape(
+            "collect", "--from", f"nats://fleet:s3cr3tpw@127.0.0.1:{port}", "--db", str(tmp_path / "c.db"),
+            "--until-idle", "1",
+        )  # fmt: skip
+        assert right.returncode == 0, right.stderr
+        assert f"collecting TASKTAPE from nats://127.0.0.1:{port} into" in right.stdout
+        said: list[str] = []
+        with pytest.raises(UsageError, match="refused the user and password given: Authorization Violation"):
+            asyncio.run(ship_once(log, f"nats://fleet:wrongpw@127.0.0.1:{port}", on_status=said.append))
+        # (Before the first connection gives up, it is said to be under way.)
+        assert said and all(
+            line.endswith(f"wait for nats://127.0.0.1:{port} (connecting)") for line in said
+        ), said
+    for out in (wrong.stdout, wrong.stderr, right.stdout, right.stderr, *said):  # (s3cr3tpw, wrongpw)
+        assert "pw" not in out and "fleet:" not in out
+
+
+async def test_each_row_too_big_for_a_server_is_named_as_it_is_left_out(tmp_path: Path) -> None:
+    """Rows too big for a server with a small max_payload, in a message halved to fit it,
+    were all named by the message's first rowid (rowid 28 for 29, 32 and 35)."""
+    log = tmp_path / "big.db"
+    with LogWriter(log) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        for seq in range(6):  # the odd ones over 64 KiB
+            data = b"x" * (70_000 if seq % 2 else 10)
+            w.chunk(ex, (seq + 1) * MS, b'data: "' + data + b'"\n\n')
+        w.end_exchange(ex, duration_ns=9 * MS).result()
+    (uid,) = sqlite3.connect(log).execute("SELECT uid FROM exchanges").fetchone()
+    with _nats_configured(tmp_path / "nats", "max_payload: 65536") as port:
+        said: list[str] = []
+        stats = await ship_once(log, f"nats://127.0.0.1:{port}", on_status=said.append)
+    assert stats.too_large == 3
+    named = [re.sub(r", [\d,]+ bytes encoded.*", "", line) for line in said if line.startswith("WARNING")]
+    assert named == [f"WARNING: a row of events (exchange_uid {uid}, seq {seq}" for seq in (1, 3, 5)]

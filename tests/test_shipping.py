@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import nats
 import nats.errors
 import nats.js.errors
 import pytest
@@ -211,7 +212,8 @@ async def test_a_row_bigger_than_the_servers_take_is_left_out_loudly_and_the_res
     stats = await ship_once(log, nats_node.url, on_status=said.append)
     assert stats.too_large == 1 and stats.waiting == 0
     (warning,) = [line for line in said if line.startswith("WARNING")]
-    assert "a row of events (rowid 2," in warning and "max_payload 1,048,576" in warning, warning
+    (uid,) = sqlite3.connect(log).execute("SELECT uid FROM exchanges").fetchone()
+    assert f"a row of events (exchange_uid {uid}, seq 1," in warning and "max_payload 1,048,576" in warning
     assert cursor(log)[-1] == stats.rows  # what was left out is not counted as shipped
     await collect_until(nats_node.url, fleet, lambda: fleet.exists() and _events(fleet) == 2)
     with sqlite3.connect(fleet) as conn:
@@ -245,6 +247,50 @@ async def test_an_exchange_too_big_to_ship_travels_without_its_bodies(
             "SELECT method, path, status, request_body, request_body_truncated, response_body FROM exchanges"
         ).fetchone()
     assert row == ("POST", "/upload", 201, None, 1, "stored")  # (the request body was enough)
+
+
+async def test_a_log_shipped_to_another_stream_ships_whole_to_it(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """The cursor was kept by the stream's name alone: shipped to another broker, or to its
+    stream deleted and made again, a log shipped only its rows from then on, and collectors
+    lost the rest; and a shipper whose stream was deleted waited for it for ever."""
+    log = write_log(tmp_path / "a.db", "a")
+    await ship_once(log, nats_node.url)
+    said: list[str] = []
+    other = NatsCluster(tmp_path / "other", size=1).start()
+    try:
+        await ship_once(log, other.url, on_status=said.append)
+        fleet = tmp_path / "other.db"
+        await collect_until(
+            other.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
+        )
+    finally:
+        other.stop()
+    assert [line.split(" (made ")[0] for line in said if "is not the one" in line] == [
+        f"shipping: the stream TASKTAPE on {other.url} is not the one this log was shipped to"
+    ]
+    # Deleted under a running shipper, the stream is made again, and the whole log shipped to it.
+    shipper = Shipper(log, parse_servers(nats_node.url), on_status=said.append)
+    stop = asyncio.Event()
+    running_shipper = asyncio.ensure_future(shipper.run(stop))
+    try:
+        while shipper._nc is None:  # connected
+            await asyncio.sleep(0.05)
+        nc = await nats.connect(parse_servers(nats_node.url))
+        await nc.jetstream().delete_stream("TASKTAPE")
+        await nc.close()
+        write_log(log, "b")  # more rows, into the same log
+        fleet = tmp_path / "again.db"
+        await collect_until(
+            nats_node.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
+        )
+    finally:
+        stop.set()
+        await running_shipper
+        shipper.close()
+    # (Back to the first broker, then the stream made again.)
+    assert sum("is not the one this log was shipped to" in line for line in said) == 3, said
 
 
 async def test_a_stream_the_broker_will_not_make_stops_shipping_loudly(
