@@ -1,7 +1,7 @@
 """The data of the LLM stream page: one OpenAI or Anthropic exchange read back from the log,
-what it came to (the answer, the tools it calls, the model the stream reported, tokens, the
-finish), its events
-and the gaps between its text deltas, and the findings ``tasktape check`` saved about it.
+what it came to (the answer, each choice's when it asked for several, the model's thinking,
+the tools it calls, the model the stream reported, tokens, the finish), its events and the
+gaps between its text deltas, and the findings ``tasktape check`` saved about it.
 
 Times are milliseconds since the request arrived.
 """
@@ -12,13 +12,14 @@ import itertools
 import json
 import statistics
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from tasktape.eventlog import EventLog
-from tasktape.eventlog.protocols import ProtocolName, by_name
+from tasktape.eventlog.protocols import ProtocolName, by_name, openai
 from tasktape.eventlog.protocols.anthropic import REFUSAL, AnthropicKind
-from tasktape.eventlog.protocols.openai import OpenAIKind
+from tasktape.eventlog.protocols.openai import Choice, OpenAIKind
 
 from .display import parse_json
 from .findings import SavedFinding, saved_findings
@@ -29,6 +30,11 @@ _DONE = frozenset({OpenAIKind.DONE, AnthropicKind.MESSAGE_STOP})
 _ERROR = frozenset({OpenAIKind.ERROR, AnthropicKind.ERROR})
 # The kinds whose text is no token of the answer: an error's message, why a response failed.
 NOT_TOKENS = _ERROR | _DONE
+# The model's thinking: tokens it streams, but no part of the answer.
+_THINKING = frozenset({OpenAIKind.THINKING, AnthropicKind.THINKING})
+# A chunk of another choice than the first (of n): no part of the answer either.
+_OTHER_CHOICES = frozenset({OpenAIKind.CHOICE})
+HEAD_ROWS, TAIL_ROWS = 1_000, 20  # the events table shows these first and last events of a long stream
 LONGEST = 3  # the longest gaps the page names
 TITLES = {ProtocolName.OPENAI.value: "OpenAI", ProtocolName.ANTHROPIC.value: "Anthropic"}
 # Finishes that mean the answer is not whole: cut at the token limit, filtered, failed.
@@ -63,6 +69,10 @@ class StreamEvent:
         if self.tokens:
             return "usage"
         return "other"
+
+    @property
+    def thinking(self) -> bool:
+        return self.kind in _THINKING
 
     @property
     def tokens(self) -> str | None:
@@ -107,7 +117,7 @@ class Gap:
     ms: float
     after: StreamEvent  # the delta before it
     before: StreamEvent  # the delta that ended it
-    number: int  # which delta ended it, counting from 1
+    number: int  # which text delta ended it, counting from 1
 
 
 @dataclass
@@ -136,6 +146,9 @@ class StreamPage:
     duration_ms: float | None
     events: list[StreamEvent]
     findings: list[SavedFinding]
+    # Each choice's answer and finish, when the request asked for several (OpenAI's n);
+    # else empty: the answer is all there is. The answer and finish above are choice 0's.
+    choices: list[Choice]
 
     @property
     def protocol_title(self) -> str:
@@ -162,20 +175,48 @@ class StreamPage:
         return counts[-1] if counts else None
 
     @property
+    def cut_short(self) -> frozenset[str]:
+        """The finishes that mean an answer (a choice's) is not whole."""
+        return CUT_SHORT
+
+    @cached_property  # (the page and its time axis ask for it many times)
     def deltas(self) -> list[StreamEvent]:
+        """The events that carried text: the answer's, the thinking's, other choices'."""
         return [e for e in self.events if e.category == "delta"]
+
+    @cached_property
+    def answer_deltas(self) -> list[StreamEvent]:
+        """The events whose text the answer (choice 0's) is made of."""
+        return [e for e in self.deltas if not e.thinking and e.kind not in _OTHER_CHOICES]
+
+    @cached_property
+    def thinking_deltas(self) -> list[StreamEvent]:
+        return [e for e in self.deltas if e.thinking]
+
+    @property
+    def thinking(self) -> str | None:
+        """The model's thinking, as it streamed it (no part of the answer)."""
+        return "".join(e.text or "" for e in self.thinking_deltas) or None
 
     @property
     def first_token(self) -> StreamEvent | None:
-        """The first event that added text: when the first token reached the client."""
+        """The first event that added text, thinking too: when the model's first token
+        reached the client."""
         return next(iter(self.deltas), None)
+
+    @property
+    def first_answer_token(self) -> StreamEvent | None:
+        """The first event that added text to an answer (any choice's), not thinking."""
+        return next((e for e in self.deltas if not e.thinking), None)
 
     @property
     def end_ms(self) -> float:
         return max([self.duration_ms or 0.0, *(e.at_ms for e in self.events)])
 
-    @property
+    @cached_property
     def gaps(self) -> list[Gap]:
+        """The times between consecutive events that carried text (answer and thinking
+        alike); events without (tool-call arguments, signatures, counts) are not timed."""
         pairs = itertools.pairwise(self.deltas)
         return [Gap(b.at_ms - a.at_ms, a, b, n) for n, (a, b) in enumerate(pairs, 2)]
 
@@ -193,6 +234,21 @@ class StreamPage:
     def longest_gaps(self) -> list[Gap]:
         return sorted(self.gaps, key=lambda g: -g.ms)[:LONGEST]
 
+    @property
+    def table_head(self) -> list[StreamEvent]:
+        """The events the events table shows first: all of them, unless the stream is long."""
+        return self.events if len(self.events) <= HEAD_ROWS + TAIL_ROWS else self.events[:HEAD_ROWS]
+
+    @property
+    def table_tail(self) -> list[StreamEvent]:
+        """The last events of a long stream, shown after the ones left out."""
+        return [] if len(self.events) <= HEAD_ROWS + TAIL_ROWS else self.events[-TAIL_ROWS:]
+
+    @property
+    def left_out(self) -> int:
+        """How many events the table leaves out (the events table of the log has them all)."""
+        return len(self.events) - len(self.table_head) - len(self.table_tail)
+
 
 def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
     """The stream's page data, or None when the log has no such OpenAI or Anthropic exchange."""
@@ -201,7 +257,8 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
         if not rows or rows[0]["protocol"] not in LLM_PROTOCOLS:
             return None
         x = rows[0]
-        events = _events(list(log.events(exchange_id)))
+        event_rows = list(log.events(exchange_id))
+        events = _events(event_rows)
         body = parse_json(x["request_body"])
         body = body if isinstance(body, dict) else {}
         prompt, tool_result = _prompt(body)
@@ -230,6 +287,7 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
             duration_ms=None if x["duration_ns"] is None else x["duration_ns"] / 1e6,
             events=events,
             findings=saved_findings(log, [exchange_id]),
+            choices=_choices(x, body, events, event_rows),
         )
 
 
@@ -253,6 +311,20 @@ def _events(rows: list[dict[str, Any]]) -> list[StreamEvent]:
             )
         )
     return events
+
+
+def _choices(
+    x: dict[str, Any], body: dict[str, Any], events: list[StreamEvent], rows: list[dict[str, Any]]
+) -> list[Choice]:
+    """Each choice's answer, when an OpenAI answer has several: read again from the events'
+    data (a chunk may carry more than one choice), or from the body of an answer not streamed."""
+    if x["protocol"] != ProtocolName.OPENAI.value:
+        return []
+    several = openai.asks_for_choices(body) or any(e.kind in _OTHER_CHOICES for e in events)
+    if not several:
+        return []
+    found = openai.choices(r["data"] for r in rows) if x["is_sse"] else openai.choices([x["response_body"]])
+    return found if len(found) > 1 else []
 
 
 def _failure(x: dict[str, Any], events: list[StreamEvent]) -> str | None:

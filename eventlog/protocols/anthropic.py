@@ -7,7 +7,8 @@ type twice: in its ``event`` field and in its data's ``type``.
 An exchange is Anthropic's when it POSTs to ``.../v1/messages`` (or a ``.../messages``
 with an ``anthropic-version`` header) a JSON body with ``model`` and ``messages``; or,
 when that body is not at hand as the answer begins, when the answer's first event is a
-``message_start``. Event kinds are the event types.
+``message_start``. Event kinds are the event types, but for a thinking block's deltas:
+kind ``thinking``, their text the model's thinking (no part of the answer).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ class AnthropicKind(StrEnum):
     MESSAGE_STOP = "message_stop"
     PING = "ping"
     ERROR = "error"
+    THINKING = "thinking"  # a content_block_delta of a thinking block: its thinking_delta
     OTHER = "other"
 
 
-_KINDS = {k.value: k for k in AnthropicKind}
+_KINDS = {k.value: k for k in AnthropicKind if k is not AnthropicKind.THINKING}  # (no event type)
 _DELTA_KINDS = frozenset({AnthropicKind.CONTENT_BLOCK_DELTA})
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})  # a block that calls a tool
 _TOKENS = ("input_tokens", "output_tokens")
@@ -98,8 +100,9 @@ def _input(value: Any) -> str:
 
 
 class AnthropicReader(StreamReader):
-    """The answer is the text blocks' deltas; tokens as the last event counted them; the
-    tool calls are the tool_use blocks, their input joined from its JSON pieces."""
+    """The answer is the text blocks' deltas (the thinking blocks' are kept apart); tokens
+    as the last event counted them; the tool calls are the tool_use blocks, their input
+    joined from its JSON pieces."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,17 +119,7 @@ class AnthropicReader(StreamReader):
         s = self.summary
         if kind is AnthropicKind.CONTENT_BLOCK_DELTA:
             delta = obj.get("delta")
-            text = (
-                delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
-            )
-            if isinstance(text, str):
-                self.pieces.append(text)
-                return classified(kind, text)
-            if isinstance(delta, dict) and delta.get("type") == "input_json_delta":
-                piece = delta.get("partial_json")
-                if isinstance(piece, str):
-                    self.calls.setdefault(obj.get("index"), ToolCall()).arguments += piece
-            return classified(kind)
+            return self._delta(obj, delta) if isinstance(delta, dict) else classified(kind)
         if kind is AnthropicKind.CONTENT_BLOCK_STOP:
             if obj.get("index") in self.calls:
                 self._closed.add(obj.get("index"))
@@ -157,6 +150,18 @@ class AnthropicReader(StreamReader):
             text = f"{kind_}: {message}" if isinstance(message, str) else None
             return classified(kind, text, "error")
         return classified(kind)
+
+    def _delta(self, obj: dict[str, Any], delta: dict[str, Any]) -> Classification:
+        """A block's delta: the answer's text, the model's thinking, or a piece of a tool's input."""
+        named = delta.get("type")
+        if named == "text_delta" and isinstance(text := delta.get("text"), str):
+            self.pieces.append(text)
+            return classified(AnthropicKind.CONTENT_BLOCK_DELTA, text)
+        if named == "thinking_delta" and isinstance(thinking := delta.get("thinking"), str):
+            return classified(AnthropicKind.THINKING, thinking or None)
+        if named == "input_json_delta" and isinstance(piece := delta.get("partial_json"), str):
+            self.calls.setdefault(obj.get("index"), ToolCall()).arguments += piece
+        return classified(AnthropicKind.CONTENT_BLOCK_DELTA)
 
     def body(self, data: bytes | str) -> Classification | None:
         """A whole message (``stream`` false)."""

@@ -9,14 +9,19 @@ An exchange is OpenAI's when it POSTs to ``.../chat/completions``, ``.../complet
 ``input``; or, when that body is not at hand as the answer begins (one streamed through),
 when the answer's first event is a chunk with its choices or a named Responses event.
 Event kinds: ``delta`` (adds text), ``refusal`` (adds the text of the model's refusal:
-a chat delta's ``refusal``, a ``response.refusal.delta``), ``finish`` (a choice's
-finish_reason), ``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a Responses terminal event),
-``event`` (any other Responses event), ``error`` and ``other``.
+a chat delta's ``refusal``, a ``response.refusal.delta``), ``thinking`` (the model's
+reasoning, no part of the answer: a ``response.reasoning_summary_text.delta`` or
+``response.reasoning_text.delta``, a chat delta's ``reasoning_content`` or ``reasoning``
+as servers that copy the API send it), ``finish`` (a choice's finish_reason), ``choice``
+(a chunk of another choice than the first, when a request asks for ``n`` of them: its
+text, its finish_reason), ``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a
+Responses terminal event), ``event`` (any other Responses event), ``error`` and ``other``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -38,6 +43,10 @@ TERMINAL = frozenset({"response.completed", "response.failed", "response.incompl
 _CHOICE_OBJECTS = frozenset({"chat.completion.chunk", "chat.completion", "text_completion"})
 _TEXT_DELTA = "response.output_text.delta"
 _REFUSAL_DELTA = "response.refusal.delta"
+# The Responses events that stream the model's reasoning: its summary, or the text itself.
+_THINKING_DELTAS = frozenset({"response.reasoning_summary_text.delta", "response.reasoning_text.delta"})
+# Where servers that copy the Chat API put a delta's reasoning (vLLM, DeepSeek: the first).
+_REASONING_KEYS = ("reasoning_content", "reasoning")
 # The output's content parts the answer is made of, and the key of each one's text.
 _TEXT_PARTS = {"output_text": "text", "refusal": "refusal"}
 # The Responses events that tell of a function call: its output item, its arguments' pieces.
@@ -54,7 +63,9 @@ _CALL_EVENTS = frozenset(
 class OpenAIKind(StrEnum):
     DELTA = "delta"
     REFUSAL = "refusal"
+    THINKING = "thinking"
     FINISH = "finish"
+    CHOICE = "choice"
     USAGE = "usage"
     DONE = "done"
     EVENT = "event"
@@ -147,8 +158,8 @@ def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
 
 
 class OpenAIReader(StreamReader):
-    """The answer is choice 0's deltas (or the output text); the model the stream reports,
-    recorded on an event's usage when it first appears or changes."""
+    """The answer is choice 0's deltas (or the output text; the reasoning kept apart); the
+    model the stream reports, recorded on an event's usage when it first appears or changes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -206,31 +217,44 @@ class OpenAIReader(StreamReader):
             usage = _usage(self._model(model), counts)
             self._tokens(usage)
         choices = obj.get("choices")
-        text = finish = None
+        first = None  # choice 0: the answer
+        others: list[dict[str, Any]] = []  # the other choices a request for n of them gets
+        for choice in choices if type(choices) is list else ():
+            if type(choice) is dict:
+                if choice.get("index", 0) == 0:
+                    first = choice
+                else:
+                    others.append(choice)
+        if first is not None:
+            return self._first_choice(first, usage)
+        if others:
+            return _other_choices(others, usage)
         # A chunk without choice 0 is there for its counts (a server that counts on every
         # chunk counts on choice 0's too: those are deltas).
-        kind = OpenAIKind.USAGE if type(counts) is dict else OpenAIKind.DELTA
-        if type(choices) is list:
-            for choice in choices:
-                if type(choice) is not dict or choice.get("index", 0) != 0:
-                    continue
-                holder = choice.get("delta")
-                if holder is None:
-                    holder = choice.get("message")
-                piece = holder.get("content") if type(holder) is dict else choice.get("text")
-                text, kind = piece if type(piece) is str and piece else None, OpenAIKind.DELTA
-                refusal = holder.get("refusal") if type(holder) is dict else None
-                if text is None and type(refusal) is str and refusal:  # what the model said instead
-                    text, kind = refusal, OpenAIKind.REFUSAL
-                calls = type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
-                if calls:
-                    self._chat_calls(calls)
-                reason = choice.get("finish_reason")
-                finish = reason if type(reason) is str else None
+        return classified(OpenAIKind.USAGE if type(counts) is dict else OpenAIKind.DELTA, None, None, usage)
+
+    def _first_choice(self, choice: dict[str, Any], usage: dict[str, Any] | None) -> Classification:
+        """Choice 0's piece of the answer (or refusal, or reasoning), its tool calls, its finish."""
+        holder = _holder(choice)
+        text, kind = _piece(choice, holder), OpenAIKind.DELTA
+        if text is None and type(holder) is dict:
+            refusal = holder.get("refusal")
+            if type(refusal) is str and refusal:  # what the model said instead
+                text, kind = refusal, OpenAIKind.REFUSAL
+            elif reasoning := _reasoning(holder):
+                text, kind = reasoning, OpenAIKind.THINKING
+        calls = type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
+        if calls:
+            self._chat_calls(calls)
+        reason = choice.get("finish_reason")
+        finish = reason if type(reason) is str else None
+        if finish is not None:
+            self.summary.finish = finish
+        if kind is OpenAIKind.THINKING:  # (its finish, if it carries one, as its state)
+            return classified(kind, text, finish, usage)
         if text is not None:
             self.pieces.append(text)
         if finish is not None:
-            self.summary.finish = finish
             return classified(OpenAIKind.FINISH, text, finish, usage)
         return classified(kind, text, None, usage)
 
@@ -298,6 +322,9 @@ class OpenAIReader(StreamReader):
             if text:
                 self.pieces.append(text)
             return classified(OpenAIKind.DELTA if kind == _TEXT_DELTA else OpenAIKind.REFUSAL, text)
+        if kind in _THINKING_DELTAS:
+            delta = obj.get("delta")
+            return classified(OpenAIKind.THINKING, delta if isinstance(delta, str) and delta else None)
         if kind == "error":
             return self._error(obj)
         if kind in _CALL_EVENTS:
@@ -324,6 +351,68 @@ class OpenAIReader(StreamReader):
                     self._function_item(index, item)
             return classified(OpenAIKind.DONE, _error_message(response), status, usage)
         return classified(OpenAIKind.EVENT, None, status, usage)
+
+
+def _reasoning(holder: dict[str, Any]) -> str | None:
+    """A chat delta's reasoning, as servers that copy the API send it."""
+    for key in _REASONING_KEYS:
+        value = holder.get(key)
+        if type(value) is str and value:
+            return value
+    return None
+
+
+def _holder(choice: dict[str, Any]) -> Any:
+    """What holds a choice's content: a chunk's delta, a whole completion's message."""
+    holder = choice.get("delta")
+    return choice.get("message") if holder is None else holder
+
+
+def _piece(choice: dict[str, Any], holder: Any) -> str | None:
+    """The text a choice's chunk adds to its answer (a legacy completion's, on the choice)."""
+    piece = holder.get("content") if type(holder) is dict else choice.get("text")
+    return piece if type(piece) is str and piece else None
+
+
+def _other_choices(choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> Classification:
+    """A chunk of choices other than the first: their text (for search) and finish_reason,
+    kind ``choice``; no part of the answer, which is choice 0's."""
+    text = "".join(p for c in choices if (p := _piece(c, _holder(c))) is not None)
+    reasons = [r for c in choices if type(r := c.get("finish_reason")) is str]
+    return classified(OpenAIKind.CHOICE, text or None, reasons[-1] if reasons else None, usage)
+
+
+@dataclass
+class Choice:
+    """One of the answers a chat request for ``n`` of them gets: its text, how it finished."""
+
+    index: int
+    answer: str = ""
+    finish: str | None = None
+
+
+def asks_for_choices(body: Any) -> bool:
+    """Whether a request body asks for more than one choice (``n``)."""
+    n = body.get("n") if isinstance(body, dict) else None
+    return type(n) is int and n > 1
+
+
+def choices(payloads: Iterable[str | bytes | None]) -> list[Choice]:
+    """Each choice's answer and finish, in index order, from a chat stream's events' data
+    (or a whole completion's body)."""
+    found: dict[int, Choice] = {}
+    for payload in payloads:
+        obj = parsed(payload, OpenAIKind.OTHER) if payload and payload != DONE else None
+        listed = obj.get("choices") if type(obj) is dict else None
+        for choice in listed if type(listed) is list else ():
+            index = choice.get("index", 0) if type(choice) is dict else None
+            if type(index) is not int:
+                continue
+            into = found.setdefault(index, Choice(index))
+            into.answer += _piece(choice, _holder(choice)) or ""
+            if type(reason := choice.get("finish_reason")) is str:
+                into.finish = reason
+    return [found[i] for i in sorted(found)]
 
 
 def _error_message(response: dict[str, Any]) -> str | None:
