@@ -30,7 +30,7 @@ from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
-from tasktape.eventlog.producer import NullWriter
+from tasktape.eventlog.producer import NullWriter, check_bound
 from tasktape.eventlog.protocols.base import Request
 from tasktape.eventlog.redact import DEFAULT_HEADERS
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
@@ -113,6 +113,16 @@ class RecordingProxy:
         credential_headers: Iterable[str] = DEFAULT_HEADERS,
     ) -> None:
         url = upstream_url(upstream)
+        _check_options(
+            writer,
+            public_url,
+            max_request_body,
+            connect_timeout,
+            header_timeout,
+            hold,
+            hold_bytes,
+            rejoin_for,
+        )
         # A user and password in the URL are sent as Basic auth to the upstream alone (a
         # client's own Authorization header passes instead); never shown, never stored.
         auth = aiohttp.BasicAuth.from_url(url)
@@ -957,6 +967,33 @@ def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict
     if proxy._authorization and "Authorization" not in headers:
         headers["Authorization"] = proxy._authorization
     return headers
+
+
+def _check_options(
+    writer: Any,
+    public_url: str | None,
+    max_request_body: Any,
+    connect_timeout: Any,
+    header_timeout: Any,
+    hold: Any,
+    hold_bytes: Any,
+    rejoin_for: Any,
+) -> None:
+    """What a proxy is given, checked as the command line checks it: a wrong one fails
+    here, not at the first request (or, a NaN hold, when its app is built)."""
+    if not isinstance(writer, LogProducer):
+        raise UsageError(f"writer is a LogWriter or ProcessLogWriter, not {type(writer).__name__}")
+    if public_url is not None:
+        http_url(public_url, "the public URL")
+    for name, value, whole in (
+        ("max_request_body", max_request_body, True),
+        ("connect_timeout", connect_timeout, False),
+        ("header_timeout", header_timeout, False),
+        ("hold_bytes", hold_bytes, True),
+        ("rejoin_for", rejoin_for, False),
+        *((("hold", hold, False),) if hold is not None else ()),
+    ):
+        check_bound(name, value, whole=whole, least=0)
 
 
 def upstream_url(upstream: str) -> URL:

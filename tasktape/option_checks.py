@@ -3,6 +3,7 @@ as the check takes it, or its ``UsageError`` as click's (status 2, naming the op
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,3 +27,16 @@ def checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Par
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
     return callback
+
+
+class FiniteRange(click.FloatRange):
+    """A ``FloatRange`` that refuses NaN and infinity, which a range check lets through (NaN
+    compares as neither below nor above it): a NaN or infinite time never ends."""
+
+    name = "float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number

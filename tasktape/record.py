@@ -40,7 +40,7 @@ from .listen import (
     public_url,
     warn_if_exposed,
 )
-from .option_checks import checked
+from .option_checks import FiniteRange, checked
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -107,7 +107,7 @@ EXIT_LOG_FAILED = 3
 )
 @click.option(
     "--hold",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     default=300.0,
     show_default=True,
     metavar="SECONDS",
@@ -124,7 +124,7 @@ EXIT_LOG_FAILED = 3
 )
 @click.option(
     "--rejoin-for",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     default=30.0,
     show_default=True,
     metavar="SECONDS",
@@ -155,7 +155,7 @@ EXIT_LOG_FAILED = 3
 )
 @click.option(
     "--ship-drain",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     default=10.0,
     show_default=True,
     metavar="SECONDS",

@@ -4,6 +4,7 @@ source given alone. Each is refused in the error tree, or does what was meant.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import aiohttp
@@ -14,6 +15,7 @@ from loopback import answering_anything
 import tasktape
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.models import parse_stream_response
+from tasktape.eventlog.producer import NullWriter
 from tasktape.proxy import RecordingProxy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
         lambda: tasktape.Redactor(json_pointers="/apiKey"),
         lambda: tasktape.MatchRules.of(headers="X-Tenant"),
         lambda: tasktape.MatchRules.of(ignore="/metadata"),
-        lambda: RecordingProxy("http://127.0.0.1:9", None, credential_headers="X-Tenant"),  # type: ignore[arg-type]
+        lambda: RecordingProxy("http://127.0.0.1:9", NullWriter(), credential_headers="X-Tenant"),
     ],
     ids=["redacted headers", "redacted query", "json pointers", "matched headers", "ignored", "credentials"],
 )
@@ -54,6 +56,30 @@ async def test_a_replay_mode_given_by_its_name_is_that_mode(serve: Serve) -> Non
         tasktape.ReplayServer([], mode="record-missing", upstream=upstream)
     with pytest.raises(tasktape.UsageError, match="'replya' is not a replay mode"):
         tasktape.ReplayServer([], mode="replya")
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"writer": None}, "writer is a LogWriter or ProcessLogWriter, not NoneType"),
+        ({"writer": "log.db"}, "writer is a LogWriter or ProcessLogWriter, not str"),
+        ({"public_url": "ftp://proxy"}, "the public URL must be an http:// or https:// URL"),
+        ({"hold": float("nan")}, "hold is a number of seconds, at least 0, not nan"),
+        ({"hold": float("inf")}, "hold is a number of seconds, at least 0, not inf"),
+        ({"rejoin_for": -1}, "rejoin_for is a number of seconds, at least 0, not -1"),
+        ({"max_request_body": 1.5}, "max_request_body is a whole number, at least 0, not 1.5"),
+        ({"connect_timeout": "10"}, "connect_timeout is a number of seconds, at least 0, not '10'"),
+    ],
+)
+def test_a_recording_proxy_refuses_what_the_command_line_refuses(
+    options: dict[str, object], words: str
+) -> None:
+    """Taken, each failed at the first request (a writer that is none), when the app was
+    built (a NaN hold), or never (a public URL no client can use in an agent card)."""
+    given: dict[str, object] = {"writer": NullWriter(), **options}
+    writer = given.pop("writer")
+    with pytest.raises(tasktape.UsageError, match=re.escape(words)):
+        RecordingProxy("http://127.0.0.1:9", writer, **given)  # type: ignore[arg-type]
 
 
 def test_text_no_stream_sends_is_classified_or_refused_as_documented() -> None:

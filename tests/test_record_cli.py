@@ -187,6 +187,9 @@ async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path, stre
         (["--upstream", "http://x", "--public-url", "notaurl"], "the public URL must be an http:// or"),
         (["--upstream", "http://x/api?team=1"], "the upstream cannot have a query string or a fragment"),
         (["--upstream", "http://x/api#top"], "the upstream cannot have a query string or a fragment"),
+        # A range lets NaN through (it is neither below nor above it): a hold that never ends.
+        (["--upstream", "http://x", "--resume", "--hold", "nan"], "'nan' is not a finite number"),
+        (["--upstream", "http://x", "--resume", "--rejoin-for", "inf"], "'inf' is not a finite number"),
     ],
 )
 async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], message: str) -> None:
