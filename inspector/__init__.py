@@ -29,6 +29,7 @@ from .display import (
     JSON_COLUMNS,
     NS_COLUMNS,
     STATE_COLUMNS,
+    excerpt,
     ms,
     pretty_json,
     row_number,
@@ -37,7 +38,7 @@ from .display import (
 )
 from .metadata import PLUGIN, VIEWS
 from .session_page import load_session, session_key
-from .session_timeline import MARK_COLOURS, session_svg
+from .session_timeline import MARK_COLOURS, drawn_calls, session_svg
 from .stream_page import LLM_PROTOCOLS, load_stream
 from .stream_timeline import CATEGORY_COLOURS as STREAM_COLOURS
 from .stream_timeline import stream_svg
@@ -45,6 +46,10 @@ from .task_page import load_task
 from .timeline import CATEGORY_COLOURS, colour, reconnect_colour, timeline_svg
 
 STATIC = "tasktape"  # static files are served under the distribution's name
+# A task page's events table shows the first EVENT_ROWS events and the last EVENT_TAIL;
+# Datasette's events table pages through the rest.
+EVENT_ROWS = 500
+EVENT_TAIL = 20
 
 
 def is_event_log(datasette: Any, database: str | None) -> bool:
@@ -59,11 +64,28 @@ def session_path(datasette: Any, database: str, session_id: str) -> str:
     return f"{datasette.urls.database(database)}/-/session/{_path_id(session_id)}"
 
 
+# The ids ``.`` and ``..`` as a URL holds them. A browser resolves a path segment of dots
+# (percent-encoded ones too: ``%2E%2E``) before it asks, so their dots are tilde-encoded,
+# as Datasette encodes its own URLs.
+_DOT_IDS = {".": "~2E", "..": "~2E~2E"}
+_DOTS_OF = {encoded: dots for dots, encoded in _DOT_IDS.items()}
+
+
 def _path_id(value: str) -> str:
-    """An id as a page's URL holds it: quoted, and a final ``.json`` escaped, since a
-    page's JSON is at its URL with ``.json`` added."""
+    """An id as a page's URL holds it: quoted, a final ``.json`` escaped (a page's JSON is
+    at its URL with ``.json`` added), the ids ``.`` and ``..`` tilde-encoded, and the
+    ``~`` of an id spelt like one of those percent-encoded."""
+    if value in _DOT_IDS:
+        return _DOT_IDS[value]
     quoted = quote(value, safe="")
+    if quoted.upper() in _DOTS_OF:
+        return quoted.replace("~", "%7E")
     return quoted[: -len(".json")] + "%2Ejson" if quoted.endswith(".json") else quoted
+
+
+def _id_of(path_id: str) -> str:
+    """The id a page's URL names: what _path_id made of it, read back."""
+    return _DOTS_OF.get(path_id.upper()) or unquote(path_id)
 
 
 def stream_path(datasette: Any, database: str, exchange_id: int) -> str:
@@ -226,7 +248,7 @@ async def _not_found(request: Request, datasette: Any, message: str) -> Response
 async def task_view(request: Request, datasette: Any) -> Response:
     """One task's whole run at a glance; 404 for a task the log does not know."""
     name, db = _event_log(request, datasette)
-    task_id = unquote(request.url_vars["task_id"])
+    task_id = _id_of(request.url_vars["task_id"])
     # The log is read (and the checker run) off the event loop: other pages stay live.
     page = await asyncio.to_thread(load_task, db.path, task_id)
     if page is None:
@@ -237,6 +259,7 @@ async def task_view(request: Request, datasette: Any) -> Response:
         "page": page,
         "database": name,
         "timeline": timeline_svg(page),
+        "events": excerpt(page.events, EVENT_ROWS, EVENT_TAIL),
         "pill": state_pill,
         "colour": colour,
         "reconnect_colour": reconnect_colour,
@@ -248,13 +271,19 @@ async def task_view(request: Request, datasette: Any) -> Response:
 async def session_view(request: Request, datasette: Any) -> Response:
     """One MCP session's tool calls and requests; 404 for a session the log does not know."""
     name, db = _event_log(request, datasette)
-    session_id = unquote(request.url_vars["session_id"])
+    session_id = _id_of(request.url_vars["session_id"])
     page = await asyncio.to_thread(load_session, db.path, session_id)
     if page is None:
         return await _not_found(request, datasette, f"no MCP session {session_id} in {name}")
     if as_json := _as_json(request, page):
         return as_json
-    context = {"page": page, "database": name, "timeline": session_svg(page), "mark_colours": MARK_COLOURS}
+    context = {
+        "page": page,
+        "database": name,
+        "timeline": session_svg(page),
+        "call_lanes": len(drawn_calls(page)),
+        "mark_colours": MARK_COLOURS,
+    }
     return Response.html(await datasette.render_template("tasktape_session.html", context, request=request))
 
 

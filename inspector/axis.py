@@ -66,7 +66,7 @@ class Svg:
         """One element; ``class_`` is ``class``, ``text_anchor`` is ``text-anchor``; numbers
         to a tenth of a pixel."""
         attr = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(_num(v))}"' for k, v in attrs.items())
-        inner = (f"<title>{escape(title)}</title>" if title else "") + (escape(text) if text else "")
+        inner = (Markup("<title>{}</title>").format(title) if title else Markup()) + (text or "")
         self.parts.append(f"<{tag}{attr}>{inner}</{tag}>" if inner else f"<{tag}{attr}/>")
 
     def bar(

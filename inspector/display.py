@@ -4,7 +4,9 @@ and reads the numbers in its URLs."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.classify import json_or_none
@@ -30,6 +32,26 @@ PROTOCOL_COLOURS = {
     ProtocolName.OPENAI.value: "#7cb342",
     ProtocolName.ANTHROPIC.value: "#d4813b",
 }
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Excerpt(Generic[T]):
+    """The first and the last of many rows, and how many between them a page leaves out
+    (a page of every row of a big log would take megabytes and seconds to draw)."""
+
+    head: Sequence[T]
+    left_out: int
+    tail: Sequence[T]
+
+
+def excerpt(rows: Sequence[T], head: int, tail: int) -> Excerpt[T]:
+    """``rows`` whole if there are at most ``head + tail``, else their first and last."""
+    if len(rows) <= head + tail:
+        return Excerpt(rows, 0, [])
+    return Excerpt(rows[:head], len(rows) - head - tail, rows[len(rows) - tail :])
+
 
 STATE_COLUMNS = frozenset({"state", "final_state"})
 NS_COLUMNS = frozenset({"offset_ns", "ttfb_ns", "duration_ns"})

@@ -4,10 +4,13 @@ One lane per tool call: its POST as a bar, each progress notification a tick lab
 with its progress, the result or error a dot. A GET that resumed the call (its messages
 came on it) is drawn in the call's lane as the call's continuation, dashed, linked to the
 POST it continues. One lane below for the session's other requests, each a bar named on
-it, in as many rows as keep them apart.
+it, in as many rows as keep them apart (up to MAX_REQUEST_ROWS). A session of more than
+MAX_CALL_LANES calls has its first ones drawn.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from markupsafe import Markup
 
@@ -16,6 +19,12 @@ from .session_page import SessionExchange, SessionPage
 
 LANE = 74
 ROW = 19  # one row of the other requests' lane
+# A session of thousands of calls would be a drawing hundreds of thousands of pixels tall:
+# it draws its first MAX_CALL_LANES calls and MAX_REQUEST_ROWS rows of other requests (the
+# page lists every call, and says how many are not drawn).
+MAX_CALL_LANES = 50
+MAX_REQUEST_ROWS = 8
+MAX_REQUEST_LABEL = 40  # characters; the label's tooltip says the rest
 MARK_COLOURS = {"progress": "#1e88e5", "result": "#2e7d32", "error": "#c62828"}
 
 
@@ -76,47 +85,87 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
         )
 
 
-def _pack(svg: Svg, others: list[SessionExchange]) -> list[tuple[SessionExchange, int]]:
-    """The other requests, each in the first row where it (and its name) has room."""
+@dataclass(frozen=True)
+class _Placed:
+    """An other request in its row, its label starting at ``label_x``."""
+
+    exchange: SessionExchange
+    row: int
+    label_x: float
+
+
+def _pack(svg: Svg, others: list[SessionExchange]) -> list[_Placed]:
+    """The other requests, each in the first row where it (and its name) has room; its
+    name ends at the drawing's right edge at the latest. Those with no room in the first
+    MAX_REQUEST_ROWS rows are left out."""
     rows: list[float] = []  # where each row is taken up to
     placed = []
     for x in others:
         left = svg.x(x.start_ms)
-        right = max(svg.x(x.end_ms if x.end_ms is not None else x.start_ms), left + len(_name(x)) * CHAR + 8)
-        row = next((i for i, taken in enumerate(rows) if left >= taken + 4), len(rows))
+        width = len(_label(x)) * CHAR
+        label_x = min(left + 3, WIDTH - 4 - width)
+        right = max(svg.x(x.end_ms if x.end_ms is not None else x.start_ms), label_x + width + 5)
+        start = min(left, label_x)
+        row = next((i for i, taken in enumerate(rows) if start >= taken + 4), len(rows))
+        if row == MAX_REQUEST_ROWS:
+            continue
         if row == len(rows):
             rows.append(right)
         rows[row] = right
-        placed.append((x, row))
+        placed.append(_Placed(x, row, label_x))
     return placed
 
 
-def _request_lane(svg: Svg, placed: list[tuple[SessionExchange, int]], y: float) -> None:
+def _request_lane(svg: Svg, placed: list[_Placed], others: int, y: float) -> None:
     svg.add("text", x=12, y=y + 20, class_="tt-lane-title", text="other requests")
-    svg.add("text", x=12, y=y + 34, class_="tt-lane-detail", text=f"{len(placed)} exchanges")
-    for x, row in placed:
-        top = y + 12 + ROW * row
+    left_out = f" ({others - len(placed)} not drawn)" if others > len(placed) else ""
+    svg.add("text", x=12, y=y + 34, class_="tt-lane-detail", text=f"{others} exchanges{left_out}")
+    for p in placed:
+        x = p.exchange
+        top = y + 12 + ROW * p.row
         end = x.end_ms if x.end_ms is not None else x.start_ms
         title = f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms" + (
             f" · {x.detail}" if x.detail else ""
         )
         failed = " tt-failed" if x.answer is not None and x.answer.error else ""
         svg.bar(x.start_ms, end, top, ROW - 5, title, min_width=2, class_="tt-request-bar" + failed)
-        svg.add("text", x=svg.x(x.start_ms) + 3, y=top + ROW - 9, class_="tt-request-label", text=_name(x))
+        name = _name(x)
+        label = _label(x)
+        svg.add(
+            "text",
+            title=name if label != name else None,
+            x=p.label_x,
+            y=top + ROW - 9,
+            class_="tt-request-label",
+            text=label,
+        )
 
 
 def _name(x: SessionExchange) -> str:
     return f"#{x.id} {x.label}" + (" (resumed)" if x.last_event_id else "")
 
 
+def _label(x: SessionExchange) -> str:
+    """The name drawn on a request's bar: cut, past MAX_REQUEST_LABEL characters."""
+    name = _name(x)
+    return name if len(name) <= MAX_REQUEST_LABEL else name[: MAX_REQUEST_LABEL - 1] + "…"
+
+
+def drawn_calls(page: SessionPage) -> list[SessionExchange]:
+    """The tool calls the timeline has a lane for."""
+    return page.calls[:MAX_CALL_LANES]
+
+
 def session_svg(page: SessionPage) -> Markup:
     """The session on one time axis."""
     by_id = page.by_id
-    calls = page.calls
-    drawn = {i for c in calls for i in c.resumed_on}  # resumed GETs, drawn in their call's lane
+    calls = drawn_calls(page)
+    # A resumed GET is drawn in its call's lane (if that is drawn at all).
+    resumed = {i for c in page.calls for i in c.resumed_on}
     svg = Svg(page.duration_ms)
-    placed = _pack(svg, [x for x in page.others if x.id not in drawn])
-    rows = max((row for _, row in placed), default=-1) + 1
+    others = [x for x in page.others if x.id not in resumed]
+    placed = _pack(svg, others)
+    rows = max((p.row for p in placed), default=-1) + 1
     height = TOP + LANE * len(calls) + (22 + ROW * rows if placed else 0) + 6
     svg.grid(height)
     y = float(TOP)
@@ -126,5 +175,5 @@ def session_svg(page: SessionPage) -> Markup:
         y += LANE
     if placed:
         svg.rule(y)
-        _request_lane(svg, placed, y)
+        _request_lane(svg, placed, len(others), y)
     return svg.markup(height, f"timeline of MCP session {page.session_id}")

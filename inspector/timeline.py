@@ -1,8 +1,9 @@
 """The task page's time axis (see axis.py).
 
 One lane per stream (a resubscribe gets its own), one for the task's other requests.
-Each event is a tick coloured by what it carries; state changes are dots labelled with
-the state; the longest gaps in a lane are measured under it. When a resuming recorder
+Each event is a tick coloured by what it carries (past MAX_TICKS in a lane, a mark per few
+pixels of time counts them); state changes are dots labelled with the state; the longest
+gaps in a lane are measured under it. When a resuming recorder
 saw a side reconnect, a last lane marks each reconnect (a ring for a client, a diamond
 for the agent's stream), coloured and labelled by how it went.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections import Counter
 
 from markupsafe import Markup
 
@@ -45,6 +47,10 @@ RECONNECT_COLOURS = {
     ResumeOutcome.NOT_RESUMABLE: "#757575",
 }
 MAX_RECONNECT_LABEL = 48  # characters; the mark's tooltip and the table say the rest
+# Past this many events a lane draws one mark per BIN_PX of time, its tooltip counting
+# what fell there: a tick each would make the drawing megabytes and the page slow.
+MAX_TICKS = 2000
+BIN_PX = 3
 
 
 def colour(event: Event) -> str:
@@ -119,17 +125,11 @@ def _stream_lane(svg: Svg, x: Exchange, events: list[Event], y: float) -> None:
     if x.ttfb_ms is not None:
         svg.headers_mark(x.start_ms + x.ttfb_ms, mid)
     _artifact_bands(svg, events, mid)
-    for e in events:
-        if e.category == "state":
-            continue
-        tall = 14 if e.last_chunk or not e.complete else 9
-        svg.tick(e.at_ms, mid, tall, _event_title(e), fill=colour(e), opacity=0.5 if e.repeated else 1)
-        if not e.complete:
-            svg.add("path", d=f"M{svg.x(e.at_ms) - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
+    marks = [e for e in events if e.category != "state"]
+    binned = len(marks) > MAX_TICKS
+    (_binned_ticks if binned else _ticks)(svg, marks, mid)
     labels = LabelRows(2)
-    for e in events:
-        if e.category != "state" or e.state is None:
-            continue
+    for e in _state_events(events, changes_only=binned):
         at = svg.x(e.at_ms)
         svg.add("circle", title=_event_title(e), cx=at, cy=mid, r=6, fill=colour(e), class_="tt-dot")
         label = short_state(e.state)
@@ -147,6 +147,66 @@ def _stream_lane(svg: Svg, x: Exchange, events: list[Event], y: float) -> None:
             text=label,
         )
     _gap_labels(svg, events, mid)
+
+
+def _ticks(svg: Svg, events: list[Event], mid: float) -> None:
+    """A tick per event: a taller one for a lastChunk or a cut-off event."""
+    for e in events:
+        tall = 14 if e.last_chunk or not e.complete else 9
+        svg.tick(e.at_ms, mid, tall, _event_title(e), fill=colour(e), opacity=0.5 if e.repeated else 1)
+        if not e.complete:
+            _cut_mark(svg, svg.x(e.at_ms), mid)
+
+
+def _cut_mark(svg: Svg, at: float, mid: float) -> None:
+    """A cross over a cut-off event."""
+    svg.add("path", d=f"M{at - 5} {mid - 24} l10 10 m0 -10 l-10 10", class_="tt-cut")
+
+
+def _state_events(events: list[Event], *, changes_only: bool) -> list[Event]:
+    """The lane's events that carry a state; with ``changes_only``, those that change it."""
+    states = [e for e in events if e.category == "state" and e.state is not None]
+    if not changes_only:
+        return states
+    return states[:1] + [b for a, b in itertools.pairwise(states) if b.state != a.state]
+
+
+def _binned_ticks(svg: Svg, events: list[Event], mid: float) -> None:
+    """The events as marks per BIN_PX of time: each as tall as its share of the busiest,
+    coloured as most of its events are (an error's colour if any is one), its tooltip
+    saying what it holds."""
+    bins: dict[int, list[Event]] = {}
+    for e in events:
+        bins.setdefault(int(svg.x(e.at_ms) // BIN_PX), []).append(e)
+    busiest = max(len(b) for b in bins.values())
+    for at, group in bins.items():
+        kinds = Counter(e.category for e in group)
+        fill = CATEGORY_COLOURS["error" if kinds["error"] else kinds.most_common(1)[0][0]]
+        half = 4 + 10 * len(group) / busiest
+        x = at * BIN_PX
+        svg.add(
+            "rect",
+            title=_bin_title(group, kinds),
+            x=x,
+            y=mid - half,
+            width=BIN_PX,
+            height=2 * half,
+            fill=fill,
+            class_="tt-bin",
+        )
+        if any(not e.complete for e in group):
+            _cut_mark(svg, x + BIN_PX / 2, mid)
+
+
+def _bin_title(group: list[Event], kinds: Counter[str]) -> str:
+    first, last = group[0], group[-1]
+    what = ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
+    closes = sum(1 for e in group if e.last_chunk)
+    closing = f", {closes:,} lastChunk" if closes else ""
+    return (
+        f"{len(group):,} events, #{first.exchange_id}.{first.seq} at {first.at_ms:,.1f} ms "
+        f"to #{last.exchange_id}.{last.seq} at {last.at_ms:,.1f} ms: {what}{closing}"
+    )
 
 
 def _artifact_bands(svg: Svg, events: list[Event], mid: float) -> None:

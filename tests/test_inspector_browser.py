@@ -4,6 +4,7 @@ is checked. Screenshots are kept in test-artifacts/ to look at."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -12,8 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inspector_log import Served, record_log, task_of
+from inspector_log import Served, page, record_log, task_of
+from test_inspector import DOT_IDS, one_task_each
 
+from tasktape.inspector.app import create_datasette
 from tasktape.inspector.metadata import dashboards
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,3 +112,17 @@ def test_the_charts_in_a_browser(served: tuple[str, Path], tmp_path: Path) -> No
             assert re.search(r"<p[^>]*>[\d.]+</p>", body), f"metric {slug} shows no figure"
     assert "Streams at a glance" in dom
     screenshot(tmp_path, page, "inspector-charts.png", 1100, "--virtual-time-budget=10000")
+
+
+def test_a_task_named_dot_dot_opens_from_its_link_in_a_browser(browser: Path, tmp_path: Path) -> None:
+    """Chromium resolves ``/-/task/..`` and ``/-/task/%2E%2E`` to ``/-/`` before it asks: the
+    link the tasks listing gives the task ``..`` opens that task's page."""
+    log = one_task_each(tmp_path / "dots.db", DOT_IDS)
+    listing = asyncio.run(page(create_datasette(log), "/dots/task_summary"))
+    (href,) = re.findall(r'<a class="tt-task" href="([^"]+)">\.\.</a>', listing)
+    inspector = Served("inspect", str(log), "--port", "0")
+    try:
+        dom = chromium(tmp_path, inspector.wait_for_url() + href, "--dump-dom").stdout
+    finally:
+        inspector.stop(signal.SIGTERM)
+    assert "<h1>Task <code>..</code></h1>" in dom

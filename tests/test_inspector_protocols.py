@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -28,9 +29,11 @@ from test_mcp_sdk import generation
 from tasktape import inspector
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.inspector.app import create_datasette
+from tasktape.inspector.axis import CHAR, WIDTH
 from tasktape.inspector.display import row_number
 from tasktape.inspector.metadata import QUERIES, TABLES, dashboards
 from tasktape.inspector.session_page import load_session
+from tasktape.inspector.session_timeline import MAX_REQUEST_LABEL
 from tasktape.inspector.stream_page import load_stream
 
 DB = "protocols"
@@ -288,6 +291,55 @@ async def test_unknown_sessions_and_streams_and_other_protocols_are_404(ds: Data
     )
     await page(ds, "/nope/-/session/x", status=404)
     await page(ds, "/nope/-/stream/1", status=404)
+
+
+async def test_the_other_requests_labels_end_inside_the_timeline(tmp_path: Path) -> None:
+    """A request near the end of the session has its name drawn back from the right edge
+    (not cut off by it: "#9 DELET"), a long name cut with an ellipsis, whole in its tooltip."""
+    headers = [("Content-Type", "application/json"), ("Mcp-Session-Id", "s1")]
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": "r"}]}}
+    long_name = "notifications/" + "very_long_method_name_" * 3
+    started, ms = time.time_ns(), 1_000_000
+    with LogWriter(tmp_path / "edge.db") as w:
+        cap = w.begin_capture(source="test")
+        x = w.begin_exchange(
+            cap,
+            method="POST",
+            path="/mcp",
+            request_headers=headers,
+            request_body=json.dumps(call).encode(),
+            started_ns=started,
+        )
+        w.response_head(
+            x, status=200, headers=[("Content-Type", "application/json")], is_sse=False, ttfb_ns=1
+        )
+        w.chunk(x, 2 * ms, json.dumps(answer).encode())
+        w.end_exchange(x, duration_ns=100 * ms)
+        for at, method, body in [
+            (99 * ms, "POST", {"jsonrpc": "2.0", "method": long_name}),
+            (100 * ms, "DELETE", None),
+        ]:
+            x = w.begin_exchange(
+                cap,
+                method=method,
+                path="/mcp",
+                request_headers=headers,
+                started_ns=started + at,
+                request_body=json.dumps(body).encode() if body else None,
+            )
+            w.response_head(x, status=202, headers=[], is_sse=False, ttfb_ns=1)
+            w.end_exchange(x, duration_ns=1)
+    svg = svg_of(await page(create_datasette(tmp_path / "edge.db"), "/edge/-/session/s1"))
+    labels = re.findall(
+        r'<text x="([\d.]+)" [^>]*class="tt-request-label">(?:<title>([^<]*)</title>)?([^<]+)<', svg
+    )
+    assert [(title, label) for _, title, label in labels] == [
+        (f"#2 {long_name}", f"#2 {long_name}"[: MAX_REQUEST_LABEL - 1] + "…"),
+        ("", "#3 DELETE"),
+    ]
+    for x, _, label in labels:
+        assert float(x) + len(label) * CHAR <= WIDTH, label
 
 
 async def test_other_databases_are_left_alone(tmp_path: Path) -> None:
