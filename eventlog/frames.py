@@ -88,6 +88,27 @@ def at_log_end(recorded: Iterable[Recorded]) -> list[Recorded]:
     return under_way
 
 
+class Repeats:
+    """Tells an event sent again from a new one, over the streams of one scope (an MCP
+    session) in the order they were opened. An event is sent again only on a stream that
+    continues an earlier one (a request carrying Last-Event-ID continues the latest that
+    sent that id) and only with the id of an event that one sent; any other event is new,
+    whatever its id (a server may number each stream's events from 1). The log's task
+    views follow the same rule (``schema._sent_before``), a subscribe to a task continuing
+    its latest stream."""
+
+    def __init__(self) -> None:
+        self._sent: list[set[str]] = []  # each earlier stream's event ids
+
+    def of(self, ids: Sequence[str | None], last_event_id: str | None) -> set[str]:
+        """The ids, among a stream's event ids (``ids``, all of them), that stand for
+        events sent again; the stream's ids are noted for the streams after it."""
+        continued = next((sent for sent in reversed(self._sent) if last_event_id in sent), set())
+        own = {i for i in ids if i is not None}
+        self._sent.append(own)
+        return own & continued
+
+
 @dataclass(frozen=True)
 class Problem:
     """A broken rule, and where."""

@@ -123,14 +123,40 @@ CREATE VIEW "task_artifacts" AS SELECT
   a.closed,
   strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT x.started_ns + e.offset_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.rowid = a.first_row)) / 1e9, 'unixepoch') AS first_seen,
   coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = a.task_id AND e.artifact_id = a.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS text
 FROM (
   SELECT task_id, artifact_id, max(artifact_type) AS artifact_type, count(*) AS events,
@@ -164,14 +190,40 @@ CREATE VIEW "task_summary" AS SELECT
     AS duration_ms,
   CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
     SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
     FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
@@ -184,14 +236,40 @@ CREATE VIEW "task_summary" AS SELECT
     WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
     ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
     SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
     FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
@@ -199,14 +277,40 @@ CREATE VIEW "task_summary" AS SELECT
           HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
           ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
     SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
     FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
@@ -220,14 +324,40 @@ CREATE VIEW "task_summary" AS SELECT
     ORDER BY g.key))) END AS answer,
   CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
     SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
     FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
@@ -240,14 +370,40 @@ CREATE VIEW "task_summary" AS SELECT
     WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
     ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
     SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
     FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
@@ -255,14 +411,40 @@ CREATE VIEW "task_summary" AS SELECT
           HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
           ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
     SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1
-     ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
+       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
        ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
     FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL

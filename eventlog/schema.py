@@ -21,6 +21,7 @@ from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
 from . import new_log
 from .a2a_terms import V03_STATES
 from .file_kinds import FileKind, is_cassette, kind_of
+from .requests import SUBSCRIBE_METHODS
 from .writer_lock import release_writer_lock, take_writer_lock
 
 migrations = Migrations("tasktape")
@@ -133,19 +134,55 @@ def _task_time(agg: str, expr: str) -> str:
     )
 
 
+def _sent_before(e: str, x: str) -> str:
+    """Whether event row ``e`` (of exchange row ``x``) is one its task's streams sent
+    before, as ``frames.Repeats`` tells them: its stream continues an earlier one (a
+    request carrying Last-Event-ID the latest that sent that id; else a subscribe to the
+    task its latest stream) and that one sent an event with its id. Any other event is
+    new, whatever its id: a task's streams may number their events from 1 each. (Looked
+    up only for an id an earlier stream of the task used, through the (task, id) index;
+    the request's headers, a JSON array of [name, value] pairs, are read only when they
+    name the header.)"""
+    subscribes = ", ".join(f"'{m}'" for m in sorted(SUBSCRIBE_METHODS))
+    return f"""({e}.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = {e}.task_id AND p.event_id = {e}.event_id AND p.rowid < {e}.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower({x}.request_headers),
+             '"last-event-id"') THEN {x}.request_headers END) h CROSS JOIN events q
+           ON q.task_id = {e}.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < {e}.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE {x}.rpc_method IN ({subscribes})
+           AND c.task_id = {e}.task_id AND c.is_sse = 1 AND c.id < {e}.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = {e}.task_id AND p.event_id = {e}.event_id))"""
+
+
 def _artifact_text(task: str, artifact: str) -> str:
-    """An artifact's text: its last lastChunk consolidation, else its deltas in order
-    (an event seen again with the same SSE id, e.g. on a resubscribe, counts once)."""
+    """An artifact's text: its events in order, an event with append false (a first delta,
+    or a lastChunk's consolidation) replacing the text so far and one with append true
+    adding to it; an event sent again (``_sent_before``) counts once. So: the last event
+    that does not append, and those after it that do; a lastChunk that does not append
+    holds the whole text (nothing comes after it), so it alone is read."""
+    events = (
+        "FROM events e JOIN exchanges x ON x.id = e.exchange_id"
+        f" WHERE e.task_id = {task} AND e.artifact_id = {artifact}"
+    )
+    order = f"{_AT}, e.exchange_id, e.seq"
+    latest = f"ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1"
     return f"""coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = {task} AND e.artifact_id = {artifact} AND e.last_chunk = 1
-     ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT e.text {events} AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 {latest}),
     (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.task_id = {task} AND e.artifact_id = {artifact} AND e.last_chunk = 0
-         AND NOT EXISTS (SELECT 1 FROM events p WHERE p.task_id = e.task_id
-                         AND p.event_id = e.event_id AND p.rowid < e.rowid)
-       ORDER BY {_AT}, e.exchange_id, e.seq) d))"""
+       SELECT e.text FROM (SELECT 1) one
+       LEFT JOIN (SELECT e.rowid AS row, {_AT} AS at_ns, e.exchange_id, e.seq {events}
+                  AND coalesce(e.append, 0) = 0 AND NOT {_sent_before("e", "x")} {latest}) b
+       JOIN events e ON e.task_id = {task} AND e.artifact_id = {artifact}
+       JOIN exchanges x ON x.id = e.exchange_id
+       WHERE e.rowid = b.row OR (e.append = 1
+         AND (b.row IS NULL OR ({order}) > (b.at_ns, b.exchange_id, b.seq))
+         AND NOT {_sent_before("e", "x")})
+       ORDER BY {order}) d))"""
 
 
 def _answer(op: str) -> str:
@@ -671,6 +708,15 @@ def _cached_input_tokens(db: sqlite_utils.Database) -> None:
     from .reread import reread_log  # noqa: PLC0415 (as in 0007)
 
     reread_log(db.conn, ("openai", "anthropic", "mcp"))
+
+
+@_migration("0018_artifact_text_appended_and_repeats")
+def _artifact_text_appended_and_repeats(db: sqlite_utils.Database) -> None:
+    # An artifact's text follows its events' append flags (a lastChunk that appends no
+    # longer stands for the whole), and an event counts as sent again only on a stream
+    # that continues the one that sent it (a task's streams may number events alike).
+    for name in ("task_artifacts", "task_summary"):
+        db.create_view(name, VIEWS[name].strip(), replace=True)
 
 
 SCHEMA_VERSION = len(KNOWN)

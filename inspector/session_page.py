@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasktape.eventlog import EventLog
+from tasktape.eventlog.frames import Repeats
 from tasktape.eventlog.jsonrpc_ids import id_key
 from tasktape.eventlog.protocols import ProtocolName
 from tasktape.eventlog.protocols.mcp import (
@@ -319,7 +320,7 @@ def _messages(
     """Every message the server sent in the session, in arrival order, each once (a
     resumed stream may send an event again): (at, exchange id, seq, the message)."""
     found: list[tuple[float, int, int | None, Any]] = []
-    seen: set[str] = set()
+    repeats = Repeats()
     for r in rows:
         start = (r["started_ns"] - origin) / 1e6
         if not r["is_sse"]:
@@ -328,16 +329,19 @@ def _messages(
             for message in body if isinstance(body, list) else [body]:
                 found.append((end, r["id"], None, message))
             continue
-        for e in log.db.query(
-            "SELECT seq, offset_ns, event_id, data FROM events WHERE exchange_id = ? AND complete = 1"
-            " ORDER BY seq",
-            [r["id"]],
-        ):
-            if e["event_id"] is not None:
-                if e["event_id"] in seen:
-                    continue
-                seen.add(e["event_id"])
-            found.append((start + e["offset_ns"] / 1e6, r["id"], e["seq"], parse_json(e["data"])))
+        events = list(
+            log.db.query(
+                "SELECT seq, offset_ns, event_id, data, complete FROM events WHERE exchange_id = ?"
+                " ORDER BY seq",
+                [r["id"]],
+            )
+        )
+        again = repeats.of([e["event_id"] for e in events], _header(r["request_headers"], "Last-Event-ID"))
+        found.extend(
+            (start + e["offset_ns"] / 1e6, r["id"], e["seq"], parse_json(e["data"]))
+            for e in events
+            if e["complete"] and e["event_id"] not in again
+        )
     found.sort(key=lambda m: m[:2])
     return found
 

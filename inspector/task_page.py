@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -266,7 +266,9 @@ def load_task(path: str | Path, task_id: str) -> TaskPage | None:
             exchanges=exchanges,
             events=events,
             states=_states(_state_frames(erows), events, snapshots),
-            artifacts=_artifacts(log, task_id) or _snapshot_artifacts(snapshots),
+            artifacts=_merged(
+                _artifacts(log, task_id), snapshots, max((e.at_ms for e in every), default=None)
+            ),
             usage=_usage(log, task_id, snapshots),
             findings=findings,
             checker_error=checker_error,
@@ -512,15 +514,27 @@ def _artifacts(log: EventLog, task_id: str) -> list[Artifact]:
     return artifacts
 
 
-def _snapshot_artifacts(snapshots: list[_Snapshot]) -> list[Artifact]:
-    """Artifacts of a task answered without a stream: from its latest task object."""
-    latest = next((s.task for s in reversed(snapshots) if s.task.artifacts), None)
-    if latest is None:
-        return []
-    return [
-        _artifact(a.artifact_id or "", a, text=a.text or "", type_=a.type, closed=True, events=0)
-        for a in latest.artifacts or []
+def _merged(
+    streamed: list[Artifact], snapshots: list[_Snapshot], last_event_ms: float | None
+) -> list[Artifact]:
+    """The task's artifacts: as streamed, but a task object with artifacts answered after
+    the task's last event (a GetTask after a dropped stream holds the whole answer, as
+    task_summary reads it) gives its artifacts, each in place of the streamed one of its
+    id; the streamed ones it lacks stay."""
+    latest = next((s for s in reversed(snapshots) if s.task.artifacts), None)
+    if latest is None or (last_event_ms is not None and latest.at_ms <= last_event_ms):
+        return streamed
+    answered = {
+        a.artifact_id or "": _artifact(
+            a.artifact_id or "", a, text=a.text or "", type_=a.type, closed=True, events=0
+        )
+        for a in latest.task.artifacts or []
+    }
+    merged = [
+        replace(answered.pop(a.artifact_id), events=a.events) if a.artifact_id in answered else a
+        for a in streamed
     ]
+    return merged + list(answered.values())
 
 
 def _usage(log: EventLog, task_id: str, snapshots: list[_Snapshot]) -> dict[str, Any] | None:

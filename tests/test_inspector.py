@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 from a2a_frames import completed_run, sse, task
@@ -384,6 +384,21 @@ async def test_a_task_answered_without_a_stream(ds: Datasette, log: Path) -> Non
     assert "demo knowledge base" in html and "<th>credits</th>" in html
 
 
+async def test_an_answer_a_gettask_recovered_after_the_stream_dropped_is_shown(
+    ds: Datasette, log: Path
+) -> None:
+    """The stream dropped mid-answer, after the thinking; the GetTask after it holds the
+    whole answer, which the page shows as task_summary reads it."""
+    dropped = task_of(log, "dropped")
+    (summary,) = await rows(ds, f"/{DB}/task_summary.json?_shape=objects&task_id={quote(dropped)}")
+    assert summary["answer"].startswith("About the line mid answer")
+    data = json.loads(await page(ds, f"/{DB}/-/task/{dropped}.json"))
+    answers = [a["text"] for a in data["artifacts"] if a["type"] != "intermediate-thinking"]
+    assert "\n".join(answers) == summary["answer"]
+    shown = await page(ds, f"/{DB}/-/task/{dropped}")
+    assert "No answer artifact." not in shown and "About the line mid answer" in shown
+
+
 async def test_the_task_page_shows_the_checkers_findings(ds: Datasette, log: Path) -> None:
     with EventLog(log) as opened:
         (exchange,) = [x["id"] for x in opened.exchanges() if x["task_id"] == BROKEN]
@@ -406,6 +421,52 @@ async def test_unknown_tasks_and_databases_are_404(ds: Datasette) -> None:
     assert "no task task%20nope in demo" in await page(ds, f"/{DB}/-/task/task%2520nope", status=404)
     missing = await ds.client.get(f"/{DB}/-/task/task%2520nope.json")
     assert missing.status_code == 404 and missing.json()["error"] == "no task task%20nope in demo"
+
+
+DOT_IDS = ["..", ".", "~2E~2E"]  # two a browser resolves as a path, one spelt as their links
+
+
+def one_task_each(path: Path, task_ids: list[str], context_id: str = "c") -> Path:
+    """A log of a short stream per task."""
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        for task_id in task_ids:
+            ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+            w.response_head(
+                ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=1
+            )
+            for n, data in enumerate(sse(completed_run(task_id, context_id)), 1):
+                w.chunk(ex, n * 1000, data)
+            w.end_exchange(ex, duration_ns=10_000)
+    return path
+
+
+async def test_tasks_named_dot_and_dot_dot_are_linked_to_their_pages(tmp_path: Path) -> None:
+    """A browser resolves a path segment of dots (``%2E%2E`` too) before it asks: the link
+    to the task ``..`` must not be ``/-/task/..``, which opens the database's page."""
+    ds = create_datasette(one_task_each(tmp_path / "dots.db", DOT_IDS))
+    listing = await page(ds, "/dots/task_summary")
+    for task_id in DOT_IDS:
+        (href,) = re.findall(rf'<a class="tt-task" href="([^"]+)">{re.escape(task_id)}</a>', listing)
+        assert set(unquote(href.rsplit("/", 1)[1])) != {"."}, href  # not a dot segment
+        assert f"<h1>Task <code>{task_id}</code></h1>" in await page(ds, href)
+        assert (await ds.client.get(f"{href}.json")).json()["task_id"] == task_id
+
+
+async def test_right_to_left_text_in_an_id_is_isolated_from_the_line_around_it(tmp_path: Path) -> None:
+    """A context id holding an override and right-to-left words would take the "1" of
+    " · 1 exchange" into it: ids in code are bidi isolates, as the stylesheet says."""
+    context = "ctx-\u202eevil\u202c مرحبا עברית"
+    ds = create_datasette(one_task_each(tmp_path / "rtl.db", ["T"], context))
+    html = await page(ds, "/rtl/-/task/T")
+    assert re.search(rf"<code>{re.escape(context)}</code></a> ·\s+1 exchange", html)
+    assert 'class="tt-task-page"' in html
+    css = (await ds.client.get("/-/static-plugins/tasktape/inspector.css")).text
+    isolated = [rule.split("{")[0] for rule in css.split("}") if re.search(r"unicode-bidi:\s*isolate", rule)]
+    selectors = {
+        s.strip() for rule in isolated for s in re.sub(r"/\*.*?\*/", "", rule, flags=re.S).split(",")
+    }
+    assert {".tt-task-page code", ".tt-session-page code", "a.tt-task", ".tt-evtext"} <= selectors
 
 
 async def test_the_task_page_has_its_data_as_json_beside_it(ds: Datasette, log: Path) -> None:

@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from ..classify import Classification
-from ..frames import Frame, Problem, Stream, readable
+from ..frames import Frame, Problem, Repeats, Stream, readable
 from ..jsonrpc_ids import Edit, id_key, same_id, value_edits
 from ..spans import Chunks, StreamEvent
 from .base import (
@@ -299,21 +299,18 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Each request gets one response in its session: on its POST stream, or the GET that resumed it."""
     for session in _sessions(streams):
         answers: dict[tuple[str, Any], list[tuple[Stream, Frame]]] = {}
-        seen: set[str] = set()
+        repeats = Repeats()
         for stream in session:
             # A server's request, and a client's answer to one, need an id the other can match.
             if message_kind(stream.request_body) in (MCPKind.RESPONSE, MCPKind.ERROR):
                 yield from _bad_ids(stream, None, stream.request_body)
+            again = _sent_again(repeats, stream)
             for frame, message in _messages(stream):
                 kind = message_kind(message)
                 if kind is MCPKind.REQUEST:
                     yield from _bad_ids(stream, frame, message)
-                if kind not in (MCPKind.RESPONSE, MCPKind.ERROR):
+                if kind not in (MCPKind.RESPONSE, MCPKind.ERROR) or frame.sse_id in again:
                     continue
-                if frame.sse_id is not None:
-                    if frame.sse_id in seen:
-                        continue  # the same event once more, as a resumed stream repeats it
-                    seen.add(frame.sse_id)
                 if (key := id_key(message.get("id"))) is None:
                     yield from _bad_ids(stream, frame, message)
                     continue
@@ -334,6 +331,12 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
                     frame,
                     f"a second response to request {body['id']!r} (the first: {got[0][0].label(got[0][1])})",
                 )
+
+
+def _sent_again(repeats: Repeats, stream: Stream) -> set[str]:
+    """The ids of the events a stream sends again (a resumed GET repeats those after its
+    Last-Event-ID): they are left out, the events they repeat having been read."""
+    return repeats.of([f.sse_id for f in stream.frames], stream.last_event_id)
 
 
 def _cut_short(stream: Stream, session: list[Stream]) -> bool:
@@ -402,18 +405,17 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Each progress token's progress rises with every notification, and never passes its total."""
     for session in _sessions(streams):
         last: dict[Any, float] = {}
-        seen: set[str] = set()
+        repeats = Repeats()
         for stream in session:
+            again = _sent_again(repeats, stream)
             # A token is unique among the requests under way: a new request that carries one
             # counts its progress afresh (the request that carried it before has been answered).
             token = _progress_token(stream.request_body)
             if token is not None and (key := id_key(token)) is not None:
                 last.pop(key, None)
             for frame, message in _messages(stream):
-                if message.get("method") != PROGRESS or frame.sse_id in seen:
+                if message.get("method") != PROGRESS or frame.sse_id in again:
                     continue
-                if frame.sse_id is not None:
-                    seen.add(frame.sse_id)
                 params = message.get("params") if isinstance(message.get("params"), dict) else {}
                 token, progress, total = (
                     params.get("progressToken"),
