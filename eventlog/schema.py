@@ -719,6 +719,15 @@ def _artifact_text_appended_and_repeats(db: sqlite_utils.Database) -> None:
         db.create_view(name, VIEWS[name].strip(), replace=True)
 
 
+@_migration("0019_thinking_and_choices")
+def _thinking_and_choices(db: sqlite_utils.Database) -> None:
+    # A model's thinking (Anthropic's thinking deltas, OpenAI's reasoning) and the choices of
+    # a request for several have kinds of their own, their text in the events (searchable).
+    from .reread import reread_log  # noqa: PLC0415 (as in 0007)
+
+    reread_log(db.conn, ("openai", "anthropic"))
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one

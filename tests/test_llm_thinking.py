@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
 from datasette.app import Datasette
 from inspector_log import page, rows
 from markupsafe import escape
 
+from tasktape.cli import main
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.inspector.app import create_datasette
 
@@ -231,3 +235,22 @@ async def test_a_long_stream_lists_its_first_and_last_events(tmp_path: Path) -> 
     short_html = await page(ds, f"/{DB}/-/stream/{short}")
     assert len(re.findall(rf'<td><a href="/{DB}/events/{short},', short_html)) == 2
     assert "left out" not in short_html
+
+
+def test_an_older_log_reads_its_thinking_once_upgraded(tmp_path: Path) -> None:
+    """A log of schema version 18 held thinking deltas as text-less `content_block_delta`
+    events: upgrading it reads its LLM exchanges again, thinking searchable."""
+    path = tmp_path / f"{DB}.db"
+    x = record(path, "/v1/messages", {"model": "claude-x", "messages": [], "stream": True}, THINKING_MESSAGE)
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE events SET kind = 'content_block_delta', text = NULL WHERE kind = 'thinking'")
+        conn.execute("INSERT INTO events_fts (events_fts) VALUES ('rebuild')")
+        conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0019_thinking_and_choices'")
+        conn.execute("PRAGMA user_version = 18")
+        assert conn.execute("SELECT count(*) FROM events WHERE kind = 'thinking'").fetchone() == (0,)
+    result = CliRunner().invoke(main, ["upgrade", str(path)])
+    assert result.exit_code == 0 and "schema version 18 went to" in result.output, result.output
+    assert ("thinking", THOUGHT) in events_of(path, x)
+    with closing(sqlite3.connect(path)) as conn:
+        found = conn.execute("SELECT rowid FROM events_fts WHERE events_fts MATCH 'wombat'").fetchall()
+    assert len(found) == 1
