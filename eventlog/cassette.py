@@ -554,12 +554,12 @@ def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any
         read_cassette(target, content=text.encode("utf-8"))
     except CassetteError as exc:
         raise CassetteError(f"cannot write {target}: it would not read back: {exc}") from None
-    _replace(target, text)
+    replace_with(target, [text])
 
 
-def _replace(target: Path, text: str) -> None:
-    """``target`` made to hold ``text`` at once: written beside it, then moved over it (over
-    the file a link names, the link kept)."""
+def replace_with(target: Path, pieces: Iterable[str]) -> None:
+    """``target`` made to hold the text of ``pieces`` at once: written beside it as they
+    come, then moved over it (over the file a link names, the link kept)."""
     if target.is_dir():
         raise CassetteError(f"cannot write {target}: it is a folder")
     if not target.parent.is_dir():  # (said of the cassette, not of the file written first)
@@ -567,7 +567,8 @@ def _replace(target: Path, text: str) -> None:
     real = target.resolve()
     partial = real.with_name(f".{real.name}.{os.getpid()}.partial")
     try:
-        partial.write_text(text, encoding="utf-8")
+        with partial.open("w", encoding="utf-8") as out:
+            out.writelines(pieces)
         partial.replace(real)
     except OSError as exc:
         raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None

@@ -4,6 +4,7 @@ or a cassette alike."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,13 +116,18 @@ def read_log(path: str | Path, exchange_ids: list[int] | None = None) -> list[Re
 
 def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recorded]:
     """The exchanges of a log (all, or those ids), in id order, with their chunks."""
+    return list(each_from_log(log, exchange_ids))
+
+
+def each_from_log(log: EventLog, exchange_ids: list[int] | None = None) -> Iterator[Recorded]:
+    """As :func:`from_log`, one at a time: an exchange's chunks are read as it is reached
+    (an export of a log of gigabytes holds one exchange's at a time)."""
     rows = log.exchanges() if exchange_ids is None else [log.exchange(i) for i in sorted(set(exchange_ids))]
     position = {x["id"]: n for n, x in enumerate(rows)}
     streams = log.reconnects_answered()
-    recorded = []
     for n, x in enumerate(rows):
         stream = position.get(streams.get(x["id"], -1))
-        recorded.append(
+        yield (
             Recorded(
                 method=x["method"],
                 path=x["path"],
@@ -149,4 +155,3 @@ def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recor
                 reconnect_of=None if stream is None else stream - n,
             )
         )
-    return recorded

@@ -18,10 +18,11 @@ from tasktape.eventlog.cassette import (
     load_into,
     read_header,
     read_with_uids,
+    replace_with,
 )
 from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes
 from tasktape.eventlog.outcomes import Outcome
-from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.recorded import Recorded, each_from_log
 from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 
@@ -75,43 +76,55 @@ def export(
         # A log (this one, most likely: `-o` where `--db` was meant) is never written over.
         raise bad_input(f"{output} is {FileKind.LOG}: a cassette is not written over it")
     try:
-        with EventLog(log) as opened:
-            capture_of = dict(opened.db.execute("SELECT id, capture_id FROM exchanges").fetchall())
-            _check_choices(opened, tasks, contexts, [n for n in exchanges if n not in capture_of])
-            ids = opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)
-            recorded = from_log(opened, ids)
-            uid_of = dict(opened.db.execute("SELECT id, uid FROM exchanges").fetchall())
-            uids = [uid_of[i] for i in sorted(set(ids))]  # (in from_log's order)
-            upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
+        opened = EventLog(log)
     except LogError as exc:  # what is no log this tasktape reads: bad input
         raise bad_input(str(exc)) from None
-    if not recorded:
-        raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
-    # The header names the upstream of the captures the exported exchanges come from.
-    upstreams = sorted({upstream_of[capture_of[i]] for i in ids} - {None})
-    # An exchange the log holds no end of is cut short where the log stops, not ended whole.
-    # (Imported here: the checker's frames load the protocols, which import has no use for.)
-    from tasktape.eventlog.frames import at_log_end  # noqa: PLC0415
-
-    under_way = at_log_end(recorded)
-    upstream = upstreams[0] if len(upstreams) == 1 else None
-    lines = cassette_lines(recorded, uids, source=log.name, upstream=upstream)
-    text = "\n".join(lines) + "\n"
-    if output == "-":
-        sys.stdout.write(text)
-    else:
-        folder_for(target)  # cassettes/ as tests name it
-        try:
-            target.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
-        click.echo(f"tasktape export: {counted(len(recorded), 'exchange')} from {log} -> {output}", err=True)
+    with opened:
+        capture_of = dict(opened.db.execute("SELECT id, capture_id FROM exchanges").fetchall())
+        _check_choices(opened, tasks, contexts, [n for n in exchanges if n not in capture_of])
+        ids = sorted(
+            set(opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards))
+        )
+        if not ids:
+            raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
+        uid_of = dict(opened.db.execute("SELECT id, uid FROM exchanges").fetchall())
+        upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
+        # The header names the upstream of the captures the exported exchanges come from.
+        upstreams = sorted({upstream_of[capture_of[i]] for i in ids} - {None})
+        upstream = upstreams[0] if len(upstreams) == 1 else None
+        # Exchanges are read and written one at a time: a log of gigabytes is never in
+        # memory whole. One the log holds no end of is cut short where the log stops.
+        under_way: list[Recorded] = []
+        recorded = (_at_log_end(r, under_way) for r in each_from_log(opened, ids))
+        lines = (
+            f"{line}\n"
+            for line in cassette_lines(recorded, [uid_of[i] for i in ids], source=log.name, upstream=upstream)
+        )
+        if output == "-":
+            sys.stdout.writelines(lines)
+        else:
+            folder_for(target)  # cassettes/ as tests name it
+            try:
+                replace_with(target, lines)
+            except CassetteError as exc:
+                raise click.ClickException(str(exc)) from None
+            click.echo(f"tasktape export: {counted(len(ids), 'exchange')} from {log} -> {output}", err=True)
     for r in under_way:
         click.echo(
             f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
             f"cut short ({Outcome.LOG_CLOSED})",
             err=True,
         )
+
+
+def _at_log_end(recorded: Recorded, under_way: list[Recorded]) -> Recorded:
+    """``recorded`` cut short where the log stops if the log holds no end of it (its
+    recorder still writing it), noted in ``under_way``."""
+    # (Imported here: the checker's frames load the protocols, which import has no use for.)
+    from tasktape.eventlog.frames import at_log_end  # noqa: PLC0415
+
+    under_way += at_log_end([recorded])
+    return recorded
 
 
 def folder_for(path: Path) -> None:
