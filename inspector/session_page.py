@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from tasktape.eventlog.protocols.mcp import (
     message_kind,
 )
 
-from .display import ms_or_none, parse_json, row_number
+from .display import Excerpt, excerpt, ms_or_none, parse_json, row_number
 from .findings import SavedFinding, saved_findings
 
 _ANSWERS = frozenset({MCPKind.RESPONSE, MCPKind.ERROR})  # a client's POST that answers the server
@@ -39,6 +40,10 @@ STATELESS = "capture-"  # the session name of a capture's exchanges that carry n
 TOOL_CALL = "tools/call"
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"  # where 2026-07-28 names the server
 MCP = ProtocolName.MCP.value
+# The page lists a big session's first LISTED_ROWS tool calls and exchanges and its last
+# LISTED_TAIL (each a row would make megabytes); Datasette's exchanges table has the rest.
+# Alike for both lists, so every call the exchanges table lists is listed among the calls.
+LISTED_ROWS, LISTED_TAIL = 200, 20
 _EXCHANGES = (
     "SELECT x.*, (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS event_count"
     " FROM exchanges x WHERE x.protocol = :p AND {where} ORDER BY x.started_ns, x.id"
@@ -190,6 +195,22 @@ class SessionPage:
     @property
     def others(self) -> list[SessionExchange]:
         return [x for x in self.exchanges if not x.is_call]
+
+    @cached_property
+    def listed_calls(self) -> Excerpt[SessionExchange]:
+        """The tool calls the page lists: all of them, unless the session is big."""
+        return excerpt(self.calls, LISTED_ROWS, LISTED_TAIL)
+
+    @cached_property
+    def listed_exchanges(self) -> Excerpt[SessionExchange]:
+        """The exchanges the page's table lists: all of them, unless the session is big."""
+        return excerpt(self.exchanges, LISTED_ROWS, LISTED_TAIL)
+
+    @cached_property
+    def listed_ids(self) -> frozenset[int]:
+        """The exchanges listed on the page: a link to another goes to its row."""
+        listed = self.listed_exchanges
+        return frozenset(x.id for x in [*listed.head, *listed.tail])
 
     @property
     def tools(self) -> list[str]:

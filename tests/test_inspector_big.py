@@ -1,7 +1,9 @@
-"""The task and MCP session pages of a big log: a task of thousands of deltas and a session
-of more tool calls than its timeline draws. The pages stay small: the events table shows
-the first and last events and links to Datasette's table for the rest, the timeline bins
-the deltas, the session's timeline draws its first calls and says how many more there are."""
+"""The task, MCP session and LLM stream pages of a big log: a task and a stream of
+thousands of deltas, a session of more tool calls than its timeline draws and one of more
+than its page lists. The pages stay small: the events table shows the first and last events
+and links to Datasette's table for the rest, the timelines bin the deltas, the session's
+timeline draws its first calls and says how many more there are, and a bigger session's
+page lists its first and last calls and exchanges."""
 
 from __future__ import annotations
 
@@ -15,17 +17,22 @@ from a2a_frames import artifact, sse, status, task
 from datasette.app import Datasette
 from inspector_log import page
 
-from tasktape.eventlog import LogWriter
+from tasktape.eventlog import EventLog, LogWriter
 from tasktape.inspector import EVENT_ROWS, EVENT_TAIL
 from tasktape.inspector.app import create_datasette
 from tasktape.inspector.session_timeline import MAX_CALL_LANES
-from tasktape.inspector.timeline import MAX_TICKS
+from tasktape.inspector.timeline import CATEGORY_COLOURS, MAX_TICKS
 
 DB = "big"
 TASK = "task.big"
 SESSION = "big-session"
 DELTAS = 3 * MAX_TICKS  # more than the timeline draws one by one
 CALLS = MAX_CALL_LANES + 12
+LISTED_ROWS, LISTED_TAIL = 200, 20  # the calls and exchanges a big session's page lists first and last
+LISTED_SESSION = "listed-session"
+LISTED_CALLS = LISTED_ROWS + LISTED_TAIL + 30  # more than its page lists
+RESUMED_AFTER = LISTED_ROWS + 10  # the call the GET that resumes call 0 comes after: a GET left out
+THINKING = MAX_TICKS  # a big stream's thinking deltas, then twice as many of its answer's
 MS = 1_000_000
 
 
@@ -41,16 +48,66 @@ def _task_stream(w: LogWriter, cap: int) -> None:
     w.end_exchange(x, duration_ns=(len(frames) + 1) * MS // 10)
 
 
-def _tool_call(w: LogWriter, cap: int, k: int) -> None:
-    body = {"jsonrpc": "2.0", "id": k, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+def _answer(k: int) -> bytes:
     answer = {"jsonrpc": "2.0", "id": k, "result": {"content": [{"type": "text", "text": "r"}]}}
-    headers = [("content-type", "application/json"), ("mcp-session-id", SESSION)]
+    return f"id: {k}\nevent: message\ndata: {json.dumps(answer)}\n\n".encode()
+
+
+def _tool_call(w: LogWriter, cap: int, k: int, session: str = SESSION, *, answered: bool = True) -> None:
+    """A tools/call answered on its POST stream (or, not ``answered``, a stream that ends first)."""
+    body = {"jsonrpc": "2.0", "id": k, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    headers = [("content-type", "application/json"), ("mcp-session-id", session)]
     x = w.begin_exchange(
         cap, method="POST", path="/mcp", request_headers=headers, request_body=json.dumps(body).encode()
     )
     w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
-    w.chunk(x, 2 * MS, f"event: message\ndata: {json.dumps(answer)}\n\n".encode())
+    if answered:
+        w.chunk(x, 2 * MS, _answer(k))
     w.end_exchange(x, duration_ns=3 * MS)
+
+
+def _resuming_get(w: LogWriter, cap: int, session: str, k: int) -> None:
+    """A GET that resumes the session's stream and carries the answer to call ``k``."""
+    headers = [("mcp-session-id", session), ("last-event-id", "0")]
+    x = w.begin_exchange(cap, method="GET", path="/mcp", request_headers=headers)
+    w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
+    w.chunk(x, 2 * MS, _answer(k))
+    w.end_exchange(x, duration_ns=3 * MS)
+
+
+def _listed_session(w: LogWriter, cap: int) -> None:
+    """LISTED_CALLS tool calls, the first answered on a GET far down the session."""
+    for k in range(LISTED_CALLS):
+        _tool_call(w, cap, k, LISTED_SESSION, answered=k > 0)
+        if k == RESUMED_AFTER:
+            _resuming_get(w, cap, LISTED_SESSION, 0)
+
+
+def _chat_chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "gpt-x", "choices": [choice]}
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+def _openai_stream(w: LogWriter, cap: int, thinking: int, answer: int) -> int:
+    """A chat completion streaming ``thinking`` deltas of reasoning, then ``answer`` of
+    content, a tenth of a millisecond apart, then its finish and [DONE]."""
+    body = {"model": "gpt-x", "stream": True, "messages": [{"role": "user", "content": "count"}]}
+    frames = [_chat_chunk({"reasoning_content": f"r{i} "}) for i in range(thinking)]
+    frames += [_chat_chunk({"content": f"w{i} "}) for i in range(answer)]
+    frames += [_chat_chunk({}, "stop"), b"data: [DONE]\n\n"]
+    x = w.begin_exchange(
+        cap,
+        method="POST",
+        path="/v1/chat/completions",
+        request_headers=[("content-type", "application/json")],
+        request_body=json.dumps(body).encode(),
+    )
+    w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
+    for n, data in enumerate(frames, 1):
+        w.chunk(x, n * MS // 10, data)
+    w.end_exchange(x, duration_ns=(len(frames) + 1) * MS // 10)
+    return x
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +118,20 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _task_stream(w, cap)
         for k in range(CALLS):
             _tool_call(w, cap, k)
+        _listed_session(w, cap)
+        _openai_stream(w, cap, THINKING, 2 * THINKING)
+        _openai_stream(w, cap, 1, 1)
         w.end_capture(cap)
     return path
+
+
+def _stream_ids(log: Path) -> tuple[int, int]:
+    """The big OpenAI stream's exchange id, and the small one's."""
+    with EventLog(log) as db:
+        big, small = (
+            r["id"] for r in db.db.query("SELECT id FROM exchanges WHERE protocol = 'openai' ORDER BY id")
+        )
+    return big, small
 
 
 @pytest.fixture
@@ -109,3 +178,66 @@ async def test_a_big_sessions_timeline_draws_its_first_calls_and_says_how_many_m
     assert f"The timeline draws the first {MAX_CALL_LANES} of {CALLS} tool calls" in html
     assert f'<a href="/{DB}/exchanges?session_id={SESSION}">exchanges</a>' in html
     assert len(re.findall(r'<article class="tt-call" id="call-', html)) == CALLS  # each listed
+    assert len(re.findall(r'<tr id="exchange-', html)) == CALLS
+    assert "left out here" not in html
+
+
+async def test_a_big_sessions_page_lists_its_first_and_last_calls_and_exchanges(ds: Datasette) -> None:
+    """A call and a row per exchange of thousands would be megabytes: the first and the
+    last of each, how many are left out, and links to Datasette's exchanges table filtered
+    to the session (and to its tool calls) to page through them all."""
+    html = await page(ds, f"/{DB}/-/session/{LISTED_SESSION}")
+    calls = [int(i) for i in re.findall(r'<article class="tt-call[^"]*" id="call-(\d+)"', html)]
+    rows = [int(i) for i in re.findall(r'<tr id="exchange-(\d+)"', html)]
+    assert len(calls) == len(rows) == LISTED_ROWS + LISTED_TAIL
+    assert calls[:LISTED_ROWS] == rows[:LISTED_ROWS]  # no GET among the first exchanges
+    left_out = LISTED_CALLS - LISTED_ROWS - LISTED_TAIL
+    assert f"{left_out} more tool calls, left out here" in html
+    assert f"{left_out + 1} more exchanges, left out here" in html  # and the GET
+    exchanges = f"/{DB}/exchanges?session_id={LISTED_SESSION}"
+    assert f'<a href="{exchanges}&amp;rpc_method=tools%2Fcall">exchanges</a>' in html
+    for link, count in (
+        (f"{exchanges}&rpc_method=tools%2Fcall", LISTED_CALLS),
+        (exchanges, LISTED_CALLS + 1),
+    ):
+        listing = (await ds.client.get(link.replace("/exchanges?", "/exchanges.json?"))).json()
+        assert listing["filtered_table_rows_count"] == count
+    assert f"The timeline draws the first {MAX_CALL_LANES} of {LISTED_CALLS} tool calls" in html
+    # The first call was answered on a GET the page leaves out: its link goes to the GET's row.
+    resumed = re.search(r'the client resumed on\s*<a href="([^"]+)">#(\d+) GET</a>', html)
+    assert resumed and resumed.group(1) == f"/{DB}/exchanges/{resumed.group(2)}"
+    assert len(html) < 400_000
+
+
+async def test_a_big_streams_timeline_draws_its_events_binned(ds: Datasette, log: Path) -> None:
+    """A tick per delta of a long stream would be megabytes of SVG: a mark per few pixels,
+    each counting its events (the counts adding up to every event), the thinking's apart."""
+    big, _ = _stream_ids(log)
+    html = await page(ds, f"/{DB}/-/stream/{big}")
+    (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', html, re.S)
+    counts = [int(n.replace(",", "")) for n in re.findall(r'class="tt-bin"><title>([\d,]+) events, ', svg)]
+    assert sum(counts) == 3 * THINKING + 2 and len(counts) < 400  # the deltas, the finish, [DONE]
+    assert not re.search(r'class="tt-ev ', svg)
+    thinking = re.findall(
+        rf'fill="{CATEGORY_COLOURS["thinking"]}" class="tt-bin"><title>[^<]* thinking<', svg
+    )
+    assert thinking and ">stop<" in svg
+    assert len(svg) < 100_000
+
+
+async def test_a_streams_thinking_is_drawn_apart_from_its_answer(ds: Datasette, log: Path) -> None:
+    """A short stream keeps a tick per event, its thinking delta in the thinking colour
+    the task page draws thinking in, named in the legend."""
+    _, small = _stream_ids(log)
+    html = await page(ds, f"/{DB}/-/stream/{small}")
+    (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', html, re.S)
+    ticks = re.findall(r'fill="(#[0-9a-f]+)" class="tt-ev tt-ev-(\w+)"><title>#(\d+) ', svg)
+    assert [(kind, int(seq)) for _, kind, seq in ticks] == [
+        ("thinking", 0),
+        ("delta", 1),
+        ("finish", 2),
+        ("done", 3),
+    ]
+    assert ticks[0][0] == CATEGORY_COLOURS["thinking"] != ticks[1][0]
+    assert "tt-bin" not in svg
+    assert f'style="background: {CATEGORY_COLOURS["thinking"]}"></i>thinking delta</span>' in html
