@@ -120,12 +120,13 @@ def runs(readings: Iterable[Reading], rules: MatchRules) -> list[Run]:
     with the same method, path and operation when it is identical to it (the exchanges of
     other requests in between, as concurrent clients interleave them, do not break a
     run). A request that makes something (a message, a tool call) is a run of its own,
-    however often it was sent: each answer counts."""
+    however often it was sent: each answer counts. So is a stream taken up again after
+    another event (its Last-Event-ID): MCP's GET stream and its resumption are two."""
     found: list[Run] = []
-    last: dict[tuple[str, str, str | None], Run] = {}
+    last: dict[tuple[str, str | None, str, str | None], Run] = {}
     for reading in readings:
         r = reading.recorded
-        key = (r.method, r.path, reading.operation)
+        key = (r.method, r.as_request().header("Last-Event-ID"), r.path, reading.operation)
         run = last.get(key)
         if run is not None and reading.reads and same_request(r, run.last.recorded, rules):
             run.members.append(reading)

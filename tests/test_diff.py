@@ -376,6 +376,45 @@ def test_a_message_sent_twice_is_two_exchanges_each_compared(tmp_path: Path) -> 
     assert result.output.endswith("2 pairs, 1 differs, 0 only in A, 0 only in B\n")
 
 
+def mcp_get_stream(messages: list[dict[str, Any]], last_event_id: str | None) -> list[dict[str, Any]]:
+    """An MCP GET stream of the session, taken up after ``last_event_id`` when given."""
+    headers = [
+        ["Accept", "text/event-stream"],
+        ["Mcp-Session-Id", "s-1"],
+        ["MCP-Protocol-Version", "2025-11-25"],
+    ]
+    request = {
+        "method": "GET",
+        "path": "/mcp",
+        "headers": headers + ([["Last-Event-ID", last_event_id]] if last_event_id else []),
+    }
+    head = {"status": 200, "headers": [["Content-Type", "text/event-stream"]], "ttfb_ms": 2}
+    lines: list[dict[str, Any]] = [{"exchange": {"request": request, "response": head}}]
+    for n, m in enumerate(messages, 1):
+        lines.append({"chunk": {"offset_ms": 10 * n, "text": f"id: e{n}\ndata: {json.dumps(m)}\n\n"}})
+    return [*lines, {"end": {"duration_ms": 10 * len(messages) + 5}}]
+
+
+def test_an_mcp_get_stream_and_its_resumption_are_compared_apart(tmp_path: Path) -> None:
+    """The session's GET stream and the GET that takes a stream up again after an event
+    were one run of "identical" reads, the last alone compared: a change on the first
+    went unreported."""
+
+    def log(level: str, text: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": level, "data": text}}
+
+    def recording(path: Path, first: str) -> Path:
+        lines = mcp_get_stream([log("info", first)], None)
+        lines += mcp_get_stream([log("info", "counted 2 of 3")], "e1")
+        return cassette(path, lines)
+
+    a = recording(tmp_path / "a.jsonl", "counted 1 of 3")
+    b = recording(tmp_path / "b.jsonl", "server is on fire")
+    status, doc = diff_json(a, b)
+    assert status == 1 and [p["a"]["exchanges"] for p in doc["pairs"]] == [["a.jsonl:2"], ["a.jsonl:5"]], doc
+    assert [p["differs"] for p in doc["pairs"]] == [True, False], doc
+
+
 def test_kinds_artifacts_and_usage_show_what_changed(tmp_path: Path) -> None:
     """B skips the WORKING status, names its artifact otherwise and costs more credits."""
 
