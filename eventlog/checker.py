@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 from .a2a_terms import short_state
@@ -109,6 +110,7 @@ def report_log(
 def _only(names: Collection[str] | None) -> set[str] | None:
     if names is None:
         return None
+    names = listed(names, "protocols")
     unknown = sorted(set(names) - set(protocol_names()))
     if unknown:
         raise UsageError(f"unknown protocol {', '.join(unknown)}: known are {', '.join(protocol_names())}")

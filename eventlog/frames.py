@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from .a2a_terms import Binding, is_jsonrpc
@@ -29,10 +30,34 @@ class Frame:
     at_ns: int | None  # when it arrived (absolute when the exchange's start is known)
     c: Classification
     task_id: str | None  # the frame's own task id, else the one its exchange is about
-    payload: dict[str, Any] | None  # the JSON object (a JSON-RPC result unwrapped)
-    envelope: dict[str, Any] | None  # the JSON-RPC message around it
     event_type: str | None = None  # the SSE event field
     data: str = ""
+
+    @cached_property
+    def _json(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The payload and the envelope, read from the data when a rule first asks (most
+        frames of a long stream are never asked: their classification says enough)."""
+        if self.c.parse_error is not None or not self.data:
+            return None, None
+        try:
+            obj = load_json(self.data)
+        except (ValueError, RecursionError):
+            return None, None
+        if not isinstance(obj, dict):
+            return None, None
+        envelope = obj if is_jsonrpc(obj) else None
+        payload = obj.get("result") if envelope is not None else obj
+        return (payload if isinstance(payload, dict) else None), envelope
+
+    @property
+    def payload(self) -> dict[str, Any] | None:
+        """The JSON object (a JSON-RPC result unwrapped)."""
+        return self._json[0]
+
+    @property
+    def envelope(self) -> dict[str, Any] | None:
+        """The JSON-RPC message around it."""
+        return self._json[1]
 
 
 @dataclass
@@ -52,6 +77,7 @@ class Stream:
     request_body: Any = None  # the request body as JSON
     last_event_id: str | None = None  # the Last-Event-ID the request resumed from
     status: int | None = None
+    started_ns: int | None = None  # when the request was sent (None when the log does not say)
     frames: list[Frame] = field(default_factory=list)
 
     @property
@@ -100,10 +126,13 @@ class Repeats:
     def __init__(self) -> None:
         self._sent: list[set[str]] = []  # each earlier stream's event ids
 
-    def of(self, ids: Sequence[str | None], last_event_id: str | None) -> set[str]:
+    def of(self, ids: Sequence[str | None], last_event_id: str | None, subscribe: bool = False) -> set[str]:
         """The ids, among a stream's event ids (``ids``, all of them), that stand for
-        events sent again; the stream's ids are noted for the streams after it."""
-        continued = next((sent for sent in reversed(self._sent) if last_event_id in sent), set())
+        events sent again (``subscribe``: the stream subscribes to a task, and continues its
+        latest one); the stream's ids are noted for the streams after it."""
+        continued = next((sent for sent in reversed(self._sent) if last_event_id in sent), None)
+        if continued is None:
+            continued = self._sent[-1] if subscribe and self._sent else set()
         own = {i for i in ids if i is not None}
         self._sent.append(own)
         return own & continued
@@ -188,9 +217,10 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
             request.json(),
             request.header("Last-Event-ID"),
             recorded.status,
+            _start_ns(recorded.started_at),
         )
         reader = protocol.reader()
-        start = _start_ns(recorded.started_at)
+        start = stream.started_ns
         task_id = info.task_id
         if recorded.is_sse:
             for seq, event in enumerate(events_in(recorded.chunks)):
@@ -243,14 +273,4 @@ def _frame(
     c: Classification,
     task_id: str | None,
 ) -> Frame:
-    payload = envelope = None
-    if c.parse_error is None and data:
-        try:
-            obj = load_json(data)
-        except (ValueError, RecursionError):
-            obj = None
-        if isinstance(obj, dict):
-            envelope = obj if is_jsonrpc(obj) else None
-            payload = obj.get("result") if envelope is not None else obj
-            payload = payload if isinstance(payload, dict) else None
-    return Frame(seq, sse_id, complete, at_ns, c, c.task_id or task_id, payload, envelope, event_type, data)
+    return Frame(seq, sse_id, complete, at_ns, c, c.task_id or task_id, event_type, data)

@@ -11,7 +11,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, Binding, TaskState, short_state
-from .frames import Frame, Problem, Rule, Stream, readable
+from .frames import Frame, Problem, Repeats, Rule, Stream, readable
+from .requests import SUBSCRIBE_METHODS
 
 S = TaskState
 LEGAL: dict[str, frozenset[str]] = {
@@ -111,83 +112,104 @@ def stream_end(streams: Sequence[Stream]) -> Iterator[Problem]:
 @dataclass
 class _Artifact:
     texts: list[str]
-    closed_at: int | None = None  # the seq of its lastChunk
+    closed: tuple[Stream, Frame] | None = None  # where its lastChunk came
 
 
-def _artifact_steps(stream: Stream) -> Iterator[tuple[Frame, _Artifact | None]]:
-    """Each artifactUpdate of a stream, with what came before it for that artifact."""
+def _new_artifact_updates(streams: Sequence[Stream]) -> list[tuple[Stream, Frame]]:
+    """The artifactUpdates of the streams but those sent again: a task's stream that
+    continues an earlier one (a request with Last-Event-ID, a subscribe to the task) with
+    the id of an event that one sent repeats it (as the log's views read them)."""
+    repeats: dict[str | None, Repeats] = {}
+    updates = []
+    for stream in streams:
+        again: set[str] = set()
+        if stream.is_sse:  # (a plain response has no event ids)
+            task_repeats = repeats.setdefault(stream.task_id, Repeats())
+            subscribe = stream.request.rpc_method in SUBSCRIBE_METHODS
+            again = task_repeats.of([f.sse_id for f in stream.frames], stream.last_event_id, subscribe)
+        updates += [
+            (stream, f)
+            for f in stream.frames
+            if f.c.kind == A2AKind.ARTIFACT_UPDATE and f.sse_id not in again
+        ]
+    return updates
+
+
+def _artifact_steps(streams: Sequence[Stream]) -> Iterator[tuple[Stream, Frame, _Artifact | None]]:
+    """Each artifactUpdate, with what came before it for that artifact in its task: across
+    the task's streams in time order (a task resumed on a new stream goes on with the
+    artifacts an earlier one began), else in the order of the exchanges."""
+    updates = _new_artifact_updates(streams)
+    if all(f.at_ns is not None for _, f in updates):
+        updates.sort(key=lambda sf: sf[1].at_ns or 0)
     artifacts: dict[tuple[str | None, str | None], _Artifact] = {}
-    for frame in stream.frames:
+    for stream, frame in updates:
         c = frame.c
-        if c.kind != A2AKind.ARTIFACT_UPDATE:
-            continue
         key = (frame.task_id, c.artifact_id)
         before = artifacts.get(key)
-        yield frame, before
+        yield stream, frame, before
         text = c.text or ""
-        if before is None or before.closed_at is not None:
+        if before is None or before.closed is not None:
             artifacts[key] = _Artifact([text])
         elif c.append:
             before.texts.append(text)
         else:
             before.texts = [text]  # append false replaces what came before
         if c.last_chunk:
-            artifacts[key].closed_at = frame.seq
+            artifacts[key].closed = (stream, frame)
 
 
 def artifact_order(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Per artifact: the first delta has append false, later ones append true, nothing after lastChunk."""
-    for stream in streams:
-        for frame, before in _artifact_steps(stream):
-            c = frame.c
-            if c.artifact_id is None:
-                yield Problem(stream, frame, "an artifactUpdate without artifact.artifactId")
-            elif before is not None and before.closed_at is not None:
-                yield Problem(
-                    stream,
-                    frame,
-                    f"artifact {c.artifact_id} goes on after its lastChunk (event {before.closed_at})",
-                )
-            elif before is None and c.append:
-                yield Problem(
-                    stream,
-                    frame,
-                    f"the first event of artifact {c.artifact_id} has append true: nothing to append to",
-                )
-            elif before is not None and not c.append and not c.last_chunk:
-                yield Problem(
-                    stream,
-                    frame,
-                    f"a later delta of artifact {c.artifact_id} has append false, replacing the text so far",
-                )
+    for stream, frame, before in _artifact_steps(streams):
+        c = frame.c
+        if c.artifact_id is None:
+            yield Problem(stream, frame, "an artifactUpdate without artifact.artifactId")
+        elif before is not None and before.closed is not None:
+            closer, last = before.closed
+            where = f"event {last.seq}" if closer is stream else closer.label(last)
+            yield Problem(stream, frame, f"artifact {c.artifact_id} goes on after its lastChunk ({where})")
+        elif before is None and c.append:
+            yield Problem(
+                stream,
+                frame,
+                f"the first event of artifact {c.artifact_id} has append true: nothing to append to",
+            )
+        elif before is not None and not c.append and not c.last_chunk:
+            yield Problem(
+                stream,
+                frame,
+                f"a later delta of artifact {c.artifact_id} has append false, replacing the text so far",
+            )
 
 
 def last_chunk_text(streams: Sequence[Stream]) -> Iterator[Problem]:
     """A lastChunk that replaces the deltas (append false) carries exactly their text, joined."""
-    for stream in streams:
-        for frame, before in _artifact_steps(stream):
-            c = frame.c
-            if not c.last_chunk or c.append or before is None or before.closed_at is not None:
-                continue
-            joined, text = "".join(before.texts), c.text or ""
-            if joined != text:
-                at = next((i for i, (a, b) in enumerate(zip(joined, text, strict=False)) if a != b), None)
-                at = min(len(joined), len(text)) if at is None else at
-                yield Problem(
-                    stream,
-                    frame,
-                    f"the lastChunk of artifact {c.artifact_id} is not its {len(before.texts)} deltas "
-                    f"joined: "
-                    f"they differ at character {at} ({joined[at : at + 20]!r} vs {text[at : at + 20]!r})",
-                )
+    for stream, frame, before in _artifact_steps(streams):
+        c = frame.c
+        if not c.last_chunk or c.append or before is None or before.closed is not None:
+            continue
+        joined, text = "".join(before.texts), c.text or ""
+        if joined != text:
+            at = next((i for i, (a, b) in enumerate(zip(joined, text, strict=False)) if a != b), None)
+            at = min(len(joined), len(text)) if at is None else at
+            yield Problem(
+                stream,
+                frame,
+                f"the lastChunk of artifact {c.artifact_id} is not its {len(before.texts)} deltas "
+                f"joined: "
+                f"they differ at character {at} ({joined[at : at + 20]!r} vs {text[at : at + 20]!r})",
+            )
 
 
 def completed_message(streams: Sequence[Stream]) -> Iterator[Problem]:
     """A v1.0 COMPLETED statusUpdate carries no message: the answer is the artifact before it."""
     for stream in streams:
         for frame in stream.frames:
+            if frame.c.state != S.COMPLETED:
+                continue
             update = (frame.payload or {}).get("statusUpdate")
-            if frame.c.state != S.COMPLETED or not isinstance(update, dict):
+            if not isinstance(update, dict):
                 continue
             status = update.get("status")
             if isinstance(status, dict) and status.get("message") is not None:

@@ -10,6 +10,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -590,12 +591,42 @@ def _reconnects(log: EventLog, exchange_ids: list[int], origin: int) -> list[Rec
 
 
 def _findings(log: EventLog, exchange_ids: list[int]) -> tuple[list[Finding], str | None]:
-    """The lifecycle checker's findings about these exchanges, computed now."""
+    """The lifecycle checker's findings about these exchanges: computed when the page is
+    first drawn, and again once the log has changed."""
+    findings, error = _checked(str(log.path), tuple(exchange_ids), _file_state(log.path))
+    return list(findings), error
+
+
+# A file's (inode, size, modification time), None when it is missing.
+FileState = tuple[int, int, int] | None
+
+
+def _file_state(path: Path) -> tuple[FileState, FileState]:
+    """What tells that a log was written to since: its file's state, and its WAL's (a
+    write goes there until a checkpoint moves it into the file)."""
+
+    def state(p: Path) -> FileState:
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    return state(path), state(path.with_name(path.name + "-wal"))
+
+
+@lru_cache(maxsize=16)
+def _checked(
+    path: str, exchange_ids: tuple[int, ...], file_state: tuple[FileState, FileState]
+) -> tuple[tuple[Finding, ...], str | None]:
+    """The checker's findings about exchanges of a log as it is (``file_state``): a task of
+    100,000 events takes seconds to check, so a page drawn again reuses them."""
     # Datasette imports this plugin in every run in the environment; the checker is
     # needed only when a task page is asked for.
     from tasktape.eventlog.checker import check_log  # noqa: PLC0415
 
     try:
-        return check_log(log, exchange_ids), None
+        with EventLog(path) as log:
+            return tuple(check_log(log, exchange_ids)), None
     except Exception as exc:  # a checker bug must not hide the run itself
-        return [], f"{type(exc).__name__}: {exc}"
+        return (), f"{type(exc).__name__}: {exc}"

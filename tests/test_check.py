@@ -209,6 +209,36 @@ def test_a_task_resumed_in_a_new_stream_carries_its_state_over() -> None:
     assert finding.message.startswith("COMPLETED (in t.jsonl:2 event 2) -> INPUT_REQUIRED is not a legal")
 
 
+def test_a_task_resumed_in_a_new_stream_goes_on_with_the_artifact_it_began() -> None:
+    """After INPUT_REQUIRED a new message resumes the task on a new stream, whose first
+    artifact events append to the artifact the first stream began: they continue it, and
+    its replacing lastChunk holds the text of both streams. An append to an artifact no
+    stream of the task began is still one with nothing to append to."""
+    began = [task(T, C), artifact(T, C, "a", "Hello "), status(T, C, "TASK_STATE_INPUT_REQUIRED")]
+    asked = stream(began, started_at="2026-01-01T00:00:00.000000Z", origin="t.jsonl:2")
+    goes_on = [
+        task(T, C, "TASK_STATE_INPUT_REQUIRED"),
+        status(T, C, "TASK_STATE_WORKING"),
+        artifact(T, C, "a", "wor", append=True),
+        artifact(T, C, "a", "ld", append=True),
+        artifact(T, C, "a", "Hello world", last_chunk=True),
+        status(T, C, "TASK_STATE_COMPLETED"),
+    ]
+    resumed = stream(goes_on, started_at="2026-01-01T00:00:01.000000Z", origin="t.jsonl:9")
+    assert rules_broken(asked, resumed) == []
+    other = stream(
+        [task(T, C), artifact(T, C, "b", "x", append=True), status(T, C, "TASK_STATE_COMPLETED")],
+        origin="t.jsonl:20",
+    )
+    (finding,) = check_recorded([other])
+    assert (finding.rule, finding.exchange, finding.seq, finding.message) == (
+        "artifact-order",
+        "t.jsonl:20",
+        1,
+        "the first event of artifact b has append true: nothing to append to",
+    )
+
+
 def test_overlapping_exchanges_are_followed_in_arrival_order() -> None:
     # A resubscribe opened while the first stream still ran: its snapshot (WORKING) came
     # before the first stream's COMPLETED, though its exchange comes second.

@@ -21,8 +21,10 @@ from conftest import RecordFactory
 
 from tasktape.cli import main
 from tasktape.demo import run_demo
+from tasktape.errors import UsageError
+from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import read_cassette, write_cassette
-from tasktape.eventlog.checker import all_rules
+from tasktape.eventlog.checker import all_rules, check_log
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
 
@@ -255,3 +257,15 @@ def test_protocol_selects_whose_rules_run(tmp_path: Path) -> None:
     assert {f["rule"] for f in doc["findings"]} == {"mcp-result-xor-error"}
     unknown = check(mixed, "--protocol", "grpc")
     assert unknown.exit_code == 2 and "unknown protocol grpc" in unknown.output
+
+
+def test_protocols_given_as_one_string_are_refused(tmp_path: Path) -> None:
+    """From Python, ``protocols="a2a"`` would be read letter by letter ("unknown protocol
+    2, a"): a single string is refused with what to write instead."""
+    with LogWriter(tmp_path / "log.db"):
+        pass
+    with EventLog(tmp_path / "log.db") as log, pytest.raises(UsageError) as refused:
+        check_log(log, protocols="a2a")
+    assert str(refused.value) == "protocols is a list of names, not one string: write ['a2a']"
+    with EventLog(tmp_path / "log.db") as log:
+        assert check_log(log, protocols=["a2a"]) == []

@@ -241,3 +241,31 @@ async def test_a_streams_thinking_is_drawn_apart_from_its_answer(ds: Datasette, 
     assert ticks[0][0] == CATEGORY_COLOURS["thinking"] != ticks[1][0]
     assert "tt-bin" not in svg
     assert f'style="background: {CATEGORY_COLOURS["thinking"]}"></i>thinking delta</span>' in html
+
+
+async def test_a_task_pages_findings_are_those_of_its_log_as_it_is_now(tmp_path: Path) -> None:
+    """Checking a big task takes seconds, so its page reuses its findings while the log
+    stays as it was; once the recorder writes more of the stream (the same exchange), the
+    page shows the findings of the stream as it is now."""
+    path, live = tmp_path / "live.db", "task.live"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        x = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
+        frames = [task(live, "c"), status(live, "c", "TASK_STATE_WORKING")]
+        frames += [artifact(live, "c", "a", f"t{i} ", append=i > 0) for i in range(DELTAS)]
+        frames += [status(live, "c", "TASK_STATE_COMPLETED"), status(live, "c", "TASK_STATE_WORKING")]
+        pieces = sse(frames)
+        for n, data in enumerate(pieces[:-2], 1):
+            w.chunk(x, n * MS // 10, data)
+        w.flush()
+        ds = create_datasette(path)
+        for _ in range(2):
+            html = await page(ds, f"/live/-/task/{live}")
+            assert "the lifecycle checks pass" in html and "is not a legal transition" not in html
+        for n, data in enumerate(pieces[-2:], len(pieces) - 1):
+            w.chunk(x, n * MS // 10, data)
+        w.end_exchange(x, duration_ns=(len(pieces) + 1) * MS // 10)
+        w.flush()
+        html = await page(ds, f"/live/-/task/{live}")
+    assert "COMPLETED -&gt; WORKING is not a legal transition" in html, html[:3000]

@@ -222,3 +222,35 @@ def test_check_finds_no_fault_in_streams_that_number_events_alike(tmp_path: Path
     result = CliRunner().invoke(main, ["check", "--no-save", str(mcp_log(tmp_path))])
     assert result.exit_code == 0, result.output
     assert "no rule broken" in result.output
+
+
+def test_ids_used_again_in_a_session_once_answered_are_new_requests(tmp_path: Path) -> None:
+    """A client that numbers each round of calls from 1 again, in one session, sends new
+    requests (ids need be unique only among requests under way): each answered once breaks
+    no rule. A response no waiting request accounts for is reported once, with where the
+    request's first answer came, and saved once."""
+    path = tmp_path / "rounds.db"
+    ok = {"content": [{"type": "text", "text": "ok"}]}
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        # A GET opened before the calls answers request 2 once more after the last round.
+        get = w.begin_exchange(
+            cap, method="GET", path="/mcp", request_headers=[("mcp-session-id", "S")], started_ns=T0
+        )
+        for round_ in range(3):
+            for rpc_id in (1, 2, 3):
+                mcp_call(w, cap, rpc_id, "fine", ok, (round_ * 3 + rpc_id) * 1000)
+        w.response_head(
+            get, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS
+        )
+        again = {"jsonrpc": "2.0", "id": 2, "result": ok}
+        w.chunk(get, 20_000 * MS, f"id: g1\nevent: message\ndata: {json.dumps(again)}\n\n".encode())
+        w.end_exchange(get, duration_ns=20_010 * MS)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    lines = [line for line in result.output.splitlines() if line.startswith("-  ")]
+    assert lines == [
+        f"-  {path.name} exchange 1 event 0  mcp-one-response: "
+        "a second response to request 2 (the first: exchange 9 event 1)"
+    ], result.output
+    with EventLog(path) as log:
+        assert [r["exchange_id"] for r in log.db.query("SELECT exchange_id FROM findings")] == [1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -295,42 +296,100 @@ def _bad_ids(stream: Stream, frame: Frame | None, message: Any) -> Iterator[Prob
         yield Problem(stream, frame, f"id {json.dumps(message['id'])} is no string, number or null")
 
 
+@dataclass
+class _Request:
+    """A client's request in a session, and where its first response came."""
+
+    stream: Stream
+    key: tuple[str, Any]
+    answer: str | None = None  # the label of the frame that answered it
+
+
+@dataclass(frozen=True)
+class _Response:
+    """A response in a session, to be matched with the request it answers."""
+
+    stream: Stream
+    frame: Frame
+    key: tuple[str, Any]
+
+
 def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
     """Each request gets one response in its session: on its POST stream, or the GET that resumed it."""
     for session in _sessions(streams):
-        answers: dict[tuple[str, Any], list[tuple[Stream, Frame]]] = {}
+        steps: list[_Request | _Response] = []
         repeats = Repeats()
         for stream in session:
-            # A server's request, and a client's answer to one, need an id the other can match.
-            if message_kind(stream.request_body) in (MCPKind.RESPONSE, MCPKind.ERROR):
-                yield from _bad_ids(stream, None, stream.request_body)
-            again = _sent_again(repeats, stream)
-            for frame, message in _messages(stream):
-                kind = message_kind(message)
-                if kind is MCPKind.REQUEST:
-                    yield from _bad_ids(stream, frame, message)
-                if kind not in (MCPKind.RESPONSE, MCPKind.ERROR) or frame.sse_id in again:
-                    continue
-                if (key := id_key(message.get("id"))) is None:
-                    yield from _bad_ids(stream, frame, message)
-                    continue
-                answers.setdefault(key, []).append((stream, frame))
-        for stream in session:
-            body = stream.request_body
-            if message_kind(body) is not MCPKind.REQUEST or stream.status is None or stream.status >= 400:
+            yield from _read_exchange(stream, _sent_again(repeats, stream), steps)
+        yield from _answered_twice(_in_time_order(steps))
+        for step in steps:
+            if not isinstance(step, _Request) or step.answer is not None:
                 continue
-            if (key := id_key(body["id"])) is None:
-                yield from _bad_ids(stream, None, body)
-                continue
-            got = answers.get(key, [])
-            if not got and not _cut_short(stream, session):
+            stream, body = step.stream, step.stream.request_body
+            if stream.status is not None and stream.status < 400 and not _cut_short(stream, session):
                 yield Problem(stream, None, f"request {body['id']!r} ({body['method']}) got no response")
-            for other, frame in got[1:]:
-                yield Problem(
-                    other,
-                    frame,
-                    f"a second response to request {body['id']!r} (the first: {got[0][0].label(got[0][1])})",
-                )
+
+
+def _read_exchange(stream: Stream, again: set[str], steps: list[_Request | _Response]) -> Iterator[Problem]:
+    """An exchange's ids that are no one's, and (into ``steps``) the request it sends and
+    the responses it carries, but for those sent again."""
+    body = stream.request_body
+    # A server's request, and a client's answer to one, need an id the other can match.
+    if message_kind(body) in (MCPKind.RESPONSE, MCPKind.ERROR):
+        yield from _bad_ids(stream, None, body)
+    elif message_kind(body) is MCPKind.REQUEST:
+        if (key := id_key(body["id"])) is not None:
+            steps.append(_Request(stream, key))
+        elif stream.status is not None and stream.status < 400:
+            yield from _bad_ids(stream, None, body)
+    for frame, message in _messages(stream):
+        kind = message_kind(message)
+        if kind is MCPKind.REQUEST:
+            yield from _bad_ids(stream, frame, message)
+        if kind not in (MCPKind.RESPONSE, MCPKind.ERROR) or frame.sse_id in again:
+            continue
+        if (key := id_key(message.get("id"))) is None:
+            yield from _bad_ids(stream, frame, message)
+        else:
+            steps.append(_Response(stream, frame, key))
+
+
+def _in_time_order(steps: list[_Request | _Response]) -> list[_Request | _Response]:
+    """A session's requests and responses as they were sent, when the log says when (a
+    standing GET opened before a request may answer it); else in the order of the
+    exchanges."""
+    times = [s.stream.started_ns if isinstance(s, _Request) else s.frame.at_ns for s in steps]
+    if any(t is None for t in times):
+        return steps
+    return [step for _, step in sorted(zip(times, steps, strict=True), key=lambda ts: ts[0])]
+
+
+def _answered_twice(steps: list[_Request | _Response]) -> Iterator[Problem]:
+    """Each response answers the request with its id still waiting for one (that of its own
+    POST stream, else the latest sent): a client may use an id again once its request is
+    answered. A response no waiting request accounts for is a second one."""
+    waiting: dict[tuple[str, Any], list[_Request]] = {}
+    latest: dict[tuple[str, Any], _Request] = {}
+    for step in steps:
+        if isinstance(step, _Request):
+            waiting.setdefault(step.key, []).append(step)
+            latest[step.key] = step
+            continue
+        candidates = waiting.get(step.key, [])
+        if (request := _answered(step, candidates)) is not None:
+            request.answer = step.stream.label(step.frame)
+            candidates.remove(request)
+        elif (first := latest.get(step.key)) is not None:
+            rid = first.stream.request_body["id"]
+            yield Problem(
+                step.stream, step.frame, f"a second response to request {rid!r} (the first: {first.answer})"
+            )
+
+
+def _answered(response: _Response, waiting: list[_Request]) -> _Request | None:
+    """The request a response answers, among those waiting with its id."""
+    own = next((r for r in waiting if r.stream is response.stream), None)
+    return own or (waiting[-1] if waiting else None)
 
 
 def _sent_again(repeats: Repeats, stream: Stream) -> set[str]:
