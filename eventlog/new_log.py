@@ -29,8 +29,8 @@ def create(db: sqlite_utils.Database, migrations: Migrations, names: list[str]) 
     with every migration in ``names`` recorded as applied."""
     statements = NEW_LOG_SQL.read_text().split(_END)
     now = str(datetime.now(UTC))
-    migrations.ensure_migrations_table(db)
-    with db.atomic():
+    with db.atomic():  # the table of migrations too: a log is never seen half made
+        migrations.ensure_migrations_table(db)
         for sql in filter(None, (s.strip() for s in statements)):
             db.execute(sql)
         db.conn.executemany(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -740,6 +741,10 @@ INDEX_TEXT = (
 
 
 PAGE_SIZE = 16384  # a new log's; older logs keep theirs
+BUSY_MS = 5000  # how long an opener waits for another process's lock on the log
+# How long a reader waits for an empty file to become a log: a writer that has just made
+# the file (its lock, its connection) has yet to make the log in it.
+EMPTY_WAIT_S = 1.0
 
 
 def open_db(
@@ -760,7 +765,7 @@ def open_db(
             )
         else:
             conn = sqlite3.connect(path, check_same_thread=check_same_thread, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         db = sqlite_utils.Database(conn)
         _check_and_upgrade(db, path, readonly=readonly)
     except sqlite3.DatabaseError as exc:
@@ -769,6 +774,19 @@ def open_db(
 
 
 def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool) -> None:
+    applied = _applied(db, path)
+    if len(applied) < len(KNOWN):  # (a log of this version, the usual case, is read once)
+        if readonly:
+            _check_for_reading(db, path, applied)
+        else:
+            _make_or_upgrade(db, path, applied)
+    if not readonly:
+        db.enable_wal()
+        db.execute("PRAGMA synchronous = NORMAL")
+
+
+def _applied(db: sqlite_utils.Database, path: Path) -> list[str]:
+    """The migrations the log has had; a SchemaTooNew if this version does not know one."""
     applied = [m.name for m in migrations.applied(db)]
     unknown = [name for name in applied if name not in KNOWN]
     if unknown:
@@ -777,27 +795,69 @@ def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool)
             f"are unknown to this version, which knows schema version {SCHEMA_VERSION}); "
             "upgrade tasktape to read it"
         )
-    if not applied and db.table_names():
+    return applied
+
+
+def _refuse_other_database(db: sqlite_utils.Database, path: Path) -> None:
+    if db.table_names():
         raise LogError(f"{path} is an SQLite database but not a tasktape event log")
-    if not applied and readonly:  # an empty file (or database): nothing to read, nothing to upgrade
-        raise LogError(f"{path} is empty: not an event log")
-    if not applied and not readonly:
+
+
+def _make_or_upgrade(db: sqlite_utils.Database, path: Path, applied: list[str]) -> None:
+    """Make the log, or upgrade it, in one exclusive transaction: another process opening it
+    meanwhile waits for the lock (its busy timeout), then finds the log made, never half of
+    it; and of several at once, one makes it and the others find it made."""
+    if not applied:
         # A new log: pages of 16 KiB hold more rows each, so that an event row costs its
-        # B-trees about an eighth fewer instructions to insert than with 4 KiB pages.
+        # B-trees about an eighth fewer instructions to insert than with 4 KiB pages. (Set
+        # before the transaction, in which SQLite no longer changes it; a database that
+        # is not empty keeps its own.)
         db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        new_log.create(db, migrations, KNOWN)
+    db.execute("BEGIN EXCLUSIVE")
+    try:
+        applied = _applied(db, path)  # again, under the lock: another may have made it
+        if not applied:
+            _refuse_other_database(db, path)
+            new_log.create(db, migrations, KNOWN)
+        elif len(applied) < len(KNOWN):
+            migrations.apply(db)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    elif len(applied) < len(KNOWN):
-        if readonly:
-            raise SchemaTooOld(
-                f"{path} uses schema version {len(applied)}, older than this tasktape's "
-                f"{SCHEMA_VERSION}: upgrade it in place with: tasktape upgrade {shlex.quote(str(path))}"
-            )
-        migrations.apply(db)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    if not readonly:
-        db.enable_wal()
-        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.conn.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _applied_once_made(db: sqlite_utils.Database, path: Path, applied: list[str]) -> list[str]:
+    """The migrations of a log opened for reading, once it is made: a file still empty may
+    be one a writer has just made (its lock, its connection) and is about to make a log of."""
+    deadline = time.monotonic() + EMPTY_WAIT_S
+    while not applied and time.monotonic() < deadline:
+        # Looked at before the read: a file no longer empty is read once its writer's lock
+        # is gone, as the whole log (or whatever else it is), never half of one.
+        if not _is_empty(path):
+            return _applied(db, path)
+        time.sleep(0.02)
+        applied = _applied(db, path)
+    return applied
+
+
+def _is_empty(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size == 0
+
+
+def _check_for_reading(db: sqlite_utils.Database, path: Path, applied: list[str]) -> None:
+    """Refuse, for reading, what is no log (yet) or a log older than this version's."""
+    applied = _applied_once_made(db, path, applied)
+    if not applied:
+        _refuse_other_database(db, path)
+        raise LogError(f"{path} is empty: not an event log")  # nothing to read, nothing to upgrade
+    if len(applied) < len(KNOWN):
+        raise SchemaTooOld(
+            f"{path} uses schema version {len(applied)}, older than this tasktape's "
+            f"{SCHEMA_VERSION}: upgrade it in place with: tasktape upgrade {shlex.quote(str(path))}"
+        )
 
 
 def named_kind(path: Path) -> FileKind:

@@ -18,9 +18,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from tasktape.errors import UsageError
+from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.schema import open_db
 
 from .names import own_consumer
@@ -77,6 +78,10 @@ FROM {db}.events AS e FINAL JOIN {db}.exchanges AS x FINAL ON x.uid = e.exchange
 WHERE e.task_id IS NOT NULL GROUP BY e.task_id""",
 }
 _TYPES = {"INTEGER": "Int64", "TEXT": "String", "BLOB": "String", "FLOAT": "Float64", "REAL": "Float64"}
+# What the client takes from a server URL's scheme, user, password, host, port and path: named
+# in its query as well, the client would be given it twice (and a password there would be
+# shown wherever the URL is).
+_NOT_IN_QUERY = frozenset({"interface", "host", "port", "username", "password", "database", "access_token"})
 
 
 def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
@@ -99,18 +104,34 @@ def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
         path.mkdir(parents=True, exist_ok=True)
         return clickhouse_connect.get_client(dsn=f"chdb://{path}"), DATABASE
     if url.startswith(("http://", "https://")):
-        parts = urlsplit(url)
-        server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
-        return clickhouse_connect.get_client(dsn=server), parts.path.strip("/") or DATABASE
+        return _server_client(clickhouse_connect, url)
     raise UsageError(f"{url!r} is not a ClickHouse URL: http://HOST:8123, chdb:///ABS/PATH or chdb://REL")
 
 
-def shown(url: str) -> str:
-    """``url`` as said to the user: without the user and password it may carry."""
+def _server_client(clickhouse_connect: Any, url: str) -> tuple[Any, str]:
+    """The client of a server's ``http(s)://`` URL, whose query gives the client's options
+    (``?compress=zstd``); an option it cannot take is a UsageError."""
+    from clickhouse_connect.driver.exceptions import ProgrammingError  # noqa: PLC0415 - an extra
+
     parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url  # (as written: chdb:///ABS/PATH would not come back whole from urlunsplit)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    named = sorted({name.lower() for name, _ in parse_qsl(parts.query)} & _NOT_IN_QUERY)
+    if named:
+        raise UsageError(
+            f"{shown(url)}: a ClickHouse URL gives {' and '.join(named)} in its user, host and path "
+            "(http://USER:PASSWORD@HOST:PORT/DATABASE), not in its query"
+        )
+    server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+    try:
+        client = clickhouse_connect.get_client(dsn=server)
+    except (TypeError, ValueError, ProgrammingError) as exc:  # an option unknown, or its value
+        raise UsageError(f"{shown(url)}: the ClickHouse client takes no such URL: {exc}") from None
+    return client, parts.path.strip("/") or DATABASE
+
+
+def shown(url: str) -> str:
+    """``url`` as said to the user: without the user and password it may carry, and with
+    the values of its query's credentials (``password``, ``access_token``...) redacted."""
+    return Redactor().url(url)
 
 
 @contextlib.contextmanager

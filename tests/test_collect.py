@@ -21,7 +21,8 @@ from nats_servers import NatsCluster
 from processes import stop
 
 from tasktape.errors import LogBusy
-from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter
+from tasktape.eventlog.schema import schema_version
 from tasktape.fleet.collector import Collector
 from tasktape.fleet.jetstream import ensure_stream
 from tasktape.fleet.names import STREAM, SUBJECTS, parse_servers
@@ -110,6 +111,39 @@ def test_a_sink_is_not_shared_with_a_recorder(tmp_path: Path) -> None:
         SqliteSink(fleet)
     with SqliteSink(fleet), pytest.raises(LogBusy):
         LogWriter(fleet)
+
+
+@pytest.mark.parametrize("command", ["collect", "pull"])
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("password=sk-live-1", "http://127.0.0.1:9/?password=[REDACTED]: a ClickHouse URL gives password in"),
+        (
+            "bogus=1&token=sk-live-1",
+            "http://127.0.0.1:9/?bogus=1&token=[REDACTED]: the ClickHouse client takes no such URL: ",
+        ),
+    ],
+)
+def test_a_clickhouse_url_the_client_cannot_take_is_a_usage_error(
+    tmp_path: Path, command: str, query: str, said: str
+) -> None:
+    """A password in the URL's query (it goes before the host), or an option the client does
+    not know: refused in one line, the URL shown without its credentials, before anything
+    is reached (no traceback)."""
+    url = f"http://127.0.0.1:9/?{query}"
+    args = {
+        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
+        "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", command, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and said in done.stderr, done.stderr
+    assert "sk-live" not in done.stderr + done.stdout and "Traceback" not in done.stderr
 
 
 def test_a_broker_never_reached_is_said_and_until_idle_gives_up_on_it(tmp_path: Path) -> None:
@@ -333,3 +367,29 @@ def _events(db: Path) -> int:
             return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
     except sqlite3.OperationalError:
         return 0
+
+
+def test_collectors_started_together_on_a_new_log_all_collect_into_it(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """Collectors started at once on a log not made yet: one makes it, the others wait for
+    it and find it made (none says it is another program's database, or locked)."""
+    for trial in range(4):
+        fleet = tmp_path / f"fleet{trial}.db"
+        args = ["collect", "--from", nats_node.url, "--db", str(fleet), "--until-idle", "0.5"]
+        collectors = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tasktape", *args, "--consumer", f"c{trial}-{n}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for n in range(3)
+        ]
+        try:
+            said = [c.communicate(timeout=60)[1] for c in collectors]
+        finally:
+            for c in collectors:
+                stop(c)
+        assert [c.returncode for c in collectors] == [0, 0, 0], (trial, said)
+        assert schema_version(fleet) == SCHEMA_VERSION and "Error" not in "".join(said)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -236,6 +240,96 @@ def test_what_is_not_a_log_is_refused(tmp_path: Path) -> None:
         open_db(garbage)
     with pytest.raises(LogError, match="cannot open"):
         EventLog(tmp_path / "missing.db")
+
+
+# A process that opens the log named by each line it reads ("rw PATH" to write, "ro PATH"
+# to read), and answers each with "ok" or the error it got.
+_OPENER = """
+import sys
+from tasktape.errors import LogError
+from tasktape.eventlog import open_db
+for line in sys.stdin:
+    mode, path = line.rstrip("\\n").split(" ", 1)
+    try:
+        open_db(path, readonly=mode == "ro").close()
+        print("ok", flush=True)
+    except LogError as exc:
+        print(exc, flush=True)
+"""
+
+
+@contextmanager
+def _openers(modes: list[str], cwd: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes started beforehand (imports done), so that they open a log at once."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd
+        )
+        for _ in modes
+    ]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _open_at_once(procs: list[subprocess.Popen[str]], modes: list[str], path: Path) -> list[str]:
+    for proc, mode in zip(procs, modes, strict=True):
+        assert proc.stdin is not None
+        proc.stdin.write(f"{mode} {path}\n")
+        proc.stdin.flush()
+    return [proc.stdout.readline().strip() for proc in procs if proc.stdout is not None]
+
+
+def test_processes_opening_a_new_log_at_once_all_open_it(tmp_path: Path) -> None:
+    """Writers (recorders, collectors) and readers (inspect) opening a log made meanwhile:
+    one writer makes it, in one step, the others wait for it; none finds half a log and
+    calls it another program's database, or finds it locked."""
+    modes = ["rw", "rw", "rw", "ro"]
+    with _openers(modes, tmp_path) as procs:
+        for trial in range(12):
+            log = tmp_path / f"log{trial}.db"
+            log.touch()  # as a recorder's writer lock makes it, before the log is made in it
+            assert _open_at_once(procs, modes, log) == ["ok"] * len(modes), trial
+            assert _applied(log) == KNOWN
+
+
+def test_processes_opening_an_older_log_at_once_upgrade_it_once(tmp_path: Path) -> None:
+    """Writers opening an older log at once: one upgrades it, in one step, the others wait
+    and find it upgraded (none runs a migration again, or finds the log locked)."""
+    modes = ["rw", "rw", "rw"]
+    with _openers(modes, tmp_path) as procs:
+        for trial in range(4):
+            log = tmp_path / f"old{trial}.db"
+            db = sqlite_utils.Database(log)
+            db.enable_wal()
+            migrations.apply(db, stop_before="0004_search_and_findings")
+            db.close()
+            assert _open_at_once(procs, modes, log) == ["ok"] * len(modes), trial
+            assert _applied(log) == KNOWN
+
+
+def test_another_programs_database_opened_at_once_is_still_refused(tmp_path: Path) -> None:
+    """Waiting for a log being made does not make one of another program's database, even
+    one with sqlite-utils' table of migrations: each opener refuses it, and it is left as it was."""
+    notes, migrated = tmp_path / "notes.db", tmp_path / "migrated.db"
+    with sqlite3.connect(notes) as conn:
+        conn.execute("CREATE TABLE notes (text)")
+    conn.close()
+    other = sqlite_utils.Database(migrated)
+    other_migrations = sqlite_utils.migrations.Migrations("another_app")
+    other_migrations(name="0001")(lambda db: db["notes"].create({"text": str}))
+    other_migrations.apply(other)
+    other.close()
+    modes = ["rw", "rw", "ro"]
+    with _openers(modes, tmp_path) as procs:
+        for db in (notes, migrated):
+            before = db.read_bytes()
+            said = _open_at_once(procs, modes, db)
+            assert said == [f"{db} is an SQLite database but not a tasktape event log"] * len(modes)
+            assert db.read_bytes() == before
 
 
 def test_tasktape_upgrade_brings_an_older_log_to_this_version(tmp_path: Path) -> None:
