@@ -236,7 +236,8 @@ class ExchangeRows:
 
     def _request_body(self, body: bytes | None) -> tuple[bytes | None, str | None]:
         """The request body as the log keeps it: decoded from its Content-Encoding (and
-        the encoding it was decoded from), then redacted. The client's bytes went to the
+        the encoding it was decoded from), then redacted (a form's fields as its
+        Content-Type says they are spelt). The client's bytes went to the
         upstream as they were; one that cannot be decoded is kept as sent, or not at all
         when JSON fields are to be redacted from it."""
         if body is None:
@@ -250,7 +251,8 @@ class ExchangeRows:
             self._request_error = f"request body: {why}: it is stored as sent"
             return body, None
         encoding = self._request_encoding if decoded is not body else None
-        return self._redactor.json_bytes(decoded), encoding
+        content_type = next((v for k, v in self._headers_seen if k.lower() == "content-type"), None)
+        return self._redactor.request_bytes(decoded, content_type), encoding
 
     def head(
         self,

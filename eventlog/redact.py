@@ -3,13 +3,17 @@
 Headers and query parameters are redacted by name (case-insensitive); so are the query
 parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` headers, of
 each ``<URL>`` in a ``Link`` header (RFC 8288: paging links often carry a token) and of
-``Refresh``'s ``url=``, and their user and password are left out. JSON
-fields are named by JSON pointers (RFC 6901, plus ``*`` for any key or index, e.g.
-``/params/message/metadata/apiKey`` or ``/*/metadata/token``). A redacted JSON value is
-replaced in the original bytes, so the rest of the document keeps its exact formatting;
+``Refresh``'s ``url=``, and their user and password are left out; a fragment's
+``name=value`` list is redacted as a query is (``#access_token=...``). So are the fields of
+a form request body (``application/x-www-form-urlencoded``, ``multipart/form-data``), by
+the same names. JSON fields are named by JSON pointers (RFC 6901, plus ``*`` for any key
+or index, e.g. ``/params/message/metadata/apiKey`` or ``/*/metadata/token``). A redacted
+JSON value is replaced in the original bytes, so the rest of the document keeps its exact
+formatting;
 when that cannot be done safely, the document is re-serialized with the values replaced.
 Every copy of a redacted value in the same document is replaced too (a key equal to one
-included). Text that looks like JSON but cannot be read is replaced whole, since it could
+included). In a JSON-RPC batch (an array of JSON-RPC messages) a pointer applies to each
+message too. Text that looks like JSON but cannot be read is replaced whole, since it could
 hold what should not be kept.
 """
 
@@ -18,6 +22,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
+from email.message import Message
+from email.parser import BytesHeaderParser
+from email.policy import compat32
+from email.utils import collapse_rfc2231_value
+from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -25,7 +34,10 @@ from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 REDACTED = "[REDACTED]"
-DEFAULT_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key")
+DEFAULT_HEADERS = (
+    "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key",
+    "x-goog-api-key", "x-auth-token", "private-token",
+)  # fmt: skip
 # Headers whose value is a URL, which can carry a credential in its query string or its
 # user and password.
 URL_HEADERS = frozenset(("referer", "location", "content-location"))
@@ -37,9 +49,16 @@ LINK_HEADERS = frozenset(("link",))
 _LINK_TARGET = re.compile(r"<([^>]*)>")
 # Query parameters that carry credentials in the APIs agents are commonly reached through.
 DEFAULT_QUERY = (
-    "key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "password", "secret",
-    "client_secret", "signature", "sig", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+    "key", "api_key", "apikey", "api-key", "access_token", "access-token", "refresh_token", "id_token",
+    "token", "auth", "password", "secret", "client_secret", "signature", "sig", "x-amz-signature",
+    "x-amz-credential", "x-amz-security-token",
 )  # fmt: skip
+# Words that, in an option's name, say its value is a credential (beside the query
+# parameters redacted): ``--passwd``, ``--pw``, ``--credentials``, ``--bearer``.
+CREDENTIAL_WORDS = frozenset(("passwd", "pw", "credentials", "bearer"))
+# Options that give a request header as ``NAME: VALUE`` in the same argument (curl's
+# ``--header=NAME: VALUE``, ``-HNAME: VALUE``).
+HEADER_OPTIONS = ("--header=", "-H")
 
 
 class Redactor:
@@ -87,19 +106,26 @@ class Redactor:
 
     def url(self, url: str) -> str:
         """A URL (absolute or relative) with its query string redacted (:meth:`query`), and
-        its user and password left out."""
-        url = hide_credentials(url)
-        head, question, rest = url.partition("?")
-        if not question:
-            return url
-        query, hash_, fragment = rest.partition("#")
-        return f"{head}?{self.query(query)}{hash_}{fragment}"
+        its user and password left out. So is a fragment's ``name=value`` list: an OAuth
+        implicit grant returns its token there (``#access_token=...``)."""
+        before, hash_, fragment = hide_credentials(url).partition("#")
+        head, question, query = before.partition("?")
+        if question:
+            before = f"{head}?{self.query(query)}"
+        return f"{before}{hash_}{self._fragment(fragment)}" if hash_ else before
+
+    def _fragment(self, fragment: str) -> str:
+        """A fragment with its parameters redacted as a query's are; those after a '?' too,
+        as a single-page app's route has them (``#/callback?access_token=...``)."""
+        route, question, query = fragment.partition("?")
+        return f"{route}?{self.query(query)}" if question else self.query(fragment) or ""
 
     def argv(self, argv: Iterable[str]) -> list[str]:
         """Command-line arguments as a log keeps them: the value of an option named for a
         credential (``--api-key VALUE``, ``--password=VALUE``, ``token=VALUE``: a word of its
-        name is a query parameter redacted here) or of a credential header given as
-        ``NAME: VALUE`` redacted; URLs as :meth:`url` keeps them."""
+        name is a query parameter redacted here, or one of :data:`CREDENTIAL_WORDS`) or of a
+        credential header given as ``NAME: VALUE`` (``--header=NAME: VALUE`` and
+        ``-HNAME: VALUE`` too) redacted; URLs as :meth:`url` keeps them."""
         out: list[str] = []
         value_next = False
         for arg in argv:
@@ -108,25 +134,29 @@ class Redactor:
                 value_next = False
                 continue
             name, equals, _ = arg.partition("=")
-            header, colon, _ = arg.partition(":")
             if self._names_credential(name):
                 out.append(f"{name}={REDACTED}" if equals else arg)
                 value_next = not equals and name.startswith("-")
-            elif colon and header.strip().lower() in self.headers:
-                out.append(f"{header}: {REDACTED}")
             else:
-                out.append(self.url(arg))
+                out.append(self._header_arg(arg) or self.url(arg))
         return out
+
+    def _header_arg(self, arg: str) -> str | None:
+        """A credential header given in one argument (``NAME: VALUE``, or after a header
+        option), with its value redacted; None for any other argument."""
+        option = next((o for o in HEADER_OPTIONS if arg.startswith(o)), "")
+        header, colon, _ = arg.removeprefix(option).partition(":")
+        return f"{option}{header}: {REDACTED}" if colon and header.strip().lower() in self.headers else None
 
     def _names_credential(self, name: str) -> bool:
         """Whether an option's (or a setting's) name says that its value is a credential: the
         whole name, or one of its words (``--openai-api-key``, ``apiToken``), is a query
-        parameter redacted here."""
+        parameter redacted here or one of :data:`CREDENTIAL_WORDS`."""
         bare = name.lstrip("-")
         if not bare or not bare.replace("-", "").replace("_", "").isalnum():
             return False
         words = {bare.lower(), *(w.lower() for w in _WORDS.findall(bare))}
-        return not words.isdisjoint(self.query_params)
+        return not (words.isdisjoint(self.query_params) and words.isdisjoint(CREDENTIAL_WORDS))
 
     def query(self, raw: str | None) -> str | None:
         """A raw query string with the values of the chosen parameters replaced (names
@@ -157,6 +187,45 @@ class Redactor:
         redacted = self.json_text(text)
         return body if redacted is text else redacted.encode(encoding, errors)
 
+    def request_bytes(self, body: bytes, content_type: str | None) -> bytes:
+        """A request body as the log keeps it: its JSON fields redacted (:meth:`json_bytes`);
+        a form's fields (``application/x-www-form-urlencoded``, ``multipart/form-data``) by
+        name, as query parameters are: an OAuth token request sends ``password`` and
+        ``client_secret`` so. Other bodies cost a look at their Content-Type."""
+        body = self.json_bytes(body)
+        media_type = (content_type or "").partition(";")[0].strip().lower()
+        if media_type == FormType.URLENCODED:
+            text = body.decode("latin-1")  # (byte for byte: only ASCII names and '=' are looked at)
+            return (self.query(text) or text).encode("latin-1")
+        if media_type == FormType.MULTIPART:
+            return self._multipart(body, content_type or "")
+        return body
+
+    def _multipart(self, body: bytes, content_type: str) -> bytes:
+        """A ``multipart/form-data`` body with the content of each part named for a redacted
+        query parameter replaced; every other byte kept, and one that cannot be read kept
+        whole."""
+        boundary = _parameter(content_type, "boundary")
+        if not boundary or not self.query_params:
+            return body
+        delimiter = b"\r\n--" + boundary.encode("latin-1")
+        # (A CRLF before the first delimiter, which may open the body, taken off at the end.)
+        pieces = (b"\r\n" + body).split(delimiter)
+        return delimiter.join([pieces[0], *(self._part(p) for p in pieces[1:])])[2:]
+
+    def _part(self, piece: bytes) -> bytes:
+        """What follows a part's delimiter: its headers and content, the content redacted
+        when the part's name is a redacted query parameter."""
+        head, blank, _ = piece.partition(b"\r\n\r\n")
+        if piece.startswith(b"--") or not blank:  # the closing delimiter, or no content
+            return piece
+        headers = head.partition(b"\r\n")[2]  # (after the delimiter's line)
+        disposition = BytesHeaderParser(policy=compat32).parsebytes(headers + blank)
+        name = disposition.get_param("name", header="content-disposition")
+        if name is None or collapse_rfc2231_value(name).lower() not in self.query_params:
+            return piece
+        return head + blank + REDACTED.encode()
+
     def json_text(self, text: str) -> str:
         """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed.
 
@@ -183,9 +252,8 @@ class Redactor:
             if "\n" in text.strip():
                 return self._lines(text)
             return UNREADABLE if _looks_like_json(text) else text
-        secrets = [
-            v for path in self._paths for v in _find(doc.value, path) if v != REDACTED and v is not None
-        ]
+        paths = self._paths_in(doc.value)
+        secrets = [v for path in paths for v in _find(doc.value, path) if v != REDACTED and v is not None]
         if not secrets:
             return text
         if not doc.duplicate_keys and all(isinstance(v, str) for v in secrets):
@@ -194,12 +262,12 @@ class Redactor:
             for value in secrets:
                 for literal in _literals(value):
                     out = out.replace(literal, json.dumps(REDACTED))
-            if out != text and self._clean(out, secrets):
+            if out != text and self._clean(out, secrets, paths):
                 return out
         # Spelt differently (escapes, spacing), or a key given twice: rebuild the
         # document with every pointed-at value, and every copy of one, replaced.
         value = doc.value
-        for path in self._paths:
+        for path in paths:
             value = _replace(value, path)
         value = _scrub(value, {v for v in secrets if isinstance(v, str)})
         rebuilt = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
@@ -219,13 +287,21 @@ class Redactor:
         redacted = [self.json_text(line) for line in lines]
         return text if all(a is b for a, b in zip(lines, redacted, strict=True)) else "\n".join(redacted)
 
-    def _clean(self, text: str, secrets: list[Any]) -> bool:
+    def _paths_in(self, doc: Any) -> list[tuple[str, ...]]:
+        """The pointers' paths, as they apply to ``doc``: in a JSON-RPC batch (an array of
+        JSON-RPC messages) to each message too, so ``/params/apiKey`` reaches every one."""
+        if _is_jsonrpc_batch(doc):
+            return [*self._paths, *(("*", *path) for path in self._paths)]
+        return self._paths
+
+    @staticmethod
+    def _clean(text: str, secrets: list[Any], paths: list[tuple[str, ...]]) -> bool:
         try:
             doc = _load(text)
         except (ValueError, RecursionError):
             return False
         strings = {v for v in secrets if isinstance(v, str)}
-        return all(v in (REDACTED, None) for path in self._paths for v in _find(doc.value, path)) and not any(
+        return all(v in (REDACTED, None) for path in paths for v in _find(doc.value, path)) and not any(
             _strings(doc.value) & strings
         )
 
@@ -251,6 +327,26 @@ _USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
 
 # The words of a name: ``apiToken`` is api, Token; ``OPENAI_API_KEY`` is OPENAI, API, KEY.
 _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
+
+
+class FormType(StrEnum):
+    """The media types of the request bodies that hold form fields."""
+
+    URLENCODED = "application/x-www-form-urlencoded"
+    MULTIPART = "multipart/form-data"
+
+
+def _parameter(content_type: str, name: str) -> str | None:
+    """A parameter of a Content-Type (``boundary``), unquoted."""
+    message = Message()
+    message["content-type"] = content_type
+    value = message.get_param(name)
+    return None if value is None else collapse_rfc2231_value(value)
+
+
+def _is_jsonrpc_batch(doc: Any) -> bool:
+    """Whether ``doc`` is a JSON-RPC batch: an array of objects, each with ``jsonrpc``."""
+    return isinstance(doc, list) and bool(doc) and all(isinstance(m, dict) and "jsonrpc" in m for m in doc)
 
 
 def hide_credentials(text: str) -> str:

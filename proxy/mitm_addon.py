@@ -14,7 +14,8 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http, optmanager
@@ -52,29 +53,67 @@ _WRITER_OPTIONS = {
 _LEAST = {"tasktape_max_body": 0, "tasktape_max_decoded": 0, "tasktape_max_log_size": 1}
 # mitmproxy's options whose values are credentials: kept out of the capture's argv.
 _CREDENTIAL_OPTIONS = frozenset({"proxyauth", "upstream_auth", "web_password"})
+# Its options that set a request header (``[/filter]/name/value``, ``-H`` for short): the
+# value they give a credential header is kept out.
+_HEADER_OPTIONS = frozenset({"modify_headers", "set_headers"})
+_HEADER_FLAG = "-H"
 
 
-def argv_without_credentials(argv: Sequence[str]) -> list[str]:
+def argv_without_credentials(argv: Sequence[str], headers: Collection[str]) -> list[str]:
     """mitmdump's arguments with the values of its credential options redacted, however
     given: ``--set proxyauth=VALUE``, ``--set=proxyauth=VALUE``, ``--proxyauth VALUE``,
-    ``--proxyauth=VALUE`` (``--upstream-auth`` the same)."""
+    ``--proxyauth=VALUE`` (``--upstream-auth`` the same); and the value a header option
+    (``-H``, ``--modify-headers``, ``--set modify_headers=``) gives one of ``headers``
+    (credential headers' names, in lower case)."""
+    header_spec = partial(_header_spec, headers=headers)
     out: list[str] = []
-    value_next = False
+    hide_next: Callable[[str], str] | None = None
     for arg in argv:
-        if value_next:
-            out.append(REDACTED)
-            value_next = False
+        if hide_next is not None:  # (the value of the option before it)
+            out.append(hide_next(arg))
+            hide_next = None
             continue
-        flag, equals, _ = arg.partition("=")
-        if flag.startswith("--") and flag[2:].replace("-", "_") in _CREDENTIAL_OPTIONS:
+        flag, equals, value = arg.partition("=")
+        option = flag[2:].replace("-", "_") if flag.startswith("--") else ""
+        if option in _CREDENTIAL_OPTIONS:
             out.append(f"{flag}={REDACTED}" if equals else arg)
-            value_next = not equals
-            continue
-        setting = arg.removeprefix("--set=")  # (or the argument after --set)
-        name, equals, _ = setting.partition("=")
-        hidden = equals and name.replace("-", "_") in _CREDENTIAL_OPTIONS
-        out.append(f"{arg[: len(arg) - len(setting)]}{name}={REDACTED}" if hidden else arg)
+            hide_next = None if equals else _redacted
+        elif option in _HEADER_OPTIONS or arg == _HEADER_FLAG:
+            out.append(f"{flag}={header_spec(value)}" if equals else arg)
+            hide_next = None if equals else header_spec
+        elif arg.startswith(_HEADER_FLAG):  # (-H with its value attached)
+            out.append(_HEADER_FLAG + header_spec(arg.removeprefix(_HEADER_FLAG)))
+        else:
+            out.append(_setting(arg, header_spec))
     return out
+
+
+def _setting(arg: str, header_spec: Callable[[str], str]) -> str:
+    """An argument that may be a setting (``NAME=VALUE`` after ``--set``, or
+    ``--set=NAME=VALUE``), with what it gives a credential redacted."""
+    setting = arg.removeprefix("--set=")
+    name, equals, value = setting.partition("=")
+    name = name.replace("-", "_")
+    if not equals or name not in _CREDENTIAL_OPTIONS | _HEADER_OPTIONS:
+        return arg
+    hidden = REDACTED if name in _CREDENTIAL_OPTIONS else header_spec(value)
+    return arg[: len(arg) - len(value)] + hidden
+
+
+def _redacted(_: str) -> str:
+    return REDACTED
+
+
+def _header_spec(spec: str, headers: Collection[str]) -> str:
+    """A ``[/filter]/name/value`` header spec (its first character the separator) with the
+    value redacted when the header is one of ``headers``; redacted whole when it cannot be
+    read as one."""
+    separator = spec[:1]
+    parts = spec[1:].split(separator, 2) if separator else []
+    if len(parts) not in (2, 3):
+        return REDACTED
+    name = parts[-2]
+    return separator + separator.join([*parts[:-1], REDACTED]) if name.lower() in headers else spec
 
 
 def check_settings(settings: Sequence[str]) -> None:
@@ -129,7 +168,7 @@ class TasktapeRecorder:
             Sequence[str],
             [],
             "Also redact this header in the log. Authorization, Proxy-Authorization, Cookie, "
-            "Set-Cookie, X-Api-Key and Api-Key always are.",
+            "Set-Cookie, X-Api-Key, Api-Key, X-Goog-Api-Key, X-Auth-Token and Private-Token always are.",
         )
         loader.add_option(
             "tasktape_redact_query",
@@ -230,7 +269,7 @@ class TasktapeRecorder:
             options = ctx.options
             modes = [ProxyMode.parse(m) for m in options.mode]
             upstream = modes[0].data if len(modes) == 1 and isinstance(modes[0], ReverseMode) else None
-            argv = argv_without_credentials(sys.argv)
+            argv = argv_without_credentials(sys.argv, Redactor(options.tasktape_redact_headers).headers)
             self.capture_id = writer.begin_capture(source="mitm", upstream=upstream, argv=argv)
             logger.info(f"tasktape: recording into {writer.path}")
         return self.capture_id

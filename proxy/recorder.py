@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import re
 import secrets
 import socket
 import sys
@@ -32,7 +33,7 @@ from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter, check_bound
 from tasktape.eventlog.protocols.base import Request
-from tasktape.eventlog.redact import DEFAULT_HEADERS
+from tasktape.eventlog.redact import DEFAULT_HEADERS, Redactor
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
 
 from . import unread
@@ -1016,9 +1017,10 @@ def http_url(value: str, what: str) -> URL:
 
 def _shown(value: str) -> str:
     """A URL given as an option, as an error shows it: all before its last '@' after the
-    scheme left out (a password with a '#' or '?' in it is no password to a URL parser)."""
+    scheme left out (a password with a '#' or '?' in it is no password to a URL parser),
+    and its query's credentials redacted as the log's are."""
     scheme, sep, rest = value.partition("://")
-    return scheme + sep + rest.rpartition("@")[2] if sep else value
+    return Redactor().url(scheme + sep + rest.rpartition("@")[2] if sep else value)
 
 
 def points_at(url: URL, address: tuple[str, int]) -> bool:
@@ -1037,10 +1039,17 @@ def points_at(url: URL, address: tuple[str, int]) -> bool:
     return bound in targets
 
 
+# A target with a scheme (``http://...``); any other but a path is authority-form (or ``*``).
+_ABSOLUTE_FORM = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
 def logged_target(target: str) -> tuple[str, str | None]:
     """A refused request's target as the log keeps it: path and query apart, so the query
     is redacted like any other; an absolute-form target (what a client whose HTTP_PROXY
-    points here sends) loses its user and password."""
+    points here sends) loses its user and password, and so does an authority-form one
+    (``CONNECT user:password@host:443``), which is all authority: all before its last '@'."""
+    if not target.startswith("/") and not _ABSOLUTE_FORM.match(target):
+        return target.rpartition("@")[2], None
     path, _, query = target.partition("?")
     path = path.partition("#")[0]
     if not target.startswith("/"):

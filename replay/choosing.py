@@ -15,7 +15,7 @@ from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.spans import StreamEvent, events_in
 from tasktape.proxy.card import is_card_request
 
-from .matching import Incoming, MatchRules, mismatches
+from .matching import Incoming, MatchRules, Shown, mismatches
 
 ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
 
@@ -23,7 +23,9 @@ ID_PREFIX = "tt"  # ids added with add_ids: "tt<exchange>.<event>"
 class Recordings:
     """The recordings a server answers with, in recorded order, and their use."""
 
-    def __init__(self, rules: MatchRules, *, allow_repeats: bool, prefer: str | None, add_ids: bool) -> None:
+    def __init__(
+        self, rules: MatchRules, shown: Shown, *, allow_repeats: bool, prefer: str | None, add_ids: bool
+    ) -> None:
         self.recorded: list[Recorded] = []
         self.used: list[int] = []  # times each recording was served
         self._events: dict[int, list[StreamEvent]] = {}
@@ -33,6 +35,9 @@ class Recordings:
         self._serial = itertools.count()
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
         self.rules = rules
+        # What reports show of requests: no value at a place the user redacts, or that any
+        # recording added holds redacted.
+        self.shown = shown
         self.allow_repeats = allow_repeats
         # The test (its node id) whose own recordings answer first when several match.
         self.prefer = prefer
@@ -43,6 +48,7 @@ class Recordings:
         self._by_route.setdefault(route, []).append(len(self.recorded))
         self.recorded.append(recorded)
         self.used.append(used)
+        self.shown = self.shown.learned(recorded)
 
     # -- what was used -----------------------------------------------------------------------
 

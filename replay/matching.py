@@ -13,7 +13,7 @@ user names them (most vary with the client: its version, tracing ids, lengths).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -23,9 +23,7 @@ from tasktape.choices import listed
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import Protocol, Regenerated, Request
 from tasktape.eventlog.recorded import Recorded
-from tasktape.eventlog.redact import DEFAULT_HEADERS, REDACTED, Redactor, parse_pointer
-
-_SHOWN = Redactor()  # what a miss's report shows of a request: its credentials left out
+from tasktape.eventlog.redact import ANY_DEPTH, REDACTED, Redactor, parse_pointer
 
 
 @dataclass
@@ -36,18 +34,109 @@ class Incoming:
     body: bytes | None
     headers: list[tuple[str, str]] = field(default_factory=list)
 
-    @property
-    def request_line(self) -> str:
-        """As reports show it: the query's credentials (``key``, ``token``...) redacted."""
-        return f"{self.method} {self.path}" + (f"?{_SHOWN.query(self.query)}" if self.query else "")
-
     def as_request(self) -> Request:
         """The request, as the protocols read one."""
         return Request(self.method, self.path, self.headers, self.body)
 
 
+Place = tuple[str, ...]  # a JSON pointer's parts: "*" any key or index, "**" any depth
+A_VALUE = "(a value)"  # what a report shows for a value at a credential's place
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What reports (a miss's reasons, a refused request's line) show of requests: they end up
+    in test output and CI logs, so no value at a credential's place. Those places: the
+    redaction defaults, what the user asks to redact, and every query parameter, header and
+    JSON field that a loaded recording holds redacted (:meth:`learned`)."""
+
+    query_names: frozenset[str] = frozenset()  # lowercased
+    header_names: frozenset[str] = frozenset()  # lowercased
+    places: frozenset[Place] = frozenset()
+    _query: Redactor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_query", Redactor(query=self.query_names, defaults=False))
+
+    @classmethod
+    def of(cls, redactor: Redactor) -> Shown:
+        """What ``redactor`` redacts (its defaults too, if it has them)."""
+        return cls(
+            redactor.query_params,
+            redactor.headers,
+            frozenset(parse_pointer(p) for p in redactor.json_pointers),
+        )
+
+    def learned(self, recorded: Recorded) -> Shown:
+        """These places and those ``recorded`` holds a redacted value at (list indexes as
+        any: a field redacted in one item is a credential in every other)."""
+        query = {name.lower() for name, value in _parameters(recorded.query) if value == REDACTED}
+        headers = {name.lower() for name, value in recorded.request_headers if value == REDACTED}
+        body = recorded.request_body or b""
+        places = set(_redacted_places(_json(body), ())) if REDACTED.encode() in body else set()
+        if query <= self.query_names and headers <= self.header_names and places <= self.places:
+            return self
+        return Shown(self.query_names | query, self.header_names | headers, self.places | places)
+
+    def query(self, raw: str | None) -> str | None:
+        """A query with each credential's value ``[REDACTED]``."""
+        return self._query.query(raw)
+
+    def request_line(self, request: Incoming | Recorded) -> str:
+        """``METHOD /path?query`` with the query's credentials redacted."""
+        return f"{request.method} {request.path}" + (f"?{self.query(request.query)}" if request.query else "")
+
+    def hides_header(self, name: str) -> bool:
+        return name.lower() in self.header_names
+
+    def hides(self, at: Place) -> bool:
+        """Whether the JSON value at ``at`` is a credential's."""
+        return any(_covers(place, at) for place in self.places)
+
+    def json(self, value: Any, at: Place) -> str:
+        """The JSON value at ``at`` as a mismatch shows it: a credential's as ``(a value)``,
+        any within it ``"[REDACTED]"``; cut when long."""
+        if self.hides(at):
+            return A_VALUE
+        return _cut(json.dumps(self._masked(value, at), ensure_ascii=False))
+
+    def _masked(self, value: Any, at: Place) -> Any:
+        if self.hides(at):
+            return REDACTED
+        if isinstance(value, dict):
+            return {k: self._masked(v, (*at, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._masked(v, (*at, str(i))) for i, v in enumerate(value)]
+        return value
+
+
+def _redacted_places(value: Any, at: Place) -> Iterator[Place]:
+    if value == REDACTED:
+        yield at
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _redacted_places(item, (*at, key))
+    elif isinstance(value, list):
+        for item in value:
+            yield from _redacted_places(item, (*at, "*"))
+
+
+def _covers(place: Place, at: Place) -> bool:
+    """Whether the pointer ``place`` (``*``: any key or index; ``**``: any depth) names ``at``."""
+    if not place:
+        return not at
+    head, rest = place[0], place[1:]
+    if head == ANY_DEPTH:
+        return _covers(rest, at) or (bool(at) and _covers(place, at[1:]))
+    return bool(at) and head in ("*", at[0]) and _covers(rest, at[1:])
+
+
+SHOWN_BY_DEFAULT = Shown.of(Redactor())  # the redaction defaults alone
+
+
 _MISSING = object()
 _NOTHING = Regenerated()
+Difference = tuple[Place, Any, Any]  # where two bodies differ: the place, the incoming value, the recorded
 
 
 @dataclass(frozen=True)
@@ -64,15 +153,19 @@ class MatchRules:
         return cls(tuple(parse_pointer(p) for p in ignore), tuple(h.lower() for h in headers))
 
 
-def method(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+# A matcher: None when the two agree, else why not (said as ``Shown`` lets a report say it).
+Matcher = Callable[[Incoming, Recorded, MatchRules, Shown], str | None]
+
+
+def method(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
     return None if incoming.method == recorded.method else f"method {incoming.method} vs {recorded.method}"
 
 
-def path(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+def path(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
     return None if incoming.path == recorded.path else f"path {incoming.path} vs {recorded.path}"
 
 
-def query(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+def query(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
     """The same parameters, names in any order but the values of a repeated name in the
     same order (``a=1&a=0`` is a list, which a server reads in order); a value redacted in
     the recording matches any."""
@@ -81,7 +174,8 @@ def query(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | No
         a[0] == b[0] and b[1] in (a[1], REDACTED) for a, b in zip(mine, theirs, strict=True)
     ):
         return None
-    return f"query {_SHOWN.query(incoming.query) or '(none)'} vs {recorded.query or '(none)'}"
+    mine, theirs = shown.query(incoming.query) or "(none)", shown.query(recorded.query) or "(none)"
+    return f"query {mine} vs {theirs}" + (" (a hidden value differs)" if mine == theirs else "")
 
 
 def _parameters(raw: str | None) -> list[tuple[str, str]]:
@@ -91,23 +185,31 @@ def _parameters(raw: str | None) -> list[tuple[str, str]]:
     return sorted(parse_qsl((raw or "").replace(";", "&"), keep_blank_values=True), key=itemgetter(0))
 
 
-def body(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+def body(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
     found = _body_differences(incoming, recorded, rules)
     if found is None:
         mine, theirs = incoming.body or b"", recorded.request_body or b""
         return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
     if not found:
         return None
-    differences = [shown for _, shown in found]
-    shown = ", ".join(differences[:3]) + (f" and {len(differences) - 3} more" if len(differences) > 3 else "")
-    return f"body differs at {shown}"
+    differences = [_difference(at, a, b, shown) for at, a, b in found[:3]]
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return f"body differs at {', '.join(differences)}{more}"
 
 
-def _body_differences(
-    incoming: Incoming, recorded: Recorded, rules: MatchRules
-) -> list[tuple[tuple[str, ...], str]] | None:
-    """Where the bodies differ, as JSON: each place and how it is shown; None when they
-    differ and one is not JSON."""
+def _difference(at: Place, a: Any, b: Any, shown: Shown) -> str:
+    """A body's difference as a mismatch says it: its JSON pointer and the two values."""
+
+    def value(v: Any) -> str:
+        return "(absent)" if v is _MISSING else shown.json(v, at)
+
+    pointer = "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at)
+    return f"{pointer} ({value(a)} vs {value(b)})"
+
+
+def _body_differences(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> list[Difference] | None:
+    """Where the bodies differ, as JSON: each place, the incoming value there and the
+    recorded one; None when they differ and one is not JSON."""
     mine, theirs = incoming.body or b"", recorded.request_body or b""
     if mine == theirs:
         return []
@@ -117,18 +219,18 @@ def _body_differences(
     return list(_differences(a, b, (), _Comparison.of(recorded, b, rules)))
 
 
-def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> str | None:
+def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
     """Each header the rules name: the same values in the same order (or absent from both);
     a value redacted in the recording matches any."""
     for name in rules.headers:
         mine, theirs = _header_values(incoming.headers, name), _header_values(recorded.request_headers, name)
         if len(mine) != len(theirs) or any(b not in (a, REDACTED) for a, b in zip(mine, theirs, strict=True)):
-            secret = name in DEFAULT_HEADERS or REDACTED in theirs
+            secret = shown.hides_header(name) or REDACTED in theirs
             return f"header {name} {_shown(mine, secret)} vs {_shown(theirs, secret)}"
     return None
 
 
-MATCHERS: dict[str, Callable[[Incoming, Recorded, MatchRules], str | None]] = {
+MATCHERS: dict[str, Matcher] = {
     "method": method,
     "path": path,
     "query": query,
@@ -139,10 +241,16 @@ DEFAULT_MATCHERS = ("method", "path", "query", "body", "headers")
 
 
 def mismatches(
-    incoming: Incoming, recorded: Recorded, rules: MatchRules, matchers: Iterable[str] = DEFAULT_MATCHERS
+    incoming: Incoming,
+    recorded: Recorded,
+    rules: MatchRules,
+    matchers: Iterable[str] = DEFAULT_MATCHERS,
+    *,
+    shown: Shown = SHOWN_BY_DEFAULT,
 ) -> list[str]:
-    """Why ``incoming`` does not match ``recorded``: empty when it does."""
-    return [reason for name in matchers if (reason := MATCHERS[name](incoming, recorded, rules))]
+    """Why ``incoming`` does not match ``recorded``, as ``shown`` lets a report say it:
+    empty when it does."""
+    return [reason for name in matchers if (reason := MATCHERS[name](incoming, recorded, rules, shown))]
 
 
 def distance(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> tuple[bool, bool, int, int]:
@@ -151,14 +259,14 @@ def distance(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> tuple
     endpoint, every request has the same path), then how many other things differ (each
     body field, a body that is not JSON, the query, the headers)."""
     found = _body_differences(incoming, recorded, rules)
-    places = [at for at, _ in found] if found is not None else [()]
+    places = [at for at, _, _ in found] if found is not None else [()]
     operation = places.count(("method",))
     others = len(places) - operation
-    others += query(incoming, recorded, rules) is not None
-    others += headers(incoming, recorded, rules) is not None
+    others += query(incoming, recorded, rules, SHOWN_BY_DEFAULT) is not None
+    others += headers(incoming, recorded, rules, SHOWN_BY_DEFAULT) is not None
     return (
-        method(incoming, recorded, rules) is not None,
-        path(incoming, recorded, rules) is not None,
+        method(incoming, recorded, rules, SHOWN_BY_DEFAULT) is not None,
+        path(incoming, recorded, rules, SHOWN_BY_DEFAULT) is not None,
         operation,
         others,
     )
@@ -174,7 +282,7 @@ def _shown(values: list[str], secret: bool) -> str:
     if not values:
         return "(absent)"
     if secret:
-        return "(a value)" if len(values) == 1 else f"({len(values)} values)"
+        return A_VALUE if len(values) == 1 else f"({len(values)} values)"
     return ", ".join(json.dumps(_cut(v)) for v in values)
 
 
@@ -238,11 +346,9 @@ class _Comparison:
         return a, b
 
 
-def _differences(
-    a: Any, b: Any, at: tuple[str, ...], how: _Comparison
-) -> Iterable[tuple[tuple[str, ...], str]]:
-    """Where the incoming value ``a`` and the recorded ``b`` differ: each place, and its
-    JSON pointer with the two values as a mismatch shows them."""
+def _differences(a: Any, b: Any, at: Place, how: _Comparison) -> Iterable[Difference]:
+    """Where the incoming value ``a`` and the recorded ``b`` differ: each place, and the
+    two values there."""
     if how.ignored(at) or b == REDACTED:
         return
     if how.left_out(a) and how.left_out(b):
@@ -255,7 +361,7 @@ def _differences(
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             yield from _differences(x, y, (*at, str(i)), how)
     elif not _same(a, b):
-        yield at, "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at) + _values(a, b)
+        yield at, a, b
 
 
 def _number(value: Any) -> bool:
@@ -273,15 +379,6 @@ def _same(a: Any, b: Any) -> bool:
     if _number(a) and _number(b):
         return bool(a == b)
     return type(a) is type(b) and a == b
-
-
-def _values(a: Any, b: Any) -> str:
-    def show(v: Any) -> str:
-        if v is _MISSING:
-            return "(absent)"
-        return _cut(json.dumps(v, ensure_ascii=False))
-
-    return f" ({show(a)} vs {show(b)})"
 
 
 def _cut(text: str) -> str:

@@ -32,29 +32,32 @@ def miss(
     recordings: Recordings, incoming: Incoming, last_id: str | None, hint: str, status: int | None
 ) -> tuple[Miss, web.Response]:
     """The miss of ``incoming`` (``last_id``: its Last-Event-ID), and its answer: at
-    ``status`` if given, with ``hint`` (what a miss's answer suggests)."""
+    ``status`` if given, with ``hint`` (what a miss's answer suggests). Both show requests
+    as ``recordings.shown`` does: no credential's value."""
+    shown = recordings.shown
     scored = []
     for i, r in enumerate(recordings.recorded):
         facing = recordings.facing(incoming, i)
-        reasons = mismatches(facing, r, recordings.rules)
+        reasons = mismatches(facing, r, recordings.rules, shown=shown)
         used_up = not reasons and not _resume_only(recordings, i, last_id)
         reasons = reasons or [_why_not_again(recordings, i, last_id)]
         scored.append((distance(facing, r, recordings.rules), i, reasons, used_up))
     nearest = sorted(scored)[:3]
     closest = [
         {
-            "request": recordings.recorded[i].request_line,
+            "request": shown.request_line(recordings.recorded[i]),
             "recorded": recordings.recorded[i].origin,
             "differs": reasons,
         }
         for _, i, reasons, _ in nearest
     ]
-    missed = Miss(incoming.request_line, closest)
-    log.warning("tasktape replay: no recording matches %s", incoming.request_line)
+    line = shown.request_line(incoming)
+    missed = Miss(line, closest)
+    log.warning("tasktape replay: no recording matches %s", line)
     # Said as the request's protocol says an error, at its status, where it has its own.
     request = incoming.as_request()
     protocol = recognise(request)
-    message = f"no recorded exchange matches {incoming.request_line}"
+    message = f"no recorded exchange matches {line}"
     repeated = any(used_up for *_, used_up in nearest)
     details = {
         "closest": closest,

@@ -30,6 +30,7 @@ from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter
 from tasktape.eventlog.protocols import ProtocolName, by_name, protocols
 from tasktape.eventlog.recorded import Recorded, read_log
+from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
@@ -46,7 +47,7 @@ from .faults import HEADER as FAULT_HEADER
 from .faults import Faults
 from .fidelity import Digest, Divergence, Served
 from .framing import length_problem, redacted
-from .matching import Incoming, MatchRules
+from .matching import Incoming, MatchRules, Shown
 from .misses import MISS_HINT, Miss, miss
 from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import error
@@ -119,6 +120,7 @@ class ReplayServer:
         header_timeout: float = HEADER_TIMEOUT,
         prefer: str | None = None,
         miss_hint: str = MISS_HINT,
+        redactor: Redactor | None = None,
     ) -> None:
         mode = ReplayMode.parse(mode)  # its name will do ("passthrough"), a typo will not
         if mode is not ReplayMode.REPLAY and not upstream:
@@ -131,8 +133,13 @@ class ReplayServer:
         self.speed = settings.speed(speed)
         self.miss_status = None if miss_status is None else settings.miss_status(miss_status)
         self.log_path = Path(log_path) if log_path else None
+        # What the user redacts (the defaults, if none): reports of requests hide it too.
         self.recordings = Recordings(
-            MatchRules.of(ignore, match_headers), allow_repeats=allow_repeats, prefer=prefer, add_ids=add_ids
+            MatchRules.of(ignore, match_headers),
+            Shown.of(redactor or Redactor()),
+            allow_repeats=allow_repeats,
+            prefer=prefer,
+            add_ids=add_ids,
         )
         self._digests: dict[int, Digest] = {}
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
@@ -273,7 +280,7 @@ class ReplayServer:
         if info.rpc_method in SUBSCRIBE_METHODS and info.task_id:
             answer = self.tasks.subscribe(info.task_id, info.binding, info.rpc_id, last_id, start, self.speed)
             if isinstance(answer, str):
-                return self._refuse(f"{incoming.request_line} (Last-Event-ID {last_id!r})", 400, answer)
+                return self._refuse(f"{self._line(incoming)} (Last-Event-ID {last_id!r})", 400, answer)
             if answer is not None:
                 self.stats.served += 1
                 return await self._subscription(request, incoming, answer, header, start)
@@ -292,11 +299,16 @@ class ReplayServer:
         not sent: the replay's own error says why."""
         self.stats.served -= 1
         why = f"{recorded.partly_decoded}: {PARTLY_DECODED}"
+        line = self._line(incoming)
         return self._refuse(
-            f"{incoming.request_line} ({recorded.origin}: {why})",
+            f"{line} ({recorded.origin}: {why})",
             502,
-            f"the recording of {incoming.request_line} ({recorded.origin}) cannot be sent: {why}",
+            f"the recording of {line} ({recorded.origin}) cannot be sent: {why}",
         )
+
+    def _line(self, incoming: Incoming) -> str:
+        """The request's line as reports show it: no credential's value."""
+        return self.recordings.shown.request_line(incoming)
 
     def _for_upstream(self, request: web.Request) -> web.Request:
         """The request as an upstream may be sent it: without the replay's own fault header,
@@ -429,7 +441,7 @@ class ReplayServer:
                 # Nothing of it was served: the recording stays for the next request.
                 self.used[index] -= counted
                 self.stats.served -= 1
-                return self._refuse(f"{incoming.request_line} (Last-Event-ID {last_id!r})", 400, resumed)
+                return self._refuse(f"{self._line(incoming)} (Last-Event-ID {last_id!r})", 400, resumed)
             chunks, since_ns = resumed
             resumed_after = since_ns
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)

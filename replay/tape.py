@@ -367,6 +367,7 @@ class TapeSession:
             "allowed_hosts": allowed_hosts(()),
             "prefer": o.test,
             "miss_hint": miss_hint(o.name),
+            "redactor": o.redactor,  # what a recording run redacts, a miss's report hides
         }
         if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))

@@ -23,8 +23,11 @@ from tasktape.eventlog.cassette import (
 from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, each_from_log
+from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
+
+from .redaction_options import redaction_options
 
 
 def bad_input(message: str) -> click.ClickException:
@@ -161,14 +164,22 @@ def _check_choices(
     type=click.Path(dir_okay=False, path_type=Path),
     help="The event log to add them to (created if needed, its folder too).",
 )
-def import_(files: tuple[Path, ...], db: Path) -> None:
+@redaction_options()
+def import_(
+    files: tuple[Path, ...],
+    db: Path,
+    redact_header: tuple[str, ...],
+    redact_query: tuple[str, ...],
+    redact_json: tuple[str, ...],
+) -> None:
     """Read cassettes, or mitmproxy flow files (`mitmdump -w`), into an event log (each
     file becomes one capture).
 
     A flow file is told by its content, whatever its name. Event streams that mitmproxy
     buffered whole keep their events but not their pace: every chunk and event gets the
     offset of the response's end, and the exchange's `error` says so. What a file holds
-    is kept whole: bodies past the 16 MiB a recorder keeps are not cut.
+    is kept whole: bodies past the 16 MiB a recorder keeps are not cut. Everything is
+    redacted as a recorder redacts it (the --redact-* options add to what always is).
     Exit status: 0 imported, 1 not (the log busy with another writer, rows not written), 2 bad
     input (a file no cassette or flow file, --db no event log).
     """
@@ -182,7 +193,8 @@ def import_(files: tuple[Path, ...], db: Path) -> None:
     try:
         # What a file holds is kept whole: a body is as long as its recorder kept it, and
         # nothing waits on the writer but bytes already in memory (so none is dropped).
-        writer = LogWriter(db, max_body=sys.maxsize, max_backlog=sys.maxsize)
+        redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
+        writer = LogWriter(db, redactor=redactor, max_body=sys.maxsize, max_backlog=sys.maxsize)
     except LogBusy as exc:  # another writer holds it: a failure, not bad input
         raise click.ClickException(str(exc)) from None
     except LogError as exc:

@@ -1,5 +1,5 @@
-"""``--redact-header``, ``--redact-query`` and ``--redact-json``, as record, mitm and replay all
-take them; and the check of an option's JSON pointers (``--ignore`` too)."""
+"""``--redact-header``, ``--redact-query`` and ``--redact-json``, as record, mitm, replay and
+import all take them; and the check of an option's JSON pointers (``--ignore`` too)."""
 
 from __future__ import annotations
 
@@ -42,16 +42,18 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             "--redact-query",
             multiple=True,
             metavar="NAME",
-            help=f"{when}Also redact the value of this query parameter (repeatable). key, api_key, "
-            "apikey, api-key, access_token, token, auth, password, secret, client_secret, signature, "
-            "sig and the X-Amz-Signature, -Credential and -Security-Token parameters always are.",
+            help=f"{when}Also redact the value of this query parameter, and of the form field of "
+            "that name (repeatable). key, api_key, apikey, api-key, access_token, access-token, "
+            "refresh_token, id_token, token, auth, password, secret, client_secret, signature, sig and "
+            "the X-Amz-Signature, -Credential and -Security-Token parameters always are.",
         )(command)
         return click.option(
             "--redact-header",
             multiple=True,
             metavar="NAME",
             help=f"{when}Also redact this header (repeatable). Authorization, Proxy-Authorization, "
-            "Cookie, Set-Cookie, X-Api-Key and Api-Key always are.",
+            "Cookie, Set-Cookie, X-Api-Key, Api-Key, X-Goog-Api-Key, X-Auth-Token and Private-Token "
+            "always are.",
         )(command)
 
     return decorate

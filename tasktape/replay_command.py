@@ -71,7 +71,7 @@ from .serving import bind, serve_until_stopped
     type=click.Path(dir_okay=False, path_type=Path),
     help="The log record-missing adds to (default: SOURCE, when it is one log); refused in other modes.",
 )
-@redaction_options(when="record-missing only: ")
+@redaction_options(when="In what record-missing records and what misses report: ")
 @click.option(
     "--fault",
     "faults",
@@ -168,6 +168,7 @@ def replay(
             "--redact-json": bool(redact_json),
         },
     )
+    redactor = Redactor(redact_header, redact_json, query=redact_query)
     host, port = listen
     sock = bind(host, port)  # before the log is opened: a port in use leaves it as it was
     if mode is ReplayMode.RECORD_MISSING:
@@ -179,7 +180,7 @@ def replay(
                 )
             db = logs[0]
         try:
-            writer = ProcessLogWriter(db, redactor=Redactor(redact_header, redact_json, query=redact_query))
+            writer = ProcessLogWriter(db, redactor=redactor)
         except LogError as exc:
             raise click.ClickException(str(exc)) from None
     warn_if_exposed("tasktape replay", host, Exposure.RECORDER if writer is not None else Exposure.REPLAY)
@@ -198,6 +199,7 @@ def replay(
         match_headers=match_headers,
         allow_repeats=allow_repeats,
         allowed_hosts=answered_hosts(host, allow_host),
+        redactor=redactor,
     )
     names = ", ".join(str(s) for s in sources)
     try:
@@ -225,12 +227,15 @@ def replay(
 
 # The options only some modes use: given with another mode, they would be left unused
 # unnoticed (a log --db names never made, traffic never recorded, values never redacted).
+# Redaction hides values from what misses report, and record-missing redacts what it
+# records too; passthrough has neither (it records nothing, and nothing misses).
+_REDACTING = (ReplayMode.REPLAY, ReplayMode.RECORD_MISSING)
 _MODES_OF = {
     "--db": (ReplayMode.RECORD_MISSING,),
     "--upstream": (ReplayMode.RECORD_MISSING, ReplayMode.PASSTHROUGH),
-    "--redact-header": (ReplayMode.RECORD_MISSING,),
-    "--redact-query": (ReplayMode.RECORD_MISSING,),
-    "--redact-json": (ReplayMode.RECORD_MISSING,),
+    "--redact-header": _REDACTING,
+    "--redact-query": _REDACTING,
+    "--redact-json": _REDACTING,
 }
 
 

@@ -125,6 +125,10 @@ async def stop(run: Running, sig: signal.Signals = signal.SIGTERM) -> int:
 async def finished(*args: str) -> tuple[int, str]:
     """``python -m tasktape ARGS`` run to its end (a refusal, an error): status and stderr."""
     proc = await _start(args, None)
-    _, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode is not None
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:  # (it did not end: it is not left running)
+            proc.kill()
+            await proc.wait()
     return proc.returncode, err.decode()

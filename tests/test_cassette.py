@@ -29,6 +29,7 @@ from tasktape.eventlog.cassette import (
 )
 from tasktape.eventlog.cassette_models import Chunk
 from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.redact import Redactor
 from tasktape.replay import load
 
 
@@ -748,3 +749,56 @@ def test_a_cassette_reads_alike_however_its_json_is_spelled(tmp_path: Path) -> N
     cassette.write_text(head + spelled + "\n" + '{"chunk": {"offset_ms": "3", "text": "c"}}\n')
     (r,) = read_cassette(cassette)
     assert r.chunks == [(2_500_000, "bé".encode()), (3_000_000, b"c")]
+
+
+IMPORT_SECRET = "sk-import-secret-16180339"
+
+
+def raw_traffic(path: Path, kind: str) -> Path:
+    """A flow file (``mitmdump -w`` keeps the traffic as it was) or a cassette holding a
+    credential in a header, the query and a JSON field of the request body."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"apiKey": IMPORT_SECRET, "id": "t1"}}
+    if kind == "flow file":
+        from mitmproxy import io  # noqa: PLC0415 - only this case needs mitmproxy
+        from mitmproxy.test import tflow  # noqa: PLC0415
+
+        flow = tflow.tflow(resp=True)
+        flow.request.method, flow.request.path = "POST", f"/rpc?sess={IMPORT_SECRET}&page=2"
+        flow.request.headers.update({"X-Tenant": IMPORT_SECRET, "Content-Type": "application/json"})
+        flow.request.content = json.dumps(body).encode()
+        with path.open("wb") as f:
+            io.FlowWriter(f).add(flow)
+        return path
+    with LogWriter(path.with_suffix(".db"), redactor=Redactor(defaults=False)) as w:
+        x = w.begin_exchange(
+            w.begin_capture(source="record"),
+            method="POST",
+            path="/rpc",
+            query=f"sess={IMPORT_SECRET}&page=2",
+            request_headers=[("X-Tenant", IMPORT_SECRET), ("Content-Type", "application/json")],
+            request_body=json.dumps(body).encode(),
+        )
+        w.response_head(x, status=200, headers=None, is_sse=False, ttfb_ns=1)
+        w.end_exchange(x, duration_ns=2)
+    result = CliRunner().invoke(main, ["export", str(path.with_suffix(".db")), "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.mark.parametrize("kind", ["flow file", "cassette"])
+def test_import_takes_the_redaction_options(tmp_path: Path, kind: str) -> None:
+    """A flow file holds the traffic unredacted: import must be able to redact what the
+    defaults do not know of, as record does."""
+    (tmp_path / "source").mkdir()
+    source = raw_traffic(tmp_path / "source" / "traffic", kind)
+    db = tmp_path / "log" / "imported.db"
+    options = ["--redact-header", "X-Tenant", "--redact-query", "sess", "--redact-json", "/params/apiKey"]
+    result = CliRunner().invoke(main, ["import", str(source), "--db", str(db), *options])
+    assert result.exit_code == 0, result.output
+    with EventLog(db) as log:
+        (x,) = log.exchanges()
+    assert dict(json.loads(x["request_headers"]))["X-Tenant"] == "[REDACTED]"
+    assert x["query"] == "sess=[REDACTED]&page=2"
+    assert json.loads(x["request_body"])["params"] == {"apiKey": "[REDACTED]", "id": "t1"}
+    for path in db.parent.iterdir():
+        assert IMPORT_SECRET.encode() not in path.read_bytes(), path.name

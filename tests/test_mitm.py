@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -595,6 +596,42 @@ def test_mitmproxy_credentials_stay_out_of_the_captures_argv(
         *("--proxyauth", "[REDACTED]", "--upstream-auth=[REDACTED]", "--set", "tasktape_db=x.db"),
         *("--set", "web_password=[REDACTED]"),
     ]
+
+
+def test_a_credential_header_mitmproxy_is_told_to_set_stays_out_of_the_captures_argv(
+    demo_agent: str, tmp_path: Path
+) -> None:
+    """``-H``/``--modify-headers`` (``[/filter]/name/value``) is how an agent's key is added
+    on the way: its value is kept out when the header is redacted, whatever form the option
+    takes; other headers' specs are kept as given."""
+    port, db = free_port(), tmp_path / "headers.db"
+    given = [
+        *("--modify-headers", f"/~q/Authorization/Bearer {SECRET}", "-H", f"|~q|X-Tenant-Secret|{SECRET}"),
+        *(f"-H/~q/X-Api-Key/{SECRET}", f"--modify-headers=/X-Goog-Api-Key/{SECRET}"),
+        *("--set", f"modify_headers=/~q/Private-Token/{SECRET}", "-H", "/~q/A2A-Version/1.0"),
+    ]
+    args = [sys.executable, "-m", "tasktape", "mitm", "--db", str(db), "--redact-header", "X-Tenant-Secret"]
+    args += ["--", *given, *mitmdump_args(tmp_path / "conf", f"reverse:{demo_agent}@{port}")]
+    with running(args, [port], tmp_path / "out.txt"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/.well-known/agent-card.json") as r:
+            assert r.status == 200
+        (x,) = wait_for_exchanges(db, 0, 1)
+    sent = dict(json.loads(x["request_headers"]))  # what mitmproxy sent the agent, redacted
+    assert [sent[h] for h in ("Authorization", "X-Tenant-Secret", "X-Api-Key", "A2A-Version")] == [
+        *("[REDACTED]",) * 3,
+        "1.0",
+    ]
+    with EventLog(db) as log:
+        (capture,) = log.captures()
+    argv = json.loads(capture["argv"])
+    assert argv[argv.index("--modify-headers") :][: len(given)] == [
+        *("--modify-headers", "/~q/Authorization/[REDACTED]", "-H", "|~q|X-Tenant-Secret|[REDACTED]"),
+        *("-H/~q/X-Api-Key/[REDACTED]", "--modify-headers=/X-Goog-Api-Key/[REDACTED]"),
+        *("--set", "modify_headers=/~q/Private-Token/[REDACTED]", "-H", "/~q/A2A-Version/1.0"),
+    ]
+    for path in tmp_path.iterdir():
+        if path.name.startswith(db.name):
+            assert SECRET.encode() not in path.read_bytes(), path.name
 
 
 def test_options_are_declared_with_types_and_defaults(

@@ -17,7 +17,8 @@ from aiohttp import web
 from loopback import in_thread, serve
 
 from tasktape.agent import create_agent_app
-from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.cassette import read_cassette, write_cassette
+from tasktape.eventlog.recorded import Recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = '''
@@ -186,6 +187,44 @@ def test_a_miss_fails_the_test_naming_the_closest_recordings(project: pytest.Pyt
     )
     # A test failing for its own reasons fails as it would without tasktape.
     result.stdout.fnmatch_lines(["*def test_fails_on_its_own*", "E       assert 1 == 2"])
+
+
+def test_a_miss_hides_what_the_marker_redacts(project: pytest.Pytester) -> None:
+    """A failing test's output shows no value at a place the marker's ``redact_*=`` names,
+    though the cassette (recorded without them) holds none redacted there."""
+    rpc = Recorded(
+        method="POST",
+        path="/rpc",
+        query="sess=sk-kept-1&v=1",
+        request_body=b'{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t1"}}',
+        status=200,
+        chunks=[(0, b"{}")],
+        outcome="complete",
+    )
+    write_cassette(project.path / "rpc.jsonl", [rpc])
+    project.makepyfile(
+        test_rpc="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("rpc.jsonl", redact_query=["sess"], redact_json=["/params/apiKey"])
+        def test_miss(tasktape):
+            params = {"id": "t1", "apiKey": "sk-live-1"}
+            body = {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": params}
+            assert httpx.post(f"{tasktape.url}/rpc?sess=sk-live-2&v=1", json=body).status_code == 404
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    assert "sk-live" not in result.stdout.str() and "sk-kept" not in result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "POST /rpc?sess=[[]REDACTED]&v=1 matches nothing in rpc.jsonl; the closest recordings:",
+            "  POST /rpc?sess=[[]REDACTED]&v=1 (rpc.jsonl:2): query sess=[[]REDACTED]&v=1 vs "
+            "sess=[[]REDACTED]&v=1 (a hidden value differs); "
+            "body differs at /params/apiKey ((a value) vs (absent))",
+        ]
+    )
 
 
 def test_match_headers_through_the_marker(project: pytest.Pytester) -> None:

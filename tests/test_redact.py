@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import zlib
@@ -9,9 +10,14 @@ from pathlib import Path
 
 import pytest
 from a2a_frames import completed_run, sse
+from aiohttp import web
+from click.testing import CliRunner
+from conftest import RecordFactory
 
+from tasktape.cli import main
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.redact import REDACTED, UNREADABLE, Redactor, parse_pointer
+from tasktape.proxy.recorder import Refusal
 
 SECRET = "sk-live-0123456789"
 
@@ -419,3 +425,184 @@ def test_every_gzip_member_is_decoded(tmp_path: Path) -> None:
     )
     with EventLog(tmp_path / "m.db") as log:
         assert log.body(ex) == b"".join(frames) and len(log.events(ex)) == 10
+
+
+async def test_a_url_fragment_s_parameters_are_redacted_as_a_query_s(record: RecordFactory) -> None:
+    """An OAuth implicit grant redirects with the token in the fragment, which the log kept."""
+
+    async def login(request: web.Request) -> web.Response:
+        return web.Response(
+            status=302,
+            headers={
+                "Location": f"https://app.example/cb#access_token={SECRET}&token_type=bearer",
+                "Refresh": f"0; url=/next#/cb?access_token={SECRET}&state=s1",
+                "Content-Location": "/login#top",
+            },
+        )
+
+    app = web.Application()
+    app.router.add_get("/login", login)
+    rec = await record(app)
+    async with rec.session.get(f"{rec.url}/login", allow_redirects=False) as r:
+        assert r.status == 302 and SECRET in r.headers["Location"]  # the client sees it as sent
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert json.loads(x["response_headers"])[:3] == [
+        ["Location", f"https://app.example/cb#access_token={REDACTED}&token_type=bearer"],
+        ["Refresh", f"0; url=/next#/cb?access_token={REDACTED}&state=s1"],
+        ["Content-Location", "/login#top"],
+    ]
+    assert_secret_nowhere(rec.db)
+
+
+def multipart(boundary: str, fields: list[tuple[str, str]]) -> bytes:
+    """A multipart/form-data body as a browser sends it, the last field a file."""
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields[:-1]
+    ]
+    name, value = fields[-1]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="a.txt"\r\n'
+        f"Content-Type: text/plain\r\n\r\n{value}\r\n--{boundary}--\r\n"
+    )
+    return "".join(parts).encode()
+
+
+async def test_form_fields_are_redacted_by_the_query_parameters_names(record: RecordFactory) -> None:
+    """An OAuth token request sends the password and client secret as a form; a form
+    posted as multipart/form-data the same. Other bodies are kept whatever they say."""
+    received: list[bytes] = []
+
+    async def token(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/token", token)
+    rec = await record(app, redactor=Redactor(query=["pin"]))
+    form = (
+        f"grant_type=password&username=ann&password={SECRET}&client_secret={SECRET};pin={SECRET}&scope=a%20b"
+    )
+    boundary = "----form7MA4YWxk"
+    fields = [("username", "ann"), ("Password", f"{SECRET}\r\nsecond line"), ("note", "hi"), ("pin", SECRET)]
+    sent = [
+        (form.encode(), "application/x-www-form-urlencoded; charset=UTF-8"),
+        (multipart(boundary, fields), f'multipart/form-data; boundary="{boundary}"'),
+        (b"password=plain&client_secret=plain", "text/plain"),
+    ]
+    for body, content_type in sent:
+        async with rec.session.post(
+            f"{rec.url}/token", data=body, headers={"Content-Type": content_type}
+        ) as r:
+            assert r.status == 200
+    assert received == [body for body, _ in sent]  # the agent got them as sent
+    with await rec.log() as log:
+        stored = [x["request_body"] for x in log.exchanges()]
+    assert stored == [
+        f"grant_type=password&username=ann&password={REDACTED}&client_secret={REDACTED};pin={REDACTED}"
+        "&scope=a%20b",
+        multipart(
+            boundary, [("username", "ann"), ("Password", REDACTED), ("note", "hi"), ("pin", REDACTED)]
+        ).decode(),
+        "password=plain&client_secret=plain",
+    ]
+    assert_secret_nowhere(rec.db)
+
+
+async def test_json_pointers_reach_every_message_of_a_json_rpc_batch(record: RecordFactory) -> None:
+    """A batch is an array: ``/params/apiKey`` names no field of it, but one of each request."""
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"apiKey": f"{SECRET}-1", "id": "t1"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"apiKey": f"{SECRET}-2", "id": "t2"}},
+    ]
+
+    async def rpc(request: web.Request) -> web.Response:
+        calls = await request.json()
+        return web.json_response([{"jsonrpc": "2.0", "id": c["id"], "result": c["params"]} for c in calls])
+
+    app = web.Application()
+    app.router.add_post("/rpc", rpc)
+    rec = await record(app, redactor=Redactor(json_pointers=["/params/apiKey", "/result/apiKey"]))
+    async with rec.session.post(f"{rec.url}/rpc", json=batch) as r:
+        answer = await r.json()
+    assert [a["result"]["apiKey"] for a in answer] == [f"{SECRET}-1", f"{SECRET}-2"]
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    request, response = json.loads(x["request_body"]), json.loads(x["response_body"])
+    assert [c["params"] for c in request] == [
+        {"apiKey": REDACTED, "id": "t1"},
+        {"apiKey": REDACTED, "id": "t2"},
+    ]
+    assert [a["result"] for a in response] == [
+        {"apiKey": REDACTED, "id": "t1"},
+        {"apiKey": REDACTED, "id": "t2"},
+    ]
+    assert_secret_nowhere(rec.db)
+
+
+async def test_the_usual_token_headers_and_parameters_are_redacted_by_default(record: RecordFactory) -> None:
+    async def anything(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", anything)
+    rec = await record(app)
+    headers = {"X-Goog-Api-Key": SECRET, "X-Auth-Token": SECRET, "Private-Token": SECRET, "Accept": "*/*"}
+    query = f"refresh_token={SECRET}&id_token={SECRET}&access-token={SECRET}&page=2"
+    async with rec.session.get(f"{rec.url}/v1/models?{query}", headers=headers) as r:
+        assert r.status == 200
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    stored = dict(json.loads(x["request_headers"]))
+    assert [stored[h] for h in headers] == [REDACTED, REDACTED, REDACTED, "*/*"]
+    assert x["query"] == f"refresh_token={REDACTED}&id_token={REDACTED}&access-token={REDACTED}&page=2"
+    assert_secret_nowhere(rec.db)
+
+
+def test_a_command_line_s_credentials_are_redacted_however_given(tmp_path: Path) -> None:
+    """Options curl and others take a credential with, and headers given in one argument."""
+    argv = [
+        *("agent", "--header=Authorization: Bearer " + SECRET, "-HAuthorization: Bearer " + SECRET),
+        *("--header=Accept: text/plain", "-H", f"X-Auth-Token: {SECRET}", "--passwd", SECRET),
+        *(f"--pw={SECRET}", "--credentials", SECRET, "--bearer", SECRET, "--verbose"),
+    ]
+    db = tmp_path / "log.db"
+    with LogWriter(db) as w:
+        capture = w.begin_capture(source="test", argv=argv)
+    assert_secret_nowhere(db)
+    with EventLog(db) as log:
+        (row,) = log.captures()
+    assert row["id"] == capture
+    assert json.loads(row["argv"]) == [
+        *("agent", f"--header=Authorization: {REDACTED}", f"-HAuthorization: {REDACTED}"),
+        *("--header=Accept: text/plain", "-H", f"X-Auth-Token: {REDACTED}", "--passwd", REDACTED),
+        *(f"--pw={REDACTED}", "--credentials", REDACTED, "--bearer", REDACTED, "--verbose"),
+    ]
+
+
+async def test_a_refused_connect_target_loses_its_user_and_password(record: RecordFactory) -> None:
+    """``CONNECT user:password@host:443`` is all authority: logged and shown without them."""
+    refusals: list[Refusal] = []
+    rec = await record(web.Application(), on_refusal=refusals.append)
+    host, port = rec.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"CONNECT bob:{SECRET}@evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n".encode())
+    response = await reader.read()
+    writer.close()
+    assert response.startswith(b"HTTP/1.1 405") and b"CONNECT is not accepted" in response
+    assert [(r.method, r.path) for r in refusals] == [
+        ("CONNECT", "evil.example:443")
+    ]  # what the console shows
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert (x["path"], x["outcome"]) == ("evil.example:443", "refused")
+    assert_secret_nowhere(rec.db)
+
+
+def test_an_upstream_s_query_is_shown_redacted_in_its_usage_error(tmp_path: Path) -> None:
+    upstream = f"http://bob:{SECRET}@agent.example/base?key={SECRET}&v=1"
+    result = CliRunner().invoke(main, ["record", "--upstream", upstream, "--db", str(tmp_path / "x.db")])
+    assert result.exit_code == 2
+    assert f"'http://agent.example/base?key={REDACTED}&v=1'" in result.output
+    assert SECRET not in result.output

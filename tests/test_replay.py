@@ -26,6 +26,7 @@ from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.protocols import protocols
 from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.redact import Redactor
 from tasktape.replay import Faults, ReplayMode, ReplayServer, load
 
 MS = 1_000_000
@@ -349,6 +350,68 @@ async def test_a_query_redacted_with_semicolons_matches_and_a_miss_shows_no_cred
     (miss,) = replay.stats.missed
     assert miss.request == "POST /x?token=[REDACTED];api_key=[REDACTED]&lang=de"
     assert "sk-" not in json.dumps(miss.closest)
+
+
+def rpc_posts(tmp_path: Path, *bodies: dict[str, Any], query: str | None) -> list[Recorded]:
+    """A cassette of JSON-RPC POSTs to /rpc (each answered ``ok``), loaded back."""
+    posts = [answers_ok(tmp_path, "/rpc", json.dumps(b).encode(), query)[0] for b in bodies]
+    write_cassette(tmp_path / "c.jsonl", posts)
+    return load([tmp_path / "c.jsonl"])
+
+
+async def test_a_miss_shows_no_value_at_a_place_any_recording_redacted(tmp_path: Path, serve: Serve) -> None:
+    """A query parameter or a JSON field one recording holds redacted holds a credential in
+    every request: a miss's answer and report (which end up in test and CI output) show
+    none there, even against a recording that has no such field, or inside a value shown."""
+    recorded = rpc_posts(
+        tmp_path,
+        {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t1"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "message/send", "params": {"apiKey": "[REDACTED]", "n": 1}},
+        {"jsonrpc": "2.0", "id": 3, "method": "tasks/list", "params": ["t1"]},
+        query="sess=[REDACTED]&v=1",
+    )
+    replay = ReplayServer(recorded, speed=0)
+    url = await serve(replay.app)
+    asked = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t1", "apiKey": "sk-live-1"}}
+    body, _, status = await timed_post(f"{url}/rpc?sess=sk-live-2&v=2", asked)
+    assert status == 404 and b"sk-live" not in body
+    assert (
+        json.loads(body)["error"]["message"] == "no recorded exchange matches POST /rpc?sess=[REDACTED]&v=2"
+    )
+    (miss,) = replay.stats.missed
+    assert miss.request == "POST /rpc?sess=[REDACTED]&v=2"
+    query = "query sess=[REDACTED]&v=2 vs sess=[REDACTED]&v=1"
+    assert [c["differs"] for c in miss.closest] == [
+        [query, "body differs at /params/apiKey ((a value) vs (absent))"],
+        [
+            query,
+            'body differs at /method ("tasks/get" vs "tasks/list"), '
+            '/params ({"id": "t1", "apiKey": "[REDACTED]"} vs ["t1"])',
+        ],
+        [
+            query,
+            'body differs at /method ("tasks/get" vs "message/send"), /params/id ("t1" vs (absent)), '
+            "/params/n ((absent) vs 1)",
+        ],
+    ]
+
+
+async def test_a_miss_shows_no_value_the_redaction_options_name(tmp_path: Path, serve: Serve) -> None:
+    """What the user redacts (``tasktape replay --redact-*``, the marker's ``redact_*=``) a
+    miss hides too, though no recording holds it redacted."""
+    recorded = rpc_posts(tmp_path, {"method": "tasks/get", "params": {"id": "t1"}}, query="v=1")
+    redactor = Redactor(json_pointers=["/**/apiKey"], query=["sess"])
+    replay = ReplayServer(recorded, speed=0, redactor=redactor)
+    url = await serve(replay.app)
+    asked = {"method": "tasks/get", "params": {"id": "t1", "auth": {"apiKey": "sk-live-4"}}}
+    body, _, status = await timed_post(f"{url}/rpc?sess=sk-live-5&v=1", asked)
+    assert status == 404 and b"sk-live" not in body
+    (miss,) = replay.stats.missed
+    assert miss.request == "POST /rpc?sess=[REDACTED]&v=1"
+    assert miss.closest[0]["differs"] == [
+        "query sess=[REDACTED]&v=1 vs v=1",
+        "body differs at /params/auth/apiKey ((a value) vs (absent))",
+    ]
 
 
 async def test_a_field_at_its_default_matches_its_absence(tmp_path: Path, serve: Serve) -> None:

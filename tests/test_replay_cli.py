@@ -70,6 +70,26 @@ async def test_serves_then_reports_on_exit(tmp_path: Path) -> None:
     assert re.search(r"GET /tasks/t1 \(session.jsonl:\d+\): fault: status=503", err)
 
 
+async def test_the_redaction_options_hide_values_from_what_misses_report(tmp_path: Path) -> None:
+    """In replay mode, --redact-query and --redact-json say what a miss's answer and the exit
+    summary hide (both end up in logs), though the recordings hold those values as sent."""
+    source = cassette(tmp_path / "session.jsonl")
+    args = ("--listen", "127.0.0.1:0", "--speed", "0", "--redact-query", "sess", "--redact-json", "/apiKey")
+    async with running("replay", str(source), *args) as run:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{run.url}/message:send?sess=sk-live-1", json={"apiKey": "sk-live-2", "message": {}}
+            ) as r,
+        ):
+            answer = await r.text()
+        assert await stop(run, signal.SIGINT) == 0
+        err = run.printed[-1]
+    assert r.status == 404 and "sk-live" not in answer and "sk-live" not in err
+    assert "  missed POST /message:send?sess=[REDACTED]" in err
+    assert "query sess=[REDACTED] vs (none); body differs at /apiKey ((a value) vs (absent))" in err
+
+
 async def test_a_stream_cut_by_the_stop_is_said_to_be_stopped_not_left(tmp_path: Path) -> None:
     """Ctrl-C while a stream goes out: the report says the server stopped it (it said the
     client left)."""
