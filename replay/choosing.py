@@ -130,12 +130,29 @@ class Recordings:
             holding = [i for i in self._resumable(incoming) if self._holds(i, last_id)]
         if holding:
             # Its rest goes to the client it was cut from: it stays for identical requests.
-            return self._served_stream(holding, incoming), False
+            index = self._served_stream(holding, incoming)
+            if self.rest_unrecorded(index, last_id):
+                return None  # a miss (record-missing: the upstream has the rest)
+            return index, False
         streams = [i for i in matching if self.recorded[i].is_sse and not self.recorded[i].resumed_from]
         if streams:
             # An id no stream it matches holds: the one it was served says which ids it has.
             return self._served_stream(streams, incoming), False
         return self.match(incoming)
+
+    def rest_unrecorded(self, index: int, last_id: str) -> bool:
+        """Whether the stream ends at ``last_id`` without what ends it (the answer, a final
+        state): it was closed early (an MCP server's polling, a client that left) and what
+        came after, on a resumption, was never recorded. Served, "the rest" would be nothing,
+        and the client would ask again, for ever."""
+        recorded = self.recorded[index]
+        protocol = by_name(recorded.protocol)
+        if protocol is None or not protocol.ends_with_close(recorded.as_request()):
+            return False
+        events = [e for e in self.events_of(index) if e.complete]
+        if not events or events[-1].id != last_id:
+            return False
+        return not any(protocol.closes(e.data, e.event) for e in events)
 
     def _served_stream(self, streams: list[int], incoming: Incoming) -> int:
         """Of the recorded ``streams``, the one a client resuming with ``incoming`` was most

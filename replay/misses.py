@@ -41,7 +41,14 @@ def miss(
         reasons = mismatches(facing, r, recordings.rules, shown=shown)
         used_up = not reasons and not _resume_only(recordings, i, last_id)
         reasons = reasons or [_why_not_again(recordings, i, last_id)]
-        scored.append((distance(facing, r, recordings.rules), i, reasons, used_up))
+        # The stream the client resumes, ended early: first, saying what is not there.
+        cut = last_id is not None and recordings.rest_unrecorded(i, last_id)
+        if cut:
+            reasons = [
+                f"its stream ends at event {last_id}, before its answer: what came after (the "
+                "request resuming it) was not recorded"
+            ]
+        scored.append(((not cut, distance(facing, r, recordings.rules)), i, reasons, used_up))
     nearest = sorted(scored)[:3]
     closest = [
         {

@@ -17,9 +17,11 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_peers import run_mcp_server
 
+from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
 from tasktape.replay import Faults, ReplayServer, load
+from tasktape.replay.modes import ReplayMode
 
 TIMEOUT = 20  # s: a client the replay leaves waiting fails the test instead of hanging it
 Call = Callable[[ClientSession], Awaitable[Any]]
@@ -149,3 +151,75 @@ async def test_a_retry_after_an_injected_status_gets_the_recording(tmp_path: Pat
     assert statuses[0][0] == 500
     assert statuses[1] == (200, replay.recorded[0].body)
     assert replay.stats.missed == [] and replay.unused() == []
+
+
+async def test_a_stream_the_server_closed_early_is_taken_up_from_the_upstream(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """An MCP server closes a tool call's stream after its first progress (SEP-1699), and
+    the client resumes with a GET after that event. Recording misses, the replay found the
+    closed stream holding the event and answered its rest, nothing: the client asked again
+    for ever. Its rest was never recorded: the GET goes to the server, and is recorded."""
+    db = tmp_path / "grows.db"
+    args = ("--event-store", "--retry-ms", "100", "--close-stream-after", "1")
+    with run_mcp_server(*args, sdk="1") as mcp_server, LogWriter(db) as writer:
+        replay = ReplayServer(
+            [],
+            speed=0,
+            mode=ReplayMode.RECORD_MISSING,
+            upstream=mcp_server.url.removesuffix("/mcp"),
+            writer=writer,
+            log_path=db,
+        )
+        url = await serve(replay.app)
+        (answer, progress), added = await run(f"{url}/mcp", count, add)
+    assert (answer, [done for done, _ in progress], added) == ("counted to 3", [1.0, 2.0, 3.0], "5")
+    with EventLog(db) as log:
+        resumed = [
+            x for x in log.exchanges() if x["method"] == "GET" and "Last-Event-ID" in x["request_headers"]
+        ]
+    assert resumed and all(x["status"] == 200 for x in resumed)
+    # Replayed from what was recorded, the same session runs through, nothing missed.
+    again = ReplayServer(load([db]), speed=0)
+    url = await serve(again.app)
+    assert await run(f"{url}/mcp", count, add) == [(answer, progress), "5"]
+    assert again.stats.missed == []
+
+
+async def test_a_resume_after_a_stream_closed_early_without_its_rest_is_a_miss(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """A cassette with the tool call's stream closed early, and no recording of the GET
+    that took it up: the GET is a miss, said as one, not an empty rest served as matched."""
+    call = rpc(3, "tools/call", {"name": "slow_count", "arguments": {"n": 3, "delay": 0.1}})
+    progress = {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": 3, "progress": 1},
+    }
+    closed = Recorded(
+        method="POST",
+        path="/mcp",
+        request_headers=[("Content-Type", "application/json"), ("Mcp-Session-Id", "s1")],
+        request_body=json.dumps(call).encode(),
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(0, b"id: e0\ndata: \n\n"), (1000, f"id: e1\ndata: {json.dumps(progress)}\n\n".encode())],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "c.jsonl", [closed])
+    replay = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0)
+    url = await serve(replay.app)
+    headers = {"Mcp-Session-Id": "s1", "Accept": "text/event-stream", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/mcp", data=json.dumps(call), headers=headers) as r:
+            assert r.status == 200 and b"e1" in await r.read()
+        async with http.get(f"{url}/mcp", headers={**headers, "Last-Event-ID": "e1"}) as r:
+            assert r.status == 400
+            (nearest, *_) = (await r.json())["error"]["closest"]
+    assert nearest["differs"] == [
+        "its stream ends at event e1, before its answer: what came after (the request resuming it) "
+        "was not recorded"
+    ]
+    assert [m.request for m in replay.stats.missed] == ["GET /mcp"] and replay.stats.served == 1

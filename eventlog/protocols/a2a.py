@@ -86,6 +86,10 @@ class A2A(Protocol):
     def reader(self) -> A2AReader:
         return A2AReader()
 
+    def ends_with_close(self, request: Request) -> bool:
+        """Every stream of a task runs to a terminal or interrupted state."""
+        return True
+
     def closes(self, data: str, event_type: str | None) -> bool:
         """The status update that ends the run: a terminal or interrupted state."""
         c = classify(data)

@@ -238,6 +238,11 @@ class Protocol:
         ``no-final`` fault leaves out)."""
         return False
 
+    def ends_with_close(self, request: Request) -> bool:
+        """Whether the stream answering ``request`` ends with an event :meth:`closes`
+        tells: one that ends before it ended unfinished (a replay has not its rest)."""
+        return False
+
     def delta(self, c: Classification) -> str | None:
         """The text an event adds as the response streams (None: it adds none), as its
         reader classified it: ``tasktape diff`` joins these into the stream's deltas."""

@@ -91,6 +91,9 @@ class Guarded(Protocol):
     def closes(self, data: str, event_type: str | None) -> bool:
         return self.safely("closes", False, lambda: bool(self.inner.closes(data, event_type)))
 
+    def ends_with_close(self, request: Request) -> bool:
+        return self.safely("ends_with_close", False, lambda: bool(self.inner.ends_with_close(request)))
+
     def answer_edits(
         self, recorded: Request, incoming: Request, chunks: Chunks, events: Sequence[StreamEvent] | None
     ) -> tuple[list[Edit], list[str]]:

@@ -189,6 +189,10 @@ class MCP(Protocol):
     def reader(self) -> MCPReader:
         return MCPReader()
 
+    def ends_with_close(self, request: Request) -> bool:
+        """A POST's stream ends with the answer to its request; the GET stream has no end."""
+        return request.method == "POST"
+
     def closes(self, data: str, event_type: str | None) -> bool:
         """The answer to the request (its result or error): a POST stream ends with it."""
         return message_kind(parsed(data, MCPKind.OTHER)) in (MCPKind.RESPONSE, MCPKind.ERROR)
