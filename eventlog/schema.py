@@ -720,13 +720,14 @@ def _artifact_text_appended_and_repeats(db: sqlite_utils.Database) -> None:
         db.create_view(name, VIEWS[name].strip(), replace=True)
 
 
-@_migration("0019_thinking_and_choices")
-def _thinking_and_choices(db: sqlite_utils.Database) -> None:
+@_migration("0019_thinking_choices_server_requests")
+def _thinking_choices_server_requests(db: sqlite_utils.Database) -> None:
     # A model's thinking (Anthropic's thinking deltas, OpenAI's reasoning) and the choices of
-    # a request for several have kinds of their own, their text in the events (searchable).
+    # a request for several have kinds of their own, their text in the events (searchable);
+    # an MCP server's requests have theirs (what an elicitation or a sampling request asks).
     from .reread import reread_log  # noqa: PLC0415 (as in 0007)
 
-    reread_log(db.conn, ("openai", "anthropic"))
+    reread_log(db.conn, ("openai", "anthropic", "mcp"))
 
 
 SCHEMA_VERSION = len(KNOWN)

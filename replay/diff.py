@@ -132,7 +132,7 @@ def read(recorded: Recorded) -> Reading:
         tuple(kinds),
         summary.answer or "",
         _calls(summary.tool_calls),
-        "".join(deltas),
+        (protocol.delta_separator if protocol is not None else "").join(deltas),
         tuple(artifacts),
         usage,
         ttfe,

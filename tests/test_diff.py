@@ -415,6 +415,33 @@ def test_an_mcp_get_stream_and_its_resumption_are_compared_apart(tmp_path: Path)
     assert [p["differs"] for p in doc["pairs"]] == [True, False], doc
 
 
+def test_what_an_mcp_server_asks_is_compared_message_by_message(tmp_path: Path) -> None:
+    """An elicitation's message changed ("Favourite colour?" to "Your bank password?"): a
+    server's requests had no text, so diff saw nothing; MCP's deltas are messages, one a line."""
+
+    def recording(path: Path, asked: str) -> Path:
+        progress = {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": 1, "progress": 1, "message": "counted 1 of 3"},
+        }
+        elicit = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "elicitation/create",
+            "params": {"message": asked, "requestedSchema": {}},
+        }
+        return cassette(path, mcp_get_stream([progress, elicit], None))
+
+    a = recording(tmp_path / "a.jsonl", "Favourite colour?")
+    b = recording(tmp_path / "b.jsonl", "Your bank password?")
+    status, doc = diff_json(a, b)
+    assert status == 1 and aspects(doc) == [["deltas"]], doc
+    (difference,) = doc["pairs"][0]["differences"]
+    assert difference["a"] == "counted 1 of 3\nelicitation/create: Favourite colour?"
+    assert "+elicitation/create: Your bank password?" in difference["diff"]
+
+
 def test_kinds_artifacts_and_usage_show_what_changed(tmp_path: Path) -> None:
     """B skips the WORKING status, names its artifact otherwise and costs more credits."""
 

@@ -184,6 +184,9 @@ class Protocol:
     # The JSON keys under which its responses name what the server makes up on every run
     # (task, message, response ids): ``tasktape diff`` compares those by position.
     server_ids: ClassVar[frozenset[str]] = frozenset()
+    # What joins its events' deltas in ``tasktape diff``: nothing for pieces of one text
+    # (tokens), a line break for events that are each a message of their own.
+    delta_separator: ClassVar[str] = ""
     rules: ClassVar[Mapping[str, Rule]] = {}  # its lifecycle rules, by name
     # Whether its servers take a stream up again themselves after the client's
     # Last-Event-ID (MCP's do): a resuming recorder sends them a reconnect to a stream they
@@ -245,7 +248,8 @@ class Protocol:
 
     def delta(self, c: Classification) -> str | None:
         """The text an event adds as the response streams (None: it adds none), as its
-        reader classified it: ``tasktape diff`` joins these into the stream's deltas."""
+        reader classified it: ``tasktape diff`` joins these into the stream's deltas
+        (with ``delta_separator`` between them)."""
         return c.text
 
     def artifact_names(self, data: str, c: Classification) -> Sequence[str]:

@@ -31,6 +31,7 @@ class Guarded(Protocol):
         self.kinds = inner.kinds  # type: ignore[misc]
         self.regenerated = inner.regenerated  # type: ignore[misc]
         self.server_ids = inner.server_ids  # type: ignore[misc]
+        self.delta_separator = inner.delta_separator  # type: ignore[misc]
         self.resumes_streams = inner.resumes_streams  # type: ignore[misc]
         self.miss_status = inner.miss_status  # type: ignore[misc]
         self.read_operations = inner.read_operations  # type: ignore[misc]

@@ -68,7 +68,7 @@ SERVER_ERROR = -32000  # JSON-RPC's first code for errors a server defines
 
 
 class MCPKind(StrEnum):
-    REQUEST = "request"
+    REQUEST = "request"  # a request of the server's: its method, and what it asks, are its text
     RESPONSE = "response"
     NOTIFICATION = "notification"
     LOG = "log"  # a log message (notifications/message): its level and data are its text
@@ -129,6 +129,21 @@ def answer_of(message: dict[str, Any]) -> tuple[MCPFinish, str | None, Any]:
     return (MCPFinish.TOOL_ERROR if failed else MCPFinish.RESULT), result_text(result), result
 
 
+def request_text(method: str, params: Any) -> str:
+    """A server's request as one line: its method, then what it asks of the user (an
+    elicitation's message) or of the model (a sampling request's last message)."""
+    asked = None
+    if isinstance(params, dict):
+        asked = params.get("message")
+        messages = params.get("messages")
+        if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+            content = messages[-1].get("content")
+            parts = content if isinstance(content, list) else [content]
+            texts = [t for c in parts if isinstance(c, dict) and isinstance(t := c.get("text"), str)]
+            asked = "".join(texts) or asked
+    return f"{method}: {asked}" if isinstance(asked, str) and asked else method
+
+
 def log_text(params: Any) -> str | None:
     """A log message as one line: its level (and logger), then its data (any JSON: a
     string as it is, else as JSON)."""
@@ -148,6 +163,7 @@ class MCP(Protocol):
     kinds = MCPKind
     # Clients number requests afresh, and the SDKs use the id as the progress token.
     regenerated: ClassVar[Regenerated] = Regenerated(pointers=(("params", "_meta", "progressToken"),))
+    delta_separator: ClassVar[str] = "\n"  # each event a message: progress, a log line, a request
     resumes_streams: ClassVar[bool] = True  # a server may end a stream for its client to poll
     # A 404 tells a client its session has ended: the SDK says "Session terminated" and
     # drops the miss's reason.
@@ -267,8 +283,8 @@ class MCPReader(StreamReader):
             state, text, _ = answer_of(obj)
             self.summary.finish, self.summary.answer = state, text
             return classified(kind, text, state)
-        if kind is not MCPKind.NOTIFICATION:
-            return classified(kind)  # a request of the server's
+        if kind is MCPKind.REQUEST:  # a request of the server's
+            return classified(kind, request_text(obj["method"], obj.get("params")))
         params = obj.get("params")
         if obj["method"] == LOG:
             return classified(MCPKind.LOG, log_text(params))
