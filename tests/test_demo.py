@@ -14,16 +14,21 @@ from tasktape.demo import Run, check
 from tasktape.eventlog import EventLog, LogWriter
 
 
-def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
-    db = tmp_path / "demo.db"
-    result = subprocess.run(
-        [sys.executable, "-m", "tasktape", "demo", "--db", str(db), "--pace", "0.2"],
+def demo(*args: str, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``tasktape demo ARGS`` run to its end in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "tasktape", "demo", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
-        cwd=tmp_path,
+        cwd=cwd,
     )
+
+
+def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    result = demo("--db", str(db), "--pace", "0.2", timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "All 12 scenarios recorded completely" in out and f"The log: {db}" in out
@@ -66,13 +71,7 @@ def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
 def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     db.write_bytes(b"")
-    result = subprocess.run(
-        [sys.executable, "-m", "tasktape", "demo", "--db", str(db)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = demo("--db", str(db), timeout=60)
     assert result.returncode == 1 and "exists already" in result.stderr
 
 
@@ -83,14 +82,7 @@ def test_a_default_name_taken_in_the_same_second_gets_a_suffix(tmp_path: Path) -
     taken = {time.strftime("tasktape-demo-%Y%m%d-%H%M%S.db", time.localtime(now + s)) for s in range(60)}
     for name in taken:
         (tmp_path / name).write_bytes(b"")
-    result = subprocess.run(
-        [sys.executable, "-m", "tasktape", "demo", "--pace", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-    )
+    result = demo("--pace", "0", timeout=60, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     found = re.search(r"the log goes to (tasktape-demo-\d{8}-\d{6})-2\.db\n", result.stdout)
     assert found and f"{found.group(1)}.db" in taken, result.stdout
@@ -102,14 +94,7 @@ def test_a_default_name_taken_in_the_same_second_gets_a_suffix(tmp_path: Path) -
 @pytest.mark.parametrize("pace", ["nan", "inf", "-1"])
 def test_a_pace_that_never_ends_a_delay_is_refused(tmp_path: Path, pace: str) -> None:
     """A NaN or infinite pace would make the agent's every task sleep forever."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tasktape", "demo", "--pace", pace, "--db", "demo.db"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        cwd=tmp_path,
-    )
+    result = demo("--pace", pace, "--db", "demo.db", timeout=30, cwd=tmp_path)
     refused = "the pace is 0 (as fast as possible) or a finite number above it"
     assert result.returncode == 2 and f"Invalid value for '--pace': {refused}, not " in result.stderr
     assert list(tmp_path.iterdir()) == []

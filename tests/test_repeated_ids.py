@@ -52,6 +52,15 @@ def record(
     return ex
 
 
+def streamed(path: Path, *streams: list[dict[str, Any]]) -> None:
+    """A log of one capture: each of ``streams`` (A2A frames) an exchange a second after the
+    one before, its event ids lettered a, b..."""
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        for n, frames in enumerate(streams):
+            record(w, cap, sse(frames, ids="abcdefgh"[n]), start_ms=1000 * n)
+
+
 def answers(path: Path) -> dict[str, tuple[str | None, list[str | None]]]:
     """Each task's task_summary answer, and its artifacts' task_artifacts texts."""
     with EventLog(path) as log:
@@ -73,15 +82,15 @@ def answers(path: Path) -> dict[str, tuple[str | None, list[str | None]]]:
 def test_a_last_chunk_that_appends_adds_its_piece_to_the_text(tmp_path: Path) -> None:
     """A closing lastChunk with append true is the last piece, not the whole text."""
     path = tmp_path / "log.db"
-    with LogWriter(path) as w:
-        cap = w.begin_capture(source="test")
-        frames = [
+    streamed(
+        path,
+        [
             task("t.appended", "c"),
             artifact("t.appended", "c", "a", "Hello "),
             artifact("t.appended", "c", "a", "world", append=True, last_chunk=True),
             status("t.appended", "c", "TASK_STATE_COMPLETED"),
-        ]
-        record(w, cap, sse(frames, ids="a"), start_ms=0)
+        ],
+    )
     assert answers(path) == {"t.appended": ("Hello world", ["Hello world"])}
 
 
@@ -89,25 +98,24 @@ def test_append_false_replaces_the_text_so_far(tmp_path: Path) -> None:
     """An event with append false starts the text again (the spec's replace), whether it
     closes the artifact or not; the appends after it add to it."""
     path = tmp_path / "log.db"
-    with LogWriter(path) as w:
-        cap = w.begin_capture(source="test")
-        frames = [
+    streamed(
+        path,
+        [
             task("t.again", "c"),
             artifact("t.again", "c", "a", "draft "),
             artifact("t.again", "c", "a", "one", append=True),
             artifact("t.again", "c", "a", "Final "),
             artifact("t.again", "c", "a", "text", append=True),
             status("t.again", "c", "TASK_STATE_COMPLETED"),
-        ]
-        record(w, cap, sse(frames, ids="a"), start_ms=0)
-        frames = [
+        ],
+        [
             task("t.closed", "c"),
             artifact("t.closed", "c", "a", "Hel"),
             artifact("t.closed", "c", "a", "lo", append=True),
             artifact("t.closed", "c", "a", "Hello", last_chunk=True),
             status("t.closed", "c", "TASK_STATE_COMPLETED"),
-        ]
-        record(w, cap, sse(frames, ids="b"), start_ms=1000)
+        ],
+    )
     assert answers(path) == {"t.again": ("Final text", ["Final text"]), "t.closed": ("Hello", ["Hello"])}
 
 
@@ -115,14 +123,14 @@ def test_an_older_log_reads_its_artifacts_anew_once_upgraded(tmp_path: Path) -> 
     """A log of schema version 17 has the views that took an appending lastChunk for the
     whole text: upgrading it makes them anew."""
     path = tmp_path / "log.db"
-    with LogWriter(path) as w:
-        cap = w.begin_capture(source="test")
-        frames = [
+    streamed(
+        path,
+        [
             task("t.old", "c"),
             artifact("t.old", "c", "a", "Hello "),
             artifact("t.old", "c", "a", "world", append=True, last_chunk=True),
-        ]
-        record(w, cap, sse(frames), start_ms=0)
+        ],
+    )
     with closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("DELETE FROM _sqlite_migrations WHERE name >= '0018'")
         conn.execute("DROP VIEW task_artifacts")
