@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from contextlib import nullcontext
@@ -559,16 +560,33 @@ def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any
 
 def replace_with(target: Path, pieces: Iterable[str]) -> None:
     """``target`` made to hold the text of ``pieces`` at once: written beside it as they
-    come, then moved over it (over the file a link names, the link kept)."""
+    come, then moved over it (over the file a link names, the link kept; with the mode the
+    file had). What is no file (a pipe, ``/dev/stdout``, a device) is written to as it is:
+    there is nothing to replace, and replaced it would no longer be what it was."""
     if target.is_dir():
         raise CassetteError(f"cannot write {target}: it is a folder")
     if not target.parent.is_dir():  # (said of the cassette, not of the file written first)
         raise CassetteError(f"cannot write {target}: its folder {target.parent} does not exist")
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        if mode is not None and not stat.S_ISREG(mode):
+            with target.open("w", encoding="utf-8") as out:
+                out.writelines(pieces)
+            return
+    except OSError as exc:
+        raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None
     real = target.resolve()
     partial = real.with_name(f".{real.name}.{os.getpid()}.partial")
     try:
         with partial.open("w", encoding="utf-8") as out:
             out.writelines(pieces)
+        if mode is not None:  # (a cassette kept private stays so)
+            partial.chmod(stat.S_IMODE(mode))
         partial.replace(real)
     except OSError as exc:
         raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None

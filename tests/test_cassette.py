@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -449,6 +452,29 @@ def test_write_cassette_writes_through_a_link(tmp_path: Path) -> None:
     write_cassette(link, [Recorded(method="GET", path="/new", status=204)])
     assert link.is_symlink() and [r.path for r in read_cassette(real)] == ["/new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "real.jsonl"]
+
+
+def test_export_writes_into_a_pipe_and_keeps_a_cassettes_mode(tmp_path: Path) -> None:
+    """What is no file was replaced by one: a named pipe's reader got nothing (as would
+    `-o /dev/stdout`, refused, or a device), and a cassette kept private (0600) became
+    readable by all."""
+    log_path = make_log(tmp_path / "a.db")
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = subprocess.Popen(["cat", str(pipe)], stdout=subprocess.PIPE)
+    try:
+        result = CliRunner().invoke(main, ["export", str(log_path), "-o", str(pipe)])
+        got, _ = reader.communicate(timeout=5)
+    finally:  # (a pipe replaced by a file leaves its reader waiting)
+        reader.kill()
+        reader.wait()
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and [r.path for r in read_cassette(pipe, content=got)] != []
+    private = tmp_path / "private.jsonl"
+    private.write_text("")
+    private.chmod(0o600)
+    assert CliRunner().invoke(main, ["export", str(log_path), "-o", str(private)]).exit_code == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and read_cassette(private)
 
 
 def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
