@@ -1,6 +1,7 @@
 """The data of the MCP session page: one session's exchanges read back from the log, each
 request with its progress and its result or error wherever they arrived (on its own POST
-stream, in its JSON answer, or on a GET stream that resumed it), and the findings
+stream, in its JSON answer, or on a GET stream that resumed it), the requests the server
+sent while it waited (and the client's answers to them), and the findings
 ``tasktape check`` saved about them.
 
 A session is what ``Mcp-Session-Id`` names. Exchanges without one (the stateless
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from tasktape.eventlog.protocols.mcp import (
     answer_of,
     log_text,
     message_kind,
+    request_text,
 )
 
 from .display import Excerpt, excerpt, ms_or_none, parse_json, row_number
@@ -72,6 +75,25 @@ class Progress:
         return done if self.total is None else f"{done}/{self.total:g}"
 
 
+class StoryKind(StrEnum):
+    """What a line of a request's story (its log messages and the server's requests, in
+    the order they came) is."""
+
+    LOG = "log"
+    REQUEST = "server request"
+
+
+class Tie(StrEnum):
+    """How a server's request is known to be part of a client's request."""
+
+    # On the request's own stream (the SDKs send it there when the server names the request
+    # it serves), or naming the request's progress token in its params._meta.
+    FOR = "for this call"
+    # On another stream (the GET stream), while the request waited for its answer: MCP
+    # gives no other sign of which request it serves.
+    DURING = "during the call"
+
+
 @dataclass
 class LogLine:
     """A log message the server sent while it answered a request."""
@@ -80,6 +102,43 @@ class LogLine:
     text: str | None  # its level, then its data
     exchange_id: int
     seq: int | None
+    kind: StoryKind = StoryKind.LOG
+
+
+@dataclass
+class Reply:
+    """The client's answer to a server's request: a POST of its own."""
+
+    exchange_id: int
+    at_ms: float  # when the POST was sent
+    status: int | None
+    text: str | None  # what it answered (a result, as JSON), or its error's code and message
+    error: bool
+
+
+@dataclass
+class ServerRequest:
+    """A request the server sent the client (sampling, elicitation, roots), where and when it
+    arrived, and the client's answer."""
+
+    at_ms: float
+    method: str
+    text: str  # its method, then what it asks
+    rpc_id: Any
+    exchange_id: int
+    seq: int | None
+    tie: Tie = Tie.DURING
+    reply: Reply | None = None
+    kind: StoryKind = StoryKind.REQUEST
+
+    @property
+    def tied(self) -> bool:
+        return self.tie is Tie.FOR
+
+    @property
+    def reply_ms(self) -> float | None:
+        """How long the client took to answer."""
+        return None if self.reply is None else self.reply.at_ms - self.at_ms
 
 
 @dataclass
@@ -127,6 +186,7 @@ class SessionExchange:
     events: int = 0
     progress: list[Progress] = field(default_factory=list)
     logs: list[LogLine] = field(default_factory=list)
+    asked: list[ServerRequest] = field(default_factory=list)  # the server's requests while it waited
     answer: Answer | None = None
     replies_to: str | None = None  # for the client's answer to a server's request: its method
     resumed_on: list[int] = field(default_factory=list)  # the GETs that carried its messages
@@ -141,6 +201,17 @@ class SessionExchange:
     @property
     def is_call(self) -> bool:
         return self.rpc_method == TOOL_CALL
+
+    @property
+    def story(self) -> list[LogLine | ServerRequest]:
+        """Its log messages and the server's requests, in the order they came."""
+        return sorted([*self.logs, *self.asked], key=lambda m: m.at_ms)
+
+    def waits_at(self, at_ms: float) -> bool:
+        """Whether it was waiting for its answer then: sent, and not yet answered (nor its
+        exchange ended, when no answer came)."""
+        until = self.answer.at_ms if self.answer is not None else self.end_ms
+        return self.start_ms <= at_ms and (until is None or at_ms <= until)
 
     @property
     def duration_ms(self) -> float | None:
@@ -328,9 +399,9 @@ def _exchange(r: dict[str, Any], origin: int) -> SessionExchange:
     )
 
 
-def _progress_token(row: dict[str, Any]) -> Any:
-    body = parse_json(row["request_body"])
-    params = body.get("params") if isinstance(body, dict) else None
+def _progress_token(message: Any) -> Any:
+    """The progress token a message names in its params._meta, if any."""
+    params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None
     return meta.get("progressToken") if isinstance(meta, dict) else None
 
@@ -370,23 +441,26 @@ def _messages(
 def _read_messages(
     log: EventLog, rows: list[dict[str, Any]], exchanges: list[SessionExchange], origin: int
 ) -> None:
-    """Give each request its answer and its progress, and note the GETs that carried them."""
+    """Give each request its answer, its progress and the server's requests it waited on,
+    and note the GETs that carried them."""
     by_id = {x.id: x for x in exchanges}
     requests: dict[tuple[str, Any], list[SessionExchange]] = {}
     tokens: dict[tuple[str, Any], list[SessionExchange]] = {}
     for r, x in zip(rows, exchanges, strict=True):
         if x.rpc_id is not None and (key := id_key(x.rpc_id)) is not None:
             requests.setdefault(key, []).append(x)
-        if (token := _progress_token(r)) is not None and (key := id_key(token)) is not None:
+        token = _progress_token(parse_json(r["request_body"]))
+        if token is not None and (key := id_key(token)) is not None:
             tokens.setdefault(key, []).append(x)
-    asks: dict[tuple[str, Any], str] = {}  # the server's requests to the client: their methods, by id
+    asks: list[tuple[ServerRequest, SessionExchange | None]] = []  # each with the request it names
     for at, exchange_id, seq, message in _messages(log, rows, origin):
         carrier = by_id[exchange_id]
         kind = message_kind(message)
         target: SessionExchange | None = None
         if kind is MCPKind.REQUEST:
-            if (key := id_key(message["id"])) is not None:
-                asks[key] = message["method"]
+            method, params = message["method"], message.get("params")
+            asked = ServerRequest(at, method, request_text(method, params), message["id"], exchange_id, seq)
+            asks.append((asked, _asked(_with_id(tokens, _progress_token(message)), carrier, at)))
         elif kind in (MCPKind.RESPONSE, MCPKind.ERROR):
             target = _asked(_with_id(requests, message.get("id")), carrier, at)
             if target is not None:  # (answered twice, which check flags: the last, as stream_summary)
@@ -413,10 +487,71 @@ def _read_messages(
                 target.resumed_on.append(carrier.id)
             if target.id not in carrier.carried:
                 carrier.carried.append(target.id)
+    _tie(asks, by_id, exchanges)
+    _link_replies(rows, exchanges, [asked for asked, _ in asks])
+
+
+def _stream_of(carrier: SessionExchange, by_id: dict[int, SessionExchange]) -> SessionExchange | None:
+    """The client's request whose stream carried a message: its POST's, or a GET resuming it."""
+    if carrier.rpc_id is not None:
+        return carrier
+    resumed = carrier.last_event_id is not None and len(carrier.carried) == 1
+    return by_id[carrier.carried[0]] if resumed else None
+
+
+def _tie(
+    asks: list[tuple[ServerRequest, SessionExchange | None]],
+    by_id: dict[int, SessionExchange],
+    exchanges: list[SessionExchange],
+) -> None:
+    """Put each server's request in the story of the request it is for, when a progress
+    token or the stream it came on says which; else in that of each tool call waiting
+    when it came."""
+    unclaimed: list[ServerRequest] = []
+    for asked, named in asks:
+        owner = named or _stream_of(by_id[asked.exchange_id], by_id)
+        if owner is None:
+            unclaimed.append(asked)
+            continue
+        asked.tie = Tie.FOR
+        owner.asked.append(asked)
+    calls = iter(x for x in exchanges if x.is_call)  # in the order sent, as the requests came
+    waiting: list[SessionExchange] = []
+    upcoming = next(calls, None)
+    for asked in unclaimed:
+        while upcoming is not None and upcoming.start_ms <= asked.at_ms:
+            waiting.append(upcoming)
+            upcoming = next(calls, None)
+        waiting = [x for x in waiting if x.waits_at(asked.at_ms)]  # once answered, for good
+        for x in waiting:
+            x.asked.append(asked)
+
+
+def _link_replies(
+    rows: list[dict[str, Any]], exchanges: list[SessionExchange], asks: list[ServerRequest]
+) -> None:
+    """Link each client's answer and the server's request it answers: of those with its id
+    not yet answered, the latest sent before it (a server may use an id again once it is
+    answered)."""
+    by_key: dict[tuple[str, Any] | None, list[ServerRequest]] = {}
+    for asked in asks:
+        by_key.setdefault(id_key(asked.rpc_id), []).append(asked)
     for r, x in zip(rows, exchanges, strict=True):
         body = parse_json(r["request_body"])
-        if message_kind(body) in _ANSWERS:
-            x.replies_to = asks.get(key) if (key := id_key(body.get("id"))) is not None else None
+        if message_kind(body) not in _ANSWERS or (key := id_key(body.get("id"))) is None:
+            continue
+        waiting = [a for a in by_key.get(key, []) if a.reply is None]
+        asked = next((a for a in reversed(waiting) if a.at_ms <= x.start_ms), next(iter(waiting), None))
+        if asked is not None:
+            x.replies_to = asked.method
+            asked.reply = _reply(body, x)
+
+
+def _reply(body: dict[str, Any], x: SessionExchange) -> Reply:
+    finish, text, result = answer_of(body)
+    if text is None and finish is not MCPFinish.ERROR:
+        text = json.dumps(result, ensure_ascii=False)
+    return Reply(x.id, x.start_ms, x.status, text, finish in FAILED)
 
 
 def _with_id(exchanges: dict[tuple[str, Any], list[SessionExchange]], rpc_id: Any) -> list[SessionExchange]:

@@ -1,11 +1,13 @@
 """The MCP session page's time axis (see axis.py).
 
 One lane per tool call: its POST as a bar, each progress notification a tick labelled
-with its progress, the result or error a dot. A GET that resumed the call (its messages
-came on it) is drawn in the call's lane as the call's continuation, dashed, linked to the
-POST it continues. One lane below for the session's other requests, each a bar named on
-it, in as many rows as keep them apart (up to MAX_REQUEST_ROWS). A session of more than
-MAX_CALL_LANES calls has its first ones drawn.
+with its progress, each request the server sent while it waited a taller tick (its
+tooltip says what it asks and when the client answered), the result or error a dot. A
+GET that resumed the call (its messages came on it) is drawn in the call's lane as the
+call's continuation, dashed, linked to the POST it continues. One lane below for the
+session's other requests, each a bar named on it, in as many rows as keep them apart (up
+to MAX_REQUEST_ROWS). A session of more than MAX_CALL_LANES calls has its first ones
+drawn.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from markupsafe import Markup
 
 from .axis import CHAR, TOP, WIDTH, LabelRows, Svg
-from .session_page import SessionExchange, SessionPage
+from .session_page import ServerRequest, SessionExchange, SessionPage
 
 LANE = 74
 ROW = 19  # one row of the other requests' lane
@@ -25,7 +27,7 @@ ROW = 19  # one row of the other requests' lane
 MAX_CALL_LANES = 50
 MAX_REQUEST_ROWS = 8
 MAX_REQUEST_LABEL = 40  # characters; the label's tooltip says the rest
-MARK_COLOURS = {"progress": "#1e88e5", "result": "#2e7d32", "error": "#c62828"}
+MARK_COLOURS = {"progress": "#1e88e5", "request": "#8e24aa", "result": "#2e7d32", "error": "#c62828"}
 
 
 def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: float) -> None:
@@ -59,6 +61,8 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
         title = f"progress {p.label} at {p.at_ms:,.1f} ms ({where}){': ' + p.message if p.message else ''}"
         svg.tick(p.at_ms, mid, 10, title, fill=MARK_COLOURS["progress"], class_="tt-progress")
         svg.mark_label(labels, at, mid - 14, p.label, MARK_COLOURS["progress"])
+    for asked in x.asked:
+        svg.tick(asked.at_ms, mid, 16, _asked_title(asked), fill=MARK_COLOURS["request"], class_="tt-asked")
     if x.answer is not None:
         a = x.answer
         name = "error" if a.error else "result"
@@ -83,6 +87,13 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
             text_anchor=anchor,
             text=label,
         )
+
+
+def _asked_title(asked: ServerRequest) -> str:
+    where = f"#{asked.exchange_id}.{asked.seq}" if asked.seq is not None else f"#{asked.exchange_id}"
+    said = f"{asked.text} at {asked.at_ms:,.1f} ms ({where}, {asked.tie})"
+    reply = asked.reply
+    return said + (f"; answered by #{reply.exchange_id} at {reply.at_ms:,.1f} ms" if reply else "; no answer")
 
 
 @dataclass(frozen=True)

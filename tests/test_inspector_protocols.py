@@ -11,13 +11,15 @@ import re
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import test_inspector_browser
+import test_protocol_meanings
 from datasette.app import Datasette
 from inspector_log import Served, page, rows
 from markupsafe import Markup, escape
@@ -584,3 +586,198 @@ def test_a_request_answered_twice_shows_its_last_answer_as_the_summary_does(tmp_
     assert page is not None and [e.answer.text for e in page.exchanges if e.answer] == ["two"]
     with EventLog(tmp_path / "mcp.db") as log:
         assert [r["answer"] for r in log.stream_summary()] == ["two"]
+
+
+# -- the server's requests in a tool call's story -----------------------------------------------
+
+SESSION_HEADERS = [
+    ("Content-Type", "application/json"),
+    ("MCP-Protocol-Version", "2025-11-25"),
+    ("Mcp-Session-Id", "s1"),
+]
+MS = 1_000_000
+
+
+def sse(*messages: dict[str, Any]) -> bytes:
+    """SSE events as the SDK sends them: each with an id, one JSON-RPC message each."""
+    return b"".join(
+        f"event: message\nid: e{i}-{id(m)}\ndata: {json.dumps(m)}\n\n".encode()
+        for i, m in enumerate(messages)
+    )
+
+
+def rpc(rpc_id: Any, **fields: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, **fields}
+
+
+def tool_result(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": False}
+
+
+@contextmanager
+def mcp_session(path: Path) -> Iterator[Callable[..., None]]:
+    """Writes exchanges of session s1: ``exchange(at, method, body, answers, ends)``, times
+    in ms since it started, ``answers`` (at, bytes) an SSE stream's chunks or a JSON body."""
+    started = time.time_ns()
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+
+        def exchange(
+            at: int, method: str, body: dict[str, Any] | None, answers: list[tuple[int, bytes]], ends: int
+        ) -> None:
+            is_sse = method == "GET" or (bool(answers) and answers[0][1].startswith(b"event:"))
+            x = w.begin_exchange(
+                cap,
+                method=method,
+                path="/mcp",
+                request_headers=SESSION_HEADERS,
+                request_body=json.dumps(body).encode() if body else None,
+                started_ns=started + at * MS,
+            )
+            kind = "text/event-stream" if is_sse else "application/json"
+            status = 200 if is_sse or answers else 202
+            w.response_head(x, status=status, headers=[("Content-Type", kind)], is_sse=is_sse, ttfb_ns=MS)
+            for offset, data in answers:
+                w.chunk(x, (offset - at) * MS, data)
+            w.end_exchange(x, duration_ns=(ends - at) * MS).result()
+
+        yield exchange
+
+
+def asking_session(path: Path) -> None:
+    """A session shaped like the Python SDK's: ask_llm's sampling request comes on the GET
+    stream (the SDK sends it there when the tool names no request it serves), ask_user's
+    elicitation on the call's own POST stream, after a log message; the client answers each
+    with a POST; add asks nothing. Times in ms: GET 0-100, ask_llm 20-45 (sampling at 30,
+    answered at 35), ask_user 50-60 (log at 52, elicitation at 53, answered at 56), add 70."""
+    sampling = rpc(
+        0,
+        method="sampling/createMessage",
+        params={"messages": [{"role": "user", "content": {"type": "text", "text": "Write about tea"}}]},
+    )
+    elicitation = rpc(1, method="elicitation/create", params={"mode": "form", "message": "Favourite colour?"})
+    log = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "asking"}}
+    llm = rpc(3, method="tools/call", params={"name": "ask_llm", "arguments": {"topic": "tea"}})
+    user = rpc(4, method="tools/call", params={"name": "ask_user", "arguments": {}})
+    add = rpc(5, method="tools/call", params={"name": "add", "arguments": {"a": 2, "b": 3}})
+    sampled = rpc(0, result={"role": "assistant", "content": {"type": "text", "text": "tea is good"}})
+    with mcp_session(path) as exchange:
+        exchange(0, "GET", None, [(30, sse(sampling))], 100)  # 1
+        exchange(20, "POST", llm, [(45, sse(rpc(3, result=tool_result("model said: tea is good"))))], 45)  # 2
+        exchange(35, "POST", sampled, [], 36)  # 3
+        answered = sse(rpc(4, result=tool_result("user accept: blue")))
+        exchange(50, "POST", user, [(52, sse(log)), (53, sse(elicitation)), (59, answered)], 60)  # 4
+        exchange(56, "POST", rpc(1, result={"action": "accept", "content": {"color": "blue"}}), [], 57)  # 5
+        exchange(70, "POST", add, [(71, json.dumps(rpc(5, result=tool_result("5"))).encode())], 71)  # 6
+
+
+def call_of(html: str, exchange_id: int) -> str:
+    return html.split(f'id="call-{exchange_id}"', 1)[1].split("</article>", 1)[0]
+
+
+def story(call: str) -> list[tuple[str, str, str]]:
+    """A call's story as listed: (what, its text, where it came)."""
+    return re.findall(
+        r'<span class="tt-label">([a-z ]+)</span> <span class="tt-at">at [\d,.]+ ms</span>\s*'
+        r'<span>([^<]*)</span>\s*<span class="tt-where"><a [^>]*>([#\d.]+)</a>',
+        call,
+    )
+
+
+async def test_a_tool_calls_story_has_the_requests_the_server_sent_while_it_waited(tmp_path: Path) -> None:
+    """A tool that asks the user (elicitation on its POST stream) or a model (sampling, on
+    the session's GET stream) waits for the client: its story lists what the server asked,
+    in order with its log messages, for this call (its own stream) or during it (another
+    stream, while it waited), each linked to the client's answer and when it came."""
+    asking_session(tmp_path / "asking.db")
+    ds = create_datasette(tmp_path / "asking.db")
+    html = await page(ds, "/asking/-/session/s1")
+    llm, user = call_of(html, 2), call_of(html, 4)
+    assert story(llm) == [("server request", "sampling/createMessage: Write about tea", "#1.0")]
+    assert "during the call, on #1 GET</span>" in llm
+    assert re.search(
+        r'answered by <a href="#exchange-3">#3 POST</a>\s*<span class="tt-at">at 35.0 ms</span>', llm
+    )
+    assert "(5.0 ms later, 202)" in llm and "tea is good" in llm
+    assert story(user) == [
+        ("log", "info: asking", "#4.0"),
+        ("server request", "elicitation/create: Favourite colour?", "#4.1"),
+    ]
+    assert ">for this call</span>" in user and '<a href="#exchange-5">#5 POST</a>' in user
+    assert "(3.0 ms later, 202)" in user and str(escape('"action": "accept"')) in user
+    assert "server request" not in call_of(html, 6) and '<p class="tt-text">5</p>' in call_of(html, 6)
+    # The table names each answer for the request it answers; the timeline marks each request.
+    table = section(html, "Exchanges")
+    assert "<td>response to sampling/createMessage</td>" in table
+    assert "<td>response to elicitation/create</td>" in table
+    assert re.findall(r'<rect [^>]*class="tt-asked"><title>([^<]*)</title>', svg_of(html)) == [
+        "sampling/createMessage: Write about tea at 30.0 ms (#1.0, during the call);"
+        " answered by #3 at 35.0 ms",
+        "elicitation/create: Favourite colour? at 53.0 ms (#4.1, for this call); answered by #5 at 56.0 ms",
+    ]
+    data = json.loads(await page(ds, "/asking/-/session/s1.json"))
+    asked = {
+        x["id"]: [(a["method"], a["tie"], a["reply"]["exchange_id"]) for a in x["asked"]]
+        for x in data["exchanges"]
+    }
+    assert asked[2] == [("sampling/createMessage", "during the call", 3)]
+    assert asked[4] == [("elicitation/create", "for this call", 5)] and asked[6] == []
+
+
+async def test_a_request_on_the_get_stream_is_for_the_call_whose_progress_token_it_names(
+    tmp_path: Path,
+) -> None:
+    """Two calls wait at once. A server's request on the GET stream that names one's progress
+    token in its _meta is that call's alone; one that names none is listed in both, as asked
+    during them (nothing says which it serves)."""
+    call = rpc(
+        1, method="tools/call", params={"name": "a", "arguments": {}, "_meta": {"progressToken": "pa"}}
+    )
+    other = rpc(
+        2, method="tools/call", params={"name": "b", "arguments": {}, "_meta": {"progressToken": "pb"}}
+    )
+    named = rpc(7, method="roots/list", params={"_meta": {"progressToken": "pb"}})
+    unnamed = rpc(8, method="elicitation/create", params={"message": "Which one?"})
+    with mcp_session(tmp_path / "two.db") as exchange:
+        exchange(0, "GET", None, [(20, sse(named)), (30, sse(unnamed))], 100)  # 1
+        exchange(10, "POST", call, [(50, sse(rpc(1, result=tool_result("a done"))))], 50)  # 2
+        exchange(12, "POST", other, [(60, sse(rpc(2, result=tool_result("b done"))))], 60)  # 3
+    html = await page(create_datasette(tmp_path / "two.db"), "/two/-/session/s1")
+    a, b = call_of(html, 2), call_of(html, 3)
+    assert story(a) == [("server request", "elicitation/create: Which one?", "#1.1")]
+    assert story(b) == [
+        ("server request", "roots/list", "#1.0"),
+        ("server request", "elicitation/create: Which one?", "#1.1"),
+    ]
+    assert "for this call, on #1 GET</span>" in b and "during the call, on #1 GET</span>" in a
+    assert b.count("No answer from the client was recorded.") == 2
+
+
+mcp_peers, mcp_log = test_protocol_meanings.mcp_peers, test_protocol_meanings.mcp_log  # the fixtures
+
+
+async def test_the_sdks_sampling_and_elicitation_are_in_their_calls_stories(
+    mcp_log: tuple[Path, dict[str, Any]],
+) -> None:
+    """Recorded from the SDK: its sampling request comes on the GET stream while ask_llm
+    waits, its elicitation on ask_user's POST stream; each is in its call's story, linked
+    to the client's answer."""
+    db, got = mcp_log
+    assert got["ask_llm"]["text"] == "sampled: roses are red"
+    with EventLog(db) as log:
+        by_method: dict[str, list[dict[str, Any]]] = {}
+        for x in log.exchanges():
+            by_method.setdefault(x["rpc_method"], []).append(x)
+    calls = {json.loads(x["request_body"])["params"]["name"]: x["id"] for x in by_method["tools/call"]}
+    (get,), answers = by_method["GET"], [x["id"] for x in by_method["response"]]
+    html = await page(create_datasette(db), f"/{db.stem}/-/session/{get['session_id']}")
+    llm, user = call_of(html, calls["ask_llm"]), call_of(html, calls["ask_user"])
+    ((what, text, where),) = story(llm)
+    assert (what, text) == ("server request", "sampling/createMessage: a poem about sea")
+    assert where.startswith(f"#{get['id']}.") and f"during the call, on #{get['id']} GET</span>" in llm
+    assert f'<a href="#exchange-{answers[0]}">#{answers[0]} POST</a>' in llm
+    ((what, text, where),) = story(user)
+    assert (what, text) == ("server request", "elicitation/create: Favourite colour?")
+    assert where.startswith(f"#{calls['ask_user']}.") and ">for this call</span>" in user
+    assert f'<a href="#exchange-{answers[1]}">#{answers[1]} POST</a>' in user
+    assert "server request" not in call_of(html, calls["chatty"])
