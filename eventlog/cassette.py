@@ -24,7 +24,7 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, MutableMapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -121,14 +121,6 @@ def read_cassette(
 
     Lines end at LF alone, as JSON Lines do: text may hold U+2028 or U+0085 as it is (the
     cassettes tasktape writes do), which ``str.splitlines`` would take for line ends."""
-    return read_with_uids(path, name, content=content)[0]
-
-
-def read_with_uids(
-    path: str | Path, name: str | None = None, *, content: bytes | None = None
-) -> tuple[list[Recorded], list[str | None]]:
-    """``read_cassette``'s exchanges, and the uid each carries (None where it carries none,
-    as a cassette written by hand or by an older tasktape)."""
     path = Path(path)
     name = name or path.name
     if content is None:
@@ -143,7 +135,6 @@ def read_with_uids(
             f"{path} is {kind}, not a cassette: tasktape import {path} --db LOG makes an event log of it"
         )
     recorded: list[Recorded] = []
-    uids: list[str | None] = []
     current: Recorded | None = None
     header_seen = False
     ends = 0  # end lines read
@@ -168,8 +159,8 @@ def read_with_uids(
                         f"{where}: reconnect_of {item.reconnect_of} names an exchange before the first"
                     )
                 current = item
+                current.uid = doc["exchange"].get("uid")  # (checked as the line was read)
                 recorded.append(current)
-                uids.append(doc["exchange"].get("uid"))  # (checked as the line was read)
                 continue
             if current is None:
                 raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
@@ -199,7 +190,7 @@ def read_with_uids(
     for r in recorded:
         if r.outcome is None:  # no end line (written by hand): it ended whole, with its last chunk
             r.outcome, r.duration_ns = Outcome.COMPLETE, _last_offset(r)
-    return recorded, uids
+    return recorded
 
 
 def _last_offset(r: Recorded) -> int:
@@ -486,19 +477,23 @@ def _text_or_base64(data: bytes, text_key: str, base64_key: str) -> dict[str, st
 
 
 def cassette_lines(
-    recorded: Iterable[Recorded], uids: Sequence[str | None] = (), **header: Any
+    recorded: Iterable[Recorded], *, carries_uids: bool | None = None, **header: Any
 ) -> Iterable[str]:
     """A cassette's lines: its header (the version and ``header``), then its exchanges',
-    each with its uid in ``uids`` (the log's, for export: importing it again adds nothing
-    twice) where there is one."""
+    each with its uid where it has one (the log's: importing it again adds nothing twice).
+    ``carries_uids`` says whether any has one, for a ``recorded`` read once as it is
+    written (an export); None: ``recorded`` is read first to tell."""
     reserved = [key for key in _RESERVED if key in header]
     if reserved:
         raise CassetteError(f"the header's {', '.join(reserved)} is the writer's to set, not given")
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    version = VERSION if any(uids) else _WITHOUT_UIDS
+    if carries_uids is None:
+        recorded = list(recorded)
+        carries_uids = any(r.uid for r in recorded)
+    version = VERSION if carries_uids else _WITHOUT_UIDS
     head = {"tasktape_cassette": version, "created_at": created, "tool_version": __version__, **header}
     yield json.dumps(head, ensure_ascii=False)
-    for n, r in enumerate(recorded):
+    for r in recorded:
         request: dict[str, Any] = {"method": r.method, "path": r.path}
         if r.query:
             request["query"] = r.query
@@ -526,8 +521,8 @@ def cassette_lines(
             exchange["started_at"] = r.started_at
         if r.recorded_by:
             exchange["recorded_by"] = r.recorded_by
-        if n < len(uids) and uids[n]:
-            exchange["uid"] = uids[n]
+        if r.uid:
+            exchange["uid"] = r.uid
         yield json.dumps({"exchange": exchange}, ensure_ascii=False)
         for offset, data in r.chunks:
             yield json.dumps(
@@ -606,12 +601,11 @@ def load_into(
     recorded: Iterable[Recorded],
     capture_id: int,
     capture_uid: str | None = None,
-    uids: Sequence[str | None] = (),
     held: MutableMapping[str, int] | None = None,
 ) -> list[int]:
     """Write exchanges into a log through ``writer``; returns their exchange ids. A
     reconnect the resume gateway answered is a row of ``resumes`` again, as it was. An
-    exchange keeps its uid in ``uids`` (a cassette's, exported from a log); one without
+    exchange keeps its uid (a cassette's, exported from a log); one without
     gets, with ``capture_uid`` (a cassette's, :func:`imported_uid`), one that follows from
     it and the exchange's place in the cassette. ``held``: the exchange ids of the uids the
     log holds; an exchange among them is not written again (its id is the one held), and
@@ -619,7 +613,7 @@ def load_into(
     held = {} if held is None else held
     ids: list[int] = []
     for n, r in enumerate(recorded):
-        given = uids[n] if n < len(uids) else None
+        given = r.uid
         if given in held:
             ids.append(held[given])
             continue

@@ -60,6 +60,9 @@ class Recorded:
     # The node id of the test whose tasktape fixture recorded it (pytest plugin); None for
     # exchanges recorded, exported or written any other way.
     recorded_by: str | None = None
+    # The log's uid of the exchange, when it came from a log or a cassette exported from one:
+    # written into the cassettes made of it, so that importing one where it is adds nothing.
+    uid: str | None = None
 
     @property
     def cut_short(self) -> bool:
@@ -153,5 +156,6 @@ def each_from_log(log: EventLog, exchange_ids: list[int] | None = None) -> Itera
                 rpc_method=x["rpc_method"],
                 protocol=x["protocol"],
                 reconnect_of=None if stream is None else stream - n,
+                uid=x["uid"],
             )
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,8 @@ from tasktape.eventlog.cassette import (
     cassette_lines,
     imported_uid,
     load_into,
+    read_cassette,
     read_header,
-    read_with_uids,
     replace_with,
 )
 from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes
@@ -90,7 +90,6 @@ def export(
         )
         if not ids:
             raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
-        uid_of = dict(opened.db.execute("SELECT id, uid FROM exchanges").fetchall())
         upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
         # The header names the upstream of the captures the exported exchanges come from.
         upstreams = sorted({upstream_of[capture_of[i]] for i in ids} - {None})
@@ -101,7 +100,7 @@ def export(
         recorded = (_at_log_end(r, under_way) for r in each_from_log(opened, ids))
         lines = (
             f"{line}\n"
-            for line in cassette_lines(recorded, [uid_of[i] for i in ids], source=log.name, upstream=upstream)
+            for line in cassette_lines(recorded, carries_uids=True, source=log.name, upstream=upstream)
         )
         if output == "-":
             sys.stdout.writelines(lines)
@@ -199,7 +198,7 @@ def import_(
         raise click.ClickException(str(exc)) from None
     except LogError as exc:
         raise bad_input(str(exc)) from None
-    held, held_exchanges = _imported(db, [u for one in loaded for u in one.uids if u])
+    held, held_exchanges = _imported(db, [r.uid for one in loaded for r in one.exchanges if r.uid])
     with writer:
         for one in loaded:
             path, content, uid = one.path, one.content, one.uid
@@ -214,7 +213,7 @@ def import_(
                 continue
             # An exchange exported from a log keeps its uid: one the log holds (this cassette
             # exported from it, or imported or merged before) is not added again.
-            skipped = _held(one.uids, held_exchanges)
+            skipped = _held(one.exchanges, held_exchanges)
             if skipped == len(content) and content:
                 click.echo(
                     f"tasktape import: {path}: {skipped} of {counted(len(content), 'exchange')} already"
@@ -225,7 +224,7 @@ def import_(
             capture = held[uid] = writer.begin_capture(
                 source="import", upstream=one.upstream, argv=[str(path)], uid=uid
             )
-            load_into(writer, content, capture, uid, one.uids, held_exchanges)
+            load_into(writer, content, capture, uid, held_exchanges)
             writer.end_capture(capture)
             said = f"tasktape import: {counted(len(content) - skipped, 'exchange')} from {path} -> {db}"
             if skipped:
@@ -251,12 +250,12 @@ def _imported(db: Path, uids: list[str]) -> tuple[dict[str, int], dict[str, int]
     return captures, exchanges
 
 
-def _held(uids: list[str | None], held: dict[str, int]) -> int:
+def _held(exchanges: list[Recorded], held: dict[str, int]) -> int:
     """How many of a cassette's exchanges ``load_into`` leaves out: their uid held, or given
     to one before them."""
     seen: set[str] = set()
     count = 0
-    for uid in filter(None, uids):
+    for uid in filter(None, (r.uid for r in exchanges)):
         count += uid in held or uid in seen
         seen.add(uid)
     return count
@@ -281,10 +280,10 @@ def _read(path: Path, db: Path) -> _Loaded:
         raise CassetteError(f"{path} is {kind} given as a stream: give the flow file's path")
     if kind is FileKind.FLOWS:
         return _Loaded(path, _read_flows(path), imported_uid(content))
-    recorded, uids = read_with_uids(path, content=content)
-    header = read_header(path, content=content)  # checked as read_with_uids read it
+    recorded = read_cassette(path, content=content)
+    header = read_header(path, content=content)  # checked as read_cassette read it
     uid = imported_uid(content, header.get("created_at"))
-    return _Loaded(path, recorded, uid, header.get("upstream"), uids)
+    return _Loaded(path, recorded, uid, header.get("upstream"))
 
 
 @dataclass
@@ -302,7 +301,11 @@ class _Loaded:
     content: list[Recorded] | _Flows
     uid: str
     upstream: str | None = None
-    uids: list[str | None] = field(default_factory=list)  # its exchanges' own, where it gives them
+
+    @property
+    def exchanges(self) -> list[Recorded]:
+        """A cassette's exchanges (a flow file's flows are read as they are imported)."""
+        return self.content if isinstance(self.content, list) else []
 
 
 def _read_flows(path: Path) -> _Flows:

@@ -362,6 +362,24 @@ def test_a_logs_own_cassette_imported_into_it_adds_nothing(tmp_path: Path) -> No
         assert [x["uid"] for x in log.exchanges()] == held and len(log.captures()) == 1
 
 
+def test_an_exported_cassette_written_again_keeps_its_exchanges_uids(tmp_path: Path) -> None:
+    """Read and written again (as the pytest plugin does when it adds to a cassette), an
+    exported cassette lost its uids and went back to version 1: imported into its log, it
+    doubled every exchange again."""
+    log_path, cassette = make_log(tmp_path / "a.db"), tmp_path / "a.jsonl"
+    assert CliRunner().invoke(main, ["export", str(log_path), "-o", str(cassette)]).exit_code == 0
+    again = tmp_path / "again.jsonl"
+    write_cassette(again, [*read_cassette(cassette), Recorded(method="GET", path="/new", status=204)])
+    assert json.loads(again.read_text().splitlines()[0])["tasktape_cassette"] == 2
+    assert _exported_uids(again)[:-1] == _exported_uids(cassette)
+    result = CliRunner().invoke(main, ["import", str(again), "--db", str(log_path)])
+    n = len(_exported_uids(cassette))
+    assert (
+        f"(1 of {n + 1} exchanges" not in result.output
+        and f"({n} of {n + 1} exchanges already in" in result.output
+    )
+
+
 def test_an_import_adds_only_the_exchanges_the_log_lacks_and_merges_with_their_source(
     tmp_path: Path,
 ) -> None:
