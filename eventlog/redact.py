@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from email.message import Message
 from email.parser import BytesHeaderParser
 from email.policy import compat32
@@ -193,38 +194,28 @@ class Redactor:
         name, as query parameters are: an OAuth token request sends ``password`` and
         ``client_secret`` so. Other bodies cost a look at their Content-Type."""
         body = self.json_bytes(body)
-        media_type = (content_type or "").partition(";")[0].strip().lower()
-        if media_type == FormType.URLENCODED:
+        kind = form_type(content_type)
+        if kind is None or not self.query_params:
+            return body
+        try:
+            return self._form(body, kind, content_type or "")
+        except Exception:  # a form that cannot be read is kept as it is: its row is never lost
+            return body
+
+    def _form(self, body: bytes, kind: FormType, content_type: str) -> bytes:
+        if kind is FormType.URLENCODED:
             text = body.decode("latin-1")  # (byte for byte: only ASCII names and '=' are looked at)
             return (self.query(text) or text).encode("latin-1")
-        if media_type == FormType.MULTIPART:
-            return self._multipart(body, content_type or "")
-        return body
-
-    def _multipart(self, body: bytes, content_type: str) -> bytes:
-        """A ``multipart/form-data`` body with the content of each part named for a redacted
-        query parameter replaced; every other byte kept, and one that cannot be read kept
-        whole."""
-        boundary = _parameter(content_type, "boundary")
-        if not boundary or not self.query_params:
+        form = multipart(body, content_type)
+        if form is None:
             return body
-        delimiter = b"\r\n--" + boundary.encode("latin-1")
-        # (A CRLF before the first delimiter, which may open the body, taken off at the end.)
-        pieces = (b"\r\n" + body).split(delimiter)
-        return delimiter.join([pieces[0], *(self._part(p) for p in pieces[1:])])[2:]
+        secret = REDACTED.encode()
+        return form.joined(
+            replace(p, content=secret) if self._redacts_field(p.name) else p for p in form.parts
+        )
 
-    def _part(self, piece: bytes) -> bytes:
-        """What follows a part's delimiter: its headers and content, the content redacted
-        when the part's name is a redacted query parameter."""
-        head, blank, _ = piece.partition(b"\r\n\r\n")
-        if piece.startswith(b"--") or not blank:  # the closing delimiter, or no content
-            return piece
-        headers = head.partition(b"\r\n")[2]  # (after the delimiter's line)
-        disposition = BytesHeaderParser(policy=compat32).parsebytes(headers + blank)
-        name = disposition.get_param("name", header="content-disposition")
-        if name is None or collapse_rfc2231_value(name).lower() not in self.query_params:
-            return piece
-        return head + blank + REDACTED.encode()
+    def _redacts_field(self, name: str | None) -> bool:
+        return name is not None and name.lower() in self.query_params
 
     def json_text(self, text: str) -> str:
         """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed.
@@ -291,7 +282,7 @@ class Redactor:
         """The pointers' paths, as they apply to ``doc``: in a JSON-RPC batch (an array of
         JSON-RPC messages) to each message too, so ``/params/apiKey`` reaches every one."""
         if _is_jsonrpc_batch(doc):
-            return [*self._paths, *(("*", *path) for path in self._paths)]
+            return [*self._paths, *batch_forms(self._paths)]
         return self._paths
 
     @staticmethod
@@ -336,12 +327,95 @@ class FormType(StrEnum):
     MULTIPART = "multipart/form-data"
 
 
-def _parameter(content_type: str, name: str) -> str | None:
-    """A parameter of a Content-Type (``boundary``), unquoted."""
+def form_type(content_type: str | None) -> FormType | None:
+    """The form a body of this Content-Type holds; None for every other body."""
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    return FormType(media_type) if media_type in tuple(FormType) else None
+
+
+@dataclass(frozen=True)
+class Part:
+    """What follows one delimiter of a ``multipart/form-data`` body: a field's ``head`` (the
+    rest of the delimiter's line, its headers, the blank line), its ``content`` and its
+    ``name``. What is no field (the closing delimiter's ``--`` and all after it, a piece
+    without a blank line) is all ``head``, with no name."""
+
+    head: bytes
+    content: bytes = b""
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Multipart:
+    """A ``multipart/form-data`` body cut at its delimiters, every byte kept."""
+
+    preamble: bytes  # what precedes the first delimiter, after ``newline``
+    parts: tuple[Part, ...]
+    newline: bytes  # CRLF, or LF alone
+    delimiter: bytes  # ``newline``, "--" and the boundary
+
+    def joined(self, parts: Iterable[Part]) -> bytes:
+        """The body again, of ``parts`` (these, or these changed)."""
+        pieces = [self.preamble, *(part.head + part.content for part in parts)]
+        return self.delimiter.join(pieces)[len(self.newline) :]
+
+
+def multipart(body: bytes, content_type: str) -> Multipart | None:
+    """``body`` cut at the delimiters of the Content-Type's boundary (an empty one too).
+    Lines end in CRLF, or in LF alone when the first delimiter's does (some clients send
+    that, and servers read it). None when the Content-Type names no boundary."""
+    boundary = _boundary(content_type)
+    if boundary is None:
+        return None
+    dash_boundary = b"--" + boundary
+    newline = _newline(body, dash_boundary)
+    delimiter = newline + dash_boundary
+    # (A line break before the first delimiter, which may open the body, taken off in ``joined``.)
+    preamble, *pieces = (newline + body).split(delimiter)
+    return Multipart(preamble, tuple(_part(piece, newline) for piece in pieces), newline, delimiter)
+
+
+def _newline(body: bytes, dash_boundary: bytes) -> bytes:
+    """The line break of a multipart body: that of its first delimiter's line."""
+    start = (b"\n" + body).find(b"\n" + dash_boundary)  # (where the delimiter starts in ``body``)
+    end = body.find(b"\n", start) if start >= 0 else -1
+    return b"\n" if end > 0 and body[end - 1 : end] != b"\r" else b"\r\n"
+
+
+def _part(piece: bytes, newline: bytes) -> Part:
+    """What follows a delimiter: a field, its content after the blank line that ends its
+    headers; unless it is the closing delimiter or has no blank line."""
+    line_end = piece.find(newline)
+    blank = piece.find(newline * 2, max(line_end, 0))
+    if piece.startswith(b"--") or line_end < 0 or blank < 0:
+        return Part(piece)
+    head = piece[: blank + 2 * len(newline)]
+    headers = BytesHeaderParser(policy=compat32).parsebytes(head[line_end + len(newline) :])
+    name = headers.get_param("name", header="content-disposition")
+    return Part(head, piece[len(head) :], None if name is None else collapse_rfc2231_value(name))
+
+
+def batch_forms(paths: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """JSON pointers' paths as they apply to each message of a JSON-RPC batch (``*`` the
+    message's index)."""
+    return [("*", *path) for path in paths]
+
+
+def _boundary(content_type: str) -> bytes | None:
+    """A Content-Type's boundary, unquoted, as the bytes the body spells it in: the
+    header's own (read as UTF-8, undecodable bytes escaped), or those an RFC 2231 value
+    (``boundary*=utf-8''%E2%82%AC``) percent-encodes. None when there is none, or when no
+    bytes spell the header."""
+    try:
+        raw = content_type.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return None
     message = Message()
-    message["content-type"] = content_type
-    value = message.get_param(name)
-    return None if value is None else collapse_rfc2231_value(value)
+    message["content-type"] = raw.decode("latin-1")  # (a character a byte, each kept)
+    value = message.get_param("boundary")
+    if value is None:
+        return None
+    return (value[2] if isinstance(value, tuple) else value).encode("latin-1")
 
 
 def _is_jsonrpc_batch(doc: Any) -> bool:

@@ -6,7 +6,8 @@ clients regenerate on every run (A2A: ``messageId`` anywhere, timestamps; MCP: t
 progress token), the JSON-RPC ``id``, values that were redacted in the recording, and any
 JSON pointer the user names; numbers are compared as numbers (``3`` is ``3.0``), and a
 field at its default is one left out only where the protocol says so (A2A's protobuf
-JSON). Headers are compared only when the
+JSON). Form bodies are compared field by field (a redacted value matches any), other
+bodies byte for byte. Headers are compared only when the
 user names them (most vary with the client: its version, tracing ids, lengths).
 """
 
@@ -23,7 +24,16 @@ from tasktape.choices import listed
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import Protocol, Regenerated, Request
 from tasktape.eventlog.recorded import Recorded
-from tasktape.eventlog.redact import ANY_DEPTH, REDACTED, Redactor, parse_pointer
+from tasktape.eventlog.redact import (
+    ANY_DEPTH,
+    REDACTED,
+    FormType,
+    Redactor,
+    batch_forms,
+    form_type,
+    multipart,
+    parse_pointer,
+)
 
 
 @dataclass
@@ -60,17 +70,17 @@ class Shown:
 
     @classmethod
     def of(cls, redactor: Redactor) -> Shown:
-        """What ``redactor`` redacts (its defaults too, if it has them)."""
-        return cls(
-            redactor.query_params,
-            redactor.headers,
-            frozenset(parse_pointer(p) for p in redactor.json_pointers),
-        )
+        """What ``redactor`` redacts (its defaults too, if it has them), in each message of
+        a JSON-RPC batch too, as it redacts them."""
+        paths = [parse_pointer(p) for p in redactor.json_pointers]
+        return cls(redactor.query_params, redactor.headers, frozenset([*paths, *batch_forms(paths)]))
 
     def learned(self, recorded: Recorded) -> Shown:
         """These places and those ``recorded`` holds a redacted value at (list indexes as
-        any: a field redacted in one item is a credential in every other)."""
+        any: a field redacted in one item is a credential in every other); a form field's
+        name is a query parameter's, as the recorder redacts both by the same names."""
         query = {name.lower() for name, value in _parameters(recorded.query) if value == REDACTED}
+        query |= {f.name.lower() for f in _recorded_fields(recorded) or () if f.name and f.redacted}
         headers = {name.lower() for name, value in recorded.request_headers if value == REDACTED}
         body = recorded.request_body or b""
         places = set(_redacted_places(_json(body), ())) if REDACTED.encode() in body else set()
@@ -85,6 +95,10 @@ class Shown:
     def request_line(self, request: Incoming | Recorded) -> str:
         """``METHOD /path?query`` with the query's credentials redacted."""
         return f"{request.method} {request.path}" + (f"?{self.query(request.query)}" if request.query else "")
+
+    def hides_field(self, name: str) -> bool:
+        """Whether a form field's value is a credential's (named as query parameters are)."""
+        return name.lower() in self.query_names
 
     def hides_header(self, name: str) -> bool:
         return name.lower() in self.header_names
@@ -178,18 +192,18 @@ def query(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Show
     return f"query {mine} vs {theirs}" + (" (a hidden value differs)" if mine == theirs else "")
 
 
-def _parameters(raw: str | None) -> list[tuple[str, str]]:
+def _parameters(raw: str | None, encoding: str = "utf-8") -> list[tuple[str, str]]:
     """A query's parameters, sorted by name (a stable sort: a repeated name's values keep
     their order); separated by '&' or ';', as redaction reads them (a recording's
     ``token=[REDACTED];api_key=[REDACTED]`` is two)."""
-    return sorted(parse_qsl((raw or "").replace(";", "&"), keep_blank_values=True), key=itemgetter(0))
+    text = (raw or "").replace(";", "&")
+    return sorted(parse_qsl(text, keep_blank_values=True, encoding=encoding), key=itemgetter(0))
 
 
 def body(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
     found = _body_differences(incoming, recorded, rules)
     if found is None:
-        mine, theirs = incoming.body or b"", recorded.request_body or b""
-        return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
+        return _form_body(incoming, recorded, shown)
     if not found:
         return None
     differences = [_difference(at, a, b, shown) for at, a, b in found[:3]]
@@ -217,6 +231,136 @@ def _body_differences(incoming: Incoming, recorded: Recorded, rules: MatchRules)
     if a is _MISSING or b is _MISSING:
         return None
     return list(_differences(a, b, (), _Comparison.of(recorded, b, rules)))
+
+
+@dataclass(frozen=True)
+class _Field:
+    """A form body's field (a multipart part's name, headers and content; an urlencoded
+    field's name and value), or a piece of a multipart body that is no field (no name)."""
+
+    name: str | None
+    value: bytes
+    head: bytes = b""
+
+    @property
+    def redacted(self) -> bool:
+        return self.value == _REDACTED_BYTES
+
+    def matched_by(self, incoming: _Field) -> bool:
+        """Whether ``incoming`` matches this recorded field: a redacted value matches any."""
+        return (incoming.name, incoming.head) == (self.name, self.head) and (
+            self.redacted or incoming.value == self.value
+        )
+
+
+_REDACTED_BYTES = REDACTED.encode()
+
+
+def _form_body(incoming: Incoming, recorded: Recorded, shown: Shown) -> str | None:
+    """Bodies that are not both JSON, compared as forms when the request's Content-Type
+    says it is one (field by field: a value redacted in the recording matches any), or
+    byte for byte."""
+    mine, theirs = incoming.body or b"", recorded.request_body or b""
+    fields = _form_fields(incoming, recorded)
+    if fields is None:
+        return f"body differs ({len(mine)} vs {len(theirs)} bytes, not JSON)"
+    a, b = fields
+    if _same_fields(a, b):
+        return None
+    differences = [
+        _field_difference(name, a, b, shown) for name in _differing_names(a, b) if name is not None
+    ]
+    if not differences:  # the same fields, in another order or between other bytes
+        return f"body differs ({len(mine)} vs {len(theirs)} bytes, the form's fields alike)"
+    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
+    return f"body differs at {', '.join(differences[:3])}{more}"
+
+
+def _same_fields(mine: list[_Field], theirs: list[_Field]) -> bool:
+    return len(mine) == len(theirs) and all(b.matched_by(a) for a, b in zip(mine, theirs, strict=True))
+
+
+def _differing_names(mine: list[_Field], theirs: list[_Field]) -> list[str | None]:
+    """The names whose fields differ (None: the pieces of a multipart body that are no field)."""
+    names = dict.fromkeys(f.name for f in (*mine, *theirs))
+    return [n for n in names if not _same_fields(_named(mine, n), _named(theirs, n))]
+
+
+def _named(fields: list[_Field], name: str | None) -> list[_Field]:
+    return [f for f in fields if f.name == name]
+
+
+def _field_difference(name: str, mine: list[_Field], theirs: list[_Field], shown: Shown) -> str:
+    """A form field's difference as a mismatch says it: its values, a credential's never
+    (named so, or redacted in the recording)."""
+    mine, theirs = _named(mine, name), _named(theirs, name)
+    secret = shown.hides_field(name) or any(f.redacted for f in theirs)
+    a = _shown([_text(f.value) for f in mine], secret)
+    b = _shown([_text(f.value) for f in theirs], secret)
+    heads_differ = [f.head for f in mine] != [f.head for f in theirs]
+    alike = " (a part's headers differ)" if heads_differ else " (a hidden value differs)"
+    label = _text(name.encode("utf-8", "surrogateescape"))  # (no escape left to print)
+    return f"form field {label} ({a} vs {b})" + (alike if a == b else "")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _form_fields(incoming: Incoming, recorded: Recorded) -> tuple[list[_Field], list[_Field]] | None:
+    """The two bodies' fields, compared in this order (an urlencoded form's by name, a
+    repeated name's values in order, as a query's; a multipart form's parts as they come),
+    when the requests' Content-Types say it is one (one of them may have none); None when
+    they do not, or say different things (a body is never read as what it is not: its
+    values would show), or when either body is JSON (compared as JSON, or as bytes)."""
+    mine, theirs = incoming.body or b"", recorded.request_body or b""
+    types = _content_type(incoming.headers), _content_type(recorded.request_headers)
+    kinds = {form_type(t) for t in types if t is not None}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    if kind is None or _json(mine) is not _MISSING or _json(theirs) is not _MISSING:
+        return None
+    if kind is FormType.URLENCODED:
+        return _urlencoded(mine), _urlencoded(theirs)
+    # Each body cut by its own boundary (which many clients make up on every request).
+    own = [t if form_type(t) is FormType.MULTIPART else None for t in types]
+    a = _multipart(mine, own[0] or own[1] or "")
+    b = _multipart(theirs, own[1] or own[0] or "")
+    return None if a is None or b is None else (a, b)
+
+
+def _recorded_fields(recorded: Recorded) -> list[_Field] | None:
+    """A recorded form body's fields; None for a body that is no form."""
+    body, content_type = recorded.request_body or b"", _content_type(recorded.request_headers)
+    kind = form_type(content_type)
+    if kind is None or _REDACTED_BYTES not in body:
+        return None
+    return _urlencoded(body) if kind is FormType.URLENCODED else _multipart(body, content_type or "")
+
+
+def _urlencoded(body: bytes) -> list[_Field]:
+    """Byte for byte: every byte a character, percent-escapes decoded so too; names read
+    as UTF-8 (bytes that are not kept as escapes)."""
+    fields = _parameters(body.decode("latin-1"), "latin-1")
+    return [_Field(_name(n.encode("latin-1")), v.encode("latin-1")) for n, v in fields]
+
+
+def _multipart(body: bytes, content_type: str) -> list[_Field] | None:
+    form = multipart(body, content_type)
+    if form is None:
+        return None
+    parts = (
+        _Field(p.name and _name(p.name.encode("utf-8", "surrogateescape")), p.content, p.head)
+        for p in form.parts
+    )
+    return [_Field(None, form.preamble), *parts]
+
+
+def _name(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _content_type(pairs: Iterable[tuple[str, str]]) -> str | None:
+    return next(iter(_header_values(pairs, "content-type")), None)
 
 
 def headers(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown) -> str | None:
@@ -259,7 +403,7 @@ def distance(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> tuple
     endpoint, every request has the same path), then how many other things differ (each
     body field, a body that is not JSON, the query, the headers)."""
     found = _body_differences(incoming, recorded, rules)
-    places = [at for at, _, _ in found] if found is not None else [()]
+    places = [at for at, _, _ in found] if found is not None else [()] * _form_distance(incoming, recorded)
     operation = places.count(("method",))
     others = len(places) - operation
     others += query(incoming, recorded, rules, SHOWN_BY_DEFAULT) is not None
@@ -270,6 +414,15 @@ def distance(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> tuple
         operation,
         others,
     )
+
+
+def _form_distance(incoming: Incoming, recorded: Recorded) -> int:
+    """How many fields of two form bodies differ (1 for bodies that are no form)."""
+    fields = _form_fields(incoming, recorded)
+    if fields is None:
+        return 1
+    a, b = fields
+    return 0 if _same_fields(a, b) else max(1, len(_differing_names(a, b)))
 
 
 def _header_values(pairs: Iterable[tuple[str, str]], name: str) -> list[str]:
@@ -405,13 +558,26 @@ def match_key(request: Incoming, protocol: Protocol | None, rules: MatchRules) -
     raw = request.body or b""
     parsed = _json(raw)
     if parsed is _MISSING:
-        return tuple(parameters), named, raw
+        fields = _form_key(raw, _content_type(request.headers))
+        return None if fields is None else (tuple(parameters), named, fields)
     how = _Comparison.under(protocol, parsed, rules)
     try:
         body = _normal(parsed, (), how)
     except _Redacted:
         return None
     return tuple(parameters), named, body
+
+
+def _form_key(body: bytes, content_type: str | None) -> Hashable | None:
+    """A body that is not JSON as matching may read it: as an urlencoded form's fields,
+    in any order, since the Content-Type of the request it is compared with may say it is
+    one (bytes that match byte for byte have the same fields too). None for one holding a
+    redacted value, and for a multipart body, whose boundary each client makes up: both are
+    compared with each."""
+    if _REDACTED_BYTES in body or form_type(content_type) is FormType.MULTIPART:
+        return None
+    fields = _urlencoded(body)
+    return None if any(f.redacted for f in fields) else tuple((f.name, f.value) for f in fields)
 
 
 class _Redacted(Exception):

@@ -106,7 +106,11 @@ class IdMap:
 
 
 def _incoming(recorded: Recorded) -> Incoming:
-    return Incoming(recorded.method, recorded.path, recorded.query, recorded.request_body)
+    """A recorded request as matching takes one: with its headers (a multipart body is
+    read at the boundary its own Content-Type names)."""
+    return Incoming(
+        recorded.method, recorded.path, recorded.query, recorded.request_body, list(recorded.request_headers)
+    )
 
 
 def same_request(a: Recorded, b: Recorded, rules: MatchRules) -> bool:

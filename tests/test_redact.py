@@ -606,3 +606,56 @@ def test_an_upstream_s_query_is_shown_redacted_in_its_usage_error(tmp_path: Path
     assert result.exit_code == 2
     assert f"'http://agent.example/base?key={REDACTED}&v=1'" in result.output
     assert SECRET not in result.output
+
+
+async def test_a_multipart_body_of_any_boundary_is_kept_and_redacted(record: RecordFactory) -> None:
+    """A boundary no Latin-1 spells (UTF-8 in the header, RFC 2231's ``boundary*=``, a byte
+    that is no UTF-8) lost the whole exchange; lines ending in LF alone, or an empty
+    boundary, kept the password. Each is stored, its password redacted."""
+    received: list[bytes] = []
+
+    async def upload(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/upload", upload)
+    rec = await record(app)
+    host, port = rec.url.removeprefix("http://").split(":")
+
+    def form(boundary: bytes, newline: bytes = b"\r\n") -> bytes:
+        return newline.join(
+            [
+                b"--" + boundary,
+                b'Content-Disposition: form-data; name="password"',
+                b"",
+                SECRET.encode(),
+                b"--" + boundary + b"--",
+                b"",
+            ]
+        )
+
+    sent = [
+        ("multipart/form-data; boundary=\u20ac".encode(), form("\u20ac".encode())),
+        (b"multipart/form-data; boundary*=utf-8''%E2%82%AC", form("\u20ac".encode())),
+        (b"multipart/form-data; boundary=\xff", form(b"\xff")),
+        (b"multipart/form-data; boundary=B", form(b"B", b"\n")),
+        (b'multipart/form-data; boundary=""', form(b"")),
+    ]
+    for content_type, body in sent:  # (the bytes as sent: no client library spells all of these)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = (
+            f"POST /upload HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        )
+        writer.write(head.encode() + b"Content-Type: " + content_type + b"\r\n\r\n" + body)
+        response = await reader.read()
+        writer.close()
+        assert response.startswith(b"HTTP/1.1 200")
+    assert received == [body for _, body in sent]  # the agent got them as sent
+    with await rec.log() as log:
+        stored = [x["request_body"] for x in log.exchanges()]
+    # (Stored as text when it is UTF-8, else as bytes.)
+    assert [b if isinstance(b, bytes) else b.encode() for b in stored] == [
+        body.replace(SECRET.encode(), REDACTED.encode()) for _, body in sent
+    ]
+    assert_secret_nowhere(rec.db)

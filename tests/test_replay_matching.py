@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from conftest import RecordFactory, Serve
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -24,7 +25,11 @@ from mcp_peers import run_mcp_server
 from tasktape.eventlog import protocols as registry
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.redact import Redactor
 from tasktape.replay import ReplayServer, load
+from tasktape.replay.diff import read
+from tasktape.replay.matching import MatchRules
+from tasktape.replay.pairing import pair, runs, same_request
 
 TIMEOUT = 20  # s: a client the replay leaves waiting fails the test instead of hanging it
 MCP_HEADERS = [("Content-Type", "application/json"), ("Mcp-Session-Id", "s1")]
@@ -263,3 +268,129 @@ async def test_a_tool_call_without_a_progress_token_gets_no_progress(
         in reasons
     )
     assert replay.stats.missed == [] and replay.stats.refused == []
+
+
+LIVE = "sk-LIVE-SECRET"
+FORM = "application/x-www-form-urlencoded"
+
+
+async def post_bytes(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, data=body, headers={"Content-Type": content_type}) as response,
+    ):
+        return response.status, await response.read()
+
+
+def multipart_body(boundary: str, fields: list[tuple[str, str]]) -> bytes:
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{n}"\r\n\r\n{v}\r\n' for n, v in fields]
+    return "".join([*parts, f"--{boundary}--\r\n"]).encode()
+
+
+async def test_a_recorded_form_replays_its_redacted_fields_matching_any(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """An OAuth token request recorded with its password redacted answers the same request
+    again, its fields in any order; a multipart form its parts, under the boundary a client
+    makes up afresh. A miss names the fields that differ, a credential's value never."""
+
+    async def ok(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"access_token": "t"})
+
+    app = web.Application()
+    app.router.add_post("/oauth/token", ok)
+    app.router.add_post("/upload", ok)
+    rec = await record(app)
+    form = f"grant_type=password&username=ann&password={LIVE}".encode()
+    upload = multipart_body("rec1", [("token", LIVE), ("note", "hi")])
+    for path, body, content_type in [
+        ("/oauth/token", form, FORM),
+        ("/upload", upload, "multipart/form-data; boundary=rec1"),
+    ]:
+        assert (await post_bytes(f"{rec.url}{path}", body, content_type))[0] == 200
+    (await rec.log()).close()
+    replay = ReplayServer(load([rec.db]), speed=0, allow_repeats=True)
+    url = await serve(replay.app)
+    assert await post_bytes(f"{url}/oauth/token", form, FORM) == (200, b'{"access_token": "t"}')
+    reordered = b"password=other&grant_type=password&username=ann"
+    assert (await post_bytes(f"{url}/oauth/token", reordered, FORM))[0] == 200
+    again = multipart_body("run2", [("token", "sk-other"), ("note", "hi")])
+    assert (await post_bytes(f"{url}/upload", again, "multipart/form-data; boundary=run2"))[0] == 200
+
+    miss = f"grant_type=refresh_token&username=ann&password={LIVE}&client_secret={LIVE}".encode()
+    status, answer = await post_bytes(f"{url}/oauth/token", miss, FORM)
+    assert status == 404 and LIVE.encode() not in answer
+    other = multipart_body("run3", [("token", LIVE), ("note", "bye")])
+    status, answer = await post_bytes(f"{url}/upload", other, "multipart/form-data; boundary=run3")
+    assert status == 404 and LIVE.encode() not in answer
+    assert [m.closest[0]["differs"] for m in replay.stats.missed] == [
+        [
+            "body differs at form field client_secret ((a value) vs (absent)), "
+            'form field grant_type ("refresh_token" vs "password")'
+        ],
+        ['body differs at form field note ("bye" vs "hi")'],
+    ]
+
+
+def test_form_requests_pair_as_comparing_them_does() -> None:
+    """``tasktape diff`` finds candidates by key: two forms alike but for their fields'
+    order, or for a value one recording redacted, pair as comparing them does."""
+    headers = [("Content-Type", FORM)]
+    bodies_a = [b"a=1&b=2", b"password=[REDACTED]&x=1", b"q=1&q=2", b"a=1&b=3"]
+    bodies_b = [b"x=1&password=pw", b"b=2&a=1", b"q=2&q=1", b"a=1&b=3"]
+    rules = MatchRules()
+    a = runs([read(Recorded("POST", "/t", None, headers, body, status=200)) for body in bodies_a], rules)
+    b = runs([read(Recorded("POST", "/t", None, headers, body, status=200)) for body in bodies_b], rules)
+    expected = [
+        (i, j)
+        for i, j in [(0, 1), (1, 0), (3, 3)]
+        if same_request(a[i].first.recorded, b[j].first.recorded, rules)
+    ]
+    assert expected == [(0, 1), (1, 0), (3, 3)]
+    assert [(a.index(x), b.index(y)) for x, y in pair(a, b, rules).pairs] == expected
+
+
+def test_multipart_requests_with_boundaries_of_their_own_pair() -> None:
+    """Each client makes up its boundary: the same upload recorded twice pairs, read at
+    each recording's own boundary."""
+
+    def upload(boundary: str) -> Recorded:
+        body = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"\r\n\r\nhello\r\n--{boundary}--\r\n'
+        ).encode()
+        headers = [("Content-Type", f"multipart/form-data; boundary={boundary}")]
+        return Recorded("POST", "/upload", None, headers, body, status=200)
+
+    rules = MatchRules()
+    a, b = runs([read(upload("aaaa1111"))], rules), runs([read(upload("bbbb2222"))], rules)
+    assert same_request(a[0].first.recorded, b[0].first.recorded, rules)
+    assert len(pair(a, b, rules).pairs) == 1
+
+
+async def test_a_miss_hides_a_redacted_field_in_each_message_of_a_json_rpc_batch(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """``--redact-json /params/apiKey`` redacts it in each message of a batch: a miss's answer
+    and report hide it there too, though the recording has none."""
+
+    async def rpc(request: web.Request) -> web.Response:
+        calls = await request.json()
+        return web.json_response([{"jsonrpc": "2.0", "id": c["id"], "result": {}} for c in calls])
+
+    app = web.Application()
+    app.router.add_post("/rpc", rpc)
+    redactor = Redactor(json_pointers=["/params/apiKey"])
+    rec = await record(app, redactor=redactor)
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "a"}}]
+    async with rec.session.post(f"{rec.url}/rpc", json=batch) as r:
+        assert r.status == 200
+    (await rec.log()).close()
+    replay = ReplayServer(load([rec.db]), speed=0, redactor=redactor)
+    url = await serve(replay.app)
+    batch[0]["params"]["apiKey"] = LIVE
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/rpc", json=batch) as response:
+        assert response.status == 404 and LIVE not in await response.text()
+    assert replay.stats.missed[0].closest[0]["differs"] == [
+        "body differs at /0/params/apiKey ((a value) vs (absent))"
+    ]
