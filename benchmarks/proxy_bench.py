@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,12 +147,19 @@ def process(args: list[str], ready: str | int) -> Iterator[subprocess.Popen[str]
 
 
 def printed(pattern: str, proc: subprocess.Popen[str], timeout: float = 20) -> bool:
+    """Whether ``proc`` prints a line matching ``pattern`` within ``timeout`` (a line that
+    never comes is waited for no longer: a blocking read would wait for ever)."""
     assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.search(pattern, proc.stdout.readline()):
-            return True
-    return False
+    stdout, found = proc.stdout, threading.Event()
+
+    def read() -> None:  # (on a thread: it ends when the process does, stopped or not)
+        for line in stdout:
+            if re.search(pattern, line):
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    return found.wait(timeout)
 
 
 def listening(port: int, proc: subprocess.Popen[str], timeout: float = 20) -> bool:

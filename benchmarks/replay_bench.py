@@ -86,7 +86,7 @@ def replay_command(cassette: Path, port: int, speed: float) -> list[str]:
 
 
 def replay(cassette: Path, port: int, speed: float):
-    return process([*replay_command(cassette, port, speed), "--allow-repeats"], "exchanges from")
+    return process([*replay_command(cassette, port, speed), "--allow-repeats"], "exchanges? from")
 
 
 def startup(cassette: Path) -> float:
