@@ -604,16 +604,18 @@ def load_into(
     held: MutableMapping[str, int] | None = None,
 ) -> list[int]:
     """Write exchanges into a log through ``writer``; returns their exchange ids. A
-    reconnect the resume gateway answered is a row of ``resumes`` again, as it was. An
-    exchange keeps its uid (a cassette's, exported from a log); one without
-    gets, with ``capture_uid`` (a cassette's, :func:`imported_uid`), one that follows from
-    it and the exchange's place in the cassette. ``held``: the exchange ids of the uids the
-    log holds; an exchange among them is not written again (its id is the one held), and
-    those written are added to it."""
+    reconnect the resume gateway answered is a row of ``resumes`` again, as it was.
+    ``held``: the exchange ids of the uids the log holds (an import): given, an exchange
+    keeps its uid (a cassette's, exported from a log), and one among them is not written
+    again (its id is the one held; those written are added to it). Not given, each gets a
+    uid of its own, as a copy loaded beside its original must. Without a uid, one follows,
+    with ``capture_uid`` (a cassette's, :func:`imported_uid`), from it and the exchange's
+    place in the cassette."""
+    keeps_uids = held is not None
     held = {} if held is None else held
     ids: list[int] = []
     for n, r in enumerate(recorded):
-        given = r.uid
+        given = r.uid if keeps_uids else None
         if given in held:
             ids.append(held[given])
             continue

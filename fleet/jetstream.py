@@ -13,7 +13,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import StorageType, StreamConfig
 
-from tasktape.errors import UsageError
+from tasktape.errors import Unauthorized, UsageError
 
 from .names import shown
 
@@ -37,11 +37,6 @@ RETRY = (
     OSError,
     asyncio.TimeoutError,
 )
-
-
-class Unauthorized(UsageError):
-    """The servers refused the user and password (or token) given: trying again, with the
-    same ones, changes nothing."""
 
 
 def failure(exc: BaseException) -> str:

@@ -54,6 +54,10 @@ _IN_PROCESS = 10158  # JetStream: "duplicate message id is in process"
 ROUND_ROWS = 5000  # rows of a table read in one round at most
 POLL = 0.05  # seconds from a round's start to the next one's (unless it read a full round)
 IDLE_POLL = 0.5  # and at most this long while rounds find nothing (or until a hint comes)
+# Every this long, the stream is asked whether it is still the one the cursor is of: one
+# deleted and made again (by a collector) meanwhile takes the rows after the cursor, with
+# nothing in its answers to say it is another (its numbers start again, as they may).
+RECHECK = 1.0
 SAVE_EVERY = 2.0  # seconds between saves of the cursor (a shipper killed sends them again)
 HINTED = (Table.STORED_CHUNKS, Table.EVENTS)  # tables the log writer sends hints of
 HINT_GRACE = 0.5  # seconds rows wait for their hint before they are read from the log
@@ -97,11 +101,6 @@ def _of(alias: str, columns: list[str]) -> str:
 def _slices(ids: list[int], size: int = 500) -> Iterator[list[int]]:
     for at in range(0, len(ids), size):
         yield ids[at : at + size]
-
-
-class _StreamGone(Exception):
-    """The stream did not answer a publish, or is not the one it was: it went (deleted) or
-    was made again."""
 
 
 def stream_identity(info: Any) -> str:
@@ -172,6 +171,10 @@ class Shipper:
         self._shipped_to: str | None = None  # the stream the cursor is of (stream_identity)
         self._start_at(self._load_cursor())
         self._acked_seq = 0  # the stream's last sequence number this shipper was told of
+        # The stream did not answer a publish, or is not the one it was (deleted, or made
+        # again): the round stops, and is shipped again after a reconnect.
+        self._gone = False
+        self._checked_at = time.monotonic()  # when the stream was last asked what it is
         self._nc: Any = None
         self._progress_at = time.monotonic()  # when a round last shipped, or found nothing to
         self._reported_at: float | None = None  # when rows were last said to wait
@@ -381,7 +384,7 @@ class Shipper:
         """The cursor started over if it is of another stream than ``identity``: rows
         shipped to that one are not in this one."""
         known, self._shipped_to = self._shipped_to, identity
-        self._acked_seq = 0
+        self._acked_seq, self._checked_at = 0, time.monotonic()
         if known is None or known == identity:
             return
         self._on_status(
@@ -390,6 +393,15 @@ class Shipper:
         )
         self._start_at(Cursor())  # (rows no hint holds any more are read back from the log)
         self._unsaved = True
+
+    async def _stream_changed(self, js: Any) -> bool:
+        """Whether the stream is gone, or made again, since the cursor was of it."""
+        try:
+            return stream_identity(await js.stream_info(self.stream)) != self._shipped_to
+        except nats.js.errors.NotFoundError:
+            return True
+        except RETRY:  # (the publish finds out what is the matter)
+            return False
 
     async def _reconnect(self) -> Any:
         """The stream again, after it did not answer a publish, or numbered a message
@@ -414,6 +426,8 @@ class Shipper:
                 if size >= WINDOW:
                     left_out += await self._publish_window(js, window)
                     window, size = [], 0
+                    if self._gone:
+                        return left_out
         if window:
             left_out += await self._publish_window(js, window)
         return left_out
@@ -446,6 +460,8 @@ class Shipper:
                 future.cancel()
         left_out = 0
         for part, future in zip(parts, sent, strict=True):
+            if self._gone:
+                break
             if future in answers and answers[future] is None:
                 self._acknowledged(part, future.result())
                 continue
@@ -461,6 +477,8 @@ class Shipper:
         many were left out."""
         parts, left_out = self._fitting(m)
         for part in parts:
+            if self._gone:
+                break
             try:
                 await self._publish_part(js, part)
             except nats.errors.MaxPayloadError:  # a server that takes less than the last one
@@ -503,7 +521,8 @@ class Shipper:
             try:
                 ack = await js.publish(to, payload, headers=dict(headers))
             except nats.js.errors.NoStreamResponseError:
-                raise _StreamGone from None
+                self._gone = True
+                return
             except nats.js.errors.APIError as exc:
                 if exc.err_code != _IN_PROCESS:
                     raise
@@ -524,7 +543,8 @@ class Shipper:
     def _acknowledged(self, m: Message, ack: Any) -> None:
         if not ack.duplicate:  # (a duplicate's is the first copy's)
             if ack.seq < self._acked_seq:  # a stream made again, or a resend stored later
-                raise _StreamGone
+                self._gone = True
+                return
             self._acked_seq = ack.seq
         self.stats.messages += 1
         self.stats.duplicates += bool(ack.duplicate)
@@ -595,10 +615,15 @@ class Shipper:
             if self._hints is not None:
                 self._hints.arrived.clear()
             r = self._read_round()
+            if started - self._checked_at > RECHECK:
+                self._checked_at = started
+                if await self._stream_changed(js):
+                    js = await self._reconnect()  # (the cursor starts over) and the round again
+                    continue
             if r.messages:
-                try:
-                    left_out = await self._publish_all(js, r.messages)
-                except _StreamGone:
+                left_out = await self._publish_all(js, r.messages)
+                if self._gone:
+                    self._gone = False
                     js = await self._reconnect()  # and the round again, from where the cursor is
                     continue
                 self._advance(r, left_out)

@@ -560,12 +560,9 @@ def match_key(request: Incoming, protocol: Protocol | None, rules: MatchRules) -
     if parsed is _MISSING:
         fields = _form_key(raw, _content_type(request.headers))
         return None if fields is None else (tuple(parameters), named, fields)
-    how = _Comparison.under(protocol, parsed, rules)
-    try:
-        body = _normal(parsed, (), how)
-    except _Redacted:
+    if _REDACTED_BYTES in raw:  # (as the recorder writes a redacted value: a string of its own)
         return None
-    return tuple(parameters), named, body
+    return tuple(parameters), named, _normal(parsed, (), _Comparison.under(protocol, parsed, rules))
 
 
 def _form_key(body: bytes, content_type: str | None) -> Hashable | None:
@@ -580,17 +577,11 @@ def _form_key(body: bytes, content_type: str | None) -> Hashable | None:
     return None if any(f.redacted for f in fields) else tuple((f.name, f.value) for f in fields)
 
 
-class _Redacted(Exception):
-    """A redacted value: it matches anything, so no key stands for the request."""
-
-
 def _normal(value: Any, at: tuple[str, ...], how: _Comparison) -> Hashable:
     """``value`` as :func:`_differences` compares it: every value it takes as equal to
     another maps to the same (``_DROPPED`` for those equal to an absent one)."""
     if how.ignored(at):
         return _DROPPED
-    if value == REDACTED:
-        raise _Redacted
     if how.left_out(value):
         return _DROPPED
     if isinstance(value, dict):

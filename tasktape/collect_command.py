@@ -103,9 +103,9 @@ def collect(
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--from") from None
     # Here: NATS's client and the sink load only for this command.
+    from tasktape.errors import Unauthorized  # noqa: PLC0415
     from tasktape.fleet.clickhouse_sink import shown  # noqa: PLC0415
     from tasktape.fleet.collector import Collector, Sink  # noqa: PLC0415
-    from tasktape.fleet.jetstream import Unauthorized  # noqa: PLC0415
 
     into = str(db) if db is not None else shown(str(clickhouse))
 

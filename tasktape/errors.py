@@ -4,7 +4,8 @@ TasktapeError
 ├── UsageError (ValueError)        an argument tasktape cannot act on: an upstream that is
 │   │                              not an http(s) URL, a mode or a JSON pointer it does not know
 │   ├── FaultError                 a fault spec (--fault, X-Tasktape-Fault) that does not parse
-│   └── MarkerError                @pytest.mark.tasktape arguments that cannot be meant
+│   ├── MarkerError                @pytest.mark.tasktape arguments that cannot be meant
+│   └── Unauthorized               a fleet's servers refused the user and password (or token)
 ├── DecoderClosed                  feed() after close() on an SSEDecoder
 ├── FrameError (ValueError)        data that is not an A2A stream frame (parse_stream_response)
 ├── UnknownEventId (LookupError)   no event with that id (resume after an id never seen)
@@ -49,6 +50,11 @@ class FaultError(UsageError):
 
 class MarkerError(UsageError):
     pass
+
+
+class Unauthorized(UsageError):
+    """The servers refused the user and password (or token) given: trying again, with the
+    same ones, changes nothing."""
 
 
 class DecoderClosed(TasktapeError):
