@@ -469,17 +469,23 @@ def multipart(boundary: str, fields: list[tuple[str, str]]) -> bytes:
     return "".join(parts).encode()
 
 
-async def test_form_fields_are_redacted_by_the_query_parameters_names(record: RecordFactory) -> None:
-    """An OAuth token request sends the password and client secret as a form; a form
-    posted as multipart/form-data the same. Other bodies are kept whatever they say."""
+def receiving(path: str) -> tuple[web.Application, list[bytes]]:
+    """An upstream answering POSTs to ``path``, and the bodies it received, as it received them."""
     received: list[bytes] = []
 
-    async def token(request: web.Request) -> web.Response:
+    async def answer(request: web.Request) -> web.Response:
         received.append(await request.read())
         return web.json_response({"ok": True})
 
     app = web.Application()
-    app.router.add_post("/token", token)
+    app.router.add_post(path, answer)
+    return app, received
+
+
+async def test_form_fields_are_redacted_by_the_query_parameters_names(record: RecordFactory) -> None:
+    """An OAuth token request sends the password and client secret as a form; a form
+    posted as multipart/form-data the same. Other bodies are kept whatever they say."""
+    app, received = receiving("/token")
     rec = await record(app, redactor=Redactor(query=["pin"]))
     form = (
         f"grant_type=password&username=ann&password={SECRET}&client_secret={SECRET};pin={SECRET}&scope=a%20b"
@@ -612,14 +618,7 @@ async def test_a_multipart_body_of_any_boundary_is_kept_and_redacted(record: Rec
     """A boundary no Latin-1 spells (UTF-8 in the header, RFC 2231's ``boundary*=``, a byte
     that is no UTF-8) lost the whole exchange; lines ending in LF alone, or an empty
     boundary, kept the password. Each is stored, its password redacted."""
-    received: list[bytes] = []
-
-    async def upload(request: web.Request) -> web.Response:
-        received.append(await request.read())
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/upload", upload)
+    app, received = receiving("/upload")
     rec = await record(app)
     host, port = rec.url.removeprefix("http://").split(":")
 
