@@ -126,6 +126,7 @@ class ExchangeRows:
         self._max_decoded = max_decoded
         self._spill = spill  # lets the writer commit what a decoded body has brought so far
         self._request_encoding: str | None = None
+        self._request_type: str | None = None  # its Content-Type: how a form's fields are spelt
         self._encoding: str | None = None
         self._is_sse = False
         self._withheld = False
@@ -162,6 +163,7 @@ class ExchangeRows:
     ) -> Statement:
         pairs = _pairs(headers)
         self._request_encoding = next((v for k, v in pairs if k.lower() == "content-encoding"), None)
+        self._request_type = next((v for k, v in pairs if k.lower() == "content-type"), None)
         # The protocols read them redacted too: a redacted value is kept nowhere (an
         # Mcp-Session-Id given to --redact-header was the row's session_id).
         self._headers_seen = self._redactor.header_pairs(pairs)
@@ -251,8 +253,7 @@ class ExchangeRows:
             self._request_error = f"request body: {why}: it is stored as sent"
             return body, None
         encoding = self._request_encoding if decoded is not body else None
-        content_type = next((v for k, v in self._headers_seen if k.lower() == "content-type"), None)
-        return self._redactor.request_bytes(decoded, content_type), encoding
+        return self._redactor.request_bytes(decoded, self._request_type), encoding
 
     def head(
         self,

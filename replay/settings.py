@@ -4,8 +4,7 @@ start, not a server that misbehaves later."""
 
 from __future__ import annotations
 
-import math
-
+from tasktape.choices import time_scale
 from tasktape.errors import UsageError
 
 # A miss is an error: a 1xx leaves the client waiting for the final answer, and a 2xx, 3xx
@@ -16,9 +15,7 @@ MISS_STATUSES = range(400, 600)
 
 def speed(value: float) -> float:
     """``value`` as a replay speed: 0 (as fast as possible) or a finite number above it."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise UsageError(f"the speed is 0 (as fast as possible) or a finite number above it, not {value!r}")
-    return float(value)
+    return time_scale(value, "speed")
 
 
 def miss_status(value: int) -> int:

@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
@@ -132,3 +132,30 @@ async def finished(*args: str) -> tuple[int, str]:
             proc.kill()
             await proc.wait()
     return proc.returncode, err.decode()
+
+
+RawAnswer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_upstream(answer: RawAnswer) -> AsyncIterator[str]:
+    """An upstream that answers each connection with ``answer``, on raw sockets: its URL
+    (for answers aiohttp's own server would not send)."""
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def answering(sent: bytes) -> RawAnswer:
+    """A raw answer to any request: once its head is read, ``sent``, then the connection closed."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(sent)
+        await writer.drain()
+        writer.close()
+
+    return answer

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from conftest import RecordFactory, Serve
+from loopback import answering, raw_upstream
 from test_gateway_credentials import ALICE, first_of, gateway
 from test_replay import events_of
 from test_resume_gateway import REST_BODY, counted, first_events
@@ -193,19 +194,9 @@ async def control_character_upstream() -> AsyncIterator[str]:
     """An upstream whose answer carries a header value with a control character (which
     aiohttp's own server would not send)."""
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Ctl: a\x01b\r\nX-Ok: yes\r\n"
-        writer.write(head + b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Ctl: a\x01b\r\nX-Ok: yes\r\n"
+    async with raw_upstream(answering(head + b"Content-Length: 2\r\nConnection: close\r\n\r\nok")) as url:
+        yield url
 
 
 @pytest.mark.parametrize("hold", [None, 30.0], ids=["record", "resume"])

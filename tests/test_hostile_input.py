@@ -5,11 +5,9 @@ cannot be sent, and agent data of unexpected shapes on the task page."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import json
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +16,7 @@ from a2a_frames import sse, status, task
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
-from loopback import answering_anything, running, serve
+from loopback import answering_anything, raw_upstream, running, serve
 
 from tasktape.agent import create_agent_app
 from tasktape.errors import CassetteError, UsageError
@@ -31,19 +29,6 @@ from tasktape.proxy.unread import reason_for
 from tasktape.replay import ReplayServer
 
 SECRET = "sk-live-0123456789"
-
-
-@contextlib.asynccontextmanager
-async def raw_upstream(
-    answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> AsyncIterator[str]:
-    """An upstream that answers each connection with ``answer``, on raw sockets: its URL."""
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def raw_request(url: str, request: bytes) -> bytes:

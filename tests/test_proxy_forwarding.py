@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from conftest import RecordFactory, Serve
-from loopback import answering_anything
+from loopback import answering, answering_anything, raw_upstream
 from ports import free_port
 from yarl import URL
 
@@ -339,23 +339,11 @@ async def test_the_client_gets_the_upstreams_headers_and_a_date(
     """aiohttp names itself in a Server header and types an untyped body; the recorder
     passes on neither. It adds a Date where the upstream sent none, as a proxy must."""
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(sent)
-        await writer.drain()
-        writer.close()
-
-    upstream = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        rec = await record(
-            f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}", hold=30.0 if resume else None
-        )
+    async with raw_upstream(answering(sent)) as upstream:
+        rec = await record(upstream, hold=30.0 if resume else None)
         async with rec.session.get(f"{rec.url}{path}") as r:
             await r.read()
             names = {name.lower() for name in r.headers}
-    finally:
-        upstream.close()
-        await upstream.wait_closed()
     sent_names = {
         line.split(b":")[0].decode().lower() for line in sent.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]
     }

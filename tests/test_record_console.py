@@ -12,12 +12,12 @@ import re
 import signal
 import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from loopback import Running, running, serve, stop, upstream_app
+from loopback import Running, answering, raw_upstream, running, serve, stop, upstream_app
 from ports import free_port
 
 
@@ -175,30 +175,12 @@ async def test_a_request_cut_at_max_body_says_so(tmp_path: Path) -> None:
     ]
 
 
-@asynccontextmanager
-async def answering_without_a_status_line(answer: bytes) -> AsyncIterator[str]:
-    """An upstream whose answer to any request is ``answer``, where a status line should be."""
-
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(answer)
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(reply, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 async def test_a_502_says_why_without_the_upstreams_bytes(tmp_path: Path) -> None:
     """aiohttp quotes the bytes it could not read, with a caret and the URL after them: the
     client's 502 and the log say what went wrong, not what the upstream sent."""
     db = tmp_path / "log.db"
     answer = b'id: 0\ndata: {"token": "sk-live-0123"}\n\n'
-    async with answering_without_a_status_line(answer) as upstream, recorder(upstream, db) as run:
+    async with raw_upstream(answering(answer)) as upstream, recorder(upstream, db) as run:
         async with aiohttp.ClientSession() as session, session.get(f"{run.url}/sse?key=k9") as r:
             body = await r.text()
         status, lines, _ = await stopped(run)

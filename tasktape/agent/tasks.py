@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tasktape.errors import NotCancelable, UsageError
+from tasktape.choices import time_scale
+from tasktape.errors import NotCancelable
 from tasktape.eventlog.a2a_terms import INTERRUPTED_STATES as INTERRUPTED
 from tasktape.eventlog.a2a_terms import TERMINAL_STATES as TERMINAL
 
@@ -24,9 +24,7 @@ Event = tuple[str, Frame]  # (SSE id, StreamResponse)
 def check_pace(value: float) -> float:
     """``value`` as the agent's pace, the factor of every delay: 0 (none) or a finite number
     above it (a NaN or infinite delay never ends, and no task with it would)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise UsageError(f"the pace is 0 (as fast as possible) or a finite number above it, not {value!r}")
-    return float(value)
+    return time_scale(value, "pace")
 
 
 def timestamp(moment: datetime) -> str:
