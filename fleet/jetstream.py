@@ -60,7 +60,7 @@ async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
     refusals: list[Exception] = []
 
     async def noted(exc: Exception) -> None:
-        if _refused(exc):
+        if refused(exc):
             refusals[:] = [exc]
 
     connecting = asyncio.wait_for(
@@ -86,7 +86,7 @@ async def connect(servers: list[str], within: float = FIRST_CONNECT) -> Any:
         raise TimeoutError(f"no connection in {within:g} s") from None
 
 
-def _refused(exc: Exception) -> bool:
+def refused(exc: Exception) -> bool:
     """Whether the servers refused the client's credentials (while it connects, the client
     gives the server's words as a plain Error)."""
     return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()

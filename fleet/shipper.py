@@ -7,8 +7,9 @@ a time, each until JetStream acknowledges it, the same message again after an un
 publish), and only then is the cursor moved on, saved in the log's ``shipments`` table
 every few seconds. A broker that is slow or down leaves the rows in the log, where they
 wait; they go out when it is back, from where the saved cursor stands, after a restart
-too. At-least-once on the wire: what a lost acknowledgement or an unsaved cursor makes a
-collector see twice, its sink holds once.
+too. So when the servers refuse its user and password: it says so once, and asks them again
+and again (``Backoff``), until they take them. At-least-once on the wire: what a lost
+acknowledgement or an unsaved cursor makes a collector see twice, its sink holds once.
 
 Rows that change after they are written (a capture's end, an exchange's head and end) are
 shipped again once they have: the shipper keeps the exchanges it shipped still under way,
@@ -30,10 +31,11 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
+from tasktape.errors import Unauthorized
 from tasktape.eventlog.exchange_rows import utc_iso
 
 from .hints import HintReader
-from .jetstream import RETRY, failure, stream_ready
+from .jetstream import FIRST_CONNECT, RETRY, failure, refused, stream_ready
 from .names import STREAM, SUBJECTS, shown
 from .wire import (
     LOCAL_COLUMNS,
@@ -80,6 +82,20 @@ class Cursor:
     rows: int = 0  # rows shipped in all
 
     COLUMNS = ("captures", "exchanges", "open_from", "stored_chunks", "events", "resumes", "rows")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds between tries while the servers refuse the user and password given: ``first``,
+    doubling each time, up to ``most`` (a password put right on the servers is taken up by
+    then, with no one to ship the log again by hand)."""
+
+    first: float = 1.0
+    most: float = 30.0
+
+    def after(self, wait: float | None) -> float:
+        """The wait after ``wait`` (None: the first)."""
+        return self.first if wait is None else min(wait * 2, self.most)
 
 
 @dataclass
@@ -139,6 +155,8 @@ class Shipper:
         on_status: Callable[[str], None] | None = None,
         publish_timeout: float = 2.0,
         hints: HintReader | None = None,
+        refused_backoff: Backoff = Backoff(),
+        first_connect: float = FIRST_CONNECT,
     ) -> None:
         self.path = Path(path)
         self.servers = servers
@@ -149,6 +167,10 @@ class Shipper:
         self._on_status = on_status or (lambda line: None)
         self._publish_timeout = publish_timeout
         self._hints = hints
+        self._backoff = refused_backoff
+        self._first_connect = first_connect  # seconds a connection is tried for, each time
+        self._refused_wait: float | None = None  # the last wait for servers that refused the credentials
+        self._paused = False  # their refusal was said, and not yet that they took them
         self._unhinted: dict[Table, float] = {}  # since when rows of a table wait for a hint
         self._stopping = False
         self._looking = True  # this round reads the whole log
@@ -368,14 +390,44 @@ class Shipper:
         while True:
             try:
                 self._nc, (js, identity) = await stream_ready(
-                    self.servers, self.stream, self.subjects, self._publish_timeout, then=self._identify
+                    self.servers,
+                    self.stream,
+                    self.subjects,
+                    self._publish_timeout,
+                    then=self._identify,
+                    within=self._first_connect,
                 )
             except RETRY as exc:
                 self._last_error = exc
                 await asyncio.sleep(0.25)
                 continue
+            except Unauthorized as exc:
+                self._refused(exc)
+                self._refused_wait = self._backoff.after(self._refused_wait)
+                await asyncio.sleep(self._refused_wait)
+                continue
+            self._refused_wait = None
             self._ship_to(identity)
             return js
+
+    def _refused(self, exc: Unauthorized) -> None:
+        """The servers refused the credentials: said loudly once, until they take them."""
+        self._last_error = exc
+        if not self._paused:
+            self._paused = True
+            self._on_status(
+                f"WARNING: shipping paused: {exc}; rows wait in the log, and go out once the servers"
+                f" take them (asked again after {self._backoff.first:g} s, then less and less often,"
+                f" every {self._backoff.most:g} s at most)"
+            )
+
+    def _refused_meanwhile(self) -> None:
+        """Said when the servers refuse the credentials as the connection comes back (their
+        configuration changed): it tries again by itself."""
+        err = self._nc.last_error if self._nc is not None and self._nc.is_reconnecting else None
+        if err is not None and refused(err):
+            said = str(err).removeprefix("nats: ").strip("'")
+            self._refused(Unauthorized(f"{shown(self.servers)} refused the user and password given: {said}"))
 
     async def _identify(self, js: Any) -> tuple[Any, str]:
         return js, stream_identity(await js.stream_info(self.stream))
@@ -458,7 +510,7 @@ class Shipper:
                 answers[future] = future.exception()
             else:
                 future.cancel()
-        left_out = 0
+        again: list[Message] = []
         for part, future in zip(parts, sent, strict=True):
             if self._gone:
                 break
@@ -467,6 +519,14 @@ class Shipper:
                 continue
             if answers.get(future) is not None:  # it failed: why, for the report of rows waiting
                 self._last_error = answers[future]
+            again.append(part)
+        # Published again once every answer is in: a part stored now comes after the window's
+        # others in the stream, and its number taken before theirs would look like a stream
+        # made again (a reconnect, and the round shipped again, for nothing).
+        left_out = 0
+        for part in again:
+            if self._gone:
+                break
             self.stats.retries += 1
             left_out += await self._publish(js, part)
         return left_out
@@ -558,6 +618,7 @@ class Shipper:
             now = time.monotonic()
             if now - self._progress_at < WAIT_REPORT:
                 continue
+            self._refused_meanwhile()
             waiting = self.waiting()
             if not waiting:
                 continue
@@ -572,6 +633,9 @@ class Shipper:
         """A round shipped all it found, or found nothing."""
         self._progress_at = time.monotonic()
         self._last_error = None
+        if self._paused:
+            self._paused = False
+            self._on_status(f"shipping: {shown(self.servers)} took the user and password: shipping again")
         if self._reported_at is not None and not self.waiting():
             self._reported_at = None
             self._on_status(f"shipping: caught up ({self.cursor.rows:,} rows shipped in all)")

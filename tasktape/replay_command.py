@@ -58,6 +58,7 @@ from .serving import bind, serve_until_stopped
     default="replay",
     show_default=True,
     callback=checked(ReplayMode.parse),
+    metavar="[" + "|".join(ReplayMode) + "]",
     help="replay: a miss is an error; record-missing: misses go to --upstream and are recorded; "
     "passthrough: everything goes to --upstream.",
 )

@@ -2,4 +2,4 @@
 reads it from here). A constant, not looked up in the installed metadata, which takes a
 few milliseconds in every process that starts (a recorder and its log writer each)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

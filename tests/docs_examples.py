@@ -73,7 +73,8 @@ def blocks(page: Path) -> list[Block]:
     for match in _FENCE.finditer(text):
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         title = re.search(r'title="([^"]+)"', match.group("attrs"))
-        body = textwrap.dedent(match.group("indent") + match.group("body"))
+        # The body's lines carry the fence's indent already (a block nested in a list).
+        body = textwrap.dedent(match.group("body"))
         found.append(
             Block(
                 match.group("lang"),
@@ -146,6 +147,8 @@ class Page:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(body)
                 elif block.lang == "console":
+                    # A block of no commands would pass, running nothing: a misread block.
+                    assert commands(body), f"{where}: a console block with no `$ ` command"
                     for command in commands(body):
                         self.command(command, where)
                         ran += 1

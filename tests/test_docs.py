@@ -79,3 +79,15 @@ def test_the_check_page_lists_every_rule_of_every_protocol_as_it_explains_itself
     rows = re.findall(r"^\| `([\w-]+)` \| `([\w-]+)` \| (.+) \|$", page, re.M)
     owner = {name: p.name for p in protocols() for name in p.rules}
     assert [(p, rule, text) for p, rule, text in rows] == [(owner[n], n, explain(n)) for n in all_rules()]
+
+
+def test_the_protocols_page_explains_every_kind_of_every_protocol() -> None:
+    """A kind the classifier stores but the page leaves out is one a reader filtering
+    `events.kind` never learns of (thinking, a second choice's chunks)."""
+    from tasktape.eventlog.protocols import protocols  # noqa: PLC0415
+
+    page = (DOCS / "protocols.md").read_text()
+    for protocol in protocols():
+        table = page.split(f"**`{protocol.name}`**\n", 1)[1].strip().split("\n\n", 1)[0]
+        listed = re.findall(r"^\| `([\w/]+)` \|", table, re.M)
+        assert sorted(listed) == sorted(k.value for k in protocol.kinds), protocol.name

@@ -96,3 +96,12 @@ def test_the_record_reference_shows_its_upstream(site: tuple[Path, str]) -> None
     parser = _Sections()
     parser.feed((folder / "reference" / "cli" / "index.html").read_text())
     assert "--upstream" in "".join(parser.sections["tasktape-record"])
+
+
+def test_the_cli_reference_shows_what_help_shows(site: tuple[Path, str]) -> None:
+    """Defaults, required options and environment variables read as `--help` prints them:
+    no placeholder of click's for an option without a default."""
+    folder, _ = site
+    text = (folder / "reference" / "cli" / "index.html").read_text()
+    assert "Sentinel" not in text and "UNSET" not in text
+    assert "[required]" in text and "TASKTAPE_EVENT_LOOP" in text

@@ -17,16 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import pytest
-from fleet_runs import ship_once
+from fleet_runs import collect_until, ship_once
 from log_rows import MS, SSE, shipped_rows, write_log
 from loopback import running, serve, stop, upstream_app
 from nats_servers import NATS_SERVER, NatsCluster
 from ports import free_port
 from processes import stop as stop_process
 
-from tasktape.errors import UsageError
 from tasktape.eventlog import LogWriter
+from tasktape.fleet.names import parse_servers
+from tasktape.fleet.shipper import Backoff, Shipper
+from tasktape.fleet.wire import Table
 
 
 def _tasktape(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -159,23 +160,31 @@ def test_a_clickhouse_not_there_is_one_line_and_a_pull_makes_no_store(
     assert not (tmp_path / "nowhere").exists() and not (tmp_path / "t.db").exists()
 
 
-@contextlib.contextmanager
-def _nats_configured(root: Path, config: str) -> Iterator[int]:
-    """A ``nats-server`` with JetStream on loopback, with ``config`` besides: its port."""
-    port = free_port()
-    root.mkdir(parents=True)
+def _nats_server(root: Path, port: int, config: str) -> subprocess.Popen[bytes]:
+    """A ``nats-server`` with JetStream on loopback at ``port`` (its store in ``root``, kept
+    from one start to the next), with ``config`` besides, once it listens."""
+    root.mkdir(parents=True, exist_ok=True)
     conf = root / "nats.conf"
     conf.write_text(f'listen: 127.0.0.1:{port}\njetstream {{ store_dir: "{root}" }}\n{config}\n')
     server = subprocess.Popen(
         [NATS_SERVER, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    deadline = time.monotonic() + 10
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return server
+        if server.poll() is not None or time.monotonic() > deadline:
+            stop_process(server)
+            raise AssertionError("nats-server did not start")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _nats_configured(root: Path, config: str) -> Iterator[int]:
+    """A ``nats-server`` with JetStream on loopback, with ``config`` besides: its port."""
+    port = free_port()
+    server = _nats_server(root, port, config)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert server.poll() is None and time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.05)
         yield port
     finally:
         stop_process(server)
@@ -185,7 +194,6 @@ def test_a_wrong_password_is_said_as_such_and_no_password_is_shown(tmp_path: Pat
     """Passwords were printed in status lines, and a wrong one was 'no connection in 5 s'
     (the client's 'Authorization Violation' kept to itself) while it retried for ever."""
     with _nats_configured(tmp_path / "nats", "authorization { user: fleet, password: s3cr3tpw }") as port:
-        log = write_log(tmp_path / "a.db", "a")
         wrong = _tasktape(
             "collect", "--from", f"nats://fleet:wrongpw@127.0.0.1:{port}", "--db", str(tmp_path / "c.db"),
             "--until-idle", "1",
@@ -201,15 +209,110 @@ def test_a_wrong_password_is_said_as_such_and_no_password_is_shown(tmp_path: Pat
         )  # fmt: skip
         assert right.returncode == 0, right.stderr
         assert f"collecting TASKTAPE from nats://127.0.0.1:{port} into" in right.stdout
-        said: list[str] = []
-        with pytest.raises(UsageError, match="refused the user and password given: Authorization Violation"):
-            asyncio.run(ship_once(log, f"nats://fleet:wrongpw@127.0.0.1:{port}", on_status=said.append))
-        # (Before the first connection gives up, it is said to be under way.)
-        assert said and all(
-            line.endswith(f"wait for nats://127.0.0.1:{port} (connecting)") for line in said
-        ), said
-    for out in (wrong.stdout, wrong.stderr, right.stdout, right.stderr, *said):  # (s3cr3tpw, wrongpw)
+    for out in (wrong.stdout, wrong.stderr, right.stdout, right.stderr):  # (s3cr3tpw, wrongpw)
         assert "pw" not in out and "fleet:" not in out
+
+
+_PASSWORD = "authorization {{ user: fleet, password: {} }}"
+
+
+async def _said(said: list[str], start: str, timeout: float = 10.0) -> None:
+    """Until a line starting with ``start`` was said."""
+    deadline = time.monotonic() + timeout
+    while not any(line.startswith(start) for line in said):
+        assert time.monotonic() < deadline, f"not said in {timeout} s: {start!r}: {said}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_password_refused_at_start_is_said_once_and_shipping_starts_once_it_is_taken(
+    tmp_path: Path,
+) -> None:
+    """Shipping stopped for good on the servers' first refusal: a password put right on the
+    servers afterwards was never taken up, until the log was shipped again by hand."""
+    port, store = free_port(), tmp_path / "nats"
+    server = _nats_server(store, port, _PASSWORD.format("otherpw"))
+    log = write_log(tmp_path / "a.db", "a")
+    said: list[str] = []
+    url = f"nats://fleet:s3cr3tpw@127.0.0.1:{port}"
+    shipper = Shipper(
+        log, parse_servers(url), on_status=said.append, refused_backoff=Backoff(0.1, 0.2), first_connect=1
+    )
+    stop = asyncio.Event()
+    shipping = asyncio.ensure_future(shipper.run(stop))
+    try:
+        await _said(said, "WARNING")
+        await asyncio.sleep(2.5)  # refused again, twice at least
+        stop_process(server)
+        server = _nats_server(store, port, _PASSWORD.format("s3cr3tpw"))  # the same port and store
+        await _said(said, "shipping: caught up")
+        stop.set()
+        stats = await shipping
+        sink = tmp_path / "fleet.db"
+        await collect_until(url, sink, lambda: sink.exists() and shipped_rows(sink) == shipped_rows(log))
+    finally:
+        stop.set()
+        await asyncio.gather(shipping, return_exceptions=True)
+        shipper.close()
+        stop_process(server)
+    refused = f"nats://127.0.0.1:{port} refused the user and password given: Authorization Violation"
+    assert [line for line in said if line.startswith("WARNING")] == [
+        f"WARNING: shipping paused: {refused}; rows wait in the log, and go out once the servers take"
+        " them (asked again after 0.1 s, then less and less often, every 0.2 s at most)"
+    ], said
+    assert f"shipping: nats://127.0.0.1:{port} took the user and password: shipping again" in said
+    assert (stats.rows, stats.duplicates, stats.waiting) == (17, 0, 0)
+    for line in said:
+        assert "pw" not in line and "fleet:" not in line
+
+
+async def test_a_password_the_servers_refuse_later_is_said_and_shipping_goes_on_once_they_take_it(
+    tmp_path: Path,
+) -> None:
+    """Servers restarted with another password under a running shipper: its rows were said
+    to wait for 'no answer in time', and nothing said the servers refused its password."""
+    port, store = free_port(), tmp_path / "nats"
+    server = _nats_server(store, port, _PASSWORD.format("s3cr3tpw"))
+    log = write_log(tmp_path / "a.db", "a")
+    said: list[str] = []
+    url = f"nats://fleet:s3cr3tpw@127.0.0.1:{port}"
+    shipper = Shipper(log, parse_servers(url), on_status=said.append, refused_backoff=Backoff(0.1, 0.2))
+    stop = asyncio.Event()
+    shipping = asyncio.ensure_future(shipper.run(stop))
+    try:
+        while shipper.cursor.rows < 17:
+            assert not shipping.done(), shipping.result()
+            await asyncio.sleep(0.05)
+        stop_process(server)
+        server = _nats_server(store, port, _PASSWORD.format("otherpw"))
+        with LogWriter(log) as w:  # the recorder records on
+            cap = w.begin_capture(source="record")
+            ex = w.begin_exchange(cap, method="GET", path="/later", started_ns=time.time_ns())
+            w.end_exchange(ex, duration_ns=MS)
+            w.end_capture(cap)
+        await _said(said, "WARNING")
+        await asyncio.sleep(1)  # (the client is refused every quarter of a second meanwhile)
+        stop_process(server)
+        server = _nats_server(store, port, _PASSWORD.format("s3cr3tpw"))
+        await _said(said, "shipping: caught up")
+        stop.set()
+        stats = await shipping
+        sink = tmp_path / "fleet.db"
+        await collect_until(url, sink, lambda: sink.exists() and shipped_rows(sink) == shipped_rows(log))
+    finally:
+        stop.set()
+        await asyncio.gather(shipping, return_exceptions=True)
+        shipper.close()
+        stop_process(server)
+    assert [line for line in said if line.startswith("WARNING")] == [
+        f"WARNING: shipping paused: nats://127.0.0.1:{port} refused the user and password given:"
+        " Authorization Violation; rows wait in the log, and go out once the servers take them (asked"
+        " again after 0.1 s, then less and less often, every 0.2 s at most)"
+    ], said
+    assert said[-2:] == [
+        f"shipping: nats://127.0.0.1:{port} took the user and password: shipping again",
+        "shipping: caught up (19 rows shipped in all)",
+    ], said
+    assert stats.waiting == 0
 
 
 async def test_each_row_too_big_for_a_server_is_named_as_it_is_left_out(tmp_path: Path) -> None:
@@ -231,3 +334,32 @@ async def test_each_row_too_big_for_a_server_is_named_as_it_is_left_out(tmp_path
     assert stats.too_large == 3
     named = [re.sub(r", [\d,]+ bytes encoded.*", "", line) for line in said if line.startswith("WARNING")]
     assert named == [f"WARNING: a row of events (exchange_uid {uid}, seq {seq}" for seq in (1, 3, 5)]
+
+
+async def test_a_part_stored_after_the_rest_of_its_window_makes_no_reconnect(tmp_path: Path) -> None:
+    """A window's part published again (it failed) was acknowledged before the window's
+    later parts, stored before it: their lower numbers looked like a stream made again, and
+    the round was shipped again after a reconnect, for nothing."""
+    log = tmp_path / "a.db"
+    with LogWriter(log) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        for seq in range(6):  # 120 KB of events, in a message of their own
+            w.chunk(ex, (seq + 1) * MS, b'data: "' + b"x" * 20_000 + b'"\n\n')
+        w.end_exchange(ex, duration_ns=9 * MS).result()
+    with _nats_configured(tmp_path / "nats", "max_payload: 65536") as port:
+        shipper = Shipper(log, parse_servers(f"nats://127.0.0.1:{port}"))
+        try:
+            js = await shipper._connect()
+            messages = {m.table: m for m in shipper._read_round().messages}
+            # The events first, too big for the server as they are (as for one reconnected to
+            # a server that takes less): they fail, and go again in parts after the capture.
+            window = [messages[Table.EVENTS], messages[Table.CAPTURES]]
+            assert len(window[0].payload) > 65536
+            left_out = await shipper._publish_window(js, window)
+            gone = shipper._gone
+            await shipper._nc.close()
+        finally:
+            shipper.close()
+    assert (left_out, gone, shipper.stats.rows, shipper.stats.duplicates) == (0, False, 7, 0)
