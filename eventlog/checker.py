@@ -15,7 +15,7 @@ from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 from .a2a_terms import short_state
-from .frames import Problem, Rule, Stream, at_log_end, streams_of
+from .frames import Problem, Rule, SseEvent, Stream, at_log_end, streams_of
 from .protocols import ProtocolName
 from .protocols import protocols as known_protocols
 from .reader import EventLog
@@ -97,14 +97,41 @@ def report_log(
     ids = [x["id"] for x in log.exchanges()] if exchange_ids is None else sorted(set(exchange_ids))
     reconnects = log.reconnects_answered()
     checked = [i for i in ids if i not in reconnects]
-    recorded = from_log(log, checked)
+    held = {i: events for i in checked if (events := _held_events(log, i)) is not None}
+    # (A stream of 100,000 events takes most of a second to read again.)
+    recorded = from_log(log, checked, unread=held.keys())
     at_log_end(recorded)
     items = [(r, str(i), i) for r, i in zip(recorded, checked, strict=True)]
-    streams = streams_of(items, _only(protocols))
+    streams = streams_of(items, _only(protocols), held)
     # Every exchange when all protocols are checked (one of a protocol no longer known
     # loses its findings too); else those of the protocols checked.
     spoken_for = ids if protocols is None else [s.exchange_id for s in streams if s.exchange_id is not None]
     return replace(_report(streams), reconnects=len(ids) - len(checked), exchange_ids=tuple(spoken_for))
+
+
+# A finished stream's events as the writer decoded them from the bytes its chunks hold
+# (one statement: its end and its last events were written together). Not one under way
+# (its chunks may end in part of an event not yet written), nor one no protocol was
+# known for when it was written (the chunks tell what it is), nor one ending in a
+# cut-off event (redacted, it was written back as a whole one).
+_HELD_EVENTS = """
+SELECT e.seq, e.event_id, e.data, e.complete, e.offset_ns, e.event_type FROM events e
+JOIN exchanges x ON x.id = e.exchange_id
+WHERE e.exchange_id = ? AND x.is_sse AND x.outcome IS NOT NULL AND x.protocol IS NOT NULL
+ORDER BY e.seq
+"""
+
+
+def _held_events(log: EventLog, exchange_id: int) -> list[SseEvent] | None:
+    """The events of a stream that the log's events table holds as its chunks would
+    decode to, else None (a stream without event rows is read from its chunks: a body
+    the writer could not decode is kept whole, without events)."""
+    rows = log.db.conn.execute(_HELD_EVENTS, (exchange_id,)).fetchall()
+    if not rows or not rows[-1][3]:
+        return None
+    return [
+        SseEvent(seq, ident, data, bool(complete), at, kind) for seq, ident, data, complete, at, kind in rows
+    ]
 
 
 def _only(names: Collection[str] | None) -> set[str] | None:

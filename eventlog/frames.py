@@ -4,11 +4,11 @@ classified by its protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from .a2a_terms import Binding, is_jsonrpc
 from .classify import Classification, load_json
@@ -58,6 +58,28 @@ class Frame:
     def envelope(self) -> dict[str, Any] | None:
         """The JSON-RPC message around it."""
         return self._json[1]
+
+
+class SseEvent(NamedTuple):
+    """What a frame takes of one SSE event: decoded from a stream's chunks, or as the log's
+    events table holds it (the writer decoded the same bytes, and numbered them alike)."""
+
+    seq: int
+    id: str | None
+    data: str
+    complete: bool
+    offset_ns: int  # when the chunk that completed it arrived
+    event: str | None  # the SSE event field
+
+
+def decoded(chunks: list[tuple[int, bytes]]) -> list[SseEvent]:
+    """The events of a recorded stream, decoded from its chunks (what dispatches nothing,
+    after the last event, left out but numbered)."""
+    return [
+        SseEvent(seq, e.id, e.data, e.complete, e.offset_ns, e.event)
+        for seq, e in enumerate(events_in(chunks))
+        if is_event(e.complete, e.data)
+    ]
 
 
 @dataclass
@@ -187,10 +209,17 @@ def protocol_of(recorded: Recorded) -> Protocol | None:
     return recognise_exchange(request, response)
 
 
-def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | None = None) -> list[Stream]:
+def streams_of(
+    items: list[tuple[Recorded, str, int | None]],
+    only: set[str] | None = None,
+    held: Mapping[int, list[SseEvent]] | None = None,
+) -> list[Stream]:
     """The exchanges of known protocols among ``(recorded, where, exchange id)`` (of the
     protocols named in ``only``, when given): SSE responses, and the JSON bodies of
-    successful operations (an A2A GetTask, an MCP result, a completion)."""
+    successful operations (an A2A GetTask, an MCP result, a completion). ``held``: the
+    events of streams, by exchange id, read from the log's events table rather than
+    decoded from their chunks again."""
+    held = held or {}
     streams = []
     for recorded, where, exchange_id in items:
         protocol = protocol_of(recorded)
@@ -223,12 +252,11 @@ def streams_of(items: list[tuple[Recorded, str, int | None]], only: set[str] | N
         start = stream.started_ns
         task_id = info.task_id
         if recorded.is_sse:
-            for seq, event in enumerate(events_in(recorded.chunks)):
-                if not is_event(event.complete, event.data):
-                    continue
+            events = held.get(exchange_id) if exchange_id is not None else None
+            for event in decoded(recorded.chunks) if events is None else events:
                 c = reader.event(event.data, event.event)
                 frame = _frame(
-                    seq,
+                    event.seq,
                     event.id,
                     event.complete,
                     event.data,

@@ -4,7 +4,7 @@ or a cassette alike."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,12 +117,17 @@ def read_log(path: str | Path, exchange_ids: list[int] | None = None) -> list[Re
         return from_log(log, exchange_ids)
 
 
-def from_log(log: EventLog, exchange_ids: list[int] | None = None) -> list[Recorded]:
-    """The exchanges of a log (all, or those ids), in id order, with their chunks."""
-    return list(each_from_log(log, exchange_ids))
+def from_log(
+    log: EventLog, exchange_ids: list[int] | None = None, *, unread: Collection[int] = ()
+) -> list[Recorded]:
+    """The exchanges of a log (all, or those ids), in id order, with their chunks (but
+    those of the exchanges in ``unread``, which the caller takes from elsewhere)."""
+    return list(each_from_log(log, exchange_ids, unread=unread))
 
 
-def each_from_log(log: EventLog, exchange_ids: list[int] | None = None) -> Iterator[Recorded]:
+def each_from_log(
+    log: EventLog, exchange_ids: list[int] | None = None, *, unread: Collection[int] = ()
+) -> Iterator[Recorded]:
     """As :func:`from_log`, one at a time: an exchange's chunks are read as it is reached
     (an export of a log of gigabytes holds one exchange's at a time)."""
     rows = log.exchanges() if exchange_ids is None else [log.exchange(i) for i in sorted(set(exchange_ids))]
@@ -142,7 +147,9 @@ def each_from_log(log: EventLog, exchange_ids: list[int] | None = None) -> Itera
                 response_headers=headers_from_json(x["response_headers"]),
                 is_sse=bool(x["is_sse"]),
                 ttfb_ns=x["ttfb_ns"] or 0,
-                chunks=[(c["offset_ns"], bytes(c["data"])) for c in log.chunks(x["id"])],
+                chunks=[]
+                if x["id"] in unread
+                else [(c["offset_ns"], bytes(c["data"])) for c in log.chunks(x["id"])],
                 decoded_from=x["body_encoding"],
                 response_body_truncated=bool(x["response_body_truncated"]),
                 duration_ns=x["duration_ns"],

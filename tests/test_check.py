@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from a2a_frames import artifact, completed_run, sse, status, streamed, task
 
-from tasktape.eventlog.checker import Finding, all_rules, check_recorded, explain, report_recorded
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.checker import Finding, all_rules, check_recorded, explain, report_log, report_recorded
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.rules import RULES
 
@@ -356,3 +359,35 @@ def test_jsonrpc_frames_answer_with_the_request_id() -> None:
     assert findings[0].message == "JSON-RPC id 8 is not the request's 7"
     # "7" is not 7.
     assert rules_broken(stream(frames[:1], jsonrpc=7, reply_id="7")) == ["stream-end", "jsonrpc-id"]
+
+
+def logged(path: Path, *recorded: Recorded) -> Path:
+    """These recorded streams written into a log, as the recorder writes them."""
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        for r in recorded:
+            x = w.begin_exchange(cap, method=r.method, path=r.path, request_body=r.request_body)
+            w.response_head(
+                x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=0
+            )
+            for offset, data in r.chunks:
+                w.chunk(x, offset, data)
+            w.end_exchange(x, duration_ns=r.chunks[-1][0] + 1)
+    return path
+
+
+def test_a_logged_stream_is_checked_from_its_events_not_decoded_again(tmp_path: Path) -> None:
+    """The log holds a finished stream's events as its chunks decode to: the check reads
+    them there (a stream of 100,000 events takes seconds to decode again), and finds what
+    it finds in the chunks. A stream that ends mid-event is read from its chunks."""
+    broken = stream([*run_ending("TASK_STATE_COMPLETED"), status(T, C, "TASK_STATE_WORKING")])
+    cut = stream([*sse(run_ending("TASK_STATE_COMPLETED", "task.2")[:2], ids="e"), b'data: {"artifactUpd'])
+    statements: list[str] = []
+    with EventLog(logged(tmp_path / "log.db", broken, cut)) as log:
+        log.db.conn.set_trace_callback(statements.append)
+        report = report_log(log)
+    chunks_read = re.findall(r"FROM chunks WHERE exchange_id = (\d+)", "\n".join(statements))
+    assert chunks_read == ["2"]
+    found = [(f.rule, f.task_id, f.seq, f.message) for f in report.findings]
+    assert found == [(f.rule, f.task_id, f.seq, f.message) for f in check_recorded([broken, cut])]
+    assert [rule for rule, *_ in found] == ["transition", "after-terminal", "stream-end", "frame"]
