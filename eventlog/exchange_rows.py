@@ -128,6 +128,8 @@ class ExchangeRows:
         self._request_encoding: str | None = None
         self._request_type: str | None = None  # its Content-Type: how a form's fields are spelt
         self._encoding: str | None = None
+        self._response_type: str | None = None  # the response's Content-Type (a form is redacted too)
+        self._redacts_body = False  # redaction may change the response body: it is held, redacted whole
         self._is_sse = False
         self._withheld = False
         self._decoder: SSEDecoder | None = None
@@ -253,7 +255,7 @@ class ExchangeRows:
             self._request_error = f"request body: {why}: it is stored as sent"
             return body, None
         encoding = self._request_encoding if decoded is not body else None
-        return self._redactor.request_bytes(decoded, self._request_type), encoding
+        return self._redactor.body_bytes(decoded, self._request_type), encoding
 
     def head(
         self,
@@ -266,7 +268,10 @@ class ExchangeRows:
     ) -> Statement:
         self.summary.status = status
         self.summary.is_sse = is_sse
-        redacted = None if headers is None else self._redactor.header_pairs(_pairs(headers))
+        pairs = _pairs(headers)
+        self._response_type = next((v for k, v in pairs if k.lower() == "content-type"), None)
+        self._redacts_body = self._redactor.changes_body(self._response_type)
+        redacted = None if headers is None else self._redactor.header_pairs(pairs)
         if self._protocol is not None and self.summary.session_id is None and redacted is not None:
             self.summary.session_id = self._protocol.session(redacted)
         # A response that is not a stream is read whole: no first event to recognise it by.
@@ -360,8 +365,8 @@ class ExchangeRows:
             self._release(self._decoder.close(), self._last_offset, chunk_rows, event_rows)
         elif not self._is_sse:
             body = b"".join(self._body)
-            if self._redactor.json_pointers:
-                redacted = self._redactor.json_bytes(body)
+            if self._redacts_body:
+                redacted = self._redactor.body_bytes(body, self._response_type)
                 if redacted is body:
                     for _, offset, data in self._held:
                         self._chunk_row(offset, data, chunk_rows)
@@ -418,7 +423,7 @@ class ExchangeRows:
         be redacted from it: then it is not stored at all, since it cannot be redacted."""
         part = "the rest of the body" if rest else "the body"
         self.summary.undecoded = why
-        if self._redactor.json_pointers:
+        if self._redacts_body:
             self._withheld = True
             self._error = f"{why}: {part} is not stored, since it could not be redacted"
         else:  # (the rest's words are what replay reads: rest_undecoded)
@@ -445,7 +450,7 @@ class ExchangeRows:
                 return
         self._body_len += len(data)
         self._body.append(data)
-        if self._redactor.json_pointers:
+        if self._redacts_body:
             self._held.append([0, offset_ns, data])  # redacted as a whole at the end
         else:
             self._chunk_row(offset_ns, data, chunk_rows)

@@ -5,8 +5,8 @@ parameters of the URLs in ``Referer``, ``Location`` and ``Content-Location`` hea
 each ``<URL>`` in a ``Link`` header (RFC 8288: paging links often carry a token) and of
 ``Refresh``'s ``url=``, and their user and password are left out; a fragment's
 ``name=value`` list is redacted as a query is (``#access_token=...``). So are the fields of
-a form request body (``application/x-www-form-urlencoded``, ``multipart/form-data``), by
-the same names. JSON fields are named by JSON pointers (RFC 6901, plus ``*`` for any key
+a form body (``application/x-www-form-urlencoded``, ``multipart/form-data``), request or
+response, by the same names. JSON fields are named by JSON pointers (RFC 6901, plus ``*`` for any key
 or index, e.g. ``/params/message/metadata/apiKey`` or ``/*/metadata/token``). A redacted
 JSON value is replaced in the original bytes, so the rest of the document keeps its exact
 formatting;
@@ -23,8 +23,10 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from email.errors import HeaderParseError
+from email.header import decode_header
 from email.message import Message
-from email.parser import BytesHeaderParser
+from email.parser import HeaderParser
 from email.policy import compat32
 from email.utils import collapse_rfc2231_value
 from enum import StrEnum
@@ -188,11 +190,13 @@ class Redactor:
         redacted = self.json_text(text)
         return body if redacted is text else redacted.encode(encoding, errors)
 
-    def request_bytes(self, body: bytes, content_type: str | None) -> bytes:
-        """A request body as the log keeps it: its JSON fields redacted (:meth:`json_bytes`);
-        a form's fields (``application/x-www-form-urlencoded``, ``multipart/form-data``) by
-        name, as query parameters are: an OAuth token request sends ``password`` and
-        ``client_secret`` so. Other bodies cost a look at their Content-Type."""
+    def body_bytes(self, body: bytes, content_type: str | None) -> bytes:
+        """A request body, or a response body that is not an event stream, as the log keeps
+        it: its JSON fields redacted (:meth:`json_bytes`); a form's fields
+        (``application/x-www-form-urlencoded``, ``multipart/form-data``) by name, as query
+        parameters are: an OAuth token request sends ``password`` and ``client_secret`` so,
+        and a token endpoint may answer ``access_token=...&token_type=bearer``. Other bodies
+        cost a look at their Content-Type."""
         body = self.json_bytes(body)
         kind = form_type(content_type)
         if kind is None or not self.query_params:
@@ -202,20 +206,24 @@ class Redactor:
         except Exception:  # a form that cannot be read is kept as it is: its row is never lost
             return body
 
+    def changes_body(self, content_type: str | None) -> bool:
+        """Whether redaction may change a body of this Content-Type (a form's fields, or any
+        body's JSON fields): it is then redacted whole, not stored chunk by chunk."""
+        return bool(self._paths) or (form_type(content_type) is not None and bool(self.query_params))
+
     def _form(self, body: bytes, kind: FormType, content_type: str) -> bytes:
         if kind is FormType.URLENCODED:
-            text = body.decode("latin-1")  # (byte for byte: only ASCII names and '=' are looked at)
-            return (self.query(text) or text).encode("latin-1")
+            # Byte for byte; a name sent in UTF-8 bytes, not percent-escaped, is read as such.
+            text = body.decode("utf-8", "surrogateescape")
+            return (self.query(text) or text).encode("utf-8", "surrogateescape")
         form = multipart(body, content_type)
         if form is None:
             return body
         secret = REDACTED.encode()
         return form.joined(
-            replace(p, content=secret) if self._redacts_field(p.name) else p for p in form.parts
+            replace(p, content=secret) if not p.readings.isdisjoint(self.query_params) else p
+            for p in form.parts
         )
-
-    def _redacts_field(self, name: str | None) -> bool:
-        return name is not None and name.lower() in self.query_params
 
     def json_text(self, text: str) -> str:
         """Like :meth:`json_bytes` for text; returns ``text`` itself when nothing changed.
@@ -337,12 +345,14 @@ def form_type(content_type: str | None) -> FormType | None:
 class Part:
     """What follows one delimiter of a ``multipart/form-data`` body: a field's ``head`` (the
     rest of the delimiter's line, its headers, the blank line), its ``content`` and its
-    ``name``. What is no field (the closing delimiter's ``--`` and all after it, a piece
-    without a blank line) is all ``head``, with no name."""
+    ``name``, with every reading of it a server may make (:func:`_readings`), in lower case.
+    What is no field (the closing delimiter's ``--`` and all after it, a piece without a
+    blank line) is all ``head``, with no name."""
 
     head: bytes
     content: bytes = b""
     name: str | None = None
+    readings: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -390,9 +400,57 @@ def _part(piece: bytes, newline: bytes) -> Part:
     if piece.startswith(b"--") or line_end < 0 or blank < 0:
         return Part(piece)
     head = piece[: blank + 2 * len(newline)]
-    headers = BytesHeaderParser(policy=compat32).parsebytes(head[line_end + len(newline) :])
+    # Read a character a byte: a name sent in UTF-8 bytes (as browsers send it) keeps them.
+    headers = HeaderParser(policy=compat32).parsestr(head[line_end + len(newline) :].decode("latin-1"))
     name = headers.get_param("name", header="content-disposition")
-    return Part(head, piece[len(head) :], None if name is None else collapse_rfc2231_value(name))
+    given = [v for k, v in (headers.get_params(header="content-disposition") or [])[1:] if k == "name"]
+    readings = frozenset(r.lower() for value in given for r in _readings(value))
+    return Part(head, piece[len(head) :], None if name is None else _field_name(name), readings)
+
+
+# A Content-Disposition parameter as ``email`` reads it: RFC 2231's (``name*=``) as its
+# charset, language and text.
+Parameter = str | tuple[str | None, str | None, str]
+
+
+def _field_name(value: Parameter) -> str:
+    """A field's name: RFC 2231's in its charset, the bytes of any other in UTF-8 (those
+    that are not kept as escapes)."""
+    if isinstance(value, tuple):
+        return collapse_rfc2231_value(value)
+    return value.encode("latin-1").decode("utf-8", "surrogateescape")
+
+
+def _readings(value: Parameter) -> set[str]:
+    """The names a field's ``name`` (or RFC 2231's ``name*``) parameter may be read as:
+    its bytes in UTF-8 or Latin-1, or in the charset ``name*`` says; the RFC 2047 words
+    some clients send (``=?UTF-8?B?...?=``) decoded. Any of them may be the name the
+    server reads."""
+    charset, text = (value[0], value[2]) if isinstance(value, tuple) else (None, value)
+    raw = text.encode("latin-1")  # (a character a byte, as read)
+    readings = {raw.decode("latin-1"), *_decoded(raw, "utf-8"), *_decoded(raw, charset)}
+    if "=?" in text:
+        readings.update(_encoded_words(text))
+    return readings
+
+
+def _decoded(raw: bytes, charset: str | None) -> list[str]:
+    """``raw`` in ``charset``; none when it is not (or names no codec)."""
+    try:
+        return [raw.decode(charset)] if charset else []
+    except (LookupError, UnicodeDecodeError):
+        return []
+
+
+def _encoded_words(text: str) -> list[str]:
+    """``text`` with its RFC 2047 encoded words decoded; none when it cannot be."""
+    try:
+        pieces = decode_header(text)
+    except HeaderParseError:
+        return []
+    # (What is no encoded word comes back as bytes too: a character a byte, as read.)
+    decoded = [[p] if isinstance(p, str) else _decoded(p, charset or "latin-1") for p, charset in pieces]
+    return ["".join(d[0] for d in decoded)] if all(decoded) else []
 
 
 def batch_forms(paths: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:

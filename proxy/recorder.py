@@ -997,30 +997,32 @@ def _check_options(
         check_bound(name, value, whole=whole, least=0)
 
 
-def upstream_url(upstream: str) -> URL:
-    """The upstream as a URL; a UsageError unless it is an absolute http(s) one."""
-    return http_url(upstream, "the upstream")
+def upstream_url(upstream: str, redactor: Redactor | None = None) -> URL:
+    """The upstream as a URL; a UsageError unless it is an absolute http(s) one (showing it
+    redacted by ``redactor``, the defaults without one)."""
+    return http_url(upstream, "the upstream", redactor)
 
 
-def http_url(value: str, what: str) -> URL:
+def http_url(value: str, what: str, redactor: Redactor | None = None) -> URL:
     """``value`` as a URL; a UsageError naming ``what`` unless it is an absolute http(s) one."""
     try:
         url = URL(value)
     except ValueError:
         url = None
     if url is None or not url.is_absolute() or url.scheme not in ("http", "https") or not url.host:
-        raise UsageError(f"{what} must be an http:// or https:// URL, not {_shown(value)!r}")
+        raise UsageError(f"{what} must be an http:// or https:// URL, not {shown_url(value, redactor)!r}")
     if "?" in value or "#" in value:  # a request's own path and query are put after it
-        raise UsageError(f"{what} cannot have a query string or a fragment: {_shown(value)!r}")
+        raise UsageError(f"{what} cannot have a query string or a fragment: {shown_url(value, redactor)!r}")
     return url
 
 
-def _shown(value: str) -> str:
+def shown_url(value: str, redactor: Redactor | None = None) -> str:
     """A URL given as an option, as an error shows it: all before its last '@' after the
     scheme left out (a password with a '#' or '?' in it is no password to a URL parser),
-    and its query's credentials redacted as the log's are."""
+    and its query's credentials redacted as the log's are (by ``redactor``: the names the
+    user gave too)."""
     scheme, sep, rest = value.partition("://")
-    return Redactor().url(scheme + sep + rest.rpartition("@")[2] if sep else value)
+    return (redactor or Redactor()).url(scheme + sep + rest.rpartition("@")[2] if sep else value)
 
 
 def points_at(url: URL, address: tuple[str, int]) -> bool:

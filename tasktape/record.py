@@ -27,7 +27,7 @@ from tasktape.eventlog.resumes import Resume
 from tasktape.fleet.names import STREAM, jetstream_name, parse_servers
 from tasktape.proxy import RecordingProxy
 from tasktape.proxy.live import HOLD_BYTES
-from tasktape.proxy.recorder import Refusal, points_at, upstream_url
+from tasktape.proxy.recorder import Refusal, points_at, shown_url, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
 from .counted import counted
@@ -210,7 +210,7 @@ def record(
     # Nothing is written until the recorder can listen: a bad --upstream or a port in use
     # leaves no log file, and no empty capture in an existing one.
     try:
-        url = upstream_url(upstream)
+        url = upstream_url(upstream, redactor)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--upstream") from None
     try:
@@ -222,7 +222,7 @@ def record(
     if points_at(url, address):
         sock.close()
         raise click.BadParameter(
-            f"{upstream} is this recorder's own address ({host}:{address[1]}): "
+            f"{shown_url(upstream, redactor)} is this recorder's own address ({host}:{address[1]}): "
             "it would forward every request to itself",
             param_hint="--upstream",
         )

@@ -154,9 +154,10 @@ def replay(
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:
         raise click.BadParameter(f"mode {mode.value} needs --upstream", param_hint="--upstream")
+    redactor = Redactor(redact_header, redact_json, query=redact_query)
     if upstream:
         try:
-            upstream_url(upstream)
+            upstream_url(upstream, redactor)
         except UsageError as exc:
             raise click.BadParameter(str(exc), param_hint="--upstream") from None
     _refuse_other_modes_options(
@@ -169,7 +170,6 @@ def replay(
             "--redact-json": bool(redact_json),
         },
     )
-    redactor = Redactor(redact_header, redact_json, query=redact_query)
     host, port = listen
     sock = bind(host, port)  # before the log is opened: a port in use leaves it as it was
     if mode is ReplayMode.RECORD_MISSING:

@@ -22,6 +22,7 @@ import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
 from loopback import Running, finished, running, serve, upstream_app
+from ports import free_port
 
 from tasktape.eventlog import EventLog, ExchangeSummary
 from tasktape.record import describe_exchange
@@ -202,6 +203,32 @@ async def test_a_bad_upstream_is_explained_without_its_password(tmp_path: Path, 
     status, err = await finished("record", "--db", str(tmp_path / "x.db"), "--upstream", upstream)
     assert status == 2 and "sk-pass" not in err and "bob" not in err
     assert "@" not in err and upstream.rpartition("@")[2] in err
+
+
+@pytest.mark.parametrize(
+    "upstream", ["http://agent.example/api?team=sk-team-1&v=1", "ftp://agent.example/?team=sk-team-1&v=1"]
+)
+async def test_a_bad_upstream_is_explained_with_the_user_s_query_names_redacted(
+    tmp_path: Path, upstream: str
+) -> None:
+    """``--redact-query team`` keeps ``team`` out of the log: the error about the URL
+    showed it all the same, only the default names redacted."""
+    args = ["--db", str(tmp_path / "x.db"), "--redact-query", "team", "--upstream", upstream]
+    status, err = await finished("record", *args)
+    assert status == 2 and "sk-team-1" not in err
+    assert upstream.replace("sk-team-1", "[REDACTED]") in err
+
+
+async def test_an_upstream_at_the_recorder_s_own_address_is_explained_without_its_password(
+    tmp_path: Path,
+) -> None:
+    """The refusal to forward to itself printed the upstream as given, password and all."""
+    port = free_port()  # to listen on, and to name as the upstream
+    upstream = f"http://bob:sk-pass@127.0.0.1:{port}"
+    args = ["--db", str(tmp_path / "x.db"), "--listen", f"127.0.0.1:{port}", "--upstream", upstream]
+    status, err = await finished("record", *args)
+    assert status == 2 and "sk-pass" not in err and "bob" not in err
+    assert f"http://127.0.0.1:{port} is this recorder's own address" in err
 
 
 async def test_a_log_in_a_folder_that_is_not_there_is_explained(tmp_path: Path) -> None:

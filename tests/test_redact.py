@@ -12,12 +12,13 @@ import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
 from click.testing import CliRunner
-from conftest import RecordFactory
+from conftest import RecordFactory, Serve
 
 from tasktape.cli import main
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.redact import REDACTED, UNREADABLE, Redactor, parse_pointer
 from tasktape.proxy.recorder import Refusal
+from tasktape.replay import ReplayServer, load
 
 SECRET = "sk-live-0123456789"
 
@@ -658,3 +659,65 @@ async def test_a_multipart_body_of_any_boundary_is_kept_and_redacted(record: Rec
         body.replace(SECRET.encode(), REDACTED.encode()) for _, body in sent
     ]
     assert_secret_nowhere(rec.db)
+
+
+async def test_a_form_field_named_in_any_spelling_of_a_non_ascii_name_is_redacted(
+    record: RecordFactory,
+) -> None:
+    """``--redact-query pässwort``: a browser sends the name in UTF-8 bytes, other clients
+    in RFC 2231's ``name*=`` (beside a plain name, or alone), in RFC 2047 words or in
+    Latin-1; an urlencoded form may spell it unescaped. Each kept the password."""
+    app, received = receiving("/signup")
+    rec = await record(app, redactor=Redactor(query=["pässwort"]))
+
+    def form(disposition: bytes) -> bytes:
+        head = b"--B\r\nContent-Disposition: form-data; " + disposition + b"\r\n\r\n"
+        rest = b'\r\n--B\r\nContent-Disposition: form-data; name="u"\r\n\r\nann\r\n--B--\r\n'
+        return head + SECRET.encode() + rest
+
+    dispositions = [
+        'name="pässwort"'.encode(),
+        b"name*=UTF-8''p%C3%A4sswort",
+        b"name=\"password2\"; name*=utf-8''P%C3%84SSWORT",
+        b'name="=?UTF-8?B?cMOkc3N3b3J0?="',
+        'name="pässwort"'.encode("latin-1"),
+    ]
+    sent = [(form(d), "multipart/form-data; boundary=B") for d in dispositions]
+    sent.append((f"u=ann&pässwort={SECRET}".encode(), "application/x-www-form-urlencoded"))
+    for body, content_type in sent:
+        headers = {"Content-Type": content_type}
+        async with rec.session.post(f"{rec.url}/signup", data=body, headers=headers) as r:
+            assert r.status == 200
+    assert received == [body for body, _ in sent]  # the agent got them as sent
+    with await rec.log() as log:
+        stored = [x["request_body"] for x in log.exchanges()]
+    assert [b if isinstance(b, bytes) else b.encode() for b in stored] == [
+        body.replace(SECRET.encode(), REDACTED.encode()) for body, _ in sent
+    ]
+    assert_secret_nowhere(rec.db)
+
+
+async def test_a_form_answer_s_fields_are_redacted_as_a_form_request_s(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """An OAuth token endpoint may answer with a form (``access_token=...&token_type=...``,
+    GitHub's by default): the log kept the token, where a form request's fields of the same
+    names are redacted. A replay answers with the form as the log keeps it."""
+    answer = f"access_token={SECRET}&scope=repo&session_key={SECRET}&token_type=bearer"
+
+    async def token(request: web.Request) -> web.Response:
+        return web.Response(text=answer, content_type="application/x-www-form-urlencoded")
+
+    app = web.Application()
+    app.router.add_post("/login/oauth/access_token", token)
+    rec = await record(app, redactor=Redactor(query=["session_key"]))
+    async with rec.session.post(f"{rec.url}/login/oauth/access_token", data=b"code=c1") as r:
+        assert await r.text() == answer  # the client gets it as sent
+    kept = f"access_token={REDACTED}&scope=repo&session_key={REDACTED}&token_type=bearer"
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert x["response_body"] == kept
+    assert_secret_nowhere(rec.db)
+    replay = await serve(ReplayServer(load([rec.db]), speed=0).app)
+    async with rec.session.post(f"{replay}/login/oauth/access_token", data=b"code=c1") as r:
+        assert (r.status, r.content_type, await r.text()) == (200, "application/x-www-form-urlencoded", kept)

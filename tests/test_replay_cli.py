@@ -195,3 +195,12 @@ async def test_a_source_that_cannot_be_read_is_a_usage_error_as_to_check(tmp_pat
     for command in ("replay", "check"):
         code, err = await finished(command, str(notes))
         assert code == 2 and f"Invalid value for SOURCE: {notes}:1: not JSON" in err, (command, err)
+
+
+async def test_a_bad_upstream_is_explained_with_the_user_s_query_names_redacted(tmp_path: Path) -> None:
+    """``--redact-query team`` keeps the value out of what replay prints, the usage error too."""
+    upstream = "ftp://agent.example/?team=sk-team-1"
+    args = ["--mode", "passthrough", "--redact-query", "team", "--upstream", upstream]
+    status, err = await finished("replay", str(cassette(tmp_path / "c.jsonl")), *args)
+    assert status == 2 and "sk-team-1" not in err
+    assert "ftp://agent.example/?team=[REDACTED]" in err
