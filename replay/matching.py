@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from tasktape.choices import listed
+from tasktape.counted import counted
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import Protocol, Regenerated, Request
 from tasktape.eventlog.recorded import Recorded
@@ -58,11 +59,15 @@ class Shown:
     """What reports (a miss's reasons, a refused request's line) show of requests: they end up
     in test output and CI logs, so no value at a credential's place. Those places: the
     redaction defaults, what the user asks to redact, and every query parameter, header and
-    JSON field that a loaded recording holds redacted (:meth:`learned`)."""
+    JSON field that a loaded recording holds redacted (:meth:`learned`). A value a request
+    sent that holds such a place in a shape its pointer does not follow (a list where it
+    names a key, a string where it names a member) may be the credential sent otherwise: it
+    shows as its type and size only (:meth:`sent`)."""
 
     query_names: frozenset[str] = frozenset()  # lowercased
     header_names: frozenset[str] = frozenset()  # lowercased
     places: frozenset[Place] = frozenset()
+    batch_places: frozenset[Place] = frozenset()  # the places in each message of a JSON-RPC batch
     _query: Redactor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -73,7 +78,7 @@ class Shown:
         """What ``redactor`` redacts (its defaults too, if it has them), in each message of
         a JSON-RPC batch too, as it redacts them."""
         paths = [parse_pointer(p) for p in redactor.json_pointers]
-        return cls(redactor.query_params, redactor.headers, frozenset([*paths, *batch_forms(paths)]))
+        return cls(redactor.query_params, redactor.headers, frozenset(paths), frozenset(batch_forms(paths)))
 
     def learned(self, recorded: Recorded) -> Shown:
         """These places and those ``recorded`` holds a redacted value at (list indexes as
@@ -86,7 +91,9 @@ class Shown:
         places = set(_redacted_places(_json(body), ())) if REDACTED.encode() in body else set()
         if query <= self.query_names and headers <= self.header_names and places <= self.places:
             return self
-        return Shown(self.query_names | query, self.header_names | headers, self.places | places)
+        return Shown(
+            self.query_names | query, self.header_names | headers, self.places | places, self.batch_places
+        )
 
     def query(self, raw: str | None) -> str | None:
         """A query with each credential's value ``[REDACTED]``."""
@@ -105,22 +112,41 @@ class Shown:
 
     def hides(self, at: Place) -> bool:
         """Whether the JSON value at ``at`` is a credential's."""
-        return any(_covers(place, at) for place in self.places)
+        return any(_covers(place, at) for place in (*self.places, *self.batch_places))
 
     def json(self, value: Any, at: Place) -> str:
         """The JSON value at ``at`` as a mismatch shows it: a credential's as ``(a value)``,
         any within it ``"[REDACTED]"``; cut when long."""
+        return self._shown(value, at, outline=False)
+
+    def sent(self, value: Any, at: Place) -> str:
+        """A value a request sent, at ``at``, as :meth:`json` shows it; but one holding a
+        credential's place in another shape than its pointer names (it may be the credential
+        sent otherwise) as its type and size: ``(a list of 1 item)``."""
+        return self._shown(value, at, outline=True)
+
+    def _shown(self, value: Any, at: Place, outline: bool) -> str:
         if self.hides(at):
             return A_VALUE
-        return _cut(json.dumps(self._masked(value, at), ensure_ascii=False))
+        masked = self._masked(value, at, outline)
+        return masked if isinstance(masked, _Outline) else _cut(json.dumps(masked, ensure_ascii=False))
 
-    def _masked(self, value: Any, at: Place) -> Any:
+    def _below(self, at: Place) -> list[Place]:
+        """The rest of each credential's place that lies below ``at``. A batch message's
+        places start at an index (``*`` there stands for no key of an object)."""
+        batch = self.batch_places if not at or at[0].isdigit() else frozenset()
+        rests = (_below(place, at) for place in (*self.places, *batch))
+        return [rest for rest in rests if rest]
+
+    def _masked(self, value: Any, at: Place, outline: bool) -> Any:
         if self.hides(at):
             return REDACTED
+        if outline and (below := self._below(at)) and not _follows(value, below):
+            return _Outline.of(value)
         if isinstance(value, dict):
-            return {k: self._masked(v, (*at, k)) for k, v in value.items()}
+            return {k: self._masked(v, (*at, k), outline) for k, v in value.items()}
         if isinstance(value, list):
-            return [self._masked(v, (*at, str(i))) for i, v in enumerate(value)]
+            return [self._masked(v, (*at, str(i)), outline) for i, v in enumerate(value)]
         return value
 
 
@@ -133,6 +159,37 @@ def _redacted_places(value: Any, at: Place) -> Iterator[Place]:
     elif isinstance(value, list):
         for item in value:
             yield from _redacted_places(item, (*at, "*"))
+
+
+def _below(place: Place, at: Place) -> Place | None:
+    """What of ``place`` lies below ``at``, when ``at`` holds what it names; None when it
+    does not. A ``**`` finds its field at any depth: only what is above it holds it."""
+    for i, part in enumerate(at):
+        if i >= len(place) or place[i] == ANY_DEPTH or place[i] not in ("*", part):
+            return None
+    return place[len(at) :]
+
+
+def _follows(value: Any, below: list[Place]) -> bool:
+    """Whether a pointer to the places ``below`` a value can reach into it: an object's
+    members by key, a list's items by index (``*``, ``**`` or a number next)."""
+    if isinstance(value, dict):
+        return True
+    return isinstance(value, list) and any(rest[0] in ("*", ANY_DEPTH) or rest[0].isdigit() for rest in below)
+
+
+class _Outline(str):
+    """A value shown as its type and size, not what it holds."""
+
+    @classmethod
+    def of(cls, value: Any) -> _Outline:
+        if isinstance(value, dict):
+            return cls(f"(an object of {counted(len(value), 'member')})")
+        if isinstance(value, list):
+            return cls(f"(a list of {counted(len(value), 'item')})")
+        if isinstance(value, str):
+            return cls(f"(a string of {counted(len(value), 'character')})")
+        return cls("(a number)" if _number(value) else json.dumps(value))  # true, false, null say nothing
 
 
 def _covers(place: Place, at: Place) -> bool:
@@ -212,13 +269,12 @@ def body(incoming: Incoming, recorded: Recorded, rules: MatchRules, shown: Shown
 
 
 def _difference(at: Place, a: Any, b: Any, shown: Shown) -> str:
-    """A body's difference as a mismatch says it: its JSON pointer and the two values."""
-
-    def value(v: Any) -> str:
-        return "(absent)" if v is _MISSING else shown.json(v, at)
-
+    """A body's difference as a mismatch says it: its JSON pointer and the two values (the
+    incoming ``a``, as a request sent it; the recorded ``b``)."""
+    mine = "(absent)" if a is _MISSING else shown.sent(a, at)
+    theirs = "(absent)" if b is _MISSING else shown.json(b, at)
     pointer = "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in at)
-    return f"{pointer} ({value(a)} vs {value(b)})"
+    return f"{pointer} ({mine} vs {theirs})"
 
 
 def _body_differences(incoming: Incoming, recorded: Recorded, rules: MatchRules) -> list[Difference] | None:

@@ -6,10 +6,11 @@ through the ``pytest11`` entry point; nothing to import).
         events = await my_client(tasktape.url).stream("What does J45.909 mean?")
 
 The fixture serves the cassette (in the test's event loop for pytest-asyncio tests, in a
-thread for the others) and fails the test when a request missed it, whether the test or
-one of its fixtures sent it. A test that talks to several upstreams (an agent and the LLM
-API it calls) names a tape for each, ``@pytest.mark.tasktape(name="llm")``, and gets them
-from the ``tasktapes`` fixture: ``tasktapes["llm"].url``.
+thread for the others and for those whose async fixtures use it from another loop) and
+fails the test when a request missed it, whether the test or one of its fixtures sent it.
+A test that talks to several upstreams (an agent and the LLM API it calls) names a tape
+for each, ``@pytest.mark.tasktape(name="llm")``, and gets them from the ``tasktapes``
+fixture: ``tasktapes["llm"].url``.
 ``--tasktape-record-mode`` records cassettes through the recording proxy from
 ``--tasktape-upstream``; ``--tasktape-strict`` fails tests that leave recordings unused;
 ``--tasktape-max-age`` holds cassettes to an age. The run ends with one line summing up
@@ -22,7 +23,7 @@ import asyncio
 import dataclasses
 import inspect
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,8 @@ _TOLD = pytest.StashKey[dict[str | None, "Told"]]()  # what of each tape's misse
 _STALLS = pytest.StashKey[LoopStalls]()  # the test's loop, when it serves tapes: how long it stalled
 _TOTALS = pytest.StashKey["Totals"]()
 _COLLECTED = pytest.StashKey["Collected"]()  # the session's tests, deselected ones too
+_SELECTED = pytest.StashKey[frozenset[str]]()  # the node ids of the tests this run runs
+_NOT_PASSED = pytest.StashKey[bool]()  # the test failed (or was skipped) in setup or call
 WORKER_OUTPUT = "tasktape"  # the key of a pytest-xdist worker's totals in its workeroutput
 
 
@@ -113,7 +116,8 @@ class Totals:
     unused: set[Recording] = dataclasses.field(default_factory=set)
     requested: set[Recording] = dataclasses.field(default_factory=set)
 
-    def add(self, tape: Tape) -> None:
+    def add(self, tape: Tape, selected: frozenset[str]) -> None:
+        """Add ``tape``'s counts; its unused recordings of the tests the run runs (``selected``)."""
         self.tapes += 1
         self.served += tape.served
         self.missed += len(tape.missed)
@@ -124,7 +128,7 @@ class Totals:
         # A recording run records what it was asked for: what it left alone says nothing.
         if not tape.recording:
             cassette = str(tape.cassette)
-            unused = {(cassette, r.origin, r.request_line) for r in tape.unused}
+            unused = {(cassette, r.origin, r.request_line) for r in tape.unused_of(selected)}
             self.unused |= unused
             self.requested |= {(cassette, r.origin, r.request_line) for r in tape.server.recorded} - unused
 
@@ -251,6 +255,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RERECORDED] = set()
     config.stash[_TOTALS] = Totals()
     config.stash[_COLLECTED] = Collected(config.rootpath)
+    config.stash[_SELECTED] = frozenset()
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
@@ -259,6 +264,25 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
     report = yield
     collector.config.stash[_COLLECTED].add(report)
     return report
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note the tests the run runs: recordings of the others are not counted unused."""
+    session.config.stash[_SELECTED] = frozenset(item.nodeid for item in session.items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Any:
+    """Note a test that did not pass: what it recorded of nothing is not written."""
+    report = yield
+    if report.when in ("setup", "call") and not report.passed:
+        item.stash[_NOT_PASSED] = True
+    return report
+
+
+def _passed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test passed its setup and call (asked in the teardown of its fixtures)."""
+    return not request.node.stash.get(_NOT_PASSED, False)
 
 
 def _options(request: pytest.FixtureRequest, name: str | None) -> TapeOptions:
@@ -389,7 +413,7 @@ async def _started(sessions: list[TapeSession]) -> dict[str | None, Tape]:
         else:
             continue
         for started in sessions:
-            await started.stop()
+            await started.stop(passed=False)  # the test fails before it runs
         raise error from None
     return tapes
 
@@ -406,14 +430,14 @@ def _cassette_refused(session: TapeSession, exc: OSError) -> BaseException:
     return _failed(f"tasktape: cannot use the cassette {where}: {exc.strerror or exc}")
 
 
-async def _stopped(sessions: list[TapeSession]) -> list[str]:
-    """Stop every tape (each, whatever another's stop says); what they recorded cut short
-    (to warn of: in the test's thread)."""
+async def _stopped(sessions: list[TapeSession], passed: bool) -> list[str]:
+    """Stop every tape (each, whatever another's stop says), the test having ``passed`` or
+    not; what they recorded cut short (to warn of: in the test's thread)."""
     cut_short: list[str] = []
     failures: list[BaseException] = []
     for session in sessions:
         try:
-            finished = await session.stop()
+            finished = await session.stop(passed=passed)
         except OSError as exc:
             failures.append(_cassette_refused(session, exc))
             continue
@@ -467,7 +491,7 @@ def _loop_fixture(scope: str, named: bool) -> Any:
         finally:
             if stalls is not None:
                 stalls.stop()
-            _warn_of_cut_short(request, await _stopped(sessions))
+            _warn_of_cut_short(request, await _stopped(sessions, _passed(request)))
 
     fixture.__name__ = _loop_fixture_name(scope, named)
     return pytest_asyncio.fixture(fixture, loop_scope=scope)  # type: ignore[call-overload]
@@ -508,7 +532,9 @@ def tasktapes(request: pytest.FixtureRequest) -> Iterator[Tapes]:
 def _served(request: pytest.FixtureRequest, named: bool) -> Iterator[dict[str | None, Tape]]:
     """Serve a fixture's tapes for the test's length, in its loop or in a thread of their own."""
     threaded = any(_options(request, name).in_thread for name in _names(request, named))
-    if not threaded and _in_test_loop(request):
+    # A fixture that awaits in another loop than the test's would get no answer from a
+    # server in the test's loop, which does not run meanwhile.
+    if not threaded and _in_test_loop(request) and not _in_another_loop(request, named):
         tapes = request.getfixturevalue(_loop_fixture_name(_loop_scope(request), named))
         request.node.stash.setdefault(_TAPES, {}).update(tapes)
         yield tapes
@@ -529,7 +555,7 @@ def _served(request: pytest.FixtureRequest, named: bool) -> Iterator[dict[str | 
         yield tapes
     finally:
         try:
-            _warn_of_cut_short(request, run(_stopped(sessions)))
+            _warn_of_cut_short(request, run(_stopped(sessions, _passed(request))))
         finally:
             run(loop.shutdown_default_executor())
             loop.call_soon_threadsafe(loop.stop)
@@ -548,7 +574,54 @@ def _in_test_loop(request: pytest.FixtureRequest) -> bool:
         return False
     if request.node.get_closest_marker("asyncio") is not None:
         return True
+    return _auto_mode(config)
+
+
+def _auto_mode(config: pytest.Config) -> bool:
+    """Whether pytest-asyncio runs every async test and fixture (its auto mode)."""
     return (config.getoption("asyncio_mode", None) or config.getini("asyncio_mode")) == "auto"
+
+
+def _in_another_loop(request: pytest.FixtureRequest, named: bool) -> bool:
+    """Whether an async fixture of the test that uses the tapes (asking for the fixture, or
+    for a fixture that does) runs in another of pytest-asyncio's loops than the test."""
+    test_scope = _loop_scope(request)
+    # The closure's fixtures: pytest says what they are nowhere else (a pytest without it
+    # serves in the test's loop, as before).
+    info = getattr(request.node, "_fixtureinfo", None)
+    defined = getattr(info, "name2fixturedefs", {})
+    users = _users(defined, TAPES_FIXTURE if named else MARKER)
+    scopes = {_fixture_loop_scope(request, defined[name][-1]) for name in users}
+    return bool(scopes - {None, test_scope})
+
+
+def _users(defined: Mapping[str, Sequence[pytest.FixtureDef[Any]]], fixture: str) -> set[str]:
+    """The fixtures among ``defined`` that ask for ``fixture``, or for one that does."""
+    users: set[str] = set()
+    asked = {fixture}
+    while asked:
+        asked = {
+            name
+            for name, definitions in defined.items()
+            if name not in users and name != fixture and asked & set(definitions[-1].argnames)
+        }
+        users |= asked
+    return users
+
+
+def _fixture_loop_scope(request: pytest.FixtureRequest, definition: pytest.FixtureDef[Any]) -> str | None:
+    """The loop scope pytest-asyncio runs a fixture in (as it works it out); None for a
+    fixture it does not run."""
+    function = getattr(definition.func, "__func__", definition.func)
+    asynchronous = inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+    if not getattr(function, "_force_asyncio_fixture", False) and not (
+        asynchronous and _auto_mode(request.config)
+    ):
+        return None
+    default = request.config.getini("asyncio_default_fixture_loop_scope")
+    if default == "fixture-scope":  # pytest-asyncio's word for "the fixture's own scope"
+        default = definition.scope
+    return getattr(function, "_loop_scope", None) or default or definition.scope
 
 
 def _loop_scope(request: pytest.FixtureRequest) -> str:
@@ -617,7 +690,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
         return result
     finally:
         for tape in item.stash.get(_TAPES, {}).values():
-            item.config.stash[_TOTALS].add(tape)
+            item.config.stash[_TOTALS].add(tape, item.config.stash[_SELECTED])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

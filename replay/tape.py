@@ -152,6 +152,12 @@ class Tape:
         deleted: no test will ask for them); not those of other tests sharing the cassette."""
         return [r for r in self.unused if r.recorded_by in (None, self.test) or self._left(r)]
 
+    def unused_of(self, tests: frozenset[str]) -> list[Recorded]:
+        """The unused recordings a run of ``tests`` could have asked for: those of ``tests``,
+        those that name no test, and those of a test that is gone; not those of tests left
+        out of the run (``-k``, a node id, a file not run)."""
+        return [r for r in self.unused if r.recorded_by is None or r.recorded_by in tests or self._left(r)]
+
     def _left(self, recorded: Recorded) -> bool:
         """Whether ``recorded`` was left by a test that is gone."""
         return recorded.recorded_by is not None and self.gone(recorded.recorded_by)
@@ -447,17 +453,18 @@ class TapeSession:
 
         return [r for r in existing if stays(r)]
 
-    async def stop(self) -> Finished:
-        """Stop serving; a recording run writes the cassette. Says what could not be recorded
-        (the upstream failed to answer), which the cassette does not get, and what it got cut short."""
+    async def stop(self, *, passed: bool) -> Finished:
+        """Stop serving; a recording run writes the cassette (the test having ``passed`` or
+        not). Says what could not be recorded (the upstream failed to answer), which the
+        cassette does not get, and what it got cut short."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self._writer is None:
             return Finished()
-        return await asyncio.to_thread(self._finish)
+        return await asyncio.to_thread(self._finish, passed)
 
-    def _finish(self) -> Finished:
+    def _finish(self, passed: bool) -> Finished:
         assert self._writer is not None and self._folder is not None
         o = self.options
         try:
@@ -471,7 +478,7 @@ class TapeSession:
             ]
             failed = [f"{r.request_line}: {r.error}" for r in recorded if r.outcome in NOT_RECORDINGS]
             cut_short: list[str] = []
-            if self._writes(new, failed):
+            if self._writes(new, failed, passed):
                 o.cassette.parent.mkdir(parents=True, exist_ok=True)
                 with _locked(o.cassette.parent):
                     # Read again: a test sharing this cassette (in this process or another
@@ -501,13 +508,15 @@ class TapeSession:
             self._writer = None
             shutil.rmtree(self._folder, ignore_errors=True)
 
-    def _writes(self, new: list[Recorded], failed: list[str]) -> bool:
+    def _writes(self, new: list[Recorded], failed: list[str], passed: bool) -> bool:
         """Whether the recording run writes the cassette: when it recorded something, and,
         the upstream having answered every request, when mode all records the cassette again
-        (what the test no longer asks goes) or there is none yet: a test that sent nothing
-        gets a cassette of no recordings, which its next runs replay."""
+        (what the test no longer asks goes) or there is none yet: a test that passed sending
+        nothing (its client answered from a cache) gets a cassette of no recordings, which
+        its next runs replay. One that failed (or was skipped) before it sent anything
+        leaves the cassette as it was, so that its next run records it."""
         again = self.options.mode is RecordMode.ALL or not self.options.cassette.exists()
-        return bool(new) or (again and not failed)
+        return bool(new) or (again and not failed and passed)
 
 
 def _awaits(existing: list[Recorded], test: str | None) -> bool:

@@ -118,6 +118,17 @@ def test_tests_sharing_a_cassette_are_held_to_their_own_recordings(project: pyte
         ]
     )
     assert "recorded but never requested: GET /answer" not in result.stdout.str()
+    # A run of one of them does not count the other's recording unused: no test of the run asked.
+    alone = run(project, "-v", "-k", "test_b")
+    alone.assert_outcomes(passed=1)
+    alone.stdout.fnmatch_lines(
+        [
+            "tasktape: 1 served, 0 missed, 1 unused, 0 refused, *",
+            "tasktape: unused recordings:",
+            "  GET /by-hand (cassettes/shared.jsonl:8)",
+        ]
+    )
+    assert "GET /answer (cassettes" not in alone.stdout.str()
 
 
 def test_strict_and_its_older_name_merge_as_one_option(project: pytest.Pytester) -> None:

@@ -630,6 +630,50 @@ def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None
     run(project).assert_outcomes(passed=4)
 
 
+def test_an_async_fixture_in_another_loop_than_its_test_reaches_the_tape(project: pytest.Pytester) -> None:
+    """pytest-asyncio runs a fixture and its test in different loops when their loop scopes
+    differ, each direction: the test's loop does not run while the fixture awaits, so the
+    tape is served from a thread, which both reach."""
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_loops="""
+        import httpx
+        import pytest
+        import pytest_asyncio
+
+        pytestmark = pytest.mark.tasktape("cassettes/completed.jsonl")
+
+        async def name(url):
+            async with httpx.AsyncClient(timeout=5) as http:
+                return (await http.get(f"{url}/.well-known/agent-card.json")).json()["name"]
+
+        @pytest_asyncio.fixture
+        async def in_the_function_loop(tasktape):
+            return await name(tasktape.url)
+
+        @pytest_asyncio.fixture(loop_scope="module")
+        async def in_the_module_loop(tasktape):
+            return await name(tasktape.url)
+
+        @pytest.fixture
+        async def by_default(tasktape):  # auto mode runs it in the function's loop
+            return await name(tasktape.url)
+
+        @pytest.mark.asyncio(loop_scope="module")
+        async def test_in_the_module_loop(in_the_function_loop, tasktape):
+            assert in_the_function_loop == await name(tasktape.url) == "tasktape demo agent"
+
+        async def test_in_the_function_loop(in_the_module_loop):
+            assert in_the_module_loop == "tasktape demo agent"
+
+        async def test_in_the_default_loop(by_default):
+            assert by_default == "tasktape demo agent"
+        """
+    )
+    run(project).assert_outcomes(passed=3)
+    run(project, "-o", "asyncio_default_test_loop_scope=module").assert_outcomes(passed=3)
+
+
 def test_recording_from_an_upstream_that_is_down(project: pytest.Pytester) -> None:
     project.makepyfile(
         test_down="""
@@ -648,6 +692,40 @@ def test_recording_from_an_upstream_that_is_down(project: pytest.Pytester) -> No
         ]
     )
     assert not (project.path / "cassettes").exists()
+
+
+def test_once_leaves_no_cassette_for_a_test_that_did_not_pass_before_any_request(
+    project: pytest.Pytester, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that failed (or was skipped) before its first request gets no cassette of
+    nothing, which its next runs would replay: they record it. One that passed sending
+    nothing (its client answered from a cache) gets one."""
+    project.makepyfile(
+        test_early="""
+        import os
+        import httpx
+        import pytest
+
+        def test_card(tasktape):
+            if not os.environ.get("READY"):
+                raise RuntimeError("a bug before the first request")
+            assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").status_code == 200
+
+        def test_skipped(tasktape):
+            pytest.skip("not today")
+
+        def test_cached(tasktape):
+            pass
+        """
+    )
+    upstream = f"--tasktape-upstream={agent.url}"
+    run(project, "--tasktape-record-mode=once", upstream).assert_outcomes(passed=1, failed=1, skipped=1)
+    cassettes = project.path / "cassettes" / "test_early"
+    assert sorted(p.name for p in cassettes.iterdir()) == ["test_cached.jsonl"]
+    assert exchanges(cassettes / "test_cached.jsonl") == []
+    monkeypatch.setenv("READY", "1")
+    run(project, "--tasktape-record-mode=once", upstream).assert_outcomes(passed=2, skipped=1)
+    assert exchanges(cassettes / "test_card.jsonl") == ["GET /.well-known/agent-card.json"]
 
 
 def test_once_records_a_cassette_two_tests_share(project: pytest.Pytester, agent: Agent) -> None:

@@ -394,3 +394,26 @@ async def test_a_miss_hides_a_redacted_field_in_each_message_of_a_json_rpc_batch
     assert replay.stats.missed[0].closest[0]["differs"] == [
         "body differs at /0/params/apiKey ((a value) vs (absent))"
     ]
+
+
+async def test_a_miss_shows_a_value_holding_a_redacted_place_in_another_shape_as_its_shape(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """A credential sent in another shape than its pointer names (a list, a string where
+    ``/metadata/session`` is) is shown as its type and size, never its value; what the
+    pointer does not reach (the model) still shows."""
+    recorded = exchange("/v1/chat", {"model": "m", "metadata": {"session": "[REDACTED]"}})
+    write_cassette(tmp_path / "c.jsonl", [recorded])
+    redactor = Redactor(json_pointers=["/metadata/session"])
+    replay = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, redactor=redactor)
+    url = await serve(replay.app)
+    for body in ({"model": "m", "metadata": [LIVE]}, {"model": "other", "metadata": LIVE}):
+        async with aiohttp.ClientSession() as http, http.post(f"{url}/v1/chat", json=body) as response:
+            assert response.status == 404 and LIVE not in await response.text()
+    assert [m.closest[0]["differs"] for m in replay.stats.missed] == [
+        ['body differs at /metadata ((a list of 1 item) vs {"session": "[REDACTED]"})'],
+        [
+            'body differs at /metadata ((a string of 14 characters) vs {"session": "[REDACTED]"}), '
+            '/model ("other" vs "m")'
+        ],
+    ]
