@@ -24,13 +24,13 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
@@ -122,7 +122,6 @@ def read_cassette(
     Lines end at LF alone, as JSON Lines do: text may hold U+2028 or U+0085 as it is (the
     cassettes tasktape writes do), which ``str.splitlines`` would take for line ends."""
     path = Path(path)
-    name = name or path.name
     if content is None:
         content = _read(path)
     kind = kind_of_bytes(content[:16])
@@ -134,63 +133,96 @@ def read_cassette(
         raise CassetteError(
             f"{path} is {kind}, not a cassette: tasktape import {path} --db LOG makes an event log of it"
         )
-    recorded: list[Recorded] = []
-    current: Recorded | None = None
-    header_seen = False
-    ends = 0  # end lines read
-    for number, line in enumerate(content.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            doc = _loads(line)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise CassetteError(f"{path}:{number}: not JSON: {exc}") from None
+    return list(CassetteReader(path, name).exchanges(content.split(b"\n")))
+
+
+def hashed_lines(file: BinaryIO, update: Callable[[bytes], object]) -> Iterator[bytes]:
+    """A file's lines as :meth:`CassetteReader.exchanges` takes them (each without the LF
+    that ends it, as ``bytes.split`` leaves them), each given to ``update`` (a hash's) as it
+    is read: a file of any size, read a line at a time, and the hash of its bytes."""
+    for line in file:
+        update(line)
+        yield line.removesuffix(b"\n")
+
+
+class CassetteReader:
+    """A cassette read a line at a time: its exchanges one by one, each as soon as it is
+    read whole, and its header once read. Each line is checked as it is read; a bad one is
+    a :class:`CassetteError` naming it."""
+
+    def __init__(self, path: str | Path, name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name  # what the exchanges' origins say, with the line
+        self.header: dict[str, Any] = {}  # (read with the first line)
+
+    def exchanges(self, lines: Iterable[bytes]) -> Iterator[Recorded]:
+        """The exchanges of the cassette whose lines are ``lines`` (their LF taken off)."""
+        path = self.path
+        current: Recorded | None = None
+        header_seen = False
+        exchanges = ends = 0  # exchange and end lines read
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = _loads(line)
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+                raise CassetteError(f"{path}:{number}: not JSON: {exc}") from None
+            if not header_seen:
+                _check_header(doc, f"{path}:{number}")
+                self.header, header_seen = doc, True
+                continue
+            chunk = _plain_chunk(doc)
+            if chunk is None:  # any other line: read without its model if it is as tasktape writes it
+                where, origin = f"{path}:{number}", f"{self.name}:{number}"
+                kind, item = _plain_line(doc, origin) or _modelled(doc, where, origin)
+                if kind == "exchange":
+                    if item.reconnect_of is not None and exchanges + item.reconnect_of < 0:
+                        raise CassetteError(
+                            f"{where}: reconnect_of {item.reconnect_of} names an exchange before the first"
+                        )
+                    if current is not None:
+                        yield _ended_whole(current)
+                    current = item
+                    current.uid = doc["exchange"].get("uid")  # (checked as the line was read)
+                    exchanges += 1
+                    continue
+                if current is None:
+                    raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
+                if kind == "end":
+                    duration, current.outcome, current.error, timed = item
+                    # Without duration_ms, the exchange lasted as long as its chunks; with null,
+                    # its length is not known (the log had none), and stays so.
+                    current.duration_ns = duration if timed else _last_offset(current)
+                    yield current
+                    current = None
+                    ends += 1
+                    continue
+                chunk = item
+            elif current is None:
+                raise CassetteError(f"{path}:{number}: a chunk line must follow an exchange line")
+            if current.chunks and chunk[0] < current.chunks[-1][0]:
+                raise CassetteError(
+                    f"{path}:{number}: offset_ms goes back in time (the previous chunk was later)"
+                )
+            current.chunks.append(chunk)
         if not header_seen:
-            _check_header(doc, f"{path}:{number}")
-            header_seen = True
-            continue
-        chunk = _plain_chunk(doc)
-        if chunk is None:  # any other line: read without its model if it is as tasktape writes it
-            where, origin = f"{path}:{number}", f"{name}:{number}"
-            kind, item = _plain_line(doc, origin) or _modelled(doc, where, origin)
-            if kind == "exchange":
-                if item.reconnect_of is not None and len(recorded) + item.reconnect_of < 0:
-                    raise CassetteError(
-                        f"{where}: reconnect_of {item.reconnect_of} names an exchange before the first"
-                    )
-                current = item
-                current.uid = doc["exchange"].get("uid")  # (checked as the line was read)
-                recorded.append(current)
-                continue
-            if current is None:
-                raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
-            if kind == "end":
-                duration, current.outcome, current.error, timed = item
-                # Without duration_ms, the exchange lasted as long as its chunks; with null, its
-                # length is not known (the log had none), and stays so.
-                current.duration_ns = duration if timed else _last_offset(current)
-                current = None
-                ends += 1
-                continue
-            chunk = item
-        elif current is None:
-            raise CassetteError(f"{path}:{number}: a chunk line must follow an exchange line")
-        if current.chunks and chunk[0] < current.chunks[-1][0]:
-            raise CassetteError(
-                f"{path}:{number}: offset_ms goes back in time (the previous chunk was later)"
-            )
-        current.chunks.append(chunk)
-    if not header_seen:
-        raise CassetteError(f"{path}: empty; a cassette starts with its header line")
-    if current is not None and ends:
-        # Its other exchanges end with an end line, as written: the file was cut off here
-        # (a cassette written by hand may have none at all).
-        current.outcome, current.error = Outcome.LOG_CLOSED, CUT_OFF
-        current.duration_ns = _last_offset(current)
-    for r in recorded:
-        if r.outcome is None:  # no end line (written by hand): it ended whole, with its last chunk
-            r.outcome, r.duration_ns = Outcome.COMPLETE, _last_offset(r)
-    return recorded
+            raise CassetteError(f"{path}: empty; a cassette starts with its header line")
+        if current is not None and ends:
+            # Its other exchanges end with an end line, as written: the file was cut off here
+            # (a cassette written by hand may have none at all).
+            current.outcome, current.error = Outcome.LOG_CLOSED, CUT_OFF
+            current.duration_ns = _last_offset(current)
+        if current is not None:
+            yield _ended_whole(current)
+
+
+def _ended_whole(r: Recorded) -> Recorded:
+    """An exchange as read: one with no end line (written by hand) ended whole, with its
+    last chunk."""
+    if r.outcome is None:
+        r.outcome, r.duration_ns = Outcome.COMPLETE, _last_offset(r)
+    return r
 
 
 def _last_offset(r: Recorded) -> int:
@@ -593,7 +625,13 @@ def imported_uid(content: bytes, created_at: str | None = None) -> str:
     """The uid of the capture that imports a file of these bytes (a cassette, a flow file):
     the same for the same bytes, so that importing it again adds nothing twice, and logs
     that imported it merge as one (its exchanges' uids follow from it)."""
-    return derived_uuid7(iso_ns(created_at), "cassette", hashlib.sha256(content).hexdigest())
+    return digest_uid(hashlib.sha256(content).hexdigest(), created_at)
+
+
+def digest_uid(sha256: str, created_at: str | None = None) -> str:
+    """:func:`imported_uid` of a file whose bytes' SHA-256 (in hex) is ``sha256``: hashed
+    as it was read, never in memory whole."""
+    return derived_uuid7(iso_ns(created_at), "cassette", sha256)
 
 
 def load_into(

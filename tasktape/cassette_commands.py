@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
@@ -13,14 +16,17 @@ from tasktape.counted import counted
 from tasktape.errors import CassetteError, FlowFileError, LogBusy, LogError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import (
+    CassetteReader,
     cassette_lines,
+    digest_uid,
+    hashed_lines,
     imported_uid,
     load_into,
     read_cassette,
     read_header,
     replace_with,
 )
-from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes
+from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, read_once
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, each_from_log
 from tasktape.eventlog.redact import Redactor
@@ -198,7 +204,7 @@ def import_(
         raise click.ClickException(str(exc)) from None
     except LogError as exc:
         raise bad_input(str(exc)) from None
-    held, held_exchanges = _imported(db, [r.uid for one in loaded for r in one.exchanges if r.uid])
+    held, held_exchanges = _imported(db, [uid for one in loaded for uid in one.uids])
     with writer:
         for one in loaded:
             path, content, uid = one.path, one.content, one.uid
@@ -213,22 +219,31 @@ def import_(
                 continue
             # An exchange exported from a log keeps its uid: one the log holds (this cassette
             # exported from it, or imported or merged before) is not added again.
-            skipped = _held(one.exchanges, held_exchanges)
-            if skipped == len(content) and content:
+            skipped, count = _held(content.uids, held_exchanges), content.count
+            if skipped == count and count:
                 click.echo(
-                    f"tasktape import: {path}: {skipped} of {counted(len(content), 'exchange')} already"
+                    f"tasktape import: {path}: {skipped} of {counted(count, 'exchange')} already"
                     f" in {db}: nothing added",
                     err=True,
                 )
                 continue
+            try:
+                exchanges = content.again()
+            except CassetteError as exc:
+                raise click.ClickException(f"{exc}: not imported") from None
             capture = held[uid] = writer.begin_capture(
                 source="import", upstream=one.upstream, argv=[str(path)], uid=uid
             )
-            load_into(writer, content, capture, uid, held_exchanges)
+            try:
+                load_into(writer, _paced(writer, exchanges), capture, uid, held_exchanges)
+            except CassetteError as exc:
+                raise click.ClickException(
+                    f"{exc}: capture {capture} in {db} holds what was read of it, not what was checked"
+                ) from None
             writer.end_capture(capture)
-            said = f"tasktape import: {counted(len(content) - skipped, 'exchange')} from {path} -> {db}"
+            said = f"tasktape import: {counted(count - skipped, 'exchange')} from {path} -> {db}"
             if skipped:
-                said += f" ({skipped} of {counted(len(content), 'exchange')} already in {db}: skipped)"
+                said += f" ({skipped} of {counted(count, 'exchange')} already in {db}: skipped)"
             click.echo(said, err=True)
     if writer.stats.rows_lost:
         raise click.ClickException(
@@ -250,12 +265,12 @@ def _imported(db: Path, uids: list[str]) -> tuple[dict[str, int], dict[str, int]
     return captures, exchanges
 
 
-def _held(exchanges: list[Recorded], held: dict[str, int]) -> int:
-    """How many of a cassette's exchanges ``load_into`` leaves out: their uid held, or given
-    to one before them."""
+def _held(uids: list[str], held: dict[str, int]) -> int:
+    """How many of a cassette's exchanges ``load_into`` leaves out (of those with ``uids``):
+    their uid held, or given to one before them."""
     seen: set[str] = set()
     count = 0
-    for uid in filter(None, (r.uid for r in exchanges)):
+    for uid in uids:
         count += uid in held or uid in seen
         seen.add(uid)
     return count
@@ -263,27 +278,118 @@ def _held(exchanges: list[Recorded], held: dict[str, int]) -> int:
 
 # Uids looked up in one query (SQLite's bound on a query's parameters is 32766).
 _UIDS_A_QUERY = 10_000
+# How far an import lets the writer fall behind, in chunk bytes and in exchanges: it reads
+# exchanges faster than they are written, and what waits is in memory.
+_BEHIND = 16 * 2**20
+_EXCHANGES_BEHIND = 1000
+
+
+def _paced(writer: LogWriter, exchanges: Iterable[Recorded]) -> Iterator[Recorded]:
+    """``exchanges``, handed on no further ahead of the writer than ``_BEHIND`` bytes and
+    ``_EXCHANGES_BEHIND`` exchanges."""
+    for n, r in enumerate(exchanges, 1):
+        if writer.backlog > _BEHIND or n % _EXCHANGES_BEHIND == 0:
+            writer.flush()
+        yield r
 
 
 def _read(path: Path, db: Path) -> _Loaded:
     """A cassette's exchanges, or a flow file's flows, and the capture they make; a log is
     not imported but merged."""
-    content = path.read_bytes()  # once: a pipe (export -o - | import /dev/stdin) is read only once
-    kind = kind_of_bytes(content)
+    content = read_once(path)  # a pipe (export -o - | import /dev/stdin) is read only once, whole
+    kind = kind_of(path) if content is None else kind_of_bytes(content)
     if kind is FileKind.LOG and path.is_file() and named_kind(path) is FileKind.DATABASE:
         raise CassetteError(f"{path} is {FileKind.DATABASE}, nor a cassette: there is nothing to import")
     if kind is FileKind.LOG:
         raise CassetteError(
             f"{path} is {kind}, not a cassette: tasktape merge {path} -o {db} adds its rows to another log"
         )
-    if kind is FileKind.FLOWS and not path.is_file():  # (mitmproxy reads the file again)
+    if kind is FileKind.FLOWS and content is not None:  # (mitmproxy reads the file again)
         raise CassetteError(f"{path} is {kind} given as a stream: give the flow file's path")
     if kind is FileKind.FLOWS:
-        return _Loaded(path, _read_flows(path), imported_uid(content))
+        return _Loaded(path, _read_flows(path), imported_uid(path.read_bytes()))
+    if content is None:
+        return _checked(path)
     recorded = read_cassette(path, content=content)
     header = read_header(path, content=content)  # checked as read_cassette read it
     uid = imported_uid(content, header.get("created_at"))
-    return _Loaded(path, recorded, uid, header.get("upstream"))
+    exchanges = _Cassette(len(recorded), [r.uid for r in recorded if r.uid], lambda: iter(recorded))
+    return _Loaded(path, exchanges, uid, header.get("upstream"))
+
+
+def _checked(path: Path) -> _Loaded:
+    """A cassette file read through and checked, of which only its exchanges' count and
+    uids are kept: it is read again as it is written, an exchange at a time (a file of
+    gigabytes is never in memory whole)."""
+    reader, digest, count, uids = CassetteReader(path), hashlib.sha256(), 0, []
+    with path.open("rb") as file:
+        for r in reader.exchanges(hashed_lines(file, digest.update)):
+            count += 1
+            if r.uid:
+                uids.append(r.uid)
+        read = _Version.of(file, digest.hexdigest())
+    exchanges = _Cassette(count, uids, lambda: _read_again(path, read))
+    return _Loaded(
+        path,
+        exchanges,
+        digest_uid(read.sha256, reader.header.get("created_at")),
+        reader.header.get("upstream"),
+    )
+
+
+@dataclass(frozen=True)
+class _Version:
+    """Which file was read, and what it held: read again, it must be the same."""
+
+    file: tuple[int, int]  # its device and inode
+    size: int
+    modified_ns: int
+    sha256: str  # of its bytes
+
+    @classmethod
+    def of(cls, file: BinaryIO, sha256: str) -> _Version:
+        st = os.fstat(file.fileno())
+        return cls((st.st_dev, st.st_ino), st.st_size, st.st_mtime_ns, sha256)
+
+
+def _read_again(path: Path, read: _Version) -> Iterator[Recorded]:
+    """The exchanges of a cassette file checked before (``read``), read again. It is opened
+    at once: found changed already (another file, another size or time), it is an error
+    before any exchange is written."""
+    try:
+        file = path.open("rb")
+    except OSError:
+        raise _changed(path) from None
+    if _Version.of(file, read.sha256) != read:
+        file.close()
+        raise _changed(path)
+    return _each_again(path, file, read.sha256)
+
+
+def _each_again(path: Path, file: BinaryIO, sha256: str) -> Iterator[Recorded]:
+    """``_read_again``'s exchanges, one at a time; the file's bytes must hash as they did."""
+    digest = hashlib.sha256()
+    with file:
+        try:
+            yield from CassetteReader(path).exchanges(hashed_lines(file, digest.update))
+        except (CassetteError, OSError):
+            raise _changed(path) from None
+    if digest.hexdigest() != sha256:
+        raise _changed(path)
+
+
+def _changed(path: Path) -> CassetteError:
+    return CassetteError(f"{path} changed after it was checked")
+
+
+@dataclass
+class _Cassette:
+    """A cassette checked for import: how many exchanges it holds, the uids they give (to
+    leave out those the log holds), and its exchanges read again, to write them."""
+
+    count: int
+    uids: list[str]
+    again: Callable[[], Iterator[Recorded]]
 
 
 @dataclass
@@ -298,14 +404,15 @@ class _Loaded:
     follows from its bytes) and upstream (a cassette's header names it)."""
 
     path: Path
-    content: list[Recorded] | _Flows
+    content: _Cassette | _Flows
     uid: str
     upstream: str | None = None
 
     @property
-    def exchanges(self) -> list[Recorded]:
-        """A cassette's exchanges (a flow file's flows are read as they are imported)."""
-        return self.content if isinstance(self.content, list) else []
+    def uids(self) -> list[str]:
+        """The uids a cassette's exchanges give (a flow file's flows are read as they are
+        imported)."""
+        return self.content.uids if isinstance(self.content, _Cassette) else []
 
 
 def _read_flows(path: Path) -> _Flows:

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -304,6 +305,57 @@ def test_export_chooses_and_import_reads(tmp_path: Path) -> None:
     result = runner.invoke(main, ["import", str(broken), "--db", str(tmp_path / "x.db")])
     assert result.exit_code == 2 and "broken.jsonl:2: not JSON" in result.output
     assert not (tmp_path / "x.db").exists()  # nothing written when a cassette is broken
+
+
+def many_exchanges(path: Path, size: int) -> Path:
+    """A cassette of about ``size`` bytes: the same event stream over and over."""
+    payload = "x" * 400
+    lines = [
+        '{"exchange": {"request": {"method": "POST", "path": "/message:stream"}, '
+        '"response": {"status": 200, "headers": [["Content-Type", "text/event-stream"]]}}}'
+    ]
+    lines += [
+        json.dumps({"chunk": {"offset_ms": i, "text": f"id: {i}\ndata: {payload}\n\n"}}) for i in range(50)
+    ]
+    lines.append('{"end": {"duration_ms": 60, "outcome": "complete"}}')
+    block = "\n".join(lines) + "\n"
+    path.write_text('{"tasktape_cassette": 1}\n' + block * (size // len(block)))
+    return path
+
+
+# Runs its arguments and says their peak resident memory, in KiB, and their exit status. A
+# process forked from this one counts this one's peak as its own (Linux keeps a process's
+# peak across exec): the one measured is forked from this small one.
+MEASURED = """
+import os, subprocess, sys
+_, status, usage = os.wait4(subprocess.Popen(sys.argv[1:]).pid, 0)
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
+def import_peak_kib(cassette: Path, db: Path) -> tuple[int, str]:
+    """The peak resident memory (in KiB) of ``tasktape import cassette --db db``, run as a
+    process of its own, and what it said; it must succeed."""
+    args = [sys.executable, "-m", "tasktape", "import", str(cassette), "--db", str(db)]
+    run = subprocess.run([sys.executable, "-c", MEASURED, *args], capture_output=True, text=True, check=True)
+    peak, status = map(int, run.stdout.split())
+    assert status == 0, run.stderr
+    return peak, run.stderr
+
+
+def test_an_import_holds_one_exchange_at_a_time_not_the_cassette(tmp_path: Path) -> None:
+    """A cassette was held whole in memory, three times over (its bytes, its lines, its
+    exchanges): 568 MB for one of 182 MB. It is read twice instead, checked through before
+    anything is written and then written an exchange at a time."""
+    size = 64 * 2**20
+    big = many_exchanges(tmp_path / "big.jsonl", size)
+    baseline, _ = import_peak_kib(many_exchanges(tmp_path / "small.jsonl", 0), tmp_path / "small.db")
+    peak, said = import_peak_kib(big, tmp_path / "big.db")
+    assert peak < baseline + size // 2**10, f"{peak // 2**10} MiB to import a {size // 2**20} MiB cassette"
+    exchanges = big.read_bytes().count(b'{"exchange"')
+    assert said == f"tasktape import: {exchanges} exchanges from {big} -> {tmp_path / 'big.db'}\n"
+    with EventLog(tmp_path / "big.db") as log:
+        assert len(log.exchanges()) == exchanges
 
 
 def test_a_cassette_imported_again_adds_nothing_and_its_logs_merge_as_one(tmp_path: Path) -> None:

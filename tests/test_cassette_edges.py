@@ -4,7 +4,12 @@ each through the commands, on real files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -251,3 +256,36 @@ def test_a_line_break_in_the_request_line_is_refused(tmp_path: Path, request_: d
     line = one_error_line(output)
     assert line.startswith(f"Error: {cassette}:2: exchange: {field}: ") and "CR, LF or NUL" in line
     assert not (tmp_path / "s.db").exists()
+
+
+def rows_in(db: Path, table: str) -> int:
+    """How many rows ``table`` of a log being written holds (0 before it exists)."""
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as read:
+        try:
+            return read.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        except sqlite3.OperationalError:  # its tables not made yet
+            return 0
+
+
+def test_a_cassette_changed_after_it_was_checked_is_not_imported(tmp_path: Path) -> None:
+    """A cassette is read twice, checked through before anything is written, then written an
+    exchange at a time: one replaced in between would be imported unchecked, under the uid
+    of the bytes that were checked."""
+    big, small, db = tmp_path / "big.jsonl", tmp_path / "small.jsonl", tmp_path / "into.db"
+    chunk = '{"chunk": {"offset_ms": 1, "text": "data: {}\\n\\n"}}'
+    big.write_text(f"{HEAD}\n" + f"{GET}\n{chunk}\n" * 10_000)  # written in seconds
+    small.write_text(f"{HEAD}\n{GET}\n")
+    args = [sys.executable, "-m", "tasktape", "import", str(big), str(small), "--db", str(db)]
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True) as child:
+        while rows_in(db, "exchanges") == 0 and child.poll() is None:
+            time.sleep(0.01)
+        # Both are checked before anything is written: small.jsonl is changed after.
+        small.with_suffix(".new").write_text(f"{HEAD}\n{GET}\n{GET}\n")
+        small.with_suffix(".new").replace(small)
+        said = child.stderr.read()
+    assert child.returncode == 1, said
+    assert said.splitlines()[-1] == f"Error: {small} changed after it was checked: not imported"
+    assert said.startswith(f"tasktape import: 10000 exchanges from {big} -> {db}\n")
+    assert rows_in(db, "captures") == 1 and rows_in(db, "exchanges") == 10_000
