@@ -5,7 +5,8 @@ Each protocol's rules run on that protocol's exchanges only (A2A's in
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import sqlite3
+from collections.abc import Collection, Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -15,11 +16,13 @@ from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 from .a2a_terms import short_state
+from .file_kinds import unreadable
 from .frames import Problem, Rule, SseEvent, Stream, at_log_end, streams_of
 from .protocols import ProtocolName
 from .protocols import protocols as known_protocols
 from .reader import EventLog
 from .recorded import Recorded, from_log
+from .resumes import ResumeOutcome
 from .schema import open_db
 
 CUT_SHORT_RULE = "cut-short"  # a note, not a rule: the stream broke off, so how it ends is unknown
@@ -106,7 +109,8 @@ def report_log(
     # Every exchange when all protocols are checked (one of a protocol no longer known
     # loses its findings too); else those of the protocols checked.
     spoken_for = ids if protocols is None else [s.exchange_id for s in streams if s.exchange_id is not None]
-    return replace(_report(streams), reconnects=len(ids) - len(checked), exchange_ids=tuple(spoken_for))
+    report = _report(streams, log.rejoins())
+    return replace(report, reconnects=len(ids) - len(checked), exchange_ids=tuple(spoken_for))
 
 
 # A finished stream's events as the writer decoded them from the bytes its chunks hold
@@ -126,7 +130,10 @@ def _held_events(log: EventLog, exchange_id: int) -> list[SseEvent] | None:
     """The events of a stream that the log's events table holds as its chunks would
     decode to, else None (a stream without event rows is read from its chunks: a body
     the writer could not decode is kept whole, without events)."""
-    rows = log.db.conn.execute(_HELD_EVENTS, (exchange_id,)).fetchall()
+    try:
+        rows = log.db.conn.execute(_HELD_EVENTS, (exchange_id,)).fetchall()
+    except sqlite3.DatabaseError as exc:  # (a damaged log: said as a reader says it)
+        raise unreadable(log.path, exc) from None
     if not rows or not rows[-1][3]:
         return None
     return [
@@ -172,7 +179,9 @@ def save_findings(
     return len(findings)
 
 
-def _report(streams: list[Stream]) -> Report:
+def _report(streams: list[Stream], rejoins: Mapping[int, tuple[ResumeOutcome, int]] | None = None) -> Report:
+    """The report on these streams; ``rejoins``: the streams a resume gateway followed
+    again after they broke (``EventLog.rejoins``), whose cut-short notes say so."""
     found: list[tuple[int, int, int, Finding]] = []
     order = 0
     by_protocol: dict[str, int] = {}
@@ -191,7 +200,11 @@ def _report(streams: list[Stream]) -> Report:
     tasks = {f.task_id for s in streams if s.protocol == ProtocolName.A2A for f in s.frames if f.task_id}
     return Report(
         [f for *_, f in found],
-        [_cut_short(s) for s in streams if s.is_sse and not s.complete],
+        [
+            _cut_short(s, streams, (rejoins or {}).get(s.exchange_id or -1))
+            for s in streams
+            if s.is_sse and not s.complete
+        ],
         sum(s.is_sse for s in streams),
         len(streams),
         len(tasks),
@@ -207,13 +220,31 @@ def _finding(rule: str, problem: Problem) -> Finding:
     )
 
 
-def _cut_short(stream: Stream) -> Finding:
-    done = [f for f in stream.frames if f.complete]
-    states = [f.c.state for f in done if f.c.state]
-    last = f", the task last {short_state(states[-1])}" if states else ""
+def _cut_short(stream: Stream, streams: list[Stream], rejoin: tuple[ResumeOutcome, int] | None) -> Finding:
+    """The note on a stream that broke off: where, and how it ends, when a resume gateway
+    followed it again (``rejoin``: how, and by which exchange)."""
+    last = _last_state(stream)
+    last = f", the task last {last}" if last else ""
     why = f": {stream.error}" if stream.error else ""
-    message = (
-        f"broke off after {len(done)} complete events{last} ({stream.outcome}{why}); how it ends is unknown"
-    )
+    done = sum(f.complete for f in stream.frames)
+    message = f"broke off after {done} complete events{last} ({stream.outcome}{why})"
+    message += "; how it ends is unknown" if rejoin is None else f"; {_followed_again(*rejoin, streams)}"
     seq = stream.frames[-1].seq if stream.frames else None
     return Finding(CUT_SHORT_RULE, stream.task_id, stream.where, stream.exchange_id, seq, message)
+
+
+def _last_state(stream: Stream) -> str | None:
+    """The last state a stream's (or an answer's) complete frames gave its task."""
+    states = [f.c.state for f in stream.frames if f.complete and f.c.state]
+    return short_state(states[-1]) if states else None
+
+
+def _followed_again(outcome: ResumeOutcome, by: int, streams: list[Stream]) -> str:
+    """How a stream a resume gateway followed again went on: by which exchange, and the
+    task's last state there (that exchange's own note says if it broke off too)."""
+    how = "caught up from" if outcome is ResumeOutcome.CAUGHT_UP else "rejoined by"
+    gap = ", with a gap" if outcome is ResumeOutcome.GAP else ""
+    carried = next((s for s in streams if s.exchange_id == by), None)
+    state = None if carried is None else _last_state(carried)
+    there = f", the task last {state} there" if state else ""
+    return f"{how} exchange {by}{gap}{there}"

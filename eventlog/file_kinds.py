@@ -1,11 +1,17 @@
 """What a file given to tasktape is, told by its first bytes: an event log (SQLite), a
-mitmproxy flow file (tnetstrings), a cassette (anything else is read as one), or empty."""
+mitmproxy flow file (tnetstrings), a cassette (anything else is read as one), or empty;
+and how SQLite reads one where it is (a read-only folder) or says it cannot (damaged)."""
 
 from __future__ import annotations
 
+import os
 import re
+import sqlite3
+from contextlib import closing
 from enum import StrEnum
 from pathlib import Path
+
+from tasktape.errors import LogError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _FLOW_START = re.compile(rb"\d{1,12}:")  # a tnetstring: its length, then a colon
@@ -53,3 +59,63 @@ def is_cassette(path: Path) -> bool:
     as one only where a cassette is asked for)."""
     with path.open("rb") as f:
         return _CASSETTE_START.match(f.read(64)) is not None
+
+
+def read_only_uri(path: Path) -> str:
+    """The URI to read the SQLite database at ``path`` with: ``mode=ro``, or, where SQLite
+    cannot open it so (a log in WAL mode needs its ``-shm`` file beside it, which a folder
+    that cannot be written cannot get), ``immutable=1`` too when no ``-wal`` file is there
+    either: the log is finished, and nothing can write it in that folder."""
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    if os.access(path.parent, os.W_OK) or _opens(uri):
+        return uri
+    wal = Path(f"{path}-wal")
+    if wal.exists():
+        raise LogError(
+            f"cannot open {path} as an event log: its folder {path.parent} is read-only, and SQLite "
+            f"reads its write-ahead log {wal.name} only with a {path.name}-shm file it makes there: "
+            "copy both files into a folder that can be written to read them"
+        )
+    return f"{uri}&immutable=1"
+
+
+# How SQLite fails to read a log in WAL mode without its -shm file: it cannot open one (a
+# log the user may write), or could only by writing (one the user may not).
+_NO_SHM = (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY)
+
+
+def _opens(uri: str) -> bool:
+    """Whether SQLite reads the database at ``uri`` (False only when it cannot for want of
+    its -shm file: other errors are the reader's to report)."""
+    try:
+        with closing(sqlite3.connect(uri, uri=True)) as conn:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as exc:
+        return _code(exc) not in _NO_SHM
+    return True
+
+
+def is_damage(path: Path, exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed on ``path`` because the log is damaged (pages overwritten, the
+    file cut short), not because it is no database at all."""
+    code = _code(exc)
+    if code == sqlite3.SQLITE_NOTADB:  # (of a file that begins as SQLite's do: damaged after that)
+        return path.is_file() and is_log(path)
+    return code == sqlite3.SQLITE_CORRUPT
+
+
+def damage_note(path: Path, exc: sqlite3.Error) -> str:
+    """What an error about reading ``path`` adds when the log is damaged."""
+    return " (the log is damaged)" if is_damage(path, exc) else ""
+
+
+def unreadable(path: Path, exc: sqlite3.Error) -> LogError:
+    """The error for a log SQLite fails to read, naming the file."""
+    return LogError(f"cannot read {path}: {exc}{damage_note(path, exc)}")
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code for ``exc`` (its extended code carries it in the low
+    byte); None for an error of the module's own."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF

@@ -141,21 +141,33 @@ class Repeats:
     session) in the order they were opened. An event is sent again only on a stream that
     continues an earlier one (a request carrying Last-Event-ID continues the latest that
     sent that id) and only with the id of an event that one sent; any other event is new,
-    whatever its id (a server may number each stream's events from 1). The log's task
-    views follow the same rule (``schema._sent_before``), a subscribe to a task continuing
-    its latest stream."""
+    whatever its id (a server may number each stream's events from 1). A reconnect the
+    resume gateway answered from a stream it held (``EventLog.reconnects_answered``) sends
+    every event again, under the gateway's ids where the server gave none. The log's task
+    views follow the same rules (``schema._sent_before``, ``schema.SLICES``), a subscribe
+    to a task continuing its latest stream."""
 
     def __init__(self) -> None:
         self._sent: list[set[str]] = []  # each earlier stream's event ids
 
-    def of(self, ids: Sequence[str | None], last_event_id: str | None, subscribe: bool = False) -> set[str]:
+    def of(
+        self,
+        ids: Sequence[str | None],
+        last_event_id: str | None,
+        subscribe: bool = False,
+        answered: bool = False,
+    ) -> set[str]:
         """The ids, among a stream's event ids (``ids``, all of them), that stand for
         events sent again (``subscribe``: the stream subscribes to a task, and continues its
-        latest one); the stream's ids are noted for the streams after it."""
-        continued = next((sent for sent in reversed(self._sent) if last_event_id in sent), None)
-        if continued is None:
-            continued = self._sent[-1] if subscribe and self._sent else set()
+        latest one; ``answered``: a reconnect the resume gateway answered, all of whose
+        events are); the stream's ids are noted for the streams after it."""
         own = {i for i in ids if i is not None}
+        if answered:
+            continued = own
+        else:
+            continued = next((sent for sent in reversed(self._sent) if last_event_id in sent), None)
+            if continued is None:
+                continued = self._sent[-1] if subscribe and self._sent else set()
         self._sent.append(own)
         return own & continued
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from tasktape.choices import listed
 from tasktape.errors import LogError, SchemaTooOld
 
+from .file_kinds import is_damage, read_only_uri, unreadable
 from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
@@ -134,12 +135,17 @@ def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeR
 
 def _merge_one(conn: sqlite3.Connection, source: Path) -> MergeReport:
     with _readable(source) as readable:
-        conn.execute("ATTACH DATABASE ? AS src", (f"{readable.resolve().as_uri()}?mode=ro",))
+        conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(readable),))
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 report = _copy(conn, MergeReport(source))
                 conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                conn.execute("ROLLBACK")
+                if not is_damage(readable, exc):
+                    raise
+                raise unreadable(source, exc) from None  # (the source: the rows it reads)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -169,7 +175,7 @@ def _readable(source: Path) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="tasktape-merge-") as tmp:
         copy = Path(tmp) / source.name
-        old = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+        old = sqlite3.connect(read_only_uri(source), uri=True)
         with contextlib.closing(old), contextlib.closing(sqlite3.connect(copy)) as new:
             old.backup(new)
         open_db(copy).close()

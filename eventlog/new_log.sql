@@ -115,369 +115,6 @@ WHERE e.task_id IS NOT NULL
 WINDOW win AS (PARTITION BY e.task_id ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq)
 ORDER BY e.task_id, x.started_ns + e.offset_ns, e.exchange_id, e.seq;
 
-CREATE VIEW "task_artifacts" AS SELECT
-  a.task_id,
-  a.artifact_id,
-  a.artifact_type,
-  a.events,
-  a.closed,
-  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT x.started_ns + e.offset_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.rowid = a.first_row)) / 1e9, 'unixepoch') AS first_seen,
-  coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = a.task_id AND e.artifact_id = a.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS text
-FROM (
-  SELECT task_id, artifact_id, max(artifact_type) AS artifact_type, count(*) AS events,
-         max(last_chunk) AS closed, min(rowid) AS first_row
-  FROM events
-  WHERE kind = 'artifactUpdate' AND task_id IS NOT NULL AND artifact_id IS NOT NULL
-  GROUP BY task_id, artifact_id
-  ORDER BY first_row
-) a;
-
-CREATE VIEW "task_summary" AS SELECT
-  t.task_id,
-  coalesce(
-    (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
-    (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
-  ) AS context_id,
-  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT min(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS first_seen,
-  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS last_seen,
-  (SELECT s.state FROM (
-     SELECT x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.state
-     FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.state IS NOT NULL
-     UNION ALL
-     SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
-     WHERE a.task_id = t.task_id AND a.state IS NOT NULL
-   ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
-  t.events,
-  (SELECT count(*) FROM (SELECT exchange_id FROM events WHERE task_id = t.task_id UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id)) AS exchanges,
-  round(((SELECT min(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id) - (SELECT min(x.started_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id)) / 1e6, 3) AS ttfe_ms,
-  round(((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s) - (SELECT min(started_ns) FROM exchanges WHERE id IN (SELECT exchange_id FROM events WHERE task_id = t.task_id UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id))) / 1e6, 3)
-    AS duration_ms,
-  CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
-          GROUP BY artifact_id
-          HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
-          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
-    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
-            WHERE json_type(p.value, '$.text') = 'text') AS part
-    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
-    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
-    ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
-          GROUP BY artifact_id
-          HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
-          ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
-          GROUP BY artifact_id
-          HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
-          ORDER BY first_row) g)), (SELECT group_concat(part, char(10)) FROM (
-    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
-            WHERE json_type(p.value, '$.text') = 'text') AS part
-    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
-    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
-    ORDER BY g.key))) END AS answer,
-  CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
-          GROUP BY artifact_id
-          HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
-          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
-    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
-            WHERE json_type(p.value, '$.text') = 'text') AS part
-    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
-    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
-    ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
-          GROUP BY artifact_id
-          HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
-          ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT group_concat(d.text, '') FROM (
-       SELECT e.text FROM (SELECT 1) one
-       LEFT JOIN (SELECT e.rowid AS row, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-                  AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)) ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) b
-       JOIN events e ON e.task_id = t.task_id AND e.artifact_id = g.artifact_id
-       JOIN exchanges x ON x.id = e.exchange_id
-       WHERE e.rowid = b.row OR (e.append = 1
-         AND (b.row IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
-         AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
-      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
-      AND coalesce(
-          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
-             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
-           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
-             AND q.exchange_id < e.exchange_id
-           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
-          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
-           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
-          0)  -- (continuing none: no exchange's id)
-        IN (SELECT p.exchange_id FROM events p
-            WHERE p.task_id = e.task_id AND p.event_id = e.event_id)))
-       ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d)) AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
-          GROUP BY artifact_id
-          HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
-          ORDER BY first_row) g)), (SELECT group_concat(part, char(10)) FROM (
-    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
-            WHERE json_type(p.value, '$.text') = 'text') AS part
-    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
-    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
-    ORDER BY g.key))) END AS thinking,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.model') AS model,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.inputTokens') AS input_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.outputTokens') AS output_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.cachedInputTokens') AS cached_input_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.totalTokens') AS total_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.credits') AS credits
-FROM (
-  -- In order of the exchange that first carried the task. rowid follows arrival, and the
-  -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
-  -- tasks stays cheap on big logs. The two parts hold different tasks, so that a lookup
-  -- of one task goes down to both (no grouping over their union).
-  SELECT g.task_id, g.events, g.first_row,
-         (SELECT exchange_id FROM events WHERE rowid = g.first_row) AS first_exchange
-  FROM (SELECT task_id, count(*) AS events, min(rowid) AS first_row
-        FROM events WHERE task_id IS NOT NULL GROUP BY task_id) g
-  UNION ALL
-  SELECT a.task_id, 0, NULL, min(a.exchange_id) FROM task_answers a
-  WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.task_id = a.task_id)
-  GROUP BY a.task_id
-  ORDER BY first_exchange, first_row
-) t;
-
 CREATE TABLE "findings" (
    "id" INTEGER PRIMARY KEY,
    "checked_at" TEXT,
@@ -592,4 +229,531 @@ CREATE VIEW "stream_summary" AS SELECT
 FROM exchanges x
 WHERE x.protocol IS NOT NULL
 ORDER BY x.id;
+
+CREATE VIEW "task_artifacts" AS SELECT
+  a.task_id,
+  a.artifact_id,
+  a.artifact_type,
+  a.events,
+  a.closed,
+  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT x.started_ns + e.offset_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.rowid = a.first_row)) / 1e9, 'unixepoch') AS first_seen,
+  coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = a.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = a.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS text
+FROM (
+  SELECT e.task_id, e.artifact_id, max(e.artifact_type) AS artifact_type, count(*) AS events,
+         max(e.last_chunk) AS closed, min(e.rowid) AS first_row
+  FROM events e
+  WHERE e.kind = 'artifactUpdate' AND e.task_id IS NOT NULL AND e.artifact_id IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+  GROUP BY e.task_id, e.artifact_id
+  UNION ALL
+  SELECT s.task_id, s.artifact_id, max(s.artifact_type), 0, 0, min(s.row)
+  FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id IS NOT NULL AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+  WHERE s.artifact_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM events e WHERE e.task_id = s.task_id AND e.artifact_id = s.artifact_id
+      AND e.kind = 'artifactUpdate' AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL))
+  GROUP BY s.task_id, s.artifact_id
+  ORDER BY first_row
+) a;
+
+CREATE VIEW "task_summary" AS SELECT
+  t.task_id,
+  coalesce(
+    (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
+    (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
+  ) AS context_id,
+  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT min(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS first_seen,
+  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS last_seen,
+  (SELECT s.state FROM (
+     SELECT x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.state
+     FROM events e JOIN exchanges x ON x.id = e.exchange_id
+     WHERE e.task_id = t.task_id AND e.state IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+     UNION ALL
+     SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
+     WHERE a.task_id = t.task_id AND a.state IS NOT NULL
+   ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
+  t.events,
+  (SELECT count(*) FROM (SELECT exchange_id FROM events WHERE task_id = t.task_id UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id)) AS exchanges,
+  round(((SELECT min(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)) - (SELECT min(x.started_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL))) / 1e6, 3) AS ttfe_ms,
+  round(((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s) - (SELECT min(started_ns) FROM exchanges WHERE id IN (SELECT exchange_id FROM events WHERE task_id = t.task_id UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id))) / 1e6, 3)
+    AS duration_ms,
+  CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
+    SELECT coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = g.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+    FROM (SELECT artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+            WHERE s.artifact_id IS NOT NULL)
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
+          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
+    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
+            WHERE json_type(p.value, '$.text') = 'text') AS part
+    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
+    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
+    ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
+    SELECT coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = g.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+    FROM (SELECT artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+            WHERE s.artifact_id IS NOT NULL)
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
+          ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
+    SELECT coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = g.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+    FROM (SELECT artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+            WHERE s.artifact_id IS NOT NULL)
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
+          ORDER BY first_row) g)), (SELECT group_concat(part, char(10)) FROM (
+    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
+            WHERE json_type(p.value, '$.text') = 'text') AS part
+    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
+    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
+    ORDER BY g.key))) END AS answer,
+  CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
+    SELECT coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = g.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+    FROM (SELECT artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+            WHERE s.artifact_id IS NOT NULL)
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
+          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
+    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
+            WHERE json_type(p.value, '$.text') = 'text') AS part
+    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
+    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
+    ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
+    SELECT coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = g.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+    FROM (SELECT artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+            WHERE s.artifact_id IS NOT NULL)
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
+          ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
+    SELECT coalesce(
+    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+               AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+             ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+        AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
+      WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
+      AND coalesce(
+          (SELECT max(q.exchange_id) FROM json_each(CASE WHEN instr(lower(x.request_headers),
+             '"last-event-id"') THEN x.request_headers END) h CROSS JOIN events q
+           ON q.task_id = e.task_id AND q.event_id = json_extract(h.value, '$[1]')
+             AND q.exchange_id < e.exchange_id
+           WHERE lower(json_extract(h.value, '$[0]')) = 'last-event-id'),
+          (SELECT max(c.id) FROM exchanges c WHERE x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe')
+           AND c.task_id = e.task_id AND c.is_sse = 1 AND c.id < e.exchange_id),
+          0)  -- (continuing none: no exchange's id)
+        IN (SELECT p.exchange_id FROM events p
+            WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+        WHERE s.artifact_id = g.artifact_id)
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+    FROM (SELECT artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
+    WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
+            WHERE s.artifact_id IS NOT NULL)
+          GROUP BY artifact_id
+          HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
+          ORDER BY first_row) g)), (SELECT group_concat(part, char(10)) FROM (
+    SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
+            WHERE json_type(p.value, '$.text') = 'text') AS part
+    FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
+    WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
+    ORDER BY g.key))) END AS thinking,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.model') AS model,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.inputTokens') AS input_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.outputTokens') AS output_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.cachedInputTokens') AS cached_input_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.totalTokens') AS total_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.credits') AS credits
+FROM (
+  -- In order of the exchange that first carried the task. rowid follows arrival, and the
+  -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
+  -- tasks stays cheap on big logs. The two parts hold different tasks, so that a lookup
+  -- of one task goes down to both (no grouping over their union).
+  SELECT g.task_id, g.events, g.first_row,
+         (SELECT exchange_id FROM events WHERE rowid = g.first_row) AS first_exchange
+  FROM (SELECT task_id, count(*) AS events, min(rowid) AS first_row
+        FROM events WHERE task_id IS NOT NULL GROUP BY task_id) g
+  UNION ALL
+  SELECT a.task_id, 0, NULL, min(a.exchange_id) FROM task_answers a
+  WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.task_id = a.task_id)
+  GROUP BY a.task_id
+  ORDER BY first_exchange, first_row
+) t;
 

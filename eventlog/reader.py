@@ -7,6 +7,7 @@ writer is appending (WAL): each call sees the rows committed when it starts.
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,10 +17,14 @@ from tasktape.choices import listed
 from tasktape.errors import LogClosed, UnknownEventId, UnknownExchange
 
 from .a2a_terms import CARD_METHODS, CARD_PATHS
+from .file_kinds import unreadable
 from .resumes import ResumeOutcome, ResumeSide
-from .schema import open_db
+from .schema import ANSWERED_FROM_HELD, open_db
 
 Row = dict[str, Any]
+
+# How a rejoin went when the agent's stream was followed again (a gap too: it went on).
+FOLLOWED_AGAIN = (ResumeOutcome.REJOINED, ResumeOutcome.CAUGHT_UP, ResumeOutcome.GAP)
 
 # Events of a task in time order across exchanges (a stream, then a resubscribe...).
 _TASK_EVENTS = """
@@ -55,7 +60,10 @@ class EventLog:
         with self._lock:  # (all read while it is held: the rows come from a cursor)
             if self._closed:
                 raise LogClosed(f"{self.path}: this EventLog was closed; open the log again to read it")
-            return list(self.db.query(sql, params))
+            try:
+                return list(self.db.query(sql, params))
+            except sqlite3.DatabaseError as exc:  # (a damaged log: the command says which)
+                raise unreadable(self.path, exc) from None
 
     def captures(self) -> list[Row]:
         return self._rows("SELECT * FROM captures ORDER BY id")
@@ -168,14 +176,27 @@ class EventLog:
     def reconnects_answered(self) -> dict[int, int]:
         """The exchanges a resume gateway answered from a stream it held (reconnects), each
         with the exchange that opened the stream: a reconnect's holds a slice of that
-        stream's events, which the stream's own exchange holds too."""
-        answered = (ResumeOutcome.RESUMED, ResumeOutcome.ENDED)
+        stream's events, which the stream's own exchange holds too (the log's task views
+        leave them out alike: ``schema.SLICES``)."""
+        marks = ", ".join("?" * len(ANSWERED_FROM_HELD))
         rows = self._rows(
-            "SELECT new_exchange_id, exchange_id FROM resumes WHERE side = ? AND outcome IN (?, ?)"
+            f"SELECT new_exchange_id, exchange_id FROM resumes WHERE side = ? AND outcome IN ({marks})"
             " AND new_exchange_id IS NOT NULL",
-            (ResumeSide.CLIENT.value, *(o.value for o in answered)),
+            (ResumeSide.CLIENT.value, *(o.value for o in ANSWERED_FROM_HELD)),
         )
         return {r["new_exchange_id"]: r["exchange_id"] for r in rows}
+
+    def rejoins(self) -> dict[int, tuple[ResumeOutcome, int]]:
+        """The agent streams a resume gateway followed again after they broke, each (by the
+        exchange that opened it) with how its last such rejoin went and the exchange that
+        carried it on: the subscribe's, or the answer it caught up from."""
+        marks = ", ".join("?" * len(FOLLOWED_AGAIN))
+        rows = self._rows(
+            "SELECT exchange_id, outcome, new_exchange_id FROM resumes"
+            f" WHERE side = ? AND outcome IN ({marks}) AND new_exchange_id IS NOT NULL ORDER BY id",
+            (ResumeSide.UPSTREAM.value, *(o.value for o in FOLLOWED_AGAIN)),
+        )
+        return {r["exchange_id"]: (ResumeOutcome(r["outcome"]), r["new_exchange_id"]) for r in rows}
 
     def task_ids(self) -> list[str]:
         """Every task the log knows: from its events, and from answers that were not streamed."""

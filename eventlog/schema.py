@@ -12,6 +12,7 @@ import shlex
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import sqlite_utils
@@ -21,8 +22,9 @@ from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
 
 from . import new_log
 from .a2a_terms import V03_STATES
-from .file_kinds import FileKind, is_cassette, kind_of
+from .file_kinds import FileKind, damage_note, is_cassette, kind_of, read_only_uri
 from .requests import SUBSCRIBE_METHODS
+from .resumes import ResumeOutcome, ResumeSide
 from .writer_lock import release_writer_lock, take_writer_lock
 
 migrations = Migrations("tasktape")
@@ -127,12 +129,30 @@ def _event_at(rowid: str) -> str:
     )
 
 
-def _task_time(agg: str, expr: str) -> str:
-    """An aggregate over the times of one task's events (``{at}`` = event time)."""
+def _task_time(agg: str, expr: str, gateway: bool = False) -> str:
+    """An aggregate over the times of one task's events (``{at}`` = event time; with
+    ``gateway``, those the views count: not a slice's)."""
+    counted = f" AND {_COUNTED}" if gateway else ""
     return (
         f"(SELECT {agg}({expr.format(at=_AT)}) FROM events e JOIN exchanges x ON x.id = e.exchange_id"
-        " WHERE e.task_id = t.task_id)"
+        f" WHERE e.task_id = t.task_id{counted})"
     )
+
+
+# The outcomes of a client's reconnect that the resume gateway answered from a stream it
+# held: the reconnect's exchange holds a slice of that stream (the events after its
+# Last-Event-ID, with the gateway's ids), every event of which the stream's own exchanges
+# (the agent's, its subscribes') hold too, or the gateway made up (a rejoin's catch-up, which
+# the subscribe's snapshot holds). Its events are all sent again.
+ANSWERED_FROM_HELD = (ResumeOutcome.RESUMED, ResumeOutcome.ENDED)
+# The exchanges that hold such a slice (few: SQLite reads them once per statement).
+_ANSWERED = ", ".join(f"'{o}'" for o in ANSWERED_FROM_HELD)
+SLICES = (
+    f"SELECT r.new_exchange_id FROM resumes r WHERE r.side = '{ResumeSide.CLIENT}'"
+    f" AND r.outcome IN ({_ANSWERED}) AND r.new_exchange_id IS NOT NULL"
+)
+# Whether event row e is counted by the views since schema version 20: not a slice's.
+_COUNTED = f"e.exchange_id NOT IN ({SLICES})"
 
 
 def _sent_before(e: str, x: str) -> str:
@@ -160,18 +180,43 @@ def _sent_before(e: str, x: str) -> str:
             WHERE p.task_id = {e}.task_id AND p.event_id = {e}.event_id))"""
 
 
-def _artifact_text(task: str, artifact: str) -> str:
+def _snapshots(task: str | None) -> str:
+    """The artifacts of the task snapshots that subscribes (to ``task``, or to any task)
+    began with, one row each: its task, id, type and text parts joined, when and where
+    the snapshot came. A client takes a snapshot's artifact as the whole of it so far; the
+    resume gateway, rejoining a stream, sends its clients what they lack of it (the
+    events it makes up, which the log keeps only as ids)."""
+    subscribes = ", ".join(f"'{m}'" for m in sorted(SUBSCRIBE_METHODS))
+    of_task = "x.task_id IS NOT NULL" if task is None else f"x.task_id = {task}"
+    return f"""SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
+      json_extract(a.value, '$.metadata.type') AS artifact_type,
+      (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
+       WHERE json_type(p.value, '$.text') = 'text') AS text,
+      {_AT} AS at_ns, e.exchange_id, e.seq, e.rowid AS row
+    FROM exchanges x CROSS JOIN events e ON e.exchange_id = x.id
+      AND e.seq = (SELECT min(f.seq) FROM events f WHERE f.exchange_id = x.id)
+    JOIN json_each({_body_task("e.data")}, '$.artifacts') a
+    WHERE {of_task} AND x.rpc_method IN ({subscribes}) AND x.is_sse = 1 AND e.kind = 'task'"""
+
+
+def _artifact_text(task: str, artifact: str, gateway: bool = False) -> str:
     """An artifact's text: its events in order, an event with append false (a first delta,
     or a lastChunk's consolidation) replacing the text so far and one with append true
     adding to it; an event sent again (``_sent_before``) counts once. So: the last event
     that does not append, and those after it that do; a lastChunk that does not append
-    holds the whole text (nothing comes after it), so it alone is read."""
+    holds the whole text (nothing comes after it), so it alone is read. With ``gateway``
+    (schema version 20), a slice's events are left out (``SLICES``: every one of them is
+    sent again), and a subscribe's snapshot of the artifact replaces the text so far."""
     events = (
         "FROM events e JOIN exchanges x ON x.id = e.exchange_id"
         f" WHERE e.task_id = {task} AND e.artifact_id = {artifact}"
     )
+    if gateway:
+        events += f" AND {_COUNTED}"
     order = f"{_AT}, e.exchange_id, e.seq"
     latest = f"ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1"
+    if gateway:
+        return _text_from_bases(task, artifact, events, order, latest)
     return f"""coalesce(
     (SELECT e.text {events} AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 {latest}),
     (SELECT group_concat(d.text, '') FROM (
@@ -186,13 +231,44 @@ def _artifact_text(task: str, artifact: str) -> str:
        ORDER BY {order}) d))"""
 
 
-def _answer(op: str) -> str:
+def _text_from_bases(task: str, artifact: str, events: str, order: str, latest: str) -> str:
+    """``_artifact_text`` from ``events`` (those counted) and the subscribes' snapshots:
+    the latest base (an event that does not append, or a snapshot of the artifact), then
+    the events after it that append."""
+    bases = f"""SELECT e.text, {_AT} AS at_ns, e.exchange_id, e.seq {events}
+        AND coalesce(e.append, 0) = 0 AND NOT {_sent_before("e", "x")}
+      UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM ({_snapshots(task)}) s
+        WHERE s.artifact_id = {artifact}"""
+    return f"""coalesce(
+    (SELECT e.text {events} AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 {latest}),
+    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+       THEN coalesce(c.text, '') || coalesce(c.tail, '') END
+     FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
+             SELECT e.text {events} AND e.append = 1
+               AND (b.at_ns IS NULL OR ({order}) > (b.at_ns, b.exchange_id, b.seq))
+               AND NOT {_sent_before("e", "x")}
+             ORDER BY {order}) d) AS tail
+           FROM (SELECT 1) one
+           LEFT JOIN (SELECT * FROM ({bases})
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c))"""
+
+
+def _answer(op: str, gateway: bool = False) -> str:
     """The task's artifacts joined in order of appearance: ``<>`` the answer (all but
-    intermediate thinking), ``=`` the intermediate thinking."""
+    intermediate thinking), ``=`` the intermediate thinking. With ``gateway``, as
+    ``_artifact_text`` reads them, an artifact only a subscribe's snapshot holds too."""
+    artifacts = """artifact_id, min(rowid) AS first_row FROM events
+          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL"""
+    if gateway:
+        artifacts = f"""artifact_id, min(row) AS first_row FROM (
+            SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
+            WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
+              AND {_COUNTED}
+            UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM ({_snapshots("t.task_id")}) s
+            WHERE s.artifact_id IS NOT NULL)"""
     return f"""(SELECT group_concat(part, char(10)) FROM (
-    SELECT {_artifact_text("t.task_id", "g.artifact_id")} AS part
-    FROM (SELECT artifact_id, min(rowid) AS first_row FROM events
-          WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL
+    SELECT {_artifact_text("t.task_id", "g.artifact_id", gateway)} AS part
+    FROM (SELECT {artifacts}
           GROUP BY artifact_id
           HAVING coalesce(max(artifact_type), '') {op} 'intermediate-thinking'
           ORDER BY first_row) g))"""
@@ -206,7 +282,7 @@ _LATEST_ANSWER = (
 )
 
 
-def _newer(streamed: str, answered: str, has: str) -> str:
+def _newer(streamed: str, answered: str, has: str, gateway: bool = False) -> str:
     """Of a value from the task's events and one from its latest object answered without a
     stream (one that has ``has``), the one seen last: a GetTask after a dropped stream
     holds the whole answer."""
@@ -217,12 +293,12 @@ def _newer(streamed: str, answered: str, has: str) -> str:
     # Most tasks have no such object: then the time of their last event is not looked up.
     return (
         f"CASE WHEN {answered_at} IS NULL THEN {streamed}"
-        f" WHEN {answered_at} > coalesce({_task_time('max', '{at}')}, 0)"
+        f" WHEN {answered_at} > coalesce({_task_time('max', '{at}', gateway)}, 0)"
         f" THEN coalesce({answered}, {streamed}) ELSE coalesce({streamed}, {answered}) END"
     )
 
 
-def _usage(field: str) -> str:
+def _usage(field: str, gateway: bool = False) -> str:
     """A field of the task's last ``$usage``: from its events or its answered objects."""
     streamed = (
         f"(SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id"
@@ -231,7 +307,7 @@ def _usage(field: str) -> str:
     )
     usage = '$.metadata."$usage"'
     answered = f"json_extract({_LATEST_ANSWER.format(has=usage)}, '{usage}')"
-    return f"json_extract({_newer(streamed, answered, usage)}, '$.{field}')"
+    return f"json_extract({_newer(streamed, answered, usage, gateway)}, '$.{field}')"
 
 
 def _sql_state(expr: str) -> str:
@@ -277,6 +353,102 @@ def _seen(agg: str) -> str:
     )
 
 
+def _artifact_rows(gateway: bool) -> str:
+    """The rows ``task_artifacts`` groups by task and artifact: the artifact updates (with
+    ``gateway``, those counted, and a subscribe's snapshot of an artifact, counted as no
+    update of it)."""
+    if not gateway:
+        return """SELECT task_id, artifact_id, max(artifact_type) AS artifact_type, count(*) AS events,
+         max(last_chunk) AS closed, min(rowid) AS first_row
+  FROM events
+  WHERE kind = 'artifactUpdate' AND task_id IS NOT NULL AND artifact_id IS NOT NULL
+  GROUP BY task_id, artifact_id"""
+    # Two groupings, not one over both: a task's rows are then looked up by its index.
+    return f"""SELECT e.task_id, e.artifact_id, max(e.artifact_type) AS artifact_type, count(*) AS events,
+         max(e.last_chunk) AS closed, min(e.rowid) AS first_row
+  FROM events e
+  WHERE e.kind = 'artifactUpdate' AND e.task_id IS NOT NULL AND e.artifact_id IS NOT NULL AND {_COUNTED}
+  GROUP BY e.task_id, e.artifact_id
+  UNION ALL
+  SELECT s.task_id, s.artifact_id, max(s.artifact_type), 0, 0, min(s.row)
+  FROM ({_snapshots(None)}) s
+  WHERE s.artifact_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM events e WHERE e.task_id = s.task_id AND e.artifact_id = s.artifact_id
+      AND e.kind = 'artifactUpdate' AND {_COUNTED})
+  GROUP BY s.task_id, s.artifact_id"""
+
+
+def _task_artifacts(gateway: bool = False) -> str:
+    """The ``task_artifacts`` view (``gateway``: as of schema version 20, see ``_artifact_text``)."""
+    return f"""
+SELECT
+  a.task_id,
+  a.artifact_id,
+  a.artifact_type,
+  a.events,
+  a.closed,
+  {_ISO.format(_event_at("a.first_row"))} AS first_seen,
+  {_artifact_text("a.task_id", "a.artifact_id", gateway)} AS text
+FROM (
+  {_artifact_rows(gateway)}
+  ORDER BY first_row
+) a
+"""
+
+
+def _task_summary(gateway: bool = False) -> str:
+    """The ``task_summary`` view (``gateway``: as of schema version 20, its events' figures
+    and answer leave out a slice's events, its answer reads the subscribes' snapshots)."""
+    counted = f" AND {_COUNTED}" if gateway else ""
+    first, started = _task_time("min", "{at}", gateway), _task_time("min", "x.started_ns", gateway)
+    return f"""
+SELECT
+  t.task_id,
+  coalesce(
+    (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
+    (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
+  ) AS context_id,
+  {_ISO.format(_seen("min"))} AS first_seen,
+  {_ISO.format(_seen("max"))} AS last_seen,
+  (SELECT s.state FROM (
+     SELECT {_AT} AS at_ns, e.exchange_id, e.seq, e.state
+     FROM events e JOIN exchanges x ON x.id = e.exchange_id
+     WHERE e.task_id = t.task_id AND e.state IS NOT NULL{counted}
+     UNION ALL
+     SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
+     WHERE a.task_id = t.task_id AND a.state IS NOT NULL
+   ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
+  t.events,
+  (SELECT count(*) FROM ({_TASK_EXCHANGES})) AS exchanges,
+  round(({first} - {started}) / 1e6, 3) AS ttfe_ms,
+  round(({_seen("max")} - (SELECT min(started_ns) FROM exchanges WHERE id IN ({_TASK_EXCHANGES}))) / 1e6, 3)
+    AS duration_ms,
+  {_newer(_answer("<>", gateway), _answered_text("<>"), "$.artifacts", gateway)} AS answer,
+  {_newer(_answer("=", gateway), _answered_text("="), "$.artifacts", gateway)} AS thinking,
+  {_usage("model", gateway)} AS model,
+  {_usage("inputTokens", gateway)} AS input_tokens,
+  {_usage("outputTokens", gateway)} AS output_tokens,
+  {_usage("cachedInputTokens", gateway)} AS cached_input_tokens,
+  {_usage("totalTokens", gateway)} AS total_tokens,
+  {_usage("credits", gateway)} AS credits
+FROM (
+  -- In order of the exchange that first carried the task. rowid follows arrival, and the
+  -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
+  -- tasks stays cheap on big logs. The two parts hold different tasks, so that a lookup
+  -- of one task goes down to both (no grouping over their union).
+  SELECT g.task_id, g.events, g.first_row,
+         (SELECT exchange_id FROM events WHERE rowid = g.first_row) AS first_exchange
+  FROM (SELECT task_id, count(*) AS events, min(rowid) AS first_row
+        FROM events WHERE task_id IS NOT NULL GROUP BY task_id) g
+  UNION ALL
+  SELECT a.task_id, 0, NULL, min(a.exchange_id) FROM task_answers a
+  WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.task_id = a.task_id)
+  GROUP BY a.task_id
+  ORDER BY first_exchange, first_row
+) t
+"""
+
+
 VIEWS = {
     "task_answers": f"""
 SELECT
@@ -319,70 +491,8 @@ WHERE e.task_id IS NOT NULL
 WINDOW win AS (PARTITION BY e.task_id ORDER BY {_AT}, e.exchange_id, e.seq)
 ORDER BY e.task_id, {_AT}, e.exchange_id, e.seq
 """,
-    "task_artifacts": f"""
-SELECT
-  a.task_id,
-  a.artifact_id,
-  a.artifact_type,
-  a.events,
-  a.closed,
-  {_ISO.format(_event_at("a.first_row"))} AS first_seen,
-  {_artifact_text("a.task_id", "a.artifact_id")} AS text
-FROM (
-  SELECT task_id, artifact_id, max(artifact_type) AS artifact_type, count(*) AS events,
-         max(last_chunk) AS closed, min(rowid) AS first_row
-  FROM events
-  WHERE kind = 'artifactUpdate' AND task_id IS NOT NULL AND artifact_id IS NOT NULL
-  GROUP BY task_id, artifact_id
-  ORDER BY first_row
-) a
-""",
-    "task_summary": f"""
-SELECT
-  t.task_id,
-  coalesce(
-    (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
-    (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
-  ) AS context_id,
-  {_ISO.format(_seen("min"))} AS first_seen,
-  {_ISO.format(_seen("max"))} AS last_seen,
-  (SELECT s.state FROM (
-     SELECT {_AT} AS at_ns, e.exchange_id, e.seq, e.state
-     FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.state IS NOT NULL
-     UNION ALL
-     SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
-     WHERE a.task_id = t.task_id AND a.state IS NOT NULL
-   ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
-  t.events,
-  (SELECT count(*) FROM ({_TASK_EXCHANGES})) AS exchanges,
-  round(({_task_time("min", "{at}")} - {_task_time("min", "x.started_ns")}) / 1e6, 3) AS ttfe_ms,
-  round(({_seen("max")} - (SELECT min(started_ns) FROM exchanges WHERE id IN ({_TASK_EXCHANGES}))) / 1e6, 3)
-    AS duration_ms,
-  {_newer(_answer("<>"), _answered_text("<>"), "$.artifacts")} AS answer,
-  {_newer(_answer("="), _answered_text("="), "$.artifacts")} AS thinking,
-  {_usage("model")} AS model,
-  {_usage("inputTokens")} AS input_tokens,
-  {_usage("outputTokens")} AS output_tokens,
-  {_usage("cachedInputTokens")} AS cached_input_tokens,
-  {_usage("totalTokens")} AS total_tokens,
-  {_usage("credits")} AS credits
-FROM (
-  -- In order of the exchange that first carried the task. rowid follows arrival, and the
-  -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
-  -- tasks stays cheap on big logs. The two parts hold different tasks, so that a lookup
-  -- of one task goes down to both (no grouping over their union).
-  SELECT g.task_id, g.events, g.first_row,
-         (SELECT exchange_id FROM events WHERE rowid = g.first_row) AS first_exchange
-  FROM (SELECT task_id, count(*) AS events, min(rowid) AS first_row
-        FROM events WHERE task_id IS NOT NULL GROUP BY task_id) g
-  UNION ALL
-  SELECT a.task_id, 0, NULL, min(a.exchange_id) FROM task_answers a
-  WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.task_id = a.task_id)
-  GROUP BY a.task_id
-  ORDER BY first_exchange, first_row
-) t
-""",
+    "task_artifacts": _task_artifacts(),
+    "task_summary": _task_summary(),
     "exchange_metrics": """
 SELECT
   x.id AS exchange_id,
@@ -730,6 +840,15 @@ def _thinking_choices_server_requests(db: sqlite_utils.Database) -> None:
     reread_log(db.conn, ("openai", "anthropic", "mcp"))
 
 
+@_migration("0020_task_views_over_reconnects")
+def _task_views_over_reconnects(db: sqlite_utils.Database) -> None:
+    # A reconnect the resume gateway answered holds a slice of the stream it held, under the
+    # gateway's ids where the agent gave none: its events are left out, not read as new. A
+    # rejoin's catch-up (events the gateway made up) is read from the subscribe's snapshot.
+    db.create_view("task_artifacts", _task_artifacts(gateway=True).strip(), replace=True)
+    db.create_view("task_summary", _task_summary(gateway=True).strip(), replace=True)
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one
@@ -761,16 +880,14 @@ def open_db(
         )
     try:
         if readonly:
-            conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=check_same_thread
-            )
+            conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=check_same_thread)
         else:
             conn = sqlite3.connect(path, check_same_thread=check_same_thread, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         db = sqlite_utils.Database(conn)
         _check_and_upgrade(db, path, readonly=readonly)
     except sqlite3.DatabaseError as exc:
-        raise LogError(f"cannot open {path} as an event log: {exc}") from exc
+        raise LogError(f"cannot open {path} as an event log: {exc}{damage_note(path, exc)}") from exc
     return db
 
 
@@ -866,30 +983,41 @@ def named_kind(path: Path) -> FileKind:
     without tasktape's migrations is another program's, and text that does not begin as a
     cassette is none."""
     kind = kind_of(path)
-    if kind is FileKind.LOG:
-        try:
-            schema_version(path)
-        except LogError:
-            return FileKind.DATABASE
+    if kind is FileKind.LOG and _is_other_database(path):
+        return FileKind.DATABASE
     if kind is FileKind.CASSETTE and not is_cassette(path):
         return FileKind.OTHER
     return kind
 
 
-def schema_version(path: str | Path) -> int:
+def _is_other_database(path: Path) -> bool:
+    """Whether the SQLite database at ``path`` opens and holds none of tasktape's
+    migrations (another program's, or an empty one); not one that fails to open (a log
+    cut short or damaged), which reading it tells apart."""
+    try:
+        with closing(sqlite3.connect(read_only_uri(path), uri=True)) as conn:
+            return not list(migrations.applied(sqlite_utils.Database(conn)))
+    except (sqlite3.DatabaseError, LogError):
+        return False
+
+
+def schema_version(path: str | Path, *, whole: bool = False) -> int:
     """The schema version of the log at ``path``, read without changing it; a LogError for
-    what is no log (another SQLite database, an empty one)."""
+    what is no log (another SQLite database, an empty one). ``whole``: every page of it
+    read first (``PRAGMA quick_check``), a damaged log refused."""
     path = Path(path)
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
     except sqlite3.DatabaseError as exc:
         raise LogError(f"cannot open {path} as an event log: {exc}") from None
     try:
+        if whole:
+            _check_whole(conn, path)
         db = sqlite_utils.Database(conn)
         version = len(list(migrations.applied(db)))
         tables = db.table_names()
     except sqlite3.DatabaseError as exc:
-        raise LogError(f"cannot open {path} as an event log: {exc}") from None
+        raise LogError(f"cannot open {path} as an event log: {exc}{damage_note(path, exc)}") from None
     finally:
         conn.close()
     if not version:
@@ -898,13 +1026,20 @@ def schema_version(path: str | Path) -> int:
     return version
 
 
+def _check_whole(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a damaged log: SQLite reads every page, as a query may come to."""
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+    if problems != ["ok"]:
+        raise LogError(f"cannot open {path} as an event log: the log is damaged ({problems[0]})")
+
+
 def upgrade_log(path: str | Path) -> tuple[int, int]:
     """Bring a log of an older tasktape to this version's schema, in place, under its
     writer lock (a recorder still writing it is refused); its versions before and after.
     A log at this version (or a newer one's) is left as it is, without the lock: a
-    recorder writing it is no reason to refuse saying so."""
+    recorder writing it is no reason to refuse saying so. A damaged log is refused."""
     path = Path(path)
-    before = schema_version(path)  # (refuses what is no log)
+    before = schema_version(path, whole=True)  # (refuses what is no log, or a damaged one)
     if before >= SCHEMA_VERSION:
         return before, SCHEMA_VERSION
     fd = take_writer_lock(path)

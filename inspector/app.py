@@ -17,6 +17,8 @@ import uvicorn
 from datasette.app import Datasette
 from datasette.database import Database
 
+from tasktape.eventlog.file_kinds import read_only_uri
+
 from .metadata import metadata
 
 SETTINGS = {
@@ -33,10 +35,14 @@ SETTINGS = {
 
 class ReadOnlyLog(Database):
     """A log opened read-only for every connection, writes included: nothing Datasette or a
-    plugin does can change it. Not immutable, so rows a recorder is still writing show up."""
+    plugin does can change it. Not immutable, so rows a recorder is still writing show up
+    (but where nothing can write it: ``read_only_uri``). Opened by its URI, in which the
+    path is escaped: Datasette's own would read a ``#`` or ``?`` in a name as the URI's."""
 
     def connect(self, write: bool = False) -> sqlite3.Connection:
-        return super().connect(write=False)
+        conn = sqlite3.connect(read_only_uri(Path(self.path)), uri=True, check_same_thread=False)
+        self._all_file_connections.append(conn)  # (as Datasette's own: closed with it)
+        return conn
 
 
 def create_datasette(path: str | Path) -> Datasette:

@@ -413,6 +413,7 @@ def _messages(
     resumed stream may send an event again): (at, exchange id, seq, the message)."""
     found: list[tuple[float, int, int | None, Any]] = []
     repeats = Repeats()
+    answered = log.reconnects_answered()
     for r in rows:
         start = (r["started_ns"] - origin) / 1e6
         if not r["is_sse"]:
@@ -428,7 +429,8 @@ def _messages(
                 [r["id"]],
             )
         )
-        again = repeats.of([e["event_id"] for e in events], _header(r["request_headers"], "Last-Event-ID"))
+        last_event_id = _header(r["request_headers"], "Last-Event-ID")
+        again = repeats.of([e["event_id"] for e in events], last_event_id, answered=r["id"] in answered)
         found.extend(
             (start + e["offset_ns"] / 1e6, r["id"], e["seq"], parse_json(e["data"]))
             for e in events

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from tasktape.eventlog.cassette import (
     read_header,
     replace_with,
 )
-from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, read_once
+from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, read_once, unreadable
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, each_from_log
 from tasktape.eventlog.redact import Redactor
@@ -42,6 +44,17 @@ def bad_input(message: str) -> click.ClickException:
     error = click.ClickException(message)
     error.exit_code = 2
     return error
+
+
+@contextlib.contextmanager
+def read_as_input(log: Path) -> Iterator[None]:
+    """A log that fails as it is read (a damaged one): bad input, as one that fails to open."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        raise bad_input(str(unreadable(log, exc))) from None
+    except LogError as exc:
+        raise bad_input(str(exc)) from None
 
 
 @click.command("export")
@@ -88,7 +101,7 @@ def export(
         opened = EventLog(log)
     except LogError as exc:  # what is no log this tasktape reads: bad input
         raise bad_input(str(exc)) from None
-    with opened:
+    with opened, read_as_input(log):
         capture_of = dict(opened.db.execute("SELECT id, capture_id FROM exchanges").fetchall())
         _check_choices(opened, tasks, contexts, [n for n in exchanges if n not in capture_of])
         ids = sorted(

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tasktape.counted import counted
-from tasktape.errors import LogError, TasktapeError
+from tasktape.errors import LogBusy, LogError, TasktapeError
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.cassette import read_cassette
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.protocols import ProtocolName
-from tasktape.eventlog.schema import schema_version
+from tasktape.eventlog.schema import upgrade_log
 from tasktape.replay import load
 from tasktape.replay.source import cassettes_in
 
@@ -63,10 +63,15 @@ def _check_source(
             return report_recorded(read_cassette(source, name), only or None), None
         if not (source.is_file() and is_log(source)):
             return report_recorded(load([source]), only or None), None
-        if save:
-            schema_version(source)  # refuses what is no log: a check never makes one
+        if save:  # upgraded as tasktape upgrade does; refuses what is no log: a check never makes one
+            upgrade_log(source)
         with EventLog(source, readonly=not save) as log:
             report = report_log(log, None, only or None)
+    except LogBusy as exc:  # (an older log a recorder still writes): as a save refused
+        raise click.UsageError(
+            f"{exc}: an older log is upgraded before findings are saved into it; check it again once "
+            "that writer is done"
+        ) from None
     except (OSError, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
     if not save:

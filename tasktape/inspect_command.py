@@ -11,6 +11,7 @@ import click
 
 from tasktape.errors import LogBusy, LogError, SchemaTooOld
 from tasktape.eventlog import EventLog
+from tasktape.eventlog.schema import upgrade_log
 from tasktape.proxy.hosts import AsgiHostGuard
 
 from .cassette_commands import bad_input
@@ -21,9 +22,12 @@ from .stop_signals import stop_signals
 
 def open_check(path: Path, *, upgrade: bool = False) -> None:
     """Refuse what is not an event log (or one this tasktape cannot read), saying how to
-    upgrade an older one; with ``upgrade``, upgrade it in place first."""
+    upgrade an older one; with ``upgrade``, upgrade it in place first, as ``tasktape
+    upgrade`` does (under its writer lock: refused while a recorder writes it)."""
     try:
-        EventLog(path, readonly=not upgrade).close()
+        if upgrade:
+            upgrade_log(path)
+        EventLog(path).close()
     except LogBusy as exc:  # (--upgrade while a recorder writes it): a failure, not bad input
         raise click.ClickException(str(exc)) from None
     except LogError as exc:
@@ -101,8 +105,8 @@ def inspect(log: Path, port: int, host: str, upgrade: bool, allow_host: tuple[st
     timeline, tasks by final state, the slowest time to first event, MCP sessions, LLM
     streams, and a search of event text. Charts over every protocol. Safe while a recorder
     is still writing LOG: new rows show up as they are committed.
-    Exit status: 0 stopped, 1 it could not serve (a port in use), 2 bad input (LOG no
-    event log this tasktape reads).
+    Exit status: 0 stopped, 1 it could not serve (a port in use, --upgrade of a log another
+    writer holds), 2 bad input (LOG no event log this tasktape reads).
     """
     open_check(log, upgrade=upgrade)
     serve_inspector(log, host, port, allow_host=allow_host)

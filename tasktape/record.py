@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -19,6 +20,7 @@ from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
+from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.protocols import by_name
@@ -228,6 +230,7 @@ def record(
         )
     # Shipping: the writer hands what it commits to the shipper over a pipe, already encoded.
     hints = os.pipe() if servers else None
+    _say_if_upgrading(db)
     try:
         writer = ProcessLogWriter(
             db,
@@ -287,6 +290,23 @@ def record(
             err=True,
         )
         sys.exit(EXIT_LOG_FAILED)
+
+
+def _say_if_upgrading(db: str) -> None:
+    """Say so before the writer upgrades an older log: on a big one that takes seconds,
+    in which the recorder answers nothing yet."""
+    path = Path(db)
+    try:
+        if not (path.is_file() and is_log(path)):
+            return
+        # Only for a log that exists: a recorder on a new one does without sqlite-utils.
+        from tasktape.eventlog.schema import SCHEMA_VERSION, schema_version  # noqa: PLC0415
+
+        version = schema_version(path)
+    except (OSError, LogError):
+        return  # (the writer says what is wrong with it)
+    if version < SCHEMA_VERSION:
+        click.echo(f"tasktape record: upgrading {db} from schema {version} to {SCHEMA_VERSION}…", err=True)
 
 
 def _only_with(flag: str, given: object, names: tuple[str, ...]) -> None:

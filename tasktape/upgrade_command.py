@@ -50,7 +50,7 @@ def _upgrade_one(log: Path, dry_run: bool) -> Status:
         click.echo(f"tasktape upgrade: {log} is {named_kind(log)}: no log to upgrade", err=True)
         return Status.CANNOT
     try:
-        before, after = (schema_version(log), SCHEMA_VERSION) if dry_run else upgrade_log(log)
+        before, after = (schema_version(log, whole=True), SCHEMA_VERSION) if dry_run else upgrade_log(log)
     except LogBusy as exc:
         click.echo(f"tasktape upgrade: {exc}", err=True)
         return Status.CHANGES

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlite_utils
 from a2a_frames import artifact, completed_run, sse, status, task
 from aiohttp import web
 from click.testing import CliRunner, Result
@@ -25,6 +26,8 @@ from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import read_cassette, write_cassette
 from tasktape.eventlog.checker import all_rules, check_log
+from tasktape.eventlog.schema import KNOWN, migrations
+from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
 
@@ -269,3 +272,24 @@ def test_protocols_given_as_one_string_are_refused(tmp_path: Path) -> None:
     assert str(refused.value) == "protocols is a list of names, not one string: write ['a2a']"
     with EventLog(tmp_path / "log.db") as log:
         assert check_log(log, protocols=["a2a"]) == []
+
+
+def test_saving_into_an_older_log_another_writer_holds_is_refused(tmp_path: Path) -> None:
+    """Saving findings upgrades an older log first, as tasktape upgrade does, under its
+    writer lock: a recorder still writing it is refused, the log left as it was."""
+    old = tmp_path / "old.db"
+    db = sqlite_utils.Database(old)
+    migrations.apply(db, stop_before="0004_search_and_findings")
+    db.close()
+    fd = take_writer_lock(old)
+    try:
+        result = check(old)
+    finally:
+        release_writer_lock(fd)
+    assert result.exit_code == 2, result.output
+    assert f"{old} is being written by another tasktape writer" in result.output
+    assert "check it again once that writer is done" in result.output
+    assert [name for (name,) in query(old, "SELECT name FROM _sqlite_migrations")] == KNOWN[:3]
+    result = check(old)  # the writer gone: upgraded, then checked
+    assert result.exit_code == 0, result.output
+    assert [name for (name,) in query(old, "SELECT name FROM _sqlite_migrations")] == KNOWN

@@ -18,7 +18,7 @@ from conftest import RecordFactory, Serve
 from loopback import answering, raw_upstream
 from test_gateway_credentials import ALICE, first_of, gateway
 from test_replay import events_of
-from test_resume_gateway import REST_BODY, counted, first_events
+from test_resume_gateway import REST_BODY, counted, first_events, rest_of
 
 from tasktape.agent import create_agent_app
 
@@ -290,3 +290,76 @@ async def test_a_reconnect_as_the_hold_runs_out_is_served(record: RecordFactory)
 
     got = await asyncio.gather(*(drop_and_come_back(n / 2000) for n in range(24)))
     assert all(status == 200 and "TASK_STATE_COMPLETED" in last for status, last in got), got
+
+
+PIECES = ["Alpha", " beta", " gamma", " delta", " epsilon", " zeta"]
+
+
+async def a2a_without_ids(request: web.Request) -> web.StreamResponse:
+    """An A2A agent that gives its events no ids (as the a2a-sdk's server): a task, its
+    answer in six deltas 0.05 s apart, then COMPLETED; on REST and JSON-RPC alike."""
+    body = await request.json()
+    rpc_id = body.get("id")
+
+    def event(obj: dict[str, Any]) -> bytes:
+        framed = obj if rpc_id is None else {"jsonrpc": "2.0", "id": rpc_id, "result": obj}
+        return b"data: " + json.dumps(framed).encode() + b"\n\n"
+
+    def state(name: str) -> dict[str, Any]:
+        return {"statusUpdate": {"taskId": "t1", "contextId": "c1", "status": {"state": name}}}
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(
+        event({"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_SUBMITTED"}}})
+    )
+    await response.write(event(state("TASK_STATE_WORKING")))
+    for n, piece in enumerate(PIECES):
+        await asyncio.sleep(0.05)
+        art = {"artifactId": "a1", "parts": [{"text": piece}]}
+        update = {"taskId": "t1", "contextId": "c1", "artifact": art, "append": n > 0}
+        await response.write(event({"artifactUpdate": {**update, "lastChunk": n == len(PIECES) - 1}}))
+    await response.write(event(state("TASK_STATE_COMPLETED")))
+    return response
+
+
+def assembled(raw: bytes) -> str:
+    """The answer as a client builds it from a stream: deltas appended to the text so far."""
+    text = ""
+    for e in events_of(raw):
+        frame = json.loads(e.data) if e.complete and e.data else {}
+        update = frame.get("result", frame).get("artifactUpdate")
+        if update:
+            piece = "".join(p["text"] for p in update["artifact"]["parts"])
+            text = text + piece if update.get("append") else piece
+    return text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/message:stream", REST_BODY),
+        ("/", {"jsonrpc": "2.0", "id": 5, "method": "SendStreamingMessage", "params": REST_BODY}),
+    ],
+)
+@pytest.mark.parametrize("wait", [0.0, 0.6], ids=["live", "ended"])
+async def test_a_reconnects_slice_is_not_read_again_by_the_task_views(
+    record: RecordFactory, path: str, body: dict[str, Any], wait: float
+) -> None:
+    """The agent gives no ids, so the log holds its events without any and the reconnect's
+    under the gateway's: the task's answer is the client's, not the slice's text twice."""
+    app = web.Application()
+    app.router.add_post(path, a2a_without_ids)
+    rec = await record(app, hold=30.0)
+    first, events = await first_events(rec.url, body, 3, path)
+    await asyncio.sleep(wait)  # (0.6 s: the stream has ended when the client comes back)
+    status, rest = await rest_of(rec.url, body, events[-1].id, path)
+    assert status == 200
+    assert assembled(first + rest) == "".join(PIECES)
+    with await rec.log() as log:
+        (outcome,) = [r["outcome"] for r in log.db.query("SELECT outcome FROM resumes")]
+        (summary,) = log.db.query("SELECT answer, final_state FROM task_summary")
+        (artifact,) = log.db.query("SELECT text, events FROM task_artifacts")
+    assert outcome == "resumed"
+    assert summary == {"answer": "".join(PIECES), "final_state": "TASK_STATE_COMPLETED"}
+    assert artifact == {"text": "".join(PIECES), "events": len(PIECES)}

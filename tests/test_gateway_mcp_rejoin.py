@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from typing import Any
 
@@ -15,9 +16,11 @@ import aiohttp
 from conftest import RecordFactory
 from cutter import Cut, Cutter, Relayed
 from mcp_peers import run_mcp_client, run_mcp_server
+from test_replay import events_of
 
 from tasktape.eventlog.protocols.base import Request, Resubscription
 from tasktape.eventlog.protocols.mcp import MCP
+from tasktape.inspector.session_page import load_session
 from tasktape.proxy.stamper import Stamper
 
 COUNT = ("--count", "6", "--delay", "0.1")
@@ -160,3 +163,62 @@ def test_the_last_agent_id_is_that_of_the_last_event_or_none() -> None:
     assert stamper.last_own() == "a"
     stamper.feed(b"data: 2\n\n")  # an event without an id after it: resuming from "a" would repeat it
     assert stamper.last_own() is None
+
+
+async def dropped_and_resumed(url: str) -> tuple[str, bytes]:
+    """A session opened and a ``slow_count`` call sent; its stream dropped after three
+    events and resumed with a ``GET`` after the last, as the SDK client resumes: the
+    session's id, and the events both connections brought."""
+    accept = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "slow_count", "arguments": {"n": 6, "delay": 0.1}, "_meta": {"progressToken": 2}},
+    }
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json=initialize, headers=accept) as opened:
+            headers = {**accept, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
+            await opened.read()
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        async with session.post(url, json=note, headers=headers) as noted:
+            await noted.read()
+        got = b""
+        async with session.post(url, json=call, headers=headers) as answer:
+            while len([e for e in events_of(got) if e.complete and e.id]) < 3:
+                got += await answer.content.readany()
+        first = b"".join(e.raw for e in [e for e in events_of(got) if e.complete][:3])
+        last_id = [e.id for e in events_of(first)][-1]
+        again = {**headers, "Accept": "text/event-stream", "Last-Event-ID": last_id}
+        async with session.get(url, headers=again) as resumed:
+            rest = await resumed.read()
+    return headers["Mcp-Session-Id"], first + rest
+
+
+async def test_the_session_page_reads_a_reconnects_slice_once(record: RecordFactory) -> None:
+    """The server gives no ids (no event store): the log holds its events without any and
+    the reconnect's under the gateway's, which the page does not read as new progress."""
+    with run_mcp_server(sdk="1") as server:
+        rec = await record(server.url.removesuffix("/mcp"), hold=30.0)
+        session_id, got = await asyncio.wait_for(dropped_and_resumed(f"{rec.url}/mcp"), 20)
+        log = await rec.log()
+    sent = [json.loads(e.data) for e in events_of(got) if e.complete and e.data]
+    progress = [m["params"]["progress"] for m in sent if m.get("method") == "notifications/progress"]
+    assert progress == [1, 2, 3, 4, 5, 6]  # the client got each once
+    with log:
+        (resume,) = log.db.conn.execute("SELECT side, outcome FROM resumes").fetchall()
+    assert resume == ("client", "resumed")
+    page = load_session(log.path, session_id)
+    assert page is not None
+    (called,) = [x for x in page.exchanges if x.tool == "slow_count"]
+    assert [p.progress for p in called.progress] == progress

@@ -20,6 +20,7 @@ from test_resume_gateway import HEADERS, REST_BODY, counted, first_events, rest_
 
 from tasktape.agent import create_agent_app
 from tasktape.errors import UsageError
+from tasktape.eventlog.checker import report_log
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 from tasktape.proxy.resume_options import UnknownResume
 
@@ -369,3 +370,26 @@ def test_a_typo_in_resume_unknown_is_refused() -> None:
     refused = "'froward' is not a --resume-unknown choice; choose one of refuse, forward"
     with pytest.raises(UsageError, match=refused):
         UnknownResume.parse("froward")
+
+
+async def test_the_task_views_and_check_read_a_rejoined_stream_as_its_client_got_it(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """The events made up from a subscribe's snapshot reach the log's answer (the snapshot
+    holds what they carried), and the note on the stream that broke says who carried it on."""
+    agent = await serve(create_agent_app(pace=0.3))
+    front, _ = breaking(agent, after=4)
+    slow_subscribes(front, 0.5)
+    rec = await record(front, hold=30.0)
+    got = await read_all(rec.url, REST_BODY)
+    (row,) = await rejoins(rec)
+    assert row["outcome"] == "rejoined" and json.loads(row["synthesized"])
+    with await rec.log() as log:
+        ((thinking, answer),) = log.db.execute("SELECT thinking, answer FROM task_summary").fetchall()
+        texts = [r["text"] for r in log.db.query("SELECT text FROM task_artifacts ORDER BY first_seen")]
+        (note,) = report_log(log).cut_short
+    assert f"{thinking or ''}{answer}" == text_of(got) == "".join(texts)  # the thinking, then the answer
+    assert note.exchange_id == row["exchange_id"]
+    assert note.message.endswith(
+        f"; rejoined by exchange {row['new_exchange_id']}, the task last COMPLETED there"
+    )

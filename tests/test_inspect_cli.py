@@ -3,11 +3,16 @@ and `tasktape demo --inspect`, which records a log and then serves it."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -19,6 +24,7 @@ from tasktape.cli import main
 from tasktape.demo import next_steps
 from tasktape.eventlog import SCHEMA_VERSION, EventLog
 from tasktape.eventlog.schema import KNOWN, migrations
+from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +147,46 @@ def test_inspect_answers_only_loopback_host_names(log: Path, served: list[Served
     status, body = get_as(f"{url}/session/task_summary.json", f"rebound.example:{port}")
     assert status == 421 and "--allow-host rebound.example" in body and "task." not in body
     assert inspector.stop(signal.SIGINT)[0] == 0
+
+
+@pytest.mark.parametrize("name", ["r&d#1.db", "what?.db", "a%41 b.db"])
+def test_a_log_whose_name_a_uri_reads_otherwise_is_served(
+    log: Path, tmp_path: Path, served: list[Served], name: str
+) -> None:
+    """``#``, ``?`` and ``%`` in the log's name are the name's, not the URI's SQLite opens
+    it by: the log itself is served, and no other file is made beside it."""
+    named = Path(shutil.copy(log, tmp_path / name))
+    served.append(inspector := Served("inspect", str(named), "--port", "0"))
+    inspector.wait_for_url()
+    (tasks,) = re.findall(r"^  tasks    (\S+)$", inspector.out, re.M)
+    status, html = get(tasks)
+    assert status == 200 and task_of(log, "completed") in html
+    status, html = get(f"{tasks.rsplit('/', 1)[0]}/-/task/{task_of(log, 'completed')}")
+    assert status == 200 and "What does J45.909 mean?" in html
+    assert inspector.stop()[0] == 0
+    assert {p.name for p in tmp_path.iterdir()} <= {name, f"{name}-wal", f"{name}-shm"}
+
+
+def test_upgrade_while_another_writer_holds_the_log_is_refused(tmp_path: Path) -> None:
+    """--upgrade upgrades as tasktape upgrade does, under the log's writer lock: a recorder
+    still writing an older log is refused (exit 1), the log left as it was."""
+    old = tmp_path / "old.db"
+    db = sqlite_utils.Database(old)
+    migrations.apply(db, stop_before="0004_search_and_findings")
+    db.close()
+    fd = take_writer_lock(old)
+    try:
+        # (In a process of its own: a log it upgraded it would go on to serve.)
+        done = subprocess.run(
+            [sys.executable, "-m", "tasktape", "inspect", str(old), "--upgrade", "--port", "0"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        release_writer_lock(fd)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{old} is being written by another tasktape writer" in done.stderr
+    with closing(sqlite3.connect(old)) as conn:
+        assert [m.name for m in migrations.applied(sqlite_utils.Database(conn))] == KNOWN[:3]

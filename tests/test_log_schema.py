@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
 import sqlite_utils
 from click.testing import CliRunner
+from loopback import running, serve, stop, upstream_app
 
 from tasktape.cli import main
 from tasktape.errors import LogError, SchemaTooNew
 from tasktape.eventlog import SCHEMA_VERSION, EventLog, LogWriter, new_log, open_db
 from tasktape.eventlog.schema import KNOWN, PAGE_SIZE, migrations
+
+CASSETTES = Path(__file__).resolve().parent.parent / "cassettes"
 
 CONTRACT = {
     "captures": ["id", "started_at", "ended_at", "source", "upstream", "tool_version", "argv", "uid"],
@@ -382,3 +389,161 @@ def _applied(path: Path) -> list[str]:
         applied = [m for (m,) in conn.execute("SELECT name FROM _sqlite_migrations ORDER BY id")]
     conn.close()
     return applied
+
+
+def _log_of_cassettes(path: Path) -> Path:
+    """A finished log (no -wal beside it) of two sample cassettes."""
+    for name in ("canceled.jsonl", "auth_required.jsonl"):
+        result = CliRunner().invoke(main, ["import", str(CASSETTES / name), "--db", str(path)])
+        assert result.exit_code == 0, result.output
+    return path
+
+
+def _run(args: list[str], *, as_nobody: bool = False) -> tuple[int, str]:
+    """``tasktape ARGS``'s exit status and output. ``as_nobody`` (as root, who writes in any
+    folder): in a child process that has become nobody first, having loaded all it needs."""
+    if not as_nobody:
+        result = CliRunner().invoke(main, args)
+        return result.exit_code, result.output
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its answer through the pipe, then gone without pytest's exit
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            result = CliRunner().invoke(main, args)
+            with os.fdopen(write, "w") as out:
+                json.dump([result.exit_code, result.output], out)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        said = answer.read()
+    os.waitpid(pid, 0)
+    code, output = json.loads(said)
+    return code, output
+
+
+NOBODY = 65534
+# What reads a log, each run on the log in a read-only folder ({log}; {out}: a folder the
+# user can write).
+READERS = {
+    "check": ["check", "--no-save", "{log}"],
+    "export": ["export", "{log}", "-o", "{out}/x.jsonl"],
+    "diff": ["diff", "{log}", "{log}"],
+    "upgrade": ["upgrade", "--dry-run", "{log}"],
+    "merge": ["merge", "{log}", "-o", "{out}/merged.db"],
+}
+
+
+@contextmanager
+def _read_only_folder(*files: Path) -> Iterator[Path]:
+    """A folder that holds copies of ``files``, made read-only with them (SQLite cannot make
+    a ``-shm`` file there), beside ``out``, a folder the user (nobody, as root) can write."""
+    top = Path(tempfile.mkdtemp())  # (not under pytest's, which only root can enter)
+    top.chmod(0o755)
+    (top / "out").mkdir()
+    (top / "out").chmod(0o777)
+    folder = top / "ro"
+    folder.mkdir()
+    for path in files:
+        shutil.copy(path, folder / path.name)
+        (folder / path.name).chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        yield folder
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(top)
+
+
+def _reader_args(command: str, log: Path) -> list[str]:
+    out = log.parent.parent / "out"
+    return [arg.format(log=log, out=out) for arg in READERS[command]]
+
+
+@pytest.mark.parametrize("command", READERS)
+def test_a_finished_log_in_a_read_only_folder_is_read(tmp_path: Path, command: str) -> None:
+    """A finished log where nothing can write (a read-only folder or mount, an archive's):
+    SQLite cannot open it read-only there, so it is read as immutable."""
+    root = os.geteuid() == 0
+    log = _log_of_cassettes(tmp_path / "log.db")
+    _run(_reader_args(command, log))  # (as root: what it loads is loaded before it is nobody)
+    with _read_only_folder(log) as folder:
+        code, output = _run(_reader_args(command, folder / "log.db"), as_nobody=root)
+        assert sorted(p.name for p in folder.iterdir()) == ["log.db"]
+        merged = folder.parent / "out" / "merged.db"
+        if command == "merge":
+            assert _applied(merged) == KNOWN
+    assert "cannot open" not in output and "not a tasktape event log" not in output, output
+    assert code in (0, 1) if command == "check" else code == 0, output  # (check: the rules' findings)
+
+
+def test_a_log_with_its_write_ahead_log_in_a_read_only_folder_is_refused_naming_it(tmp_path: Path) -> None:
+    """Its -wal file holds rows SQLite reads only with a -shm file it cannot make there:
+    the error says so, and where."""
+    log = _log_of_cassettes(tmp_path / "log.db")
+    _run(_reader_args("export", log))
+    with closing(sqlite3.connect(log)) as conn:  # a writer still at it: a -wal beside the log
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        with conn:
+            conn.execute("DELETE FROM findings")
+        with _read_only_folder(log, tmp_path / "log.db-wal") as folder:
+            code, output = _run(_reader_args("export", folder / "log.db"), as_nobody=os.geteuid() == 0)
+    assert code == 2, output
+    assert f"its folder {folder} is read-only" in output and "log.db-wal" in output, output
+
+
+def _damaged(log: Path) -> Path:
+    """``log`` with the root page of its events overwritten: it opens, its events fail."""
+    with closing(sqlite3.connect(log)) as conn:
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'events'").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    with log.open("r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\xff" * size)
+    return log
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "{log}"],
+        ["check", "--no-save", "{log}"],
+        ["export", "{log}", "-o", "{dir}/x.jsonl"],
+        ["merge", "{log}", "-o", "{dir}/merged.db"],
+        ["upgrade", "{log}"],
+        ["upgrade", "--dry-run", "{log}"],
+    ],
+    ids=lambda args: " ".join(a for a in args if "{" not in a),
+)
+def test_a_damaged_log_is_said_to_be_so(tmp_path: Path, args: list[str]) -> None:
+    """Pages overwritten: one line naming the file, exit status 2 (bad input), never a
+    traceback nor "already at schema version"."""
+    log = _damaged(_log_of_cassettes(tmp_path / "log.db"))
+    result = CliRunner().invoke(main, [arg.format(log=log, dir=tmp_path) for arg in args])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert f"{log}" in result.output and "(the log is damaged)" in result.output, result.output
+    assert "already at schema version" not in result.output
+
+
+async def test_a_recorder_says_it_upgrades_an_older_log_before_it_does(tmp_path: Path) -> None:
+    """Upgrading a big older log takes seconds, in which the recorder answers nothing yet:
+    it says so first (and on a log of this version, nothing)."""
+    old = tmp_path / "old.db"
+    db = sqlite_utils.Database(old)
+    migrations.apply(db, stop_before="0004_search_and_findings")
+    db.close()
+    said: list[str] = []
+    async with serve(upstream_app()) as upstream:
+        for _ in range(2):
+            args = ["record", "--listen", "127.0.0.1:0", "--upstream", upstream, "--db", str(old)]
+            async with running(*args) as run:
+                assert await stop(run, signal.SIGINT) == 0
+            said.append(run.printed[-1])  # (standard error)
+    assert f"tasktape record: upgrading {old} from schema 3 to {SCHEMA_VERSION}…\n" in said[0], said[0]
+    assert "upgrading" not in said[1], said[1]
+    assert _applied(old) == KNOWN
