@@ -25,6 +25,9 @@ class ResumeOutcome(StrEnum):
     NOT_RESUMABLE = "not_resumable"  # nothing to subscribe to: no task yet, or not A2A
 
 
+BROKE = "the agent's stream broke"  # why an agent's stream is followed again, mostly
+
+
 @dataclass(frozen=True)
 class Resume:
     """One row of ``resumes`` (``at`` is when it is written)."""
@@ -39,6 +42,9 @@ class Resume:
     synthesized: tuple[str, ...] = ()  # ids of the events the recorder made up to catch clients up
     error: str | None = None  # why it was refused or gave up, or the gap
     live: bool = True  # (a client's, resumed) the stream was still coming: the console says so
+    # (upstream) why the agent's stream was followed again when it did not break (a client
+    # woke a stream taken up from the log): the console says it instead of a break.
+    taken_up: str | None = None
 
     def describe(self) -> str:
         """One line for the console."""
@@ -53,7 +59,7 @@ class Resume:
             if self.outcome is ResumeOutcome.FORWARDED:
                 return f"{head}: forwarded to the agent by exchange {self.new_exchange_id} ({self.error})"
             return f"{head}: {self.outcome} ({self.error})"
-        head = f"exchange {self.exchange_id}: the agent's stream broke"
+        head = f"exchange {self.exchange_id}: {self.taken_up or BROKE}"
         tries = f"{self.attempts} subscribe{'s' if self.attempts != 1 else ''}"
         if self.outcome is ResumeOutcome.REJOINED:
             n = len(self.synthesized)

@@ -291,6 +291,10 @@ async def _follow(
         pass  # the client left; the stream goes on without it
 
 
+# Why a stream taken up from the log after a restart is followed again (see LiveStream.asleep_because).
+RESTARTED = "tasktape record restarted while it held the stream"
+
+
 async def pump(
     stream: LiveStream,
     rejoin: Rejoin,
@@ -312,7 +316,7 @@ async def pump(
                 if broke is None:
                     return
                 response.close()
-            again = await rejoin.again(broke or "tasktape record restarted while it held the stream")
+            again = await rejoin.again(broke or RESTARTED)
             if again is None:
                 stream.end(Outcome.UPSTREAM_DISCONNECTED)
                 return

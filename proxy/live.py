@@ -56,6 +56,9 @@ class LiveStream:
     on_followed: Callable[[bool], None] | None = None  # told when the first comes, the last goes
     request_headers: Sequence[tuple[str, str]] = ()  # of the request that opened it
     letting_go: bool = False  # its hold ran out: its upstream is being closed
+    # Taken up from the log, asleep: why its agent's stream is not read (None: the recorder
+    # restarted), what its wake's rejoin says instead of a break.
+    asleep_because: str | None = None
     # Whether it ended with the event its protocol closes a stream with: known, or asked
     # once a reconnect needs it (most streams end whole and are never asked).
     _closed: bool | Callable[[LiveStream], bool] = False

@@ -51,7 +51,7 @@ from .headers import (
     head_timeout,
     left_out,
 )
-from .held import Hold, follow_again, pump, relay_held
+from .held import RESTARTED, Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .kept_body import KeptBody
 from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, keyed, recorders_exchange
@@ -415,6 +415,10 @@ class RecordingProxy:
         if position is None:
             return found
         assert self.live is not None
+        stream.asleep_because = (
+            f"--hold let the agent's stream go with no client following ({self.hold or 0:g} s)"
+            " before its task ended, and a client came back"
+        )
         self.live.revive(stream, original)
         return stream, position
 
@@ -433,6 +437,7 @@ class RecordingProxy:
             if waking is None or await asyncio.shield(waking):
                 return
         rejoin = Rejoin(self, stream, original, request)
+        rejoin.taken_up = stream.asleep_because or RESTARTED
         admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         live.waking[stream.exchange_id] = admitted
         try:
@@ -444,7 +449,8 @@ class RecordingProxy:
                 return
             if verdict is None:  # asking could not tell (an MCP stream): what carries it on does
                 rejoin.admitted = admitted
-            task = self.hold_stream(pump(stream, rejoin, Hold(stream, self.hold or 0.0)))
+            hold = Hold(stream, self.hold or 0.0)
+            task = self.hold_stream(pump(stream, rejoin, hold, broke=rejoin.taken_up))
             if verdict:
                 admitted.set_result(True)
             else:

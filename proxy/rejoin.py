@@ -67,6 +67,7 @@ class Rejoin:
         # Told whether the agent let the client follow the task (see _admission), by its
         # first answer that tells: waited for where asking for the task could not tell.
         self.admitted: asyncio.Future[bool] | None = None
+        self.taken_up: str | None = None  # see Resume.taken_up
 
     @classmethod
     def of(cls, exchange: Exchange, stream: LiveStream) -> Rejoin:
@@ -304,6 +305,7 @@ class Rejoin:
         one clients have been sent)."""
         fields.setdefault("last_event_id", self.stream.last_id())
         side, events = ResumeSide.UPSTREAM, len(sent)
+        fields.setdefault("taken_up", self.taken_up)
         resume = Resume(self.stream.exchange_id, side, outcome, events_from_log=events, **fields)  # type: ignore[arg-type]
         self.proxy.resumed(resume)
 

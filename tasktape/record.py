@@ -25,7 +25,7 @@ from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.protocols import by_name
 from tasktape.eventlog.redact import Redactor
-from tasktape.eventlog.resumes import Resume
+from tasktape.eventlog.resumes import Resume, ResumeSide
 from tasktape.fleet.names import STREAM, jetstream_name, parse_servers
 from tasktape.proxy import RecordingProxy
 from tasktape.proxy.live import HOLD_BYTES
@@ -260,7 +260,7 @@ def record(
         hold_bytes=hold_bytes,
         rejoin_for=rejoin_for,
         resume_unknown=resume_unknown,
-        on_resume=None if quiet else _print_resume,
+        on_resume=_print_rejoin if quiet else _print_resume,
         credential_headers=redactor.headers,
     )
     # On a thread of its own: an upstream that drops connections silently would hold the
@@ -414,6 +414,13 @@ def _print_failed(summary: ExchangeSummary) -> None:
     if summary.outcome in _FAILED:
         click.echo(describe_exchange(summary))
     _print_undecoded(summary)
+
+
+def _print_rejoin(resume: Resume) -> None:
+    """--quiet: how an agent stream that broke (a failure it prints) went on: the break
+    said alone would read as a loss where the rejoin lost nothing."""
+    if resume.side is ResumeSide.UPSTREAM:
+        _print_resume(resume)
 
 
 def _print_refusal(refusal: Refusal) -> None:

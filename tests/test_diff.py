@@ -665,6 +665,7 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
         (str(good), str(good), "--ignore", "message"): r"Invalid value for '--ignore': not a JSON pointer .*",
         (str(tmp_path / "broken.db"), str(good)): (
             r"Invalid value for A: cannot open .*broken\.db as an event log: file is not a database"
+            r" \(the log is damaged\)"
         ),
         (str(good),): r"Missing argument 'B'\.",
     }

@@ -21,6 +21,7 @@ from test_replay import events_of
 from test_resume_gateway import REST_BODY, counted, first_events, rest_of
 
 from tasktape.agent import create_agent_app
+from tasktape.eventlog.resumes import Resume, ResumeSide
 
 MALLORY = {"Authorization": "Bearer mallory"}
 
@@ -363,3 +364,20 @@ async def test_a_reconnects_slice_is_not_read_again_by_the_task_views(
     assert outcome == "resumed"
     assert summary == {"answer": "".join(PIECES), "final_state": "TASK_STATE_COMPLETED"}
     assert artifact == {"text": "".join(PIECES), "events": len(PIECES)}
+
+
+async def test_a_stream_the_hold_let_go_is_said_to_be_taken_up_not_broken(record: RecordFactory) -> None:
+    """A client coming back to a stream --hold let go wakes it (a subscribe): the line for
+    that says so, not that the agent's stream broke, which it did not."""
+    said: list[Resume] = []
+    rec = await record(create_agent_app(pace=0.3), hold=0.2, on_resume=said.append)
+    _, events = await first_events(rec.url, REST_BODY, 3)
+    await asyncio.sleep(0.6)  # the hold runs out: the agent's stream is let go
+    headers = {"A2A-Version": "1.0", "Last-Event-ID": events[-1].id}
+    async with rec.session.post(f"{rec.url}/message:stream", json=REST_BODY, headers=headers) as r:
+        rest = [e for e in events_of(await r.read()) if e.complete]
+    assert r.status == 200 and "TASK_STATE_COMPLETED" in rest[-1].data
+    upstream = [resume.describe() for resume in said if resume.side is ResumeSide.UPSTREAM]
+    assert len(upstream) == 1 and "rejoined by exchange" in upstream[0], [r.describe() for r in said]
+    assert "--hold let the agent's stream go with no client following (0.2 s)" in upstream[0]
+    assert "broke" not in upstream[0]

@@ -72,7 +72,8 @@ async def test_a_killed_gateway_restarted_carries_the_stream_on(
     assert seen.count(f"POST {path}") == 1 + (path == "/jsonrpc")  # the task, then (JSON-RPC) its subscribe
     assert len([s for s in seen if s.endswith(":subscribe")]) == (path != "/jsonrpc")
     printed = "".join(second.printed)
-    assert f"a client reconnected after {last}" in printed and "rejoined by exchange" in printed
+    assert f"a client reconnected after {last}" in printed
+    assert "tasktape record restarted while it held the stream: rejoined by exchange" in printed
     with sqlite3.connect(db) as conn:
         sides = conn.execute("SELECT side, outcome FROM resumes ORDER BY id").fetchall()
     assert sides == [("client", "resumed"), ("upstream", "rejoined")]

@@ -19,6 +19,10 @@ import aiohttp
 from aiohttp import web
 from loopback import Running, answering, raw_upstream, running, serve, stop, upstream_app
 from ports import free_port
+from test_gateway_rejoin import breaking, read_all
+from test_resume_gateway import REST_BODY
+
+from tasktape.agent import create_agent_app
 
 
 def plain_and_huge() -> web.Application:
@@ -237,3 +241,23 @@ async def test_a_compressed_stream_not_held_for_resuming_says_so(tmp_path: Path)
     assert re.sub(r"[\d.]+ ms", "", line.strip()) == f"GET /gz 200  2 events, first after   took   [{said}]"
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT outcome, error FROM exchanges").fetchall() == [("complete", said)]
+
+
+async def test_quiet_says_how_a_broken_stream_it_said_went_on(tmp_path: Path) -> None:
+    """--quiet --resume prints an agent stream that broke (a failure): the rejoin that
+    carried it on is printed too, or the operator reads a loss where there was none."""
+    async with serve(create_agent_app(pace=0.05)) as agent:
+        front, _ = breaking(agent, after=6)
+        async with (
+            serve(front) as upstream,
+            recorder(upstream, tmp_path / "log.db", "--resume", "--quiet") as run,
+        ):
+            assert "TASK_STATE_COMPLETED" in (await read_all(run.url, REST_BODY)).decode()
+            await asyncio.sleep(0.3)  # (the stream's rows reach the console)
+            status, lines, _ = await stopped(run)
+    assert status == 0
+    broke = [line for line in lines if "upstream_disconnected" in line]
+    rejoined = [
+        line for line in lines if line.startswith("resume: exchange 1: the agent's stream broke: rejoined")
+    ]
+    assert len(broke) == 1 and len(rejoined) == 1, lines
