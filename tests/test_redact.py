@@ -594,7 +594,8 @@ async def test_a_refused_connect_target_loses_its_user_and_password(record: Reco
     rec = await record(web.Application(), on_refusal=refusals.append)
     host, port = rec.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"CONNECT bob:{SECRET}@evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n".encode())
+    head = f"CONNECT bob:{SECRET}@evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n"
+    writer.write(f"{head}Connection: close\r\n\r\n".encode())  # (else read() waits out the keep-alive)
     response = await reader.read()
     writer.close()
     assert response.startswith(b"HTTP/1.1 405") and b"CONNECT is not accepted" in response
