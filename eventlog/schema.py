@@ -863,7 +863,8 @@ INDEX_TEXT = (
 PAGE_SIZE = 16384  # a new log's; older logs keep theirs
 BUSY_MS = 5000  # how long an opener waits for another process's lock on the log
 # How long a reader waits for an empty file to become a log: a writer that has just made
-# the file (its lock, its connection) has yet to make the log in it.
+# the file (its lock, its connection) has yet to make the log in it. A file left empty for
+# longer is no log being made, and is refused at once.
 EMPTY_WAIT_S = 1.0
 
 
@@ -951,7 +952,7 @@ def _applied_once_made(db: sqlite_utils.Database, path: Path, applied: list[str]
     """The migrations of a log opened for reading, once it is made: a file still empty may
     be one a writer has just made (its lock, its connection) and is about to make a log of."""
     deadline = time.monotonic() + EMPTY_WAIT_S
-    while not applied and time.monotonic() < deadline:
+    while not applied and _made_lately(path) and time.monotonic() < deadline:
         # Looked at before the read: a file no longer empty is read once its writer's lock
         # is gone, as the whole log (or whatever else it is), never half of one.
         if not _is_empty(path):
@@ -963,6 +964,15 @@ def _applied_once_made(db: sqlite_utils.Database, path: Path, applied: list[str]
 
 def _is_empty(path: Path) -> bool:
     return path.is_file() and path.stat().st_size == 0
+
+
+def _made_lately(path: Path) -> bool:
+    """Whether the file was made (or written) within ``EMPTY_WAIT_S``: a log may be being
+    made in it."""
+    try:
+        return time.time() - path.stat().st_mtime < EMPTY_WAIT_S
+    except OSError:
+        return False
 
 
 def _check_for_reading(db: sqlite_utils.Database, path: Path, applied: list[str]) -> None:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -547,3 +548,19 @@ async def test_a_recorder_says_it_upgrades_an_older_log_before_it_does(tmp_path:
     assert f"tasktape record: upgrading {old} from schema 3 to {SCHEMA_VERSION}…\n" in said[0], said[0]
     assert "upgrading" not in said[1], said[1]
     assert _applied(old) == KNOWN
+
+
+def test_a_file_left_empty_is_refused_without_waiting_for_a_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader waits for an empty file a writer has just made to become a log; a file left
+    empty long since is none being made: refused at once (`export empty.db` took a second)."""
+    monkeypatch.setattr("tasktape.eventlog.schema.EMPTY_WAIT_S", 30.0)
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    an_hour_ago = time.time() - 3600
+    os.utime(empty, (an_hour_ago, an_hour_ago))
+    started = time.monotonic()
+    with pytest.raises(LogError, match=r"empty\.db is empty: not an event log"):
+        EventLog(empty)
+    assert time.monotonic() - started < 10  # (not the 30 s a log being made is waited for)
