@@ -32,6 +32,7 @@ from tasktape.eventlog.protocols.mcp import (
     answer_of,
     log_text,
     message_kind,
+    reply_text,
     request_text,
 )
 
@@ -546,13 +547,15 @@ def _link_replies(
         asked = next((a for a in reversed(waiting) if a.at_ms <= x.start_ms), next(iter(waiting), None))
         if asked is not None:
             x.replies_to = asked.method
-            asked.reply = _reply(body, x)
+            asked.reply = _reply(body, x, asked.method)
 
 
-def _reply(body: dict[str, Any], x: SessionExchange) -> Reply:
+def _reply(body: dict[str, Any], x: SessionExchange, method: str) -> Reply:
+    """The client's answer to a server's ``method`` request: read as the request asks (a
+    sampled message's text), else its result as JSON."""
     finish, text, result = answer_of(body)
-    if text is None and finish is not MCPFinish.ERROR:
-        text = json.dumps(result, ensure_ascii=False)
+    if finish is not MCPFinish.ERROR:
+        text = reply_text(method, result) or text or json.dumps(result, ensure_ascii=False)
     return Reply(x.id, x.start_ms, x.status, text, finish in FAILED)
 
 

@@ -660,7 +660,15 @@ def asking_session(path: Path) -> None:
     llm = rpc(3, method="tools/call", params={"name": "ask_llm", "arguments": {"topic": "tea"}})
     user = rpc(4, method="tools/call", params={"name": "ask_user", "arguments": {}})
     add = rpc(5, method="tools/call", params={"name": "add", "arguments": {"a": 2, "b": 3}})
-    sampled = rpc(0, result={"role": "assistant", "content": {"type": "text", "text": "tea is good"}})
+    sampled = rpc(
+        0,
+        result={
+            "role": "assistant",
+            "content": {"type": "text", "text": "tea is good"},
+            "model": "claude-x",
+            "stopReason": "endTurn",
+        },
+    )
     with mcp_session(path) as exchange:
         exchange(0, "GET", None, [(30, sse(sampling))], 100)  # 1
         exchange(20, "POST", llm, [(45, sse(rpc(3, result=tool_result("model said: tea is good"))))], 45)  # 2
@@ -698,13 +706,15 @@ async def test_a_tool_calls_story_has_the_requests_the_server_sent_while_it_wait
     assert re.search(
         r'answered by <a href="#exchange-3">#3 POST</a>\s*<span class="tt-at">at 35.0 ms</span>', llm
     )
-    assert "(5.0 ms later, 202)" in llm and "tea is good" in llm
+    # The client's answers read as what they say: the sampled message, the user's action.
+    assert "(5.0 ms later, 202):" in llm and "<code>tea is good (claude-x, endTurn)</code>" in llm
     assert story(user) == [
         ("log", "info: asking", "#4.0"),
         ("server request", "elicitation/create: Favourite colour?", "#4.1"),
     ]
     assert ">for this call</span>" in user and '<a href="#exchange-5">#5 POST</a>' in user
-    assert "(3.0 ms later, 202)" in user and str(escape('"action": "accept"')) in user
+    accepted = escape('accept: {"color": "blue"}')
+    assert "(3.0 ms later, 202)" in user and f"<code>{accepted}</code>" in user
     assert "server request" not in call_of(html, 6) and '<p class="tt-text">5</p>' in call_of(html, 6)
     # The table names each answer for the request it answers; the timeline marks each request.
     table = section(html, "Exchanges")

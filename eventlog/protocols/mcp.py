@@ -144,6 +144,27 @@ def request_text(method: str, params: Any) -> str:
     return f"{method}: {asked}" if isinstance(asked, str) and asked else method
 
 
+def reply_text(method: str, result: Any) -> str | None:
+    """The client's answer to a server's request as one line: a sampling request's message
+    (its text, the model, why it stopped), an elicitation's action and what the user gave,
+    the roots listed; None for another."""
+    if not isinstance(result, dict):
+        return None
+    if method == "sampling/createMessage":
+        content = result.get("content")
+        parts = content if isinstance(content, list) else [content]
+        text = "".join(t for c in parts if isinstance(c, dict) and isinstance(t := c.get("text"), str))
+        about = [v for k in ("model", "stopReason") if isinstance(v := result.get(k), str)]
+        return f"{text} ({', '.join(about)})" if about else text or None
+    if method == "elicitation/create" and isinstance(action := result.get("action"), str):
+        given = result.get("content")
+        return f"{action}: {json.dumps(given, ensure_ascii=False)}" if given is not None else action
+    if method == "roots/list" and isinstance(roots := result.get("roots"), list):
+        uris = [u for r in roots if isinstance(r, dict) and isinstance(u := r.get("uri"), str)]
+        return f"roots: {', '.join(uris)}" if uris else "no roots"
+    return None
+
+
 def log_text(params: Any) -> str | None:
     """A log message as one line: its level (and logger), then its data (any JSON: a
     string as it is, else as JSON)."""
