@@ -500,17 +500,19 @@ def _artifacts(log: EventLog, task_id: str) -> list[Artifact]:
     parts of their closing event: names, citations and the data parts cited."""
     artifacts = []
     for a in log.db.query("SELECT * FROM task_artifacts WHERE task_id = ?", [task_id]):
+        # (None for an artifact only a subscribe's snapshot holds: no update of it came.)
         closing = next(
             log.db.query(
                 "SELECT data FROM events WHERE task_id = ? AND artifact_id = ? "
                 "ORDER BY last_chunk DESC, rowid DESC LIMIT 1",
                 [task_id, a["artifact_id"]],
-            )
+            ),
+            None,
         )
         artifacts.append(
             _artifact(
                 a["artifact_id"],
-                _event_artifact(closing["data"]),
+                None if closing is None else _event_artifact(closing["data"]),
                 text=a["text"] or "",
                 type_=a["artifact_type"],
                 closed=bool(a["closed"]),

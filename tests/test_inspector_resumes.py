@@ -5,6 +5,7 @@ process over it."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from pathlib import Path
@@ -397,3 +398,24 @@ def test_every_outcome_has_a_colour_and_a_label_of_its_own() -> None:
         seen.add(label)
         assert f"tt-rc-{outcome.replace('_', '-')}" in r.css_class
     assert len(seen) == len(ResumeOutcome)
+
+
+async def test_an_artifact_only_a_subscribe_s_snapshot_holds_is_shown(tmp_path: Path) -> None:
+    """A stream broke before any artifact; the subscribe that followed the task began with a
+    snapshot holding one (the agent made it meanwhile): the task page shows it (it waited
+    for an update of it that never came, for ever)."""
+    path = tmp_path / f"{DB}.db"
+    t0 = time.time_ns()
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        broke = sse([task("t.s", "c.s"), status("t.s", "c.s", "TASK_STATE_WORKING")], ids="e")
+        _stream(w, cap, "/message:stream", t0, broke, outcome="upstream_disconnected", error="dropped")
+        snapshot = task("t.s", "c.s")
+        snapshot["task"]["artifacts"] = [
+            {"artifactId": "answer", "parts": [{"text": "Hello from the snapshot"}]}
+        ]
+        followed = sse([snapshot, status("t.s", "c.s", "TASK_STATE_COMPLETED")], ids="s")
+        _stream(w, cap, "/tasks/t.s:subscribe", t0 + 400 * MS, followed)
+    async with asyncio.timeout(30):
+        html = await page(create_datasette(path), f"/{DB}/-/task/t.s")
+    assert "Hello from the snapshot" in html
