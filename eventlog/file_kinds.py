@@ -64,8 +64,9 @@ def is_cassette(path: Path) -> bool:
 def read_only_uri(path: Path) -> str:
     """The URI to read the SQLite database at ``path`` with: ``mode=ro``, or, where SQLite
     cannot open it so (a log in WAL mode needs its ``-shm`` file beside it, which a folder
-    that cannot be written cannot get), ``immutable=1`` too when no ``-wal`` file is there
-    either: the log is finished, and nothing can write it in that folder."""
+    this user cannot write cannot get), ``immutable=1`` too when the log is finished (no
+    ``-wal`` file) and nothing can write it (:func:`_unwritable`): read as immutable, a
+    log another user's writer still changes would read stale, then damaged."""
     uri = f"{path.resolve().as_uri()}?mode=ro"
     if os.access(path.parent, os.W_OK) or _opens(uri):
         return uri
@@ -76,7 +77,24 @@ def read_only_uri(path: Path) -> str:
             f"reads its write-ahead log {wal.name} only with a {path.name}-shm file it makes there: "
             "copy both files into a folder that can be written to read them"
         )
+    if not _unwritable(path):
+        raise LogError(
+            f"cannot open {path} as an event log: SQLite reads a log only with a {path.name}-shm file"
+            f" beside it, which it cannot make in {path.parent} (read-only for this user), and the log"
+            " may still be written by another: copy it into a folder you can write to read it, or, if"
+            " nothing writes it any more, make it"
+            f" read-only (chmod a-w {path})"
+        )
     return f"{uri}&immutable=1"
+
+
+def _unwritable(path: Path) -> bool:
+    """Whether nothing can write the file: it is on a read-only mount, or no one may write
+    it (no write permission at all, as an archive's read-only copy)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY) or not path.stat().st_mode & 0o222
+    except OSError:
+        return False
 
 
 # How SQLite fails to read a log in WAL mode without its -shm file: it cannot open one (a

@@ -31,7 +31,7 @@ from email.policy import compat32
 from email.utils import collapse_rfc2231_value
 from enum import StrEnum
 from typing import Any
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from tasktape.choices import listed
 from tasktape.errors import UsageError
@@ -170,7 +170,7 @@ class Redactor:
         parts = _QUERY_SEPARATORS.split(raw)
         for i in range(0, len(parts), 2):
             name, equals, value = parts[i].partition("=")
-            if equals and value != REDACTED and unquote_plus(name).lower() in self.query_params:
+            if equals and value != REDACTED and not _name_readings(name).isdisjoint(self.query_params):
                 parts[i] = f"{name}={REDACTED}"
         return "".join(parts)
 
@@ -451,6 +451,17 @@ def _encoded_words(text: str) -> list[str]:
     # (What is no encoded word comes back as bytes too: a character a byte, as read.)
     decoded = [[p] if isinstance(p, str) else _decoded(p, charset or "latin-1") for p, charset in pieces]
     return ["".join(d[0] for d in decoded)] if all(decoded) else []
+
+
+def _name_readings(name: str) -> set[str]:
+    """A query parameter's or a form field's name as a server may read it, percent-decoded,
+    in lower case: in UTF-8, or, when it is not ASCII, in Latin-1 too (what a form of a
+    page served in ISO-8859-1 sends: ``p%E4sswort``, or the byte itself)."""
+    plain = unquote_plus(name)
+    if plain.isascii():
+        return {plain.lower()}
+    spelt = unquote_to_bytes(name.replace("+", " ").encode("utf-8", "surrogateescape"))
+    return {plain.lower(), spelt.decode("latin-1").lower(), spelt.decode("utf-8", "replace").lower()}
 
 
 def batch_forms(paths: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:

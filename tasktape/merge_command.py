@@ -47,10 +47,14 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
     if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
         raise bad_input(f"{output} is {named_kind(output)}: merge writes an event log, not over it")
     folder_for(output)
+    made = not output.exists()
     try:
         for report in merge_logs(logs, output):
             click.echo(f"tasktape merge: {report.describe()}", err=True)  # (stdout stays for data)
     except LogBusy as exc:  # another writer holds the output: a failure, not bad input
         raise click.ClickException(str(exc)) from None
     except LogError as exc:
+        if made:  # (a log it made of what it read before a source failed: not one asked for)
+            for path in (output, Path(f"{output}-wal"), Path(f"{output}-shm")):
+                path.unlink(missing_ok=True)
         raise bad_input(str(exc)) from None

@@ -497,6 +497,19 @@ def test_a_log_with_its_write_ahead_log_in_a_read_only_folder_is_refused_naming_
     assert f"its folder {folder} is read-only" in output and "log.db-wal" in output, output
 
 
+def test_a_log_another_may_still_write_in_a_folder_read_only_to_this_user_is_refused(tmp_path: Path) -> None:
+    """Read as immutable, a log its owner's writer still changes reads stale rows, then as
+    damaged: where another may write it (its file writable), the error says what to do."""
+    log = _log_of_cassettes(tmp_path / "log.db")
+    _run(_reader_args("export", log))
+    with _read_only_folder(log) as folder:
+        (folder / "log.db").chmod(0o644)  # (its owner may write it, and a writer of theirs)
+        code, output = _run(_reader_args("export", folder / "log.db"), as_nobody=os.geteuid() == 0)
+    assert code == 2, output
+    assert f"which it cannot make in {folder} (read-only for this user)" in output, output
+    assert "may still be written by another" in output and "chmod a-w" in output, output
+
+
 def _damaged(log: Path) -> Path:
     """``log`` with the root page of its events overwritten: it opens, its events fail."""
     with closing(sqlite3.connect(log)) as conn:
@@ -529,6 +542,7 @@ def test_a_damaged_log_is_said_to_be_so(tmp_path: Path, args: list[str]) -> None
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert f"{log}" in result.output and "(the log is damaged)" in result.output, result.output
     assert "already at schema version" not in result.output
+    assert not (tmp_path / "merged.db").exists()  # (merge made a log of nothing: none is left)
 
 
 async def test_a_recorder_says_it_upgrades_an_older_log_before_it_does(tmp_path: Path) -> None:

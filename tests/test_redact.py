@@ -667,7 +667,7 @@ async def test_a_form_field_named_in_any_spelling_of_a_non_ascii_name_is_redacte
 ) -> None:
     """``--redact-query pässwort``: a browser sends the name in UTF-8 bytes, other clients
     in RFC 2231's ``name*=`` (beside a plain name, or alone), in RFC 2047 words or in
-    Latin-1; an urlencoded form may spell it unescaped. Each kept the password."""
+    Latin-1; an urlencoded form may spell it unescaped, or in Latin-1. Each kept the password."""
     app, received = receiving("/signup")
     rec = await record(app, redactor=Redactor(query=["pässwort"]))
 
@@ -684,7 +684,9 @@ async def test_a_form_field_named_in_any_spelling_of_a_non_ascii_name_is_redacte
         'name="pässwort"'.encode("latin-1"),
     ]
     sent = [(form(d), "multipart/form-data; boundary=B") for d in dispositions]
-    sent.append((f"u=ann&pässwort={SECRET}".encode(), "application/x-www-form-urlencoded"))
+    # Urlencoded: unescaped, escaped in UTF-8, and in Latin-1 (a page served in ISO-8859-1).
+    for name in ("pässwort".encode(), b"p%C3%A4sswort", b"p%E4sswort", "pässwort".encode("latin-1")):
+        sent.append((b"u=ann&" + name + f"={SECRET}".encode(), "application/x-www-form-urlencoded"))
     for body, content_type in sent:
         headers = {"Content-Type": content_type}
         async with rec.session.post(f"{rec.url}/signup", data=body, headers=headers) as r:
