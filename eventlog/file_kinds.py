@@ -66,24 +66,25 @@ def read_only_uri(path: Path) -> str:
     cannot open it so (a log in WAL mode needs its ``-shm`` file beside it, which a folder
     this user cannot write cannot get), ``immutable=1`` too when the log is finished (no
     ``-wal`` file) and nothing can write it (:func:`_unwritable`): read as immutable, a
-    log another user's writer still changes would read stale, then damaged."""
-    uri = f"{path.resolve().as_uri()}?mode=ro"
-    if os.access(path.parent, os.W_OK) or _opens(uri):
+    log another user's writer still changes would read stale, then damaged. (Beside the
+    file itself: a symlink's target, as SQLite follows it.)"""
+    real = path.resolve()
+    uri = f"{real.as_uri()}?mode=ro"
+    if os.access(real.parent, os.W_OK) or _opens(uri):
         return uri
-    wal = Path(f"{path}-wal")
+    wal = Path(f"{real}-wal")
     if wal.exists():
         raise LogError(
-            f"cannot open {path} as an event log: its folder {path.parent} is read-only, and SQLite "
-            f"reads its write-ahead log {wal.name} only with a {path.name}-shm file it makes there: "
+            f"cannot open {path} as an event log: its folder {real.parent} is read-only, and SQLite "
+            f"reads its write-ahead log {wal.name} only with a {real.name}-shm file it makes there: "
             "copy both files into a folder that can be written to read them"
         )
-    if not _unwritable(path):
+    if not _unwritable(real):
         raise LogError(
-            f"cannot open {path} as an event log: SQLite reads a log only with a {path.name}-shm file"
-            f" beside it, which it cannot make in {path.parent} (read-only for this user), and the log"
+            f"cannot open {path} as an event log: SQLite reads a log only with a {real.name}-shm file"
+            f" beside it, which it cannot make in {real.parent} (read-only for this user), and the log"
             " may still be written by another: copy it into a folder you can write to read it, or, if"
-            " nothing writes it any more, make it"
-            f" read-only (chmod a-w {path})"
+            f" nothing writes it any more, make it read-only (chmod a-w {real})"
         )
     return f"{uri}&immutable=1"
 

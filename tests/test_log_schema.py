@@ -482,6 +482,21 @@ def test_a_finished_log_in_a_read_only_folder_is_read(tmp_path: Path, command: s
     assert code in (0, 1) if command == "check" else code == 0, output  # (check: the rules' findings)
 
 
+def test_a_finished_log_in_a_read_only_folder_is_read_through_a_symlink(tmp_path: Path) -> None:
+    """A link to it from a folder the user can write: SQLite follows it, so where it cannot
+    make its -shm file is beside the log, not the link (it said "attempt to write a readonly
+    database")."""
+    log = _log_of_cassettes(tmp_path / "log.db")
+    _run(_reader_args("export", log))
+    with _read_only_folder(log) as folder:
+        link = folder.parent / "out" / "link.db"
+        link.symlink_to(folder / "log.db")
+        code, output = _run(
+            ["export", str(link), "-o", str(link.parent / "x.jsonl")], as_nobody=os.geteuid() == 0
+        )
+    assert code == 0 and "cannot open" not in output, output
+
+
 def test_a_log_with_its_write_ahead_log_in_a_read_only_folder_is_refused_naming_it(tmp_path: Path) -> None:
     """Its -wal file holds rows SQLite reads only with a -shm file it cannot make there:
     the error says so, and where."""
