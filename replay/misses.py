@@ -60,15 +60,23 @@ def miss(
     ]
     line = shown.request_line(incoming)
     missed = Miss(line, closest)
-    log.warning("tasktape replay: no recording matches %s", line)
+    repeated = next((i for _, i, _, used_up in nearest if used_up), None)
+    if repeated is None:
+        log.warning("tasktape replay: no recording matches %s", line)
+    else:  # (a client that shows no answer's body leaves the console the one to say why)
+        log.warning(
+            "tasktape replay: %s matches %s, already served (%s)",
+            line,
+            recordings.recorded[repeated].origin,
+            REPEATS_HINT,
+        )
     # Said as the request's protocol says an error, at its status, where it has its own.
     request = incoming.as_request()
     protocol = recognise(request)
     message = f"no recorded exchange matches {line}"
-    repeated = any(used_up for *_, used_up in nearest)
     details = {
         "closest": closest,
-        "hint": f"{hint}; {REPEATS_HINT}" if repeated else hint,
+        "hint": hint if repeated is None else f"{hint}; {REPEATS_HINT}",
     }
     return missed, error(
         status or (protocol and protocol.miss_status) or DEFAULT_MISS_STATUS,

@@ -352,9 +352,11 @@ class TapeSession:
         existing = self._existing()
         records = self._records(existing)
         if not records and existing is None:
+            # (An upstream the marker gives needs no option.)
+            upstream = "" if o.upstream else f" {upstream_option(o.name)}"
             raise TapeError(
-                f"no cassette {o.cassette}; record it with --tasktape-record-mode=once "
-                f"{upstream_option(o.name)}, or name an existing one in @pytest.mark.tasktape"
+                f"no cassette {o.cassette}; record it with --tasktape-record-mode=once{upstream},"
+                " or name an existing one in @pytest.mark.tasktape"
             )
         if records and not o.upstream:
             raise TapeError(

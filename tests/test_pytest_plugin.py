@@ -321,6 +321,10 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
         def test_no_cassette(tasktape):
             pass
 
+        @pytest.mark.tasktape(upstream="http://127.0.0.1:9")
+        def test_without_a_cassette_but_an_upstream(tasktape):
+            pass
+
         @pytest.mark.tasktape("cassettes/completed.jsonl", sped=0)
         def test_typo_in_an_option(tasktape):
             pass
@@ -347,13 +351,15 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
         """
     )
     result = run(project)
-    result.assert_outcomes(errors=7)
+    result.assert_outcomes(errors=8)
     # Each is said once, as the test's failure, not after the error that led to it.
     assert "During handling of the above exception" not in result.stdout.str()
     result.stdout.fnmatch_lines_random(
         [
             "*tasktape: no cassette */cassettes/test_mistakes/test_no_cassette.jsonl; record it with "
             "--tasktape-record-mode=once --tasktape-upstream URL*",
+            "*no cassette */test_without_a_cassette_but_an_upstream.jsonl; record it with "
+            "--tasktape-record-mode=once, or name an existing one*",
             "*@pytest.mark.tasktape: unknown option(s) sped; known: cassette, name, speed, faults, *",
             "*@pytest.mark.tasktape: unknown fault 'drop-afterwards'*",
             "*@pytest.mark.tasktape: not a JSON pointer (it must start with '/'): 'metadata'*",

@@ -204,3 +204,22 @@ async def test_a_bad_upstream_is_explained_with_the_user_s_query_names_redacted(
     status, err = await finished("replay", str(cassette(tmp_path / "c.jsonl")), *args)
     assert status == 2 and "sk-team-1" not in err
     assert "ftp://agent.example/?team=[REDACTED]" in err
+
+
+async def test_a_request_its_recording_already_answered_is_said_so_as_it_comes(tmp_path: Path) -> None:
+    """An SDK shows a miss as a bare 404: the console's line is where a user looks, and it
+    said "no recording matches" of a request whose recording was used up."""
+    source = cassette(tmp_path / "session.jsonl")
+    async with running("replay", str(source), "--listen", "127.0.0.1:0", "--speed", "0") as run:
+        url = re.search(r"on (http://127\.0\.0\.1:\d+)", run.printed[0]).group(1)  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as session:
+            for status in (200, 404):
+                body = {"message": {"parts": [{"text": "hi"}]}}
+                async with session.post(f"{url}/message:send", json=body) as r:
+                    assert r.status == status
+        assert await stop(run, signal.SIGINT) == 0
+        err = run.printed[-1]
+    assert re.search(
+        r"POST /message:send matches session\.jsonl:\d+, already served \(answer requests more often", err
+    ), err
+    assert "no recording matches" not in err
