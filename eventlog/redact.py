@@ -195,16 +195,18 @@ class Redactor:
         it: its JSON fields redacted (:meth:`json_bytes`); a form's fields
         (``application/x-www-form-urlencoded``, ``multipart/form-data``) by name, as query
         parameters are: an OAuth token request sends ``password`` and ``client_secret`` so,
-        and a token endpoint may answer ``access_token=...&token_type=bearer``. Other bodies
-        cost a look at their Content-Type."""
+        and a token endpoint may answer ``access_token=...&token_type=bearer``. A form that
+        cannot be read at all (a multipart body with no boundary to cut it at) is replaced
+        whole. Other bodies cost a look at their Content-Type. ``body`` itself when nothing
+        changed."""
         body = self.json_bytes(body)
         kind = form_type(content_type)
         if kind is None or not self.query_params:
             return body
         try:
             return self._form(body, kind, content_type or "")
-        except Exception:  # a form that cannot be read is kept as it is: its row is never lost
-            return body
+        except Exception:  # a form that cannot be read cannot be redacted: none of it is kept
+            return REDACTED.encode()
 
     def changes_body(self, content_type: str | None) -> bool:
         """Whether redaction may change a body of this Content-Type (a form's fields, or any
@@ -212,17 +214,22 @@ class Redactor:
         return bool(self._paths) or (form_type(content_type) is not None and bool(self.query_params))
 
     def _form(self, body: bytes, kind: FormType, content_type: str) -> bytes:
+        """``body`` with its fields redacted; ``body`` itself when none is (its chunks are
+        then stored as they came)."""
         if kind is FormType.URLENCODED:
             # Byte for byte; a name sent in UTF-8 bytes, not percent-escaped, is read as such.
             text = body.decode("utf-8", "surrogateescape")
-            return (self.query(text) or text).encode("utf-8", "surrogateescape")
+            redacted = self.query(text) or text
+            return body if redacted == text else redacted.encode("utf-8", "surrogateescape")
         form = multipart(body, content_type)
-        if form is None:
-            return body
+        if form is None:  # no boundary to read its fields by: it cannot be redacted
+            return REDACTED.encode() if body else body
         secret = REDACTED.encode()
+        hidden = [p.content != secret and p.hides(self.query_params) for p in form.parts]
+        if not any(hidden):
+            return body
         return form.joined(
-            replace(p, content=secret) if not p.readings.isdisjoint(self.query_params) else p
-            for p in form.parts
+            replace(p, content=secret) if h else p for p, h in zip(form.parts, hidden, strict=True)
         )
 
     def json_text(self, text: str) -> str:
@@ -347,12 +354,20 @@ class Part:
     rest of the delimiter's line, its headers, the blank line), its ``content`` and its
     ``name``, with every reading of it a server may make (:func:`_readings`), in lower case.
     What is no field (the closing delimiter's ``--`` and all after it, a piece without a
-    blank line) is all ``head``, with no name."""
+    blank line) is all ``head``, with no name. A field whose headers cannot be read (the
+    ``email`` package fails on them, or they pass :data:`MAX_PART_HEAD` or
+    :data:`MAX_PART_PARAMETERS`) is not ``readable``: it has no name, and its content is
+    redacted whatever it is called."""
 
     head: bytes
     content: bytes = b""
     name: str | None = None
     readings: frozenset[str] = frozenset()
+    readable: bool = True
+
+    def hides(self, names: frozenset[str]) -> bool:
+        """Whether its content is redacted, given the (lower-case) names redacted."""
+        return not (self.readable and self.readings.isdisjoint(names))
 
 
 @dataclass(frozen=True)
@@ -368,6 +383,13 @@ class Multipart:
         """The body again, of ``parts`` (these, or these changed)."""
         pieces = [self.preamble, *(part.head + part.content for part in parts)]
         return self.delimiter.join(pieces)[len(self.newline) :]
+
+
+# The most bytes of a part's headers read, and the most parameters (each after a ';'):
+# the email package's parameter and RFC 2047 parsing take time quadratic in them (a real
+# part has a line or three of headers, and a name and a filename).
+MAX_PART_HEAD = 8 * 1024
+MAX_PART_PARAMETERS = 64
 
 
 def multipart(body: bytes, content_type: str) -> Multipart | None:
@@ -400,12 +422,25 @@ def _part(piece: bytes, newline: bytes) -> Part:
     if piece.startswith(b"--") or line_end < 0 or blank < 0:
         return Part(piece)
     head = piece[: blank + 2 * len(newline)]
+    content, headers = piece[len(head) :], head[line_end + len(newline) :]
+    if len(headers) > MAX_PART_HEAD or headers.count(b";") > MAX_PART_PARAMETERS:
+        return Part(head, content, readable=False)
+    try:
+        name, readings = _field(headers)
+    except Exception:  # (TypeError, ValueError, UnicodeError...: all the email package raises)
+        return Part(head, content, readable=False)
+    return Part(head, content, name, readings)
+
+
+def _field(headers: bytes) -> tuple[str | None, frozenset[str]]:
+    """A part's field name and every reading of it, from its headers' Content-Disposition
+    (its parameters parsed once)."""
     # Read a character a byte: a name sent in UTF-8 bytes (as browsers send it) keeps them.
-    headers = HeaderParser(policy=compat32).parsestr(head[line_end + len(newline) :].decode("latin-1"))
-    name = headers.get_param("name", header="content-disposition")
-    given = [v for k, v in (headers.get_params(header="content-disposition") or [])[1:] if k == "name"]
+    message = HeaderParser(policy=compat32).parsestr(headers.decode("latin-1"))
+    params = message.get_params(header="content-disposition") or []
+    given = [v for k, v in params if k.lower() == "name"]
     readings = frozenset(r.lower() for value in given for r in _readings(value))
-    return Part(head, piece[len(head) :], None if name is None else _field_name(name), readings)
+    return (_field_name(given[0]) if given else None), readings
 
 
 # A Content-Disposition parameter as ``email`` reads it: RFC 2231's (``name*=``) as its
