@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 from types import SimpleNamespace
@@ -139,10 +140,24 @@ def read_cassette(
 def hashed_lines(file: BinaryIO, update: Callable[[bytes], object]) -> Iterator[bytes]:
     """A file's lines as :meth:`CassetteReader.exchanges` takes them (each without the LF
     that ends it, as ``bytes.split`` leaves them), each given to ``update`` (a hash's) as it
-    is read: a file of any size, read a line at a time, and the hash of its bytes."""
-    for line in file:
-        update(line)
-        yield line.removesuffix(b"\n")
+    is read: a file of any size, read a block at a time (hashed as one, split in C), and
+    the hash of its bytes."""
+    pending: list[bytes] = []  # the start of a line that goes on in the next block
+    for block in iter(partial(file.read, _BLOCK), b""):
+        update(block)
+        *whole, part = block.split(b"\n")
+        if whole:
+            whole[0] = b"".join([*pending, whole[0]])
+            pending = []
+            yield from whole
+        pending.append(part)
+    last = b"".join(pending)
+    if last:  # (a file that does not end with a LF)
+        yield last
+
+
+# How much of a file ``hashed_lines`` reads at once.
+_BLOCK = 2**20
 
 
 class CassetteReader:
@@ -157,8 +172,21 @@ class CassetteReader:
 
     def exchanges(self, lines: Iterable[bytes]) -> Iterator[Recorded]:
         """The exchanges of the cassette whose lines are ``lines`` (their LF taken off)."""
+        return self._read(lines, keep=True)
+
+    def uids(self, lines: Iterable[bytes]) -> Iterator[str | None]:
+        """The uid of each exchange of the cassette whose lines are ``lines`` (None: it gives
+        none), each line checked as :meth:`exchanges` checks it, with the same errors: a check
+        of a file read again to be written, which makes no ``Recorded`` and keeps no chunk."""
+        return self._read(lines, keep=False)
+
+    def _read(self, lines: Iterable[bytes], keep: bool) -> Iterator[Any]:
+        """:meth:`exchanges` (``keep``) or :meth:`uids`: the lines are checked alike either
+        way; only what is made of them differs."""
         path = self.path
-        current: Recorded | None = None
+        done: Callable[[Any], Any] = _ended_whole if keep else _uid
+        current: Any = None  # the exchange being read: its Recorded, or unkept, what its line gave
+        last: int | None = None  # the offset of its last chunk
         header_seen = False
         exchanges = ends = 0  # exchange and end lines read
         for number, line in enumerate(lines, 1):
@@ -175,46 +203,49 @@ class CassetteReader:
             chunk = _plain_chunk(doc)
             if chunk is None:  # any other line: read without its model if it is as tasktape writes it
                 where, origin = f"{path}:{number}", f"{self.name}:{number}"
-                kind, item = _plain_line(doc, origin) or _modelled(doc, where, origin)
+                kind, item = _plain_line(doc, origin, keep=keep) or _modelled(doc, where, origin)
                 if kind == "exchange":
                     if item.reconnect_of is not None and exchanges + item.reconnect_of < 0:
                         raise CassetteError(
                             f"{where}: reconnect_of {item.reconnect_of} names an exchange before the first"
                         )
                     if current is not None:
-                        yield _ended_whole(current)
-                    current = item
+                        yield done(current)
+                    current, last = item, None
                     current.uid = doc["exchange"].get("uid")  # (checked as the line was read)
                     exchanges += 1
                     continue
                 if current is None:
                     raise CassetteError(f"{where}: a {kind} line must follow an exchange line")
                 if kind == "end":
-                    duration, current.outcome, current.error, timed = item
-                    # Without duration_ms, the exchange lasted as long as its chunks; with null,
-                    # its length is not known (the log had none), and stays so.
-                    current.duration_ns = duration if timed else _last_offset(current)
-                    yield current
+                    if keep:
+                        duration, current.outcome, current.error, timed = item
+                        # Without duration_ms, the exchange lasted as long as its chunks; with
+                        # null, its length is not known (the log had none), and stays so.
+                        current.duration_ns = duration if timed else _last_offset(current)
+                    yield done(current)
                     current = None
                     ends += 1
                     continue
                 chunk = item
             elif current is None:
                 raise CassetteError(f"{path}:{number}: a chunk line must follow an exchange line")
-            if current.chunks and chunk[0] < current.chunks[-1][0]:
+            if last is not None and chunk[0] < last:
                 raise CassetteError(
                     f"{path}:{number}: offset_ms goes back in time (the previous chunk was later)"
                 )
-            current.chunks.append(chunk)
+            last = chunk[0]
+            if keep:
+                current.chunks.append(chunk)
         if not header_seen:
             raise CassetteError(f"{path}: empty; a cassette starts with its header line")
-        if current is not None and ends:
+        if current is not None and ends and keep:
             # Its other exchanges end with an end line, as written: the file was cut off here
             # (a cassette written by hand may have none at all).
             current.outcome, current.error = Outcome.LOG_CLOSED, CUT_OFF
             current.duration_ns = _last_offset(current)
         if current is not None:
-            yield _ended_whole(current)
+            yield done(current)
 
 
 def _ended_whole(r: Recorded) -> Recorded:
@@ -223,6 +254,11 @@ def _ended_whole(r: Recorded) -> Recorded:
     if r.outcome is None:
         r.outcome, r.duration_ns = Outcome.COMPLETE, _last_offset(r)
     return r
+
+
+def _uid(r: Any) -> str | None:
+    """An exchange read unkept: only its uid is said."""
+    return r.uid
 
 
 def _last_offset(r: Recorded) -> int:
@@ -263,15 +299,16 @@ def _plain_chunk(doc: Any) -> tuple[int, bytes] | None:
         return None
 
 
-def _plain_line(doc: Any, origin: str) -> tuple[str, Any] | None:
+def _plain_line(doc: Any, origin: str, *, keep: bool = True) -> tuple[str, Any] | None:
     """An exchange or end line in the form tasktape writes, read without its model: its
-    kind, and what ``_modelled`` gives for it. None for any other line, which its model
-    reads (and explains, when it is wrong): the two agree on every line this takes."""
+    kind, and what ``_modelled`` gives for it (unless ``keep``, an exchange's is only its
+    fields, checked alike). None for any other line, which its model reads (and explains,
+    when it is wrong): the two agree on every line this takes."""
     if type(doc) is not dict or len(doc) != 1:
         return None
     body = doc.get("exchange")
     if body is not None:
-        recorded = _plain_exchange(body, origin)
+        recorded = _plain_exchange(body, origin, keep=keep)
         return None if recorded is None else ("exchange", recorded)
     body = doc.get("end")
     if type(body) is not dict or not body.keys() <= _END_KEYS:
@@ -295,9 +332,10 @@ _EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at",
 _END_KEYS = frozenset({"duration_ms", "outcome", "error"})
 
 
-def _plain_exchange(body: Any, origin: str) -> Recorded | None:
+def _plain_exchange(body: Any, origin: str, *, keep: bool = True) -> Recorded | SimpleNamespace | None:
     """``_plain_line``'s exchange: a request with its body as text (or none), every field
-    of the type its model says, no other key."""
+    of the type its model says, no other key. Unless ``keep``, its fields as read (checked
+    as they are for its ``Recorded``), which is not made."""
     if type(body) is not dict or not body.keys() <= _EXCHANGE_KEYS:
         return None
     req, resp, started_at = body.get("request"), body.get("response"), body.get("started_at")
@@ -360,14 +398,17 @@ def _plain_exchange(body: Any, origin: str) -> Recorded | None:
             decoded_from=decoded_from,
             body_truncated=truncated,
         )
+    item = SimpleNamespace(
+        request=request,
+        response=response,
+        reconnect_of=reconnect_of,
+        started_at=started_at,
+        recorded_by=recorded_by,
+    )
     try:
-        item = SimpleNamespace(
-            request=request,
-            response=response,
-            reconnect_of=reconnect_of,
-            started_at=started_at,
-            recorded_by=recorded_by,
-        )
+        if not keep:
+            _request_body(request)  # (only what may fail of making its Recorded)
+            return item
         return _exchange(item, origin)
     except ValueError:  # a lone surrogate in the body, from an escape: the model's reading says so
         return None
@@ -476,9 +517,6 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
     """An exchange line's ``Recorded``: from its model, or from ``_plain_exchange``'s
     reading of it (the same fields, checked alike)."""
     req, resp = item.request, item.response
-    body = req.body.encode("utf-8") if req.body is not None else None
-    if req.body_base64 is not None:
-        body = base64.b64decode(req.body_base64, validate=True)
     headers = resp.headers if resp else []
     content_type = next((v for k, v in headers if k.lower() == "content-type"), "")
     return Recorded(
@@ -486,7 +524,7 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
         path=req.path,
         query=req.query,
         request_headers=list(req.headers),
-        request_body=body,
+        request_body=_request_body(req),
         request_body_truncated=req.body_truncated,
         status=resp.status if resp else None,
         response_headers=list(headers),
@@ -499,6 +537,15 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
         reconnect_of=item.reconnect_of,
         recorded_by=item.recorded_by,
     )
+
+
+def _request_body(req: Any) -> bytes | None:
+    """A request's body as bytes (None: it has none); ValueError for text or base64 that
+    gives none (lone surrogates, bad base64)."""
+    body = req.body.encode("utf-8") if req.body is not None else None
+    if req.body_base64 is not None:
+        body = base64.b64decode(req.body_base64, validate=True)
+    return body
 
 
 def _text_or_base64(data: bytes, text_key: str, base64_key: str) -> dict[str, str]:

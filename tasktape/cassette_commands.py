@@ -336,10 +336,11 @@ def _checked(path: Path) -> _Loaded:
     gigabytes is never in memory whole)."""
     reader, digest, count, uids = CassetteReader(path), hashlib.sha256(), 0, []
     with path.open("rb") as file:
-        for r in reader.exchanges(hashed_lines(file, digest.update)):
+        # Checked as they are read again, line for line, but nothing made of them is kept.
+        for uid in reader.uids(hashed_lines(file, digest.update)):
             count += 1
-            if r.uid:
-                uids.append(r.uid)
+            if uid:
+                uids.append(uid)
         read = _Version.of(file, digest.hexdigest())
     exchanges = _Cassette(count, uids, lambda: _read_again(path, read))
     return _Loaded(
