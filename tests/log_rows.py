@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sqlite_utils
 from a2a_frames import completed_run, sse, status
 
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.checker import report_log, save_findings
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+from tasktape.eventlog.schema import migrations
 
 MS = 1_000_000
 SSE = {"content-type": "text/event-stream"}
@@ -129,3 +131,11 @@ def before_migration(db: Path, old: Path, migration: str, *, column: str, summar
         conn.execute("DELETE FROM _sqlite_migrations WHERE name = ?", (migration,))
     conn.close()
     return old
+
+
+def older_log(path: Path, before: str = "0004_search_and_findings") -> Path:
+    """A log as a tasktape of the schema before migration ``before`` left it (empty)."""
+    db = sqlite_utils.Database(path)
+    migrations.apply(db, stop_before=before)
+    db.close()
+    return path

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlite_utils
 from a2a_frames import artifact, completed_run, sse, status, task
 from aiohttp import web
 from click.testing import CliRunner, Result
 from conftest import RecordFactory
+from log_rows import older_log
 
 from tasktape.cli import main
 from tasktape.demo import run_demo
@@ -26,7 +26,7 @@ from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import read_cassette, write_cassette
 from tasktape.eventlog.checker import all_rules, check_log
-from tasktape.eventlog.schema import KNOWN, migrations
+from tasktape.eventlog.schema import KNOWN
 from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
 CASSETTES = sorted((Path(__file__).resolve().parent.parent / "cassettes").glob("*.jsonl"))
@@ -277,10 +277,7 @@ def test_protocols_given_as_one_string_are_refused(tmp_path: Path) -> None:
 def test_saving_into_an_older_log_another_writer_holds_is_refused(tmp_path: Path) -> None:
     """Saving findings upgrades an older log first, as tasktape upgrade does, under its
     writer lock: a recorder still writing it is refused, the log left as it was."""
-    old = tmp_path / "old.db"
-    db = sqlite_utils.Database(old)
-    migrations.apply(db, stop_before="0004_search_and_findings")
-    db.close()
+    old = older_log(tmp_path / "old.db")
     fd = take_writer_lock(old)
     try:
         result = check(old)

@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -26,7 +26,7 @@ from processes import stop as stop_process
 
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.names import parse_servers
-from tasktape.fleet.shipper import Backoff, Shipper
+from tasktape.fleet.shipper import Backoff, Shipper, ShipStats
 from tasktape.fleet.wire import Table
 
 
@@ -224,41 +224,71 @@ async def _said(said: list[str], start: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+BACKOFF = Backoff(0.1, 0.2)
+
+
+class _Refused:
+    """A shipper's run against a ``nats-server`` (on one port and store, restarted with
+    another password when asked) that refuses or takes the shipper's (s3cr3tpw)."""
+
+    def __init__(self, tmp_path: Path, password: str) -> None:
+        self.tmp_path, self.port, self.store = tmp_path, free_port(), tmp_path / "nats"
+        self.server = _nats_server(self.store, self.port, _PASSWORD.format(password))
+        self.log = write_log(tmp_path / "a.db", "a")
+        self.said: list[str] = []
+        self.url = f"nats://fleet:s3cr3tpw@127.0.0.1:{self.port}"
+        refused = f"nats://127.0.0.1:{self.port} refused the user and password given: Authorization Violation"
+        self.paused = (
+            f"WARNING: shipping paused: {refused}; rows wait in the log, and go out once the servers take"
+            " them (asked again after 0.1 s, then less and less often, every 0.2 s at most)"
+        )
+
+    def restart(self, password: str) -> None:
+        stop_process(self.server)
+        self.server = _nats_server(self.store, self.port, _PASSWORD.format(password))
+
+    @contextlib.asynccontextmanager
+    async def shipping(self, shipper: Shipper) -> AsyncIterator[asyncio.Future[ShipStats]]:
+        """``shipper`` running until the block ends; the server stopped then too."""
+        self._stop = asyncio.Event()
+        self._shipping = asyncio.ensure_future(shipper.run(self._stop))
+        try:
+            yield self._shipping
+        finally:
+            self._stop.set()
+            await asyncio.gather(self._shipping, return_exceptions=True)
+            shipper.close()
+            stop_process(self.server)
+
+    async def taken(self) -> ShipStats:
+        """The server restarted with the shipper's password: it catches up, and stops; what
+        a collector then gathers is what the log holds."""
+        self.restart("s3cr3tpw")
+        await _said(self.said, "shipping: caught up")
+        self._stop.set()
+        stats = await self._shipping
+        sink = self.tmp_path / "fleet.db"
+        await collect_until(
+            self.url, sink, lambda: sink.exists() and shipped_rows(sink) == shipped_rows(self.log)
+        )
+        return stats
+
+
 async def test_a_password_refused_at_start_is_said_once_and_shipping_starts_once_it_is_taken(
     tmp_path: Path,
 ) -> None:
     """Shipping stopped for good on the servers' first refusal: a password put right on the
     servers afterwards was never taken up, until the log was shipped again by hand."""
-    port, store = free_port(), tmp_path / "nats"
-    server = _nats_server(store, port, _PASSWORD.format("otherpw"))
-    log = write_log(tmp_path / "a.db", "a")
-    said: list[str] = []
-    url = f"nats://fleet:s3cr3tpw@127.0.0.1:{port}"
+    run = _Refused(tmp_path, "otherpw")
     shipper = Shipper(
-        log, parse_servers(url), on_status=said.append, refused_backoff=Backoff(0.1, 0.2), first_connect=1
+        run.log, parse_servers(run.url), on_status=run.said.append, refused_backoff=BACKOFF, first_connect=1
     )
-    stop = asyncio.Event()
-    shipping = asyncio.ensure_future(shipper.run(stop))
-    try:
-        await _said(said, "WARNING")
+    async with run.shipping(shipper):
+        await _said(run.said, "WARNING")
         await asyncio.sleep(2.5)  # refused again, twice at least
-        stop_process(server)
-        server = _nats_server(store, port, _PASSWORD.format("s3cr3tpw"))  # the same port and store
-        await _said(said, "shipping: caught up")
-        stop.set()
-        stats = await shipping
-        sink = tmp_path / "fleet.db"
-        await collect_until(url, sink, lambda: sink.exists() and shipped_rows(sink) == shipped_rows(log))
-    finally:
-        stop.set()
-        await asyncio.gather(shipping, return_exceptions=True)
-        shipper.close()
-        stop_process(server)
-    refused = f"nats://127.0.0.1:{port} refused the user and password given: Authorization Violation"
-    assert [line for line in said if line.startswith("WARNING")] == [
-        f"WARNING: shipping paused: {refused}; rows wait in the log, and go out once the servers take"
-        " them (asked again after 0.1 s, then less and less often, every 0.2 s at most)"
-    ], said
+        stats = await run.taken()
+    said, port = run.said, run.port
+    assert [line for line in said if line.startswith("WARNING")] == [run.paused], said
     assert f"shipping: nats://127.0.0.1:{port} took the user and password: shipping again" in said
     assert (stats.rows, stats.duplicates, stats.waiting) == (17, 0, 0)
     for line in said:
@@ -270,44 +300,23 @@ async def test_a_password_the_servers_refuse_later_is_said_and_shipping_goes_on_
 ) -> None:
     """Servers restarted with another password under a running shipper: its rows were said
     to wait for 'no answer in time', and nothing said the servers refused its password."""
-    port, store = free_port(), tmp_path / "nats"
-    server = _nats_server(store, port, _PASSWORD.format("s3cr3tpw"))
-    log = write_log(tmp_path / "a.db", "a")
-    said: list[str] = []
-    url = f"nats://fleet:s3cr3tpw@127.0.0.1:{port}"
-    shipper = Shipper(log, parse_servers(url), on_status=said.append, refused_backoff=Backoff(0.1, 0.2))
-    stop = asyncio.Event()
-    shipping = asyncio.ensure_future(shipper.run(stop))
-    try:
+    run = _Refused(tmp_path, "s3cr3tpw")
+    shipper = Shipper(run.log, parse_servers(run.url), on_status=run.said.append, refused_backoff=BACKOFF)
+    async with run.shipping(shipper) as shipping:
         while shipper.cursor.rows < 17:
             assert not shipping.done(), shipping.result()
             await asyncio.sleep(0.05)
-        stop_process(server)
-        server = _nats_server(store, port, _PASSWORD.format("otherpw"))
-        with LogWriter(log) as w:  # the recorder records on
+        run.restart("otherpw")
+        with LogWriter(run.log) as w:  # the recorder records on
             cap = w.begin_capture(source="record")
             ex = w.begin_exchange(cap, method="GET", path="/later", started_ns=time.time_ns())
             w.end_exchange(ex, duration_ns=MS)
             w.end_capture(cap)
-        await _said(said, "WARNING")
+        await _said(run.said, "WARNING")
         await asyncio.sleep(1)  # (the client is refused every quarter of a second meanwhile)
-        stop_process(server)
-        server = _nats_server(store, port, _PASSWORD.format("s3cr3tpw"))
-        await _said(said, "shipping: caught up")
-        stop.set()
-        stats = await shipping
-        sink = tmp_path / "fleet.db"
-        await collect_until(url, sink, lambda: sink.exists() and shipped_rows(sink) == shipped_rows(log))
-    finally:
-        stop.set()
-        await asyncio.gather(shipping, return_exceptions=True)
-        shipper.close()
-        stop_process(server)
-    assert [line for line in said if line.startswith("WARNING")] == [
-        f"WARNING: shipping paused: nats://127.0.0.1:{port} refused the user and password given:"
-        " Authorization Violation; rows wait in the log, and go out once the servers take them (asked"
-        " again after 0.1 s, then less and less often, every 0.2 s at most)"
-    ], said
+        stats = await run.taken()
+    said, port = run.said, run.port
+    assert [line for line in said if line.startswith("WARNING")] == [run.paused], said
     assert said[-2:] == [
         f"shipping: nats://127.0.0.1:{port} took the user and password: shipping again",
         "shipping: caught up (19 rows shipped in all)",

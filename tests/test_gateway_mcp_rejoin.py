@@ -88,23 +88,26 @@ async def test_a_broken_tool_call_stream_is_rejoined_with_last_event_id(record: 
     )
 
 
+# A session opened as the SDK client opens it.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+
+
 async def tool_call_stream(url: str) -> bytes:
     """A session opened and a ``slow_count`` call sent, as the SDK client does; what its
     stream brought before it ended or broke off."""
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
     got = b""
     async with aiohttp.ClientSession() as session:
-        async with session.post(url, json=initialize, headers=accept) as opened:
+        async with session.post(url, json=INITIALIZE, headers=accept) as opened:
             headers = {**accept, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
             await opened.read()
         note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
@@ -170,16 +173,6 @@ async def dropped_and_resumed(url: str) -> tuple[str, bytes]:
     events and resumed with a ``GET`` after the last, as the SDK client resumes: the
     session's id, and the events both connections brought."""
     accept = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
     call = {
         "jsonrpc": "2.0",
         "id": 2,
@@ -187,7 +180,7 @@ async def dropped_and_resumed(url: str) -> tuple[str, bytes]:
         "params": {"name": "slow_count", "arguments": {"n": 6, "delay": 0.1}, "_meta": {"progressToken": 2}},
     }
     async with aiohttp.ClientSession() as session:
-        async with session.post(url, json=initialize, headers=accept) as opened:
+        async with session.post(url, json=INITIALIZE, headers=accept) as opened:
             headers = {**accept, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
             await opened.read()
         note = {"jsonrpc": "2.0", "method": "notifications/initialized"}

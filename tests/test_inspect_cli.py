@@ -19,6 +19,7 @@ import pytest
 import sqlite_utils
 from click.testing import CliRunner
 from inspector_log import Served, record_log, task_of
+from log_rows import older_log
 
 from tasktape.cli import main
 from tasktape.demo import next_steps
@@ -83,10 +84,7 @@ def test_inspect_refuses_what_is_not_an_event_log(tmp_path: Path) -> None:
 
 
 def test_an_older_log_is_refused_with_how_to_upgrade_it(tmp_path: Path, served: list[Served]) -> None:
-    old = tmp_path / "old.db"
-    db = sqlite_utils.Database(old)
-    migrations.apply(db, stop_before="0004_search_and_findings")
-    db.close()
+    old = older_log(tmp_path / "old.db")
     result = CliRunner().invoke(main, ["inspect", str(old)])
     assert result.exit_code == 2
     assert "older than this tasktape's" in result.output
@@ -170,10 +168,7 @@ def test_a_log_whose_name_a_uri_reads_otherwise_is_served(
 def test_upgrade_while_another_writer_holds_the_log_is_refused(tmp_path: Path) -> None:
     """--upgrade upgrades as tasktape upgrade does, under the log's writer lock: a recorder
     still writing an older log is refused (exit 1), the log left as it was."""
-    old = tmp_path / "old.db"
-    db = sqlite_utils.Database(old)
-    migrations.apply(db, stop_before="0004_search_and_findings")
-    db.close()
+    old = older_log(tmp_path / "old.db")
     fd = take_writer_lock(old)
     try:
         # (In a process of its own: a log it upgraded it would go on to serve.)

@@ -15,7 +15,7 @@ import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
 from click.testing import CliRunner
-from conftest import RecordFactory, Serve
+from conftest import RecordFactory, Recording, Serve
 
 from tasktape.cli import main
 from tasktape.eventlog import EventLog, LogWriter
@@ -655,12 +655,18 @@ async def test_a_multipart_body_of_any_boundary_is_kept_and_redacted(record: Rec
         response = await reader.read()
         writer.close()
         assert response.startswith(b"HTTP/1.1 200")
-    assert received == [body for _, body in sent]  # the agent got them as sent
+    await _kept_redacted(rec, [body for _, body in sent], received)
+
+
+async def _kept_redacted(rec: Recording, sent: list[bytes], received: list[bytes]) -> None:
+    """The agent got the request bodies as sent; the log keeps them with the secret
+    redacted, and has it nowhere."""
+    assert received == sent
     with await rec.log() as log:
         stored = [x["request_body"] for x in log.exchanges()]
     # (Stored as text when it is UTF-8, else as bytes.)
     assert [b if isinstance(b, bytes) else b.encode() for b in stored] == [
-        body.replace(SECRET.encode(), REDACTED.encode()) for _, body in sent
+        body.replace(SECRET.encode(), REDACTED.encode()) for body in sent
     ]
     assert_secret_nowhere(rec.db)
 
@@ -694,13 +700,7 @@ async def test_a_form_field_named_in_any_spelling_of_a_non_ascii_name_is_redacte
         headers = {"Content-Type": content_type}
         async with rec.session.post(f"{rec.url}/signup", data=body, headers=headers) as r:
             assert r.status == 200
-    assert received == [body for body, _ in sent]  # the agent got them as sent
-    with await rec.log() as log:
-        stored = [x["request_body"] for x in log.exchanges()]
-    assert [b if isinstance(b, bytes) else b.encode() for b in stored] == [
-        body.replace(SECRET.encode(), REDACTED.encode()) for body, _ in sent
-    ]
-    assert_secret_nowhere(rec.db)
+    await _kept_redacted(rec, [body for body, _ in sent], received)
 
 
 async def test_a_form_answer_s_fields_are_redacted_as_a_form_request_s(
