@@ -101,18 +101,25 @@ INITIALIZE = {
 }
 
 
+async def opened(session: aiohttp.ClientSession, url: str, accept: dict[str, str]) -> dict[str, str]:
+    """A session opened as the SDK client opens it (initialize, then initialized): the
+    headers its requests carry, its id among them."""
+    async with session.post(url, json=INITIALIZE, headers=accept) as answer:
+        headers = {**accept, "Mcp-Session-Id": answer.headers["Mcp-Session-Id"]}
+        await answer.read()
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    async with session.post(url, json=note, headers=headers) as noted:
+        await noted.read()
+    return headers
+
+
 async def tool_call_stream(url: str) -> bytes:
     """A session opened and a ``slow_count`` call sent, as the SDK client does; what its
     stream brought before it ended or broke off."""
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     got = b""
     async with aiohttp.ClientSession() as session:
-        async with session.post(url, json=INITIALIZE, headers=accept) as opened:
-            headers = {**accept, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
-            await opened.read()
-        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        async with session.post(url, json=note, headers=headers) as noted:
-            await noted.read()
+        headers = await opened(session, url, accept)
         call = {
             "jsonrpc": "2.0",
             "id": 2,
@@ -180,12 +187,7 @@ async def dropped_and_resumed(url: str) -> tuple[str, bytes]:
         "params": {"name": "slow_count", "arguments": {"n": 6, "delay": 0.1}, "_meta": {"progressToken": 2}},
     }
     async with aiohttp.ClientSession() as session:
-        async with session.post(url, json=INITIALIZE, headers=accept) as opened:
-            headers = {**accept, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
-            await opened.read()
-        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        async with session.post(url, json=note, headers=headers) as noted:
-            await noted.read()
+        headers = await opened(session, url, accept)
         got = b""
         async with session.post(url, json=call, headers=headers) as answer:
             while len([e for e in events_of(got) if e.complete and e.id]) < 3:
