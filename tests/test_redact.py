@@ -843,6 +843,6 @@ async def test_a_form_answer_keeps_its_chunks_unless_a_field_is_redacted(record:
         )
     assert [data for _, data in plain] == pieces
     offsets = [offset for offset, _ in plain]
-    assert all(b - a >= 40_000_000 for a, b in pairwise(offsets))
+    assert all(a < b for a, b in pairwise(offsets))  # each at its own moment (how far apart, load decides)
     assert [data for _, data in redacted] == [b"".join(pieces) + f"&access_token={REDACTED}".encode()]
     assert_secret_nowhere(rec.db)
