@@ -5,7 +5,6 @@ Each protocol's rules run on that protocol's exchanges only (A2A's in
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Collection, Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field, replace
@@ -16,7 +15,6 @@ from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 from .a2a_terms import short_state
-from .file_kinds import unreadable
 from .frames import Problem, Rule, SseEvent, Stream, at_log_end, streams_of
 from .protocols import ProtocolName
 from .protocols import protocols as known_protocols
@@ -113,27 +111,12 @@ def report_log(
     return replace(report, reconnects=len(ids) - len(checked), exchange_ids=tuple(spoken_for))
 
 
-# A finished stream's events as the writer decoded them from the bytes its chunks hold
-# (one statement: its end and its last events were written together). Not one under way
-# (its chunks may end in part of an event not yet written), nor one no protocol was
-# known for when it was written (the chunks tell what it is), nor one ending in a
-# cut-off event (redacted, it was written back as a whole one).
-_HELD_EVENTS = """
-SELECT e.seq, e.event_id, e.data, e.complete, e.offset_ns, e.event_type FROM events e
-JOIN exchanges x ON x.id = e.exchange_id
-WHERE e.exchange_id = ? AND x.is_sse AND x.outcome IS NOT NULL AND x.protocol IS NOT NULL
-ORDER BY e.seq
-"""
-
-
 def _held_events(log: EventLog, exchange_id: int) -> list[SseEvent] | None:
     """The events of a stream that the log's events table holds as its chunks would
-    decode to, else None (a stream without event rows is read from its chunks: a body
-    the writer could not decode is kept whole, without events)."""
-    try:
-        rows = log.db.conn.execute(_HELD_EVENTS, (exchange_id,)).fetchall()
-    except sqlite3.DatabaseError as exc:  # (a damaged log: said as a reader says it)
-        raise unreadable(log.path, exc) from None
+    decode to, else None: a stream without event rows is read from its chunks (a body the
+    writer could not decode is kept whole, without events), and so is one ending in a
+    cut-off event (redacted, it was written back as a whole one)."""
+    rows = log.finished_stream_events(exchange_id)
     if not rows or not rows[-1][3]:
         return None
     return [

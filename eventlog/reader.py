@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tasktape.choices import listed
 from tasktape.errors import LogClosed, UnknownEventId, UnknownExchange
@@ -22,9 +22,18 @@ from .resumes import ResumeOutcome, ResumeSide
 from .schema import ANSWERED_FROM_HELD, open_db
 
 Row = dict[str, Any]
+_T = TypeVar("_T")
 
 # How a rejoin went when the agent's stream was followed again (a gap too: it went on).
 FOLLOWED_AGAIN = (ResumeOutcome.REJOINED, ResumeOutcome.CAUGHT_UP, ResumeOutcome.GAP)
+
+# (One statement: a stream's end and its last events were written together.)
+_FINISHED_STREAM_EVENTS = """
+SELECT e.seq, e.event_id, e.data, e.complete, e.offset_ns, e.event_type FROM events e
+JOIN exchanges x ON x.id = e.exchange_id
+WHERE e.exchange_id = ? AND x.is_sse AND x.outcome IS NOT NULL AND x.protocol IS NOT NULL
+ORDER BY e.seq
+"""
 
 # Events of a task in time order across exchanges (a stream, then a resubscribe...).
 _TASK_EVENTS = """
@@ -57,11 +66,18 @@ class EventLog:
         self.close()
 
     def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        return self._read(lambda: list(self.db.query(sql, params)))
+
+    def _tuples(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """As ``_rows``, each row a tuple: for many rows, no dict made of each."""
+        return self._read(lambda: self.db.conn.execute(sql, params).fetchall())
+
+    def _read(self, fetch: Callable[[], _T]) -> _T:
         with self._lock:  # (all read while it is held: the rows come from a cursor)
             if self._closed:
                 raise LogClosed(f"{self.path}: this EventLog was closed; open the log again to read it")
             try:
-                return list(self.db.query(sql, params))
+                return fetch()
             except sqlite3.DatabaseError as exc:  # (a damaged log: the command says which)
                 raise unreadable(self.path, exc) from None
 
@@ -172,6 +188,13 @@ class EventLog:
         if exchange_id is None:
             return self._rows("SELECT * FROM stream_summary")
         return self._rows("SELECT * FROM stream_summary WHERE exchange_id = ?", (exchange_id,))
+
+    def finished_stream_events(self, exchange_id: int) -> list[tuple[Any, ...]]:
+        """A finished stream's events as the writer decoded them from the bytes its chunks
+        hold: (seq, event_id, data, complete, offset_ns, event_type) each, in order. None of
+        one under way (its chunks may end in part of an event not yet written), nor of one no
+        protocol was known for when it was written (the chunks tell what it is)."""
+        return self._tuples(_FINISHED_STREAM_EVENTS, (exchange_id,))
 
     def reconnects_answered(self) -> dict[int, int]:
         """The exchanges a resume gateway answered from a stream it held (reconnects), each

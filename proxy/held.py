@@ -291,10 +291,6 @@ async def _follow(
         pass  # the client left; the stream goes on without it
 
 
-# Why a stream taken up from the log after a restart is followed again (see LiveStream.asleep_because).
-RESTARTED = "tasktape record restarted while it held the stream"
-
-
 async def pump(
     stream: LiveStream,
     rejoin: Rejoin,
@@ -316,7 +312,8 @@ async def pump(
                 if broke is None:
                     return
                 response.close()
-            again = await rejoin.again(broke or RESTARTED)
+            assert broke is not None  # (why: given to a stream that begins with a rejoin, else read)
+            again = await rejoin.again(broke)
             if again is None:
                 stream.end(Outcome.UPSTREAM_DISCONNECTED)
                 return

@@ -51,7 +51,7 @@ from .headers import (
     head_timeout,
     left_out,
 )
-from .held import RESTARTED, Hold, follow_again, pump, relay_held
+from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .kept_body import KeptBody
 from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, keyed, recorders_exchange
@@ -86,6 +86,8 @@ READ_WHOLE = 64 * 1024
 # request holds as much in memory while it streams on: the first --max-body bytes, 16 MiB
 # by default, kept for the log.)
 RECONNECT_READ = MAX_BODY
+# Why a stream taken up from the log after a restart is followed again (LiveStream.asleep_because).
+RESTARTED = "tasktape record restarted while it held the stream"
 RECONNECTS = frozenset({"GET", "POST"})  # the methods a reconnect to a held stream comes with
 
 
