@@ -863,9 +863,10 @@ INDEX_TEXT = (
 PAGE_SIZE = 16384  # a new log's; older logs keep theirs
 BUSY_MS = 5000  # how long an opener waits for another process's lock on the log
 # How long a reader waits for an empty file to become a log: a writer that has just made
-# the file (its lock, its connection) has yet to make the log in it. A file left empty for
-# longer is no log being made, and is refused at once.
-EMPTY_WAIT_S = 1.0
+# the file (its lock, its connection) has yet to make the log in it, which on a loaded
+# machine took more than a second. A file left empty for longer is no log being made, and
+# is refused at once.
+EMPTY_WAIT_S = 5.0
 
 
 def open_db(

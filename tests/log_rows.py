@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -20,6 +21,14 @@ from tasktape.eventlog.schema import migrations
 
 MS = 1_000_000
 SSE = {"content-type": "text/event-stream"}
+
+
+def left_empty(path: Path) -> Path:
+    """An empty file made long since: no reader waits for a log to be made in it."""
+    path.write_bytes(b"")
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
+    return path
 
 
 def write_log(path: Path, name: str) -> Path:

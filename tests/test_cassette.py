@@ -18,6 +18,7 @@ from a2a_frames import completed_run, sse
 from click.testing import CliRunner
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from log_rows import left_empty
 
 from tasktape.cli import main
 from tasktape.errors import CassetteError, LogError, SourceError
@@ -655,7 +656,7 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path: Path) -> None:
     assert not into.exists()
     flows, empty = tmp_path / "flows.mitm", tmp_path / "empty.db"
     flows.write_bytes(b"12:abcdefghijkl,")
-    empty.write_bytes(b"")
+    left_empty(empty)
     with pytest.raises(SourceError, match=r"flows\.mitm is a mitmproxy flow file: import it into a"):
         load([flows])
     with pytest.raises(SourceError, match=r"empty\.db is empty: neither an event log nor a cassette"):

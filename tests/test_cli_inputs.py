@@ -17,6 +17,7 @@ import pytest
 import sqlite_utils
 from a2a_frames import sse, task
 from click.testing import CliRunner, Result
+from log_rows import left_empty
 
 from tasktape.cli import main
 from tasktape.eventlog import LogWriter
@@ -203,8 +204,7 @@ def test_replay_refuses_an_option_its_mode_would_leave_unused(
 
 def not_taken(folder: Path) -> dict[str, Path]:
     """Files no command takes as a log: empty, text, another program's database."""
-    empty, text = folder / "empty.db", folder / "text.txt"
-    empty.write_bytes(b"")
+    empty, text = left_empty(folder / "empty.db"), folder / "text.txt"
     text.write_text("hello\n")
     other = folder / "other.db"
     with closing(sqlite3.connect(other)) as conn:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 from click.testing import CliRunner
+from log_rows import left_empty
 from loopback import running, serve, stop, upstream_app
 
 from tasktape.cli import main
@@ -579,16 +581,30 @@ async def test_a_recorder_says_it_upgrades_an_older_log_before_it_does(tmp_path:
     assert _applied(old) == KNOWN
 
 
+def test_a_reader_waits_for_a_log_its_writer_is_slow_to_make(tmp_path: Path) -> None:
+    """A file a writer made two seconds ago, the log made in it only now (a loaded machine):
+    the reader reads the log, not "is empty" (it gave up a second after the file was made)."""
+    log = tmp_path / "log.db"
+    log.touch()
+    two_seconds_ago = time.time() - 2
+    os.utime(log, (two_seconds_ago, two_seconds_ago))
+    writer = threading.Timer(0.3, lambda: open_db(log).close())
+    writer.start()
+    try:
+        with EventLog(log) as read:
+            assert read.exchanges() == []
+    finally:
+        writer.join()
+    assert _applied(log) == KNOWN
+
+
 def test_a_file_left_empty_is_refused_without_waiting_for_a_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reader waits for an empty file a writer has just made to become a log; a file left
     empty long since is none being made: refused at once (`export empty.db` took a second)."""
     monkeypatch.setattr("tasktape.eventlog.schema.EMPTY_WAIT_S", 30.0)
-    empty = tmp_path / "empty.db"
-    empty.write_bytes(b"")
-    an_hour_ago = time.time() - 3600
-    os.utime(empty, (an_hour_ago, an_hour_ago))
+    empty = left_empty(tmp_path / "empty.db")
     started = time.monotonic()
     with pytest.raises(LogError, match=r"empty\.db is empty: not an event log"):
         EventLog(empty)

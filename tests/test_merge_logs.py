@@ -12,7 +12,7 @@ import sqlite_utils
 from a2a_frames import completed_run, sse
 from click.testing import CliRunner
 from conftest import RecordFactory, Serve
-from log_rows import MS, SSE, arrival, copy_log, rows_by_uid, union, write_log
+from log_rows import MS, SSE, arrival, copy_log, left_empty, rows_by_uid, union, write_log
 from test_replay import message, recorded_demo, stream_exchange, timed_post
 
 from tasktape.cli import main
@@ -214,7 +214,7 @@ def test_the_command_points_files_of_another_kind_to_import(tmp_path: Path) -> N
     a, fleet = write_log(tmp_path / "a.db", "a"), tmp_path / "fleet.db"
     cassette, empty = tmp_path / "c.jsonl", tmp_path / "empty.db"
     cassette.write_text('{"tasktape_cassette": 1}\n')
-    empty.write_bytes(b"")
+    left_empty(empty)
     runner = CliRunner()
     result = runner.invoke(main, ["merge", str(a), str(cassette), "-o", str(fleet)])
     assert result.exit_code == 2 and f"tasktape import {cassette} --db {fleet}" in result.output
