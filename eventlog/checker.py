@@ -14,9 +14,8 @@ from pathlib import Path
 from tasktape.choices import listed
 from tasktape.errors import UsageError
 
-from .a2a_terms import short_state
 from .frames import Problem, Rule, SseEvent, Stream, at_log_end, streams_of
-from .protocols import ProtocolName
+from .protocols import ProtocolName, by_name
 from .protocols import protocols as known_protocols
 from .reader import EventLog
 from .recorded import Recorded, from_log
@@ -206,8 +205,8 @@ def _finding(rule: str, problem: Problem) -> Finding:
 def _cut_short(stream: Stream, streams: list[Stream], rejoin: tuple[ResumeOutcome, int] | None) -> Finding:
     """The note on a stream that broke off: where, and how it ends, when a resume gateway
     followed it again (``rejoin``: how, and by which exchange)."""
-    last = _last_state(stream)
-    last = f", the task last {last}" if last else ""
+    last = _state_note(stream)
+    last = f", {last}" if last else ""
     why = f": {stream.error}" if stream.error else ""
     done = sum(f.complete for f in stream.frames)
     message = f"broke off after {done} complete events{last} ({stream.outcome}{why})"
@@ -216,18 +215,19 @@ def _cut_short(stream: Stream, streams: list[Stream], rejoin: tuple[ResumeOutcom
     return Finding(CUT_SHORT_RULE, stream.task_id, stream.where, stream.exchange_id, seq, message)
 
 
-def _last_state(stream: Stream) -> str | None:
-    """The last state a stream's (or an answer's) complete frames gave its task."""
-    states = [f.c.state for f in stream.frames if f.complete and f.c.state]
-    return short_state(states[-1]) if states else None
+def _state_note(stream: Stream) -> str | None:
+    """Where a stream (or an answer) last stood, in its protocol's words (``the task last
+    WORKING``, ``last stop reason tool_use``)."""
+    protocol = by_name(stream.protocol)
+    return protocol.state_note(stream) if protocol is not None else None
 
 
 def _followed_again(outcome: ResumeOutcome, by: int, streams: list[Stream]) -> str:
-    """How a stream a resume gateway followed again went on: by which exchange, and the
-    task's last state there (that exchange's own note says if it broke off too)."""
+    """How a stream a resume gateway followed again went on: by which exchange, and where
+    it last stood there (that exchange's own note says if it broke off too)."""
     how = "caught up from" if outcome is ResumeOutcome.CAUGHT_UP else "rejoined by"
     gap = ", with a gap" if outcome is ResumeOutcome.GAP else ""
     carried = next((s for s in streams if s.exchange_id == by), None)
-    state = None if carried is None else _last_state(carried)
-    there = f", the task last {state} there" if state else ""
+    state = None if carried is None else _state_note(carried)
+    there = f", {state} there" if state else ""
     return f"{how} exchange {by}{gap}{there}"

@@ -377,6 +377,8 @@ class ExchangeRows:
         s = self.summary
         s.outcome, s.duration_ns, s.error = outcome, duration_ns, error
         read = self._reader.finished() if self._reader is not None else None
+        if read is not None and self._protocol is not None:  # (an LLM's: the finish stored)
+            s.final_state = self._protocol.final_state(s.final_state, read)
         return UPDATE_END, (
             duration_ns,
             outcome,

@@ -285,6 +285,72 @@ def test_a_stream_cut_short_is_noted_not_broken() -> None:
     assert rules_broken(stream(events)) == ["stream-end", "frame"]
 
 
+def llm_event(data: dict[str, Any]) -> bytes:
+    """An LLM stream's event: one whose data names a type names it in its event field too,
+    as Anthropic's and the Responses API's do."""
+    named = f"event: {data['type']}\n" if "type" in data else ""
+    return f"{named}data: {json.dumps(data)}\n\n".encode()
+
+
+def llm_stream(path: str, body: dict[str, Any], events: list[dict[str, Any]]) -> Recorded:
+    """An LLM stream the upstream broke off after these events (their data)."""
+    chunks = [(n * 1_000_000, llm_event(e)) for n, e in enumerate(events)]
+    return Recorded(
+        method="POST",
+        path=path,
+        request_body=json.dumps({**body, "stream": True}).encode(),
+        status=200,
+        is_sse=True,
+        chunks=chunks,
+        outcome="upstream_disconnected",
+        origin="t.jsonl:2",
+    )
+
+
+def test_a_cut_short_llm_stream_is_noted_in_its_protocols_words() -> None:
+    """An LLM stream has no task: the note on one cut short says where it stood as its
+    protocol says it (the stop reason, the response's status, choice 0's finish_reason)."""
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": []}
+    pending = {"id": "resp_1", "object": "response", "model": "gpt-x", "status": "in_progress"}
+    chunk = {"object": "chat.completion.chunk", "model": "gpt-x"}
+    cut = [
+        llm_stream(
+            "/v1/messages",
+            {"model": "claude-x", "max_tokens": 9, "messages": []},
+            [
+                {"type": "message_start", "message": message},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "tool_use"},
+                    "usage": {"output_tokens": 3},
+                },
+            ],
+        ),
+        llm_stream(
+            "/v1/responses",
+            {"model": "gpt-x", "input": "Hi"},
+            [
+                {"type": "response.created", "response": pending},
+                {"type": "response.in_progress", "response": pending},
+            ],
+        ),
+        llm_stream(
+            "/v1/chat/completions",
+            {"model": "gpt-x", "messages": [], "n": 2},
+            [
+                {**chunk, "choices": [{"index": 0, "delta": {"content": "A"}, "finish_reason": "stop"}]},
+                {**chunk, "choices": [{"index": 1, "delta": {"content": "B"}, "finish_reason": "length"}]},
+            ],
+        ),
+    ]
+    report = report_recorded(cut)
+    assert report.findings == []
+    assert [n.message for n in report.cut_short] == [
+        f"broke off after 2 complete events, {last} (upstream_disconnected); how it ends is unknown"
+        for last in ("last stop reason tool_use", "last status in_progress", "last finish reason stop")
+    ]
+
+
 def test_a_stream_without_events_or_ending_on_an_error() -> None:
     empty = stream([])
     assert [(f.rule, f.message) for f in check_recorded([empty])] == [

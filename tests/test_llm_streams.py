@@ -7,18 +7,23 @@ on clean streams and the broken rule on each deliberately broken one."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import pytest
+from aiohttp import web
 from conftest import RecordFactory, Serve
 from llm_servers import anthropic_app, openai_app
 
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.checker import check_log
+from tasktape.eventlog.exchange_rows import ExchangeSummary
+from tasktape.record import describe_exchange
 from tasktape.replay import ReplayServer, load
 
 PIECES = ("Hel", "lo", ", wörld", "!")
@@ -259,3 +264,102 @@ async def test_an_error_event_ends_an_anthropic_stream(record: RecordFactory) ->
         summary = summary_of(log, x["id"])
         assert check_log(log) == []
     assert (summary["finish"], summary["answer"]) == ("error", "".join(PIECES[:2]))
+
+
+def answering(events: list[dict[str, Any] | str], *, cut: bool = False) -> web.Application:
+    """An upstream that answers every POST with these events (an event's data names its
+    type, as a Responses event's does); ``cut``: then it drops the connection."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for data in events:
+            named = f"event: {data['type']}\n" if isinstance(data, dict) and "type" in data else ""
+            await response.write(
+                f"{named}data: {json.dumps(data) if isinstance(data, dict) else data}\n\n".encode()
+            )
+        if cut:
+            assert request.transport is not None
+            request.transport.close()
+        else:
+            await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    return app
+
+
+def chat_chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "finish_reason": finish}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "gpt-4o-mini",
+        "choices": [choice],
+    }
+
+
+async def test_the_recorders_line_says_how_the_answer_finished(record: RecordFactory) -> None:
+    """The line ``tasktape record`` prints for an LLM exchange says the finish the log
+    stores: choice 0's when the request asked for two and choice 1 finished last; none for
+    a Responses stream the upstream broke before its terminal event (it was in progress)."""
+    two = [
+        chat_chunk(0, {"content": "A"}),
+        chat_chunk(1, {"content": "B"}),
+        chat_chunk(0, {}, "stop"),
+        chat_chunk(1, {}, "length"),
+        "[DONE]",
+    ]
+    summaries: list[ExchangeSummary] = []
+    rec = await record(answering(two), on_exchange=summaries.append)
+    client = openai.AsyncOpenAI(base_url=f"{rec.url}/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        chunks = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Two"}], n=2, stream=True
+        )
+        finishes = {
+            c.index: c.finish_reason async for chunk in chunks for c in chunk.choices if c.finish_reason
+        }
+    assert finishes == {0: "stop", 1: "length"}
+    pending = {"id": "resp_1", "object": "response", "model": "gpt-4o-mini", "status": "in_progress"}
+    started = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": "Hel"},
+    ]
+    cut = await record(answering(started, cut=True), on_exchange=summaries.append)
+    with contextlib.suppress(aiohttp.ClientPayloadError):
+        async with cut.session.post(
+            f"{cut.url}/v1/responses", json={"model": "gpt-4o-mini", "input": "Hi", "stream": True}
+        ) as response:
+            await response.read()
+    with await rec.log() as log, await cut.log() as cut_log:
+        finish = log.exchanges()[0]["finish"]
+        cut_finish = cut_log.exchanges()[0]["finish"]
+    assert (finish, cut_finish) == ("stop", None)
+    chat_line, responses_line = (describe_exchange(s) for s in summaries)
+    assert chat_line.startswith("POST /v1/chat/completions 200  stop  5 events"), chat_line
+    assert responses_line.startswith("POST /v1/responses 200  3 events"), responses_line
+    assert "in_progress" not in responses_line and "[upstream_disconnected" in responses_line
+
+
+async def test_a_token_count_is_the_requests_input_tokens(record: RecordFactory) -> None:
+    """messages.count_tokens answers with the input tokens a request would take: the log
+    holds them as its input tokens."""
+
+    async def count(request: web.Request) -> web.Response:
+        return web.json_response({"input_tokens": 42})
+
+    app = web.Application()
+    app.router.add_post("/v1/messages/count_tokens", count)
+    rec = await record(app)
+    client = anthropic.AsyncAnthropic(base_url=rec.url, api_key="sk-ant-test", max_retries=0)
+    async with client:
+        counted = await client.messages.count_tokens(
+            model="claude-sonnet-4-5", messages=[{"role": "user", "content": SAY_HELLO}]
+        )
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+    assert (x["protocol"], x["rpc_method"]) == ("anthropic", "messages.count_tokens")
+    assert x["input_tokens"] == counted.input_tokens == 42

@@ -15,7 +15,8 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from conftest import RecordFactory
+from aiohttp import web
+from conftest import RecordFactory, Serve
 from inspector_log import page
 from llm_servers import ARGUMENTS, anthropic_app, openai_app
 from log_rows import before_migration
@@ -173,6 +174,7 @@ async def test_a_stream_cut_short_keeps_the_arguments_that_came(case: str, recor
         (x,) = log.exchanges()
         assert x["outcome"] == "client_disconnected"
         (call,) = json.loads(x["tool_calls"])
+        assert check_log(log) == []  # (arguments cut off with their stream break no rule)
     assert call["name"] == "get_weather" and call["id"]
     assert json.dumps(ARGUMENTS, separators=(",", ":"), ensure_ascii=False).startswith(call["arguments"])
     assert 0 < len(call["arguments"]) < len(json.dumps(ARGUMENTS, ensure_ascii=False)) - 2
@@ -277,3 +279,151 @@ def test_the_variants_servers_that_copy_the_apis_send() -> None:
 
     assert calls_read(AnthropicReader(), block(True)) == [{"id": "toolu_1", "name": "now", "arguments": "{}"}]
     assert calls_read(AnthropicReader(), block(False))[0]["arguments"] == ""  # cut before any came
+
+
+def answering(events: list[tuple[str | None, Any]]) -> web.Application:
+    """An upstream that answers every POST with these events (event field, data)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event_type, data in events:
+            named = f"event: {event_type}\n" if event_type else ""
+            text = data if isinstance(data, str) else json.dumps(data)
+            await response.write(f"{named}data: {text}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    return app
+
+
+def typed(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    """An event that names its type twice, as Anthropic's and the Responses API's do."""
+    return kind, {"type": kind, **fields}
+
+
+def tool_block(index: int, name: str) -> tuple[str, dict[str, Any]]:
+    block = {"type": "tool_use", "id": f"toolu_{index}", "name": name, "input": {}}
+    return typed("content_block_start", index=index, content_block=block)
+
+
+def json_piece(index: int, piece: str) -> tuple[str, dict[str, Any]]:
+    delta = {"type": "input_json_delta", "partial_json": piece}
+    return typed("content_block_delta", index=index, delta=delta)
+
+
+def chat_piece(index: int, **call: Any) -> tuple[None, dict[str, Any]]:
+    choice = {"index": 0, "delta": {"tool_calls": [{"index": index, **call}]}, "finish_reason": None}
+    return None, {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+
+
+NOT_JSON = '{"city": Paris}'  # what a model may write, and no SDK reads
+STARTED = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": []}
+# A call whose input is not JSON, then a call of a tool of no input (only "" came).
+BAD_MESSAGE = [
+    typed("message_start", message={**STARTED, "usage": {"input_tokens": 9, "output_tokens": 1}}),
+    tool_block(0, "get_weather"),
+    json_piece(0, NOT_JSON[:9]),
+    json_piece(0, NOT_JSON[9:]),
+    typed("content_block_stop", index=0),
+    tool_block(1, "get_time"),
+    json_piece(1, ""),
+    typed("content_block_stop", index=1),
+    typed("message_delta", delta={"stop_reason": "tool_use"}, usage={"output_tokens": 12}),
+    typed("message_stop"),
+]
+# A call whose arguments stop mid-object, then one whose arguments are "" (json.loads fails).
+BAD_CHAT = [
+    chat_piece(0, id="call_1", type="function", function={"name": "get_weather", "arguments": '{"a":'}),
+    chat_piece(1, id="call_2", type="function", function={"name": "get_time", "arguments": ""}),
+    (
+        None,
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+        },
+    ),
+    (None, "[DONE]"),
+]
+CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather"}
+BAD_RESPONSE = [
+    typed("response.created", response={"id": "r", "model": "m", "status": "in_progress", "output": []}),
+    typed(
+        "response.output_item.added", output_index=0, item={**CALL, "arguments": "", "status": "in_progress"}
+    ),
+    typed("response.function_call_arguments.delta", item_id="fc_1", output_index=0, delta=NOT_JSON),
+    typed("response.function_call_arguments.done", item_id="fc_1", output_index=0, arguments=NOT_JSON),
+    typed(
+        "response.output_item.done",
+        output_index=0,
+        item={**CALL, "arguments": NOT_JSON, "status": "completed"},
+    ),
+    typed(
+        "response.completed",
+        response={
+            "id": "r",
+            "object": "response",
+            "model": "m",
+            "status": "completed",
+            "output": [{**CALL, "arguments": NOT_JSON, "status": "completed"}],
+        },
+    ),
+]
+STRICT = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+async def test_arguments_that_are_not_json_break_a_rule(record: RecordFactory, serve: Serve) -> None:
+    """A stream that ran to its end with a tool call's arguments that are not JSON: the SDK
+    fails on them, and ``tasktape check`` says which call (an Anthropic tool of no input,
+    whose input is "", is what the SDK reads as {}: no finding)."""
+    client = anthropic.AsyncAnthropic(
+        base_url=await serve(answering(BAD_MESSAGE)), api_key="k", max_retries=0
+    )
+    async with client, client.messages.stream(model="claude-x", max_tokens=64, messages=[]) as events:
+        with pytest.raises(ValueError, match="Unable to parse tool parameter JSON"):
+            await events.get_final_message()
+    chat = openai.AsyncOpenAI(base_url=f"{await serve(answering(BAD_CHAT))}/v1", api_key="k", max_retries=0)
+    tools = [
+        {"type": "function", "function": {"name": n, "strict": True, "parameters": STRICT}}
+        for n in ("get_weather", "get_time")
+    ]
+    async with chat, chat.chat.completions.stream(model="m", messages=[], tools=tools) as events:
+        with pytest.raises(ValueError, match="Expecting value"):
+            await events.get_final_completion()
+    answers = {"/v1/messages": BAD_MESSAGE, "/v1/chat/completions": BAD_CHAT, "/v1/responses": BAD_RESPONSE}
+    found: dict[str, list[tuple[str, int | None, str]]] = {}
+    for path, answer in answers.items():
+        rec = await record(answering(answer))
+        body = {"model": "m", "messages": [], "input": "x", "stream": True}
+        async with rec.session.post(rec.url + path, json=body) as response:
+            await response.read()
+        with await rec.log() as log:
+            found[path] = [(f.rule, f.seq, f.message) for f in check_log(log)]
+    assert found == {
+        "/v1/messages": [
+            (
+                "anthropic-tool-json",
+                4,
+                "the input of tool 'get_weather' (block 0) is not JSON: '{\"city\": Paris}'",
+            )
+        ],
+        "/v1/chat/completions": [
+            (
+                "openai-tool-json",
+                None,
+                "the arguments of tool call call_1 (get_weather) are not JSON: '{\"a\":'",
+            ),
+            ("openai-tool-json", None, "the arguments of tool call call_2 (get_time) are not JSON: ''"),
+        ],
+        "/v1/responses": [
+            (
+                "openai-tool-json",
+                None,
+                "the arguments of tool call call_1 (get_weather) are not JSON: '{\"city\": Paris}'",
+            )
+        ],
+    }

@@ -21,7 +21,20 @@ import orjson
 
 from ..classify import Classification, load_json
 from ..frames import Problem, Stream, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, Summary, ToolCall, among, classified, parsed
+from .base import (
+    Protocol,
+    Request,
+    RequestInfo,
+    StreamReader,
+    Summary,
+    ToolCall,
+    among,
+    classified,
+    excerpt,
+    is_json,
+    last_state,
+    parsed,
+)
 
 
 class AnthropicKind(StrEnum):
@@ -81,6 +94,15 @@ class Anthropic(Protocol):
 
     def reader(self) -> AnthropicReader:
         return AnthropicReader()
+
+    def final_state(self, last: str | None, summary: Summary) -> str | None:
+        """The stop reason the log stores (none for a stream cut before it came)."""
+        return summary.finish
+
+    def state_note(self, stream: Stream) -> str | None:
+        """``last stop reason tool_use``: what message_delta last said (or ``error``)."""
+        state = last_state(stream)
+        return f"last stop reason {state}" if state else None
 
     def closes(self, data: str, event_type: str | None) -> bool:
         """``message_stop``, by its event field (or, without one, its type)."""
@@ -169,6 +191,8 @@ class AnthropicReader(StreamReader):
             obj = load_json(data)
         except (ValueError, RecursionError):
             return None
+        if isinstance(obj, dict) and "type" not in obj and type(obj.get("input_tokens")) is int:
+            return self._token_count(obj)
         if not isinstance(obj, dict) or obj.get("type") != "message":
             return self.event(data if isinstance(data, str) else data.decode("utf-8", "replace"), None)
         usage = self._usage(obj.get("model"), obj.get("usage"))
@@ -186,6 +210,12 @@ class AnthropicReader(StreamReader):
         return Classification(
             AnthropicKind.OTHER, text="".join(texts) or None, state=self.summary.finish, usage=usage
         )
+
+    def _token_count(self, obj: dict[str, Any]) -> Classification:
+        """messages.count_tokens's answer: the input tokens the request would take."""
+        usage = self._usage(None, obj)
+        self._count(usage)
+        return classified(AnthropicKind.OTHER, None, None, usage)
 
     def _tool_block(self, index: Any, block: dict[str, Any]) -> ToolCall:
         call = self.calls.setdefault(index, ToolCall())
@@ -303,8 +333,45 @@ def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
                 )
 
 
+def tool_json(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """A tool call's input, joined from its input_json_delta pieces, is JSON once its block closes."""
+    # (No piece at all, or only empty ones, is a tool of no input: the SDK keeps the input
+    # the block started with, {}.)
+    for stream in streams:
+        if not stream.is_sse:
+            continue
+        tools: dict[int, tuple[Any, list[str]]] = {}  # the open tool blocks: name, input pieces
+        for frame, event in _events(stream):
+            kind, index = event.get("type"), event.get("index")
+            if type(index) is not int:
+                continue
+            if kind == AnthropicKind.CONTENT_BLOCK_START:
+                block = event.get("content_block")
+                if isinstance(block, dict) and among(block.get("type"), _TOOL_BLOCKS):
+                    tools[index] = (block.get("name"), [])
+            elif kind == AnthropicKind.CONTENT_BLOCK_DELTA and index in tools:
+                piece = _input_piece(event.get("delta"))
+                if piece is not None:
+                    tools[index][1].append(piece)
+            elif kind == AnthropicKind.CONTENT_BLOCK_STOP and index in tools:
+                name, pieces = tools.pop(index)
+                joined = "".join(pieces)
+                if joined and not is_json(joined):
+                    what = f"the input of tool {name!r} (block {index})"
+                    yield Problem(stream, frame, f"{what} is not JSON: {excerpt(joined)}")
+
+
+def _input_piece(delta: Any) -> str | None:
+    """An input_json_delta's piece of a tool's input."""
+    if isinstance(delta, dict) and delta.get("type") == "input_json_delta":
+        piece = delta.get("partial_json")
+        return piece if isinstance(piece, str) else None
+    return None
+
+
 Anthropic.rules = {
     "anthropic-block-order": block_order,
     "anthropic-stop-last": stop_last,
     "anthropic-frame": well_formed,
+    "anthropic-tool-json": tool_json,
 }

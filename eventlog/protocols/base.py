@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import orjson
 
+from ..a2a_terms import short_state
 from ..classify import Classification, load_json
 
 if TYPE_CHECKING:
-    from ..frames import Rule
+    from ..frames import Rule, Stream
     from ..jsonrpc_ids import Edit
     from ..spans import Chunks, StreamEvent
 
@@ -119,6 +120,27 @@ def parsed(data: bytes | str, other: str) -> dict[str, Any] | Classification:
         except (ValueError, RecursionError) as exc:
             return Classification(other, parse_error=f"not JSON: {exc}"[:500])
     return obj if type(obj) is dict else Classification(other, parse_error="not a JSON object")
+
+
+def is_json(text: str) -> bool:
+    """Whether ``text`` reads as JSON (as the standard library reads it)."""
+    try:
+        load_json(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def excerpt(text: str, size: int = 120) -> str:
+    """Text from the traffic quoted in a finding: as a Python literal, its start alone when long."""
+    return repr(text) if len(text) <= size else f"{text[:size]!r}..."
+
+
+def last_state(stream: Stream, skipped: Collection[str] = ()) -> str | None:
+    """The state the last complete frame of a stream (or an answer) that gives one gave,
+    frames of the ``skipped`` kinds left out."""
+    states = [f.c.state for f in stream.frames if f.complete and f.c.state and f.c.kind not in skipped]
+    return states[-1] if states else None
 
 
 class StreamReader:
@@ -235,6 +257,19 @@ class Protocol:
     def reader(self) -> StreamReader:
         """A reader for one exchange's response."""
         return StreamReader()
+
+    def final_state(self, last: str | None, summary: Summary) -> str | None:
+        """How an exchange finished, as the recorder's line on it says: by default the
+        state its last event (or its answer) gave, ``last``; ``summary`` is what its
+        reader made of it."""
+        return last
+
+    def state_note(self, stream: Stream) -> str | None:
+        """Where a stream (or an answer) last stood, in the words of a note on it (one cut
+        short, or followed again): by default its task's last state, ``the task last
+        WORKING``; None when no frame gave a state."""
+        state = last_state(stream)
+        return f"the task last {short_state(state)}" if state else None
 
     def closes(self, data: str, event_type: str | None) -> bool:
         """Whether this event is the one that closes its stream (what replay's

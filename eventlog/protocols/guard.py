@@ -14,6 +14,7 @@ from ..classify import Classification
 from .base import CatchUp, Protocol, Request, RequestInfo, Resubscription, StreamReader, Summary
 
 if TYPE_CHECKING:
+    from ..frames import Stream
     from ..jsonrpc_ids import Edit
     from ..spans import Chunks, StreamEvent
 
@@ -119,6 +120,12 @@ class Guarded(Protocol):
     def reader(self) -> StreamReader:
         inner = self.safely("reader", None, self.inner.reader)
         return StreamReader() if inner is None else GuardedReader(self, inner)
+
+    def final_state(self, last: str | None, summary: Summary) -> str | None:
+        return self.safely("final_state", last, lambda: self.inner.final_state(last, summary))
+
+    def state_note(self, stream: Stream) -> str | None:
+        return self.safely("state_note", None, lambda: self.inner.state_note(stream))
 
     def delta(self, c: Classification) -> str | None:
         return self.safely("delta", None, lambda: self.inner.delta(c))

@@ -27,7 +27,20 @@ from typing import Any, ClassVar
 
 from ..classify import Classification
 from ..frames import Problem, Stream, readable
-from .base import Protocol, Request, RequestInfo, StreamReader, ToolCall, among, classified, parsed
+from .base import (
+    Protocol,
+    Request,
+    RequestInfo,
+    StreamReader,
+    Summary,
+    ToolCall,
+    among,
+    classified,
+    excerpt,
+    is_json,
+    last_state,
+    parsed,
+)
 
 DONE = "[DONE]"
 # The API call of each path tail, and the request body fields it needs one of beside its
@@ -118,6 +131,18 @@ class OpenAI(Protocol):
     def reader(self) -> OpenAIReader:
         return OpenAIReader()
 
+    def final_state(self, last: str | None, summary: Summary) -> str | None:
+        """The finish the log stores: choice 0's finish_reason (the last event's may be
+        another choice's), a Responses terminal status (none for a stream cut before it)."""
+        return summary.finish
+
+    def state_note(self, stream: Stream) -> str | None:
+        """``last status in_progress`` (Responses), ``last finish reason length`` (chat:
+        choice 0's, the answer's)."""
+        state = last_state(stream, skipped=(OpenAIKind.CHOICE,))
+        noun = "status" if _responses_api(stream) else "finish reason"
+        return f"last {noun} {state}" if state else None
+
     def closes(self, data: str, event_type: str | None) -> bool:
         """``[DONE]``, or a Responses stream's terminal event."""
         return data == DONE or event_type in TERMINAL
@@ -164,7 +189,7 @@ class OpenAIReader(StreamReader):
     def __init__(self) -> None:
         super().__init__()
         self._seen_model: str | None = None
-        self._last_unindexed: Any = None  # the key of the last call that came without an index
+        self._calls = _Calls(self.calls)
 
     def event(self, data: str, event_type: str | None) -> Classification:
         if data == DONE:
@@ -243,9 +268,8 @@ class OpenAIReader(StreamReader):
                 text, kind = refusal, OpenAIKind.REFUSAL
             elif reasoning := _reasoning(holder):
                 text, kind = reasoning, OpenAIKind.THINKING
-        calls = type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
-        if calls:
-            self._chat_calls(calls)
+        if calls := _choice_calls(holder):
+            self._calls.chat(calls)
         reason = choice.get("finish_reason")
         finish = reason if type(reason) is str else None
         if finish is not None:
@@ -258,7 +282,52 @@ class OpenAIReader(StreamReader):
             return classified(OpenAIKind.FINISH, text, finish, usage)
         return classified(kind, text, None, usage)
 
-    def _chat_calls(self, calls: Any) -> None:
+    def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
+        """A Responses API event."""
+        if kind in (_TEXT_DELTA, _REFUSAL_DELTA):
+            delta = obj.get("delta")
+            text = delta if isinstance(delta, str) else None
+            if text:
+                self.pieces.append(text)
+            return classified(OpenAIKind.DELTA if kind == _TEXT_DELTA else OpenAIKind.REFUSAL, text)
+        if kind in _THINKING_DELTAS:
+            delta = obj.get("delta")
+            return classified(OpenAIKind.THINKING, delta if isinstance(delta, str) and delta else None)
+        if kind == "error":
+            return self._error(obj)
+        if kind in _CALL_EVENTS:
+            self._calls.responses(kind, obj)
+            return classified(OpenAIKind.EVENT)
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            return classified(OpenAIKind.EVENT)
+        return self._response(response, terminal=kind in TERMINAL)
+
+    def _response(self, response: dict[str, Any], *, terminal: bool) -> Classification:
+        """A response object: an event's, or the whole answer. A terminal one says how the
+        response finished, and its output text is the answer where none was streamed."""
+        usage = _usage(self._model(response.get("model")), response.get("usage"))
+        self._tokens(usage)
+        status = response.get("status")
+        status = status if isinstance(status, str) else None
+        if terminal:
+            self.summary.finish = status
+            if not self.pieces:
+                self.pieces.extend(_output_text(response))
+            self._calls.output(response)
+            return classified(OpenAIKind.DONE, _error_message(response), status, usage)
+        return classified(OpenAIKind.EVENT, None, status, usage)
+
+
+class _Calls:
+    """The tool calls of one answer (a chat choice's, a response's), joined from their
+    pieces as the SDKs join them, into ``calls`` by the key each protocol form gives one."""
+
+    def __init__(self, calls: dict[Any, ToolCall]) -> None:
+        self.calls = calls
+        self._last_unindexed: Any = None  # the key of the last call that came without an index
+
+    def chat(self, calls: Any) -> None:
         """A choice's tool calls: a delta's pieces of each (its index names the call; the
         name and arguments come in pieces, as the SDKs join them), or a whole message's;
         or the legacy ``function_call``, one call without an id."""
@@ -290,20 +359,26 @@ class OpenAIReader(StreamReader):
             self._last_unindexed = ("unindexed", len(self.calls))
         return self._last_unindexed
 
-    def _responses_call(self, kind: str, obj: dict[str, Any]) -> None:
+    def responses(self, kind: str, obj: dict[str, Any]) -> None:
         """A Responses function call's output item (whole when done), or its arguments'
         pieces; by the item's place in the output (every event names it), else its id."""
         if kind.startswith("response.output_item."):
             item = obj.get("item")
             if isinstance(item, dict):
-                self._function_item(obj.get("output_index", item.get("id") or item.get("call_id")), item)
+                self._item(obj.get("output_index", item.get("id") or item.get("call_id")), item)
             return
         call = self.calls.setdefault(obj.get("output_index", obj.get("item_id")), ToolCall())
         arguments = obj.get("arguments" if kind.endswith(".done") else "delta")
         if isinstance(arguments, str):
             call.arguments = arguments if kind.endswith(".done") else call.arguments + arguments
 
-    def _function_item(self, key: Any, item: dict[str, Any]) -> None:
+    def output(self, response: dict[str, Any]) -> None:
+        """A finished response's calls, whole in its output."""
+        for index, item in enumerate(response.get("output") or ()):
+            if isinstance(item, dict):
+                self._item(index, item)
+
+    def _item(self, key: Any, item: dict[str, Any]) -> None:
         if item.get("type") != "function_call":
             return
         call = self.calls.setdefault(key, ToolCall())
@@ -314,43 +389,10 @@ class OpenAIReader(StreamReader):
         if isinstance(item.get("arguments"), str) and item["arguments"]:
             call.arguments = item["arguments"]
 
-    def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
-        """A Responses API event."""
-        if kind in (_TEXT_DELTA, _REFUSAL_DELTA):
-            delta = obj.get("delta")
-            text = delta if isinstance(delta, str) else None
-            if text:
-                self.pieces.append(text)
-            return classified(OpenAIKind.DELTA if kind == _TEXT_DELTA else OpenAIKind.REFUSAL, text)
-        if kind in _THINKING_DELTAS:
-            delta = obj.get("delta")
-            return classified(OpenAIKind.THINKING, delta if isinstance(delta, str) and delta else None)
-        if kind == "error":
-            return self._error(obj)
-        if kind in _CALL_EVENTS:
-            self._responses_call(kind, obj)
-            return classified(OpenAIKind.EVENT)
-        response = obj.get("response")
-        if not isinstance(response, dict):
-            return classified(OpenAIKind.EVENT)
-        return self._response(response, terminal=kind in TERMINAL)
 
-    def _response(self, response: dict[str, Any], *, terminal: bool) -> Classification:
-        """A response object: an event's, or the whole answer. A terminal one says how the
-        response finished, and its output text is the answer where none was streamed."""
-        usage = _usage(self._model(response.get("model")), response.get("usage"))
-        self._tokens(usage)
-        status = response.get("status")
-        status = status if isinstance(status, str) else None
-        if terminal:
-            self.summary.finish = status
-            if not self.pieces:
-                self.pieces.extend(_output_text(response))
-            for index, item in enumerate(response.get("output") or ()):  # the calls whole, at its end
-                if isinstance(item, dict):
-                    self._function_item(index, item)
-            return classified(OpenAIKind.DONE, _error_message(response), status, usage)
-        return classified(OpenAIKind.EVENT, None, status, usage)
+def _choice_calls(holder: Any) -> Any:
+    """The tool calls a choice's delta (or whole message) carries, if any."""
+    return type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
 
 
 def _reasoning(holder: dict[str, Any]) -> str | None:
@@ -530,4 +572,49 @@ def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
                 )
 
 
-OpenAI.rules = {"openai-done-last": done_last, "openai-one-finish": one_finish, "openai-frame": well_formed}
+def tool_json(streams: Sequence[Stream]) -> Iterator[Problem]:
+    """Each tool call's arguments, joined from their pieces, are JSON once the stream has ended."""
+    # (Not "" either: the SDKs json.loads it. A stream cut short, or ended by an error, is exempt.)
+    for stream in streams:
+        if not stream.complete or any(f.c.kind == OpenAIKind.ERROR for f in stream.frames):
+            continue
+        for choice, call in _calls_made(stream):
+            if not is_json(call.arguments):
+                of = f" of choice {choice}" if choice else ""  # (choice 0's calls are the answer's)
+                called = " ".join(filter(None, ("tool call", call.id, call.name and f"({call.name})")))
+                yield Problem(
+                    stream, None, f"the arguments of {called}{of} are not JSON: {excerpt(call.arguments)}"
+                )
+
+
+def _calls_made(stream: Stream) -> Iterator[tuple[int | None, ToolCall]]:
+    """Each tool call of a stream (or an answer), joined as its reader joins them: with the
+    index of its chat choice (None: a Responses call)."""
+    joined: dict[int | None, _Calls] = {}
+    for frame in stream.frames:
+        obj = frame.payload if frame.complete else None
+        if obj is None:
+            continue
+        kind = obj.get("type")
+        if among(kind, _CALL_EVENTS):
+            joined.setdefault(None, _Calls({})).responses(kind, obj)
+        elif among(kind, TERMINAL) or obj.get("object") == "response":
+            response = obj.get("response") if among(kind, TERMINAL) else obj
+            if isinstance(response, dict):
+                joined.setdefault(None, _Calls({})).output(response)
+        listed = obj.get("choices")
+        for choice in listed if type(listed) is list else ():
+            index = choice.get("index", 0) if type(choice) is dict else None
+            if type(index) is int and (calls := _choice_calls(_holder(choice))):
+                joined.setdefault(index, _Calls({})).chat(calls)
+    for index, calls in joined.items():
+        for call in calls.calls.values():
+            yield index, call
+
+
+OpenAI.rules = {
+    "openai-done-last": done_last,
+    "openai-one-finish": one_finish,
+    "openai-frame": well_formed,
+    "openai-tool-json": tool_json,
+}
