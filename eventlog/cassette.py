@@ -695,21 +695,21 @@ def load_into(
     again (its id is the one held; those written are added to it). Not given, each gets a
     uid of its own, as a copy loaded beside its original must. Without a uid, one follows,
     with ``capture_uid`` (a cassette's, :func:`imported_uid`), from it and the exchange's
-    place in the cassette."""
+    place in the cassette: held too, it is not written again (an import finished after it
+    was stopped part-way)."""
     keeps_uids = held is not None
     held = {} if held is None else held
     ids: list[int] = []
     for n, r in enumerate(recorded):
-        given = r.uid if keeps_uids else None
-        if given in held:
-            ids.append(held[given])
-            continue
         # A time the log cannot hold (or, in a Recorded made in Python, no time at all) leaves
         # the exchange the time it is loaded at: loaded, not lost.
         started_ns = moment_ns(r.started_at) if r.started_at else None
-        uid = given
+        uid = r.uid if keeps_uids else None
         if uid is None and capture_uid is not None:
             uid = derived_uuid7(started_ns or 0, "exchange", capture_uid, n)
+        if uid in held:  # (a derived uid too: the capture's, written before it was left unfinished)
+            ids.append(held[uid])
+            continue
         exchange = writer.begin_exchange(
             capture_id,
             method=r.method,

@@ -77,7 +77,7 @@ from .row_inserts import RowInserts
 from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
-__all__ = ["LogWriter", "WriterStats"]
+__all__ = ["LogWriter", "WriterStats", "take_back"]
 
 _INSERT_CAPTURE = (
     "INSERT INTO captures (id, uid, started_at, source, upstream, tool_version, argv) VALUES (?,?,?,?,?,?,?)"
@@ -632,3 +632,42 @@ def _partly(summary: ExchangeSummary, kept: Kept, why: str) -> ExchangeSummary:
 def _next_id(conn: sqlite3.Connection, table: str) -> int:
     (value,) = conn.execute(f"SELECT coalesce(max(id), 0) + 1 FROM {table}").fetchone()
     return int(value)
+
+
+# The rows of the exchanges taken back (``take_back``), table by table: each exchange's own
+# rows first, then the exchanges.
+_TAKEN = "SELECT id FROM exchanges WHERE capture_id = :capture AND id >= :first"
+_TAKE_BACK = (
+    # The text index has no trigger (``INDEX_TEXT``): its entries go as they came.
+    "INSERT INTO events_fts (events_fts, rowid, text) SELECT 'delete', rowid, text FROM events"
+    f" WHERE text IS NOT NULL AND exchange_id IN ({_TAKEN})",
+    f"DELETE FROM events WHERE exchange_id IN ({_TAKEN})",
+    f"DELETE FROM stored_chunks WHERE exchange_id IN ({_TAKEN})",
+    f"DELETE FROM findings WHERE exchange_id IN ({_TAKEN})",
+    f"DELETE FROM resumes WHERE exchange_id IN ({_TAKEN}) OR new_exchange_id IN ({_TAKEN})",
+    f"DELETE FROM exchanges WHERE id IN ({_TAKEN})",
+)
+
+
+def take_back(path: str | Path, capture_id: int, from_exchange: int | None) -> None:
+    """Take rows of a capture left unfinished (its writer stopped before it ended it) out of
+    the log, to be written again: its exchanges from ``from_exchange`` on, or (None) the
+    whole capture. A capture ended since is left as it is. Done before a writer opens the
+    log: a writer reads, as it opens, where its ids and its text index go on."""
+    fd = take_writer_lock(Path(path))
+    try:
+        conn = open_db(path).conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            unfinished = "SELECT 1 FROM captures WHERE id = ? AND ended_at IS NULL"
+            if conn.execute(unfinished, (capture_id,)).fetchone():
+                taken = {"capture": capture_id, "first": from_exchange or 0}
+                for statement in _TAKE_BACK:
+                    conn.execute(statement, taken)
+                if from_exchange is None:
+                    conn.execute("DELETE FROM captures WHERE id = ?", (capture_id,))
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+    finally:
+        release_writer_lock(fd)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import sqlite3
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from tasktape.eventlog.recorded import Recorded, each_from_log
 from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
+from tasktape.eventlog.writer import take_back
 
 from .redaction_options import redaction_options
 
@@ -91,12 +94,12 @@ def export(
     Each choice must match something. An exchange the log holds no end of yet (its
     recorder still writing it) is written cut short there, as log_closed.
     Exit status: 0 written, 1 not written (nothing to export, a choice matching nothing, a
-    write that failed), 2 bad input (LOG no event log this tasktape reads, -o a log).
+    write that failed), 2 bad input (LOG no event log this tasktape reads, -o a file that is
+    no cassette, or a name the system refuses).
     """
     target = Path(output)
-    if output != "-" and target.is_file() and kind_of(target) is FileKind.LOG:
-        # A log (this one, most likely: `-o` where `--db` was meant) is never written over.
-        raise bad_input(f"{output} is {FileKind.LOG}: a cassette is not written over it")
+    if output != "-":
+        _check_output(target)
     try:
         opened = EventLog(log)
     except LogError as exc:  # what is no log this tasktape reads: bad input
@@ -136,6 +139,23 @@ def export(
             f"cut short ({Outcome.LOG_CLOSED})",
             err=True,
         )
+
+
+def _check_output(target: Path) -> None:
+    """Refuse an output a cassette is not written over: a log (this one, most likely: `-o`
+    where `--db` was meant), a file of another kind (notes), a name the system refuses (too
+    long). A cassette is replaced; a pipe or a device is written to."""
+    try:
+        regular = stat.S_ISREG(target.stat().st_mode)
+        kind = named_kind(target) if regular else None
+    except (FileNotFoundError, NotADirectoryError):
+        return  # (made, and its folder: folder_for)
+    except OSError as exc:
+        raise bad_input(f"cannot write {target}: {exc.strerror or exc}") from None
+    if kind is FileKind.LOG:
+        raise bad_input(f"{target} is {kind}: a cassette is not written over it")
+    if kind not in (None, FileKind.CASSETTE, FileKind.EMPTY):
+        raise bad_input(f"{target} is {kind}: export writes a cassette, not over it")
 
 
 def _at_log_end(recorded: Recorded, under_way: list[Recorded]) -> Recorded:
@@ -182,10 +202,16 @@ def _check_choices(
     type=click.Path(dir_okay=False, path_type=Path),
     help="The event log to add them to (created if needed, its folder too).",
 )
+@click.option(
+    "--replace-unfinished",
+    is_flag=True,
+    help="Replace an import of the same file left unfinished when the file held other content.",
+)
 @redaction_options()
 def import_(
     files: tuple[Path, ...],
     db: Path,
+    replace_unfinished: bool,
     redact_header: tuple[str, ...],
     redact_query: tuple[str, ...],
     redact_json: tuple[str, ...],
@@ -198,8 +224,12 @@ def import_(
     offset of the response's end, and the exchange's `error` says so. What a file holds
     is kept whole: bodies past the 16 MiB a recorder keeps are not cut. Everything is
     redacted as a recorder redacts it (the --redact-* options add to what always is).
-    Exit status: 0 imported, 1 not (the log busy with another writer, rows not written), 2 bad
-    input (a file no cassette or flow file, --db no event log).
+    An import stopped part-way (interrupted, killed) is finished by importing the file
+    again; one of the same file when it held other content is refused unless
+    --replace-unfinished.
+    Exit status: 0 imported, 1 not (the log busy with another writer, rows not written, an
+    unfinished import of other content), 2 bad input (a file no cassette or flow file, --db
+    no event log).
     """
     try:
         # Every file is read and checked before anything is written.
@@ -209,6 +239,7 @@ def import_(
     stop_counting_memory()
     folder_for(db)
     try:
+        _take_back_unfinished(db, loaded, replace_unfinished)
         # What a file holds is kept whole: a body is as long as its recorder kept it, and
         # nothing waits on the writer but bytes already in memory (so none is dropped).
         redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
@@ -218,57 +249,142 @@ def import_(
     except LogError as exc:
         raise bad_input(str(exc)) from None
     held, held_exchanges = _imported(db, [uid for one in loaded for uid in one.uids])
+    changed = None
     with writer:
         for one in loaded:
-            path, content, uid = one.path, one.content, one.uid
-            if uid in held:
-                click.echo(
-                    f"tasktape import: {path} is in {db} already (capture {held[uid]}): nothing added",
-                    err=True,
-                )
-                continue
-            if isinstance(content, _Flows):
-                held[uid] = _import_flows(writer, path, content, db, uid)
-                continue
-            # An exchange exported from a log keeps its uid: one the log holds (this cassette
-            # exported from it, or imported or merged before) is not added again.
-            skipped, count = _held(content.uids, held_exchanges), content.count
-            if skipped == count and count:
-                click.echo(
-                    f"tasktape import: {path}: {skipped} of {counted(count, 'exchange')} already"
-                    f" in {db}: nothing added",
-                    err=True,
-                )
-                continue
-            try:
-                exchanges = content.again()
-            except CassetteError as exc:
-                raise click.ClickException(f"{exc}: not imported") from None
-            capture = held[uid] = writer.begin_capture(
-                source="import", upstream=one.upstream, argv=[str(path)], uid=uid
-            )
-            try:
-                load_into(writer, _paced(writer, exchanges), capture, uid, held_exchanges)
-            except CassetteError as exc:
-                raise click.ClickException(
-                    f"{exc}: capture {capture} in {db} holds what was read of it, not what was checked"
-                ) from None
-            writer.end_capture(capture)
-            said = f"tasktape import: {counted(count - skipped, 'exchange')} from {path} -> {db}"
-            if skipped:
-                said += f" ({skipped} of {counted(count, 'exchange')} already in {db}: skipped)"
-            click.echo(said, err=True)
+            if (changed := _import_one(writer, one, db, held, held_exchanges)) is not None:
+                break
+    if changed is not None:
+        raise click.ClickException(changed.taken_back(db, writer.first_ids[1]))
     if writer.stats.rows_lost:
         raise click.ClickException(
             f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
         )
 
 
-def _imported(db: Path, uids: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+def _import_one(
+    writer: LogWriter, one: _Loaded, db: Path, held: dict[str, _Capture], held_exchanges: dict[str, int]
+) -> _Changed | None:
+    """One file into the log, as a capture of its own, or into the capture an import of it
+    left unfinished (``held`` by its uid); nothing when it is in the log already. A file
+    found changed as it is written: what stopped it."""
+    path, content, uid = one.path, one.content, one.uid
+    capture = held.get(uid)
+    if capture is not None and capture.ended:
+        said = f"{path} is in {db} already (capture {capture.id}): nothing added"
+        click.echo(f"tasktape import: {said}", err=True)
+        return None
+    if isinstance(content, _Flows):  # (one left unfinished was taken back whole)
+        held[uid] = _Capture(_import_flows(writer, path, content, db, uid), ended=True)
+        return None
+    if capture is not None:
+        return _finish(writer, one, content, capture.id, db, held_exchanges)
+    # An exchange exported from a log keeps its uid: one the log holds (this cassette
+    # exported from it, or imported or merged before) is not added again.
+    skipped, count = _held(content.uids, held_exchanges), content.count
+    if skipped == count and count:
+        said = f"{path}: {skipped} of {counted(count, 'exchange')} already in {db}: nothing added"
+        click.echo(f"tasktape import: {said}", err=True)
+        return None
+    exchanges = _again(content)
+    made = writer.begin_capture(source="import", upstream=one.upstream, argv=[str(path)], uid=uid)
+    held[uid] = _Capture(made, ended=True)
+    if (changed := _load(writer, exchanges, made, uid, held_exchanges, whole=True)) is not None:
+        return changed
+    said = f"tasktape import: {counted(count - skipped, 'exchange')} from {path} -> {db}"
+    if skipped:
+        said += f" ({skipped} of {counted(count, 'exchange')} already in {db}: skipped)"
+    click.echo(said, err=True)
+    return None
+
+
+def _finish(
+    writer: LogWriter,
+    one: _Loaded,
+    content: _Cassette,
+    capture: int,
+    db: Path,
+    held_exchanges: dict[str, int],
+) -> _Changed | None:
+    """The capture an import of this cassette left unfinished, finished: the exchanges it
+    holds (those it wrote whole: ``take_back`` took out the one it may not have) are
+    skipped by their uids, the rest written."""
+    exchanges = _again(content)
+    kept = _exchanges_of(db, capture)
+    held_exchanges.update(kept)
+    if (changed := _load(writer, exchanges, capture, one.uid, held_exchanges, whole=False)) is not None:
+        return changed
+    click.echo(
+        f"tasktape import: {one.path}: capture {capture} in {db} was left unfinished ({len(kept)} of"
+        f" {counted(content.count, 'exchange')}): the rest added",
+        err=True,
+    )
+    return None
+
+
+def _again(content: _Cassette) -> Iterator[Recorded]:
+    """A cassette's exchanges read again, to be written; one found changed already is not
+    imported."""
+    try:
+        return content.again()
+    except CassetteError as exc:
+        raise click.ClickException(f"{exc}: not imported") from None
+
+
+def _load(
+    writer: LogWriter,
+    exchanges: Iterator[Recorded],
+    capture: int,
+    uid: str,
+    held_exchanges: dict[str, int],
+    *,
+    whole: bool,
+) -> _Changed | None:
+    """A cassette's exchanges written into ``capture`` (``whole``: made for them), which is
+    then ended; a cassette found changed as it is read is not: what was written of it is
+    taken back once the writer is closed."""
+    try:
+        load_into(writer, _paced(writer, exchanges), capture, uid, held_exchanges)
+    except CassetteError as exc:
+        return _Changed(str(exc), capture, whole)
+    writer.end_capture(capture)
+    return None
+
+
+@dataclass(frozen=True)
+class _Changed:
+    """A cassette found changed as it was read again, some of it written already into
+    ``capture`` (``whole``: made for it)."""
+
+    error: str
+    capture: int
+    whole: bool
+
+    def taken_back(self, db: Path, first_written: int) -> str:
+        """What was written of it taken out of the log (once its writer is closed), and what
+        the import says of it: the rest of an unfinished capture stays, to be finished."""
+        try:
+            take_back(db, self.capture, None if self.whole else first_written)
+        except LogError:  # (another writer came in between: what was read stays, said)
+            held = f"capture {self.capture} in {db} holds what was read of it, not what was checked"
+            return f"{self.error}: {held}"
+        return f"{self.error}: not imported (what was written of it is taken out of {db} again)"
+
+
+@dataclass
+class _Capture:
+    """A capture an import may add to: its id, and whether it was ended (else an import of
+    the same file was stopped part-way, and finishes it)."""
+
+    id: int
+    ended: bool
+
+
+def _imported(db: Path, uids: list[str]) -> tuple[dict[str, _Capture], dict[str, int]]:
     """The log's captures by uid (an imported cassette's follows from its bytes), and
     those of its exchanges whose uid is among ``uids``."""
     with EventLog(db) as log:
-        captures = {c["uid"]: c["id"] for c in log.captures()}
+        captures = {c["uid"]: _Capture(c["id"], c["ended_at"] is not None) for c in log.captures()}
         exchanges: dict[str, int] = {}
         for start in range(0, len(uids), _UIDS_A_QUERY):
             some = uids[start : start + _UIDS_A_QUERY]
@@ -276,6 +392,86 @@ def _imported(db: Path, uids: list[str]) -> tuple[dict[str, int], dict[str, int]
             query = f"SELECT uid, id FROM exchanges WHERE uid IN ({marks})"
             exchanges.update(log.db.execute(query, some).fetchall())
     return captures, exchanges
+
+
+def _exchanges_of(db: Path, capture: int) -> dict[str, int]:
+    """The exchanges of a capture, by uid."""
+    with EventLog(db) as log:
+        return dict(log.db.execute("SELECT uid, id FROM exchanges WHERE capture_id = ?", (capture,)))
+
+
+@dataclass(frozen=True)
+class _Unfinished:
+    """A capture an import left unfinished: stopped part-way (interrupted, killed)."""
+
+    id: int
+    uid: str
+    file: str  # the file it was imported from, as it was named
+    exchanges: int
+    last: int | None  # its last exchange's id
+
+
+_UNFINISHED = (
+    "SELECT c.id, c.uid, c.argv, count(x.id), max(x.id) FROM captures c"
+    " LEFT JOIN exchanges x ON x.capture_id = c.id"
+    " WHERE c.ended_at IS NULL AND c.source IN ('import', 'mitm-import') GROUP BY c.id"
+)
+
+
+def _unfinished(db: Path) -> list[_Unfinished]:
+    """The captures imports left unfinished in ``db`` (none in what is no log yet: the
+    writer opening it says what is wrong with it)."""
+    try:
+        if not db.is_file() or kind_of(db) is not FileKind.LOG:
+            return []
+        with EventLog(db) as log:
+            rows = log.db.execute(_UNFINISHED).fetchall()
+    except (OSError, LogError, sqlite3.DatabaseError):
+        return []
+    return [_Unfinished(i, uid, _file_of(argv), n, last) for i, uid, argv, n, last in rows]
+
+
+def _file_of(argv: str | None) -> str:
+    """The file an import's capture was made of: its argv's only word."""
+    words = json.loads(argv or "[]")
+    return words[0] if words else ""
+
+
+def _take_back_unfinished(db: Path, loaded: list[_Loaded], replace: bool) -> None:
+    """Before the log is written, what imports of these files left unfinished is taken
+    back: the last exchange of a cassette's capture (finished after), a flow file's capture
+    whole (imported again), and with ``replace`` the capture of a file that held other
+    content then. Without ``replace``, such a capture is an error, and nothing is written."""
+    unfinished = _unfinished(db)
+    taken: list[tuple[int, int | None]] = []
+    other: list[str] = []
+    for one in loaded:
+        for capture in unfinished:
+            if capture.uid == one.uid and isinstance(one.content, _Flows):
+                taken.append((capture.id, None))  # (a flow file is imported again whole)
+            elif capture.uid == one.uid:
+                if capture.last is not None:  # (the exchange its writer may have left half written)
+                    taken.append((capture.id, capture.last))
+            elif _same_file(capture.file, one.path):
+                taken.append((capture.id, None))
+                other.append(
+                    f"capture {capture.id} in {db} ({counted(capture.exchanges, 'exchange')}) is an import of"
+                    f" {capture.file} left unfinished, when it held other content than {one.path} holds now"
+                )
+    if other and not replace:
+        how = "--replace-unfinished replaces it with what the file holds now"
+        raise click.ClickException(f"{'; '.join(other)}: nothing imported ({how})")
+    for capture_id, from_exchange in taken:
+        take_back(db, capture_id, from_exchange)
+
+
+def _same_file(named: str, path: Path) -> bool:
+    """Whether a capture's file (as it was named then) is ``path``, a file (a pipe's content
+    is another each time)."""
+    try:
+        return path.is_file() and bool(named) and Path(named).resolve() == path.resolve()
+    except OSError:
+        return False
 
 
 def _held(uids: list[str], held: dict[str, int]) -> int:
@@ -313,6 +509,8 @@ def _read(path: Path, db: Path) -> _Loaded:
     kind = kind_of(path) if content is None else kind_of_bytes(content)
     if kind is FileKind.LOG and path.is_file() and named_kind(path) is FileKind.DATABASE:
         raise CassetteError(f"{path} is {FileKind.DATABASE}, nor a cassette: there is nothing to import")
+    if kind is FileKind.LOG and _same(path, db):
+        raise CassetteError(f"{path} is the event log --db names: a log is not imported into itself")
     if kind is FileKind.LOG:
         raise CassetteError(
             f"{path} is {kind}, not a cassette: tasktape merge {path} -o {db} adds its rows to another log"
@@ -328,6 +526,14 @@ def _read(path: Path, db: Path) -> _Loaded:
     uid = imported_uid(content, header.get("created_at"))
     exchanges = _Cassette(len(recorded), [r.uid for r in recorded if r.uid], lambda: iter(recorded))
     return _Loaded(path, exchanges, uid, header.get("upstream"))
+
+
+def _same(path: Path, db: Path) -> bool:
+    """Whether ``path`` and ``db`` are one file (however each is named)."""
+    try:
+        return path.samefile(db)
+    except OSError:  # (no log at db yet)
+        return False
 
 
 def _checked(path: Path) -> _Loaded:

@@ -289,3 +289,46 @@ def test_a_cassette_changed_after_it_was_checked_is_not_imported(tmp_path: Path)
     assert said.splitlines()[-1] == f"Error: {small} changed after it was checked: not imported"
     assert said.startswith(f"tasktape import: 10000 exchanges from {big} -> {db}\n")
     assert rows_in(db, "captures") == 1 and rows_in(db, "exchanges") == 10_000
+
+
+def test_export_says_what_is_wrong_with_an_output_name_the_system_refuses(tmp_path: Path) -> None:
+    """A name too long for the system printed a traceback."""
+    log, output = tmp_path / "a.db", tmp_path / f"{'a' * 260}.jsonl"
+    with LogWriter(log) as writer:
+        writer.begin_capture(source="record")
+    code, said = cli("export", str(log), "-o", str(output))
+    assert code == 2
+    assert one_error_line(said) == f"Error: cannot write {output}: File name too long"
+
+
+def test_export_writes_over_a_cassette_but_no_other_file(tmp_path: Path) -> None:
+    """`export -o notes.txt` replaced the notes with a cassette, where `merge -o notes.txt`
+    refuses: a file that is no cassette is left as it is. A cassette is replaced, as always."""
+    log, notes, old = tmp_path / "a.db", tmp_path / "notes.txt", tmp_path / "old.jsonl"
+    with LogWriter(log) as writer:
+        started_stream(writer)
+    notes.write_text("hello notes\n")
+    code, said = cli("export", str(log), "-o", str(notes))
+    assert code == 2
+    assert one_error_line(said) == (
+        f"Error: {notes} is a file that is neither an event log nor a cassette: export writes a"
+        " cassette, not over it"
+    )
+    assert notes.read_text() == "hello notes\n"
+    old.write_text(f"{HEAD}\n{GET}\n")
+    assert cli("export", str(log), "-o", str(old))[0] == 0
+    assert [r.path for r in read_cassette(old)] == ["/message:stream"]
+
+
+def test_a_log_imported_into_itself_is_not_told_to_merge_into_itself(tmp_path: Path) -> None:
+    """`import d.db --db d.db` suggested `tasktape merge d.db -o d.db`, which merge refuses."""
+    log = tmp_path / "d.db"
+    with LogWriter(log) as writer:
+        writer.begin_capture(source="record")
+    (tmp_path / "link.db").symlink_to(log)
+    for given in (log, tmp_path / "link.db"):
+        code, said = cli("import", str(given), "--db", str(log))
+        assert code == 2
+        assert one_error_line(said) == (
+            f"Error: {given} is the event log --db names: a log is not imported into itself"
+        )

@@ -1,0 +1,179 @@
+"""An import stopped part-way (interrupted, killed) and run again: it finishes the capture
+it left unfinished, and the log is as a clean import makes it; a file that held other
+content then is not imported beside it unasked. Real `tasktape import` processes, stopped
+while they write."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXCHANGES = 6000
+LOG_SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGINT": signal.SIGINT}
+
+
+def cassette(path: Path, *, uids: bool, mark: str = "a") -> Path:
+    """A cassette of ``EXCHANGES`` event streams (written in seconds), each with its start
+    time, its uid when ``uids`` (as an export gives them), and ``mark`` in its events."""
+    lines = [json.dumps({"tasktape_cassette": 2 if uids else 1, "created_at": "2026-11-30T11:00:00Z"})]
+    for n in range(EXCHANGES):
+        exchange: dict[str, Any] = {
+            "request": {"method": "POST", "path": f"/stream/{n}"},
+            "response": {"status": 200, "headers": [["Content-Type", "text/event-stream"]]},
+            "started_at": f"2026-11-30T11:{n // 60 % 60:02d}:{n % 60:02d}.{n:06d}Z",
+        }
+        if uids:
+            exchange["uid"] = str(uuid.UUID(int=n + 1))
+        lines.append(json.dumps({"exchange": exchange}))
+        for i in range(2):
+            text = f"id: {i}\ndata: {json.dumps({'text': f'{mark} word {n} {i}'})}\n\n"
+            lines.append(json.dumps({"chunk": {"offset_ms": i + 1, "text": text}}))
+        lines.append(json.dumps({"end": {"duration_ms": 3, "outcome": "complete"}}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tasktape", *args], check=False, capture_output=True, text=True
+    )
+
+
+def rows_in(db: Path, table: str) -> int:
+    """How many rows ``table`` of a log being written holds (0 before it exists)."""
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as read:
+        try:
+            return read.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        except sqlite3.OperationalError:  # its tables not made yet
+            return 0
+
+
+def stopped_import(file: Path, db: Path, how: signal.Signals) -> str:
+    """``tasktape import file --db db`` stopped by ``how`` once a thousand exchanges are in
+    the log, before it ends; what it said."""
+    args = [sys.executable, "-m", "tasktape", "import", str(file), "--db", str(db)]
+    # (SIGINT left as Python takes it: a child of a shell in the background may ignore it)
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, restore_signals=True) as child:
+        while rows_in(db, "exchanges") < 1000 and child.poll() is None:
+            time.sleep(0.01)
+        child.send_signal(how)
+        said = child.stderr.read()
+    assert child.returncode != 0, said  # stopped, not done
+    return said
+
+
+def unfinished(db: Path) -> tuple[int, str | None]:
+    """How many exchanges a log holds, and when its one capture ended."""
+    with contextlib.closing(sqlite3.connect(db)) as read:
+        (ended,) = read.execute("SELECT ended_at FROM captures").fetchone()
+        return read.execute("SELECT count(*) FROM exchanges").fetchone()[0], ended
+
+
+def contents(db: Path) -> dict[str, list[tuple]]:
+    """What a log holds, row for row, without what differs between two logs by nature (the
+    time an import ended); its text index checked whole, and searched."""
+    with contextlib.closing(sqlite3.connect(db)) as read:
+        exchange_columns = [r[1] for r in read.execute("PRAGMA table_info(exchanges)")]
+        event_columns = [r[1] for r in read.execute("PRAGMA table_info(events)")]
+        read.execute("INSERT INTO events_fts (events_fts, rank) VALUES ('integrity-check', 1)")
+        return {
+            "captures": read.execute("SELECT id, uid, source, upstream, argv FROM captures").fetchall(),
+            "exchanges": read.execute(
+                f"SELECT {', '.join(exchange_columns)} FROM exchanges ORDER BY id"
+            ).fetchall(),
+            "chunks": read.execute("SELECT * FROM stored_chunks ORDER BY exchange_id, seq").fetchall(),
+            "events": read.execute(
+                f"SELECT rowid, {', '.join(event_columns)} FROM events ORDER BY exchange_id, seq"
+            ).fetchall(),
+            "found": read.execute(
+                "SELECT rowid FROM events_fts WHERE events_fts MATCH 'word' ORDER BY rowid"
+            ).fetchall(),
+        }
+
+
+@pytest.mark.parametrize(("how", "uids"), [("SIGKILL", False), ("SIGINT", False), ("SIGKILL", True)], ids=str)
+def test_an_import_stopped_part_way_is_finished_by_running_it_again(
+    tmp_path: Path, how: str, uids: bool
+) -> None:
+    """Stopped part-way, an import left its capture unfinished with part of the cassette,
+    and run again it said the cassette was in the log already: the rest was missing for
+    good. Run again, it finishes the capture: the log then holds what a clean import of the
+    file makes, row for row, ids and uids alike."""
+    file, db, clean = cassette(tmp_path / "big.jsonl", uids=uids), tmp_path / "log.db", tmp_path / "clean.db"
+    stopped_import(file, db, LOG_SIGNALS[how])
+    written, ended = unfinished(db)
+    assert ended is None and 0 < written < EXCHANGES
+    again = run("import", str(file), "--db", str(db))
+    assert again.returncode == 0, again.stderr
+    kept = again.stderr.split("was left unfinished (")[1].split(" of")[0]
+    assert int(kept) in (written - 1, written)  # (the last one written again: it may be half)
+    assert again.stderr == (
+        f"tasktape import: {file}: capture 1 in {db} was left unfinished ({kept} of {EXCHANGES} exchanges):"
+        " the rest added\n"
+    )
+    assert run("import", str(file), "--db", str(clean)).returncode == 0
+    assert contents(db) == contents(clean)
+    assert unfinished(db)[0] == EXCHANGES and unfinished(db)[1] is not None
+    said = run("import", str(file), "--db", str(db)).stderr
+    assert said == f"tasktape import: {file} is in {db} already (capture 1): nothing added\n"
+
+
+def test_an_import_stopped_then_changed_is_not_imported_beside_it_unasked(tmp_path: Path) -> None:
+    """Killed, then changed, a cassette was imported again whole beside the half capture of
+    what it held before: twice the exchanges. It is refused, naming that capture, until
+    --replace-unfinished replaces it with what the file holds now."""
+    file, db, clean = cassette(tmp_path / "big.jsonl", uids=False), tmp_path / "log.db", tmp_path / "clean.db"
+    stopped_import(file, db, signal.SIGKILL)
+    written, _ = unfinished(db)
+    cassette(file, uids=False, mark="b")
+    refused = run("import", str(file), "--db", str(db))
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"Error: capture 1 in {db} ({written} exchanges) is an import of {file} left unfinished, when it"
+        f" held other content than {file} holds now: nothing imported (--replace-unfinished replaces it"
+        " with what the file holds now)\n"
+    )
+    assert unfinished(db) == (written, None)
+    replaced = run("import", str(file), "--db", str(db), "--replace-unfinished")
+    assert replaced.returncode == 0, replaced.stderr
+    assert replaced.stderr == f"tasktape import: {EXCHANGES} exchanges from {file} -> {db}\n"
+    assert run("import", str(file), "--db", str(clean)).returncode == 0
+    assert contents(db) == contents(clean)
+
+
+def test_a_cassette_changed_as_it_is_written_leaves_nothing_of_it(tmp_path: Path) -> None:
+    """A cassette changed in place as it was read again (its end, once its start was
+    written) left a capture of what was read under the uid of what was checked, and the
+    file run again was imported as a second copy beside it. What was written of it is
+    taken out again: run again, it is imported once."""
+    file, db = cassette(tmp_path / "big.jsonl", uids=False), tmp_path / "log.db"
+    args = [sys.executable, "-m", "tasktape", "import", str(file), "--db", str(db)]
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True) as child:
+        while rows_in(db, "exchanges") == 0 and child.poll() is None:
+            time.sleep(0.01)
+        with file.open("r+b") as changed:  # the last exchange's path, in place
+            at = file.read_bytes().rindex(f"/stream/{EXCHANGES - 1}".encode())
+            changed.seek(at)
+            changed.write(b"/Stream")
+        said = child.stderr.read()
+    assert child.returncode == 1, said
+    assert said == (
+        f"Error: {file} changed after it was checked: not imported (what was written of it is taken"
+        f" out of {db} again)\n"
+    )
+    assert rows_in(db, "captures") == 0 and rows_in(db, "exchanges") == 0
+    again = run("import", str(file), "--db", str(db))
+    assert again.stderr == f"tasktape import: {EXCHANGES} exchanges from {file} -> {db}\n"
+    assert rows_in(db, "captures") == 1 and rows_in(db, "exchanges") == EXCHANGES
