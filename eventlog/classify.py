@@ -65,9 +65,10 @@ def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
     if not bare_task:
         try:
             frame = typed_frames.decode(data)
-        except (typed_frames.DecodeError, UnicodeEncodeError):
+        except (typed_frames.DecodeError, UnicodeEncodeError, RecursionError):
             # Not an exact frame (or not JSON; or text holding a lone surrogate, which msgspec
-            # will not encode): the general path says what it is.
+            # will not encode; or JSON nested deeper than it reads): the general path says
+            # what it is.
             pass
         else:
             typed = _typed(frame)

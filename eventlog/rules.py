@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, Binding, TaskState, short_state
 from .frames import Frame, Problem, Repeats, Rule, Stream, readable
+from .protocols.base import quoted
 from .requests import SUBSCRIBE_METHODS
 
 S = TaskState
@@ -246,7 +247,8 @@ def jsonrpc_id(streams: Sequence[Stream]) -> Iterator[Problem]:
             if "id" not in envelope:
                 yield Problem(stream, frame, f"a response without a JSON-RPC id (the request's is {want!r})")
             elif envelope["id"] != want or type(envelope["id"]) is not type(want):
-                yield Problem(stream, frame, f"JSON-RPC id {envelope['id']!r} is not the request's {want!r}")
+                got = quoted(envelope["id"])
+                yield Problem(stream, frame, f"JSON-RPC id {got} is not the request's {quoted(want)}")
 
 
 def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:

@@ -343,3 +343,87 @@ async def test_a_request_head_that_trickles_in_is_cut_off(
         trickling.cancel()
         writer.close()
     assert 0.4 < loop.time() - started < 2.5
+
+
+def llm_sse(events: list[tuple[str | None, str]]) -> bytes:
+    return b"".join((f"event: {t}\n" if t else "").encode() + f"data: {d}\n\n".encode() for t, d in events)
+
+
+# A stream of each LLM protocol with a list where an index goes, and how it finishes.
+HOSTILE_STREAMS = {
+    "openai-responses": (
+        "/v1/responses",
+        {"model": "gpt-x", "input": "hi", "stream": True},
+        [
+            ("response.created", '{"type":"response.created","response":{"id":"r1","status":"in_progress"}}'),
+            (
+                "response.function_call_arguments.delta",
+                '{"type":"response.function_call_arguments.delta","output_index":[1],"delta":"x"}',
+            ),
+            (
+                "response.completed",
+                '{"type":"response.completed","response":{"id":"r1","status":"completed"}}',
+            ),
+        ],
+        "completed",
+    ),
+    "anthropic": (
+        "/v1/messages",
+        {"model": "claude-x", "max_tokens": 9, "messages": [], "stream": True},
+        [
+            ("message_start", '{"type":"message_start","message":{"id":"m1","model":"claude-x"}}'),
+            (
+                "content_block_start",
+                '{"type":"content_block_start","index":[0],"content_block":{"type":"tool_use"}}',
+            ),
+            ("content_block_stop", '{"type":"content_block_stop","index":[0]}'),
+            ("message_delta", '{"type":"message_delta","delta":{"stop_reason":"end_turn"}}'),
+            ("message_stop", '{"type":"message_stop"}'),
+        ],
+        "end_turn",
+    ),
+    "openai-chat": (
+        "/v1/chat/completions",
+        {"model": "gpt-x", "messages": [], "stream": True},
+        [
+            (
+                None,
+                '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":[0],"function":{"arguments":"x"}}]}}]}',
+            ),
+            (None, '{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'),
+            (None, "[DONE]"),
+        ],
+        "stop",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_STREAMS)
+async def test_a_stream_with_json_of_unexpected_types_is_forwarded_and_logged(
+    record: RecordFactory, name: str
+) -> None:
+    """An event whose protocol's reader met a list where an index goes raised in the log
+    writer: the chunk holding it, and the events after it there, were lost ("WRITING THE
+    LOG FAILED"). Now the client gets the stream as sent, and the log has every event."""
+    path, request, events, finish = HOSTILE_STREAMS[name]
+    sent = llm_sse(events)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sent)
+        return response
+
+    app = web.Application()
+    app.router.add_post(path, stream)
+    rec = await record(app)
+    async with rec.session.post(f"{rec.url}{path}", json=request) as r:
+        assert await r.read() == sent
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        logged = [(e["event_type"], e["data"]) for e in log.events(x["id"])]
+        (summary,) = log.stream_summary(x["id"])
+        assert log.body(x["id"]) == sent
+    assert rec.writer.stats.rows_lost == 0, rec.writer.stats.errors
+    assert logged == events
+    assert (x["outcome"], summary["finish"]) == ("complete", finish)

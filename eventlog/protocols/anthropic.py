@@ -17,8 +17,6 @@ from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
-import orjson
-
 from ..classify import Classification, load_json
 from ..frames import Problem, Stream, readable
 from .base import (
@@ -31,9 +29,12 @@ from .base import (
     among,
     classified,
     excerpt,
+    index_or_id,
     is_json,
+    json_text,
     last_state,
     parsed,
+    quoted,
 )
 
 
@@ -118,7 +119,7 @@ class Anthropic(Protocol):
 
 def _input(value: Any) -> str:
     """A tool's input as JSON text (an empty object as none: the stream sends its pieces)."""
-    return orjson.dumps(value).decode() if isinstance(value, dict) and value else ""
+    return (json_text(value) or "") if isinstance(value, dict) and value else ""
 
 
 class AnthropicReader(StreamReader):
@@ -128,8 +129,9 @@ class AnthropicReader(StreamReader):
 
     def __init__(self) -> None:
         super().__init__()
-        self._given: dict[Any, str] = {}  # a tool block's input as it started (used if no piece came)
-        self._closed: set[Any] = set()  # the tool blocks that came to their stop
+        # A tool block's input as it started (used if no piece came).
+        self._given: dict[int | str | None, str] = {}
+        self._closed: set[int | str | None] = set()  # the tool blocks that came to their stop
         self._cache = {_CACHE_READ: 0, _CACHE_WRITE: 0}  # the cache's input tokens, as last counted
 
     def event(self, data: str, event_type: str | None) -> Classification:
@@ -143,14 +145,16 @@ class AnthropicReader(StreamReader):
             delta = obj.get("delta")
             return self._delta(obj, delta) if isinstance(delta, dict) else classified(kind)
         if kind is AnthropicKind.CONTENT_BLOCK_STOP:
-            if obj.get("index") in self.calls:
-                self._closed.add(obj.get("index"))
+            index = index_or_id(obj.get("index"))
+            if index in self.calls:
+                self._closed.add(index)
             return classified(kind)
         if kind is AnthropicKind.CONTENT_BLOCK_START:
             block = obj.get("content_block")
             if isinstance(block, dict) and among(block.get("type"), _TOOL_BLOCKS):
-                self._tool_block(obj.get("index"), block)
-                self._given[obj.get("index")] = _input(block.get("input"))
+                index = index_or_id(obj.get("index"))
+                self._tool_block(index, block)
+                self._given[index] = _input(block.get("input"))
             return classified(kind)
         if kind is AnthropicKind.MESSAGE_START:
             message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
@@ -168,8 +172,9 @@ class AnthropicReader(StreamReader):
         if kind is AnthropicKind.ERROR:
             error = obj.get("error") if isinstance(obj.get("error"), dict) else {}
             s.finish = "error"
-            kind_, message = error.get("type"), error.get("message")
-            text = f"{kind_}: {message}" if isinstance(message, str) else None
+            named, message = error.get("type"), error.get("message")
+            said = named if isinstance(named, str) else quoted(named)
+            text = f"{said}: {message}" if isinstance(message, str) else None
             return classified(kind, text, "error")
         return classified(kind)
 
@@ -182,7 +187,7 @@ class AnthropicReader(StreamReader):
         if named == "thinking_delta" and isinstance(thinking := delta.get("thinking"), str):
             return classified(AnthropicKind.THINKING, thinking or None)
         if named == "input_json_delta" and isinstance(piece := delta.get("partial_json"), str):
-            self.calls.setdefault(obj.get("index"), ToolCall()).arguments += piece
+            self.calls.setdefault(index_or_id(obj.get("index")), ToolCall()).arguments += piece
         return classified(AnthropicKind.CONTENT_BLOCK_DELTA)
 
     def body(self, data: bytes | str) -> Classification | None:
@@ -204,7 +209,7 @@ class AnthropicReader(StreamReader):
             if isinstance(block, dict) and among(block.get("type"), _TOOL_BLOCKS):
                 given = block.get("input")  # whole here
                 call = self._tool_block(index, block)
-                call.arguments = orjson.dumps(given).decode() if given is not None else ""
+                call.arguments = (json_text(given) or "") if given is not None else ""
         reason = obj.get("stop_reason")
         self.summary.finish = reason if isinstance(reason, str) else None
         return Classification(
@@ -217,7 +222,7 @@ class AnthropicReader(StreamReader):
         self._count(usage)
         return classified(AnthropicKind.OTHER, None, None, usage)
 
-    def _tool_block(self, index: Any, block: dict[str, Any]) -> ToolCall:
+    def _tool_block(self, index: int | str | None, block: dict[str, Any]) -> ToolCall:
         call = self.calls.setdefault(index, ToolCall())
         call.id = block.get("id") if isinstance(block.get("id"), str) else None
         call.name = block.get("name") if isinstance(block.get("name"), str) else None
@@ -277,22 +282,25 @@ def block_order(streams: Sequence[Stream]) -> Iterator[Problem]:
             kind, index = event.get("type"), event.get("index")
             if kind == AnthropicKind.CONTENT_BLOCK_START:
                 if open_block is not None:
-                    yield Problem(stream, frame, f"block {index} starts while block {open_block[0]} is open")
+                    yield Problem(
+                        stream,
+                        frame,
+                        f"block {quoted(index)} starts while block {quoted(open_block[0])} is open",
+                    )
                 elif index != next_index:
-                    yield Problem(stream, frame, f"block {index} starts where block {next_index} was due")
+                    yield Problem(
+                        stream, frame, f"block {quoted(index)} starts where block {next_index} was due"
+                    )
                 open_block, next_index = (index, frame), (index if isinstance(index, int) else next_index) + 1
             elif kind in (AnthropicKind.CONTENT_BLOCK_DELTA, AnthropicKind.CONTENT_BLOCK_STOP):
                 if open_block is None or open_block[0] != index:
                     what = "a delta" if kind == AnthropicKind.CONTENT_BLOCK_DELTA else "a stop"
-                    yield Problem(stream, frame, f"{what} for block {index}, which is not open")
+                    yield Problem(stream, frame, f"{what} for block {quoted(index)}, which is not open")
                 elif kind == AnthropicKind.CONTENT_BLOCK_STOP:
                     open_block = None
             elif kind in (AnthropicKind.MESSAGE_DELTA, AnthropicKind.MESSAGE_STOP) and open_block is not None:
-                yield Problem(
-                    stream,
-                    frame,
-                    f"{kind} while block {open_block[0]} (opened at event {open_block[1].seq}) is open",
-                )
+                block, opened = quoted(open_block[0]), open_block[1].seq
+                yield Problem(stream, frame, f"{kind} while block {block} (opened at event {opened}) is open")
                 open_block = None
 
 
@@ -306,7 +314,7 @@ def stop_last(streams: Sequence[Stream]) -> Iterator[Problem]:
             continue
         first = events[0][1].get("type")
         if first not in (AnthropicKind.MESSAGE_START, AnthropicKind.ERROR):
-            yield Problem(stream, events[0][0], f"the stream starts with {first!r}, not message_start")
+            yield Problem(stream, events[0][0], f"the stream starts with {quoted(first)}, not message_start")
         stops = [f for f, e in events if e.get("type") == AnthropicKind.MESSAGE_STOP]
         if stops and events[-1][0] is not stops[-1]:
             after = events[[f for f, _ in events].index(stops[0]) + 1][0]
@@ -329,7 +337,7 @@ def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
                 yield Problem(
                     stream,
                     frame,
-                    f"event {frame.event_type!r} carries data of type {frame.payload.get('type')!r}",
+                    f"event {frame.event_type!r} carries data of type {quoted(frame.payload.get('type'))}",
                 )
 
 
@@ -357,7 +365,7 @@ def tool_json(streams: Sequence[Stream]) -> Iterator[Problem]:
                 name, pieces = tools.pop(index)
                 joined = "".join(pieces)
                 if joined and not is_json(joined):
-                    what = f"the input of tool {name!r} (block {index})"
+                    what = f"the input of tool {quoted(name)} (block {index})"
                     yield Problem(stream, frame, f"{what} is not JSON: {excerpt(joined)}")
 
 

@@ -11,6 +11,7 @@ its events add to an answer and name (``tasktape diff``), and the lifecycle rule
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -100,6 +101,36 @@ def among(value: Any, names: Collection[str]) -> bool:
     """Whether a JSON value is one of ``names``: hostile JSON puts an object or a list
     where a name goes, which a set cannot even look up."""
     return type(value) is str and value in names
+
+
+def index_or_id(value: Any) -> int | str | None:
+    """A JSON value that tells one of several things apart (an index, an id) as a dict can
+    hold it: hostile JSON puts an object or a list there, which is no key; those tell none."""
+    return value if type(value) is int or type(value) is str else None
+
+
+def json_text(value: Any, separators: tuple[str, str] = (",", ":")) -> str | None:
+    """JSON read from the traffic written back as text (compact, unless ``separators`` say
+    otherwise), or None when it is nested deeper than Python writes. The standard library
+    writes what orjson cannot: an integer past 64 bits, nesting past 255 levels."""
+    if separators == (",", ":"):
+        try:
+            return orjson.dumps(value).decode()
+        except orjson.JSONEncodeError:
+            pass
+    try:
+        return json.dumps(value, separators=separators, ensure_ascii=False)
+    except RecursionError:
+        return None
+
+
+def quoted(value: Any) -> str:
+    """A value from the traffic as a finding quotes it (its repr), even one nested too deep
+    for a repr."""
+    try:
+        return repr(value)
+    except RecursionError:
+        return "(a value nested too deep to show)"
 
 
 def classified(

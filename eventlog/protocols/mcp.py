@@ -33,7 +33,9 @@ from .base import (
     StreamReader,
     among,
     classified,
+    json_text,
     parsed,
+    quoted,
 )
 
 SESSION_HEADER = "Mcp-Session-Id"
@@ -65,6 +67,7 @@ CLIENT_METHODS = frozenset(
 PROGRESS = "notifications/progress"
 LOG = "notifications/message"
 SERVER_ERROR = -32000  # JSON-RPC's first code for errors a server defines
+_SPACED = (", ", ": ")  # how a value in a line of text is written
 
 
 class MCPKind(StrEnum):
@@ -116,7 +119,11 @@ def error_text(error: Any) -> str | None:
     if not isinstance(error, dict):
         return None
     code, message = error.get("code"), error.get("message")
-    return f"{code}: {message}" if code is not None and isinstance(message, str) else None
+    if code is None or not isinstance(message, str):
+        return None
+    # A code that is an object or a list as JSON (left out when nested too deep to write).
+    said = json_text(code, _SPACED) if isinstance(code, list | dict) else code
+    return message if said is None else f"{said}: {message}"
 
 
 def answer_of(message: dict[str, Any]) -> tuple[MCPFinish, str | None, Any]:
@@ -158,7 +165,8 @@ def reply_text(method: str, result: Any) -> str | None:
         return f"{text} ({', '.join(about)})" if about else text or None
     if method == "elicitation/create" and isinstance(action := result.get("action"), str):
         given = result.get("content")
-        return f"{action}: {json.dumps(given, ensure_ascii=False)}" if given is not None else action
+        shown = None if given is None else json_text(given, _SPACED)
+        return action if shown is None else f"{action}: {shown}"
     if method == "roots/list" and isinstance(roots := result.get("roots"), list):
         uris = [u for r in roots if isinstance(r, dict) and isinstance(u := r.get("uri"), str)]
         return f"roots: {', '.join(uris)}" if uris else "no roots"
@@ -171,7 +179,9 @@ def log_text(params: Any) -> str | None:
     if not isinstance(params, dict) or "data" not in params:
         return None
     data = params["data"]
-    line = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    line = data if isinstance(data, str) else json_text(data, _SPACED)
+    if line is None:
+        return None
     level, logger = params.get("level"), params.get("logger")
     said = level if isinstance(level, str) else ""
     if isinstance(logger, str) and logger:
@@ -334,7 +344,8 @@ def _sessions(streams: Sequence[Stream]) -> list[list[Stream]]:
 def _bad_ids(stream: Stream, frame: Frame | None, message: Any) -> Iterator[Problem]:
     """A message whose id is no string, number or null: it is no one's answer."""
     if isinstance(message, dict) and "id" in message and id_key(message["id"]) is None:
-        yield Problem(stream, frame, f"id {json.dumps(message['id'])} is no string, number or null")
+        shown = json_text(message["id"], _SPACED) or quoted(message["id"])
+        yield Problem(stream, frame, f"id {shown} is no string, number or null")
 
 
 @dataclass
@@ -523,7 +534,7 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
                     params.get("total"),
                 )
                 if not isinstance(progress, int | float):
-                    yield Problem(stream, frame, f"progress of token {token!r} is not a number")
+                    yield Problem(stream, frame, f"progress of token {quoted(token)} is not a number")
                     continue
                 if (key := id_key(token)) is None:
                     continue  # a token is a string or a number: this one is no one's

@@ -37,9 +37,11 @@ from .base import (
     among,
     classified,
     excerpt,
+    index_or_id,
     is_json,
     last_state,
     parsed,
+    quoted,
 )
 
 DONE = "[DONE]"
@@ -336,7 +338,7 @@ class _Calls:
         for position, piece in enumerate(calls if isinstance(calls, list) else ()):
             if not isinstance(piece, dict):
                 continue
-            key = piece.get("index")
+            key = index_or_id(piece.get("index"))
             call = self.calls.setdefault(self._unindexed(piece, position) if key is None else key, ToolCall())
             if not call.id and isinstance(piece.get("id"), str):
                 call.id = piece["id"]
@@ -365,20 +367,20 @@ class _Calls:
         if kind.startswith("response.output_item."):
             item = obj.get("item")
             if isinstance(item, dict):
-                self._item(obj.get("output_index", item.get("id") or item.get("call_id")), item)
+                self._item(_place(obj.get("output_index"), item.get("id") or item.get("call_id")), item)
             return
-        call = self.calls.setdefault(obj.get("output_index", obj.get("item_id")), ToolCall())
+        call = self.calls.setdefault(_place(obj.get("output_index"), obj.get("item_id")), ToolCall())
         arguments = obj.get("arguments" if kind.endswith(".done") else "delta")
         if isinstance(arguments, str):
             call.arguments = arguments if kind.endswith(".done") else call.arguments + arguments
 
     def output(self, response: dict[str, Any]) -> None:
         """A finished response's calls, whole in its output."""
-        for index, item in enumerate(response.get("output") or ()):
+        for index, item in enumerate(_output(response)):
             if isinstance(item, dict):
                 self._item(index, item)
 
-    def _item(self, key: Any, item: dict[str, Any]) -> None:
+    def _item(self, key: int | str | None, item: dict[str, Any]) -> None:
         if item.get("type") != "function_call":
             return
         call = self.calls.setdefault(key, ToolCall())
@@ -388,6 +390,18 @@ class _Calls:
             call.name = item["name"]
         if isinstance(item.get("arguments"), str) and item["arguments"]:
             call.arguments = item["arguments"]
+
+
+def _place(output_index: Any, item_id: Any) -> int | str | None:
+    """The key of a Responses function call: its place in the output, else its item's id."""
+    index = index_or_id(output_index)
+    return index_or_id(item_id) if index is None else index
+
+
+def _output(response: dict[str, Any]) -> list[Any]:
+    """A response's output items."""
+    output = response.get("output")
+    return output if type(output) is list else []
 
 
 def _choice_calls(holder: Any) -> Any:
@@ -467,8 +481,9 @@ def _error_message(response: dict[str, Any]) -> str | None:
 def _output_text(response: dict[str, Any]) -> list[str]:
     """The text of the output's messages: their text parts, and refusals."""
     texts = []
-    for item in response.get("output") or ():
-        for part in (item.get("content") or ()) if isinstance(item, dict) else ():
+    for item in _output(response):
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if type(content) is list else ():
             named = part.get("type") if isinstance(part, dict) else None
             key = _TEXT_PARTS.get(named) if type(named) is str else None
             if key is not None and isinstance(part.get(key), str):
@@ -524,14 +539,14 @@ def one_finish(streams: Sequence[Stream]) -> Iterator[Problem]:
     for stream in streams:
         if not stream.is_sse or _responses_api(stream):
             continue
-        finished: dict[Any, int | None] = {}
-        seen: dict[Any, None] = {}  # the choices, in the order they came
+        finished: dict[int, int | None] = {}
+        seen: dict[int, None] = {}  # the choices, in the order they came
         for frame in stream.frames:
             choices = (frame.payload or {}).get("choices")
             for choice in choices if isinstance(choices, list) else ():
-                if not isinstance(choice, dict):
-                    continue
-                index = choice.get("index", 0)
+                index = choice.get("index", 0) if isinstance(choice, dict) else None
+                if type(index) is not int:
+                    continue  # an index that is no integer names no choice (as ``choices`` reads them)
                 seen.setdefault(index, None)
                 if index in finished and (_adds(choice) or choice.get("finish_reason")):
                     what = "a second finish_reason" if choice.get("finish_reason") else "more of its answer"
@@ -568,7 +583,7 @@ def well_formed(streams: Sequence[Stream]) -> Iterator[Problem]:
                 yield Problem(
                     stream,
                     frame,
-                    f"event {frame.event_type!r} carries data of type {frame.payload.get('type')!r}",
+                    f"event {frame.event_type!r} carries data of type {quoted(frame.payload.get('type'))}",
                 )
 
 
