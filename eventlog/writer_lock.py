@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from tasktape.errors import LogBusy, LogError
@@ -17,11 +18,11 @@ def take_writer_lock(path: Path, *, shared: bool = False) -> int:
 
     ``shared``: for writers that let SQLite number their rows (fleet collectors), which may
     write side by side, but never beside a writer that numbers them itself."""
+    refuse_unless_file(path)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        where = f": its folder {path.parent} does not exist" if not path.parent.is_dir() else ""
-        raise LogError(f"cannot open {path} as an event log ({exc.strerror}){where}") from None
+        raise cannot_open(path, exc) from None
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -30,6 +31,30 @@ def take_writer_lock(path: Path, *, shared: bool = False) -> int:
             f"{path} is being written by another tasktape writer (by this name or another)"
         ) from None
     return fd
+
+
+def cannot_open(path: Path, exc: OSError) -> LogError:
+    """The error for a log that cannot be opened or made at ``path``, as every command that
+    writes one says it: naming its folder when that is what is missing."""
+    where = f": its folder {path.parent} does not exist" if not path.parent.is_dir() else ""
+    return LogError(f"cannot open {path} as an event log ({exc.strerror}){where}")
+
+
+def refuse_unless_file(path: Path) -> None:
+    """Refuse a log at ``path`` that exists and is no regular file (/dev/null, a pipe): SQLite
+    would write its journal beside it (/dev/null-journal), and the log would be nowhere. (A
+    folder is left to ``os.open``, which says so.)"""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # (made as a file)
+    except OSError as exc:  # (a name too long, a folder that is a file)
+        raise cannot_open(path, exc) from None
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise LogError(
+            f"cannot open {path} as an event log: it is a device or a pipe, not a file "
+            "(SQLite writes a log, and its journal beside it, as files)"
+        )
 
 
 def release_writer_lock(fd: int) -> None:

@@ -35,6 +35,15 @@ class Applied:
     written: int = 0  # rows added or brought up to date (the rest were there already)
 
 
+def _made_at(path: Path) -> str:
+    """When the file became a log (made or upgraded now if need be)."""
+    db = open_db(path)
+    try:
+        return migrations.applied(db)[0].applied_at
+    finally:
+        db.close()
+
+
 class SqliteSink:
     """The event log at ``path`` (made if missing) as a fleet's sink."""
 
@@ -52,12 +61,14 @@ class SqliteSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        db = open_db(self.path)  # made or upgraded
-        try:
-            self._made_at = migrations.applied(db)[0].applied_at  # when this file became a log
-        finally:
-            db.close()
+        # Held first: a log in a folder that does not exist, or a device, is refused as
+        # every writer refuses it, before SQLite makes anything of it.
         self._lock = take_writer_lock(self.path, shared=True)
+        try:
+            self._made_at = _made_at(self.path)
+        except BaseException:
+            release_writer_lock(self._lock)
+            raise
         self._conn = sqlite3.connect(self.path, isolation_level=None)
         self._conn.execute("PRAGMA busy_timeout = 30000")
         self._columns = {t: {row[1] for row in self._conn.execute(f"PRAGMA table_info({t})")} for t in Table}

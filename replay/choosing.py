@@ -131,7 +131,7 @@ class Recordings:
         if holding:
             # Its rest goes to the client it was cut from: it stays for identical requests.
             index = self._served_stream(holding, incoming)
-            if self.rest_unrecorded(index, last_id):
+            if self.rest_unrecorded(index, last_id) is not None:
                 return None  # a miss (record-missing: the upstream has the rest)
             return index, False
         streams = [i for i in matching if self.recorded[i].is_sse and not self.recorded[i].resumed_from]
@@ -140,19 +140,42 @@ class Recordings:
             return self._served_stream(streams, incoming), False
         return self.match(incoming)
 
-    def rest_unrecorded(self, index: int, last_id: str) -> bool:
-        """Whether the stream ends at ``last_id`` without what ends it (the answer, a final
-        state): it was closed early (an MCP server's polling, a client that left) and what
-        came after, on a resumption, was never recorded. Served, "the rest" would be nothing,
-        and the client would ask again, for ever."""
+    def rest_unrecorded(self, index: int, last_id: str) -> str | None:
+        """Why the stream has no rest recorded after ``last_id``, if it has none: it ends at
+        that event without what ends it (the answer, a final state: it was closed early, by
+        an MCP server's polling or a client that left), or it broke off there. What came
+        after, on a resumption, was never recorded: served, "the rest" would be nothing, and
+        the client would ask again, for ever."""
+        return self._closed_early(index, last_id) or self._broke_off(index, last_id)
+
+    def _closed_early(self, index: int, last_id: str) -> str | None:
         recorded = self.recorded[index]
         protocol = by_name(recorded.protocol)
         if protocol is None or not protocol.ends_with_close(recorded.as_request()):
-            return False
+            return None
         events = [e for e in self.events_of(index) if e.complete]
+        if not events or events[-1].id != last_id or any(protocol.closes(e.data, e.event) for e in events):
+            return None
+        return (
+            f"its stream ends at event {last_id}, before its answer: what came after (the request "
+            "resuming it) was not recorded"
+        )
+
+    def _broke_off(self, index: int, last_id: str) -> str | None:
+        """A recording cut short whose body ends with the event ``last_id`` (its events
+        span every byte of it): the one its connection broke in (its id line came, not all
+        its data), or the last whole one."""
+        recorded = self.recorded[index]
+        if not (recorded.is_sse and recorded.cut_short):
+            return None
+        events = self.events_of(index)
         if not events or events[-1].id != last_id:
-            return False
-        return not any(protocol.closes(e.data, e.event) for e in events)
+            return None
+        where = "after" if events[-1].complete else "in"
+        return (
+            f"its recording breaks off {where} event {last_id} ({recorded.outcome}): what came after "
+            "was not recorded"
+        )
 
     def _served_stream(self, streams: list[int], incoming: Incoming) -> int:
         """Of the recorded ``streams``, the one a client resuming with ``incoming`` was most

@@ -42,13 +42,10 @@ def miss(
         used_up = not reasons and not _resume_only(recordings, i, last_id)
         reasons = reasons or [_why_not_again(recordings, i, last_id)]
         # The stream the client resumes, ended early: first, saying what is not there.
-        cut = last_id is not None and recordings.rest_unrecorded(i, last_id)
-        if cut:
-            reasons = [
-                f"its stream ends at event {last_id}, before its answer: what came after (the "
-                "request resuming it) was not recorded"
-            ]
-        scored.append(((not cut, distance(facing, r, recordings.rules)), i, reasons, used_up))
+        unrecorded = None if last_id is None else recordings.rest_unrecorded(i, last_id)
+        if unrecorded is not None:
+            reasons = [unrecorded]
+        scored.append(((unrecorded is None, distance(facing, r, recordings.rules)), i, reasons, used_up))
     nearest = sorted(scored)[:3]
     closest = [
         {

@@ -21,7 +21,7 @@ from yarl import URL
 
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer
-from tasktape.eventlog.content_coding import decode_body
+from tasktape.eventlog.content_coding import decode_body, too_large
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
@@ -248,14 +248,14 @@ class ReplayServer:
         try:
             sent = await request.read() if request.body_exists else None
         except web.HTTPRequestEntityTooLarge:
-            return self._refuse(
-                f"{line} (a body over {MAX_BODY:,} bytes)",
-                413,
-                f"the request body is over {MAX_BODY:,} bytes: tasktape replay reads a body whole to "
-                "match it, up to what a recorder keeps of one by default (--max-body)",
-            )
-        # Matched as the log keeps request bodies: decoded from their Content-Encoding.
-        body = None if sent is None else decode_body(sent, request.headers.get("Content-Encoding"))[0]
+            return self._too_big(line)
+        # Matched as the log keeps request bodies: decoded from their Content-Encoding, within
+        # the same bound; one that cannot be decoded, as sent (as a recorder keeps it).
+        encoding = request.headers.get("Content-Encoding")
+        body, undecodable = (None, None) if sent is None else decode_body(sent, encoding, MAX_BODY)
+        # (Of the reasons decode_body gives, a body past the bound is the one too_large words.)
+        if undecodable is not None and undecodable == too_large(encoding or "", MAX_BODY):
+            return self._too_big(line, encoding)
         incoming = Incoming(
             request.method,
             request.rel_url.path,  # decoded, as the agent's server reads it (%3A is ":")
@@ -286,7 +286,24 @@ class ReplayServer:
                 return await self._subscription(request, incoming, answer, header, start)
         if self.mode is ReplayMode.RECORD_MISSING:
             return await self._forward(upstream_request, sent, header)
+        if undecodable is not None:
+            return self._refuse(
+                f"{self._line(incoming)} (Content-Encoding {encoding}: {undecodable})",
+                400,
+                f"the request body cannot be decoded from its Content-Encoding {encoding} to match it "
+                f"({undecodable}), and no recording holds it as sent",
+            )
         return self._miss(incoming, last_id)
+
+    def _too_big(self, line: str, encoding: str | None = None) -> web.Response:
+        """The refusal of a body bigger than is matched: as sent, or decoded from ``encoding``."""
+        decoded = "" if encoding is None else f" decoded from its Content-Encoding {encoding}"
+        return self._refuse(
+            f"{line} (a body over {MAX_BODY:,} bytes{decoded})",
+            413,
+            f"the request body is over {MAX_BODY:,} bytes{decoded}: tasktape replay reads a body whole "
+            "to match it, up to what a recorder keeps of one by default (--max-body)",
+        )
 
     def _refuse(self, what: str, status: int, message: str) -> web.Response:
         """The replay's own error, for a request it cannot answer as the agent would:
@@ -589,8 +606,9 @@ class ReplayServer:
 
     def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | str:
         """What follows the event ``last_id``, and that event's offset (the rest's new zero);
-        or why there is none."""
-        events = events_in(chunks)
+        or why there is none. Only whole events count: a client has seen no other (one cut
+        off mid-event dispatched nothing)."""
+        events = [e for e in events_in(chunks) if e.complete]
         for event in events:
             if event.id == last_id:
                 return after(chunks, event.end, event.offset_ns), event.offset_ns

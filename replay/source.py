@@ -4,22 +4,24 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tasktape.errors import SourceError
 from tasktape.eventlog.cassette import read_cassette
-from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, read_once
+from tasktape.eventlog.file_kinds import FileKind, is_log, kind_of, kind_of_bytes, read_once
 from tasktape.eventlog.recorded import Recorded, read_log
 
 
-def load(paths: list[str | Path]) -> list[Recorded]:
-    """Every recorded exchange of the sources, in order."""
+def load(paths: list[str | Path], warn: Callable[[str], None] | None = None) -> list[Recorded]:
+    """Every recorded exchange of the sources, in order; ``warn`` is told of each event
+    log a folder holds, which is not read (see ``cassettes_in``)."""
     if isinstance(paths, str | Path):  # one source, not a list of them (a str's letters)
         raise SourceError(f"load() takes a list of sources: load([{str(paths)!r}])")
     recorded: list[Recorded] = []
     for source in map(Path, paths):
         if source.is_dir():
-            for cassette in cassettes_in(source):
+            for cassette in cassettes_in(source, warn):
                 recorded += read_cassette(source / cassette, cassette.as_posix())
         elif not source.exists():
             raise SourceError(f"{source}: no such file or folder")
@@ -28,11 +30,14 @@ def load(paths: list[str | Path]) -> list[Recorded]:
     return recorded
 
 
-def cassettes_in(folder: Path) -> list[Path]:
+def cassettes_in(folder: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
     """The cassettes under a folder, as paths relative to it, in order (the pytest plug-in
     keeps one folder of them per test module); hidden folders left out, folders linked to
-    followed (each once: a link that loops back is not). A SourceError when there is none."""
+    followed (each once: a link that loops back is not). A SourceError when there is none.
+    Event logs in it are not read (a folder means its cassettes): ``warn`` is told of each,
+    and the error names them."""
     found: list[Path] = []
+    logs: list[Path] = []
     seen: set[str] = set()
     for where, folders, files in os.walk(folder, followlinks=True):
         real = os.path.realpath(where)
@@ -43,9 +48,33 @@ def cassettes_in(folder: Path) -> list[Path]:
         folders[:] = [f for f in folders if not f.startswith(".")]
         here = Path(where).relative_to(folder)
         found += [here / f for f in files if f.endswith(".jsonl") and (Path(where) / f).is_file()]
+        # Only what is not named as a cassette is looked into: a folder of many stays quick.
+        logs += [Path(where) / f for f in files if not f.endswith(".jsonl") and _is_log(Path(where) / f)]
+    logs.sort()
     if not found:
-        raise SourceError(f"{folder}: a folder without cassettes (*.jsonl, in it or its subfolders)")
+        held = f"; it holds {_listed(logs)}, not read: give a log by its path" if logs else ""
+        raise SourceError(f"{folder}: a folder without cassettes (*.jsonl, in it or its subfolders){held}")
+    for log in logs if warn else ():
+        warn(f"{log} is an event log: a folder is read for its cassettes; give a log by its path")
     return sorted(found)
+
+
+def _is_log(path: Path) -> bool:
+    """Whether ``path`` is an event log, told by its first bytes (an unreadable file is not)."""
+    try:
+        return path.is_file() and is_log(path)
+    except OSError:
+        return False
+
+
+_NAMED = 5  # event logs a message names, at most
+
+
+def _listed(logs: list[Path]) -> str:
+    """The event logs a folder holds, for a message: the first few by name."""
+    shown = ", ".join(map(str, logs[:_NAMED]))
+    more = f" and {len(logs) - _NAMED} more" if len(logs) > _NAMED else ""
+    return f"event logs ({shown}{more})" if len(logs) > 1 else f"an event log ({shown})"
 
 
 def _read_file(source: Path) -> list[Recorded]:

@@ -43,10 +43,14 @@ def _given(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
             yield path, None
             continue
         try:
-            members = cassettes_in(path)
+            members = cassettes_in(path, _warn)
         except TasktapeError as exc:
             raise click.BadParameter(str(exc), param_hint="SOURCE") from None
         yield from ((path / member, member.as_posix()) for member in members)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"tasktape check: WARNING: {message}", err=True)
 
 
 def _check_source(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import io
+import os
 import sys
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
@@ -60,7 +62,58 @@ def run() -> None:
     """The ``tasktape`` command: ``main`` in a process of its own (``main`` called in
     another program's process leaves how that process loads its modules alone)."""
     sys.meta_path.insert(0, _SqliteUtilsAlone())
-    main()
+    _watch_stdout()
+    try:
+        try:
+            main()
+        finally:
+            sys.stdout.flush()  # here: at exit, its failure would be a traceback
+    except OSError as exc:
+        if not _Stdout.failed:  # (another file's error: not one said here)
+            raise
+        _let_stdout_go()
+        if not isinstance(exc, BrokenPipeError):  # (a reader that stopped reading: silent, as click has it)
+            click.echo(f"Error: cannot write standard output: {exc.strerror or exc}", err=True)
+        sys.exit(1)
+
+
+class _Stdout(io.FileIO):
+    """Standard output's file, which notes that writing it failed (a full disk, /dev/full,
+    a closed pipe): an error any command meets writing it is then said as one line."""
+
+    failed = False
+
+    def write(self, data: Any) -> int | None:
+        try:
+            return super().write(data)
+        except OSError:
+            _Stdout.failed = True
+            raise
+
+
+def _watch_stdout() -> None:
+    """Standard output as it was (its encoding, errors and buffering), written through ``_Stdout``."""
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # (none, or not a file: left as it is)
+        return
+    buffered = io.BufferedWriter(_Stdout(fd, "w", closefd=False))
+    sys.stdout = io.TextIOWrapper(
+        buffered,
+        encoding=out.encoding,
+        errors=out.errors,
+        line_buffering=out.line_buffering,
+        write_through=out.write_through,
+    )
+
+
+def _let_stdout_go() -> None:
+    """Standard output onto the null device: what it still holds, flushed again at exit,
+    goes nowhere instead of ending in a traceback."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
 
 
 class _SqliteUtilsAlone(importlib.abc.MetaPathFinder):

@@ -23,6 +23,7 @@ from tasktape.eventlog import EventLog, ProcessLogWriter, SSEDecoder
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, from_log
+from tasktape.eventlog.writer_lock import cannot_open
 from tasktape.proxy import RecordingProxy
 from tasktape.replay import ReplayServer
 
@@ -301,8 +302,8 @@ def _create(db: Path) -> bool:
         os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except FileExistsError:
         return False
-    except OSError as exc:
-        raise click.ClickException(f"cannot create the log {db}: {exc.strerror}") from None
+    except OSError as exc:  # (in the words record's --db has)
+        raise click.ClickException(str(cannot_open(db, exc))) from None
     return True
 
 

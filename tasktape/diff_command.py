@@ -26,9 +26,13 @@ DEFAULT = Tolerance()
 
 def _load(path: Path, name: str) -> list[Recorded]:
     try:
-        return load([path])
+        return load([path], _warn)
     except (OSError, sqlite3.Error, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint=name) from None
+
+
+def _warn(message: str) -> None:
+    click.echo(f"tasktape diff: WARNING: {message}", err=True)
 
 
 def _where(run: Run) -> str:

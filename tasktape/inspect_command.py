@@ -77,6 +77,17 @@ def serve_inspector(
     click.echo("tasktape inspect: stopped", err=True)
 
 
+def _named_host(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """An address to listen on, named: an empty one would be every interface, unsaid (and
+    the printed URLs would have no host)."""
+    if not value.strip():
+        raise click.BadParameter(
+            "an address is needed: 127.0.0.1 (this machine alone, the default), ::1, or 0.0.0.0 "
+            "for every interface"
+        )
+    return value
+
+
 @click.command()
 @click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
@@ -86,7 +97,9 @@ def serve_inspector(
     show_default=True,
     help="Port to listen on (0: a free one).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, callback=_named_host, help="Address to listen on."
+)
 @click.option(
     "--upgrade",
     is_flag=True,

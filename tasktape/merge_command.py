@@ -10,6 +10,7 @@ from tasktape.errors import LogBusy, LogError
 from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.merge import merge_logs
 from tasktape.eventlog.schema import named_kind
+from tasktape.eventlog.writer_lock import refuse_unless_file
 
 from .cassette_commands import bad_input, folder_for
 
@@ -44,8 +45,7 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
             raise bad_input(
                 f"{log} is {kind}, not an event log: tasktape import {log} --db {output} reads it into one"
             )
-    if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
-        raise bad_input(f"{output} is {named_kind(output)}: merge writes an event log, not over it")
+    _check_output(output)
     folder_for(output)
     made = not output.exists()
     try:
@@ -58,3 +58,14 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
             for path in (output, Path(f"{output}-wal"), Path(f"{output}-shm")):
                 path.unlink(missing_ok=True)
         raise bad_input(str(exc)) from None
+
+
+def _check_output(output: Path) -> None:
+    """Refuse an output that is no log to merge into: a device or a pipe (SQLite would write
+    its journal beside it), a name the system refuses (too long), a file of another kind."""
+    try:
+        refuse_unless_file(output)
+    except LogError as exc:
+        raise bad_input(str(exc)) from None
+    if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
+        raise bad_input(f"{output} is {named_kind(output)}: merge writes an event log, not over it")

@@ -12,8 +12,10 @@ from types import FrameType
 import click
 
 from tasktape import proxy
+from tasktape.errors import LogBusy, LogError
 from tasktape.eventlog.interpreter import child_python
 
+from .option_checks import bad_input
 from .record import EXIT_LOG_FAILED
 from .redaction_options import redaction_options
 from .stop_signals import stop_signals
@@ -76,7 +78,9 @@ def mitm(
     (`--set tasktape_hosts=...`, `tasktape_paths`, ...) can be passed there too.
 
     Ctrl-C or SIGTERM is passed on to mitmdump, which flushes the log and stops; the exit
-    status is mitmdump's, or 3 if any row could not be written to the log.
+    status is mitmdump's, or 3 if any row could not be written to the log; before mitmdump
+    starts, 1 if the log is held by another writer, 2 on bad input (an option's value, a
+    --db that is no event log, or in a folder that does not exist).
     """
     if mitmproxy_missing():
         raise click.ClickException(INSTALL_HINT)
@@ -86,6 +90,7 @@ def mitm(
     sets += [f"tasktape_redact_query={name}" for name in redact_query]
     sets += [f"tasktape_redact_json={pointer}" for pointer in redact_json]
     _check_settings(sets, mitmdump_args)
+    _check_log(Path(db))
     python, env = child_python()
     args = [*python, "-c", _MITMDUMP, "-s", str(addon_path())]
     for setting in sets:
@@ -115,6 +120,25 @@ def _check_settings(own: list[str], mitmdump_args: tuple[str, ...]) -> None:
             f"{exc} (the addon's options after --; tasktape mitm sets tasktape_db from --db and "
             "tasktape_freeze_heap itself): mitmproxy would leave the addon out, or stop, and record nothing"
         ) from None
+
+
+def _check_log(db: Path) -> None:
+    """The log opened (made, or upgraded) and let go before mitmdump starts, refused as
+    tasktape record refuses it: the addon's refusal came as mitmproxy's traceback, once
+    mitmdump had begun listening."""
+    from tasktape.eventlog.schema import open_db  # noqa: PLC0415 (sqlite-utils: only here)
+    from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock  # noqa: PLC0415
+
+    try:
+        fd = take_writer_lock(db)
+        try:
+            open_db(db).close()
+        finally:
+            release_writer_lock(fd)
+    except LogBusy as exc:  # another writer holds it: a failure, as record says it
+        raise click.ClickException(str(exc)) from None
+    except LogError as exc:
+        raise bad_input(str(exc)) from None
 
 
 def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:

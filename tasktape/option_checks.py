@@ -29,6 +29,18 @@ def checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Par
     return callback
 
 
+def each_named(example: str) -> Callable[[click.Context, click.Parameter, tuple[str, ...]], tuple[str, ...]]:
+    """A click callback for a repeated option whose every value names something (a header,
+    a fault): an empty one (an unset shell variable's) would do nothing, unsaid."""
+
+    def callback(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not value.strip() for value in values):
+            raise click.BadParameter(f"an empty value names nothing: give {example}", ctx=ctx, param=param)
+        return values
+
+    return callback
+
+
 class FiniteRange(click.FloatRange):
     """A ``FloatRange`` that refuses NaN and infinity, which a range check lets through (NaN
     compares as neither below nor above it): a NaN or infinite time never ends."""
@@ -40,3 +52,30 @@ class FiniteRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
+
+
+# The longest time an option in seconds takes: a week. A longer one is a typo (1e20), and
+# one reaching past the clock's range (a moment that far back has no timestamp) crashed.
+MAX_SECONDS = 7 * 24 * 3600
+
+
+class Seconds(FiniteRange):
+    """A time in seconds, finite and at most ``MAX_SECONDS``."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number > MAX_SECONDS:
+            self.fail(
+                f"{value} seconds is longer than a week: it is at most {MAX_SECONDS} (7 days).", param, ctx
+            )
+        return number
+
+
+def bad_input(message: str) -> click.ClickException:
+    """A file an option names that is not what the command takes: a usage error (exit
+    status 2, as click's own), said on one line."""
+    error = click.ClickException(message)
+    error.exit_code = 2
+    return error

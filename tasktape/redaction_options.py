@@ -8,16 +8,24 @@ from typing import TypeVar
 
 import click
 
+from tasktape.errors import UsageError
 from tasktape.eventlog.redact import parse_pointer
 
-from .option_checks import checked
+from .option_checks import checked, each_named
 
 F = TypeVar("F", bound=Callable[..., object])
 
 
 def _pointers(value: tuple[str, ...]) -> tuple[str, ...]:
-    """Each value a JSON pointer (``*`` for any key or index)."""
+    """Each value a JSON pointer (``*`` for any key or index) naming a field: the empty
+    pointer, the whole document (an unset shell variable's), would make --ignore leave
+    request bodies out of matching, unsaid."""
     for pointer in value:
+        if not pointer:
+            raise UsageError(
+                "an empty JSON pointer is the whole body: name a field, e.g. /params/message/metadata/id "
+                "or /**/apiKey"
+            )
         parse_pointer(pointer)
     return value
 
@@ -42,6 +50,7 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             "--redact-query",
             multiple=True,
             metavar="NAME",
+            callback=each_named("a query parameter's name, e.g. session"),
             help=f"{when}Also redact the value of this query parameter, and of the form field of "
             "that name (repeatable). key, api_key, apikey, api-key, access_token, access-token, "
             "refresh_token, id_token, token, auth, password, secret, client_secret, signature, sig and "
@@ -51,6 +60,7 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             "--redact-header",
             multiple=True,
             metavar="NAME",
+            callback=each_named("a header's name, e.g. X-Session-Token"),
             help=f"{when}Also redact this header (repeatable). Authorization, Proxy-Authorization, "
             "Cookie, Set-Cookie, X-Api-Key, Api-Key, X-Goog-Api-Key, X-Auth-Token and Private-Token "
             "always are.",

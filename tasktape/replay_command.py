@@ -10,7 +10,10 @@ import click
 
 from tasktape.errors import LogError, TasktapeError, UsageError
 from tasktape.eventlog.file_kinds import is_log
+from tasktape.eventlog.frames import at_log_end
+from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
+from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import Redactor
 from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
@@ -26,7 +29,7 @@ from .listen import (
     answered_hosts,
     warn_if_exposed,
 )
-from .option_checks import checked
+from .option_checks import checked, each_named
 from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -78,6 +81,7 @@ from .serving import bind, serve_until_stopped
     "faults",
     multiple=True,
     metavar="SPEC",
+    callback=each_named("a fault spec, e.g. drop-after=3 or stall=2:500"),
     help="Arm a fault: drop-after=N, cut-frame=N, reset-after=N, duplicate=N, skip=N, swap=N, corrupt=N, "
     "stall=N:MS, drip=BYTES_PER_S, status=S, delay-headers=MS, content-type=TYPE or no-final, scoped with "
     "times=K, every=K, p=P;seed=S, path=GLOB (repeatable: each spec counts on its own; per request, send "
@@ -95,6 +99,7 @@ from .serving import bind, serve_until_stopped
     "match_headers",
     multiple=True,
     metavar="NAME",
+    callback=each_named("a header's name, e.g. X-Tenant"),
     help="A request header that must match too (repeatable; a value redacted in the recording matches any).",
 )
 @click.option(
@@ -148,9 +153,10 @@ def replay(
     except TasktapeError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault") from None
     try:
-        recorded = load(list(sources))
+        recorded = load(list(sources), _warn)
     except TasktapeError as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+    under_way = cut_at_log_end(recorded)
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:
         raise click.BadParameter(f"mode {mode.value} needs --upstream", param_hint="--upstream")
@@ -222,7 +228,7 @@ def replay(
     finally:
         if writer is not None:
             writer.close()
-    for line in report(server):
+    for line in report(server, under_way):
         click.echo(line, err=True)
 
 
@@ -240,6 +246,10 @@ _MODES_OF = {
 }
 
 
+def _warn(message: str) -> None:
+    click.echo(f"tasktape replay: WARNING: {message}", err=True)
+
+
 def _refuse_other_modes_options(mode: ReplayMode, given: dict[str, bool]) -> None:
     """A usage error for an option given that ``mode`` has no use for, naming the modes
     that have."""
@@ -251,9 +261,23 @@ def _refuse_other_modes_options(mode: ReplayMode, given: dict[str, bool]) -> Non
             )
 
 
-def report(server: ReplayServer) -> list[str]:
+def cut_at_log_end(recorded: list[Recorded]) -> list[Recorded]:
+    """The exchanges a log held no end of when it was read (a recorder still writes them, or
+    was killed), cut short where the log stops, as every reader of a log takes them: they break
+    off there, as a recording cut short does. Said as they load."""
+    under_way = at_log_end(recorded)
+    for r in under_way:
+        click.echo(
+            f"tasktape replay: {r.origin} ({r.request_line}) has no end in the log yet: replayed as cut "
+            f"short there ({Outcome.LOG_CLOSED})",
+            err=True,
+        )
+    return under_way
+
+
+def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
     """What was served, what missed, what was refused, which faults requests asked for
-    were not made, and which recordings were never used."""
+    were not made, which recordings were never used, and which the log held no end of."""
     stats = server.stats
     lines = [
         f"tasktape replay: {stats.served} served, {len(stats.missed)} missed"
@@ -272,4 +296,10 @@ def report(server: ReplayServer) -> list[str]:
         were = "was" if len(unused) == 1 else "were"
         lines.append(f"  {counted(len(unused), 'recorded exchange')} {were} never used:")
         lines += [f"    {r.request_line} ({r.origin})" for r in unused]
+    if under_way:
+        lines.append(
+            f"  {counted(len(under_way), 'recorded exchange')} the log held no end of when it was read, "
+            f"replayed cut short there ({Outcome.LOG_CLOSED}):"
+        )
+        lines += [f"    {r.request_line} ({r.origin})" for r in under_way]
     return lines + fidelity.summary(server.served)

@@ -14,13 +14,14 @@ from aiohttp import web
 from .stop_signals import stop_signals
 
 STOP_GRACE = 1.0  # seconds
+BACKLOG = 128  # connections waiting to be answered (the server listens again, with its own)
 
 
 def bind(host: str, port: int, *, or_any_port: bool = False) -> socket.socket:
-    """A socket bound to ``host:port`` (0: a free port), or a clear error: a command binds
-    before it opens anything else, so a port in use leaves nothing behind. It listens only
-    once the server is started on it, so that nothing connects before it can be answered.
-    With ``or_any_port``, a free port stands in for ``port`` if it is taken."""
+    """A socket bound to ``host:port`` (0: a free port) and listening, or a clear error: a
+    command binds before it opens anything else, so a port in use leaves nothing behind.
+    Connections wait in its backlog until the server started on it answers them. With
+    ``or_any_port``, a free port stands in for ``port`` if it is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -29,6 +30,9 @@ def bind(host: str, port: int, *, or_any_port: bool = False) -> socket.socket:
         # Not for port 0: a socket that binds there with SO_REUSEADDR and does not listen yet
         # may be given a port another such socket holds.
         sock.bind((host, port))
+        # Here, not once the server starts: with SO_REUSEADDR, two commands started at once
+        # may both bind the port, and only listening tells the second it is taken.
+        sock.listen(BACKLOG)
         return sock
     except OSError as exc:
         sock.close()

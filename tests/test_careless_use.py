@@ -5,6 +5,7 @@ URL on tasktape replay ends cleanly."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 from pathlib import Path
@@ -118,3 +119,35 @@ async def test_a_bad_upstream_url_on_replay_is_explained(tmp_path: Path) -> None
         )
         assert code == 2 and "must be an http:// or https:// URL" in err and "Traceback" not in err, err
         assert not db.exists()
+
+
+async def test_a_log_record_cannot_write_is_bad_input_said_as_everywhere(tmp_path: Path) -> None:
+    """A --db in a folder that does not exist, no event log, or no file (a pipe, a device:
+    SQLite wrote /dev/null-journal beside it): status 2, as the other commands that take
+    one say, in record's words, and nothing made beside it."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("some notes\n")
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    refused = {
+        tmp_path / "nodir" / "r.db": "(No such file or directory): its folder",
+        notes: "file is not a database",
+        fifo: "it is a device or a pipe, not a file",
+    }
+    for db, said in refused.items():
+        code, err = await finished(
+            "record", "--upstream", "http://127.0.0.1:9", "--db", str(db), "--listen", "0"
+        )
+        assert code == 2 and f"Error: cannot open {db} as an event log" in err and said in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.db", "notes.txt"]
+
+
+async def test_demo_and_collect_say_a_missing_folder_as_record_does(tmp_path: Path) -> None:
+    """demo said "cannot create the log", collect "unable to open database file"."""
+    for command, db in (("demo", "demo.db"), ("collect", "c.db")):
+        db_path = tmp_path / "nodir" / db
+        more = ("--from", f"nats://127.0.0.1:{free_port()}") if command == "collect" else ()
+        code, err = await finished(command, "--db", str(db_path), *more)
+        assert code == 1, err
+        said = f"Error: cannot open {db_path} as an event log (No such file or directory): its folder "
+        assert f"{said}{db_path.parent} does not exist\n" in err, err

@@ -5,6 +5,7 @@ they end with."""
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import subprocess
@@ -343,3 +344,95 @@ def test_the_help_says_a_folder_holds_cassettes(command: str) -> None:
     """A folder of logs is refused: the help says what a folder given holds."""
     said = " ".join(run(command, "--help").output.split())
     assert "folders of cassettes" in said and "folders of them" not in said
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("check", "--no-save", COMPLETED),
+        ("diff", COMPLETED, COMPLETED),
+        ("export", "completed.db", "-o", "-"),
+    ],
+    ids=["check", "diff", "export"],
+)
+def test_a_standard_output_that_cannot_be_written_is_said_in_one_line(
+    tmp_path: Path, completed_log: Path, args: tuple[str | Path, ...]
+) -> None:
+    """Output to a full disk (/dev/full) was a traceback."""
+    command = [sys.executable, "-m", "tasktape", *map(str, args)]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            command, stdout=full, stderr=subprocess.PIPE, cwd=tmp_path, timeout=120, check=False
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode() == "Error: cannot write standard output: No space left on device\n"
+
+
+def test_a_reader_that_stops_reading_ends_it_silently(tmp_path: Path, completed_log: Path) -> None:
+    """A closed pipe (``| head``) is no error to report: status 1, nothing said."""
+    command = [sys.executable, "-m", "tasktape", "export", completed_log, "-o", "-"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        err = proc.stderr.read()
+    assert proc.returncode == 1 and err == b""
+
+
+def test_merge_into_a_name_too_long_says_so(tmp_path: Path, completed_log: Path) -> None:
+    """Path.is_file raised on a name the system refuses: a traceback."""
+    output = tmp_path / ("m" * 260 + ".db")
+    result = run("merge", completed_log, "-o", output)
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: cannot open {output} as an event log (File name too long)\n"
+
+
+@pytest.mark.parametrize("command", ["import", "merge"])
+def test_a_log_that_is_no_file_is_refused(tmp_path: Path, completed_log: Path, command: str) -> None:
+    """A pipe or a device (/dev/null) as the log: SQLite wrote its journal beside it
+    (/dev/null-journal), and the log was nowhere."""
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    args = (
+        ("import", COMPLETED, "--db", fifo) if command == "import" else ("merge", completed_log, "-o", fifo)
+    )
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert f"cannot open {fifo} as an event log: it is a device or a pipe, not a file" in result.output
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("fifo.db-")]
+
+
+@pytest.fixture
+def mixed(tmp_path: Path, completed_log: Path) -> Path:
+    """A folder of a cassette and an event log named as no log usually is."""
+    folder = tmp_path / "mix"
+    folder.mkdir()
+    (folder / "completed.jsonl").write_bytes(COMPLETED.read_bytes())
+    (folder / "kept").write_bytes(completed_log.read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize("args", [("check", "--no-save", "{}"), ("diff", "{}", "{}")], ids=["check", "diff"])
+def test_a_log_in_a_folder_is_named_as_left_out(mixed: Path, args: tuple[str, ...]) -> None:
+    """A folder is read for its cassettes: a log in it was skipped without a word."""
+    result = CliRunner().invoke(main, [a.format(mixed) for a in args])
+    assert result.exit_code == 0, result.output
+    command = args[0]
+    warning = (
+        f"tasktape {command}: WARNING: {mixed / 'kept'} is an event log: a folder is read for its cassettes; "
+        "give a log by its path\n"
+    )
+    assert warning in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "diff", "replay"])
+def test_a_folder_of_logs_alone_names_them(mixed: Path, command: str) -> None:
+    (mixed / "completed.jsonl").unlink()
+    result = run(command, mixed, *([mixed] if command == "diff" else []))
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert (
+        f"{mixed}: a folder without cassettes (*.jsonl, in it or its subfolders); it holds an event log "
+        in said
+    )
+    assert f"({mixed / 'kept'}), not read: give a log by its path" in said

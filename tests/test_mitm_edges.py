@@ -25,6 +25,7 @@ from test_mitm import last_id, mitmdump_args, running, wait_for_exchanges
 from tasktape.eventlog import EventLog
 
 TASKTAPE = [sys.executable, "-m", "tasktape"]
+ROOT = Path(__file__).resolve().parent.parent
 CARD = "/.well-known/agent-card.json"
 
 
@@ -143,6 +144,28 @@ def test_a_port_in_use_leaves_no_capture_unended(tmp_path: Path) -> None:
     assert any(f"127.0.0.1:{port}" in line and "address already in use" in line for line in said.splitlines())
     with EventLog(db) as log:
         assert [c["ended_at"] for c in log.captures() if c["ended_at"] is None] == []
+
+
+@pytest.mark.parametrize("log", ["nodir/r.db", "c1.jsonl"])
+def test_a_log_mitm_cannot_open_is_refused_before_mitmdump_starts(tmp_path: Path, log: str) -> None:
+    """A --db in a folder that does not exist, or a cassette, was refused by the addon once
+    mitmdump listened (on every interface, with -p alone), as mitmproxy's traceback."""
+    (tmp_path / "c1.jsonl").write_bytes((ROOT / "cassettes" / "completed.jsonl").read_bytes())
+    result = subprocess.run(
+        [*TASKTAPE, "mitm", "--db", log, "--", "-p", "0", *mitmdump_args(tmp_path / "conf")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    said = {
+        "nodir/r.db": "Error: cannot open nodir/r.db as an event log (No such file or directory): its folder "
+        "nodir does not exist\n",
+        "c1.jsonl": "Error: c1.jsonl is a cassette, not an event log: tasktape import c1.jsonl --db LOG "
+        "reads it into one\n",
+    }
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", said[log])
 
 
 # -- a forward proxy's log of two agents, exported --------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -9,10 +10,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
+from conftest import RecordFactory
 from loopback import finished, running, serve, stop, upstream_app
+from ports import free_port
 
+from tasktape.eventlog import LogWriter
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
+from tasktape.serving import bind
 
 
 def cassette(path: Path) -> Path:
@@ -223,3 +229,93 @@ async def test_a_request_its_recording_already_answered_is_said_so_as_it_comes(t
         r"POST /message:send matches session\.jsonl:\d+, already served \(answer requests more often", err
     ), err
     assert "no recording matches" not in err
+
+
+def held_open(release: asyncio.Event) -> web.Application:
+    """An agent whose POST /events stream sends event e1, then waits for ``release`` to end."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"id: e1\ndata: {}\n\n")
+        await release.wait()
+        await response.write(b"id: e2\ndata: {}\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/events", stream)
+    return app
+
+
+async def test_an_exchange_the_log_holds_no_end_of_breaks_off_where_the_log_stops(
+    record: RecordFactory,
+) -> None:
+    """Replayed from a log its recorder was still writing, a stream under way was sent as a
+    whole one and ended cleanly, and the report said it was byte-identical; resumed from its
+    last event, it was an empty 200. As export and check take it, it is cut short where the
+    log stops: it breaks off there, a resume from its last event is a miss, and both the
+    load and the exit summary say so."""
+    release = asyncio.Event()
+    rec = await record(held_open(release))
+    async with rec.session.post(f"{rec.url}/events", json={}) as live:
+        assert await live.content.readuntil(b"\n\n") == b"id: e1\ndata: {}\n\n"
+        await rec.writer.aflush()
+        async with running("replay", str(rec.db), "--listen", "127.0.0.1:0", "--speed", "0") as run:
+            received = b""
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{run.url}/events", json={}) as r:
+                    with pytest.raises(aiohttp.ClientPayloadError):
+                        async for data in r.content.iter_any():
+                            received += data
+                async with session.post(f"{run.url}/events", json={}, headers={"Last-Event-ID": "e1"}) as r:
+                    (closest, *_) = (await r.json())["error"]["closest"]
+            assert await stop(run, signal.SIGINT) == 0
+            err = run.printed[-1]
+        release.set()
+        await live.read()
+    assert received == b"id: e1\ndata: {}\n\n"
+    assert r.status == 404
+    assert closest["differs"] == [
+        "its recording breaks off after event e1 (log_closed): what came after was not recorded"
+    ]
+    assert (
+        f"tasktape replay: {rec.db.name} exchange 1 (POST /events) has no end in the log yet: replayed as "
+        "cut short there (log_closed)"
+    ) in err
+    assert (
+        "  1 recorded exchange the log held no end of when it was read, replayed cut short there "
+        f"(log_closed):\n    POST /events ({rec.db.name} exchange 1)"
+    ) in err
+
+
+@pytest.mark.parametrize("command", ["replay", "record", "inspect", "agent"])
+async def test_a_port_another_command_bound_at_the_same_moment_is_said_to_be_in_use(
+    tmp_path: Path, command: str
+) -> None:
+    """Two servers started at once both bound the port (a port is taken again at once, as a
+    last run may leave it), and the one that listened second failed with a traceback: a
+    port bound is listened on, and the other is told, in a line."""
+    port = free_port()
+    log = tmp_path / "log.db"
+    LogWriter(log).close()
+    args = {
+        "replay": ("replay", str(cassette(tmp_path / "c.jsonl")), "--listen", f"127.0.0.1:{port}"),
+        "record": (
+            "record",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--db",
+            str(tmp_path / "new.db"),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ),
+        "inspect": ("inspect", str(log), "--port", str(port)),
+        "agent": ("agent", "--listen", f"127.0.0.1:{port}"),
+    }[command]
+    held = bind("127.0.0.1", port)  # as the other command, started at the same moment, does
+    try:
+        code, err = await finished(*args)
+    finally:
+        held.close()
+    assert (code, err.strip()) == (1, f"Error: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert not (tmp_path / "new.db").exists()

@@ -15,9 +15,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import Serve
+from conftest import RecordFactory, Serve
 from yarl import URL
 
+from tasktape.agent import create_agent_app
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.recorded import Recorded
 from tasktape.replay import ReplayServer, load
@@ -231,6 +232,76 @@ async def test_an_unknown_last_event_id_after_the_stream_was_served_is_a_400(
         status, body = await get(f"{url}/events", {"Last-Event-ID": "99"})
         assert status == 400
         assert "names no event" in body.decode() and "from '1' to '5'" in body.decode()
+    assert server.stats.missed == []
+
+
+async def test_a_resume_from_the_event_a_recording_broke_off_in_is_a_miss(
+    tmp_path: Path, record: RecordFactory, serve: Serve
+) -> None:
+    """The demo agent's stream dropped mid-event, recorded through the recorder: a client
+    that kept that event's id (its id line came, its data did not) and resumed with it got a
+    200 with nothing in it, then a broken transfer, every time. No rest was recorded: the
+    resume is a miss that says so."""
+    rec = await record(await serve(create_agent_app(pace=0.01)))
+    question = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "please drop"}]}}
+    headers = {"A2A-Version": "1.0"}
+    received = b""
+    async with rec.session.post(f"{rec.url}/message:stream", json=question, headers=headers) as r:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for data in r.content.iter_any():
+                received += data
+    (await rec.log()).close()
+    cut_id = received.rsplit(b"id: ", 1)[1].split(b"\n", 1)[0].decode()
+    assert not received.endswith(b"\n\n")  # the id line of an event whose data was cut
+    url = await serve(ReplayServer(load([rec.db]), speed=0).app)
+    resume = {**headers, "Last-Event-ID": cut_id}
+    status, body = await post(f"{url}/message:stream", json.dumps(question).encode(), resume)
+    (closest, *_) = json.loads(body)["error"]["closest"]
+    assert status == 404
+    assert closest["differs"] == [
+        f"its recording breaks off in event {cut_id} (upstream_disconnected): what came after was not "
+        "recorded"
+    ]
+
+
+async def test_only_whole_events_are_resumed_after(tmp_path: Path, serve: Serve) -> None:
+    """A stream that ended with half an event: its id names no event a client saw (none was
+    dispatched), so resuming from it is a 400 naming the ids there are, not an empty rest."""
+    stream = events_stream("a")
+    stream.chunks.append((6 * MS, b'id: 6\ndata: {"ha'))
+    url = await serve(served_from(tmp_path, [stream]).app)
+    status, body = await get(f"{url}/events", {"Last-Event-ID": "6"})
+    assert status == 400 and "'6' names no event" in body.decode() and "from '1' to '5'" in body.decode()
+
+
+# -- compressed request bodies ----------------------------------------------------------------
+
+
+async def test_a_compressed_body_is_decoded_within_the_bound_or_refused_saying_why(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """A body decoded whole before matching, without the bound the docs give (16 MiB then a
+    413), and one that does not decode from its Content-Encoding was matched as its
+    compressed bytes, the miss never saying why: a 413 and a 400 that say so, counted as
+    refused. One that decodes is matched as ever."""
+    server = served_from(tmp_path, [ok("POST", "/x")])
+    url = await serve(server.app)
+    gzipped = {"Content-Encoding": "gzip"}
+    bomb = gzip.compress(bytes(17 * 1024 * 1024))  # some 17 KB, 17 MiB decoded
+    status, body = await post(f"{url}/x", bomb, gzipped)
+    assert status == 413
+    assert json.loads(body)["error"]["message"].startswith(
+        "the request body is over 16,777,216 bytes decoded from its Content-Encoding gzip: "
+    )
+    status, body = await post(f"{url}/x", b"not gzip", gzipped)
+    assert status == 400
+    assert "cannot be decoded from its Content-Encoding gzip" in json.loads(body)["error"]["message"]
+    assert await post(f"{url}/x", gzip.compress(b'{"message": {"messageId": "m"}}'), gzipped) == (200, b"ok")
+    assert server.stats.refused == [
+        "POST /x (a body over 16,777,216 bytes decoded from its Content-Encoding gzip)",
+        "POST /x (Content-Encoding gzip: content decoding failed (Error -3 while decompressing data: "
+        "incorrect header check))",
+    ]
     assert server.stats.missed == []
 
 
