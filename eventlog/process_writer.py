@@ -34,6 +34,10 @@ _GATHER = 0.002  # seconds: how long operations gather before they are sent, at 
 # keeps everything sent to it).
 _MAX_GATHER = 0.016
 _STARTUP_TIMEOUT = 60.0
+# What a dead writer process loses, as said when it is found dead.
+_GONE = (
+    "what it had not yet written is lost, and so is every row from now on (counted when the log is closed)"
+)
 # The child runs tasktape's writer and nothing else. sqlite-utils imports numpy and pandas
 # when they are installed, only to convert their values on insert, which the writer never
 # has: without them the child starts with 12 MiB less (numpy alone) and no BLAS threads.
@@ -207,7 +211,9 @@ class ProcessLogWriter(LogProducer):
         """The child died: say so once, and release everyone waiting on it."""
         if not self._child_gone:
             self._child_gone = True
-            self._failed(error, rows)
+            # What the child had not committed when it died is lost too, and nobody can
+            # count it: the total, of what is lost from now on, comes when the log closes.
+            self._failed(error, rows, uncounted=_GONE)
         elif rows:
             self.stats.rows_lost += rows
         with self._lock:

@@ -384,8 +384,17 @@ class LogProducer:
         """Wait until everything queued before STOP is written, then release the log."""
         raise NotImplementedError
 
-    def _failed(self, error: str, rows: int, exc: BaseException | None = None, *, batch: bool = True) -> None:
-        """Rows could not be written: count them and say so, loudly."""
+    def _failed(
+        self,
+        error: str,
+        rows: int,
+        exc: BaseException | None = None,
+        *,
+        batch: bool = True,
+        uncounted: str | None = None,
+    ) -> None:
+        """Rows could not be written: count them and say so, loudly; ``uncounted`` says
+        what else is lost, that no count can tell yet (it is said instead of the count)."""
         stats = self.stats
         with self._stats_lock:  # from the writer's threads and the producers' alike
             stats.failed_batches += batch
@@ -396,12 +405,12 @@ class LogProducer:
         if self._on_error is not None:
             with contextlib.suppress(Exception):
                 self._on_error(exc or LogError(error), rows)
-        elif time.monotonic() - self._last_report >= _REPORT_EVERY:
+        elif uncounted or time.monotonic() - self._last_report >= _REPORT_EVERY:
             # Loud, but not a line per batch while the disk stays full.
             self._last_report = time.monotonic()
+            lost = uncounted or f"{rows} rows lost, {stats.rows_lost} in all so far"
             print(
-                f"tasktape: WRITING THE LOG FAILED ({error}); {rows} rows lost, "
-                f"{stats.rows_lost} in all so far. Traffic is not affected.",
+                f"tasktape: WRITING THE LOG FAILED ({error}); {lost}. Traffic is not affected.",
                 file=sys.stderr,
                 flush=True,
             )

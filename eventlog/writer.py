@@ -16,9 +16,12 @@ take turns a batch at a time rather than overlap.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
+import os
 import queue
 import re
+import resource
 import sqlite3
 import sys
 import threading
@@ -29,8 +32,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import LogError
+import sqlite_utils
 
+from tasktape.errors import LogError, UsageError
+
+from . import new_log
 from .commit_tap import CommitTap
 from .content_coding import MAX_DECODED
 from .exchange_rows import (
@@ -74,10 +80,10 @@ from .producer import (
 from .redact import Redactor
 from .resumes import INSERT_RESUME
 from .row_inserts import RowInserts
-from .schema import INDEX_TEXT, INDEXED_THROUGH, open_db
+from .schema import INDEX_TEXT, INDEXED_THROUGH, KNOWN, PAGE_SIZE, migrations, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
-__all__ = ["LogWriter", "WriterStats", "take_back"]
+__all__ = ["LogWriter", "WriterStats", "check_log_size", "least_log_size", "take_back"]
 
 _INSERT_CAPTURE = (
     "INSERT INTO captures (id, uid, started_at, source, upstream, tool_version, argv) VALUES (?,?,?,?,?,?,?)"
@@ -89,6 +95,24 @@ _FULL = "the log is full"
 # Of a log with a size cap, the part kept for closing the exchanges under way when the rest
 # is full: an eighth, at most this much.
 _RESERVE = 1024 * 1024
+# What SQLite says of a write that failed where it does not say SQLITE_FULL: past the
+# process's file size limit (EFBIG), or out of room growing the -shm file or at fsync
+# (ENOSPC). Whether the log had no room for it is told by its files and their disk.
+_WRITE_ERRORS = frozenset(
+    {
+        sqlite3.SQLITE_IOERR_WRITE,
+        sqlite3.SQLITE_IOERR_FSYNC,
+        sqlite3.SQLITE_IOERR_SHMSIZE,
+        sqlite3.SQLITE_IOERR_TRUNCATE,
+    }
+)
+# A disk with less than this free for the writer after a failed write is full: what it
+# reports free lags what it can give (delayed allocation, its own metadata).
+_LOW_ROOM = 1024 * 1024
+# What a file of the log grows by at a time, but for its page size: a WAL frame's header
+# (24 bytes) with a page, or a region of the -shm file (32 KiB).
+_FRAME_HEADER = 24
+_SHM_REGION = 32 * 1024
 
 
 @dataclass(slots=True)
@@ -179,7 +203,8 @@ class LogWriter(LogProducer):
     ) -> None:
         """``on_error(exc, rows_lost)`` is called from the writer thread when a batch
         cannot be written (default: a loud line on stderr); ``busy_timeout`` is how long
-        to wait for another process's lock; ``max_bytes`` caps the log file's size;
+        to wait for another process's lock; ``max_bytes`` caps the log file's size (at
+        least what an empty log takes, ``least_log_size()``);
         ``redactor`` says what never reaches the log (default: credential headers);
         ``max_body`` caps what is kept of a body that is not an event stream;
         ``max_decoded`` caps how much of an exchange's compressed bodies is decoded (what
@@ -195,6 +220,8 @@ class LogWriter(LogProducer):
             ("max_backlog", max_backlog, True, 0),
         ) + ((("max_bytes", max_bytes, True, 1),) if max_bytes is not None else ()):
             check_bound(name, value, whole=whole, least=least)
+        if max_bytes is not None:
+            check_log_size(max_bytes)
         check_options(redactor, tap)
         super().__init__(path, on_error, max_backlog)
         self._max_batch = max_batch_seconds
@@ -208,8 +235,9 @@ class LogWriter(LogProducer):
             conn = self._conn = self._db.conn
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             self._max_pages: int | None = None
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            self._growth = max(page_size + _FRAME_HEADER, _SHM_REGION)
             if max_bytes is not None:
-                page_size = conn.execute("PRAGMA page_size").fetchone()[0]
                 self._max_pages = max(1, max_bytes // page_size)
                 reserve = min(self._max_pages // 8, _RESERVE // page_size)
                 conn.execute(f"PRAGMA max_page_count = {self._max_pages - reserve}")
@@ -477,7 +505,7 @@ class LogWriter(LogProducer):
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if _is_full(exc) and not batch.stripped:
+            if _is_full(exc, self.path, self._growth) and not batch.stripped:
                 # What the exchanges are (their rows, status, outcome) is a few hundred
                 # bytes, and fits in the room kept for it where their bodies did not.
                 self._fill(exc)
@@ -493,6 +521,13 @@ class LogWriter(LogProducer):
         self._full, self._full_error = True, exc
         if self._max_pages is not None:
             self._conn.execute(f"PRAGMA max_page_count = {self._max_pages}")
+        else:
+            # No room was kept (a full disk, a file size limit): what the -wal file holds
+            # goes into the log file now and after every commit, so that what follows is
+            # written over it rather than past it, where there is no room.
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("PRAGMA wal_autocheckpoint = 1")
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _strip(self, batch: _Batch, *, keep_new: bool) -> None:
         """Take out of the batch what a full log does not take: chunks, events, bodies, and
@@ -546,12 +581,13 @@ class LogWriter(LogProducer):
         """Chunks and events of an exchange whose row is not in the log are not written:
         a row of no exchange would say nothing true."""
         lost = self._lost
-        chunk_rows = [row for row in batch.chunk_rows if row[0] not in lost]
-        event_rows = [row for row in batch.event_rows if row[0] not in lost]
-        dropped = len(batch.chunk_rows) + len(batch.event_rows) - len(chunk_rows) - len(event_rows)
-        if dropped:
-            batch.chunk_rows, batch.event_rows = chunk_rows, event_rows
-            self._failed(f"rows of exchanges not in the log ({self.stats.last_error})", dropped)
+        gone = [row[0] for rows in (batch.chunk_rows, batch.event_rows) for row in rows if row[0] in lost]
+        if gone:
+            batch.chunk_rows = [row for row in batch.chunk_rows if row[0] not in lost]
+            batch.event_rows = [row for row in batch.event_rows if row[0] not in lost]
+            # Why the first of them is not in the log: said as it was when its row was
+            # lost, however many batches bring rows of it after.
+            self._failed(f"rows of exchanges not in the log: {lost[gone[0]]}", len(gone))
 
     def _lose(self, batch: _Batch, error: str, rows: int, exc: BaseException | None = None) -> None:
         """The batch could not be written: its exchanges say so to whoever waits on them."""
@@ -619,10 +655,54 @@ def _columns(sql: str) -> tuple[str, ...] | None:
     return None if updated is None else (*updated, "id")
 
 
-def _is_full(exc: BaseException) -> bool:
-    """Whether SQLite failed for want of room: a full disk, or the log's size cap."""
+def _is_full(exc: BaseException, path: Path, growth: int) -> bool:
+    """Whether SQLite failed for want of room: a full disk, the log's size cap, or a write
+    that failed where a file of the log cannot grow by ``growth`` bytes."""
     code = getattr(exc, "sqlite_errorcode", 0) if isinstance(exc, sqlite3.Error) else 0
-    return code & 0xFF == sqlite3.SQLITE_FULL
+    if code & 0xFF == sqlite3.SQLITE_FULL:
+        return True
+    return code in _WRITE_ERRORS and _no_room(path, growth)
+
+
+def _no_room(path: Path, growth: int) -> bool:
+    """Whether a file of the log at ``path`` cannot grow by ``growth`` bytes: it is at the
+    process's file size limit (``ulimit -f``), or its disk is full."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                if os.path.getsize(f"{path}{suffix}") + growth > limit:
+                    return True
+    try:
+        disk = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return disk.f_bavail * disk.f_frsize < _LOW_ROOM
+
+
+@cache
+def least_log_size() -> int:
+    """What an empty log takes, in bytes: the least cap on a log's size (``max_bytes``),
+    as a new log is that big before its first row."""
+    db = sqlite_utils.Database(sqlite3.connect(":memory:", isolation_level=None))
+    try:
+        db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        new_log.create(db, migrations, KNOWN)
+        (pages,) = db.execute("PRAGMA page_count").fetchone()
+    finally:
+        db.close()
+    return int(pages) * PAGE_SIZE
+
+
+def check_log_size(max_bytes: int) -> None:
+    """A UsageError for a cap on a log's size below what an empty log takes: the log would
+    be past it at once."""
+    least = least_log_size()
+    if max_bytes < least:
+        raise UsageError(
+            f"an empty log takes {least} bytes, so the log cannot be kept within {max_bytes}: "
+            f"give {least} or more"
+        )
 
 
 def _partly(summary: ExchangeSummary, kept: Kept, why: str) -> ExchangeSummary:

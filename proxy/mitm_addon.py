@@ -22,7 +22,7 @@ from mitmproxy import ctx, exceptions, http, optmanager
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
-from tasktape.errors import LogError
+from tasktape.errors import LogError, UsageError
 from tasktape.eventlog import ProcessLogWriter
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY
@@ -130,6 +130,15 @@ def check_settings(settings: Sequence[str]) -> None:
     TasktapeRecorder().load(Declared())  # type: ignore[arg-type]
     options.set(*settings)
     check_values(options)
+    if options.tasktape_max_log_size is not None:
+        # What an empty log takes is the schema's to say, loaded here (tasktape mitm opens
+        # the log before mitmdump starts), not in mitmdump: there the writer process says it.
+        from tasktape.eventlog.writer import check_log_size  # noqa: PLC0415
+
+        try:
+            check_log_size(options.tasktape_max_log_size)
+        except UsageError as exc:
+            raise exceptions.OptionsError(f"tasktape_max_log_size: {exc}") from None
 
 
 def check_values(options: optmanager.OptManager) -> None:
@@ -215,7 +224,8 @@ class TasktapeRecorder:
             "tasktape_max_log_size",
             int | None,
             None,
-            "Stop writing the log at this size in bytes; traffic keeps flowing, lost rows are reported.",
+            "Stop writing the log at this size in bytes, at least what an empty log takes (about "
+            "540 KB); traffic keeps flowing, lost rows are reported.",
         )
         loader.add_option(
             "tasktape_freeze_heap",
@@ -258,6 +268,8 @@ class TasktapeRecorder:
             )
         except LogError as exc:
             raise exceptions.OptionsError(f"tasktape_db: {exc}") from None
+        except UsageError as exc:  # below what an empty log takes, which the writer knows
+            raise exceptions.OptionsError(f"tasktape_max_log_size: {exc}") from None
         if self._running:
             self._capture(self.writer)
 

@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 from yarl import URL
 
-from tasktape.errors import LogError, UsageError
+from tasktape.errors import LogBusy, LogError, UsageError
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
@@ -42,7 +42,7 @@ from .listen import (
     public_url,
     warn_if_exposed,
 )
-from .option_checks import FiniteRange, checked
+from .option_checks import Seconds, bad_input, checked
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -96,9 +96,9 @@ EXIT_LOG_FAILED = 3
     "--max-log-size",
     type=click.IntRange(min=1),
     metavar="BYTES",
-    help="Keep the log within this size: once full, it takes nothing new (exchanges under way "
-    "get their ends, without their bytes); traffic keeps flowing, and the lost rows are "
-    "reported (and make the exit status 3).",
+    help="Keep the log within this size, at least what an empty log takes (about 540 KB): once "
+    "full, it takes nothing new (exchanges under way get their ends, without their bytes); "
+    "traffic keeps flowing, and the lost rows are reported (and make the exit status 3).",
 )
 @click.option(
     "--resume",
@@ -109,7 +109,7 @@ EXIT_LOG_FAILED = 3
 )
 @click.option(
     "--hold",
-    type=FiniteRange(min=0),
+    type=Seconds(min=0),
     default=300.0,
     show_default=True,
     metavar="SECONDS",
@@ -126,7 +126,7 @@ EXIT_LOG_FAILED = 3
 )
 @click.option(
     "--rejoin-for",
-    type=FiniteRange(min=0),
+    type=Seconds(min=0),
     default=30.0,
     show_default=True,
     metavar="SECONDS",
@@ -157,7 +157,7 @@ EXIT_LOG_FAILED = 3
 )
 @click.option(
     "--ship-drain",
-    type=FiniteRange(min=0),
+    type=Seconds(min=0),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -202,7 +202,9 @@ def record(
     responses stream through unchanged, chunk by chunk, while every request, chunk and
     SSE event lands in the log. Stop with Ctrl-C (or SIGTERM, or SIGHUP when the terminal
     closes): the log is flushed and the exit status is 0, or 3 if anything could not be
-    written to the log.
+    written to the log. It is 1 when it could not start (the port in use, the log held by
+    another writer), 2 on bad input (an option's value, a --db that is no event log, or in a
+    folder that does not exist).
     """
     _only_with("--resume", resume, ("hold", "hold_bytes", "rejoin_for", "resume_unknown"))
     _only_with("--ship", ship, ("ship_stream", "ship_drain"))
@@ -243,7 +245,14 @@ def record(
     except LogError as exc:
         for fd in hints or ():
             os.close(fd)
-        raise click.ClickException(str(exc)) from None
+        # Another writer holds it: a failure; what is no log to write (or cannot be): bad input.
+        raise (click.ClickException if isinstance(exc, LogBusy) else bad_input)(str(exc)) from None
+    except UsageError as exc:
+        # The one bound the writer checks itself: --max-log-size below what an empty log
+        # takes (the writer process knows how much; this one does not load the schema).
+        for fd in hints or ():
+            os.close(fd)
+        raise click.BadParameter(str(exc), param_hint="--max-log-size") from None
     shipper = servers and _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0])
     for fd in hints or ():  # the children hold their ends
         os.close(fd)

@@ -22,8 +22,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from tasktape import Redactor, read_log
 from tasktape.errors import LogBusy, LogError, UsageError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
-from tasktape.eventlog.exchange_rows import utc_iso
+from tasktape.eventlog.exchange_rows import Kept, utc_iso
 from tasktape.eventlog.producer import CHUNK
+from tasktape.eventlog.writer import least_log_size
 
 
 @pytest.fixture(params=[LogWriter, ProcessLogWriter])
@@ -342,6 +343,47 @@ def test_size_cap_stops_writing_not_traffic(tmp_path: Path, writer_class: type[L
     assert db.stat().st_size <= 1024 * 1024
 
 
+def test_a_size_cap_below_an_empty_log_is_refused_saying_the_least(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
+    """The log was past such a cap before its first row, and grew on; a cap of what an
+    empty log takes holds."""
+    least = least_log_size()
+    with pytest.raises(UsageError, match=f"an empty log takes {least} bytes.*give {least} or more"):
+        writer_class(tmp_path / "small.db", max_bytes=least - 1)
+    assert not (tmp_path / "small.db").exists()
+    db = tmp_path / "least.db"
+    w = writer_class(db, max_bytes=least, on_error=lambda exc, rows: None)
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    for i in range(50):
+        w.chunk(ex, i, bytes(4096))
+    assert w.end_exchange(ex, duration_ns=51).result(timeout=10).kept == Kept.ROW
+    w.close()
+    assert db.stat().st_size <= least
+
+
+def test_rows_of_a_lost_exchange_say_its_error_once(tmp_path: Path, writer_class: type[LogProducer]) -> None:
+    """Batch after batch, the error of rows whose exchange is not in the log wrapped the one
+    before it, until the line on stderr nested it eighteen times."""
+    db = tmp_path / "log.db"
+    errors: list[str] = []
+    w = writer_class(db, busy_timeout=0.05, on_error=lambda exc, rows: errors.append(str(exc)))
+    cap = w.begin_capture(source="test")
+    w.flush()
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    ex = w.begin_exchange(cap, method="GET", path="/")  # its row is lost with this batch
+    w.flush()
+    blocker.rollback()
+    blocker.close()
+    for i in range(4):
+        w.chunk(ex, i, b"x")
+        w.flush()
+    w.close()
+    said = "rows of exchanges not in the log: the log could not be written (OperationalError: database is "
+    assert len(errors) == 5 and all(error.endswith(said + "locked)") for error in errors[1:]), errors
+
+
 def test_a_full_log_keeps_what_the_exchange_is_though_its_bytes_are_lost(
     tmp_path: Path, writer_class: type[LogProducer]
 ) -> None:
@@ -506,6 +548,25 @@ def test_a_dead_writer_process_is_reported_and_never_hangs(tmp_path: Path) -> No
         done.result(timeout=10)
     w.close()
     assert errors and "process is gone" in errors[0]
+
+
+def test_a_dead_writer_process_is_said_without_a_count_of_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the process had not written is lost with it, uncounted: the first line said
+    "0 rows lost, 0 in all so far" while every row from then on was lost."""
+    w = ProcessLogWriter(tmp_path / "log.db")
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    w.flush()
+    w._process.kill()
+    w._process.wait()
+    for i in range(20):
+        w.chunk(ex, i, b"lost")
+    w.end_exchange(ex, duration_ns=1)
+    w.close()
+    (first, *_) = [line for line in capsys.readouterr().err.splitlines() if "WRITING THE LOG FAILED" in line]
+    assert "0 rows lost" not in first and "every row from now on" in first, first
+    assert w.stats.rows_lost > 0
 
 
 def test_content_nothing_expected_never_stops_the_writer(tmp_path: Path) -> None:

@@ -526,6 +526,8 @@ def test_tasktape_mitm_refuses_a_bad_pointer_before_starting() -> None:
         ("tasktape_hostz=api.example", "Unknown option(s): tasktape_hostz"),
         # Values the options' types let through, which stopped mitmdump with a traceback.
         ("tasktape_max_log_size=0", "tasktape_max_log_size: must be 1 or more, not 0"),
+        # Below what an empty log takes: the log was past it at once, and grew on.
+        ("tasktape_max_log_size=100000", "tasktape_max_log_size: an empty log takes"),
         ("tasktape_max_body=-1", "tasktape_max_body: must be 0 or more, not -1"),
     ],
 )

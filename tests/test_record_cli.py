@@ -191,6 +191,8 @@ async def test_sigkill_loses_nothing_forwarded_100ms_before(tmp_path: Path, stre
         # A range lets NaN through (it is neither below nor above it): a hold that never ends.
         (["--upstream", "http://x", "--resume", "--hold", "nan"], "'nan' is not a finite number"),
         (["--upstream", "http://x", "--resume", "--rejoin-for", "inf"], "'inf' is not a finite number"),
+        # Below what an empty log takes: the log was past it at once, and grew on.
+        (["--upstream", "http://x", "--max-log-size", "100000"], "--max-log-size: an empty log takes"),
     ],
 )
 async def test_bad_arguments_are_explained(tmp_path: Path, args: list[str], message: str) -> None:
@@ -234,7 +236,7 @@ async def test_an_upstream_at_the_recorder_s_own_address_is_explained_without_it
 async def test_a_log_in_a_folder_that_is_not_there_is_explained(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "x.db"
     status, err = await finished("record", "--upstream", "http://127.0.0.1:9", "--db", str(missing))
-    assert status == 1 and "Traceback" not in err
+    assert status == 2 and "Traceback" not in err  # (bad input, as every command says it)
     assert f"cannot open {missing} as an event log" in err and f"its folder {missing.parent} does not" in err
 
 
