@@ -2,9 +2,10 @@
 does: ``mitmdump -s "$(tasktape mitm --addon-path)" --set tasktape_db=captures.db [--mode ...]``.
 
 Event streams (``text/event-stream``) are streamed through, not buffered as mitmproxy
-would, and each chunk is handed to the log with its offset on the way; other responses
-are recorded whole. The writer is a ``ProcessLogWriter``: decoding, classification,
-redaction and SQLite run in a child process, never on mitmproxy's event loop.
+would (unless ``tasktape_stream_events`` is off), and each chunk is handed to the log with
+its offset on the way; other responses are recorded whole. The writer is a
+``ProcessLogWriter``: decoding, classification, redaction and SQLite run in a child
+process, never on mitmproxy's event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http, optmanager
@@ -29,6 +31,7 @@ from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import (
+    BUFFERED_UNTIMED,
     STREAMED,
     InFlight,
     head_fields,
@@ -36,19 +39,12 @@ from tasktape.proxy.mitm_flows import (
     record_saved_flow,
     request_fields,
 )
+from tasktape.proxy.mitm_options import WRITER_OPTIONS, WriterSettings
 
 logger = logging.getLogger("tasktape")
 
-# Options that take a new writer when they change.
-_WRITER_OPTIONS = {
-    "tasktape_db",
-    "tasktape_redact_headers",
-    "tasktape_redact_query",
-    "tasktape_redact_json",
-    "tasktape_max_body",
-    "tasktape_max_decoded",
-    "tasktape_max_log_size",
-}
+# The options whose values together leave event streams unmodified by modify_body.
+_STREAMING_OPTIONS = frozenset({"modify_body", "tasktape_stream_events"})
 # The least value of each bound (tasktape_max_log_size may also be None: no bound).
 _LEAST = {"tasktape_max_body": 0, "tasktape_max_decoded": 0, "tasktape_max_log_size": 1}
 # mitmproxy's options whose values are credentials: kept out of the capture's argv.
@@ -131,14 +127,9 @@ def check_settings(settings: Sequence[str]) -> None:
     options.set(*settings)
     check_values(options)
     if options.tasktape_max_log_size is not None:
-        # What an empty log takes is the schema's to say, loaded here (tasktape mitm opens
-        # the log before mitmdump starts), not in mitmdump: there the writer process says it.
-        from tasktape.eventlog.writer import check_log_size  # noqa: PLC0415
-
-        try:
-            check_log_size(options.tasktape_max_log_size)
-        except UsageError as exc:
-            raise exceptions.OptionsError(f"tasktape_max_log_size: {exc}") from None
+        # Here tasktape mitm opens the log before mitmdump starts; in mitmdump, the writer
+        # process says it.
+        _check_log_size(options.tasktape_max_log_size)
 
 
 def check_values(options: optmanager.OptManager) -> None:
@@ -161,6 +152,7 @@ class TasktapeRecorder:
 
     def __init__(self) -> None:
         self.writer: ProcessLogWriter | None = None
+        self._settings: WriterSettings | None = None  # the writer's, once it is made
         self.capture_id = 0  # 0 until the capture is begun
         self._running = False
         self.flows: dict[str, InFlight] = {}
@@ -228,6 +220,14 @@ class TasktapeRecorder:
             "540 KB); traffic keeps flowing, lost rows are reported.",
         )
         loader.add_option(
+            "tasktape_stream_events",
+            bool,
+            True,
+            "Stream event streams (text/event-stream) through, each chunk teed into the log with its "
+            "offset. Off, mitmproxy buffers them as it does other bodies, so that modify_body and "
+            "addons' response hooks can change them, and each is recorded whole, without per-event timing.",
+        )
+        loader.add_option(
             "tasktape_freeze_heap",
             bool,
             False,
@@ -242,36 +242,35 @@ class TasktapeRecorder:
             self._hosts = tuple(p.lower() for p in options.tasktape_hosts)
         if "tasktape_paths" in updated:
             self._paths = tuple(options.tasktape_paths)
-        if not updated & _WRITER_OPTIONS:
-            return
-        check_values(options)
-        self._close()
-        if options.tasktape_db:
-            self._open(options.tasktape_db)
-        else:
-            logger.warning("tasktape: tasktape_db is not set, so nothing is recorded")
+        if updated & _STREAMING_OPTIONS:
+            _warn_if_streams_unmodified()
+        if updated & WRITER_OPTIONS:
+            self._configure_writer(WriterSettings.of(options))
 
-    def _open(self, db: str) -> None:
-        options = ctx.options
-        redactor = Redactor(
-            headers=options.tasktape_redact_headers,
-            json_pointers=options.tasktape_redact_json,
-            query=options.tasktape_redact_query,
-        )
-        try:
-            self.writer = ProcessLogWriter(
-                db,
-                redactor=redactor,
-                max_body=options.tasktape_max_body,
-                max_decoded=options.tasktape_max_decoded,
-                max_bytes=options.tasktape_max_log_size,
-            )
-        except LogError as exc:
-            raise exceptions.OptionsError(f"tasktape_db: {exc}") from None
-        except UsageError as exc:  # below what an empty log takes, which the writer knows
-            raise exceptions.OptionsError(f"tasktape_max_log_size: {exc}") from None
+    def _configure_writer(self, settings: WriterSettings) -> None:
+        """A new writer for new settings, in place of the one in use. Checked first, so that
+        a refused change leaves the log open; unchanged settings leave it be (mitmproxy,
+        rolling back a change refused by this addon or another, calls configure again with
+        the values in use: reopening then ended the exchanges in flight)."""
+        check_values(ctx.options)
+        if settings == self._settings:
+            return
+        if settings.db is None:
+            self._close()
+            self._settings = settings
+            logger.warning("tasktape: tasktape_db is not set, so nothing is recorded")
+            return
+        if self.writer is not None and settings.max_log_size is not None:
+            _check_log_size(settings.max_log_size)
+        if self.writer is not None and Path(settings.db).resolve() == self.writer.path.resolve():
+            self._close()  # one writer at a time holds a log
+            writer = _new_writer(settings)
+        else:  # another log: the old one is kept if the new cannot be opened
+            writer = _new_writer(settings)
+            self._close()
+        self.writer, self._settings = writer, settings
         if self._running:
-            self._capture(self.writer)
+            self._capture(writer)
 
     def _capture(self, writer: ProcessLogWriter) -> int:
         """The capture's id, begun on first need: once mitmproxy runs, or at a flow before
@@ -290,7 +289,7 @@ class TasktapeRecorder:
         self, outcome: str = Outcome.LOG_CLOSED, error: str = "the log was closed during the exchange"
     ) -> None:
         """End the exchanges in flight, then close the log (committing everything)."""
-        writer, self.writer = self.writer, None
+        writer, self.writer, self._settings = self.writer, None, None
         flows, self.flows = self.flows, {}
         capture_id, self.capture_id = self.capture_id, 0
         if writer is None:
@@ -356,14 +355,22 @@ class TasktapeRecorder:
         if state.body is not None:
             state.body.log_if_whole(self.writer, state.exchange)
         self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
+        if flow.response.raw_content is not None:
+            # Made in the request hook (by an addon, or server replay): mitmproxy sends it
+            # whole and never calls a stream callable, so it is recorded whole, in the
+            # response hook.
+            return
         # mitmproxy buffers a body whole unless it streams: live event streams are switched
-        # to streaming; a body streamed anyway (stream_large_bodies) is teed the same way.
-        # (A body of unknown size may still be switched to streaming mid-way, with no hook:
-        # not kept then, and the exchange says so as it ends.)
+        # to streaming (unless tasktape_stream_events is off); a body streamed anyway
+        # (stream_large_bodies) is teed the same way. (A body of unknown size may still be
+        # switched to streaming mid-way, with no hook: not kept then, and the exchange says
+        # so as it ends.)
         stream = flow.response.stream
-        if head["is_sse"] or stream:
+        if stream or (head["is_sse"] and ctx.options.tasktape_stream_events):
             flow.response.stream = state.tee_response(self.writer, stream if callable(stream) else None)
             flow.metadata[STREAMED] = True  # kept in a flow file (-w): its import knows it
+        else:
+            state.buffered_events = head["is_sse"]
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self.flows.pop(flow.id, None)
@@ -374,6 +381,8 @@ class TasktapeRecorder:
         body = flow.response.raw_content
         if state.response_tee is None and body:
             self.writer.chunk(state.exchange, state.offset(), body)
+            if state.buffered_events:
+                state.notes.append(BUFFERED_UNTIMED)
         self._end(flow, state)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -409,6 +418,49 @@ class TasktapeRecorder:
             return
         self._read.add(flow.id)
         record_saved_flow(self.writer, self._capture(self.writer), flow, ctx.options.tasktape_max_body)
+
+
+def _warn_if_streams_unmodified() -> None:
+    """Say so when modify_body is set while event streams are streamed through: mitmproxy
+    modifies no streamed body (it says as much of stream_large_bodies, not of this)."""
+    # (An option of mitmproxy's own addons: absent from its test harness.)
+    if getattr(ctx.options, "modify_body", None) and ctx.options.tasktape_stream_events:
+        logger.warning(
+            "tasktape: modify_body is set, but event streams (text/event-stream) are streamed through "
+            "and mitmproxy modifies no streamed body: they pass unmodified. "
+            "--set tasktape_stream_events=false leaves them buffered, so they are modified "
+            "(and recorded whole, without per-event timing)."
+        )
+
+
+def _check_log_size(max_bytes: int) -> None:
+    """An OptionsError for a bound below what an empty log takes: the schema's to say,
+    loaded only when asked (a writer process knows it without loading it here)."""
+    from tasktape.eventlog.writer import check_log_size  # noqa: PLC0415
+
+    try:
+        check_log_size(max_bytes)
+    except UsageError as exc:
+        raise exceptions.OptionsError(f"tasktape_max_log_size: {exc}") from None
+
+
+def _new_writer(settings: WriterSettings) -> ProcessLogWriter:
+    assert settings.db is not None
+    redactor = Redactor(
+        headers=settings.redact_headers, json_pointers=settings.redact_json, query=settings.redact_query
+    )
+    try:
+        return ProcessLogWriter(
+            settings.db,
+            redactor=redactor,
+            max_body=settings.max_body,
+            max_decoded=settings.max_decoded,
+            max_bytes=settings.max_log_size,
+        )
+    except LogError as exc:
+        raise exceptions.OptionsError(f"tasktape_db: {exc}") from None
+    except UsageError as exc:  # below what an empty log takes, which the writer knows
+        raise exceptions.OptionsError(f"tasktape_max_log_size: {exc}") from None
 
 
 addons = [TasktapeRecorder()]

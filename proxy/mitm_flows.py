@@ -34,6 +34,11 @@ UNTIMED = (
     "whole; every chunk and event has the offset of the response's end"
 )
 NOT_KEPT = "the body was streamed through mitmproxy and is not in the flow file"
+# The note on an SSE exchange the addon let mitmproxy buffer whole.
+BUFFERED_UNTIMED = (
+    "timing unknown: mitmproxy buffered the event stream whole (tasktape_stream_events is off); "
+    "every chunk and event has the offset of the response's end"
+)
 
 StreamCallable = Callable[[bytes], "bytes | Iterable[bytes]"]
 
@@ -188,6 +193,7 @@ class InFlight:
     body: KeptBody | None = None  # of a streamed request
     request_tee: StreamCallable | None = None
     response_tee: StreamCallable | None = None
+    buffered_events: bool = False  # an event stream left to mitmproxy's buffering (tasktape_stream_events)
     notes: list[str] = field(default_factory=list)
 
     def offset(self) -> int:
@@ -249,14 +255,29 @@ class InFlight:
 
 
 def read_flow_file(path: Path) -> tuple[list[http.HTTPFlow], int]:
-    """The HTTP flows of a mitmproxy flow file, and how many other flows (TCP, UDP, DNS) it holds."""
+    """The HTTP flows of a mitmproxy flow file, and how many other flows (TCP, UDP, DNS) it
+    holds. A file damaged after some flows (cut short: mitmdump killed as it wrote, or still
+    writing) is refused all the same, saying how many are intact and how to keep them: its
+    import is identified by its bytes, so the whole file, once there, would be another."""
+    flows: list[Any] = []
     try:
         with path.open("rb") as f:
-            flows = list(io.FlowReader(f).stream())
+            for flow in io.FlowReader(f).stream():
+                flows.append(flow)
     except exceptions.FlowReadException as exc:
-        raise FlowFileError(f"{path}: not a readable mitmproxy flow file ({exc})") from None
+        raise FlowFileError(_unreadable(path, len(flows), str(exc))) from None
     kept = [f for f in flows if isinstance(f, http.HTTPFlow)]
     return kept, len(flows) - len(kept)
+
+
+def _unreadable(path: Path, intact: int, why: str) -> str:
+    if not intact:
+        return f"{path}: not a readable mitmproxy flow file ({why})"
+    return (
+        f"{path}: damaged after {intact} flows ({why}), the rest cannot be read: nothing imported. "
+        f"A file mitmdump is still writing can be imported once it stops; "
+        f"`mitmdump -nr {path} -w INTACT.mitm` writes the {intact} intact flows to a file of their own"
+    )
 
 
 def record_saved_flow(
@@ -295,7 +316,8 @@ def record_saved_flow(
             note = NOT_KEPT
     if flow.error is not None:
         duration = offset(flow.error.timestamp)
-        outcome, note = record_failure(writer, exchange, flow, duration)
+        outcome, failure = record_failure(writer, exchange, flow, duration)
+        note = "; ".join(filter(None, (failure, note)))  # (a body not kept is still not kept)
     else:
         duration = offset(response.timestamp_end if response is not None else request.timestamp_end)
         outcome = Outcome.COMPLETE

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +32,7 @@ _MITMDUMP = (
     f"sys.exit(status or ({EXIT_LOG_FAILED} if LogProducer.lost_in_process else 0))"
 )
 INSTALL_HINT = "mitmproxy is not installed here: pip install 'tasktape[mitm]'"
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def addon_path() -> Path:
@@ -77,7 +81,8 @@ def mitm(
     `-- -p 8080` for an explicit HTTP(S) proxy. The addon's own options
     (`--set tasktape_hosts=...`, `tasktape_paths`, ...) can be passed there too.
 
-    Ctrl-C or SIGTERM is passed on to mitmdump, which flushes the log and stops; the exit
+    Ctrl-C or SIGTERM is passed on to mitmdump, which flushes the log and stops (on Linux,
+    so does a SIGKILL of tasktape mitm, as a SIGTERM from the system); the exit
     status is mitmdump's, or 3 if any row could not be written to the log; before mitmdump
     starts, 1 if the log is held by another writer, 2 on bad input (an option's value, a
     --db that is no event log, or in a folder that does not exist).
@@ -144,8 +149,11 @@ def _check_log(db: Path) -> None:
 def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:
     """Run a child to its end, passing the signals that stop tasktape on (a SIGHUP as a
     SIGTERM: mitmdump would die of it without closing its log); its exit status (128 + the
-    signal's number when a signal ended it, as shells report it)."""
-    child = subprocess.Popen(args, env=env)
+    signal's number when a signal ended it, as shells report it). Where the system allows
+    it, the child is sent SIGTERM when this process dies however it dies (SIGKILL), rather
+    than being left listening, with the log held."""
+    # (preexec_fn: this process runs no threads by then, which could hold a lock in the child.)
+    child = subprocess.Popen(args, env=env, preexec_fn=_stopped_with_parent())  # noqa: PLW1509
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
@@ -157,3 +165,19 @@ def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 128 - status if status < 0 else status
+
+
+def _stopped_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux send the child SIGTERM when its parent dies; None
+    elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # found before the fork, not in the child
+    parent = os.getpid()
+
+    def stop_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before prctl: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return stop_with_parent

@@ -653,6 +653,7 @@ def test_options_are_declared_with_types_and_defaults(
         "tasktape_redact_headers": ("sequence of str", []),
         "tasktape_redact_json": ("sequence of str", []),
         "tasktape_redact_query": ("sequence of str", []),
+        "tasktape_stream_events": ("bool", True),
     }
     assert all(v["help"] for v in declared.values())
     with pytest.raises(exceptions.OptionsError, match="JSON pointer"):
@@ -724,6 +725,7 @@ def test_a_streamed_prompt_read_whole_is_logged_before_its_answer(
         flow.request.stream(piece)
     recorder.request(flow)
     flow.response.headers["Content-Type"] = "text/event-stream"
+    flow.response.content = None  # its body not read yet, as the response headers arrive
     recorder.responseheaders(flow)
     choices = [{"index": 0, "delta": {"content": "Hi"}}]
     chunk = {"object": "chat.completion.chunk", "model": "m", "choices": choices}

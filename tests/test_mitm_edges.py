@@ -1,15 +1,18 @@
 """Capture with mitmproxy at its edges, with real processes: an HTTP/2 client leaving
-mid-stream, a port mitmdump cannot listen on, and a forward proxy's log of several hosts
-exported."""
+mid-stream, a port mitmdump cannot listen on, a forward proxy's log of several hosts
+exported, and tasktape mitm killed outright."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,6 +169,46 @@ def test_a_log_mitm_cannot_open_is_refused_before_mitmdump_starts(tmp_path: Path
         "reads it into one\n",
     }
     assert (result.returncode, result.stdout, result.stderr) == (2, "", said[log])
+
+
+# -- tasktape mitm killed outright ----------------------------------------------------------
+
+
+def child_of(pid: int) -> int:
+    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(child)
+
+
+def gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent-death signal is Linux's")
+def test_mitmdump_stops_when_tasktape_mitm_is_killed(tmp_path: Path) -> None:
+    """SIGKILLed, tasktape mitm cannot pass anything on: its mitmdump is sent SIGTERM by the
+    system, and stops as it does for Ctrl-C (the port freed, the capture ended), rather than
+    going on alone, listening, with the log held."""
+    port, db = free_port(), tmp_path / "killed.db"
+    args = [*TASKTAPE, "mitm", "--db", str(db), "--", *mitmdump_args(tmp_path / "conf", f"regular@{port}")]
+    with running(args, [port], tmp_path / "mitm.txt") as proc:
+        mitmdump = child_of(proc.process.pid)
+        proc.process.kill()
+        proc.process.wait()
+        try:
+            assert gone(mitmdump, 15), "mitmdump kept running"
+        finally:
+            if not gone(mitmdump, 0):
+                os.kill(mitmdump, signal.SIGKILL)
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    with EventLog(db) as log:
+        (capture,) = log.captures()
+    assert capture["ended_at"] is not None
 
 
 # -- a forward proxy's log of two agents, exported --------------------------------------------

@@ -166,7 +166,8 @@ def test_streamed_failed_and_non_http_flows(tmp_path: Path) -> None:
         got = [(x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
         assert not log.chunks(log.exchanges()[2]["id"])  # nothing of a body the client never saw
     assert got[0] == (200, "complete", NOT_KEPT)
-    assert got[1][:2] == (200, "upstream_disconnected")
+    # The failure, and the body's absence from the file.
+    assert got[1][:2] == (200, "upstream_disconnected") and got[1][2].endswith(f"; {NOT_KEPT}")
     assert got[2][:2] == (502, "upstream_error") and "broke off mid-response" in got[2][2]
     assert got[3][:2] == (502, "upstream_error")
     assert got[4][:2] == (502, "upstream_error")  # (it was a 200, its upstream said to have dropped)
@@ -181,3 +182,23 @@ def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"{broken}: not a readable mitmproxy flow file" in result.output
     assert not db.exists()
+
+
+def test_a_flow_file_cut_short_is_refused_naming_its_intact_flows(tmp_path: Path) -> None:
+    """A flow file cut short (mitmdump killed as it wrote, or still writing) is refused, as
+    its whole would be another file: the message says how many flows are intact, and how to
+    keep them in a file of their own, which imports."""
+    whole, cut = tmp_path / "whole.mitm", tmp_path / "cut.mitm"
+    write_flows(whole, [tflow.tflow(resp=True) for _ in range(3)])
+    cut.write_bytes(whole.read_bytes()[:-20])
+    db = tmp_path / "log.db"
+    result = CliRunner().invoke(main, ["import", str(cut), "--db", str(db)])
+    assert result.exit_code == 2 and not db.exists()
+    assert f"{cut}: damaged after 2 flows (Invalid data format.), the rest cannot be read" in result.output
+    intact = tmp_path / "INTACT.mitm"
+    said = f"`mitmdump -nr {cut} -w INTACT.mitm` writes the 2 intact flows to a file of their own"
+    assert said in result.output.replace("\n", " ")
+    rewrite = [MITMDUMP, "-nr", str(cut), "-w", str(intact), "--set", f"confdir={tmp_path / 'conf'}"]
+    subprocess.run(rewrite, capture_output=True, check=False, timeout=60)  # (exits 1: the file is damaged)
+    result = CliRunner().invoke(main, ["import", str(intact), "--db", str(db)])
+    assert result.exit_code == 0 and f"2 exchanges from {intact}" in result.output

@@ -1,6 +1,8 @@
 """Bodies mitmproxy streams, and what the log keeps of them, with a real mitmdump: bodies it
 switches to streaming mid-way (stream_large_bodies), stream callables of other addons
-loaded before and after tasktape's, HTTP/2 requests' host, and a flow mitmproxy kills."""
+loaded before and after tasktape's, HTTP/2 requests' host, a flow mitmproxy kills, event
+streams answered without the upstream or left buffered for modify_body, and option
+changes refused at run time."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from test_mitm import MITMDUMP, last_id, mitmdump_args, running, wait_for_exchan
 
 from tasktape.eventlog import EventLog
 from tasktape.mitm_command import addon_path
+from tasktape.proxy.mitm_flows import BUFFERED_UNTIMED
 
 LATE = "body was streamed by mitmproxy (stream_large_bodies) after it began buffering; not kept"
 
@@ -50,7 +53,8 @@ addons = [Change_{when}()]
 
 def upstream() -> web.Application:
     """/echo answers a request's body; /bigchunked 10,000 bytes chunked, with no
-    Content-Length; /events an event stream; /plain a small JSON body."""
+    Content-Length; /events an event stream; /slow one whose two events are a second
+    apart; /plain a small JSON body."""
 
     async def echo(request: web.Request) -> web.Response:
         return web.Response(body=await request.read(), content_type="application/json")
@@ -73,6 +77,15 @@ def upstream() -> web.Application:
         await response.write_eof()
         return response
 
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(2):
+            await response.write(f'data: {{"n": {n}}}\n\n'.encode())
+            await asyncio.sleep(1)
+        await response.write_eof()
+        return response
+
     async def plain(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
@@ -80,6 +93,7 @@ def upstream() -> web.Application:
     app.router.add_post("/echo", echo)
     app.router.add_get("/bigchunked", bigchunked)
     app.router.add_get("/events", events)
+    app.router.add_get("/slow", slow)
     app.router.add_get("/plain", plain)
     return app
 
@@ -251,3 +265,135 @@ def test_a_flow_mitmproxy_kills_is_one_exchange(mitm: Mitm) -> None:
         assert time.monotonic() < deadline, rows
         time.sleep(0.05)
     assert rows == [("PRI", "killed"), ("GET", "complete")]
+
+
+# -- responses mitmproxy does not fetch, and bodies it modifies -------------------------------
+
+# An addon answering /answered itself, in its request hook, with an event stream.
+ANSWERER = """
+from mitmproxy import http
+
+class Answer:
+    def request(self, flow):
+        if flow.request.path == "/answered":
+            body = b'data: {"answered": 1}\\n\\ndata: {"answered": 2}\\n\\n'
+            flow.response = http.Response.make(200, body, {"Content-Type": "text/event-stream"})
+
+addons = [Answer()]
+"""
+
+
+def chunks_and_events(db: Path, exchange: dict[str, Any]) -> tuple[bytes, list[Any]]:
+    with EventLog(db) as log:
+        data = b"".join(c["data"] for c in log.chunks(exchange["id"]))
+        return data, [json.loads(e["data"]) for e in log.events(exchange["id"])]
+
+
+def test_event_streams_answered_without_the_upstream_are_recorded(tmp_path: Path) -> None:
+    """A response set in the request hook (by an addon, or by server replay of a flow file)
+    is sent whole, its stream callable never called: the log holds the bytes the client got
+    and their events, not an exchange without a body."""
+    saved, answerer, db = tmp_path / "saved.mitm", tmp_path / "answer.py", tmp_path / "answered.db"
+    answerer.write_text(ANSWERER)
+    with in_thread(upstream()) as url:
+        port = free_port()
+        plain = [MITMDUMP, "-w", str(saved), *mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")]
+        with running(plain, [port], tmp_path / "plain.txt"), httpx.Client() as client:
+            upstreams = client.get(f"http://127.0.0.1:{port}/events").content
+        port = free_port()
+        args = [MITMDUMP, "-S", str(saved), "-s", str(addon_path()), "-s", str(answerer)]
+        args += ["--set", f"tasktape_db={db}", *mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")]
+        with running(args, [port], tmp_path / "mitm.txt"), httpx.Client() as client:
+            replayed = client.get(f"http://127.0.0.1:{port}/events")
+            answered = client.get(f"http://127.0.0.1:{port}/answered")
+            (x_replayed, x_answered) = wait_for_exchanges(db, 0, 2)
+    assert replayed.content == upstreams == b'data: {"a": 1}\n\n' * 2
+    assert answered.content == b'data: {"answered": 1}\n\ndata: {"answered": 2}\n\n'
+    for x, got in ((x_replayed, replayed), (x_answered, answered)):
+        assert (x["status"], x["is_sse"], x["outcome"], x["error"]) == (200, 1, "complete", None)
+        assert chunks_and_events(db, x) == (
+            got.content,
+            [json.loads(line[6:]) for line in got.iter_lines() if line],
+        )
+
+
+def test_modify_body_and_streamed_event_streams(tmp_path: Path) -> None:
+    """mitmproxy modifies no body it streams: with modify_body set, the addon says that
+    event streams pass unmodified, and tasktape_stream_events=false leaves them buffered,
+    modified for the client, recorded whole and said to be untimed. (mitmproxy runs its
+    modify_body after script addons: the log has the body as the upstream sent it.)"""
+    modify = ["--modify-body", '/~s/"a"/"CHANGED"']
+    sent = b'data: {"a": 1}\n\n' * 2
+    with in_thread(upstream()) as url:
+        got, logs = {}, {}
+        for streamed in (True, False):
+            port, logs[streamed] = free_port(), tmp_path / f"{streamed}.db"
+            args = [MITMDUMP, "-s", str(addon_path()), "--set", f"tasktape_db={logs[streamed]}", *modify]
+            args += ["--set", f"tasktape_stream_events={str(streamed).lower()}"]
+            args += mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")
+            with running(args, [port], tmp_path / f"{streamed}.txt"), httpx.Client() as client:
+                got[streamed] = client.get(f"http://127.0.0.1:{port}/events").content
+                (x,) = wait_for_exchanges(logs[streamed], 0, 1)
+            said = (tmp_path / f"{streamed}.txt").read_text()
+            assert ("event streams (text/event-stream) are streamed through" in said) is streamed, said
+            assert chunks_and_events(logs[streamed], x) == (sent, [{"a": 1}] * 2)
+    assert got == {True: sent, False: b'data: {"CHANGED": 1}\n\n' * 2}
+    assert (x["is_sse"], x["outcome"], x["error"]) == (1, "complete", BUFFERED_UNTIMED)
+
+
+# -- options changed at run time ------------------------------------------------------------
+
+# An addon setting the options its /switch request's query names, as another addon or
+# mitmweb's option editor may: it answers what mitmproxy said.
+SWITCHER = """
+from mitmproxy import ctx, exceptions, http
+
+class Switch:
+    def request(self, flow):
+        if flow.request.path.startswith("/switch"):
+            try:
+                ctx.options.set(*(f"{k}={v}" for k, v in flow.request.query.items()))
+                said = "accepted"
+            except exceptions.OptionsError as exc:
+                said = str(exc)
+            flow.response = http.Response.make(200, said)
+
+addons = [Switch()]
+"""
+
+
+def test_an_option_change_refused_at_run_time_leaves_the_log_open(tmp_path: Path) -> None:
+    """mitmproxy rolls a refused change back by configuring the addon again with the values
+    in use: the log stays open, the stream in flight is recorded whole, in one capture. A
+    change that is taken reopens it."""
+    switcher, db, port = tmp_path / "switch.py", tmp_path / "switched.db", free_port()
+    switcher.write_text(SWITCHER)
+    with in_thread(upstream()) as url:
+        args = [MITMDUMP, "-s", str(addon_path()), "-s", str(switcher), "--set", f"tasktape_db={db}"]
+        args += mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")
+        with running(args, [port], tmp_path / "mitm.txt"), httpx.Client(timeout=10) as client:
+            proxy = f"http://127.0.0.1:{port}"
+            with client.stream("GET", f"{proxy}/slow") as streamed:
+                lines = streamed.iter_lines()
+                assert next(lines) == 'data: {"n": 0}'
+                said = [
+                    client.get(f"{proxy}/switch", params={name: value}).text
+                    for name, value in [
+                        ("tasktape_max_body", "-5"),
+                        ("tasktape_db", tmp_path / "no" / "x.db"),
+                    ]
+                ]
+                rest = list(lines)
+            assert rest == ["", 'data: {"n": 1}', ""]
+            stream, *_ = wait_for_exchanges(db, 0, 3)
+            assert client.get(f"{proxy}/switch", params={"tasktape_max_body": "5"}).text == "accepted"
+            assert client.get(f"{proxy}/plain").status_code == 200
+            (plain,) = [x for x in wait_for_exchanges(db, 0, 5) if x["path"] == "/plain"]
+            with EventLog(db) as log:
+                captures = log.captures()
+    assert "tasktape_max_body: must be 0 or more, not -5" in said[0]
+    assert said[1].startswith("tasktape_db: ") and "does not exist" in said[1]
+    assert (stream["path"], stream["outcome"], stream["error"]) == ("/slow", "complete", None)
+    assert chunks_and_events(db, stream)[1] == [{"n": 0}, {"n": 1}]
+    # The one begun at start-up, and the one the change taken began.
+    assert [c["id"] for c in captures] == [1, plain["capture_id"]] == [1, 2]
