@@ -38,15 +38,8 @@ from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 from tasktape.eventlog.writer import take_back
 
+from .option_checks import bad_input
 from .redaction_options import redaction_options
-
-
-def bad_input(message: str) -> click.ClickException:
-    """A file that is not what the command takes: a usage error (exit status 2, as click's
-    own), said on one line."""
-    error = click.ClickException(message)
-    error.exit_code = 2
-    return error
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from tasktape.fleet.names import FETCH, STREAM, jetstream_name, parse_servers
 from tasktape.fleet.names import shown as shown_servers
 from tasktape.stop_signals import stop_signals
 
-from .option_checks import FiniteRange, checked
+from .option_checks import Seconds, checked
 
 
 @click.command("collect")
@@ -54,7 +54,7 @@ from .option_checks import FiniteRange, checked
 )
 @click.option(
     "--ack-wait",
-    type=FiniteRange(min=0.5),
+    type=Seconds(min=0.5),
     default=30.0,
     show_default=True,
     metavar="SECONDS",
@@ -70,7 +70,7 @@ from .option_checks import FiniteRange, checked
 )
 @click.option(
     "--until-idle",
-    type=FiniteRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     metavar="SECONDS",
     help="Stop by itself once nothing has come for this long and nothing is left to hand out "
     "(collect what the stream holds, then exit) [default: until Ctrl-C].",

@@ -14,8 +14,8 @@ from tasktape.eventlog import EventLog
 from tasktape.eventlog.schema import upgrade_log
 from tasktape.proxy.hosts import AsgiHostGuard
 
-from .cassette_commands import bad_input
 from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
+from .option_checks import bad_input
 from .serving import STOP_GRACE, bind
 from .stop_signals import stop_signals
 

@@ -12,7 +12,8 @@ from tasktape.eventlog.merge import merge_logs
 from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.writer_lock import refuse_unless_file
 
-from .cassette_commands import bad_input, folder_for
+from .cassette_commands import folder_for
+from .option_checks import bad_input
 
 
 @click.command("merge")

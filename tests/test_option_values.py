@@ -107,3 +107,13 @@ def test_inspect_refuses_an_empty_host(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "Invalid value for '--host': an address is needed: 127.0.0.1" in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("option", ["--ack-wait", "--until-idle"])
+def test_a_collectors_time_past_a_week_is_refused(tmp_path: Path, option: str) -> None:
+    """Seconds as every command takes them: before the broker is asked (it took 1e300 as
+    nanoseconds past 64 bits)."""
+    done = tasktape("collect", "nats://127.0.0.1:9", "--db", tmp_path / "c.db", option, "1e300")
+    assert done.returncode == 2, done.stderr
+    assert "1e300 seconds is longer than a week" in done.stderr
+    assert not (tmp_path / "c.db").exists()
