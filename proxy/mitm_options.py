@@ -24,7 +24,7 @@ class WriterSettings:
     @classmethod
     def of(cls, options: optmanager.OptManager) -> WriterSettings:
         return cls(
-            db=options.tasktape_db,
+            db=options.tasktape_db or None,  # (an empty value, as unset: no log)
             redact_headers=tuple(options.tasktape_redact_headers),
             redact_query=tuple(options.tasktape_redact_query),
             redact_json=tuple(options.tasktape_redact_json),

@@ -280,7 +280,8 @@ def _import_one(
         click.echo(f"tasktape import: {said}", err=True)
         return None
     exchanges = _again(content)
-    made = writer.begin_capture(source="import", upstream=one.upstream, argv=[str(path)], uid=uid)
+    # (its file named wholly: an import of it left unfinished is told from another folder's)
+    made = writer.begin_capture(source="import", upstream=one.upstream, argv=[str(path.absolute())], uid=uid)
     held[uid] = _Capture(made, ended=True)
     if (changed := _load(writer, exchanges, made, uid, held_exchanges, whole=True)) is not None:
         return changed
@@ -399,7 +400,7 @@ class _Unfinished:
 
     id: int
     uid: str
-    file: str  # the file it was imported from, as it was named
+    file: str  # the file it was imported from, its whole path ("" when unknown)
     exchanges: int
     last: int | None  # its last exchange's id
 
@@ -425,9 +426,13 @@ def _unfinished(db: Path) -> list[_Unfinished]:
 
 
 def _file_of(argv: str | None) -> str:
-    """The file an import's capture was made of: its argv's only word."""
-    words = json.loads(argv or "[]")
-    return words[0] if words else ""
+    """The file an import's capture was made of: its argv's only word ("" when the argv is
+    no list of words: another program's writing)."""
+    try:
+        words = json.loads(argv or "[]")
+    except ValueError:
+        return ""
+    return words[0] if type(words) is list and words and type(words[0]) is str else ""
 
 
 def _take_back_unfinished(db: Path, loaded: list[_Loaded], replace: bool) -> None:
@@ -459,10 +464,10 @@ def _take_back_unfinished(db: Path, loaded: list[_Loaded], replace: bool) -> Non
 
 
 def _same_file(named: str, path: Path) -> bool:
-    """Whether a capture's file (as it was named then) is ``path``, a file (a pipe's content
-    is another each time)."""
+    """Whether a capture's file (named wholly; a name relative to a folder no longer known
+    is no file's) is ``path``, a file (a pipe's content is another each time)."""
     try:
-        return path.is_file() and bool(named) and Path(named).resolve() == path.resolve()
+        return path.is_file() and Path(named).is_absolute() and Path(named).resolve() == path.resolve()
     except OSError:
         return False
 
@@ -645,7 +650,7 @@ def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path, uid:
     follows from the capture's and its flow's id."""
     from tasktape.proxy.mitm_flows import record_saved_flow  # noqa: PLC0415 - see _read_flows
 
-    capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path)], uid=uid)
+    capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path.absolute())], uid=uid)
     untimed = sum(record_saved_flow(writer, capture, flow, capture_uid=uid) for flow in content.flows)
     writer.end_capture(capture)
     notes = [f"{untimed} event streams without per-event timing"] if untimed else []

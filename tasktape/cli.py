@@ -67,7 +67,8 @@ def run() -> None:
         try:
             main()
         finally:
-            sys.stdout.flush()  # here: at exit, its failure would be a traceback
+            if sys.stdout is not None:  # (None: started with its standard output closed)
+                sys.stdout.flush()  # here: at exit, its failure would be a traceback
     except OSError as exc:
         if not _Stdout.failed:  # (another file's error: not one said here)
             raise

@@ -23,6 +23,17 @@ MS = 1_000_000
 SSE = {"content-type": "text/event-stream"}
 
 
+def rows_in(db: Path, table: str) -> int:
+    """How many rows ``table`` of a log being written holds (0 before it exists)."""
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as read:
+        try:
+            return read.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        except sqlite3.OperationalError:  # its tables not made yet
+            return 0
+
+
 def left_empty(path: Path) -> Path:
     """An empty file made long since: no reader waits for a log to be made in it."""
     path.write_bytes(b"")

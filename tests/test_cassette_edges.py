@@ -4,9 +4,7 @@ each through the commands, on real files."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from log_rows import rows_in
 
 from tasktape.cli import main
 from tasktape.errors import CassetteError
@@ -256,17 +255,6 @@ def test_a_line_break_in_the_request_line_is_refused(tmp_path: Path, request_: d
     line = one_error_line(output)
     assert line.startswith(f"Error: {cassette}:2: exchange: {field}: ") and "CR, LF or NUL" in line
     assert not (tmp_path / "s.db").exists()
-
-
-def rows_in(db: Path, table: str) -> int:
-    """How many rows ``table`` of a log being written holds (0 before it exists)."""
-    if not db.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as read:
-        try:
-            return read.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        except sqlite3.OperationalError:  # its tables not made yet
-            return 0
 
 
 def test_a_cassette_changed_after_it_was_checked_is_not_imported(tmp_path: Path) -> None:

@@ -369,6 +369,16 @@ def test_a_standard_output_that_cannot_be_written_is_said_in_one_line(
     assert done.stderr.decode() == "Error: cannot write standard output: No space left on device\n"
 
 
+def test_a_command_started_without_a_standard_output_says_nothing_of_it() -> None:
+    """Started with standard output closed (``>&-``), where Python has no sys.stdout, a
+    command that writes nothing there ended in a traceback (flushing it)."""
+    command = [sys.executable, "-m", "tasktape", "--version"]
+    done = subprocess.run(
+        command, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1), timeout=60, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
 def test_a_reader_that_stops_reading_ends_it_silently(tmp_path: Path, completed_log: Path) -> None:
     """A closed pipe (``| head``) is no error to report: status 1, nothing said."""
     command = [sys.executable, "-m", "tasktape", "export", completed_log, "-o", "-"]

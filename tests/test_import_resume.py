@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from log_rows import rows_in
 
 EXCHANGES = 6000
 LOG_SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGINT": signal.SIGINT}
@@ -43,29 +44,19 @@ def cassette(path: Path, *, uids: bool, mark: str = "a") -> Path:
     return path
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tasktape", *args], check=False, capture_output=True, text=True
+        [sys.executable, "-m", "tasktape", *args], check=False, capture_output=True, text=True, cwd=cwd
     )
 
 
-def rows_in(db: Path, table: str) -> int:
-    """How many rows ``table`` of a log being written holds (0 before it exists)."""
-    if not db.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as read:
-        try:
-            return read.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        except sqlite3.OperationalError:  # its tables not made yet
-            return 0
-
-
-def stopped_import(file: Path, db: Path, how: signal.Signals) -> str:
+def stopped_import(file: Path, db: Path, how: signal.Signals, *, cwd: Path | None = None) -> str:
     """``tasktape import file --db db`` stopped by ``how`` once a thousand exchanges are in
-    the log, before it ends; what it said."""
-    args = [sys.executable, "-m", "tasktape", "import", str(file), "--db", str(db)]
+    the log, before it ends; what it said. With ``cwd``, run there, the file named from it."""
+    named = str(file if cwd is None else file.relative_to(cwd))
+    args = [sys.executable, "-m", "tasktape", "import", named, "--db", str(db)]
     # (SIGINT left as Python takes it: a child of a shell in the background may ignore it)
-    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, restore_signals=True) as child:
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, restore_signals=True, cwd=cwd) as child:
         while rows_in(db, "exchanges") < 1000 and child.poll() is None:
             time.sleep(0.01)
         child.send_signal(how)
@@ -151,6 +142,43 @@ def test_an_import_stopped_then_changed_is_not_imported_beside_it_unasked(tmp_pa
     assert replaced.stderr == f"tasktape import: {EXCHANGES} exchanges from {file} -> {db}\n"
     assert run("import", str(file), "--db", str(clean)).returncode == 0
     assert contents(db) == contents(clean)
+
+
+def test_an_unfinished_import_is_not_taken_for_one_of_another_folders_file(tmp_path: Path) -> None:
+    """A capture named its file as the import was given it (`big.jsonl`): a `big.jsonl` of
+    other content in another folder, imported by that name from there, was refused as the
+    file changed since (and --replace-unfinished took the other file's capture out). It is
+    imported beside it, and the unfinished one is finished from its own folder."""
+    first, second, db = tmp_path / "first", tmp_path / "second", tmp_path / "log.db"
+    first.mkdir()
+    second.mkdir()
+    stopped_import(cassette(first / "big.jsonl", uids=False), db, signal.SIGKILL, cwd=first)
+    written, _ = unfinished(db)
+    cassette(second / "big.jsonl", uids=False, mark="b")
+    other = run("import", "big.jsonl", "--db", str(db), cwd=second)
+    assert other.returncode == 0, other.stderr
+    assert other.stderr == f"tasktape import: {EXCHANGES} exchanges from big.jsonl -> {db}\n"
+    finished = run("import", "big.jsonl", "--db", str(db), cwd=first)
+    assert finished.returncode == 0, finished.stderr
+    kept = int(finished.stderr.split("was left unfinished (")[1].split(" of")[0])
+    assert kept in (written - 1, written), finished.stderr
+    assert rows_in(db, "captures") == 2 and rows_in(db, "exchanges") == 2 * EXCHANGES
+
+
+@pytest.mark.parametrize("argv", ["not json", '{"file": 1}', "[7]"])
+def test_an_unfinished_capture_whose_argv_is_no_list_of_words_is_no_files(tmp_path: Path, argv: str) -> None:
+    """An unfinished import capture whose argv another program wrote as something else than
+    a list of words made every import into the log end in a traceback. It names no file:
+    another cassette is imported beside it."""
+    db = tmp_path / "log.db"
+    assert run("import", str(cassette(tmp_path / "first.jsonl", uids=False)), "--db", str(db)).returncode == 0
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("UPDATE captures SET ended_at = NULL, argv = ?", (argv,))
+        conn.commit()
+    other = cassette(tmp_path / "other.jsonl", uids=False, mark="b")
+    said = run("import", str(other), "--db", str(db))
+    assert said.returncode == 0, said.stderr
+    assert said.stderr == f"tasktape import: {EXCHANGES} exchanges from {other} -> {db}\n"
 
 
 def test_a_cassette_changed_as_it_is_written_leaves_nothing_of_it(tmp_path: Path) -> None:

@@ -663,6 +663,18 @@ def test_options_are_declared_with_types_and_defaults(
         tctx.configure(recorder, tasktape_max_log_size=0)
 
 
+def test_an_empty_tasktape_db_records_nothing_rather_than_failing(
+    addon: tuple[TasktapeRecorder, taddons.context], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--set tasktape_db=` (an empty value, as an unset shell variable gives) is no log, as
+    unset is: the log in use is closed and nothing is recorded, said as a warning, where it
+    was refused as the current folder, which is no event log."""
+    recorder, tctx = addon
+    tctx.configure(recorder, tasktape_db="")
+    assert recorder.writer is None
+    assert "tasktape_db is not set, so nothing is recorded" in caplog.text
+
+
 def test_event_streams_are_switched_to_streaming_and_teed(
     addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
 ) -> None:
