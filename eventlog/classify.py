@@ -45,6 +45,15 @@ def load_json(data: str | bytes) -> Any:
         return json.loads(data)
 
 
+def is_json(text: str) -> bool:
+    """Whether ``text`` reads as JSON (as the standard library reads it)."""
+    try:
+        load_json(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def json_or_none(data: str | bytes | None) -> Any:
     """``load_json``'s value, or None for what is empty or not JSON."""
     if not data:

@@ -107,8 +107,14 @@ def decode_body(body: bytes, encoding: str | None, limit: int = MAX_DECODED) -> 
     return decoded, None
 
 
-def too_large(encoding: str, limit: int) -> str:
-    return f"Content-Encoding {encoding}: the body decodes to more than {limit:,} bytes (--max-decoded)"
+class TooLarge(str):
+    """Why a body is left as it came: it decodes to more than the bound. Its text is a
+    reason like the others; a caller refusing such a body tells it from them by its type."""
+
+
+def too_large(encoding: str, limit: int) -> TooLarge:
+    said = f"Content-Encoding {encoding}: the body decodes to more than {limit:,} bytes (--max-decoded)"
+    return TooLarge(said)
 
 
 # What an exchange's error says when its body's decoding stopped part-way (too large, bytes

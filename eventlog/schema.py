@@ -13,12 +13,13 @@ import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import closing
+from functools import cache
 from pathlib import Path
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld
+from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld, UsageError
 
 from . import new_log
 from .a2a_terms import V03_STATES
@@ -867,6 +868,31 @@ BUSY_MS = 5000  # how long an opener waits for another process's lock on the log
 # machine took more than a second. A file left empty for longer is no log being made, and
 # is refused at once.
 EMPTY_WAIT_S = 5.0
+
+
+@cache
+def least_log_size() -> int:
+    """What an empty log takes, in bytes: the least cap on a log's size (``max_bytes``),
+    as a new log is that big before its first row."""
+    db = sqlite_utils.Database(sqlite3.connect(":memory:", isolation_level=None))
+    try:
+        db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        new_log.create(db, migrations, KNOWN)
+        (pages,) = db.execute("PRAGMA page_count").fetchone()
+    finally:
+        db.close()
+    return int(pages) * PAGE_SIZE
+
+
+def check_log_size(max_bytes: int) -> None:
+    """A UsageError for a cap on a log's size below what an empty log takes: the log would
+    be past it at once."""
+    least = least_log_size()
+    if max_bytes < least:
+        raise UsageError(
+            f"an empty log takes {least} bytes, so the log cannot be kept within {max_bytes}: "
+            f"give {least} or more"
+        )
 
 
 def open_db(

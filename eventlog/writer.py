@@ -32,11 +32,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
+from tasktape.errors import LogError
 
-from tasktape.errors import LogError, UsageError
-
-from . import new_log
 from .commit_tap import CommitTap
 from .content_coding import MAX_DECODED
 from .exchange_rows import (
@@ -80,10 +77,10 @@ from .producer import (
 from .redact import Redactor
 from .resumes import INSERT_RESUME
 from .row_inserts import RowInserts
-from .schema import INDEX_TEXT, INDEXED_THROUGH, KNOWN, PAGE_SIZE, migrations, open_db
+from .schema import INDEX_TEXT, INDEXED_THROUGH, check_log_size, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
-__all__ = ["LogWriter", "WriterStats", "check_log_size", "least_log_size", "take_back"]
+__all__ = ["LogWriter", "WriterStats", "take_back"]
 
 _INSERT_CAPTURE = (
     "INSERT INTO captures (id, uid, started_at, source, upstream, tool_version, argv) VALUES (?,?,?,?,?,?,?)"
@@ -680,31 +677,6 @@ def _no_room(path: Path, growth: int) -> bool:
     return disk.f_bavail * disk.f_frsize < _LOW_ROOM
 
 
-@cache
-def least_log_size() -> int:
-    """What an empty log takes, in bytes: the least cap on a log's size (``max_bytes``),
-    as a new log is that big before its first row."""
-    db = sqlite_utils.Database(sqlite3.connect(":memory:", isolation_level=None))
-    try:
-        db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        new_log.create(db, migrations, KNOWN)
-        (pages,) = db.execute("PRAGMA page_count").fetchone()
-    finally:
-        db.close()
-    return int(pages) * PAGE_SIZE
-
-
-def check_log_size(max_bytes: int) -> None:
-    """A UsageError for a cap on a log's size below what an empty log takes: the log would
-    be past it at once."""
-    least = least_log_size()
-    if max_bytes < least:
-        raise UsageError(
-            f"an empty log takes {least} bytes, so the log cannot be kept within {max_bytes}: "
-            f"give {least} or more"
-        )
-
-
 def _partly(summary: ExchangeSummary, kept: Kept, why: str) -> ExchangeSummary:
     return replace(summary, kept=kept, lost=why)
 
@@ -729,18 +701,21 @@ _TAKE_BACK = (
 )
 
 
-def take_back(path: str | Path, capture_id: int, from_exchange: int | None) -> None:
-    """Take rows of a capture left unfinished (its writer stopped before it ended it) out of
-    the log, to be written again: its exchanges from ``from_exchange`` on, or (None) the
-    whole capture. A capture ended since is left as it is. Done before a writer opens the
-    log: a writer reads, as it opens, where its ids and its text index go on."""
+def take_back(path: str | Path, captures: Iterable[tuple[int, int | None]]) -> None:
+    """Take rows of captures left unfinished (their writer stopped before it ended them) out
+    of the log, to be written again, in one transaction: of each ``(capture, from_exchange)``,
+    its exchanges from ``from_exchange`` on, or (None) the whole capture. A capture ended
+    since is left as it is. Done before a writer opens the log: a writer reads, as it opens,
+    where its ids and its text index go on."""
     fd = take_writer_lock(Path(path))
     try:
         conn = open_db(path).conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             unfinished = "SELECT 1 FROM captures WHERE id = ? AND ended_at IS NULL"
-            if conn.execute(unfinished, (capture_id,)).fetchone():
+            for capture_id, from_exchange in captures:
+                if not conn.execute(unfinished, (capture_id,)).fetchone():
+                    continue
                 taken = {"capture": capture_id, "first": from_exchange or 0}
                 for statement in _TAKE_BACK:
                     conn.execute(statement, taken)

@@ -436,7 +436,7 @@ def _warn_if_streams_unmodified() -> None:
 def _check_log_size(max_bytes: int) -> None:
     """An OptionsError for a bound below what an empty log takes: the schema's to say,
     loaded only when asked (a writer process knows it without loading it here)."""
-    from tasktape.eventlog.writer import check_log_size  # noqa: PLC0415
+    from tasktape.eventlog.schema import check_log_size  # noqa: PLC0415
 
     try:
         check_log_size(max_bytes)

@@ -21,7 +21,7 @@ from yarl import URL
 
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer
-from tasktape.eventlog.content_coding import decode_body, too_large
+from tasktape.eventlog.content_coding import TooLarge, decode_body
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
@@ -253,8 +253,7 @@ class ReplayServer:
         # the same bound; one that cannot be decoded, as sent (as a recorder keeps it).
         encoding = request.headers.get("Content-Encoding")
         body, undecodable = (None, None) if sent is None else decode_body(sent, encoding, MAX_BODY)
-        # (Of the reasons decode_body gives, a body past the bound is the one too_large words.)
-        if undecodable is not None and undecodable == too_large(encoding or "", MAX_BODY):
+        if isinstance(undecodable, TooLarge):
             return self._too_big(line, encoding)
         incoming = Incoming(
             request.method,

@@ -358,7 +358,7 @@ class _Changed:
         """What was written of it taken out of the log (once its writer is closed), and what
         the import says of it: the rest of an unfinished capture stays, to be finished."""
         try:
-            take_back(db, self.capture, None if self.whole else first_written)
+            take_back(db, [(self.capture, None if self.whole else first_written)])
         except LogError:  # (another writer came in between: what was read stays, said)
             held = f"capture {self.capture} in {db} holds what was read of it, not what was checked"
             return f"{self.error}: {held}"
@@ -459,8 +459,8 @@ def _take_back_unfinished(db: Path, loaded: list[_Loaded], replace: bool) -> Non
     if other and not replace:
         how = "--replace-unfinished replaces it with what the file holds now"
         raise click.ClickException(f"{'; '.join(other)}: nothing imported ({how})")
-    for capture_id, from_exchange in taken:
-        take_back(db, capture_id, from_exchange)
+    if taken:
+        take_back(db, taken)
 
 
 def _same_file(named: str, path: Path) -> bool:

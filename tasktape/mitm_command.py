@@ -15,10 +15,10 @@ from types import FrameType
 import click
 
 from tasktape import proxy
-from tasktape.errors import LogBusy, LogError
+from tasktape.errors import LogError
 from tasktape.eventlog.interpreter import child_python
 
-from .option_checks import bad_input
+from .option_checks import refused_log
 from .record import EXIT_LOG_FAILED
 from .redaction_options import redaction_options
 from .stop_signals import stop_signals
@@ -140,10 +140,8 @@ def _check_log(db: Path) -> None:
             open_db(db).close()
         finally:
             release_writer_lock(fd)
-    except LogBusy as exc:  # another writer holds it: a failure, as record says it
-        raise click.ClickException(str(exc)) from None
-    except LogError as exc:
-        raise bad_input(str(exc)) from None
+    except LogError as exc:  # as record says it
+        raise refused_log(exc) from None
 
 
 def run_forwarding_signals(args: list[str], env: dict[str, str]) -> int:

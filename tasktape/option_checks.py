@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tasktape.errors import UsageError
+from tasktape.errors import LogBusy, LogError, UsageError
 
 Value = TypeVar("Value")
 
@@ -79,3 +79,9 @@ def bad_input(message: str) -> click.ClickException:
     error = click.ClickException(message)
     error.exit_code = 2
     return error
+
+
+def refused_log(exc: LogError) -> click.ClickException:
+    """A log a writing command cannot write, as every such command says it: held by another
+    writer, a failure (exit status 1); no event log to write, or none can be, bad input (2)."""
+    return click.ClickException(str(exc)) if isinstance(exc, LogBusy) else bad_input(str(exc))

@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 from yarl import URL
 
-from tasktape.errors import LogBusy, LogError, UsageError
+from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
@@ -42,7 +42,7 @@ from .listen import (
     public_url,
     warn_if_exposed,
 )
-from .option_checks import Seconds, bad_input, checked
+from .option_checks import Seconds, checked, refused_log
 from .redaction_options import redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -242,16 +242,13 @@ def record(
             max_bytes=max_log_size,
             tap=hints and _hint_sender(hints[1]),
         )
-    except LogError as exc:
+    except (LogError, UsageError) as exc:
         for fd in hints or ():
             os.close(fd)
-        # Another writer holds it: a failure; what is no log to write (or cannot be): bad input.
-        raise (click.ClickException if isinstance(exc, LogBusy) else bad_input)(str(exc)) from None
-    except UsageError as exc:
+        if isinstance(exc, LogError):
+            raise refused_log(exc) from None
         # The one bound the writer checks itself: --max-log-size below what an empty log
         # takes (the writer process knows how much; this one does not load the schema).
-        for fd in hints or ():
-            os.close(fd)
         raise click.BadParameter(str(exc), param_hint="--max-log-size") from None
     shipper = servers and _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0])
     for fd in hints or ():  # the children hold their ends

@@ -24,7 +24,7 @@ from tasktape.errors import LogBusy, LogError, UsageError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
 from tasktape.eventlog.exchange_rows import Kept, utc_iso
 from tasktape.eventlog.producer import CHUNK
-from tasktape.eventlog.writer import least_log_size
+from tasktape.eventlog.schema import least_log_size
 
 
 @pytest.fixture(params=[LogWriter, ProcessLogWriter])

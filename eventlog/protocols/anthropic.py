@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from ..classify import Classification, load_json
+from ..classify import Classification, is_json, load_json
 from ..frames import Problem, Stream, readable
 from .base import (
     Protocol,
@@ -30,7 +30,6 @@ from .base import (
     classified,
     excerpt,
     index_or_id,
-    is_json,
     json_text,
     last_state,
     parsed,

@@ -153,15 +153,6 @@ def parsed(data: bytes | str, other: str) -> dict[str, Any] | Classification:
     return obj if type(obj) is dict else Classification(other, parse_error="not a JSON object")
 
 
-def is_json(text: str) -> bool:
-    """Whether ``text`` reads as JSON (as the standard library reads it)."""
-    try:
-        load_json(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
 def excerpt(text: str, size: int = 120) -> str:
     """Text from the traffic quoted in a finding: as a Python literal, its start alone when long."""
     return repr(text) if len(text) <= size else f"{text[:size]!r}..."

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from ..classify import Classification
+from ..classify import Classification, is_json
 from ..frames import Problem, Stream, readable
 from .base import (
     Protocol,
@@ -38,7 +38,6 @@ from .base import (
     classified,
     excerpt,
     index_or_id,
-    is_json,
     last_state,
     parsed,
     quoted,
