@@ -118,6 +118,8 @@ def export(
             for line in cassette_lines(recorded, carries_uids=True, source=log.name, upstream=upstream)
         )
         if output == "-":
+            if sys.stdout is None:  # (started with its standard output closed)
+                raise click.ClickException("cannot write standard output: it is closed")
             sys.stdout.writelines(lines)
         else:
             folder_for(target)  # cassettes/ as tests name it

@@ -14,7 +14,7 @@ from tasktape.eventlog import EventLog
 from tasktape.eventlog.schema import upgrade_log
 from tasktape.proxy.hosts import AsgiHostGuard
 
-from .listen import DEFAULT_INSPECT_PORT, allow_host_option, answered_hosts, is_loopback
+from .listen import DEFAULT_INSPECT_PORT, Exposure, allow_host_option, answered_hosts, warn_if_exposed
 from .option_checks import bad_input
 from .serving import STOP_GRACE, bind
 from .stop_signals import stop_signals
@@ -51,14 +51,7 @@ def serve_inspector(
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}"
     name = Path(path).resolve().stem
-    if not is_loopback(host):
-        click.secho(
-            f"WARNING: tasktape inspect is listening on {host}, beyond this machine's loopback: "
-            "anyone who can reach it can read the whole log.",
-            fg="red",
-            bold=True,
-            err=True,
-        )
+    warn_if_exposed("tasktape inspect", host, Exposure.INSPECTOR)
 
     def ready() -> None:
         click.echo(f"tasktape inspect: {path} on {url}/ (Ctrl-C stops)")

@@ -114,6 +114,7 @@ class Exposure(StrEnum):
         "anyone who can reach it can use it, and read every task sent to it, messages "
         "included (GET /tasks lists them all); it records nothing"
     )
+    INSPECTOR = "anyone who can reach it can read the whole log"
 
 
 def warn_if_exposed(command: str, host: str, exposure: Exposure = Exposure.RECORDER) -> None:

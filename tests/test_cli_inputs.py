@@ -379,6 +379,15 @@ def test_a_command_started_without_a_standard_output_says_nothing_of_it() -> Non
     assert (done.returncode, done.stderr) == (0, b"")
 
 
+def test_export_to_a_standard_output_closed_says_it_wrote_nothing(completed_log: Path) -> None:
+    """``export -o -`` started with standard output closed (``>&-``) ended in a traceback."""
+    command = [sys.executable, "-m", "tasktape", "export", str(completed_log), "-o", "-"]
+    done = subprocess.run(
+        command, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1), timeout=60, check=False
+    )
+    assert (done.returncode, done.stderr) == (1, b"Error: cannot write standard output: it is closed\n")
+
+
 def test_a_reader_that_stops_reading_ends_it_silently(tmp_path: Path, completed_log: Path) -> None:
     """A closed pipe (``| head``) is no error to report: status 1, nothing said."""
     command = [sys.executable, "-m", "tasktape", "export", completed_log, "-o", "-"]
