@@ -84,7 +84,7 @@ def check_log(
 def report_recorded(recorded: Iterable[Recorded], protocols: Collection[str] | None = None) -> Report:
     """The full report on these exchanges (their place is ``Recorded.origin``); with
     ``protocols``, on the exchanges of those protocols only."""
-    recorded = list(recorded)
+    recorded = _recorded_list(recorded)
     checked = [r for r in recorded if r.reconnect_of is None]  # (as report_log leaves them)
     report = _report(streams_of([(r, r.origin, None) for r in checked], _only(protocols)))
     return replace(report, reconnects=len(recorded) - len(checked))
@@ -94,6 +94,7 @@ def report_log(
     log: EventLog, exchange_ids: Iterable[int] | None = None, protocols: Collection[str] | None = None
 ) -> Report:
     """The full report on a log's exchanges: all of them, or those ids."""
+    _check_log_given(log, exchange_ids)
     ids = [x["id"] for x in log.exchanges()] if exchange_ids is None else sorted(set(exchange_ids))
     reconnects = log.reconnects_answered()
     checked = [i for i in ids if i not in reconnects]
@@ -108,6 +109,33 @@ def report_log(
     spoken_for = ids if protocols is None else [s.exchange_id for s in streams if s.exchange_id is not None]
     report = _report(streams, log.rejoins())
     return replace(report, reconnects=len(ids) - len(checked), exchange_ids=tuple(spoken_for))
+
+
+def _recorded_list(recorded: Iterable[Recorded]) -> list[Recorded]:
+    """``recorded`` as a list of ``Recorded``: one alone, or anything else, is a usage
+    error saying what to pass (it was a TypeError, or an AttributeError on a str's letters)."""
+    if isinstance(recorded, Recorded):
+        raise UsageError("the exchanges to check are a list of Recorded, not one alone: write [recorded]")
+    if not isinstance(recorded, Iterable):
+        raise UsageError(f"the exchanges to check are a list of Recorded, not {type(recorded).__name__}")
+    recorded = list(recorded)
+    other = next((r for r in recorded if not isinstance(r, Recorded)), None)
+    if other is not None:
+        raise UsageError(
+            f"the exchanges to check are Recorded (read_log, read_cassette, load), not {type(other).__name__}"
+        )
+    return recorded
+
+
+def _check_log_given(log: EventLog, exchange_ids: Iterable[int] | None) -> None:
+    """A path where the ``EventLog`` goes, or one id where a list of them goes, is a usage
+    error saying what to pass."""
+    if isinstance(log, str | Path):
+        raise UsageError(f"the log to check is an EventLog, not a path: write EventLog({str(log)!r})")
+    if not isinstance(log, EventLog):
+        raise UsageError(f"the log to check is an EventLog, not {type(log).__name__}")
+    if isinstance(exchange_ids, int):
+        raise UsageError(f"exchange_ids is a list of exchange ids, not one: write [{exchange_ids}]")
 
 
 def _held_events(log: EventLog, exchange_id: int) -> list[SseEvent] | None:

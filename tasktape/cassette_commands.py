@@ -60,7 +60,7 @@ def read_as_input(log: Path) -> Iterator[None]:
     "--output",
     required=True,
     type=click.Path(dir_okay=False, allow_dash=True),
-    help="The cassette to write (- for standard output).",
+    help="The cassette to write, its folder created if needed (- for standard output).",
 )
 @click.option("--task", "tasks", multiple=True, metavar="ID", help="The exchanges of this task (repeatable).")
 @click.option(

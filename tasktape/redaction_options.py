@@ -33,8 +33,10 @@ def _pointers(value: tuple[str, ...]) -> tuple[str, ...]:
 json_pointers = checked(_pointers)  # the click callback of the options that take pointers
 
 
-def redaction_options(when: str = "") -> Callable[[F], F]:
-    """The three options; ``when`` says when they apply (``"record-missing: "``)."""
+def redaction_options(within: str = "") -> Callable[[F], F]:
+    """The three options; ``within`` names what they redact when it is not all the command
+    writes (``"what record-missing records"``), a phrase each help text takes in."""
+    of, in_ = (f" of {within}", f" in {within}") if within else ("", "")
 
     def decorate(command: F) -> F:
         command = click.option(
@@ -42,7 +44,7 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             multiple=True,
             metavar="POINTER",
             callback=json_pointers,
-            help=f"{when}Redact this JSON field in request bodies, response bodies and events: a JSON "
+            help=f"Redact this JSON field in request bodies, response bodies and events{of}: a JSON "
             "pointer, '*' matching any key or index and '**' any depth (repeatable), e.g. "
             "/params/message/metadata/apiKey or /**/apiKey.",
         )(command)
@@ -51,8 +53,8 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             multiple=True,
             metavar="NAME",
             callback=each_named("a query parameter's name, e.g. session"),
-            help=f"{when}Also redact the value of this query parameter, and of the form field of "
-            "that name (repeatable). key, api_key, apikey, api-key, access_token, access-token, "
+            help="Also redact the value of this query parameter and of the form field of "
+            f"that name{in_} (repeatable). key, api_key, apikey, api-key, access_token, access-token, "
             "refresh_token, id_token, token, auth, password, secret, client_secret, signature, sig and "
             "the X-Amz-Signature, -Credential and -Security-Token parameters always are.",
         )(command)
@@ -61,7 +63,7 @@ def redaction_options(when: str = "") -> Callable[[F], F]:
             multiple=True,
             metavar="NAME",
             callback=each_named("a header's name, e.g. X-Session-Token"),
-            help=f"{when}Also redact this header (repeatable). Authorization, Proxy-Authorization, "
+            help=f"Also redact this header{in_} (repeatable). Authorization, Proxy-Authorization, "
             "Cookie, Set-Cookie, X-Api-Key, Api-Key, X-Goog-Api-Key, X-Auth-Token and Private-Token "
             "always are.",
         )(command)

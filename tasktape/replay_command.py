@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from tasktape.errors import LogError, TasktapeError, UsageError
 from tasktape.eventlog.file_kinds import is_log
@@ -35,7 +36,7 @@ from .serving import bind, serve_until_stopped
 
 
 @click.command()
-@click.argument("sources", nargs=-1, metavar="SOURCE...", type=click.Path(exists=True, path_type=Path))
+@click.argument("sources", nargs=-1, metavar="[SOURCE]...", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--listen",
     type=HostPort(),
@@ -75,7 +76,7 @@ from .serving import bind, serve_until_stopped
     type=click.Path(dir_okay=False, path_type=Path),
     help="The log record-missing adds to (default: SOURCE, when it is one log); refused in other modes.",
 )
-@redaction_options(when="In what record-missing records and what misses report: ")
+@redaction_options(within="what record-missing records and what misses report")
 @click.option(
     "--fault",
     "faults",
@@ -107,7 +108,8 @@ from .serving import bind, serve_until_stopped
     type=int,
     callback=checked(settings.miss_status),
     help="The HTTP status of the answer to a request nothing recorded matches: an error status, 400 to 599 "
-    "(default: 404; 400 for MCP, whose clients take a 404 for the end of their session).",
+    "(default: 404; 400 for MCP, whose clients take a 404 for the end of their session); mode replay only: "
+    "record-missing forwards a miss.",
 )
 @click.option(
     "--allow-repeats",
@@ -133,7 +135,8 @@ def replay(
     allow_repeats: bool,
     allow_host: tuple[str, ...],
 ) -> None:
-    """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of cassettes.
+    """Answer requests with what SOURCE recorded: event logs, cassettes, or folders of cassettes
+    (needed unless --mode passthrough, which replays nothing).
 
     Requests match on method, path, query and body (compared as JSON, ignoring what
     clients regenerate: messageId, timestamps, the JSON-RPC id; and redacted values),
@@ -144,7 +147,10 @@ def replay(
     was served, what missed or was refused, and which recordings were never used.
     """
     if not sources and mode is not ReplayMode.PASSTHROUGH:  # (passthrough replays nothing)
-        raise click.UsageError("Missing argument 'SOURCE...': the logs or cassettes to replay.")
+        raise click.UsageError(
+            "Missing argument 'SOURCE...': the logs or cassettes to replay (needed unless --mode "
+            "passthrough)."
+        )
     if faults and mode is ReplayMode.PASSTHROUGH:
         raise click.BadParameter(NOTHING_REPLAYED, param_hint="--fault")
     # Usage errors (status 2), as tasktape check says of its sources.
@@ -166,16 +172,7 @@ def replay(
             upstream_url(upstream, redactor)
         except UsageError as exc:
             raise click.BadParameter(str(exc), param_hint="--upstream") from None
-    _refuse_other_modes_options(
-        mode,
-        {
-            "--db": db is not None,
-            "--upstream": bool(upstream),
-            "--redact-header": bool(redact_header),
-            "--redact-query": bool(redact_query),
-            "--redact-json": bool(redact_json),
-        },
-    )
+    _refuse_other_modes_options(click.get_current_context(), mode)
     host, port = listen
     sock = bind(host, port)  # before the log is opened: a port in use leaves it as it was
     if mode is ReplayMode.RECORD_MISSING:
@@ -232,17 +229,25 @@ def replay(
         click.echo(line, err=True)
 
 
-# The options only some modes use: given with another mode, they would be left unused
-# unnoticed (a log --db names never made, traffic never recorded, values never redacted).
-# Redaction hides values from what misses report, and record-missing redacts what it
-# records too; passthrough has neither (it records nothing, and nothing misses).
-_REDACTING = (ReplayMode.REPLAY, ReplayMode.RECORD_MISSING)
+# The options only some modes use, by parameter name: given with another mode, they would
+# be left unused unnoticed (a log --db names never made, traffic never recorded, values
+# never redacted, requests never matched). Redaction hides values from what misses report,
+# and record-missing redacts what it records too; passthrough has neither (it records
+# nothing, and nothing misses), and it matches and replays nothing. Only replay answers a
+# miss itself: record-missing forwards it.
+_REPLAYING = (ReplayMode.REPLAY, ReplayMode.RECORD_MISSING)
 _MODES_OF = {
-    "--db": (ReplayMode.RECORD_MISSING,),
-    "--upstream": (ReplayMode.RECORD_MISSING, ReplayMode.PASSTHROUGH),
-    "--redact-header": _REDACTING,
-    "--redact-query": _REDACTING,
-    "--redact-json": _REDACTING,
+    "db": (ReplayMode.RECORD_MISSING,),
+    "upstream": (ReplayMode.RECORD_MISSING, ReplayMode.PASSTHROUGH),
+    "redact_header": _REPLAYING,
+    "redact_query": _REPLAYING,
+    "redact_json": _REPLAYING,
+    "speed": _REPLAYING,
+    "add_ids": _REPLAYING,
+    "ignore": _REPLAYING,
+    "match_headers": _REPLAYING,
+    "allow_repeats": _REPLAYING,
+    "miss_status": (ReplayMode.REPLAY,),
 }
 
 
@@ -250,15 +255,21 @@ def _warn(message: str) -> None:
     click.echo(f"tasktape replay: WARNING: {message}", err=True)
 
 
-def _refuse_other_modes_options(mode: ReplayMode, given: dict[str, bool]) -> None:
-    """A usage error for an option given that ``mode`` has no use for, naming the modes
-    that have."""
-    for option, modes in _MODES_OF.items():
-        if given[option] and mode not in modes:
-            needs = " or ".join(m.value for m in modes)
-            raise click.BadParameter(
-                f"{option} is for mode {needs}; mode {mode.value} has no use for it", param_hint=option
-            )
+def _refuse_other_modes_options(ctx: click.Context, mode: ReplayMode) -> None:
+    """A usage error for an option given (on the command line, even with its default
+    value) that ``mode`` has no use for, naming the modes that have."""
+    for param in ctx.command.params:
+        modes = _MODES_OF.get(param.name or "")
+        if modes is None or mode in modes or _left_out(ctx, param.name or ""):
+            continue
+        option, needs = param.opts[0], " or ".join(m.value for m in modes)
+        raise click.BadParameter(
+            f"{option} is for mode {needs}; mode {mode.value} has no use for it", param_hint=option
+        )
+
+
+def _left_out(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT)
 
 
 def cut_at_log_end(recorded: list[Recorded]) -> list[Recorded]:

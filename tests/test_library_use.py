@@ -1,6 +1,7 @@
 """The Python API used as a library, carelessly: one string where a list of names goes, a
 mode given by its name, text no stream sends, a cassette written into no folder, one
-source given alone. Each is refused in the error tree, or does what was meant."""
+source given alone, a path or one exchange given the checker. Each is refused in the error
+tree, or does what was meant."""
 
 from __future__ import annotations
 
@@ -135,3 +136,27 @@ def test_one_source_given_alone_is_refused_saying_how() -> None:
     with pytest.raises(tasktape.SourceError, match=r"load\(\) takes a list of sources"):
         tasktape.load(cassette)  # type: ignore[arg-type]
     assert tasktape.load([cassette])
+
+
+def test_the_checker_given_a_path_or_one_exchange_says_what_to_pass(tmp_path: Path) -> None:
+    """check_log("captures.db") raised AttributeError ('str' object has no attribute
+    'exchanges'), check_recorded(recorded) TypeError ('Recorded' object is not iterable)."""
+    db = tmp_path / "captures.db"
+    recorded = tasktape.read_cassette(ROOT / "cassettes" / "completed.jsonl")
+    with tasktape.LogWriter(db) as writer:
+        capture = writer.begin_capture(source="record", upstream="http://127.0.0.1:9")
+        exchange = writer.begin_exchange(capture, method="GET", path="/tasks/t1")
+        writer.end_exchange(exchange, duration_ns=1)
+    said = re.escape(f"the log to check is an EventLog, not a path: write EventLog('{db}')")
+    with pytest.raises(tasktape.UsageError, match=said):
+        tasktape.check_log(str(db))  # type: ignore[arg-type]
+    with tasktape.EventLog(db) as log:
+        said = re.escape("exchange_ids is a list of exchange ids, not one: write [1]")
+        with pytest.raises(tasktape.UsageError, match=said):
+            tasktape.check_log(log, 1)  # type: ignore[arg-type]
+        assert tasktape.check_log(log, [1]) == []
+    with pytest.raises(tasktape.UsageError, match=re.escape("not one alone: write [recorded]")):
+        tasktape.check_recorded(recorded[0])  # type: ignore[arg-type]
+    with pytest.raises(tasktape.UsageError, match=r"the exchanges to check are Recorded .*, not str"):
+        tasktape.check_recorded("completed.jsonl")  # type: ignore[arg-type]
+    assert tasktape.check_recorded(recorded) == []

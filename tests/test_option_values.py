@@ -1,6 +1,7 @@
 """Option values that meant nothing, or something not asked for, refused as usage errors
 (status 2) saying what a value looks like: an empty one (an unset shell variable's), a
-time in seconds no one means, an empty address to listen on."""
+time in seconds no one means, an empty address to listen on. And what options take, as
+their help says it."""
 
 from __future__ import annotations
 
@@ -117,3 +118,33 @@ def test_a_collectors_time_past_a_week_is_refused(tmp_path: Path, option: str) -
     assert done.returncode == 2, done.stderr
     assert "1e300 seconds is longer than a week" in done.stderr
     assert not (tmp_path / "c.db").exists()
+
+
+def helped(*args: str) -> str:
+    """A command's --help, on lines long enough that no word is broken at its hyphen."""
+    result = CliRunner().invoke(main, [*args, "--help"], terminal_width=10_000, max_content_width=10_000)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def test_replays_redaction_options_say_what_they_redact_in_one_sentence() -> None:
+    """Each read "In what record-missing records and what misses report: Also redact this
+    header": a prefix, then a sentence of its own."""
+    text = helped("replay")
+    where = "what record-missing records and what misses report"
+    assert f"Also redact this header in {where} (repeatable)." in text
+    assert (
+        f"Also redact the value of this query parameter and of the form field of that name in {where}" in text
+    )
+    assert f"Redact this JSON field in request bodies, response bodies and events of {where}: a JSON" in text
+    assert "report: Also" not in text
+
+
+def test_export_makes_the_folder_of_its_output_as_its_help_says(tmp_path: Path) -> None:
+    """It made missing folders, said in import's and merge's help but not in export's."""
+    assert "The cassette to write, its folder created if needed" in helped("export")
+    db, cassette = tmp_path / "c.db", tmp_path / "cassettes" / "new" / "c.jsonl"
+    assert run("import", COMPLETED, "--db", db).exit_code == 0
+    result = run("export", db, "-o", cassette)
+    assert result.exit_code == 0, result.output
+    assert cassette.read_text().startswith('{"tasktape_cassette"')

@@ -195,6 +195,46 @@ async def test_bad_arguments_are_explained(
     assert code == status and message in err, err
 
 
+@pytest.mark.parametrize(
+    ("mode", "option"),
+    [
+        *(
+            ("passthrough", option)
+            for option in (
+                ["--speed", "1"],
+                ["--add-ids"],
+                ["--ignore", "/metadata"],
+                ["--match-header", "X-Tenant"],
+                ["--allow-repeats"],
+                ["--miss-status", "418"],
+            )
+        ),
+        ("record-missing", ["--miss-status", "418"]),
+    ],
+)
+async def test_an_option_of_matching_or_misses_is_refused_where_nothing_uses_it(
+    tmp_path: Path, mode: str, option: list[str]
+) -> None:
+    """Passthrough matches and replays nothing, record-missing forwards a miss: each was
+    taken and ignored, while --redact-header and --fault were refused."""
+    args = ["--mode", mode, "--upstream", "http://127.0.0.1:9", "--db", str(tmp_path / "missing.db")]
+    args = args[:4] if mode == "passthrough" else args
+    code, err = await finished("replay", str(cassette(tmp_path / "c.jsonl")), *args, *option)
+    assert code == 2, err
+    assert f"{option[0]} is for mode replay" in err and f"mode {mode} has no use for it" in err, err
+    assert not (tmp_path / "missing.db").exists()
+
+
+async def test_the_usage_says_passthrough_needs_no_source() -> None:
+    """The usage line said SOURCE... as if always needed, though passthrough starts without."""
+    code, err = await finished("replay", "--listen", "127.0.0.1:0")
+    assert code == 2 and "Usage: python -m tasktape replay [OPTIONS] [SOURCE]..." in err, err
+    assert (
+        "Missing argument 'SOURCE...': the logs or cassettes to replay (needed unless --mode passthrough)"
+        in err
+    )
+
+
 async def test_a_source_that_cannot_be_read_is_a_usage_error_as_to_check(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\n")
