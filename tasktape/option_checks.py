@@ -45,7 +45,7 @@ class FiniteRange(click.FloatRange):
     """A ``FloatRange`` that refuses NaN and infinity, which a range check lets through (NaN
     compares as neither below nor above it): a NaN or infinite time never ends."""
 
-    name = "float range"
+    name = "number"  # (what click's refusal calls it: "'x' is not a valid number.")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
@@ -62,7 +62,7 @@ MAX_SECONDS = 7 * 24 * 3600
 class Seconds(FiniteRange):
     """A time in seconds, finite and at most ``MAX_SECONDS``."""
 
-    name = "seconds"
+    name = "time in seconds"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)

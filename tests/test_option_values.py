@@ -92,6 +92,13 @@ def test_a_resume_time_past_a_week_is_refused(tmp_path: Path, option: str, secon
     assert not (tmp_path / "r.db").exists()
 
 
+def test_a_time_that_is_no_number_is_said_as_a_time() -> None:
+    """click words it by the type's name: "'soon' is not a valid seconds." read badly."""
+    done = tasktape(*RECORD, "--hold", "soon")
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for '--hold': 'soon' is not a valid time in seconds." in done.stderr
+
+
 def test_the_drain_time_past_a_week_is_refused(tmp_path: Path) -> None:
     done = tasktape(
         *RECORD, "--db", tmp_path / "r.db", "--ship", "nats://127.0.0.1:9", "--ship-drain", "1e20"
