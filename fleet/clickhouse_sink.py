@@ -14,7 +14,10 @@ messages into one insert per table.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +80,8 @@ SELECT e.task_id, any(e.context_id) AS context_id,
 FROM {db}.events AS e FINAL JOIN {db}.exchanges AS x FINAL ON x.uid = e.exchange_uid
 WHERE e.task_id IS NOT NULL GROUP BY e.task_id""",
 }
+# What a database is named by here: it goes into SQL as it is.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TYPES = {"INTEGER": "Int64", "TEXT": "String", "BLOB": "String", "FLOAT": "Float64", "REAL": "Float64"}
 # What the client takes from a server URL's scheme, user, password, host, port and path: named
 # in its query as well, the client would be given it twice (and a password there would be
@@ -102,10 +107,43 @@ def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
         if not create and not (path / "metadata").is_dir():  # (chDB's own, made with the store)
             raise UsageError(f"nothing in {url}: there is no ClickHouse store at {path}")
         path.mkdir(parents=True, exist_ok=True)
-        return clickhouse_connect.get_client(dsn=f"chdb://{path}"), DATABASE
+        return _engine_client(clickhouse_connect, url, path), DATABASE
     if url.startswith(("http://", "https://")):
         return _server_client(clickhouse_connect, url)
     raise UsageError(f"{url!r} is not a ClickHouse URL: http://HOST:8123, chdb:///ABS/PATH or chdb://REL")
+
+
+def _engine_client(clickhouse_connect: Any, url: str, path: Path) -> Any:
+    """The client of the embedded store at ``path``, which one process at a time can open:
+    one open elsewhere is a UsageError (chDB's refusal is a traceback, its reason printed
+    apart), as is one chDB cannot open."""
+    from clickhouse_connect.driver.exceptions import ProgrammingError  # noqa: PLC0415 - an extra
+
+    if _held(path / "status"):
+        raise UsageError(
+            f"the ClickHouse store {url} is open in another process (a running tasktape collect?):"
+            " one process at a time can open it, stop that one first"
+        )
+    try:
+        return clickhouse_connect.get_client(dsn=f"chdb://{path}")
+    except ProgrammingError as exc:
+        raise UsageError(f"cannot open the ClickHouse store {url}: {exc}") from None
+
+
+def _held(status: Path) -> bool:
+    """Whether a process has the store of this status file open: ClickHouse holds the
+    file's lock (flock) while it runs."""
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (the lock, if taken, goes with it)
+    return False
 
 
 def _server_client(clickhouse_connect: Any, url: str) -> tuple[Any, str]:
@@ -120,18 +158,40 @@ def _server_client(clickhouse_connect: Any, url: str) -> tuple[Any, str]:
             f"{shown(url)}: a ClickHouse URL gives {' and '.join(named)} in its user, host and path "
             "(http://USER:PASSWORD@HOST:PORT/DATABASE), not in its query"
         )
+    database = parts.path.strip("/") or DATABASE
+    if not _PLAIN_NAME.fullmatch(database):
+        raise UsageError(
+            f"{shown(url)}: {database!r} cannot name the database: tasktape's takes letters, digits "
+            "and '_', not a digit first (as tasktape, team_a)"
+        )
     server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
     try:
         client = clickhouse_connect.get_client(dsn=server)
     except (TypeError, ValueError, ProgrammingError) as exc:  # an option unknown, or its value
         raise UsageError(f"{shown(url)}: the ClickHouse client takes no such URL: {exc}") from None
-    return client, parts.path.strip("/") or DATABASE
+    return client, database
 
 
 def shown(url: str) -> str:
     """``url`` as said to the user: without the user and password it may carry, and with
     the values of its query's credentials (``password``, ``access_token``...) redacted."""
     return Redactor().url(url)
+
+
+@contextlib.contextmanager
+def answered(url: str) -> Iterator[None]:
+    """What ClickHouse refuses (a query it cannot run, a right the user lacks) as one line
+    that names it, with the first line of ClickHouse's own words; one it cannot reach as
+    ``reaching`` says it."""
+    from clickhouse_connect.driver.exceptions import DatabaseError  # noqa: PLC0415 - an extra
+
+    try:
+        with reaching(url):
+            yield
+    except DatabaseError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        said = next((line for line in lines if "DB::Exception" in line), lines[0] if lines else "")
+        raise UsageError(f"ClickHouse at {shown(url)} refused: {said or type(exc).__name__}") from None
 
 
 @contextlib.contextmanager
@@ -161,11 +221,12 @@ class ClickHouseSink:
 
     gather = 1.0  # seconds of messages in one insert: ClickHouse takes few, big inserts
     nan_nulls = False  # NULLs as None: its columns of text and integers take no NaN
+    waits: tuple[type[Exception], ...] = ()  # (a server busy is one not reached: see reaching)
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
         self.columns = wire_columns_now()
-        with reaching(url):
+        with answered(url):
             self.client, self.database = connect(url, create=create)
             if create:
                 self._create()
@@ -198,7 +259,7 @@ class ClickHouseSink:
         named after the UUID ClickHouse gave it when it was made. A collector started again
         on it takes up where it stopped; another database, or one made again, starts from
         the stream's first message."""
-        with reaching(self.url):
+        with answered(self.url):
             found = self.client.query(
                 "SELECT uuid FROM system.databases WHERE name = {d:String}", parameters={"d": self.database}
             )

@@ -20,15 +20,17 @@ from typing import Any, Protocol
 
 import msgspec
 import nats.errors
+import nats.js.errors
 from nats.js.api import ConsumerConfig
 
-from .jetstream import FIRST_CONNECT, RETRY, failure, stream_ready
+from .jetstream import FIRST_CONNECT, RETRY, ensure_stream, failure, stream_ready
 from .names import FETCH, STREAM, SUBJECTS, shown
 from .sqlite_sink import Applied
 from .wire import Rows, decode
 
 FETCH_WAIT = 0.5  # seconds a fetch waits for its first message
 REPORT_EVERY = 5.0  # seconds between the lines saying what was collected
+BUSY_WAIT = 1.0  # seconds between tries of a sink another process holds (besides its own wait)
 
 
 class Sink(Protocol):
@@ -36,6 +38,8 @@ class Sink(Protocol):
     nan_nulls: bool  # it takes NULLs as NaN, as a log writer encodes them (wire.decode)
     # Errors of a message the sink cannot store (its values, not the sink): it is dropped.
     refuses: tuple[type[Exception], ...]
+    # Errors of a sink busy for now (another process holds it): waited out, then tried again.
+    waits: tuple[type[Exception], ...]
 
     def apply(self, messages: Sequence[Rows]) -> Applied: ...
 
@@ -84,6 +88,7 @@ class Collector:
         self._on_status = on_status or (lambda line: None)
         self._reported = (0.0, 0)
         self._lost: BaseException | None = None  # why the last fetch failed, while they fail
+        self._failing = False  # whether the last fetch failed (rather than brought nothing)
 
     async def run(self, stop: asyncio.Event) -> CollectStats:
         """Collect until ``stop`` is set (what was fetched by then is committed first), or
@@ -114,6 +119,9 @@ class Collector:
                 if msgs:
                     await self._commit(msgs)
                     quiet_since = time.monotonic()
+                elif self._failing and nc.is_connected and await _gone(sub):
+                    sub = await self._made_again(nc, sub)
+                    continue
                 elif not nc.is_connected:  # (a fetch then just times out, as when nothing came)
                     away = time.monotonic() - heard
                     why = self._why(self._lost or ConnectionError("the connection is down"))
@@ -167,6 +175,25 @@ class Collector:
         await self._keep_ack_wait(js, sub)
         return sub
 
+    async def _made_again(self, nc: Any, gone: Any) -> Any:
+        """The consumer (and its stream) made again once deleted on the broker (``nats
+        consumer rm``; the stream deleted, and made again by a shipper): fetching from it
+        would bring nothing, for ever."""
+        js = nc.jetstream(timeout=5)
+        try:
+            await ensure_stream(js, self.stream, self.subjects, len(self.servers))
+            sub = await self._pull(js)
+        except RETRY:
+            return gone  # (the next fetch fails again, and this is tried again)
+        with contextlib.suppress(*RETRY):
+            await gone.unsubscribe()
+        self._lost = None
+        self._on_status(
+            f"the consumer {self.consumer} of {self.stream} was gone from the broker: made again,"
+            " it hands out the stream from its first message"
+        )
+        return sub
+
     async def _keep_ack_wait(self, js: Any, sub: Any) -> None:
         """The consumer's ack_wait made this collector's: one there already keeps its own
         (pull_subscribe only looks it up)."""
@@ -185,6 +212,7 @@ class Collector:
         msgs: list[Any] = []
         until = time.monotonic() + self.sink.gather
         while True:
+            self._failing = False
             try:
                 msgs += await sub.fetch(self._batch, timeout=FETCH_WAIT)
                 self._lost = None
@@ -192,6 +220,7 @@ class Collector:
                 pass
             except RETRY as exc:
                 self._lost = exc
+                self._failing = True
                 await asyncio.sleep(0.25)
             if not msgs or time.monotonic() >= until:
                 return msgs
@@ -204,7 +233,7 @@ class Collector:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 await self._drop(msg, f"holds no tasktape rows ({exc})")
         try:
-            applied = self.sink.apply([rows for _, rows in decoded])  # committed: only now acknowledged
+            applied = await self._apply([rows for _, rows in decoded])  # committed: only now acknowledged
         except self.sink.refuses:
             # One message the sink cannot store must not hold back (nor, being handed out
             # again, stop for good) every collector of the stream: each goes alone.
@@ -219,13 +248,26 @@ class Collector:
         if decoded:
             s.lag = max(time.time() - decoded[-1][0].metadata.timestamp.timestamp(), 0.0)
 
+    async def _apply(self, messages: list[Rows]) -> Applied:
+        """The messages applied to the sink, once it is free: while another process holds
+        it, said once and waited for (its messages stay unacknowledged meanwhile)."""
+        said = False
+        while True:
+            try:
+                return self.sink.apply(messages)
+            except self.sink.waits as exc:
+                if not said:
+                    said = True
+                    self._on_status(f"waiting for {exc}")
+                await asyncio.sleep(BUSY_WAIT)
+
     async def _commit_alone(self, decoded: list[tuple[Any, Rows]]) -> tuple[Applied, list[tuple[Any, Rows]]]:
         """Each message in a transaction of its own; those the sink refuses, dropped. What
         was committed, and the messages it holds."""
         applied, kept = Applied(), []
         for msg, rows in decoded:
             try:
-                one = self.sink.apply([rows])
+                one = await self._apply([rows])
             except self.sink.refuses as exc:
                 await self._drop(msg, f"holds rows the sink cannot store ({type(exc).__name__}: {exc})")
                 continue
@@ -255,9 +297,22 @@ class Collector:
 
 async def _drained(sub: Any) -> bool:
     """Whether the consumer has no message left to hand out: none pending, and none handed
-    out unacknowledged (those of a collector that died come again after ``ack_wait``)."""
+    out unacknowledged (those of a collector that died come again after ``ack_wait``). A
+    consumer gone is not: the next fetch finds it gone, and it is made again."""
     try:
         info = await sub.consumer_info()
-    except RETRY:
+    except (*RETRY, nats.js.errors.NotFoundError):
         return False
     return not info.num_pending and not info.num_ack_pending
+
+
+async def _gone(sub: Any) -> bool:
+    """Whether the consumer (or its stream) is no longer on the broker: a fetch from it
+    fails as from a broker that does not answer, the consumer's info says which."""
+    try:
+        await sub.consumer_info()
+    except nats.js.errors.NotFoundError:
+        return True
+    except RETRY:
+        pass
+    return False

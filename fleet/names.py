@@ -18,6 +18,7 @@ FETCH = 100  # messages a collector fetches (and commits together) at a time, un
 # What a stream or consumer name may not hold, besides whitespace: the servers keep it as a
 # file name and in subjects, and NATS's own client refuses these (deep in a run, not at start).
 _NOT_IN_NAMES = ".*>/\\"
+MAX_NAME = 255  # bytes (UTF-8) in a stream's or consumer's name: the servers refuse longer ones
 
 
 def parse_servers(url: str) -> list[str]:
@@ -46,6 +47,11 @@ def jetstream_name(name: str) -> str:
         raise UsageError(
             f"{name!r} cannot name a JetStream stream or consumer: a name is one or more characters, "
             "none of them whitespace, '.', '*', '>', '/' or '\\' (as TASKTAPE, fleet-eu_1)"
+        )
+    if len(name.encode()) > MAX_NAME:
+        raise UsageError(
+            f"{name[:20]!r}... cannot name a JetStream stream or consumer: it is {len(name.encode())}"
+            f" bytes long, and NATS takes at most {MAX_NAME}"
         )
     return name
 

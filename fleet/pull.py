@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,13 @@ from tasktape.errors import UsageError
 from tasktape.eventlog.exchange_rows import stored_body
 from tasktape.eventlog.uids import read_time
 
-from .clickhouse_sink import TABLES, ClickHouseSink, blob_columns, reaching, shown
+from .clickhouse_sink import TABLES, ClickHouseSink, answered, blob_columns, shown
 from .sqlite_sink import Applied, SqliteSink
 from .wire import Rows, Table
+
+# A row's nanoseconds since the epoch, as ClickHouse keeps them (Int64).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,11 @@ class Slice:
         chosen = [self.task is not None, self.context is not None, (self.since or self.until) is not None]
         if sum(chosen) != 1:
             raise UsageError("choose one slice: a task, a context, or a time range (since and/or until)")
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise UsageError(
+                f"until ({self.until.isoformat()}) is not after since ({self.since.isoformat()}):"
+                " the range holds no time"
+            )
 
     def exchange_uids(self, sink: ClickHouseSink) -> list[str]:
         db = sink.database
@@ -47,7 +56,7 @@ class Slice:
             found = sink.client.query(
                 f"SELECT uid FROM {db}.exchanges FINAL"
                 " WHERE started_ns >= {a:Int64} AND started_ns < {b:Int64}",
-                parameters={"a": _ns(self.since, 0), "b": _ns(self.until, 2**63 - 1)},
+                parameters={"a": _ns(self.since, INT64_MIN), "b": _ns(self.until, INT64_MAX)},
             )
         return sorted(row[0] for row in found.result_rows)
 
@@ -61,13 +70,18 @@ def parse_time(text: str) -> datetime:
 
 
 def _ns(moment: datetime | None, default: int) -> int:
-    return default if moment is None else int(moment.timestamp() * 1_000_000) * 1000
+    """``moment`` in nanoseconds since the epoch, exactly (a float's would be off by
+    microseconds, and past 2262 overflow Int64), held to the range a row's time has."""
+    if moment is None:
+        return default
+    ns = (moment - _EPOCH) // timedelta(microseconds=1) * 1000
+    return min(max(ns, INT64_MIN), INT64_MAX)
 
 
 def pull_slice(url: str, chosen: Slice, output: str | Path) -> Applied:
     """Bring the exchanges ``chosen`` of the ClickHouse at ``url`` into the log ``output``
     (the ClickHouse side only read: what no collector made there is not made)."""
-    with ClickHouseSink(url, create=False) as sink, reaching(url):
+    with ClickHouseSink(url, create=False) as sink, answered(url):
         uids = chosen.exchange_uids(sink)
         if not uids:
             raise UsageError(f"nothing in {shown(url)} matches the slice chosen")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasktape.errors import LogBusy
 from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, migrations, open_db
 from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
@@ -58,8 +59,13 @@ class SqliteSink:
         sqlite3.InterfaceError,
         OverflowError,
     )
+    # The log's lock held past SQLite's busy timeout by another process (a tasktape check
+    # saving its findings, a sqlite-utils write): waited out, the messages unacknowledged.
+    waits: tuple[type[Exception], ...] = (LogBusy,)
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
+        """``busy_timeout``: seconds SQLite waits for a lock another process holds before
+        the sink says it ``waits`` for it."""
         self.path = Path(path)
         # Held first: a log in a folder that does not exist, or a device, is refused as
         # every writer refuses it, before SQLite makes anything of it.
@@ -70,7 +76,7 @@ class SqliteSink:
             release_writer_lock(self._lock)
             raise
         self._conn = sqlite3.connect(self.path, isolation_level=None)
-        self._conn.execute("PRAGMA busy_timeout = 30000")
+        self._conn.execute(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
         self._columns = {t: {row[1] for row in self._conn.execute(f"PRAGMA table_info({t})")} for t in Table}
         self._ids: dict[tuple[str, str], int] = {}  # (table, uid) -> the sink's id
 
@@ -95,7 +101,12 @@ class SqliteSink:
         """Write the messages' rows in one transaction: all of them, or none."""
         applied = Applied(messages=len(messages))
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                raise
+            raise LogBusy(f"the log's lock: another process writes {self.path}") from None
         try:
             (indexed,) = conn.execute(INDEXED_THROUGH).fetchone()
             for message in messages:

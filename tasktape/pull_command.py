@@ -8,6 +8,8 @@ import click
 
 from tasktape.errors import LogError, UsageError
 
+from .option_checks import bad_input, refused_log
+
 
 @click.command("pull")
 @click.option(
@@ -37,6 +39,9 @@ def pull(
     The slice is one task's exchanges, one context's, or those started in a time range;
     each comes with its capture, chunks, events and resumes, byte for byte. Rows are keyed
     by uid, so pulling into a log that holds them already adds nothing.
+    Exit status: 0 pulled, 1 not (ClickHouse not reached or refusing, its store open in
+    another process, nothing matching the slice, the log busy with another writer), 2 bad
+    input (no one slice, a time that is not ISO 8601, -o a file that is no event log).
     """
     # Here: clickhouse-connect loads only for this command.
     from tasktape.fleet.pull import Slice, parse_time, pull_slice  # noqa: PLC0415
@@ -48,7 +53,12 @@ def pull(
             since=parse_time(since) if since else None,
             until=parse_time(until) if until else None,
         )
+    except UsageError as exc:
+        raise bad_input(str(exc)) from None
+    try:
         applied = pull_slice(clickhouse, chosen, output)
-    except (UsageError, LogError) as exc:
+    except LogError as exc:
+        raise refused_log(exc) from None
+    except UsageError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"tasktape pull: {applied.rows:,} rows ({applied.written:,} new) -> {output}")

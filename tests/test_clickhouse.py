@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from fleet_runs import ship_once
 from log_rows import shipped_rows, union, write_log
 from nats_servers import NatsCluster
+from processes import stop
 
 from tasktape.fleet.clickhouse_sink import ClickHouseSink
 
@@ -104,11 +106,113 @@ def test_pull_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     url = f"chdb://{tmp_path / 'empty'}"
     result = _tasktape("pull", "--clickhouse", url, "--task", "nope", "-o", str(tmp_path / "x.db"))
     assert result.returncode == 1 and "nothing in chdb://" in result.stderr
-    result = _tasktape(
-        "pull", "--clickhouse", url, "--task", "a", "--context", "b", "-o", str(tmp_path / "x.db")
-    )
-    assert result.returncode == 1 and "choose one slice" in result.stderr
     result = _tasktape("pull", "--clickhouse", "mysql://x", "--task", "a", "-o", str(tmp_path / "x.db"))
     assert result.returncode == 1 and "is not a ClickHouse URL" in result.stderr
-    result = _tasktape("pull", "--clickhouse", url, "--since", "yesterday", "-o", str(tmp_path / "x.db"))
-    assert result.returncode == 1 and "is not an ISO 8601 time" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("slice_", "said"),
+    [
+        (
+            ["--task", "a", "--context", "b"],
+            "choose one slice: a task, a context, or a time range (since and/or until)",
+        ),
+        (["--since", "yesterday"], "'yesterday' is not an ISO 8601 time (2026-12-01T09:00:00Z)"),
+        (
+            ["--since", "2026-02-01", "--until", "2026-01-01"],
+            "until (2026-01-01T00:00:00+00:00) is not after since (2026-02-01T00:00:00+00:00):"
+            " the range holds no time",
+        ),
+    ],
+)
+def test_a_slice_that_cannot_be_meant_is_bad_input(tmp_path: Path, slice_: list[str], said: str) -> None:
+    """Refused with exit 1, as a failure, where every other command says bad input with 2;
+    an --until before --since pulled nothing, as if nothing had been recorded then."""
+    url = f"chdb://{tmp_path / 'empty'}"
+    result = _tasktape("pull", "--clickhouse", url, *slice_, "-o", str(tmp_path / "x.db"))
+    assert (result.returncode, result.stderr) == (2, f"Error: {said}\n")
+    assert not (tmp_path / "empty").exists() and not (tmp_path / "x.db").exists()
+
+
+async def test_times_past_2262_slice_as_they_say(nats_node: NatsCluster, tmp_path: Path) -> None:
+    """--since 9999-01-01 pulled everything and --until 3000-01-01 nothing: their
+    nanoseconds overflowed Int64."""
+    await ship_once(write_log(tmp_path / "a.db", "a"), nats_node.url)
+    store = f"chdb://{tmp_path / 'clickhouse'}"
+    collected = _tasktape("collect", "--from", nats_node.url, "--clickhouse", store, "--until-idle", "1")
+    assert "stopped: 17 rows" in collected.stdout, collected.stderr
+    future = _tasktape("pull", "--clickhouse", store, "--since", "9999-01-01", "-o", str(tmp_path / "f.db"))
+    assert (future.returncode, future.stderr) == (1, f"Error: nothing in {store} matches the slice chosen\n")
+    until = tmp_path / "until.db"
+    pulled = _tasktape("pull", "--clickhouse", store, "--until", "3000-01-01", "-o", str(until))
+    assert pulled.stdout == f"tasktape pull: 17 rows (17 new) -> {until}\n", pulled.stderr
+
+
+def test_a_store_a_collector_holds_is_said_to_be_held(tmp_path: Path) -> None:
+    """Pulling from (or collecting into) the chDB store of a running collector was chDB's
+    traceback: 'Unable to open the chdb engine'."""
+    store = f"chdb://{tmp_path / 'clickhouse'}"
+    with socket.socket() as s:  # a broker nothing answers for: the collector waits, holding the store
+        s.bind(("127.0.0.1", 0))
+        broker = f"nats://127.0.0.1:{s.getsockname()[1]}"
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "tasktape", "collect", "--from", broker, "--clickhouse", store],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert collector.stdout is not None
+        assert collector.stdout.readline().startswith("tasktape collect: collecting TASKTAPE")  # (opened)
+        held = (
+            f"Error: the ClickHouse store {store} is open in another process (a running tasktape collect?):"
+            " one process at a time can open it, stop that one first\n"
+        )
+        pulled = _tasktape("pull", "--clickhouse", store, "--task", "t", "-o", str(tmp_path / "t.db"))
+        assert (pulled.returncode, pulled.stderr) == (1, held)
+        again = _tasktape("collect", "--from", broker, "--clickhouse", store, "--until-idle", "1")
+        assert (again.returncode, again.stderr) == (1, held)
+    finally:
+        stop(collector)
+
+
+def test_what_clickhouse_refuses_is_one_line(tmp_path: Path) -> None:
+    """A query ClickHouse would not run (here, on tables of that name made by something
+    else) was clickhouse-connect's traceback."""
+    path = tmp_path / "clickhouse"
+    tables = ["captures", "exchanges", "stored_chunks", "events", "resumes"]
+    script = (
+        "import sys, clickhouse_connect as cc; c = cc.get_client(dsn=f'chdb://{sys.argv[1]}');"
+        " c.command('CREATE DATABASE tasktape');"
+        " [c.command(f'CREATE TABLE tasktape.{t} (x String) ENGINE = MergeTree ORDER BY x')"
+        " for t in sys.argv[2:]]"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", script, str(path), *tables],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    pulled = _tasktape("pull", "--clickhouse", f"chdb://{path}", "--task", "t", "-o", str(tmp_path / "t.db"))
+    assert pulled.returncode == 1 and "Traceback" not in pulled.stderr, pulled.stderr
+    assert pulled.stderr.startswith(f"Error: ClickHouse at chdb://{path} refused: Code: "), pulled.stderr
+    assert len(pulled.stderr.splitlines()) == 1, pulled.stderr
+
+
+@pytest.mark.parametrize("command", ["collect", "pull"])
+def test_a_database_name_that_is_no_plain_name_is_refused(tmp_path: Path, command: str) -> None:
+    """A database named with a '-' (http://HOST:8123/team-a) went into SQL as it was: the
+    server's syntax error, as a traceback."""
+    url = "http://127.0.0.1:9/team-a"
+    args = {
+        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
+        "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
+    }[command]
+    done = _tasktape(command, *args)
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"Error: {url}: 'team-a' cannot name the database: tasktape's takes letters, digits and '_',"
+        " not a digit first (as tasktape, team_a)\n",
+    )

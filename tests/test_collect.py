@@ -254,6 +254,51 @@ async def test_a_message_a_sink_cannot_store_is_dropped_and_the_rest_of_its_batc
     assert runs[1].stderr == ""
 
 
+async def test_a_consumer_or_stream_deleted_under_a_collector_is_made_again_and_collected_on(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """Fetching from a consumer gone (``nats consumer rm``, or its stream deleted and made
+    again by a shipper) brought nothing, unsaid, for ever; with --until-idle the collector
+    crashed on 'stream not found'."""
+    logs = [write_log(tmp_path / f"{name}.db", name) for name in "abc"]
+    fleet = tmp_path / "fleet.db"
+    said: list[str] = []
+    await ship_once(logs[0], nats_node.url)
+    nc = await nats.connect(parse_servers(nats_node.url))
+    with SqliteSink(fleet) as sink:
+        collector = Collector(
+            parse_servers(nats_node.url), sink, consumer="c", until_idle=8, on_status=said.append
+        )
+        task = asyncio.ensure_future(collector.run(asyncio.Event()))
+
+        async def collected(*shipped: Path) -> None:
+            expected = union(*map(shipped_rows, shipped))
+            deadline = time.monotonic() + 20
+            while shipped_rows(fleet) != expected:
+                assert not task.done(), task.result()
+                assert time.monotonic() < deadline, said
+                await asyncio.sleep(0.1)
+
+        try:
+            await collected(logs[0])
+            await nc.jetstream().delete_stream(STREAM)
+            await ship_once(logs[1], nats_node.url)  # (made again by the shipper, or the collector)
+            await collected(*logs[:2])
+            await nc.jetstream().delete_consumer(STREAM, "c")
+            await ship_once(logs[2], nats_node.url)
+            await collected(*logs)
+        finally:
+            await nc.close()
+            stats = await asyncio.wait_for(task, 60)
+    assert stats.unreached is None
+    made_again = (
+        "the consumer c of TASKTAPE was gone from the broker: made again,"
+        " it hands out the stream from its first message"
+    )
+    assert said.count(made_again) == 2, said
+    assert said[-1] == "nothing new for 8 s: stopping"
+
+
 async def test_a_collector_started_again_with_another_ack_wait_changes_its_consumers(
     nats_node: NatsCluster, tmp_path: Path
 ) -> None:
@@ -358,6 +403,37 @@ async def test_a_collector_killed_mid_batch_loses_and_duplicates_nothing(
     said = second.stdout.splitlines()
     assert said[0].startswith("tasktape collect: collecting TASKTAPE from"), said
     assert said[-2:-1] == ["tasktape collect: nothing new for 0.5 s: stopping"], said
+
+
+async def test_a_log_locked_past_sqlites_wait_is_waited_for_and_nothing_is_lost(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """The log write-locked by another process for longer than SQLite waits (a long
+    tasktape check saving findings, a sqlite-utils write) crashed the collector with
+    'database is locked'."""
+    log, fleet = write_log(tmp_path / "a.db", "a"), tmp_path / "fleet.db"
+    await ship_once(log, nats_node.url)
+    said: list[str] = []
+    with SqliteSink(fleet, busy_timeout=0.5) as sink:  # (30 s by default)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]);"
+             " c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(4)", str(fleet)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            collector = Collector(parse_servers(nats_node.url), sink, consumer="c", on_status=said.append)
+            task = asyncio.ensure_future(collector.run(asyncio.Event()))
+            deadline = time.monotonic() + 60
+            while shipped_rows(fleet) != shipped_rows(log):
+                assert not task.done(), task.result()
+                assert time.monotonic() < deadline, said
+                await asyncio.sleep(0.5)
+        finally:
+            stop(holder)
+        assert not task.done()
+        task.cancel()
+    assert said.count(f"waiting for the log's lock: another process writes {fleet}") == 1, said
 
 
 def _events(db: Path) -> int:

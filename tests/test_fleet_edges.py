@@ -139,6 +139,22 @@ def test_a_stream_or_consumer_name_nats_refuses_is_a_usage_error(
     assert not (tmp_path / "c.db").exists()
 
 
+def test_a_stream_or_consumer_name_too_long_for_nats_is_a_usage_error(tmp_path: Path) -> None:
+    """A stream's name of 300 characters was said as the broker being down, for ever (its
+    'stream name is too long' taken for one to try again)."""
+    for option in ("--stream", "--consumer"):
+        ran = _tasktape(
+            "collect", "--from", f"nats://127.0.0.1:{_closed_port()}", "--db", str(tmp_path / "c.db"),
+            option, "é" * 128, "--until-idle", "1",
+        )  # fmt: skip
+        assert ran.returncode == 2, ran.stderr
+        assert (
+            f"Invalid value for '{option}': '{'é' * 20}'... cannot name a JetStream stream or consumer:"
+            " it is 256 bytes long, and NATS takes at most 255"
+        ) in ran.stderr, ran.stderr
+    assert not (tmp_path / "c.db").exists()
+
+
 def test_a_clickhouse_not_there_is_one_line_and_a_pull_makes_no_store(
     nats_node: NatsCluster, tmp_path: Path
 ) -> None:
