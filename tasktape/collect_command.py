@@ -14,7 +14,7 @@ from tasktape.fleet.names import FETCH, STREAM, jetstream_name, parse_servers
 from tasktape.fleet.names import shown as shown_servers
 from tasktape.stop_signals import stop_signals
 
-from .option_checks import Seconds, checked
+from .option_checks import Seconds, checked, refused_log
 
 
 @click.command("collect")
@@ -95,6 +95,9 @@ def collect(
     acknowledged once committed: a collector stopped or killed loses nothing, and the next
     one of its consumer takes up where it stopped. Into ClickHouse, about a second of rows
     goes into each insert.
+    Exit status: 0 stopped (Ctrl-C, or idle with --until-idle), 1 not collecting (a broker or
+    ClickHouse not reached or refusing, the log busy with another writer), 2 bad input
+    (--db no event log; --from, --stream or --consumer refused).
     """
     if (db is None) == (clickhouse is None):
         raise click.UsageError("collect into one sink: --db PATH or --clickhouse URL")
@@ -145,7 +148,9 @@ def collect(
             asyncio.run(run(sink))
     except Unauthorized as exc:  # as a wrong --from would be
         raise click.BadParameter(str(exc), param_hint="--from") from None
-    except (LogError, UsageError) as exc:
+    except LogError as exc:
+        raise refused_log(exc) from None
+    except UsageError as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -32,7 +32,7 @@ from .agent import create_agent_app
 from .agent.tasks import check_pace
 from .inspect_command import serve_inspector
 from .listen import DEFAULT_INSPECT_PORT
-from .option_checks import checked
+from .option_checks import bad_input, checked, refused_log
 from .serving import start_site
 
 
@@ -233,7 +233,8 @@ def demo(db: Path | None, pace: float, inspect: bool) -> None:
     log back: each stream must be in it byte for byte, with the events and final state
     the client saw. Then it replays one recorded stream at its recorded pace and reports
     its pacing error and byte equality. Exits 0 only if every scenario was recorded
-    completely and the replay was byte-identical. With --inspect, it then serves the log
+    completely and the replay was byte-identical; 2 on bad input (--db no event log, or
+    in a folder that does not exist). With --inspect, it then serves the log
     in the inspector until Ctrl-C.
     """
     db = new_log(db)
@@ -242,7 +243,7 @@ def demo(db: Path | None, pace: float, inspect: bool) -> None:
     try:
         runs, agent_url, proxy_url = asyncio.run(run_demo(db, pace))
     except LogError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise refused_log(exc) from None
     # Read-write, so that closing it folds the WAL back into the file and tidies up.
     with EventLog(db, readonly=False) as log:
         check(runs, log)
@@ -303,7 +304,7 @@ def _create(db: Path) -> bool:
     except FileExistsError:
         return False
     except OSError as exc:  # (in the words record's --db has)
-        raise click.ClickException(str(cannot_open(db, exc))) from None
+        raise bad_input(str(cannot_open(db, exc))) from None
     return True
 
 

@@ -143,11 +143,12 @@ async def test_a_log_record_cannot_write_is_bad_input_said_as_everywhere(tmp_pat
 
 
 async def test_demo_and_collect_say_a_missing_folder_as_record_does(tmp_path: Path) -> None:
-    """demo said "cannot create the log", collect "unable to open database file"."""
+    """demo said "cannot create the log", collect "unable to open database file"; both
+    exited 1 where record, bad input, exits 2."""
     for command, db in (("demo", "demo.db"), ("collect", "c.db")):
         db_path = tmp_path / "nodir" / db
         more = ("--from", f"nats://127.0.0.1:{free_port()}") if command == "collect" else ()
         code, err = await finished(command, "--db", str(db_path), *more)
-        assert code == 1, err
+        assert code == 2, err
         said = f"Error: cannot open {db_path} as an event log (No such file or directory): its folder "
         assert f"{said}{db_path.parent} does not exist\n" in err, err
