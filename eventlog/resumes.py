@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tasktape.counted import counted
+
 
 class ResumeSide(StrEnum):
     CLIENT = "client"  # a client came back with Last-Event-ID
@@ -51,7 +53,7 @@ class Resume:
         if self.side is ResumeSide.CLIENT:
             head = f"exchange {self.exchange_id}: a client reconnected after {shown_id(self.last_event_id)}"
             if self.outcome is ResumeOutcome.RESUMED:
-                sent = f"{self.events_from_log} events from the log"
+                sent = f"{counted(self.events_from_log or 0, 'event')} from the log"
                 then = "then the live tail" if self.live else "the rest of the stream, which had ended"
                 return f"{head}: {sent}, {then} (exchange {self.new_exchange_id})"
             if self.outcome is ResumeOutcome.ENDED:
@@ -60,10 +62,11 @@ class Resume:
                 return f"{head}: forwarded to the agent by exchange {self.new_exchange_id} ({self.error})"
             return f"{head}: {self.outcome} ({self.error})"
         head = f"exchange {self.exchange_id}: {self.taken_up or BROKE}"
-        tries = f"{self.attempts} subscribe{'s' if self.attempts != 1 else ''}"
         if self.outcome is ResumeOutcome.REJOINED:
-            n = len(self.synthesized)
-            made = f", {n} event{'s' if n != 1 else ''} made up to catch up" if n else ""
+            tries = counted(self.attempts or 0, "subscribe")
+            made = (
+                f", {counted(len(self.synthesized), 'event')} made up to catch up" if self.synthesized else ""
+            )
             return f"{head}: rejoined by exchange {self.new_exchange_id} ({tries}{made})"
         if self.outcome is ResumeOutcome.CAUGHT_UP:
             return f"{head}: its task had ended; caught up from exchange {self.new_exchange_id}"

@@ -28,6 +28,7 @@ from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 from .failure import dropped
 from .headers import Relayed
 from .live import LiveStream
+from .reconnects import line_of
 from .rejoin import Rejoin
 
 if TYPE_CHECKING:
@@ -41,6 +42,19 @@ FIRST, PIECE = 16 * 1024, 1024 * 1024
 # How often the first client's writes are looked at: one that waits from one look to the
 # next (the client reads nothing) hands the upstream's reading over to a pump.
 TICK = 0.25
+# The headers of the first response that are its own, not the stream's: a reconnect's
+# answer leaves them out (another client is not handed the first one's cookie, nor a Date
+# of the past: aiohttp gives it one of now).
+FIRST_RESPONSES_OWN = frozenset(
+    {
+        "age",  # how long the first response was cached
+        "authentication-info",  # the first request's authentication (a nonce for its next)
+        "date",
+        "server-timing",  # how long the agent took to answer the first request
+        "set-cookie",
+        "set-cookie2",
+    }
+)
 
 
 class FirstClient:
@@ -117,11 +131,10 @@ async def relay_held(
     proxy, request = exchange.proxy, exchange.request
     assert proxy.live is not None
     headers.popall("Content-Length", None)  # ids added where there were none change the length
-    line = f"{request.method} {request.rel_url.raw_path}"
     credentials = proxy.credentials.of(request.headers)
     stream = proxy.live.open(
         exchange.id,
-        line,
+        line_of(request.method, request.rel_url.raw_path_qs),
         exchange.request_body(),
         list(headers.items()),
         credentials,
@@ -220,12 +233,13 @@ async def follow_again(
         writer.end_exchange(exchange_id, duration_ns=offset(), outcome=Outcome.COMPLETE)
         proxy.resumed(replace(resumed, outcome=ResumeOutcome.ENDED))
         return web.Response(status=204)
-    writer.response_head(exchange_id, status=200, headers=stream.headers, is_sse=True, ttfb_ns=offset())
+    headers = reconnect_headers(stream.headers)
+    writer.response_head(exchange_id, status=200, headers=headers, is_sse=True, ttfb_ns=offset())
     mine, theirs = rpc_id(body), stream.request_rpc_id
     answering = (
         None if mine is NO_ID or theirs is NO_ID or same_id(mine, theirs) else IdRewriter(theirs, mine)
     )
-    response = Relayed(status=200, headers=stream.headers)
+    response = Relayed(status=200, headers=headers)
     outcome, error, noted = Outcome.COMPLETE, None, False
     try:
         await response.prepare(request)
@@ -257,6 +271,12 @@ async def follow_again(
             proxy.resumed(resumed)
         writer.end_exchange(exchange_id, duration_ns=offset(), outcome=outcome, error=error)
     return response
+
+
+def reconnect_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The stream's response headers as a reconnect is answered with them: without those
+    that were the first response's own."""
+    return [(name, value) for name, value in headers if name.lower() not in FIRST_RESPONSES_OWN]
 
 
 def _pieces(segments: list[bytes], first: int) -> Iterator[bytes]:

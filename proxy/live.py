@@ -22,8 +22,8 @@ from tasktape.eventlog.jsonrpc_ids import rpc_id
 from tasktape.eventlog.protocols.base import Request
 
 from .credentials import KEY_DIGITS, same, stream_key
-from .reconnects import Opener, opener
-from .stamper import Stamper, line_end
+from .reconnects import Opener, line_of, opener, same_line
+from .stamper import Stamper, line_end, numbered
 
 ID_PREFIX = "tg"  # ids the recorder gives: "tg<exchange>-<key>.<event>" (see credentials)
 
@@ -33,9 +33,11 @@ def recorders_exchange(event_id: str) -> int | None:
     its key is checked by the stream)."""
     head, dot, number = event_id.partition(".")
     exchange, dash, key = head.removeprefix(ID_PREFIX).partition("-")
-    if not (event_id.startswith(ID_PREFIX) and dot and dash and event_id.isascii()):
+    if not (
+        event_id.startswith(ID_PREFIX) and dot and dash and event_id.isascii() and len(key) == KEY_DIGITS
+    ):
         return None
-    return int(exchange) if exchange.isdigit() and number.isdigit() and len(key) == KEY_DIGITS else None
+    return numbered(exchange) if numbered(number) is not None else None
 
 
 @dataclass
@@ -44,7 +46,7 @@ class LiveStream:
     in them, whether it has ended, and how. Positions are byte offsets."""
 
     exchange_id: int
-    request_line: str  # "POST /message:stream": what a reconnect repeats
+    request_line: str  # "POST /message:stream", "GET /events?topic=a": what a reconnect repeats
     request_body: bytes | None  # the request that opened it (read for its JSON-RPC id when asked)
     headers: list[tuple[str, str]]  # the response headers clients are sent
     key: str  # in the recorder's ids of its events, which no client of another stream can guess
@@ -408,7 +410,9 @@ class LiveStreams:
     def let_go_alike(self, request_line: str, most: int) -> list[int]:
         """The streams let go that a request like this one opened (at most ``most``), the
         latest first: the exchanges that opened them."""
-        alike = (e for e, held in reversed(self._let_go.items()) if held.request_line == request_line)
+        alike = (
+            e for e, held in reversed(self._let_go.items()) if same_line(held.request_line, request_line)
+        )
         return list(islice(alike, most))
 
     def let_go_ids(self) -> frozenset[int]:
@@ -418,7 +422,7 @@ class LiveStreams:
     def gone(self, resuming: Request) -> Gone | None:
         """The last stream let go that a request like this one opened (the same line, and
         as far as it is known the same operation), if no such stream is held."""
-        line = f"{resuming.method} {resuming.path.partition('?')[0]}"
+        line = line_of(resuming.method, resuming.path)
         gone = self._gone.get(line)
         alike = gone is not None and (gone.opener is None or gone.opener.repeated_by(opener(resuming)))
         return gone if alike and not self.newest(line) else None
@@ -428,7 +432,7 @@ class LiveStreams:
 
     def newest(self, request_line: str) -> LiveStream | None:
         """The newest stream a request like this one opened."""
-        return self.latest(lambda s: s.request_line == request_line)
+        return self.latest(lambda s: same_line(s.request_line, request_line))
 
     def latest(self, continued: Callable[[LiveStream], bool]) -> LiveStream | None:
         """The newest stream a request continues (``continued`` says which do)."""
@@ -459,5 +463,5 @@ class LiveStreams:
             if (position := stream.position(event_id)) is not None and continued(stream)
         ]
         admitted = [found for found in holding if credentials is None or found[0].admits(credentials)]
-        same_line = [found for found in admitted if found[0].request_line == request_line]
-        return next(iter(same_line or admitted or holding), None)
+        repeated = [found for found in admitted if same_line(found[0].request_line, request_line)]
+        return next(iter(repeated or admitted or holding), None)

@@ -1,21 +1,51 @@
 """Which requests carrying ``Last-Event-ID`` continue a stream a resuming recorder holds.
 
 Only what the stream's protocol says continues it: the request that opened it again (the
-same request line, and as its protocol reads it the same binding and operation), the
-protocol's subscribe to the stream's task on that binding, or what the protocol takes as
-a resumption of it (MCP's ``GET`` of the endpoint in the stream's session). Any other
-request with the header (a cancel, a read of the task) is the agent's to answer.
+same request line, its query included, and as its protocol reads it the same binding and
+operation), the protocol's subscribe to the stream's task on that binding, or what the
+protocol takes as a resumption of it (MCP's ``GET`` of the endpoint in the stream's
+session). Any other request with the header (a cancel, a read of the task) is the agent's
+to answer.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import Protocol, Request
+from tasktape.eventlog.redact import REDACTED
 
 if TYPE_CHECKING:
     from .live import LiveStream
+
+
+_QUERY_SEPARATORS = re.compile(r"([&;])")  # as the log's redaction splits a query
+
+
+def line_of(method: str, target: str) -> str:
+    """A request's line as a reconnect repeats it: its method and target, the query
+    included (one endpoint may serve several streams by it: ``/events?topic=alpha``)."""
+    return f"{method} {target}"
+
+
+def same_line(held: str, asked: str) -> bool:
+    """Whether ``asked`` is the request line ``held`` again. A line read back from the
+    log has the credentials of its query redacted (``?token=[REDACTED]``): any value of
+    such a parameter repeats it."""
+    if held == asked:
+        return True
+    head, question, query = held.partition("?")
+    if not question or REDACTED not in query or not asked.startswith(f"{head}?"):
+        return False
+    mine, theirs = _QUERY_SEPARATORS.split(query), _QUERY_SEPARATORS.split(asked[len(head) + 1 :])
+    return len(mine) == len(theirs) and all(map(_same_parameter, mine, theirs))
+
+
+def _same_parameter(held: str, asked: str) -> bool:
+    name, _, value = held.partition("=")
+    return held == asked or (value == REDACTED and asked.startswith(f"{name}="))
 
 
 class Opener(NamedTuple):
@@ -32,12 +62,16 @@ class Opener(NamedTuple):
         claims both (a claim may hang on a header a reconnect leaves out), the same
         protocol, binding and operation."""
         claimed = self.protocol is not None and other.protocol is not None
-        return self.line == other.line and (not claimed or self == other)
+        return same_line(self.line, other.line) and (not claimed or self[1:] == other[1:])
+
+    def beside_query(self) -> Opener:
+        """The same, but for the query of its line."""
+        return self._replace(line=self.line.partition("?")[0])
 
 
 def opener(request: Request) -> Opener:
     """What a request opens (or, with ``Last-Event-ID``, would continue)."""
-    line = f"{request.method} {request.path.partition('?')[0]}"
+    line = line_of(request.method, request.path)
     protocol = recognise(request)
     if protocol is None:
         return Opener(line)
@@ -70,4 +104,6 @@ def _subscribes(
     if plan is None:
         return False
     asked = Request(plan.method, plan.path, opened.headers, plan.body)
-    return opener(asked) == mine and protocol.request_info(asked).task_id == task
+    # The protocol's subscribe carries no query (the task names the stream): a client's may.
+    same = opener(asked).beside_query() == mine.beside_query()
+    return same and protocol.request_info(asked).task_id == task

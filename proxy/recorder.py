@@ -55,7 +55,7 @@ from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
 from .kept_body import KeptBody
 from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, keyed, recorders_exchange
-from .reconnects import continues
+from .reconnects import continues, line_of, same_line
 from .rejoin import Rejoin, agent_resumes, named_task
 from .resume_options import UnknownResume
 from .revive import (
@@ -360,13 +360,13 @@ class RecordingProxy:
         live = self.live
         assert live is not None
         told = body if isinstance(body, bytes) else b""  # what the protocol reads the request by
-        line = f"{request.method} {request.rel_url.raw_path}"
+        line = line_of(request.method, request.rel_url.raw_path_qs)
         credentials = self.credentials.of(request.headers)
         resuming = Request(request.method, request.rel_url.raw_path_qs, list(request.headers.items()), told)
 
         def continued(stream: LiveStream) -> bool:
             if isinstance(body, _TeedBody):  # not read whole: what it repeats is not known
-                return stream.request_line == line
+                return same_line(stream.request_line, line)
             return continues(resuming, stream.opened(), stream)
 
         found = live.find(last_id, line, credentials, continued)
@@ -487,8 +487,7 @@ class RecordingProxy:
         assert live is not None
         exchange_id = recorders_exchange(last_id)
         if exchange_id is None:
-            line = f"{request.method} {request.rel_url.raw_path}"
-            alike = live.let_go_alike(line, LOOKED_IN)
+            alike = live.let_go_alike(line_of(request.method, request.rel_url.raw_path_qs), LOOKED_IN)
             task = named_task(request, resuming.body if isinstance(resuming.body, bytes) else b"")
             if alike or task != (None, None):
                 path, let_go = self.writer.path, live.let_go_ids()

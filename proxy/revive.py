@@ -34,6 +34,7 @@ from tasktape.eventlog.resumes import ResumeOutcome, ResumeSide
 from .credentials import stream_key
 from .headers import end_to_end
 from .live import LiveStream
+from .reconnects import line_of
 from .rejoin import caught_up, ends_closed
 
 # Whatever ended the recording of a stream that was still running: the recorder stopped
@@ -90,7 +91,7 @@ def asleep_in_log(path: Path, capture_id: int, hold: float) -> Iterator[tuple[Li
 # The streams of earlier runs whose last bytes came within the hold (the latest first):
 # the exchanges that opened them, and their request lines.
 _ENDED = f"""
-SELECT id, method, path FROM exchanges x
+SELECT id, method, path, query FROM exchanges x
 WHERE capture_id IN (SELECT id FROM captures WHERE id < ? AND (ended_at IS NULL OR ended_at >= ?))
   AND is_sse = 1 AND status = 200
   AND id NOT IN (SELECT new_exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL)
@@ -102,11 +103,11 @@ ORDER BY id DESC LIMIT ?
 def ended_before(path: Path, capture_id: int, hold: float, most: int) -> list[tuple[int, str]]:
     """The streams of earlier runs that ended (or were cut short) within ``hold`` seconds
     of now, at most ``most``, the latest first: the exchange that opened each, and its
-    request line ("POST /message:stream")."""
+    request line ("POST /message:stream", "GET /events?topic=a")."""
     since = time.time_ns() - int(hold * 1e9)
     with _read_only(path) as conn:
         rows = conn.execute(_ENDED, (capture_id, utc_iso(since), since, most)).fetchall()
-    return [(row["id"], f"{row['method']} {row['path']}") for row in rows]
+    return [(row["id"], line_of(row["method"], _target(row))) for row in rows]
 
 
 # A stream's first exchange (not a reconnect's, nor a rejoin's subscribe).
@@ -229,9 +230,13 @@ def _chain(conn: sqlite3.Connection, root_id: int) -> list[int]:
 
 def _request(row: sqlite3.Row) -> Request:
     body = row["request_body"]
-    target = row["path"] + (f"?{row['query']}" if row["query"] else "")
     headers = [tuple(pair) for pair in json.loads(row["request_headers"] or "[]")]
-    return Request(row["method"], target, headers, body.encode() if isinstance(body, str) else body)
+    return Request(row["method"], _target(row), headers, body.encode() if isinstance(body, str) else body)
+
+
+def _target(row: sqlite3.Row) -> str:
+    """A request's target as the log keeps it: its path, and its query (redacted)."""
+    return row["path"] + (f"?{row['query']}" if row["query"] else "")
 
 
 def _rebuilt(
@@ -244,7 +249,7 @@ def _rebuilt(
     body: Any = root["request_body"]
     stream = LiveStream(
         root["id"],
-        f"{root['method']} {root['path']}",
+        line_of(root["method"], _target(root)),
         body.encode() if isinstance(body, str) else body,
         list(headers.items()),
         stream_key(root["capture_uid"], root["id"]),

@@ -33,6 +33,15 @@ SPACED_ID = b"id: !"  # below it: an id line empty, or with a space or control c
 # NUMBERS_KEPT of them; a stream longer than that has its later ones made as it goes).
 _NUMBERS: list[bytes] = []
 NUMBERS_KEPT = 1 << 17
+# The most digits of a number the recorder gives in an id (an exchange's, an event's): no
+# more than SQLite's integers have. Past them a client's id names nothing (and Python reads
+# no number of over 4,300 digits).
+MOST_DIGITS = 19
+
+
+def numbered(text: str) -> int | None:
+    """The number ``text`` is, in ASCII digits (None: not one the recorder gives)."""
+    return int(text) if len(text) <= MOST_DIGITS and text.isascii() and text.isdigit() else None
 
 
 class Lines(NamedTuple):
@@ -157,9 +166,9 @@ class Stamper:
         if found is not None or not event_id.startswith(self.prefix):
             return found
         number = event_id[len(self.prefix) :]
-        if not number.isascii() or not number.isdigit() or number[0] == "0":
+        n = numbered(number)
+        if n is None or number[0] == "0":
             return None
-        n = int(number)
         return self._ends[n - 1] if n <= self.count and n not in self._own else None
 
     @property

@@ -381,3 +381,128 @@ async def test_a_stream_the_hold_let_go_is_said_to_be_taken_up_not_broken(record
     assert len(upstream) == 1 and "rejoined by exchange" in upstream[0], [r.describe() for r in said]
     assert "--hold let the agent's stream go with no client following (0.2 s)" in upstream[0]
     assert "broke" not in upstream[0]
+
+
+async def by_topic(request: web.Request) -> web.StreamResponse:
+    """The feed ``?topic=`` names: ten events e1 to e10, each naming its feed (every feed
+    numbers its events alike); after the third, one every ``?pace=`` seconds."""
+    topic, pace = request.query["topic"].encode(), float(request.query.get("pace", "0"))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n in range(1, 11):
+        await response.write(b"id: e%d\ndata: %s\n\n" % (n, topic))
+        if n >= 3:
+            await asyncio.sleep(pace)
+    return response
+
+
+async def feed_again(url: str, query: str, last_id: str) -> tuple[int, list[str]]:
+    """A reconnect to the feed of ``query``: its status, and the data of what it is sent."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/s?{query}", headers={"Last-Event-ID": last_id}) as r,
+    ):
+        return r.status, [e.data for e in events_of(await r.read()) if e.complete]
+
+
+async def test_a_reconnect_follows_the_stream_its_query_opened(record: RecordFactory) -> None:
+    """One endpoint serves a feed per query, their ids alike: a reconnect to ``?topic=alpha``
+    follows alpha's stream, never beta's opened after it; a feed no stream carried, named
+    with an id nothing holds, is the agent's to answer (a new stream, not a 400)."""
+    app, seen = counted(web.Application())
+    app.router.add_get("/s", by_topic)
+    rec = await record(app, hold=30.0)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{rec.url}/s?topic=alpha&pace=0.2") as r:
+            got = b""
+            while len([e for e in events_of(got) if e.complete]) < 3:
+                got += await r.content.readany()
+        async with session.get(f"{rec.url}/s?topic=beta&pace=0.2") as beta:
+            await beta.content.readany()
+            status, rest = await feed_again(rec.url, "topic=alpha&pace=0.2", "e1")
+    assert (status, rest) == (200, ["alpha"] * 9)
+    assert await feed_again(rec.url, "topic=gamma", "never-sent") == (200, ["gamma"] * 10)
+    assert sorted(seen) == ["GET /s"] * 3  # alpha, beta, and gamma's own
+
+
+async def test_a_reconnect_to_a_stream_let_go_follows_the_one_its_query_opened(record: RecordFactory) -> None:
+    """The same once the streams were let go and are answered from the log, whose query has
+    its credentials redacted (``token=[REDACTED]``): the reconnect's token repeats it."""
+    app, seen = counted(web.Application())
+    app.router.add_get("/s", by_topic)
+    rec = await record(app, hold=30.0, hold_bytes=0)
+    async with aiohttp.ClientSession() as session:
+        for query in ("topic=alpha&token=s3cret", "topic=beta&token=s3cret"):
+            async with session.get(f"{rec.url}/s?{query}") as r:
+                await r.read()
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+    assert rec.proxy.live is not None and len(rec.proxy.live) == 0
+    (await rec.log()).close()  # their ends are in the log
+    assert await feed_again(rec.url, "topic=alpha&token=s3cret", "e7") == (200, ["alpha"] * 3)
+    assert await feed_again(rec.url, "topic=gamma", "never-sent") == (200, ["gamma"] * 10)
+    assert seen == ["GET /s"] * 3
+
+
+@pytest.mark.parametrize("made_up", ["exchange", "event"])
+async def test_an_id_with_a_number_too_long_to_read_names_no_event(
+    record: RecordFactory, made_up: str
+) -> None:
+    """An id of the recorder's form whose exchange or event number runs to thousands of
+    digits (past what Python reads) is refused as naming nothing, not a 500."""
+    app = web.Application()
+    app.router.add_post("/s", unnumbered)
+    rec = await record(app, hold=30.0)
+    (first,) = await first_ids(rec.url, {}, 1)
+    digits = "9" * 5000
+    last_id = f"tg{digits}-abcdefabcdef.1" if made_up == "exchange" else f"{first.rsplit('.', 1)[0]}.{digits}"
+    status, message = await refusal(rec.url, {}, last_id)
+    assert status == 400 and "names no event of the stream held here" in message
+    with await rec.log() as log:
+        (refused,) = log.db["resumes"].rows_where("outcome = 'refused'")
+    assert refused["last_event_id"] == last_id
+
+
+async def with_a_cookie(request: web.Request) -> web.StreamResponse:
+    """Ten events e1 to e10, 20 ms apart, answered with a session cookie, a Date of its
+    own and its timing (this response's alone), and a header of the stream's."""
+    headers = {
+        "Content-Type": "text/event-stream",
+        "Set-Cookie": "session=first-clients; Path=/",
+        "Date": "Mon, 01 Jan 2024 00:00:00 GMT",
+        "Server-Timing": "agent;dur=12",
+        "X-Feed": "news",
+    }
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    for n in range(1, 11):
+        await response.write(b"id: e%d\ndata: %d\n\n" % (n, n))
+        await asyncio.sleep(0.02)
+    return response
+
+
+async def test_a_reconnect_is_not_sent_the_first_responses_own_headers(record: RecordFactory) -> None:
+    """A reconnecting client is not handed the first client's cookie, nor its Date or
+    timing; the stream's headers it is sent, and the log keeps what it was sent. The
+    console counts what it was sent from the log as people do ("1 event")."""
+    said: list[Resume] = []
+    app = web.Application()
+    app.router.add_get("/s", with_a_cookie)
+    rec = await record(app, hold=30.0, on_resume=said.append)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{rec.url}/s") as r:
+            assert r.headers["Set-Cookie"].startswith("session=first-clients")
+            await r.read()
+        async with session.get(f"{rec.url}/s", headers={"Last-Event-ID": "e9"}) as r:
+            rest = [e.data for e in events_of(await r.read()) if e.complete]
+            answered = r.headers
+    assert rest == ["10"] and answered["X-Feed"] == "news" and answered["Content-Type"] == "text/event-stream"
+    assert "Set-Cookie" not in answered and "Server-Timing" not in answered
+    assert answered["Date"] != "Mon, 01 Jan 2024 00:00:00 GMT"
+    with await rec.log() as log:
+        (resumed,) = log.db["resumes"].rows
+        logged = {
+            name.lower()
+            for name, _ in json.loads(log.exchange(resumed["new_exchange_id"])["response_headers"])
+        }
+    assert "x-feed" in logged and not logged & {"set-cookie", "date", "server-timing"}
+    assert "e9: 1 event from the log, the rest of the stream" in said[0].describe()
