@@ -10,6 +10,7 @@ so other Datasette databases in the same environment are left as they are.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -37,7 +38,7 @@ from .display import (
     state_class,
 )
 from .metadata import PLUGIN, VIEWS
-from .session_page import load_session, session_key
+from .session_page import PLACE_ON_PAGE, load_session
 from .session_timeline import MARK_COLOURS, drawn_calls, session_svg
 from .stream_page import LLM_PROTOCOLS, load_stream
 from .stream_timeline import CATEGORY_COLOURS as STREAM_COLOURS
@@ -46,10 +47,15 @@ from .task_page import load_task
 from .timeline import CATEGORY_COLOURS, colour, reconnect_colour, timeline_svg
 
 STATIC = "tasktape"  # static files are served under the distribution's name
-# A task page's events table shows the first EVENT_ROWS events and the last EVENT_TAIL;
-# Datasette's events table pages through the rest.
+# A task page's events table shows the first EVENT_ROWS events and the last EVENT_TAIL,
+# its exchanges table (a task polled thousands of times) the first EXCHANGE_ROWS and the
+# last EXCHANGE_TAIL, as a session's page does; Datasette's tables page through the rest.
 EVENT_ROWS = 500
 EVENT_TAIL = 20
+EXCHANGE_ROWS = 200
+EXCHANGE_TAIL = 20
+# The characters of an answer or thinking the page shows (the page's JSON has all of them).
+ARTIFACT_CHARS = 20_000
 
 
 def is_event_log(datasette: Any, database: str | None) -> bool:
@@ -64,28 +70,30 @@ def session_path(datasette: Any, database: str, session_id: str) -> str:
     return f"{datasette.urls.database(database)}/-/session/{_path_id(session_id)}"
 
 
-# The ids ``.`` and ``..`` as a URL holds them. A browser resolves a path segment of dots
-# (percent-encoded ones too: ``%2E%2E``) before it asks, so their dots are tilde-encoded,
-# as Datasette encodes its own URLs.
-_DOT_IDS = {".": "~2E", "..": "~2E~2E"}
-_DOTS_OF = {encoded: dots for dots, encoded in _DOT_IDS.items()}
+# The ids a URL cannot hold quoted, in a form of their own. A browser resolves a path
+# segment of dots (percent-encoded ones too: ``%2E%2E``) before it asks, so their dots are
+# tilde-encoded, as Datasette encodes its own URLs; the empty id would leave the page's
+# path without its last segment, so it is a lone ``~``.
+_TILDE_IDS = {"": "~", ".": "~2E", "..": "~2E~2E"}
+_IDS_OF = {encoded: plain for plain, encoded in _TILDE_IDS.items()}
 
 
 def _path_id(value: str) -> str:
     """An id as a page's URL holds it: quoted, a final ``.json`` escaped (a page's JSON is
-    at its URL with ``.json`` added), the ids ``.`` and ``..`` tilde-encoded, and the
-    ``~`` of an id spelt like one of those percent-encoded."""
-    if value in _DOT_IDS:
-        return _DOT_IDS[value]
+    at its URL with ``.json`` added), the ids ``.``, ``..`` and the empty one
+    tilde-encoded, and the ``~`` of an id spelt like one of those percent-encoded."""
+    if value in _TILDE_IDS:
+        return _TILDE_IDS[value]
     quoted = quote(value, safe="")
-    if quoted.upper() in _DOTS_OF:
+    if quoted.upper() in _IDS_OF:
         return quoted.replace("~", "%7E")
     return quoted[: -len(".json")] + "%2Ejson" if quoted.endswith(".json") else quoted
 
 
 def _id_of(path_id: str) -> str:
     """The id a page's URL names: what _path_id made of it, read back."""
-    return _DOTS_OF.get(path_id.upper()) or unquote(path_id)
+    plain = _IDS_OF.get(path_id.upper())
+    return plain if plain is not None else unquote(path_id)
 
 
 def stream_path(datasette: Any, database: str, exchange_id: int) -> str:
@@ -132,10 +140,6 @@ def render_cell(
             href = stream_path(datasette, database, value)
             return Markup('<a class="tt-stream" href="{}">{}</a>').format(href, value)
         if protocol == ProtocolName.MCP:
-            session = _field(row, "session_id")
-            if session is not None:  # the row says which session: no lookup
-                href = session_path(datasette, database, session)
-                return Markup('<a class="tt-session" href="{}#exchange-{}">{}</a>').format(href, value, value)
             return lambda: _session_link(datasette, database, value)
         href = datasette.urls.row(database, "exchanges", str(value))
         return Markup('<a href="{}">{}</a>').format(href, value)
@@ -188,15 +192,23 @@ def _field(row: Any, name: str) -> Any:
 
 
 async def _session_link(datasette: Any, database: str, exchange_id: int) -> Markup:
-    """An MCP exchange's id, linked to its row on its session's page."""
-    result = await datasette.get_database(database).execute(
-        "SELECT session_id, capture_id FROM exchanges WHERE id = ?", [exchange_id]
-    )
-    row = result.first()
-    if row is None:  # not in the log (any longer): nothing to link to
+    """An MCP exchange's id, linked to its row on its session's page; to its row in the
+    exchanges table when the page leaves it out (a big session's) or it has no page."""
+    href = await _mcp_place(datasette, database, exchange_id)
+    if href is None:  # not in the log (any longer): nothing to link to
         return Markup("{}").format(exchange_id)
-    href = session_path(datasette, database, session_key(row["session_id"], row["capture_id"]))
-    return Markup('<a class="tt-session" href="{}#exchange-{}">{}</a>').format(href, exchange_id, exchange_id)
+    return Markup('<a class="tt-session" href="{}">{}</a>').format(href, exchange_id)
+
+
+async def _mcp_place(datasette: Any, database: str, exchange_id: int) -> str | None:
+    """Where an MCP exchange shows: its row on its session's page, else its own row."""
+    result = await datasette.get_database(database).execute(PLACE_ON_PAGE, {"id": exchange_id})
+    row = result.first()
+    if row is None:
+        return None
+    if row["session"] is None or not row["listed"]:
+        return datasette.urls.row(database, "exchanges", str(exchange_id))
+    return f"{session_path(datasette, database, row['session'])}#exchange-{exchange_id}"
 
 
 @hookimpl
@@ -232,7 +244,19 @@ def _as_json(request: Request, page: Any) -> Response | None:
     """The page's data as JSON, when its URL ends in ``.json``."""
     if not request.url_vars.get("as_json"):
         return None
-    return Response.json(asdict(page), default=str)
+    return Response.json(_finite(asdict(page)), default=str)
+
+
+def _finite(value: Any) -> Any:
+    """The data with its infinities and NaNs (which a recording can hold: JSON's ``1e999``)
+    as null: JSON has no word for them, and JSON.parse refuses Python's."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 async def _not_found(request: Request, datasette: Any, message: str) -> Response:
@@ -260,6 +284,11 @@ async def task_view(request: Request, datasette: Any) -> Response:
         "database": name,
         "timeline": timeline_svg(page),
         "events": excerpt(page.events, EVENT_ROWS, EVENT_TAIL),
+        "exchanges": excerpt(page.exchanges, EXCHANGE_ROWS, EXCHANGE_TAIL),
+        # An event's text is cut where Datasette cuts a cell; its row has all of it.
+        "text_chars": datasette.setting("truncate_cells_html"),
+        "artifact_chars": ARTIFACT_CHARS,
+        "json_url": task_path(datasette, name, task_id) + ".json",
         "pill": state_pill,
         "colour": colour,
         "reconnect_colour": reconnect_colour,
@@ -311,19 +340,13 @@ async def stream_view(request: Request, datasette: Any) -> Response:
 
 async def _not_a_stream(datasette: Any, name: str, db: Database, raw: str, exchange_id: int | None) -> str:
     """Why there is no stream page for that exchange."""
-    rows = (
-        []
-        if exchange_id is None
-        else (
-            await db.execute(
-                "SELECT protocol, session_id, capture_id FROM exchanges WHERE id = ?", [exchange_id]
-            )
-        ).rows
-    )
+    if exchange_id is None:
+        return f"no exchange {raw} in {name}"
+    rows = (await db.execute("SELECT protocol FROM exchanges WHERE id = ?", [exchange_id])).rows
     if not rows:
         return f"no exchange {raw} in {name}"
-    protocol, session_id, capture_id = rows[0]
+    (protocol,) = rows[0]
     what = f"exchange {exchange_id} is not an OpenAI or Anthropic stream (its protocol: {protocol or 'none'})"
     if protocol == ProtocolName.MCP:
-        return f"{what}; its session is {session_path(datasette, name, session_key(session_id, capture_id))}"
+        return f"{what}; it shows at {await _mcp_place(datasette, name, exchange_id)}"
     return f"{what}; its row is {datasette.urls.row(name, 'exchanges', str(exchange_id))}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import signal
 import socket
@@ -46,11 +47,28 @@ class ReadOnlyLog(Database):
 
 
 def create_datasette(path: str | Path) -> Datasette:
-    """Datasette over the log at ``path``, served as the database named after its file."""
+    """Datasette over the log at ``path``, served as the database named after its file
+    (see ``served_name``)."""
     path = Path(path).resolve()
-    ds = Datasette(metadata=metadata(path.stem), settings=SETTINGS)
-    ds.add_database(ReadOnlyLog(ds, path=str(path)), name=path.stem)
+    name = served_name(path.stem)
+    ds = Datasette(metadata=metadata(name), settings=SETTINGS)
+    ds.add_database(ReadOnlyLog(ds, path=str(path)), name=name)
     return ds
+
+
+def served_name(stem: str) -> str:
+    """The name a log whose file is named ``stem`` is served as: ``stem``, unless one of
+    Datasette's own databases (``_memory``, ``_internal``) has it (Datasette would rename
+    the log, and metadata and URLs made for ``stem`` would name nothing); then ``stem``
+    numbered, as Datasette numbers a name already taken (``_memory_2``)."""
+    taken = Datasette(settings=SETTINGS).databases
+    numbered = (f"{stem}_{n}" for n in itertools.count(2))
+    return next(name for name in itertools.chain([stem], numbered) if name not in taken)
+
+
+def log_name(ds: Datasette) -> str:
+    """The name the log is served as by ``ds`` (made by create_datasette)."""
+    return next(db.name for db in ds.databases.values() if isinstance(db, ReadOnlyLog))
 
 
 class Server(uvicorn.Server):

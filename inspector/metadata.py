@@ -14,6 +14,7 @@ from tasktape.eventlog.resumes import ResumeOutcome
 from tasktape.eventlog.schema import VIEWS as VIEW_SQL
 
 from .display import PROTOCOL_COLOURS, STATE_COLOURS, UNKNOWN_STATE_COLOUR, short_state
+from .session_page import SESSION_OF_X
 from .stream_page import LLM_PROTOCOLS, NOT_TOKENS
 
 PLUGIN = "tasktape"  # its per-database configuration marks the databases that are event logs
@@ -29,8 +30,7 @@ HIDDEN = (
 )
 
 _ORIGIN = "since the request arrived"
-# An MCP exchange's session, as the session page names it (see session_page.session_key).
-_SESSION = "coalesce(x.session_id, 'capture-' || x.capture_id)"
+_SESSION = SESSION_OF_X  # an MCP exchange's session, as its page names it
 _LLM = ", ".join(f"'{p}'" for p in sorted(LLM_PROTOCOLS))  # the protocols with a stream page
 _NOT_TOKENS = ", ".join(f"'{k}'" for k in sorted(NOT_TOKENS))  # events whose text is no token
 _MCP_FAILED = ", ".join(f"'{f}'" for f in sorted(MCP_FAILED))  # the finishes of a request that failed
@@ -340,11 +340,14 @@ WHERE task_id = :task_id""",
     "tasks_by_final_state": {
         "title": "Tasks by final state",
         "description": "Tasks that ended in a state: COMPLETED, FAILED, CANCELED, REJECTED, "
-        "INPUT_REQUIRED, AUTH_REQUIRED, WORKING... (any case, with or without TASK_STATE_).",
+        "INPUT_REQUIRED, AUTH_REQUIRED, WORKING... (any case, with or without TASK_STATE_, words "
+        "joined by _, - as A2A 0.3 spells them, or a space).",
+        # Spelt as the log spells states: upper case, words joined by _, TASK_STATE_ first.
         "sql": """SELECT task_id, final_state, first_seen, events, ttfe_ms, duration_ms, credits,
   substr(answer, 1, 200) AS answer
 FROM task_summary
-WHERE final_state = 'TASK_STATE_' || upper(replace(replace(trim(:state), ' ', '_'), 'TASK_STATE_', ''))
+WHERE final_state = 'TASK_STATE_' || replace(
+    upper(replace(replace(trim(:state), ' ', '_'), '-', '_')), 'TASK_STATE_', '')
    OR final_state = upper(trim(:state))
 ORDER BY first_seen""",
     },
@@ -369,7 +372,8 @@ LIMIT 100""",
         "description": "One row per MCP session: its exchanges, the tools it called, errors (JSON-RPC "
         "errors and failed tool calls) and the "
         "findings saved about it. Exchanges without a session id (the stateless revision) are "
-        "grouped per capture, as capture-<id>. A session id opens the session's page.",
+        "grouped per capture, as capture-<id> (no name, when a session id takes it). A session id "
+        "opens the session's page.",
         "sql": f"""SELECT {_SESSION} AS session_id,
   min(x.started_at) AS started_at,
   count(*) AS exchanges,

@@ -5,13 +5,15 @@ sent while it waited (and the client's answers to them), and the findings
 ``tasktape check`` saved about them.
 
 A session is what ``Mcp-Session-Id`` names. Exchanges without one (the stateless
-2026-07-28 revision) make one session per capture, named ``capture-<capture id>``.
+2026-07-28 revision) make one session per capture, named ``capture-<capture id>``, unless
+a session id is that name: the page of that name is the session's then.
 Times are milliseconds since the session's first request arrived.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -52,11 +54,25 @@ _EXCHANGES = (
     "SELECT x.*, (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS event_count"
     " FROM exchanges x WHERE x.protocol = :p AND {where} ORDER BY x.started_ns, x.id"
 )
-
-
-def session_key(session_id: str | None, capture_id: int) -> str:
-    """The session an MCP exchange belongs to, as the session page names it."""
-    return session_id if session_id is not None else f"{STATELESS}{capture_id}"
+# The session of the MCP exchange ``x`` as load_session reads a name: its session id, else
+# its capture's stateless session, unless a session id takes that name (that page is the
+# session's, and these exchanges have none: NULL).
+SESSION_OF_X = f"""CASE WHEN x.session_id IS NOT NULL THEN x.session_id
+  WHEN NOT EXISTS (SELECT 1 FROM exchanges s WHERE s.session_id = '{STATELESS}' || x.capture_id
+    AND s.protocol = '{MCP}') THEN '{STATELESS}' || x.capture_id END"""
+# The exchanges of x's session other than x, before (<) or after (>) it in the page's order.
+_OTHERS = f"""SELECT 1 FROM exchanges o WHERE o.protocol = '{MCP}'
+  AND (o.session_id = x.session_id OR (x.session_id IS NULL AND o.session_id IS NULL
+       AND o.capture_id = x.capture_id))
+  AND (o.started_ns, o.id) {{}} (x.started_ns, x.id)"""
+# Where the page of an exchange's session (``:id``) shows it: the session's name (NULL:
+# none), and whether the page lists it, being among its first LISTED_ROWS or last
+# LISTED_TAIL exchanges (the counts stop there: a big session is not counted through).
+PLACE_ON_PAGE = f"""SELECT {SESSION_OF_X} AS session,
+  (SELECT count(*) FROM ({_OTHERS.format("<")} ORDER BY o.id LIMIT {LISTED_ROWS})) < {LISTED_ROWS}
+  OR (SELECT count(*) FROM ({_OTHERS.format(">")} ORDER BY o.id DESC LIMIT {LISTED_TAIL})) < {LISTED_TAIL}
+  AS listed
+FROM exchanges x WHERE x.id = :id AND x.protocol = '{MCP}'"""
 
 
 @dataclass
@@ -575,4 +591,8 @@ def _asked(candidates: list[SessionExchange], carrier: SessionExchange, at: floa
 
 
 def _number(value: Any) -> float | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A number a message gives, or None for what is none (JSON's ``1e999`` and ``NaN``
+    read as infinity and NaN: no progress a page can show or JSON can hold)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None

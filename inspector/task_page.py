@@ -134,19 +134,24 @@ class Artifact:
     def thinking(self) -> bool:
         return self.type == "intermediate-thinking"
 
-    def segments(self) -> list[tuple[str, Citation | None]]:
-        """The text cut at each citation: (text, None) runs and (marker, citation) marks."""
+    def segments(self, limit: int | None = None) -> list[tuple[str, Citation | None]]:
+        """The text (its first ``limit`` characters) cut at each citation: (text, None) runs
+        and (marker, citation) marks."""
+        text = self.text if limit is None else self.text[:limit]
+        cut = len(text) < len(self.text)
         out: list[tuple[str, Citation | None]] = []
         pos = 0
         for cite in sorted(self.citations, key=lambda c: c.offset):
-            at = min(max(cite.offset, pos), len(self.text))
+            if cut and cite.offset > len(text):
+                break  # in the part not shown
+            at = min(max(cite.offset, pos), len(text))
             if at > pos:
-                out.append((self.text[pos:at], None))
-            marker = _MARKER.match(self.text, at)
+                out.append((text[pos:at], None))
+            marker = _MARKER.match(text, at)
             out.append((f"[{cite.number}]", cite))
             pos = marker.end() if marker else at
-        if pos < len(self.text):
-            out.append((self.text[pos:], None))
+        if pos < len(text):
+            out.append((text[pos:], None))
         return out
 
 

@@ -2,10 +2,10 @@
 
 One lane per stream (a resubscribe gets its own), one for the task's other requests.
 Each event is a tick coloured by what it carries (past MAX_TICKS in a lane, a mark per few
-pixels of time counts them); state changes are dots labelled with the state; the longest
-gaps in a lane are measured under it. When a resuming recorder
-saw a side reconnect, a last lane marks each reconnect (a ring for a client, a diamond
-for the agent's stream), coloured and labelled by how it went.
+pixels of time counts them, as it counts the other requests past MAX_TICKS); state
+changes are dots labelled with the state; the longest gaps in a lane are measured under
+it. When a resuming recorder saw a side reconnect, a last lane marks each reconnect (a
+ring for a client, a diamond for the agent's stream), coloured and labelled by how it went.
 """
 
 from __future__ import annotations
@@ -268,10 +268,42 @@ def _request_lane(svg: Svg, others: list[Exchange], y: float) -> None:
     names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in counts.items())
     svg.add("text", x=12, y=mid - 2, class_="tt-lane-title", text="other requests")
     svg.add("text", x=12, y=mid + 12, class_="tt-lane-detail", text=names[:34])
+    if len(others) > MAX_TICKS:
+        _binned_requests(svg, others, mid)
+        return
     for x in others:
         end = x.end_ms if x.end_ms is not None else x.start_ms
         title = f"#{x.id} {x.label} {x.status or ''}: {x.start_ms:,.1f} to {end:,.1f} ms"
         svg.bar(x.start_ms, end, mid - 6, 12, title, min_width=2, class_="tt-request")
+
+
+def _binned_requests(svg: Svg, others: list[Exchange], mid: float) -> None:
+    """The requests as marks per BIN_PX of time (a task polled thousands of times), each
+    as tall as its share of the busiest, its tooltip counting what started there."""
+    bins: dict[int, list[Exchange]] = {}
+    for x in others:
+        bins.setdefault(int(svg.x(x.start_ms) // BIN_PX), []).append(x)
+    busiest = max(len(b) for b in bins.values())
+    for at, group in bins.items():
+        half = 2 + 4 * len(group) / busiest
+        svg.add(
+            "rect",
+            title=_requests_title(group),
+            x=at * BIN_PX,
+            y=mid - half,
+            width=BIN_PX,
+            height=2 * half,
+            class_="tt-request tt-bin",
+        )
+
+
+def _requests_title(group: list[Exchange]) -> str:
+    first, last = group[0], group[-1]
+    what = ", ".join(f"{n:,} {label}" for label, n in Counter(x.label for x in group).most_common())
+    return (
+        f"{len(group):,} requests, #{first.id} at {first.start_ms:,.1f} ms "
+        f"to #{last.id} at {last.start_ms:,.1f} ms: {what}"
+    )
 
 
 def _reconnect_lane(svg: Svg, reconnects: list[Reconnect], y: float) -> None:

@@ -44,13 +44,13 @@ def serve_inspector(
     where once it answers. With ``or_any_port``, a free port stands in for ``port`` if it
     is taken."""
     # Datasette takes over half a second to import: only the commands that serve it pay.
-    from tasktape.inspector.app import create_datasette, serve  # noqa: PLC0415
+    from tasktape.inspector.app import create_datasette, log_name, serve  # noqa: PLC0415
 
     ds = create_datasette(path)
     sock = bind(host, port, or_any_port=or_any_port)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}"
-    name = Path(path).resolve().stem
+    name = log_name(ds)
     warn_if_exposed("tasktape inspect", host, Exposure.INSPECTOR)
 
     def ready() -> None:

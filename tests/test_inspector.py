@@ -7,6 +7,7 @@ import html
 import json
 import re
 import sqlite3
+import urllib.request
 from collections.abc import Awaitable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from a2a_frames import completed_run, sse, task
 from datasette.app import Datasette
 from datasette.database import Database
-from inspector_log import BROKEN, page, record_log, rows, stream_of, task_of
+from inspector_log import BROKEN, Served, page, record_log, rows, stream_of, task_of
 from markupsafe import Markup
 
 from tasktape import inspector
@@ -175,12 +176,19 @@ async def test_canned_queries_take_their_parameters(ds: Datasette, log: Path) ->
     timeline = await rows(ds, f"/{DB}/task_timeline_of.json?task_id={completed}&_shape=objects")
     assert len(timeline) == 40 and timeline[0]["state"] == "TASK_STATE_SUBMITTED"
     assert timeline[-1]["state"] == "TASK_STATE_COMPLETED"
-    # Any case, with or without the prefix.
-    for state, expected in [("failed", 3), ("FAILED", 3), ("TASK_STATE_FAILED", 3), ("auth required", 1)]:
+    # Any case, with or without the prefix, words joined as A2A 0.3 joins them (-) too.
+    for state, expected in [
+        ("failed", 3),
+        ("FAILED", 3),
+        ("TASK_STATE_FAILED", 3),
+        ("auth required", 1),
+        ("auth-required", 1),
+        ("task-state-auth-required", 1),
+    ]:
         tasks = await rows(ds, f"/{DB}/tasks_by_final_state.json?state={state}&_shape=objects")
         assert len(tasks) == expected, state
         assert {t["final_state"] for t in tasks} == {
-            "TASK_STATE_" + state.upper().replace(" ", "_").removeprefix("TASK_STATE_")
+            "TASK_STATE_" + re.sub("[ -]", "_", state.upper()).removeprefix("TASK_STATE_")
         }
     slowest = await rows(ds, f"/{DB}/slowest_first_event.json?at_least_ms=&_shape=objects")
     assert len(slowest) == 13  # every stream: the demo's twelve and the broken one
@@ -451,6 +459,40 @@ async def test_tasks_named_dot_and_dot_dot_are_linked_to_their_pages(tmp_path: P
         assert set(unquote(href.rsplit("/", 1)[1])) != {"."}, href  # not a dot segment
         assert f"<h1>Task <code>{task_id}</code></h1>" in await page(ds, href)
         assert (await ds.client.get(f"{href}.json")).json()["task_id"] == task_id
+
+
+async def test_a_task_whose_id_is_empty_is_linked_to_its_page(tmp_path: Path) -> None:
+    """A link to the task "" ending in ``/-/task/`` names no page (Datasette redirects it
+    to a table named ``-``): the empty id has a form of its own, and an id spelt like that
+    form keeps its page."""
+    ds = create_datasette(one_task_each(tmp_path / "empty.db", ["", "~"]))
+    listing = await page(ds, "/empty/task_summary")
+    for task_id, form in [("", "~"), ("~", "%7E")]:
+        (href,) = re.findall(rf'<a class="tt-task" href="([^"]+)">{re.escape(task_id)}</a>', listing)
+        assert href == f"/empty/-/task/{form}"
+        assert f"<h1>Task <code>{task_id}</code></h1>" in await page(ds, href)
+        assert (await ds.client.get(f"{href}.json")).json()["task_id"] == task_id
+
+
+def test_a_log_named_as_a_database_of_datasettes_own_is_served_where_it_says(tmp_path: Path) -> None:
+    """Datasette keeps ``_memory`` and ``_internal`` for itself and serves a log of that
+    name as ``_memory_2``: the metadata and the printed URLs name it so, and every printed
+    URL opens its page."""
+    log = one_task_each(tmp_path / "_memory.db", ["T"])
+    inspector = Served("inspect", str(log), "--port", "0")
+    try:
+        url = inspector.wait_for_url()
+        printed = dict(re.findall(r"^  (\w+) +(\S+)$", inspector.out, re.M))
+        assert printed["tasks"] == f"{url}/_memory_2/task_summary"
+        for where in printed.values():
+            with urllib.request.urlopen(where) as response:
+                assert response.status == 200, where
+        with urllib.request.urlopen(printed["tasks"]) as response:
+            html = response.read().decode()
+        described = str(Markup.escape(TABLES["task_summary"]["description"]))  # its metadata's
+        assert described in html and 'href="/_memory_2/-/task/T"' in html
+    finally:
+        assert inspector.stop()[0] == 0
 
 
 async def test_right_to_left_text_in_an_id_is_isolated_from_the_line_around_it(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from datasette.app import Datasette
 from inspector_log import page
 
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.inspector import EVENT_ROWS, EVENT_TAIL
+from tasktape.inspector import ARTIFACT_CHARS, EVENT_ROWS, EVENT_TAIL, EXCHANGE_ROWS, EXCHANGE_TAIL
 from tasktape.inspector.app import create_datasette
 from tasktape.inspector.session_timeline import MAX_CALL_LANES
 from tasktape.inspector.timeline import CATEGORY_COLOURS, MAX_TICKS
@@ -33,6 +33,10 @@ LISTED_SESSION = "listed-session"
 LISTED_CALLS = LISTED_ROWS + LISTED_TAIL + 30  # more than its page lists
 RESUMED_AFTER = LISTED_ROWS + 10  # the call the GET that resumes call 0 comes after: a GET left out
 THINKING = MAX_TICKS  # a big stream's thinking deltas, then twice as many of its answer's
+POLLED = "task.polled"
+POLLS = MAX_TICKS + 100  # GetTask polls: more than a lane draws one by one
+HUGE = "task.huge"
+HUGE_CHARS = 300_000  # of its answer's first delta
 MS = 1_000_000
 
 
@@ -110,12 +114,46 @@ def _openai_stream(w: LogWriter, cap: int, thinking: int, answer: int) -> int:
     return x
 
 
+def _polled_task(w: LogWriter, cap: int) -> None:
+    """A short stream, then POLLS GetTask polls a millisecond apart."""
+    started = time.time_ns()
+    x = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=started)
+    w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
+    for n, data in enumerate(sse([task(POLLED, "c"), status(POLLED, "c", "TASK_STATE_WORKING")]), 1):
+        w.chunk(x, n * MS, data)
+    w.end_exchange(x, duration_ns=3 * MS)
+    for i in range(POLLS):
+        state = "TASK_STATE_COMPLETED" if i == POLLS - 1 else "TASK_STATE_WORKING"
+        body = {"id": POLLED, "contextId": "c", "status": {"state": state}}
+        g = w.begin_exchange(cap, method="GET", path=f"/tasks/{POLLED}", started_ns=started + (i + 5) * MS)
+        w.response_head(g, status=200, headers={"content-type": "application/json"}, is_sse=False, ttfb_ns=MS)
+        w.chunk(g, MS, json.dumps(body).encode())
+        w.end_exchange(g, duration_ns=MS)
+
+
+def _huge_answer(w: LogWriter, cap: int) -> None:
+    """A task whose answer is one delta of HUGE_CHARS characters, then a short one."""
+    frames = [
+        task(HUGE, "c"),
+        artifact(HUGE, "c", "a", "X" * HUGE_CHARS),
+        artifact(HUGE, "c", "a", "y", append=True),
+    ]
+    frames.append(status(HUGE, "c", "TASK_STATE_COMPLETED"))
+    x = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+    w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
+    for n, data in enumerate(sse(frames), 1):
+        w.chunk(x, n * MS, data)
+    w.end_exchange(x, duration_ns=(len(frames) + 1) * MS)
+
+
 @pytest.fixture(scope="module")
 def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("big") / f"{DB}.db"
     with LogWriter(path) as w:
         cap = w.begin_capture(source="test")
         _task_stream(w, cap)
+        _polled_task(w, cap)
+        _huge_answer(w, cap)
         for k in range(CALLS):
             _tool_call(w, cap, k)
         _listed_session(w, cap)
@@ -207,6 +245,75 @@ async def test_a_big_sessions_page_lists_its_first_and_last_calls_and_exchanges(
     resumed = re.search(r'the client resumed on\s*<a href="([^"]+)">#(\d+) GET</a>', html)
     assert resumed and resumed.group(1) == f"/{DB}/exchanges/{resumed.group(2)}"
     assert len(html) < 400_000
+
+
+async def test_a_task_polled_thousands_of_times_lists_its_first_and_last_exchanges(ds: Datasette) -> None:
+    """A row per GetTask poll, and a bar per poll in the timeline, would make megabytes: the
+    first and the last exchanges, a link to the rest in Datasette's exchanges table, and
+    the polls drawn as a mark per few pixels, each counting its polls."""
+    html = await page(ds, f"/{DB}/-/task/{POLLED}")
+    exchanges = re.search(r'<section class="tt-section" id="exchanges">.*?</section>', html, re.S)
+    assert exchanges
+    listed = re.findall(r'<tr>\s*<td><a href="/big/exchanges/(\d+)">', exchanges.group(0))
+    assert len(listed) == EXCHANGE_ROWS + EXCHANGE_TAIL
+    left_out = POLLS + 1 - EXCHANGE_ROWS - EXCHANGE_TAIL
+    assert f"{left_out:,} more exchanges, left out here" in html
+    link = re.search(r'every one of the task\'s exchanges in\s*<a href="([^"]+)">exchanges</a>', html)
+    assert link and link.group(1) == f"/{DB}/exchanges?task_id={POLLED}"
+    listing = (await ds.client.get(link.group(1).replace("/exchanges?", "/exchanges.json?"))).json()
+    assert listing["filtered_table_rows_count"] == POLLS + 1
+    (svg,) = re.findall(r'<svg class="tt-timeline".*?</svg>', html, re.S)
+    counts = [
+        int(n.replace(",", ""))
+        for n in re.findall(r'class="tt-request tt-bin"><title>([\d,]+) requests, ', svg)
+    ]
+    assert sum(counts) == POLLS and len(counts) < 400
+    assert f"{POLLS:,} GetTask" not in svg and "GetTask" in svg
+    assert len(html) < 300_000
+
+
+async def test_a_huge_event_is_cut_on_the_task_page_and_whole_on_its_row_and_in_the_json(
+    ds: Datasette, log: Path
+) -> None:
+    """A delta of megabytes shown whole in the answer and in its event's row would make the
+    page megabytes: the events table cuts it where Datasette cuts a cell, linking its row;
+    the answer shows its start, saying how long it is and where the whole text is."""
+    html = await page(ds, f"/{DB}/-/task/{HUGE}")
+    assert len(html) < 100_000
+    with EventLog(log) as db:
+        (x,) = db.db.query("SELECT id FROM exchanges WHERE task_id = ?", [HUGE])
+    row = f"/{DB}/events/{x['id']},1"
+    assert f'<a class="tt-more" href="{row}">… ({HUGE_CHARS:,} chars)</a>' in html
+    assert f"{HUGE_CHARS + 1:,} characters in all" in html
+    (json_url,) = re.findall(r'the whole text is in <a href="([^"]+)">the page\'s JSON</a>', html)
+    assert json_url == f"/{DB}/-/task/{HUGE}.json"
+    (answer,) = (await ds.client.get(json_url)).json()["artifacts"]
+    assert answer["text"] == "X" * HUGE_CHARS + "y"
+    assert "X" * ARTIFACT_CHARS in html and "X" * (ARTIFACT_CHARS + 1) not in html
+    assert "X" * HUGE_CHARS in await page(ds, row)
+
+
+async def test_a_link_to_an_exchange_a_big_sessions_page_leaves_out_goes_to_its_row(
+    ds: Datasette, log: Path
+) -> None:
+    """An MCP exchange id links to its row on its session's page: one the page leaves out
+    would land at the page's top, so it links to its own row instead."""
+    with EventLog(log) as db:
+        ids = [
+            r["id"]
+            for r in db.db.query(
+                "SELECT id FROM exchanges WHERE session_id = ? ORDER BY started_ns, id", [LISTED_SESSION]
+            )
+        ]
+    html = await page(ds, f"/{DB}/stream_summary?protocol=mcp&_size=max&_sort=exchange_id")
+    links = {int(i): href for href, i in re.findall(r'<a class="tt-session" href="([^"]+)">(\d+)</a>', html)}
+    session = await page(ds, f"/{DB}/-/session/{LISTED_SESSION}")
+    for at in (0, LISTED_ROWS - 1, len(ids) - LISTED_TAIL, len(ids) - 1):
+        assert links[ids[at]] == f"/{DB}/-/session/{LISTED_SESSION}#exchange-{ids[at]}"
+        assert f'<tr id="exchange-{ids[at]}"' in session
+    for at in (LISTED_ROWS, len(ids) - LISTED_TAIL - 1):
+        assert links[ids[at]] == f"/{DB}/exchanges/{ids[at]}"
+        assert f'<tr id="exchange-{ids[at]}"' not in session
 
 
 async def test_a_big_streams_timeline_draws_its_events_binned(ds: Datasette, log: Path) -> None:

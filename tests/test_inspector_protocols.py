@@ -791,3 +791,70 @@ async def test_the_sdks_sampling_and_elicitation_are_in_their_calls_stories(
     assert where.startswith(f"#{calls['ask_user']}.") and ">for this call</span>" in user
     assert f'<a href="#exchange-{answers[1]}">#{answers[1]} POST</a>' in user
     assert "server request" not in call_of(html, calls["chatty"])
+
+
+def _mcp_call(w: LogWriter, cap: int, session: str | None, answers: bytes) -> int:
+    """A tools/call of ``session`` (None: stateless) answered on its POST stream."""
+    headers = [("content-type", "application/json")] + ([("mcp-session-id", session)] if session else [])
+    body = rpc(1, method="tools/call", params={"name": "t", "arguments": {}, "_meta": {"progressToken": "p"}})
+    x = w.begin_exchange(
+        cap, method="POST", path="/mcp", request_headers=headers, request_body=json.dumps(body).encode()
+    )
+    w.response_head(x, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS)
+    w.chunk(x, MS, answers)
+    w.end_exchange(x, duration_ns=2 * MS).result()
+    return x
+
+
+async def test_progress_past_what_a_number_holds_is_unknown_on_the_page_and_null_in_its_json(
+    tmp_path: Path,
+) -> None:
+    """A progress of ``1e999`` or ``NaN`` reads as infinity or NaN: JSON has no word for
+    them (JSON.parse refuses Python's ``Infinity``) and a page would say inf: unknown, null."""
+    progress = [
+        '{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":1e999,"total":-1e999}}',
+        '{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":NaN,"total":3}}',
+    ]
+    answer = json.dumps(rpc(1, result=tool_result("ok")))
+    events = "".join(f"event: message\ndata: {data}\n\n" for data in [*progress, answer]).encode()
+    with LogWriter(tmp_path / "numbers.db") as w:
+        _mcp_call(w, w.begin_capture(source="test"), "s", events)
+    ds = create_datasette(tmp_path / "numbers.db")
+    response = await ds.client.get("/numbers/-/session/s.json")
+    assert response.status_code == 200
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is no JSON")
+
+    got = json.loads(response.text, parse_constant=refuse)
+    assert [(p["progress"], p["total"]) for p in got["exchanges"][0]["progress"]] == [(None, None), (None, 3)]
+    html = await page(ds, "/numbers/-/session/s")
+    assert re.findall(r"<li><b>([^<]*)</b>", html) == ["?", "?/3"]
+    assert not re.search(r"\b(inf|nan)\b", section(html, "Tool calls"), re.I)
+
+
+async def test_a_session_id_spelt_as_a_captures_stateless_session_is_named_alike_everywhere(
+    tmp_path: Path,
+) -> None:
+    """A session whose id is ``capture-1`` takes the name capture 1's stateless exchanges
+    would have: the sessions query, its page and the links to its exchanges all mean the
+    session; the stateless exchange (no page of its own then) links to its row."""
+    answer = sse(rpc(1, result=tool_result("ok")))
+    with LogWriter(tmp_path / "named.db") as w:
+        cap = w.begin_capture(source="test")
+        stateless = _mcp_call(w, cap, None, answer)
+        named = [_mcp_call(w, cap, f"capture-{cap}", answer) for _ in range(2)]
+    ds = create_datasette(tmp_path / "named.db")
+    sessions = await rows(ds, "/named/mcp_sessions.json?_shape=objects")
+    assert sorted((s["session_id"] or "", s["exchanges"]) for s in sessions) == [
+        ("", 1),
+        (f"capture-{cap}", 2),
+    ]
+    got = (await ds.client.get(f"/named/-/session/capture-{cap}.json")).json()
+    assert [x["id"] for x in got["exchanges"]] == named and got["capture_id"] is None
+    html = await page(ds, "/named/stream_summary?_sort=exchange_id")
+    links = re.findall(r'<a class="tt-session" href="([^"]+)">(\d+)</a>', html)
+    assert {int(i): href for href, i in links} == {
+        stateless: f"/named/exchanges/{stateless}",
+        **{x: f"/named/-/session/capture-{cap}#exchange-{x}" for x in named},
+    }
