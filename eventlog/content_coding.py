@@ -109,12 +109,14 @@ def decode_body(body: bytes, encoding: str | None, limit: int = MAX_DECODED) -> 
 
 class TooLarge(str):
     """Why a body is left as it came: it decodes to more than the bound. Its text is a
-    reason like the others; a caller refusing such a body tells it from them by its type."""
+    reason like the others; a caller refusing such a body tells it from them by its type,
+    and one whose bound is an option names the option where it says the reason."""
 
 
 def too_large(encoding: str, limit: int) -> TooLarge:
-    said = f"Content-Encoding {encoding}: the body decodes to more than {limit:,} bytes (--max-decoded)"
-    return TooLarge(said)
+    """The reason, naming no option: the bound is each caller's own (a recorder's
+    ``--max-decoded``, mitmproxy's ``tasktape_max_decoded``, the control API's fixed one)."""
+    return TooLarge(f"Content-Encoding {encoding}: the body decodes to more than {limit:,} bytes")
 
 
 # What an exchange's error says when its body's decoding stopped part-way (too large, bytes

@@ -5,11 +5,12 @@
     GET  /_tasktape/report   the fidelity report
     POST /_tasktape/reset    faults back to those given at start, no task started
 
-Every path under /_tasktape/ is the server's own: never matched against recordings, never
-forwarded. Only loopback clients naming a loopback Host are answered, a request from a web
-page only from the server's own origin, and a POST must say its body is JSON: a page
-elsewhere cannot send that without a CORS preflight, which this never grants. So neither a
-page a tester visits nor one re-pointing a name of its own at loopback arms faults.
+Every path under /_tasktape/, and /_tasktape itself, is the server's own: never matched
+against recordings, never forwarded. Only loopback clients naming a loopback Host are
+answered, a request from a web page only from the server's own origin, and a POST must say
+its body is JSON: a page elsewhere cannot send that without a CORS preflight, which this
+never grants. So neither a page a tester visits nor one re-pointing a name of its own at
+loopback arms faults.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aiohttp import web
 from yarl import URL
 
 from tasktape.errors import FaultError
-from tasktape.eventlog.content_coding import decode_body
+from tasktape.eventlog.content_coding import TooLarge, decode_body
 from tasktape.proxy.hosts import LOOPBACK_NAMES, host_name
 
 from .faults import Faults
@@ -45,7 +46,12 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
         if len(body) > MAX_BODY:
             return error(413, f"a fault spec is at most {MAX_BODY} bytes")
         # Decoded as the replay decodes the bodies it matches (a client may gzip its POSTs).
-        body, problem = decode_body(body, request.headers.get("Content-Encoding"), MAX_BODY)
+        encoding = request.headers.get("Content-Encoding")
+        body, problem = decode_body(body, encoding, MAX_BODY)
+        if isinstance(problem, TooLarge):  # (the bound is this API's own, no option's)
+            return error(
+                413, f"a fault spec is at most {MAX_BODY} bytes, decoded from its Content-Encoding {encoding}"
+            )
         if problem is not None:
             return error(400, problem)
         try:
@@ -80,7 +86,7 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
     known = {"faults": ("GET", "POST"), "report": ("GET",), "reset": ("POST",)}
 
     async def elsewhere(request: web.Request) -> web.Response:
-        allowed = known.get(request.match_info["tail"])
+        allowed = known.get(request.match_info.get("tail", ""))  # (none: the prefix itself)
         if allowed is not None:
             refused = error(405, f"{request.path} answers {' and '.join(allowed)}", allowed=list(allowed))
             refused.headers["Allow"] = ", ".join(allowed)  # as a 405 must say (RFC 9110)
@@ -92,6 +98,7 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
         web.get(f"{PREFIX}/faults", _guarded(faults)),
         web.get(f"{PREFIX}/report", _guarded(report)),
         web.post(f"{PREFIX}/reset", _guarded(reset, body=True)),
+        web.route("*", PREFIX, _guarded(elsewhere)),
         web.route("*", PREFIX + "/{tail:.*}", _guarded(elsewhere)),
     ]
 

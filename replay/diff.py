@@ -27,6 +27,7 @@ from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import StreamReader
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.spans import events_in
+from tasktape.eventlog.uids import moment_ns
 
 from .matching import MatchRules
 from .pairing import IdMap, Run, ids_in, is_id, pair, runs
@@ -214,9 +215,21 @@ def diff_recordings(
     a: Sequence[Recorded], b: Sequence[Recorded], tolerance: Tolerance, rules: MatchRules
 ) -> Report:
     """The pairs of two recordings with their differences, and what is in one alone."""
-    pairing = pair(runs(map(read, a), rules), runs(map(read, b), rules), rules)
+    a_runs, b_runs = (runs(map(read, in_time_order(side)), rules) for side in (a, b))
+    pairing = pair(a_runs, b_runs, rules)
     pairs = [Pair(x, y, compare(x.last, y.last, pairing.ids, tolerance)) for x, y in pairing.pairs]
     return Report(pairs, pairing.only_a, pairing.only_b)
+
+
+def in_time_order(recorded: Sequence[Recorded]) -> list[Recorded]:
+    """The exchanges in the order they started, when each says when (those started at once
+    in the recording's order): a log merged from several recorders numbers its exchanges
+    recorder by recorder, and a follow-up is read with the ids of what it follows only
+    once that has paired."""
+    starts = [moment_ns(r.started_at) if r.started_at else None for r in recorded]
+    if None in starts:
+        return list(recorded)
+    return [r for _, r in sorted(zip(starts, recorded, strict=True), key=lambda each: each[0] or 0)]
 
 
 def kind_runs(kinds: Sequence[str]) -> list[tuple[str, int]]:

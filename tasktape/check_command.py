@@ -6,7 +6,7 @@ import json
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from tasktape.eventlog import EventLog
 from tasktape.eventlog.cassette import read_cassette
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.protocols import ProtocolName
-from tasktape.eventlog.schema import upgrade_log
+from tasktape.eventlog.schema import SCHEMA_VERSION, schema_version, upgrade_log
 from tasktape.replay import load
 from tasktape.replay.source import cassettes_in
 
@@ -26,70 +26,114 @@ if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding, Report
 
 
-def _each(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
+@dataclass(frozen=True)
+class _Source:
+    """A source as given: a file, or a cassette of a folder given."""
+
+    path: Path
+    member: str | None = None  # a folder's cassette: its path in the folder, which names it
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A source and the report on it."""
+
+    source: _Source
+    report: Report
+    log: bool
+    saved: int | None = None  # findings saved into the log; None: not a log, or --no-save
+
+
+def _each(paths: tuple[Path, ...]) -> Iterator[_Source]:
     """The sources given, each cassette of a folder one of its own (named by its path in
     the folder): two cassettes are two recordings, whatever folder holds them. A file given
     twice (by the same path or another to it, or in a folder given too) is checked once."""
     seen: set[Path] = set()
-    for path, name in _given(paths):
-        if path.resolve() not in seen:
-            seen.add(path.resolve())
-            yield path, name
+    for source in _given(paths):
+        if source.path.resolve() not in seen:
+            seen.add(source.path.resolve())
+            yield source
 
 
-def _given(paths: tuple[Path, ...]) -> Iterator[tuple[Path, str | None]]:
+def _given(paths: tuple[Path, ...]) -> Iterator[_Source]:
     for path in paths:
         if not path.is_dir():
-            yield path, None
+            yield _Source(path)
             continue
         try:
             members = cassettes_in(path, _warn)
         except TasktapeError as exc:
             raise click.BadParameter(str(exc), param_hint="SOURCE") from None
-        yield from ((path / member, member.as_posix()) for member in members)
+        yield from (_Source(path / member, member.as_posix()) for member in members)
 
 
 def _warn(message: str) -> None:
     click.echo(f"tasktape check: WARNING: {message}", err=True)
 
 
-def _check_source(
-    source: Path, save: bool, only: tuple[str, ...], name: str | None = None
-) -> tuple[Report, int | None]:
-    """The report on one source (a cassette of a folder: ``name``d by its path in it), and
-    how many findings were saved into it (None: not a log)."""
+def _read(source: _Source, save: bool, only: tuple[str, ...]) -> _Checked | _Source:
+    """The report on one source, read as it is; the source itself for a log to save
+    findings into that is older than this tasktape: read once upgraded (see ``check``)."""
     # Here, not at the top: the inspector package is Datasette's plugin, and importing it
     # costs every tasktape command its start-up time.
-    from tasktape.eventlog.checker import report_log, report_recorded, save_findings  # noqa: PLC0415
+    from tasktape.eventlog.checker import report_log, report_recorded  # noqa: PLC0415
+
+    path = source.path
+    try:
+        if source.member is not None:
+            return _Checked(
+                source, report_recorded(read_cassette(path, source.member), only or None), log=False
+            )
+        if not (path.is_file() and is_log(path)):
+            return _Checked(source, report_recorded(load([path]), only or None), log=False)
+        # (refuses what is no log, or a damaged one: a check never makes one)
+        if save and schema_version(path, whole=True) < SCHEMA_VERSION:
+            return source
+        with EventLog(path) as log:
+            return _Checked(source, report_log(log, None, only or None), log=True)
+    except (OSError, TasktapeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+
+
+def _upgraded(source: _Source, only: tuple[str, ...]) -> _Checked:
+    """The report on an older log, upgraded first as tasktape upgrade does."""
+    from tasktape.eventlog.checker import report_log  # noqa: PLC0415 - see _read
 
     try:
-        if name is not None:
-            return report_recorded(read_cassette(source, name), only or None), None
-        if not (source.is_file() and is_log(source)):
-            return report_recorded(load([source]), only or None), None
-        if save:  # upgraded as tasktape upgrade does; refuses what is no log: a check never makes one
-            upgrade_log(source)
-        with EventLog(source, readonly=not save) as log:
-            report = report_log(log, None, only or None)
-    except LogBusy as exc:  # (an older log a recorder still writes): as a save refused
+        upgrade_log(source.path)
+        with EventLog(source.path) as log:
+            return _Checked(source, report_log(log, None, only or None), log=True)
+    except LogBusy as exc:  # (a recorder still writes it): as a save refused
         raise click.UsageError(
             f"{exc}: an older log is upgraded before findings are saved into it; check it again once "
             "that writer is done"
         ) from None
     except (OSError, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
-    if not save:
-        return report, None
+
+
+def _saved(checked: _Checked) -> _Checked:
+    """The log's findings saved into it, in place of those of the exchanges checked before."""
+    from tasktape.eventlog.checker import save_findings  # noqa: PLC0415 - see _read
+
+    report = checked.report
     try:
-        return report, save_findings(source, report.findings, exchange_ids=report.exchange_ids)
+        saved = save_findings(checked.source.path, report.findings, exchange_ids=report.exchange_ids)
     except (LogError, sqlite3.Error) as exc:
         raise click.UsageError(f"{exc}; check it with --no-save to leave it as it is") from None
+    return replace(checked, saved=saved)
 
 
-def _line(source: Path, finding: Finding) -> str:
-    place = (
-        f"{source.name} exchange {finding.exchange}" if finding.exchange_id is not None else finding.exchange
-    )
+def _line(checked: _Checked, finding: Finding) -> str:
+    """A finding, its source named as given: two files of one name in two folders are told
+    apart (a folder's cassette is named by its path in the folder)."""
+    source = checked.source
+    if finding.exchange_id is not None:
+        place = f"{source.path} exchange {finding.exchange}"
+    elif source.member is None:  # (its exchanges' origins name the file alone, then the line)
+        place = f"{source.path}{finding.exchange.removeprefix(source.path.name)}"
+    else:
+        place = finding.exchange
     event = "" if finding.seq is None else f" event {finding.seq}"
     return f"{finding.task_id or '-'}  {place}{event}  {finding.rule}: {finding.message}"
 
@@ -123,7 +167,7 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
     saved into its findings table (unless --no-save).
     Exit status: 0 clean, 1 some rule broken, 2 bad input.
     """
-    from tasktape.eventlog.checker import all_rules, protocol_names  # noqa: PLC0415 - see _check_source
+    from tasktape.eventlog.checker import all_rules, protocol_names  # noqa: PLC0415 - see _read
 
     unknown = sorted(set(protocols) - set(protocol_names()))
     if unknown:
@@ -132,12 +176,17 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
             param_hint="--protocol",
         )
     rules = all_rules()
-    results = [(path, *_check_source(path, not no_save, protocols, name)) for path, name in _each(sources)]
-    findings = [(s, f) for s, report, _ in results for f in report.findings]
-    cut_short = [(s, f) for s, report, _ in results for f in report.cut_short]
+    save = not no_save
+    # Every source read, bad input refused, before any log is upgraded; every older log
+    # upgraded (a busy one refused) before findings are saved into any.
+    read = [_read(source, save, protocols) for source in _each(sources)]
+    checked = [each if isinstance(each, _Checked) else _upgraded(each, protocols) for each in read]
+    results = [_saved(each) if save and each.log else each for each in checked]
+    findings = [(c, f) for c in results for f in c.report.findings]
+    cut_short = [(c, f) for c in results for f in c.report.cut_short]
     by_rule = Counter(f.rule for _, f in findings)
     totals = {
-        key: sum(getattr(report, key) for _, report, _ in results)
+        key: sum(getattr(c.report, key) for c in results)
         for key in ("streams", "exchanges", "tasks", "reconnects")
     }
     if as_json:
@@ -146,19 +195,19 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
                 {
                     "sources": [
                         {
-                            "source": str(s),
-                            "streams": r.streams,
-                            "exchanges": r.exchanges,
-                            "tasks": r.tasks,
-                            "reconnects": r.reconnects,
-                            "by_protocol": r.by_protocol,
-                            "findings": len(r.findings),
-                            "saved": saved,
+                            "source": str(c.source.path),
+                            "streams": c.report.streams,
+                            "exchanges": c.report.exchanges,
+                            "tasks": c.report.tasks,
+                            "reconnects": c.report.reconnects,
+                            "by_protocol": c.report.by_protocol,
+                            "findings": len(c.report.findings),
+                            "saved": c.saved,
                         }
-                        for s, r, saved in results
+                        for c in results
                     ],
-                    "findings": [_as_dict(s, f) for s, f in findings],
-                    "cut_short": [_as_dict(s, f) for s, f in cut_short],
+                    "findings": [_as_dict(c, f) for c, f in findings],
+                    "cut_short": [_as_dict(c, f) for c, f in cut_short],
                     "summary": {
                         **totals,
                         "findings": len(findings),
@@ -170,30 +219,28 @@ def check(sources: tuple[Path, ...], as_json: bool, no_save: bool, protocols: tu
             )
         )
     else:
-        for source, finding in findings:
-            click.echo(_line(source, finding))
-        for source, note in cut_short:
-            click.echo(_line(source, note))
+        for each, finding in findings:
+            click.echo(_line(each, finding))
+        for each, note in cut_short:
+            click.echo(_line(each, note))
         _summary(results, totals, by_rule, len(cut_short))
     if findings:
         raise SystemExit(1)
 
 
-def _as_dict(source: Path, finding: Finding) -> dict[str, Any]:
-    return {"source": str(source), **asdict(finding)}
+def _as_dict(checked: _Checked, finding: Finding) -> dict[str, Any]:
+    return {"source": str(checked.source.path), **asdict(finding)}
 
 
-def _by_protocol(results: list[tuple[Path, Report, int | None]]) -> dict[str, int]:
+def _by_protocol(results: list[_Checked]) -> dict[str, int]:
     counts: Counter[str] = Counter()
-    for _, report, _ in results:
-        counts.update(report.by_protocol)
+    for checked in results:
+        counts.update(checked.report.by_protocol)
     return dict(counts)
 
 
-def _summary(
-    results: list[tuple[Path, Report, int | None]], totals: dict[str, int], by_rule: Counter[str], cut: int
-) -> None:
-    from tasktape.eventlog.checker import all_rules, explain  # noqa: PLC0415 - see _check_source
+def _summary(results: list[_Checked], totals: dict[str, int], by_rule: Counter[str], cut: int) -> None:
+    from tasktape.eventlog.checker import all_rules, explain  # noqa: PLC0415 - see _read
 
     found = sum(by_rule.values())
     counts = _by_protocol(results)
@@ -219,6 +266,8 @@ def _summary(
     width = max([18, *map(len, broken)])
     for name in broken:
         click.echo(f"  {name:<{width}} {by_rule[name]:>4}  {explain(name)}")
-    for source, _, saved in results:
-        if saved is not None:
-            click.echo(f"Saved {counted(saved, 'finding')} into {source} (table findings).")
+    for checked in results:
+        if checked.saved is not None:
+            click.echo(
+                f"Saved {counted(checked.saved, 'finding')} into {checked.source.path} (table findings)."
+            )

@@ -166,11 +166,11 @@ def _json(report: Report, a: Path, b: Path, tolerance: Tolerance) -> None:
 def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...], as_json: bool) -> None:
     """Show what changed between two recordings of the same scenarios (logs, cassettes, folders of cassettes).
 
-    Exchanges pair by their request as replay matches it, in A's order: what clients
-    make up afresh (message ids, timestamps, JSON-RPC ids) left out, and ids the agent
-    made up (task, context, artifact, message and SSE event ids) compared by position,
-    not value. Consecutive identical requests (a client polling) are one run, compared
-    by its last answer, however many there were. Each pair is compared on its HTTP
+    Exchanges pair by their request as replay matches it, in the order A's started: what
+    clients make up afresh (message ids, timestamps, JSON-RPC ids) left out, and ids the
+    agent made up (task, context, artifact, message and SSE event ids) compared by
+    position, not value. Consecutive identical requests (a client polling) are one run,
+    compared by its last answer, however many there were. Each pair is compared on its HTTP
     status, protocol, outcome, final state (an A2A task's, an LLM's finish reason), its
     sequence of event kinds (repeats collapsed: how many deltas carried an answer is no
     difference, the answer text is), its answer and streamed deltas (as unified diffs),

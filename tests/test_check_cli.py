@@ -66,7 +66,8 @@ def test_the_demo_agent_keeps_every_rule(demo_log: Path) -> None:
     # The dropped connection is noted, and does not fail the check.
     (cut,) = [line for line in lines if "cut-short" in line]
     assert re.fullmatch(
-        r"task\.\S+  demo\.db exchange \d+ event 8  cut-short: broke off after 8 complete events, "
+        rf"task\.\S+  {re.escape(str(demo_log))} exchange \d+ event 8  "
+        r"cut-short: broke off after 8 complete events, "
         r"the task last WORKING \(upstream_disconnected: the upstream dropped mid-response: .*\); "
         r"how it ends is unknown",
         cut,
@@ -136,9 +137,9 @@ async def test_a_broken_rule_fails_the_check_and_is_saved_into_the_log(record: R
     result = check(db)
     assert result.exit_code == 1, result.output
     assert result.output.splitlines()[:2] == [
-        f"task.bad  {db.name} exchange 1 event 9  completed-message: the COMPLETED statusUpdate carries "
+        f"task.bad  {db} exchange 1 event 9  completed-message: the COMPLETED statusUpdate carries "
         "status.message (v1.0 sends none)",
-        f"task.bad  {db.name} exchange 1 event 10  after-terminal: an artifactUpdate after the task ended "
+        f"task.bad  {db} exchange 1 event 10  after-terminal: an artifactUpdate after the task ended "
         "COMPLETED at event 9",
     ]
     assert "Checked 1 stream (1 exchange in all) of 1 task from 1 source: 2 findings." in result.output
@@ -241,6 +242,62 @@ def another_database(folder: Path) -> Path:
 def test_bad_input_is_a_usage_error(tmp_path: Path, make: Callable[[Path], Path], error: str) -> None:
     result = check(make(tmp_path))
     assert result.exit_code == 2 and error in result.output, result.output
+
+
+def test_a_bad_source_is_refused_before_any_log_is_written(demo_log: Path, tmp_path: Path) -> None:
+    """Every source is read before any log is written: a bad one given last leaves the
+    findings of the first where they were and the older log at its schema."""
+    query(demo_log, "INSERT INTO findings (rule, exchange_id, message) VALUES ('frame', 1, 'stale')")
+    old = older_log(tmp_path / "old.db")
+    result = check(demo_log, old, not_a_cassette(tmp_path))
+    assert result.exit_code == 2 and "notes.txt:1: not JSON" in result.output, result.output
+    assert saved(demo_log) == [("frame", None, 1, None, "stale")]
+    assert [name for (name,) in query(old, "SELECT name FROM _sqlite_migrations")] == KNOWN[:3]
+    # An older log another writer holds is refused before findings go into any log.
+    fd = take_writer_lock(old)
+    try:
+        result = check(demo_log, old)
+    finally:
+        release_writer_lock(fd)
+    assert result.exit_code == 2 and "check it again once that writer is done" in result.output
+    assert saved(demo_log) == [("frame", None, 1, None, "stale")]
+
+
+def after_terminal(path: Path) -> Path:
+    """A cassette of a task that streams on after it completed: one finding, at event 10."""
+    frames = [*completed_run("task.bad", "ctx.bad"), artifact("task.bad", "ctx.bad", "art.x", "p.s.")]
+    request = {"method": "POST", "path": "/message:stream", "headers": [["A2A-Version", "1.0"]]}
+    head = {"status": 200, "headers": [["Content-Type", "text/event-stream"]]}
+    lines: list[dict[str, Any]] = [
+        {"tasktape_cassette": 1},
+        {"exchange": {"request": request, "response": head}},
+    ]
+    lines += [{"event": {"offset_ms": n, "data": json.dumps(f)}} for n, f in enumerate(frames, 1)]
+    lines.append({"end": {"duration_ms": len(frames) + 1}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_sources_of_one_name_in_two_folders_are_told_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finding names its source as it was given: by its file's name alone, two
+    cassettes (or logs) of one name in two folders read as one."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("f1", "f2"):
+        after_terminal(Path(folder, "broken.jsonl"))
+        imported = CliRunner().invoke(main, ["import", f"{folder}/broken.jsonl", "--db", f"{folder}/run.db"])
+        assert imported.exit_code == 0, imported.output
+    result = check("f1/broken.jsonl", "f2/broken.jsonl", "f1/run.db", "f2/run.db", "--no-save")
+    assert result.exit_code == 1, result.output
+    places = [line.split("  ")[1] for line in result.output.splitlines() if line.startswith("task.bad")]
+    assert places == [
+        "f1/broken.jsonl:2 event 10",
+        "f2/broken.jsonl:2 event 10",
+        "f1/run.db exchange 1 event 10",
+        "f2/run.db exchange 1 event 10",
+    ]
 
 
 def test_protocol_selects_whose_rules_run(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import signal
 import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import brotli
 import pytest
 from aiohttp import web
 from conftest import RecordFactory, Serve
+from loopback import running, stop
 
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.content_coding import Inflate, decode_body
@@ -176,13 +178,46 @@ async def test_a_compression_bomb_costs_the_log_no_more_than_the_bound(record: R
     assert "decodes to more than 4,194,304 bytes" in x["error"] and "the rest of the body" in x["error"]
 
 
+async def test_the_recorder_names_its_bound_and_the_log_names_none(serve: Serve, tmp_path: Path) -> None:
+    """Past the bound, ``tasktape record`` says so on stderr naming the option that raises
+    it; the log says it naming none, as what else writes logs (mitmproxy's addon, whose
+    option is another) has no ``--max-decoded``."""
+    app, wire = bomb_app(1024 * 1024)
+    agent, db = await serve(app), tmp_path / "bomb.db"
+    args = (
+        "record",
+        "--upstream",
+        agent,
+        "--db",
+        str(db),
+        "--listen",
+        "127.0.0.1:0",
+        "--max-decoded",
+        "100000",
+    )
+    async with running(*args) as run:
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.get(f"{run.url}/bomb") as r,
+        ):
+            assert await r.read() == wire
+        assert await stop(run, signal.SIGINT) == 0
+    said = "Content-Encoding gzip: the body decodes to more than 100,000 bytes"
+    warning = f"tasktape record: WARNING: exchange 1 (GET /bomb): {said} (--max-decoded); see exchanges.error"
+    assert warning in run.printed[-1].splitlines(), run.printed
+    with EventLog(db) as log:
+        (x,) = log.exchanges()
+    assert x["error"] == f"{said}: the rest of the body is stored as received"
+
+
 def test_inflate_never_holds_more_than_its_limit() -> None:
     wire = gzip.compress(b"\0" * (50 * 1024 * 1024))
     inflate = Inflate.for_encoding("gzip", limit=1000)
     assert inflate is not None
     out = inflate.feed(wire)
     assert len(out) == 1000 and inflate.exceeded and inflate.feed(wire) == b"" and inflate.flush() == b""
-    why = "Content-Encoding gzip: the body decodes to more than 1,000 bytes (--max-decoded)"
+    # (no option named: the bound is each caller's own, which names it where it says so)
+    why = "Content-Encoding gzip: the body decodes to more than 1,000 bytes"
     assert decode_body(wire, "gzip", 1000) == (wire, why)
     assert decode_body(gzip.compress(b"ok") * 2, "gzip") == (b"okok", None)  # two members
     assert decode_body(b"x", "zstd") == (b"x", "cannot decode Content-Encoding zstd")

@@ -3,13 +3,15 @@ row kept byte for byte, idempotent, and a merged log replays and inspects as one
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlite_utils
-from a2a_frames import completed_run, sse
+from a2a_frames import completed_run, sse, status, task
 from click.testing import CliRunner
 from conftest import RecordFactory, Serve
 from log_rows import MS, SSE, arrival, copy_log, left_empty, rows_by_uid, union, write_log
@@ -284,3 +286,59 @@ def test_one_path_where_a_list_is_meant_is_refused_saying_so(tmp_path: Path, one
     with pytest.raises(UsageError, match=r"not one string: write \['a\.db'\]"):
         merge_logs(one, tmp_path / "fleet.db")  # type: ignore[arg-type]
     assert not (tmp_path / "fleet.db").exists()
+
+
+def a2a_stream(
+    started_at: str, message: dict[str, Any], frames: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A streamed A2A exchange as a cassette holds it, begun at ``started_at``."""
+    body = json.dumps({"message": {"role": "ROLE_USER", **message}})
+    request = {"method": "POST", "path": "/message:stream", "headers": [["A2A-Version", "1.0"]], "body": body}
+    head = {"status": 200, "headers": [["Content-Type", "text/event-stream"]]}
+    lines: list[dict[str, Any]] = [
+        {"exchange": {"request": request, "response": head, "started_at": started_at}}
+    ]
+    lines += [{"chunk": {"offset_ms": 10 * n, "text": e.decode()}} for n, e in enumerate(sse(frames), 1)]
+    lines.append({"end": {"duration_ms": 10 * len(frames) + 5}})
+    return lines
+
+
+def follow_up_session(ids: str) -> list[list[dict[str, Any]]]:
+    """A task's first message, then its follow-up 5 s later; the agent's ids made up of ``ids``."""
+    t, c = f"task.{ids}", f"ctx.{ids}"
+    first = [task(t, c, "TASK_STATE_SUBMITTED"), status(t, c, "TASK_STATE_INPUT_REQUIRED")]
+    more = [status(t, c, "TASK_STATE_WORKING"), status(t, c, "TASK_STATE_COMPLETED")]
+    return [
+        a2a_stream("2026-12-01T10:00:00Z", {"messageId": "m1", "parts": [{"text": "hi"}]}, first),
+        a2a_stream(
+            "2026-12-01T10:00:05Z", {"messageId": "m2", "taskId": t, "parts": [{"text": "more"}]}, more
+        ),
+    ]
+
+
+def written(path: Path, *exchanges: list[dict[str, Any]]) -> Path:
+    lines = [{"tasktape_cassette": 2}, *(line for exchange in exchanges for line in exchange)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_merged_log_diffs_in_the_order_its_exchanges_started(tmp_path: Path) -> None:
+    """Two recorders caught parts of one session, one the task's first message, the other
+    its follow-up: merged follow-up first, the log numbers the follow-up first. It still
+    pairs with its own in another run of the session, read with that run's task id once
+    the message it follows has paired, whichever side of the diff the log is."""
+    first, more = follow_up_session("0192f4c8-aa01")
+    runner = CliRunner()
+    for name, exchange in (("more", more), ("first", first)):
+        cassette = written(tmp_path / f"{name}.jsonl", exchange)
+        imported = runner.invoke(main, ["import", str(cassette), "--db", str(tmp_path / f"{name}.db")])
+        assert imported.exit_code == 0, imported.output
+    fleet = tmp_path / "fleet.db"
+    merged = runner.invoke(
+        main, ["merge", str(tmp_path / "more.db"), str(tmp_path / "first.db"), "-o", str(fleet)]
+    )
+    assert merged.exit_code == 0, merged.output
+    again = written(tmp_path / "again.jsonl", *follow_up_session("7c41d2e9-bb02"))
+    for a, b in ((fleet, again), (again, fleet)):
+        result = runner.invoke(main, ["diff", str(a), str(b)])
+        assert (result.exit_code, result.output) == (0, "2 pairs, 0 differ, 0 only in A, 0 only in B\n")

@@ -257,7 +257,7 @@ def test_ids_used_again_in_a_session_once_answered_are_new_requests(tmp_path: Pa
     result = CliRunner().invoke(main, ["check", str(path)])
     lines = [line for line in result.output.splitlines() if line.startswith("-  ")]
     assert lines == [
-        f"-  {path.name} exchange 1 event 0  mcp-one-response: "
+        f"-  {path} exchange 1 event 0  mcp-one-response: "
         "a second response to request 2 (the first: exchange 9 event 1)"
     ], result.output
     with EventLog(path) as log:

@@ -4,6 +4,7 @@ paths are never matched against recordings nor forwarded."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import aiohttp
@@ -53,6 +54,12 @@ async def test_every_path_under_it_is_its_own(serve: Serve, tmp_path: Path) -> N
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/_tasktape/other") as r:
             assert r.status == 404 and "no part of the control API" in (await r.json())["error"]["message"]
+        # The prefix itself too, without its slash: it was looked for among the recordings.
+        async with session.get(f"{url}/_tasktape") as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["message"] == (
+                "/_tasktape is no part of the control API: see faults, report, reset"
+            )
         async with session.put(f"{url}/_tasktape/faults", json={}) as r:
             assert r.status == 405 and (await r.json())["error"]["allowed"] == ["GET", "POST"]
         async with session.options(f"{url}/_tasktape/faults") as r:
@@ -64,6 +71,8 @@ async def test_every_path_under_it_is_its_own(serve: Serve, tmp_path: Path) -> N
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{passthrough}/_tasktape/report") as r:
             assert r.status == 200 and await r.json() == {"streams": []}
+        async with session.get(f"{passthrough}/_tasktape") as r:
+            assert r.status == 404 and "no part of the control API" in (await r.json())["error"]["message"]
         # Nor can a fault be armed there: nothing is replayed to make it on.
         async with session.post(f"{passthrough}/_tasktape/faults", json={"fault": "drop-after=1"}) as r:
             assert (
@@ -103,3 +112,22 @@ async def test_other_hosts_origins_and_bodies_are_refused(serve: Serve, tmp_path
     got = await wire(url, "/_tasktape/faults")
     assert got.status == 200
     assert _loopback("::ffff:127.0.0.1") and not _loopback("::ffff:192.0.2.7")
+
+
+async def test_a_spec_that_decodes_past_its_bound_is_refused_naming_the_bound(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A gzipped body that decodes to more than a fault spec may be is refused as one sent
+    that big: with the control API's own bound, not an option replay does not have."""
+    url = await serve(ReplayServer(load([card_and_stream(tmp_path)]), speed=0).app)
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    spec = b'{"fault": "drop-after=1"}'
+    async with aiohttp.ClientSession() as session:
+        padded = gzip.compress(b" " * 100_000 + spec)
+        async with session.post(f"{url}/_tasktape/faults", data=padded, headers=headers) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["message"] == (
+                "a fault spec is at most 65536 bytes, decoded from its Content-Encoding gzip"
+            )
+        async with session.post(f"{url}/_tasktape/faults", data=gzip.compress(spec), headers=headers) as r:
+            assert r.status == 200 and (await r.json())["armed"]["fault"] == "drop-after=1"
