@@ -92,7 +92,8 @@ def for_upstream(
     out.popall("Expect", None)  # the proxy has already answered any 100-continue
     out["Host"] = upstream_host
     if client_ip:
-        previous = out.get("X-Forwarded-For")
+        # Every line the client sent, joined (RFC 9110 5.3), as Via is.
+        previous = ", ".join(out.getall("X-Forwarded-For", ()))
         out["X-Forwarded-For"] = f"{previous}, {client_ip}" if previous else client_ip
     out.setdefault("X-Forwarded-Proto", scheme)
     if host:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
 import re
@@ -24,6 +25,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import BadStatusLine
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -89,6 +91,10 @@ RECONNECT_READ = MAX_BODY
 # Why a stream taken up from the log after a restart is followed again (LiveStream.asleep_because).
 RESTARTED = "tasktape record restarted while it held the stream"
 RECONNECTS = frozenset({"GET", "POST"})  # the methods a reconnect to a held stream comes with
+# How long an upstream connection may wait idle in the pool: less than the idle timeouts
+# of common agent servers (gunicorn's 2 s; Node's and uvicorn's 5 s). aiohttp keeps one
+# 15 s, and took it up again just as the upstream closed it: a POST then failed.
+UPSTREAM_IDLE = 1.0  # seconds
 
 
 class RecordingProxy:
@@ -145,6 +151,7 @@ class RecordingProxy:
         self.rejoin_for = rejoin_for  # how long a held stream whose agent broke is subscribed again
         self.resume_unknown = UnknownResume.parse(resume_unknown)
         self.on_resume = on_resume
+        self._failed_callbacks: set[str] = set()  # the kinds of callback reported raising
         # What a reconnect must carry as the request that opened its stream did.
         self.credentials = Credentials(credential_headers)
         self._pumps: set[asyncio.Task[None]] = set()
@@ -197,7 +204,8 @@ class RecordingProxy:
                 if exchange_id not in asleep:
                     self.live.ended_before(exchange_id, line)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_IDLE),
+            trace_configs=[_pool_trace()],
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout),
@@ -286,7 +294,22 @@ class RecordingProxy:
         with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
             self.writer.resume(resume)
         if self.on_resume is not None:
-            self.on_resume(resume)
+            self.told("on_resume", self.on_resume, resume)
+
+    def told(self, kind: str, callback: Callable[[Any], None], what: object) -> None:
+        """Tell a callback of the user's: one that raises never breaks traffic, and is
+        reported on stderr the first time it does (of each ``kind``)."""
+        try:
+            callback(what)
+        except Exception as exc:  # the callback's bug, never the traffic's
+            if kind not in self._failed_callbacks:
+                self._failed_callbacks.add(kind)
+                print(
+                    f"tasktape: WARNING: the recorder's {kind} callback raised ({type(exc).__name__}: "
+                    f"{exc}); traffic goes on, and later failures of it are not reported",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def hold_stream(self, pump: Awaitable[None]) -> asyncio.Task[None]:
         """Run ``pump`` (a held stream's reading of its upstream) on its own, to its end."""
@@ -595,12 +618,13 @@ class RecordingProxy:
             writer.end_exchange(exchange, duration_ns=0, outcome=Outcome.REFUSED, error=reason)
             return exchange
 
-        if self.on_refusal is not None:
-            self.on_refusal(Refusal(method, path, status, reason))
         try:
-            return log(self.writer)
+            exchange = log(self.writer)
         except WriterClosed:
-            return log(self.unrecorded())
+            exchange = log(self.unrecorded())
+        if self.on_refusal is not None:
+            self.told("on_refusal", self.on_refusal, Refusal(method, path, status, reason))
+        return exchange
 
     async def _request_body(self, request: web.Request) -> bytes | _TeedBody | None:
         """Small bodies (with a Content-Length) are read whole, so the log gets them with
@@ -638,7 +662,7 @@ class RecordingProxy:
         return URL(self._base + raw_path, encoded=True)
 
     def public_for(self, request: web.Request) -> URL:
-        return self.public_url or URL.build(scheme=request.scheme, authority=request.host)
+        return self.public_url or URL.build(scheme=request.scheme, authority=authority(request))
 
     def local_location(self, location: str, request: web.Request) -> str:
         """A redirect to the upstream itself points at the proxy instead, so the client
@@ -785,23 +809,11 @@ class Exchange:
         card = proxy.rewrite_cards and is_card_request(request.method, request.path, sent)
         if card:
             headers.popall("Accept-Encoding", None)  # a compressed card could not be rewritten
-        assert proxy._session is not None
+        attempt = _Attempt()
         try:
-            upstream = await proxy._session.request(
-                request.method,
-                proxy.upstream_url(request.raw_path),
-                headers=headers,
-                data=data,
-                allow_redirects=False,
-            )
+            upstream = await self._send(headers, data, attempt)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            # (A response aiohttp could not read, a 204 with a body after it, is an answer.)
-            how = (
-                "answered what could not be read"
-                if isinstance(exc, aiohttp.ClientResponseError)
-                else "failed before answering"
-            )
-            return await self._bad_gateway(f"upstream {proxy.upstream} {how}: {describe(exc)}")
+            return await self._bad_gateway(f"upstream {proxy.upstream} {_failure(exc)}")
         try:
             if upstream.status < 200:
                 # A switch the client never asked for (a WebSocket upgrade is refused before
@@ -815,6 +827,34 @@ class Exchange:
         finally:
             if not self.held:
                 upstream.close()
+
+    async def _send(self, headers: CIMultiDict[str], data: Any, attempt: _Attempt) -> aiohttp.ClientResponse:
+        """The upstream's response; sent again, once, on a new connection where the first
+        certainly never reached the upstream (``_never_sent``), said in the log."""
+        try:
+            return await self._request(headers, data, attempt)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if not _lost_to_idle_close(exc, attempt) or isinstance(data, AsyncIterator):  # (a stream: read)
+                raise
+            self.noted(
+                "the upstream closed the pooled connection the request went out on, answering "
+                f"nothing ({describe(exc)}): sent again on a new connection"
+            )
+            return await self._request(headers, data, _Attempt())
+
+    async def _request(
+        self, headers: CIMultiDict[str], data: Any, attempt: _Attempt
+    ) -> aiohttp.ClientResponse:
+        request, proxy = self.request, self.proxy
+        assert proxy._session is not None
+        return await proxy._session.request(
+            request.method,
+            proxy.upstream_url(request.raw_path),
+            headers=headers,
+            data=data,
+            allow_redirects=False,
+            trace_request_ctx=attempt,
+        )
 
     async def _bad_gateway(self, reason: str) -> web.Response:
         """The client's answer when the upstream gave none it could be sent: a 502, recorded as such."""
@@ -956,8 +996,67 @@ class Exchange:
             done = writer.end_exchange(self.id, duration_ns=self.offset(), outcome=outcome, error=error)
             # (A NullWriter's summary tells of nothing recorded.)
             if self.proxy.on_exchange is not None and not isinstance(writer, NullWriter):
-                callback = self.proxy.on_exchange
-                done.add_done_callback(lambda f: f.cancelled() or f.exception() or callback(f.result()))
+                callback, told = self.proxy.on_exchange, self.proxy.told
+                done.add_done_callback(
+                    lambda f: f.cancelled() or f.exception() or told("on_exchange", callback, f.result())
+                )
+
+
+class _Attempt:
+    """A request to the upstream: whether it went out on a connection taken from the pool."""
+
+    reused = False
+
+
+async def _taken_from_pool(_session: aiohttp.ClientSession, context: Any, _params: Any) -> None:
+    if isinstance(attempt := context.trace_request_ctx, _Attempt):
+        attempt.reused = True
+
+
+def _pool_trace() -> aiohttp.TraceConfig:
+    """What tells each ``_Attempt`` whether its connection was pooled."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_taken_from_pool)
+    return trace
+
+
+def _lost_to_idle_close(exc: aiohttp.ClientError, attempt: _Attempt) -> bool:
+    """Whether a request failed as one does on a connection its server closed idle as the
+    request went out on it: the connection came from the pool, and it closed (or refused
+    the request's writing) with no byte of an answer. A client of the agent's own would not
+    have met it (the pooling is the recorder's), so such a request is sent again, once, on
+    a new connection, as browsers do (RFC 9112 9.3.1); any other failure is the client's
+    502, a POST the agent may have acted on never sent twice."""
+    if not attempt.reused:
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return isinstance(exc.message, str)  # (else: the head of an answer it had begun)
+    closed = isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
+    return closed or isinstance(exc.__cause__, aiohttp.ClientConnectionResetError)
+
+
+def _failure(exc: BaseException) -> str:
+    """Why the upstream gave no answer the client could be sent, for a 502."""
+    if _no_status_line(exc):
+        # aiohttp reads what follows a response's end as the next one: it fails the
+        # response before it (or the next request on the connection), not what was sent.
+        return (
+            "sent bytes where no HTTP response starts: past the end of a response (more than "
+            f"its Content-Length, or a body to a HEAD), or not HTTP at all: {describe(exc)}"
+        )
+    # (A response aiohttp could not read, a 204 with a body after it, is an answer.)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"answered what could not be read: {describe(exc)}"
+    return f"failed before answering: {describe(exc)}"
+
+
+def _no_status_line(exc: BaseException | None) -> bool:
+    """Whether aiohttp failed to read a status line."""
+    while exc is not None:
+        if isinstance(exc, BadStatusLine):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict[str]:
@@ -968,13 +1067,24 @@ def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict
         upstream_host=proxy._upstream_host,
         client_ip=request.remote,
         scheme=request.scheme,
-        host=request.host,
+        host=authority(request),
     )
     previous = ", ".join(headers.popall("Via", ()))
     headers["Via"] = f"{previous}, {proxy._via}" if previous else proxy._via  # RFC 9110 7.6.3
     if proxy._authorization and "Authorization" not in headers:
         headers["Authorization"] = proxy._authorization
     return headers
+
+
+def authority(request: web.Request) -> str:
+    """The host and port the client reached: its Host header's, or without one (HTTP/1.0)
+    the listening socket's address, port included (aiohttp's ``request.host`` then names
+    the host alone, and a client sent there would go to port 80)."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if request.headers.get("Host") or not isinstance(sockname, tuple):  # (a Unix socket: a path)
+        return request.host
+    host, port = sockname[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _check_options(

@@ -5,15 +5,19 @@ errors and disconnects mirrored; not an open proxy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import aiohttp
 import pytest
 from aiohttp import web
 from conftest import RecordFactory, Serve
-from loopback import answering, answering_anything, raw_upstream
+from loopback import RawAnswer, answering, answering_anything, raw_upstream
+from multidict import CIMultiDict
 from ports import free_port
 from yarl import URL
+
+from tasktape.proxy import recorder as recorder_module
 
 
 def echo_app() -> web.Application:
@@ -361,3 +365,182 @@ async def test_header_bytes_that_are_not_utf8_are_kept_as_latin1(record: RecordF
     with await rec.log() as log:
         (x,) = log.exchanges()
         assert ["X-Note", "café"] in json.loads(x["request_headers"])
+
+
+async def test_every_x_forwarded_for_line_is_passed_on(record: RecordFactory) -> None:
+    """A client may send the trail in several lines (RFC 9110 5.3): all of them reach the
+    upstream, joined, with the client's address after them; none is dropped."""
+    rec = await record(echo_app())
+    sent = CIMultiDict([("X-Forwarded-For", "10.0.0.1"), ("X-Forwarded-For", "10.0.0.2")])
+    async with rec.session.get(f"{rec.url}/h", headers=sent) as r:
+        seen = (await r.json())["headers"]
+    assert [v for k, v in seen if k == "X-Forwarded-For"] == ["10.0.0.1, 10.0.0.2, 127.0.0.1"]
+
+
+async def _sent_without_host(url: str, path: str) -> bytes:
+    """What the proxy at ``url`` answers an HTTP/1.0 request for ``path``, which has no Host."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_without_a_host_header_the_proxys_own_address_is_named(record: RecordFactory) -> None:
+    """An HTTP/1.0 client sends no Host: the card's URL, a redirect's Location and the
+    X-Forwarded-Host name the proxy's socket, its port included (not port 80)."""
+    where: list[str] = []
+
+    async def card(request: web.Request) -> web.Response:
+        return web.json_response({"name": "a", "url": f"{where[0]}/"})
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"{where[0]}/next")
+
+    async def forwarded(request: web.Request) -> web.Response:
+        return web.Response(text=request.headers["X-Forwarded-Host"])
+
+    app = web.Application()
+    app.router.add_get("/.well-known/agent-card.json", card)
+    app.router.add_get("/moved", moved)
+    app.router.add_get("/host", forwarded)
+    rec = await record(app)
+    where.append(rec.upstream)
+    authority = rec.url.removeprefix("http://")
+    card_answer = await _sent_without_host(rec.url, "/.well-known/agent-card.json")
+    assert json.loads(card_answer.partition(b"\r\n\r\n")[2])["url"] == f"{rec.url}/"
+    assert f"Location: {rec.url}/next\r\n".encode() in await _sent_without_host(rec.url, "/moved")
+    assert (await _sent_without_host(rec.url, "/host")).endswith(authority.encode())
+
+
+def keeping_alive(sent: bytes, idle: float, connections: list[int]) -> RawAnswer:
+    """A raw answer to every request of a connection: ``sent``; the connection closed once
+    idle for ``idle`` seconds (as Node's and uvicorn's servers close theirs). Each request
+    notes its connection's number in ``connections``."""
+    opened = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened[0] += 1
+        number = opened[0]
+        with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), idle)
+                connections.append(number)
+                writer.write(sent)
+                await writer.drain()
+        writer.close()
+
+    return answer
+
+
+async def test_an_idle_upstream_connection_is_not_kept_past_the_agents_idle_timeout(
+    record: RecordFactory,
+) -> None:
+    """aiohttp kept idle upstream connections 15 s, and took one up again just as the agent
+    (closing its own after 5 s) closed it: a POST got a 502. They are kept UPSTREAM_IDLE,
+    less than common agent servers keep theirs; within it, one is used again."""
+    connections: list[int] = []
+    idle = recorder_module.UPSTREAM_IDLE + 0.5
+    sent = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_upstream(keeping_alive(sent, idle, connections)) as upstream:
+        rec = await record(upstream)
+        for pause in (0, 0.1, recorder_module.UPSTREAM_IDLE + 0.2):
+            await asyncio.sleep(pause)
+            async with rec.session.post(f"{rec.url}/x", data=b"{}") as r:
+                assert (r.status, await r.read()) == (200, b"ok")
+    assert connections == [1, 1, 2]
+
+
+def closing_when_asked_again(sent: bytes, connections: list[int]) -> RawAnswer:
+    """A raw answer that answers a connection's first request with ``sent`` and closes it
+    when a second comes, answering nothing: as a server that closed the connection idle
+    just as the second request went out on it. Each request notes its connection's
+    number in ``connections``."""
+    opened = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened[0] += 1
+        number = opened[0]
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            connections.append(number)
+            writer.write(sent)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+            connections.append(number)
+        writer.close()
+
+    return answer
+
+
+async def test_a_request_a_pooled_connection_closed_on_unanswered_is_sent_again(
+    record: RecordFactory,
+) -> None:
+    """The pool is the recorder's: a client of the agent's own, on a connection of its own,
+    would not meet a connection the agent closed idle. A POST that went out on one as it
+    closed, answered nothing, got a 502; it is sent again on a new connection, and the log
+    says so."""
+    connections: list[int] = []
+    sent = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_upstream(closing_when_asked_again(sent, connections)) as upstream:
+        rec = await record(upstream)
+        for _ in range(2):
+            async with rec.session.post(f"{rec.url}/x", data=b"{}") as r:
+                assert (r.status, await r.read()) == (200, b"ok")
+    assert connections == [1, 1, 2]  # the second request: on the pooled connection, then a new one
+    with await rec.log() as log:
+        second = log.exchanges()[1]
+    assert (second["status"], second["outcome"]) == (200, "complete")
+    assert "closed the pooled connection the request went out on, answering nothing" in second["error"]
+    assert "sent again on a new connection" in second["error"]
+
+
+def _cut_answer(connections: list[int]) -> RawAnswer:
+    """Answers a connection's second request with the head of a response, then closes it."""
+    opened = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened[0] += 1
+        number = opened[0]
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            connections.append(number)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+            connections.append(number)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Le")
+            await writer.drain()
+        writer.close()
+
+    return answer
+
+
+async def test_a_request_answered_in_part_is_never_sent_again(record: RecordFactory) -> None:
+    """An agent that began an answer had the request: sent again, a POST would reach it twice."""
+    connections: list[int] = []
+    async with raw_upstream(_cut_answer(connections)) as upstream:
+        rec = await record(upstream)
+        async with rec.session.post(f"{rec.url}/x", data=b"{}") as r:
+            assert r.status == 200
+        async with rec.session.post(f"{rec.url}/x", data=b"{}") as r:
+            assert r.status == 502
+    assert connections == [1, 1]
+    with await rec.log() as log:
+        error = log.exchanges()[1]["error"]
+    assert "ServerDisconnectedError" in error and "sent again" not in error, error
+
+
+async def test_bytes_past_the_end_of_a_response_are_named_in_the_502(record: RecordFactory) -> None:
+    """An agent that sends more than its Content-Length leaves bytes aiohttp reads as the
+    next response on the connection, and fails: the 502 says so, rather than blaming a
+    status line the agent never sent."""
+    sent = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok and more"
+    async with raw_upstream(keeping_alive(sent, 5.0, [])) as upstream:
+        rec = await record(upstream)
+        async with rec.session.get(f"{rec.url}/x") as r:
+            assert r.status == 502
+            said = (await r.json())["error"]["message"]
+    assert "sent bytes where no HTTP response starts: past the end of a response" in said
+    assert "more than its Content-Length, or a body to a HEAD" in said

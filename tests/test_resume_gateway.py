@@ -602,3 +602,29 @@ async def test_a_gateway_log_checks_clean_and_replays_streams_whole(
             assert await r.read() == whole
         async with session.post(f"{url}/message:stream", json=REST_BODY, headers=HEADERS) as r:
             assert r.status == 404  # the one recorded stream was served; the slice is no answer
+
+
+async def test_callbacks_that_raise_never_break_traffic(
+    record: RecordFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's on_resume that raises cut the reconnected client's stream (the log said it
+    was complete); an on_refusal that raises kept the refusal out of the log. Each is
+    reported on stderr once, and the traffic goes on."""
+
+    def failing(_: object) -> None:
+        raise KeyError("bookkeeping")
+
+    rec = await record(create_agent_app(pace=0.3), hold=30.0, on_resume=failing, on_refusal=failing)
+    before, events = await first_events(rec.url, REST_BODY, 3)
+    status, after = await rest_of(rec.url, REST_BODY, events[-1].id)
+    assert status == 200 and "TASK_STATE_COMPLETED" in after.decode().rstrip().splitlines()[-1]
+    for _ in range(2):
+        status, body = await rest_of(rec.url, REST_BODY, "evt.never")
+        assert status == 400 and b"names no event of the stream held here" in body
+    await rec.proxy.wait_idle()
+    assert before + after == await upstream_stream(rec)
+    with await rec.log() as log:
+        assert [x["outcome"] for x in log.exchanges()][-2:] == ["refused", "refused"]
+    said = capsys.readouterr().err
+    for kind in ("on_resume", "on_refusal"):
+        assert said.count(f"the recorder's {kind} callback raised (KeyError: 'bookkeeping')") == 1
