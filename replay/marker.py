@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import re
 from collections.abc import Iterable
 from datetime import timedelta
@@ -16,7 +17,6 @@ import pytest
 from tasktape.errors import MarkerError, UsageError
 
 from .cassette_age import FORMS, parse_max_age
-from .faults import Faults
 from .on_expired import OnExpired
 from .record_mode import RecordMode
 
@@ -63,29 +63,47 @@ def tape_names(item: pytest.Item) -> list[str]:
 def merged(item: pytest.Item, name: str | None = None) -> dict[str, Any]:
     """Every tasktape marker of the tape ``name`` (None: the markers that name no tape) on
     the test, its class and its module: the closest says each option (a module's cassette,
-    a test's speed)."""
+    a test's speed); a subclass's, what its bases' would. Two markers of a test or a module
+    that say an option otherwise (two cassettes on a test) are a mistake: neither is closer."""
     options: dict[str, Any] = {}
-    for marker in item.iter_markers(MARKER):  # closest first
-        if _name(marker.kwargs.get("name")) != name:
-            continue
-        given = dict(marker.kwargs)
-        given.pop("name", None)
-        if len(marker.args) > 1:
-            raise MarkerError(f"it takes one cassette path, not {len(marker.args)}")
-        if marker.args:
-            if "cassette" in given:
-                raise MarkerError("the cassette is given twice (as the argument and as cassette=)")
-            given["cassette"] = marker.args[0]
-        unknown = sorted(set(given) - set(OPTIONS))
-        if unknown:
-            raise MarkerError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
-        if "fail_on_unused" in given:
-            if "strict" in given:
-                raise MarkerError("strict is given twice (as strict= and as fail_on_unused=, its older name)")
-            given["strict"] = given.pop("fail_on_unused")
-        for option, value in given.items():
-            options.setdefault(option, value)
+    ours = (pair for pair in item.iter_markers_with_node(MARKER) if _name(pair[1].kwargs.get("name")) == name)
+    for node, pairs in itertools.groupby(ours, key=lambda pair: pair[0]):  # the closest node first
+        markers = [marker for _, marker in pairs]
+        if isinstance(node, pytest.Class):
+            # pytest gives a class's markers its bases' first (its MRO reversed): its own
+            # marker is the closest.
+            markers.reverse()
+        said: dict[str, Any] = {}
+        for marker in markers:
+            for option, value in _given(marker).items():
+                if option in said and said[option] != value and not isinstance(node, pytest.Class):
+                    raise MarkerError(
+                        f"{option} is given twice on {node.name}, by two markers ({said[option]!r} and "
+                        f"{value!r}): give it once"
+                    )
+                said[option] = value
+                options.setdefault(option, value)
     return options
+
+
+def _given(marker: pytest.Mark) -> dict[str, Any]:
+    """The options one marker gives, but its tape's name; its cassette under ``cassette``."""
+    given = dict(marker.kwargs)
+    given.pop("name", None)
+    if len(marker.args) > 1:
+        raise MarkerError(f"it takes one cassette path, not {len(marker.args)}")
+    if marker.args:
+        if "cassette" in given:
+            raise MarkerError("the cassette is given twice (as the argument and as cassette=)")
+        given["cassette"] = marker.args[0]
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise MarkerError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    if "fail_on_unused" in given:
+        if "strict" in given:
+            raise MarkerError("strict is given twice (as strict= and as fail_on_unused=, its older name)")
+        given["strict"] = given.pop("fail_on_unused")
+    return given
 
 
 def tape_options(item: pytest.Item, config: pytest.Config, name: str | None = None) -> TapeOptions:
@@ -94,6 +112,7 @@ def tape_options(item: pytest.Item, config: pytest.Config, name: str | None = No
     # tests use no cassette should not pay for the replay server.
     from tasktape.eventlog.redact import Redactor, parse_pointer  # noqa: PLC0415
 
+    from .faults import Faults  # noqa: PLC0415 - its parser loads the event log's package
     from .tape import TapeOptions  # noqa: PLC0415
 
     o = merged(item, name)
@@ -186,14 +205,12 @@ def marker_name(name: str | None) -> str:
 
 def command_line_upstreams(config: pytest.Config) -> dict[str | None, str]:
     """``--tasktape-upstream``'s agents: ``URL`` for the unnamed tape, ``NAME=URL`` for the
-    tape ``NAME``; each given once."""
+    tape ``NAME``; the last given for a name wins, as with every option (the command line's
+    over ``addopts``')."""
     found: dict[str | None, str] = {}
     for given in config.getoption("--tasktape-upstream") or ():
         named = _NAMED_UPSTREAM.fullmatch(given)
         name, url = (named[1], named[2]) if named else (None, given)
-        if name in found:
-            whose = f"tape {name}'s upstream" if name else "the upstream (of tapes that name none)"
-            raise UsageError(f"{whose} is given twice")
         found[name] = url
     return found
 

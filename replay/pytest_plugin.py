@@ -6,7 +6,8 @@ through the ``pytest11`` entry point; nothing to import).
         events = await my_client(tasktape.url).stream("What does J45.909 mean?")
 
 The fixture serves the cassette (in the test's event loop for pytest-asyncio tests, in a
-thread for the others and for those whose async fixtures use it from another loop) and
+thread for the others and for those whose sync fixtures, or async fixtures in another
+loop, use it) and
 fails the test when a request missed it, whether the test or one of its fixtures sent it.
 A test that talks to several upstreams (an agent and the LLM API it calls) names a tape
 for each, ``@pytest.mark.tasktape(name="llm")``, and gets them from the ``tasktapes``
@@ -56,6 +57,7 @@ LOOP_SCOPES = ("function", "class", "module", "package", "session")
 # A test's tapes are keyed by name: None for the unnamed one (the tasktape fixture's).
 _TAPES = pytest.StashKey[dict[str | None, "Tape"]]()
 _OPTIONS = pytest.StashKey[dict[str | None, "TapeOptions"]]()
+# Cassettes are known by their files (TapeOptions.file), however the tests write their paths.
 _WRITTEN = pytest.StashKey[dict[Path, set[str | None]]]()  # cassettes written, by which tests
 _RERECORDED = pytest.StashKey[set[Path]]()  # expired cassettes recorded again in this run
 _TOLD = pytest.StashKey[dict[str | None, "Told"]]()  # what of each tape's misses was reported
@@ -123,11 +125,12 @@ class Totals:
         self.missed += len(tape.missed)
         self.refused += len(tape.refused)
         self.recorded += tape.written
-        if tape.cassette.exists():  # not one a recording run failed to write
-            self.cassettes.add(str(tape.cassette))
+        # One file, however the tests sharing it write its path ("..", a symlink).
+        cassette = str(tape.cassette.resolve())
+        if _is_file(tape.cassette):  # not one a recording run failed to write
+            self.cassettes.add(cassette)
         # A recording run records what it was asked for: what it left alone says nothing.
         if not tape.recording:
-            cassette = str(tape.cassette)
             unused = {(cassette, r.origin, r.request_line) for r in tape.unused_of(selected)}
             self.unused |= unused
             self.requested |= {(cassette, r.origin, r.request_line) for r in tape.server.recorded} - unused
@@ -167,6 +170,14 @@ class Totals:
             f"{self.refused} refused{recorded}, match rate {rate} ({counted(asked, 'request')}) "
             f"across {counted(len(self.cassettes), 'cassette')}"
         )
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file: not when the file system refuses it (a name too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -228,10 +239,7 @@ def pytest_configure(config: pytest.Config) -> None:
         command_line_max_age(config)
     except UsageError as exc:
         raise pytest.UsageError(f"--tasktape-max-age: {exc}") from None
-    try:
-        upstreams = command_line_upstreams(config)
-    except UsageError as exc:
-        raise pytest.UsageError(f"--tasktape-upstream: {exc}") from None
+    upstreams = command_line_upstreams(config)
     if upstreams:
         # Here: the recorder (aiohttp) loads only for a run that may record.
         from tasktape.proxy.recorder import upstream_url  # noqa: PLC0415
@@ -303,11 +311,13 @@ def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
     """The options as the cassette's age leaves them: one older than its limit warns,
     fails the test, or is recorded again (``--tasktape-on-expired``)."""
     rerecorded = request.config.stash[_RERECORDED]
-    if options.cassette in rerecorded:
+    if options.file in rerecorded:
         # A test sharing it recorded it again in this run: this one adds to it, as mode all would.
         return dataclasses.replace(options, mode=RecordMode.ALL)
-    if options.max_age is None or options.mode is RecordMode.ALL or not options.cassette.exists():
-        return options  # mode all records every cassette again; a missing one is recorded or fails
+    if options.max_age is None or options.mode is RecordMode.ALL or not _is_file(options.cassette):
+        # Mode all records every cassette again; a missing one is recorded or fails, and so
+        # does one the file system refuses (a name too long), saying so as it starts.
+        return options
     try:
         expired = _expired(options)
     except CassetteError as exc:
@@ -329,7 +339,7 @@ def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
             f"give it with {upstream_option(options.name)}",
             pytrace=False,
         )
-    rerecorded.add(options.cassette)
+    rerecorded.add(options.file)
     return dataclasses.replace(options, mode=RecordMode.ALL)
 
 
@@ -379,7 +389,7 @@ def _sessions(request: pytest.FixtureRequest, named: bool) -> list[TapeSession]:
     every = {name: _options(request, name) for name in [*names, *others]}
     sharing: dict[Path, list[str | None]] = {}
     for o in every.values():
-        sharing.setdefault(o.cassette.resolve(), []).append(o.name)
+        sharing.setdefault(o.file, []).append(o.name)
     for cassette, sharers in sharing.items():
         if len(sharers) > 1:
             sharers.sort(key=lambda n: n or "")  # the unnamed tape first
@@ -438,6 +448,9 @@ async def _stopped(sessions: list[TapeSession], passed: bool) -> list[str]:
     for session in sessions:
         try:
             finished = await session.stop(passed=passed)
+        except CassetteError as exc:  # one that cannot be written (a folder, a disk full)
+            failures.append(_failed(f"tasktape: {exc}"))
+            continue
         except OSError as exc:
             failures.append(_cassette_refused(session, exc))
             continue
@@ -455,9 +468,22 @@ async def _stopped(sessions: list[TapeSession], passed: bool) -> list[str]:
     return cut_short
 
 
+def _warn_of_unreadable(request: pytest.FixtureRequest, tapes: dict[str | None, Tape]) -> None:
+    """A cassette mode all cannot read (a folder, a broken file) is recorded anew: what it
+    held, if anything, is not kept."""
+    for tape in tapes.values():
+        if tape.unreadable is not None:
+            request.node.warn(
+                pytest.PytestWarning(
+                    f"tasktape: {tape.unreadable}; recorded anew, it keeps nothing of what was there"
+                )
+            )
+
+
 def _warn_of_changes(request: pytest.FixtureRequest, tapes: dict[str | None, Tape]) -> None:
-    """What the replay sends otherwise than recorded (a Content-Length edited by hand, a body
-    cut when recorded) is said where the test's warnings are, not only logged."""
+    """What the replay sent otherwise than recorded (a Content-Length edited by hand, a body
+    cut when recorded) is said where the test's warnings are, not only logged: once the
+    test ran, of what it was served."""
     for tape in tapes.values():
         for said in tape.not_as_recorded:
             request.node.warn(pytest.PytestWarning(f"tasktape: {said}"))
@@ -481,7 +507,7 @@ def _loop_fixture(scope: str, named: bool) -> Any:
     async def fixture(request: pytest.FixtureRequest) -> AsyncIterator[dict[str | None, Tape]]:
         sessions = _sessions(request, named)
         tapes = await _started(sessions)
-        _warn_of_changes(request, tapes)
+        _warn_of_unreadable(request, tapes)
         # One watch of the loop, however many tapes it serves.
         stalls = None if _STALLS in request.node.stash else LoopStalls(asyncio.get_running_loop())
         if stalls is not None:
@@ -491,6 +517,7 @@ def _loop_fixture(scope: str, named: bool) -> Any:
         finally:
             if stalls is not None:
                 stalls.stop()
+            _warn_of_changes(request, tapes)
             _warn_of_cut_short(request, await _stopped(sessions, _passed(request)))
 
     fixture.__name__ = _loop_fixture_name(scope, named)
@@ -532,9 +559,9 @@ def tasktapes(request: pytest.FixtureRequest) -> Iterator[Tapes]:
 def _served(request: pytest.FixtureRequest, named: bool) -> Iterator[dict[str | None, Tape]]:
     """Serve a fixture's tapes for the test's length, in its loop or in a thread of their own."""
     threaded = any(_options(request, name).in_thread for name in _names(request, named))
-    # A fixture that awaits in another loop than the test's would get no answer from a
-    # server in the test's loop, which does not run meanwhile.
-    if not threaded and _in_test_loop(request) and not _in_another_loop(request, named):
+    # A sync fixture, or one that awaits in another loop than the test's, would get no
+    # answer from a server in the test's loop, which does not run meanwhile.
+    if not threaded and _in_test_loop(request) and not _used_outside_test_loop(request, named):
         tapes = request.getfixturevalue(_loop_fixture_name(_loop_scope(request), named))
         request.node.stash.setdefault(_TAPES, {}).update(tapes)
         yield tapes
@@ -548,13 +575,15 @@ def _served(request: pytest.FixtureRequest, named: bool) -> Iterator[dict[str | 
     def run(coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
+    tapes: dict[str | None, Tape] = {}
     try:
         tapes = run(_started(sessions))
-        _warn_of_changes(request, tapes)
+        _warn_of_unreadable(request, tapes)
         request.node.stash.setdefault(_TAPES, {}).update(tapes)
         yield tapes
     finally:
         try:
+            _warn_of_changes(request, tapes)
             _warn_of_cut_short(request, run(_stopped(sessions, _passed(request))))
         finally:
             run(loop.shutdown_default_executor())
@@ -582,9 +611,11 @@ def _auto_mode(config: pytest.Config) -> bool:
     return (config.getoption("asyncio_mode", None) or config.getini("asyncio_mode")) == "auto"
 
 
-def _in_another_loop(request: pytest.FixtureRequest, named: bool) -> bool:
-    """Whether an async fixture of the test that uses the tapes (asking for the fixture, or
-    for a fixture that does) runs in another of pytest-asyncio's loops than the test."""
+def _used_outside_test_loop(request: pytest.FixtureRequest, named: bool) -> bool:
+    """Whether a fixture of the test that uses the tapes (asking for the fixture, or for a
+    fixture that does) runs outside the test's loop: a sync fixture (run while that loop
+    does not, it would wait on the server for its own timeout), or an async one in another
+    of pytest-asyncio's loops."""
     test_scope = _loop_scope(request)
     # The closure's fixtures: pytest says what they are nowhere else (a pytest without it
     # serves in the test's loop, as before).
@@ -592,7 +623,7 @@ def _in_another_loop(request: pytest.FixtureRequest, named: bool) -> bool:
     defined = getattr(info, "name2fixturedefs", {})
     users = _users(defined, TAPES_FIXTURE if named else MARKER)
     scopes = {_fixture_loop_scope(request, defined[name][-1]) for name in users}
-    return bool(scopes - {None, test_scope})
+    return bool(scopes - {test_scope})
 
 
 def _users(defined: Mapping[str, Sequence[pytest.FixtureDef[Any]]], fixture: str) -> set[str]:
@@ -611,11 +642,12 @@ def _users(defined: Mapping[str, Sequence[pytest.FixtureDef[Any]]], fixture: str
 
 def _fixture_loop_scope(request: pytest.FixtureRequest, definition: pytest.FixtureDef[Any]) -> str | None:
     """The loop scope pytest-asyncio runs a fixture in (as it works it out); None for a
-    fixture it does not run."""
+    fixture it does not run (a sync one)."""
     function = getattr(definition.func, "__func__", definition.func)
     asynchronous = inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
-    if not getattr(function, "_force_asyncio_fixture", False) and not (
-        asynchronous and _auto_mode(request.config)
+    # A sync one runs outside the loop, even as a @pytest_asyncio.fixture.
+    if not asynchronous or not (
+        getattr(function, "_force_asyncio_fixture", False) or _auto_mode(request.config)
     ):
         return None
     default = request.config.getini("asyncio_default_fixture_loop_scope")
@@ -654,6 +686,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Any:
         return (yield)
     except (Exception, pytest.fail.Exception):
         _tell(item, "setup", unused=False)
+        _note(item, "setup")
         raise
 
 
@@ -666,25 +699,29 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         # The test failed on its own (most likely because of the miss): keep its error,
         # and add what the cassette lacked beside it, and what may explain it.
         _tell(item, "call")
-        _note(item)
+        _note(item, "call")
         raise
-    problems = _problems(item)
-    if problems:
-        pytest.fail(problems, pytrace=False)
+    # Recordings unused now may be asked for yet, by a fixture's teardown: they wait for it,
+    # unless the test fails now anyway (then it is told of them, as one that failed on its own).
+    if _pending(item):
+        pytest.fail(_problems(item) or "", pytrace=False)
     return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Any:
-    """A miss in a fixture's teardown, after the test ran, fails the teardown; the tape,
+    """A miss in a fixture's teardown, after the test ran, fails the teardown, and so do
+    recordings left unused (strict mode) once every fixture is torn down; the tape,
     stopped by now, is counted in the run's totals."""
     try:
         try:
             result = yield
         except (Exception, pytest.fail.Exception):
             _tell(item, "teardown", unused=False)
+            _note(item, "teardown")
             raise
-        problems = _problems(item, unused=False)
+        # A test that failed was told of them beside its error.
+        problems = _problems(item, unused=not item.stash.get(_NOT_PASSED, False))
         if problems:
             pytest.fail(problems, pytrace=False)
         return result
@@ -726,14 +763,21 @@ def _tell(item: pytest.Item, when: str, *, unused: bool = True) -> None:
         item.add_report_section(when, "tasktape", problems)
 
 
-def _note(item: pytest.Item) -> None:
-    """Beside a failure: the recordings served that broke off when recorded, and how long
-    the test's loop stalled while it served them."""
+def _note(item: pytest.Item, when: str) -> None:
+    """Beside a failure (of the test or of a fixture): the recordings served that broke off
+    when recorded, and how long the test's loop stalled while it served them."""
     notes = [tape.notes() for tape in item.stash.get(_TAPES, {}).values()]
     stalls = item.stash.get(_STALLS, None)
     notes.append(stalls and stalls.note())
     if any(notes):
-        item.add_report_section("call", "tasktape notes", "\n".join(n for n in notes if n))
+        item.add_report_section(when, "tasktape notes", "\n".join(n for n in notes if n))
+
+
+def _pending(item: pytest.Item) -> bool:
+    """Whether the test's tapes have a miss, a refused request or a fault not made to tell."""
+    told = item.stash.get(_TOLD, {})
+    tapes = item.stash.get(_TAPES, {})
+    return any(tape.problems(since=told.get(name), unused=False) for name, tape in tapes.items())
 
 
 def _problems(item: pytest.Item, *, unused: bool = True) -> str | None:

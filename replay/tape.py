@@ -73,6 +73,12 @@ class TapeOptions:
     test: str | None = None  # the node id of the test: what it records is tagged with it
     name: str | None = None  # the tape's name, for a test of several (``name=`` on its marker)
 
+    @property
+    def file(self) -> Path:
+        """The cassette as one file, however its marker wrote the path (``..``, a symlink):
+        what the tests sharing it know it by. ``cassette`` stays as written, for messages."""
+        return self.cassette.resolve()
+
 
 @dataclass(frozen=True)
 class Finished:
@@ -107,6 +113,8 @@ class Tape:
     name: str | None = None  # its name among the test's tapes (None: the unnamed one)
     # Whether a node id names no test of the session any more (renamed, moved, deleted).
     gone: Callable[[str], bool] = field(kw_only=True, repr=False)
+    # Why mode all could not read the cassette it records anew (not a file, broken); None: it could.
+    unreadable: str | None = field(default=None, kw_only=True)
     written: int = 0  # the exchanges a recording run wrote into the cassette, once stopped
 
     @property
@@ -170,10 +178,16 @@ class Tape:
 
     @property
     def not_as_recorded(self) -> list[str]:
-        """What the replay sends otherwise than recorded, and why: a Content-Length that is
-        not the length of the body it holds (an edit by hand, most likely: sent without it),
-        a body cut when recorded (sent cut), one decoded only in part (a 502)."""
-        return self.server.not_as_recorded
+        """What the replay sent otherwise than recorded, and why, of the recordings it served:
+        a Content-Length that is not the length of the body it holds (an edit by hand, most
+        likely: sent without it), a body cut when recorded (sent cut), one decoded only in
+        part (a 502)."""
+        server = self.server
+        # The server says each as "REQUEST (ORIGIN): why", of every recording it loaded.
+        served = tuple(
+            f"{r.request_line} ({r.origin}):" for r, n in zip(server.recorded, server.used, strict=True) if n
+        )
+        return [said for said in server.not_as_recorded if said.startswith(served)]
 
     def told(self) -> Told:
         """What :meth:`problems` has said once it said everything up to now."""
@@ -338,11 +352,12 @@ class TapeSession:
         gone: Callable[[str], bool],
     ) -> None:
         self.options = options
-        # Cassettes this test session has written, and the tests that recorded into them:
-        # mode all replaces a cassette once, then the other tests that share it add to it.
+        # Cassettes this test session has written (by ``TapeOptions.file``), and the tests that
+        # recorded into them: mode all replaces a cassette once, then the tests sharing it add to it.
         self.written = written
         self.gone = gone  # whether a node id names no test of the session any more
         self.tape: Tape | None = None
+        self.unreadable: str | None = None  # why mode all could not read the cassette
         self._runner: web.AppRunner | None = None
         self._folder: Path | None = None
         self._writer: LogWriter | None = None
@@ -402,20 +417,33 @@ class TapeSession:
         await site.start()
         url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         self.tape = Tape(
-            url, o.cassette, o.mode, recorded, server, records, o.strict, o.test, o.name, gone=self.gone
+            url,
+            o.cassette,
+            o.mode,
+            recorded,
+            server,
+            records,
+            o.strict,
+            o.test,
+            o.name,
+            gone=self.gone,
+            unreadable=self.unreadable,
         )
         return self.tape
 
     def _existing(self) -> list[Recorded] | None:
         """The cassette's recordings now; None when there is no cassette. Mode all, which
-        records a cassette again, takes one it cannot read for one with nothing to keep."""
+        records a cassette again, takes one it cannot read for one with nothing to keep
+        (noting why, for the test to be told)."""
         o = self.options
         if not o.cassette.exists():
             return None
         if o.mode is RecordMode.ALL:
-            with contextlib.suppress(CassetteError):
+            try:
                 return read_cassette(o.cassette)
-            return []
+            except CassetteError as exc:
+                self.unreadable = str(exc)
+                return []
         return read_cassette(o.cassette)
 
     def _records(self, existing: list[Recorded] | None) -> bool:
@@ -426,7 +454,7 @@ class TapeSession:
             # another run, recorded the tests sharing it before this one).
             return (
                 existing is None
-                or o.cassette in self.written
+                or o.file in self.written
                 or (o.upstream is not None and _awaits(existing, o.test))
             )
         return o.mode in (RecordMode.NEW_EPISODES, RecordMode.ALL)
@@ -446,7 +474,7 @@ class TapeSession:
         o = self.options
         if o.mode is not RecordMode.ALL:
             return existing
-        replaced = o.cassette not in self.written
+        replaced = o.file not in self.written
 
         def stays(recorded: Recorded) -> bool:
             if recorded.recorded_by is None:
@@ -487,7 +515,7 @@ class TapeSession:
                     # worker) may have added to it meanwhile.
                     kept = self._kept(self._existing() or [])
                     header: dict[str, Any] = {"source": "pytest"}
-                    ours = self.written.get(o.cassette, set())
+                    ours = self.written.get(o.file, set())
                     if any(r.recorded_by not in ours for r in kept):
                         # The recordings it keeps from before this run are as old as they
                         # were: so is the cassette (the age --tasktape-max-age measures).
@@ -496,7 +524,7 @@ class TapeSession:
                             header["created_at"] = created
                     header["upstream"] = hide_credentials(o.upstream) if o.upstream else None
                     write_cassette(o.cassette, [*kept, *new], **header)
-                self.written.setdefault(o.cassette, set()).add(o.test)
+                self.written.setdefault(o.file, set()).add(o.test)
                 if self.tape is not None:
                     self.tape.written = len(new)
                 cut_short = [

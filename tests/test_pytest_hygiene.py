@@ -57,19 +57,50 @@ def test_strict_fails_a_test_that_left_recordings_unused(project: pytest.Pyteste
             httpx.get(f"{tasktape.url}/.well-known/agent-card.json").raise_for_status()
         """
     )
+    # Told once its fixtures are torn down (a fixture's cleanup may ask for a recording yet).
     result = run(project)
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=4, errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*_ test_strict_on_its_own _*",
+            "*_ ERROR at teardown of test_strict_on_its_own _*",
             "tasktape: the cassette and the requests disagree",
             "recorded but never requested: POST /message:stream (completed.jsonl:5)",
         ]
     )
     # For every test; the marker's strict=False still wins.
     strict = run(project, "--tasktape-strict")
-    strict.assert_outcomes(passed=2, failed=2)
-    strict.stdout.fnmatch_lines(["FAILED *test_only_reads_the_card*", "FAILED *test_strict_on_its_own*"])
+    strict.assert_outcomes(passed=4, errors=2)
+    strict.stdout.fnmatch_lines(["ERROR *test_only_reads_the_card*", "ERROR *test_strict_on_its_own*"])
+
+
+def test_strict_counts_what_a_fixture_asks_for_in_its_teardown(
+    project: pytest.Pytester, agent: Agent
+) -> None:
+    """A client's cleanup, sent as its fixture is torn down, uses its recording: strict mode
+    judges the recordings once every fixture of the test is torn down."""
+    project.makepyfile(
+        test_cleanup="""
+        import httpx
+        import pytest
+
+        def ask(url, text):
+            body = {"message": {"role": "ROLE_USER", "parts": [{"text": text}]}}
+            with httpx.stream("POST", f"{url}/message:stream", json=body) as response:
+                return response.read().decode()
+
+        @pytest.fixture
+        def session(tasktape):
+            yield tasktape.url
+            assert "TASK_STATE_COMPLETED" in ask(tasktape.url, "goodbye")
+
+        def test_with_cleanup(session):
+            assert "TASK_STATE_COMPLETED" in ask(session, "hello")
+        """
+    )
+    run(project, "--tasktape-record-mode=once", f"--tasktape-upstream={agent.url}").assert_outcomes(passed=1)
+    result = run(project, "--tasktape-strict")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["tasktape: 2 served, 0 missed, 0 unused, 0 refused, *"])
 
 
 def answer(path: str, text: str, recorded_by: str | None = None) -> Recorded:
@@ -108,10 +139,10 @@ def test_tests_sharing_a_cassette_are_held_to_their_own_recordings(project: pyte
         """
     )
     result = run(project, "--tasktape-strict")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*_ test_b _*",
+            "*_ ERROR at teardown of test_b _*",
             "tasktape: the cassette and the requests disagree",
             "recorded but never requested: GET /by-hand (shared.jsonl:8)",
             "tasktape: 3 served, 0 missed, 0 unused, 0 refused, *",
@@ -201,18 +232,19 @@ def test_a_card_read_once_uses_all_its_recordings_but_a_card_never_read_is_unuse
         """
     )
     result = run(project)
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=3, errors=2)
     out = result.stdout.str()
-    once = out.split("_ test_one_question_reads_it_once _")[1].split("_ test_never_reads_it _")[0]
+    once = out.split(" of test_one_question_reads_it_once _")[1].split(" of test_never_reads_it _")[0]
     assert "recorded but never requested: POST /message:stream (two_cards.jsonl:" in once
     assert CARD not in once
-    never = out.split("_ test_never_reads_it _")[1].split("short test summary")[0]
+    never = out.split(" of test_never_reads_it _")[1].split("short test summary")[0]
     assert never.count(f"recorded but never requested: {CARD}") == 2
     assert "POST /message:stream" not in never
 
 
 def test_a_content_length_edited_by_hand_is_a_warning(project: pytest.Pytester) -> None:
-    """The replay sends the body whole without it; the test's warnings say so, not only its log."""
+    """The replay sends the body whole without it; the warnings of the test it was sent to
+    say so, not only its log (not those of a test of the cassette that never asked for it)."""
     cassettes = project.path / "cassettes"
     cassettes.mkdir()
     text = (ROOT / "cassettes" / "completed.jsonl").read_text()
@@ -225,17 +257,22 @@ def test_a_content_length_edited_by_hand_is_a_warning(project: pytest.Pytester) 
         import httpx
         import pytest
 
-        @pytest.mark.tasktape("cassettes/edited.jsonl")
+        pytestmark = pytest.mark.tasktape("cassettes/edited.jsonl")
+
         def test_card(tasktape):
             assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").json()["name"]
+
+        def test_no_card(tasktape):
+            pass
         """
     )
     result = run(project)
-    result.assert_outcomes(passed=1, warnings=1)
+    result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(
         [
+            "test_edited.py::test_card",
             "*PytestWarning: tasktape: GET /.well-known/agent-card.json (edited.jsonl:2): its Content-Length "
-            "70 is not the length of the body it holds (700 bytes); it is left out, and the body sent whole"
+            "70 is not the length of the body it holds (700 bytes); it is left out, and the body sent whole",
         ]
     )
 

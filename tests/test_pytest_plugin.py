@@ -348,10 +348,15 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
         @pytest.mark.tasktape("cassettes/completed.jsonl", cassette="cassettes/other.jsonl")
         def test_two_cassettes(tasktape):
             pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        @pytest.mark.tasktape("cassettes/other.jsonl")
+        def test_two_markers_two_cassettes(tasktape):
+            pass
         """
     )
     result = run(project)
-    result.assert_outcomes(errors=8)
+    result.assert_outcomes(errors=9)
     # Each is said once, as the test's failure, not after the error that led to it.
     assert "During handling of the above exception" not in result.stdout.str()
     result.stdout.fnmatch_lines_random(
@@ -366,6 +371,8 @@ def test_mistakes_get_clear_errors(project: pytest.Pytester) -> None:
             "*@pytest.mark.tasktape: add_ids is True or False, not 'no'*",
             "*@pytest.mark.tasktape: faults are written as a string, such as 'drop-after=3', not ?'drop-*",
             "*@pytest.mark.tasktape: the cassette is given twice (as the argument and as cassette=)*",
+            "*@pytest.mark.tasktape: cassette is given twice on test_two_markers_two_cassettes, by two "
+            "markers ('cassettes/other.jsonl' and 'cassettes/completed.jsonl'): give it once*",
         ]
     )
     typo = run(project, "--tasktape-record-mode=onse")
@@ -594,9 +601,9 @@ def test_unused_recordings(project: pytest.Pytester) -> None:
         """
     )
     result = run(project)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["recorded but never requested: POST /message:stream (completed.jsonl:5)"])
-    run(project, "--tasktape-fail-on-unused").assert_outcomes(failed=2)
+    run(project, "--tasktape-fail-on-unused").assert_outcomes(passed=2, errors=2)
 
 
 def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None:
@@ -631,9 +638,20 @@ def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None
         async def test_a_blocking_fixture_in_an_async_test(card):
             # Served from the test's own loop, this would deadlock.
             assert card["name"] == "tasktape demo agent"
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", speed=0)
+        class TestBase:
+            def test_the_base_cassette(self, tasktape):
+                assert tasktape.cassette.name == "completed.jsonl"
+
+        # A subclass's marker says what its base's would: not two markers of one class.
+        @pytest.mark.tasktape("cassettes/failed.jsonl")
+        class TestOverriding(TestBase):
+            def test_the_base_cassette(self, tasktape):
+                assert (tasktape.cassette.name, tasktape.server.speed) == ("failed.jsonl", 0)
         """
     )
-    run(project).assert_outcomes(passed=4)
+    run(project).assert_outcomes(passed=6)
 
 
 def test_an_async_fixture_in_another_loop_than_its_test_reaches_the_tape(project: pytest.Pytester) -> None:
@@ -824,6 +842,24 @@ def test_replaying_cassettes_loads_no_log_reader() -> None:
     assert not loaded & unwanted
 
 
+def test_a_run_that_uses_no_cassette_loads_neither_the_replay_nor_the_event_log() -> None:
+    """pytest imports the plugin in every run: it loads its own few modules, not the replay
+    server, the fault parser or the event log's package (and what they import)."""
+    code = (
+        "import sys, pytest; known = set(sys.modules); import tasktape.replay.pytest_plugin; "
+        "print(*set(sys.modules) - known)"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    heavy = [
+        m
+        for m in loaded
+        if m.startswith(("tasktape.eventlog", "tasktape.replay.faults", "tasktape.replay.server", "aiohttp"))
+    ]
+    assert "tasktape.replay.marker" in loaded and heavy == []
+
+
 def test_a_marked_test_without_the_fixture_fails_saying_so(project: pytest.Pytester) -> None:
     """A marker on the test itself promises a cassette; one on its module or class may
     cover tests that do not use one."""
@@ -864,7 +900,40 @@ async def test_a_cassette_path_the_file_system_refuses_is_explained(project: pyt
         result = await asyncio.to_thread(project.runpytest_subprocess, *args)
     result.assert_outcomes(passed=1, errors=1)  # the test ran; writing its cassette failed
     result.stdout.fnmatch_lines(["*tasktape: cannot use the cassette *: File name too long*"])
-    assert "Traceback" not in result.stdout.str()
+    args = ("-p", "no:cacheprovider", "--tasktape-max-age=30d")  # its age is not asked of it first
+    aged = await asyncio.to_thread(project.runpytest_subprocess, *args)
+    aged.assert_outcomes(errors=1)
+    aged.stdout.fnmatch_lines(["*tasktape: cannot use the cassette *: File name too long*"])
+    for internal in ("Traceback", "During handling", "OSError"):
+        assert internal not in result.stdout.str() + aged.stdout.str()
+
+
+def test_a_cassette_that_cannot_be_written_is_explained(project: pytest.Pytester, agent: Agent) -> None:
+    """Mode all cannot read a folder as the cassette it records again, and says so; writing
+    it fails the test's teardown, saying why, without tasktape's traceback."""
+    (project.path / "cassettes" / "folder.jsonl").mkdir(parents=True)
+    project.makepyfile(
+        test_folder="""
+        import httpx
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/folder.jsonl")
+        def test_card(tasktape):
+            assert httpx.get(f"{tasktape.url}/.well-known/agent-card.json").status_code == 200
+        """
+    )
+    result = run(project, "--tasktape-record-mode=all", f"--tasktape-upstream={agent.url}")
+    result.assert_outcomes(passed=1, errors=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ ERROR at teardown of test_card _*",
+            "tasktape: cannot write */cassettes/folder.jsonl: it is a folder",
+            "*PytestWarning: tasktape: */folder.jsonl: cannot read it as a cassette: *Is a directory*; "
+            "recorded anew, it keeps nothing of what was there",
+            "tasktape: 0 served, * across 0 cassettes",
+        ]
+    )
+    assert "CassetteError" not in result.stdout.str()
 
 
 def test_a_recording_cut_short_is_kept_and_said_so(
@@ -935,6 +1004,44 @@ def test_a_blocking_client_in_an_async_test_is_named_beside_its_failure(project:
             "*- Captured tasktape notes call -*",
             "the test's event loop, which serves the cassette, did not run for 1.* s: a blocking call in "
             "the async test (a synchronous HTTP client?) *@pytest.mark.tasktape(in_thread=True)",
+        ]
+    )
+
+
+def test_a_sync_fixture_of_an_async_test_reaches_the_tape(project: pytest.Pytester) -> None:
+    """A sync fixture runs while the test's loop does not: the tape is served from a thread
+    for it. An async fixture blocking the loop that serves the tape fails its setup, and
+    the failure says why, as the test's own would."""
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_fixtures="""
+        import httpx
+        import pytest
+
+        pytestmark = pytest.mark.tasktape("cassettes/completed.jsonl")
+
+        @pytest.fixture
+        def card(tasktape):
+            return httpx.get(f"{tasktape.url}/.well-known/agent-card.json", timeout=5).json()
+
+        async def test_a_sync_fixture(card):
+            assert card["name"] == "tasktape demo agent"
+
+        @pytest.fixture
+        async def blocking(tasktape):  # auto mode: run in the test's loop, which it blocks
+            return httpx.get(f"{tasktape.url}/.well-known/agent-card.json", timeout=1.5)
+
+        async def test_a_blocking_async_fixture(blocking):
+            pass
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E *ReadTimeout*",
+            "*- Captured tasktape notes setup -*",
+            "the test's event loop, which serves the cassette, did not run for 1.* s: *",
         ]
     )
 

@@ -294,25 +294,36 @@ def test_mistakes_are_named(project: pytest.Pytester, upstreams: Upstreams) -> N
     )
 
 
-@pytest.mark.parametrize(
-    ("given", "said"),
-    [
-        (["llm=http://a", "llm=http://b"], "--tasktape-upstream: tape llm's upstream is given twice"),
-        (
-            ["http://a", "http://b"],
-            "--tasktape-upstream: the upstream (of tapes that name none) is given twice",
-        ),
-        (
-            ["llm=ftp://me:s3cret@h/x"],
-            "--tasktape-upstream llm=: the upstream must be an http:// or https:// URL*",
-        ),
-    ],
-)
-def test_upstreams_on_the_command_line_are_checked(
-    project: pytest.Pytester, given: list[str], said: str
-) -> None:
+def test_upstreams_on_the_command_line_are_checked(project: pytest.Pytester) -> None:
     project.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = run(project, *(f"--tasktape-upstream={g}" for g in given))
+    result = run(project, "--tasktape-upstream=llm=ftp://me:s3cret@h/x")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: {said}"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: --tasktape-upstream llm=: the upstream must be an http:// or https:// URL*"]
+    )
     assert "s3cret" not in result.stderr.str()
+
+
+def test_the_last_upstream_given_for_a_name_wins(project: pytest.Pytester, upstreams: Upstreams) -> None:
+    """As with every option, the command line's upstream wins over the one in addopts, for
+    the unnamed tape and for a named one alike."""
+    down = "http://127.0.0.1:9"
+    project.makeini(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+        f"addopts = --tasktape-upstream {down} --tasktape-upstream llm={down}\n"
+    )
+    project.makepyfile(
+        test_plan="""
+        import pytest
+        from planner import ask_model, hand_over
+
+        @pytest.mark.tasktape(name="llm")
+        def test_plan(tasktapes, tasktape):
+            assert ask_model(tasktapes["llm"].url) == "Hello! How can I help?"
+            assert "TASK_STATE_COMPLETED" in hand_over(tasktape.url, "What does J45.909 mean?")
+        """
+    )
+    upstreams.requests.clear()
+    given = (f"--tasktape-upstream={upstreams.agent}", f"--tasktape-upstream=llm={upstreams.llm}")
+    run(project, "--tasktape-record-mode=once", *given).assert_outcomes(passed=1)
+    assert upstreams.requests == ["POST /v1/chat/completions", "POST /message:stream"]
