@@ -213,7 +213,7 @@ def _report(streams: list[Stream], rejoins: Mapping[int, tuple[ResumeOutcome, in
         [
             _cut_short(s, streams, (rejoins or {}).get(s.exchange_id or -1))
             for s in streams
-            if s.is_sse and not s.complete
+            if s.is_sse and not s.complete and not _ended(s)
         ],
         sum(s.is_sse for s in streams),
         len(streams),
@@ -241,6 +241,13 @@ def _cut_short(stream: Stream, streams: list[Stream], rejoin: tuple[ResumeOutcom
     message += "; how it ends is unknown" if rejoin is None else f"; {_followed_again(*rejoin, streams)}"
     seq = stream.frames[-1].seq if stream.frames else None
     return Finding(CUT_SHORT_RULE, stream.task_id, stream.where, stream.exchange_id, seq, message)
+
+
+def _ended(stream: Stream) -> bool:
+    """Whether a stream that broke off had carried all it owed first, as its protocol
+    says (an MCP stream that carried its response)."""
+    protocol = by_name(stream.protocol)
+    return protocol is not None and protocol.ended(stream)
 
 
 def _state_note(stream: Stream) -> str | None:

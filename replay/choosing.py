@@ -10,7 +10,7 @@ import itertools
 from yarl import URL
 
 from tasktape.eventlog.jsonrpc_ids import NO_ID, rpc_id, same_id
-from tasktape.eventlog.protocols import by_name
+from tasktape.eventlog.protocols import Request, by_name
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.spans import StreamEvent, events_in
 from tasktape.proxy.card import is_card_request
@@ -67,6 +67,43 @@ class Recordings:
     def asked(self, index: int, otherwise: Incoming) -> Incoming:
         """The request recording ``index`` last answered from its start; ``otherwise`` if none."""
         return self._asked.get(index, otherwise)
+
+    def answering(self, index: int, incoming: Incoming, counted: bool) -> tuple[int, Incoming]:
+        """The recording whose request an answer from recording ``index`` to ``incoming``
+        answers, and the request of this run it answers there. A client repeating its
+        request gets its own JSON-RPC id; one resuming otherwise gets what the stream's
+        start got: a recorded resumption (MCP: a GET after a closed POST stream) what the
+        stream it resumes got, when that was served in this run."""
+        if rpc_id(incoming.body) is not NO_ID:
+            return index, incoming
+        origin = self.resumes(index)
+        if origin is not None and origin in self._asked:
+            return origin, self._asked[origin]
+        return index, incoming if counted else self.asked(index, incoming)
+
+    def resumes(self, index: int) -> int | None:
+        """The recorded stream a recorded resumption continues, through the resumptions
+        between (a GET resuming a GET that resumed a POST stream); None for any other."""
+        origin, seen = None, {index}
+        while (step := self._resumed(index, seen)) is not None:
+            seen.add(step)
+            origin = index = step
+        return origin
+
+    def _resumed(self, index: int, seen: set[int]) -> int | None:
+        """The recorded stream that sent the event recording ``index`` resumed after (its
+        Last-Event-ID): one of its route, or one its protocol lets it continue. None for a
+        request with a JSON-RPC id of its own (it answers that one)."""
+        recorded = self.recorded[index]
+        last_id = recorded.resumed_from
+        if not last_id or rpc_id(recorded.request_body) is not NO_ID:
+            return None
+        route = self._by_route.get((recorded.method, decoded_path(recorded.path)), [])
+        candidates = [*route, *self._resumable(recorded.as_request())]
+        return next(
+            (i for i in candidates if i not in seen and any(e.id == last_id for e in self.events_of(i))),
+            None,
+        )
 
     def events_of(self, index: int) -> list[StreamEvent]:
         if index not in self._events:
@@ -127,7 +164,7 @@ class Recordings:
             return again[0], True
         holding = [i for i in matching if self.recorded[i].is_sse and self._holds(i, last_id)]
         if not holding:
-            holding = [i for i in self._resumable(incoming) if self._holds(i, last_id)]
+            holding = [i for i in self._resumable(incoming.as_request()) if self._holds(i, last_id)]
         if holding:
             # Its rest goes to the client it was cut from: it stays for identical requests.
             index = self._served_stream(holding, incoming)
@@ -205,10 +242,9 @@ class Recordings:
             return fresh[0]
         return gets[-1] if gets else None
 
-    def _resumable(self, incoming: Incoming) -> list[int]:
+    def _resumable(self, resuming: Request) -> list[int]:
         """The recorded streams a request it does not match may continue, as their
         protocols say (MCP: a GET resuming a POST stream that broke)."""
-        resuming = incoming.as_request()
         out = []
         for i, r in enumerate(self.recorded):
             protocol = by_name(r.protocol)

@@ -26,11 +26,11 @@ from tasktape.eventlog.classify import Classification
 from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.protocols.base import StreamReader
 from tasktape.eventlog.recorded import Recorded
-from tasktape.eventlog.spans import events_in
+from tasktape.eventlog.spans import StreamEvent, events_in
 from tasktape.eventlog.uids import moment_ns
 
 from .matching import MatchRules
-from .pairing import IdMap, Run, ids_in, is_id, pair, runs
+from .pairing import IdMap, Run, ids_in, is_id, joined, pair, runs
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})  # HTTP's methods that only read
 
@@ -76,9 +76,10 @@ class Reading:
     ids: tuple[str, ...]
 
 
-def read(recorded: Recorded) -> Reading:
+def read(recorded: Recorded, resumptions: Sequence[Recorded] = ()) -> Reading:
     """An exchange as its protocol's reader and hooks read it (of no known protocol: its
-    events all ``other``, no text)."""
+    events all ``other``, no text), with the ``resumptions`` that carried the rest of its
+    stream (:func:`.pairing.joined`): one answer, however many requests it took."""
     protocol = protocol_of(recorded)
     if protocol is not None:  # recognised once, not on every comparison of its request
         recorded.protocol = protocol.name
@@ -102,8 +103,7 @@ def read(recorded: Recorded) -> Reading:
         ids_in(data, keys, ids)
 
     if recorded.is_sse:
-        # A tail cut off mid-event says nothing but where the break came: the outcome says that.
-        events = [e for e in events_in(recorded.chunks) if e.complete]
+        events = _stream_events([recorded, *resumptions])
         ttfe = events[0].offset_ns if events else ttfe
         for event in events:
             if event.id is not None and is_id(event.id):
@@ -119,6 +119,7 @@ def read(recorded: Recorded) -> Reading:
         counted = (("model", summary.model), ("input_tokens", summary.input_tokens))
         counted += (("output_tokens", summary.output_tokens),)
         usage = {k: v for k, v in counted if v is not None}
+    last = resumptions[-1] if resumptions else recorded
     request = recorded.as_request()
     operation = protocol.request_info(request).rpc_method if protocol is not None else None
     reads = recorded.method in SAFE_METHODS or operation in (protocol.read_operations if protocol else ())
@@ -128,7 +129,7 @@ def read(recorded: Recorded) -> Reading:
         operation,
         reads,
         recorded.status,
-        recorded.outcome,
+        last.outcome,  # how the answer's last part ended
         summary.finish,
         tuple(kinds),
         summary.answer or "",
@@ -137,9 +138,31 @@ def read(recorded: Recorded) -> Reading:
         tuple(artifacts),
         usage,
         ttfe,
-        recorded.duration_ns,
+        _duration(recorded, last),
         tuple(ids),
     )
+
+
+def _stream_events(parts: Sequence[Recorded]) -> list[StreamEvent]:
+    """The whole events of a stream and of its resumptions, each once (a resumption sends
+    again what came after its Last-Event-ID: an id already read is an event sent again). A
+    tail cut off mid-event says nothing but where the break came: the outcome says that."""
+    seen: set[str] = set()
+    events = []
+    for part in parts:
+        for event in events_in(part.chunks):
+            if event.complete and (event.id is None or event.id not in seen):
+                events.append(event)
+                seen.update([event.id] if event.id is not None else [])
+    return events
+
+
+def _duration(first: Recorded, last: Recorded) -> int | None:
+    """From the first request's start to the end of the last part of its answer; its own
+    duration when that is all there is, or the recordings do not say when each began."""
+    if last is first or not (first.started_at and last.started_at) or last.duration_ns is None:
+        return first.duration_ns
+    return moment_ns(last.started_at) - moment_ns(first.started_at) + last.duration_ns
 
 
 def _calls(tool_calls: str | None) -> tuple[str, ...]:
@@ -215,7 +238,9 @@ def diff_recordings(
     a: Sequence[Recorded], b: Sequence[Recorded], tolerance: Tolerance, rules: MatchRules
 ) -> Report:
     """The pairs of two recordings with their differences, and what is in one alone."""
-    a_runs, b_runs = (runs(map(read, in_time_order(side)), rules) for side in (a, b))
+    a_runs, b_runs = (
+        runs((read(first, rest) for first, *rest in joined(in_time_order(side))), rules) for side in (a, b)
+    )
     pairing = pair(a_runs, b_runs, rules)
     pairs = [Pair(x, y, compare(x.last, y.last, pairing.ids, tolerance)) for x, y in pairing.pairs]
     return Report(pairs, pairing.only_a, pairing.only_b)

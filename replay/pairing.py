@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tasktape.eventlog.classify import load_json
-from tasktape.eventlog.protocols import by_name
+from tasktape.eventlog.frames import protocol_of
+from tasktape.eventlog.protocols import Request, by_name
 from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.spans import events_in
 
 from .matching import Incoming, MatchRules, match_key, mismatches
 
@@ -119,13 +121,41 @@ def same_request(a: Recorded, b: Recorded, rules: MatchRules) -> bool:
     return not mismatches(_incoming(a), b, rules) or not mismatches(_incoming(b), a, rules)
 
 
+def joined(recorded: Sequence[Recorded]) -> list[list[Recorded]]:
+    """The exchanges, each stream with the resumptions that continue it (in order): a
+    request carrying the Last-Event-ID of an event the stream (or a resumption of it) sent,
+    that the stream's protocol lets continue it (MCP: a GET after a tool call's POST
+    stream the server closed), carries the rest of that stream's answer."""
+    if not any(r.as_request().header("Last-Event-ID") for r in recorded):
+        return [[r] for r in recorded]
+    groups: list[list[Recorded]] = []
+    sent_by: dict[str, list[Recorded]] = {}  # an event id: the group whose stream sent it
+    for r in recorded:
+        request = r.as_request()
+        group = sent_by.get(request.header("Last-Event-ID") or "")
+        if group is not None and _continues(request, group[0]):
+            group.append(r)
+        else:
+            group = [r]
+            groups.append(group)
+        if r.is_sse:
+            sent_by.update((e.id, group) for e in events_in(r.chunks) if e.id)
+    return groups
+
+
+def _continues(resuming: Request, stream: Recorded) -> bool:
+    protocol = protocol_of(stream)
+    return protocol is not None and protocol.resumable(resuming, stream.as_request())
+
+
 def runs(readings: Iterable[Reading], rules: MatchRules) -> list[Run]:
     """The exchanges in runs: a request that only reads joins the run of the last exchange
     with the same method, path and operation when it is identical to it (the exchanges of
     other requests in between, as concurrent clients interleave them, do not break a
     run). A request that makes something (a message, a tool call) is a run of its own,
     however often it was sent: each answer counts. So is a stream taken up again after
-    another event (its Last-Event-ID): MCP's GET stream and its resumption are two."""
+    another event (its Last-Event-ID) that is not joined to it (:func:`joined`): MCP's GET
+    stream and its resumption are two."""
     found: list[Run] = []
     last: dict[tuple[str, str | None, str, str | None], Run] = {}
     for reading in readings:

@@ -367,7 +367,7 @@ class ReplayServer:
             headers.popall("Content-Encoding", None)  # the recording holds the decoded body
         if not recorded.is_sse:
             # The length the GET's body goes out with (a card pointing here), as a HEAD says it.
-            chunks, _ = self._prepared(recorded, index, incoming, request)
+            chunks, _ = self._prepared(recorded, index, (recorded, incoming), request)
             headers["Content-Length"] = str(sum(len(data) for _, data in chunks))
         response = Relayed(status=recorded.status or 200, headers=headers)
         await response.prepare(request)
@@ -441,11 +441,10 @@ class ReplayServer:
             return self._unreadable(incoming, recorded)
         if counted:
             self.recordings.answered(index, incoming)
-        # A client repeating its request to resume gets its own JSON-RPC id; one resuming
-        # otherwise (MCP: a GET after a POST stream) the rewrites the stream's start got.
-        own = counted or rpc_id(incoming.body) is not NO_ID
-        asked = incoming if own else self.recordings.asked(index, incoming)
-        chunks, rewrites = self._prepared(recorded, index, asked, request)
+        # The ids of the request it answers in this run: the rewrites a stream's start got
+        # go with what resumes it too (MCP: a GET after a POST stream).
+        origin, asked = self.recordings.answering(index, incoming, counted)
+        chunks, rewrites = self._prepared(recorded, index, (self.recorded[origin], asked), request)
         # A recording that was cut short replays cut short, at the recorded moment.
         cut_ns = (recorded.duration_ns or 0) if recorded.cut_short else None
         end_ns = recorded.duration_ns
@@ -569,14 +568,21 @@ class ReplayServer:
         return response
 
     def _prepared(
-        self, recorded: Recorded, index: int, incoming: Incoming, request: web.Request
+        self,
+        recorded: Recorded,
+        index: int,
+        answering: tuple[Recorded, Incoming],
+        request: web.Request,
     ) -> tuple[Chunks, list[str]]:
-        """The recorded chunks as this request gets them: its JSON-RPC id, added SSE ids,
-        a card pointing here. Second: what changed, if anything."""
+        """The recorded chunks as this request gets them: the JSON-RPC id (and what else
+        its protocol rewrites) of the request they answer, ``answering``'s second where the
+        recording answered its first; added SSE ids; a card pointing here. Second: what
+        changed, if anything."""
         chunks = recorded.chunks
         edits, rewrites = [], []
         events = self.events_of(index) if recorded.is_sse else None
-        theirs, mine = rpc_id(recorded.request_body), rpc_id(incoming.body)
+        answered, incoming = answering
+        theirs, mine = rpc_id(answered.request_body), rpc_id(incoming.body)
         if theirs is not NO_ID and mine is not NO_ID and not same_id(mine, theirs):
             id_edits = jsonrpc_id_edits(chunks, events, theirs, mine)
             if id_edits:
@@ -584,9 +590,7 @@ class ReplayServer:
                 rewrites.append(f"the JSON-RPC id {json.dumps(theirs)} is {json.dumps(mine)}")
         protocol = by_name(recorded.protocol)
         if protocol is not None:
-            own = recorded.as_request()
-            asked = incoming.as_request()
-            more, said = protocol.answer_edits(own, asked, chunks, events)
+            more, said = protocol.answer_edits(answered.as_request(), incoming.as_request(), chunks, events)
             edits += more
             rewrites += said
         if self.add_ids and recorded.is_sse:
@@ -612,7 +616,9 @@ class ReplayServer:
             if event.id == last_id:
                 return after(chunks, event.end, event.offset_ns), event.offset_ns
         known = [e.id for e in events if e.id is not None]
-        if not known:
+        if not events:
+            hint = "the recorded stream carried no events"
+        elif not known:
             hint = "this stream was recorded without event ids: replay with add_ids (--add-ids) to resume it"
         else:
             hint = f"its event ids run from {known[0]!r} to {known[-1]!r}"

@@ -351,6 +351,50 @@ def test_a_cut_short_llm_stream_is_noted_in_its_protocols_words() -> None:
     ]
 
 
+def mcp_stream(
+    method: str, events: list[dict[str, Any]], outcome: str, last_event_id: str | None = None
+) -> Recorded:
+    """An MCP session's stream (a tool call's POST, or a GET resuming it) of these messages,
+    with event ids as an event store gives them."""
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "slow_count"}}
+    headers = [("Mcp-Session-Id", "s1"), *([("Last-Event-ID", last_event_id)] if last_event_id else [])]
+    chunks = [
+        (n * 1_000_000, f"id: {method}{n}\ndata: {json.dumps(e)}\n\n".encode()) for n, e in enumerate(events)
+    ]
+    return Recorded(
+        method=method,
+        path="/mcp",
+        request_headers=headers,
+        request_body=json.dumps(call).encode() if method == "POST" else None,
+        status=200,
+        is_sse=True,
+        chunks=chunks,
+        outcome=outcome,
+        origin=f"t.jsonl:{method}",
+    )
+
+
+def test_an_mcp_stream_that_carried_its_response_was_not_cut_short() -> None:
+    """mcp 1.x closes the GET resuming a tool call's stream once the response came: the
+    client left with nothing owed. One that left before it is noted in MCP's words."""
+
+    def progress(n: int) -> dict[str, Any]:
+        params = {"progressToken": 2, "progress": float(n), "total": 3.0, "message": f"counted {n} of 3"}
+        return {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+
+    answer = {"jsonrpc": "2.0", "id": 2, "result": {"content": [{"type": "text", "text": "counted to 3"}]}}
+    closed = mcp_stream("POST", [progress(1)], "complete")
+    resumed = mcp_stream("GET", [progress(2), progress(3), answer], "client_disconnected", "POST0")
+    report = report_recorded([closed, resumed])
+    assert (report.findings, report.cut_short) == ([], [])
+    left = mcp_stream("GET", [progress(2)], "client_disconnected", "POST0")
+    (note,) = report_recorded([closed, left]).cut_short
+    assert note.message == (
+        "broke off after 1 complete events, last progress 2 of 3 (client_disconnected); "
+        "how it ends is unknown"
+    )
+
+
 def test_a_stream_without_events_or_ending_on_an_error() -> None:
     empty = stream([])
     assert [(f.rule, f.message) for f in check_recorded([empty])] == [

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tasktape.eventlog.recorded import Recorded
-from tasktape.replay.diff import read
+from tasktape.replay.diff import Tolerance, diff_recordings, read
 from tasktape.replay.matching import MatchRules
 from tasktape.replay.pairing import Run, pair, runs, same_request
 
@@ -125,3 +125,54 @@ def test_requests_alike_only_under_the_other_side_s_protocol_still_pair() -> Non
     assert (a[0].first.protocol, b[0].first.protocol) == (None, "a2a")
     assert same_request(unclaimed, claimed, rules)
     assert len(pair(a, b, rules).pairs) == len(pair(b, a, rules).pairs) == 1
+
+
+def mcp_stream(
+    method: str,
+    messages: list[dict[str, Any]],
+    started_at: str,
+    *,
+    from_id: int = 0,
+    last_id: str | None = None,
+) -> Recorded:
+    """An MCP session's stream, an event every 150 ms from its start: a tool call's POST,
+    or (``last_id``) the GET resuming it; event ids as an event store numbers them."""
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow_count"}}
+    headers = [("Mcp-Session-Id", "s1"), *([("Last-Event-ID", last_id)] if last_id else [])]
+    chunks = [
+        ((n + 1) * 150_000_000, f"id: ev{from_id + n}\ndata: {json.dumps(m)}\n\n".encode())
+        for n, m in enumerate(messages)
+    ]
+    return Recorded(
+        method,
+        MCP,
+        None,
+        headers,
+        json.dumps(call).encode() if last_id is None else None,
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=chunks,
+        outcome="complete",
+        started_at=started_at,
+        duration_ns=len(messages) * 150_000_000,
+    )
+
+
+def test_a_stream_answered_on_the_get_that_resumed_it_is_one_answer() -> None:
+    """The same tool call recorded whole, and with its stream closed by the server after
+    the first progress and resumed with a GET: the same answer, nothing only in one."""
+    progress = [
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 7, "progress": n}}
+        for n in (1, 2, 3)
+    ]
+    answer = {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "counted to 3"}]}}
+    whole = [mcp_stream("POST", [*progress, answer], "2026-01-01T00:00:00Z")]
+    resumed = [
+        mcp_stream("POST", progress[:1], "2026-01-01T00:00:00Z"),
+        mcp_stream("GET", [*progress[1:], answer], "2026-01-01T00:00:00.150Z", from_id=1, last_id="ev0"),
+    ]
+    report = diff_recordings(whole, resumed, Tolerance(), MatchRules())
+    assert (report.only_a, report.only_b) == ([], [])
+    (pair,) = report.pairs
+    assert (pair.b.last.finish, pair.b.last.answer, pair.differences) == ("result", "counted to 3", [])

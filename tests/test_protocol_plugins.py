@@ -349,7 +349,12 @@ def test_a_guarded_plugin_keeps_its_settings_and_its_new_hooks_are_guarded(
         def answer_edits(self, recorded: Any, incoming: Any, chunks: Any, events: Any) -> Any:
             raise RuntimeError("boom in answer_edits")
 
+        def ended(self, stream: Any) -> bool:
+            return True
+
     guarded = Guarded(Polling())
+    # (ended: whether a stream that broke off had carried its answer; check notes no cut-short)
+    assert guarded.ended(None) is True
     # What it answers reaches replay through the guard (it was the base class's False).
     assert guarded.resumable(Request("GET", "/"), Request("POST", "/")) is True
     assert (guarded.resumes_streams, guarded.miss_status, guarded.read_operations) == (True, 409, {"poll"})

@@ -223,3 +223,91 @@ async def test_a_resume_after_a_stream_closed_early_without_its_rest_is_a_miss(
         "was not recorded"
     ]
     assert [m.request for m in replay.stats.missed] == ["GET /mcp"] and replay.stats.served == 1
+
+
+def counting(n: int, delay: float) -> Call:
+    """A slow_count call: its result and the progress messages its callback got."""
+
+    async def call(session: ClientSession) -> tuple[str, list[str | None]]:
+        progress: list[str | None] = []
+
+        async def seen(done: float, total: float | None, message: str | None) -> None:
+            progress.append(message)
+
+        result = await session.call_tool("slow_count", {"n": n, "delay": delay}, progress_callback=seen)
+        return result.content[0].text, progress  # type: ignore[union-attr]
+
+    return call
+
+
+async def together(url: str, first: Call, second: Call) -> list[Any]:
+    """Two calls under way at once in one session: the second sent once the first was."""
+
+    async def session() -> list[Any]:
+        async with streamable_http_client(url) as (read, write, _), ClientSession(read, write) as s:
+            await s.initialize()
+            started = asyncio.create_task(first(s))
+            await asyncio.sleep(0.05)
+            return [await second(s), await started]
+
+    return await asyncio.wait_for(session(), TIMEOUT)
+
+
+async def test_a_resumed_stream_answers_the_call_of_this_run(record: RecordFactory, serve: Serve) -> None:
+    """Two tool calls whose streams the server closes after their first progress, each
+    resumed with a GET; replayed in the other order, the ids and progress tokens swap: the
+    resuming GETs carry the ids this run gave, as the POSTs they resume do."""
+    three, two = counting(3, 0.15), counting(2, 0.1)
+    args = ("--event-store", "--retry-ms", "100", "--close-stream-after", "1")
+    with run_mcp_server(*args, sdk="1") as server:
+        rec = await record(server.url.removesuffix("/mcp"))
+        got_two, got_three = await together(f"{rec.url}/mcp", three, two)
+        (await rec.log()).close()  # every exchange committed
+    assert got_three == ("counted to 3", ["counted 1 of 3", "counted 2 of 3", "counted 3 of 3"])
+    assert got_two == ("counted to 2", ["counted 1 of 2", "counted 2 of 2"])
+    replay = ReplayServer(load([rec.db]), speed=1)
+    url = await serve(replay.app)
+    assert await together(f"{url}/mcp", two, three) == [got_three, got_two]
+    assert (replay.stats.missed, replay.stats.refused) == ([], [])
+    rewritten = [s for s in replay.report()["streams"] if s["method"] == "GET" and s["reasons"]]
+    assert len(rewritten) == 2
+    for stream in rewritten:
+        assert any(r.startswith("rewrite: the progress token") for r in stream["reasons"]), stream
+
+
+@pytest.mark.parametrize(
+    ("events", "said"),
+    [
+        (b"", "the recorded stream carried no events"),
+        (
+            b'data: {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n\n',
+            "this stream was recorded without event ids: replay with add_ids (--add-ids) to resume it",
+        ),
+    ],
+    ids=["no-events", "no-ids"],
+)
+async def test_a_refused_resume_of_the_get_stream_says_what_it_carried(
+    tmp_path: Path, serve: Serve, events: bytes, said: str
+) -> None:
+    """The session's GET stream, recorded until the client left: a Last-Event-ID it cannot
+    hold is refused saying why, no events at all being other than events without ids."""
+    standing = Recorded(
+        method="GET",
+        path="/mcp",
+        request_headers=[("Accept", "text/event-stream"), ("Mcp-Session-Id", "s1")],
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(0, events)] if events else [],
+        outcome="client_disconnected",
+    )
+    write_cassette(tmp_path / "c.jsonl", [standing])
+    replay = ReplayServer(load([tmp_path / "c.jsonl"]), speed=0)
+    url = await serve(replay.app)
+    headers = {"Mcp-Session-Id": "s1", "Accept": "text/event-stream", "Last-Event-ID": "nope"}
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/mcp", headers=headers) as r:
+        assert r.status == 400
+        message = (await r.json())["error"]["message"]
+    assert message == (
+        "Last-Event-ID 'nope' names no event of the recorded stream (GET /mcp, c.jsonl:2); " + said
+    )

@@ -293,6 +293,12 @@ class Protocol:
         state = last_state(stream)
         return f"the task last {short_state(state)}" if state else None
 
+    def ended(self, stream: Stream) -> bool:
+        """Whether a stream that broke off had carried all it owed its client first (its
+        answer): nothing was lost, so ``tasktape check`` notes no cut-short. By default
+        never: how it would have gone on is unknown."""
+        return False
+
     def closes(self, data: str, event_type: str | None) -> bool:
         """Whether this event is the one that closes its stream (what replay's
         ``no-final`` fault leaves out)."""

@@ -127,6 +127,9 @@ class Guarded(Protocol):
     def state_note(self, stream: Stream) -> str | None:
         return self.safely("state_note", None, lambda: self.inner.state_note(stream))
 
+    def ended(self, stream: Stream) -> bool:
+        return self.safely("ended", False, lambda: bool(self.inner.ended(stream)))
+
     def delta(self, c: Classification) -> str | None:
         return self.safely("delta", None, lambda: self.inner.delta(c))
 

@@ -34,6 +34,7 @@ from .base import (
     among,
     classified,
     json_text,
+    last_state,
     parsed,
     quoted,
 )
@@ -89,6 +90,7 @@ class MCPFinish(StrEnum):
 
 
 FAILED = frozenset({MCPFinish.TOOL_ERROR, MCPFinish.ERROR})
+ANSWERS = frozenset({MCPKind.RESPONSE, MCPKind.ERROR})  # the kinds of event that answer a request
 
 
 def message_kind(obj: Any) -> MCPKind:
@@ -235,6 +237,20 @@ class MCP(Protocol):
 
     def reader(self) -> MCPReader:
         return MCPReader()
+
+    def state_note(self, stream: Stream) -> str | None:
+        """``answered: result`` (or ``tool_error``, ``error``) once the response came, else
+        the last progress reported (``last progress 1 of 3``)."""
+        finish = last_state(stream)
+        if finish is not None:
+            return f"answered: {finish}"
+        progress = [m for f, m in _messages(stream) if _is_progress(m)]
+        return _progress_note(progress[-1].get("params")) if progress else None
+
+    def ended(self, stream: Stream) -> bool:
+        """A stream that carried the response owes nothing after it: a POST stream's
+        request is answered, and mcp 1.x closes a GET resuming one once the answer came."""
+        return any(f.complete and f.c.kind in ANSWERS for f in stream.frames)
 
     def ends_with_close(self, request: Request) -> bool:
         """A POST's stream ends with the answer to its request; the GET stream has no end."""
@@ -470,6 +486,26 @@ def _progress_token(body: Any) -> Any:
 
 def _is_progress(message: Any) -> bool:
     return isinstance(message, dict) and message.get("method") == PROGRESS
+
+
+def _progress_note(params: Any) -> str | None:
+    """``last progress 2 of 3`` (or ``last progress 2``, without a total) of a progress
+    notification's params; None when its progress is no number."""
+    done = params.get("progress") if isinstance(params, dict) else None
+    if not _is_number(done):
+        return None
+    total = params.get("total")
+    of = f" of {_number(total)}" if _is_number(total) else ""
+    return f"last progress {_number(done)}{of}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value: float) -> str:
+    """A number as a note says it: 2, not 2.0."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _without_progress(events: Sequence[StreamEvent], token: Any) -> tuple[list[Edit], list[str]]:
