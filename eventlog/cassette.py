@@ -29,13 +29,13 @@ from contextlib import nullcontext
 from datetime import UTC, datetime
 from functools import partial
 from http import HTTPStatus
-from pathlib import Path
+from pathlib import Path, PurePath
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
-from tasktape.errors import CassetteError
+from tasktape.errors import CassetteError, UsageError
 from tasktape.version import __version__
 
 from .file_kinds import FileKind, kind_of_bytes
@@ -565,6 +565,8 @@ def cassette_lines(
     reserved = [key for key in _RESERVED if key in header]
     if reserved:
         raise CassetteError(f"the header's {', '.join(reserved)} is the writer's to set, not given")
+    for key, value in header.items():
+        _check_json(value, f"the header's {key}")
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if carries_uids is None:
         recorded = list(recorded)
@@ -617,19 +619,56 @@ def cassette_lines(
         yield json.dumps({"end": end}, ensure_ascii=False)
 
 
+def _check_json(value: Any, what: str) -> None:
+    """A value written into a cassette as it is: one JSON has no form for (a datetime) is
+    a :class:`CassetteError` naming it."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:  # (ValueError: a list that holds itself)
+        raise CassetteError(f"{what} is written as JSON, which has no form for it: {exc}") from None
+
+
 def write_cassette(path: str | Path, recorded: Iterable[Recorded], **header: Any) -> None:
     """Write exchanges as a cassette (the header gets the version and ``header``), all at
     once: a reader never sees half a cassette. What it would not read back (a chunk before
-    the one it follows, a request without a method...) is a :class:`CassetteError`, and
-    nothing is written; so is a file that cannot be written. A symbolic link is written
-    through, to the file it names."""
+    the one it follows, a request without a method, a header value that is no JSON...) is
+    a :class:`CassetteError`, and nothing is written; so is a file that cannot be written.
+    ``recorded`` is a list of them: one ``Recorded`` alone is a usage error. A symbolic
+    link is written through, to the file it names."""
     target = Path(path)
-    text = "\n".join(cassette_lines(recorded, **header)) + "\n"
+    exchanges = _writable(recorded, target)
+    try:
+        text = "\n".join(cassette_lines(exchanges, **header)) + "\n"
+    except CassetteError as exc:
+        raise CassetteError(f"cannot write {target}: {exc}") from None
+    except (TypeError, ValueError, AttributeError) as exc:  # a field of a type it has no form for
+        raise CassetteError(
+            f"cannot write {target}: an exchange holds what a cassette cannot: {exc}"
+        ) from exc
     try:
         read_cassette(target, content=text.encode("utf-8"))
     except CassetteError as exc:
         raise CassetteError(f"cannot write {target}: it would not read back: {exc}") from None
     replace_with(target, [text])
+
+
+def _writable(recorded: Iterable[Recorded], target: Path) -> list[Recorded]:
+    """The exchanges to write, each a :class:`Recorded` whose headers and chunks have their
+    shapes (changed since it was made, they may not)."""
+    if isinstance(recorded, Recorded):
+        raise UsageError("write_cassette takes a list of Recorded exchanges, not one: write [recorded]")
+    if isinstance(recorded, str | bytes | PurePath) or not isinstance(recorded, Iterable):
+        raise UsageError(f"write_cassette takes a list of Recorded exchanges, not {type(recorded).__name__}")
+    exchanges = list(recorded)
+    for n, r in enumerate(exchanges, 1):
+        if not isinstance(r, Recorded):
+            raise UsageError(
+                f"write_cassette takes a list of Recorded exchanges: item {n} is {type(r).__name__}"
+            )
+        problem = r.misshapen()
+        if problem is not None:
+            raise CassetteError(f"cannot write {target}: exchange {n}: {problem}")
+    return exchanges
 
 
 def replace_with(target: Path, pieces: Iterable[str]) -> None:

@@ -15,6 +15,7 @@ from tasktape.choices import listed
 from tasktape.errors import UsageError
 
 from .frames import Problem, Rule, SseEvent, Stream, at_log_end, streams_of
+from .listed import listed_ids
 from .protocols import ProtocolName, by_name
 from .protocols import protocols as known_protocols
 from .reader import EventLog
@@ -94,8 +95,8 @@ def report_log(
     log: EventLog, exchange_ids: Iterable[int] | None = None, protocols: Collection[str] | None = None
 ) -> Report:
     """The full report on a log's exchanges: all of them, or those ids."""
-    _check_log_given(log, exchange_ids)
-    ids = [x["id"] for x in log.exchanges()] if exchange_ids is None else sorted(set(exchange_ids))
+    given = _check_log_given(log, exchange_ids)
+    ids = [x["id"] for x in log.exchanges()] if given is None else sorted(set(given))
     reconnects = log.reconnects_answered()
     checked = [i for i in ids if i not in reconnects]
     held = {i: events for i in checked if (events := _held_events(log, i)) is not None}
@@ -127,15 +128,15 @@ def _recorded_list(recorded: Iterable[Recorded]) -> list[Recorded]:
     return recorded
 
 
-def _check_log_given(log: EventLog, exchange_ids: Iterable[int] | None) -> None:
-    """A path where the ``EventLog`` goes, or one id where a list of them goes, is a usage
-    error saying what to pass."""
+def _check_log_given(log: EventLog, exchange_ids: Iterable[int] | None) -> list[int] | None:
+    """The exchange ids given, as a list (None: all). A path where the ``EventLog`` goes,
+    or ids in another shape than a list (one id, a string), is a usage error saying what
+    to pass."""
     if isinstance(log, str | Path):
         raise UsageError(f"the log to check is an EventLog, not a path: write EventLog({str(log)!r})")
     if not isinstance(log, EventLog):
         raise UsageError(f"the log to check is an EventLog, not {type(log).__name__}")
-    if isinstance(exchange_ids, int):
-        raise UsageError(f"exchange_ids is a list of exchange ids, not one: write [{exchange_ids}]")
+    return None if exchange_ids is None else listed_ids(exchange_ids, "exchange_ids")
 
 
 def _held_events(log: EventLog, exchange_id: int) -> list[SseEvent] | None:

@@ -3,7 +3,7 @@
 This runs for every recorded event, so it reads the decoded JSON directly instead of
 building the pydantic models; ``tests/test_classify.py`` holds the two to agreement.
 It never raises: content that is not an A2A frame is classified ``other`` (with a
-``parse_error`` when it is not even JSON).
+``parse_error`` when it is not even JSON, or no text at all).
 """
 
 from __future__ import annotations
@@ -68,22 +68,28 @@ def classify(data: str | bytes, *, bare_task: bool = False) -> Classification:
     """Classify one event's data (a REST frame, a JSON-RPC response, A2A 0.3, or anything).
 
     With ``bare_task``, an object that is a Task itself (``id`` and ``status``, as in the
-    body of a GetTask or CancelTask response) is a ``task`` too."""
-    if not data:
-        return _EMPTY
-    if not bare_task:
-        try:
-            frame = typed_frames.decode(data)
-        except (typed_frames.DecodeError, UnicodeEncodeError, RecursionError):
-            # Not an exact frame (or not JSON; or text holding a lone surrogate, which msgspec
-            # will not encode; or JSON nested deeper than it reads): the general path says
-            # what it is.
-            pass
-        else:
-            typed = _typed(frame)
-            if typed is not None:
-                return typed
-    return classify_json(data, bare_task=bare_task)
+    body of a GetTask or CancelTask response) is a ``task`` too. Data that is no text at
+    all (an int, a dict parsed already) is ``other`` too, its ``parse_error`` saying so."""
+    try:  # (costs nothing on the way through: what is no text is told apart only on failing)
+        if not data:
+            return _EMPTY
+        if not bare_task:
+            try:
+                frame = typed_frames.decode(data)
+            except (typed_frames.DecodeError, UnicodeEncodeError, RecursionError):
+                # Not an exact frame (or not JSON; or text holding a lone surrogate, which
+                # msgspec will not encode; or JSON nested deeper than it reads): the general
+                # path says what it is.
+                pass
+            else:
+                typed = _typed(frame)
+                if typed is not None:
+                    return typed
+        return classify_json(data, bare_task=bare_task)
+    except Exception:
+        if isinstance(data, str | bytes | bytearray | memoryview):
+            raise  # text: a fault of this reading, not of the data
+        return Classification("other", parse_error=f"not JSON text (str or bytes) but {type(data).__name__}")
 
 
 def classify_json(data: str | bytes, *, bare_task: bool = False) -> Classification:

@@ -18,6 +18,7 @@ from tasktape.errors import LogClosed, UnknownEventId, UnknownExchange
 
 from .a2a_terms import CARD_METHODS, CARD_PATHS
 from .file_kinds import unreadable
+from .listed import listed_ids
 from .resumes import ResumeOutcome, ResumeSide
 from .schema import ANSWERED_FROM_HELD, open_db
 
@@ -142,7 +143,8 @@ class EventLog:
         any of its events), and these exchanges; nothing named means all. With
         ``with_cards``, the last agent card read from the same host before the first of
         them comes too, so a client replaying them can start by reading it."""
-        tasks, contexts, chosen = listed(tasks, "tasks"), listed(contexts, "contexts"), set(exchanges)
+        tasks, contexts = listed(tasks, "tasks"), listed(contexts, "contexts")
+        chosen = set(listed_ids(exchanges, "exchanges"))
         if not (tasks or contexts or chosen):
             return [x["id"] for x in self.exchanges()]
         for column, values in (("task_id", tasks), ("context_id", contexts)):

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasktape.errors import UsageError
+
 from .content_coding import rest_undecoded
+from .listed import header_problem, listed_ids
 from .outcomes import Outcome
 
 if TYPE_CHECKING:
@@ -64,6 +67,22 @@ class Recorded:
     # written into the cassettes made of it, so that importing one where it is adds nothing.
     uid: str | None = None
 
+    def __post_init__(self) -> None:
+        # Made by hand, headers or chunks of another shape would fail far from here (served,
+        # checked, written) without a word of what to pass.
+        problem = self.misshapen()
+        if problem is not None:
+            raise UsageError(problem)
+
+    def misshapen(self) -> str | None:
+        """What keeps its headers and chunks from the shapes they have (None: nothing):
+        ``(name, value)`` pairs of strings, and ``(offset_ns, bytes)`` pairs."""
+        return (
+            header_problem(self.request_headers, "Recorded's request_headers")
+            or header_problem(self.response_headers, "Recorded's response_headers")
+            or _chunks_problem(self.chunks)
+        )
+
     @property
     def cut_short(self) -> bool:
         """Whether the response broke off mid-way (rather than ending or being refused)."""
@@ -93,6 +112,28 @@ class Recorded:
         from .protocols.base import Request  # noqa: PLC0415 - loaded with the protocols
 
         return Request(self.method, self.path, self.request_headers, self.request_body)
+
+
+def _chunks_problem(chunks: Any) -> str | None:
+    """What keeps ``chunks`` from being ``(offset_ns, bytes)`` pairs in a list or a tuple
+    (None: nothing)."""
+    if not isinstance(chunks, list | tuple):
+        return f"Recorded's chunks are a list of (offset_ns, bytes) pairs, not {type(chunks).__name__}"
+    for chunk in chunks:
+        if not (isinstance(chunk, tuple | list) and len(chunk) == 2 and _is_chunk(*chunk)):
+            hint = ": for text, give its bytes, 'text'.encode()" if _holds_text(chunk) else ""
+            return (
+                f"Recorded's chunks are (offset_ns, bytes) pairs, an int and bytes, not {chunk!r:.100}{hint}"
+            )
+    return None
+
+
+def _is_chunk(offset_ns: Any, data: Any) -> bool:
+    return isinstance(offset_ns, int) and not isinstance(offset_ns, bool) and isinstance(data, bytes)
+
+
+def _holds_text(chunk: Any) -> bool:
+    return isinstance(chunk, tuple | list) and any(isinstance(part, str) for part in chunk)
 
 
 def _bytes(value: Any) -> bytes | None:
@@ -130,39 +171,42 @@ def each_from_log(
 ) -> Iterator[Recorded]:
     """As :func:`from_log`, one at a time: an exchange's chunks are read as it is reached
     (an export of a log of gigabytes holds one exchange's at a time)."""
-    rows = log.exchanges() if exchange_ids is None else [log.exchange(i) for i in sorted(set(exchange_ids))]
+    if exchange_ids is None:
+        rows = log.exchanges()
+    else:
+        rows = [log.exchange(i) for i in sorted(set(listed_ids(exchange_ids, "exchange_ids")))]
     position = {x["id"]: n for n, x in enumerate(rows)}
     streams = log.reconnects_answered()
     for n, x in enumerate(rows):
         stream = position.get(streams.get(x["id"], -1))
-        yield (
-            Recorded(
-                method=x["method"],
-                path=x["path"],
-                query=x["query"],
-                request_headers=headers_from_json(x["request_headers"]),
-                request_body=_bytes(x["request_body"]),
-                request_body_truncated=bool(x["request_body_truncated"]),
-                status=x["status"],
-                response_headers=headers_from_json(x["response_headers"]),
-                is_sse=bool(x["is_sse"]),
-                ttfb_ns=x["ttfb_ns"] or 0,
-                chunks=[]
-                if x["id"] in unread
-                else [(c["offset_ns"], bytes(c["data"])) for c in log.chunks(x["id"])],
-                decoded_from=x["body_encoding"],
-                response_body_truncated=bool(x["response_body_truncated"]),
-                duration_ns=x["duration_ns"],
-                outcome=x["outcome"],
-                error=x["error"],
-                started_at=x["started_at"],
-                origin=f"{log.path.name} exchange {x['id']}",
-                task_id=x["task_id"],
-                context_id=x["context_id"],
-                binding=x["binding"],
-                rpc_method=x["rpc_method"],
-                protocol=x["protocol"],
-                reconnect_of=None if stream is None else stream - n,
-                uid=x["uid"],
-            )
+        recorded = Recorded(
+            method=x["method"],
+            path=x["path"],
+            query=x["query"],
+            request_headers=headers_from_json(x["request_headers"]),
+            request_body=_bytes(x["request_body"]),
+            request_body_truncated=bool(x["request_body_truncated"]),
+            status=x["status"],
+            response_headers=headers_from_json(x["response_headers"]),
+            is_sse=bool(x["is_sse"]),
+            ttfb_ns=x["ttfb_ns"] or 0,
+            decoded_from=x["body_encoding"],
+            response_body_truncated=bool(x["response_body_truncated"]),
+            duration_ns=x["duration_ns"],
+            outcome=x["outcome"],
+            error=x["error"],
+            started_at=x["started_at"],
+            origin=f"{log.path.name} exchange {x['id']}",
+            task_id=x["task_id"],
+            context_id=x["context_id"],
+            binding=x["binding"],
+            rpc_method=x["rpc_method"],
+            protocol=x["protocol"],
+            reconnect_of=None if stream is None else stream - n,
+            uid=x["uid"],
         )
+        if x["id"] not in unread:
+            # Given once it is made: offsets and bytes as the log holds them need no look
+            # (one at each of an exchange's thousands of chunks would slow reading it).
+            recorded.chunks = [(c["offset_ns"], bytes(c["data"])) for c in log.chunks(x["id"])]
+        yield recorded

@@ -36,6 +36,8 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 from tasktape.choices import listed
 from tasktape.errors import UsageError
 
+from .listed import header_problem, headers_listed
+
 REDACTED = "[REDACTED]"
 DEFAULT_HEADERS = (
     "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key",
@@ -88,12 +90,21 @@ class Redactor:
     def header_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         """Credential headers redacted whole; headers that hold URLs (``Referer``,
         ``Location``, ``Content-Location``, ``Link``) keep them, with their query strings
-        redacted. (Most headers are none of those: taken as they are.)"""
+        redacted. (Most headers are none of those: taken as they are.) Headers of another
+        shape (a dict, names that are no text) are a :class:`UsageError` saying what to pass."""
+        if type(pairs) is not list:  # (the writers' are lists: they take no look)
+            pairs = headers_listed(pairs, "the headers")
         changed = self.changed_headers
-        return [
-            (k, v) if (name := k.lower()) not in changed else (k, self.header_value(name, v))
-            for k, v in pairs
-        ]
+        try:
+            return [
+                (k, v) if (name := k.lower()) not in changed else (k, self.header_value(name, v))
+                for k, v in pairs
+            ]
+        except (ValueError, TypeError, AttributeError):
+            problem = header_problem(pairs, "the headers")
+            if problem is None:
+                raise  # pairs of strings: a fault of this reading, not of the headers
+            raise UsageError(problem) from None
 
     def header_value(self, name: str, value: str) -> str:
         """A header's value as ``header_pairs`` has it (``name`` in lower case)."""

@@ -13,9 +13,12 @@ from operator import add, itemgetter
 
 import msgspec
 
-from tasktape.errors import DecoderClosed
+from tasktape.errors import DecoderClosed, UsageError
 
 _BOM = b"\xef\xbb\xbf"
+# (Looked for with bytes.startswith, which text and a memoryview have not alike: they fail
+# here, before the decoder changes, and feed says what to give it.)
+_BOM_FIRST = _BOM[:1]
 _LF = 0x0A
 _CR = 0x0D
 _COLON = 0x3A
@@ -105,35 +108,46 @@ class SSEDecoder:
         self.as_written = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """Decode one more chunk; return the events whose blank line it completed."""
-        self.as_written = False
-        if self._at_start and chunk and chunk[0] != _BOM[0] and not (self._buf or self._closed):
-            # No byte-order mark: the stream begins between events, as after one.
-            self._at_start = False
-            self._between = True
-        if self._between:
-            if len(chunk) <= _ONE_BYTES and type(chunk) is bytes:
-                event = self._one(chunk)
-                if event is not None:
-                    self.as_written = True
-                    return [event]
-            events = self._from_between(chunk)
-            if events is not None:
-                return events
-        elif not (self._at_start or self._closed):
-            # Inside an event: its lines up to the first blank line, then (usually) whole events.
-            end = _first_block_end(chunk)
-            if 0 < end < len(chunk):
-                events = self._feed_lines(chunk[:end])
-                rest = chunk[end:]
-                more = self._from_between(rest) if self._between else None
-                self.as_written = False  # (events before them)
-                return events + (self._feed_lines(rest) if more is None else more)
-        if self._skip_lf or self._at_start or self._closed or _LF in chunk or _CR in chunk:
-            return self._feed_lines(chunk)
-        self._buf += chunk  # still inside one line: nothing to parse yet
-        self._between = False
-        return []
+        """Decode one more chunk; return the events whose blank line it completed. A chunk
+        that is not bytes (text, say) is a :class:`UsageError`, and nothing of it is read."""
+        try:  # (costs nothing on the way through: a chunk is looked at only on failing)
+            self.as_written = False
+            if (
+                self._at_start
+                and chunk
+                and not chunk.startswith(_BOM_FIRST)
+                and not (self._buf or self._closed)
+            ):
+                # No byte-order mark: the stream begins between events, as after one.
+                self._at_start = False
+                self._between = True
+            if self._between:
+                if len(chunk) <= _ONE_BYTES and type(chunk) is bytes:
+                    event = self._one(chunk)
+                    if event is not None:
+                        self.as_written = True
+                        return [event]
+                events = self._from_between(chunk)
+                if events is not None:
+                    return events
+            elif not (self._at_start or self._closed):
+                # Inside an event: its lines up to the first blank line, then (usually) whole events.
+                end = _first_block_end(chunk)
+                if 0 < end < len(chunk):
+                    events = self._feed_lines(chunk[:end])
+                    rest = chunk[end:]
+                    more = self._from_between(rest) if self._between else None
+                    self.as_written = False  # (events before them)
+                    return events + (self._feed_lines(rest) if more is None else more)
+            if self._skip_lf or self._at_start or self._closed or _LF in chunk or _CR in chunk:
+                return self._feed_lines(chunk)
+            self._buf += chunk  # still inside one line: nothing to parse yet
+            self._between = False
+            return []
+        except (TypeError, AttributeError):
+            if isinstance(chunk, bytes | bytearray):
+                raise  # bytes: a fault of this decoder, not of the chunk
+            raise _not_bytes(chunk) from None
 
     def _from_between(self, chunk: bytes) -> list[SSEEvent] | None:
         """A chunk that begins between events: whole events, then perhaps the start of the
@@ -453,6 +467,12 @@ def written(data: str, ident: str | None, event: str | None, crlf: bool) -> byte
     eol = "\r\n" if crlf else "\n"
     head = ("" if ident is None else f"id: {ident}{eol}") + ("" if event is None else f"event: {event}{eol}")
     return f"{head}data: {data}{eol}{eol}".encode()
+
+
+def _not_bytes(chunk: object) -> UsageError:
+    """The error of a chunk fed that is no bytes, saying what to feed."""
+    how = {str: ": feed(text.encode())", memoryview: ": feed(bytes(chunk))"}.get(type(chunk), "")
+    return UsageError(f"SSEDecoder.feed takes bytes, as received, not {type(chunk).__name__}{how}")
 
 
 def _first_block_end(chunk: bytes) -> int:

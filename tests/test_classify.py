@@ -233,6 +233,21 @@ def test_classify_never_raises_on_any_text(text: str) -> None:
     assert classify(text).kind in {"task", "message", "statusUpdate", "artifactUpdate", "error", "other"}
 
 
+@pytest.mark.parametrize(
+    "data",
+    [5, 2.5, True, {"task": {"id": "t1"}}, ["data"], object()],
+    ids=["int", "float", "bool", "dict", "list", "object"],
+)
+def test_classify_never_raises_on_what_is_no_text(data: object) -> None:
+    """classify(5) and classify({...}) raised TypeError (a bytes-like object is required)."""
+    c = classify(data)  # type: ignore[arg-type]
+    assert (c.kind, c.task_id, c.parse_error) == (
+        "other",
+        None,
+        f"not JSON text (str or bytes) but {type(data).__name__}",
+    )
+
+
 def _from_model(data: str) -> tuple:
     parsed = parse_stream_response(data)
     binding = "jsonrpc" if isinstance(parsed, JsonRpcResponse) else "rest"

@@ -6,6 +6,7 @@ tree, or does what was meant."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -160,3 +161,100 @@ def test_the_checker_given_a_path_or_one_exchange_says_what_to_pass(tmp_path: Pa
     with pytest.raises(tasktape.UsageError, match=r"the exchanges to check are Recorded .*, not str"):
         tasktape.check_recorded("completed.jsonl")  # type: ignore[arg-type]
     assert tasktape.check_recorded(recorded) == []
+
+
+def twelve_exchanges(db: Path) -> None:
+    """A log of twelve exchanges, /p1 to /p12."""
+    with tasktape.LogWriter(db) as writer:
+        capture = writer.begin_capture(source="record")
+        for n in range(1, 13):
+            exchange = writer.begin_exchange(capture, method="GET", path=f"/p{n}")
+            writer.response_head(exchange, status=200, headers=[], is_sse=False, ttfb_ns=1)
+            writer.chunk(exchange, 1, b"x")
+            writer.end_exchange(exchange, duration_ns=2)
+
+
+def test_exchange_ids_given_as_one_id_or_text_are_refused_saying_how(tmp_path: Path) -> None:
+    """read_log(db, exchange_ids="12") returned exchanges 1 and 2, select(exchanges="12")
+    the strings '1' and '2'; one int alone, or a str among ints, raised TypeError."""
+    db = tmp_path / "twelve.db"
+    twelve_exchanges(db)
+    for given in ("12", b"12", 12):
+        with pytest.raises(
+            tasktape.UsageError, match=r"^exchange_ids is a list of exchange ids, not one.*: write \[12\]$"
+        ):
+            tasktape.read_log(db, exchange_ids=given)  # type: ignore[arg-type]
+    with pytest.raises(tasktape.UsageError, match="whole numbers such as 12: not True"):
+        tasktape.read_log(db, exchange_ids=[True])
+    assert [r.path for r in tasktape.read_log(db, exchange_ids=[12])] == ["/p12"]
+    with tasktape.EventLog(db) as log:
+        with pytest.raises(
+            tasktape.UsageError, match=r"^exchanges is a list of exchange ids, not one string: write \[12\]$"
+        ):
+            log.select(exchanges="12")  # type: ignore[arg-type]
+        with pytest.raises(
+            tasktape.UsageError,
+            match=r"^exchanges is a list of exchange ids, whole numbers such as 12: not '2'$",
+        ):
+            log.select(exchanges=[1, "2"])  # type: ignore[list-item]
+        assert log.select(exchanges=[12], with_cards=False) == [12]
+        # (check_log read "12" as the exchanges 1 and 2)
+        with pytest.raises(
+            tasktape.UsageError, match=r"^exchange_ids is a list .*, not one string: write \[12\]$"
+        ):
+            tasktape.check_log(log, "12")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (
+            {"chunks": [(0, "text")]},
+            "chunks are (offset_ns, bytes) pairs, an int and bytes, not (0, 'text'): for text",
+        ),
+        ({"chunks": [(0.5, b"x")]}, "chunks are (offset_ns, bytes) pairs, an int and bytes, not (0.5, b'x')"),
+        ({"chunks": b"ok"}, "chunks are a list of (offset_ns, bytes) pairs, not bytes"),
+        (
+            {"response_headers": {"Content-Type": "text/plain"}},
+            "response_headers are a list of (name, value) pairs, not dict: pass list(headers.items())",
+        ),
+        (
+            {"request_headers": [("Accept",)]},
+            "request_headers are (name, value) pairs of strings, not ('Accept',)",
+        ),
+    ],
+    ids=["text chunk", "float offset", "bytes for chunks", "dict of headers", "header without value"],
+)
+def test_a_recorded_exchange_made_in_another_shape_says_what_to_pass(
+    given: dict[str, object], said: str
+) -> None:
+    """Made by hand so, it was taken: then its body raised TypeError, serving it ValueError
+    (not enough values to unpack), far from where it was made."""
+    with pytest.raises(tasktape.UsageError, match=re.escape(f"Recorded's {said}")):
+        tasktape.Recorded(method="GET", path="/", status=200, **given)  # type: ignore[arg-type]
+
+
+def test_write_cassette_given_one_exchange_or_what_json_cannot_hold_says_so(tmp_path: Path) -> None:
+    """One Recorded raised TypeError ('Recorded' object is not iterable), a datetime in the
+    header TypeError (not JSON serializable), a text chunk added after it was made
+    AttributeError; none wrote anything, and none now does."""
+    target = tmp_path / "c.jsonl"
+    answer = tasktape.Recorded(method="GET", path="/health", status=200, chunks=[(0, b"ok")])
+    with pytest.raises(tasktape.UsageError, match=re.escape("not one: write [recorded]")):
+        tasktape.write_cassette(target, answer)  # type: ignore[arg-type]
+    with pytest.raises(tasktape.UsageError, match="takes a list of Recorded exchanges, not str"):
+        tasktape.write_cassette(target, "answer.jsonl")  # type: ignore[arg-type]
+    with pytest.raises(
+        tasktape.CassetteError,
+        match=f"cannot write {target}: the header's made is written as JSON, which has no form .*datetime",
+    ):
+        tasktape.write_cassette(target, [answer], made=datetime.now(UTC))
+    added = tasktape.Recorded(method="GET", path="/later", status=200)
+    added.chunks.append((0, "text"))  # type: ignore[arg-type]
+    with pytest.raises(
+        tasktape.CassetteError, match=re.escape(f"cannot write {target}: exchange 2: Recorded's chunks are")
+    ):
+        tasktape.write_cassette(target, [answer, added])
+    assert not target.exists()
+    tasktape.write_cassette(target, [answer], made=datetime.now(UTC).isoformat())
+    assert tasktape.read_cassette(target)[0].body == b"ok"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import sys
 import zlib
 from itertools import pairwise
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from conftest import RecordFactory, Recording, Serve
 
 from tasktape.cli import main
+from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.redact import REDACTED, UNREADABLE, Redactor, parse_pointer
 from tasktape.proxy.recorder import Refusal
@@ -41,6 +43,29 @@ def test_headers_by_name_case_insensitive() -> None:
         ("A2A-Version", "1.0"),
     ]
     assert Redactor(defaults=False).header_pairs([("Authorization", "x")]) == [("Authorization", "x")]
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        (
+            {"Authorization": "Bearer x"},
+            "a list of (name, value) pairs, not dict: pass list(headers.items())",
+        ),
+        ({"TE": "gzip"}, "a list of (name, value) pairs, not dict: pass list(headers.items())"),
+        ("Authorization", "a list of (name, value) pairs, not str"),
+        ([("Authorization",)], "(name, value) pairs of strings, not ('Authorization',)"),
+        ([("Referer", None)], "(name, value) pairs of strings, not ('Referer', None)"),
+    ],
+    ids=["dict", "dict of two-letter names", "one name", "a name alone", "no value"],
+)
+def test_headers_not_given_as_pairs_say_what_to_pass(headers: object, said: str) -> None:
+    """A dict raised ValueError (too many values to unpack), or, its names two letters
+    long, was read as pairs of their letters, without a word."""
+    with pytest.raises(UsageError, match=re.escape(f"the headers are {said}")):
+        Redactor().header_pairs(headers)  # type: ignore[arg-type]
+    pairs = (("Authorization", "Bearer x"), ("Accept", "*/*"))  # a tuple, or any iterable, will do
+    assert Redactor().header_pairs(iter(pairs)) == [("Authorization", REDACTED), ("Accept", "*/*")]
 
 
 def test_query_parameters_by_name_the_rest_byte_for_byte() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tasktape.errors import DecoderClosed
+from tasktape.errors import DecoderClosed, UsageError
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.sse import written
 
@@ -232,6 +232,31 @@ def test_close_returns_the_unterminated_tail() -> None:
     with pytest.raises(DecoderClosed):
         dec.feed(b"more")
     assert dec.close() == []
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "data"),
+    [
+        (b"", b"\xef\xbb\xbfdata: b\n\n", ["b"]),
+        (b"data: a", b"\n\n", ["a"]),
+        (b"data: a\n\n", b"data: b\n\n", ["a", "b"]),
+    ],
+    ids=["at the start", "in an event", "between events"],
+)
+def test_text_fed_is_refused_and_leaves_the_stream_as_it_was(
+    before: bytes, after: bytes, data: list[str]
+) -> None:
+    """A str raised TypeError (string argument without an encoding), and, at the start,
+    left the decoder past the byte-order mark it would have dropped."""
+    dec = SSEDecoder()
+    events = dec.feed(before)
+    said = "SSEDecoder.feed takes bytes, as received, not str: feed(text.encode())"
+    with pytest.raises(UsageError, match=re.escape(said)):
+        dec.feed("data: b\n\n")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"SSEDecoder.feed takes bytes, as received, not int$"):
+        dec.feed(5)  # type: ignore[arg-type]
+    events += dec.feed(after)
+    assert [e.data for e in events] == data
 
 
 def test_replacement_of_invalid_utf8() -> None:
