@@ -27,7 +27,7 @@ from tasktape.eventlog.frames import protocol_of
 from tasktape.eventlog.http_fields import field_problem
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.outcomes import Outcome
-from tasktape.eventlog.producer import NullWriter
+from tasktape.eventlog.producer import NullWriter, check_bound, check_options
 from tasktape.eventlog.protocols import ProtocolName, by_name, protocols
 from tasktape.eventlog.recorded import Recorded, read_log
 from tasktape.eventlog.redact import Redactor
@@ -127,7 +127,10 @@ class ReplayServer:
             raise UsageError(f"mode {mode.value} sends requests to an upstream: give one")
         if mode is ReplayMode.RECORD_MISSING and (writer is None or log_path is None):
             raise UsageError("mode record-missing records into a log: give its writer and path")
-        given = [Faults.checked(f) for f in ([faults] if isinstance(faults, Faults | str) else faults or ())]
+        recorded = settings.recordings(recorded)
+        check_bound("header_timeout", header_timeout, whole=False, least=0)
+        check_options(redactor, None)
+        given = [Faults.checked(f) for f in settings.fault_specs(faults)]
         if mode is ReplayMode.PASSTHROUGH and any(given):
             raise UsageError(NOTHING_REPLAYED)
         self.speed = settings.speed(speed)

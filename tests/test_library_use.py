@@ -258,3 +258,26 @@ def test_write_cassette_given_one_exchange_or_what_json_cannot_hold_says_so(tmp_
     assert not target.exists()
     tasktape.write_cassette(target, [answer], made=datetime.now(UTC).isoformat())
     assert tasktape.read_cassette(target)[0].body == b"ok"
+
+
+def test_a_replay_server_given_paths_or_values_of_another_kind_says_what_to_pass() -> None:
+    """ReplayServer("answer.jsonl") was an AttributeError far inside it, faults=3 a
+    TypeError, redactor=["X"] an AttributeError; header_timeout="5" was taken, and every
+    connection then failed in aiohttp."""
+    recorded = tasktape.read_cassette(ROOT / "cassettes" / "completed.jsonl")
+    for given, said in (
+        ("answer.jsonl", "not 'answer.jsonl': load them first, load([path])"),
+        (["answer.jsonl"], "not paths such as 'answer.jsonl': load them first, load(paths)"),
+        (recorded[0], "not one alone: write [recorded]"),
+        ([1], "not int"),
+    ):
+        with pytest.raises(tasktape.UsageError, match=re.escape(said)):
+            tasktape.ReplayServer(given)  # type: ignore[arg-type]
+    for options, said in (
+        ({"faults": 3}, "faults are a Faults, a spec such as 'drop-after=3', or a list of them, not 3"),
+        ({"redactor": ["X"]}, "redactor must be a tasktape Redactor"),
+        ({"header_timeout": "5"}, "header_timeout"),
+    ):
+        with pytest.raises(tasktape.UsageError, match=re.escape(said)):
+            tasktape.ReplayServer(recorded, **options)  # type: ignore[arg-type]
+    assert tasktape.ReplayServer(tuple(recorded), faults="drop-after=3").armed
