@@ -38,6 +38,7 @@ from pathlib import Path
 
 from tasktape.fleet.collector import Sink
 from tasktape.fleet.names import STREAM
+from tasktape.fleet.shipper import Cursor, saved_cursor
 from tasktape.fleet.sqlite_sink import Applied
 from tasktape.fleet.wire import Rows, Table
 
@@ -57,7 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from nats_servers import NATS_SERVER, NatsCluster
 
 BENCH = "import sys; from benchmarks.fleet_bench import {0}; {0}(*sys.argv[1:])"
-SINK = f"nats:{STREAM}"  # the shipper's row in a log's shipments table
 RECORDERS = 3
 RUNS = 15  # the rounds' ratios spread by ±0.1: fifteen, their CPU pooled
 AIM = 1.10  # shipping costs at most this much CPU per event
@@ -154,12 +154,18 @@ class _Result:
 # -- waiting for the fleet ---------------------------------------------------------------------
 
 
+def shipped(conn: sqlite3.Connection) -> Cursor:
+    """How far the log's shipper has shipped it (nothing yet: a cursor at the start)."""
+    saved = saved_cursor(conn)
+    return Cursor() if saved is None else saved[0]
+
+
 def unshipped(db: Path) -> int:
     """Rows committed to a log and not yet acknowledged by JetStream."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        row = conn.execute(f"SELECT {', '.join(Table)} FROM shipments WHERE sink = ?", (SINK,)).fetchone()
+        cursor = shipped(conn)
         ends = [conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0] for t in Table]
-    return sum(ends) - sum(row or [0] * len(ends))
+    return sum(ends) - sum(getattr(cursor, t) for t in Table)
 
 
 def wait_shipped(db: Path, timeout: float = 300.0) -> None:
@@ -415,9 +421,9 @@ def _drain(tmp: Path, url: str, servers: list[str], sinks: dict[str, str], logs:
     rows = events = 0
     for db in logs:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            shipped = conn.execute("SELECT rows FROM shipments WHERE sink = ?", (SINK,)).fetchone()
-            if shipped:
-                rows += shipped[0]
+            cursor = shipped(conn)
+            if cursor.rows:
+                rows += cursor.rows
                 events += conn.execute("SELECT count(*) FROM events").fetchone()[0]
     section = Section(
         f"Fleet: one collector drains a backlog of {messages:,} messages ({rows:,} rows, "

@@ -1,6 +1,6 @@
 """Throughput when tasktape record's log writer has a CPU of its own: the traffic (client,
-agent and every proxy process) is confined to one CPU, the recorder's log writer process
-to another.
+agent and every proxy process) is confined to one CPU, the log writer process of every
+recording path to another.
 
 On shared CPUs (the scaling suite) the writer's work competes with the load generator for
 the same two CPUs; here every path gets the same CPU for its traffic, as on a machine with a
@@ -56,17 +56,19 @@ def run(quick: bool) -> list[Section]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         variants = start_variants(stack, tmp, start_upstream(stack), control=True, mitm=False)
         del variants["direct"]  # no proxy: nothing to compare on the traffic's CPU
+        recording = {name: v for name, v in variants.items() if v.db and v.pid}
+        for v in recording.values():
+            for pid in children(v.pid):  # its log writer process
+                os.sched_setaffinity(pid, {writer_cpu})
         record = variants[RECORD]
-        assert record.pid is not None and record.db is not None
-        for pid in children(record.pid):  # its log writer process
-            os.sched_setaffinity(pid, {writer_cpu})
         logged = warm_up(variants)
         for shape in shapes:
-            # The writer catches up on its own CPU while the other paths run: the log is
-            # waited for once the shape's rounds end, and what it spent counted then.
+            # The writers catch up on their CPU while the other paths run: every log is
+            # waited for once the shape's rounds end, and what record's writer spent counted then.
             before = logged[RECORD], process_cpu(record.pid)[1]
             by_path, cpu = measure(variants, shape, rounds, logged, SECONDS, catch_up=False)
-            logged_events(record.db, logged[RECORD], timeout=CATCH_UP)
+            for name, v in recording.items():
+                logged_events(v.db, logged[name], timeout=CATCH_UP)
             writer.append((process_cpu(record.pid)[1] - before[1]) / (logged[RECORD] - before[0]) * 1e6)
             for name, samples in by_path.items():
                 rates.setdefault(name, {})[shape] = samples
@@ -82,9 +84,9 @@ def run(quick: bool) -> list[Section]:
         f"events/s the clients received (streams x events per stream), the median of {rounds} rounds of "
         f"at least {SECONDS} s each; in brackets, the median of each round's ratio to the bare "
         "pass-through, then the middle half of those ratios (first to third quartile). The client, the "
-        f"agent and each proxy process run on CPU {traffic}; tasktape record's log writer process alone "
-        f"on CPU {writer_cpu}, where it catches up while the other paths run; after each shape, the log "
-        "held every event. The control's single rounds ranged "
+        f"agent and each proxy process run on CPU {traffic}; the log writer processes of "
+        f"{' and of '.join(recording)} on CPU {writer_cpu}, where they catch up while the other paths "
+        "run; after each shape, every log held every event. The control's single rounds ranged "
         f"{min(spread):.2f}x-{max(spread):.2f}x of the bare pass-through."
     )
     section.notes.append(

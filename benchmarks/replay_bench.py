@@ -128,18 +128,23 @@ def run(quick: bool) -> list[Section]:
         write_cassette(paced, [stream(n_paced, gap_ms)])
         port = free_port()
         with replay(paced, port, 1.0):
+            # The server's first answer pays for its cold start (code paths, the cassette's
+            # pages): a warm-up request, so that pacing is measured on a served stream.
+            asyncio.run(arrivals(f"http://127.0.0.1:{port}"))
             times = asyncio.run(arrivals(f"http://127.0.0.1:{port}"))
         recorded = [(i + 1) * gap_ms / 1000 for i in range(n_paced)]
         errors = [((t - times[0]) - (r - recorded[0])) * 1000 for t, r in zip(times, recorded, strict=True)]
         p50, p99, worst = percentiles([abs(e) for e in errors])
         pacing = Section(
             f"Replay pacing: one stream of {n_paced:,} events {gap_ms:g} ms apart, at speed 1",
-            ["pacing error p50 ms", "p99 ms", "max ms", "drift at the last event ms"],
+            ["pacing error p50 ms", "p99 ms", "max ms", "drift at the last event ms", "first event late ms"],
         )
-        pacing.add(p50, p99, worst, f"{errors[-1]:+.3f}")
+        pacing.add(p50, p99, worst, f"{errors[-1]:+.3f}", f"{(times[0] - recorded[0]) * 1000:+.3f}")
         pacing.notes.append(
             "Error: how far each event arrived from its recorded moment, both counted from the "
-            "first event (the client is another process on loopback)."
+            "first event (the client is another process on loopback), on the second request to the "
+            "server (the first warms it up). First event late: from the request sent to the first "
+            "event received, over its recorded moment."
         )
         sections.append(pacing)
 

@@ -119,6 +119,23 @@ def _slices(ids: list[int], size: int = 500) -> Iterator[list[int]]:
         yield ids[at : at + size]
 
 
+# A destination's row in shipments: its name, then the stream's identity after a space (no
+# stream name holds one); a log shipped before streams were told apart has none.
+_CURSOR_ROWS = "(sink = ? OR sink LIKE ? || ' %')"
+
+
+def saved_cursor(conn: sqlite3.Connection, sink: str = f"nats:{STREAM}") -> tuple[Cursor, str | None] | None:
+    """The cursor saved in a log's ``shipments`` table for the destination ``sink`` (by
+    default the one ``tasktape record --ship`` ships to), and the identity of the stream it
+    is of (None: shipped before streams were told apart); None when nothing was saved."""
+    row = conn.execute(
+        f"SELECT sink, {', '.join(Cursor.COLUMNS)} FROM shipments WHERE {_CURSOR_ROWS}"
+        " ORDER BY shipped_at DESC LIMIT 1",
+        (sink, sink),
+    ).fetchone()
+    return None if row is None else (Cursor(*row[1:]), row[0][len(sink) + 1 :] or None)
+
+
 def stream_identity(info: Any) -> str:
     """What tells a stream from another of its name (a JetStream ``StreamInfo``): when it
     was made, and in which cluster."""
@@ -234,20 +251,12 @@ class Shipper:
         self._open = set(range(cursor.open_from, cursor.exchanges + 1))
         self._open_captures = set(range(1, cursor.captures + 1))
 
-    # The sink's row in shipments: its name, then the stream's identity after a space (no
-    # stream name holds one); a log shipped before streams were told apart has none.
-    _ROWS = "(sink = ? OR sink LIKE ? || ' %')"
-
     def _load_cursor(self) -> Cursor:
-        row = self._read.execute(
-            f"SELECT sink, {', '.join(Cursor.COLUMNS)} FROM shipments WHERE {self._ROWS}"
-            " ORDER BY shipped_at DESC LIMIT 1",
-            (self.sink, self.sink),
-        ).fetchone()
-        if row is None:
+        saved = saved_cursor(self._read, self.sink)
+        if saved is None:
             return Cursor()
-        self._shipped_to = row[0][len(self.sink) + 1 :] or None
-        return Cursor(*row[1:])
+        cursor, self._shipped_to = saved
+        return cursor
 
     def _save_when_due(self) -> None:
         if self._unsaved and time.monotonic() - self._saved_at >= SAVE_EVERY:
@@ -269,7 +278,7 @@ class Shipper:
             )
             # The cursor of the stream shipped to before, if another: it was started over.
             self._write.execute(
-                f"DELETE FROM shipments WHERE {self._ROWS} AND sink != ?", (self.sink, self.sink, row)
+                f"DELETE FROM shipments WHERE {_CURSOR_ROWS} AND sink != ?", (self.sink, self.sink, row)
             )
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or wait:
