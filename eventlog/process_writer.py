@@ -26,7 +26,7 @@ from typing import Any
 from tasktape.errors import LogError
 
 from .interpreter import child_python
-from .producer import BODY, CHUNK, END, EXCHANGE, FLUSH, STOP, LogProducer, check_options
+from .producer import BODY, CHUNK, END, EXCHANGE, FLUSH, HEAD, STOP, LogProducer, check_options
 
 _BATCH = 4096  # operations per message at most
 _GATHER = 0.002  # seconds: how long operations gather before they are sent, at first
@@ -34,6 +34,8 @@ _GATHER = 0.002  # seconds: how long operations gather before they are sent, at 
 # keeps everything sent to it).
 _MAX_GATHER = 0.016
 _STARTUP_TIMEOUT = 60.0
+# The operations of one exchange, whose second element is its id.
+_OF_EXCHANGE = frozenset({EXCHANGE, HEAD, BODY, CHUNK, END})
 # What a dead writer process loses, as said when it is found dead.
 _GONE = (
     "what it had not yet written is lost, and so is every row from now on (counted when the log is closed)"
@@ -94,6 +96,10 @@ class ProcessLogWriter(LogProducer):
         self._tokens = itertools.count()
         self._lock = threading.Lock()
         self._child_gone = False
+        # Read and written by the feeder only: exchanges with an operation that could not
+        # be sent to the child, and why. What follows for them is not sent; their end is,
+        # to finish what the log has of them, but the recorder hears it was not recorded.
+        self._unsent: dict[int, str] = {}
         self._feeder = threading.Thread(target=self._feed, name=f"{self._name}:feed", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"{self._name}:read", daemon=True)
         self._feeder.start()
@@ -103,9 +109,16 @@ class ProcessLogWriter(LogProducer):
     def _alive(self) -> bool:
         return self._process.poll() is None and not self._child_gone
 
+    def _own_threads(self) -> tuple[threading.Thread, ...]:
+        return self._feeder, self._reader
+
     def _shutdown(self) -> None:
         self._feeder.join()
         self._reader.join()
+        self._release_log()
+
+    def _release_log(self) -> None:
+        """Once the child has written everything and exits: the log is released."""
         try:
             self._process.wait(30)
         except subprocess.TimeoutExpired:
@@ -168,17 +181,57 @@ class ProcessLogWriter(LogProducer):
         if self._child_gone:
             self._lost("the log writer process is gone", len(batch))
             return
+        if self._unsent:
+            batch = self._sendable(batch, check=False)
         try:
             message = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # something a producer passed that cannot travel
-            self._failed(f"cannot send {len(batch)} operations to the log writer: {exc}", len(batch), exc)
-            message = pickle.dumps([op for op in batch if op[0] in (END, FLUSH, STOP)])
+        except Exception:  # something a producer passed that cannot travel: it alone is lost
+            message = pickle.dumps(self._sendable(batch, check=True), pickle.HIGHEST_PROTOCOL)
         try:
             self._conn.send_bytes(message)
         except OSError as exc:
             self._lost(f"the log writer process is gone ({exc})", len(batch))
 
+    def _sendable(self, batch: list[tuple[Any, ...]], *, check: bool) -> list[tuple[Any, ...]]:
+        """The operations of ``batch`` that go to the child: not those that cannot be
+        pickled (looked for when ``check``), nor what follows them for their exchange but
+        its end, which the recorder hears was not recorded."""
+        sendable, lost, first = [], 0, None
+        for op in batch:
+            exchange_id = op[1] if op[0] in _OF_EXCHANGE else None
+            failed = _unpicklable(op) if check and exchange_id not in self._unsent else None
+            if failed is not None:
+                lost, first = lost + 1, first or failed
+                if exchange_id is None:
+                    continue
+                self._unsent[exchange_id] = f"cannot send it to the log writer: {failed}"
+            if exchange_id in self._unsent:
+                if op[0] == END:
+                    end = self._refused(op, self._unsent.pop(exchange_id))
+                    if failed is None:  # (an end that cannot travel is not sent)
+                        sendable.append(end)
+                continue
+            sendable.append(op)
+        if first is not None:
+            self._failed(f"cannot send {lost} operations to the log writer: {first}", lost, first)
+        return sendable
+
+    def _refused(self, end: tuple[Any, ...], why: str) -> tuple[Any, ...]:
+        """The end of an exchange not wholly sent: its future raises now, and the child's
+        answer goes to nobody."""
+        future = self._pop(end[5])
+        if future.set_running_or_notify_cancel():
+            future.set_exception(LogError(f"{self.path}: exchange {end[1]} could not be recorded: {why}"))
+        return (*end[:5], self._token(concurrent.futures.Future()))
+
     def _read(self) -> None:
+        self._read_answers()
+        if self._closing_itself:  # close() was called on this thread or the feeder
+            self._feeder.join()
+            self._release_log()
+            self._done_closing()
+
+    def _read_answers(self) -> None:
         while True:
             try:
                 message = self._conn.recv()
@@ -224,3 +277,12 @@ class ProcessLogWriter(LogProducer):
                     waiter.set_exception(LogError(f"{self.path}: {error}"))
             else:
                 waiter()
+
+
+def _unpicklable(op: tuple[Any, ...]) -> Exception | None:
+    """Why ``op`` cannot be sent to the child, if it cannot."""
+    try:
+        pickle.dumps(op, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return exc
+    return None

@@ -30,6 +30,10 @@ from .redact import Redactor
 from .resumes import Resume
 from .uids import uuid7
 
+# What a response's status may be: what a cassette reads back.
+MIN_STATUS, MAX_STATUS = 100, 999
+_OUTCOMES = frozenset(Outcome)
+
 # Operations, as tuples whose first element is one of these codes.
 CAPTURE, CAPTURE_END, EXCHANGE, BODY, HEAD, CHUNK, END, FLUSH, STOP, MANY, RESUME = range(11)
 
@@ -58,6 +62,8 @@ class LogProducer:
     def __init__(
         self, path: str | Path, on_error: Callable[[BaseException, int], None] | None, max_backlog: int
     ) -> None:
+        if on_error is not None and not callable(on_error):
+            raise UsageError(f"on_error is called as on_error(exc, rows_lost), not {type(on_error).__name__}")
         self.path = Path(path)
         self.stats = WriterStats()
         self.max_backlog = max_backlog
@@ -65,6 +71,10 @@ class LogProducer:
         self._last_report = -_REPORT_EVERY
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._closed = False
+        # Whether close() was called on one of the writer's own threads (from on_error):
+        # then those threads finish closing, and ``_released`` is set once they have.
+        self._closing_itself = False
+        self._released = threading.Event()
         # The exchanges begun here and not yet ended: calls for any other are refused, as
         # they would write rows of no exchange or change one already finished.
         self._open: set[int] = set()
@@ -142,6 +152,9 @@ class LogProducer:
         """Start one request/response exchange; returns its id at once. The writer
         classifies the request (binding, operation, task and context) and redacts it.
         ``uid``: its own (an import's), else one made from when it started."""
+        request_body = checked_body(request_body)
+        if query is not None and type(query) is not str:
+            raise UsageError(f"query is the URL's query string (str) or None, not {type(query).__name__}")
         exchange_id = next(self._exchange_ids)
         if request_body and not self._admit(len(request_body)):
             request_body = self._drop_body(exchange_id)
@@ -173,6 +186,7 @@ class LogProducer:
     def late_request_body(self, exchange_id: int, body: bytes, *, truncated: bool = False) -> None:
         """The request body of an exchange begun without it (a body streamed through)."""
         self._check_open(exchange_id, "late_request_body()")
+        body = checked_body(body)
         if body and not self._admit(len(body)):
             self._drop_body(exchange_id)  # the exchange keeps no body, and says why
             return
@@ -192,6 +206,9 @@ class LogProducer:
         """The response's status and headers. Chunks of a body sent with a
         ``content_encoding`` (gzip, deflate, br) are stored decoded; ``decoded_from``
         says chunks given already decoded were sent with that encoding."""
+        if isinstance(status, bool) or not isinstance(status, int) or not MIN_STATUS <= status <= MAX_STATUS:
+            raise UsageError(f"status is an HTTP status, {MIN_STATUS} to {MAX_STATUS}, not {status!r}")
+        check_bound("ttfb_ns", ttfb_ns, whole=True, least=0)
         self._check_open(exchange_id, "response_head()")
         self._put(
             (HEAD, exchange_id, status, _pairs(headers), is_sse, ttfb_ns, content_encoding, decoded_from)
@@ -208,11 +225,11 @@ class LogProducer:
         with self._queued_lock:  # _check_open and _admit, inline: this runs for every chunk forwarded
             if exchange_id not in self._open:  # (close() empties it: then WriterClosed)
                 raise self._not_open(exchange_id, "chunk()")
-            if self._queued - self._taken > self.max_backlog:
-                self._drop(exchange_id)
+            if self._queued - self._taken <= self.max_backlog:
+                self._queued += len(data)
+                self._queue.put((CHUNK, exchange_id, offset_ns, data))
                 return
-            self._queued += len(data)
-            self._queue.put((CHUNK, exchange_id, offset_ns, data))
+        self._drop(exchange_id)  # without the lock: on_error may close the writer, which takes it
 
     def chunks(self, exchange_id: int, pieces: Iterable[tuple[int, bytes]]) -> None:
         """Pieces of one response body, ``(offset_ns, data)`` each, as ``chunk()`` takes
@@ -289,6 +306,12 @@ class LogProducer:
         """Finish an exchange. The future resolves once its rows are committed (or
         their batch failed: see :attr:`stats`). Once ended, the exchange takes no more
         calls (UnknownExchange)."""
+        if duration_ns is not None:
+            check_bound("duration_ns", duration_ns, whole=True, least=0)
+        if not isinstance(outcome, str) or outcome not in _OUTCOMES:
+            raise UsageError(f"outcome is one of {', '.join(Outcome)}, not {outcome!r}")
+        if error is not None and type(error) is not str:
+            raise UsageError(f"error is text (str) or None, not {type(error).__name__}")
         self._ending(exchange_id)
         done: concurrent.futures.Future[ExchangeSummary] = concurrent.futures.Future()
         dropped = self._dropped.pop(exchange_id, 0)
@@ -330,16 +353,32 @@ class LogProducer:
 
     def close(self) -> None:
         """Commit everything queued, finish exchanges still open (outcome
-        ``log_closed``), and release the log. Safe to call twice."""
+        ``log_closed``), and release the log. Safe to call twice, and from ``on_error``:
+        there (one of the writer's own threads, which the shutdown waits for) it only
+        stops the writer, whose threads then release the log themselves."""
+        on_own_thread = threading.current_thread() in self._own_threads()
         with self._queued_lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._open.clear()
-            self._queue.put((STOP,))
-        self._shutdown()
+            first = not self._closed
+            if first:
+                self._closed = True
+                self._closing_itself = on_own_thread
+                self._open.clear()
+                self._queue.put((STOP,))
+        if on_own_thread:
+            return
+        if not first:  # (another thread closes it, or its own threads do)
+            self._released.wait()
+            return
+        try:
+            self._shutdown()
+        finally:
+            self._done_closing()
+
+    def _done_closing(self) -> None:
+        """The log is released: whoever waits on close() returns."""
         _open_writers.discard(self)
         LogProducer.lost_in_process += self.stats.rows_lost
+        self._released.set()
 
     async def aclose(self) -> None:
         import asyncio  # noqa: PLC0415 - see aflush
@@ -380,6 +419,10 @@ class LogProducer:
     def _alive(self) -> bool:
         raise NotImplementedError
 
+    def _own_threads(self) -> tuple[threading.Thread, ...]:
+        """The threads that write the log (and call on_error)."""
+        raise NotImplementedError
+
     def _shutdown(self) -> None:
         """Wait until everything queued before STOP is written, then release the log."""
         raise NotImplementedError
@@ -402,15 +445,19 @@ class LogProducer:
             stats.last_error = error
             if len(stats.errors) < 100:
                 stats.errors.append(error)
+        told = ""
         if self._on_error is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self._on_error(exc or LogError(error), rows)
-        elif uncounted or time.monotonic() - self._last_report >= _REPORT_EVERY:
+                return
+            except Exception as failed:  # the loss is said here instead, and why
+                told = f" (on_error raised {type(failed).__name__}: {failed})"
+        if uncounted or time.monotonic() - self._last_report >= _REPORT_EVERY:
             # Loud, but not a line per batch while the disk stays full.
             self._last_report = time.monotonic()
             lost = uncounted or f"{rows} rows lost, {stats.rows_lost} in all so far"
             print(
-                f"tasktape: WRITING THE LOG FAILED ({error}); {lost}. Traffic is not affected.",
+                f"tasktape: WRITING THE LOG FAILED ({error}); {lost}. Traffic is not affected.{told}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -425,6 +472,20 @@ def checked_piece(offset_ns: Any, data: Any) -> tuple[int, bytes]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise UsageError(f"a chunk's data is bytes (or a bytearray or memoryview), not {type(data).__name__}")
     return int(offset_ns), bytes(data)
+
+
+def checked_body(body: Any) -> bytes | None:
+    """A request body as the writers take it (bytes, or None), or UsageError at the call:
+    the writer's thread would lose its exchange for it. A bytearray or memoryview is
+    copied, as a chunk's data is."""
+    if body is None or type(body) is bytes:
+        return body
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise UsageError(
+            f"a request body is bytes (or a bytearray or memoryview), not {type(body).__name__}"
+            + (": encode it" if isinstance(body, str) else "")
+        )
+    return bytes(body)
 
 
 def checked_pieces(pieces: Iterable[tuple[Any, Any]]) -> list[tuple[int, bytes]]:
@@ -512,6 +573,9 @@ class NullWriter(LogProducer):
 
     def _alive(self) -> bool:
         return True
+
+    def _own_threads(self) -> tuple[threading.Thread, ...]:
+        return ()
 
     def _shutdown(self) -> None:
         return None

@@ -169,6 +169,10 @@ def _clean_batch(batch: _Batch) -> None:
     batch.event_rows = [tuple(map(_clean, row)) for row in batch.event_rows]
 
 
+class _Unbuilt(Exception):
+    """An operation of an exchange whose request could not be turned into rows."""
+
+
 class LogWriter(LogProducer):
     """Writes one event log from this process; safe to call from any thread and from the
     event loop::
@@ -198,8 +202,9 @@ class LogWriter(LogProducer):
         max_backlog: int = 256 * 1024 * 1024,
         tap: CommitTap | None = None,
     ) -> None:
-        """``on_error(exc, rows_lost)`` is called from the writer thread when a batch
-        cannot be written (default: a loud line on stderr); ``busy_timeout`` is how long
+        """``on_error(exc, rows_lost)`` is called from the writer's threads when rows
+        cannot be written (default, or when it raises: a loud line on stderr), and may
+        close() the writer; ``busy_timeout`` is how long
         to wait for another process's lock; ``max_bytes`` caps the log file's size (at
         least what an empty log takes, ``least_log_size()``);
         ``redactor`` says what never reaches the log (default: credential headers);
@@ -253,6 +258,10 @@ class LogWriter(LogProducer):
             release_writer_lock(self._lock_fd)
             raise
         self._exchanges: dict[int, ExchangeRows] = {}
+        # Read and written by the row-building thread only: exchanges whose request could
+        # not be turned into rows, and why. They are lost alone: what follows for them is
+        # skipped, and their end says so.
+        self._unbuilt: dict[int, str] = {}
         # Read and written by the commit thread only. Once the log is full, it takes nothing
         # new: only what closes the exchanges already in it, without their bytes.
         self._full = False
@@ -298,9 +307,16 @@ class LogWriter(LogProducer):
             self._queued += size
         self._put((MANY, ops))
 
+    def _own_threads(self) -> tuple[threading.Thread, ...]:
+        return self._thread, self._committer
+
     def _shutdown(self) -> None:
         self._thread.join()
         self._committer.join()
+        self._release_log()
+
+    def _release_log(self) -> None:
+        """Once everything is committed: the log file alone holds it, and is released."""
         self._checkpoint()
         if self._tap:
             self._tap.close()
@@ -342,8 +358,11 @@ class LogWriter(LogProducer):
 
     def _not_applied(self, op: tuple[Any, ...], exc: Exception, batch: _Batch) -> None:
         """Say that ``op`` failed, and release whoever waits on it."""
-        self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
-        if op[0] == END:
+        if not isinstance(exc, _Unbuilt):  # (said once, when its request failed)
+            self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
+        if op[0] == EXCHANGE:
+            self._unbuilt[op[1]] = f"{type(exc).__name__}: {exc}"
+        elif op[0] == END:
             self._exchanges.pop(op[1], None)
             if op[5].set_running_or_notify_cancel():
                 op[5].set_exception(LogError(f"{self.path}: exchange {op[1]} could not be recorded: {exc}"))
@@ -357,7 +376,10 @@ class LogWriter(LogProducer):
             batch = self._batches.get()
             self._commit(batch)
             if batch.stop:
-                return
+                break
+        if self._closing_itself:  # close() was called here or on the row-building thread
+            self._release_log()
+            self._done_closing()
 
     def _apply(self, op: tuple[Any, ...], batch: _Batch) -> None:
         """Turn one queued operation into rows (pure Python: nothing here touches the
@@ -382,16 +404,18 @@ class LogWriter(LogProducer):
                     self._not_applied(one, exc, batch)
         elif code == EXCHANGE:
             self._taken += len(op[8] or b"")  # the request body counts against the backlog too
-            rows = self._exchanges[op[1]] = self._rows(op[1])
+            rows = self._rows(op[1])
+            statement = rows.request(*op[2:])  # first: a request that fails leaves nothing of it
+            self._exchanges[op[1]] = rows
             batch.inserts[op[1]] = len(batch.statements)
-            batch.statements.append(rows.request(*op[2:]))
+            batch.statements.append(statement)
         elif code == HEAD:
             batch.update(op[1], self._exchange(op[1]).head(*op[2:]))
         elif code == BODY:
             self._taken += len(op[2])
             batch.update(op[1], self._exchange(op[1]).late_request_body(*op[2:]))
         elif code == END:
-            rows = self._exchanges.pop(op[1], None) or self._rows(op[1])
+            rows = self._exchanges.pop(op[1], None) or self._exchange(op[1], ending=True)
             batch.update(op[1], rows.end(*op[2:5], batch.chunk_rows, batch.event_rows))
             batch.finished.append((op[5], rows.summary))
         elif code == CAPTURE:
@@ -414,6 +438,7 @@ class LogWriter(LogProducer):
                     )
                 )
             self._exchanges.clear()
+            self._unbuilt.clear()
             batch.stop = True
 
     def _capture_row(self, op: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -451,10 +476,19 @@ class LogWriter(LogProducer):
         if len(batch.chunk_rows) + len(batch.event_rows) >= _SPILL_ROWS:
             self._batches.put(batch.take())
 
-    def _exchange(self, exchange_id: int) -> ExchangeRows:
+    def _exchange(self, exchange_id: int, *, ending: bool = False) -> ExchangeRows:
+        """The rows of an exchange begun, or that goes on without its beginning (lost with
+        a failed batch, or never queued); an exchange whose request could not be turned
+        into rows takes nothing more (_Unbuilt)."""
         rows = self._exchanges.get(exchange_id)
-        if rows is None:  # its begin was lost with a failed batch, or never queued
-            rows = self._exchanges[exchange_id] = self._rows(exchange_id)
+        if rows is not None:
+            return rows
+        why = self._unbuilt.pop(exchange_id, None) if ending else self._unbuilt.get(exchange_id)
+        if why is not None:
+            raise _Unbuilt(why)
+        rows = self._rows(exchange_id)
+        if not ending:
+            self._exchanges[exchange_id] = rows
         return rows
 
     def _commit(self, batch: _Batch) -> None:

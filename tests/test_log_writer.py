@@ -19,7 +19,7 @@ import pytest
 from a2a_frames import completed_run, sse
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from tasktape import Redactor, read_log
+from tasktape import Redactor, read_cassette, read_log, write_cassette
 from tasktape.errors import LogBusy, LogError, UsageError, WriterClosed
 from tasktape.eventlog import EventLog, LogProducer, LogWriter, ProcessLogWriter
 from tasktape.eventlog.exchange_rows import Kept, utc_iso
@@ -289,8 +289,8 @@ def test_an_operation_that_cannot_become_rows_loses_only_its_own(tmp_path: Path)
     w.put_many([(CHUNK, ex, i, data) for i, data in enumerate(chunks)])
     w.end_exchange(ex, duration_ns=4).result(timeout=5)
     w.close()
-    assert failures == [("TypeError", 1)] and w.stats.rows_lost == 1
-    assert (w.stats.last_error or "").startswith("TypeError while recording")
+    assert failures == [("UsageError", 1)] and w.stats.rows_lost == 1
+    assert (w.stats.last_error or "").startswith("UsageError while recording: SSEDecoder.feed takes bytes")
     with EventLog(tmp_path / "log.db") as log:
         assert [e["data"] for e in log.events(ex)] == ["1", "3"]
         assert log.exchange(ex)["outcome"] == "complete"
@@ -698,17 +698,23 @@ def test_an_exchange_that_cannot_be_recorded_fails_its_future_in_either_writer(
     tmp_path: Path, writer_class: type[LogProducer]
 ) -> None:
     """The writer process's future hung forever where LogWriter's raised: now both raise,
-    and the writer carries on."""
-    w = writer_class(tmp_path / "log.db", on_error=lambda exc, rows: None)
+    the exchange is not in the log, and the writer carries on."""
+    db = tmp_path / "log.db"
+    w = writer_class(db, on_error=lambda exc, rows: None)
     cap = w.begin_capture(source="test")
-    ex = w.begin_exchange(cap, method="GET", path="/")
-    # An error that is no text: the writer's thread cannot make the exchange's row of it.
-    done = w.end_exchange(ex, duration_ns=1, error=5)  # type: ignore[arg-type]
+    # A start that is no time: the writer's thread cannot make the exchange's row of it.
+    ex = w.begin_exchange(cap, method="GET", path="/", started_ns="soon")  # type: ignore[arg-type]
+    w.response_head(ex, status=200, headers=None, is_sse=False, ttfb_ns=1)
+    w.chunk(ex, 1, b"never stored")
+    done = w.end_exchange(ex, duration_ns=1)
     with pytest.raises(LogError, match=f"exchange {ex} could not be recorded"):
         done.result(timeout=10)
     after = w.begin_exchange(cap, method="GET", path="/after")
     assert w.end_exchange(after, duration_ns=1).result(timeout=10).path == "/after"
     w.close()
+    with EventLog(db) as log:
+        assert [x["path"] for x in log.exchanges()] == ["/after"]
+        assert log.chunks(ex) == []
 
 
 @pytest.mark.parametrize(
@@ -823,3 +829,166 @@ def test_select_takes_lists_of_tasks_and_contexts_not_one_string(tmp_path: Path)
             ):
                 log.select(**{option: name})
             assert log.select(**{option: [name]}) == [ex]
+
+
+class _FailingQuery(Redactor):
+    """A redactor with a bug: a request with the query "boom" cannot be turned into rows."""
+
+    def query(self, raw: str | None) -> str | None:
+        if raw == "boom":
+            raise RuntimeError("a bug")
+        return super().query(raw)
+
+
+def test_a_request_that_cannot_become_rows_lends_nothing_to_the_next_exchange(tmp_path: Path) -> None:
+    """The next exchange begun in the same batch took the failed one's status and headers,
+    and the failed one's future resolved as if it were in the log."""
+    db = tmp_path / "log.db"
+    w = LogWriter(db, max_batch_seconds=1.0, redactor=_FailingQuery(), on_error=lambda exc, rows: None)
+    cap = w.begin_capture(source="test")
+    failed = w.begin_exchange(cap, method="POST", path="/failed", query="boom")
+    other = w.begin_exchange(cap, method="GET", path="/other")
+    w.response_head(failed, status=503, headers=[("X-From", "failed")], is_sse=False, ttfb_ns=1)
+    w.chunk(failed, 2, b"never stored")
+    failed_end = w.end_exchange(failed, duration_ns=10)
+    other_end = w.end_exchange(other, duration_ns=20, outcome="upstream_error", error="connect failed")
+    with pytest.raises(LogError, match=f"exchange {failed} could not be recorded: RuntimeError: a bug"):
+        failed_end.result(timeout=10)
+    assert other_end.result(timeout=10).status is None
+    w.close()
+    with EventLog(db) as log:
+        rows = [(x["path"], x["status"], x["response_headers"], x["outcome"]) for x in log.exchanges()]
+        assert rows == [("/other", None, None, "upstream_error")]
+        assert log.chunks(failed) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"request_body": '{"message": {}}'}, r"^a request body is bytes .*, not str: encode it$"),
+        ({"request_body": 5}, r"^a request body is bytes .*, not int$"),
+        ({"query": {"q": "1"}}, r"^query is the URL's query string \(str\) or None, not dict$"),
+    ],
+)
+def test_a_request_the_writer_cannot_store_is_refused_at_the_call(
+    tmp_path: Path, writer_class: type[LogProducer], given: dict[str, object], said: str
+) -> None:
+    """Taken as given, such a request was lost in the writer's thread, and lent its
+    response to the next exchange begun in the same batch."""
+    db = tmp_path / "log.db"
+    with writer_class(db) as w:
+        cap = w.begin_capture(source="test")
+        with pytest.raises(UsageError, match=said):
+            w.begin_exchange(cap, method="POST", path="/refused", **given)  # type: ignore[arg-type]
+        ex = w.begin_exchange(cap, method="GET", path="/next")
+        w.response_head(ex, status=200, headers=None, is_sse=False, ttfb_ns=1)
+        assert w.end_exchange(ex, duration_ns=2).result(timeout=10).status == 200
+    with EventLog(db) as log:
+        assert [(x["path"], x["status"]) for x in log.exchanges()] == [("/next", 200)]
+
+
+def test_a_request_body_of_any_bytes_like_kind_is_stored(
+    tmp_path: Path, writer_class: type[LogProducer]
+) -> None:
+    """A memoryview body lost its exchange in LogWriter, and every operation of its batch
+    (the other exchanges', the capture's) in the writer process, whose futures said done."""
+    db = tmp_path / "log.db"
+    with writer_class(db) as w:
+        cap = w.begin_capture(source="test")
+        a = w.begin_exchange(cap, method="GET", path="/a")
+        w.response_head(a, status=200, headers=None, is_sse=False, ttfb_ns=1)
+        w.chunk(a, 1, b"hello A")
+        b = w.begin_exchange(cap, method="POST", path="/b", request_body=memoryview(b"body B"))
+        w.late_request_body(a, bytearray(b"late A"))
+        ends = [w.end_exchange(a, duration_ns=2), w.end_exchange(b, duration_ns=2)]
+        assert [end.result(timeout=10).path for end in ends] == ["/a", "/b"]
+    assert w.stats.rows_lost == 0
+    with EventLog(db) as log:
+        assert [(x["path"], x["request_body"]) for x in log.exchanges()] == [
+            ("/a", "late A"),
+            ("/b", "body B"),
+        ]
+        assert log.body(a) == b"hello A"
+
+
+def test_an_operation_that_cannot_travel_to_the_writer_process_is_lost_alone(tmp_path: Path) -> None:
+    """One value that could not be pickled lost every operation of its batch, the other
+    exchanges' and the capture's, and their futures all said done."""
+    db = tmp_path / "log.db"
+    failures: list[int] = []
+    w = ProcessLogWriter(db, on_error=lambda exc, rows: failures.append(rows))
+    cap = w.begin_capture(source="test")
+    a = w.begin_exchange(cap, method="GET", path="/a")
+    w.response_head(a, status=200, headers=None, is_sse=False, ttfb_ns=1)
+    w.chunk(a, 1, b"hello A")
+    b = w.begin_exchange(cap, method="POST", path="/b", uid=threading.Lock())  # type: ignore[arg-type]
+    w.response_head(b, status=200, headers=None, is_sse=False, ttfb_ns=1)
+    w.chunk(b, 1, b"never stored")
+    a_end, b_end = w.end_exchange(a, duration_ns=2), w.end_exchange(b, duration_ns=2)
+    assert a_end.result(timeout=10).bytes == 7
+    with pytest.raises(
+        LogError, match=f"exchange {b} could not be recorded: cannot send it to the log writer"
+    ):
+        b_end.result(timeout=10)
+    w.close()
+    assert failures == [1]
+    with EventLog(db) as log:
+        assert len(log.captures()) == 1
+        assert [x["path"] for x in log.exchanges()] == ["/a"]
+        assert log.body(a) == b"hello A"
+        assert log.chunks(b) == []
+
+
+@pytest.mark.parametrize(
+    ("call", "given", "said"),
+    [
+        ("end", {"duration_ns": -5}, r"^duration_ns is a whole number, at least 0, not -5$"),
+        ("end", {"duration_ns": "5"}, r"^duration_ns is a whole number, at least 0, not '5'$"),
+        ("end", {"outcome": "bogus"}, r"^outcome is one of complete, client_disconnected, .*, not 'bogus'$"),
+        ("end", {"error": 5}, r"^error is text \(str\) or None, not int$"),
+        ("head", {"status": "200"}, r"^status is an HTTP status, 100 to 999, not '200'$"),
+        ("head", {"status": 42}, r"^status is an HTTP status, 100 to 999, not 42$"),
+        ("head", {"status": True}, r"^status is an HTTP status, 100 to 999, not True$"),
+        ("head", {"ttfb_ns": None}, r"^ttfb_ns is a whole number, at least 0, not None$"),
+    ],
+)
+def test_what_no_reader_could_read_back_is_refused_at_the_call(
+    tmp_path: Path, writer_class: type[LogProducer], call: str, given: dict[str, object], said: str
+) -> None:
+    """Taken as given, these were stored and the log then refused to become a cassette
+    (or, an error that is no text, its exchange was left looking under way); refused,
+    the exchange stays open for the call meant."""
+    db = tmp_path / "log.db"
+    head = {"status": 200, "headers": None, "is_sse": False, "ttfb_ns": 1}
+    with writer_class(db) as w:
+        ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+        with pytest.raises(UsageError, match=said):
+            if call == "head":
+                w.response_head(ex, **{**head, **given})  # type: ignore[arg-type]
+            else:
+                w.end_exchange(ex, **{"duration_ns": 5, **given})  # type: ignore[arg-type]
+        w.response_head(ex, **head)  # type: ignore[arg-type]
+        assert w.end_exchange(ex, duration_ns=5, outcome="refused").result(timeout=10).outcome == "refused"
+    write_cassette(tmp_path / "c.jsonl", read_log(db))
+    (back,) = read_cassette(tmp_path / "c.jsonl")
+    assert (back.status, back.outcome) == (200, "refused")
+
+
+def test_an_on_error_that_raises_leaves_the_loss_said_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], writer_class: type[LogProducer]
+) -> None:
+    """It was suppressed, and the loss said nowhere; one that is no function was taken."""
+    with pytest.raises(UsageError, match=r"^on_error is called as on_error\(exc, rows_lost\), not str$"):
+        writer_class(tmp_path / "log.db", on_error="print")  # type: ignore[arg-type]
+
+    def on_error(exc: BaseException, rows: int) -> None:
+        raise RuntimeError("the handler's own bug")
+
+    db = tmp_path / "log.db"
+    w = writer_class(db, busy_timeout=0.05, on_error=on_error)
+    ex = w.begin_exchange(w.begin_capture(source="test"), method="GET", path="/")
+    write_while_locked(w, db, ex, b"x")
+    w.close()
+    err = capsys.readouterr().err
+    assert "WRITING THE LOG FAILED" in err and "1 rows lost" in err
+    assert "(on_error raised RuntimeError: the handler's own bug)" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import sqlite3
 import threading
@@ -17,10 +18,11 @@ from a2a_frames import completed_run, sse
 from aiohttp import web
 from conftest import RecordFactory
 
-from tasktape.errors import LogClosed, UnknownExchange, UsageError, WriterClosed
+from tasktape.errors import LogClosed, LogError, UnknownExchange, UsageError, WriterClosed
 from tasktape.eventlog import EventLog, ExchangeSummary, LogProducer, LogWriter, ProcessLogWriter
 from tasktape.eventlog.exchange_rows import Kept
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+from tasktape.eventlog.schema import least_log_size
 
 WORKING = b'data: {"statusUpdate": {"taskId": "t1", "status": {"state": "TASK_STATE_WORKING"}}}\n\n'
 SSE = [("Content-Type", "text/event-stream")]
@@ -272,3 +274,68 @@ def test_a_full_log_stays_true_to_itself(tmp_path: Path, writer_class: type[LogP
         ("/huge", "complete", 1, 1, "the log is full: its bytes are not all in it"),
     ]
     assert db.stat().st_size <= 1024 * 1024
+
+
+def fail_once(w: LogProducer, cap: int, where: str) -> list[concurrent.futures.Future[ExchangeSummary]]:
+    """Make ``w`` report a loss to on_error: from the thread that commits (a full log),
+    the one that builds rows (a start that is no time) or the producer's (a chunk past
+    the backlog). Returns the futures of the exchanges ended."""
+    ends = []
+    if where == "commit":
+        for _ in range(50):
+            try:
+                ex = w.begin_exchange(cap, method="GET", path="/big")
+                w.response_head(ex, status=200, headers=None, is_sse=False, ttfb_ns=1)
+                w.chunk(ex, 1, os.urandom(200_000))
+                ends.append(w.end_exchange(ex, duration_ns=2))
+            except WriterClosed:
+                break
+    elif where == "rows":
+        ex = w.begin_exchange(cap, method="GET", path="/", started_ns="soon")  # type: ignore[arg-type]
+        ends.append(w.end_exchange(ex, duration_ns=2))
+    else:
+        ex = w.begin_exchange(cap, method="GET", path="/")
+        with contextlib.suppress(WriterClosed):
+            for i in range(1000):
+                w.chunk(ex, i, b"x" * 1000)
+    return ends
+
+
+@pytest.mark.parametrize("where", ["commit", "rows", "producer"])
+def test_an_on_error_that_closes_the_writer_stops_it(
+    tmp_path: Path, writer_class: type[LogProducer], where: str
+) -> None:
+    """close() in on_error deadlocked the writer when called from the thread that commits
+    (no exchange's future ever resolved) or a producer's, and left the log locked from
+    the thread that builds rows (LogBusy for as long as the process lived)."""
+    db = tmp_path / "log.db"
+    holder: list[LogProducer] = []
+    told = threading.Event()
+
+    def on_error(exc: BaseException, rows: int) -> None:
+        told.set()
+        holder[0].close()
+
+    options = {"max_bytes": least_log_size() + 64 * 1024} if where == "commit" else {}
+    if where == "producer":
+        options = {"max_backlog": 0}
+    w = writer_class(db, on_error=on_error, **options)
+    holder.append(w)
+    cap = w.begin_capture(source="test")
+    ends: list[concurrent.futures.Future[ExchangeSummary]] = []
+    failing = threading.Thread(target=lambda: ends.extend(fail_once(w, cap, where)), daemon=True)
+    failing.start()
+    failing.join(timeout=30)
+    assert not failing.is_alive()
+    assert told.wait(timeout=30)
+    for end in ends:  # each resolves, one way or the other
+        with contextlib.suppress(LogError):
+            end.result(timeout=30)
+    closing = threading.Thread(target=w.close, daemon=True)
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive() and w.closed
+    with writer_class(db) as again:  # the log was released, not LogBusy
+        again.begin_capture(source="again")
+    with EventLog(db) as log:
+        assert [c["source"] for c in log.captures()] == ["test", "again"]
