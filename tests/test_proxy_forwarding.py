@@ -452,23 +452,22 @@ async def test_an_idle_upstream_connection_is_not_kept_past_the_agents_idle_time
     assert connections == [1, 1, 2]
 
 
-def closing_when_asked_again(sent: bytes, connections: list[int]) -> RawAnswer:
-    """A raw answer that answers a connection's first request with ``sent`` and closes it
-    when a second comes, answering nothing: as a server that closed the connection idle
-    just as the second request went out on it. Each request notes its connection's
-    number in ``connections``."""
+def closing_when_asked_again(sent: bytes, connections: list[int], then: bytes = b"") -> RawAnswer:
+    """A raw answer that answers a connection's first request with ``sent`` and a second
+    with ``then`` (none: nothing, as a server that closed the connection idle just as the
+    second request went out on it; some: the head of an answer begun), then closes it.
+    Each request notes its connection's number in ``connections``."""
     opened = [0]
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         opened[0] += 1
         number = opened[0]
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await reader.readuntil(b"\r\n\r\n")
-            connections.append(number)
-            writer.write(sent)
-            await writer.drain()
-            await reader.readuntil(b"\r\n\r\n")
-            connections.append(number)
+            for answered in (sent, then):
+                await reader.readuntil(b"\r\n\r\n")
+                connections.append(number)
+                writer.write(answered)
+                await writer.drain()
         writer.close()
 
     return answer
@@ -496,31 +495,13 @@ async def test_a_request_a_pooled_connection_closed_on_unanswered_is_sent_again(
     assert "sent again on a new connection" in second["error"]
 
 
-def _cut_answer(connections: list[int]) -> RawAnswer:
-    """Answers a connection's second request with the head of a response, then closes it."""
-    opened = [0]
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        opened[0] += 1
-        number = opened[0]
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await reader.readuntil(b"\r\n\r\n")
-            connections.append(number)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            await writer.drain()
-            await reader.readuntil(b"\r\n\r\n")
-            connections.append(number)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Le")
-            await writer.drain()
-        writer.close()
-
-    return answer
-
-
 async def test_a_request_answered_in_part_is_never_sent_again(record: RecordFactory) -> None:
     """An agent that began an answer had the request: sent again, a POST would reach it twice."""
     connections: list[int] = []
-    async with raw_upstream(_cut_answer(connections)) as upstream:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_upstream(
+        closing_when_asked_again(ok, connections, b"HTTP/1.1 200 OK\r\nContent-Le")
+    ) as upstream:
         rec = await record(upstream)
         async with rec.session.post(f"{rec.url}/x", data=b"{}") as r:
             assert r.status == 200
