@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import ipaddress
 import json
 import re
@@ -205,7 +204,6 @@ class RecordingProxy:
                     self.live.ended_before(exchange_id, line)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_IDLE),
-            trace_configs=[_pool_trace()],
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout),
@@ -809,9 +807,15 @@ class Exchange:
         card = proxy.rewrite_cards and is_card_request(request.method, request.path, sent)
         if card:
             headers.popall("Accept-Encoding", None)  # a compressed card could not be rewritten
-        attempt = _Attempt()
+        assert proxy._session is not None
         try:
-            upstream = await self._send(headers, data, attempt)
+            upstream = await proxy._session.request(
+                request.method,
+                proxy.upstream_url(request.raw_path),
+                headers=headers,
+                data=data,
+                allow_redirects=False,
+            )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return await self._bad_gateway(f"upstream {proxy.upstream} {_failure(exc)}")
         try:
@@ -827,34 +831,6 @@ class Exchange:
         finally:
             if not self.held:
                 upstream.close()
-
-    async def _send(self, headers: CIMultiDict[str], data: Any, attempt: _Attempt) -> aiohttp.ClientResponse:
-        """The upstream's response; sent again, once, on a new connection where the first
-        certainly never reached the upstream (``_never_sent``), said in the log."""
-        try:
-            return await self._request(headers, data, attempt)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if not _lost_to_idle_close(exc, attempt) or isinstance(data, AsyncIterator):  # (a stream: read)
-                raise
-            self.noted(
-                "the upstream closed the pooled connection the request went out on, answering "
-                f"nothing ({describe(exc)}): sent again on a new connection"
-            )
-            return await self._request(headers, data, _Attempt())
-
-    async def _request(
-        self, headers: CIMultiDict[str], data: Any, attempt: _Attempt
-    ) -> aiohttp.ClientResponse:
-        request, proxy = self.request, self.proxy
-        assert proxy._session is not None
-        return await proxy._session.request(
-            request.method,
-            proxy.upstream_url(request.raw_path),
-            headers=headers,
-            data=data,
-            allow_redirects=False,
-            trace_request_ctx=attempt,
-        )
 
     async def _bad_gateway(self, reason: str) -> web.Response:
         """The client's answer when the upstream gave none it could be sent: a 502, recorded as such."""
@@ -1000,39 +976,6 @@ class Exchange:
                 done.add_done_callback(
                     lambda f: f.cancelled() or f.exception() or told("on_exchange", callback, f.result())
                 )
-
-
-class _Attempt:
-    """A request to the upstream: whether it went out on a connection taken from the pool."""
-
-    reused = False
-
-
-async def _taken_from_pool(_session: aiohttp.ClientSession, context: Any, _params: Any) -> None:
-    if isinstance(attempt := context.trace_request_ctx, _Attempt):
-        attempt.reused = True
-
-
-def _pool_trace() -> aiohttp.TraceConfig:
-    """What tells each ``_Attempt`` whether its connection was pooled."""
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_taken_from_pool)
-    return trace
-
-
-def _lost_to_idle_close(exc: aiohttp.ClientError, attempt: _Attempt) -> bool:
-    """Whether a request failed as one does on a connection its server closed idle as the
-    request went out on it: the connection came from the pool, and it closed (or refused
-    the request's writing) with no byte of an answer. A client of the agent's own would not
-    have met it (the pooling is the recorder's), so such a request is sent again, once, on
-    a new connection, as browsers do (RFC 9112 9.3.1); any other failure is the client's
-    502, a POST the agent may have acted on never sent twice."""
-    if not attempt.reused:
-        return False
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return isinstance(exc.message, str)  # (else: the head of an answer it had begun)
-    closed = isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
-    return closed or isinstance(exc.__cause__, aiohttp.ClientConnectionResetError)
 
 
 def _failure(exc: BaseException) -> str:
