@@ -24,9 +24,19 @@ if TYPE_CHECKING:
 _QUERY_SEPARATORS = re.compile(r"([&;])")  # as the log's redaction splits a query
 
 
+# What EventSource polyfills add to a reconnect's URL to carry its Last-Event-ID (as
+# event-source-polyfill's lastEventIdQueryParameterName): no part of the stream's line.
+RESUME_PARAMETERS = frozenset({"lastEventId"})
+
+
 def line_of(method: str, target: str) -> str:
     """A request's line as a reconnect repeats it: its method and target, the query
-    included (one endpoint may serve several streams by it: ``/events?topic=alpha``)."""
+    included (one endpoint may serve several streams by it: ``/events?topic=alpha``) but
+    for the parameters that carry a reconnect's id (``RESUME_PARAMETERS``)."""
+    head, question, query = target.partition("?")
+    if question:
+        kept = "&".join(p for p in query.split("&") if p.partition("=")[0] not in RESUME_PARAMETERS)
+        target = f"{head}?{kept}" if kept else head
     return f"{method} {target}"
 
 

@@ -421,6 +421,9 @@ async def test_a_reconnect_follows_the_stream_its_query_opened(record: RecordFac
             await beta.content.readany()
             status, rest = await feed_again(rec.url, "topic=alpha&pace=0.2", "e1")
     assert (status, rest) == (200, ["alpha"] * 9)
+    # An EventSource polyfill carries the id in the URL too (?lastEventId=): the same line.
+    status, rest = await feed_again(rec.url, "topic=alpha&pace=0.2&lastEventId=e8", "e8")
+    assert (status, rest) == (200, ["alpha"] * 2)
     assert await feed_again(rec.url, "topic=gamma", "never-sent") == (200, ["gamma"] * 10)
     assert sorted(seen) == ["GET /s"] * 3  # alpha, beta, and gamma's own
 
