@@ -38,6 +38,7 @@ from tasktape.proxy.mitm_flows import (
     record_failure,
     record_saved_flow,
     request_fields,
+    unkept_status,
 )
 from tasktape.proxy.mitm_options import WRITER_OPTIONS, WriterSettings
 
@@ -354,6 +355,10 @@ class TasktapeRecorder:
         head = head_fields(flow.response)
         if state.body is not None:
             state.body.log_if_whole(self.writer, state.exchange)
+        if (unkept := unkept_status(flow.response)) is not None:
+            state.notes.append(unkept)
+            state.answer_unkept = True
+            return
         self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
         if flow.response.raw_content is not None:
             # Made in the request hook (by an addon, or server replay): mitmproxy sends it
@@ -379,7 +384,7 @@ class TasktapeRecorder:
             return
         assert self.writer is not None and flow.response is not None
         body = flow.response.raw_content
-        if state.response_tee is None and body:
+        if state.response_tee is None and body and not state.answer_unkept:
             self.writer.chunk(state.exchange, state.offset(), body)
             if state.buffered_events:
                 state.notes.append(BUFFERED_UNTIMED)

@@ -19,6 +19,7 @@ from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.outcomes import Outcome
+from tasktape.eventlog.producer import MAX_STATUS, MIN_STATUS
 from tasktape.eventlog.uids import derived_uuid7
 
 from .failure import dropped
@@ -122,6 +123,18 @@ def request_fields(request: http.Request, max_body: int) -> dict[str, Any]:
     }
 
 
+def unkept_status(response: http.Response) -> str | None:
+    """Why the log keeps no answer of a response whose status no HTTP status is (mitmproxy
+    passes any number on: ``HTTP/1.1 42 X``); None for one in HTTP's range."""
+    status = response.status_code
+    if MIN_STATUS <= status <= MAX_STATUS:
+        return None
+    return (
+        f"the upstream answered with status {status}, outside HTTP's {MIN_STATUS} to {MAX_STATUS}: the "
+        "client was sent it, the log keeps none of the answer"
+    )
+
+
 def head_fields(response: http.Response) -> dict[str, Any]:
     """``response_head`` arguments, except the time to first byte."""
     return {
@@ -194,6 +207,7 @@ class InFlight:
     request_tee: StreamCallable | None = None
     response_tee: StreamCallable | None = None
     buffered_events: bool = False  # an event stream left to mitmproxy's buffering (tasktape_stream_events)
+    answer_unkept: bool = False  # a response whose status the log cannot keep (unkept_status)
     notes: list[str] = field(default_factory=list)
 
     def offset(self) -> int:
@@ -304,6 +318,8 @@ def record_saved_flow(
     )
     exchange = writer.begin_exchange(capture_id, **fields, uid=uid)
     note, untimed = None, False
+    if response is not None and (unkept := unkept_status(response)) is not None:
+        note, response = unkept, None
     if response is not None and (flow.error is None or _head_sent(flow, response)):
         head = head_fields(response)
         writer.response_head(exchange, **head, ttfb_ns=offset(response.timestamp_start))

@@ -702,6 +702,26 @@ def test_event_streams_are_switched_to_streaming_and_teed(
         assert [e["data"] for e in log.events(second["id"])] == ["{}", "[1]"]
 
 
+def test_a_status_no_http_status_is_passes_and_is_said_not_kept(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    """mitmproxy passes on any number as a status (``HTTP/1.1 42 X``): the writer refused it
+    inside the hook, leaving the exchange open; it is said instead, the answer not kept."""
+    recorder, _ = addon
+    flow = tflow.tflow(resp=True)
+    flow.response.status_code = 42
+    for hook in (recorder.requestheaders, recorder.request, recorder.responseheaders, recorder.response):
+        hook(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        (x,) = log.exchanges()
+        assert (x["status"], x["outcome"], log.chunks(x["id"])) == (None, "complete", [])
+    assert x["error"] == (
+        "the upstream answered with status 42, outside HTTP's 100 to 999: the client was sent it, the log "
+        "keeps none of the answer"
+    )
+
+
 def test_a_streamed_request_body_is_kept_as_it_passes(
     addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
 ) -> None:

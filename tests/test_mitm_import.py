@@ -173,6 +173,30 @@ def test_streamed_failed_and_non_http_flows(tmp_path: Path) -> None:
     assert got[4][:2] == (502, "upstream_error")  # (it was a 200, its upstream said to have dropped)
 
 
+def test_a_flow_whose_status_no_http_status_is_is_recorded_without_its_answer(tmp_path: Path) -> None:
+    """mitmproxy passes any number on as a status (``HTTP/1.1 42 X``), which the log keeps
+    none of: the import ended in a traceback, the log holding a flow cut short."""
+    flows = []
+    for status in (200, 42, 1000):
+        flow = tflow.tflow(resp=True)
+        flow.response.status_code = status
+        flows.append(flow)
+    path, db = tmp_path / "odd.mitm", tmp_path / "log.db"
+    write_flows(path, flows)
+    result = CliRunner().invoke(main, ["import", str(path), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    with EventLog(db) as log:
+        got = [(x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
+        assert [len(log.chunks(x["id"])) for x in log.exchanges()] == [1, 0, 0]
+    assert got[0] == (200, "complete", None)
+    for (status, outcome, error), sent in zip(got[1:], (42, 1000), strict=True):
+        assert (status, outcome) == (None, "complete")
+        assert error == (
+            f"the upstream answered with status {sent}, outside HTTP's 100 to 999: the client was sent "
+            "it, the log keeps none of the answer"
+        )
+
+
 def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
     good, broken = tmp_path / "good.mitm", tmp_path / "broken.mitm"
     write_flows(good, [tflow.tflow(resp=True)])
