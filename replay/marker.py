@@ -63,16 +63,12 @@ def tape_names(item: pytest.Item) -> list[str]:
 def merged(item: pytest.Item, name: str | None = None) -> dict[str, Any]:
     """Every tasktape marker of the tape ``name`` (None: the markers that name no tape) on
     the test, its class and its module: the closest says each option (a module's cassette,
-    a test's speed); a subclass's, what its bases' would. Two markers of a test or a module
-    that say an option otherwise (two cassettes on a test) are a mistake: neither is closer."""
+    a test's speed); a subclass's, what its bases' would; a parametrized case's
+    (``pytest.param(..., marks=...)``), what its test's would. Two markers of a test or a
+    module that say an option otherwise (two cassettes on a test) are a mistake: neither
+    is closer."""
     options: dict[str, Any] = {}
-    ours = (pair for pair in item.iter_markers_with_node(MARKER) if _name(pair[1].kwargs.get("name")) == name)
-    for node, pairs in itertools.groupby(ours, key=lambda pair: pair[0]):  # the closest node first
-        markers = [marker for _, marker in pairs]
-        if isinstance(node, pytest.Class):
-            # pytest gives a class's markers its bases' first (its MRO reversed): its own
-            # marker is the closest.
-            markers.reverse()
+    for node, markers in _levels(item, name):  # the closest first
         said: dict[str, Any] = {}
         for marker in markers:
             for option, value in _given(marker).items():
@@ -84,6 +80,26 @@ def merged(item: pytest.Item, name: str | None = None) -> dict[str, Any]:
                 said[option] = value
                 options.setdefault(option, value)
     return options
+
+
+def _levels(item: pytest.Item, name: str | None) -> list[tuple[Any, list[pytest.Mark]]]:
+    """The markers of the tape ``name``, by how close they are to the test: its case's, its
+    own, its class's, its module's... each with the node that holds them."""
+    ours = (pair for pair in item.iter_markers_with_node(MARKER) if _name(pair[1].kwargs.get("name")) == name)
+    levels = []
+    for node, pairs in itertools.groupby(ours, key=lambda pair: pair[0]):  # the closest node first
+        markers = [marker for _, marker in pairs]
+        if isinstance(node, pytest.Class):
+            # pytest gives a class's markers its bases' first (its MRO reversed): its own
+            # marker is the closest.
+            markers.reverse()
+        case = getattr(node, "callspec", None)
+        of_case = [m for m in markers if case is not None and m in case.marks]
+        if of_case:  # (pytest puts a case's markers after its test's, on one node)
+            levels.append((node, of_case))
+            markers = [m for m in markers if m not in of_case]
+        levels.append((node, markers))
+    return levels
 
 
 def _given(marker: pytest.Mark) -> dict[str, Any]:

@@ -649,9 +649,18 @@ def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None
         class TestOverriding(TestBase):
             def test_the_base_cassette(self, tasktape):
                 assert (tasktape.cassette.name, tasktape.server.speed) == ("failed.jsonl", 0)
+
+        # A case's marker says what its test's would.
+        @pytest.mark.tasktape("cassettes/completed.jsonl")
+        @pytest.mark.parametrize(
+            "expected",
+            ["completed.jsonl", pytest.param("failed.jsonl", marks=pytest.mark.tasktape("cassettes/failed.jsonl"))],
+        )
+        def test_a_case_names_its_cassette(tasktape, expected):
+            assert tasktape.cassette.name == expected
         """
     )
-    run(project).assert_outcomes(passed=6)
+    run(project).assert_outcomes(passed=8)
 
 
 def test_an_async_fixture_in_another_loop_than_its_test_reaches_the_tape(project: pytest.Pytester) -> None:
