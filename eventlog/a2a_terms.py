@@ -71,6 +71,10 @@ STREAM_KINDS = tuple(
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json", "/extendedAgentCard")
 CARD_METHODS = ("GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard")
 
+# The operations that answer nothing (google.protobuf.Empty; JSON-RPC ``"result": null``,
+# as the official SDK sends it), v1.0's and 0.3's.
+EMPTY_ANSWER_METHODS = frozenset({"DeleteTaskPushNotificationConfig", "tasks/pushNotificationConfig/delete"})
+
 
 class Binding(StrEnum):
     """The two ways A2A is carried: ``RequestInfo.binding`` and ``Classification.binding``."""

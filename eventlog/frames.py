@@ -4,6 +4,8 @@ classified by its protocol."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -138,17 +140,20 @@ def at_log_end(recorded: Iterable[Recorded]) -> list[Recorded]:
 
 class Repeats:
     """Tells an event sent again from a new one, over the streams of one scope (an MCP
-    session) in the order they were opened. An event is sent again only on a stream that
-    continues an earlier one (a request carrying Last-Event-ID continues the latest that
-    sent that id) and only with the id of an event that one sent; any other event is new,
-    whatever its id (a server may number each stream's events from 1). A reconnect the
-    resume gateway answered from a stream it held (``EventLog.reconnects_answered``) sends
-    every event again, under the gateway's ids where the server gave none. The log's task
-    views follow the same rules (``schema._sent_before``, ``schema.SLICES``), a subscribe
-    to a task continuing its latest stream."""
+    session, an A2A task) in the order they were opened. An event is sent again only on a
+    stream that continues an earlier one (a request carrying Last-Event-ID continues the
+    latest that sent that id) and only with the id of an event that one sent; any other
+    event is new, whatever its id (a server may number each stream's events from 1). A
+    reconnect the resume gateway answered from a stream it held
+    (``EventLog.reconnects_answered``) sends every event again, under the gateway's ids
+    where the server gave none. The log's task views follow the same rules
+    (``schema._sent_before``, ``schema.SLICES``), a subscribe to a task continuing its
+    latest stream. ``in_frames`` also tells the events a subscribe sends again without ids
+    (the official a2a-sdk's server sends none) by their content."""
 
     def __init__(self) -> None:
         self._sent: list[set[str]] = []  # each earlier stream's event ids
+        self._frames: dict[int, Sequence[Frame]] = {}  # by position in _sent: the frames, when given
 
     def of(
         self,
@@ -162,14 +167,46 @@ class Repeats:
         latest one; ``answered``: a reconnect the resume gateway answered, all of whose
         events are); the stream's ids are noted for the streams after it."""
         own = {i for i in ids if i is not None}
-        if answered:
-            continued = own
-        else:
-            continued = next((sent for sent in reversed(self._sent) if last_event_id in sent), None)
-            if continued is None:
-                continued = self._sent[-1] if subscribe and self._sent else set()
+        continued = self._continued(last_event_id, subscribe)
+        earlier = self._sent[continued] if continued is not None else set()
         self._sent.append(own)
-        return own & continued
+        return own if answered else own & earlier
+
+    def in_frames(
+        self, frames: Sequence[Frame], last_event_id: str | None, subscribe: bool = False
+    ) -> set[int]:
+        """The positions, among a stream's frames, of the events sent again: by their ids,
+        as ``of`` tells them; and on a subscribe, each event without an id whose content
+        (its payload: a JSON-RPC envelope's id is the request's) an event without an id of
+        the stream it continues carried, each of those standing for one."""
+        continued = self._continued(last_event_id, subscribe)
+        again_ids = self.of([f.sse_id for f in frames], last_event_id, subscribe)
+        self._frames[len(self._sent) - 1] = frames
+        again = {i for i, f in enumerate(frames) if f.sse_id is not None and f.sse_id in again_ids}
+        earlier = self._frames.get(continued) if subscribe and continued is not None else None
+        if earlier:
+            sent = Counter(_content(f) for f in earlier if f.sse_id is None)
+            for i, frame in enumerate(frames):
+                if frame.sse_id is None and sent[key := _content(frame)] > 0:
+                    sent[key] -= 1
+                    again.add(i)
+        return again
+
+    def _continued(self, last_event_id: str | None, subscribe: bool) -> int | None:
+        """The position of the earlier stream a stream continues, if it continues one."""
+        if last_event_id is not None:
+            found = next(
+                (i for i in reversed(range(len(self._sent))) if last_event_id in self._sent[i]), None
+            )
+            if found is not None:
+                return found
+        return len(self._sent) - 1 if subscribe and self._sent else None
+
+
+def _content(frame: Frame) -> str:
+    """What an event says, however it is enveloped: its payload (else its data) as JSON."""
+    payload = frame.payload
+    return frame.data if payload is None else json.dumps(payload, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ _REST_ROUTES = [
     (re.compile(rf"{_TASK}:cancel$"), {"POST": "CancelTask"}),
     (re.compile(rf"{_TASK}:subscribe$"), {"GET": "SubscribeToTask", "POST": "SubscribeToTask"}),
     (
-        re.compile(rf"{_TASK}/pushNotificationConfigs(?:/[^/]+)?$"),
-        {
-            "POST": "CreateTaskPushNotificationConfig",
-            "GET": "GetTaskPushNotificationConfig",
-            "DELETE": "DeleteTaskPushNotificationConfig",
-        },
+        re.compile(rf"{_TASK}/pushNotificationConfigs$"),
+        {"POST": "CreateTaskPushNotificationConfig", "GET": "ListTaskPushNotificationConfigs"},
+    ),
+    (
+        re.compile(rf"{_TASK}/pushNotificationConfigs/[^/]+$"),
+        {"GET": "GetTaskPushNotificationConfig", "DELETE": "DeleteTaskPushNotificationConfig"},
     ),
     (re.compile(rf"{_TASK}$"), {"GET": "GetTask"}),
     (re.compile(r"(?:^|/)tasks$"), {"GET": "ListTasks"}),
@@ -77,6 +77,18 @@ A2A_METHODS = frozenset(
     }
 )
 
+# v1.0's push config calls name their task ``taskId``: their ``id`` is the config's (in
+# 0.3, whose methods are named otherwise, ``id`` is the task).
+_ID_IS_CONFIG = frozenset(
+    {
+        "CreateTaskPushNotificationConfig",
+        "GetTaskPushNotificationConfig",
+        "ListTaskPushNotificationConfigs",
+        "ListTaskPushNotificationConfig",
+        "DeleteTaskPushNotificationConfig",
+    }
+)
+
 
 def _route(method: str, path: str) -> tuple[str, re.Match[str]] | None:
     """The A2A operation of a REST request, and its path's match, if its route is one."""
@@ -102,7 +114,7 @@ def classify_parsed(method: str, path: str, obj: Any) -> RequestInfo:
     if isinstance(obj, dict) and "jsonrpc" in obj and isinstance(obj.get("method"), str):
         params = obj.get("params") if isinstance(obj.get("params"), dict) else {}
         message = params.get("message") if isinstance(params.get("message"), dict) else {}
-        task_id = params.get("id") if isinstance(params.get("id"), str) else None
+        task_id = None if obj["method"] in _ID_IS_CONFIG else str_or_none(params.get("id"))
         task_id = task_id or str_or_none(params.get("taskId")) or str_or_none(message.get("taskId"))
         context_id = str_or_none(message.get("contextId"))
         return RequestInfo(Binding.JSONRPC, obj["method"], task_id, context_id, obj.get("id"))

@@ -119,19 +119,20 @@ class _Artifact:
 def _new_artifact_updates(streams: Sequence[Stream]) -> list[tuple[Stream, Frame]]:
     """The artifactUpdates of the streams but those sent again: a task's stream that
     continues an earlier one (a request with Last-Event-ID, a subscribe to the task) with
-    the id of an event that one sent repeats it (as the log's views read them)."""
+    the id of an event that one sent repeats it (as the log's views read them); a
+    subscribe's event without an id repeats an event without an id of the same content."""
     repeats: dict[str | None, Repeats] = {}
     updates = []
     for stream in streams:
-        again: set[str] = set()
-        if stream.is_sse:  # (a plain response has no event ids)
+        again: set[int] = set()
+        if stream.is_sse:  # (a plain response sends nothing again)
             task_repeats = repeats.setdefault(stream.task_id, Repeats())
             subscribe = stream.request.rpc_method in SUBSCRIBE_METHODS
-            again = task_repeats.of([f.sse_id for f in stream.frames], stream.last_event_id, subscribe)
+            again = task_repeats.in_frames(stream.frames, stream.last_event_id, subscribe)
         updates += [
             (stream, f)
-            for f in stream.frames
-            if f.c.kind == A2AKind.ARTIFACT_UPDATE and f.sse_id not in again
+            for i, f in enumerate(stream.frames)
+            if f.c.kind == A2AKind.ARTIFACT_UPDATE and i not in again
         ]
     return updates
 

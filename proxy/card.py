@@ -8,7 +8,7 @@ from typing import Any
 
 from yarl import URL
 
-from tasktape.eventlog.a2a_terms import CARD_METHODS, CARD_PATHS
+from tasktape.eventlog.a2a_terms import CARD_METHODS, CARD_PATHS, is_jsonrpc
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -75,34 +75,43 @@ def _move(value: str, upstream: URL, public: URL) -> str | None:
 
 
 def point_card_at(body: bytes, public: URL) -> bytes | None:
-    """A recorded card with every interface URL (``supportedInterfaces``, and the 0.3
-    ``url`` and ``additionalInterfaces``) moved to ``public``, paths kept: a replayed card
-    must send the client back to the replay server. None when nothing moved."""
+    """A recorded card, or a JSON-RPC answer holding one in ``result``, with every ``url``
+    that points where its interfaces did (``supportedInterfaces``, and the 0.3 ``url`` and
+    ``additionalInterfaces``) moved to ``public``, paths kept, as the recorder moves them
+    live: a replayed card must send the client back to the replay server. None when
+    nothing moved."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(doc, dict):
         return None
+    card = doc.get("result") if is_jsonrpc(doc) else doc
+    if not isinstance(card, dict):
+        return None
     changed = False
+    for origin in _interface_origins(card) - {public.origin()}:
+        changed |= _rewrite(doc, origin, public)
+    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+
+
+def _interface_origins(card: dict[str, Any]) -> set[URL]:
+    """Where a card's interfaces point: the recorded agent, as its card names it."""
     holders = [
-        doc,
+        card,
         *(
             i
             for key in ("supportedInterfaces", "additionalInterfaces")
-            for i in doc.get(key) or []
+            for i in card.get(key) or []
             if isinstance(i, dict)
         ),
     ]
+    origins: set[URL] = set()
     for holder in holders:
         value = holder.get("url")
         if isinstance(value, str):
             try:
-                origin = URL(value).origin()
-            except ValueError:
+                origins.add(URL(value).origin())
+            except ValueError:  # not an absolute URL
                 continue
-            moved = _move(value, origin, public)
-            if moved and moved != value:
-                holder["url"] = moved
-                changed = True
-    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+    return origins

@@ -6,6 +6,7 @@ message fields, the optional capabilities it does not offer, and the errors of b
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -292,3 +293,36 @@ async def test_string_number_and_null_ids_are_answered_with_the_same_id(agent: s
     rpc = {"jsonrpc": "2.0", "id": rpc_id, "method": "GetTask", "params": {"id": "task.x"}}
     status, answer = await request("POST", f"{agent}/jsonrpc", json=rpc, headers=V1)
     assert status == 200 and answer["error"]["code"] == -32001 and answer["id"] == rpc_id
+
+
+def strict_json(text: str) -> Any:
+    """JSON as a client other than Python's reads it: NaN and Infinity are none."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} in the answer: {text}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/jsonrpc", '{"jsonrpc": "2.0", "id": NaN, "method": "GetTask", "params": {"id": "task.x"}}'),
+        ("/jsonrpc", '{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": MESSAGE}}'),
+        ("/message:send", '{"message": MESSAGE}'),
+    ],
+)
+async def test_nan_and_infinity_are_no_json(agent: str, path: str, body: str) -> None:
+    # Python's reader takes them; echoed into the answer (the id, the message's metadata
+    # in the task's history) they would make it no JSON for the client.
+    text = json.dumps(message("hi", metadata={"x": 1.5})).replace("1.5", "Infinity")
+    headers = {**V1, "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(agent + path, data=body.replace("MESSAGE", text), headers=headers) as r,
+    ):
+        status, answer = r.status, strict_json(await r.text())
+    if path == "/jsonrpc":
+        assert status == 200 and answer["error"]["code"] == -32700 and answer["id"] is None
+    else:
+        assert status == 400 and answer["error"]["message"] == "the body is not JSON"

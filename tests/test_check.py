@@ -471,6 +471,29 @@ def test_jsonrpc_frames_answer_with_the_request_id() -> None:
     assert rules_broken(stream(frames[:1], jsonrpc=7, reply_id="7")) == ["stream-end", "jsonrpc-id"]
 
 
+def rpc_answer(method: str, params: dict[str, Any], result: Any) -> Recorded:
+    """A plain JSON-RPC exchange as the official SDK's server answers it (its key order)."""
+    request = {"method": method, "params": params, "id": "r1", "jsonrpc": "2.0"}
+    return Recorded(
+        method="POST",
+        path="/",
+        request_body=json.dumps(request).encode(),
+        status=200,
+        chunks=[(0, json.dumps({"result": result, "id": "r1", "jsonrpc": "2.0"}).encode())],
+        origin="t.jsonl:3",
+    )
+
+
+def test_an_operation_that_returns_nothing_answers_a_null_result() -> None:
+    # Deleting a push config returns google.protobuf.Empty: the SDK answers "result": null.
+    deleted = rpc_answer("DeleteTaskPushNotificationConfig", {"taskId": T, "id": "cfg1"}, None)
+    assert rules_broken(stream(completed_run()), deleted) == []
+    # An operation that returns a task does not answer nothing.
+    fetched = rpc_answer("GetTask", {"id": T}, None)
+    findings = check_recorded([fetched])
+    assert [(f.rule, f.message) for f in findings] == [("frame", "JSON-RPC result is not an object")]
+
+
 def logged(path: Path, *recorded: Recorded) -> Path:
     """These recorded streams written into a log, as the recorder writes them."""
     with LogWriter(path) as w:

@@ -9,9 +9,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import RecordFactory, Recording
-from sdk_agent import SdkAgent, run_sdk_agent
-from sdk_client import cancel_task, get_task, send_message, stream_message, subscribe
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    GetExtendedAgentCardRequest,
+)
+from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, TransportProtocol
+from aiohttp import web
+from conftest import RecordFactory, Recording, Serve
+from google.protobuf.json_format import MessageToDict
+from sdk_agent import CARD_PATH, SdkAgent, run_sdk_agent
+from sdk_client import cancel_task, get_task, sdk_client, send_message, stream_message, subscribe
+
+from tasktape.agent import create_agent_app
+from tasktape.eventlog.checker import check_log
+from tasktape.replay import ReplayServer, load
 
 BINDINGS = ["rest", "jsonrpc"]
 
@@ -132,3 +145,71 @@ async def test_send_get_cancel_and_subscribe(agent: SdkAgent, record: RecordFact
     assert send["is_sse"] == 0 and task_id in send["response_body"]
     assert send["task_id"] == task_id  # named by the (non-streamed) answer
     assert all(x["outcome"] == "complete" for x in recorded)
+
+
+def extended_card_agent() -> web.Application:
+    """An agent whose card offers an extended card, both listing the agent's own address,
+    written as the SDK's server writes them (its types, to JSON)."""
+
+    def card(request: web.Request, name: str) -> dict[str, Any]:
+        base = f"http://{request.host}"
+        interfaces = [
+            AgentInterface(url=base, protocol_binding=b.value, protocol_version=PROTOCOL_VERSION_CURRENT)
+            for b in (TransportProtocol.HTTP_JSON, TransportProtocol.JSONRPC)
+        ]
+        capabilities = AgentCapabilities(extended_agent_card=True)
+        return MessageToDict(AgentCard(name=name, supported_interfaces=interfaces, capabilities=capabilities))
+
+    async def public(request: web.Request) -> web.Response:
+        return web.json_response(card(request, "public"))
+
+    async def jsonrpc(request: web.Request) -> web.Response:
+        rpc = await request.json()
+        assert rpc["method"] == "GetExtendedAgentCard"
+        return web.json_response({"jsonrpc": "2.0", "id": rpc["id"], "result": card(request, "extended")})
+
+    app = web.Application()
+    app.router.add_get(CARD_PATH, public)
+    app.router.add_post("/", jsonrpc)
+    return app
+
+
+async def test_a_replayed_extended_card_on_jsonrpc_points_at_the_replay(
+    record: RecordFactory, serve: Serve
+) -> None:
+    # The card sits under the JSON-RPC answer's ``result``: replayed as recorded, it would
+    # send the client's next call to the recorded agent, past the replay.
+    rec = await record(extended_card_agent())
+    async with sdk_client(rec.url, "jsonrpc") as client:
+        live = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+    assert {i.url for i in live.supported_interfaces} == {rec.url}
+    (await rec.log()).close()
+    url = await serve(ReplayServer(load([rec.db])).app)
+    async with sdk_client(url, "jsonrpc") as client:
+        replayed = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+    assert replayed.name == "extended"
+    assert [i.url for i in replayed.supported_interfaces] == [url, url]
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+@pytest.mark.parametrize("agent_kind", ["sdk", "demo"])
+async def test_a_subscribe_to_a_running_task_checks_clean(
+    agent: SdkAgent, record: RecordFactory, serve: Serve, agent_kind: str, binding: str
+) -> None:
+    # The subscribe is sent again what the first stream carries; the SDK's agent gives its
+    # events no SSE ids (the demo agent does): either way each counts once.
+    upstream = agent.url if agent_kind == "sdk" else await serve(create_agent_app(pace=0.2))
+    rec = await record(upstream)
+    first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def note(event: dict[str, Any]) -> None:
+        if not first.done():
+            first.set_result(next(iter(event.values())).get("id"))
+
+    streaming = asyncio.create_task(stream_message(rec.url, "slow hello", binding, on_event=note))
+    subscribed = await subscribe(rec.url, await asyncio.wait_for(first, 10), binding)
+    streamed = await asyncio.wait_for(streaming, 10)
+    assert shape(subscribed)[-1][1] == shape(streamed)[-1][1] == "TASK_STATE_COMPLETED"
+    assert any("artifactUpdate" in e for e in subscribed)  # it ran on while subscribed
+    with await rec.log() as log:
+        assert check_log(log) == []

@@ -68,3 +68,72 @@ MESSAGE = {
 )
 def test_classify_request(method: str, path: str, body: bytes | None, expected: RequestInfo) -> None:
     assert classify_request(method, path, body) == expected
+
+
+# A push config call names its task and its config: v1.0 takes them from the SDK's own
+# request types (``taskId`` and ``id``), 0.3 named the task ``id``; the REST list of a
+# task's configs is its own operation, as v1.0 routes it.
+@pytest.mark.parametrize(
+    ("method", "path", "body", "expected"),
+    [
+        (
+            "POST",
+            "/",
+            rpc("CreateTaskPushNotificationConfig", {"taskId": "t1", "id": "cfg1", "url": "http://hook"}),
+            RequestInfo("jsonrpc", "CreateTaskPushNotificationConfig", "t1", None, 1),
+        ),
+        (
+            "POST",
+            "/",
+            rpc("GetTaskPushNotificationConfig", {"id": "cfg1", "taskId": "t1"}),
+            RequestInfo("jsonrpc", "GetTaskPushNotificationConfig", "t1", None, 1),
+        ),
+        (
+            "POST",
+            "/",
+            rpc("DeleteTaskPushNotificationConfig", {"id": "cfg1", "taskId": "t1"}),
+            RequestInfo("jsonrpc", "DeleteTaskPushNotificationConfig", "t1", None, 1),
+        ),
+        (
+            "POST",
+            "/",
+            rpc("ListTaskPushNotificationConfigs", {"taskId": "t1"}),
+            RequestInfo("jsonrpc", "ListTaskPushNotificationConfigs", "t1", None, 1),
+        ),
+        (
+            "POST",
+            "/",
+            rpc("tasks/pushNotificationConfig/get", {"id": "t1", "pushNotificationConfigId": "cfg1"}),
+            RequestInfo("jsonrpc", "tasks/pushNotificationConfig/get", "t1", None, 1),
+        ),
+        (
+            "POST",
+            "/",
+            rpc("tasks/pushNotificationConfig/set", {"taskId": "t1", "pushNotificationConfig": {"id": "c"}}),
+            RequestInfo("jsonrpc", "tasks/pushNotificationConfig/set", "t1", None, 1),
+        ),
+        (
+            "GET",
+            "/tasks/t1/pushNotificationConfigs",
+            None,
+            RequestInfo("rest", "ListTaskPushNotificationConfigs", "t1"),
+        ),
+        (
+            "POST",
+            "/tenant/tasks/t1/pushNotificationConfigs",
+            b'{"url": "http://hook"}',
+            RequestInfo("rest", "CreateTaskPushNotificationConfig", "t1"),
+        ),
+        (
+            "DELETE",
+            "/tasks/t1/pushNotificationConfigs/cfg1",
+            None,
+            RequestInfo("rest", "DeleteTaskPushNotificationConfig", "t1"),
+        ),
+        ("DELETE", "/tasks/t1/pushNotificationConfigs", None, RequestInfo()),
+    ],
+)
+def test_push_config_calls_name_their_task(
+    method: str, path: str, body: bytes | None, expected: RequestInfo
+) -> None:
+    assert classify_request(method, path, body) == expected

@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..a2a_terms import CARD_PATHS, ENDS_A_STREAM, STREAM_KINDS, V03_KINDS, A2AKind, Binding, is_jsonrpc
+from ..a2a_terms import (
+    CARD_PATHS,
+    EMPTY_ANSWER_METHODS,
+    ENDS_A_STREAM,
+    STREAM_KINDS,
+    V03_KINDS,
+    A2AKind,
+    Binding,
+    is_jsonrpc,
+)
 from ..classify import Classification, classify, load_json
 from ..requests import A2A_METHODS, READ_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
@@ -79,9 +88,13 @@ class A2A(Protocol):
         return binding != Binding.JSONRPC  # (REST's paths name theirs: /message:stream)
 
     def checked(self, info: RequestInfo, is_sse: bool, status: int | None) -> bool:
-        """Streams, and the answers of successful operations: an agent card, or an error
-        the agent answered with, has no lifecycle in it."""
-        return is_sse or (info.rpc_method is not None and status is not None and 200 <= status < 300)
+        """Streams, and the answers of successful operations: an agent card, an error the
+        agent answered with, or the empty answer of an operation that returns nothing
+        (``"result": null`` over JSON-RPC) has no lifecycle in it."""
+        if is_sse:
+            return True
+        answers = info.rpc_method is not None and info.rpc_method not in EMPTY_ANSWER_METHODS
+        return answers and status is not None and 200 <= status < 300
 
     def reader(self) -> A2AReader:
         return A2AReader()

@@ -38,6 +38,7 @@ from .protocol import (
     integer,
     message_text,
     named_task_id,
+    read_json,
 )
 from .scenarios import Scenario, choose, script_for
 from .tasks import INTERRUPTED, TERMINAL, Event, Frame, TaskRun, TaskStore, timestamp
@@ -350,7 +351,7 @@ def _rest(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> An
 
 async def _json(request: web.Request) -> Any:
     try:
-        return await request.json()
+        return await request.json(loads=read_json)
     except ValueError:
         raise A2AError(400, -32700, "the body is not JSON") from None
 
@@ -406,7 +407,7 @@ async def rest_extended_card(request: web.Request) -> web.Response:
 
 async def jsonrpc(request: web.Request) -> web.StreamResponse:
     try:
-        body = await request.json()
+        body = await request.json(loads=read_json)
     except ValueError:
         return _rpc_error(None, ErrorKind.PARSE_ERROR.rpc, "parse error: the body is not JSON")
     rpc_id = body.get("id") if isinstance(body, dict) else None

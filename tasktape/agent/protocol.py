@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Callable, Mapping
 from enum import Enum, StrEnum
@@ -121,6 +122,16 @@ _MESSAGE_FIELDS = {
     "extensions": Shape.STRINGS,
     "referenceTaskIds": Shape.STRINGS,
 }
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")
+
+
+def read_json(text: str) -> Any:
+    """A request body as JSON has it: Python's reader also takes NaN and Infinity, which an
+    answer echoing them (a JSON-RPC id, a message's metadata) would send on as no JSON."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 def check_version(version: str | None) -> None:
