@@ -23,6 +23,7 @@ import json
 import os
 import re
 import stat
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import nullcontext
@@ -41,9 +42,9 @@ from tasktape.version import __version__
 from .file_kinds import FileKind, kind_of_bytes
 from .http_fields import read_problem
 from .outcomes import Outcome
-from .producer import LogProducer
+from .producer import MAX_STATUS, MIN_STATUS, LogProducer
 from .recorded import Recorded
-from .resumes import Resume, ResumeOutcome, ResumeSide
+from .resumes import CarriedResume, Resume, ResumeOutcome, ResumeSide
 from .uids import derived_uuid7, iso_ns, moment_ns, read_time
 
 if TYPE_CHECKING:
@@ -59,8 +60,6 @@ _RESERVED = ("tasktape_cassette", "tool_version")
 # Offsets and durations become nanoseconds in SQLite INTEGERs: a bound well inside them
 # (about 31 years) refuses infinities and absurd values on loading, not when written.
 MAX_MS = 1e12
-# A status as HTTP/1.1 sends it: three digits (RFC 9110 section 15), as a log keeps it.
-MIN_STATUS, MAX_STATUS = 100, 999
 # A CR, LF or NUL in a header, or in a request's method, path or query, would split the
 # message it is replayed in or the line it is reported on.
 _SPLITS_A_LINE = re.compile(r"[\r\n\x00]")
@@ -189,6 +188,9 @@ class CassetteReader:
         last: int | None = None  # the offset of its last chunk
         header_seen = False
         exchanges = ends = 0  # exchange and end lines read
+        # The line of each exchange read, negative for one that is no event stream: what a
+        # reconnect names must be one.
+        lines_of: list[int] = []
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -205,10 +207,8 @@ class CassetteReader:
                 where, origin = f"{path}:{number}", f"{self.name}:{number}"
                 kind, item = _plain_line(doc, origin, keep=keep) or _modelled(doc, where, origin)
                 if kind == "exchange":
-                    if item.reconnect_of is not None and exchanges + item.reconnect_of < 0:
-                        raise CassetteError(
-                            f"{where}: reconnect_of {item.reconnect_of} names an exchange before the first"
-                        )
+                    _check_resumed(item, lines_of, where)
+                    lines_of.append(number if _streams(item) else -number)
                     if current is not None:
                         yield done(current)
                     current, last = item, None
@@ -246,6 +246,38 @@ class CassetteReader:
             current.duration_ns = _last_offset(current)
         if current is not None:
             yield done(current)
+
+
+def _check_resumed(item: Any, lines_of: list[int], where: str) -> None:
+    """The streams an exchange line says it resumed are exchanges of the cassette (at the
+    lines ``lines_of`` of those before it, negative for one that is no event stream); a
+    reconnect's is an event stream, as it was in the log (an exchange taken out from
+    between would make it name another: the agent card)."""
+    if item.reconnect_of is not None:
+        _check_stream(item.reconnect_of, lines_of, f"{where}: reconnect_of {item.reconnect_of}")
+    for resume in getattr(item, "resumes", ()):
+        if resume.of < 0:  # (0: the exchange itself, the stream)
+            _check_stream(resume.of, lines_of, f"{where}: resumes: of {resume.of}")
+
+
+def _check_stream(back: int, lines_of: list[int], what: str) -> None:
+    """The exchange ``back`` before the one being read is an event stream."""
+    if len(lines_of) + back < 0:
+        raise CassetteError(f"{what} names an exchange before the first")
+    line = lines_of[len(lines_of) + back]
+    if line < 0:
+        raise CassetteError(
+            f"{what} names the exchange of line {-line}, which is no event stream: a reconnect"
+            " resumes a stream (was the stream left out?)"
+        )
+
+
+def _streams(item: Any) -> bool:
+    """Whether an exchange line, as read (its ``Recorded``, or unkept its fields), is of an
+    event stream."""
+    if isinstance(item, Recorded):
+        return item.is_sse
+    return _is_sse(item.response)
 
 
 def _ended_whole(r: Recorded) -> Recorded:
@@ -326,8 +358,9 @@ def _plain_line(doc: Any, origin: str, *, keep: bool = True) -> tuple[str, Any] 
     return "end", (None if duration is None else _ns(float(duration)), outcome, error, timed)
 
 
-_REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated"})
+_REQUEST_KEYS = frozenset({"method", "path", "query", "headers", "body", "body_truncated", "decoded_from"})
 _RESPONSE_KEYS = frozenset({"status", "headers", "sse", "ttfb_ms", "decoded_from", "body_truncated"})
+# (an exchange that carries ``resumes`` is read through its model: few do)
 _EXCHANGE_KEYS = frozenset({"request", "response", "reconnect_of", "started_at", "recorded_by", "uid"})
 _END_KEYS = frozenset({"duration_ms", "outcome", "error"})
 
@@ -360,8 +393,8 @@ def _plain_exchange(body: Any, origin: str, *, keep: bool = True) -> Recorded | 
     if splits_a_line(method) or splits_a_line(path) or splits_a_line(query):
         return None
     request_headers = _plain_headers(req.get("headers", []), broken_header)
-    truncated = req.get("body_truncated", False)
-    if request_headers is None or type(truncated) is not bool:
+    truncated, request_decoded = req.get("body_truncated", False), req.get("decoded_from")
+    if request_headers is None or type(truncated) is not bool or not _optional_str(request_decoded):
         return None
     request = SimpleNamespace(
         method=method,
@@ -371,6 +404,7 @@ def _plain_exchange(body: Any, origin: str, *, keep: bool = True) -> Recorded | 
         body=text,
         body_base64=None,
         body_truncated=truncated,
+        decoded_from=request_decoded,
     )
     response = None
     if resp is not None:
@@ -404,6 +438,7 @@ def _plain_exchange(body: Any, origin: str, *, keep: bool = True) -> Recorded | 
         reconnect_of=reconnect_of,
         started_at=started_at,
         recorded_by=recorded_by,
+        resumes=[],
     )
     try:
         if not keep:
@@ -517,8 +552,6 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
     """An exchange line's ``Recorded``: from its model, or from ``_plain_exchange``'s
     reading of it (the same fields, checked alike)."""
     req, resp = item.request, item.response
-    headers = resp.headers if resp else []
-    content_type = next((v for k, v in headers if k.lower() == "content-type"), "")
     return Recorded(
         method=req.method,
         path=req.path,
@@ -526,9 +559,10 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
         request_headers=list(req.headers),
         request_body=_request_body(req),
         request_body_truncated=req.body_truncated,
+        request_decoded_from=req.decoded_from,
         status=resp.status if resp else None,
-        response_headers=list(headers),
-        is_sse=resp.sse if resp and resp.sse is not None else content_type.startswith("text/event-stream"),
+        response_headers=list(resp.headers) if resp else [],
+        is_sse=_is_sse(resp),
         ttfb_ns=_ns(resp.ttfb_ms) if resp else 0,
         decoded_from=resp.decoded_from if resp else None,
         response_body_truncated=resp.body_truncated if resp else False,
@@ -536,7 +570,49 @@ def _exchange(item: Exchange | SimpleNamespace, origin: str) -> Recorded:
         origin=origin,
         reconnect_of=item.reconnect_of,
         recorded_by=item.recorded_by,
+        resumes=[_carried(line) for line in item.resumes],
     )
+
+
+def _is_sse(resp: Any) -> bool:
+    """Whether a response line's body is an event stream: as it says, else as its
+    Content-Type does."""
+    if resp is None:
+        return False
+    if resp.sse is not None:
+        return resp.sse
+    content_type = next((v for k, v in resp.headers if k.lower() == "content-type"), "")
+    return content_type.startswith("text/event-stream")
+
+
+def _carried(line: Any) -> CarriedResume:
+    """A resume as an exchange line gives it."""
+    return CarriedResume(
+        line.of,
+        line.side,
+        line.outcome,
+        offset_ns=_ns(line.offset_ms),
+        last_event_id=line.last_event_id,
+        events_from_log=line.events_from_log,
+        attempts=line.attempts,
+        synthesized=tuple(line.synthesized),
+        error=line.error,
+    )
+
+
+def _resume_line(resume: CarriedResume) -> dict[str, Any]:
+    """A resume as an exchange line holds it: what it does not say left out."""
+    line: dict[str, Any] = {"of": resume.of, "side": str(resume.side), "outcome": str(resume.outcome)}
+    if resume.offset_ns:
+        line["offset_ms"] = _ms(resume.offset_ns)
+    optional = {
+        "last_event_id": resume.last_event_id,
+        "events_from_log": resume.events_from_log,
+        "attempts": resume.attempts,
+        "synthesized": list(resume.synthesized) or None,
+        "error": resume.error,
+    }
+    return line | {key: value for key, value in optional.items() if value is not None}
 
 
 def _request_body(req: Any) -> bytes | None:
@@ -583,6 +659,8 @@ def cassette_lines(
             request |= _text_or_base64(r.request_body, "body", "body_base64")
         if r.request_body_truncated:
             request["body_truncated"] = True
+        if r.request_decoded_from and r.request_body is not None:
+            request["decoded_from"] = r.request_decoded_from
         exchange: dict[str, Any] = {"request": request}
         if r.status is not None:
             response: dict[str, Any] = {
@@ -604,6 +682,8 @@ def cassette_lines(
             exchange["recorded_by"] = r.recorded_by
         if r.uid:
             exchange["uid"] = r.uid
+        if r.resumes:
+            exchange["resumes"] = [_resume_line(resume) for resume in r.resumes]
         yield json.dumps({"exchange": exchange}, ensure_ascii=False)
         for offset, data in r.chunks:
             yield json.dumps(
@@ -757,6 +837,7 @@ def load_into(
             request_headers=r.request_headers,
             request_body=r.request_body,
             request_body_truncated=r.request_body_truncated,
+            request_decoded_from=r.request_decoded_from,
             started_ns=started_ns,
             uid=uid,
         )
@@ -768,12 +849,18 @@ def load_into(
                 is_sse=r.is_sse,
                 ttfb_ns=r.ttfb_ns,
                 decoded_from=r.decoded_from,
+                body_truncated=r.response_body_truncated,
             )
         writer.chunks(exchange, r.chunks)
         writer.end_exchange(
             exchange, duration_ns=r.duration_ns, outcome=r.outcome or Outcome.COMPLETE, error=r.error
         )
-        if r.reconnect_of is not None:
+        if r.resumes:
+            base = started_ns or time.time_ns()  # (the time it was loaded at, as the writer gives it)
+            for carried in r.resumes:
+                stream = exchange if carried.of == 0 else ids[len(ids) + carried.of]
+                writer.resume(carried.row(stream, exchange), at_ns=base + carried.offset_ns)
+        elif r.reconnect_of is not None:  # (a cassette that gives only what it resumed)
             answered = ResumeOutcome.ENDED if r.status == HTTPStatus.NO_CONTENT else ResumeOutcome.RESUMED
             resume = Resume(
                 ids[len(ids) + r.reconnect_of],

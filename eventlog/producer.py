@@ -30,7 +30,8 @@ from .redact import Redactor
 from .resumes import Resume
 from .uids import uuid7
 
-# What a response's status may be: what a cassette reads back.
+# A status as HTTP/1.1 sends it: three digits (RFC 9110 section 15), as a log keeps it
+# and a cassette reads it back.
 MIN_STATUS, MAX_STATUS = 100, 999
 _OUTCOMES = frozenset(Outcome)
 
@@ -148,10 +149,17 @@ class LogProducer:
         request_body_truncated: bool = False,
         started_ns: int | None = None,
         uid: str | None = None,
+        request_decoded_from: str | None = None,
     ) -> int:
         """Start one request/response exchange; returns its id at once. The writer
         classifies the request (binding, operation, task and context) and redacts it.
-        ``uid``: its own (an import's), else one made from when it started."""
+        ``uid``: its own (an import's), else one made from when it started.
+        ``request_decoded_from``: the body is given as a log keeps it, decoded already from
+        this Content-Encoding (``"identity"``: kept as sent), and is stored so, not decoded
+        by its headers (an import's). None: as the client sent it."""
+        if request_decoded_from is not None and type(request_decoded_from) is not str:
+            given = type(request_decoded_from).__name__
+            raise UsageError(f"request_decoded_from is a Content-Encoding (str) or None, not {given}")
         request_body = checked_body(request_body)
         if query is not None and type(query) is not str:
             raise UsageError(f"query is the URL's query string (str) or None, not {type(query).__name__}")
@@ -176,6 +184,7 @@ class LogProducer:
                     request_body,
                     request_body_truncated,
                     uid,
+                    request_decoded_from,
                 )
             )
         except WriterClosed:
@@ -202,16 +211,22 @@ class LogProducer:
         ttfb_ns: int,
         content_encoding: str | None = None,
         decoded_from: str | None = None,
+        body_truncated: bool = False,
     ) -> None:
         """The response's status and headers. Chunks of a body sent with a
         ``content_encoding`` (gzip, deflate, br) are stored decoded; ``decoded_from``
-        says chunks given already decoded were sent with that encoding."""
+        says chunks given already decoded were sent with that encoding.
+        ``body_truncated``: the chunks given are only the start of the body (cut before
+        they were given, as an exported log's): the log flags it cut."""
         if isinstance(status, bool) or not isinstance(status, int) or not MIN_STATUS <= status <= MAX_STATUS:
             raise UsageError(f"status is an HTTP status, {MIN_STATUS} to {MAX_STATUS}, not {status!r}")
         check_bound("ttfb_ns", ttfb_ns, whole=True, least=0)
         self._check_open(exchange_id, "response_head()")
         self._put(
-            (HEAD, exchange_id, status, _pairs(headers), is_sse, ttfb_ns, content_encoding, decoded_from)
+            (
+                *(HEAD, exchange_id, status, _pairs(headers), is_sse, ttfb_ns),
+                *(content_encoding, decoded_from, bool(body_truncated)),
+            )
         )
 
     def chunk(self, exchange_id: int, offset_ns: int, data: bytes) -> None:
