@@ -21,6 +21,7 @@ from .cassette import (
     unread_header,
 )
 from .outcomes import Outcome
+from .resumes import ResumeOutcome, ResumeSide
 from .uids import read_time
 
 
@@ -56,6 +57,9 @@ class Request(_Strict):
     body: str | None = None
     body_base64: str | None = None
     body_truncated: bool = False
+    # The Content-Encoding the body was decoded from ("identity": kept as sent). Not given:
+    # the body is as sent, decoded on import by its Content-Encoding.
+    decoded_from: str | None = None
 
     _check_headers = field_validator("headers")(_whole_headers)
 
@@ -84,6 +88,20 @@ class Response(_Strict):
     _check_headers = field_validator("headers")(_read_headers)
 
 
+class Resume(_Strict):
+    # The stream resumed, counted back from this exchange (0: this exchange, for a resume
+    # that made no exchange of its own; else this exchange is its reconnect or subscribe).
+    of: int = Field(le=0)
+    side: ResumeSide
+    outcome: ResumeOutcome
+    offset_ms: float = Field(default=0.0, ge=0, le=MAX_MS)  # after this exchange started
+    last_event_id: str | None = None
+    events_from_log: int | None = Field(default=None, ge=0)
+    attempts: int | None = Field(default=None, ge=0)
+    synthesized: list[str] = []
+    error: str | None = None
+
+
 class Exchange(_Strict):
     request: Request
     response: Response | None = None
@@ -95,6 +113,8 @@ class Exchange(_Strict):
     recorded_by: str | None = Field(default=None, min_length=1)
     # The uid of the log's exchange it was exported from: imported, it keeps it.
     uid: str | None = None
+    # The rows of the log's resumes it carries.
+    resumes: list[Resume] = []
 
     @field_validator("uid")
     @classmethod
@@ -173,4 +193,4 @@ class End(_Strict):
 LINES: dict[str, type[BaseModel]] = {"exchange": Exchange, "chunk": Chunk, "event": Event, "end": End}
 
 
-__all__ = ["LINES", "Chunk", "End", "Event", "Exchange", "Request", "Response", "ValidationError"]
+__all__ = ["LINES", "Chunk", "End", "Event", "Exchange", "Request", "Response", "Resume", "ValidationError"]

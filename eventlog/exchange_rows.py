@@ -20,6 +20,7 @@ from .content_coding import MAX_DECODED, REST_AS_RECEIVED, Inflate, decode_body,
 from .exchange_statements import INSERT_EXCHANGE, UPDATE_BODY, UPDATE_END, UPDATE_HEAD, Statement
 from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader
+from .recorded import AS_SENT
 from .redact import Redactor
 from .sse import SSEDecoder, SSEEvent, written
 from .uids import uuid7
@@ -126,6 +127,9 @@ class ExchangeRows:
         self._max_decoded = max_decoded
         self._spill = spill  # lets the writer commit what a decoded body has brought so far
         self._request_encoding: str | None = None
+        # How a request body given already as a log keeps it was decoded (an import's):
+        # it is stored as given, not decoded again. None: given as sent.
+        self._request_decoded: str | None = None
         self._request_type: str | None = None  # its Content-Type: how a form's fields are spelt
         self._encoding: str | None = None
         self._response_type: str | None = None  # the response's Content-Type (a form is redacted too)
@@ -150,6 +154,7 @@ class ExchangeRows:
         self._body: list[bytes] = []
         self._body_len = 0
         self._truncated = False
+        self._cut_before = False  # a body given cut already (an import's): flagged so
 
     def request(
         self,
@@ -162,9 +167,11 @@ class ExchangeRows:
         body: bytes | None,
         body_truncated: bool,
         uid: str | None = None,
+        decoded_from: str | None = None,
     ) -> Statement:
         pairs = _pairs(headers)
         self._request_encoding = next((v for k, v in pairs if k.lower() == "content-encoding"), None)
+        self._request_decoded = decoded_from
         self._request_type = next((v for k, v in pairs if k.lower() == "content-type"), None)
         # The protocols read them redacted too: a redacted value is kept nowhere (an
         # Mcp-Session-Id given to --redact-header was the row's session_id).
@@ -246,6 +253,8 @@ class ExchangeRows:
         when JSON fields are to be redacted from it."""
         if body is None:
             return None, None
+        if self._request_decoded is not None:
+            return self._given_body(body)
         decoded, why = decode_body(body, self._request_encoding, self._max_decoded)
         if why is not None:
             self.summary.undecoded = why
@@ -257,6 +266,19 @@ class ExchangeRows:
         encoding = self._request_encoding if decoded is not body else None
         return self._redactor.body_bytes(decoded, self._request_type), encoding
 
+    def _given_body(self, body: bytes) -> tuple[bytes | None, str | None]:
+        """A request body given as a log keeps it: decoded already (redacted as decoded
+        bodies are), or kept as sent (its error, that it could not be decoded, is given
+        with it: when JSON fields are to be redacted it is not stored, as then)."""
+        if self._request_decoded != AS_SENT:
+            return self._redactor.body_bytes(body, self._request_type), self._request_decoded
+        if self._redactor.json_pointers:
+            self._request_error = (
+                "request body: kept as sent: it is not stored, since it could not be redacted"
+            )
+            return None, None
+        return body, None
+
     def head(
         self,
         status: int,
@@ -265,8 +287,10 @@ class ExchangeRows:
         ttfb_ns: int,
         content_encoding: str | None,
         decoded_from: str | None,
+        body_truncated: bool = False,
     ) -> Statement:
         self.summary.status = status
+        self._cut_before = body_truncated
         self.summary.is_sse = is_sse
         pairs = _pairs(headers)
         self._response_type = next((v for k, v in pairs if k.lower() == "content-type"), None)
@@ -384,7 +408,7 @@ class ExchangeRows:
             outcome,
             "; ".join(filter(None, (error, self._error, self._request_error))) or None,
             stored_body(body) if s.chunks else None,
-            int(self._truncated),
+            int(self._truncated or self._cut_before),
             s.binding,
             s.task_id,
             s.context_id,
@@ -404,7 +428,7 @@ class ExchangeRows:
     def _classify_body(self, body: bytes) -> None:
         """A non-streamed answer is read by its protocol: an A2A task, message or JSON-RPC
         result names the task and its state just as a stream does."""
-        if not body or self._truncated:
+        if not body or self._truncated or self._cut_before:
             return
         if self._reader is None:
             protocol = recognise_stream(body.decode("utf-8", "replace"), None)

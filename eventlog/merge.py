@@ -23,6 +23,7 @@ from tasktape.choices import listed
 from tasktape.errors import LogError, SchemaTooOld
 
 from .file_kinds import is_damage, read_only_uri, unreadable
+from .outcomes import Outcome
 from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
@@ -43,8 +44,17 @@ def _fewer(table: str) -> str:
 # An exchange is brought up to date when it is new to the output, or was still under way
 # in it; its rows are copied then, and also when the output holds fewer of them (a log
 # collected from a fleet may hold an exchange's end before its rows, or without a row too
-# big to ship).
-_UNDER_WAY = "m.id IS NULL OR m.outcome IS NULL"
+# big to ship). One the output holds closed with no duration (an import of an export made
+# while it was recorded: the log held no end of it then) was under way too, when the
+# source holds its end.
+def _no_end(row: str) -> str:
+    """Whether exchange ``row`` is closed with no duration: its log held no end of it."""
+    return f"({row}.outcome = '{Outcome.LOG_CLOSED}' AND {row}.duration_ns IS NULL)"
+
+
+_UNDER_WAY = (
+    f"m.id IS NULL OR m.outcome IS NULL OR ({_no_end('m')} AND s.outcome IS NOT NULL AND NOT {_no_end('s')})"
+)
 _FRESH = (
     "CREATE TEMP TABLE merged_exchanges AS"
     f" SELECT s.id AS src_id, m.id AS dst_id, {_UNDER_WAY} AS under_way,"
@@ -272,8 +282,10 @@ def _copy_findings(conn: sqlite3.Connection) -> int:
 
 
 def _copy_resumes(conn: sqlite3.Connection) -> int:
-    """The resumes the output lacks (told apart by their stream, time, side and outcome),
-    their exchange ids the output's."""
+    """The resumes the output lacks, their exchange ids the output's. A resume is told
+    apart by what it was: its stream and new exchange, side, outcome and the event it
+    resumed after; not by its time, which a log imported from a cassette of it may hold
+    otherwise."""
     cols = [c for c in _columns(conn, "resumes") if c != "id"]
     mapped = {
         c: f"(SELECT dst_id FROM merged_exchanges WHERE src_id = r.{c})"
@@ -281,7 +293,7 @@ def _copy_resumes(conn: sqlite3.Connection) -> int:
     }
     same = " AND ".join(
         f"o.{c} IS {mapped.get(c, f'r.{c}')}"
-        for c in ("exchange_id", "at_ns", "side", "last_event_id", "new_exchange_id", "outcome")
+        for c in ("exchange_id", "side", "last_event_id", "new_exchange_id", "outcome")
     )
     picked = ", ".join(mapped.get(c, f"r.{c}") for c in cols)
     return conn.execute(

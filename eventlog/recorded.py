@@ -14,12 +14,17 @@ from tasktape.errors import UsageError
 from .content_coding import rest_undecoded
 from .listed import header_problem, listed_ids
 from .outcomes import Outcome
+from .resumes import CarriedResume, ResumeOutcome, ResumeSide
+from .uids import iso_ns
 
 if TYPE_CHECKING:
     from .protocols.base import Request
     from .reader import EventLog
 
 Headers = list[tuple[str, str]]
+
+# A body's decoding that says it is kept as sent (the Content-Encoding of no coding).
+AS_SENT = "identity"
 
 
 # Outcomes whose recorded response stops where the connection broke.
@@ -38,6 +43,10 @@ class Recorded:
     request_headers: Headers = field(default_factory=list)
     request_body: bytes | None = None
     request_body_truncated: bool = False
+    # The Content-Encoding the request body was decoded from, as the log keeps it
+    # ("identity": kept as sent, though its header names one). None: the body is as the
+    # request sent it, which a log decodes by its Content-Encoding.
+    request_decoded_from: str | None = None
     status: int | None = None
     response_headers: Headers = field(default_factory=list)
     is_sse: bool = False
@@ -66,6 +75,9 @@ class Recorded:
     # The log's uid of the exchange, when it came from a log or a cassette exported from one:
     # written into the cassettes made of it, so that importing one where it is adds nothing.
     uid: str | None = None
+    # The rows of ``resumes`` it carries (a reconnect's, a subscribe's; a stream's own for
+    # a resume that made no exchange), as exported: imported, they are rows again.
+    resumes: list[CarriedResume] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Made by hand, headers or chunks of another shape would fail far from here (served,
@@ -142,6 +154,53 @@ def _bytes(value: Any) -> bytes | None:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
 
+def _request_decoding(x: Any) -> str | None:
+    """How a log's request body is stored, for a cassette: the encoding it was decoded
+    from; "identity" for one kept as sent though its headers name a Content-Encoding
+    (one that could not be decoded); None when neither: it is as sent, with nothing to
+    decode."""
+    if x["request_body_encoding"] or x["request_body"] is None:
+        return x["request_body_encoding"]
+    return AS_SENT if encoded(headers_from_json(x["request_headers"])) else None
+
+
+def encoded(headers: Headers) -> bool:
+    """Whether these headers name a Content-Encoding a body is to be decoded from."""
+    value = next((v for k, v in headers if k.lower() == "content-encoding"), "")
+    return value.strip().lower() not in ("", AS_SENT)
+
+
+def _carried_resumes(
+    log: EventLog, rows: list[Any], position: dict[int, int]
+) -> dict[int, list[CarriedResume]]:
+    """The resumes of the exchanges ``rows`` (at ``position``), by the exchange that
+    carries each: its new exchange, or, with none, the stream resumed. One whose stream
+    or new exchange is not among them is left out: a cassette has no name for it."""
+    started = {x["id"]: iso_ns(x["started_at"]) for x in rows}
+    carried: dict[int, list[CarriedResume]] = {}
+    for r in log._rows("SELECT * FROM resumes ORDER BY id"):
+        carrier = r["new_exchange_id"] or r["exchange_id"]
+        if carrier not in position or r["exchange_id"] not in position:
+            continue
+        of = position[r["exchange_id"]] - position[carrier]
+        if of > 0:  # (a stream after its reconnect: no log holds one)
+            continue
+        carried.setdefault(carrier, []).append(
+            CarriedResume(
+                of,
+                ResumeSide(r["side"]),
+                ResumeOutcome(r["outcome"]),
+                offset_ns=max(0, (r["at_ns"] or 0) - started[carrier]),
+                last_event_id=r["last_event_id"],
+                events_from_log=r["events_from_log"],
+                attempts=r["attempts"],
+                synthesized=tuple(json.loads(r["synthesized"] or "[]")),
+                error=r["error"],
+            )
+        )
+    return carried
+
+
 def headers_from_json(value: str | None) -> Headers:
     """Headers as the log stores them (a JSON list of pairs), as pairs."""
     return [(k, v) for k, v in json.loads(value)] if value else []
@@ -177,6 +236,7 @@ def each_from_log(
         rows = [log.exchange(i) for i in sorted(set(listed_ids(exchange_ids, "exchange_ids")))]
     position = {x["id"]: n for n, x in enumerate(rows)}
     streams = log.reconnects_answered()
+    carried = _carried_resumes(log, rows, position)
     for n, x in enumerate(rows):
         stream = position.get(streams.get(x["id"], -1))
         recorded = Recorded(
@@ -186,6 +246,7 @@ def each_from_log(
             request_headers=headers_from_json(x["request_headers"]),
             request_body=_bytes(x["request_body"]),
             request_body_truncated=bool(x["request_body_truncated"]),
+            request_decoded_from=_request_decoding(x),
             status=x["status"],
             response_headers=headers_from_json(x["response_headers"]),
             is_sse=bool(x["is_sse"]),
@@ -204,6 +265,7 @@ def each_from_log(
             protocol=x["protocol"],
             reconnect_of=None if stream is None else stream - n,
             uid=x["uid"],
+            resumes=carried.get(x["id"], []),
         )
         if x["id"] not in unread:
             # Given once it is made: offsets and bytes as the log holds them need no look

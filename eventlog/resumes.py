@@ -75,6 +75,37 @@ class Resume:
         return f"{head}: {self.outcome.replace('_', ' ')} ({self.error})"
 
 
+@dataclass(frozen=True)
+class CarriedResume:
+    """A row of ``resumes`` as the exchange that carries it in a cassette holds it: the
+    reconnect's or subscribe's exchange (its ``new_exchange_id``), or, for a resume that
+    has none, the stream it resumed. Its exchanges are positions, counted from it."""
+
+    of: int  # the stream resumed, counted back from the carrier (0: the carrier itself)
+    side: ResumeSide
+    outcome: ResumeOutcome
+    offset_ns: int = 0  # when, after the carrier started
+    last_event_id: str | None = None
+    events_from_log: int | None = None
+    attempts: int | None = None
+    synthesized: tuple[str, ...] = ()
+    error: str | None = None
+
+    def row(self, stream: int, carrier: int) -> Resume:
+        """The row it is in a log whose exchanges ``stream`` and ``carrier`` it names."""
+        return Resume(
+            stream,
+            self.side,
+            self.outcome,
+            last_event_id=self.last_event_id,
+            events_from_log=self.events_from_log,
+            new_exchange_id=None if self.of == 0 else carrier,
+            attempts=self.attempts,
+            synthesized=self.synthesized,
+            error=self.error,
+        )
+
+
 INSERT_RESUME = (
     "INSERT INTO resumes (exchange_id, at, at_ns, side, last_event_id, events_from_log, "
     "new_exchange_id, outcome, attempts, synthesized, error) VALUES (?,?,?,?,?,?,?,?,?,?,?)"

@@ -83,7 +83,8 @@ def export(
     A cassette is JSON Lines: a versioned header, then each exchange with its request,
     response head, and every chunk with its offset (text when UTF-8, else base64).
     Redacted values stay redacted. Unless --no-cards, the last agent card read before the
-    chosen exchanges is included, so a client replaying them can start by reading it.
+    chosen exchanges is included, so a client replaying them can start by reading it. A
+    reconnect or subscribe chosen brings the stream it resumed along.
     Each choice must match something. An exchange the log holds no end of yet (its
     recorder still writing it) is written cut short there, as log_closed.
     Exit status: 0 written, 1 not written (nothing to export, a choice matching nothing, a
@@ -100,8 +101,9 @@ def export(
     with opened, read_as_input(log):
         capture_of = dict(opened.db.execute("SELECT id, capture_id FROM exchanges").fetchall())
         _check_choices(opened, tasks, contexts, [n for n in exchanges if n not in capture_of])
-        ids = sorted(
-            set(opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards))
+        ids = _with_streams_resumed(
+            opened,
+            set(opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)),
         )
         if not ids:
             raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
@@ -173,6 +175,20 @@ def folder_for(path: Path) -> None:
         raise bad_input(f"cannot write {path}: {file} is a file, not a folder") from None
     except OSError as exc:
         raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _with_streams_resumed(log: EventLog, ids: set[int]) -> list[int]:
+    """``ids`` in order, with the stream each reconnect or subscribe among them resumed: a
+    cassette says which it is, and without it the reconnect would be an ordinary stream
+    (and its events, a slice of the stream's, checked as one)."""
+    resumed = dict(
+        log.db.execute("SELECT new_exchange_id, exchange_id FROM resumes WHERE new_exchange_id IS NOT NULL")
+    )
+    while True:  # (a stream may itself have resumed another)
+        more = {resumed[i] for i in ids if i in resumed} - ids
+        if not more:
+            return sorted(ids)
+        ids |= more
 
 
 def _check_choices(

@@ -826,6 +826,7 @@ _requests = st.fixed_dictionaries(
         "body": _texts,
         "body_base64": st.sampled_from(["YQ==", "***"]),
         "body_truncated": st.booleans() | _odd,
+        "decoded_from": st.sampled_from(["gzip", "identity", None, 3]),
         "extra": _json_values,
     },
 )

@@ -4,6 +4,7 @@ each through the commands, on real files."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from log_rows import rows_in
 from tasktape.cli import main
 from tasktape.errors import CassetteError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.cassette import read_cassette, write_cassette
+from tasktape.eventlog.recorded import Recorded
 from tasktape.replay import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,3 +322,96 @@ def test_a_log_imported_into_itself_is_not_told_to_merge_into_itself(tmp_path: P
         assert one_error_line(said) == (
             f"Error: {given} is the event log --db names: a log is not imported into itself"
         )
+
+
+def gzip_request_log(path: Path) -> Path:
+    """A log of two requests sent gzip-encoded: one stored decoded, one past max_decoded
+    kept as sent (with the error that says so)."""
+    small, large = gzip.compress(b'{"a": 1}'), gzip.compress(b"x" * 4096)
+    with LogWriter(path, max_decoded=1024) as writer:
+        capture = writer.begin_capture(source="record")
+        for body in (small, large):
+            exchange = writer.begin_exchange(
+                capture,
+                method="POST",
+                path="/echo",
+                request_headers=[("Content-Encoding", "gzip"), ("Content-Type", "application/json")],
+                request_body=body,
+            )
+            writer.response_head(exchange, status=204, headers=[], is_sse=False, ttfb_ns=1)
+            writer.end_exchange(exchange, duration_ns=2)
+    return path
+
+
+def request_rows(db: Path) -> list[tuple]:
+    with EventLog(db) as log:
+        return [(x["request_body"], x["request_body_encoding"], x["error"]) for x in log.exchanges()]
+
+
+@pytest.mark.parametrize("redact", [[], ["--redact-json", "/a"]])
+def test_a_request_body_decoded_or_kept_as_sent_goes_round_trip_unchanged(
+    tmp_path: Path, redact: list[str]
+) -> None:
+    """Its Content-Encoding was lost in the cassette: import decoded the decoded body again
+    (a new error, and with --redact-json no body), and a body kept as sent was decoded."""
+    log = gzip_request_log(tmp_path / "gz.db")
+    assert cli("export", str(log), "-o", str(tmp_path / "gz.jsonl"))[0] == 0
+    cassette_requests = [line["exchange"]["request"] for line in lines(tmp_path / "gz.jsonl")[1::2]]
+    assert [r.get("decoded_from") for r in cassette_requests] == ["gzip", "identity"]
+    original = request_rows(log)
+    assert original[0] == ('{"a": 1}', "gzip", None)
+    copy = tmp_path / "copy.db"
+    assert cli("import", str(tmp_path / "gz.jsonl"), "--db", str(copy), *redact)[0] == 0
+    if not redact:
+        assert request_rows(copy) == original
+        assert cli("export", str(copy), "-o", str(tmp_path / "again.jsonl"))[0] == 0
+        assert lines(tmp_path / "again.jsonl")[1:] == lines(tmp_path / "gz.jsonl")[1:]
+        return
+    decoded, as_sent = request_rows(copy)
+    assert (json.loads(decoded[0]), *decoded[1:]) == ({"a": "[REDACTED]"}, "gzip", None)
+    # Kept as sent, it cannot be redacted: it is not stored, as a recording would not.
+    assert as_sent[0] is None and "it is not stored, since it could not be redacted" in as_sent[2]
+
+
+def test_a_body_the_recorder_cut_stays_cut_through_import(tmp_path: Path) -> None:
+    """Imported, a body cut at max_body lost its flag: replay served it as whole."""
+    log, cassette, copy = tmp_path / "cut.db", tmp_path / "cut.jsonl", tmp_path / "copy.db"
+    with LogWriter(log, max_body=4) as writer:
+        exchange = writer.begin_exchange(writer.begin_capture(source="record"), method="GET", path="/big")
+        writer.response_head(exchange, status=200, headers=[], is_sse=False, ttfb_ns=1)
+        writer.chunk(exchange, 2, b"0123456789")
+        writer.end_exchange(exchange, duration_ns=3)
+    assert cli("export", str(log), "-o", str(cassette))[0] == 0
+    assert lines(cassette)[1]["exchange"]["response"]["body_truncated"] is True
+    assert cli("import", str(cassette), "--db", str(copy))[0] == 0
+    with EventLog(copy) as imported:
+        (row,) = imported.exchanges()
+        assert (imported.body(row["id"]), row["response_body_truncated"]) == (b"0123", 1)
+    (replayed,) = load([copy])
+    assert replayed.response_body_truncated
+
+
+def test_a_reconnect_whose_stream_was_left_out_is_refused_not_rebound(tmp_path: Path) -> None:
+    """reconnect_of counts back: with its stream taken out it named the agent card, and
+    the card was imported as the stream resumed."""
+    card = Recorded(method="GET", path="/.well-known/agent-card.json", status=200, chunks=[(1, b"{}")])
+    stream = Recorded(method="POST", path="/message:stream", status=200, is_sse=True)
+    reconnect = Recorded(
+        method="GET", path="/tasks/t:subscribe", status=200, is_sse=True, reconnect_of=-1, chunks=[(1, b"x")]
+    )
+    whole = tmp_path / "whole.jsonl"
+    write_cassette(whole, [card, stream, reconnect])
+    kept = [line for line in whole.read_text().splitlines() if "/message:stream" not in line]
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(kept[:4] + kept[5:]) + "\n")  # its end line out too
+    code, output = cli("import", str(cut), "--db", str(tmp_path / "cut.db"))
+    assert code != 0
+    assert one_error_line(output).endswith(
+        "cut.jsonl:5: reconnect_of -1 names the exchange of line 2, which is no event stream:"
+        " a reconnect resumes a stream (was the stream left out?)"
+    )
+    with pytest.raises(
+        CassetteError, match="reconnect_of -1 names the exchange of line 2, which is no event"
+    ):
+        write_cassette(tmp_path / "two.jsonl", [card, reconnect])
+    assert not (tmp_path / "two.jsonl").exists()

@@ -342,3 +342,31 @@ def test_a_merged_log_diffs_in_the_order_its_exchanges_started(tmp_path: Path) -
     for a, b in ((fleet, again), (again, fleet)):
         result = runner.invoke(main, ["diff", str(a), str(b)])
         assert (result.exit_code, result.output) == (0, "2 pairs, 0 differ, 0 only in A, 0 only in B\n")
+
+
+def test_a_copy_imported_from_a_mid_recording_export_is_continued_by_the_finished_log(
+    tmp_path: Path,
+) -> None:
+    """Exported mid-way, the stream is log_closed with no duration: merging the finished
+    log into its import added the chunks but left it closed, with no end."""
+    path, cassette, copy = tmp_path / "live.db", tmp_path / "mid.jsonl", tmp_path / "copy.db"
+    chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        for n, data in enumerate(chunks[:3]):
+            w.chunk(ex, n * MS, data)
+        w.flush()
+        assert CliRunner().invoke(main, ["export", str(path), "-o", str(cassette)]).exit_code == 0
+        for n, data in enumerate(chunks[3:], 3):
+            w.chunk(ex, n * MS, data)
+        w.end_exchange(ex, duration_ns=20 * MS).result()
+    assert CliRunner().invoke(main, ["import", str(cassette), "--db", str(copy)]).exit_code == 0
+    (report,) = merge_logs([path], copy)
+    assert (report.exchanges, report.continued) == (0, 1)
+    with EventLog(copy) as log:
+        (x,) = log.exchanges()
+        assert (x["outcome"], x["duration_ns"], x["error"]) == ("complete", 20 * MS, None)
+        assert log.body(x["id"]) == b"".join(chunks)
+    assert not merge_logs([path], copy)[0].added
