@@ -8,6 +8,7 @@ import dataclasses
 import fcntl
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,18 @@ if TYPE_CHECKING:
 
 # Outcomes where the answer came from the recorder, not the agent.
 NOT_RECORDINGS = frozenset({Outcome.UPSTREAM_ERROR, Outcome.REFUSED})
+
+
+def recordings_in(db: Path) -> tuple[list[Recorded], list[str]]:
+    """What a tape's log recorded of the agent, and what failed (tasktape's own answer to
+    a failed upstream, or a refusal: no recording of the agent). The recordings are read
+    on their own: a reconnect names its stream by its place among the exchanges read,
+    which leaving some out of a list read whole would shift."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        outcomes = conn.execute("SELECT id, outcome FROM exchanges ORDER BY id").fetchall()
+    kept = read_log(db, [n for n, outcome in outcomes if outcome not in NOT_RECORDINGS])
+    left_out = read_log(db, [n for n, outcome in outcomes if outcome in NOT_RECORDINGS])
+    return kept, [f"{r.request_line}: {r.error}" for r in left_out]
 
 
 def miss_hint(name: str | None) -> str:
@@ -499,14 +512,8 @@ class TapeSession:
         o = self.options
         try:
             self._writer.close()
-            recorded = read_log(self._folder / "recording.db")
-            # tasktape's own answer to a failed upstream is no recording of the agent.
-            new = [
-                dataclasses.replace(r, recorded_by=o.test)
-                for r in recorded
-                if r.outcome not in NOT_RECORDINGS
-            ]
-            failed = [f"{r.request_line}: {r.error}" for r in recorded if r.outcome in NOT_RECORDINGS]
+            recorded, failed = recordings_in(self._folder / "recording.db")
+            new = [dataclasses.replace(r, recorded_by=o.test) for r in recorded]
             cut_short: list[str] = []
             if self._writes(new, failed, passed):
                 o.cassette.parent.mkdir(parents=True, exist_ok=True)

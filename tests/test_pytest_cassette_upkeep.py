@@ -12,7 +12,10 @@ import test_pytest_plugin as plugin_tests
 from test_pytest_hygiene import age
 from test_pytest_plugin import Agent, run
 
-from tasktape.eventlog.cassette import read_cassette, read_header
+from tasktape.eventlog import LogWriter
+from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
+from tasktape.replay.tape import recordings_in
 
 # The fixtures the plugin's own tests use: a temporary project, the demo agent.
 project = plugin_tests.project
@@ -285,3 +288,43 @@ def test_the_summary_counts_what_was_written_not_what_was_sent(project: pytest.P
         ["tasktape: 0 served, 0 missed, 0 unused, 0 refused, match rate n/a (0 requests) across 0 cassettes"]
     )
     assert not (project.path / "cassettes").exists()
+
+
+def test_a_refusal_left_out_of_a_cassette_shifts_no_reconnect(tmp_path: Path) -> None:
+    """A tape's cassette leaves out the recorder's refusals; left out of the list read whole,
+    they shifted the place by which a later reconnect names its stream, and the cassette
+    could not be written (its reconnect named the agent card)."""
+    db, sse = tmp_path / "recording.db", [("Content-Type", "text/event-stream")]
+    with LogWriter(db) as w:
+        capture = w.begin_capture(source="record")
+        card = w.begin_exchange(capture, method="GET", path="/.well-known/agent-card.json")
+        w.response_head(card, status=200, headers=[], is_sse=False, ttfb_ns=1)
+        w.end_exchange(card, duration_ns=2)
+        stream = w.begin_exchange(capture, method="GET", path="/events")
+        w.response_head(stream, status=200, headers=sse, is_sse=True, ttfb_ns=1)
+        w.chunk(stream, 2, b"id: 1\ndata: a\n\nid: 2\ndata: b\n\n")
+        w.end_exchange(stream, duration_ns=5)
+        refused = w.begin_exchange(capture, method="GET", path="/events")
+        w.response_head(refused, status=400, headers=[], is_sse=False, ttfb_ns=0)
+        w.end_exchange(refused, duration_ns=0, outcome="refused", error="names no event")
+        w.resume(
+            Resume(
+                stream, ResumeSide.CLIENT, ResumeOutcome.REFUSED, last_event_id="zz", new_exchange_id=refused
+            )
+        )
+        again = w.begin_exchange(capture, method="GET", path="/events")
+        w.response_head(again, status=200, headers=sse, is_sse=True, ttfb_ns=1)
+        w.chunk(again, 2, b"id: 2\ndata: b\n\n")
+        w.end_exchange(again, duration_ns=3)
+        w.resume(
+            Resume(stream, ResumeSide.CLIENT, ResumeOutcome.RESUMED, last_event_id="1", new_exchange_id=again)
+        )
+    kept, failed = recordings_in(db)
+    assert failed == ["GET /events: names no event"]
+    assert [(r.path, r.reconnect_of) for r in kept] == [
+        ("/.well-known/agent-card.json", None),
+        ("/events", None),
+        ("/events", -1),
+    ]
+    write_cassette(tmp_path / "t.jsonl", kept)
+    assert [r.reconnect_of for r in read_cassette(tmp_path / "t.jsonl")] == [None, None, -1]
