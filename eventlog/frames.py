@@ -149,7 +149,8 @@ class Repeats:
     where the server gave none. The log's task views follow the same rules
     (``schema._sent_before``, ``schema.SLICES``), a subscribe to a task continuing its
     latest stream. ``in_frames`` also tells the events a subscribe sends again without ids
-    (the official a2a-sdk's server sends none) by their content."""
+    (the official a2a-sdk's server sends none) by their content, which the views do not:
+    they count such an event twice."""
 
     def __init__(self) -> None:
         self._sent: list[set[str]] = []  # each earlier stream's event ids
@@ -173,19 +174,29 @@ class Repeats:
         return own if answered else own & earlier
 
     def in_frames(
-        self, frames: Sequence[Frame], last_event_id: str | None, subscribe: bool = False
+        self,
+        frames: Sequence[Frame],
+        last_event_id: str | None,
+        subscribe: bool = False,
+        since_ns: int | None = None,
     ) -> set[int]:
         """The positions, among a stream's frames, of the events sent again: by their ids,
-        as ``of`` tells them; and on a subscribe, each event without an id whose content
-        (its payload: a JSON-RPC envelope's id is the request's) an event without an id of
-        the stream it continues carried, each of those standing for one."""
+        as ``of`` tells them; and on a subscribe (sent at ``since_ns``, when known), each
+        event without an id whose content (its payload: a JSON-RPC envelope's id is the
+        request's) an event without an id of the stream it continues carried once the
+        subscribe was sent, each of those standing for one (what came before it, the
+        subscribe's snapshot holds: a delta alike then, "ha" and "ha", is a new one)."""
         continued = self._continued(last_event_id, subscribe)
         again_ids = self.of([f.sse_id for f in frames], last_event_id, subscribe)
         self._frames[len(self._sent) - 1] = frames
         again = {i for i, f in enumerate(frames) if f.sse_id is not None and f.sse_id in again_ids}
         earlier = self._frames.get(continued) if subscribe and continued is not None else None
         if earlier:
-            sent = Counter(_content(f) for f in earlier if f.sse_id is None)
+            sent = Counter(
+                _content(f)
+                for f in earlier
+                if f.sse_id is None and (since_ns is None or f.at_ns is None or f.at_ns >= since_ns)
+            )
             for i, frame in enumerate(frames):
                 if frame.sse_id is None and sent[key := _content(frame)] > 0:
                     sent[key] -= 1

@@ -128,7 +128,7 @@ def _new_artifact_updates(streams: Sequence[Stream]) -> list[tuple[Stream, Frame
         if stream.is_sse:  # (a plain response sends nothing again)
             task_repeats = repeats.setdefault(stream.task_id, Repeats())
             subscribe = stream.request.rpc_method in SUBSCRIBE_METHODS
-            again = task_repeats.in_frames(stream.frames, stream.last_event_id, subscribe)
+            again = task_repeats.in_frames(stream.frames, stream.last_event_id, subscribe, stream.started_ns)
         updates += [
             (stream, f)
             for i, f in enumerate(stream.frames)

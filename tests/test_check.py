@@ -524,3 +524,50 @@ def test_a_logged_stream_is_checked_from_its_events_not_decoded_again(tmp_path: 
     found = [(f.rule, f.task_id, f.seq, f.message) for f in report.findings]
     assert found == [(f.rule, f.task_id, f.seq, f.message) for f in check_recorded([broken, cut])]
     assert [rule for rule, *_ in found] == ["transition", "after-terminal", "stream-end", "frame"]
+
+
+def _rpc_stream(
+    method: str, params: dict[str, Any], frames: list[dict[str, Any]], rid: int, second: int, outcome: str
+) -> Recorded:
+    """A JSON-RPC stream without event ids (as the official SDK's server sends), started
+    at ``second`` past the minute, its events a second apart."""
+    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+    return Recorded(
+        method="POST",
+        path="/",
+        request_body=json.dumps(body).encode(),
+        request_headers=[("Content-Type", "application/json")],
+        status=200,
+        is_sse=True,
+        response_headers=[("Content-Type", "text/event-stream")],
+        chunks=[(n * 1_000_000_000, e) for n, e in enumerate(sse(frames, jsonrpc_id=rid))],
+        outcome=outcome,
+        started_at=f"2026-01-01T00:00:{second:02d}Z",
+        origin=f"run:{rid}",
+    )
+
+
+def test_a_delta_a_subscribe_sends_like_one_sent_before_it_is_a_new_one() -> None:
+    """An event without an id a subscribe sends counts as sent again when the stream it
+    continues sent one alike while the subscribe ran; one alike sent before the subscribe
+    (the model's "ha", then "ha" again) is new, its text the snapshot's to hold."""
+    message = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "laugh"}]}}
+    first = _rpc_stream(
+        "SendStreamingMessage",
+        message,
+        [task("t", "c"), status("t", "c", "TASK_STATE_WORKING"), artifact("t", "c", "a", "ha"),
+         artifact("t", "c", "a", "ha", append=True)],
+        1,
+        1,
+        "upstream_disconnected",
+    )  # fmt: skip
+    subscribe = _rpc_stream(
+        "SubscribeToTask",
+        {"id": "t"},
+        [task("t", "c", "TASK_STATE_WORKING"), artifact("t", "c", "a", "ha", append=True),
+         artifact("t", "c", "a", "hahaha", last_chunk=True), status("t", "c", "TASK_STATE_COMPLETED")],
+        2,
+        10,
+        "complete",
+    )  # fmt: skip
+    assert check_recorded([first, subscribe]) == []
