@@ -55,6 +55,26 @@ def _no_end(row: str) -> str:
 _UNDER_WAY = (
     f"m.id IS NULL OR m.outcome IS NULL OR ({_no_end('m')} AND s.outcome IS NOT NULL AND NOT {_no_end('s')})"
 )
+# An exchange's columns set by its request and its response's head: an exchange under way
+# has them already, once they came.
+_HEAD_COLUMNS = frozenset(
+    {
+        "started_at",
+        "started_ns",
+        "method",
+        "path",
+        "query",
+        "request_headers",
+        "request_body",
+        "request_body_truncated",
+        "request_body_encoding",
+        "status",
+        "response_headers",
+        "is_sse",
+        "ttfb_ns",
+        "body_encoding",
+    }
+)
 _FRESH = (
     "CREATE TEMP TABLE merged_exchanges AS"
     f" SELECT s.id AS src_id, m.id AS dst_id, {_UNDER_WAY} AS under_way,"
@@ -224,8 +244,11 @@ def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
         " JOIN merged_exchanges f ON f.src_id = s.id WHERE f.dst_id IS NULL ORDER BY s.id"
     ).rowcount
     kept = [c for c in cols if c not in ("uid", "capture_id")]
+    # What its request and response head said stays as the output holds it: a copy imported
+    # with values redacted keeps them redacted (the source's progress is its end and rows).
+    taken = [f"coalesce(m.{c}, s.{c})" if c in _HEAD_COLUMNS else f"s.{c}" for c in kept]
     report.continued = conn.execute(
-        f"UPDATE main.exchanges AS m SET ({', '.join(kept)}) = ({', '.join(f's.{c}' for c in kept)})"
+        f"UPDATE main.exchanges AS m SET ({', '.join(kept)}) = ({', '.join(taken)})"
         " FROM src.exchanges s JOIN merged_exchanges f ON f.src_id = s.id"
         f" WHERE f.under_way AND f.dst_id = m.id AND ({_FURTHER})"
     ).rowcount

@@ -370,3 +370,34 @@ def test_a_copy_imported_from_a_mid_recording_export_is_continued_by_the_finishe
         assert (x["outcome"], x["duration_ns"], x["error"]) == ("complete", 20 * MS, None)
         assert log.body(x["id"]) == b"".join(chunks)
     assert not merge_logs([path], copy)[0].added
+
+
+def test_a_copy_imported_redacted_keeps_its_request_redacted_when_continued(tmp_path: Path) -> None:
+    """Continuing an import's exchange took every column from the source: the values the
+    import had redacted came back in clear."""
+    path, cassette, copy = tmp_path / "live.db", tmp_path / "mid.jsonl", tmp_path / "copy.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(
+            cap,
+            method="POST",
+            path="/message:stream",
+            request_headers=[("Content-Type", "application/json"), ("X-Team-Token", "tok-123")],
+            request_body=b'{"secret": "s3cr3t", "q": "hi"}',
+            started_ns=time.time_ns(),
+        )
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        w.chunk(ex, MS, b"id: 1\ndata: {}\n\n")
+        w.flush()
+        assert CliRunner().invoke(main, ["export", str(path), "-o", str(cassette)]).exit_code == 0
+        w.chunk(ex, 2 * MS, b"id: 2\ndata: {}\n\n")
+        w.end_exchange(ex, duration_ns=3 * MS).result()
+    redacting = ["--redact-json", "/secret", "--redact-header", "X-Team-Token"]
+    assert CliRunner().invoke(main, ["import", str(cassette), "--db", str(copy), *redacting]).exit_code == 0
+    (report,) = merge_logs([path], copy)
+    assert report.continued == 1
+    with EventLog(copy) as log:
+        (x,) = log.exchanges()
+    assert x["outcome"] == "complete"
+    assert ["X-Team-Token", "[REDACTED]"] in json.loads(x["request_headers"])
+    assert json.loads(x["request_body"]) == {"secret": "[REDACTED]", "q": "hi"}
