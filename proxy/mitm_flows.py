@@ -294,6 +294,23 @@ def _unreadable(path: Path, intact: int, why: str) -> str:
     )
 
 
+def _answer(
+    writer: LogProducer, exchange: int, response: http.Response, offset: Callable[[float | None], int]
+) -> tuple[str | None, bool]:
+    """A saved flow's response, the client's, recorded: what the exchange's end says of it,
+    and whether it is an event stream whose per-event timing is unknown (buffered whole)."""
+    unkept = unkept_status(response)
+    if unkept is not None:
+        return unkept, False
+    head = head_fields(response)
+    writer.response_head(exchange, **head, ttfb_ns=offset(response.timestamp_start))
+    body = response.raw_content
+    if body:
+        writer.chunk(exchange, offset(response.timestamp_end), body)
+        return (UNTIMED, True) if head["is_sse"] else (None, False)
+    return (NOT_KEPT if body is None else None), False
+
+
 def record_saved_flow(
     writer: LogProducer,
     capture_id: int,
@@ -318,18 +335,8 @@ def record_saved_flow(
     )
     exchange = writer.begin_exchange(capture_id, **fields, uid=uid)
     note, untimed = None, False
-    if response is not None and (unkept := unkept_status(response)) is not None:
-        note, response = unkept, None
     if response is not None and (flow.error is None or _head_sent(flow, response)):
-        head = head_fields(response)
-        writer.response_head(exchange, **head, ttfb_ns=offset(response.timestamp_start))
-        body = response.raw_content
-        if body:
-            writer.chunk(exchange, offset(response.timestamp_end), body)
-            untimed = head["is_sse"]
-            note = UNTIMED if untimed else None
-        elif body is None:
-            note = NOT_KEPT
+        note, untimed = _answer(writer, exchange, response, offset)
     if flow.error is not None:
         duration = offset(flow.error.timestamp)
         outcome, failure = record_failure(writer, exchange, flow, duration)

@@ -188,6 +188,8 @@ def test_a_flow_whose_status_no_http_status_is_is_recorded_without_its_answer(tm
     with EventLog(db) as log:
         got = [(x["status"], x["outcome"], x["error"]) for x in log.exchanges()]
         assert [len(log.chunks(x["id"])) for x in log.exchanges()] == [1, 0, 0]
+        # (timed by the response, as the others: it came, only the log keeps none of it)
+        assert len({x["duration_ns"] for x in log.exchanges()}) == 1
     assert got[0] == (200, "complete", None)
     for (status, outcome, error), sent in zip(got[1:], (42, 1000), strict=True):
         assert (status, outcome) == (None, "complete")
