@@ -985,9 +985,10 @@ def _failure(exc: BaseException) -> str:
         # response before it (or the next request on the connection), not what was sent.
         return (
             "sent bytes where no HTTP response starts: past the end of a response (more than "
-            f"its Content-Length, or a body to a HEAD), or not HTTP at all: {describe(exc)}"
+            f"its Content-Length, or a body where none goes: to a HEAD, a 204 or a 304), or not HTTP at all: "
+            f"{describe(exc)}"
         )
-    # (A response aiohttp could not read, a 204 with a body after it, is an answer.)
+    # (Another response aiohttp could not read is an answer, if one it cannot pass on.)
     if isinstance(exc, aiohttp.ClientResponseError):
         return f"answered what could not be read: {describe(exc)}"
     return f"failed before answering: {describe(exc)}"
