@@ -4,6 +4,7 @@ content decoding, SSE decoding and classification, body caps and redaction."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import zlib
 from collections import deque
@@ -19,7 +20,7 @@ from .classify import Classification
 from .content_coding import MAX_DECODED, REST_AS_RECEIVED, Inflate, decode_body, too_large
 from .exchange_statements import INSERT_EXCHANGE, UPDATE_BODY, UPDATE_END, UPDATE_HEAD, Statement
 from .protocols import recognise, recognise_stream
-from .protocols.base import Protocol, Request, RequestInfo, StreamReader
+from .protocols.base import Protocol, Request, RequestInfo, StreamReader, Summary
 from .recorded import AS_SENT
 from .redact import Redactor
 from .sse import SSEDecoder, SSEEvent, written
@@ -145,6 +146,10 @@ class ExchangeRows:
         self._request_error: str | None = None  # and with the request body
         self._protocol: Protocol | None = None
         self._reader: StreamReader | None = None
+        # What the reader made of the events the client was sent, taken before the tail of
+        # a stream cut short (an event whose blank line never came: no client dispatched
+        # it), which is classified for its row but counts for nothing in the summary.
+        self._sent: Summary | None = None
         self._recognised = False  # whether the protocol is settled (else the first event may tell)
         self._headers_seen: list[tuple[str, str]] = []
         # SSE chunks waiting for their events to complete before JSON redaction, as
@@ -400,7 +405,7 @@ class ExchangeRows:
             self._classify_body(body)
         s = self.summary
         s.outcome, s.duration_ns, s.error = outcome, duration_ns, error
-        read = self._reader.finished() if self._reader is not None else None
+        read = self._read()
         if read is not None and self._protocol is not None:  # (an LLM's: the finish stored)
             s.final_state = self._protocol.final_state(s.final_state, read)
         return UPDATE_END, (
@@ -424,6 +429,12 @@ class ExchangeRows:
             ),
             s.exchange_id,
         )
+
+    def _read(self) -> Summary | None:
+        """What the reader made of the response: of a stream, the events its client was sent."""
+        if self._sent is not None:
+            return self._sent
+        return self._reader.finished() if self._reader is not None else None
 
     def _classify_body(self, body: bytes) -> None:
         """A non-streamed answer is read by its protocol: an A2A task, message or JSON-RPC
@@ -535,6 +546,8 @@ class ExchangeRows:
             protocol = recognise_stream(data, event.event)
             if protocol is not None:
                 self._use(protocol)
+        if not event.complete and self._reader is not None:
+            self._sent = copy.copy(self._reader.finished())
         c = self._reader.event(data, event.event) if self._reader is not None else _OTHER
         s = self.summary
         seq = self._event_seq
@@ -548,7 +561,7 @@ class ExchangeRows:
             s.context_id = c.context_id
         if c.binding and s.binding is None:
             s.binding = c.binding
-        if c.state:
+        if c.state and event.complete:
             s.final_state = c.state
         ident, event_type, retry = event.id, event.event, event.retry
         event_rows.append(

@@ -211,25 +211,6 @@ CREATE VIEW "exchange_metrics" AS SELECT
 FROM exchanges x
 ORDER BY x.id;
 
-CREATE VIEW "stream_summary" AS SELECT
-  x.id AS exchange_id,
-  x.protocol,
-  x.model,
-  x.answer,
-  x.input_tokens,
-  x.cached_input_tokens,
-  x.output_tokens,
-  x.finish,
-  x.tool_calls,
-  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
-  round(coalesce(
-    (SELECT min(e.offset_ns) FROM events e WHERE e.exchange_id = x.id),
-    (SELECT min(c.offset_ns) FROM stored_chunks c WHERE c.exchange_id = x.id)) / 1e6, 3) AS ttfe_ms,
-  round(x.duration_ns / 1e6, 3) AS duration_ms
-FROM exchanges x
-WHERE x.protocol IS NOT NULL
-ORDER BY x.id;
-
 CREATE VIEW "task_artifacts" AS SELECT
   a.task_id,
   a.artifact_id,
@@ -237,12 +218,10 @@ CREATE VIEW "task_artifacts" AS SELECT
   a.events,
   a.closed,
   strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT x.started_ns + e.offset_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.rowid = a.first_row)) / 1e9, 'unixepoch') AS first_seen,
-  coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+  (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -259,7 +238,7 @@ CREATE VIEW "task_artifacts" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = a.task_id AND e.artifact_id = a.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -283,12 +262,12 @@ CREATE VIEW "task_artifacts" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = a.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = a.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS text
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS text
 FROM (
   SELECT e.task_id, e.artifact_id, max(e.artifact_type) AS artifact_type, count(*) AS events,
          max(e.last_chunk) AS closed, min(e.rowid) AS first_row
   FROM events e
-  WHERE e.kind = 'artifactUpdate' AND e.task_id IS NOT NULL AND e.artifact_id IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+  WHERE e.kind = 'artifactUpdate' AND e.task_id IS NOT NULL AND e.artifact_id IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
   GROUP BY e.task_id, e.artifact_id
   UNION ALL
   SELECT s.task_id, s.artifact_id, max(s.artifact_type), 0, 0, min(s.row)
@@ -303,7 +282,7 @@ FROM (
     WHERE x.task_id IS NOT NULL AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
   WHERE s.artifact_id IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM events e WHERE e.task_id = s.task_id AND e.artifact_id = s.artifact_id
-      AND e.kind = 'artifactUpdate' AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL))
+      AND e.kind = 'artifactUpdate' AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1)
   GROUP BY s.task_id, s.artifact_id
   ORDER BY first_row
 ) a;
@@ -314,28 +293,26 @@ CREATE VIEW "task_summary" AS SELECT
     (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
     (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
   ) AS context_id,
-  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT min(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS first_seen,
-  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS last_seen,
+  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT min(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS first_seen,
+  strftime('%Y-%m-%dT%H:%M:%fZ', ((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)) / 1e9, 'unixepoch') AS last_seen,
   (SELECT s.state FROM (
      SELECT x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq, e.state
      FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.state IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+     WHERE e.task_id = t.task_id AND e.state IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
      UNION ALL
      SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
      WHERE a.task_id = t.task_id AND a.state IS NOT NULL
    ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
   t.events,
   (SELECT count(*) FROM (SELECT exchange_id FROM events WHERE task_id = t.task_id UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id)) AS exchanges,
-  round(((SELECT min(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)) - (SELECT min(x.started_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL))) / 1e6, 3) AS ttfe_ms,
-  round(((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s) - (SELECT min(started_ns) FROM exchanges WHERE id IN (SELECT exchange_id FROM events WHERE task_id = t.task_id UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id))) / 1e6, 3)
+  round(((SELECT min(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1) - (SELECT min(started_ns) FROM exchanges WHERE id IN (SELECT exchange_id FROM events WHERE task_id = t.task_id AND exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id))) / 1e6, 3) AS ttfe_ms,
+  round(((SELECT max(s.at_ns) FROM (SELECT x.started_ns + e.offset_ns AS at_ns FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s) - (SELECT min(started_ns) FROM exchanges WHERE id IN (SELECT exchange_id FROM events WHERE task_id = t.task_id AND exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id))) / 1e6, 3)
     AS duration_ms,
   CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    SELECT (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -352,7 +329,7 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -376,11 +353,11 @@ CREATE VIEW "task_summary" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = g.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS part
     FROM (SELECT artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
       json_extract(a.value, '$.metadata.type') AS artifact_type,
       (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
@@ -393,18 +370,16 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE s.artifact_id IS NOT NULL)
           GROUP BY artifact_id
           HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
-          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
+          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
     SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
             WHERE json_type(p.value, '$.text') = 'text') AS part
     FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
     WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
     ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    SELECT (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -421,7 +396,7 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -445,11 +420,11 @@ CREATE VIEW "task_summary" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = g.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS part
     FROM (SELECT artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
       json_extract(a.value, '$.metadata.type') AS artifact_type,
       (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
@@ -463,12 +438,10 @@ CREATE VIEW "task_summary" AS SELECT
           GROUP BY artifact_id
           HAVING coalesce(max(artifact_type), '') <> 'intermediate-thinking'
           ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    SELECT (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -485,7 +458,7 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -509,11 +482,11 @@ CREATE VIEW "task_summary" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = g.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS part
     FROM (SELECT artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
       json_extract(a.value, '$.metadata.type') AS artifact_type,
       (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
@@ -533,12 +506,10 @@ CREATE VIEW "task_summary" AS SELECT
     WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') <> 'intermediate-thinking'
     ORDER BY g.key))) END AS answer,
   CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) IS NULL THEN (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    SELECT (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -555,7 +526,7 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -579,11 +550,11 @@ CREATE VIEW "task_summary" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = g.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS part
     FROM (SELECT artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
       json_extract(a.value, '$.metadata.type') AS artifact_type,
       (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
@@ -596,18 +567,16 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE s.artifact_id IS NOT NULL)
           GROUP BY artifact_id
           HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
-          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
+          ORDER BY first_row) g)) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce((SELECT group_concat(part, char(10)) FROM (
     SELECT (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(g.value, '$.parts') p
             WHERE json_type(p.value, '$.text') = 'text') AS part
     FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
     WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
     ORDER BY g.key)), (SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    SELECT (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -624,7 +593,7 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -648,11 +617,11 @@ CREATE VIEW "task_summary" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = g.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS part
     FROM (SELECT artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
       json_extract(a.value, '$.metadata.type') AS artifact_type,
       (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
@@ -666,12 +635,10 @@ CREATE VIEW "task_summary" AS SELECT
           GROUP BY artifact_id
           HAVING coalesce(max(artifact_type), '') = 'intermediate-thinking'
           ORDER BY first_row) g))) ELSE coalesce((SELECT group_concat(part, char(10)) FROM (
-    SELECT coalesce(
-    (SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    SELECT (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
-             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.append = 1
+             SELECT e.text FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 AND e.append = 1
                AND (b.at_ns IS NULL OR (x.started_ns + e.offset_ns, e.exchange_id, e.seq) > (b.at_ns, b.exchange_id, b.seq))
                AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
@@ -688,7 +655,7 @@ CREATE VIEW "task_summary" AS SELECT
             WHERE p.task_id = e.task_id AND p.event_id = e.event_id))
              ORDER BY x.started_ns + e.offset_ns, e.exchange_id, e.seq) d) AS tail
            FROM (SELECT 1) one
-           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+           LEFT JOIN (SELECT * FROM (SELECT e.text, x.started_ns + e.offset_ns AS at_ns, e.exchange_id, e.seq FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.artifact_id = g.artifact_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
         AND coalesce(e.append, 0) = 0 AND NOT (e.event_id IS NOT NULL AND EXISTS (SELECT 1 FROM events p
       WHERE p.task_id = e.task_id AND p.event_id = e.event_id AND p.rowid < e.rowid)
       AND coalesce(
@@ -712,11 +679,11 @@ CREATE VIEW "task_summary" AS SELECT
     JOIN json_each(CASE WHEN json_valid(e.data) THEN CASE WHEN json_type(e.data, '$.result.task') = 'object' THEN json_extract(e.data, '$.result.task') WHEN json_type(e.data, '$.result') = 'object' THEN json_extract(e.data, '$.result') WHEN json_type(e.data, '$.task') = 'object' THEN json_extract(e.data, '$.task') WHEN json_type(e.data, '$') = 'object' THEN json_extract(e.data, '$') END END, '$.artifacts') a
     WHERE x.task_id = t.task_id AND x.rpc_method IN ('SubscribeToTask', 'tasks/resubscribe') AND x.is_sse = 1 AND e.kind = 'task') s
         WHERE s.artifact_id = g.artifact_id)
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)) AS part
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c) AS part
     FROM (SELECT artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)
+              AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM (SELECT x.task_id, json_extract(a.value, '$.artifactId') AS artifact_id,
       json_extract(a.value, '$.metadata.type') AS artifact_type,
       (SELECT group_concat(json_extract(p.value, '$.text'), '') FROM json_each(a.value, '$.parts') p
@@ -735,12 +702,12 @@ CREATE VIEW "task_summary" AS SELECT
     FROM json_each((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.artifacts') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.artifacts') g
     WHERE coalesce(json_extract(g.value, '$.metadata.type'), '') = 'intermediate-thinking'
     ORDER BY g.key))) END AS thinking,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.model') AS model,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.inputTokens') AS input_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.outputTokens') AS output_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.cachedInputTokens') AS cached_input_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.totalTokens') AS total_tokens,
-  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL)), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.credits') AS credits
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.model') AS model,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.inputTokens') AS input_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.outputTokens') AS output_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.cachedInputTokens') AS cached_input_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.totalTokens') AS total_tokens,
+  json_extract(CASE WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) IS NULL THEN (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1) WHEN (SELECT max(a.at_ns) FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL) > coalesce((SELECT max(x.started_ns + e.offset_ns) FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1), 0) THEN coalesce(json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"'), (SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)) ELSE coalesce((SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id WHERE e.task_id = t.task_id AND e.usage IS NOT NULL AND e.exchange_id NOT IN (SELECT r.new_exchange_id FROM resumes r WHERE r.side = 'client' AND r.outcome IN ('resumed', 'ended') AND r.new_exchange_id IS NOT NULL) AND e.complete = 1 ORDER BY x.started_ns + e.offset_ns DESC, e.exchange_id DESC, e.seq DESC LIMIT 1), json_extract((SELECT a.task FROM task_answers a WHERE a.task_id = t.task_id AND json_type(a.task, '$.metadata."$usage"') IS NOT NULL ORDER BY a.at_ns DESC, a.exchange_id DESC LIMIT 1), '$.metadata."$usage"')) END, '$.credits') AS credits
 FROM (
   -- In order of the exchange that first carried the task. rowid follows arrival, and the
   -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
@@ -756,4 +723,24 @@ FROM (
   GROUP BY a.task_id
   ORDER BY first_exchange, first_row
 ) t;
+
+CREATE VIEW "stream_summary" AS SELECT
+  x.id AS exchange_id,
+  x.protocol,
+  x.model,
+  x.answer,
+  x.input_tokens,
+  x.cached_input_tokens,
+  x.output_tokens,
+  x.finish,
+  x.tool_calls,
+  (SELECT count(*) FROM events e WHERE e.exchange_id = x.id) AS events,
+  round(coalesce(
+    (SELECT min(e.offset_ns) FROM events e WHERE e.exchange_id = x.id),
+    CASE WHEN x.is_sse = 0 THEN
+      (SELECT min(c.offset_ns) FROM stored_chunks c WHERE c.exchange_id = x.id) END) / 1e6, 3) AS ttfe_ms,
+  round(x.duration_ns / 1e6, 3) AS duration_ms
+FROM exchanges x
+WHERE x.protocol IS NOT NULL
+ORDER BY x.id;
 

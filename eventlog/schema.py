@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import closing
+from enum import IntEnum
 from functools import cache
 from pathlib import Path
 
@@ -130,13 +131,12 @@ def _event_at(rowid: str) -> str:
     )
 
 
-def _task_time(agg: str, expr: str, gateway: bool = False) -> str:
-    """An aggregate over the times of one task's events (``{at}`` = event time; with
-    ``gateway``, those the views count: not a slice's)."""
-    counted = f" AND {_COUNTED}" if gateway else ""
+def _task_time(agg: str, expr: str, v: TaskViews) -> str:
+    """An aggregate over the times of one task's events (``{at}`` = event time): those
+    the views of version ``v`` read (``_read_events``)."""
     return (
         f"(SELECT {agg}({expr.format(at=_AT)}) FROM events e JOIN exchanges x ON x.id = e.exchange_id"
-        f" WHERE e.task_id = t.task_id{counted})"
+        f" WHERE e.task_id = t.task_id{_read_events(v)})"
     )
 
 
@@ -154,6 +154,26 @@ SLICES = (
 )
 # Whether event row e is counted by the views since schema version 20: not a slice's.
 _COUNTED = f"e.exchange_id NOT IN ({SLICES})"
+
+
+class TaskViews(IntEnum):
+    """The versions of the task views (``task_artifacts``, ``task_summary``), each named by
+    the schema version whose migration made it; the views of the migrations before 0018
+    are made as 0018 made them, which the later ones replace."""
+
+    APPEND_FLAGS = 18  # an artifact's text follows its events' append flags
+    OVER_RECONNECTS = 20  # a reconnect's slice left out, the subscribes' snapshots read
+    DELIVERED = 21  # only events a client was sent; times and answers from the task's first request
+
+
+def _read_events(v: TaskViews) -> str:
+    """The condition (after an AND) on event row e that the views of version ``v`` read
+    a task's state, text, usage and event times from: since version 20, not a slice's
+    (``_COUNTED``); since 21, also one its client was sent (``complete``: an event cut
+    before its blank line was never dispatched, as ``tasktape check`` reads a stream)."""
+    if v >= TaskViews.DELIVERED:
+        return f" AND {_COUNTED} AND e.complete = 1"
+    return f" AND {_COUNTED}" if v >= TaskViews.OVER_RECONNECTS else ""
 
 
 def _sent_before(e: str, x: str) -> str:
@@ -200,24 +220,23 @@ def _snapshots(task: str | None) -> str:
     WHERE {of_task} AND x.rpc_method IN ({subscribes}) AND x.is_sse = 1 AND e.kind = 'task'"""
 
 
-def _artifact_text(task: str, artifact: str, gateway: bool = False) -> str:
+def _artifact_text(task: str, artifact: str, v: TaskViews) -> str:
     """An artifact's text: its events in order, an event with append false (a first delta,
     or a lastChunk's consolidation) replacing the text so far and one with append true
     adding to it; an event sent again (``_sent_before``) counts once. So: the last event
-    that does not append, and those after it that do; a lastChunk that does not append
-    holds the whole text (nothing comes after it), so it alone is read. With ``gateway``
-    (schema version 20), a slice's events are left out (``SLICES``: every one of them is
-    sent again), and a subscribe's snapshot of the artifact replaces the text so far."""
+    that does not append, and those after it that do. Before version 21, a lastChunk that
+    does not append was read alone, as if nothing could come after it (a later turn of
+    the task may replace or add to the artifact). Since version 20, a slice's events are
+    left out (``SLICES``: every one of them is sent again), and a subscribe's snapshot of
+    the artifact replaces the text so far; since 21, an event never sent is left out."""
     events = (
         "FROM events e JOIN exchanges x ON x.id = e.exchange_id"
-        f" WHERE e.task_id = {task} AND e.artifact_id = {artifact}"
+        f" WHERE e.task_id = {task} AND e.artifact_id = {artifact}{_read_events(v)}"
     )
-    if gateway:
-        events += f" AND {_COUNTED}"
     order = f"{_AT}, e.exchange_id, e.seq"
     latest = f"ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1"
-    if gateway:
-        return _text_from_bases(task, artifact, events, order, latest)
+    if v >= TaskViews.OVER_RECONNECTS:
+        return _text_from_bases(task, artifact, events, order, latest, v)
     return f"""coalesce(
     (SELECT e.text {events} AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 {latest}),
     (SELECT group_concat(d.text, '') FROM (
@@ -232,7 +251,7 @@ def _artifact_text(task: str, artifact: str, gateway: bool = False) -> str:
        ORDER BY {order}) d))"""
 
 
-def _text_from_bases(task: str, artifact: str, events: str, order: str, latest: str) -> str:
+def _text_from_bases(task: str, artifact: str, events: str, order: str, latest: str, v: TaskViews) -> str:
     """``_artifact_text`` from ``events`` (those counted) and the subscribes' snapshots:
     the latest base (an event that does not append, or a snapshot of the artifact), then
     the events after it that append."""
@@ -240,9 +259,7 @@ def _text_from_bases(task: str, artifact: str, events: str, order: str, latest: 
         AND coalesce(e.append, 0) = 0 AND NOT {_sent_before("e", "x")}
       UNION ALL SELECT s.text, s.at_ns, s.exchange_id, s.seq FROM ({_snapshots(task)}) s
         WHERE s.artifact_id = {artifact}"""
-    return f"""coalesce(
-    (SELECT e.text {events} AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 {latest}),
-    (SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
+    read = f"""(SELECT CASE WHEN c.text IS NOT NULL OR c.tail IS NOT NULL
        THEN coalesce(c.text, '') || coalesce(c.tail, '') END
      FROM (SELECT b.text, (SELECT group_concat(d.text, '') FROM (
              SELECT e.text {events} AND e.append = 1
@@ -251,24 +268,28 @@ def _text_from_bases(task: str, artifact: str, events: str, order: str, latest: 
              ORDER BY {order}) d) AS tail
            FROM (SELECT 1) one
            LEFT JOIN (SELECT * FROM ({bases})
-                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c))"""
+                      ORDER BY at_ns DESC, exchange_id DESC, seq DESC LIMIT 1) b) c)"""
+    if v >= TaskViews.DELIVERED:
+        return read
+    closed = f"(SELECT e.text {events} AND e.last_chunk = 1 AND coalesce(e.append, 0) = 0 {latest})"
+    return f"coalesce(\n    {closed},\n    {read})"
 
 
-def _answer(op: str, gateway: bool = False) -> str:
+def _answer(op: str, v: TaskViews) -> str:
     """The task's artifacts joined in order of appearance: ``<>`` the answer (all but
-    intermediate thinking), ``=`` the intermediate thinking. With ``gateway``, as
+    intermediate thinking), ``=`` the intermediate thinking. Since version 20, as
     ``_artifact_text`` reads them, an artifact only a subscribe's snapshot holds too."""
     artifacts = """artifact_id, min(rowid) AS first_row FROM events
           WHERE task_id = t.task_id AND kind = 'artifactUpdate' AND artifact_id IS NOT NULL"""
-    if gateway:
+    if v >= TaskViews.OVER_RECONNECTS:
         artifacts = f"""artifact_id, min(row) AS first_row FROM (
             SELECT e.artifact_id, e.artifact_type, e.rowid AS row FROM events e
             WHERE e.task_id = t.task_id AND e.kind = 'artifactUpdate' AND e.artifact_id IS NOT NULL
-              AND {_COUNTED}
+              {_read_events(v).lstrip()}
             UNION ALL SELECT s.artifact_id, s.artifact_type, s.row FROM ({_snapshots("t.task_id")}) s
             WHERE s.artifact_id IS NOT NULL)"""
     return f"""(SELECT group_concat(part, char(10)) FROM (
-    SELECT {_artifact_text("t.task_id", "g.artifact_id", gateway)} AS part
+    SELECT {_artifact_text("t.task_id", "g.artifact_id", v)} AS part
     FROM (SELECT {artifacts}
           GROUP BY artifact_id
           HAVING coalesce(max(artifact_type), '') {op} 'intermediate-thinking'
@@ -283,7 +304,7 @@ _LATEST_ANSWER = (
 )
 
 
-def _newer(streamed: str, answered: str, has: str, gateway: bool = False) -> str:
+def _newer(streamed: str, answered: str, has: str, v: TaskViews) -> str:
     """Of a value from the task's events and one from its latest object answered without a
     stream (one that has ``has``), the one seen last: a GetTask after a dropped stream
     holds the whole answer."""
@@ -294,21 +315,23 @@ def _newer(streamed: str, answered: str, has: str, gateway: bool = False) -> str
     # Most tasks have no such object: then the time of their last event is not looked up.
     return (
         f"CASE WHEN {answered_at} IS NULL THEN {streamed}"
-        f" WHEN {answered_at} > coalesce({_task_time('max', '{at}', gateway)}, 0)"
+        f" WHEN {answered_at} > coalesce({_task_time('max', '{at}', v)}, 0)"
         f" THEN coalesce({answered}, {streamed}) ELSE coalesce({streamed}, {answered}) END"
     )
 
 
-def _usage(field: str, gateway: bool = False) -> str:
-    """A field of the task's last ``$usage``: from its events or its answered objects."""
+def _usage(field: str, v: TaskViews) -> str:
+    """A field of the task's last ``$usage``: from its events (since version 21, those
+    ``_read_events`` reads) or its answered objects."""
+    read = _read_events(v) if v >= TaskViews.DELIVERED else ""
     streamed = (
         f"(SELECT e.usage FROM events e JOIN exchanges x ON x.id = e.exchange_id"
-        f" WHERE e.task_id = t.task_id AND e.usage IS NOT NULL"
+        f" WHERE e.task_id = t.task_id AND e.usage IS NOT NULL{read}"
         f" ORDER BY {_AT} DESC, e.exchange_id DESC, e.seq DESC LIMIT 1)"
     )
     usage = '$.metadata."$usage"'
     answered = f"json_extract({_LATEST_ANSWER.format(has=usage)}, '{usage}')"
-    return f"json_extract({_newer(streamed, answered, usage, gateway)}, '$.{field}')"
+    return f"json_extract({_newer(streamed, answered, usage, v)}, '$.{field}')"
 
 
 def _sql_state(expr: str) -> str:
@@ -338,27 +361,47 @@ def _answered_text(op: str) -> str:
     ORDER BY g.key))"""
 
 
-# Every exchange of the task: those that streamed its events and those that answered it.
-_TASK_EXCHANGES = (
-    "SELECT exchange_id FROM events WHERE task_id = t.task_id"
-    " UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id"
-)
+def _task_exchanges(counted: bool = False) -> str:
+    """Every exchange of the task: those that streamed its events and those that answered
+    it; ``counted``: but a reconnect's that holds a slice (``SLICES``)."""
+    of_events = f" AND exchange_id NOT IN ({SLICES})" if counted else ""
+    return (
+        f"SELECT exchange_id FROM events WHERE task_id = t.task_id{of_events}"
+        " UNION SELECT exchange_id FROM task_answers WHERE task_id = t.task_id"
+    )
 
 
-def _seen(agg: str) -> str:
-    """The first or last moment the task was seen: its events and its answers alike."""
+def _seen(agg: str, v: TaskViews) -> str:
+    """The first or last moment the task was seen: its events and its answers alike
+    (since version 21, not a slice's events, which its own streams' exchanges hold)."""
+    counted = f" AND {_COUNTED}" if v >= TaskViews.DELIVERED else ""
     return (
         f"(SELECT {agg}(s.at_ns) FROM (SELECT {_AT} AS at_ns FROM events e JOIN exchanges x"
-        " ON x.id = e.exchange_id WHERE e.task_id = t.task_id"
+        f" ON x.id = e.exchange_id WHERE e.task_id = t.task_id{counted}"
         " UNION ALL SELECT at_ns FROM task_answers WHERE task_id = t.task_id) s)"
     )
 
 
-def _artifact_rows(gateway: bool) -> str:
-    """The rows ``task_artifacts`` groups by task and artifact: the artifact updates (with
-    ``gateway``, those counted, and a subscribe's snapshot of an artifact, counted as no
-    update of it)."""
-    if not gateway:
+def _first_request(v: TaskViews) -> str:
+    """When the task's first request arrived, of the exchanges its times count."""
+    exchanges = _task_exchanges(counted=v >= TaskViews.DELIVERED)
+    return f"(SELECT min(started_ns) FROM exchanges WHERE id IN ({exchanges}))"
+
+
+def _ttfe(v: TaskViews) -> str:
+    """The task's time to first event: from its first request (since version 21; before,
+    from the start of the first exchange that streamed an event of it)."""
+    first = _task_time("min", "{at}", v)
+    if v >= TaskViews.DELIVERED:
+        return f"round(({first} - {_first_request(v)}) / 1e6, 3)"
+    return f"round(({first} - {_task_time('min', 'x.started_ns', v)}) / 1e6, 3)"
+
+
+def _artifact_rows(v: TaskViews) -> str:
+    """The rows ``task_artifacts`` groups by task and artifact: the artifact updates (since
+    version 20, those counted, and a subscribe's snapshot of an artifact, counted as no
+    update of it; since 21, those ``_read_events`` reads)."""
+    if v < TaskViews.OVER_RECONNECTS:
         return """SELECT task_id, artifact_id, max(artifact_type) AS artifact_type, count(*) AS events,
          max(last_chunk) AS closed, min(rowid) AS first_row
   FROM events
@@ -368,19 +411,19 @@ def _artifact_rows(gateway: bool) -> str:
     return f"""SELECT e.task_id, e.artifact_id, max(e.artifact_type) AS artifact_type, count(*) AS events,
          max(e.last_chunk) AS closed, min(e.rowid) AS first_row
   FROM events e
-  WHERE e.kind = 'artifactUpdate' AND e.task_id IS NOT NULL AND e.artifact_id IS NOT NULL AND {_COUNTED}
+  WHERE e.kind = 'artifactUpdate' AND e.task_id IS NOT NULL AND e.artifact_id IS NOT NULL{_read_events(v)}
   GROUP BY e.task_id, e.artifact_id
   UNION ALL
   SELECT s.task_id, s.artifact_id, max(s.artifact_type), 0, 0, min(s.row)
   FROM ({_snapshots(None)}) s
   WHERE s.artifact_id IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM events e WHERE e.task_id = s.task_id AND e.artifact_id = s.artifact_id
-      AND e.kind = 'artifactUpdate' AND {_COUNTED})
+      AND e.kind = 'artifactUpdate'{_read_events(v)})
   GROUP BY s.task_id, s.artifact_id"""
 
 
-def _task_artifacts(gateway: bool = False) -> str:
-    """The ``task_artifacts`` view (``gateway``: as of schema version 20, see ``_artifact_text``)."""
+def _task_artifacts(v: TaskViews) -> str:
+    """The ``task_artifacts`` view of version ``v`` (see ``_artifact_text``)."""
     return f"""
 SELECT
   a.task_id,
@@ -389,19 +432,18 @@ SELECT
   a.events,
   a.closed,
   {_ISO.format(_event_at("a.first_row"))} AS first_seen,
-  {_artifact_text("a.task_id", "a.artifact_id", gateway)} AS text
+  {_artifact_text("a.task_id", "a.artifact_id", v)} AS text
 FROM (
-  {_artifact_rows(gateway)}
+  {_artifact_rows(v)}
   ORDER BY first_row
 ) a
 """
 
 
-def _task_summary(gateway: bool = False) -> str:
-    """The ``task_summary`` view (``gateway``: as of schema version 20, its events' figures
-    and answer leave out a slice's events, its answer reads the subscribes' snapshots)."""
-    counted = f" AND {_COUNTED}" if gateway else ""
-    first, started = _task_time("min", "{at}", gateway), _task_time("min", "x.started_ns", gateway)
+def _task_summary(v: TaskViews) -> str:
+    """The ``task_summary`` view of version ``v``: since 20, its events' figures and answer
+    leave out a slice's events, its answer reads the subscribes' snapshots; since 21, they
+    leave out the events never sent, and its times a slice's (see ``_read_events``)."""
     return f"""
 SELECT
   t.task_id,
@@ -409,29 +451,29 @@ SELECT
     (SELECT e.context_id FROM events e WHERE e.task_id = t.task_id AND e.context_id IS NOT NULL LIMIT 1),
     (SELECT a.context_id FROM task_answers a WHERE a.task_id = t.task_id AND a.context_id IS NOT NULL LIMIT 1)
   ) AS context_id,
-  {_ISO.format(_seen("min"))} AS first_seen,
-  {_ISO.format(_seen("max"))} AS last_seen,
+  {_ISO.format(_seen("min", v))} AS first_seen,
+  {_ISO.format(_seen("max", v))} AS last_seen,
   (SELECT s.state FROM (
      SELECT {_AT} AS at_ns, e.exchange_id, e.seq, e.state
      FROM events e JOIN exchanges x ON x.id = e.exchange_id
-     WHERE e.task_id = t.task_id AND e.state IS NOT NULL{counted}
+     WHERE e.task_id = t.task_id AND e.state IS NOT NULL{_read_events(v)}
      UNION ALL
      SELECT a.at_ns, a.exchange_id, 0, a.state FROM task_answers a
      WHERE a.task_id = t.task_id AND a.state IS NOT NULL
    ) s ORDER BY s.at_ns DESC, s.exchange_id DESC, s.seq DESC LIMIT 1) AS final_state,
   t.events,
-  (SELECT count(*) FROM ({_TASK_EXCHANGES})) AS exchanges,
-  round(({first} - {started}) / 1e6, 3) AS ttfe_ms,
-  round(({_seen("max")} - (SELECT min(started_ns) FROM exchanges WHERE id IN ({_TASK_EXCHANGES}))) / 1e6, 3)
+  (SELECT count(*) FROM ({_task_exchanges()})) AS exchanges,
+  {_ttfe(v)} AS ttfe_ms,
+  round(({_seen("max", v)} - {_first_request(v)}) / 1e6, 3)
     AS duration_ms,
-  {_newer(_answer("<>", gateway), _answered_text("<>"), "$.artifacts", gateway)} AS answer,
-  {_newer(_answer("=", gateway), _answered_text("="), "$.artifacts", gateway)} AS thinking,
-  {_usage("model", gateway)} AS model,
-  {_usage("inputTokens", gateway)} AS input_tokens,
-  {_usage("outputTokens", gateway)} AS output_tokens,
-  {_usage("cachedInputTokens", gateway)} AS cached_input_tokens,
-  {_usage("totalTokens", gateway)} AS total_tokens,
-  {_usage("credits", gateway)} AS credits
+  {_newer(_answer("<>", v), _answered_text("<>"), "$.artifacts", v)} AS answer,
+  {_newer(_answer("=", v), _answered_text("="), "$.artifacts", v)} AS thinking,
+  {_usage("model", v)} AS model,
+  {_usage("inputTokens", v)} AS input_tokens,
+  {_usage("outputTokens", v)} AS output_tokens,
+  {_usage("cachedInputTokens", v)} AS cached_input_tokens,
+  {_usage("totalTokens", v)} AS total_tokens,
+  {_usage("credits", v)} AS credits
 FROM (
   -- In order of the exchange that first carried the task. rowid follows arrival, and the
   -- (task_id, event_id) index holds it: grouping events needs no table read, so listing
@@ -492,8 +534,8 @@ WHERE e.task_id IS NOT NULL
 WINDOW win AS (PARTITION BY e.task_id ORDER BY {_AT}, e.exchange_id, e.seq)
 ORDER BY e.task_id, {_AT}, e.exchange_id, e.seq
 """,
-    "task_artifacts": _task_artifacts(),
-    "task_summary": _task_summary(),
+    "task_artifacts": _task_artifacts(TaskViews.APPEND_FLAGS),
+    "task_summary": _task_summary(TaskViews.APPEND_FLAGS),
     "exchange_metrics": """
 SELECT
   x.id AS exchange_id,
@@ -846,8 +888,29 @@ def _task_views_over_reconnects(db: sqlite_utils.Database) -> None:
     # A reconnect the resume gateway answered holds a slice of the stream it held, under the
     # gateway's ids where the agent gave none: its events are left out, not read as new. A
     # rejoin's catch-up (events the gateway made up) is read from the subscribe's snapshot.
-    db.create_view("task_artifacts", _task_artifacts(gateway=True).strip(), replace=True)
-    db.create_view("task_summary", _task_summary(gateway=True).strip(), replace=True)
+    db.create_view("task_artifacts", _task_artifacts(TaskViews.OVER_RECONNECTS).strip(), replace=True)
+    db.create_view("task_summary", _task_summary(TaskViews.OVER_RECONNECTS).strip(), replace=True)
+
+
+# A keep-alive comment is a chunk but no event: a stream's first event is its first event,
+# and only a response that is not a stream is timed to its first chunk.
+STREAM_SUMMARY_21 = STREAM_SUMMARY_17.replace(
+    "    (SELECT min(c.offset_ns) FROM stored_chunks c WHERE c.exchange_id = x.id)) / 1e6, 3) AS ttfe_ms,",
+    "    CASE WHEN x.is_sse = 0 THEN\n"
+    "      (SELECT min(c.offset_ns) FROM stored_chunks c WHERE c.exchange_id = x.id) END)"
+    " / 1e6, 3) AS ttfe_ms,",
+)
+
+
+@_migration("0021_task_views_of_what_was_sent")
+def _task_views_of_what_was_sent(db: sqlite_utils.Database) -> None:
+    # A task's state, answer and usage come from the events its clients were sent: not an
+    # event cut before its blank line, nor (in its times) a reconnect's slice. An artifact
+    # closed in one turn and replaced or added to in a later one reads as it ends. A task's
+    # time to first event runs from its first request; a keep-alive comment is no first event.
+    db.create_view("task_artifacts", _task_artifacts(TaskViews.DELIVERED).strip(), replace=True)
+    db.create_view("task_summary", _task_summary(TaskViews.DELIVERED).strip(), replace=True)
+    db.create_view("stream_summary", STREAM_SUMMARY_21.strip(), replace=True)
 
 
 SCHEMA_VERSION = len(KNOWN)

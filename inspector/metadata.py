@@ -212,7 +212,8 @@ TABLES: dict[str, dict[str, Any]] = {
             "events": "Events recorded",
             "exchanges": "Exchanges that carried its events or answered it",
             "ttfe_ms": "Time to first event: its first request to its first event",
-            "duration_ms": "Its first request to the last time it was seen",
+            "duration_ms": "Its first request to the last time it was seen (a reconnect sent "
+            "again what a stream held does not count)",
             "answer": "The answer artifacts, reassembled",
             "thinking": "The intermediate-thinking artifacts, reassembled",
             "model": "Model, from $usage",
@@ -265,14 +266,17 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "task_artifacts": {
         "title": "Artifacts",
-        "description": "One row per artifact of a task, its text reassembled: the last lastChunk "
-        "consolidation, else the deltas in order.",
+        "description": "One row per artifact a task's streams carried, its text reassembled as "
+        "its events left it: the last that does not append (a first delta, a lastChunk "
+        "consolidation, a later turn's new text), then those that append after it. An artifact "
+        "only a task object answered without a stream holds is in that answer (Tasks answered "
+        "without a stream).",
         "facets": ["artifact_type", "closed"],
         "columns": {
             "task_id": "The task (opens its page)",
             "artifact_id": "Artifact id",
             "artifact_type": "metadata.type: intermediate-thinking, or empty for an answer",
-            "events": "Events that carried it",
+            "events": "Events that carried it to a client",
             "closed": "1 when a lastChunk event closed it",
             "first_seen": "Its first event (UTC)",
             "text": "Its text, reassembled",

@@ -224,6 +224,49 @@ def test_a_new_log_is_written_and_read_like_a_migrated_one(tmp_path: Path) -> No
         assert log.db.execute("SELECT count(*) FROM chunks").fetchone() == (1,)
 
 
+def test_a_log_of_schema_20_reads_its_task_views_anew_once_upgraded(tmp_path: Path) -> None:
+    """0021 makes the views anew: an artifact closed in one turn and replaced in the next
+    reads as the second turn left it, and a keep-alive comment is no stream's first event."""
+    new = tmp_path / "new.db"
+    first = {"artifactId": "a", "parts": [{"text": "First version"}]}
+    turns = [
+        [{"artifactUpdate": {"taskId": "t", "artifact": first, "lastChunk": True}}],
+        [{"artifactUpdate": {"taskId": "t", "artifact": {"artifactId": "a", "parts": [{"text": "Second"}]}}}],
+    ]
+    with LogWriter(new) as w:
+        cap = w.begin_capture(source="test")
+        for n, frames in enumerate([*turns, []]):
+            ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=(n + 1) * 10**9)
+            w.response_head(
+                ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=1
+            )
+            for frame in frames:
+                w.chunk(ex, 5, b"data: " + json.dumps(frame).encode() + b"\n\n")
+            if not frames:
+                w.chunk(ex, 5, b": keep-alive\n\n")
+            w.end_exchange(ex, duration_ns=9)
+    old = sqlite_utils.Database(tmp_path / "old.db")
+    migrations.apply(old, stop_before="0021_task_views_of_what_was_sent")
+    old.execute("PRAGMA user_version = 20")
+    old.execute("ATTACH DATABASE ? AS new", [str(new)])
+    for table in ("captures", "exchanges", "stored_chunks", "events"):
+        old.execute(f"INSERT INTO main.{table} SELECT * FROM new.{table}")
+    old.conn.commit()
+    old.execute("DETACH DATABASE new")
+
+    def views() -> tuple[object, ...]:
+        text = old.execute("SELECT text FROM task_artifacts").fetchone()[0]
+        return text, old.execute("SELECT ttfe_ms FROM stream_summary WHERE exchange_id = 3").fetchone()[0]
+
+    assert views() == ("First version", 0.0)
+    old.close()
+    with LogWriter(tmp_path / "old.db"):  # a writer upgrades it
+        pass
+    old = sqlite_utils.Database(tmp_path / "old.db")
+    assert views() == ("Second", None)
+    old.close()
+
+
 def test_a_newer_log_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     open_db(path).close()

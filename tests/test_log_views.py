@@ -13,6 +13,7 @@ from a2a_frames import USAGE, artifact, completed_run, sse, status, streamed, ta
 
 from tasktape.errors import UnknownEventId
 from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000
@@ -321,4 +322,125 @@ def test_an_older_log_lists_its_answered_tasks_once_upgraded(tmp_path: Path) -> 
     with EventLog(path) as log:
         assert [(r["task_id"], r["final_state"]) for r in rows(log, "SELECT * FROM task_summary")] == [
             ("task.N", "TASK_STATE_FAILED")
+        ]
+
+
+# -- what a task's clients were sent ---------------------------------------------------------
+
+
+def two_turns(tmp_path: Path, first: list[dict[str, Any]], second: list[dict[str, Any]]) -> EventLog:
+    """A task in two turns: a stream ending INPUT_REQUIRED, then the next message's stream."""
+    path = tmp_path / "log.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        record(w, cap, sse([*first, status("t", "c", "TASK_STATE_INPUT_REQUIRED")]), start_ns=T0)
+        turn = [status("t", "c", "TASK_STATE_WORKING"), *second, status("t", "c", "TASK_STATE_COMPLETED")]
+        record(w, cap, sse(turn), start_ns=T0 + 1000 * MS)
+    return EventLog(path)
+
+
+@pytest.mark.parametrize(
+    ("second", "text"),
+    [
+        # Replaced in the second turn: its new deltas, not the first turn's consolidation.
+        (
+            [artifact("t", "c", "a", "Second"), artifact("t", "c", "a", " version", append=True)],
+            "Second version",
+        ),
+        # Added to in the second turn: the consolidation, then what was appended to it.
+        ([artifact("t", "c", "a", " Plus more.", append=True)], "Draft one. Plus more."),
+    ],
+)
+def test_an_artifact_closed_in_one_turn_reads_as_a_later_turn_left_it(
+    tmp_path: Path, second: list[dict[str, Any]], text: str
+) -> None:
+    first = [*streamed("t", "c", "a", ["Draft", " one."], close=False)]
+    first.append(artifact("t", "c", "a", "Draft one.", last_chunk=True))
+    with two_turns(tmp_path, first, second) as log:
+        assert rows(log, "SELECT text FROM task_artifacts")[0]["text"] == text
+        assert rows(log, "SELECT answer FROM task_summary")[0]["answer"] == text
+
+
+def test_an_event_never_sent_decides_nothing(tmp_path: Path) -> None:
+    """A stream cut after a whole data: line but before its blank line: the event is kept
+    (complete 0), but no client dispatched it, so it gives no state, text or finish."""
+    path = tmp_path / "log.db"
+    frames = [task("t", "c", "TASK_STATE_SUBMITTED"), artifact("t", "c", "a", "partial")]
+    unsent = [artifact("t", "c", "a", " and more", append=True), status("t", "c", "TASK_STATE_COMPLETED")]
+    tail = b"".join(sse(unsent)).rstrip(b"\n") + b"\n"  # the last event's blank line never came
+    with LogWriter(path) as w:
+        record(
+            w,
+            w.begin_capture(source="test"),
+            [*sse(frames), tail],
+            start_ns=T0,
+            outcome="upstream_disconnected",
+        )
+    with EventLog(path) as log:
+        assert [(e["kind"], e["complete"]) for e in log.events(1)][-1] == ("statusUpdate", 0)
+        (t,) = rows(log, "SELECT final_state, answer FROM task_summary")
+        assert (t["final_state"], t["answer"]) == ("TASK_STATE_SUBMITTED", "partial and more")
+        (a,) = rows(log, "SELECT text, events FROM task_artifacts")
+        assert (a["text"], a["events"]) == ("partial and more", 2)
+        (x,) = rows(log, "SELECT finish, answer FROM stream_summary")
+        assert (x["finish"], x["answer"]) == ("TASK_STATE_SUBMITTED", "partial and more")
+
+
+def test_a_reconnect_the_gateway_answered_does_not_stretch_the_task(tmp_path: Path) -> None:
+    """A client reconnecting 3 s later is sent again what the stream held: the task still
+    took the stream's 50 ms."""
+    path = tmp_path / "log.db"
+    framed = sse(
+        [task("t", "c"), *streamed("t", "c", "a", ["Do", "ne"]), status("t", "c", "TASK_STATE_COMPLETED")],
+        ids="e",
+    )
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        stream = record(w, cap, framed, start_ns=T0)
+        again = record(w, cap, framed[2:], start_ns=T0 + 3000 * MS)
+        w.resume(Resume(stream, ResumeSide.CLIENT, ResumeOutcome.RESUMED, "e2", 3, new_exchange_id=again))
+    with EventLog(path) as log:
+        (t,) = rows(log, "SELECT * FROM task_summary")
+        assert (t["last_seen"], t["duration_ms"], t["exchanges"]) == ("2027-01-15T08:00:00.050Z", 50.0, 2)
+        assert (t["final_state"], t["answer"]) == ("TASK_STATE_COMPLETED", "Done")
+
+
+def test_a_tasks_time_to_first_event_runs_from_its_first_request(tmp_path: Path) -> None:
+    """A SendMessage answered without a stream at 200 ms, then a subscribe whose first
+    event comes at 1202 ms: 1002 ms, not the subscribe's 2."""
+    path = tmp_path / "log.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        answer(w, cap, {"task": task_object("t", "TASK_STATE_WORKING", [])}, start_ns=T0 + 200 * MS)
+        frames = sse([status("t", "ctx.9", "TASK_STATE_COMPLETED")])
+        record(w, cap, frames, start_ns=T0 + 1200 * MS, step_ms=2, path="/tasks/t:subscribe")
+    with EventLog(path) as log:
+        (t,) = rows(log, "SELECT ttfe_ms, duration_ms FROM task_summary")
+        assert (t["ttfe_ms"], t["duration_ms"]) == (1002.0, 1002.0)  # its one event, its last
+
+
+def test_a_keep_alive_comment_is_no_first_event(tmp_path: Path) -> None:
+    """An event stream that sent only comments has no time to first event; a response
+    that is not a stream is timed to its first chunk."""
+    path = tmp_path / "log.db"
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        headers = [
+            ("accept", "text/event-stream"),
+            ("mcp-session-id", "s1"),
+            ("mcp-protocol-version", "2025-06-18"),
+        ]
+        ex = w.begin_exchange(cap, method="GET", path="/mcp", request_headers=headers, started_ns=T0)
+        w.response_head(
+            ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS
+        )
+        w.chunk(ex, 5 * MS, b": keepalive\n\n")
+        w.end_exchange(ex, duration_ns=30 * MS, outcome="client_disconnected")
+        answer(
+            w, cap, {"task": task_object("t", "TASK_STATE_COMPLETED", [])}, start_ns=T0 + 100 * MS, took_ms=7
+        )
+    with EventLog(path) as log:
+        assert [(r["exchange_id"], r["ttfe_ms"]) for r in rows(log, "SELECT * FROM stream_summary")] == [
+            (1, None),
+            (2, 7.0),
         ]
