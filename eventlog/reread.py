@@ -4,6 +4,7 @@ schema migration that brought protocols runs it over older logs."""
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 
 from .exchange_rows import event_columns
@@ -53,19 +54,22 @@ def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> Non
     ) in exchanges:
         request = Request(method or "", path or "", headers_from_json(req_headers), req_body)
         events = conn.execute(
-            "SELECT seq, event_type, data FROM events WHERE exchange_id = ? ORDER BY seq", (x_id,)
+            "SELECT seq, event_type, data, complete FROM events WHERE exchange_id = ? ORDER BY seq", (x_id,)
         ).fetchall()
-        first = next(((data, event_type) for _, event_type, data in events if data), None)
+        first = next(((data, event_type) for _, event_type, data, _ in events if data), None)
         body = resp_body.decode("utf-8", "replace") if isinstance(resp_body, bytes) else resp_body
         protocol = recognise_exchange(request, first if is_sse else (body, None) if body else None)
         a2a = protocol is not None and protocol.name == ProtocolName.A2A
         info = protocol.request_info(request) if protocol is not None else RequestInfo()
         reader = protocol.reader() if protocol is not None else None
         updates = []
-        for seq, event_type, data in events:
+        sent = None  # what the reader made of the events before a tail no client was sent
+        for seq, event_type, data, complete in events:
             if reader is None:
                 updates.append(("other", *(None,) * 10, x_id, seq))
                 continue
+            if not complete and sent is None:
+                sent = copy.copy(reader.finished())
             c = reader.event(data or "", event_type)
             if not a2a:  # A2A events were classified as they are now when they were written
                 updates.append((*event_columns(c), x_id, seq))
@@ -74,7 +78,7 @@ def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> Non
             texts_changed = True
         if reader is not None and not is_sse and resp_body:
             reader.body(resp_body)
-        read = reader.finished() if reader is not None else None
+        read = sent or (reader.finished() if reader is not None else None)
         session = info.session_id or (protocol.session(headers_from_json(resp_headers)) if protocol else None)
         conn.execute(
             update_exchange,

@@ -13,6 +13,7 @@ from a2a_frames import USAGE, artifact, completed_run, sse, status, streamed, ta
 
 from tasktape.errors import UnknownEventId
 from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.reread import reread_log
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide
 
 MS = 1_000_000
@@ -384,6 +385,28 @@ def test_an_event_never_sent_decides_nothing(tmp_path: Path) -> None:
         assert (a["text"], a["events"]) == ("partial and more", 2)
         (x,) = rows(log, "SELECT finish, answer FROM stream_summary")
         assert (x["finish"], x["answer"]) == ("TASK_STATE_SUBMITTED", "partial and more")
+
+
+def test_a_log_read_again_takes_no_finish_from_an_event_never_sent(tmp_path: Path) -> None:
+    """Read again (as migrations read older logs with the protocols known now), an LLM
+    stream cut before its last event's blank line took that event's finish."""
+    path = tmp_path / "log.db"
+    chunk = {"object": "chat.completion.chunk", "model": "gpt-x"}
+    said = {**chunk, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]}
+    stop = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        x = w.begin_exchange(cap, method="POST", path="/v1/chat/completions", request_body=b"{}")
+        w.response_head(
+            x, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=1
+        )
+        w.chunk(x, 2, f"data: {json.dumps(said)}\n\ndata: {json.dumps(stop)}\n".encode())
+        w.end_exchange(x, duration_ns=3, outcome="upstream_disconnected")
+    with sqlite3.connect(path) as conn:
+        written = conn.execute("SELECT finish, answer FROM exchanges").fetchone()
+        reread_log(conn, ("openai",))
+        again = conn.execute("SELECT finish, answer FROM exchanges").fetchone()
+    assert written == again == (None, "Hi")
 
 
 def test_a_reconnect_the_gateway_answered_does_not_stretch_the_task(tmp_path: Path) -> None:
