@@ -24,6 +24,7 @@ from tasktape.errors import LogError, SchemaTooOld
 
 from .file_kinds import is_damage, read_only_uri, unreadable
 from .outcomes import Outcome
+from .resumes import SAME_RESUME
 from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
 from .writer_lock import release_writer_lock, take_writer_lock
 
@@ -314,10 +315,7 @@ def _copy_resumes(conn: sqlite3.Connection) -> int:
         c: f"(SELECT dst_id FROM merged_exchanges WHERE src_id = r.{c})"
         for c in ("exchange_id", "new_exchange_id")
     }
-    same = " AND ".join(
-        f"o.{c} IS {mapped.get(c, f'r.{c}')}"
-        for c in ("exchange_id", "side", "last_event_id", "new_exchange_id", "outcome")
-    )
+    same = " AND ".join(f"o.{c} IS {mapped.get(c, f'r.{c}')}" for c in SAME_RESUME)
     picked = ", ".join(mapped.get(c, f"r.{c}") for c in cols)
     return conn.execute(
         f"INSERT INTO main.resumes ({', '.join(cols)}) SELECT {picked}"

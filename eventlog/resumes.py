@@ -9,6 +9,11 @@ from enum import StrEnum
 
 from tasktape.counted import counted
 
+# What tells one resume row from another, wherever logs meet (a merge, a fleet's sink): its
+# stream and new exchange, side, outcome and the event it resumed after; not its time, which
+# a log imported from a cassette of it holds to the microsecond.
+SAME_RESUME = ("exchange_id", "side", "last_event_id", "new_exchange_id", "outcome")
+
 
 class ResumeSide(StrEnum):
     CLIENT = "client"  # a client came back with Last-Event-ID

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasktape.errors import LogBusy
+from tasktape.eventlog.resumes import SAME_RESUME
 from tasktape.eventlog.schema import INDEX_TEXT, INDEXED_THROUGH, migrations, open_db
 from tasktape.eventlog.writer_lock import release_writer_lock, take_writer_lock
 
@@ -168,8 +169,7 @@ class SqliteSink:
     def _resumes(self, m: Rows) -> int:
         cols = [LOCAL_COLUMNS.get(c, c) for c in m.columns]
         first, new = cols.index("exchange_id"), cols.index("new_exchange_id")
-        key = ("exchange_id", "at_ns", "side", "last_event_id", "new_exchange_id", "outcome")
-        same = " AND ".join(f"{c} IS ?" for c in key)
+        same = " AND ".join(f"{c} IS ?" for c in SAME_RESUME)
         written = 0
         for row in m.rows:
             values = list(row)
@@ -177,7 +177,7 @@ class SqliteSink:
             if row[new] is not None:
                 values[new] = self._id(Table.EXCHANGES, row[new], m.capture)
             if self._conn.execute(
-                f"SELECT 1 FROM resumes WHERE {same}", [values[cols.index(c)] for c in key]
+                f"SELECT 1 FROM resumes WHERE {same}", [values[cols.index(c)] for c in SAME_RESUME]
             ).fetchone():
                 continue
             self._conn.execute(f"INSERT INTO resumes ({', '.join(cols)}) VALUES ({_marks(cols)})", values)

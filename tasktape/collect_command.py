@@ -144,13 +144,17 @@ def collect(
     if db is not None:
         stop_counting_memory()  # this process writes one log
     try:
-        with open_sink(db, clickhouse) as sink:
+        opened = open_sink(db, clickhouse)
+    except LogError as exc:  # (--db no event log: bad input; held by a writer: not now)
+        raise refused_log(exc) from None
+    except UsageError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        with opened as sink:
             asyncio.run(run(sink))
     except Unauthorized as exc:  # as a wrong --from would be
         raise click.BadParameter(str(exc), param_hint="--from") from None
-    except LogError as exc:
-        raise refused_log(exc) from None
-    except UsageError as exc:
+    except (LogError, UsageError) as exc:  # (rows it cannot take yet wait for a collector that can)
         raise click.ClickException(str(exc)) from None
 
 
