@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tasktape.errors import LogError
+from tasktape.errors import LogError, UnknownExchange
 
 from .commit_tap import CommitTap
 from .content_coding import MAX_DECODED
@@ -167,10 +167,6 @@ def _clean(value: Any) -> Any:
 def _clean_batch(batch: _Batch) -> None:
     batch.statements = [(sql, tuple(map(_clean, params))) for sql, params in batch.statements]
     batch.event_rows = [tuple(map(_clean, row)) for row in batch.event_rows]
-
-
-class _Unbuilt(Exception):
-    """An operation of an exchange whose request could not be turned into rows."""
 
 
 class LogWriter(LogProducer):
@@ -358,7 +354,7 @@ class LogWriter(LogProducer):
 
     def _not_applied(self, op: tuple[Any, ...], exc: Exception, batch: _Batch) -> None:
         """Say that ``op`` failed, and release whoever waits on it."""
-        if not isinstance(exc, _Unbuilt):  # (said once, when its request failed)
+        if not isinstance(exc, UnknownExchange):  # (an exchange not begun: said once, as it failed)
             self._failed(f"{type(exc).__name__} while recording: {exc}", 1, exc)
         if op[0] == EXCHANGE:
             self._unbuilt[op[1]] = f"{type(exc).__name__}: {exc}"
@@ -479,13 +475,13 @@ class LogWriter(LogProducer):
     def _exchange(self, exchange_id: int, *, ending: bool = False) -> ExchangeRows:
         """The rows of an exchange begun, or that goes on without its beginning (lost with
         a failed batch, or never queued); an exchange whose request could not be turned
-        into rows takes nothing more (_Unbuilt)."""
+        into rows takes nothing more (UnknownExchange: it is none open)."""
         rows = self._exchanges.get(exchange_id)
         if rows is not None:
             return rows
         why = self._unbuilt.pop(exchange_id, None) if ending else self._unbuilt.get(exchange_id)
         if why is not None:
-            raise _Unbuilt(why)
+            raise UnknownExchange(why)
         rows = self._rows(exchange_id)
         if not ending:
             self._exchanges[exchange_id] = rows

@@ -654,7 +654,10 @@ def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None
         @pytest.mark.tasktape("cassettes/completed.jsonl")
         @pytest.mark.parametrize(
             "expected",
-            ["completed.jsonl", pytest.param("failed.jsonl", marks=pytest.mark.tasktape("cassettes/failed.jsonl"))],
+            [
+                "completed.jsonl",
+                pytest.param("failed.jsonl", marks=pytest.mark.tasktape("cassettes/failed.jsonl")),
+            ],
         )
         def test_a_case_names_its_cassette(tasktape, expected):
             assert tasktape.cassette.name == expected

@@ -192,7 +192,7 @@ async def test_a_502_says_why_without_the_upstreams_bytes(tmp_path: Path) -> Non
     with sqlite3.connect(db) as conn:
         (error,) = conn.execute("SELECT error FROM exchanges").fetchone()
     for said in (body, error):
-        assert "answered what could not be read" in said and "Bad status line" in said, said
+        assert "sent bytes where no HTTP response starts" in said and "Bad status line" in said, said
         assert "sk-live" not in said and "id: 0" not in said and "key=k9" not in said, said
     (line,) = lines
     assert re.sub(r"took [\d.]+ ms", "took", line).startswith("GET /sse 502  took  [upstream_error: ")

@@ -125,7 +125,7 @@ _MESSAGE_FIELDS = {
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")
+    raise json.JSONDecodeError(f"{name} is no JSON value", name, 0)  # (as the reader's own refusals)
 
 
 def read_json(text: str) -> Any:
