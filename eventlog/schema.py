@@ -953,8 +953,8 @@ def check_log_size(max_bytes: int) -> None:
     least = least_log_size()
     if max_bytes < least:
         raise UsageError(
-            f"an empty log takes {least} bytes, so the log cannot be kept within {max_bytes}: "
-            f"give {least} or more"
+            f"an empty log takes {least:,} bytes, so the log cannot be kept within {max_bytes:,}: "
+            f"give {least:,} or more"
         )
 
 

@@ -349,7 +349,7 @@ def test_a_size_cap_below_an_empty_log_is_refused_saying_the_least(
     """The log was past such a cap before its first row, and grew on; a cap of what an
     empty log takes holds."""
     least = least_log_size()
-    with pytest.raises(UsageError, match=f"an empty log takes {least} bytes.*give {least} or more"):
+    with pytest.raises(UsageError, match=f"an empty log takes {least:,} bytes.*give {least:,} or more"):
         writer_class(tmp_path / "small.db", max_bytes=least - 1)
     assert not (tmp_path / "small.db").exists()
     db = tmp_path / "least.db"
