@@ -27,6 +27,11 @@ _QUERY_SEPARATORS = re.compile(r"([&;])")  # as the log's redaction splits a que
 # What EventSource polyfills add to a reconnect's URL to carry its Last-Event-ID (as
 # event-source-polyfill's lastEventIdQueryParameterName): no part of the stream's line.
 RESUME_PARAMETERS = frozenset({"lastEventId"})
+# One of them in a query, with the separator before it (``&``, or ``;`` as some servers
+# take): what a reconnect's line leaves out.
+_RESUME_PARAMETER = re.compile(
+    rf"(?:^|[&;])(?:{'|'.join(map(re.escape, sorted(RESUME_PARAMETERS)))})(?:=[^&;]*)?(?=[&;]|$)"
+)
 
 
 def line_of(method: str, target: str) -> str:
@@ -35,7 +40,7 @@ def line_of(method: str, target: str) -> str:
     for the parameters that carry a reconnect's id (``RESUME_PARAMETERS``)."""
     head, question, query = target.partition("?")
     if question:
-        kept = "&".join(p for p in query.split("&") if p.partition("=")[0] not in RESUME_PARAMETERS)
+        kept = _RESUME_PARAMETER.sub("", query).lstrip("&;")
         target = f"{head}?{kept}" if kept else head
     return f"{method} {target}"
 

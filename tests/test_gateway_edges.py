@@ -22,6 +22,7 @@ from test_resume_gateway import REST_BODY, counted, first_events, rest_of
 
 from tasktape.agent import create_agent_app
 from tasktape.eventlog.resumes import Resume, ResumeSide
+from tasktape.proxy.reconnects import line_of
 
 MALLORY = {"Authorization": "Bearer mallory"}
 
@@ -509,3 +510,18 @@ async def test_a_reconnect_is_not_sent_the_first_responses_own_headers(record: R
         }
     assert "x-feed" in logged and not logged & {"set-cookie", "date", "server-timing"}
     assert "e9: 1 event from the log, the rest of the stream" in said[0].describe()
+
+
+@pytest.mark.parametrize(
+    ("target", "line"),
+    [
+        ("/s?topic=a&lastEventId=e3", "GET /s?topic=a"),
+        ("/s?lastEventId=e3&topic=a", "GET /s?topic=a"),
+        ("/s?topic=a;lastEventId=e3", "GET /s?topic=a"),
+        ("/s?lastEventId=e3", "GET /s"),
+        ("/s?lastEventIdx=1", "GET /s?lastEventIdx=1"),
+    ],
+)
+def test_the_id_a_polyfill_puts_in_the_query_is_no_part_of_the_line(target: str, line: str) -> None:
+    """Wherever the parameter stands, and whichever separator is before it."""
+    assert line_of("GET", target) == line
