@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from tasktape.cli import main
 from tasktape.errors import LogBusy, LogError, UsageError
 from tasktape.eventlog import EventLog, LogWriter, open_db
 from tasktape.eventlog.checker import report_log, save_findings
-from tasktape.eventlog.merge import LOCAL_TABLES, MERGED_TABLES, merge_logs
+from tasktape.eventlog.merge import LOCAL_TABLES, MERGED_TABLES, MergeReport, merge_logs
 from tasktape.eventlog.schema import migrations
 from tasktape.replay import ReplayServer, load
 
@@ -85,22 +86,32 @@ def test_an_exchange_the_output_holds_ended_but_without_all_its_rows_gets_them(t
     assert merge_logs([a], fleet)[0].describe().endswith("nothing new")
 
 
-def test_a_log_still_recording_is_merged_as_far_as_it_got_then_continued(tmp_path: Path) -> None:
-    path, fleet = tmp_path / "live.db", tmp_path / "fleet.db"
-    chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
+LIVE_CHUNKS = sse(completed_run("task.live", "ctx.live"), ids="e")
+
+
+def recorded_in_halves(path: Path, between: Callable[[], None]) -> None:
+    """A stream recorded into ``path``: its first three chunks, then ``between()`` (the
+    log as far as it got, its writer holding it), then the rest and its end."""
     with LogWriter(path) as w:
         cap = w.begin_capture(source="record")
         ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
         w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
-        for n, data in enumerate(chunks[:3]):
+        for n, data in enumerate(LIVE_CHUNKS[:3]):
             w.chunk(ex, n * MS, data)
         w.flush()
-        (first,) = merge_logs([path], fleet)  # while the writer holds the log
-        assert (first.exchanges, first.events) == (1, 3)
-        for n, data in enumerate(chunks[3:], 3):
+        between()
+        for n, data in enumerate(LIVE_CHUNKS[3:], 3):
             w.chunk(ex, n * MS, data)
         w.end_exchange(ex, duration_ns=20 * MS).result()
         w.end_capture(cap)
+
+
+def test_a_log_still_recording_is_merged_as_far_as_it_got_then_continued(tmp_path: Path) -> None:
+    path, fleet = tmp_path / "live.db", tmp_path / "fleet.db"
+    chunks = LIVE_CHUNKS
+    merged: list[MergeReport] = []
+    recorded_in_halves(path, lambda: merged.extend(merge_logs([path], fleet)))  # while the writer holds it
+    assert (merged[0].exchanges, merged[0].events) == (1, 3)
     (second,) = merge_logs([path], fleet)
     assert (second.exchanges, second.continued, second.events) == (0, 1, len(chunks) - 3)
     assert rows_by_uid(fleet) == rows_by_uid(path)
@@ -350,18 +361,12 @@ def test_a_copy_imported_from_a_mid_recording_export_is_continued_by_the_finishe
     """Exported mid-way, the stream is log_closed with no duration: merging the finished
     log into its import added the chunks but left it closed, with no end."""
     path, cassette, copy = tmp_path / "live.db", tmp_path / "mid.jsonl", tmp_path / "copy.db"
-    chunks = sse(completed_run("task.live", "ctx.live"), ids="e")
-    with LogWriter(path) as w:
-        cap = w.begin_capture(source="record")
-        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
-        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
-        for n, data in enumerate(chunks[:3]):
-            w.chunk(ex, n * MS, data)
-        w.flush()
+    chunks = LIVE_CHUNKS
+
+    def export() -> None:
         assert CliRunner().invoke(main, ["export", str(path), "-o", str(cassette)]).exit_code == 0
-        for n, data in enumerate(chunks[3:], 3):
-            w.chunk(ex, n * MS, data)
-        w.end_exchange(ex, duration_ns=20 * MS).result()
+
+    recorded_in_halves(path, export)
     assert CliRunner().invoke(main, ["import", str(cassette), "--db", str(copy)]).exit_code == 0
     (report,) = merge_logs([path], copy)
     assert (report.exchanges, report.continued) == (0, 1)
