@@ -157,12 +157,9 @@ class LogProducer:
         ``request_decoded_from``: the body is given as a log keeps it, decoded already from
         this Content-Encoding (``"identity"``: kept as sent), and is stored so, not decoded
         by its headers (an import's). None: as the client sent it."""
-        if request_decoded_from is not None and type(request_decoded_from) is not str:
-            given = type(request_decoded_from).__name__
-            raise UsageError(f"request_decoded_from is a Content-Encoding (str) or None, not {given}")
+        _text_or_none("request_decoded_from", request_decoded_from, "a Content-Encoding")
         request_body = checked_body(request_body)
-        if query is not None and type(query) is not str:
-            raise UsageError(f"query is the URL's query string (str) or None, not {type(query).__name__}")
+        _text_or_none("query", query, "the URL's query string")
         exchange_id = next(self._exchange_ids)
         if request_body and not self._admit(len(request_body)):
             request_body = self._drop_body(exchange_id)
@@ -325,8 +322,7 @@ class LogProducer:
             check_bound("duration_ns", duration_ns, whole=True, least=0)
         if not isinstance(outcome, str) or outcome not in _OUTCOMES:
             raise UsageError(f"outcome is one of {', '.join(Outcome)}, not {outcome!r}")
-        if error is not None and type(error) is not str:
-            raise UsageError(f"error is text (str) or None, not {type(error).__name__}")
+        _text_or_none("error", error, "text")
         self._ending(exchange_id)
         done: concurrent.futures.Future[ExchangeSummary] = concurrent.futures.Future()
         dropped = self._dropped.pop(exchange_id, 0)
@@ -487,6 +483,12 @@ def checked_piece(offset_ns: Any, data: Any) -> tuple[int, bytes]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise UsageError(f"a chunk's data is bytes (or a bytearray or memoryview), not {type(data).__name__}")
     return int(offset_ns), bytes(data)
+
+
+def _text_or_none(name: str, value: Any, meaning: str) -> None:
+    """A UsageError at the call for a value that is neither text nor None."""
+    if value is not None and type(value) is not str:
+        raise UsageError(f"{name} is {meaning} (str) or None, not {type(value).__name__}")
 
 
 def checked_body(body: Any) -> bytes | None:

@@ -76,7 +76,7 @@ def _read(source: _Source, save: bool, only: tuple[str, ...]) -> _Checked | _Sou
     findings into that is older than this tasktape: read once upgraded (see ``check``)."""
     # Here, not at the top: the inspector package is Datasette's plugin, and importing it
     # costs every tasktape command its start-up time.
-    from tasktape.eventlog.checker import report_log, report_recorded  # noqa: PLC0415
+    from tasktape.eventlog.checker import report_recorded  # noqa: PLC0415
 
     path = source.path
     try:
@@ -89,20 +89,24 @@ def _read(source: _Source, save: bool, only: tuple[str, ...]) -> _Checked | _Sou
         # (refuses what is no log, or a damaged one: a check never makes one)
         if save and schema_version(path, whole=True) < SCHEMA_VERSION:
             return source
-        with EventLog(path) as log:
-            return _Checked(source, report_log(log, None, only or None), log=True)
+        return _of_log(source, only)
     except (OSError, TasktapeError) as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
 
 
-def _upgraded(source: _Source, only: tuple[str, ...]) -> _Checked:
-    """The report on an older log, upgraded first as tasktape upgrade does."""
+def _of_log(source: _Source, only: tuple[str, ...]) -> _Checked:
+    """The report on a log of this tasktape's schema."""
     from tasktape.eventlog.checker import report_log  # noqa: PLC0415 - see _read
 
+    with EventLog(source.path) as log:
+        return _Checked(source, report_log(log, None, only or None), log=True)
+
+
+def _upgraded(source: _Source, only: tuple[str, ...]) -> _Checked:
+    """The report on an older log, upgraded first as tasktape upgrade does."""
     try:
         upgrade_log(source.path)
-        with EventLog(source.path) as log:
-            return _Checked(source, report_log(log, None, only or None), log=True)
+        return _of_log(source, only)
     except LogBusy as exc:  # (a recorder still writes it): as a save refused
         raise click.UsageError(
             f"{exc}: an older log is upgraded before findings are saved into it; check it again once "
