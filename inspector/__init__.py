@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import sqlite3
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict
@@ -20,7 +21,7 @@ from urllib.parse import quote, unquote
 
 from datasette import hookimpl
 from datasette.database import Database
-from datasette.utils import tilde_decode
+from datasette.utils import escape_fts, tilde_decode
 from datasette.utils.asgi import NotFound, Request, Response
 from markupsafe import Markup
 
@@ -209,6 +210,24 @@ async def _mcp_place(datasette: Any, database: str, exchange_id: int) -> str | N
     if row["session"] is None or not row["listed"]:
         return datasette.urls.row(database, "exchanges", str(exchange_id))
     return f"{session_path(datasette, database, row['session'])}#exchange-{exchange_id}"
+
+
+@hookimpl(trylast=True)  # after Datasette's own, which it replaces
+def prepare_connection(conn: sqlite3.Connection, database: str, datasette: Any) -> None:
+    """The search box takes any text: a lone ``"`` or a NUL matches nothing, not a 400."""
+    if is_event_log(datasette, database):
+        conn.create_function("escape_fts", 1, _search_words, deterministic=True)
+
+
+def _search_words(query: str) -> str:
+    """Datasette's reading of a search as words and phrases; FTS5 fails on the empty
+    query that leaves (``"``) and reads a query only up to a NUL, so those match nothing."""
+    if "\x00" in query:
+        return _NOTHING
+    return escape_fts(query) or _NOTHING
+
+
+_NOTHING = '""'  # the empty phrase: a valid query no row matches
 
 
 @hookimpl

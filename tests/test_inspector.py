@@ -162,6 +162,10 @@ async def test_full_text_search_finds_a_token_and_sees_through_the_search_box(ds
     assert found and all("J45.909" in r["text"] for r in found)
     assert 'name="_search"' in await page(ds, f"/{DB}/events")
     assert not await rows(ds, f"/{DB}/events.json?_search=zebra&_shape=objects")
+    # Text FTS5 cannot read as a query matches nothing, as in the canned search, not a 400.
+    for text in ('"', '""', "%00", "J45.909%00", " "):
+        assert await rows(ds, f"/{DB}/events.json?_search={text}&_shape=objects") == [], text
+    assert await rows(ds, f"/{DB}/events.json?_search=%22J45.909&_shape=objects") == found
 
 
 async def test_canned_queries_take_their_parameters(ds: Datasette, log: Path) -> None:
