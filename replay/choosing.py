@@ -121,29 +121,37 @@ class Recordings:
 
     def facing(self, incoming: Incoming, index: int) -> Incoming:
         """``incoming`` as compared with recording ``index``: paths compare decoded, so one
-        naming the recorded path however encoded takes its recorded spelling."""
-        recorded = self.recorded[index].path
-        if recorded != incoming.path and decoded_path(recorded) == incoming.path:
-            return dataclasses.replace(incoming, path=recorded)
+        naming the recorded path however encoded takes its recorded spelling; a HEAD faces
+        a recorded GET as that GET (it is answered with the GET's head)."""
+        recorded = self.recorded[index]
+        if incoming.method == "HEAD" and recorded.method == "GET":
+            incoming = dataclasses.replace(incoming, method="GET")
+        if recorded.path != incoming.path and decoded_path(recorded.path) == incoming.path:
+            return dataclasses.replace(incoming, path=recorded.path)
         return incoming
 
     def match(self, incoming: Incoming) -> tuple[int, bool] | None:
         """The recording to answer with, and True: it counts as used once more. A request
         without Last-Event-ID is never answered with a recording of one that had it (the
         rest of a stream from some event on), but with a stream from its start."""
+        index = self._next(incoming)
+        if index is None:
+            return None
+        self.used[index] += 1
+        return index, True
+
+    def _next(self, incoming: Incoming) -> int | None:
+        """The recording ``incoming`` gets next (None: a miss), without using it."""
         # (A recorded empty Last-Event-ID named no event: that request was a fresh one too.)
         matching = [i for i in self._matching(incoming) if not self.recorded[i].resumed_from]
         unused = self._preferred([i for i in matching if not self.used[i]])
         if unused:
-            index = unused[0]  # identical requests are answered in recorded order
-        elif matching and (self.allow_repeats or is_repeatable(self.recorded[matching[-1]])):
+            return unused[0]  # identical requests are answered in recorded order
+        if matching and (self.allow_repeats or is_repeatable(self.recorded[matching[-1]])):
             # A card is the same however often it is asked for, and a browser asks for a
             # preflight as its cache says: the last recorded answers.
-            index = self._preferred(matching[::-1])[0]
-        else:
-            return None
-        self.used[index] += 1
-        return index, True
+            return self._preferred(matching[::-1])[0]
+        return None
 
     def _preferred(self, indexes: list[int]) -> list[int]:
         """``indexes`` with the preferred test's recordings first, each group in the order given."""
@@ -231,16 +239,12 @@ class Recordings:
         return fresh[0] if fresh else streams[-1]
 
     def head_of_get(self, incoming: Incoming) -> int | None:
-        """For a HEAD nothing recorded matches: the recorded GET whose head answers it (the
-        one an identical GET gets next, else the last), as the agent's server answers one."""
+        """For a HEAD nothing recorded matches: the recorded GET whose head answers it, the
+        one an identical GET gets next, as the agent's server answers one. None when that
+        GET would miss (used up, without repeats allowed)."""
         if incoming.method != "HEAD":
             return None
-        gets = self._matching(dataclasses.replace(incoming, method="GET"))
-        gets = [i for i in gets if not self.recorded[i].resumed_from]
-        fresh = [i for i in gets if not self.used[i]]
-        if fresh:
-            return fresh[0]
-        return gets[-1] if gets else None
+        return self._next(dataclasses.replace(incoming, method="GET"))
 
     def _resumable(self, resuming: Request) -> list[int]:
         """The recorded streams a request it does not match may continue, as their

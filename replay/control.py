@@ -5,12 +5,12 @@
     GET  /_tasktape/report   the fidelity report
     POST /_tasktape/reset    faults back to those given at start, no task started
 
-Every path under /_tasktape/, and /_tasktape itself, is the server's own: never matched
-against recordings, never forwarded. Only loopback clients naming a loopback Host are
-answered, a request from a web page only from the server's own origin, and a POST must say
-its body is JSON: a page elsewhere cannot send that without a CORS preflight, which this
-never grants. So neither a page a tester visits nor one re-pointing a name of its own at
-loopback arms faults.
+Every path under /_tasktape/, and /_tasktape itself, is the server's own, told apart
+decoded (/_tasktape%2Freport too): never matched against recordings, never forwarded. Only
+loopback clients naming a loopback Host are answered, a request from a web page only from
+the server's own origin, and a POST must say its body is JSON: a page elsewhere cannot send
+that without a CORS preflight, which this never grants. So neither a page a tester visits
+nor one re-pointing a name of its own at loopback arms faults.
 """
 
 from __future__ import annotations
@@ -40,7 +40,16 @@ ARM_BODY = '{"fault": SPEC}'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def routes(server: ReplayServer) -> list[web.RouteDef]:
+def owns(path: str) -> bool:
+    """Whether a request's path, decoded, is the control API's: ``/_tasktape`` or one under
+    it, however it is spelt (``/_tasktape%2Freport`` is ``/_tasktape/report``, as the
+    replay reads every path)."""
+    return path == PREFIX or path.startswith(f"{PREFIX}/")
+
+
+def api(server: ReplayServer) -> Handler:
+    """The handler of every path ``owns``: each route by its decoded path."""
+
     async def arm(request: web.Request) -> web.Response:
         body = await request.content.read(MAX_BODY + 1)
         if len(body) > MAX_BODY:
@@ -84,23 +93,34 @@ def routes(server: ReplayServer) -> list[web.RouteDef]:
         return web.json_response({"reset": True, "armed": [a.as_json() for a in server.armed]})
 
     known = {"faults": ("GET", "POST"), "report": ("GET",), "reset": ("POST",)}
+    handlers = {
+        ("faults", "POST"): _guarded(arm, body=True),
+        ("faults", "GET"): _guarded(faults),
+        ("report", "GET"): _guarded(report),
+        ("reset", "POST"): _guarded(reset, body=True),
+    }
 
     async def elsewhere(request: web.Request) -> web.Response:
-        allowed = known.get(request.match_info.get("tail", ""))  # (none: the prefix itself)
+        allowed = known.get(_route(request))  # (none: the prefix itself)
         if allowed is not None:
             refused = error(405, f"{request.path} answers {' and '.join(allowed)}", allowed=list(allowed))
             refused.headers["Allow"] = ", ".join(allowed)  # as a 405 must say (RFC 9110)
             return refused
         return error(404, f"{request.path} is no part of the control API: see {', '.join(known)}")
 
-    return [
-        web.post(f"{PREFIX}/faults", _guarded(arm, body=True)),
-        web.get(f"{PREFIX}/faults", _guarded(faults)),
-        web.get(f"{PREFIX}/report", _guarded(report)),
-        web.post(f"{PREFIX}/reset", _guarded(reset, body=True)),
-        web.route("*", PREFIX, _guarded(elsewhere)),
-        web.route("*", PREFIX + "/{tail:.*}", _guarded(elsewhere)),
-    ]
+    refused = _guarded(elsewhere)
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        # A HEAD is answered as its GET, without the body (aiohttp leaves it out).
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers.get((_route(request), method), refused)(request)
+
+    return answer
+
+
+def _route(request: web.Request) -> str:
+    """The control API's route a request names: its decoded path after ``/_tasktape/``."""
+    return request.path.removeprefix(PREFIX).removeprefix("/")
 
 
 def _guarded(handler: Handler, *, body: bool = False) -> Handler:

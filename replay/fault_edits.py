@@ -4,18 +4,18 @@ connection breaks or stalls. What could not apply (a stream shorter than N) is s
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 
-from .faults import BREAKS, FaultName, Faults
+from .faults import BREAKS, HEAD_FAULTS, FaultName, Faults
 from .streams import Edit, apply_edits
 
 REPLACEMENT = "\ufffd".encode()  # what corrupt=N puts in place of the data's last character
 BOM = "\ufeff".encode()  # a stream may begin with one
 BLANK_LINES = frozenset({b"\n", b"\r", b"\r\n"})  # each ends an SSE block
+NO_BODY = "a HEAD answer has no body"
 
 
 @dataclass
@@ -26,11 +26,12 @@ class Landing:
     break_at: tuple[int, FaultName] | None = None  # byte, and how the connection ends there
     stall_at: int | None = None
     applied: list[str] = field(default_factory=list)
-    missed: list[str] = field(default_factory=list)  # faults the stream was too short for
+    missed: list[str] = field(default_factory=list)  # faults not made, each with why
 
 
 def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[StreamEvent], bool]) -> Landing:
-    """``chunks`` with the event faults made, and where the connection breaks or stalls."""
+    """``chunks`` with the event faults made, and where the connection breaks or stalls.
+    no-final takes the closing event: another fault on it is not made (and said so)."""
     landing = Landing(chunks)
     if not is_sse or not faults.on_streams:
         _answer_faults(landing, faults)  # nothing to find in the events: they are not read
@@ -38,22 +39,26 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
     events = [e for e in events_in(chunks) if e.complete]
     body = b"".join(data for _, data in chunks)
     edits: list[Edit] = []
+    final = _closing_event(events, closing) if faults.no_final else None
 
     def event(name: FaultName, n: int, count: int = 1) -> list[StreamEvent] | None:
-        if n > 0 and n + count - 1 <= len(events):
+        if not (n > 0 and n + count - 1 <= len(events)):
+            landing.missed.append(f"{name}={n} (the stream has {len(events)} events)")
+        elif final is not None and n <= final < n + count:
+            why = f"event {final} is the stream's closing event, which {FaultName.NO_FINAL} leaves out"
+            landing.missed.append(f"{name}={n} ({why})")
+        else:
             landing.applied.append(f"{name}={n}")
             return [own_block(body, e) for e in events[n - 1 : n - 1 + count]]
-        landing.missed.append(f"{name}={n} (the stream has {len(events)} events)")
         return None
 
     if faults.no_final:
-        final = next((e for e in reversed(events) if closing(e)), None)
         if final is None:
             landing.missed.append(f"{FaultName.NO_FINAL} (the stream has no closing event)")
         else:
             landing.applied.append(FaultName.NO_FINAL.value)
-            final = own_block(body, final)
-            edits.append((final.start, final.end - final.start, b""))
+            block = own_block(body, events[final - 1])
+            edits.append((block.start, block.end - block.start, b""))
     if faults.skip is not None and (hit := event(FaultName.SKIP, faults.skip)):
         edits.append((hit[0].start, hit[0].end - hit[0].start, b""))
     if faults.duplicate is not None and (hit := event(FaultName.DUPLICATE, faults.duplicate)):
@@ -73,12 +78,9 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
             )
         else:
             edits.append(spoilt)
-    disjoint = _disjoint(edits)
-    if disjoint is None:
-        landing.missed.append("faults on the same event: none of the event faults were made")
-        landing.applied.clear()
-    else:
-        landing.chunks = apply_edits(chunks, disjoint)
+    # Each edit has an event of its own (a spec names one fault an event, a later spec's
+    # takes an earlier's place, no-final its event): they never overlap.
+    landing.chunks = apply_edits(chunks, edits)
     _answer_faults(landing, faults)
     events = [e for e in events_in(landing.chunks) if e.complete]  # the edited stream's
     for name, n in _breaks(faults):
@@ -108,6 +110,37 @@ def land(chunks: Chunks, is_sse: bool, faults: Faults, closing: Callable[[Stream
     return landing
 
 
+def land_on_head(chunks: Chunks, faults: Faults) -> Landing:
+    """A HEAD's answer: the faults on its head are made; those on a body, which it has
+    none of, are not (and said so)."""
+    landing = Landing(chunks)
+    for item, name in zip(faults.fault_items(), faults.named(), strict=True):
+        if name in HEAD_FAULTS:
+            landing.applied.append(item)
+        else:
+            landing.missed.append(f"{item} ({NO_BODY})")
+    return landing
+
+
+def clash(chunks: Chunks, faults: Faults, closing: Callable[[StreamEvent], bool]) -> str | None:
+    """Why one spec says nothing clear of this stream: no-final and another fault both take
+    its closing event (which only the stream shows). None when they do not."""
+    if not faults.no_final:
+        return None
+    final = _closing_event([e for e in events_in(chunks) if e.complete], closing)
+    both = next((name for event, name in faults.edited_events() if event == final), None)
+    if both is None:
+        return None
+    both_change = f"{both} and {FaultName.NO_FINAL} both change event {final}"
+    return f"{both_change}, the stream's closing one: give one of them"
+
+
+def _closing_event(events: list[StreamEvent], closing: Callable[[StreamEvent], bool]) -> int | None:
+    """The number (from 1) of the event that closes the stream, its last that its protocol
+    says closes it; None for a stream without one."""
+    return next((n for n in range(len(events), 0, -1) if closing(events[n - 1])), None)
+
+
 def own_block(body: bytes, event: StreamEvent) -> StreamEvent:
     """The event's own block: the decoder counts the blocks before it that dispatched
     nothing (a comment such as ``: ping``, a lone ``retry:``) as its bytes, but a fault on
@@ -135,16 +168,6 @@ def _answer_faults(landing: Landing, faults: Faults) -> None:
 
 def _breaks(faults: Faults) -> list[tuple[FaultName, int]]:
     return [(name, faults.value(name)) for name in BREAKS if faults.value(name) is not None]
-
-
-def _disjoint(edits: list[Edit]) -> list[Edit] | None:
-    """The edits in order; None when two touch the same event (skip=3 with swap=3 says
-    nothing clear)."""
-    edits = sorted(edits)
-    for (at, removed, _), (next_at, _, _) in itertools.pairwise(edits):
-        if at + removed > next_at or (at == next_at and removed == 0):
-            return None
-    return edits
 
 
 def _corruption(body: bytes, event: StreamEvent) -> Edit | None:

@@ -95,8 +95,8 @@ AT_EVENT = frozenset(
 )
 # The faults that change a whole answer, not its events: they apply to any answer.
 ANSWER_FAULTS = frozenset({FaultName.DRIP, FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
-# The faults a status fault's answer takes.
-STATUS_ANSWER = frozenset({FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
+# The faults on an answer's head: all a status fault's answer takes, and all a HEAD can get.
+HEAD_FAULTS = frozenset({FaultName.STATUS, FaultName.DELAY_HEADERS, FaultName.CONTENT_TYPE})
 # Faults that edit events: one event takes one of them at most.
 EDITS = (FaultName.SKIP, FaultName.DUPLICATE, FaultName.SWAP, FaultName.CORRUPT)
 # Faults that end the connection at an event: a spec names one of them at most.
@@ -241,7 +241,7 @@ class Faults:
         """What a status fault makes, written out: the status, when its headers go out,
         their type (the answer's other faults need the recorded answer)."""
         made = zip(self.fault_items(), self.named(), strict=True)
-        return [item for item, name in made if name in STATUS_ANSWER]
+        return [item for item, name in made if name in HEAD_FAULTS]
 
     def items(self, exact: bool = False) -> list[str]:
         """The spec written out again, faults then scope: what a report shows (numbers
@@ -295,7 +295,7 @@ def _last_if_type(item: str) -> bool:
 def _item(faults: Faults, name: str, value: str, has_value: bool) -> Faults:
     """``faults`` with one more item of a spec."""
     if name == FaultName.NO_FINAL:
-        if has_value and value not in ("", "1", "true"):
+        if has_value:  # no-final=0 would read as no-final: refused, as any value is
             raise ValueError
         return replace(faults, no_final=True)
     if not has_value:

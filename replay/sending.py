@@ -61,9 +61,10 @@ class Answer:
     hold: bool = False  # the stream stays open until the client leaves (its recorded client ended it)
     framed: bool = False  # recorded with its length, which an edit changed: sent with the new one
 
-    def whole(self, landing: Landing) -> bool:
-        """Whether the body goes out to its end (no fault nor recorded break cuts it)."""
-        return landing.break_at is None and self.cut_ns is None and not self.hold
+    @property
+    def whole(self) -> bool:
+        """Whether the recording has its body's end (it broke off nowhere, nor is held open)."""
+        return self.cut_ns is None and not self.hold
 
 
 def due(start: float, offset_ns: float, speed: float) -> float:
@@ -82,7 +83,9 @@ async def send(
         headers["Content-Type"] = faults.content_type
     if landing.chunks is not answer.chunks:  # a fault changed bytes
         headers.popall("Content-Length", None)
-    if answer.framed and answer.whole(landing) and "Content-Length" not in headers:
+    if answer.framed and answer.whole and "Content-Length" not in headers:
+        # The edited body's whole length, also when a fault cuts it: the client gets fewer
+        # bytes than it was told, a broken transfer (as when a real connection drops).
         headers["Content-Length"] = str(sum(len(data) for _, data in landing.chunks))
     response = Relayed(status=answer.status, headers=headers)  # the recorded headers: no Server added
     if "Content-Length" not in headers and request.version < HttpVersion11:

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,14 +35,14 @@ from tasktape.eventlog.requests import SUBSCRIBE_METHODS, classify_request
 from tasktape.eventlog.spans import Chunks, StreamEvent, events_in
 from tasktape.proxy import RecordingProxy, unread
 from tasktape.proxy.card import point_card_at
-from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, Relayed, end_to_end, head_timeout
+from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, head_timeout
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
 from . import control, fidelity, settings
 from .armed import Armed, for_request, give_back, header_faults
 from .choosing import ID_PREFIX, Recordings, is_card
-from .fault_edits import land
+from .fault_edits import clash, land, land_on_head
 from .faults import HEADER as FAULT_HEADER
 from .faults import Faults
 from .fidelity import Digest, Divergence, Served
@@ -56,6 +56,7 @@ from .streams import after, apply_edits, with_ids
 from .tasks import Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
+NO_BODY = Digest.of(b"")  # what a HEAD's answer holds, as its recording is compared
 CONFIGURED = "at start"  # the source of the specs a server is given (--fault, the marker)
 FORWARDED = "the request was forwarded live to the upstream, and faults are made on replayed answers only"
 # Why a recording whose body is decoded only in part cannot be sent: the wire bytes are
@@ -181,7 +182,7 @@ class ReplayServer:
             },
             middlewares=[host_guard(allowed_hosts, "tasktape replay")] if allowed_hosts else [],
         )
-        self.app.router.add_routes(control.routes(self))
+        self._control = control.api(self)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.app.on_response_prepare.append(self._unapplied)
         self.app[STOPPING] = stopping = Stopping()
@@ -229,6 +230,10 @@ class ReplayServer:
     # -- serving -------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if control.owns(request.rel_url.path):
+            # Told apart by the path decoded, as recordings are matched: a spelling such as
+            # /_tasktape%2Freport is never matched, nor forwarded to the upstream.
+            return await self._control(request)
         self._loop = asyncio.get_running_loop()
         start = self._loop.time()
         if not request.raw_path.startswith("/"):
@@ -277,7 +282,7 @@ class ReplayServer:
         head = recordings.head_of_get(incoming)
         if head is not None:
             self.stats.served += 1
-            return await self._head(request, incoming, head)
+            return await self._head(request, incoming, head, header, start)
         info = classify_request(incoming.method, incoming.path, body)
         if info.rpc_method in SUBSCRIBE_METHODS and info.task_id:
             answer = self.tasks.subscribe(info.task_id, info.binding, info.rpc_id, last_id, start, self.speed)
@@ -359,9 +364,12 @@ class ReplayServer:
         self.recordings.add(recorded, used)
         self.tasks.changed()
 
-    async def _head(self, request: web.Request, incoming: Incoming, index: int) -> web.StreamResponse:
+    async def _head(
+        self, request: web.Request, incoming: Incoming, index: int, header: Faults | None, start: float
+    ) -> web.StreamResponse:
         """A recorded GET's status and headers, without its body: the recording stays for
-        the GET."""
+        the GET. It gets the faults the GET would get on its head, and counts for their
+        scopes as the GET would."""
         recorded = self.recorded[index]
         if recorded.partly_decoded:
             return self._unreadable(incoming, recorded)
@@ -372,10 +380,9 @@ class ReplayServer:
             # The length the GET's body goes out with (a card pointing here), as a HEAD says it.
             chunks, _ = self._prepared(recorded, index, (recorded, incoming), request)
             headers["Content-Length"] = str(sum(len(data) for _, data in chunks))
-        response = Relayed(status=recorded.status or 200, headers=headers)
-        await response.prepare(request)
-        await response.write_eof()
-        return response
+        served = Served(incoming.method, incoming.path, recorded.origin, lambda: NO_BODY)
+        answer = Answer(recorded.status or 200, headers, 0, [], recorded.is_sse, start)
+        return await self._send(request, incoming, answer, header, served, recorded.protocol)
 
     def _miss(self, incoming: Incoming, last_id: str | None) -> web.Response:
         missed, answer = miss(self.recordings, incoming, last_id, self.miss_hint, self.miss_status)
@@ -442,8 +449,6 @@ class ReplayServer:
         if recorded.partly_decoded:
             self.used[index] -= counted  # nothing of it was served
             return self._unreadable(incoming, recorded)
-        if counted:
-            self.recordings.answered(index, incoming)
         # The ids of the request it answers in this run: the rewrites a stream's start got
         # go with what resumes it too (MCP: a GET after a POST stream).
         origin, asked = self.recordings.answering(index, incoming, counted)
@@ -464,6 +469,12 @@ class ReplayServer:
             resumed_after = since_ns
             cut_ns = None if cut_ns is None else max(0, cut_ns - since_ns)
             end_ns = None if end_ns is None else max(0, end_ns - since_ns)
+        refused = self._unclear(incoming, header, recorded.is_sse, chunks, recorded.protocol)
+        if refused is not None:
+            self.used[index] -= counted  # nothing of it was served
+            return refused
+        if counted:
+            self.recordings.answered(index, incoming)
         # Not worked out before sending: hashing a long body would hold back its first chunk.
         served = Served(incoming.method, incoming.path, recorded.origin, lambda: self._digest(index))
         for rewrite in rewrites:
@@ -512,6 +523,20 @@ class ReplayServer:
             request, incoming, answer, header, served, recorded.protocol, index if counted else None
         )
 
+    def _unclear(
+        self, incoming: Incoming, header: Faults | None, is_sse: bool, chunks: Chunks, protocol: str | None
+    ) -> web.Response | None:
+        """The refusal of a request whose own spec says nothing clear of the stream it would
+        get (no-final and another fault on its closing event, which only the stream shows),
+        as one naming two faults for one event is refused; None for any other."""
+        why = clash(chunks, header, _closing(protocol)) if header is not None and is_sse else None
+        if why is None:
+            return None
+        self.stats.served -= 1
+        return self._refuse(
+            f"{self._line(incoming)} ({FAULT_HEADER} {str(header)!r}: {why})", 400, f"{FAULT_HEADER}: {why}"
+        )
+
     async def _send(
         self,
         request: web.Request,
@@ -527,28 +552,29 @@ class ReplayServer:
         recording the answer used up, which a status fault gives back."""
         self.served.append(served)
         faults, taken = for_request(self.armed, header, incoming.path, answer.is_sse)
+        bodiless = request.method == "HEAD"
         if faults.status:
             made = faults.status_items()
             give_back(taken, made)
             if counted is not None:
                 # None of it was sent: the client's retry gets it.
                 self.used[counted] -= 1
-            return await self._faulty_status(served, faults, made)
-        protocol = by_name(protocol_name)
-
-        def closing(event: StreamEvent) -> bool:
-            return protocol is not None and protocol.closes(event.data, event.event)
-
-        landing = land(answer.chunks, answer.is_sse, faults, closing)
+            return await self._faulty_status(served, faults, made, bodiless)
+        if bodiless:
+            landing = land_on_head(answer.chunks, faults)
+        else:
+            landing = land(answer.chunks, answer.is_sse, faults, _closing(protocol_name))
         give_back(taken, landing.applied)
         served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
         if landing.applied:
             served.because(Divergence.FAULT, ", ".join(landing.applied))
         return await send(request, answer, faults, landing, served, self.speed)
 
-    async def _faulty_status(self, served: Served, faults: Faults, made: list[str]) -> web.Response:
+    async def _faulty_status(
+        self, served: Served, faults: Faults, made: list[str], bodiless: bool
+    ) -> web.Response:
         """The error a status fault answers with, as late and as typed as the spec says
-        (``made``: those faults, written out)."""
+        (``made``: those faults, written out); ``bodiless``: to a HEAD, its head only."""
         status = faults.status or 500
         # Named before the delay: a client that leaves during it left a faulty answer.
         served.faults += made
@@ -564,7 +590,7 @@ class ReplayServer:
             response = error(status, f"fault injected: status {status}")
         if faults.content_type is not None:
             response.headers["Content-Type"] = faults.content_type
-        body = response.body if isinstance(response.body, bytes) else b""
+        body = response.body if isinstance(response.body, bytes) and not bodiless else b""
         served.body, served.bytes_sent = [(0, body)], len(body)
         served.late_s.append(0.0)
         served.finished = True
@@ -642,6 +668,9 @@ class ReplayServer:
         header: Faults | None,
         start: float,
     ) -> web.StreamResponse:
+        refused = self._unclear(incoming, header, True, subscription.chunks, ProtocolName.A2A)
+        if refused is not None:
+            return refused
         digest = functools.cache(lambda: Digest.of(subscription.recorded))
         served = Served(incoming.method, incoming.path, subscription.exchange, digest)
         for why, detail in subscription.reasons:
@@ -677,6 +706,16 @@ def last_event_id(request: web.Request) -> str | None:
     """The event a reconnecting client saw last; None for a fresh request. An empty
     Last-Event-ID names none (in SSE, an empty id is no last event): fresh too."""
     return request.headers.get("Last-Event-ID") or None
+
+
+def _closing(protocol_name: str | None) -> Callable[[StreamEvent], bool]:
+    """Whether an event closes a stream, as its protocol (by name) says: none, if unknown."""
+    protocol = by_name(protocol_name)
+
+    def closing(event: StreamEvent) -> bool:
+        return protocol is not None and protocol.closes(event.data, event.event)
+
+    return closing
 
 
 def _not_as_recorded(recorded: Recorded) -> list[str]:

@@ -5,6 +5,7 @@ paths are never matched against recordings nor forwarded."""
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import aiohttp
@@ -12,6 +13,7 @@ from conftest import Serve
 from test_replay_faults import card_and_stream, wire
 
 from tasktape.agent import create_agent_app
+from tasktape.eventlog import EventLog, LogWriter
 from tasktape.replay import ReplayMode, ReplayServer, load
 from tasktape.replay.control import _loopback
 
@@ -131,3 +133,28 @@ async def test_a_spec_that_decodes_past_its_bound_is_refused_naming_the_bound(
             )
         async with session.post(f"{url}/_tasktape/faults", data=gzip.compress(spec), headers=headers) as r:
             assert r.status == 200 and (await r.json())["armed"]["fault"] == "drop-after=1"
+
+
+async def test_a_path_naming_it_encoded_is_its_own_too(serve: Serve, tmp_path: Path) -> None:
+    """``/_tasktape%2Freport`` is ``/_tasktape/report`` as the replay reads paths: the
+    control API answers it, in every mode; it is neither matched nor forwarded nor recorded."""
+    server = ReplayServer(load([card_and_stream(tmp_path)]), speed=0)
+    url = await serve(server.app)
+    report = await wire(url, "/_tasktape%2Freport")
+    assert report.status == 200 and json.loads(report.body) == {"streams": []}
+    other = await wire(url, "/%5Ftasktape%2Fother")
+    assert other.status == 404 and "/_tasktape/other is no part of the control API" in other.body.decode()
+    assert (await wire(url, "/_tasktape%2Freset")).status == 405
+    assert server.stats.missed == [] and server.stats.refused == []
+    agent = await serve(create_agent_app(pace=0))
+    db = tmp_path / "grows.db"
+    with LogWriter(db) as writer:
+        missing = ReplayServer(
+            [], speed=0, mode=ReplayMode.RECORD_MISSING, upstream=agent, writer=writer, log_path=db
+        )
+        url = await serve(missing.app)
+        armed = await wire(url, "/_tasktape%2Ffaults", {"fault": "drop-after=1"})
+        assert armed.status == 200 and json.loads(armed.body)["armed"]["fault"] == "drop-after=1"
+        assert missing.stats.forwarded == 0 and [str(a.faults) for a in missing.armed] == ["drop-after=1"]
+    with EventLog(db) as log:
+        assert log.exchanges() == []

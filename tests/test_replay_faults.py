@@ -346,6 +346,8 @@ async def test_where_specs_are_refused(serve: Serve, tmp_path: Path) -> None:
         ("p=2;drop-after=1", "probability"),
         ("path=events;drop-after=1", "glob of request paths"),
         ("no-final=maybe", "cannot read"),
+        ("no-final=1", "cannot read the fault 'no-final=1': no-final takes no value"),
+        ("no-final=", "no-final takes no value"),
     ):
         with pytest.raises(FaultError, match=words):
             Faults.parse(spec)
@@ -549,3 +551,138 @@ async def test_a_malformed_fault_header_is_refused_and_counted(serve: Serve, tmp
     (refused,) = server.stats.refused
     assert refused.startswith("GET /events (X-Tasktape-Fault 'explode=1': unknown fault 'explode'; use ")
     assert server.stats.served == 0
+
+
+async def head(
+    url: str, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], float]:
+    """A HEAD: its status, its headers, and the seconds they took to come."""
+    async with aiohttp.ClientSession() as session:
+        start = time.perf_counter()
+        async with session.head(f"{url}{path}", headers=headers or {}) as r:
+            return r.status, dict(r.headers), time.perf_counter() - start
+
+
+async def test_a_head_gets_the_faults_on_an_answer_s_head(serve: Serve, tmp_path: Path) -> None:
+    """status, delay-headers and content-type apply to any answer: a HEAD answered from a
+    recorded GET gets them (from the header or an armed spec), and counts for their scope."""
+    server = ReplayServer(load([card_and_stream(tmp_path)]), speed=0)
+    url = await serve(server.app)
+    card = "/.well-known/agent-card.json"
+    assert (await head(url, card, {"X-Tasktape-Fault": "status=503"}))[0] == 503
+    status, headers, took = await head(
+        url, card, {"X-Tasktape-Fault": "delay-headers=200;content-type=text/foo"}
+    )
+    assert status == 200 and headers["Content-Type"] == "text/foo" and took >= 0.2
+    server.arm(Faults.parse("status=503;times=1"), "test")
+    assert [(await head(url, card))[0] for _ in range(2)] == [503, 200]
+    assert [(a.seen, a.applied) for a in server.armed] == [(2, 1)]
+    assert [s["faults"] for s in server.report()["streams"]] == [
+        ["status=503"],
+        ["delay-headers=200", "content-type=text/foo"],
+        ["status=503"],
+        [],
+    ]
+
+
+async def test_faults_on_a_body_are_not_made_on_a_head_and_said_so(serve: Serve, tmp_path: Path) -> None:
+    """A HEAD has no body to drop, drip or edit: those faults are reported not made, and an
+    armed spec keeps its count for the GET."""
+    server = ReplayServer(load([card_and_stream(tmp_path)]), speed=0, faults="drop-after=2;times=1")
+    url = await serve(server.app)
+    status, _, _ = await head(url, "/events", {"X-Tasktape-Fault": "drip=100"})
+    assert status == 200
+    (answer,) = server.report()["streams"]
+    assert answer["method"] == "HEAD" and answer["identical"] and answer["bytes_sent"] == 0
+    assert answer["faults"] == [
+        "not applied: drop-after=2 (a HEAD answer has no body)",
+        "not applied: drip=100 (a HEAD answer has no body)",
+    ]
+    assert [(a.seen, a.applied) for a in server.armed] == [(1, 0)]
+    assert len((await wire(url, "/events")).events) == 2
+    assert [(a.seen, a.applied) for a in server.armed] == [(2, 1)]
+
+
+@pytest.mark.parametrize(
+    "fault", ["swap={last_but_one}", "duplicate={last}", "corrupt={last}", "skip={last}"]
+)
+async def test_a_request_s_spec_taking_the_closing_event_twice_is_refused(
+    serve: Serve, demo: tuple[Path, bytes], fault: str
+) -> None:
+    """no-final takes the closing event: a request's spec with another fault on it says
+    nothing clear (as skip=3;swap=3 does), and is refused before anything is used up."""
+    db, recorded = demo
+    events = events_of(recorded)
+    last = len(events)
+    spec = fault.format(last=last, last_but_one=last - 1) + ";no-final"
+    server = ReplayServer(load([db]), speed=0)
+    url = await serve(server.app)
+    got = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": spec})
+    name = fault.partition("=")[0]
+    assert got.status == 400 and (
+        f"{name} and no-final both change event {last}, the stream's closing one" in got.body.decode()
+    )
+    assert len(server.stats.refused) == 1 and server.stats.served == 0 and server.report()["streams"] == []
+    # The recording was not used up: the same request, without the spec, gets it.
+    assert (await wire(url, "/message:stream", message(QUESTION))).body == recorded
+
+
+async def test_no_final_and_faults_on_other_events_are_all_made(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    db, recorded = demo
+    events = events_of(recorded)
+    got = await faulty(serve, db, f"swap={len(events) - 2};no-final")
+    assert got.body == b"".join(e.raw for e in [*events[:-3], events[-2], events[-3]]) and got.ended
+
+
+async def test_an_armed_no_final_takes_the_closing_event_from_other_faults(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    """An armed spec cannot be refused for what one stream holds: no-final takes the closing
+    event, the fault also on it is not made (and said so), and the rest are."""
+    db, recorded = demo
+    events = events_of(recorded)
+    last = len(events)
+    server = ReplayServer(load([db]), speed=0, allow_repeats=True, faults=f"corrupt={last};skip=1;no-final")
+    url = await serve(server.app)
+    got = await wire(url, "/message:stream", message(QUESTION))
+    assert got.body == b"".join(e.raw for e in events[1:-1]) and got.ended
+    # A request's fault on the closing event meets an armed no-final alike.
+    server.reset()
+    server.arm("no-final", "test")
+    asked = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": f"duplicate={last}"})
+    assert asked.body == b"".join(e.raw for e in events[1:-1])
+    why = f"(event {last} is the stream's closing event, which no-final leaves out)"
+    assert [s["faults"] for s in server.report()["streams"]] == [
+        ["no-final", "skip=1", f"not applied: corrupt={last} {why}"],
+        ["no-final", "skip=1", f"not applied: duplicate={last} {why}"],
+    ]
+
+
+def framed_stream(tmp_path: Path) -> Path:
+    """A stream recorded with its Content-Length: three events."""
+    body = FIRST + SECOND + THIRD
+    stream = Recorded(
+        method="GET",
+        path="/events",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream"), ("Content-Length", str(len(body)))],
+        is_sse=True,
+        chunks=[(MS, FIRST), (2 * MS, SECOND), (3 * MS, THIRD)],
+        outcome="complete",
+    )
+    path = tmp_path / "framed.jsonl"
+    write_cassette(path, [stream])
+    return path
+
+
+@pytest.mark.parametrize("spec", ["drop-after=2", "cut-frame=2", "reset-after=2", "skip=1;drop-after=1"])
+async def test_a_body_a_fault_cuts_keeps_its_length(serve: Serve, tmp_path: Path, spec: str) -> None:
+    """A body broken off goes out with the length of the whole (edited) body, as a real
+    connection that drops does: the client sees a broken transfer, whatever its HTTP version."""
+    url = await serve(ReplayServer(load([framed_stream(tmp_path)]), speed=0, allow_repeats=True).app)
+    got = await wire(url, "/events", headers={"X-Tasktape-Fault": spec})
+    whole = len(SECOND + THIRD) if spec.startswith("skip") else len(FIRST + SECOND + THIRD)
+    assert got.headers["Content-Length"] == str(whole) and "Transfer-Encoding" not in got.headers
+    assert len(got.body) < whole and not got.ended

@@ -362,10 +362,33 @@ async def test_head_is_answered_from_the_get_without_using_it_up(tmp_path: Path,
     async with aiohttp.ClientSession() as session:
         async with session.head(f"{url}/report") as r:
             assert r.status == 200 and r.headers["Content-Length"] == "10" and await r.read() == b""
+            assert r.headers["Content-Type"].startswith("text/plain")
         async with session.get(f"{url}/report") as r:
             assert r.status == 200 and await r.read() == b"the report"
+
+
+async def test_head_misses_once_the_get_is_used_up(tmp_path: Path, serve: Serve) -> None:
+    """A HEAD answers as the next GET would: once the recorded GET was served, it misses as
+    that GET does (unless repeats are allowed); a card answers however often it is asked."""
+    card = ok("GET", "/.well-known/agent-card.json", b'{"name": "agent"}')
+    server = served_from(tmp_path, [ok("GET", "/report", b"the report"), card])
+    url = await serve(server.app)
+    async with aiohttp.ClientSession() as session:
+        for path in ("/report", "/.well-known/agent-card.json"):
+            async with session.get(f"{url}{path}") as r:
+                assert r.status == 200
         async with session.head(f"{url}/report") as r:
-            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+            assert r.status == 404
+        async with session.head(f"{url}/.well-known/agent-card.json") as r:
+            assert r.status == 200
+    (missed,) = server.stats.missed
+    assert missed.request == "HEAD /report"
+    assert missed.closest[0]["differs"][0].startswith("already served 1 time(s)")
+    repeats = served_from(tmp_path, [ok("GET", "/report", b"the report")], allow_repeats=True)
+    url = await serve(repeats.app)
+    assert (await get(f"{url}/report"))[0] == 200
+    async with aiohttp.ClientSession() as session, session.head(f"{url}/report") as r:
+        assert r.status == 200 and r.headers["Content-Length"] == "10"
 
 
 async def test_percent_encoded_paths_match_the_recorded_path(tmp_path: Path, serve: Serve) -> None:
