@@ -92,6 +92,7 @@ async def send(
         # An HTTP/1.0 body of unknown length ends with the connection: aiohttp would keep a
         # keep-alive client's open (it decides before it sees there is no length).
         response.force_close()
+    sent_all = False
     try:
         await _until(loop, due(answer.start, answer.ttfb_ns, speed) + shift)
         await response.prepare(request)
@@ -139,6 +140,10 @@ async def send(
             await _until(loop, due(answer.start, answer.cut_ns, speed) + shift)
             request.protocol.force_close()
             return response
+        # Every byte is out: a client that leaves from here on got the whole answer, as
+        # the recorder counts one that leaves after the last (an OpenAI client leaves as
+        # it reads [DONE], before the body's end).
+        sent_all = True
         if answer.end_ns is not None:
             await _until(loop, due(answer.start, answer.end_ns, speed) + shift)
         await response.write_eof()
@@ -147,11 +152,19 @@ async def send(
     except ConnectionError:
         # The client left (it stopped reading, as clients do): the answer ends here, which
         # is no error of the server's.
-        cut_short(request.app, served)
+        _left(request.app, served, sent_all)
         return response
     except asyncio.CancelledError:
-        cut_short(request.app, served)
+        _left(request.app, served, sent_all)
         raise
+
+
+def _left(app: web.Application, served: Served, sent_all: bool) -> None:
+    """The answer ends as its client leaves: finished if every byte had gone out."""
+    if sent_all and not app[STOPPING].now:
+        served.finished = True
+    else:
+        cut_short(app, served)
 
 
 def _cut(chunks: Chunks, marks: list[int]) -> Chunks:

@@ -171,6 +171,25 @@ async def test_a_client_leaving_mid_stream_is_client_left_not_an_error(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+async def test_a_client_leaving_after_the_last_byte_got_it_whole(tmp_path: Path, serve: Serve) -> None:
+    """A client that leaves once it has every byte, before the recorded end of the body (an
+    OpenAI client reads [DONE] and closes), got the answer as recorded: no client-left."""
+    stream = events_stream("a")
+    stream.chunks = [(i * 10 * MS, data) for i, (_, data) in enumerate(stream.chunks)]
+    stream.duration_ns = 400 * MS  # the body ended well after its last event
+    server = served_from(tmp_path, [stream], speed=1)
+    url = await serve(server.app)
+    whole = sum(len(data) for _, data in stream.chunks)
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/events") as response:
+        assert await response.content.readexactly(whole) == b"".join(d for _, d in stream.chunks)
+    for _ in range(50):  # until the server has noticed
+        if server.served[0].finished or server.served[0].reasons:
+            break
+        await asyncio.sleep(0.02)
+    (report,) = server.report()["streams"]
+    assert (report["identical"], report["finished"], report["reasons"]) == (True, True, [])
+
+
 # -- resuming the stream this client was served -----------------------------------------------
 
 
