@@ -17,6 +17,7 @@ import secrets
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -33,9 +34,11 @@ from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter, check_bound
-from tasktape.eventlog.protocols.base import Request
+from tasktape.eventlog.protocols import recognise
+from tasktape.eventlog.protocols.base import Protocol, Request
 from tasktape.eventlog.redact import DEFAULT_HEADERS, Redactor
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
+from tasktape.eventlog.sse import SSEDecoder, is_event
 
 from . import unread
 from .card import is_card_request, rewrite_card
@@ -77,6 +80,18 @@ AS_SENT = {"auto_decompress": False}
 # How long a recorder whose client left waits for the upstream's end before it closes the
 # upstream connection: an agent's last chunk and the end of its body often come apart.
 END_GRACE = 0.1  # seconds
+# How long it waits instead when the client left once it was sent the event that closes
+# the stream by its protocol ([DONE], message_stop, a final state): such a client leaves
+# at once (the OpenAI SDKs do), and a server may do its bookkeeping after that event
+# before it ends its body. The client is gone, so waiting costs it nothing; bounded, so
+# an upstream that never ends its body does not hold its connection for ever.
+CLOSED_GRACE = 5.0  # seconds
+# At a stop, how long exchanges whose client left may still wait for their upstream's
+# end: the moment exchanges in flight get (tasktape.serving.STOP_GRACE).
+STOP_WAIT = 1.0  # seconds
+# How many of a stream's last reads are kept (references, not copies) to tell, once its
+# client left, whether they end with a closing event: decoded then, never as they pass.
+TAIL_READS = 16
 
 # Request bodies up to this size (with a Content-Length) are read whole before they
 # are forwarded; larger or chunked ones are streamed through.
@@ -154,6 +169,9 @@ class RecordingProxy:
         # What a reconnect must carry as the request that opened its stream did.
         self.credentials = Credentials(credential_headers)
         self._pumps: set[asyncio.Task[None]] = set()
+        # Exchanges whose client left, waiting for their upstream's end (the server's
+        # stop no longer waits for them: their connections are gone).
+        self._ending: set[asyncio.Task[Any]] = set()
         self._base = str(self.upstream).rstrip("/")
         # Named in the Via header of every request forwarded: one that comes back with it
         # went round a loop (an upstream that leads back here).
@@ -231,12 +249,34 @@ class RecordingProxy:
         for held in list(self._pumps):  # held streams end with the recorder
             held.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._let_ending_go()
         if self._session is not None:
             await self._session.close()
             self._session = None  # (served again, its app starts it again)
         if self.capture_id is not None:
             with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
                 self.writer.end_capture(self.capture_id)
+
+    async def _let_ending_go(self) -> None:
+        """Exchanges whose client left get STOP_WAIT for their upstream's end, then are
+        let go (each ends as its client left it)."""
+        if not self._ending:
+            return
+        _, late = await asyncio.wait(self._ending, timeout=STOP_WAIT)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+    @contextlib.contextmanager
+    def ending(self) -> Iterator[None]:
+        """While an exchange whose client left waits for its upstream's end."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._ending.add(task)
+        try:
+            yield
+        finally:
+            self._ending.discard(task)
 
     @web.middleware
     async def _refuse_forward_proxying(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -879,11 +919,14 @@ class Exchange:
         response = Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
         # Whatever the upstream has sent so far is forwarded (and recorded) as one chunk:
         # one event at a time when it paces them, bigger pieces when the client lags.
-        read, write, chunk_to_log, offset = (
+        # ``tail``: the last reads, after an empty one while it still holds the stream's start.
+        tail: deque[bytes] = deque((b"",), maxlen=TAIL_READS)
+        read, write, chunk_to_log, offset, keep = (
             upstream.content.readany,
             response.write,
             self.writer.chunk,
             self.offset,
+            tail.append,
         )
         try:
             await response.prepare(request)
@@ -899,6 +942,7 @@ class Exchange:
                 if not data:
                     self.upstream_ended = True
                     break
+                keep(data)
                 try:
                     chunk_to_log(self.id, offset(), data)
                 except WriterClosed:  # the log was closed under the stream: it goes on unrecorded
@@ -908,27 +952,50 @@ class Exchange:
             await response.write_eof()
         except ConnectionError as exc:
             self.client_left = True
-            if self.upstream_ended or await self._ends_now(read):
+            if self.upstream_ended or await self._ends_now(read, self._closing_sent(upstream, tail)):
                 self.end(Outcome.COMPLETE)
             else:
                 self.end(Outcome.CLIENT_DISCONNECTED, f"the client went away mid-response: {describe(exc)}")
             return response
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self.client_left = not self.proxy.stopping
-            if self.client_left and await self._ends_now(read):
+            if self.client_left and await self._ends_now(read, self._closing_sent(upstream, tail)):
                 self.upstream_ended = True
             raise
         self.end(Outcome.COMPLETE)
         return response
 
-    async def _ends_now(self, read: Callable[[], Awaitable[bytes]]) -> bool:
+    async def _ends_now(self, read: Callable[[], Awaitable[bytes]], closed: bool) -> bool:
         """The client left just as the last bytes reached it: whether the upstream ends
-        within END_GRACE with nothing more (then the exchange is complete, and its log
-        still holds exactly what the client was sent). More data, or none so soon: no."""
-        try:
-            return not await asyncio.wait_for(read(), END_GRACE)
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        within END_GRACE (CLOSED_GRACE when they ``closed`` the stream) with nothing more
+        (then the exchange is complete, and its log still holds exactly what the client was
+        sent; it ends when the upstream's body did). More data, or none so soon: no."""
+        grace = CLOSED_GRACE if closed else END_GRACE
+        with self.proxy.ending():
+            try:
+                more = await asyncio.wait_for(read(), grace)
+            except TimeoutError:
+                more = None
+            except (aiohttp.ClientError, OSError):
+                return False
+        if more == b"":
+            return True
+        if closed:
+            after = "sent more" if more else f"did not end its body within {grace:g} s"
+            self.noted(f"it had been sent the stream's closing event; the upstream then {after}")
+        return False
+
+    def _closing_sent(self, upstream: aiohttp.ClientResponse, tail: deque[bytes]) -> bool:
+        """Whether the bytes forwarded last end with the event that closes the stream by the
+        protocol of its request. Not told of a body under a Content-Encoding: its end cannot
+        be read without all before it."""
+        if upstream.content_type != "text/event-stream" or "Content-Encoding" in upstream.headers:
             return False
+        request = self.request
+        headers = list(request.headers.items())
+        asked = Request(request.method, request.rel_url.raw_path_qs, headers, self.request_body())
+        protocol = recognise(asked)
+        return protocol is not None and closed_by(protocol, tail)
 
     async def _relay_card(self, upstream: aiohttp.ClientResponse, headers: Any) -> web.Response:
         """Agent cards are small: read whole, record as served, rewrite for the client."""
@@ -976,6 +1043,18 @@ class Exchange:
                 done.add_done_callback(
                     lambda f: f.cancelled() or f.exception() or told("on_exchange", callback, f.result())
                 )
+
+
+def closed_by(protocol: Protocol, tail: deque[bytes]) -> bool:
+    """Whether a stream's last reads end with an event ``protocol`` says closes it, and
+    nothing after it a client reads as an event. Unless ``tail`` begins with an empty read
+    (the stream's start), it may begin mid-event: its first event tells nothing."""
+    whole = not tail[0]
+    decoder = SSEDecoder(keep_raw=False, start=whole)
+    decoded = [e for read in tail for e in decoder.feed(read)] + decoder.close()
+    events = [e for e in decoded if is_event(e.complete, e.data)]
+    last = events[-1] if len(events) > (0 if whole else 1) else None
+    return last is not None and last.complete and protocol.closes(last.data, last.event)
 
 
 def _failure(exc: BaseException) -> str:

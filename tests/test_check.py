@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -349,6 +350,40 @@ def test_a_cut_short_llm_stream_is_noted_in_its_protocols_words() -> None:
         f"broke off after 2 complete events, {last} (upstream_disconnected); how it ends is unknown"
         for last in ("last stop reason tool_use", "last status in_progress", "last finish reason stop")
     ]
+
+
+def test_a_stream_left_after_its_closing_event_was_not_cut_short() -> None:
+    """A client that leaves once it has the event closing its stream ([DONE], message_stop, a
+    response's terminal event, a final state) is owed nothing more: a log recorded before
+    the recorder waited for the upstream's end holds it client_disconnected, with no note.
+    One left before that event is noted."""
+    chunk = {"object": "chat.completion.chunk", "model": "gpt-x"}
+    finished = {**chunk, "choices": [{"index": 0, "delta": {"content": "A"}, "finish_reason": "stop"}]}
+    chat = llm_stream("/v1/chat/completions", {"model": "gpt-x", "messages": []}, [finished])
+    done = (len(chat.chunks) * 1_000_000, b"data: [DONE]\n\n")
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": []}
+    completed = {"id": "resp_1", "object": "response", "model": "gpt-x", "status": "completed"}
+    closed = [
+        dataclasses.replace(chat, chunks=[*chat.chunks, done]),
+        llm_stream(
+            "/v1/messages",
+            {"model": "claude-x", "max_tokens": 9, "messages": []},
+            [{"type": "message_start", "message": message}, {"type": "message_stop"}],
+        ),
+        llm_stream(
+            "/v1/responses",
+            {"model": "gpt-x", "input": "Hi"},
+            [{"type": "response.completed", "response": completed}],
+        ),
+    ]
+    left = [dataclasses.replace(r, outcome="client_disconnected") for r in closed]
+    left.append(stream(run_ending("TASK_STATE_COMPLETED"), outcome="client_disconnected"))
+    assert report_recorded(left).cut_short == []
+    (note,) = report_recorded([dataclasses.replace(chat, outcome="client_disconnected")]).cut_short
+    assert note.message == (
+        "broke off after 1 complete events, last finish reason stop (client_disconnected); "
+        "how it ends is unknown"
+    )
 
 
 def mcp_stream(

@@ -7,13 +7,23 @@ from __future__ import annotations
 import asyncio
 import gzip
 import itertools
+import json
 import os
 import random
 import zlib
+from enum import Enum
+from pathlib import Path
 
+import openai
+import pytest
 from a2a_frames import completed_run, sse
 from aiohttp import web
-from conftest import RecordFactory, Recording
+from conftest import RecordFactory, Recording, Serve
+
+from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.checker import report_log
+from tasktape.proxy import RecordingProxy, recorder
+from tasktape.serving import start_site
 
 
 def streaming_app(
@@ -218,3 +228,125 @@ async def test_a_client_that_leaves_with_the_last_event_leaves_a_complete_exchan
         for x in exchanges[:5]:
             assert b"".join(c["data"] for c in log.chunks(x["id"])) == b"".join(frames)
         assert exchanges[5]["outcome"] == "client_disconnected"
+
+
+class AfterDone(Enum):
+    """What an OpenAI-like upstream does once it has sent ``data: [DONE]``."""
+
+    ENDS = "ends"  # its body ends 300 ms later (bookkeeping after its last yield)
+    SENDS_MORE = "sends_more"  # 300 ms later, a keep-alive comment, then the end
+    NEVER_ENDS = "never_ends"  # its body never ends
+
+
+def chat_chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x"}
+    return f"data: {json.dumps({**chunk, 'choices': [choice]})}\n\n".encode()
+
+
+CHAT = [
+    chat_chunk({"role": "assistant", "content": ""}),
+    chat_chunk({"content": "Done"}),
+    chat_chunk({}, "stop"),
+    b"data: [DONE]\n\n",
+]
+
+
+def chat_then(after: AfterDone, let_go: asyncio.Event) -> web.Application:
+    """Chat Completions streaming ``CHAT``, then doing ``after``; ``let_go`` is set when
+    the connection of a body that never ends is closed under it."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for frame in CHAT:
+            await response.write(frame)
+        if after is AfterDone.NEVER_ENDS:
+            try:
+                await asyncio.Event().wait()
+            finally:  # (cancelled: the recorder closed the connection)
+                let_go.set()
+        await asyncio.sleep(0.3)
+        if after is AfterDone.SENDS_MORE:
+            await response.write(b": keep-alive\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+async def chat_streamed(url: str) -> str:
+    """The answer the OpenAI SDK reads from a chat stream; it closes the response on [DONE]."""
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0) as client:
+        stream = await client.chat.completions.create(
+            model="gpt-x", messages=[{"role": "user", "content": "Hi"}], stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream])
+
+
+async def test_an_upstream_that_ends_its_body_late_after_done_leaves_a_complete_exchange(
+    record: RecordFactory,
+) -> None:
+    """The OpenAI SDK closes its connection on [DONE]; the upstream ends its body 300 ms
+    later. The client was sent every event and the upstream ended cleanly: complete (the
+    log holds exactly what the client was sent, and ends when the upstream did), and check
+    notes nothing cut short."""
+    rec = await record(chat_then(AfterDone.ENDS, asyncio.Event()))
+    assert await chat_streamed(rec.url) == "Done"
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert (x["outcome"], x["error"]) == ("complete", None)
+        assert log.body(x["id"]) == b"".join(CHAT)
+        assert x["duration_ns"] >= 300_000_000  # (its end: the upstream's)
+        report = report_log(log)
+        assert (report.findings, report.cut_short) == ([], [])
+
+
+async def test_an_upstream_that_sends_more_after_done_once_the_client_left(record: RecordFactory) -> None:
+    """Bytes after the closing event, once the client left, were never sent to it: the
+    exchange stays client_disconnected, saying so."""
+    rec = await record(chat_then(AfterDone.SENDS_MORE, asyncio.Event()))
+    assert await chat_streamed(rec.url) == "Done"
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "client_disconnected"
+        assert x["error"].endswith("it had been sent the stream's closing event; the upstream then sent more")
+        assert log.body(x["id"]) == b"".join(CHAT)
+
+
+async def test_an_upstream_that_never_ends_after_done_is_let_go(
+    record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorder waits for the upstream's end only so long: then it closes the upstream
+    connection, and the exchange is client_disconnected."""
+    monkeypatch.setattr(recorder, "CLOSED_GRACE", 0.5)
+    let_go = asyncio.Event()
+    rec = await record(chat_then(AfterDone.NEVER_ENDS, let_go))
+    assert await chat_streamed(rec.url) == "Done"
+    await asyncio.wait_for(let_go.wait(), 10)
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "client_disconnected"
+        assert x["error"].endswith("the upstream then did not end its body within 0.5 s")
+
+
+async def test_a_recorder_waiting_for_an_upstreams_end_stops_at_once(tmp_path: Path, serve: Serve) -> None:
+    """Stopped while it waits for the end of a body that never ends, the recorder lets the
+    upstream go within the moment exchanges in flight get, not the whole wait."""
+    let_go = asyncio.Event()
+    upstream = await serve(chat_then(AfterDone.NEVER_ENDS, let_go))
+    writer = LogWriter(tmp_path / "log.db")
+    runner, url = await start_site(RecordingProxy(upstream, writer).app, "127.0.0.1", 0)
+    try:
+        assert await chat_streamed(url) == "Done"
+        await asyncio.sleep(0.1)  # a few turns of the loop: the recorder sees the client gone
+    finally:
+        await asyncio.wait_for(runner.cleanup(), recorder.CLOSED_GRACE - recorder.STOP_WAIT)
+    assert let_go.is_set()
+    await writer.aclose()
+    with EventLog(tmp_path / "log.db") as log:
+        (x,) = log.exchanges()
+        assert x["outcome"] == "client_disconnected"

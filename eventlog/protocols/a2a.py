@@ -11,7 +11,7 @@ when nothing claimed the request, when its first event is an exact A2A frame.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..a2a_terms import (
     CARD_PATHS,
@@ -38,6 +38,9 @@ from .base import (
     Summary,
     among,
 )
+
+if TYPE_CHECKING:
+    from ..frames import Stream
 
 THINKING = "intermediate-thinking"
 _ARTIFACT_UPDATE = A2AKind.ARTIFACT_UPDATE.value  # a plain string: compared per event
@@ -107,6 +110,14 @@ class A2A(Protocol):
         """The status update that ends the run: a terminal or interrupted state."""
         c = classify(data)
         return c.kind == A2AKind.STATUS_UPDATE and c.state in ENDS_A_STREAM
+
+    def ended(self, stream: Stream) -> bool:
+        """A stream that carried the status update ending its run owes nothing after it
+        (what :meth:`closes` tells, read from each frame's classification)."""
+        return any(
+            f.complete and f.c.kind == A2AKind.STATUS_UPDATE and f.c.state in ENDS_A_STREAM
+            for f in reversed(stream.frames)
+        )
 
     def resubscription(
         self, request: Request, sent: Sequence[str], last_id: str | None

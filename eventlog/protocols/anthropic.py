@@ -111,6 +111,10 @@ class Anthropic(Protocol):
         obj = parsed(data, AnthropicKind.OTHER)
         return isinstance(obj, dict) and obj.get("type") == AnthropicKind.MESSAGE_STOP
 
+    def ended(self, stream: Stream) -> bool:
+        """A stream that carried its ``message_stop`` owes nothing after it."""
+        return any(f.complete and self.closes(f.data, f.event_type) for f in reversed(stream.frames))
+
     def delta(self, c: Classification) -> str | None:
         """The text deltas alone (an error's message is no part of the answer)."""
         return c.text if c.kind in _DELTA_KINDS else None

@@ -148,6 +148,11 @@ class OpenAI(Protocol):
         """``[DONE]``, or a Responses stream's terminal event."""
         return data == DONE or event_type in TERMINAL
 
+    def ended(self, stream: Stream) -> bool:
+        """A stream that carried its closing event owes nothing after it (the SDKs close
+        their connection on ``[DONE]``, before the server ends its body)."""
+        return any(f.complete and self.closes(f.data, f.event_type) for f in reversed(stream.frames))
+
     def delta(self, c: Classification) -> str | None:
         """The text deltas alone (an error's message is no part of the answer)."""
         return c.text if c.kind in _DELTA_KINDS else None
