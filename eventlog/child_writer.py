@@ -8,7 +8,6 @@ import contextlib
 import gc
 import os
 import pickle
-import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -20,13 +19,14 @@ from .writer import LogWriter
 
 
 def main(fd: int) -> None:
+    """Run the writer; the process ignores SIGINT, SIGTERM and SIGHUP already (see
+    ``process_writer``): the recorder decides when it stops."""
     stop_counting_memory()  # this process only writes the log: before any connection opens
     conn = Connection(fd)
-    path, options = conn.recv()
-    # Ctrl-C, timeout(1) and systemd signal the whole process group: the recorder decides
-    # when to stop, and this process commits what it was sent once the recorder is done.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
+    try:
+        path, options = conn.recv()
+    except (EOFError, OSError):  # the recorder stopped (Ctrl-C) before it said which log
+        return
     # When the CPU is short, forwarding goes first and the log catches up after.
     with contextlib.suppress(OSError):
         os.nice(10)
@@ -44,12 +44,12 @@ def main(fd: int) -> None:
             **options,
         )
     except BaseException as exc:  # reported to the recorder, which raises it
-        conn.send(("failed", exc))
+        send(("failed", exc))
         return
     # What start-up left (modules, the schema) lives as long as the process: out of the
     # collector's sight, its full collections traverse only the rows being built.
     gc.freeze()
-    conn.send(("ready", *writer.first_ids))
+    send(("ready", *writer.first_ids))
     while True:
         try:
             ops = pickle.loads(conn.recv_bytes())

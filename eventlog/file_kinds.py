@@ -110,14 +110,14 @@ def _opens(uri: str) -> bool:
         with closing(sqlite3.connect(uri, uri=True)) as conn:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as exc:
-        return _code(exc) not in _NO_SHM
+        return result_code(exc) not in _NO_SHM
     return True
 
 
 def is_damage(path: Path, exc: sqlite3.Error) -> bool:
     """Whether SQLite failed on ``path`` because the log is damaged (pages overwritten, the
     file cut short), not because it is no database at all."""
-    code = _code(exc)
+    code = result_code(exc)
     if code == sqlite3.SQLITE_NOTADB:  # (of a file that begins as SQLite's do: damaged after that)
         return path.is_file() and is_log(path)
     return code == sqlite3.SQLITE_CORRUPT
@@ -133,7 +133,7 @@ def unreadable(path: Path, exc: sqlite3.Error) -> LogError:
     return LogError(f"cannot read {path}: {exc}{damage_note(path, exc)}")
 
 
-def _code(exc: sqlite3.Error) -> int | None:
+def result_code(exc: sqlite3.Error) -> int | None:
     """SQLite's primary result code for ``exc`` (its extended code carries it in the low
     byte); None for an error of the module's own."""
     code = getattr(exc, "sqlite_errorcode", None)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasktape.choices import listed
-from tasktape.errors import LogError, SchemaTooOld
+from tasktape.errors import LogError, LogUnwritable, SchemaTooOld
 
-from .file_kinds import is_damage, read_only_uri, unreadable
+from .file_kinds import is_damage, read_only_uri, result_code, unreadable
 from .outcomes import Outcome
 from .resumes import SAME_RESUME
 from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
@@ -32,6 +32,9 @@ from .writer_lock import release_writer_lock, take_writer_lock
 # one must say here how it merges (tests/test_merge_logs.py checks).
 MERGED_TABLES = ("captures", "exchanges", "stored_chunks", "events", "findings", "resumes")
 LOCAL_TABLES = ("shipments",)  # how far this log was shipped: not the merged log's business
+# How SQLite fails to write a file it may write: out of room (SQLITE_FULL), or a write the
+# system refused (IOERR: EFBIG past a file size limit, EIO).
+_WRITE_FAILURES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
 
 
 def _fewer(table: str) -> str:
@@ -157,14 +160,14 @@ def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeR
         conn = sqlite3.connect(output.resolve().as_uri(), uri=True, isolation_level=None)
         try:
             conn.execute("PRAGMA busy_timeout = 5000")
-            return [_merge_one(conn, source) for source in sources]
+            return [_merge_one(conn, source, output) for source in sources]
         finally:
             conn.close()
     finally:
         release_writer_lock(fd)
 
 
-def _merge_one(conn: sqlite3.Connection, source: Path) -> MergeReport:
+def _merge_one(conn: sqlite3.Connection, source: Path, output: Path) -> MergeReport:
     with _readable(source) as readable:
         conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(readable),))
         try:
@@ -173,12 +176,14 @@ def _merge_one(conn: sqlite3.Connection, source: Path) -> MergeReport:
                 report = _copy(conn, MergeReport(source))
                 conn.execute("COMMIT")
             except sqlite3.DatabaseError as exc:
-                conn.execute("ROLLBACK")
-                if not is_damage(readable, exc):
-                    raise
-                raise unreadable(source, exc) from None  # (the source: the rows it reads)
+                _roll_back(conn)
+                if is_damage(readable, exc):
+                    raise unreadable(source, exc) from None  # (the source: the rows it reads)
+                if result_code(exc) in _WRITE_FAILURES:
+                    raise LogUnwritable(f"cannot write {output}: {exc}") from exc
+                raise
             except BaseException:
-                conn.execute("ROLLBACK")
+                _roll_back(conn)
                 raise
             finally:
                 conn.execute("DROP TABLE IF EXISTS temp.merged_captures")
@@ -186,6 +191,12 @@ def _merge_one(conn: sqlite3.Connection, source: Path) -> MergeReport:
         finally:
             conn.execute("DETACH DATABASE src")
     return report
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    # (A COMMIT that failed writing, on a full disk, has been rolled back by SQLite already.)
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 def _one_path(sources: Sequence[str | Path] | Path) -> Sequence[str | Path] | str:

@@ -14,6 +14,7 @@ import concurrent.futures
 import itertools
 import pickle
 import queue
+import signal
 import socket
 import subprocess
 import threading
@@ -40,10 +41,17 @@ _OF_EXCHANGE = frozenset({EXCHANGE, HEAD, BODY, CHUNK, END})
 _GONE = (
     "what it had not yet written is lost, and so is every row from now on (counted when the log is closed)"
 )
+# Ctrl-C, timeout(1) and systemd signal the whole process group: the recorder decides when
+# to stop, and the child commits what it was sent once the recorder is done. The child starts
+# with these blocked (Python would turn a SIGINT into a KeyboardInterrupt traceback in the
+# middle of its start-up) and ignores them before it does anything else.
+_GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The child runs tasktape's writer and nothing else. sqlite-utils imports numpy and pandas
 # when they are installed, only to convert their values on insert, which the writer never
 # has: without them the child starts with 12 MiB less (numpy alone) and no BLAS threads.
 _CHILD_MAIN = (
+    f"import signal; s = ({', '.join(f'signal.{sig.name}' for sig in _GROUP_SIGNALS)}); "
+    "[signal.signal(n, signal.SIG_IGN) for n in s]; signal.pthread_sigmask(signal.SIG_UNBLOCK, s); "
     "import sys; sys.modules.update(numpy=None, pandas=None); "
     "from tasktape.eventlog.child_writer import main; main(int(sys.argv[1]))"
 )
@@ -69,11 +77,16 @@ class ProcessLogWriter(LogProducer):
         # caller's main module): it gets one end of the socket pair, then its settings.
         python, env = child_python()
         tap = options.get("tap")  # it travels to the child, where the writer opens it
-        self._process = subprocess.Popen(
-            [*python, "-c", _CHILD_MAIN, str(theirs.fileno())],
-            pass_fds=[theirs.fileno(), *(tap.fds if tap is not None else ())],
-            env=env,
-        )
+        # (One that comes meanwhile reaches this process once they are unblocked again.)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+        try:
+            self._process = subprocess.Popen(
+                [*python, "-c", _CHILD_MAIN, str(theirs.fileno())],
+                pass_fds=[theirs.fileno(), *(tap.fds if tap is not None else ())],
+                env=env,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         theirs.close()
         self._conn = Connection(ours.detach())
         self._name = f"tasktape-writer:{self.path.name}"
@@ -87,6 +100,10 @@ class ProcessLogWriter(LogProducer):
             self._process.wait()
             self._conn.close()
             raise LogError(f"{self.path}: the log writer process failed to start ({exc})") from None
+        except BaseException:  # interrupted (Ctrl-C) while it started
+            self._conn.close()  # (the child, its pipe closed, closes the log and exits)
+            self._release_log()
+            raise
         if reply[0] == "failed":  # (the child released what it opened, and exits)
             self._process.wait()
             self._conn.close()

@@ -94,6 +94,7 @@ def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
     ``http(s)://HOST:PORT[/DATABASE]``, or ``chdb:///ABS/PATH`` / ``chdb://REL`` for the
     embedded engine (its database ``tasktape``). Unless ``create``, an embedded store that
     is not there yet is a UsageError, not made."""
+    check_url(url)
     try:
         import clickhouse_connect  # noqa: PLC0415 - an extra: tasktape[clickhouse]
     except ImportError:
@@ -108,9 +109,21 @@ def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
             raise UsageError(f"nothing in {url}: there is no ClickHouse store at {path}")
         path.mkdir(parents=True, exist_ok=True)
         return _engine_client(clickhouse_connect, url, path), DATABASE
+    return _server_client(clickhouse_connect, url)
+
+
+def check_url(url: str) -> str:
+    """``url`` if it can name a ClickHouse, as told before anything is reached (which the
+    client checks of its options is its own): ``http(s)://HOST:PORT[/DATABASE]``, its
+    database a plain name and no credentials in its query, or ``chdb:///ABS/PATH`` /
+    ``chdb://REL``; else a UsageError."""
     if url.startswith(("http://", "https://")):
-        return _server_client(clickhouse_connect, url)
-    raise UsageError(f"{url!r} is not a ClickHouse URL: http://HOST:8123, chdb:///ABS/PATH or chdb://REL")
+        _server_database(url)
+    elif not url.startswith("chdb://"):
+        raise UsageError(
+            f"{shown(url)!r} is not a ClickHouse URL: http://HOST:8123, chdb:///ABS/PATH or chdb://REL"
+        )
+    return url
 
 
 def _engine_client(clickhouse_connect: Any, url: str, path: Path) -> Any:
@@ -152,6 +165,19 @@ def _server_client(clickhouse_connect: Any, url: str) -> tuple[Any, str]:
     from clickhouse_connect.driver.exceptions import ProgrammingError  # noqa: PLC0415 - an extra
 
     parts = urlsplit(url)
+    database = _server_database(url)
+    server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+    try:
+        client = clickhouse_connect.get_client(dsn=server)
+    except (TypeError, ValueError, ProgrammingError) as exc:  # an option unknown, or its value
+        raise UsageError(f"{shown(url)}: the ClickHouse client takes no such URL: {exc}") from None
+    return client, database
+
+
+def _server_database(url: str) -> str:
+    """The database a server's URL names (tasktape's own unless its path names one); a
+    UsageError for credentials in its query or a database that is no plain name."""
+    parts = urlsplit(url)
     named = sorted({name.lower() for name, _ in parse_qsl(parts.query)} & _NOT_IN_QUERY)
     if named:
         raise UsageError(
@@ -164,12 +190,7 @@ def _server_client(clickhouse_connect: Any, url: str) -> tuple[Any, str]:
             f"{shown(url)}: {database!r} cannot name the database: tasktape's takes letters, digits "
             "and '_', not a digit first (as tasktape, team_a)"
         )
-    server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
-    try:
-        client = clickhouse_connect.get_client(dsn=server)
-    except (TypeError, ValueError, ProgrammingError) as exc:  # an option unknown, or its value
-        raise UsageError(f"{shown(url)}: the ClickHouse client takes no such URL: {exc}") from None
-    return client, database
+    return database
 
 
 def shown(url: str) -> str:

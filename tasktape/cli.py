@@ -4,14 +4,29 @@ Each command's module is imported when the command runs (or help lists it), so t
 ``tasktape record`` loads what recording needs, not the log reader, Datasette or the demo.
 """
 
+# ruff: noqa: E402 - the imports come after the hook that keeps a Ctrl-C among them quiet
+
 from __future__ import annotations
+
+import sys
+from types import TracebackType
+
+
+def _quiet_interrupt(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """Ctrl-C while this module loads (a tenth of a second, more on a busy machine), before
+    any command could stop on it: no traceback. Python still ends the process by SIGINT,
+    which a shell counts as status 130, as it does any program stopped by Ctrl-C."""
+    if not issubclass(kind, KeyboardInterrupt):
+        _hook_before(kind, value, tb)
+
+
+_hook_before, sys.excepthook = sys.excepthook, _quiet_interrupt
 
 import importlib
 import importlib.abc
 import importlib.util
 import io
 import os
-import sys
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from types import ModuleType
@@ -145,3 +160,7 @@ def _hiding(exec_module: Callable[[ModuleType], None]) -> Callable[[ModuleType],
                     del sys.modules[name]
 
     return exec_hidden
+
+
+if sys.excepthook is _quiet_interrupt:  # loaded: from here on, commands stop on Ctrl-C themselves
+    sys.excepthook = _hook_before

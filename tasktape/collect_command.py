@@ -14,7 +14,7 @@ from tasktape.fleet.names import FETCH, STREAM, jetstream_name, parse_servers
 from tasktape.fleet.names import shown as shown_servers
 from tasktape.stop_signals import stop_signals
 
-from .option_checks import Seconds, checked, refused_log
+from .option_checks import Seconds, checked, clickhouse_url, refused_log
 
 
 @click.command("collect")
@@ -33,6 +33,7 @@ from .option_checks import Seconds, checked, refused_log
 @click.option(
     "--clickhouse",
     metavar="URL",
+    callback=checked(clickhouse_url),
     help="Or into ClickHouse: http://HOST:8123 for a server, chdb:///ABS/PATH or chdb://REL for the "
     "embedded engine (pip install 'tasktape[clickhouse]').",
 )
@@ -97,7 +98,7 @@ def collect(
     goes into each insert.
     Exit status: 0 stopped (Ctrl-C, or idle with --until-idle), 1 not collecting (a broker or
     ClickHouse not reached or refusing, the log busy with another writer), 2 bad input
-    (--db no event log; --from, --stream or --consumer refused).
+    (--db no event log; --from, --clickhouse, --stream or --consumer refused).
     """
     if (db is None) == (clickhouse is None):
         raise click.UsageError("collect into one sink: --db PATH or --clickhouse URL")

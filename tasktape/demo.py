@@ -6,6 +6,7 @@ received, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import statistics
@@ -131,11 +132,15 @@ def scenarios(session: aiohttp.ClientSession, url: str) -> list[tuple[Run, Calla
 async def run_demo(db: Path, pace: float) -> tuple[list[Run], str, str]:
     """Start the agent and the recorder, drive every scenario, stop; return the runs and
     the two URLs."""
-    writer = ProcessLogWriter(db)
-    agent_runner, agent_url = await start_site(create_agent_app(pace=pace), "127.0.0.1", 0)
-    proxy = RecordingProxy(agent_url, writer)
-    proxy_runner, proxy_url = await start_site(proxy.app, "127.0.0.1", 0)
-    try:
+    # Each stopped, the last started first, however far it got (Ctrl-C may come at any await).
+    async with contextlib.AsyncExitStack() as started:
+        writer = ProcessLogWriter(db)
+        started.push_async_callback(writer.aclose)
+        agent_runner, agent_url = await start_site(create_agent_app(pace=pace), "127.0.0.1", 0)
+        started.push_async_callback(agent_runner.cleanup)
+        proxy = RecordingProxy(agent_url, writer)
+        proxy_runner, proxy_url = await start_site(proxy.app, "127.0.0.1", 0)
+        started.push_async_callback(proxy_runner.cleanup)
         async with aiohttp.ClientSession() as session:
             plans = scenarios(session, proxy_url)
             outcomes = await asyncio.gather(*(go() for _, go in plans), return_exceptions=True)
@@ -144,10 +149,6 @@ async def run_demo(db: Path, pace: float) -> tuple[list[Run], str, str]:
             if isinstance(outcome, BaseException):
                 run.problems.append(f"the client failed: {type(outcome).__name__}: {outcome}")
         await asyncio.wait_for(proxy.wait_idle(), 30)
-    finally:
-        await proxy_runner.cleanup()
-        await agent_runner.cleanup()
-        await writer.aclose()
     return runs, agent_url, proxy_url
 
 
@@ -233,9 +234,9 @@ def demo(db: Path | None, pace: float, inspect: bool) -> None:
     log back: each stream must be in it byte for byte, with the events and final state
     the client saw. Then it replays one recorded stream at its recorded pace and reports
     its pacing error and byte equality. Exits 0 only if every scenario was recorded
-    completely and the replay was byte-identical; 2 on bad input (--db no event log, or
-    in a folder that does not exist). With --inspect, it then serves the log
-    in the inspector until Ctrl-C.
+    completely and the replay was byte-identical; 2 on bad input (--db a file that exists:
+    the demo starts a new log; or in a folder that does not exist). With --inspect, it then
+    serves the log in the inspector until Ctrl-C.
     """
     db = new_log(db)
     click.echo(f"tasktape demo: starting the demo agent and the recorder; the log goes to {db}")
@@ -287,9 +288,7 @@ def new_log(db: Path | None) -> Path:
     working directory, with -2, -3... added if a demo started in the same second took it."""
     if db is not None:
         if not _create(db):
-            raise click.ClickException(
-                f"{db} exists already: choose another --db (the demo starts a new log)"
-            )
+            raise bad_input(f"{db} exists already: choose another --db (the demo starts a new log)")
         return db
     stem = f"tasktape-demo-{time.strftime('%Y%m%d-%H%M%S')}"
     names = itertools.chain([f"{stem}.db"], (f"{stem}-{n}.db" for n in itertools.count(2)))

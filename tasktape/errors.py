@@ -24,6 +24,7 @@ TasktapeError
     ├── SchemaTooNew               written by a newer tasktape: upgrade tasktape to read it
     ├── SchemaTooOld               an older log opened read-only: opening it to write upgrades it
     ├── LogBusy                    another writer holds the log
+    ├── LogUnwritable              SQLite could not write the log: a full disk, a file size limit
     ├── WriterClosed               rows handed to a LogWriter after close()
     ├── LogClosed                  an EventLog read after close()
     └── UnknownExchange (KeyError) no exchange of that id in the log, or none open in a writer
@@ -128,6 +129,11 @@ class SchemaTooOld(LogError):
 
 class LogBusy(LogError):
     pass
+
+
+class LogUnwritable(LogError):
+    """Writing the log failed (a full disk, a file size limit, an I/O error): a failure,
+    not something wrong with what was given."""
 
 
 class WriterClosed(LogError):

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import click
 
-from tasktape.errors import LogBusy, LogError
+from tasktape.errors import LogBusy, LogError, LogUnwritable
 from tasktape.eventlog.file_kinds import FileKind, kind_of
 from tasktape.eventlog.merge import merge_logs
 from tasktape.eventlog.schema import named_kind
-from tasktape.eventlog.writer_lock import refuse_unless_file
 
 from .cassette_commands import folder_for
-from .option_checks import bad_input
+from .option_checks import bad_input, refuse_as_output
 
 
 @click.command("merge")
@@ -33,8 +32,8 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
     idempotent: a log merged again, or into an output that already holds it, adds nothing
     but what it gained since (the rest of exchanges still under way when it was merged
     before). A log still being recorded can be merged: what it held when its turn came.
-    Exit status: 0 merged, 1 not (the output busy with another writer), 2 bad input (a file
-    no event log this tasktape reads, a log merged into itself).
+    Exit status: 0 merged, 1 not (the output busy with another writer, or not written: a full
+    disk), 2 bad input (a file no event log this tasktape reads, a log merged into itself).
     """
     for log in logs:
         kind = kind_of(log)
@@ -46,7 +45,7 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
             raise bad_input(
                 f"{log} is {kind}, not an event log: tasktape import {log} --db {output} reads it into one"
             )
-    _check_output(output)
+    refuse_as_output(output, "merge")
     folder_for(output)
     made = not output.exists()
     try:
@@ -58,15 +57,6 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
         if made:  # (a log it made of what it read before a source failed: not one asked for)
             for path in (output, Path(f"{output}-wal"), Path(f"{output}-shm")):
                 path.unlink(missing_ok=True)
+        if isinstance(exc, LogUnwritable):  # (a full disk: a failure, not bad input)
+            raise click.ClickException(str(exc)) from None
         raise bad_input(str(exc)) from None
-
-
-def _check_output(output: Path) -> None:
-    """Refuse an output that is no log to merge into: a device or a pipe (SQLite would write
-    its journal beside it), a name the system refuses (too long), a file of another kind."""
-    try:
-        refuse_unless_file(output)
-    except LogError as exc:
-        raise bad_input(str(exc)) from None
-    if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
-        raise bad_input(f"{output} is {named_kind(output)}: merge writes an event log, not over it")

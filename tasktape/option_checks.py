@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -85,3 +86,40 @@ def refused_log(exc: LogError) -> click.ClickException:
     """A log a writing command cannot write, as every such command says it: held by another
     writer, a failure (exit status 1); no event log to write, or none can be, bad input (2)."""
     return click.ClickException(str(exc)) if isinstance(exc, LogBusy) else bad_input(str(exc))
+
+
+def clickhouse_url(url: str) -> str:
+    """``url`` if it can name a ClickHouse (``checked`` takes it: refused before anything
+    is reached, as every option's malformed URL is)."""
+    # (Here: the sink's module loads only for the commands that reach ClickHouse.)
+    from tasktape.fleet.clickhouse_sink import check_url  # noqa: PLC0415
+
+    return check_url(url)
+
+
+def log_output(command: str) -> Callable[[click.Context, click.Parameter, Path], Path]:
+    """A click callback for the event log ``command`` writes, checked before any work: see
+    ``refuse_as_output``."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+        refuse_as_output(value, command)
+        return value
+
+    return callback
+
+
+def refuse_as_output(output: Path, command: str) -> None:
+    """Refuse, as bad input, an output that is no log for ``command`` to write into: a device
+    or a pipe (SQLite would write its journal beside it), a name the system refuses (too
+    long), a file of another kind (a cassette)."""
+    # (Here: a command that writes no log loads none of the log's modules.)
+    from tasktape.eventlog.file_kinds import FileKind, kind_of  # noqa: PLC0415
+    from tasktape.eventlog.schema import named_kind  # noqa: PLC0415
+    from tasktape.eventlog.writer_lock import refuse_unless_file  # noqa: PLC0415
+
+    try:
+        refuse_unless_file(output)
+    except LogError as exc:
+        raise bad_input(str(exc)) from None
+    if output.is_file() and kind_of(output) not in (FileKind.LOG, FileKind.EMPTY):
+        raise bad_input(f"{output} is {named_kind(output)}: {command} writes an event log, not over it")

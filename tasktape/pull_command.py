@@ -8,7 +8,7 @@ import click
 
 from tasktape.errors import LogError, UsageError
 
-from .option_checks import bad_input, refused_log
+from .option_checks import bad_input, checked, clickhouse_url, log_output, refused_log
 
 
 @click.command("pull")
@@ -16,6 +16,7 @@ from .option_checks import bad_input, refused_log
     "--clickhouse",
     required=True,
     metavar="URL",
+    callback=checked(clickhouse_url),
     help="Where tasktape collect wrote: http://HOST:8123, chdb:///ABS/PATH or chdb://REL.",
 )
 @click.option("--task", metavar="ID", help="The exchanges of this task.")
@@ -29,6 +30,7 @@ from .option_checks import bad_input, refused_log
     "--output",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
+    callback=log_output("pull"),
     help="The event log to write them into (created if needed).",
 )
 def pull(
@@ -41,7 +43,8 @@ def pull(
     by uid, so pulling into a log that holds them already adds nothing.
     Exit status: 0 pulled, 1 not (ClickHouse not reached or refusing, its store open in
     another process, nothing matching the slice, the log busy with another writer), 2 bad
-    input (no one slice, a time that is not ISO 8601, -o a file that is no event log).
+    input (no one slice, a time that is not ISO 8601, --clickhouse no ClickHouse URL, -o a
+    file that is no event log).
     """
     # Here: clickhouse-connect loads only for this command.
     from tasktape.fleet.pull import Slice, parse_time, pull_slice  # noqa: PLC0415

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -455,3 +456,38 @@ def test_a_folder_of_logs_alone_names_them(mixed: Path, command: str) -> None:
         in said
     )
     assert f"({mixed / 'kept'}), not read: give a log by its path" in said
+
+
+# Ctrl-C landing while click loads, from the console script's own first line.
+_INTERRUPTED_AS_IT_LOADS = """
+import os, signal, sys
+class Interrupting:
+    def find_spec(self, name, path, target=None):
+        if name == "click":
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, Interrupting())
+from tasktape.cli import run
+run()
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_ends_it_without_a_traceback() -> None:
+    """Any command interrupted in its first tenth of a second printed the traceback of the
+    module it was loading; it ends as a program stopped by Ctrl-C does (SIGINT, status 130 in
+    a shell), saying nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_AS_IT_LOADS, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (-signal.SIGINT, "", "")
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, tasktape.cli; print(sys.excepthook is sys.__excepthook__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert loaded.stdout == "True\n"  # (once loaded, a program that imports it keeps its own)

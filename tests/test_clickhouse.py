@@ -107,7 +107,7 @@ def test_pull_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     result = _tasktape("pull", "--clickhouse", url, "--task", "nope", "-o", str(tmp_path / "x.db"))
     assert result.returncode == 1 and "nothing in chdb://" in result.stderr
     result = _tasktape("pull", "--clickhouse", "mysql://x", "--task", "a", "-o", str(tmp_path / "x.db"))
-    assert result.returncode == 1 and "is not a ClickHouse URL" in result.stderr
+    assert result.returncode == 2 and "is not a ClickHouse URL" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -211,8 +211,8 @@ def test_a_database_name_that_is_no_plain_name_is_refused(tmp_path: Path, comman
         "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
     }[command]
     done = _tasktape(command, *args)
-    assert (done.returncode, done.stderr) == (
-        1,
-        f"Error: {url}: 'team-a' cannot name the database: tasktape's takes letters, digits and '_',"
-        " not a digit first (as tasktape, team_a)\n",
+    assert done.returncode == 2, done.stderr  # (bad input, told before anything is reached)
+    assert done.stderr.endswith(
+        f"Error: Invalid value for '--clickhouse': {url}: 'team-a' cannot name the database: tasktape's"
+        " takes letters, digits and '_', not a digit first (as tasktape, team_a)\n"
     )

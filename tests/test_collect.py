@@ -115,21 +115,27 @@ def test_a_sink_is_not_shared_with_a_recorder(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["collect", "pull"])
 @pytest.mark.parametrize(
-    ("query", "said"),
+    ("query", "status", "said"),
     [
-        ("password=sk-live-1", "http://127.0.0.1:9/?password=[REDACTED]: a ClickHouse URL gives password in"),
+        (
+            "password=sk-live-1",
+            2,
+            "http://127.0.0.1:9/?password=[REDACTED]: a ClickHouse URL gives password in",
+        ),
         (
             "bogus=1&token=sk-live-1",
+            1,
             "http://127.0.0.1:9/?bogus=1&token=[REDACTED]: the ClickHouse client takes no such URL: ",
         ),
     ],
 )
 def test_a_clickhouse_url_the_client_cannot_take_is_a_usage_error(
-    tmp_path: Path, command: str, query: str, said: str
+    tmp_path: Path, command: str, query: str, status: int, said: str
 ) -> None:
     """A password in the URL's query (it goes before the host), or an option the client does
     not know: refused in one line, the URL shown without its credentials, before anything
-    is reached (no traceback)."""
+    is reached (no traceback). The first is told from the URL alone, bad input (exit 2);
+    the second by the client, which is an extra's."""
     url = f"http://127.0.0.1:9/?{query}"
     args = {
         "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
@@ -142,8 +148,51 @@ def test_a_clickhouse_url_the_client_cannot_take_is_a_usage_error(
         text=True,
         timeout=60,
     )
-    assert done.returncode == 1 and said in done.stderr, done.stderr
+    assert done.returncode == status and said in done.stderr, done.stderr
     assert "sk-live" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["collect", "pull"])
+def test_what_is_no_clickhouse_url_is_bad_input(tmp_path: Path, command: str) -> None:
+    """`--clickhouse ftp://x` was exit 1 where every other malformed URL option is 2 (bad
+    input); the URL is said without its password."""
+    url = "ftp://user:sk-live-1@x"
+    args = {
+        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
+        "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", command, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for '--clickhouse': 'ftp://x' is not a ClickHouse URL" in done.stderr
+    assert "sk-live" not in done.stderr and not (tmp_path / "p.db").exists()
+
+
+def test_pull_into_a_file_that_is_no_event_log_is_bad_input_before_clickhouse_is_reached(
+    tmp_path: Path,
+) -> None:
+    """`pull -o` a cassette tried ClickHouse first, and ended "cannot reach ClickHouse" (exit
+    1) where its help says a file that is no event log is bad input (exit 2)."""
+    cassette = tmp_path / "session.jsonl"
+    cassette.write_text('{"tasktape_cassette": 1}\n')
+    args = ["pull", "--clickhouse", "http://127.0.0.1:9", "--task", "t1", "-o", str(cassette)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"Error: {cassette} is a cassette: pull writes an event log, not over it\n",
+    )
+    assert cassette.read_text() == '{"tasktape_cassette": 1}\n'
 
 
 def test_a_broker_never_reached_is_said_and_until_idle_gives_up_on_it(tmp_path: Path) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -68,11 +71,38 @@ def test_the_demo_records_every_scenario_completely(tmp_path: Path) -> None:
         }
 
 
-def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path) -> None:
+def test_the_demo_refuses_to_overwrite_a_file_as_bad_input(tmp_path: Path) -> None:
+    """An existing --db (a log, a cassette) is bad input, exit 2, as its help says: it was 1."""
     db = tmp_path / "demo.db"
     db.write_bytes(b"")
     result = demo("--db", str(db), timeout=60)
-    assert result.returncode == 1 and "exists already" in result.stderr
+    assert result.returncode == 2 and "exists already" in result.stderr
+    assert db.read_bytes() == b""
+
+
+@pytest.mark.parametrize("after", [0.4, 0.7, 1.0])
+def test_ctrl_c_while_the_demo_starts_stops_it_quietly(tmp_path: Path, after: float) -> None:
+    """Ctrl-C, which a terminal sends to the whole process group, in the demo's first second:
+    the log writer process printed a KeyboardInterrupt traceback (a Ctrl-C among its imports)
+    or a BrokenPipeError one (its ready message to a recorder gone), and the demo said its
+    log writer "failed to start", exit 2 (bad input)."""
+    started = subprocess.Popen(
+        [sys.executable, "-m", "tasktape", "demo", "--db", str(tmp_path / "demo.db"), "--pace", "0.3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(after)
+        os.killpg(started.pid, signal.SIGINT)
+        _, said = started.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(started.pid, signal.SIGKILL)
+        started.wait()
+    assert started.returncode in (1, -signal.SIGINT), said  # ("Aborted!", or stopped while it loaded)
+    assert "Traceback" not in said and "failed to start" not in said, said
 
 
 def test_a_default_name_taken_in_the_same_second_gets_a_suffix(tmp_path: Path) -> None:

@@ -4,7 +4,11 @@ row kept byte for byte, idempotent, and a merged log replays and inspects as one
 from __future__ import annotations
 
 import json
+import os
+import re
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -183,6 +187,44 @@ def test_what_cannot_be_merged_is_refused_before_anything_is_written(tmp_path: P
     assert counts(fleet) == held
     with LogWriter(fleet), pytest.raises(LogBusy):
         merge_logs([a], fleet)
+
+
+def big_log(path: Path) -> Path:
+    """A log of one exchange whose body takes a few MiB (random bytes, which take as much room)."""
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="record", upstream="http://big")
+        ex = w.begin_exchange(cap, method="GET", path="/big", started_ns=time.time_ns())
+        binary = {"content-type": "application/octet-stream"}
+        w.response_head(ex, status=200, headers=binary, is_sse=False, ttfb_ns=MS)
+        for n in range(1, 41):
+            w.chunk(ex, n * MS, os.urandom(64 * 1024))
+        w.end_exchange(ex, duration_ns=50 * MS)
+        w.end_capture(cap)
+    return path
+
+
+def test_a_merge_that_fills_the_disk_says_so_and_leaves_the_output_as_it_was(tmp_path: Path) -> None:
+    """The disk full (here a file size limit, as `ulimit -f` sets: writes past it fail), the
+    COMMIT failed and SQLite rolled the merge back itself; the merge's own ROLLBACK then
+    failed too, and the command ended in a traceback ("cannot rollback - no transaction is
+    active"). A failure, not bad input: exit 1."""
+    source, fleet = big_log(tmp_path / "big.db"), write_log(tmp_path / "fleet.db", "a")
+    held, new = counts(fleet), tmp_path / "new.db"
+    limit = fleet.stat().st_size + 512 * 1024
+    # (Python ignores SIGXFSZ: a write past the limit fails, with EFBIG.)
+    limited = "import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
+    limited += "os.execv(sys.executable, [sys.executable, '-m', 'tasktape', *sys.argv[2:]])"
+    for output in (fleet, new):
+        done = subprocess.run(
+            [sys.executable, "-c", limited, str(limit), "merge", str(source), "-o", str(output)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        said = f"Error: cannot write {re.escape(str(output))}: [^\n]+\n"
+        assert done.returncode == 1 and re.fullmatch(said, done.stderr), done.stderr
+    assert counts(fleet) == held and not new.exists()
 
 
 def test_merge_knows_every_table_a_log_holds_rows_in(tmp_path: Path) -> None:

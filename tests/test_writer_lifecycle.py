@@ -9,6 +9,8 @@ import concurrent.futures
 import contextlib
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -134,6 +136,44 @@ def test_a_writer_that_fails_to_start_releases_the_log(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) == fds  # neither the lock nor the connection is left open
     with LogWriter(db) as w:  # not LogBusy
         w.begin_capture(source="test")
+
+
+# A recorder's process that takes Ctrl-C as a terminal sends it, to its whole process group,
+# again and again while its log writer process starts, and stops only when it decides to.
+_INTERRUPTED_AS_IT_STARTS = """
+import os, signal, sys, threading
+from tasktape.eventlog import ProcessLogWriter
+signal.signal(signal.SIGINT, lambda *_: None)
+ready = threading.Event()
+def interrupt():
+    while not ready.wait(0.005):
+        os.killpg(0, signal.SIGINT)
+threading.Thread(target=interrupt).start()
+try:
+    with ProcessLogWriter(sys.argv[1]) as w:
+        w.begin_capture(source="test")
+finally:
+    ready.set()
+"""
+
+
+def test_ctrl_c_to_the_process_group_as_the_writer_process_starts_leaves_stopping_to_the_recorder(
+    tmp_path: Path,
+) -> None:
+    """The writer process ignored Ctrl-C only once its imports were done: one among them was
+    a KeyboardInterrupt traceback, and the recorder's "the log writer process failed to start"."""
+    db = tmp_path / "log.db"
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_AS_IT_STARTS, str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        start_new_session=True,  # (its Ctrl-Cs reach it and its child, not the tests)
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    with EventLog(db) as log:
+        assert len(log.captures()) == 1
 
 
 @pytest.mark.parametrize(
