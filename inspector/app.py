@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import math
+import os
+import re
 import signal
 import socket
 import sqlite3
@@ -48,22 +51,43 @@ class ReadOnlyLog(Database):
 
 def create_datasette(path: str | Path) -> Datasette:
     """Datasette over the log at ``path``, served as the database named after its file
-    (see ``served_name``)."""
+    (see ``served_name``); its pages' title names the file as it is."""
     path = Path(path).resolve()
     name = served_name(path.stem)
-    ds = Datasette(metadata=metadata(name), settings=SETTINGS)
+    ds = Datasette(metadata=_titled(metadata(name), name, path.stem), settings=SETTINGS)
     ds.add_database(ReadOnlyLog(ds, path=str(path)), name=name)
     return ds
 
 
+def _titled(described: dict[str, Any], name: str, stem: str) -> dict[str, Any]:
+    """``described`` (the metadata of the log served as ``name``), its title naming the
+    file's ``stem`` in place of ``name`` (its bytes that are not UTF-8 as "?")."""
+    database = described["databases"][name]
+    database["title"] = database["title"].removesuffix(name) + stem.encode(errors="replace").decode()
+    return described
+
+
+# What a served name may hold: Datasette 0.65 writes it unescaped into the href of a
+# foreign key's link on table pages, where a quote would end the attribute and what follows
+# would be markup. Letters (of any script), digits, "_", "-", "." and space are no markup
+# and start no other part of a URL than its path: names as logs are usually named.
+_UNSAFE = re.compile(r"[^\w .-]")
+
+
 def served_name(stem: str) -> str:
-    """The name a log whose file is named ``stem`` is served as: ``stem``, unless one of
-    Datasette's own databases (``_memory``, ``_internal``) has it (Datasette would rename
-    the log, and metadata and URLs made for ``stem`` would name nothing); then ``stem``
-    numbered, as Datasette numbers a name already taken (``_memory_2``)."""
+    """The name a log whose file is named ``stem`` is served as: ``stem``, its characters
+    ``_UNSAFE`` matches (if any) each as ``_``, then a hash of ``stem`` (two names that
+    differ only there are served as two); numbered, as Datasette numbers a name already
+    taken (``_memory_2``), if one of Datasette's own databases (``_memory``, ``_internal``)
+    has it: Datasette would rename the log, and metadata and URLs made for it would name
+    nothing."""
+    safe = stem
+    if _UNSAFE.search(stem):
+        digest = hashlib.sha256(os.fsencode(stem)).hexdigest()[:8]
+        safe = f"{_UNSAFE.sub('_', stem)}_{digest}"
     taken = Datasette(settings=SETTINGS).databases
-    numbered = (f"{stem}_{n}" for n in itertools.count(2))
-    return next(name for name in itertools.chain([stem], numbered) if name not in taken)
+    numbered = (f"{safe}_{n}" for n in itertools.count(2))
+    return next(name for name in itertools.chain([safe], numbered) if name not in taken)
 
 
 def log_name(ds: Datasette) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tasktape import console_text
 from tasktape.eventlog.protocols import recognise
 
 from .choosing import Recordings
@@ -58,13 +59,15 @@ def miss(
     line = shown.request_line(incoming)
     missed = Miss(line, closest)
     repeated = next((i for _, i, _, used_up in nearest if used_up), None)
+    # (the request line as the client sent it, decoded: it may hold any control character)
+    said = console_text.shown(line)
     if repeated is None:
-        log.warning("tasktape replay: no recording matches %s", line)
+        log.warning("tasktape replay: no recording matches %s", said)
     else:  # (a client that shows no answer's body leaves the console the one to say why)
         log.warning(
             "tasktape replay: %s matches %s, already served (%s)",
-            line,
-            recordings.recorded[repeated].origin,
+            said,
+            console_text.shown(recordings.recorded[repeated].origin),
             REPEATS_HINT,
         )
     # Said as the request's protocol says an error, at its status, where it has its own.

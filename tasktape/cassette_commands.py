@@ -38,6 +38,7 @@ from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 from tasktape.eventlog.writer import take_back
 
+from .console_text import shown
 from .option_checks import bad_input
 from .redaction_options import redaction_options
 
@@ -127,13 +128,15 @@ def export(
             folder_for(target)  # cassettes/ as tests name it
             try:
                 replace_with(target, lines)
-            except CassetteError as exc:
-                raise click.ClickException(str(exc)) from None
+            except CassetteError as exc:  # (it may name what an exchange holds)
+                raise click.ClickException(shown(str(exc))) from None
             click.echo(f"tasktape export: {counted(len(ids), 'exchange')} from {log} -> {output}", err=True)
     for r in under_way:
         click.echo(
-            f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
-            f"cut short ({Outcome.LOG_CLOSED})",
+            shown(
+                f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
+                f"cut short ({Outcome.LOG_CLOSED})"
+            ),
             err=True,
         )
 
@@ -245,8 +248,8 @@ def import_(
     try:
         # Every file is read and checked before anything is written.
         loaded = [_read(f, db) for f in files]
-    except (CassetteError, FlowFileError) as exc:
-        raise bad_input(str(exc)) from None
+    except (CassetteError, FlowFileError) as exc:  # (what is wrong names what the file holds)
+        raise bad_input(shown(str(exc))) from None
     stop_counting_memory()
     folder_for(db)
     try:
@@ -340,7 +343,7 @@ def _again(content: _Cassette) -> Iterator[Recorded]:
     try:
         return content.again()
     except CassetteError as exc:
-        raise click.ClickException(f"{exc}: not imported") from None
+        raise click.ClickException(f"{shown(str(exc))}: not imported") from None
 
 
 def _load(
@@ -358,7 +361,7 @@ def _load(
     try:
         load_into(writer, _paced(writer, exchanges), capture, uid, held_exchanges)
     except CassetteError as exc:
-        return _Changed(str(exc), capture, whole)
+        return _Changed(shown(str(exc)), capture, whole)
     writer.end_capture(capture)
     return None
 

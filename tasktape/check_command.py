@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tasktape.console_text import shown
 from tasktape.counted import counted
 from tasktape.errors import LogBusy, LogError, TasktapeError
 from tasktape.eventlog import EventLog
@@ -68,7 +69,7 @@ def _given(paths: tuple[Path, ...]) -> Iterator[_Source]:
 
 
 def _warn(message: str) -> None:
-    click.echo(f"tasktape check: WARNING: {message}", err=True)
+    click.echo(f"tasktape check: WARNING: {shown(message)}", err=True)
 
 
 def _read(source: _Source, save: bool, only: tuple[str, ...]) -> _Checked | _Source:
@@ -90,8 +91,8 @@ def _read(source: _Source, save: bool, only: tuple[str, ...]) -> _Checked | _Sou
         if save and schema_version(path, whole=True) < SCHEMA_VERSION:
             return source
         return _of_log(source, only)
-    except (OSError, TasktapeError) as exc:
-        raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+    except (OSError, TasktapeError) as exc:  # (what is wrong with a cassette names what it holds)
+        raise click.BadParameter(shown(str(exc)), param_hint="SOURCE") from None
 
 
 def _of_log(source: _Source, only: tuple[str, ...]) -> _Checked:
@@ -130,7 +131,8 @@ def _saved(checked: _Checked) -> _Checked:
 
 def _line(checked: _Checked, finding: Finding) -> str:
     """A finding, its source named as given: two files of one name in two folders are told
-    apart (a folder's cassette is named by its path in the folder)."""
+    apart (a folder's cassette is named by its path in the folder). Its task id and message
+    come from the recording: shown as a console shows them."""
     source = checked.source
     if finding.exchange_id is not None:
         place = f"{source.path} exchange {finding.exchange}"
@@ -139,7 +141,7 @@ def _line(checked: _Checked, finding: Finding) -> str:
     else:
         place = finding.exchange
     event = "" if finding.seq is None else f" event {finding.seq}"
-    return f"{finding.task_id or '-'}  {place}{event}  {finding.rule}: {finding.message}"
+    return shown(f"{finding.task_id or '-'}  {place}{event}  {finding.rule}: {finding.message}")
 
 
 @click.command()

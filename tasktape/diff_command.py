@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from tasktape.console_text import shown
 from tasktape.counted import counted
 from tasktape.errors import TasktapeError, UsageError
 from tasktape.eventlog.recorded import Recorded
@@ -27,12 +28,12 @@ DEFAULT = Tolerance()
 def _load(path: Path, name: str) -> list[Recorded]:
     try:
         return load([path], _warn)
-    except (OSError, sqlite3.Error, TasktapeError) as exc:
-        raise click.BadParameter(str(exc), param_hint=name) from None
+    except (OSError, sqlite3.Error, TasktapeError) as exc:  # (a cassette's error names what it holds)
+        raise click.BadParameter(shown(str(exc)), param_hint=name) from None
 
 
 def _warn(message: str) -> None:
-    click.echo(f"tasktape diff: WARNING: {message}", err=True)
+    click.echo(f"tasktape diff: WARNING: {shown(message)}", err=True)
 
 
 def _where(run: Run) -> str:
@@ -80,15 +81,16 @@ def _lines(d: Difference) -> list[str]:
 
 
 def _human(report: Report) -> None:
+    # Requests, answers and deltas as recorded: shown as a console shows them.
     for p in report.pairs:
         if p.differences:
-            click.echo(f"{_head(p.a)}  {_where(p.a)} ~ {_where(p.b)}")
+            click.echo(shown(f"{_head(p.a)}  {_where(p.a)} ~ {_where(p.b)}"))
             for d in p.differences:
                 for line in _lines(d):
-                    click.echo(line)
+                    click.echo(shown(line))
     for label, runs in (("A", report.only_a), ("B", report.only_b)):
         for run in runs:
-            click.echo(f"only in {label}: {_head(run)}  {_where(run)}")
+            click.echo(shown(f"only in {label}: {_head(run)}  {_where(run)}"))
     differ = sum(1 for p in report.pairs if p.differences)
     click.echo(
         ("\n" if report.differs else "")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import socket
 import sys
 import threading
@@ -32,6 +31,7 @@ from tasktape.proxy.live import HOLD_BYTES
 from tasktape.proxy.recorder import Refusal, points_at, shown_url, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
+from .console_text import shown
 from .counted import counted
 from .event_loop import event_loop_option
 from .listen import (
@@ -389,25 +389,6 @@ def _size(n: int) -> str:
         if n and n % unit == 0:
             return f"{n // unit} {name}"
     return counted(n, "byte")
-
-
-# Control characters (C0, DEL, C1): from the traffic, they would move the cursor, clear the
-# terminal, set its title or start a line of their own. Lone surrogates (a header's bytes
-# that are not UTF-8, as Python reads them; a JSON string's \udcXX): printed, they are not
-# UTF-8 either, which a terminal shows as mojibake and grep takes for a binary file.
-_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def shown(text: str) -> str:
-    """Text from the traffic as a console line shows it: control characters escaped
-    (``\\x1b``), lone surrogates as their code point (``\\udce9``, where the byte 0xe9
-    that is not UTF-8 came in), printable Unicode as it is."""
-    return _UNSHOWN.sub(_escaped, text)
-
-
-def _escaped(m: re.Match[str]) -> str:
-    code = ord(m[0])
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _print_exchange(summary: ExchangeSummary) -> None:

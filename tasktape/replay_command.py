@@ -21,6 +21,7 @@ from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
 from tasktape.replay.modes import NOTHING_REPLAYED
 
+from .console_text import shown
 from .counted import counted
 from .listen import (
     DEFAULT_REPLAY_PORT,
@@ -160,8 +161,8 @@ def replay(
         raise click.BadParameter(str(exc), param_hint="--fault") from None
     try:
         recorded = load(list(sources), _warn)
-    except TasktapeError as exc:
-        raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+    except TasktapeError as exc:  # (what is wrong with a cassette names what it holds)
+        raise click.BadParameter(shown(str(exc)), param_hint="SOURCE") from None
     under_way = cut_at_log_end(recorded)
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:
@@ -188,7 +189,9 @@ def replay(
         except LogError as exc:
             raise click.ClickException(str(exc)) from None
     warn_if_exposed("tasktape replay", host, Exposure.RECORDER if writer is not None else Exposure.REPLAY)
-    logging.basicConfig(format="%(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_ShownMessages("%(message)s"))
+    logging.basicConfig(handlers=[handler])
     server = ReplayServer(
         recorded,
         speed=speed,
@@ -226,7 +229,7 @@ def replay(
         if writer is not None:
             writer.close()
     for line in report(server, under_way):
-        click.echo(line, err=True)
+        click.echo(shown(line), err=True)
 
 
 # The options only some modes use, by parameter name: given with another mode, they would
@@ -252,7 +255,15 @@ _MODES_OF = {
 
 
 def _warn(message: str) -> None:
-    click.echo(f"tasktape replay: WARNING: {message}", err=True)
+    click.echo(f"tasktape replay: WARNING: {shown(message)}", err=True)
+
+
+class _ShownMessages(logging.Formatter):
+    """The server's log lines name requests as clients sent them and exchanges as they were
+    recorded: their messages as a console shows them (a traceback keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return shown(super().formatMessage(record))
 
 
 def _refuse_other_modes_options(ctx: click.Context, mode: ReplayMode) -> None:
@@ -279,8 +290,10 @@ def cut_at_log_end(recorded: list[Recorded]) -> list[Recorded]:
     under_way = at_log_end(recorded)
     for r in under_way:
         click.echo(
-            f"tasktape replay: {r.origin} ({r.request_line}) has no end in the log yet: replayed as cut "
-            f"short there ({Outcome.LOG_CLOSED})",
+            shown(
+                f"tasktape replay: {r.origin} ({r.request_line}) has no end in the log yet: replayed as "
+                f"cut short there ({Outcome.LOG_CLOSED})"
+            ),
             err=True,
         )
     return under_way

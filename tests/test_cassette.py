@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -316,6 +317,23 @@ def test_broken_cassettes_are_rejected_with_their_line(
     with pytest.raises(CassetteError) as caught:
         read_cassette(cassette)
     assert str(caught.value).startswith(f"{cassette}{where}") and message in str(caught.value)
+
+
+@pytest.mark.parametrize("command", ["import", "replay", "check", "diff"])
+def test_a_cassette_s_keys_are_named_with_their_control_characters_escaped(
+    tmp_path: Path, command: str
+) -> None:
+    """What is wrong with a cassette names its keys as written: printed raw, an ESC, BEL or
+    NUL in one would clear the terminal or set its title (color=True: printed as to one)."""
+    cassette = tmp_path / "hostile.jsonl"
+    exchange = {"request": {"method": "GET", "path": "/"}, "bogus\x1b[2J\x1b]0;TITLE\x07\x00key": 1}
+    cassette.write_text(f'{{"tasktape_cassette": 1}}\n{json.dumps({"exchange": exchange})}\n')
+    args = {"import": ["--db", str(tmp_path / "x.db")], "diff": [str(cassette)]}.get(command, [])
+    result = CliRunner().invoke(main, [command, str(cassette), *args], color=True)
+    assert result.exit_code == 2, result.output
+    said = "hostile.jsonl:2: exchange: bogus\\x1b[2J\\x1b]0;TITLE\\x07\\x00key: Extra inputs"
+    assert f"{said} are not permitted" in result.output, result.output
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", result.output), result.output
 
 
 @pytest.mark.parametrize(("lines", "where", "message"), BROKEN)

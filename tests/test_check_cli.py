@@ -263,9 +263,9 @@ def test_a_bad_source_is_refused_before_any_log_is_written(demo_log: Path, tmp_p
     assert saved(demo_log) == [("frame", None, 1, None, "stale")]
 
 
-def after_terminal(path: Path) -> Path:
+def after_terminal(path: Path, task_id: str = "task.bad") -> Path:
     """A cassette of a task that streams on after it completed: one finding, at event 10."""
-    frames = [*completed_run("task.bad", "ctx.bad"), artifact("task.bad", "ctx.bad", "art.x", "p.s.")]
+    frames = [*completed_run(task_id, "ctx.bad"), artifact(task_id, "ctx.bad", "art.x", "p.s.")]
     request = {"method": "POST", "path": "/message:stream", "headers": [["A2A-Version", "1.0"]]}
     head = {"status": 200, "headers": [["Content-Type", "text/event-stream"]]}
     lines: list[dict[str, Any]] = [
@@ -298,6 +298,19 @@ def test_sources_of_one_name_in_two_folders_are_told_apart(
         "f1/run.db exchange 1 event 10",
         "f2/run.db exchange 1 event 10",
     ]
+
+
+def test_a_task_id_is_printed_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    """A task id is the agent's: printed raw, its ESC, BEL or NUL would set the terminal's
+    title or clear it where the finding is said (color=True: printed as to a terminal)."""
+    task_id = "task\x1b]0;TITLE\x07\x1b[2J\x00.bad"
+    cassette = after_terminal(tmp_path / "broken.jsonl", task_id)
+    result = CliRunner().invoke(main, ["check", str(cassette)], color=True)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(
+        f"task\\x1b]0;TITLE\\x07\\x1b[2J\\x00.bad  {cassette}:2 event 10  after-terminal: "
+    ), result.output
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", result.output), result.output
 
 
 def test_protocol_selects_whose_rules_run(tmp_path: Path) -> None:

@@ -515,6 +515,19 @@ def test_exchanges_in_one_recording_alone_are_listed(tmp_path: Path) -> None:
     }
 
 
+def test_recorded_text_is_printed_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    """An answer is the agent's text: in a diff line, its ESC, BEL or NUL would set the
+    terminal's title or clear it (color=True: printed as to a terminal)."""
+    a = cassette(tmp_path / "a.jsonl", session(TOKENS, ["TASK_STATE_INPUT_REQUIRED"]))
+    b = cassette(tmp_path / "b.jsonl", session([*TOKENS, "PWN"], ["TASK_STATE_INPUT_REQUIRED"]))
+    # (as JSON escapes in the stream's frames: raw, they would be no JSON)
+    b.write_text(b.read_text().replace("PWN", r"\\u001b]0;TITLE\\u0007\\u001b[2J\\u0000"))
+    result = CliRunner().invoke(main, ["diff", str(a), str(b)], color=True)
+    assert result.exit_code == 1, result.output
+    assert "    +J45.909 is mild intermittent asthma.\\x1b]0;TITLE\\x07\\x1b[2J\\x00" in result.output
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", result.output), result.output
+
+
 def test_ignore_leaves_a_field_out_of_pairing(tmp_path: Path) -> None:
     a = cassette(tmp_path / "a.jsonl", session(TOKENS, ["TASK_STATE_INPUT_REQUIRED"]))
     b_lines = session(TOKENS, ["TASK_STATE_INPUT_REQUIRED"])

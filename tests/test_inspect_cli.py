@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 from click.testing import CliRunner
+from datasette.utils import tilde_decode
 from inspector_log import Served, record_log, task_of
 from log_rows import older_log
 
@@ -163,6 +164,35 @@ def test_a_log_whose_name_a_uri_reads_otherwise_is_served(
     assert status == 200 and "What does J45.909 mean?" in html
     assert inspector.stop()[0] == 0
     assert {p.name for p in tmp_path.iterdir()} <= {name, f"{name}-wal", f"{name}-shm"}
+
+
+HOSTILE = "x\"><img src=x onerror=document.body.setAttribute('data-pwned',1)>"
+
+
+def test_a_log_whose_name_is_markup_is_served_under_a_safe_name(
+    log: Path, tmp_path: Path, served: list[Served]
+) -> None:
+    """Datasette writes the served name unescaped into the href of a foreign key's link
+    (events to exchanges): the file's name as it is would end the attribute and run its
+    script. Its characters other than letters, digits, "_", "-", "." and space are served
+    as "_", with a hash of the name; the startup line and the page title name the file."""
+    named = Path(shutil.copy(log, tmp_path / f"{HOSTILE}.db"))
+    served.append(inspector := Served("inspect", str(named), "--port", "0"))
+    url = inspector.wait_for_url()
+    assert inspector.out.startswith(f"tasktape inspect: {named} on {url}/")
+    (queries,) = re.findall(r"^  queries  (\S+)$", inspector.out, re.M)
+    served_as = tilde_decode(queries.rsplit("/", 1)[1])
+    assert re.fullmatch(
+        r"x___img src_x onerror_document.body.setAttribute__data-pwned__1___[0-9a-f]{8}", served_as
+    )
+    pages = {table: get(f"{queries}/{table}") for table in ("events", "exchanges")}
+    assert all(status == 200 and "<img" not in html for status, html in pages.values())
+    # (the foreign keys' links, as Datasette writes them)
+    for table, linked in (("events", "exchanges"), ("exchanges", "captures")):
+        assert re.search(rf'<a href="/{re.escape(served_as)}/{linked}/\d+">', pages[table][1]), table
+    status, html = get(queries)
+    assert status == 200 and "<h1>Event log x&#34;&gt;&lt;img src=x onerror=" in html
+    assert inspector.stop()[0] == 0
 
 
 def test_upgrade_while_another_writer_holds_the_log_is_refused(tmp_path: Path) -> None:

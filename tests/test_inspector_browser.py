@@ -126,3 +126,20 @@ def test_a_task_named_dot_dot_opens_from_its_link_in_a_browser(browser: Path, tm
     finally:
         inspector.stop(signal.SIGTERM)
     assert "<h1>Task <code>..</code></h1>" in dom
+
+
+def test_a_log_named_as_markup_runs_no_script_in_a_browser(browser: Path, tmp_path: Path) -> None:
+    """Datasette writes the served name unescaped into its foreign keys' links: a log named
+    as it is below ran its handler on the events page, once the image failed to load."""
+    log = one_task_each(
+        tmp_path / "x\"><img src=x onerror=document.body.setAttribute('data-pwned',1)>.db", ["t"]
+    )
+    inspector = Served("inspect", str(log), "--port", "0")
+    try:
+        inspector.wait_for_url()
+        (queries,) = re.findall(r"^  queries  (\S+)$", inspector.out, re.M)
+        dom = chromium(tmp_path, f"{queries}/events", "--dump-dom", "--virtual-time-budget=3000").stdout
+    finally:
+        inspector.stop(signal.SIGTERM)
+    (body,) = re.findall(r"<body[^>]*>", dom)
+    assert 'data-pwned="1"' not in body and "/exchanges/1" in dom, body

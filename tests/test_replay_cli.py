@@ -14,6 +14,7 @@ from aiohttp import web
 from conftest import RecordFactory
 from loopback import finished, running, serve, stop, upstream_app
 from ports import free_port
+from yarl import URL
 
 from tasktape.eventlog import LogWriter
 from tasktape.eventlog.cassette import write_cassette
@@ -269,6 +270,28 @@ async def test_a_request_its_recording_already_answered_is_said_so_as_it_comes(t
         r"POST /message:send matches session\.jsonl:\d+, already served \(answer requests more often", err
     ), err
     assert "no recording matches" not in err
+
+
+async def test_requests_and_recordings_are_printed_with_their_control_characters_escaped(
+    tmp_path: Path,
+) -> None:
+    """A client's path (percent-encoded, then decoded) and a recorded one: printed raw, in the
+    miss's warning and in the summary on exit, an ESC, BEL or NUL would set the terminal's
+    title or clear it (a recorded path holds no NUL: it would split the request line)."""
+    recorded = "/u\x1b]0;TITLE\x07\x1b[2J"
+    unused = Recorded(method="GET", path=recorded, status=200, chunks=[(0, b"{}")], outcome="complete")
+    write_cassette(tmp_path / "session.jsonl", [unused])
+    sent = "/x%1b%5d0%3bTITLE%07%1b%5b2J%00"
+    async with running("replay", str(tmp_path / "session.jsonl"), "--listen", "127.0.0.1:0") as run:
+        async with aiohttp.ClientSession() as session, session.get(URL(run.url + sent, encoded=True)) as r:
+            assert r.status == 404
+        assert await stop(run, signal.SIGINT) == 0
+        err = run.printed[-1]
+    escaped = "\\x1b]0;TITLE\\x07\\x1b[2J"
+    assert f"tasktape replay: no recording matches GET /x{escaped}\\x00\n" in err, err
+    assert f"\n  missed GET /x{escaped}\\x00\n" in err, err
+    assert re.search(rf"\n    GET /u{re.escape(escaped)} \(session\.jsonl:\d+\)\n", err), err
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", err), err
 
 
 def held_open(release: asyncio.Event) -> web.Application:
