@@ -708,7 +708,9 @@ def test_a_cassette_cut_off_mid_file_is_no_complete_recording(tmp_path: Path) ->
     assert CliRunner().invoke(main, ["export", str(log_path), "-o", str(whole)]).exit_code == 0
     lines = whole.read_text().splitlines(keepends=True)
     cut = tmp_path / "cut.jsonl"
-    cut.write_text("".join(lines[:-2]))  # the last exchange's end line, and its last chunk, gone
+    # The last exchange's end line gone, and its last chunks: the bytes after its final
+    # state, and that state (a stream cut after it would have owed its client nothing).
+    cut.write_text("".join(lines[:-3]))
     *kept, last = read_cassette(cut)
     assert all(r.outcome == "complete" for r in kept) and last.cut_short
     assert (last.outcome, last.error) == ("log_closed", CUT_OFF)
