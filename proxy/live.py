@@ -287,8 +287,10 @@ class LiveStreams:
 
     A stream that ended is still held for ``hold`` seconds (a client that dropped just
     before its end comes back for the rest), or less while the streams that ended hold
-    more than ``hold_bytes``: then the earliest to end are let go first. Memory stays
-    bounded however fast streams come and go, and is used again rather than grown."""
+    more than ``hold_bytes``: then the earliest to end are let go first. A stream asleep
+    (read back from the log, its agent not read) is held the same way from when it was
+    put to sleep, until a client wakes it. Memory stays bounded however fast streams come
+    and go, and is used again rather than grown."""
 
     def __init__(self, hold: float = 0.0, hold_bytes: int = HOLD_BYTES) -> None:
         self.hold, self.hold_bytes = hold, hold_bytes
@@ -304,7 +306,8 @@ class LiveStreams:
         self.waking: dict[int, asyncio.Future[bool]] = {}
         # What the keys of this run's streams are made from: its capture's uid, once known.
         self.capture_uid: str | None = None
-        # The streams that ended, in the order they did: when each is let go, and its bytes.
+        # The streams nothing reads (ended, or asleep), in the order they came to be so: when
+        # each is let go, and its bytes.
         self._ended: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self._ended_bytes = 0
         self._sweep: asyncio.TimerHandle | None = None
@@ -326,43 +329,60 @@ class LiveStreams:
         return stream
 
     def hold_asleep(self, stream: LiveStream, original: Request) -> None:
-        """A stream rebuilt from the log (its upstream not read) until a client wakes it."""
+        """A stream rebuilt from the log (its upstream not read) until a client wakes it:
+        nothing reads it, so it is held as one that ended (``hold``, ``hold_bytes``)."""
+        self._sleep(stream, original)
+        self._bound()
+
+    def _sleep(self, stream: LiveStream, original: Request) -> None:
         stream.request_headers = original.headers  # (a reconnect is compared with them)
         self._streams[stream.exchange_id] = stream
         self._asleep[stream.exchange_id] = original
-
-    def asleep(self) -> frozenset[int]:
-        """The streams asleep: the exchanges that opened them."""
-        return frozenset(self._asleep)
+        self._hold_for(stream)
 
     def revive(self, stream: LiveStream, original: Request) -> None:
         """A stream let go before its task ended, rebuilt from the log: asleep again, in
         place of its ended self, until a client wakes it (its agent subscribed to anew)."""
-        ended = self._ended.pop(stream.exchange_id, None)
-        if ended is not None:
-            self._ended_bytes -= ended[1]
         self._let_go.pop(stream.exchange_id, None)
-        self.hold_asleep(stream, original)
+        self._sleep(stream, original)
+        self._bound(spared=stream.exchange_id)  # (its client wakes it next)
 
     def wake(self, stream: LiveStream) -> Request | None:
-        """The request that opened a stream asleep, once (None: it is awake)."""
-        return self._asleep.pop(stream.exchange_id, None)
+        """The request that opened a stream asleep, once (None: it is awake): read again,
+        it is no longer held as if ended."""
+        original = self._asleep.pop(stream.exchange_id, None)
+        if original is not None:
+            self._unhold(stream.exchange_id)
+        return original
 
     def ended(self, stream: LiveStream) -> None:
         """A stream's upstream ended (or was let go): it is let go after the hold, or as
         soon as the streams that ended hold more than ``hold_bytes``, the earliest first."""
         if stream.exchange_id in self._ended or stream.exchange_id not in self._streams:
             return
+        self._hold_for(stream)
+        self._bound()
+
+    def _hold_for(self, stream: LiveStream) -> None:
+        """Let a stream nothing reads go after the hold (its bytes count toward
+        ``hold_bytes`` meanwhile), its hold begun anew if it had one."""
+        self._unhold(stream.exchange_id)
         loop = asyncio.get_running_loop()
         self._ended[stream.exchange_id] = (loop.time() + self.hold, stream.size)
         self._ended_bytes += stream.size
-        while self._ended_bytes > self.hold_bytes:
-            self.forget(
-                next(iter(self._ended)),
-                f"as streams that ended after it filled --hold-bytes ({self.hold_bytes:,} bytes)",
-            )
-        if self._sweep is None and self._ended:
+        if self._sweep is None:
             self._sweep = loop.call_at(next(iter(self._ended.values()))[0], self._let_go_due)
+
+    def _unhold(self, exchange_id: int) -> None:
+        ended = self._ended.pop(exchange_id, None)
+        if ended is not None:
+            self._ended_bytes -= ended[1]
+
+    def _bound(self, spared: int | None = None) -> None:
+        """Let go the streams held past ``hold_bytes``, the earliest first (never
+        ``spared``: a client is waking it)."""
+        while self._ended_bytes > self.hold_bytes and (first := next(iter(self._ended))) != spared:
+            self.forget(first, f"as streams held after it filled --hold-bytes ({self.hold_bytes:,} bytes)")
 
     def _let_go_due(self) -> None:
         """Let go the streams whose hold ran out; wake again for the next."""
@@ -380,9 +400,7 @@ class LiveStreams:
         """Let a stream go (what it held stays in the log); ``when`` says what let it go."""
         stream = self._streams.pop(exchange_id, None)
         self._asleep.pop(exchange_id, None)
-        ended = self._ended.pop(exchange_id, None)
-        if ended is not None:
-            self._ended_bytes -= ended[1]
+        self._unhold(exchange_id)
         if stream is not None:
             when = when or f"{self.hold:g} s after it ended or was left (--hold)"
             first, last, opened = stream.first_id(), stream.last_id(), opener(stream.opened())

@@ -212,13 +212,13 @@ class RecordingProxy:
                 capture_uid, self.writer.path, self.capture_id
             )
         if self.live is not None and self.hold:
+            taken_up: set[int] = set()
             for stream, original in asleep_in_log(self.writer.path, self.capture_id, self.hold):
                 self.live.hold_asleep(stream, original)
-                asyncio.get_running_loop().call_later(self.hold, self._let_sleeper_go, stream)
-            asleep = self.live.asleep()
+                taken_up.add(stream.exchange_id)
             ended = ended_before(self.writer.path, self.capture_id, self.hold, KEPT_GONE)
             for exchange_id, line in reversed(ended):
-                if exchange_id not in asleep:
+                if exchange_id not in taken_up:
                     self.live.ended_before(exchange_id, line)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_IDLE),
@@ -321,11 +321,6 @@ class RecordingProxy:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
-
-    def _let_sleeper_go(self, stream: LiveStream) -> None:
-        """A stream of an earlier run nobody reconnected to within the hold."""
-        if self.live is not None and self.live.wake(stream) is not None:
-            self.live.forget(stream.exchange_id)
 
     def resumed(self, resume: Resume) -> None:
         """A side of a held stream reconnected: in the log, and told ``on_resume``."""
@@ -453,9 +448,9 @@ class RecordingProxy:
             why = (
                 "the request carries other credentials than the one that opened the stream"
                 if stream.credentials is not None
-                else "the stream was opened in an earlier run of the recorder with credentials, which "
-                "the log does not keep, and the agent did not let this client see the task (or could not "
-                "be asked)"
+                else f"{stream.asleep_because or RESTARTED}: the stream was read back from the log, which "
+                "keeps no credentials, and the agent did not let this client see the task (or could not be "
+                "asked)"
             )
             return self._not_answered(request, stream.exchange_id, last_id, why, 403)
         held = None if found else live.latest(continued)

@@ -7,7 +7,7 @@ import asyncio
 import click
 
 from .agent import create_agent_app
-from .agent.tasks import check_pace
+from .agent.tasks import KEPT_ENDED, check_pace
 from .listen import DEFAULT_AGENT_PORT, Exposure, HostPort, public_url, warn_if_exposed
 from .option_checks import checked
 from .serving import serve_until_stopped
@@ -35,7 +35,16 @@ from .serving import serve_until_stopped
     callback=public_url,
     help="Base URL its agent card lists (default: the one each request used).",
 )
-def agent(listen: tuple[str, int], pace: float, public_url: str | None) -> None:
+@click.option(
+    "--keep-ended",
+    type=click.IntRange(min=0),
+    default=KEPT_ENDED,
+    show_default=True,
+    metavar="N",
+    help="Ended tasks kept (GET /tasks/{id}, ListTasks, subscribes); beyond, the earliest "
+    "to end are forgotten (TaskNotFound). Running and interrupted tasks are always kept.",
+)
+def agent(listen: tuple[str, int], pace: float, public_url: str | None, keep_ended: int) -> None:
     """Run the built-in A2A v1.0 demo agent (REST and JSON-RPC bindings).
 
     Streams like the hosted API the A2A lifecycle document describes: SSE ids on every
@@ -55,7 +64,7 @@ def agent(listen: tuple[str, int], pace: float, public_url: str | None) -> None:
     """
     host, port = listen
     warn_if_exposed("tasktape agent", host, Exposure.AGENT)
-    app = create_agent_app(pace=pace, public_url=public_url)
+    app = create_agent_app(pace=pace, public_url=public_url, kept_ended=keep_ended)
     asyncio.run(
         serve_until_stopped(
             app,

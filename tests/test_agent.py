@@ -4,25 +4,33 @@ reaches its documented end, streams look like the hosted API's, and so through t
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import re
+import socket
+import struct
 import subprocess
 import sys
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
 from loopback import running, stop
 from sdk_client import cancel_task, get_task, send_message, stream_message, subscribe
 
 from tasktape.agent import create_agent_app
+from tasktape.agent.app import STORE
+from tasktape.agent.protocol import ERROR_DOMAIN, ERROR_INFO
 from tasktape.agent.scenarios import Scenario, choose
 from tasktape.errors import UsageError
 from tasktape.eventlog import SSEDecoder, classify
 
 BINDINGS = ["rest", "jsonrpc"]
+MESSAGE = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}
 UUID7 = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 
 
@@ -330,3 +338,68 @@ async def test_through_the_recording_proxy(agent: str, record: RecordFactory, bi
     )
     assert done["credits"] > 0 and done["model"] == "tasktape-demo-1"
     assert summaries[rejected[0]["task"]["id"]]["final_state"] == states(rejected)[-1]
+
+
+async def send(session: aiohttp.ClientSession, url: str, text: str, context_id: str) -> dict[str, Any]:
+    message = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": text}], "contextId": context_id}
+    async with session.post(f"{url}/message:send", json={"message": message}) as r:
+        task: dict[str, Any] = (await r.json())["task"]
+        return task
+
+
+async def test_ended_tasks_past_the_bound_are_forgotten_the_earliest_first(serve: Serve) -> None:
+    """Kept for good, they grew the agent without bound (47 kB a task in a soak)."""
+    app = create_agent_app(pace=0, kept_ended=2)
+    agent = await serve(app)
+    async with aiohttp.ClientSession(headers={"A2A-Version": "1.0"}) as session:
+        waiting = await send(session, agent, "I need input", "ctx.a")  # interrupted: kept
+        ended = [await send(session, agent, "What is J45?", c) for c in ("ctx.a", "ctx.b", "ctx.a", "ctx.c")]
+        assert waiting["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        got = {}
+        for task in [waiting, *ended]:
+            async with session.get(f"{agent}/tasks/{task['id']}") as r:
+                got[task["id"]] = (r.status, (await r.json()).get("error", {}).get("details"))
+        not_found = (404, [{"@type": ERROR_INFO, "reason": "TASK_NOT_FOUND", "domain": ERROR_DOMAIN}])
+        assert [got[t["id"]] for t in ended[:2]] == [not_found] * 2
+        assert [got[t["id"]][0] for t in [waiting, *ended[2:]]] == [200] * 3
+        async with session.get(f"{agent}/tasks") as r:
+            assert (await r.json())["totalSize"] == 3
+    contexts = app[STORE].contexts
+    assert contexts == {"ctx.a": [waiting["id"], ended[2]["id"]], "ctx.c": [ended[3]["id"]]}  # ctx.b gone
+
+
+async def reset_after_asking(url: str, body: dict[str, Any]) -> None:
+    """POST a message:stream, then reset the connection (RST) before reading anything."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    _, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST /message:stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    writer.write(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def test_a_client_that_leaves_its_stream_ends_it_quietly(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its stream's next write found the connection gone, which logged a traceback
+    ("Error handling request") for every such client; the task runs on, as without it."""
+    handled = asyncio.Event()
+
+    @web.middleware
+    async def watched(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:
+            handled.set()
+
+    app = create_agent_app(pace=0.05)
+    app.middlewares.append(watched)
+    agent = await serve(app)
+    await reset_after_asking(agent, {"message": MESSAGE})
+    await asyncio.wait_for(handled.wait(), 10)
+    (run,) = app[STORE].tasks.values()
+    await asyncio.wait_for(run.settled(), 10)
+    assert run.state == "TASK_STATE_COMPLETED"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -5,6 +5,7 @@ were sent (the recorder's ids carry a key of their stream no other stream's clie
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -166,3 +167,38 @@ async def test_a_stream_taken_up_after_a_restart_is_followed_by_whom_the_agent_l
                 status, rest = await again(url, ALICE, events[-1].id)
                 assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
     assert seen.count("POST /message:stream") == 1  # one task
+
+
+@web.middleware
+async def alice_only_forbidden(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The agent's own check, answering a 403 to anyone but Alice."""
+    if request.headers.get("Authorization") != ALICE["Authorization"]:
+        return web.json_response({"error": "forbidden"}, status=403)
+    return await handler(request)
+
+
+async def nothing_held(proxy: RecordingProxy) -> bool:
+    """Whether the proxy comes to hold no stream (polled; False after 10 s)."""
+    assert proxy.live is not None
+    for _ in range(200):
+        if not len(proxy.live):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_stream_a_refused_client_woke_is_let_go_after_the_hold(record: RecordFactory) -> None:
+    """--hold lets the agent's stream go before its task ended; a client the agent
+    refuses reconnects: the stream, read back from the log to be woken, is asleep again,
+    and is let go after the hold as any stream nobody follows (it was held for good)."""
+    app = create_agent_app(pace=1.0)
+    app.middlewares.append(alice_only_forbidden)
+    rec = await record(app, hold=0.3)
+    events = await first_of(rec.url, ALICE, 3)
+    assert await nothing_held(rec.proxy)  # let go though the agent still streams
+    for _ in range(3):
+        status, body = await again(rec.url, {"Authorization": "Bearer mallory"}, events[-1].id)
+        message = json.loads(body)["error"]["message"]
+        assert status == 403 and "the agent did not let this client see the task" in message
+        assert "--hold let the agent's stream go" in message and "earlier run" not in message
+    assert await nothing_held(rec.proxy)

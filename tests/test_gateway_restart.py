@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from conftest import Serve
 from loopback import running, stop
 from test_gateway_credentials import ALICE, again, alice_only, first_of, gateway
@@ -22,6 +23,8 @@ from test_replay import events_of
 from test_resume_gateway import EVENT, HEADERS, REST_BODY, counted, ten_events
 
 from tasktape.agent import create_agent_app
+from tasktape.eventlog import LogWriter
+from tasktape.proxy.recorder import RecordingProxy
 
 
 # Paced so that the agent's task is still running when the gateway is back (REST: the
@@ -177,3 +180,30 @@ async def test_after_a_kill_streams_that_ended_or_cannot_go_on_are_answered_from
     assert seen == ["POST /a", "POST /slow"]  # no reconnect reached the agent
     printed = "".join(second.printed)
     assert f"after {ended[-1].id}: 6 events from the log, the rest of the stream, which had ended" in printed
+
+
+async def held_after_restart(db: Path, agent: str, hold_bytes: int) -> int:
+    """How many streams a resuming recorder restarted on ``db`` holds once started."""
+    writer = LogWriter(db)
+    proxy = RecordingProxy(agent, writer, hold=30.0, hold_bytes=hold_bytes)
+    server = TestServer(proxy.app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        assert proxy.live is not None
+        return len(proxy.live)
+    finally:
+        await server.close()
+        await writer.aclose()
+
+
+async def test_streams_taken_up_after_a_restart_are_held_within_hold_bytes(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """Asleep, nothing reads them: they count toward --hold-bytes as streams that ended do."""
+    agent = await serve(create_agent_app(pace=1.0))
+    db = tmp_path / "gateway.db"
+    async with gateway(db, agent) as url:
+        for _ in range(2):
+            await first_of(url, ALICE, 3)  # (cut short, for the next runs to take up)
+    assert await held_after_restart(db, agent, 64 * 1024 * 1024) == 2
+    assert await held_after_restart(db, agent, 1) == 0  # each past the bound: let go at once

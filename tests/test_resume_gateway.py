@@ -257,7 +257,7 @@ async def test_ended_streams_past_hold_bytes_are_let_go_the_earliest_first(recor
     # answered from the log, below).
     status, body = await rest_of(rec.url, {}, "a11", "/a?ids=1")
     message = json.loads(body)["error"]["message"]
-    assert status == 400 and "was let go as streams that ended after it filled --hold-bytes" in message
+    assert status == 400 and "was let go as streams held after it filled --hold-bytes" in message
     assert f"({hold_bytes:,} bytes)" in message
     assert seen == ["POST /a", "POST /b"]  # the reconnect did not reach the agent
     assert rec.proxy.live is not None and rec.proxy.live.newest("POST /b?ids=1") is not None  # b still held

@@ -41,7 +41,7 @@ from .protocol import (
     read_json,
 )
 from .scenarios import Scenario, choose, script_for
-from .tasks import INTERRUPTED, TERMINAL, Event, Frame, TaskRun, TaskStore, timestamp
+from .tasks import INTERRUPTED, KEPT_ENDED, TERMINAL, Event, Frame, TaskRun, TaskStore, timestamp
 
 JSONRPC_PATH = "/jsonrpc"
 _TASK = r"{task_id:[^/:]+}"
@@ -63,12 +63,15 @@ STORE = web.AppKey("store", TaskStore)
 PUBLIC_URL = web.AppKey("public_url", str)
 
 
-def create_agent_app(*, pace: float = 1.0, public_url: str | None = None) -> web.Application:
+def create_agent_app(
+    *, pace: float = 1.0, public_url: str | None = None, kept_ended: int = KEPT_ENDED
+) -> web.Application:
     """The demo agent as an aiohttp application. ``pace`` scales every delay (0: none; not
     a finite number of 0 or more: a ``UsageError``); ``public_url`` is the base URL its card
-    lists (default: the one each request used)."""
+    lists (default: the one each request used); ``kept_ended``: how many ended tasks it
+    keeps (the earliest to end are forgotten first: TaskNotFound)."""
     app = web.Application()
-    app[STORE] = TaskStore(pace)
+    app[STORE] = TaskStore(pace, kept_ended)
     app[PUBLIC_URL] = public_url or ""
     app.router.add_get("/.well-known/agent-card.json", card)
     app.router.add_post("/message:send", rest_send)
@@ -284,13 +287,14 @@ async def _sse(
     request: web.Request, run: TaskRun, queue: Any, render: Render, *, first: bool
 ) -> web.StreamResponse:
     """Stream a task's events as SSE until it settles; ``first``: this is the stream that
-    created the task (the "drop" scenario cuts it)."""
+    created the task (the "drop" scenario cuts it). A client that leaves ends its stream,
+    not the task, which runs on (a subscribe follows it again)."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     )
-    await response.prepare(request)
     sent = 0
     try:
+        await response.prepare(request)
         while (event := await queue.get()) is not None:
             event_id, frame = event
             data = json.dumps(render(frame), separators=(",", ":"), ensure_ascii=False)
@@ -302,9 +306,11 @@ async def _sse(
                 return response
             await response.write(raw)
             sent += 1
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client left (a write found its connection gone): its stream ends there, quietly
     finally:
         run.unwatch(queue)
-    await response.write_eof()
     return response
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasktape.choices import time_scale
-from tasktape.errors import NotCancelable
+from tasktape.errors import NotCancelable, UsageError
 from tasktape.eventlog.a2a_terms import INTERRUPTED_STATES as INTERRUPTED
 from tasktape.eventlog.a2a_terms import TERMINAL_STATES as TERMINAL
 
@@ -20,11 +20,23 @@ from .protocol import message_text
 Frame = dict[str, Any]
 Event = tuple[str, Frame]  # (SSE id, StreamResponse)
 
+# The ended tasks (in a terminal state) the agent keeps, for GetTask, ListTasks and
+# subscribes; beyond it, the earliest to end are forgotten. Each holds all it emitted (tens
+# of kB): kept for good, they grew a long-running agent without bound.
+KEPT_ENDED = 1000
+
 
 def check_pace(value: float) -> float:
     """``value`` as the agent's pace, the factor of every delay: 0 (none) or a finite number
     above it (a NaN or infinite delay never ends, and no task with it would)."""
     return time_scale(value, "pace")
+
+
+def check_kept(value: int) -> int:
+    """``value`` as how many ended tasks the agent keeps: 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"the ended tasks kept are 0 or more, not {value!r}")
+    return value
 
 
 def timestamp(moment: datetime) -> str:
@@ -57,6 +69,7 @@ class TaskRun:
         self.events: list[Event] = []
         self.watchers: set[asyncio.Queue[Event | None]] = set()
         self.drop_after: int | None = None  # the "drop" scenario cuts its stream here
+        self.on_ended: Callable[[TaskRun], None] | None = None  # told once it reaches a terminal state
         self._runner: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()  # terminal or interrupted
 
@@ -92,6 +105,7 @@ class TaskRun:
     def set_status(
         self, state: str, *, message: str | None = None, metadata: dict[str, Any] | None = None
     ) -> None:
+        ends = state in TERMINAL and self.state not in TERMINAL
         self.state = state
         self.updated = datetime.now(UTC)
         self.status_message = (
@@ -109,6 +123,8 @@ class TaskRun:
         self.emit({"statusUpdate": body})
         if state in TERMINAL or state in INTERRUPTED:
             self._settle()
+        if ends and self.on_ended is not None:
+            self.on_ended(self)
 
     def artifact_update(self, artifact: Frame, *, append: bool = False, last_chunk: bool = False) -> None:
         body: Frame = {"taskId": self.id, "contextId": self.context_id, "artifact": artifact}
@@ -185,16 +201,35 @@ class TaskRun:
 
 
 class TaskStore:
-    def __init__(self, pace: float) -> None:
+    """The tasks the agent knows: every one still running or interrupted, and the last
+    ``kept_ended`` to end (the earlier ones are forgotten, as if never made)."""
+
+    def __init__(self, pace: float, kept_ended: int = KEPT_ENDED) -> None:
         self.pace = check_pace(pace)
+        self.kept_ended = check_kept(kept_ended)
         self.tasks: dict[str, TaskRun] = {}
         self.contexts: dict[str, list[str]] = {}
+        self._ended: dict[str, None] = {}  # the ended tasks' ids, the earliest to end first
 
     def new(self, context_id: str | None) -> TaskRun:
         run = TaskRun(context_id or new_id("ctx"), self.pace)
+        run.on_ended = self._ended_one
         self.tasks[run.id] = run
         self.contexts.setdefault(run.context_id, []).append(run.id)
         return run
+
+    def _ended_one(self, run: TaskRun) -> None:
+        self._ended[run.id] = None
+        while len(self._ended) > self.kept_ended:
+            self._forget(next(iter(self._ended)))
+
+    def _forget(self, task_id: str) -> None:
+        del self._ended[task_id]
+        run = self.tasks.pop(task_id)
+        siblings = self.contexts[run.context_id]
+        siblings.remove(task_id)
+        if not siblings:
+            del self.contexts[run.context_id]
 
     def get(self, task_id: str) -> TaskRun | None:
         return self.tasks.get(task_id)
