@@ -15,7 +15,9 @@ import gc
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,11 @@ from mitmproxy import ctx, exceptions, http, optmanager
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
+from tasktape.console_text import shown
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog import ProcessLogWriter
-from tasktape.eventlog.content_coding import MAX_DECODED
-from tasktape.eventlog.exchange_rows import MAX_BODY
+from tasktape.eventlog.content_coding import MAX_DECODED, TooLarge
+from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import (
@@ -38,6 +41,7 @@ from tasktape.proxy.mitm_flows import (
     record_failure,
     record_saved_flow,
     request_fields,
+    unimportable,
     unkept_status,
 )
 from tasktape.proxy.mitm_options import WRITER_OPTIONS, WriterSettings
@@ -46,6 +50,12 @@ logger = logging.getLogger("tasktape")
 
 # The options whose values together leave event streams unmodified by modify_body.
 _STREAMING_OPTIONS = frozenset({"modify_body", "tasktape_stream_events"})
+# A flow's metadata key: the addon (its token) recorded the flow, live; mitmproxy may call a
+# hook for it after the flow's end, with the flow no longer live. (The token, not True:
+# mitmdump -w may save the flow after that, and another mitmdump reads it, to record.)
+RECORDED = "tasktape_recorded"
+# How many of the last flows read from a file the addon remembers as recorded.
+_REMEMBERED = 1024
 # The least value of each bound (tasktape_max_log_size may also be None: no bound).
 _LEAST = {"tasktape_max_body": 0, "tasktape_max_decoded": 0, "tasktape_max_log_size": 1}
 # mitmproxy's options whose values are credentials: kept out of the capture's argv.
@@ -159,7 +169,8 @@ class TasktapeRecorder:
         self.flows: dict[str, InFlight] = {}
         self._hosts: tuple[str, ...] = ()
         self._paths: tuple[str, ...] = ()
-        self._read: set[str] = set()  # the flows read from a file, recorded
+        self._read: dict[str, None] = {}  # the ids of the last flows read from a file, recorded
+        self._token = uuid.uuid4().hex  # this addon's, in the flows it ended (RECORDED)
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -297,7 +308,7 @@ class TasktapeRecorder:
             return
         for state in flows.values():
             if state.exchange:
-                state.end(writer, outcome=outcome, error=error)
+                state.end(writer, outcome=outcome, error=error).add_done_callback(_say_undecoded)
             state.ended = True
         if capture_id:
             writer.end_capture(capture_id)
@@ -407,22 +418,59 @@ class TasktapeRecorder:
         # (An option of mitmproxy's proxy server: absent from its test harness.)
         late_possible = bool(getattr(ctx.options, "stream_large_bodies", None))
         state.note_unrecorded(flow, late_possible)
-        state.end(self.writer, outcome=outcome, error=error)
+        state.end(self.writer, outcome=outcome, error=error).add_done_callback(_say_undecoded)
+        flow.metadata[RECORDED] = self._token
 
     def _unfollowed(self, flow: http.HTTPFlow) -> None:
         """A flow ending that the addon did not follow from its request headers: one read
         from a file is recorded now. (mitmproxy also ends some live flows with ``live``
-        False, a killed one for instance: those it follows, it ended above.)"""
+        False: a killed one, in its error hook; one whose client left mid-body read to the
+        upstream's close, in its response hook after its error's. Those it follows, it
+        ended before, and marked so: see _saved.)"""
         if not flow.live:
             self._saved(flow)
 
     def _saved(self, flow: http.HTTPFlow) -> None:
         """A flow read from a file: recorded once, whole, with the times and the error it
-        was saved with (its response hook comes before its error's, which it already has)."""
-        if self.writer is None or flow.id in self._read or not self._wanted(flow.request):
+        was saved with (its response hook comes before its error's, which it already has).
+        Not one the addon followed live and ended (its mark)."""
+        if self.writer is None or not self._wanted(flow.request):
             return
-        self._read.add(flow.id)
-        record_saved_flow(self.writer, self._capture(self.writer), flow, ctx.options.tasktape_max_body)
+        if (why := unimportable(flow)) is not None:
+            logger.warning(f"tasktape: flow {shown(str(flow.id))} read from a file is not recorded: {why}")
+            return
+        if flow.metadata.get(RECORDED) == self._token or flow.id in self._read:
+            return
+        self._remember(flow.id)
+        capture = self._capture(self.writer)
+        max_body = ctx.options.tasktape_max_body
+        record_saved_flow(self.writer, capture, flow, max_body, ended=_say_undecoded)
+
+    def _remember(self, flow_id: str) -> None:
+        """Remember a flow read from a file as recorded. Only the last ones: its hooks come
+        one after the other, and so do its copies in a file mitmdump -w saved it twice in
+        (see read_flow_file); a long mitmdump -r is not held in memory."""
+        self._read[flow_id] = None
+        if len(self._read) > _REMEMBERED:
+            del self._read[next(iter(self._read))]
+
+
+def _say_undecoded(done: Future[ExchangeSummary]) -> None:
+    """Said in mitmproxy's log, as tasktape record says it on stderr: the log holds bytes it
+    could not decode (a compression bomb, a broken or unknown Content-Encoding), which
+    search and replay matching cannot read. (Called on the writer's thread.)"""
+    if done.cancelled() or done.exception() is not None:  # (rows not written are said as the log closes)
+        return
+    summary = done.result()
+    if not (why := summary.undecoded):
+        return
+    bound = " (tasktape_max_decoded)" if isinstance(why, TooLarge) else ""  # (the bound a user can raise)
+    logger.warning(
+        shown(
+            f"tasktape: exchange {summary.exchange_id} ({summary.method} {summary.path}): "
+            f"{why}{bound}; see exchanges.error"
+        )
+    )
 
 
 def _warn_if_streams_unmodified() -> None:

@@ -5,7 +5,8 @@ import both record of a flow. Needs mitmproxy (the ``mitm`` extra); only the add
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -17,7 +18,7 @@ from mitmproxy.flow import Error
 
 from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
-from tasktape.eventlog.exchange_rows import MAX_BODY
+from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import MAX_STATUS, MIN_STATUS
 from tasktape.eventlog.uids import derived_uuid7
@@ -260,19 +261,24 @@ class InFlight:
             if side is Side.REQUEST and self.body is None:
                 self.body = KeptBody(0)
 
-    def end(self, writer: LogProducer, *, outcome: str = Outcome.COMPLETE, error: str | None = None) -> None:
+    def end(
+        self, writer: LogProducer, *, outcome: str = Outcome.COMPLETE, error: str | None = None
+    ) -> Future[ExchangeSummary]:
+        """End the exchange: what the writer learns of it, once written."""
         self.ended = True
         if self.body is not None:
             self.body.log(writer, self.exchange)
         error = "; ".join(filter(None, (error, *self.notes))) or None
-        writer.end_exchange(self.exchange, duration_ns=self.offset(), outcome=outcome, error=error)
+        return writer.end_exchange(self.exchange, duration_ns=self.offset(), outcome=outcome, error=error)
 
 
 def read_flow_file(path: Path) -> tuple[list[http.HTTPFlow], int]:
     """The HTTP flows of a mitmproxy flow file, and how many other flows (TCP, UDP, DNS) it
     holds. A file damaged after some flows (cut short: mitmdump killed as it wrote, or still
     writing) is refused all the same, saying how many are intact and how to keep them: its
-    import is identified by its bytes, so the whole file, once there, would be another."""
+    import is identified by its bytes, so the whole file, once there, would be another. So
+    is one holding a flow the log cannot take (see ``unimportable``): checked here, before
+    anything is written. A flow saved more than once is imported once, as last saved."""
     flows: list[Any] = []
     try:
         with path.open("rb") as f:
@@ -280,8 +286,61 @@ def read_flow_file(path: Path) -> tuple[list[http.HTTPFlow], int]:
                 flows.append(flow)
     except exceptions.FlowReadException as exc:
         raise FlowFileError(_unreadable(path, len(flows), str(exc))) from None
-    kept = [f for f in flows if isinstance(f, http.HTTPFlow)]
-    return kept, len(flows) - len(kept)
+    except _MALFORMED:
+        raise FlowFileError(_unreadable(path, len(flows), _INVALID)) from None
+    # mitmdump -w saves a flow whose client left mid-body twice: at its error hook, then at
+    # the response hook mitmproxy calls after it.
+    by_id: dict[str, http.HTTPFlow] = {}
+    others = 0
+    for number, flow in enumerate(flows, 1):
+        if not isinstance(flow, http.HTTPFlow):
+            others += 1
+        elif (why := unimportable(flow)) is not None:
+            raise FlowFileError(f"{path}: flow {number} cannot be imported ({why}): nothing imported")
+        else:
+            by_id[flow.id] = flow
+    return list(by_id.values()), others
+
+
+# What mitmproxy's FlowReader raises, besides its FlowReadException, for a flow whose parts
+# are missing (KeyError), of the wrong kind (AttributeError), unknown (its asserts), a
+# number no float holds, or nesting past Python's recursion limit.
+_MALFORMED = (KeyError, AttributeError, AssertionError, OverflowError, RecursionError)
+_INVALID = "Invalid data format."  # (what mitmproxy's FlowReader says of the rest)
+
+# The log holds times as nanoseconds since 1970 in a signed 64-bit integer (to 2262).
+_LAST_NS = 2**63 - 1
+
+
+def unimportable(flow: http.HTTPFlow) -> str | None:
+    """Why a flow read from a file cannot be recorded, though mitmproxy reads it: parts of
+    the wrong kind, or a time the log cannot hold; None when it can be."""
+    if not isinstance(flow.id, str) or not isinstance(flow.metadata, dict):
+        return _INVALID
+    if flow.error is not None and not isinstance(flow.error, Error):
+        return _INVALID
+    for name, moment in _moments(flow):
+        if moment is not None and not _loggable(moment):
+            return f"its {name} {moment!r} is no time the log can hold, 1970 to 2262"
+    return None
+
+
+def _moments(flow: http.HTTPFlow) -> Iterator[tuple[str, float | None]]:
+    """The times of a flow that its exchange is timed by, named."""
+    request, response = flow.request, flow.response
+    yield "request timestamp_start", request.timestamp_start
+    yield "request timestamp_end", request.timestamp_end
+    if response is not None:
+        yield "response timestamp_start", response.timestamp_start
+        yield "response timestamp_end", response.timestamp_end
+    if flow.error is not None:
+        yield "error timestamp", flow.error.timestamp
+
+
+def _loggable(moment: float) -> bool:
+    # (Compared before multiplying: NaN compares false, and an int too large for a float
+    # never becomes one.)
+    return 0 <= moment <= _LAST_NS / 1e9 and round(moment * 1e9) <= _LAST_NS
 
 
 def _unreadable(path: Path, intact: int, why: str) -> str:
@@ -317,10 +376,12 @@ def record_saved_flow(
     flow: http.HTTPFlow,
     max_body: int = MAX_BODY,
     capture_uid: str | None = None,
+    ended: Callable[[Future[ExchangeSummary]], None] | None = None,
 ) -> bool:
     """Write one saved flow as an exchange (with ``capture_uid``, an import's, its uid
-    follows from that and the flow's id); True when it is an event stream whose per-event
-    timing is unknown (mitmproxy buffered it whole)."""
+    follows from that and the flow's id; ``ended`` is handed what the writer learns of it,
+    once written); True when it is an event stream whose per-event timing is unknown
+    (mitmproxy buffered it whole)."""
     request, response = flow.request, flow.response
     start = request.timestamp_start
 
@@ -344,5 +405,7 @@ def record_saved_flow(
     else:
         duration = offset(response.timestamp_end if response is not None else request.timestamp_end)
         outcome = Outcome.COMPLETE
-    writer.end_exchange(exchange, duration_ns=duration, outcome=outcome, error=note)
+    done = writer.end_exchange(exchange, duration_ns=duration, outcome=outcome, error=note)
+    if ended is not None:
+        ended(done)
     return untimed

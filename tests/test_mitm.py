@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from conftest import RecordFactory, Recording
-from loopback import serve
-from mitmproxy import exceptions, optmanager
+from loopback import answering, raw_upstream, serve
+from mitmproxy import exceptions, http, optmanager
 from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons, tflow
 from ports import free_port
@@ -369,6 +369,61 @@ async def test_an_upstream_breaking_off_a_body_mitmproxy_buffers(mitm: Mitm) -> 
     (x,) = wait_for_exchanges(mitm.db, before, 1)
     assert (x["status"], x["outcome"], x["is_sse"]) == (502, "upstream_error", 0)
     assert "broke off mid-response" in x["error"]
+
+
+async def test_a_client_leaving_a_body_read_to_the_close_is_one_exchange(mitm: Mitm) -> None:
+    """An event stream with no Content-Length, not chunked (it ends as the upstream closes):
+    its client leaving, mitmproxy calls the error hook, then the response hook with the
+    flow no longer live. It was recorded a second time, as if read from a flow file."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET /after "):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+            with contextlib.suppress(ConnectionError):
+                for n in range(200):  # (until mitmproxy, its client gone, closes the connection)
+                    writer.write(f"data: {n}\n\n".encode())
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+        writer.close()
+
+    before = last_id(mitm.db)
+    async with raw_upstream(answer) as url, aiohttp.ClientSession() as session:
+        response = await session.get(f"{url}/events", proxy=mitm.forward)
+        await response.content.readuntil(b"\n\n")
+        response.close()  # (and its connection)
+        async with session.get(f"{url}/after", proxy=mitm.forward) as after:
+            assert await after.read() == b"ok"
+    rows = wait_for_exchanges(mitm.db, before, 2)
+    assert [(x["path"], x["outcome"]) for x in rows] == [
+        ("/events", "client_disconnected"),
+        ("/after", "complete"),
+    ]
+    assert rows[0]["error"] == "the client went away mid-exchange: Client disconnected."
+
+
+async def test_a_body_the_log_cannot_decode_is_said_in_mitmproxys_log(tmp_path: Path) -> None:
+    """As tasktape record says it on stderr: the log keeps such a body as it came, which
+    search and replay matching cannot read. It was only in the exchange's error."""
+    port, db = free_port(), tmp_path / "undecoded.db"
+    packed = b"HTTP/1.1 200 OK\r\nContent-Encoding: zstd\r\nContent-Length: 4\r\n\r\n\x28\xb5\x2f\xfd"
+    args = [MITMDUMP, "-s", str(addon_path()), "--set", f"tasktape_db={db}"]
+    args += mitmdump_args(tmp_path / "conf", f"regular@{port}")
+    async with raw_upstream(answering(packed)) as url:
+        with running(args, [port], tmp_path / "out.txt") as proc:
+            async with (
+                aiohttp.ClientSession(auto_decompress=False) as session,
+                session.get(f"{url}/packed", proxy=f"http://127.0.0.1:{port}") as r,
+            ):
+                assert await r.read() == b"\x28\xb5\x2f\xfd"
+            (x,) = wait_for_exchanges(db, 0, 1)
+            assert await asyncio.to_thread(proc.stop) == 0
+    assert x["error"] == "cannot decode Content-Encoding zstd: the body is stored as received"
+    why = "cannot decode Content-Encoding zstd; see exchanges.error"
+    said = f"tasktape: exchange {x['id']} (GET /packed): {why}"
+    assert said in (tmp_path / "out.txt").read_text()
 
 
 # -- the command, and the plain mitmdump -s form ----------------------------------------------
@@ -901,3 +956,85 @@ def test_flows_read_from_a_file_are_recorded_as_saved(
         rows = [(x["status"], x["outcome"], x["duration_ns"]) for x in log.exchanges()]
     assert rows[0] == (502, "upstream_error", 150_000_000)  # mitmproxy's 502: it had buffered the body
     assert rows[1] == (200, "complete", 250_000_000)  # its own times, not the reading's
+
+
+def test_a_flow_recorded_live_is_not_recorded_again_as_read_from_a_file(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path
+) -> None:
+    """mitmproxy may call a hook of a flow the addon ended (its client gone) with the flow
+    no longer live, as of one read from a file: it was recorded again, as such. Saved
+    (mitmdump -w), the flow is still recorded by another mitmdump reading the file."""
+    recorder, _ = addon
+    flow = sse_flow()
+    for hook in (recorder.requestheaders, recorder.request, recorder.responseheaders):
+        hook(flow)
+    flow.response.stream(b"data: 1\n\n")
+    flow.error = tflow.terr("Client disconnected.")
+    recorder.error(flow)
+    flow.live = False
+    recorder.response(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["client_disconnected"]
+    reader = TasktapeRecorder()
+    with taddons.context(reader) as tctx:
+        tctx.configure(reader, tasktape_db=str(tmp_path / "read.db"))
+        reader.response(http.HTTPFlow.from_state(flow.get_state()))
+        reader.done()
+    with EventLog(tmp_path / "read.db") as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["client_disconnected"]
+
+
+def test_a_flow_read_twice_is_recorded_once_and_one_the_log_cannot_hold_is_said(
+    addon: tuple[TasktapeRecorder, taddons.context], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mitmdump -w saves a flow whose client left mid-body twice, one copy after the other:
+    read back, it is recorded once. A flow with a time the log cannot hold is left out,
+    and said, where the hook failed with a traceback."""
+    recorder, _ = addon
+    saved = tflow.tflow(resp=True, err=tflow.terr("Client disconnected."))
+    far = tflow.tflow(resp=True)
+    far.request.timestamp_start = 1e300
+    for flow in (saved, http.HTTPFlow.from_state(saved.get_state()), far):
+        flow.live = False
+        recorder.response(flow)
+        if flow.error is not None:
+            recorder.error(flow)
+    recorder.done()
+    with EventLog(tmp_path / "unit.db") as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["client_disconnected"]
+    said = f"tasktape: flow {far.id} read from a file is not recorded: its request timestamp_start 1e+300"
+    assert said in caplog.text
+
+
+def test_a_long_read_of_flow_files_is_not_held_in_memory(
+    addon: tuple[TasktapeRecorder, taddons.context],
+) -> None:
+    """The addon remembers the flows read from a file it recorded (to record each once):
+    only the last ones, not every id of a long mitmdump -r."""
+    recorder, _ = addon
+    for _ in range(1100):
+        flow = tflow.tflow(resp=True)
+        flow.live = False
+        recorder.response(flow)
+    assert len(recorder._read) == 1024
+
+
+def test_a_body_past_the_decoding_bound_is_said_naming_the_option(
+    addon: tuple[TasktapeRecorder, taddons.context], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Of a flow followed live and of one read from a file alike."""
+    recorder, tctx = addon
+    tctx.configure(recorder, tasktape_max_decoded=1000)
+    live, saved = tflow.tflow(resp=True), tflow.tflow(resp=True)
+    for flow in (live, saved):
+        flow.response.headers["Content-Encoding"] = "gzip"
+        flow.response.raw_content = gzip.compress(b" " * 5000)
+    for hook in (recorder.requestheaders, recorder.request, recorder.responseheaders, recorder.response):
+        hook(live)
+    saved.live = False
+    recorder.response(saved)
+    recorder.done()
+    said = [r.getMessage() for r in caplog.records if r.name == "tasktape" and "exchange" in r.getMessage()]
+    why = "Content-Encoding gzip: the body decodes to more than 1,000 bytes (tasktape_max_decoded)"
+    assert said == [f"tasktape: exchange {n} (GET /path): {why}; see exchanges.error" for n in (1, 2)]

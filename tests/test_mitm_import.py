@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -13,11 +14,13 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from conftest import RecordFactory
-from mitmproxy import io
+from mitmproxy import http, io
+from mitmproxy.io import tnetstring
 from mitmproxy.test import tflow
 from ports import free_port
 from sdk_agent import run_sdk_agent
@@ -208,6 +211,125 @@ def test_a_broken_flow_file_writes_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"{broken}: not a readable mitmproxy flow file" in result.output
     assert not db.exists()
+
+
+# Flow files whose flow mitmproxy's reader cannot make (from a flow's state, as it saves it).
+
+
+def without_request(state: dict[str, Any]) -> bytes:
+    return tnetstring.dumps({"type": "http", "version": state["version"]})
+
+
+def tcp_without_messages(state: dict[str, Any]) -> bytes:
+    return tnetstring.dumps({**state, "type": "tcp"})
+
+
+def with_unknown_part(state: dict[str, Any]) -> bytes:
+    return tnetstring.dumps({**state, "unknown": 1})
+
+
+def not_a_flow(state: dict[str, Any]) -> bytes:
+    return tnetstring.dumps([state["version"]])
+
+
+def too_large_a_number(state: dict[str, Any]) -> bytes:
+    return tnetstring.dumps({**state, "client_conn": {**state["client_conn"], "timestamp_start": 10**400}})
+
+
+def nested_too_deep(state: dict[str, Any]) -> bytes:
+    nested = b"0:]"  # (by hand: tnetstring.dumps recurses as deep)
+    for _ in range(5000):
+        nested = b"%d:%s]" % (len(nested), nested)
+    return nested
+
+
+@pytest.mark.parametrize(
+    "malformed",
+    [
+        without_request,
+        tcp_without_messages,
+        with_unknown_part,
+        not_a_flow,
+        too_large_a_number,
+        nested_too_deep,
+    ],
+)
+def test_a_flow_mitmproxy_cannot_read_is_refused_writing_nothing(tmp_path: Path, malformed: Any) -> None:
+    """mitmproxy's reader fails on a flow whose parts are missing or of the wrong kind with
+    other errors than its own: the import ended in a traceback."""
+    good, bad = tmp_path / "good.mitm", tmp_path / "bad.mitm"
+    write_flows(good, [tflow.tflow(resp=True)])
+    bad.write_bytes(malformed(tflow.tflow(resp=True).get_state()))
+    db = tmp_path / "log.db"
+    result = CliRunner().invoke(main, ["import", str(good), str(bad), "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: {bad}: not a readable mitmproxy flow file (Invalid data format.)\n"
+    assert not db.exists()
+
+
+# Flows with a time the log cannot hold: each sets it, and says which.
+
+
+def far_request(flow: Any) -> tuple[str, float]:
+    flow.request.timestamp_start = 1e300
+    return "request timestamp_start", 1e300
+
+
+def unknown_request_end(flow: Any) -> tuple[str, float]:
+    flow.request.timestamp_end = math.nan
+    return "request timestamp_end", math.nan
+
+
+def response_before_1970(flow: Any) -> tuple[str, float]:
+    flow.response.timestamp_end = -1e12
+    return "response timestamp_end", -1e12
+
+
+def response_after_2262(flow: Any) -> tuple[str, float]:
+    flow.response.timestamp_start = 2**70
+    return "response timestamp_start", 2**70
+
+
+def endless_error(flow: Any) -> tuple[str, float]:
+    flow.error = tflow.terr("Client disconnected.")
+    flow.error.timestamp = math.inf
+    return "error timestamp", math.inf
+
+
+@pytest.mark.parametrize(
+    "timed", [far_request, unknown_request_end, response_before_1970, response_after_2262, endless_error]
+)
+def test_a_flow_with_a_time_the_log_cannot_hold_is_refused_writing_nothing(
+    tmp_path: Path, timed: Any
+) -> None:
+    """Checked as the file is read: the import failed part-way with a traceback, leaving the
+    files before it imported and this one's capture empty, never ended."""
+    good, bad = tmp_path / "good.mitm", tmp_path / "bad.mitm"
+    write_flows(good, [tflow.tflow(resp=True)])
+    flow = tflow.tflow(resp=True)
+    name, moment = timed(flow)
+    write_flows(bad, [tflow.tflow(resp=True), flow])
+    db = tmp_path / "log.db"
+    result = CliRunner().invoke(main, ["import", str(good), str(bad), "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    why = f"its {name} {moment!r} is no time the log can hold, 1970 to 2262"
+    assert result.output == f"Error: {bad}: flow 2 cannot be imported ({why}): nothing imported\n"
+    assert not db.exists()
+
+
+def test_a_flow_saved_twice_is_imported_once(tmp_path: Path) -> None:
+    """mitmdump -w saves a flow whose client left mid-body twice (at its error hook, then
+    at the response hook mitmproxy calls after it): both had the same uid, and the import
+    failed with rows not written."""
+    left = tflow.tflow(resp=True, err=tflow.terr("Client disconnected."))
+    again = http.HTTPFlow.from_state(left.get_state())
+    flows, db = tmp_path / "flows.mitm", tmp_path / "log.db"
+    write_flows(flows, [left, tflow.tflow(resp=True), again])
+    result = CliRunner().invoke(main, ["import", str(flows), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert f"2 exchanges from {flows}" in result.output
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["client_disconnected", "complete"]
 
 
 def test_a_flow_file_cut_short_is_refused_naming_its_intact_flows(tmp_path: Path) -> None:
