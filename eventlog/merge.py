@@ -153,7 +153,13 @@ def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeR
             raise LogError(f"{source} is the output: a log cannot be merged into itself")
         with contextlib.suppress(SchemaTooOld):
             open_db(source, readonly=True).close()  # refuses what is not a log, or too new
-    db = open_db(output)  # made or upgraded, before it is held
+    try:
+        db = open_db(output)  # made or upgraded, before it is held
+    except LogError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, sqlite3.Error) and result_code(cause) in _WRITE_FAILURES:
+            raise LogUnwritable(f"cannot write {output}: {cause}") from cause
+        raise
     db.close()
     fd = take_writer_lock(output)
     try:

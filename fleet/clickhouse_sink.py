@@ -118,6 +118,10 @@ def check_url(url: str) -> str:
     database a plain name and no credentials in its query, or ``chdb:///ABS/PATH`` /
     ``chdb://REL``; else a UsageError."""
     if url.startswith(("http://", "https://")):
+        try:
+            urlsplit(url).port  # noqa: B018 - read to be checked: out of range, a broken [IPv6]
+        except ValueError as exc:  # (not echoed: a URL that does not parse cannot be redacted)
+            raise UsageError(f"the ClickHouse URL does not parse: {exc}") from None
         _server_database(url)
     elif not url.startswith("chdb://"):
         raise UsageError(

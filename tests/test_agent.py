@@ -26,6 +26,7 @@ from tasktape.agent import create_agent_app
 from tasktape.agent.app import STORE
 from tasktape.agent.protocol import ERROR_DOMAIN, ERROR_INFO
 from tasktape.agent.scenarios import Scenario, choose
+from tasktape.agent.tasks import TaskStore
 from tasktape.errors import UsageError
 from tasktape.eventlog import SSEDecoder, classify
 
@@ -345,6 +346,26 @@ async def send(session: aiohttp.ClientSession, url: str, text: str, context_id: 
     async with session.post(f"{url}/message:send", json={"message": message}) as r:
         task: dict[str, Any] = (await r.json())["task"]
         return task
+
+
+async def test_closing_while_tasks_end_and_are_forgotten_stops_every_run() -> None:
+    """A task that ends while close() stops another is forgotten: close() walked the tasks
+    as they changed ("dictionary changed size during iteration" at Ctrl-C)."""
+    store = TaskStore(1.0, kept_ended=0)
+
+    async def slow(run: Any, text: str) -> None:
+        await asyncio.sleep(10)
+
+    async def quick(run: Any, text: str) -> None:
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        run.set_status("TASK_STATE_COMPLETED")
+
+    for work in (slow, quick):
+        store.new(None).start({"role": "ROLE_USER", "parts": [{"text": "x"}]}, work)
+    await asyncio.sleep(0)
+    await store.close()
+    assert len(store.tasks) == 1  # the slow one, stopped; the quick one ended and was forgotten
 
 
 async def test_ended_tasks_past_the_bound_are_forgotten_the_earliest_first(serve: Serve) -> None:

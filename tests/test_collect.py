@@ -173,6 +173,18 @@ def test_what_is_no_clickhouse_url_is_bad_input(tmp_path: Path, command: str) ->
     assert "sk-live" not in done.stderr and not (tmp_path / "p.db").exists()
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999"])
+def test_a_clickhouse_url_that_does_not_parse_is_bad_input(tmp_path: Path, url: str) -> None:
+    """A broken IPv6 address was a traceback, a port out of range a failure (exit 1) once
+    the client was made: both are bad input, said before anything is reached."""
+    args = ["pull", "--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")]
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", *args], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "the ClickHouse URL does not parse" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "p.db").exists()
+
+
 def test_pull_into_a_file_that_is_no_event_log_is_bad_input_before_clickhouse_is_reached(
     tmp_path: Path,
 ) -> None:

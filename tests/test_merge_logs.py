@@ -225,6 +225,17 @@ def test_a_merge_that_fills_the_disk_says_so_and_leaves_the_output_as_it_was(tmp
         said = f"Error: cannot write {re.escape(str(output))}: [^\n]+\n"
         assert done.returncode == 1 and re.fullmatch(said, done.stderr), done.stderr
     assert counts(fleet) == held and not new.exists()
+    # A limit so low the new output's schema does not fit: as full a disk (it said "cannot
+    # open ... as an event log", exit 2, as if the output were no log).
+    done = subprocess.run(
+        [sys.executable, "-c", limited, str(64 * 1024), "merge", str(source), "-o", str(new)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and done.stderr.startswith(f"Error: cannot write {new}: "), done.stderr
+    assert not new.exists()
 
 
 def test_merge_knows_every_table_a_log_holds_rows_in(tmp_path: Path) -> None:

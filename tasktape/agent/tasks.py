@@ -235,5 +235,6 @@ class TaskStore:
         return self.tasks.get(task_id)
 
     async def close(self) -> None:
-        for run in self.tasks.values():
+        # (A copy: a task that ends while another stops is forgotten, out of self.tasks.)
+        for run in list(self.tasks.values()):
             await run.stop()
