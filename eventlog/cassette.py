@@ -40,6 +40,7 @@ from tasktape.errors import CassetteError, UsageError
 from tasktape.version import __version__
 
 from .file_kinds import FileKind, kind_of_bytes
+from .http_fields import TOKEN as HTTP_TOKEN
 from .http_fields import read_problem
 from .outcomes import Outcome
 from .producer import MAX_STATUS, MIN_STATUS, LogProducer
@@ -63,6 +64,8 @@ MAX_MS = 1e12
 # A CR, LF or NUL in a header, or in a request's method, path or query, would split the
 # message it is replayed in or the line it is reported on.
 _SPLITS_A_LINE = re.compile(r"[\r\n\x00]")
+# A lone surrogate: a byte of a file name that is not UTF-8, as Python decodes it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # The header's keys besides its version, each a string when given (null: not given).
 _HEADER_TEXTS = ("created_at", "tool_version", "source", "upstream")
 # How a time given in a cassette is to be written, when it cannot be read.
@@ -89,6 +92,12 @@ def broken_header(headers: list[tuple[str, str]]) -> str | None:
 def splits_a_line(value: str | None) -> bool:
     """Whether a request's method, path or query holds a CR, LF or NUL."""
     return value is not None and _SPLITS_A_LINE.search(value) is not None
+
+
+def is_method(value: str) -> bool:
+    """Whether a request's method is one a request line can hold: an HTTP token (RFC 9110
+    section 9.1), no control character nor space among its letters."""
+    return HTTP_TOKEN.fullmatch(value) is not None
 
 
 def is_uid(value: str) -> bool:
@@ -386,7 +395,7 @@ def _plain_exchange(body: Any, origin: str, *, keep: bool = True) -> Recorded | 
     if uid is not None and (type(uid) is not str or not is_uid(uid)):
         return None
     method, path, query, text = req.get("method"), req.get("path"), req.get("query"), req.get("body")
-    if type(method) is not str or not method or type(path) is not str or not path.startswith("/"):
+    if type(method) is not str or not is_method(method) or type(path) is not str or not path.startswith("/"):
         return None
     if not (_optional_str(query) and _optional_str(text)):
         return None
@@ -649,7 +658,7 @@ def cassette_lines(
         carries_uids = any(r.uid for r in recorded)
     version = VERSION if carries_uids else _WITHOUT_UIDS
     head = {"tasktape_cassette": version, "created_at": created, "tool_version": __version__, **header}
-    yield json.dumps(head, ensure_ascii=False)
+    yield _line(head)
     for r in recorded:
         request: dict[str, Any] = {"method": r.method, "path": r.path}
         if r.query:
@@ -684,7 +693,7 @@ def cassette_lines(
             exchange["uid"] = r.uid
         if r.resumes:
             exchange["resumes"] = [_resume_line(resume) for resume in r.resumes]
-        yield json.dumps({"exchange": exchange}, ensure_ascii=False)
+        yield _line({"exchange": exchange})
         for offset, data in r.chunks:
             yield json.dumps(
                 {"chunk": {"offset_ms": _ms(offset), **_text_or_base64(data, "text", "base64")}},
@@ -696,7 +705,18 @@ def cassette_lines(
         }
         if r.error:
             end["error"] = r.error
-        yield json.dumps({"end": end}, ensure_ascii=False)
+        yield _line({"end": end})
+
+
+def _line(value: dict[str, Any]) -> str:
+    """A cassette line's JSON, UTF-8 text as it is but lone surrogates, which UTF-8 has no
+    form for, as JSON escapes (``\\udcfe``): a file name that is not UTF-8 (the header's
+    ``source``), as Python decodes it, read back as the same name."""
+    return _SURROGATE.sub(_escaped, json.dumps(value, ensure_ascii=False))
+
+
+def _escaped(m: re.Match[str]) -> str:
+    return f"\\u{ord(m[0]):04x}"
 
 
 def _check_json(value: Any, what: str) -> None:

@@ -16,6 +16,7 @@ from .cassette import (
     MIN_STATUS,
     TIME_FORM,
     broken_header,
+    is_method,
     is_uid,
     splits_a_line,
     unread_header,
@@ -68,6 +69,13 @@ class Request(_Strict):
     def _one_line(cls, value: str | None) -> str | None:
         if splits_a_line(value):
             raise ValueError("cannot hold a CR, LF or NUL, which would split the request line")
+        return value
+
+    @field_validator("method")
+    @classmethod
+    def _a_token(cls, value: str) -> str:
+        if not is_method(value):
+            raise ValueError("a method is a token (letters, digits and !#$%&'*+-.^_`|~), as HTTP has it")
         return value
 
     @model_validator(mode="after")

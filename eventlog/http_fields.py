@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _SPLITS = re.compile(r"[\r\n\x00]")
 
@@ -23,7 +23,7 @@ def read_problem(name: str, value: str) -> str | None:
 
 
 def _problem(name: str, value: str, refused: re.Pattern[str], rule: str) -> str | None:
-    if not _TOKEN.fullmatch(name):
+    if not TOKEN.fullmatch(name):
         return f"header {name!r}: a header name is a token (letters, digits and !#$%&'*+-.^_`|~)"
     if refused.search(value):
         return f"header {name!r}: a header value holds {rule}"

@@ -88,7 +88,7 @@ _INSERT_CAPTURE = (
 
 
 # What a full log says, on the exchanges it keeps without their bytes and to whoever waits.
-_FULL = "the log is full"
+LOG_FULL = "the log is full"
 # Of a log with a size cap, the part kept for closing the exchanges under way when the rest
 # is full: an eighth, at most this much.
 _RESERVE = 1024 * 1024
@@ -264,7 +264,7 @@ class LogWriter(LogProducer):
         self._lost: dict[int, str] = {}  # exchanges whose row is not in the log, and why
         self._cut: set[int] = set()  # exchanges in the log that lost bytes to a full log
         self._cut_response: set[int] = set()  # of those, the ones that lost response bytes
-        self._full_error: Exception = LogError(_FULL)  # what SQLite said when it was full
+        self._full_error: Exception = LogError(LOG_FULL)  # what SQLite said when it was full
         self._batches: queue.Queue[_Batch] = queue.Queue(maxsize=2)
         self._building = _Batch()  # the batch the writer thread is filling
         name = f"tasktape-writer:{self.path.name}"
@@ -589,7 +589,7 @@ class LogWriter(LogProducer):
         if exchange_id in self._lost:
             return None
         if not keep_new and sql.startswith("INSERT"):
-            self._lost[exchange_id] = _FULL
+            self._lost[exchange_id] = LOG_FULL
             return None
         for body, truncated in _BODIES:
             if body in columns and values[columns.index(body)] is not None:
@@ -601,7 +601,7 @@ class LogWriter(LogProducer):
             if exchange_id in self._cut_response:
                 values[columns.index("response_body_truncated")] = 1
             at = columns.index("error")
-            values[at] = "; ".join(filter(None, (values[at], f"{_FULL}: its bytes are not all in it")))
+            values[at] = "; ".join(filter(None, (values[at], f"{LOG_FULL}: its bytes are not all in it")))
         return sql, tuple(values)
 
     def _drop_rows_of_lost(self, batch: _Batch) -> None:
@@ -618,7 +618,7 @@ class LogWriter(LogProducer):
 
     def _lose(self, batch: _Batch, error: str, rows: int, exc: BaseException | None = None) -> None:
         """The batch could not be written: its exchanges say so to whoever waits on them."""
-        why = _FULL if self._full else f"the log could not be written ({error})"
+        why = LOG_FULL if self._full else f"the log could not be written ({error})"
         batch.failed = why
         for sql, params in batch.statements:
             if sql.startswith(_INSERT_EXCHANGE):
@@ -644,7 +644,7 @@ class LogWriter(LogProducer):
             return _partly(summary, Kept.NOTHING, self._lost.pop(exchange_id))
         if failed is not None:
             return _partly(summary, Kept.UNFINISHED, failed)
-        return _partly(summary, Kept.ROW, _FULL) if cut else summary
+        return _partly(summary, Kept.ROW, LOG_FULL) if cut else summary
 
     def _tell_tap(self, last_chunk: int, last_event: int, batch: _Batch) -> None:
         """Tell the tap of the chunks and events just committed. They are in the log

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tasktape.console_text import shown as escaped
 from tasktape.counted import counted
 from tasktape.errors import CassetteError, CassetteExpired, TapeError, TasktapeError, UsageError
 
@@ -321,7 +322,7 @@ def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
     try:
         expired = _expired(options)
     except CassetteError as exc:
-        raise _failed(f"tasktape: {exc}") from None
+        raise _failed(f"tasktape: {escaped(str(exc))}") from None
     if expired is None:
         return options
     if options.on_expired is OnExpired.WARN:
@@ -417,7 +418,7 @@ async def _started(sessions: list[TapeSession]) -> dict[str | None, Tape]:
         try:
             tapes[session.options.name] = await session.start()
         except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
-            error = _failed(f"tasktape: {exc}")
+            error = _failed(f"tasktape: {escaped(str(exc))}")
         except OSError as exc:
             error = _cassette_refused(session, exc)
         else:
@@ -449,7 +450,7 @@ async def _stopped(sessions: list[TapeSession], passed: bool) -> list[str]:
         try:
             finished = await session.stop(passed=passed)
         except CassetteError as exc:  # one that cannot be written (a folder, a disk full)
-            failures.append(_failed(f"tasktape: {exc}"))
+            failures.append(_failed(f"tasktape: {escaped(str(exc))}"))
             continue
         except OSError as exc:
             failures.append(_cassette_refused(session, exc))

@@ -36,7 +36,7 @@ from tasktape.eventlog.recorded import Recorded, each_from_log
 from tasktape.eventlog.redact import Redactor
 from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
-from tasktape.eventlog.writer import take_back
+from tasktape.eventlog.writer import LOG_FULL, take_back
 
 from .console_text import shown
 from .option_checks import bad_input
@@ -107,7 +107,7 @@ def export(
             set(opened.select(tasks=tasks, contexts=contexts, exchanges=exchanges, with_cards=not no_cards)),
         )
         if not ids:
-            raise click.ClickException(f"{log} has no exchanges: there is nothing to export")
+            raise click.ClickException(shown(f"{log} has no exchanges: there is nothing to export"))
         upstream_of = {c["id"]: c["upstream"] for c in opened.captures()}
         # The header names the upstream of the captures the exported exchanges come from.
         upstreams = sorted({upstream_of[capture_of[i]] for i in ids} - {None})
@@ -130,15 +130,18 @@ def export(
                 replace_with(target, lines)
             except CassetteError as exc:  # (it may name what an exchange holds)
                 raise click.ClickException(shown(str(exc))) from None
-            click.echo(f"tasktape export: {counted(len(ids), 'exchange')} from {log} -> {output}", err=True)
+            _say(f"tasktape export: {counted(len(ids), 'exchange')} from {log} -> {output}")
     for r in under_way:
-        click.echo(
-            shown(
-                f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
-                f"cut short ({Outcome.LOG_CLOSED})"
-            ),
-            err=True,
+        _say(
+            f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
+            f"cut short ({Outcome.LOG_CLOSED})"
         )
+
+
+def _say(line: str) -> None:
+    """A line of what the command did, on standard error: the files it names as the console
+    shows them."""
+    click.echo(shown(line), err=True)
 
 
 def _check_output(target: Path) -> None:
@@ -177,7 +180,7 @@ def folder_for(path: Path) -> None:
         file = next(p for p in reversed(path.parents) if p.is_file())
         raise bad_input(f"cannot write {path}: {file} is a file, not a folder") from None
     except OSError as exc:
-        raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise click.ClickException(shown(f"cannot write {path}: {exc.strerror or exc}")) from None
 
 
 def _with_streams_resumed(log: EventLog, ids: set[int]) -> list[int]:
@@ -203,7 +206,8 @@ def _check_choices(
     unmatched += [f"context {c}" for c in contexts if not log.select(contexts=[c], with_cards=False)]
     unmatched += [f"exchange {n}" for n in missing]
     if unmatched:
-        raise click.ClickException(f"{log.path}: nothing matches {', '.join(unmatched)}; nothing written")
+        said = f"{log.path}: nothing matches {', '.join(unmatched)}; nothing written"
+        raise click.ClickException(shown(said))
 
 
 @click.command("import")
@@ -241,6 +245,8 @@ def import_(
     An import stopped part-way (interrupted, killed) is finished by importing the file
     again; one of the same file when it held other content is refused unless
     --replace-unfinished.
+    Rows that cannot be written (a full disk) stop the import, its capture left unfinished:
+    importing the file again, with room, finishes it.
     Exit status: 0 imported, 1 not (the log busy with another writer, rows not written, an
     unfinished import of other content), 2 bad input (a file no cassette or flow file, --db
     no event log).
@@ -257,40 +263,50 @@ def import_(
         # What a file holds is kept whole: a body is as long as its recorder kept it, and
         # nothing waits on the writer but bytes already in memory (so none is dropped).
         redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
-        writer = LogWriter(db, redactor=redactor, max_body=sys.maxsize, max_backlog=sys.maxsize)
+        writer = LogWriter(
+            db, redactor=redactor, max_body=sys.maxsize, max_backlog=sys.maxsize, on_error=_said_at_the_end
+        )
     except LogBusy as exc:  # another writer holds it: a failure, not bad input
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(shown(str(exc))) from None
     except LogError as exc:
         raise bad_input(str(exc)) from None
     held, held_exchanges = _imported(db, [uid for one in loaded for uid in one.uids])
-    changed = None
+    stopped = None
     with writer:
         for one in loaded:
-            if (changed := _import_one(writer, one, db, held, held_exchanges)) is not None:
+            if (stopped := _import_one(writer, one, db, held, held_exchanges)) is not None:
                 break
-    if changed is not None:
-        raise click.ClickException(changed.taken_back(db, writer.first_ids[1]))
+    if isinstance(stopped, _Changed):
+        raise click.ClickException(shown(stopped.taken_back(db, writer.first_ids[1])))
     if writer.stats.rows_lost:
-        raise click.ClickException(
-            f"{writer.stats.rows_lost} rows could not be written: {writer.stats.last_error}"
-        )
+        lost = f"{writer.stats.rows_lost} rows could not be written to {db} ({writer.stats.last_error})"
+        if stopped is not None:
+            lost += f": {stopped.path} is in it in part, as capture {stopped.capture}, left unfinished"
+            lost += "; importing it again, with room, finishes it"
+        raise click.ClickException(shown(lost))
+
+
+def _said_at_the_end(exc: BaseException, rows: int) -> None:
+    """Rows the writer could not write: the import stops once it sees it (``_paced``), and
+    says so at its end, as an import's failure (not as a recorder's, whose traffic goes on)."""
 
 
 def _import_one(
     writer: LogWriter, one: _Loaded, db: Path, held: dict[str, _Capture], held_exchanges: dict[str, int]
-) -> _Changed | None:
+) -> _Stopped | None:
     """One file into the log, as a capture of its own, or into the capture an import of it
     left unfinished (``held`` by its uid); nothing when it is in the log already. A file
-    found changed as it is written: what stopped it."""
+    found changed as it is written, or rows that could not be written: what stopped it."""
     path, content, uid = one.path, one.content, one.uid
     capture = held.get(uid)
     if capture is not None and capture.ended:
         said = f"{path} is in {db} already (capture {capture.id}): nothing added"
-        click.echo(f"tasktape import: {said}", err=True)
+        _say(f"tasktape import: {said}")
         return None
     if isinstance(content, _Flows):  # (one left unfinished was taken back whole)
-        held[uid] = _Capture(_import_flows(writer, path, content, db, uid), ended=True)
-        return None
+        made = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path.absolute())], uid=uid)
+        held[uid] = _Capture(made, ended=True)
+        return _import_flows(writer, path, content, made, db)
     if capture is not None:
         return _finish(writer, one, content, capture.id, db, held_exchanges)
     # An exchange exported from a log keeps its uid: one the log holds (this cassette
@@ -298,18 +314,18 @@ def _import_one(
     skipped, count = _held(content.uids, held_exchanges), content.count
     if skipped == count and count:
         said = f"{path}: {skipped} of {counted(count, 'exchange')} already in {db}: nothing added"
-        click.echo(f"tasktape import: {said}", err=True)
+        _say(f"tasktape import: {said}")
         return None
     exchanges = _again(content)
     # (its file named wholly: an import of it left unfinished is told from another folder's)
     made = writer.begin_capture(source="import", upstream=one.upstream, argv=[str(path.absolute())], uid=uid)
     held[uid] = _Capture(made, ended=True)
-    if (changed := _load(writer, exchanges, made, uid, held_exchanges, whole=True)) is not None:
-        return changed
+    if (stopped := _load(writer, exchanges, made, one, held_exchanges, whole=True)) is not None:
+        return stopped
     said = f"tasktape import: {counted(count - skipped, 'exchange')} from {path} -> {db}"
     if skipped:
         said += f" ({skipped} of {counted(count, 'exchange')} already in {db}: skipped)"
-    click.echo(said, err=True)
+    _say(said)
     return None
 
 
@@ -320,19 +336,18 @@ def _finish(
     capture: int,
     db: Path,
     held_exchanges: dict[str, int],
-) -> _Changed | None:
+) -> _Stopped | None:
     """The capture an import of this cassette left unfinished, finished: the exchanges it
     holds (those it wrote whole: ``take_back`` took out the one it may not have) are
     skipped by their uids, the rest written."""
     exchanges = _again(content)
     kept = _exchanges_of(db, capture)
     held_exchanges.update(kept)
-    if (changed := _load(writer, exchanges, capture, one.uid, held_exchanges, whole=False)) is not None:
-        return changed
-    click.echo(
+    if (stopped := _load(writer, exchanges, capture, one, held_exchanges, whole=False)) is not None:
+        return stopped
+    _say(
         f"tasktape import: {one.path}: capture {capture} in {db} was left unfinished ({len(kept)} of"
-        f" {counted(content.count, 'exchange')}): the rest added",
-        err=True,
+        f" {counted(content.count, 'exchange')}): the rest added"
     )
     return None
 
@@ -350,18 +365,27 @@ def _load(
     writer: LogWriter,
     exchanges: Iterator[Recorded],
     capture: int,
-    uid: str,
+    one: _Loaded,
     held_exchanges: dict[str, int],
     *,
     whole: bool,
-) -> _Changed | None:
+) -> _Stopped | None:
     """A cassette's exchanges written into ``capture`` (``whole``: made for them), which is
     then ended; a cassette found changed as it is read is not: what was written of it is
-    taken back once the writer is closed."""
+    taken back once the writer is closed. Nor is one whose rows were not all written."""
     try:
-        load_into(writer, _paced(writer, exchanges), capture, uid, held_exchanges)
+        load_into(writer, _paced(writer, exchanges), capture, one.uid, held_exchanges)
     except CassetteError as exc:
         return _Changed(shown(str(exc)), capture, whole)
+    return _ended(writer, capture, one.path)
+
+
+def _ended(writer: LogWriter, capture: int, path: Path) -> _Lost | None:
+    """``capture`` ended, once all it holds is written; if rows of it could not be, it is
+    left unfinished (as an import stopped part-way), for importing the file again to finish."""
+    writer.flush()
+    if writer.stats.rows_lost:
+        return _Lost(path, capture)
     writer.end_capture(capture)
     return None
 
@@ -384,6 +408,18 @@ class _Changed:
             held = f"capture {self.capture} in {db} holds what was read of it, not what was checked"
             return f"{self.error}: {held}"
         return f"{self.error}: not imported (what was written of it is taken out of {db} again)"
+
+
+@dataclass(frozen=True)
+class _Lost:
+    """Rows of a file's import that could not be written (a full disk): its ``capture``,
+    left unfinished."""
+
+    path: Path
+    capture: int
+
+
+_Stopped = _Changed | _Lost
 
 
 @dataclass
@@ -417,18 +453,20 @@ def _exchanges_of(db: Path, capture: int) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class _Unfinished:
-    """A capture an import left unfinished: stopped part-way (interrupted, killed)."""
+    """A capture an import left unfinished: stopped part-way (interrupted, killed, out of
+    room)."""
 
     id: int
     uid: str
     file: str  # the file it was imported from, its whole path ("" when unknown)
     exchanges: int
     last: int | None  # its last exchange's id
+    first_cut: int | None  # the first of its exchanges a full log kept without their bytes
 
 
 _UNFINISHED = (
-    "SELECT c.id, c.uid, c.argv, count(x.id), max(x.id) FROM captures c"
-    " LEFT JOIN exchanges x ON x.capture_id = c.id"
+    "SELECT c.id, c.uid, c.argv, count(x.id), max(x.id), min(CASE WHEN instr(x.error, :full) THEN x.id END)"
+    " FROM captures c LEFT JOIN exchanges x ON x.capture_id = c.id"
     " WHERE c.ended_at IS NULL AND c.source IN ('import', 'mitm-import') GROUP BY c.id"
 )
 
@@ -440,10 +478,10 @@ def _unfinished(db: Path) -> list[_Unfinished]:
         if not db.is_file() or kind_of(db) is not FileKind.LOG:
             return []
         with EventLog(db) as log:
-            rows = log.db.execute(_UNFINISHED).fetchall()
+            rows = log.db.execute(_UNFINISHED, {"full": LOG_FULL}).fetchall()
     except (OSError, LogError, sqlite3.DatabaseError):
         return []
-    return [_Unfinished(i, uid, _file_of(argv), n, last) for i, uid, argv, n, last in rows]
+    return [_Unfinished(i, uid, _file_of(argv), n, last, cut) for i, uid, argv, n, last, cut in rows]
 
 
 def _file_of(argv: str | None) -> str:
@@ -469,8 +507,11 @@ def _take_back_unfinished(db: Path, loaded: list[_Loaded], replace: bool) -> Non
             if capture.uid == one.uid and isinstance(one.content, _Flows):
                 taken.append((capture.id, None))  # (a flow file is imported again whole)
             elif capture.uid == one.uid:
-                if capture.last is not None:  # (the exchange its writer may have left half written)
-                    taken.append((capture.id, capture.last))
+                # The exchange its writer may have left half written, and from the first a
+                # full log cut on (the rest were cut, or not written at all).
+                first = min((i for i in (capture.last, capture.first_cut) if i is not None), default=None)
+                if first is not None:
+                    taken.append((capture.id, first))
             elif _same_file(capture.file, one.path):
                 taken.append((capture.id, None))
                 other.append(
@@ -479,7 +520,7 @@ def _take_back_unfinished(db: Path, loaded: list[_Loaded], replace: bool) -> Non
                 )
     if other and not replace:
         how = "--replace-unfinished replaces it with what the file holds now"
-        raise click.ClickException(f"{'; '.join(other)}: nothing imported ({how})")
+        raise click.ClickException(shown(f"{'; '.join(other)}: nothing imported ({how})"))
     if taken:
         take_back(db, taken)
 
@@ -514,10 +555,13 @@ _EXCHANGES_BEHIND = 1000
 
 def _paced(writer: LogWriter, exchanges: Iterable[Recorded]) -> Iterator[Recorded]:
     """``exchanges``, handed on no further ahead of the writer than ``_BEHIND`` bytes and
-    ``_EXCHANGES_BEHIND`` exchanges."""
+    ``_EXCHANGES_BEHIND`` exchanges; none once rows could not be written (a full disk takes
+    no more)."""
     for n, r in enumerate(exchanges, 1):
         if writer.backlog > _BEHIND or n % _EXCHANGES_BEHIND == 0:
             writer.flush()
+        if writer.stats.rows_lost:
+            return
         yield r
 
 
@@ -660,25 +704,25 @@ def _read_flows(path: Path) -> _Flows:
     from .mitm_command import INSTALL_HINT, mitmproxy_missing  # noqa: PLC0415
 
     if mitmproxy_missing():
-        raise click.ClickException(f"{path} is a mitmproxy flow file, and {INSTALL_HINT}")
+        raise click.ClickException(shown(f"{path} is a mitmproxy flow file, and {INSTALL_HINT}"))
     from tasktape.proxy.mitm_flows import read_flow_file  # noqa: PLC0415 - mitmproxy is optional
 
     return _Flows(*read_flow_file(path))
 
 
-def _import_flows(writer: LogWriter, path: Path, content: _Flows, db: Path, uid: str) -> int:
-    """A flow file's flows into the log, as one capture (its id); each exchange's uid
-    follows from the capture's and its flow's id."""
+def _import_flows(writer: LogWriter, path: Path, content: _Flows, capture: int, db: Path) -> _Lost | None:
+    """A flow file's flows into the log, as ``capture``; each exchange's uid follows from
+    the capture's and its flow's id. Rows that could not be written: the capture left
+    unfinished (importing the file again takes it back whole)."""
     from tasktape.proxy.mitm_flows import record_saved_flow  # noqa: PLC0415 - see _read_flows
 
-    capture = writer.begin_capture(source="mitm-import", upstream=None, argv=[str(path.absolute())], uid=uid)
+    uid = writer.capture_uids[capture]
     untimed = sum(record_saved_flow(writer, capture, flow, capture_uid=uid) for flow in content.flows)
-    writer.end_capture(capture)
+    if (lost := _ended(writer, capture, path)) is not None:
+        return lost
     notes = [f"{untimed} event streams without per-event timing"] if untimed else []
     if content.others:
         notes.append(f"{content.others} non-HTTP flows skipped")
     extra = f" ({'; '.join(notes)})" if notes else ""
-    click.echo(
-        f"tasktape import: {counted(len(content.flows), 'exchange')} from {path} -> {db}{extra}", err=True
-    )
-    return capture
+    _say(f"tasktape import: {counted(len(content.flows), 'exchange')} from {path} -> {db}{extra}")
+    return None

@@ -55,6 +55,11 @@ COMMANDS = {
 }
 
 
+# The commands a Ctrl-C stops as their help says it does, with status 0, even while they
+# load (until they listen; then they stop on it themselves): servers, stopped no other way.
+STOPPED_BY_CTRL_C = frozenset({"record"})
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -63,7 +68,13 @@ class _LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module, attribute = COMMANDS[cmd_name]
-        return getattr(importlib.import_module(module, __package__), attribute)
+        try:
+            loaded = importlib.import_module(module, __package__)
+        except KeyboardInterrupt:
+            if cmd_name in STOPPED_BY_CTRL_C:
+                ctx.exit(0)
+            raise
+        return getattr(loaded, attribute)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,6 +89,7 @@ def run() -> None:
     another program's process leaves how that process loads its modules alone)."""
     sys.meta_path.insert(0, _SqliteUtilsAlone())
     _watch_stdout()
+    _watch_stderr()
     try:
         try:
             main()
@@ -87,7 +99,7 @@ def run() -> None:
     except OSError as exc:
         if not _Stdout.failed:  # (another file's error: not one said here)
             raise
-        _let_stdout_go()
+        let_stdout_go()
         if not isinstance(exc, BrokenPipeError):  # (a reader that stopped reading: silent, as click has it)
             click.echo(f"Error: cannot write standard output: {exc.strerror or exc}", err=True)
         sys.exit(1)
@@ -107,16 +119,38 @@ class _Stdout(io.FileIO):
             raise
 
 
+class _Stderr(io.FileIO):
+    """Standard error's file, which goes onto the null device once writing it failed (its
+    reader stopped reading: `2>&1 | head -1`): there is nowhere left to say anything, and
+    the command's exit status, not a traceback, says how it ended."""
+
+    def write(self, data: Any) -> int | None:
+        try:
+            return super().write(data)
+        except OSError:
+            _onto_null_device(self.fileno())
+            return len(data)
+
+
 def _watch_stdout() -> None:
     """Standard output as it was (its encoding, errors and buffering), written through ``_Stdout``."""
-    out = sys.stdout
+    sys.stdout = _watched(sys.stdout, _Stdout)
+
+
+def _watch_stderr() -> None:
+    """Standard error as it was, written through ``_Stderr``."""
+    sys.stderr = _watched(sys.stderr, _Stderr)
+
+
+def _watched(out: Any, file: type[io.FileIO]) -> Any:
+    """``out``, a standard stream, as it was (its encoding, errors and buffering), written
+    through ``file`` (left as it is when it is none, or no file)."""
     try:
         fd = out.fileno()
-    except (AttributeError, OSError, ValueError):  # (none, or not a file: left as it is)
-        return
-    buffered = io.BufferedWriter(_Stdout(fd, "w", closefd=False))
-    sys.stdout = io.TextIOWrapper(
-        buffered,
+    except (AttributeError, OSError, ValueError):
+        return out
+    return io.TextIOWrapper(
+        io.BufferedWriter(file(fd, "w", closefd=False)),
         encoding=out.encoding,
         errors=out.errors,
         line_buffering=out.line_buffering,
@@ -124,11 +158,15 @@ def _watch_stdout() -> None:
     )
 
 
-def _let_stdout_go() -> None:
+def let_stdout_go() -> None:
     """Standard output onto the null device: what it still holds, flushed again at exit,
     goes nowhere instead of ending in a traceback."""
+    _onto_null_device(sys.stdout.fileno())
+
+
+def _onto_null_device(fd: int) -> None:
     null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, sys.stdout.fileno())
+    os.dup2(null, fd)
     os.close(null)
 
 

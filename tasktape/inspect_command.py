@@ -14,6 +14,7 @@ from tasktape.eventlog import EventLog
 from tasktape.eventlog.schema import upgrade_log
 from tasktape.proxy.hosts import AsgiHostGuard
 
+from .console_text import shown
 from .listen import DEFAULT_INSPECT_PORT, Exposure, allow_host_option, answered_hosts, warn_if_exposed
 from .option_checks import bad_input
 from .serving import STOP_GRACE, bind
@@ -46,15 +47,16 @@ def serve_inspector(
     # Datasette takes over half a second to import: only the commands that serve it pay.
     from tasktape.inspector.app import create_datasette, log_name, serve  # noqa: PLC0415
 
+    _check_servable(path)
     ds = create_datasette(path)
     sock = bind(host, port, or_any_port=or_any_port)
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{sock.getsockname()[1]}"
+    named_host = f"[{host}]" if ":" in host else host
+    url = f"http://{named_host}:{sock.getsockname()[1]}"
     name = log_name(ds)
     warn_if_exposed("tasktape inspect", host, Exposure.INSPECTOR)
 
     def ready() -> None:
-        click.echo(f"tasktape inspect: {path} on {url}/ (Ctrl-C stops)")
+        click.echo(f"tasktape inspect: {shown(str(path))} on {url}/ (Ctrl-C stops)")
         click.echo(f"  tasks    {url}{ds.urls.table(name, 'task_summary')}")
         click.echo(f"  sessions {url}{ds.urls.query(name, 'mcp_sessions')}")
         click.echo(f"  streams  {url}{ds.urls.query(name, 'llm_streams')}")
@@ -68,6 +70,18 @@ def serve_inspector(
 
     asyncio.run(serve(ds, sock, ready, STOP_GRACE, stop_signals(), wrap))
     click.echo("tasktape inspect: stopped", err=True)
+
+
+def _check_servable(path: Path) -> None:
+    """Refuse, as bad input, a log whose path is not UTF-8 (a byte no name decodes): Datasette
+    keeps each database's path as text, and would fail every page on it."""
+    try:
+        str(path.resolve()).encode()
+    except UnicodeEncodeError:
+        raise bad_input(
+            f"cannot serve {shown(str(path))}: its path is not UTF-8, which Datasette needs; "
+            "rename it, or the folder it is in"
+        ) from None
 
 
 def _named_host(_ctx: click.Context, _param: click.Parameter, value: str) -> str:

@@ -12,6 +12,8 @@ import click
 
 from tasktape.errors import LogBusy, LogError, UsageError
 
+from .console_text import shown
+
 Value = TypeVar("Value")
 
 
@@ -25,7 +27,7 @@ def checked(check: Callable[[Any], Value]) -> Callable[[click.Context, click.Par
         try:
             return check(value)
         except UsageError as exc:
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+            raise click.BadParameter(shown(str(exc)), ctx=ctx, param=param) from None
 
     return callback
 
@@ -76,8 +78,8 @@ class Seconds(FiniteRange):
 
 def bad_input(message: str) -> click.ClickException:
     """A file an option names that is not what the command takes: a usage error (exit
-    status 2, as click's own), said on one line."""
-    error = click.ClickException(message)
+    status 2, as click's own), said on one line (what it names, as the console shows it)."""
+    error = click.ClickException(shown(message))
     error.exit_code = 2
     return error
 
@@ -85,7 +87,7 @@ def bad_input(message: str) -> click.ClickException:
 def refused_log(exc: LogError) -> click.ClickException:
     """A log a writing command cannot write, as every such command says it: held by another
     writer, a failure (exit status 1); no event log to write, or none can be, bad input (2)."""
-    return click.ClickException(str(exc)) if isinstance(exc, LogBusy) else bad_input(str(exc))
+    return click.ClickException(shown(str(exc))) if isinstance(exc, LogBusy) else bad_input(str(exc))
 
 
 def clickhouse_url(url: str) -> str:

@@ -31,6 +31,7 @@ from tasktape.proxy.live import HOLD_BYTES
 from tasktape.proxy.recorder import Refusal, points_at, shown_url, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
+from .cli import let_stdout_go
 from .console_text import shown
 from .counted import counted
 from .event_loop import event_loop_option
@@ -201,14 +202,81 @@ def record(
     change nothing else:
     responses stream through unchanged, chunk by chunk, while every request, chunk and
     SSE event lands in the log. Stop with Ctrl-C (or SIGTERM, or SIGHUP when the terminal
-    closes): the log is flushed and the exit status is 0, or 3 if anything could not be
-    written to the log. It is 1 when it could not start (the port in use, the log held by
-    another writer), 2 on bad input (an option's value, a --db that is no event log, or in a
-    folder that does not exist).
+    closes), even before it listens: the log is flushed and the exit status is 0, or 3 if
+    anything could not be written to the log. It is 1 when it could not start (the port in
+    use, the log held by another writer), 2 on bad input (an option's value, a --db that is
+    no event log, or in a folder that does not exist). Standard output closed (`| head -1`
+    to learn the address), exchanges are no longer printed; the recording goes on.
     """
+    writer: ProcessLogWriter | None = None
+    shipper: ShipperProcess | None = None
+    _Console.gone = False  # (a recorder run before in this process may have lost its own)
+    try:
+        writer, shipper, proxy, sock = _start(
+            upstream=upstream,
+            listen=listen,
+            db=db,
+            redactor=Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query),
+            public_url=public_url,
+            no_rewrite_card=no_rewrite_card,
+            max_body=max_body,
+            max_decoded=max_decoded,
+            max_log_size=max_log_size,
+            resume=resume,
+            hold=hold,
+            hold_bytes=hold_bytes,
+            rejoin_for=rejoin_for,
+            resume_unknown=resume_unknown,
+            ship=ship,
+            ship_stream=ship_stream,
+            ship_drain=ship_drain,
+            allow_host=allow_host,
+            quiet=quiet,
+        )
+        _serve(proxy, listen[0], sock, db, loop_factory)
+    except KeyboardInterrupt:  # (before it listened: from then on, stop_signals stop it)
+        click.echo("tasktape record: stopped before it was listening", err=True)
+    finally:
+        if writer is not None:
+            writer.close()
+        if shipper:
+            shipper.close()  # after the writer: every row is committed, to be shipped
+    if writer is not None and writer.stats.rows_lost:
+        stats = writer.stats
+        click.echo(
+            f"tasktape record: {stats.rows_lost} rows could not be written to {db} "
+            f"({stats.failed_batches} failed batches; last error: {stats.last_error})",
+            err=True,
+        )
+        sys.exit(EXIT_LOG_FAILED)
+
+
+def _start(
+    *,
+    upstream: str,
+    listen: tuple[str, int],
+    db: str,
+    redactor: Redactor,
+    public_url: str | None,
+    no_rewrite_card: bool,
+    max_body: int,
+    max_decoded: int,
+    max_log_size: int | None,
+    resume: bool,
+    hold: float,
+    hold_bytes: int,
+    rejoin_for: float,
+    resume_unknown: str,
+    ship: str | None,
+    ship_stream: str,
+    ship_drain: float,
+    allow_host: tuple[str, ...],
+    quiet: bool,
+) -> tuple[ProcessLogWriter, ShipperProcess | None, RecordingProxy, socket.socket]:
+    """The recorder, ready to serve: its log's writer, its shipper (with --ship), its
+    proxy, and the socket it listens on."""
     _only_with("--resume", resume, ("hold", "hold_bytes", "rejoin_for", "resume_unknown"))
     _only_with("--ship", ship, ("ship_stream", "ship_drain"))
-    redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
     host, port = listen
     warn_if_exposed("tasktape record", host)
     # Nothing is written until the recorder can listen: a bad --upstream or a port in use
@@ -250,7 +318,7 @@ def record(
         # The one bound the writer checks itself: --max-log-size below what an empty log
         # takes (the writer process knows how much; this one does not load the schema).
         raise click.BadParameter(str(exc), param_hint="--max-log-size") from None
-    shipper = servers and _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0])
+    shipper = _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0]) if servers else None
     for fd in hints or ():  # the children hold their ends
         os.close(fd)
     proxy = RecordingProxy(  # --upstream was checked above
@@ -272,30 +340,28 @@ def record(
     # On a thread of its own: an upstream that drops connections silently would hold the
     # start up for the probe's whole timeout.
     threading.Thread(target=_say_if_down, args=(proxy.upstream,), daemon=True).start()
-    try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(
-                serve_until_stopped(
-                    proxy.app,
-                    host,
-                    port,
-                    ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
-                    stopping="tasktape record: stopping; flushing the log",
-                    sock=sock,
-                )
+    return writer, shipper, proxy, sock
+
+
+def _serve(
+    proxy: RecordingProxy,
+    host: str,
+    sock: socket.socket,
+    db: str,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
+) -> None:
+    """Serve ``proxy`` on ``sock`` until stopped."""
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(
+            serve_until_stopped(
+                proxy.app,
+                host,
+                sock.getsockname()[1],
+                ready=lambda url: f"tasktape record: listening on {url} -> {proxy.upstream} (log: {db})",
+                stopping="tasktape record: stopping; flushing the log",
+                sock=sock,
             )
-    finally:
-        writer.close()
-        if shipper:
-            shipper.close()  # after the writer: every row is committed, to be shipped
-    stats = writer.stats
-    if stats.rows_lost:
-        click.echo(
-            f"tasktape record: {stats.rows_lost} rows could not be written to {db} "
-            f"({stats.failed_batches} failed batches; last error: {stats.last_error})",
-            err=True,
         )
-        sys.exit(EXIT_LOG_FAILED)
 
 
 def _say_if_upgrading(db: str) -> None:
@@ -391,15 +457,40 @@ def _size(n: int) -> str:
     return counted(n, "byte")
 
 
+class _Console:
+    """Standard output, where the recorder says what it records, while it can be written.
+    Once it cannot (its reader stopped reading, as `| head -1` does once it has the
+    address; a full disk), the recorder goes on without it, saying so once on standard
+    error: what it prints is no part of the recording, nor of its exit status."""
+
+    gone = False
+
+    @classmethod
+    def echo(cls, line: str) -> None:
+        if cls.gone:
+            return
+        try:
+            click.echo(line)
+        except OSError as exc:
+            cls.gone = True
+            let_stdout_go()  # (what it still holds goes nowhere, at exit too)
+            why = "it was closed" if isinstance(exc, BrokenPipeError) else (exc.strerror or str(exc))
+            click.echo(
+                f"tasktape record: standard output cannot be written ({why}): exchanges are no longer "
+                "printed; the recording goes on",
+                err=True,
+            )
+
+
 def _print_exchange(summary: ExchangeSummary) -> None:
-    click.echo(describe_exchange(summary))
+    _Console.echo(describe_exchange(summary))
     _print_undecoded(summary)
 
 
 def _print_failed(summary: ExchangeSummary) -> None:
     """--quiet: only the exchanges the proxy failed, and bodies the log could not decode."""
     if summary.outcome in _FAILED:
-        click.echo(describe_exchange(summary))
+        _Console.echo(describe_exchange(summary))
     _print_undecoded(summary)
 
 
@@ -413,7 +504,7 @@ def _print_rejoin(resume: Resume) -> None:
 def _print_refusal(refusal: Refusal) -> None:
     """A request answered here and not forwarded: said even with --quiet."""
     r = refusal
-    click.echo(shown(f"{r.method} {r.path} {r.status}  [refused: {r.reason}]"))
+    _Console.echo(shown(f"{r.method} {r.path} {r.status}  [refused: {r.reason}]"))
 
 
 def _say_if_down(upstream: URL) -> None:
@@ -434,7 +525,7 @@ _PROBE_TIMEOUT = 2.0  # seconds the start waits to see the upstream take a conne
 
 
 def _print_resume(resume: Resume) -> None:
-    click.echo(f"resume: {shown(resume.describe())}")
+    _Console.echo(f"resume: {shown(resume.describe())}")
 
 
 def _print_undecoded(summary: ExchangeSummary) -> None:

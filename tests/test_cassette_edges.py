@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import time
@@ -415,3 +416,60 @@ def test_a_reconnect_whose_stream_was_left_out_is_refused_not_rebound(tmp_path: 
     ):
         write_cassette(tmp_path / "two.jsonl", [card, reconnect])
     assert not (tmp_path / "two.jsonl").exists()
+
+
+@pytest.mark.parametrize("method", ["GE\x1b]0;PWN\x07T", "GE T", "GET\x7f", "G\u00cbT"], ids=ascii)
+def test_a_method_that_is_no_http_token_is_refused(tmp_path: Path, method: str) -> None:
+    """A method holding ESC and BEL (a terminal's title, set as the exchange was printed)
+    was imported: a method is a token, as the line of every request sent holds it."""
+    cassette = tmp_path / "method.jsonl"
+    cassette.write_text(f"{HEAD}\n{json.dumps({'exchange': {'request': {'method': method, 'path': '/'}}})}\n")
+    code, output = cli("import", str(cassette), "--db", str(tmp_path / "m.db"))
+    assert code == 2
+    line = one_error_line(output)
+    assert line.startswith(f"Error: {cassette}:2: exchange: request.method: ")
+    assert "a method is a token" in line
+    assert not (tmp_path / "m.db").exists()
+    with pytest.raises(CassetteError, match="a method is a token"):
+        read_cassette(cassette)
+
+
+def test_a_log_whose_name_is_not_utf8_is_exported_its_name_escaped_in_json(tmp_path: Path) -> None:
+    """Exported, a log whose file name is no UTF-8 (byte 0xfe) ended in a traceback
+    (UnicodeEncodeError): the header's source held the name as Python decodes it. The byte
+    is written as a JSON escape, which reads back as the same name."""
+    log = tmp_path / os.fsdecode(b"bad\xfe.db")
+    with LogWriter(log) as writer:
+        exchange = started_stream(writer)
+        writer.end_exchange(exchange, duration_ns=4_000_000)
+    cassette = tmp_path / os.fsdecode(b"out\xfe.jsonl")
+    code, output = cli("export", str(log), "-o", str(cassette))
+    assert code == 0, output
+    said = f"tasktape export: 1 exchange from {tmp_path}/bad\\udcfe.db -> {tmp_path}/out\\udcfe.jsonl\n"
+    assert output == said
+    header = cassette.read_bytes().split(b"\n")[0]
+    assert b'"source": "bad\\udcfe.db"' in header
+    assert os.fsencode(json.loads(header)["source"]) == b"bad\xfe.db"
+    code, output = cli("import", str(cassette), "--db", str(tmp_path / "again.db"))
+    assert code == 0, output
+    assert rows_in(tmp_path / "again.db", "exchanges") == 1
+
+
+def test_the_pytest_plugin_says_a_cassette_error_as_a_console_line(pytester: pytest.Pytester) -> None:
+    """A cassette that cannot be read failed its test with the error as it came: a control
+    character in its name (or in what the error quotes of it) reached the terminal."""
+    (pytester.path / "cassettes").mkdir()
+    (pytester.path / "cassettes" / "bad\x1b[31m.jsonl").write_text("not json\n")
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/bad\\x1b[31m.jsonl")
+        def test_card(tasktape):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    said = result.stdout.str()
+    assert "\x1b" not in said and "bad\\x1b[31m.jsonl:1: not JSON" in said, said

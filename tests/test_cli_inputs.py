@@ -491,3 +491,16 @@ def test_ctrl_c_while_the_command_line_loads_ends_it_without_a_traceback() -> No
         check=True,
     )
     assert loaded.stdout == "True\n"  # (once loaded, a program that imports it keeps its own)
+
+
+def test_bad_input_names_a_file_as_a_console_line(tmp_path: Path) -> None:
+    """A file given that the command does not take was named as it is: a control character
+    in its name (ESC, BEL: a terminal's title) reached the terminal."""
+    named = tmp_path / "notes\x1b]0;x\x07.txt"
+    named.write_text("not a log, not a cassette\n")
+    result = run("merge", named, "-o", tmp_path / "fleet.db")
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: {tmp_path}/notes\\x1b]0;x\\x07.txt is a file that is neither an event log nor a cassette:"
+        " there is nothing to merge\n"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -205,3 +206,47 @@ def test_a_cassette_changed_as_it_is_written_leaves_nothing_of_it(tmp_path: Path
     again = run("import", str(file), "--db", str(db))
     assert again.stderr == f"tasktape import: {EXCHANGES} exchanges from {file} -> {db}\n"
     assert rows_in(db, "captures") == 1 and rows_in(db, "exchanges") == EXCHANGES
+
+
+# A run of `tasktape` under a file size limit (as `ulimit -f` sets: a write past it fails,
+# with EFBIG, for Python ignores SIGXFSZ): a disk that fills up.
+LIMITED = (
+    "import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'tasktape', *sys.argv[2:]])"
+)
+
+
+@pytest.mark.parametrize("uids", [False, True], ids=["derived uids", "uids"])
+def test_an_import_that_fills_the_disk_is_finished_by_running_it_again(tmp_path: Path, uids: bool) -> None:
+    """An import that filled the disk ended its capture all the same, said it imported the
+    file, then that rows were lost "(Traffic is not affected)": run again with room, it said
+    the file was in the log already, its exchanges held without their chunks or events. The
+    capture is left unfinished, and run again the import finishes it: the log then holds
+    what a clean import of the file makes, row for row."""
+    file, db, clean = cassette(tmp_path / "big.jsonl", uids=uids), tmp_path / "log.db", tmp_path / "clean.db"
+    limit = str(1024 * 1024)
+    full = subprocess.run(
+        [sys.executable, "-c", LIMITED, limit, "import", str(file), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert full.returncode == 1
+    lost = rf"Error: \d+ rows could not be written to {re.escape(str(db))} \([^\n]+\): "
+    lost += rf"{re.escape(str(file))} is in it in part, as capture 1, left unfinished; importing it again, "
+    lost += "with room, finishes it\n"
+    # The last line (a note that the newest rows are still in the -wal may come before it,
+    # as the disk filled where the log folds them in).
+    assert re.search(f"(^|\n){lost}$", full.stderr) and "Traffic" not in full.stderr, full.stderr
+    written, ended = unfinished(db)
+    assert ended is None and 0 < written < EXCHANGES
+    again = run("import", str(file), "--db", str(db))
+    assert again.returncode == 0, again.stderr
+    assert re.fullmatch(
+        rf"tasktape import: {re.escape(str(file))}: capture 1 in {re.escape(str(db))} was left unfinished"
+        rf" \(\d+ of {EXCHANGES} exchanges\): the rest added\n",
+        again.stderr,
+    )
+    assert run("import", str(file), "--db", str(clean)).returncode == 0
+    assert contents(db) == contents(clean)

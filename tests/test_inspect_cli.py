@@ -3,6 +3,7 @@ and `tasktape demo --inspect`, which records a log and then serves it."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -193,6 +194,38 @@ def test_a_log_whose_name_is_markup_is_served_under_a_safe_name(
     status, html = get(queries)
     assert status == 200 and "<h1>Event log x&#34;&gt;&lt;img src=x onerror=" in html
     assert inspector.stop()[0] == 0
+
+
+def test_the_startup_line_names_the_log_as_a_console_line(
+    log: Path, tmp_path: Path, served: list[Served]
+) -> None:
+    """The startup line printed the log's path as it is: a control character in its name
+    (ESC, BEL: a terminal's title) reached the terminal."""
+    named = Path(shutil.copy(log, tmp_path / "a\x1b]0;x\x07.db"))
+    served.append(inspector := Served("inspect", str(named), "--port", "0"))
+    url = inspector.wait_for_url()
+    assert inspector.out.startswith(f"tasktape inspect: {tmp_path}/a\\x1b]0;x\\x07.db on {url}/")
+    assert "\x1b" not in inspector.out
+    assert inspector.stop()[0] == 0
+
+
+def test_a_log_whose_path_is_not_utf8_is_refused_in_one_line(log: Path, tmp_path: Path) -> None:
+    """A log whose name is no UTF-8 (byte 0xfe) was served, and every page of it answered
+    500 (Datasette keeps a database's path as text, which UTF-8 cannot write). It is
+    refused as bad input, in one line that names it escaped."""
+    named = Path(shutil.copy(log, tmp_path / os.fsdecode(b"bad\xfe.db")))
+    done = subprocess.run(
+        [sys.executable, "-m", "tasktape", "inspect", "--port", "0", str(named)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"Error: cannot serve {tmp_path}/bad\\udcfe.db: its path is not UTF-8, which Datasette needs;"
+        " rename it, or the folder it is in\n"
+    )
 
 
 def test_upgrade_while_another_writer_holds_the_log_is_refused(tmp_path: Path) -> None:

@@ -100,6 +100,99 @@ async def test_a_signal_to_the_whole_process_group_loses_nothing(tmp_path: Path,
         assert events == [2000] * 5 == [b.count(b"\n\n") for b in bodies]
 
 
+def recorder_process(upstream: str, db: Path, **streams: int) -> subprocess.Popen[bytes]:
+    """``tasktape record`` in front of ``upstream``, its standard output a pipe (and
+    ``streams``: stderr as Popen takes it)."""
+    args = [sys.executable, "-m", "tasktape", "record", "--listen", "127.0.0.1:0", "--upstream", upstream]
+    return subprocess.Popen([*args, "--db", str(db)], stdout=subprocess.PIPE, **streams)
+
+
+@pytest.mark.parametrize("stderr", ["its own", "the same pipe"])
+async def test_a_recorder_whose_output_is_closed_goes_on_and_stops_as_ever(
+    tmp_path: Path, stderr: str
+) -> None:
+    """`tasktape record | head -1` (to learn the address) then Ctrl-C: the first exchange
+    after head had gone warned that the on_exchange callback raised (BrokenPipeError), and
+    the recorder exited 1, though its log was whole. It goes on without printing, says so
+    once, and a Ctrl-C stops it with status 0."""
+    db = tmp_path / "captures.db"
+    streams = {"stderr": subprocess.PIPE if stderr == "its own" else subprocess.STDOUT}
+    async with serve(upstream_app(events=20)) as upstream:
+        proc = recorder_process(upstream, db, **streams)
+        try:
+            assert proc.stdout is not None
+            first = (await asyncio.to_thread(proc.stdout.readline)).decode()
+            url = re.search(r"listening on (http://\S+)", first)
+            assert url, first
+            proc.stdout.close()  # (as head does, once it has its line)
+            bodies = [await post_stream(url[1]) for _ in range(3)]
+            proc.send_signal(signal.SIGINT)
+            status = await asyncio.to_thread(proc.wait, 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+        err = proc.stderr.read().decode() if proc.stderr else ""
+    assert status == 0, err
+    assert [b.count(b"\n\n") for b in bodies] == [20] * 3
+    if stderr == "its own":  # (the exchanges are said as the log has them: maybe after the stop)
+        assert sorted(err.splitlines()) == [
+            "tasktape record: standard output cannot be written (it was closed): exchanges are no longer"
+            " printed; the recording goes on",
+            "tasktape record: stopping; flushing the log",
+        ]
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["complete"] * 3
+
+
+async def test_ctrl_c_before_the_recorder_listens_stops_it_as_after(tmp_path: Path) -> None:
+    """Ctrl-C while the recorder started (its log writer starting) ended it with click's
+    "Aborted!" and status 1, where its help says a Ctrl-C stops it with 0."""
+    db = tmp_path / "captures.db"
+    proc = recorder_process("http://127.0.0.1:9", db, stderr=subprocess.PIPE)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        while proc.poll() is None and not children.read_text().split():  # its log writer starts
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Aborted" not in err and b"Traceback" not in err, err
+
+
+# Ctrl-C landing while `tasktape record` loads the recorder (aiohttp), after the command
+# line itself loaded.
+_INTERRUPTED_AS_RECORD_LOADS = """
+import os, signal, sys
+class Interrupting:
+    def find_spec(self, name, path, target=None):
+        if name == "aiohttp":
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, Interrupting())
+from tasktape.cli import run
+run()
+"""
+
+
+def test_ctrl_c_while_the_recorder_loads_stops_it_as_after(tmp_path: Path) -> None:
+    """Ctrl-C while the recorder loaded ended it with click's "Aborted!" and status 1."""
+    db = tmp_path / "captures.db"
+    args = ["record", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9", "--db", str(db)]
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_AS_RECORD_LOADS, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert not db.exists()
+
+
 async def test_a_recorder_started_under_nohup_keeps_ignoring_sighup(tmp_path: Path) -> None:
     def under_nohup() -> None:
         os.setpgrp()
