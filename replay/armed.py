@@ -22,12 +22,18 @@ class Armed:
         self.applied = 0
         self._random = random.Random(faults.scope.seed)
 
-    def takes(self, path: str, is_stream: bool) -> bool:
-        """Whether this answer gets the faults (and count it, if it could have)."""
+    def could_take(self, path: str, is_stream: bool) -> bool:
+        """Whether the faults are for such an answer at all (its path, a stream or not),
+        whatever they count or draw."""
         scope = self.faults.scope
         if self.faults.on_streams and not is_stream:
             return False
-        if scope.path is not None and not fnmatch.fnmatchcase(path, scope.path):
+        return scope.path is None or fnmatch.fnmatchcase(path, scope.path)
+
+    def takes(self, path: str, is_stream: bool) -> bool:
+        """Whether this answer gets the faults (and count it, if it could have)."""
+        scope = self.faults.scope
+        if not self.could_take(path, is_stream):
             return False
         self.seen += 1
         if scope.every is not None and self.seen % scope.every:

@@ -1,7 +1,7 @@
 """The replay server: answers requests with recorded exchanges, at the recorded pace
 (``speed`` times faster), byte for byte; resumes streams from ``Last-Event-ID``; serves
 ``tasks/{id}:subscribe`` from the task as it runs in replay time; injects faults on
-demand; and keeps a fidelity record of every answer (``/_tasktape/`` has the control API)."""
+demand; and keeps a fidelity record of its answers (``/_tasktape/`` has the control API)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+# Imported by their full names: ``from . import settings`` takes the package's attribute,
+# which outlives a module a test process unloaded (pytester's in-process runs do), and so
+# would pair a reloaded ``Faults`` with the checks of the one before.
+import tasktape.replay.control as control  # noqa: PLR0402 - see above
+import tasktape.replay.fidelity as fidelity  # noqa: PLR0402 - see above
+import tasktape.replay.settings as settings  # noqa: PLR0402 - see above
 from tasktape.errors import FaultError, UsageError
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.content_coding import TooLarge, decode_body
@@ -39,7 +45,6 @@ from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, he
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
-from . import control, fidelity, settings
 from .armed import Armed, for_request, give_back, header_faults
 from .choosing import ID_PREFIX, Recordings, is_card
 from .fault_edits import clash, land, land_on_head
@@ -122,6 +127,7 @@ class ReplayServer:
         prefer: str | None = None,
         miss_hint: str = MISS_HINT,
         redactor: Redactor | None = None,
+        every_answer: bool = False,
     ) -> None:
         mode = ReplayMode.parse(mode)  # its name will do ("passthrough"), a typo will not
         if mode is not ReplayMode.REPLAY and not upstream:
@@ -159,7 +165,9 @@ class ReplayServer:
         self.mode = mode
         self._configured = [f for f in given if f]  # armed again by a reset
         self.armed = [Armed(f, CONFIGURED) for f in self._configured]
-        self.served: list[Served] = []  # the fidelity record, one per answer
+        # The fidelity record: all answers counted, the latest and the first that differed in
+        # full (``every_answer``: all in full, for a server as short-lived as a test).
+        self.fidelity = fidelity.Record(every_answer=every_answer)
         self.miss_hint = miss_hint  # what a miss's answer suggests, in the words of who serves it
         self.stats = ReplayStats()
         self.proxy: RecordingProxy | None = None
@@ -528,8 +536,11 @@ class ReplayServer:
     ) -> web.Response | None:
         """The refusal of a request whose own spec says nothing clear of the stream it would
         get (no-final and another fault on its closing event, which only the stream shows),
-        as one naming two faults for one event is refused; None for any other."""
-        why = clash(chunks, header, _closing(protocol)) if header is not None and is_sse else None
+        as one naming two faults for one event is refused; None for any other, and for a
+        spec whose path or kind of answer leaves this one out (``p=``: it is for this one)."""
+        if header is None or not is_sse or not Armed(header, FAULT_HEADER).could_take(incoming.path, is_sse):
+            return None
+        why = clash(chunks, header, _closing(protocol))
         if why is None:
             return None
         self.stats.served -= 1
@@ -550,25 +561,28 @@ class ReplayServer:
         """Send an answer with the faults its scopes give it (a spec whose faults the
         answer was too short for keeps its count for the next one). ``counted``: the
         recording the answer used up, which a status fault gives back."""
-        self.served.append(served)
-        faults, taken = for_request(self.armed, header, incoming.path, answer.is_sse)
-        bodiless = request.method == "HEAD"
-        if faults.status:
-            made = faults.status_items()
-            give_back(taken, made)
-            if counted is not None:
-                # None of it was sent: the client's retry gets it.
-                self.used[counted] -= 1
-            return await self._faulty_status(served, faults, made, bodiless)
-        if bodiless:
-            landing = land_on_head(answer.chunks, faults)
-        else:
-            landing = land(answer.chunks, answer.is_sse, faults, _closing(protocol_name))
-        give_back(taken, landing.applied)
-        served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
-        if landing.applied:
-            served.because(Divergence.FAULT, ", ".join(landing.applied))
-        return await send(request, answer, faults, landing, served, self.speed)
+        self.fidelity.opened(served)
+        try:
+            faults, taken = for_request(self.armed, header, incoming.path, answer.is_sse)
+            bodiless = request.method == "HEAD"
+            if faults.status:
+                made = faults.status_items()
+                give_back(taken, made)
+                if counted is not None:
+                    # None of it was sent: the client's retry gets it.
+                    self.used[counted] -= 1
+                return await self._faulty_status(served, faults, made, bodiless)
+            if bodiless:
+                landing = land_on_head(answer.chunks, faults)
+            else:
+                landing = land(answer.chunks, answer.is_sse, faults, _closing(protocol_name))
+            give_back(taken, landing.applied)
+            served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
+            if landing.applied:
+                served.because(Divergence.FAULT, ", ".join(landing.applied))
+            return await send(request, answer, faults, landing, served, self.speed)
+        finally:
+            self.fidelity.closed(served)  # however it ended: whole, cut short, a status fault
 
     async def _faulty_status(
         self, served: Served, faults: Faults, made: list[str], bodiless: bool
@@ -697,9 +711,14 @@ class ReplayServer:
         self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         self.tasks.reset()
 
+    @property
+    def served(self) -> list[Served]:
+        """The fidelity record's answers kept in full, in the order they began."""
+        return self.fidelity.kept
+
     def report(self) -> dict[str, Any]:
         """The fidelity report, as ``GET /_tasktape/report`` answers it."""
-        return fidelity.report(self.served)
+        return self.fidelity.report()
 
 
 def last_event_id(request: web.Request) -> str | None:

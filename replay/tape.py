@@ -404,6 +404,9 @@ class TapeSession:
             "prefer": o.test,
             "miss_hint": miss_hint(o.name),
             "redactor": o.redactor,  # what a recording run redacts, a miss's report hides
+            # The report lists every answer of the test, which assert_faithful reads: the
+            # server lives as long as the test (a long-running one keeps the latest only).
+            "every_answer": True,
         }
         if records:
             self._folder = Path(tempfile.mkdtemp(prefix="tasktape-"))

@@ -304,9 +304,9 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
     were not made, which recordings were never used, and which the log held no end of."""
     stats = server.stats
     lines = [
-        f"tasktape replay: {stats.served} served, {len(stats.missed)} missed"
-        + (f", {len(stats.refused)} refused" if stats.refused else "")
-        + (f", {stats.forwarded} forwarded" if stats.forwarded else "")
+        f"tasktape replay: {stats.served:,} served, {len(stats.missed):,} missed"
+        + (f", {len(stats.refused):,} refused" if stats.refused else "")
+        + (f", {stats.forwarded:,} forwarded" if stats.forwarded else "")
     ]
     for miss in stats.missed:
         lines.append(f"  missed {miss.request}")
@@ -326,4 +326,4 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
             f"replayed cut short there ({Outcome.LOG_CLOSED}):"
         )
         lines += [f"    {r.request_line} ({r.origin})" for r in under_way]
-    return lines + fidelity.summary(server.served)
+    return lines + fidelity.summary(server.fidelity)

@@ -21,13 +21,14 @@ from sdk_client import stream_message
 
 from tasktape.a2a_client import A2AClient
 from tasktape.agent import create_agent_app
-from tasktape.errors import UsageError
+from tasktape.errors import Unfaithful, UsageError
 from tasktape.eventlog import EventLog, LogWriter, SSEDecoder
 from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.protocols import protocols
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.redact import Redactor
-from tasktape.replay import Faults, ReplayMode, ReplayServer, load
+from tasktape.replay import Faults, ReplayMode, ReplayServer, fidelity, load
+from tasktape.replay.tape import TapeOptions, TapeSession
 
 MS = 1_000_000
 
@@ -812,3 +813,99 @@ async def test_a_replayed_answer_has_the_recorded_headers_and_a_date(tmp_path: P
             assert "Server" not in r.headers and "Content-Type" not in r.headers and "Date" in r.headers
         async with session.get(f"{url}/named") as r:
             assert (r.headers["Server"], r.headers["Date"]) == ("agent/1.0", "Sun, 06 Dec 2026 15:00:00 GMT")
+
+
+def long_run_cassette(tmp_path: Path) -> Path:
+    """A page, an agent card (rewritten each time: it differs every time alike) and a
+    JSON-RPC call (a request with another id differs in its own way), each to ask again."""
+    page = Recorded(method="GET", path="/page", status=200, chunks=[(0, b"page")], outcome="complete")
+    card = Recorded(
+        method="GET",
+        path="/.well-known/agent-card.json",
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(0, b'{"name": "agent", "url": "http://agent.example/rpc"}')],
+        outcome="complete",
+    )
+    call = Recorded(
+        method="POST",
+        path="/rpc",
+        request_body=b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}',
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(0, b'{"jsonrpc": "2.0", "id": 1, "result": {}}')],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "c.jsonl", [page, card, call])
+    return tmp_path / "c.jsonl"
+
+
+async def ask(url: str, times: int, path: str, method: str = "GET", **request: Any) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(times):
+            async with session.request(method, f"{url}{path}", **request) as r:
+                await r.read()
+
+
+async def test_a_long_run_keeps_a_bounded_record_and_exact_counts(
+    tmp_path: Path, serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay that serves for days keeps the latest answers and the first that differed
+    in full, and counts every answer; its exit summary says each way answers differed
+    once, with how many did."""
+    monkeypatch.setattr(fidelity, "RECENT", 10)
+    monkeypatch.setattr(fidelity, "DIFFERED", 5)
+    monkeypatch.setattr(fidelity, "SUMMARY_LINES", 3)
+    server = ReplayServer(load([long_run_cassette(tmp_path)]), speed=0, allow_repeats=True)
+    url = await serve(server.app)
+    await ask(url, 1, "/page", headers={"X-Tasktape-Fault": "status=503"})  # answer 1
+    await ask(url, 15, "/.well-known/agent-card.json")  # 2 to 16
+    await ask(url, 30, "/page")  # 17 to 46, each identical
+    for n in (7, 8, 9):  # 47 to 49
+        await ask(url, 1, "/rpc", method="POST", json={"jsonrpc": "2.0", "id": n, "method": "ping"})
+    report = server.report()
+    streams = report.pop("streams")
+    assert report == {
+        "answers": 49,
+        "identical": 30,
+        "reasons": {"fault": 1, "rewrite": 18},
+        "lateness_ms": report["lateness_ms"],
+        "under_way": 0,
+        "omitted": 34,
+    }
+    # The first five that differed, then the latest ten.
+    assert [s["answer"] for s in streams] == [1, 2, 3, 4, 5, *range(40, 50)]
+    assert streams[0]["reasons"] == ["fault: status=503"] and streams[-1]["identical"] is False
+    assert [s.number for s in server.served] == [s["answer"] for s in streams]
+    page, card, call = (r.origin for r in server.recorded)
+    first, *lines = fidelity.summary(server.fidelity)
+    assert first.startswith("  fidelity: 30 of 49 answers byte-identical, latest chunk ")
+    assert lines == [
+        f"    GET /page ({page}): fault: status=503",
+        f"    GET /.well-known/agent-card.json ({card}): rewrite: the agent card points at {url} (x15)",
+        f"    POST /rpc ({call}): rewrite: the JSON-RPC id 1 is 7",
+        "    and 2 more answers that differed otherwise",
+    ]
+
+
+async def test_a_test_s_tape_keeps_every_answer_for_assert_faithful(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test's server lives as long as the test: its report has every answer, and
+    assert_faithful finds the one that was not the recording among many."""
+    monkeypatch.setattr(fidelity, "RECENT", 10)
+    monkeypatch.setattr(fidelity, "DIFFERED", 0)
+    session = TapeSession(TapeOptions(long_run_cassette(tmp_path), allow_repeats=True), {}, lambda _: False)
+    tape = await session.start()
+    try:
+        await ask(tape.url, 30, "/page")
+        await ask(tape.url, 1, "/page", headers={"X-Tasktape-Fault": "status=503"})
+        await ask(tape.url, 30, "/page")
+        report = tape.report()
+        assert (report["answers"], report["omitted"], len(report["streams"])) == (61, 0, 61)
+        with pytest.raises(Unfaithful, match=r"GET /page \(c\.jsonl:\d+\): fault: status=503") as failed:
+            tape.assert_faithful()
+        assert str(failed.value).count("\n") == 1  # that one answer only
+        tape.assert_faithful(allow="fault")
+    finally:
+        await session.stop(passed=True)

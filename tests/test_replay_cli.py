@@ -124,6 +124,35 @@ async def test_a_stream_cut_by_the_stop_is_said_to_be_stopped_not_left(tmp_path:
     assert "client-left" not in err
 
 
+async def test_the_exit_summary_says_answers_that_differed_alike_once(tmp_path: Path) -> None:
+    """An agent card served a thousand times differs a thousand times the same way: the
+    exit summary says so in one line, with the count."""
+    card = Recorded(
+        method="GET",
+        path="/.well-known/agent-card.json",
+        status=200,
+        response_headers=[("Content-Type", "application/json")],
+        chunks=[(0, b'{"name": "agent", "url": "http://agent.example/rpc"}')],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "card.jsonl", [card])
+    args = ("--listen", "127.0.0.1:0", "--speed", "0", "--allow-repeats")
+    async with running("replay", str(tmp_path / "card.jsonl"), *args) as run:
+        url = re.search(r"on (http://127\.0\.0\.1:\d+)", run.printed[0]).group(1)  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as session:
+            for _ in range(300):
+                async with session.get(f"{url}/.well-known/agent-card.json") as r:
+                    await r.read()
+            async with session.get(f"{url}/_tasktape/report") as r:
+                report = await r.json()
+        assert await stop(run, signal.SIGINT) == 0
+        err = run.printed[-1]
+    assert (report["answers"], report["reasons"], len(report["streams"])) == (300, {"rewrite": 300}, 300)
+    lines = [line for line in err.splitlines() if "agent-card.json" in line]
+    assert len(lines) == 1 and lines[0].endswith(f"rewrite: the agent card points at {url} (x300)"), err
+    assert "fidelity: 0 of 300 answers byte-identical" in err
+
+
 async def test_passthrough_needs_no_source_and_reports_no_unused_ones(tmp_path: Path) -> None:
     async with serve(upstream_app(events=3)) as agent:
         for sources in ((), (str(cassette(tmp_path / "session.jsonl")),)):

@@ -627,6 +627,20 @@ async def test_a_request_s_spec_taking_the_closing_event_twice_is_refused(
     assert (await wire(url, "/message:stream", message(QUESTION))).body == recorded
 
 
+async def test_a_spec_whose_path_leaves_the_request_out_is_not_refused(
+    serve: Serve, demo: tuple[Path, bytes]
+) -> None:
+    """A spec whose own path= does not take the request says nothing of it: it gets its
+    recording, however the spec's faults would clash on another stream."""
+    db, recorded = demo
+    last = len(events_of(recorded))
+    server = ReplayServer(load([db]), speed=0)
+    url = await serve(server.app)
+    spec = f"corrupt={last};no-final;path=/nothing/*"
+    got = await wire(url, "/message:stream", message(QUESTION), {"X-Tasktape-Fault": spec})
+    assert (got.status, got.body) == (200, recorded) and server.stats.refused == []
+
+
 async def test_no_final_and_faults_on_other_events_are_all_made(
     serve: Serve, demo: tuple[Path, bytes]
 ) -> None:
