@@ -122,8 +122,9 @@ EXIT_LOG_FAILED = 3
     default=HOLD_BYTES,
     show_default=True,
     metavar="BYTES",
-    help="With --resume: how many bytes of streams that ended are still held for clients that "
-    "come back (within --hold); past that, the earliest to end are let go first.",
+    help="With --resume: how many bytes of streams that ended (or were read back from the log, "
+    "asleep) are still held for clients that come back (within --hold); past that, the earliest "
+    "to end are let go first.",
 )
 @click.option(
     "--rejoin-for",

@@ -526,6 +526,10 @@ def test_recorded_text_is_printed_with_its_control_characters_escaped(tmp_path: 
     assert result.exit_code == 1, result.output
     assert "    +J45.909 is mild intermittent asthma.\\x1b]0;TITLE\\x07\\x1b[2J\\x00" in result.output
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", result.output), result.output
+    # A tab only moves along its line, and indents code (a Makefile's): shown as it is.
+    b.write_text(b.read_text().replace(r"\\u001b]0;TITLE\\u0007\\u001b[2J\\u0000", r"\\tgo vet"))
+    result = CliRunner().invoke(main, ["diff", str(a), str(b)], color=True)
+    assert "    +J45.909 is mild intermittent asthma.\tgo vet" in result.output, result.output
 
 
 def test_ignore_leaves_a_field_out_of_pairing(tmp_path: Path) -> None:
