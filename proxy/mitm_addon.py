@@ -26,9 +26,9 @@ from mitmproxy import ctx, exceptions, http, optmanager
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
-from tasktape.console_text import shown
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog import ProcessLogWriter
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.content_coding import MAX_DECODED, TooLarge
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome

@@ -80,15 +80,6 @@ AS_SENT = {"auto_decompress": False}
 # How long a recorder whose client left waits for the upstream's end before it closes the
 # upstream connection: an agent's last chunk and the end of its body often come apart.
 END_GRACE = 0.1  # seconds
-# How long it waits instead when the client left once it was sent the event that closes
-# the stream by its protocol ([DONE], message_stop, a final state): such a client leaves
-# at once (the OpenAI SDKs do), and a server may do its bookkeeping after that event
-# before it ends its body. The client is gone, so waiting costs it nothing; bounded, so
-# an upstream that never ends its body does not hold its connection for ever.
-CLOSED_GRACE = 5.0  # seconds
-# At a stop, how long exchanges whose client left may still wait for their upstream's
-# end: the moment exchanges in flight get (tasktape.serving.STOP_GRACE).
-STOP_WAIT = 1.0  # seconds
 # How many of a stream's last reads are kept (references, not copies) to tell, once its
 # client left, whether they end with a closing event: decoded then, never as they pass.
 TAIL_READS = 16
@@ -169,9 +160,6 @@ class RecordingProxy:
         # What a reconnect must carry as the request that opened its stream did.
         self.credentials = Credentials(credential_headers)
         self._pumps: set[asyncio.Task[None]] = set()
-        # Exchanges whose client left, waiting for their upstream's end (the server's
-        # stop no longer waits for them: their connections are gone).
-        self._ending: set[asyncio.Task[Any]] = set()
         self._base = str(self.upstream).rstrip("/")
         # Named in the Via header of every request forwarded: one that comes back with it
         # went round a loop (an upstream that leads back here).
@@ -249,34 +237,12 @@ class RecordingProxy:
         for held in list(self._pumps):  # held streams end with the recorder
             held.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
-        await self._let_ending_go()
         if self._session is not None:
             await self._session.close()
             self._session = None  # (served again, its app starts it again)
         if self.capture_id is not None:
             with contextlib.suppress(WriterClosed):  # the log went first: nothing to note
                 self.writer.end_capture(self.capture_id)
-
-    async def _let_ending_go(self) -> None:
-        """Exchanges whose client left get STOP_WAIT for their upstream's end, then are
-        let go (each ends as its client left it)."""
-        if not self._ending:
-            return
-        _, late = await asyncio.wait(self._ending, timeout=STOP_WAIT)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
-
-    @contextlib.contextmanager
-    def ending(self) -> Iterator[None]:
-        """While an exchange whose client left waits for its upstream's end."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._ending.add(task)
-        try:
-            yield
-        finally:
-            self._ending.discard(task)
 
     @web.middleware
     async def _refuse_forward_proxying(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -797,6 +763,8 @@ class Exchange:
         self.writer = proxy.writer
         self.ended = False
         self.upstream_ended = False  # the upstream's body ended, all of it forwarded
+        # Or the client left once sent the event that closes its stream: it had all it was owed.
+        self.answered = False
         self.client_left = False  # before the end: a stop meanwhile does not change that
         self.teed: _TeedBody | None = None
         self.held = False  # its upstream stream is held (resuming): its reading ends it
@@ -820,7 +788,7 @@ class Exchange:
             return await self._run(body)
         finally:
             if not self.ended and not self.held:  # cancelled: the client left, or the proxy is stopping
-                if self.upstream_ended:  # the client left as the last bytes reached it
+                if self.upstream_ended or self.answered:  # the client left as the last bytes reached it
                     self.end(Outcome.COMPLETE)
                 elif self.proxy.stopping and not self.client_left:
                     self.end(Outcome.PROXY_STOPPED, "tasktape record stopped during the exchange")
@@ -955,29 +923,28 @@ class Exchange:
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self.client_left = not self.proxy.stopping
             if self.client_left and await self._ends_now(read, self._closing_sent(upstream, tail)):
-                self.upstream_ended = True
+                self.answered = True
             raise
         self.end(Outcome.COMPLETE)
         return response
 
     async def _ends_now(self, read: Callable[[], Awaitable[bytes]], closed: bool) -> bool:
-        """The client left just as the last bytes reached it: whether the upstream ends
-        within END_GRACE (CLOSED_GRACE when they ``closed`` the stream) with nothing more
-        (then the exchange is complete, and its log still holds exactly what the client was
-        sent; it ends when the upstream's body did). More data, or none so soon: no."""
-        grace = CLOSED_GRACE if closed else END_GRACE
-        with self.proxy.ending():
-            try:
-                more = await asyncio.wait_for(read(), grace)
-            except TimeoutError:
-                more = None
-            except (aiohttp.ClientError, OSError):
-                return False
+        """The client left just as the last bytes reached it: whether the exchange is
+        complete, its log holding exactly what the client was sent. It is if the upstream
+        ends within END_GRACE with nothing more; or, when those bytes ``closed`` the stream
+        by its protocol, if nothing more comes in that time (the OpenAI SDKs leave on
+        [DONE], before the server ends its body: the client had all it was owed). Either
+        way the upstream is let go then, as it sees any client that leaves."""
+        try:
+            more = await asyncio.wait_for(read(), END_GRACE)
+        except TimeoutError:
+            return closed
+        except (aiohttp.ClientError, OSError):
+            return closed
         if more == b"":
             return True
         if closed:
-            after = "sent more" if more else f"did not end its body within {grace:g} s"
-            self.noted(f"it had been sent the stream's closing event; the upstream then {after}")
+            self.noted("it had been sent the stream's closing event; the upstream then sent more")
         return False
 
     def _closing_sent(self, upstream: aiohttp.ClientResponse, tail: deque[bytes]) -> bool:

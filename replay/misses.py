@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tasktape import console_text
+from tasktape.eventlog import console_text
 from tasktape.eventlog.protocols import recognise
 
 from .choosing import Recordings

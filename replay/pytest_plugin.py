@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tasktape.console_text import shown as escaped
 from tasktape.counted import counted
 from tasktape.errors import CassetteError, CassetteExpired, TapeError, TasktapeError, UsageError
 
@@ -322,7 +321,7 @@ def _aged(request: pytest.FixtureRequest, options: TapeOptions) -> TapeOptions:
     try:
         expired = _expired(options)
     except CassetteError as exc:
-        raise _failed(f"tasktape: {escaped(str(exc))}") from None
+        raise _failed(f"tasktape: {_said(exc)}") from None
     if expired is None:
         return options
     if options.on_expired is OnExpired.WARN:
@@ -418,7 +417,7 @@ async def _started(sessions: list[TapeSession]) -> dict[str | None, Tape]:
         try:
             tapes[session.options.name] = await session.start()
         except (TapeError, CassetteError) as exc:  # a CassetteError names the file and line
-            error = _failed(f"tasktape: {escaped(str(exc))}")
+            error = _failed(f"tasktape: {_said(exc)}")
         except OSError as exc:
             error = _cassette_refused(session, exc)
         else:
@@ -450,7 +449,7 @@ async def _stopped(sessions: list[TapeSession], passed: bool) -> list[str]:
         try:
             finished = await session.stop(passed=passed)
         except CassetteError as exc:  # one that cannot be written (a folder, a disk full)
-            failures.append(_failed(f"tasktape: {escaped(str(exc))}"))
+            failures.append(_failed(f"tasktape: {_said(exc)}"))
             continue
         except OSError as exc:
             failures.append(_cassette_refused(session, exc))
@@ -789,3 +788,11 @@ def _problems(item: pytest.Item, *, unused: bool = True) -> str | None:
         problems.append(tape.problems(since=told.get(name), unused=unused))
         told[name] = tape.told()
     return "\n".join(p for p in problems if p) or None
+
+
+def _said(exc: BaseException) -> str:
+    """An error's words as a console line shows them (a cassette's name and keys)."""
+    # Here, not at the top: a run whose tests use no cassette loads no event log package.
+    from tasktape.eventlog.console_text import shown  # noqa: PLC0415
+
+    return shown(str(exc))

@@ -30,6 +30,7 @@ from tasktape.eventlog.cassette import (
     read_header,
     replace_with,
 )
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.file_kinds import FileKind, kind_of, kind_of_bytes, read_once, unreadable
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.recorded import Recorded, each_from_log
@@ -38,7 +39,6 @@ from tasktape.eventlog.schema import named_kind
 from tasktape.eventlog.sqlite_settings import stop_counting_memory
 from tasktape.eventlog.writer import LOG_FULL, take_back
 
-from .console_text import shown
 from .option_checks import bad_input
 from .redaction_options import redaction_options
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasktape.console_text import shown
 from tasktape.counted import counted
 from tasktape.errors import LogBusy, LogError, TasktapeError
 from tasktape.eventlog import EventLog
 from tasktape.eventlog.cassette import read_cassette
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.protocols import ProtocolName
 from tasktape.eventlog.schema import SCHEMA_VERSION, schema_version, upgrade_log

@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from tasktape.console_text import shown
 from tasktape.counted import counted
 from tasktape.errors import TasktapeError, UsageError
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.recorded import Recorded
 from tasktape.replay.diff import Aspect, Difference, Report, Tolerance, diff_recordings
 from tasktape.replay.matching import MatchRules

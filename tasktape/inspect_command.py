@@ -11,10 +11,10 @@ import click
 
 from tasktape.errors import LogBusy, LogError, SchemaTooOld
 from tasktape.eventlog import EventLog
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.schema import upgrade_log
 from tasktape.proxy.hosts import AsgiHostGuard
 
-from .console_text import shown
 from .listen import DEFAULT_INSPECT_PORT, Exposure, allow_host_option, answered_hosts, warn_if_exposed
 from .option_checks import bad_input
 from .serving import STOP_GRACE, bind

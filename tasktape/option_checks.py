@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from tasktape.errors import LogBusy, LogError, UsageError
-
-from .console_text import shown
+from tasktape.eventlog.console_text import shown
 
 Value = TypeVar("Value")
 

@@ -17,6 +17,7 @@ from yarl import URL
 
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.a2a_terms import short_state
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.content_coding import MAX_DECODED, TooLarge
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.file_kinds import is_log
@@ -32,7 +33,6 @@ from tasktape.proxy.recorder import Refusal, points_at, shown_url, upstream_url
 from tasktape.proxy.resume_options import UnknownResume
 
 from .cli import let_stdout_go
-from .console_text import shown
 from .counted import counted
 from .event_loop import event_loop_option
 from .listen import (

@@ -10,6 +10,7 @@ import click
 from click.core import ParameterSource
 
 from tasktape.errors import LogError, TasktapeError, UsageError
+from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.frames import at_log_end
 from tasktape.eventlog.outcomes import Outcome
@@ -21,7 +22,6 @@ from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
 from tasktape.replay.modes import NOTHING_REPLAYED
 
-from .console_text import shown
 from .counted import counted
 from .listen import (
     DEFAULT_REPLAY_PORT,
