@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from .classify import Classification
-from .content_coding import MAX_DECODED, REST_AS_RECEIVED, Inflate, decode_body, too_large
+from .content_coding import MAX_DECODED, REST_AS_RECEIVED, Inflate, TooLarge, decode_body, too_large
 from .exchange_statements import INSERT_EXCHANGE, UPDATE_BODY, UPDATE_END, UPDATE_HEAD, Statement
 from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader, Summary
@@ -86,6 +86,15 @@ class ExchangeSummary:
     lost: str | None = None  # and why the rest is not there
     body_cut_at: int | None = None  # the bytes of a response body kept, when max_body cut it
     request_cut_at: int | None = None  # and of a request body
+
+    def undecoded_note(self, option: str) -> str | None:
+        """What a console says of a body the log could not decode (None: it could), naming
+        ``option``, the bound a user can raise, when the body was past it."""
+        why = self.undecoded
+        if not why:
+            return None
+        bound = f" ({option})" if isinstance(why, TooLarge) else ""
+        return f"exchange {self.exchange_id} ({self.method} {self.path}): {why}{bound}; see exchanges.error"
 
 
 def utc_iso(ns: int) -> str:

@@ -29,7 +29,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog import ProcessLogWriter
 from tasktape.eventlog.console_text import shown
-from tasktape.eventlog.content_coding import MAX_DECODED, TooLarge
+from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
@@ -461,16 +461,8 @@ def _say_undecoded(done: Future[ExchangeSummary]) -> None:
     search and replay matching cannot read. (Called on the writer's thread.)"""
     if done.cancelled() or done.exception() is not None:  # (rows not written are said as the log closes)
         return
-    summary = done.result()
-    if not (why := summary.undecoded):
-        return
-    bound = " (tasktape_max_decoded)" if isinstance(why, TooLarge) else ""  # (the bound a user can raise)
-    logger.warning(
-        shown(
-            f"tasktape: exchange {summary.exchange_id} ({summary.method} {summary.path}): "
-            f"{why}{bound}; see exchanges.error"
-        )
-    )
+    if (note := done.result().undecoded_note("tasktape_max_decoded")) is not None:
+        logger.warning(shown(f"tasktape: {note}"))
 
 
 def _warn_if_streams_unmodified() -> None:

@@ -18,7 +18,7 @@ from yarl import URL
 from tasktape.errors import LogError, UsageError
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.console_text import shown
-from tasktape.eventlog.content_coding import MAX_DECODED, TooLarge
+from tasktape.eventlog.content_coding import MAX_DECODED
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.outcomes import Outcome
@@ -532,14 +532,5 @@ def _print_resume(resume: Resume) -> None:
 def _print_undecoded(summary: ExchangeSummary) -> None:
     """Said even with --quiet: the log holds bytes it could not decode (a compression bomb,
     a broken or unknown Content-Encoding), which search and replay matching cannot read."""
-    why = summary.undecoded
-    if not why:
-        return
-    bound = " (--max-decoded)" if isinstance(why, TooLarge) else ""  # (the bound a user can raise)
-    click.echo(
-        shown(
-            f"tasktape record: WARNING: exchange {summary.exchange_id} "
-            f"({summary.method} {summary.path}): {why}{bound}; see exchanges.error"
-        ),
-        err=True,
-    )
+    if (note := summary.undecoded_note("--max-decoded")) is not None:
+        click.echo(shown(f"tasktape record: WARNING: {note}"), err=True)

@@ -113,6 +113,22 @@ def test_a_sink_is_not_shared_with_a_recorder(tmp_path: Path) -> None:
         LogWriter(fleet)
 
 
+def with_clickhouse(tmp_path: Path, command: str, url: str) -> subprocess.CompletedProcess[str]:
+    """``tasktape collect`` or ``pull`` run with ``--clickhouse url`` (and no reachable broker
+    or store: what it says of the URL comes first)."""
+    args = {
+        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
+        "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
+    }[command]
+    return subprocess.run(
+        [sys.executable, "-m", "tasktape", command, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize("command", ["collect", "pull"])
 @pytest.mark.parametrize(
     ("query", "status", "said"),
@@ -136,18 +152,7 @@ def test_a_clickhouse_url_the_client_cannot_take_is_a_usage_error(
     not know: refused in one line, the URL shown without its credentials, before anything
     is reached (no traceback). The first is told from the URL alone, bad input (exit 2);
     the second by the client, which is an extra's."""
-    url = f"http://127.0.0.1:9/?{query}"
-    args = {
-        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
-        "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
-    }[command]
-    done = subprocess.run(
-        [sys.executable, "-m", "tasktape", command, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = with_clickhouse(tmp_path, command, f"http://127.0.0.1:9/?{query}")
     assert done.returncode == status and said in done.stderr, done.stderr
     assert "sk-live" not in done.stderr + done.stdout and "Traceback" not in done.stderr
 
@@ -156,18 +161,7 @@ def test_a_clickhouse_url_the_client_cannot_take_is_a_usage_error(
 def test_what_is_no_clickhouse_url_is_bad_input(tmp_path: Path, command: str) -> None:
     """`--clickhouse ftp://x` was exit 1 where every other malformed URL option is 2 (bad
     input); the URL is said without its password."""
-    url = "ftp://user:sk-live-1@x"
-    args = {
-        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url],
-        "pull": ["--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")],
-    }[command]
-    done = subprocess.run(
-        [sys.executable, "-m", "tasktape", command, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = with_clickhouse(tmp_path, command, "ftp://user:sk-live-1@x")
     assert done.returncode == 2, done.stderr
     assert "Invalid value for '--clickhouse': 'ftp://x' is not a ClickHouse URL" in done.stderr
     assert "sk-live" not in done.stderr and not (tmp_path / "p.db").exists()
@@ -177,10 +171,7 @@ def test_what_is_no_clickhouse_url_is_bad_input(tmp_path: Path, command: str) ->
 def test_a_clickhouse_url_that_does_not_parse_is_bad_input(tmp_path: Path, url: str) -> None:
     """A broken IPv6 address was a traceback, a port out of range a failure (exit 1) once
     the client was made: both are bad input, said before anything is reached."""
-    args = ["pull", "--clickhouse", url, "--task", "t1", "--output", str(tmp_path / "p.db")]
-    done = subprocess.run(
-        [sys.executable, "-m", "tasktape", *args], check=False, capture_output=True, text=True, timeout=60
-    )
+    done = with_clickhouse(tmp_path, "pull", url)
     assert done.returncode == 2 and "the ClickHouse URL does not parse" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "p.db").exists()
 
