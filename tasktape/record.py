@@ -209,39 +209,77 @@ def record(
     no event log, or in a folder that does not exist). Standard output closed (`| head -1`
     to learn the address), exchanges are no longer printed; the recording goes on.
     """
-    writer: ProcessLogWriter | None = None
-    shipper: ShipperProcess | None = None
     _Console.gone = False  # (a recorder run before in this process may have lost its own)
-    try:
-        writer, shipper, proxy, sock = _start(
-            upstream=upstream,
-            listen=listen,
-            db=db,
-            redactor=Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query),
+    redactor = Redactor(headers=redact_header, json_pointers=redact_json, query=redact_query)
+    with _Started() as started:
+        _only_with("--resume", resume, ("hold", "hold_bytes", "rejoin_for", "resume_unknown"))
+        _only_with("--ship", ship, ("ship_stream", "ship_drain"))
+        host, port = listen
+        warn_if_exposed("tasktape record", host)
+        # Nothing is written until the recorder can listen: a bad --upstream or a port in use
+        # leaves no log file, and no empty capture in an existing one.
+        try:
+            url = upstream_url(upstream, redactor)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), param_hint="--upstream") from None
+        try:
+            servers = ship and parse_servers(ship)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), param_hint="--ship") from None
+        sock = bind(host, port)
+        address = sock.getsockname()
+        if points_at(url, address):
+            sock.close()
+            raise click.BadParameter(
+                f"{shown_url(upstream, redactor)} is this recorder's own address ({host}:{address[1]}): "
+                "it would forward every request to itself",
+                param_hint="--upstream",
+            )
+        # Shipping: the writer hands what it commits to the shipper over a pipe, already encoded.
+        hints = os.pipe() if servers else None
+        _say_if_upgrading(db)
+        try:
+            started.writer = writer = ProcessLogWriter(
+                db,
+                redactor=redactor,
+                max_body=max_body,
+                max_decoded=max_decoded,
+                max_bytes=max_log_size,
+                tap=hints and _hint_sender(hints[1]),
+            )
+        except (LogError, UsageError) as exc:
+            for fd in hints or ():
+                os.close(fd)
+            if isinstance(exc, LogError):
+                raise refused_log(exc) from None
+            # The one bound the writer checks itself: --max-log-size below what an empty log
+            # takes (the writer process knows how much; this one does not load the schema).
+            raise click.BadParameter(str(exc), param_hint="--max-log-size") from None
+        if servers:
+            started.shipper = _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0])
+        for fd in hints or ():  # the children hold their ends
+            os.close(fd)
+        proxy = RecordingProxy(  # --upstream was checked above
+            upstream,
+            writer,
             public_url=public_url,
-            no_rewrite_card=no_rewrite_card,
-            max_body=max_body,
-            max_decoded=max_decoded,
-            max_log_size=max_log_size,
-            resume=resume,
-            hold=hold,
+            rewrite_cards=not no_rewrite_card,
+            max_request_body=max_body,
+            allowed_hosts=answered_hosts(host, allow_host),
+            on_exchange=_print_failed if quiet else _print_exchange,
+            on_refusal=_print_refusal,
+            hold=hold if resume else None,
             hold_bytes=hold_bytes,
             rejoin_for=rejoin_for,
             resume_unknown=resume_unknown,
-            ship=ship,
-            ship_stream=ship_stream,
-            ship_drain=ship_drain,
-            allow_host=allow_host,
-            quiet=quiet,
+            on_resume=_print_rejoin if quiet else _print_resume,
+            credential_headers=redactor.headers,
         )
-        _serve(proxy, listen[0], sock, db, loop_factory)
-    except KeyboardInterrupt:  # (before it listened: from then on, stop_signals stop it)
-        click.echo("tasktape record: stopped before it was listening", err=True)
-    finally:
-        if writer is not None:
-            writer.close()
-        if shipper:
-            shipper.close()  # after the writer: every row is committed, to be shipped
+        # On a thread of its own: an upstream that drops connections silently would hold the
+        # start up for the probe's whole timeout.
+        threading.Thread(target=_say_if_down, args=(proxy.upstream,), daemon=True).start()
+        _serve(proxy, host, sock, db, loop_factory)
+    writer = started.writer
     if writer is not None and writer.stats.rows_lost:
         stats = writer.stats
         click.echo(
@@ -252,96 +290,26 @@ def record(
         sys.exit(EXIT_LOG_FAILED)
 
 
-def _start(
-    *,
-    upstream: str,
-    listen: tuple[str, int],
-    db: str,
-    redactor: Redactor,
-    public_url: str | None,
-    no_rewrite_card: bool,
-    max_body: int,
-    max_decoded: int,
-    max_log_size: int | None,
-    resume: bool,
-    hold: float,
-    hold_bytes: int,
-    rejoin_for: float,
-    resume_unknown: str,
-    ship: str | None,
-    ship_stream: str,
-    ship_drain: float,
-    allow_host: tuple[str, ...],
-    quiet: bool,
-) -> tuple[ProcessLogWriter, ShipperProcess | None, RecordingProxy, socket.socket]:
-    """The recorder, ready to serve: its log's writer, its shipper (with --ship), its
-    proxy, and the socket it listens on."""
-    _only_with("--resume", resume, ("hold", "hold_bytes", "rejoin_for", "resume_unknown"))
-    _only_with("--ship", ship, ("ship_stream", "ship_drain"))
-    host, port = listen
-    warn_if_exposed("tasktape record", host)
-    # Nothing is written until the recorder can listen: a bad --upstream or a port in use
-    # leaves no log file, and no empty capture in an existing one.
-    try:
-        url = upstream_url(upstream, redactor)
-    except UsageError as exc:
-        raise click.BadParameter(str(exc), param_hint="--upstream") from None
-    try:
-        servers = ship and parse_servers(ship)
-    except UsageError as exc:
-        raise click.BadParameter(str(exc), param_hint="--ship") from None
-    sock = bind(host, port)
-    address = sock.getsockname()
-    if points_at(url, address):
-        sock.close()
-        raise click.BadParameter(
-            f"{shown_url(upstream, redactor)} is this recorder's own address ({host}:{address[1]}): "
-            "it would forward every request to itself",
-            param_hint="--upstream",
-        )
-    # Shipping: the writer hands what it commits to the shipper over a pipe, already encoded.
-    hints = os.pipe() if servers else None
-    _say_if_upgrading(db)
-    try:
-        writer = ProcessLogWriter(
-            db,
-            redactor=redactor,
-            max_body=max_body,
-            max_decoded=max_decoded,
-            max_bytes=max_log_size,
-            tap=hints and _hint_sender(hints[1]),
-        )
-    except (LogError, UsageError) as exc:
-        for fd in hints or ():
-            os.close(fd)
-        if isinstance(exc, LogError):
-            raise refused_log(exc) from None
-        # The one bound the writer checks itself: --max-log-size below what an empty log
-        # takes (the writer process knows how much; this one does not load the schema).
-        raise click.BadParameter(str(exc), param_hint="--max-log-size") from None
-    shipper = _start_shipper(db, servers, ship_stream, ship_drain, hints and hints[0]) if servers else None
-    for fd in hints or ():  # the children hold their ends
-        os.close(fd)
-    proxy = RecordingProxy(  # --upstream was checked above
-        upstream,
-        writer,
-        public_url=public_url,
-        rewrite_cards=not no_rewrite_card,
-        max_request_body=max_body,
-        allowed_hosts=answered_hosts(host, allow_host),
-        on_exchange=_print_failed if quiet else _print_exchange,
-        on_refusal=_print_refusal,
-        hold=hold if resume else None,
-        hold_bytes=hold_bytes,
-        rejoin_for=rejoin_for,
-        resume_unknown=resume_unknown,
-        on_resume=_print_rejoin if quiet else _print_resume,
-        credential_headers=redactor.headers,
-    )
-    # On a thread of its own: an upstream that drops connections silently would hold the
-    # start up for the probe's whole timeout.
-    threading.Thread(target=_say_if_down, args=(proxy.upstream,), daemon=True).start()
-    return writer, shipper, proxy, sock
+class _Started:
+    """What a recorder started, stopped however its start or its run ends: a Ctrl-C before
+    it listens stops it as one after does (from then on, stop_signals stop it)."""
+
+    def __init__(self) -> None:
+        self.writer: ProcessLogWriter | None = None
+        self.shipper: ShipperProcess | None = None
+
+    def __enter__(self) -> _Started:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: object, tb: object) -> bool:
+        if self.writer is not None:
+            self.writer.close()
+        if self.shipper is not None:
+            self.shipper.close()  # after the writer: every row is committed, to be shipped
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            click.echo("tasktape record: stopped before it was listening", err=True)
+            return True
+        return False
 
 
 def _serve(
