@@ -464,6 +464,7 @@ class RecordingProxy:
         rejoin.taken_up = stream.asleep_because or RESTARTED
         admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         live.waking[stream.exchange_id] = admitted
+        followed = False
         try:
             carried = self.credentials.carried(original.headers)
             verdict = await rejoin.lets_follow() if carried else True
@@ -475,13 +476,20 @@ class RecordingProxy:
                 rejoin.admitted = admitted
             hold = Hold(stream, self.hold or 0.0)
             task = self.hold_stream(pump(stream, rejoin, hold, broke=rejoin.taken_up))
+            followed = True
             if verdict:
                 admitted.set_result(True)
             else:
                 task.add_done_callback(lambda _: admitted.done() or admitted.set_result(False))
             if await asyncio.shield(admitted):
                 stream.credentials = credentials if carried else b""  # (as the stream's request's)
+        except BaseException:
+            if not followed:  # the client left while the agent was asked: asleep again, for the next
+                live.hold_asleep(stream, original)
+            raise
         finally:
+            if not admitted.done():  # (a client waiting for this one asks for itself)
+                admitted.set_result(False)
             live.waking.pop(stream.exchange_id, None)
 
     async def _reconnect_body(self, request: web.Request) -> bytes | _TeedBody | None:

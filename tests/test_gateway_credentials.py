@@ -202,3 +202,32 @@ async def test_a_stream_a_refused_client_woke_is_let_go_after_the_hold(record: R
         assert status == 403 and "the agent did not let this client see the task" in message
         assert "--hold let the agent's stream go" in message and "earlier run" not in message
     assert await nothing_held(rec.proxy)
+
+
+async def test_a_client_that_leaves_while_the_agent_is_asked_leaves_the_stream_to_the_next(
+    record: RecordFactory,
+) -> None:
+    """A client reconnects to a stream --hold let go, and leaves while the agent is asked
+    whether it may follow: the stream is asleep again, for the next client to wake (it was
+    neither asleep nor followed, held for good, and the next client got nothing)."""
+    asked = asyncio.Event()
+
+    @web.middleware
+    async def slow_to_answer(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "GET" and request.path.startswith("/tasks/") and not asked.is_set():
+            asked.set()
+            await asyncio.sleep(1.0)  # (the client leaves meanwhile)
+        return await handler(request)
+
+    app = create_agent_app(pace=0.3)
+    app.middlewares.extend([alice_only_forbidden, slow_to_answer])
+    rec = await record(app, hold=0.3)
+    events = await first_of(rec.url, ALICE, 3)
+    assert await nothing_held(rec.proxy)  # let go though the agent still streams
+    leaving = asyncio.create_task(again(rec.url, ALICE, events[-1].id))
+    await asyncio.wait_for(asked.wait(), 10)
+    leaving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await leaving
+    status, rest = await asyncio.wait_for(again(rec.url, ALICE, events[-1].id), 20)
+    assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
