@@ -3,6 +3,7 @@ with a hint at what to do, said as the request's protocol says an error."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,12 @@ MISS_HINT = "record it (mode record-missing), or ignore fields that change betwe
 class Miss:
     request: str
     closest: list[dict[str, Any]]
+
+    @property
+    def alike(self) -> str:
+        """What two misses that read the same share: the request line, and the closest
+        recordings with why each differs (a client polling a path never recorded)."""
+        return f"{self.request}\n{json.dumps(self.closest)}"
 
 
 def miss(

@@ -52,6 +52,7 @@ from .faults import HEADER as FAULT_HEADER
 from .faults import Faults
 from .fidelity import Digest, Divergence, Served
 from .framing import length_problem, redacted
+from .kept import Kept
 from .matching import Incoming, MatchRules, Shown
 from .misses import MISS_HINT, Miss, miss
 from .modes import NOTHING_REPLAYED, ReplayMode
@@ -90,11 +91,35 @@ class Unapplied:
 
 @dataclass
 class ReplayStats:
+    """What a replay server did: requests served and forwarded, counted; misses, requests
+    answered with the replay's own error (refused) and faults not made, as ``Kept``."""
+
     served: int = 0
     forwarded: int = 0
-    missed: list[Miss] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)  # requests answered with the replay's own error
-    unapplied: list[Unapplied] = field(default_factory=list)
+    every: bool = False  # every miss, refusal and fault not made in full (a test's server)
+    misses: Kept[Miss] = field(init=False)
+    refusals: Kept[str] = field(init=False)
+    not_applied: Kept[Unapplied] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.misses = Kept(lambda m: m.alike, self.every)
+        self.refusals = Kept(str, self.every)
+        self.not_applied = Kept(str, self.every)
+
+    @property
+    def missed(self) -> list[Miss]:
+        """The misses kept in full, each with the closest recordings."""
+        return self.misses.items
+
+    @property
+    def refused(self) -> list[str]:
+        """The refusals kept in full: each request, and why."""
+        return self.refusals.items
+
+    @property
+    def unapplied(self) -> list[Unapplied]:
+        """The faults not made kept in full."""
+        return self.not_applied.items
 
 
 # A forwarded request's X-Tasktape-Fault, until its answer's head (web.RequestKey came with
@@ -169,7 +194,7 @@ class ReplayServer:
         # full (``every_answer``: all in full, for a server as short-lived as a test).
         self.fidelity = fidelity.Record(every_answer=every_answer)
         self.miss_hint = miss_hint  # what a miss's answer suggests, in the words of who serves it
-        self.stats = ReplayStats()
+        self.stats = ReplayStats(every=every_answer)  # (as the fidelity record keeps answers)
         self.proxy: RecordingProxy | None = None
         if upstream:
             recording = mode is ReplayMode.RECORD_MISSING
@@ -323,7 +348,7 @@ class ReplayServer:
     def _refuse(self, what: str, status: int, message: str) -> web.Response:
         """The replay's own error, for a request it cannot answer as the agent would:
         counted as refused (``what``: the request, and why)."""
-        self.stats.refused.append(what)
+        self.stats.refusals.add(what)
         return error(status, message)
 
     def _unreadable(self, incoming: Incoming, recorded: Recorded) -> web.Response:
@@ -394,7 +419,7 @@ class ReplayServer:
 
     def _miss(self, incoming: Incoming, last_id: str | None) -> web.Response:
         missed, answer = miss(self.recordings, incoming, last_id, self.miss_hint, self.miss_status)
-        self.stats.missed.append(missed)
+        self.stats.misses.add(missed)
         return answer
 
     async def _forward(
@@ -418,7 +443,7 @@ class ReplayServer:
         path = request.rel_url.path
         if header and Armed(header, FAULT_HEADER).takes(path, response.content_type == "text/event-stream"):
             unapplied = Unapplied(f"{request.method} {path}", ";".join(header.fault_items()))
-            self.stats.unapplied.append(unapplied)
+            self.stats.not_applied.add(unapplied)
             log.warning("tasktape replay: %s", unapplied)
 
     def _recorded_anew(self, summary: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -21,6 +22,7 @@ from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
 from tasktape.replay.modes import NOTHING_REPLAYED
+from tasktape.replay.server import Kept
 
 from .counted import counted
 from .listen import (
@@ -304,17 +306,20 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
     were not made, which recordings were never used, and which the log held no end of."""
     stats = server.stats
     lines = [
-        f"tasktape replay: {stats.served:,} served, {len(stats.missed):,} missed"
-        + (f", {len(stats.refused):,} refused" if stats.refused else "")
+        f"tasktape replay: {stats.served:,} served, {stats.misses.total:,} missed"
+        + (f", {stats.refusals.total:,} refused" if stats.refusals.total else "")
         + (f", {stats.forwarded:,} forwarded" if stats.forwarded else "")
     ]
-    for miss in stats.missed:
-        lines.append(f"  missed {miss.request}")
+    for miss, n in stats.misses.distinct():
+        lines.append(f"  missed {miss.request}{_times(n)}")
         lines += [
             f"    closest: {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest
         ]
-    lines += [f"  refused {refused}" for refused in stats.refused]
-    lines += [f"  {unapplied}" for unapplied in stats.unapplied]
+    lines += _others(stats.misses, "request", "that missed otherwise")
+    lines += [f"  refused {refused}{_times(n)}" for refused, n in stats.refusals.distinct()]
+    lines += _others(stats.refusals, "request", "refused otherwise")
+    lines += [f"  {unapplied}{_times(n)}" for unapplied, n in stats.not_applied.distinct()]
+    lines += _others(stats.not_applied, "fault", "not applied otherwise")
     unused = server.unused() if server.mode is not ReplayMode.PASSTHROUGH else []
     if unused:
         were = "was" if len(unused) == 1 else "were"
@@ -327,3 +332,13 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
         )
         lines += [f"    {r.request_line} ({r.origin})" for r in under_way]
     return lines + fidelity.summary(server.fidelity)
+
+
+def _times(n: int) -> str:
+    """How a summary line says how often it came (``(x3,000)``), when more than once."""
+    return f" (x{n:,})" if n > 1 else ""
+
+
+def _others(kept: Kept[Any], thing: str, how: str) -> list[str]:
+    """The last line of a kind of trouble past the distinct ones a summary names, counted."""
+    return [f"  and {counted(kept.others, f'more {thing}')} {how}"] if kept.others else []

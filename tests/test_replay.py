@@ -28,7 +28,9 @@ from tasktape.eventlog.protocols import protocols
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.redact import Redactor
 from tasktape.replay import Faults, ReplayMode, ReplayServer, fidelity, load
+from tasktape.replay.kept import KEPT
 from tasktape.replay.tape import TapeOptions, TapeSession
+from tasktape.replay_command import report
 
 MS = 1_000_000
 
@@ -907,5 +909,59 @@ async def test_a_test_s_tape_keeps_every_answer_for_assert_faithful(
             tape.assert_faithful()
         assert str(failed.value).count("\n") == 1  # that one answer only
         tape.assert_faithful(allow="fault")
+    finally:
+        await session.stop(passed=True)
+
+
+async def test_a_long_run_keeps_misses_and_refusals_bounded_with_exact_counts(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """A client polling paths never recorded for days: every miss and refusal is counted,
+    the first of each distinct one kept (``KEPT`` of them at most), and the exit summary
+    says each once, with how many came, then how many more."""
+    server = ReplayServer(load([long_run_cassette(tmp_path)]), speed=0)
+    url = await serve(server.app)
+    for path in ("/health", "/poll", "/status"):
+        await ask(url, KEPT, path)
+    async with aiohttp.ClientSession() as session:
+        for n in range(KEPT):  # (3 distinct ones kept already: the last 3 are past the bound)
+            async with session.get(f"{url}/item/{n}") as r:
+                await r.read()
+    await ask(url, 3 * KEPT, "/page", headers={"X-Tasktape-Fault": "explode=1"})
+    stats = server.stats
+    assert (stats.misses.total, stats.misses.others, len(stats.missed)) == (4 * KEPT, 3, KEPT)
+    assert (stats.refusals.total, len(stats.refused), stats.served) == (3 * KEPT, 1, 0)
+    lines = report(server, [])
+    assert lines[0] == f"tasktape replay: 0 served, {4 * KEPT} missed, {3 * KEPT} refused"
+    missed = [line for line in lines if line.startswith("  missed ")]
+    assert missed[:4] == [
+        "  missed GET /health (x50)",
+        "  missed GET /poll (x50)",
+        "  missed GET /status (x50)",
+        "  missed GET /item/0",
+    ]
+    assert len(missed) == KEPT and sum(line.startswith("    closest: ") for line in lines) == 3 * KEPT
+    assert "  and 3 more requests that missed otherwise" in lines
+    (refused,) = [line for line in lines if line.startswith("  refused ")]
+    assert refused.startswith("  refused GET /page (X-Tasktape-Fault 'explode=1'") and refused.endswith(
+        f"(x{3 * KEPT})"
+    )
+
+
+async def test_a_test_s_tape_keeps_every_miss_to_fail_the_test(tmp_path: Path) -> None:
+    """A test's server lives as long as the test, which fails naming each of its misses:
+    past the distinct ones a long-running replay keeps, and each time one came again."""
+    session = TapeSession(TapeOptions(long_run_cassette(tmp_path)), {}, lambda _: False)
+    tape = await session.start()
+    try:
+        await ask(tape.url, 2, "/health")
+        async with aiohttp.ClientSession() as http:
+            for n in range(KEPT + 1):
+                async with http.get(f"{tape.url}/item/{n}") as r:
+                    await r.read()
+        assert (len(tape.missed), tape.server.stats.misses.total) == (KEPT + 3, KEPT + 3)
+        problems = tape.problems() or ""
+        assert problems.count("GET /health matches nothing") == 2
+        assert f"GET /item/{KEPT} matches nothing" in problems
     finally:
         await session.stop(passed=True)
