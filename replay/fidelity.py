@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tasktape.counted import counted
 from tasktape.eventlog.spans import Chunks
+
+from .kept import Kept, times
 
 # The answers a long-running replay keeps in full (each about a KiB, settled); the others it
 # only counts. The latest: enough for a tester polling the report to see what just went out.
@@ -186,8 +187,7 @@ class Tally:
     identical: int = 0
     reasons: Counter[Divergence] = field(default_factory=Counter)
     lateness: Lateness = field(default_factory=Lateness)
-    lines: Counter[str] = field(default_factory=Counter)
-    other_lines: int = 0
+    lines: Kept[str] = field(default_factory=lambda: Kept(str, bound=SUMMARY_LINES))
 
     def add(self, stream: dict[str, Any], late_ms: list[float]) -> None:
         self.answers += 1
@@ -197,11 +197,7 @@ class Tally:
             self.lateness.add(ms)
         if stream["identical"]:
             return
-        line = summary_line(stream)
-        if line in self.lines or len(self.lines) < SUMMARY_LINES:
-            self.lines[line] += 1
-        else:
-            self.other_lines += 1
+        self.lines.add(summary_line(stream))
 
 
 class Record:
@@ -272,7 +268,5 @@ def summary(record: Record) -> list[str]:
         f"  fidelity: {tally.identical:,} of {tally.answers:,} answers byte-identical, "
         f"latest chunk {tally.lateness.worst:.1f} ms behind schedule"
     ]
-    lines += [f"    {line}" + (f" (x{n:,})" if n > 1 else "") for line, n in tally.lines.items()]
-    if tally.other_lines:
-        lines.append(f"    and {counted(tally.other_lines, 'more answer')} that differed otherwise")
-    return lines
+    lines += [f"    {line}{times(n)}" for line, n in tally.lines.distinct()]
+    return lines + [f"    {rest}" for rest in tally.lines.rest("answer", "that differed otherwise")]

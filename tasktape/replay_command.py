@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -21,8 +20,8 @@ from tasktape.eventlog.redact import Redactor
 from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
+from tasktape.replay.kept import times
 from tasktape.replay.modes import NOTHING_REPLAYED
-from tasktape.replay.server import Kept
 
 from .counted import counted
 from .listen import (
@@ -311,15 +310,15 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
         + (f", {stats.forwarded:,} forwarded" if stats.forwarded else "")
     ]
     for miss, n in stats.misses.distinct():
-        lines.append(f"  missed {miss.request}{_times(n)}")
+        lines.append(f"  missed {miss.request}{times(n)}")
         lines += [
             f"    closest: {c['request']} ({c['recorded']}): {'; '.join(c['differs'])}" for c in miss.closest
         ]
-    lines += _others(stats.misses, "request", "that missed otherwise")
-    lines += [f"  refused {refused}{_times(n)}" for refused, n in stats.refusals.distinct()]
-    lines += _others(stats.refusals, "request", "refused otherwise")
-    lines += [f"  {unapplied}{_times(n)}" for unapplied, n in stats.not_applied.distinct()]
-    lines += _others(stats.not_applied, "fault", "not applied otherwise")
+    lines += [f"  {rest}" for rest in stats.misses.rest("request", "that missed otherwise")]
+    lines += [f"  refused {refused}{times(n)}" for refused, n in stats.refusals.distinct()]
+    lines += [f"  {rest}" for rest in stats.refusals.rest("request", "refused otherwise")]
+    lines += [f"  {unapplied}{times(n)}" for unapplied, n in stats.not_applied.distinct()]
+    lines += [f"  {rest}" for rest in stats.not_applied.rest("fault", "not applied otherwise")]
     unused = server.unused() if server.mode is not ReplayMode.PASSTHROUGH else []
     if unused:
         were = "was" if len(unused) == 1 else "were"
@@ -332,13 +331,3 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
         )
         lines += [f"    {r.request_line} ({r.origin})" for r in under_way]
     return lines + fidelity.summary(server.fidelity)
-
-
-def _times(n: int) -> str:
-    """How a summary line says how often it came (``(x3,000)``), when more than once."""
-    return f" (x{n:,})" if n > 1 else ""
-
-
-def _others(kept: Kept[Any], thing: str, how: str) -> list[str]:
-    """The last line of a kind of trouble past the distinct ones a summary names, counted."""
-    return [f"  and {counted(kept.others, f'more {thing}')} {how}"] if kept.others else []
