@@ -34,7 +34,6 @@ from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter, check_bound
-from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import Protocol, Request
 from tasktape.eventlog.redact import DEFAULT_HEADERS, Redactor
 from tasktape.eventlog.resumes import Resume, ResumeOutcome, ResumeSide, shown_id
@@ -60,7 +59,7 @@ from .hosts import host_guard
 from .kept_body import KeptBody
 from .live import HOLD_BYTES, KEPT_GONE, Gone, LiveStream, LiveStreams, keyed, recorders_exchange
 from .reconnects import continues, line_of, same_line
-from .rejoin import Rejoin, agent_resumes, named_task
+from .rejoin import Rejoin, agent_resumes, asked_protocol, named_task
 from .resume_options import UnknownResume
 from .revive import (
     LOOKED_IN,
@@ -961,10 +960,7 @@ class Exchange:
         be read without all before it."""
         if upstream.content_type != "text/event-stream" or "Content-Encoding" in upstream.headers:
             return False
-        request = self.request
-        headers = list(request.headers.items())
-        asked = Request(request.method, request.rel_url.raw_path_qs, headers, self.request_body())
-        protocol = recognise(asked)
+        protocol = asked_protocol(self.request, self.request_body())
         return protocol is not None and closed_by(protocol, tail)
 
     async def _relay_card(self, upstream: aiohttp.ClientResponse, headers: Any) -> web.Response:

@@ -336,11 +336,16 @@ def agent_resumes(request: web.Request, body: bytes) -> bool:
     this one: its protocol says so. Of no protocol known, nothing tells, and an agent that
     does not read Last-Event-ID would send the stream again from its start: it is not
     asked (what the recorder holds answers)."""
-    protocol = recognise(_asked(request, body))
+    protocol = asked_protocol(request, body)
     return protocol is not None and protocol.resumes_streams
 
 
-def _asked(request: web.Request, body: bytes) -> Request:
+def asked_protocol(request: web.Request, body: bytes | None) -> Protocol | None:
+    """The protocol a client's request (with ``body``) speaks, as the log would read it."""
+    return recognise(_asked(request, body))
+
+
+def _asked(request: web.Request, body: bytes | None) -> Request:
     return Request(request.method, request.rel_url.raw_path_qs, list(request.headers.items()), body)
 
 
