@@ -81,9 +81,9 @@ def api(server: ReplayServer) -> Handler:
 
     async def faults(request: web.Request) -> web.Response:
         armed = [a.as_json() for a in server.armed]
-        return web.json_response(
-            {"armed": armed, "not_applied": [u.as_json() for u in server.stats.unapplied]}
-        )
+        kept = server.stats.not_applied
+        unapplied = [{**u.as_json(), "times": n} for u, n in kept.distinct()]
+        return web.json_response({"armed": armed, "not_applied": unapplied, "not_applied_total": kept.total})
 
     async def report(request: web.Request) -> web.Response:
         return web.json_response(server.report())

@@ -719,6 +719,7 @@ async def test_a_request_forwarded_live_gets_no_faults_and_says_so(tmp_path: Pat
                         "fault": "drop-after=1",
                         "reason": "the request was forwarded live to the upstream, and faults are made on "
                         "replayed answers only",
+                        "times": 1,
                     }
                 ]
             assert [str(u) for u in server.stats.unapplied] == [

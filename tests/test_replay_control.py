@@ -16,6 +16,7 @@ from tasktape.agent import create_agent_app
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.replay import ReplayMode, ReplayServer, load
 from tasktape.replay.control import _loopback
+from tasktape.replay.kept import KEPT
 
 
 async def test_the_control_api_arms_reports_and_resets(serve: Serve, tmp_path: Path) -> None:
@@ -81,7 +82,7 @@ async def test_every_path_under_it_is_its_own(serve: Serve, tmp_path: Path) -> N
                 r.status == 400 and "mode passthrough replays nothing" in (await r.json())["error"]["message"]
             )
         async with session.get(f"{passthrough}/_tasktape/faults") as r:
-            assert await r.json() == {"armed": [], "not_applied": []}
+            assert await r.json() == {"armed": [], "not_applied": [], "not_applied_total": 0}
 
 
 async def test_other_hosts_origins_and_bodies_are_refused(serve: Serve, tmp_path: Path) -> None:
@@ -158,3 +159,24 @@ async def test_a_path_naming_it_encoded_is_its_own_too(serve: Serve, tmp_path: P
         assert missing.stats.forwarded == 0 and [str(a.faults) for a in missing.armed] == ["drop-after=1"]
     with EventLog(db) as log:
         assert log.exchanges() == []
+
+
+async def test_faults_not_made_are_listed_once_each_with_counts(serve: Serve) -> None:
+    """On a long run the control API lists the first of each distinct fault not made with how
+    many times it came, and how many there were in all, past those it lists."""
+    agent = await serve(create_agent_app(pace=0))
+    passthrough = ReplayServer([], mode=ReplayMode.PASSTHROUGH, upstream=agent)
+    url = await serve(passthrough.app)
+    fault = {"X-Tasktape-Fault": "status=503"}
+    async with aiohttp.ClientSession() as session:
+        for n in [0, 0, 0, *range(1, KEPT + 5)]:
+            async with session.get(f"{url}/tasks/t{n}", headers=fault) as r:
+                await r.read()
+        async with session.get(f"{url}/_tasktape/faults") as r:
+            listed = await r.json()
+    assert listed["not_applied_total"] == KEPT + 7
+    assert [(u["request"], u["times"]) for u in listed["not_applied"][:2]] == [
+        ("GET /tasks/t0", 3),
+        ("GET /tasks/t1", 1),
+    ]
+    assert len(listed["not_applied"]) == KEPT and listed["not_applied"][0]["fault"] == "status=503"
