@@ -77,6 +77,7 @@ class Served:
     faults: list[str] = field(default_factory=list)
     late_s: list[float] = field(default_factory=list)  # per chunk: negative is early
     finished: bool = False
+    head_edited: bool = False  # its status or Content-Type was not the recording's (a fault)
     # What went out is the start of ``body``'s chunks, ``bytes_sent`` of them: hashed once
     # the answer has ended (``settle``), not per chunk while sending.
     body: Chunks = field(default_factory=list)
@@ -121,7 +122,8 @@ class Served:
             "exchange": self.exchange,
             # Every byte, and an end as recorded: one a fault or its client broke off after
             # its last byte came without the body's end, which the client saw as an error.
-            "identical": sent == recorded and (self.finished or not self.reasons),
+            # A head a fault changed is no recording either, though a HEAD has no bytes.
+            "identical": sent == recorded and (self.finished or not self.reasons) and not self.head_edited,
             "sha256_sent": sent.sha256,
             "sha256_recorded": recorded.sha256,
             "bytes_sent": sent.size,

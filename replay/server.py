@@ -605,6 +605,7 @@ class ReplayServer:
             served.faults += landing.applied + [f"not applied: {m}" for m in landing.missed]
             if landing.applied:
                 served.because(Divergence.FAULT, ", ".join(landing.applied))
+            served.head_edited = faults.content_type is not None
             return await send(request, answer, faults, landing, served, self.speed)
         finally:
             self.fidelity.closed(served)  # however it ended: whole, cut short, a status fault
@@ -618,6 +619,7 @@ class ReplayServer:
         # Named before the delay: a client that leaves during it left a faulty answer.
         served.faults += made
         served.because(Divergence.FAULT, ", ".join(made))
+        served.head_edited = True
         try:
             await asyncio.sleep(faults.delay_headers_ms / 1000)
         except asyncio.CancelledError:  # the client went away, or the server is stopping

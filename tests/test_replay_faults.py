@@ -577,12 +577,19 @@ async def test_a_head_gets_the_faults_on_an_answer_s_head(serve: Serve, tmp_path
     server.arm(Faults.parse("status=503;times=1"), "test")
     assert [(await head(url, card))[0] for _ in range(2)] == [503, 200]
     assert [(a.seen, a.applied) for a in server.armed] == [(2, 1)]
-    assert [s["faults"] for s in server.report()["streams"]] == [
+    streams = server.report()["streams"]
+    assert [s["faults"] for s in streams] == [
         ["status=503"],
         ["delay-headers=200", "content-type=text/foo"],
         ["status=503"],
         [],
     ]
+    # No body went out to any of them, but only the last got the recording's head.
+    assert [s["identical"] for s in streams] == [False, False, False, True]
+    # Nor is a body with another Content-Type the recording, nor one only late.
+    await wire(url, card, headers={"X-Tasktape-Fault": "content-type=text/plain"})
+    await wire(url, card, headers={"X-Tasktape-Fault": "delay-headers=10"})
+    assert [s["identical"] for s in server.report()["streams"][-2:]] == [False, True]
 
 
 async def test_faults_on_a_body_are_not_made_on_a_head_and_said_so(serve: Serve, tmp_path: Path) -> None:
