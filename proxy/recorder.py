@@ -192,6 +192,7 @@ class RecordingProxy:
         resuming, take up the streams of earlier runs still running."""
         if self._session is not None:
             raise UsageError("the recording proxy is started already: start() it once, close() it once")
+        self.stopping = False  # (served again after a stop)
         if self.capture_id is None:
             self.capture_id = self.writer.begin_capture(source="record", upstream=str(self.upstream))
         if self.live is not None:

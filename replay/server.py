@@ -220,9 +220,13 @@ class ReplayServer:
         self.app.on_response_prepare.append(self._unapplied)
         self.app[STOPPING] = stopping = Stopping()
 
+        async def serving(_app: web.Application) -> None:
+            stopping.now = False  # (served again after a stop)
+
         async def stop(_app: web.Application) -> None:
             stopping.now = True
 
+        self.app.on_startup.append(serving)
         self.app.on_shutdown.append(stop)
         if self.proxy is not None:
             proxy = self.proxy

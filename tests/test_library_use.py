@@ -5,6 +5,7 @@ tree, or does what was meant."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -281,3 +282,48 @@ def test_a_replay_server_given_paths_or_values_of_another_kind_says_what_to_pass
         with pytest.raises(tasktape.UsageError, match=re.escape(said)):
             tasktape.ReplayServer(recorded, **options)  # type: ignore[arg-type]
     assert tasktape.ReplayServer(tuple(recorded), faults="drop-after=3").armed
+
+
+async def test_apps_served_again_tell_a_client_leaving_from_a_stop(tmp_path: Path) -> None:
+    """Served, stopped and served again, a replay server and a recording proxy took every
+    client that left afterwards for their stop ("stopped", proxy_stopped)."""
+    events = [b'id: %d\ndata: {"statusUpdate": {"taskId": "t1"}}\n\n' % i for i in range(10)]
+    recorded = tasktape.Recorded(
+        method="POST",
+        path="/message:stream",
+        request_body=b"{}",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(i * 200_000_000, event) for i, event in enumerate(events)],
+    )
+    agent = tasktape.ReplayServer([recorded], allow_repeats=True, every_answer=True)
+    replay = tasktape.ReplayServer([recorded], allow_repeats=True, every_answer=True)
+    agent_runner = aiohttp.web.AppRunner(agent.app, handler_cancellation=True)
+    await agent_runner.setup()
+    await aiohttp.web.TCPSite(agent_runner, "127.0.0.1", 0).start()
+    agent_url = f"http://127.0.0.1:{agent_runner.addresses[0][1]}"
+    db = tmp_path / "again.db"
+    with tasktape.LogWriter(db) as writer:
+        proxy = RecordingProxy(agent_url, writer)
+        for n, (app, answers) in enumerate(((replay.app, replay), (proxy.app, agent)) * 2):
+            runner = aiohttp.web.AppRunner(app, handler_cancellation=True)
+            await runner.setup()
+            await aiohttp.web.TCPSite(runner, "127.0.0.1", 0).start()
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{url}/message:stream", data=b"{}") as r,
+            ):
+                await r.content.readuntil(b"\n\n")  # one event, then the client leaves
+            for _ in range(200):  # until the answer has seen it go (the n // 2 + 1th of its server)
+                if sum(bool(served.reasons) for served in answers.served) > n // 2:
+                    break
+                await asyncio.sleep(0.02)
+            await runner.cleanup()
+    await agent_runner.cleanup()
+    assert [[r.partition(":")[0] for r in served.reasons] for served in replay.served] == [
+        ["client-left"]
+    ] * 2
+    with tasktape.EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["client_disconnected"] * 2
