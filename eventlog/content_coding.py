@@ -11,6 +11,12 @@ from typing import Any
 
 MAX_DECODED = 64 * 1024 * 1024  # bytes decoded per exchange at most, by default
 STEP = 1024 * 1024  # bytes decoded at a time
+# brotli (1.1, which mitmproxy pins) has no bound on what one call decodes: 5 KiB can be
+# a GiB. It is given this many compressed bytes at a time, which decode to 40 MiB at most
+# (a meta-block, up to 16 MiB, takes a few bytes); once a call decoded more than STEP,
+# fewer: 16 MiB at most. (Smaller slices cost more calls on ordinary bodies.)
+BROTLI_SLICE = 64
+BROTLI_SLICE_SMALL = 16
 
 
 class Inflate:
@@ -21,7 +27,11 @@ class Inflate:
         self._z = zlib.decompressobj(wbits) if wbits is not None else None
         self._brotli = brotli  # the module, when decoding br
         self._brotli_decoder = brotli.Decompressor() if brotli else None
-        self._first = True
+        # "deflate" is often sent as raw deflate, without the zlib wrapper: until its two
+        # bytes of header are read (they may come a byte at a time), the bytes taken, to
+        # decode again as raw deflate if they turn out not to be one.
+        self._unsure: bytes | None = b"" if wbits == zlib.MAX_WBITS else None
+        self._slice = BROTLI_SLICE  # compressed bytes brotli is given at a time
         self.limit = limit
         self.room = limit  # decoded bytes still allowed
         self.exceeded = False  # the body decodes to more than the limit: the rest is not decoded
@@ -53,23 +63,21 @@ class Inflate:
         if self.exceeded:
             return
         if self._z is None:
-            try:
-                out = self._brotli_decoder.process(data)
-            except self._brotli.error as exc:
-                raise zlib.error(f"brotli: {exc}") from None
-            yield self._spend(out)
+            yield from self._brotli_pieces(memoryview(data))
             return
         while not self.exceeded:
             try:
                 out = self._z.decompress(data, min(STEP, self.room + 1))
             except zlib.error:
-                if not (self._first and self._wbits == zlib.MAX_WBITS):
+                if self._unsure is None:
                     raise
-                # "deflate" is often sent as raw deflate, without the zlib wrapper.
+                data, self._unsure = self._unsure + data, None
                 self._wbits = -zlib.MAX_WBITS
                 self._z = zlib.decompressobj(self._wbits)
                 continue
-            self._first = False
+            if self._unsure is not None:
+                taken = self._unsure + data[: len(data) - len(self._z.unconsumed_tail)]
+                self._unsure = None if out or len(taken) >= 2 else taken
             data = self._z.unconsumed_tail
             if self._z.eof and self._z.unused_data:  # gzip: members one after another
                 data = self._z.unused_data
@@ -78,6 +86,18 @@ class Inflate:
                 yield self._spend(out)
             if not data:
                 return
+
+    def _brotli_pieces(self, data: memoryview) -> Iterator[bytes]:
+        while data and not self.exceeded:
+            given, data = data[: self._slice], data[self._slice :]
+            try:
+                out = self._brotli_decoder.process(given.tobytes())
+            except self._brotli.error as exc:
+                raise zlib.error(f"brotli: {exc}") from None
+            if len(out) > STEP:
+                self._slice = BROTLI_SLICE_SMALL
+            if out:
+                yield self._spend(out)
 
     def flush(self) -> bytes:
         return self._spend(self._z.flush()) if self._z is not None and not self.exceeded else b""

@@ -223,6 +223,42 @@ def test_inflate_never_holds_more_than_its_limit() -> None:
     assert decode_body(b"x", "zstd") == (b"x", "cannot decode Content-Encoding zstd")
 
 
+def test_a_brotli_bomb_is_decoded_in_bounded_pieces() -> None:
+    """brotli decodes what it is given at once: 5 KiB of br were 1 GiB in one call (the
+    recorder's tree grew to 1.7 GB). It is given fewer bytes as they decode to more."""
+    plain = (b"data: " + b"A" * 94 + b"\n\n") * (1 << 23)  # 800 MiB
+    wire = brotli.compress(plain, quality=5)
+    assert len(wire) < 10_000
+    inflate = Inflate.for_encoding("br", limit=64 * 1024 * 1024)
+    assert inflate is not None
+    sizes = [len(piece) for piece in inflate.pieces(wire)]
+    # A few compressed bytes decode to a meta-block (16 MiB) at most; the limit stops it.
+    assert max(sizes) <= 40 * 1024 * 1024 and max(sizes[1:]) <= 16 * 1024 * 1024
+    assert sum(sizes) == 64 * 1024 * 1024 and inflate.exceeded
+    # An ordinary body decodes whole, fed in any chunks.
+    events = b"".join(b'data: {"n": %d}\n\n' % i for i in range(100_000))
+    squeezed = brotli.compress(events)
+    whole = Inflate.for_encoding("br")
+    assert whole is not None
+    assert b"".join(whole.feed(squeezed[i : i + 5000]) for i in range(0, len(squeezed), 5000)) == events
+
+
+def test_raw_deflate_coming_a_byte_at_a_time_is_decoded() -> None:
+    """A deflate body sent without the zlib wrapper, its first byte alone: that byte was
+    lost and the rest failed "incorrect header check"."""
+    plain = b"data: " + b"x" * 5000 + b"\n\n"
+    squeeze = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    raw = squeeze.compress(plain) + squeeze.flush()
+    for first in (1, 2, 3):
+        inflate = Inflate.for_encoding("deflate")
+        assert inflate is not None
+        assert inflate.feed(raw[:first]) + inflate.feed(raw[first:]) + inflate.flush() == plain
+    wrapped = zlib.compress(plain)
+    inflate = Inflate.for_encoding("deflate")
+    assert inflate is not None
+    assert b"".join(inflate.feed(wrapped[i : i + 1]) for i in range(len(wrapped))) + inflate.flush() == plain
+
+
 async def test_a_request_bomb_is_forwarded_and_not_decoded(record: RecordFactory) -> None:
     body = gzip.compress(b" " * (80 * 1024 * 1024) + json.dumps(MESSAGE).encode())
     rec = await record(witness(), max_decoded=1024 * 1024)
