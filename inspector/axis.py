@@ -5,7 +5,12 @@ saved to disk."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import string
+import unicodedata
+from enum import Enum
 
 from markupsafe import Markup, escape
 
@@ -14,6 +19,43 @@ LEFT = 214  # room for lane labels
 RIGHT = 28
 TOP = 30  # room for the axis labels
 CHAR = 6.3  # average width of a character at the labels' size, for spacing them
+LANE_LABEL_X = 12
+LANE_LABEL_ROOM = LEFT - LANE_LABEL_X - 8  # pixels a lane's title or detail may take
+TITLE_PX, DETAIL_PX = 12, 11  # font sizes of .tt-lane-title (bold) and .tt-lane-detail
+# Widths of characters in em, on the wide side of the usual sans-serif fonts (DejaVu Sans
+# the widest of them): a label cut to fit by these fits. Bold is BOLD times as wide.
+_NARROW_EM, _NARROW = 0.45, set(" !'(),-./:;IJ[\\]`fijlrt|\u00b7")
+_WIDE_EM, _WIDE = 1.0, set("%@MWmw\u2026")
+_UPPER_EM, _UPPER = 0.85, set(string.ascii_uppercase + "#$&+<=>^~{}")
+_ASCII_EM, _OTHER_EM = 0.66, 1.25  # any other ASCII; any other character (a CJK one: 1 em)
+BOLD = 1.15
+ELLIPSIS = "\u2026"
+
+
+class TimeUnit(Enum):
+    """A unit an axis counts in: its symbol, its length in ms, and the span from which an
+    axis is counted in it (from ten minutes on in minutes, not "1,200 s"; from three hours
+    on in hours, not "600 min")."""
+
+    MS = ("ms", 1, 0)
+    S = ("s", 1_000, 2_000)
+    MIN = ("min", 60_000, 10 * 60_000)
+    H = ("h", 3_600_000, 3 * 3_600_000)
+
+    def __init__(self, symbol: str, ms: int, from_ms: int) -> None:
+        self.symbol = symbol
+        self.ms = ms
+        self.from_ms = from_ms
+
+    @classmethod
+    def for_span(cls, ms: float) -> TimeUnit:
+        """The unit to count ``ms`` in: the largest one it reaches."""
+        return [unit for unit in cls if ms >= unit.from_ms][-1]
+
+    def tick(self, count: float, decimals: int) -> str:
+        """``count`` of this unit with ``decimals`` places at most: ``1,500 ms``, ``2.5 s``."""
+        text = f"{count:,.{decimals}f}"
+        return f"{text.rstrip('0').rstrip('.') if decimals else text} {self.symbol}"
 
 
 def nice_step(span: float, ticks: int = 8) -> float:
@@ -24,8 +66,39 @@ def nice_step(span: float, ticks: int = 8) -> float:
 
 
 def fmt_ms(ms: float) -> str:
-    """A time on the axis: ``12 s``, ``250 ms``, ``2.5 ms``."""
-    return f"{ms / 1000:g} s" if ms >= 10_000 else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.3g} ms"
+    """A length of time in the unit its size calls for: ``250 ms``, ``2.5 ms``, ``12 s``,
+    ``3.28 h``."""
+    unit = TimeUnit.for_span(ms)
+    count = ms / unit.ms
+    return f"{count:,.0f} {unit.symbol}" if count >= 10 else f"{count:.3g} {unit.symbol}"
+
+
+def _decimals(step: float) -> int:
+    """The decimal places the multiples of a step of 1, 2 or 5 times a power of ten need."""
+    return max(0, -math.floor(math.log10(step) + 1e-9))
+
+
+def _em(char: str) -> float:
+    if char in _NARROW:
+        return _NARROW_EM
+    if char in _WIDE:
+        return _WIDE_EM
+    if char in _UPPER:
+        return _UPPER_EM
+    if unicodedata.category(char) in ("Mn", "Me", "Cf"):  # a combining mark, a joiner: no width
+        return 0
+    return _ASCII_EM if char.isascii() else _OTHER_EM
+
+
+def fit(text: str, px: float, *, bold: bool = False, room: float = LANE_LABEL_ROOM) -> str:
+    """``text`` as it fits in ``room`` pixels at a font size of ``px``: whole, or cut with an
+    ellipsis."""
+    scale = px * (BOLD if bold else 1)
+    ends = list(itertools.accumulate(_em(char) * scale for char in text))  # where each ends
+    if not ends or ends[-1] <= room:
+        return text
+    keep = bisect.bisect_right(ends, room - _em(ELLIPSIS) * scale)
+    return text[:keep].rstrip() + ELLIPSIS
 
 
 def _num(value: object) -> object:
@@ -56,7 +129,10 @@ class Svg:
 
     def __init__(self, duration: float) -> None:
         self.parts: list[str] = []
-        self.step = nice_step(duration or 1.0)
+        # One unit for the whole axis, its ticks round in it: not "8,000 ms" next to "10 s".
+        self.unit = TimeUnit.for_span(duration or 1.0)
+        self.unit_step = nice_step((duration or 1.0) / self.unit.ms)
+        self.step = self.unit_step * self.unit.ms
         self.span = self.step * math.ceil((duration or 1.0) / self.step * 1.001)
 
     def x(self, ms: float) -> float:
@@ -106,9 +182,16 @@ class Svg:
             )
 
     def lane_label(self, mid: float, title: str, detail: str) -> None:
-        """A lane's name and the line under it, left of the axis."""
-        self.add("text", x=12, y=mid - 4, class_="tt-lane-title", text=title)
-        self.add("text", x=12, y=mid + 11, class_="tt-lane-detail", text=detail)
+        """A lane's name and the line under it, left of the axis: each cut to the room
+        there, its tooltip saying the whole."""
+        for text, y, px, bold, class_ in (
+            (title, mid - 4, TITLE_PX, True, "tt-lane-title"),
+            (detail, mid + 11, DETAIL_PX, False, "tt-lane-detail"),
+        ):
+            shown = fit(text, px, bold=bold)
+            self.add(
+                "text", title=text if shown != text else None, x=LANE_LABEL_X, y=y, class_=class_, text=shown
+            )
 
     def headers_mark(self, at_ms: float, mid: float) -> None:
         """When the response's headers came: a small triangle under the lane's axis."""
@@ -123,13 +206,13 @@ class Svg:
     def grid(self, height: float) -> None:
         """The ticks along the top, each with its line down the drawing."""
         ticks = round(self.span / self.step)
+        decimals = _decimals(self.unit_step)
         for i in range(ticks + 1):
             at = self.x(i * self.step)
             self.add("line", x1=at, x2=at, y1=TOP - 6, y2=height - 4, class_="tt-grid")
             anchor = "end" if i == ticks else "middle" if i else "start"
-            self.add(
-                "text", x=at, y=TOP - 12, class_="tt-axis", text_anchor=anchor, text=fmt_ms(i * self.step)
-            )
+            label = self.unit.tick(i * self.unit_step, decimals)
+            self.add("text", x=at, y=TOP - 12, class_="tt-axis", text_anchor=anchor, text=label)
 
     def rule(self, y: float) -> None:
         """The line between two lanes."""

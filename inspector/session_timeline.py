@@ -35,7 +35,7 @@ def _call_lane(svg: Svg, x: SessionExchange, resumed: list[SessionExchange], y: 
     took = f"{x.duration_ms:,.0f} ms" if x.duration_ms is not None else None
     via = f"resumed on #{', #'.join(map(str, x.resumed_on))}" if x.resumed_on else None
     detail = " · ".join(v for v in (f"id {x.rpc_id}", took, via) if v)
-    svg.lane_label(mid, f"#{x.id} {(x.tool or x.label)[:26]}", detail)
+    svg.lane_label(mid, f"#{x.id} {x.tool or x.label}", detail)
     end = x.end_ms if x.end_ms is not None else x.start_ms
     title = f"#{x.id} POST {x.tool or ''}: {x.start_ms:,.1f} to {end:,.1f} ms ({x.outcome or 'open'})"
     svg.bar(x.start_ms, end, mid - 2, 4, title, class_="tt-span")
@@ -128,9 +128,8 @@ def _pack(svg: Svg, others: list[SessionExchange]) -> list[_Placed]:
 
 
 def _request_lane(svg: Svg, placed: list[_Placed], others: int, y: float) -> None:
-    svg.add("text", x=12, y=y + 20, class_="tt-lane-title", text="other requests")
     left_out = f" ({others - len(placed)} not drawn)" if others > len(placed) else ""
-    svg.add("text", x=12, y=y + 34, class_="tt-lane-detail", text=f"{others} exchanges{left_out}")
+    svg.lane_label(y + 24, "other requests", f"{others} exchanges{left_out}")
     for p in placed:
         x = p.exchange
         top = y + 12 + ROW * p.row

@@ -266,8 +266,7 @@ def _request_lane(svg: Svg, others: list[Exchange], y: float) -> None:
     for x in others:
         counts[x.label] = counts.get(x.label, 0) + 1
     names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in counts.items())
-    svg.add("text", x=12, y=mid - 2, class_="tt-lane-title", text="other requests")
-    svg.add("text", x=12, y=mid + 12, class_="tt-lane-detail", text=names[:34])
+    svg.lane_label(mid + 2, "other requests", names)
     if len(others) > MAX_TICKS:
         _binned_requests(svg, others, mid)
         return
