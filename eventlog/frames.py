@@ -5,6 +5,7 @@ classified by its protocol."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,22 @@ class Stream:
         """``exchange 13 event 4`` or ``completed.jsonl:5 event 4``, for messages."""
         place = self.where if self.exchange_id is None else f"exchange {self.where}"
         return place if frame is None or frame.seq is None else f"{place} event {frame.seq}"
+
+
+# A log's exchange as ``Stream.label`` names it in a message.
+_LABELLED_EXCHANGE = re.compile(r"\bexchange (\d+)\b")
+
+
+def renumbered(message: str, ids: Mapping[int, int]) -> str:
+    """``message`` with each log exchange it names (as ``Stream.label`` does) by its id in
+    ``ids`` (old id to new): a finding copied into a log that numbers its exchanges
+    otherwise names them as that log does. An id ``ids`` lacks is left as it is."""
+
+    def new_id(found: re.Match[str]) -> str:
+        old = int(found[1])
+        return f"exchange {ids[old]}" if old in ids else found[0]
+
+    return _LABELLED_EXCHANGE.sub(new_id, message)
 
 
 # The error of a log's exchange the log held no end of when it was read.

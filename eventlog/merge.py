@@ -17,12 +17,14 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tasktape.choices import listed
 from tasktape.errors import LogError, LogUnwritable, SchemaTooOld
 
 from .file_kinds import is_damage, read_only_uri, result_code, unreadable
+from .frames import renumbered
 from .outcomes import Outcome
 from .resumes import SAME_RESUME
 from .schema import INDEX_TEXT, INDEXED_THROUGH, WRITES_A_CHUNK, open_db
@@ -145,7 +147,7 @@ def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeR
     # One path alone is refused: a string's letters would be taken for the logs.
     output, sources = Path(output), [Path(s) for s in listed(_one_path(sources), "sources")]
     if not output.parent.is_dir():  # (SQLite would say only "unable to open database file")
-        raise LogError(f"cannot open {output} as an event log: its folder {output.parent} does not exist")
+        raise _no_folder(output)
     for source in sources:  # all checked before anything is written
         if not source.is_file():
             raise LogError(f"{source}: no such log")
@@ -171,6 +173,15 @@ def merge_logs(sources: Sequence[str | Path], output: str | Path) -> list[MergeR
             conn.close()
     finally:
         release_writer_lock(fd)
+
+
+def _no_folder(output: Path) -> LogError:
+    """The error for an output whose folder is not there: a file where a folder is meant
+    is named, as import and export name it."""
+    file = next((p for p in reversed(output.parents) if p.is_file()), None)
+    if file is not None:
+        return LogError(f"cannot write {output}: {file} is a file, not a folder")
+    return LogError(f"cannot open {output} as an event log: its folder {output.parent} does not exist")
 
 
 def _merge_one(conn: sqlite3.Connection, source: Path, output: Path) -> MergeReport:
@@ -304,7 +315,9 @@ def _copy_rows(conn: sqlite3.Connection, table: str) -> int:
 
 def _copy_findings(conn: sqlite3.Connection) -> int:
     """The findings of each exchange checked later in the source than in the output: a
-    check replaces an exchange's earlier findings, in a merge as in its own log."""
+    check replaces an exchange's earlier findings, in a merge as in its own log. A message
+    that names another exchange (``transition``: the state before, there) names it by the
+    output's id."""
     conn.execute(
         "CREATE TEMP TABLE merged_checks AS SELECT f.src_id, f.dst_id FROM src.findings r"
         " JOIN merged_exchanges f ON f.src_id = r.exchange_id GROUP BY f.src_id"
@@ -313,13 +326,21 @@ def _copy_findings(conn: sqlite3.Connection) -> int:
     )
     try:
         conn.execute("DELETE FROM main.findings WHERE exchange_id IN (SELECT dst_id FROM merged_checks)")
+        ids = dict(conn.execute("SELECT src_id, dst_id FROM temp.merged_exchanges"))
+        conn.create_function("renumbered", 1, partial(_renumbered, ids=ids), deterministic=True)
         return conn.execute(
             "INSERT INTO main.findings (checked_at, rule, task_id, exchange_id, seq, message)"
-            " SELECT r.checked_at, r.rule, r.task_id, c.dst_id, r.seq, r.message FROM src.findings r"
+            " SELECT r.checked_at, r.rule, r.task_id, c.dst_id, r.seq, renumbered(r.message)"
+            " FROM src.findings r"
             " JOIN merged_checks c ON c.src_id = r.exchange_id ORDER BY r.id"
         ).rowcount
     finally:
         conn.execute("DROP TABLE temp.merged_checks")
+
+
+def _renumbered(message: str | None, ids: dict[int, int]) -> str | None:
+    """A finding's message as the output names its exchanges (a row's may be NULL)."""
+    return None if message is None else renumbered(message, ids)
 
 
 def _copy_resumes(conn: sqlite3.Connection) -> int:

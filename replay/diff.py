@@ -23,7 +23,7 @@ import orjson
 
 from tasktape.errors import UsageError
 from tasktape.eventlog.classify import Classification
-from tasktape.eventlog.frames import protocol_of
+from tasktape.eventlog.frames import at_log_end, protocol_of
 from tasktape.eventlog.protocols.base import StreamReader
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.spans import StreamEvent, events_in
@@ -237,7 +237,11 @@ class Report:
 def diff_recordings(
     a: Sequence[Recorded], b: Sequence[Recorded], tolerance: Tolerance, rules: MatchRules
 ) -> Report:
-    """The pairs of two recordings with their differences, and what is in one alone."""
+    """The pairs of two recordings with their differences, and what is in one alone. An
+    exchange a log holds no end of (its recorder still writing it) is cut short where the
+    log stops, as check and export read it: a log and its export do not differ."""
+    for side in (a, b):
+        at_log_end(side)
     a_runs, b_runs = (
         runs((read(first, rest) for first, *rest in joined(in_time_order(side))), rules) for side in (a, b)
     )

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 class _Source:
     """A source as given: a file, or a cassette of a folder given."""
 
-    path: Path
-    member: str | None = None  # a folder's cassette: its path in the folder, which names it
+    path: Path  # a folder's cassette: the folder as given, then its path in the folder
+    in_folder: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,10 @@ class _Checked:
 
 
 def _each(paths: tuple[Path, ...]) -> Iterator[_Source]:
-    """The sources given, each cassette of a folder one of its own (named by its path in
-    the folder): two cassettes are two recordings, whatever folder holds them. A file given
-    twice (by the same path or another to it, or in a folder given too) is checked once."""
+    """The sources given, each cassette of a folder one of its own (named by the folder as
+    given and its path in it): two cassettes are two recordings, whatever folder holds them,
+    and two of one name in two folders are told apart. A file given twice (by the same path
+    or another to it, or in a folder given too) is checked once."""
     seen: set[Path] = set()
     for source in _given(paths):
         if source.path.resolve() not in seen:
@@ -65,7 +66,7 @@ def _given(paths: tuple[Path, ...]) -> Iterator[_Source]:
             members = cassettes_in(path, _warn)
         except TasktapeError as exc:
             raise click.BadParameter(str(exc), param_hint="SOURCE") from None
-        yield from (_Source(path / member, member.as_posix()) for member in members)
+        yield from (_Source(path / member, in_folder=True) for member in members)
 
 
 def _warn(message: str) -> None:
@@ -81,9 +82,9 @@ def _read(source: _Source, save: bool, only: tuple[str, ...]) -> _Checked | _Sou
 
     path = source.path
     try:
-        if source.member is not None:
+        if source.in_folder:  # (its exchanges' origins name it as the folder was given)
             return _Checked(
-                source, report_recorded(read_cassette(path, source.member), only or None), log=False
+                source, report_recorded(read_cassette(path, path.as_posix()), only or None), log=False
             )
         if not (path.is_file() and is_log(path)):
             return _Checked(source, report_recorded(load([path]), only or None), log=False)
@@ -131,12 +132,12 @@ def _saved(checked: _Checked) -> _Checked:
 
 def _line(checked: _Checked, finding: Finding) -> str:
     """A finding, its source named as given: two files of one name in two folders are told
-    apart (a folder's cassette is named by its path in the folder). Its task id and message
-    come from the recording: shown as a console shows them."""
+    apart (a folder's cassette by the folder as given and its path in it). Its task id and
+    message come from the recording: shown as a console shows them."""
     source = checked.source
     if finding.exchange_id is not None:
         place = f"{source.path} exchange {finding.exchange}"
-    elif source.member is None:  # (its exchanges' origins name the file alone, then the line)
+    elif not source.in_folder:  # (its exchanges' origins name the file alone, then the line)
         place = f"{source.path}{finding.exchange.removeprefix(source.path.name)}"
     else:
         place = finding.exchange

@@ -45,8 +45,8 @@ def merge(logs: tuple[Path, ...], output: Path) -> None:
             raise bad_input(
                 f"{log} is {kind}, not an event log: tasktape import {log} --db {output} reads it into one"
             )
+    folder_for(output)  # (first: a file where its folder is meant is said so)
     refuse_as_output(output, "merge")
-    folder_for(output)
     made = not output.exists()
     try:
         for report in merge_logs(logs, output):

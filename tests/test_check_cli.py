@@ -300,6 +300,31 @@ def test_sources_of_one_name_in_two_folders_are_told_apart(
     ]
 
 
+def test_cassettes_of_one_name_in_two_folders_given_are_told_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two folders given, each holding a cassette of one name: both findings read
+    "broken.jsonl:2 event 10", and --json gave them one exchange. A folder's cassette is
+    named by the folder as given, then its path in the folder."""
+    monkeypatch.chdir(tmp_path)
+    for cassette in ("f1/broken.jsonl", "f2/broken.jsonl", "f2/deep/broken.jsonl"):
+        after_terminal(Path(cassette))
+    result = check("f1", "./f2/")
+    assert result.exit_code == 1, result.output
+    places = [line.split("  ")[1] for line in result.output.splitlines() if line.startswith("task.bad")]
+    assert places == [
+        "f1/broken.jsonl:2 event 10",
+        "f2/broken.jsonl:2 event 10",
+        "f2/deep/broken.jsonl:2 event 10",
+    ]
+    doc = json.loads(check("f1", "f2", "--json").output)
+    assert [(f["source"], f["exchange"]) for f in doc["findings"]] == [
+        ("f1/broken.jsonl", "f1/broken.jsonl:2"),
+        ("f2/broken.jsonl", "f2/broken.jsonl:2"),
+        ("f2/deep/broken.jsonl", "f2/deep/broken.jsonl:2"),
+    ]
+
+
 def test_a_task_id_is_printed_with_its_control_characters_escaped(tmp_path: Path) -> None:
     """A task id is the agent's: printed raw, its ESC, BEL or NUL would set the terminal's
     title or clear it where the finding is said (color=True: printed as to a terminal)."""

@@ -333,11 +333,15 @@ def test_a_file_is_named_for_what_it_is_when_it_is_neither_a_log_nor_a_cassette(
         assert "tasktape import" not in merged.output and "there is nothing to merge" in merged.output
 
 
-def test_export_into_a_folder_that_is_a_file_says_so(tmp_path: Path, completed_log: Path) -> None:
+@pytest.mark.parametrize("command", ["export", "merge"])
+def test_writing_into_a_folder_that_is_a_file_says_so(
+    tmp_path: Path, completed_log: Path, command: str
+) -> None:
+    """merge said "its folder notes.txt does not exist"."""
     text = not_taken(tmp_path)["text"]
-    result = run("export", completed_log, "-o", text / "x.jsonl")
+    result = run(command, completed_log, "-o", text / "x.db")
     assert result.exit_code == 2, result.output
-    assert result.output == f"Error: cannot write {text / 'x.jsonl'}: {text} is a file, not a folder\n"
+    assert result.output == f"Error: cannot write {text / 'x.db'}: {text} is a file, not a folder\n"
 
 
 @pytest.mark.parametrize("command", ["check", "diff", "replay"])

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from a2a_frames import USAGE, sse, status, streamed, task
+from aiohttp import web
 from click.testing import CliRunner, Result
 from conftest import RecordFactory
 from llm_servers import anthropic_app, openai_app
@@ -158,6 +159,42 @@ def test_a_recording_and_its_cassette_are_the_same(paced: tuple[Path, Path], tmp
     cassette = export(fast, tmp_path / "fast.jsonl")
     result = diff(fast, cassette, "--time-tolerance", "0%", "--time-tolerance", "0ms")
     assert (result.exit_code, result.output) == (0, "16 pairs, 0 differ, 0 only in A, 0 only in B\n")
+
+
+def held_open(release: asyncio.Event) -> web.Application:
+    """An agent whose stream sends its task, then waits for ``release`` to end it."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        (submitted,) = sse([task("task.live", "ctx.live", "TASK_STATE_SUBMITTED")], ids="e")
+        await response.write(submitted)
+        await release.wait()
+        (completed,) = sse([status("task.live", "ctx.live", "TASK_STATE_COMPLETED")], ids="e", start=2)
+        await response.write(completed)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
+
+
+async def test_a_log_still_recording_and_its_export_are_the_same(
+    record: RecordFactory, tmp_path: Path
+) -> None:
+    """The stream its recorder was still writing was read from the log with no outcome, and
+    from its export as log_closed: "outcome: (none) -> log_closed", exit 1. Both are read
+    as check and export read a log, cut short where it stops."""
+    release = asyncio.Event()
+    rec = await record(held_open(release))
+    async with rec.session.post(f"{rec.url}/message:stream", json=message("hi")) as live:
+        assert (await live.content.readuntil(b"\n\n")).startswith(b"id: e1\n")
+        await rec.writer.aflush()
+        cassette = export(rec.db, tmp_path / "live.jsonl")
+        result = diff(rec.db, cassette, "--time-tolerance", "0%", "--time-tolerance", "0ms")
+        release.set()
+        await live.read()
+    assert (result.exit_code, result.output) == (0, "1 pair, 0 differ, 0 only in A, 0 only in B\n")
 
 
 def test_an_edited_token_and_answer_are_all_it_reports(paced: tuple[Path, Path], tmp_path: Path) -> None:

@@ -459,3 +459,58 @@ def test_a_copy_imported_redacted_keeps_its_request_redacted_when_continued(tmp_
     assert x["outcome"] == "complete"
     assert ["X-Team-Token", "[REDACTED]"] in json.loads(x["request_headers"])
     assert json.loads(x["request_body"]) == {"secret": "[REDACTED]", "q": "hi"}
+
+
+def test_a_finding_naming_another_exchange_names_it_as_the_output_numbers_it(tmp_path: Path) -> None:
+    """A copied finding's exchange_id was the output's, but its message named the exchange
+    it points to by the source's id ("COMPLETED (in exchange 1 event 2) -> SUBMITTED"):
+    in the output, another recorder's exchange."""
+    t, c = "task.0192f4c8-cc03", "ctx.0192f4c8-cc03"
+    run = [task(t, c, "TASK_STATE_SUBMITTED")]
+    run += [status(t, c, "TASK_STATE_WORKING"), status(t, c, "TASK_STATE_COMPLETED")]
+    said = {"messageId": "m1", "parts": [{"text": "hi"}]}
+    again = a2a_stream("2026-12-01T10:00:05Z", {**said, "messageId": "m2"}, run)
+    cassette = written(tmp_path / "twice.jsonl", a2a_stream("2026-12-01T10:00:00Z", said, run), again)
+    source, fleet = tmp_path / "twice.db", write_log(tmp_path / "fleet.db", "a")
+    imported = CliRunner().invoke(main, ["import", str(cassette), "--db", str(source)])
+    assert imported.exit_code == 0, imported.output
+    with EventLog(source) as log:
+        assert save_findings(source, report_log(log).findings) == 1
+    ((_, before),) = _findings(source, 1)
+    assert before.startswith("COMPLETED (in exchange 1 event 2) -> SUBMITTED")
+    (report,) = merge_logs([source], fleet)
+    assert report.findings == 1
+    with EventLog(fleet) as log:
+        first, second = (x["id"] for x in log.exchanges() if x["uid"] in _uids(source))
+        # As a check of the output says it.
+        (found,) = (f for f in report_log(log).findings if f.exchange_id == second)
+    renamed = before.replace("exchange 1 ", f"exchange {first} ")
+    assert first != 1 and _findings(fleet, first) == [(second, renamed)] == [(second, found.message)]
+
+
+def _findings(path: Path, first: int) -> list[tuple[int, str]]:
+    """The exchange and message of each finding about exchange ``first`` and after."""
+    db = sqlite3.connect(path)
+    found = db.execute("SELECT exchange_id, message FROM findings WHERE exchange_id >= ?", [first]).fetchall()
+    db.close()
+    return found
+
+
+def _uids(path: Path) -> set[str]:
+    db = sqlite3.connect(path)
+    found = {uid for (uid,) in db.execute("SELECT uid FROM exchanges")}
+    db.close()
+    return found
+
+
+def test_an_output_under_a_file_is_said_to_be(tmp_path: Path) -> None:
+    """A file where the output's folder was meant was said to be a folder that does not exist."""
+    a, notes = write_log(tmp_path / "a.db", "a"), tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    for output in (notes / "m.db", notes / "sub" / "m.db"):
+        with pytest.raises(LogError) as refused:
+            merge_logs([a], output)
+        assert str(refused.value) == f"cannot write {output}: {notes} is a file, not a folder"
+    with pytest.raises(LogError, match=r"its folder \S+missing does not exist"):
+        merge_logs([a], tmp_path / "missing" / "m.db")
+    assert notes.read_text() == "hello\n"
