@@ -1,13 +1,16 @@
 """How the inspector shows values (task state colours and names, durations in ms, JSON),
-and reads the numbers in its URLs."""
+reads the numbers in its URLs, and reads a log for a page: as it was at one moment."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from tasktape.eventlog import EventLog
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.classify import json_or_none
 from tasktape.eventlog.protocols import ProtocolName
@@ -114,3 +117,17 @@ def row_number(text: str) -> int | None:
         return None
     number = int(text)
     return number if number < 2**63 else None
+
+
+@contextmanager
+def one_moment(path: str | Path) -> Iterator[EventLog]:
+    """The log, every read of it in one read transaction: a recorder may be writing it
+    while a page is read, and a page read over several moments disagrees with itself (the
+    events it lists, and those task_summary counts)."""
+    with EventLog(path) as log:
+        conn = log.db.conn
+        conn.execute("BEGIN")  # deferred: the first read fixes the rows every later one sees
+        try:
+            yield log
+        finally:
+            conn.rollback()  # (it only read)

@@ -38,7 +38,7 @@ from tasktape.eventlog.protocols.mcp import (
     request_text,
 )
 
-from .display import Excerpt, excerpt, ms_or_none, parse_json, row_number
+from .display import Excerpt, excerpt, ms_or_none, one_moment, parse_json, row_number
 from .findings import SavedFinding, saved_findings
 
 _ANSWERS = frozenset({MCPKind.RESPONSE, MCPKind.ERROR})  # a client's POST that answers the server
@@ -216,6 +216,12 @@ class SessionExchange:
         return self.rpc_method if self.rpc_method and self.rpc_method != self.method else self.method
 
     @property
+    def open(self) -> bool:
+        """Whether the log holds no end of it yet: its recorder is still writing it (or
+        was killed)."""
+        return self.outcome is None
+
+    @property
     def is_call(self) -> bool:
         return self.rpc_method == TOOL_CALL
 
@@ -356,8 +362,9 @@ def _server(result: Any) -> str | None:
 
 
 def load_session(path: str | Path, session_id: str) -> SessionPage | None:
-    """The session's page data, or None when the log has no MCP exchanges of that session."""
-    with EventLog(path) as log:
+    """The session's page data, or None when the log has no MCP exchanges of that session:
+    read as the log was at one moment, however a recorder writes it meanwhile."""
+    with one_moment(path) as log:
         rows = list(log.db.query(_EXCHANGES.format(where="session_id = :s"), {"p": MCP, "s": session_id}))
         capture_id = _capture(session_id) if not rows else None
         if capture_id is not None:

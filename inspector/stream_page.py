@@ -16,12 +16,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tasktape.eventlog import EventLog
 from tasktape.eventlog.protocols import ProtocolName, by_name, openai
 from tasktape.eventlog.protocols.anthropic import REFUSAL, AnthropicKind
 from tasktape.eventlog.protocols.openai import Choice, OpenAIKind
 
-from .display import parse_json
+from .display import one_moment, parse_json
 from .findings import SavedFinding, saved_findings
 
 LLM_PROTOCOLS = frozenset({ProtocolName.OPENAI.value, ProtocolName.ANTHROPIC.value})
@@ -151,6 +150,12 @@ class StreamPage:
     choices: list[Choice]
 
     @property
+    def open(self) -> bool:
+        """Whether the log holds no end of it yet: its recorder is still writing it (or
+        was killed)."""
+        return self.outcome is None
+
+    @property
     def protocol_title(self) -> str:
         return TITLES.get(self.protocol, self.protocol)
 
@@ -251,8 +256,9 @@ class StreamPage:
 
 
 def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
-    """The stream's page data, or None when the log has no such OpenAI or Anthropic exchange."""
-    with EventLog(path) as log:
+    """The stream's page data, or None when the log has no such OpenAI or Anthropic exchange:
+    read as the log was at one moment, however a recorder writes it meanwhile."""
+    with one_moment(path) as log:
         rows = list(log.db.query("SELECT * FROM exchanges WHERE id = ?", [exchange_id]))
         if not rows or rows[0]["protocol"] not in LLM_PROTOCOLS:
             return None

@@ -20,7 +20,7 @@ from tasktape.eventlog.models import Artifact as ArtifactModel
 from tasktape.eventlog.models import JsonRpcResponse, Task, TaskStatus
 from tasktape.eventlog.resumes import ResumeSide
 
-from .display import ms_or_none, parse_json
+from .display import ms_or_none, one_moment, parse_json
 
 if TYPE_CHECKING:
     from tasktape.eventlog.checker import Finding
@@ -67,6 +67,12 @@ class Exchange:
     @property
     def label(self) -> str:
         return self.rpc_method or f"{self.method} {self.path}"
+
+    @property
+    def open(self) -> bool:
+        """Whether the log holds no end of it yet: its recorder is still writing it (or
+        was killed)."""
+        return self.outcome is None
 
 
 @dataclass
@@ -126,9 +132,13 @@ class Artifact:
     name: str | None
     type: str | None
     text: str
-    closed: bool
-    events: int
+    closed: bool  # a lastChunk event closed it
+    events: int  # the updates of it streamed
     citations: list[Citation] = field(default_factory=list)
+    # The exchange whose response held it whole, in a task object (a GetTask's, a
+    # SendMessage's not streamed): its text is that one's.
+    answered_in: int | None = None
+    streaming: bool = False  # not closed yet, on a stream the log holds no end of yet
 
     @property
     def thinking(self) -> bool:
@@ -217,8 +227,14 @@ class TaskPage:
         return self.events[0].at_ms if self.events else None
 
     @property
+    def open_exchanges(self) -> list[Exchange]:
+        """Its exchanges the log holds no end of yet."""
+        return [x for x in self.exchanges if x.open]
+
+    @property
     def duration_ms(self) -> float:
-        """Its first request to the end of its last exchange: the span of the time axis."""
+        """Its first request to the end of its last exchange: the span of the time axis
+        (while an exchange is open, to the last moment the log holds of it)."""
         ends = [x.end_ms for x in self.exchanges if x.end_ms is not None]
         ends += [e.at_ms for e in self.events] + [r.at_ms for r in self.reconnects]
         return max(ends, default=0.0)
@@ -247,47 +263,63 @@ class TaskPage:
 
 
 def load_task(path: str | Path, task_id: str) -> TaskPage | None:
-    """The task's page data, or None when the log knows no such task."""
-    with EventLog(path) as log:
-        rows = log.db.query(
-            "SELECT * FROM exchanges WHERE task_id = :t OR id IN "
-            "(SELECT exchange_id FROM events WHERE task_id = :t) ORDER BY started_ns, id",
-            {"t": task_id},
-        )
-        xrows = list(rows)
-        if not xrows:
-            return None
-        origin = min(x["started_ns"] for x in xrows)
-        exchanges = [_exchange(x, origin) for x in xrows]
-        erows = list(log.db.query(_EVENTS, {"t": task_id}))
-        every = _events(erows, origin)
-        counts = Counter(e.exchange_id for e in every)
-        for x in exchanges:
-            x.events = counts[x.id]
-        # A reconnect the resume gateway answered holds a slice of a stream it held, whose
-        # own exchange holds every event: the task's events are counted and drawn once.
-        answered = log.reconnects_answered()
-        events = [e for e in every if e.exchange_id not in answered]
-        snapshots = _snapshots(xrows, origin)
-        findings, checker_error = _findings(log, [x.id for x in exchanges])
-        summary = _summary(log, task_id)
-        return TaskPage(
-            task_id=task_id,
-            context_id=next((x["context_id"] for x in xrows if x["context_id"]), None),
-            exchanges=exchanges,
-            events=events,
-            states=_states(_state_frames(erows), events, snapshots),
-            artifacts=_merged(
-                _artifacts(log, task_id), snapshots, max((e.at_ms for e in every), default=None)
-            ),
-            usage=_usage(log, task_id, snapshots),
-            findings=findings,
-            checker_error=checker_error,
-            reconnects=_reconnects(log, [x.id for x in exchanges], origin),
-            recorded_events=summary["events"] if summary else 0,
-            seen_ms=summary["duration_ms"] if summary else None,
-            unnamed_events=sum(1 for e in events if e.task_id is None),
-        )
+    """The task's page data, or None when the log knows no such task: read as the log was
+    at one moment, however a recorder writes it meanwhile."""
+    # Before the moment read: findings kept for this state of the file are then never
+    # older than the rows they were found in.
+    file_state = _file_state(Path(path))
+    with one_moment(path) as log:
+        return _read_task(log, task_id, file_state)
+
+
+def _read_task(log: EventLog, task_id: str, file_state: tuple[FileState, FileState]) -> TaskPage | None:
+    rows = log.db.query(
+        "SELECT * FROM exchanges WHERE task_id = :t OR id IN "
+        "(SELECT exchange_id FROM events WHERE task_id = :t) ORDER BY started_ns, id",
+        {"t": task_id},
+    )
+    xrows = list(rows)
+    if not xrows:
+        return None
+    origin = min(x["started_ns"] for x in xrows)
+    exchanges = [_exchange(x, origin) for x in xrows]
+    erows = list(log.db.query(_EVENTS, {"t": task_id}))
+    every = _events(erows, origin)
+    counts = Counter(e.exchange_id for e in every)
+    for x in exchanges:
+        x.events = counts[x.id]
+    # A reconnect the resume gateway answered holds a slice of a stream it held, whose
+    # own exchange holds every event: the task's events are counted and drawn once.
+    answered = log.reconnects_answered()
+    events = [e for e in every if e.exchange_id not in answered]
+    snapshots = _snapshots(xrows, origin)
+    findings, checker_error = _findings(log, [x.id for x in exchanges], file_state)
+    summary = _summary(log, task_id)
+    artifacts = _merged(_artifacts(log, task_id), snapshots, max((e.at_ms for e in every), default=None))
+    _mark_streaming(artifacts, every, {x.id for x in exchanges if x.open})
+    return TaskPage(
+        task_id=task_id,
+        context_id=next((x["context_id"] for x in xrows if x["context_id"]), None),
+        exchanges=exchanges,
+        events=events,
+        states=_states(_state_frames(erows), events, snapshots),
+        artifacts=artifacts,
+        usage=_usage(log, task_id, snapshots),
+        findings=findings,
+        checker_error=checker_error,
+        reconnects=_reconnects(log, [x.id for x in exchanges], origin),
+        recorded_events=summary["events"] if summary else 0,
+        seen_ms=summary["duration_ms"] if summary else None,
+        unnamed_events=sum(1 for e in events if e.task_id is None),
+    )
+
+
+def _mark_streaming(artifacts: list[Artifact], events: list[Event], open_ids: set[int]) -> None:
+    """Mark the artifacts not closed whose updates came on a stream still open: their
+    lastChunk may yet come."""
+    open_artifacts = {e.artifact_id for e in events if e.exchange_id in open_ids}
+    for a in artifacts:
+        a.streaming = not a.closed and a.answered_in is None and a.artifact_id in open_artifacts
 
 
 def _summary(log: EventLog, task_id: str) -> dict[str, Any] | None:
@@ -538,13 +570,17 @@ def _merged(
     if latest is None or (last_event_ms is not None and latest.at_ms <= last_event_ms):
         return streamed
     answered = {
-        a.artifact_id or "": _artifact(
-            a.artifact_id or "", a, text=a.text or "", type_=a.type, closed=True, events=0
+        a.artifact_id or "": replace(
+            _artifact(a.artifact_id or "", a, text=a.text or "", type_=a.type, closed=False, events=0),
+            answered_in=latest.exchange_id,
         )
         for a in latest.task.artifacts or []
     }
+    # A streamed one keeps what its stream did: its updates, and whether a lastChunk closed it.
     merged = [
-        replace(answered.pop(a.artifact_id), events=a.events) if a.artifact_id in answered else a
+        replace(answered.pop(a.artifact_id), events=a.events, closed=a.closed)
+        if a.artifact_id in answered
+        else a
         for a in streamed
     ]
     return merged + list(answered.values())
@@ -602,10 +638,13 @@ def _reconnects(log: EventLog, exchange_ids: list[int], origin: int) -> list[Rec
     return reconnects
 
 
-def _findings(log: EventLog, exchange_ids: list[int]) -> tuple[list[Finding], str | None]:
+def _findings(
+    log: EventLog, exchange_ids: list[int], file_state: tuple[FileState, FileState]
+) -> tuple[list[Finding], str | None]:
     """The lifecycle checker's findings about these exchanges: computed when the page is
-    first drawn, and again once the log has changed."""
-    findings, error = _checked(str(log.path), tuple(exchange_ids), _file_state(log.path))
+    first drawn, and again once the log has changed (``file_state``, as it was before
+    ``log`` was read)."""
+    findings, error = _checked(_Asked(str(log.path), tuple(exchange_ids), file_state, log))
     return list(findings), error
 
 
@@ -627,18 +666,26 @@ def _file_state(path: Path) -> tuple[FileState, FileState]:
     return state(path), state(path.with_name(path.name + "-wal"))
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What the checker is asked: about exchanges of a log as it is (``file_state``). The
+    log, opened for the page, is what they are read from: no part of the question."""
+
+    path: str
+    exchange_ids: tuple[int, ...]
+    file_state: tuple[FileState, FileState]
+    log: EventLog = field(compare=False, repr=False)
+
+
 @lru_cache(maxsize=16)
-def _checked(
-    path: str, exchange_ids: tuple[int, ...], file_state: tuple[FileState, FileState]
-) -> tuple[tuple[Finding, ...], str | None]:
-    """The checker's findings about exchanges of a log as it is (``file_state``): a task of
-    100,000 events takes seconds to check, so a page drawn again reuses them."""
+def _checked(asked: _Asked) -> tuple[tuple[Finding, ...], str | None]:
+    """The checker's findings, read where the page reads the rest (the same moment of the
+    log): a task of 100,000 events takes seconds to check, so a page drawn again reuses them."""
     # Datasette imports this plugin in every run in the environment; the checker is
     # needed only when a task page is asked for.
     from tasktape.eventlog.checker import check_log  # noqa: PLC0415
 
     try:
-        with EventLog(path) as log:
-            return tuple(check_log(log, exchange_ids)), None
+        return tuple(check_log(asked.log, asked.exchange_ids)), None
     except Exception as exc:  # a checker bug must not hide the run itself
         return (), f"{type(exc).__name__}: {exc}"

@@ -7,6 +7,7 @@ import html
 import json
 import re
 import sqlite3
+import threading
 import urllib.request
 from collections.abc import Awaitable, Iterator
 from dataclasses import asdict
@@ -15,10 +16,10 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import pytest
-from a2a_frames import completed_run, sse, task
+from a2a_frames import artifact, completed_run, sse, status, streamed, task
 from datasette.app import Datasette
 from datasette.database import Database
-from inspector_log import BROKEN, Served, page, record_log, rows, stream_of, task_of
+from inspector_log import BROKEN, MS, Served, page, record_log, rows, stream_of, task_of
 from markupsafe import Markup
 
 from tasktape import inspector
@@ -578,3 +579,99 @@ async def test_the_log_is_read_only_and_live_while_a_recorder_writes(tmp_path: P
             await ds.get_database("live").execute_write("DELETE FROM events")
     with EventLog(path) as log:
         assert log.db.execute("SELECT count(*) FROM events").fetchone()[0] == 2 * len(completed_run())
+
+
+async def test_a_task_page_read_while_its_stream_is_written_agrees_with_itself(tmp_path: Path) -> None:
+    """A recorder writes the task's stream while its page is asked for again and again:
+    each page is read as the log was at one moment, so its figures agree (the events it
+    lists are those task_summary counts, and no reconnect's slice is said drawn once)."""
+    path, renders = tmp_path / "writing.db", 12
+    stop = threading.Event()
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+        w.response_head(ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=1)
+        w.chunk(ex, 1000, b"".join(sse([task("T", "c"), status("T", "c", "TASK_STATE_WORKING")])))
+        w.flush()
+
+        def write() -> None:  # each delta committed alone, until the pages are read
+            for n in range(3, 100_000):
+                if stop.is_set():
+                    return
+                w.chunk(ex, n * 1000, sse([artifact("T", "c", "a", f"w{n} ", append=n > 3)], start=n)[0])
+                w.flush()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            ds = create_datasette(path)
+            counted = []
+            for _ in range(renders):
+                got = (await ds.client.get("/writing/-/task/T.json")).json()
+                assert got["recorded_events"] == len(got["events"])
+                assert got["seen_ms"] == round(got["events"][-1]["at_ms"], 3)
+                html = await page(ds, "/writing/-/task/T")
+                figure = re.search(r'"tt-label">events</span><strong>(\d+)</strong>', html)
+                left_out = re.search(r"([\d,]+) more events, left out here", html)
+                listed = html.count('<tr class="tt-ev-') + (
+                    int(left_out.group(1).replace(",", "")) if left_out else 0
+                )
+                assert figure and int(figure.group(1)) == listed
+                assert "drawn once" not in html
+                counted.append(got["recorded_events"])
+        finally:
+            stop.set()
+            writer.join()
+        w.end_exchange(ex, duration_ns=10**9)
+    assert counted[-1] > counted[0]  # the pages were read while the stream was written
+
+
+async def test_a_task_whose_stream_is_still_coming_is_said_to_be_open(tmp_path: Path) -> None:
+    """Its exchange has no end in the log yet: the page says it is open and streaming, not
+    when its exchanges ended, and its artifact not closed yet is streaming, not never closed."""
+    path = tmp_path / "open.db"
+    frames = [
+        task("T", "c"),
+        status("T", "c", "TASK_STATE_WORKING"),
+        *streamed("T", "c", "a", ["Hel", "lo"], close=False),
+    ]
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+        w.response_head(ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=1)
+        for n, data in enumerate(sse(frames), 1):
+            w.chunk(ex, n * 100 * MS, data)
+        w.flush()
+        ds = create_datasette(path)
+        html = await page(ds, "/open/-/task/T")
+        assert f"#{ex} still open: the log holds no end of it yet" in html and "end after" not in html
+        row = html.split("<h2>Exchanges</h2>")[1].split("</tr>", 2)[1]
+        assert re.search(r"<td[^>]*>still open</td>\s*<td[^>]*>4</td>\s*<td>still streaming</td>", row)
+        answer = html.split("<h2>Answer</h2>")[1].split("</article>")[0]
+        assert "2 events · still streaming" in answer and "never closed" not in html
+        w.end_exchange(ex, duration_ns=500 * MS)
+    html = await page(ds, "/open/-/task/T")
+    assert "its exchanges end after 500 ms" in html and "still open" not in html
+    assert "never closed" in html.split("<h2>Answer</h2>")[1] and "still streaming" not in html
+
+
+async def test_an_artifact_that_came_whole_in_a_response_says_where(ds: Datasette, log: Path) -> None:
+    """A task answered without a stream, and one whose dropped stream a GetTask made whole:
+    their artifacts came whole in the response of an exchange, as the state changes say,
+    not in events, and no lastChunk closed them."""
+    for scenario, operation in (("not streamed", "SendMessage"), ("dropped", "GetTask")):
+        task_id = task_of(log, scenario)
+        got = (await ds.client.get(f"/{DB}/-/task/{task_id}.json")).json()
+        (answered_in,) = [x["id"] for x in got["exchanges"] if x["rpc_method"] == operation][-1:]
+        assert [a["answered_in"] for a in got["artifacts"]] == [answered_in] * len(got["artifacts"])
+        assert not any(a["closed"] for a in got["artifacts"])  # (the log holds no lastChunk of them)
+        html = await page(ds, f"/{DB}/-/task/{task_id}")
+        lines = re.findall(
+            r'<span class="tt-meta">(.*?)</span></div>', html.split("<h2>Answer</h2>")[1], re.S
+        )
+        streamed = {a["events"] for a in got["artifacts"]} - {0}
+        whole = f'whole in the response of <a href="/{DB}/exchanges/{answered_in}">#{answered_in}</a>'
+        assert sorted(lines) == sorted(
+            (f"{a['events']} events · " if a["events"] else "") + whole for a in got["artifacts"]
+        ), lines
+        assert bool(streamed) == (scenario == "dropped")  # the thinking streamed before the drop

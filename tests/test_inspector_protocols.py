@@ -858,3 +858,42 @@ async def test_a_session_id_spelt_as_a_captures_stateless_session_is_named_alike
         stateless: f"/named/exchanges/{stateless}",
         **{x: f"/named/-/session/capture-{cap}#exchange-{x}" for x in named},
     }
+
+
+async def test_an_llm_stream_and_an_mcp_stream_still_coming_are_said_to_be_open(tmp_path: Path) -> None:
+    """Their exchanges have no end in the log yet: the stream page says the stream is still
+    coming, the session page that its GET is open."""
+    path = tmp_path / "coming.db"
+    delta = {"object": "chat.completion.chunk", "model": "gpt-4o-mini", "choices": [{"index": 0}]}
+    deltas = [{"content": "Hi"}, {"content": " there"}]
+    asked = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        llm = w.begin_exchange(
+            cap, method="POST", path="/v1/chat/completions", request_body=json.dumps(asked).encode()
+        )
+        w.response_head(
+            llm, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=MS
+        )
+        for n, d in enumerate(deltas, 1):
+            chunk = {**delta, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+            w.chunk(llm, n * 100 * MS, f"data: {json.dumps(chunk)}\n\n".encode())
+        get = w.begin_exchange(cap, method="GET", path="/mcp", request_headers=SESSION_HEADERS)
+        w.response_head(
+            get, status=200, headers=[("Content-Type", "text/event-stream")], is_sse=True, ttfb_ns=MS
+        )
+        w.flush()
+        ds = create_datasette(path)
+        stream = await page(ds, f"/coming/-/stream/{llm}")
+        assert "still streaming: the log holds no end of it yet" in stream
+        assert "<small>still streaming: 200 ms so far</small>" in stream
+        session = await page(ds, "/coming/-/session/s1")
+        row = session.split(f'<tr id="exchange-{get}"')[1].split("</tr>")[0]
+        assert '<td class="tt-num">still open</td>' in row and "<td>still streaming</td>" in row
+        w.end_exchange(llm, duration_ns=400 * MS)
+        w.end_exchange(get, duration_ns=500 * MS)
+    stream = await page(ds, f"/coming/-/stream/{llm}")
+    assert "still streaming" not in stream
+    assert re.search(r"whole stream</span><strong>400 ms</strong>\s*</div>", stream)
+    session = await page(ds, "/coming/-/session/s1")
+    assert "still open" not in session and "still streaming" not in session
