@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ import nats.js.errors
 
 from tasktape.errors import Unauthorized
 from tasktape.eventlog.exchange_rows import utc_iso
+from tasktape.eventlog.protocols import ProtocolName
 
 from .hints import HintReader
 from .jetstream import FIRST_CONNECT, RETRY, failure, refused, stream_ready
@@ -50,6 +52,7 @@ from .wire import (
     trimmed,
     wire_columns,
     within,
+    without_text,
 )
 
 _IN_PROCESS = 10158  # JetStream: "duplicate message id is in process"
@@ -106,6 +109,7 @@ class ShipStats:
     retries: int = 0
     waiting: int = 0  # rows committed and not yet shipped, when last counted
     read_back: int = 0  # chunks and events read from the log, for want of their hints
+    rounds: int = 0  # rounds that read what was to ship (shipped it, or found nothing)
     too_large: int = 0  # rows bigger than the servers take (max_payload): not shipped, said loudly
     trimmed: int = 0  # exchanges' rows shipped without their bodies, which alone the servers did not take
 
@@ -152,6 +156,7 @@ class _Round:
     open_captures: set[int] = field(default_factory=set)
     closed_captures: set[int] = field(default_factory=set)
     full: bool = False  # a table had more rows than one round reads
+    read_back: int = 0  # chunks and events read from the log, for want of their hints
 
 
 class Shipper:
@@ -192,6 +197,9 @@ class Shipper:
         self._stopping = False
         self._looking = True  # this round reads the whole log
         self._looked_at = 0.0
+        # The last look read rows back from the log (or more than a round reads): every round
+        # looks, without HINT_GRACE, until one reads none (a backlog goes out at full speed).
+        self._catching_up = False
         self._read = sqlite3.connect(
             f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
         )
@@ -217,6 +225,8 @@ class Shipper:
         self._nc: Any = None
         self._progress_at = time.monotonic()  # when a round last shipped, or found nothing to
         self._reported_at: float | None = None  # when rows were last said to wait
+        # The tables' last rowids as the watch saw them over the last WAIT_REPORT seconds.
+        self._ends: deque[tuple[float, list[int]]] = deque()
         self._last_error: BaseException | None = None
 
     # -- the log ------------------------------------------------------------------------------
@@ -290,9 +300,15 @@ class Shipper:
 
     def waiting(self) -> int:
         """Rows committed to the log and not yet shipped (changed rows not counted)."""
-        ends = " + ".join(f"(SELECT coalesce(max(rowid), 0) FROM {t}) - ?" for t in Table)
-        (n,) = self._read.execute(f"SELECT {ends}", [getattr(self.cursor, t) for t in Table]).fetchone()
-        return max(int(n), 0)
+        return self._waiting(self._last_rowids())
+
+    def _waiting(self, ends: list[int]) -> int:
+        return sum(max(end - getattr(self.cursor, t), 0) for t, end in zip(Table, ends, strict=True))
+
+    def _last_rowids(self) -> list[int]:
+        """Each table's last rowid, in the order of ``Table``."""
+        ends = ", ".join(f"(SELECT coalesce(max(rowid), 0) FROM {t})" for t in Table)
+        return list(self._read.execute(f"SELECT {ends}").fetchone())
 
     def _read_round(self) -> _Round:
         """What is to be shipped now, read in one snapshot, as messages in the order they
@@ -301,11 +317,16 @@ class Shipper:
         While the log writer sends hints, the log itself is read only when the writer
         says it wrote other rows than chunks and events, and once every LOOK_EVERY
         seconds: a reader keeps SQLite from starting its -wal file over, and the writer
-        slows as the file grows."""
+        slows as the file grows. A look that reads rows back (a backlog no hint holds)
+        is followed by another each round, until one reads none."""
         r = _Round(cursor=Cursor(**{c: getattr(self.cursor, c) for c in Cursor.COLUMNS}))
         hints, now = self._hints, time.monotonic()
         self._looking = (
-            hints is None or not hints.open or self._stopping or now - self._looked_at >= LOOK_EVERY
+            hints is None
+            or not hints.open
+            or self._stopping
+            or self._catching_up
+            or now - self._looked_at >= LOOK_EVERY
         )
         changed = self._looking or (hints is not None and hints.changed)
         if hints is not None:
@@ -322,6 +343,8 @@ class Shipper:
                 self._read_table(r, table)
         finally:
             self._read.execute("COMMIT")
+        if self._looking:
+            self._catching_up = r.full or r.read_back > 0
         return r
 
     def _read_table(self, r: _Round, table: Table) -> None:
@@ -336,7 +359,7 @@ class Shipper:
                 self._unhinted.pop(table, None)
                 setattr(r.cursor, table, start)
                 return
-            if not self._looking or not self._overdue(table, start):
+            if not self._looking or not (self._catching_up or self._overdue(table, start)):
                 return
             self._unhinted.pop(table, None)
             until = self._hints.next_first(table, start)
@@ -347,6 +370,7 @@ class Shipper:
         rows = new.fetchall()
         r.full |= len(rows) == ROUND_ROWS
         if table in HINTED:
+            r.read_back += len(rows)
             self.stats.read_back += len(rows)
         if rows:
             setattr(r.cursor, table, rows[-1][0])
@@ -562,14 +586,8 @@ class Shipper:
             if len(part.payload) <= limit:
                 parts.append(part)
                 continue
-            cut = trimmed(part, limit)
+            cut = self._cut(part, limit)
             if cut is not None:
-                self.stats.trimmed += 1
-                self._on_status(
-                    f"{first_row(part)}, {len(part.payload):,} bytes encoded) is bigger"
-                    f" than the servers take (max_payload {limit:,}): shipped without its bodies, flagged"
-                    " as cut (the log keeps them)"
-                )
                 parts.append(cut)
                 continue
             left_out += 1
@@ -580,6 +598,29 @@ class Shipper:
                 " log and is not shipped; raise max_payload on the servers to ship rows this large"
             )
         return parts, left_out
+
+    def _cut(self, part: Message, limit: int) -> Message | None:
+        """A row alone bigger than the servers take, as one they take, if it can be: an
+        event's without the text a collector derives again from its data, an exchange's
+        without its bodies (said)."""
+        untexted = without_text(part, limit, self._protocol_of)
+        if untexted is not None:
+            return untexted
+        cut = trimmed(part, limit)
+        if cut is not None:
+            self.stats.trimmed += 1
+            self._on_status(
+                f"{first_row(part)}, {len(part.payload):,} bytes encoded) is bigger"
+                f" than the servers take (max_payload {limit:,}): shipped without its bodies, flagged"
+                " as cut (the log keeps them)"
+            )
+        return cut
+
+    def _protocol_of(self, exchange: str) -> ProtocolName | None:
+        """The built-in protocol the exchange ``exchange`` (a uid) speaks, if any: a collector
+        that knows ``TEXT_FROM`` knows how each derives an event's text."""
+        row = self._read.execute("SELECT protocol FROM exchanges WHERE uid = ?", (exchange,)).fetchone()
+        return ProtocolName(row[0]) if row is not None and row[0] in set(ProtocolName) else None
 
     async def _publish_part(self, js: Any, m: Message) -> None:
         """Until JetStream has the message (the same message id each time)."""
@@ -620,23 +661,51 @@ class Shipper:
         self.stats.rows += m.rows
 
     async def _watch(self) -> None:
-        """Say how many rows wait once no round has shipped them for a second, again every
-        few seconds while they do, and when they have all gone out."""
+        """Say how many rows wait once no round has shipped them for a second, or rows
+        committed a second ago still wait though rounds ship (a backlog going out), again
+        every few seconds while they do, and when they have all gone out."""
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            if now - self._progress_at < WAIT_REPORT:
-                continue
-            self._refused_meanwhile()
-            waiting = self.waiting()
-            if not waiting:
+            stalled = now - self._progress_at >= WAIT_REPORT
+            if stalled:
+                self._refused_meanwhile()
+            ends = self._last_rowids()
+            behind = self._behind(now, ends)
+            waiting = self._waiting(ends)
+            if not waiting or not (stalled or behind):
+                if self._reported_at is not None and not stalled:
+                    self._caught_up()
                 continue
             if self._reported_at is None or now - self._reported_at >= REPORT_EVERY:
                 self._reported_at = now
-                why = self._last_error
-                reason = failure(why) if why else "connecting" if self._nc is None else "not acknowledged yet"
-                rows = f"{waiting:,} row waits" if waiting == 1 else f"{waiting:,} rows wait"
-                self._on_status(f"shipping: {rows} for {shown(self.servers)} ({reason})")
+                self._say_waiting(waiting, stalled)
+
+    def _behind(self, now: float, ends: list[int]) -> bool:
+        """Whether rows committed WAIT_REPORT seconds ago (``ends`` the tables' last rowids
+        now) are not all shipped yet."""
+        self._ends.append((now, ends))
+        while len(self._ends) > 1 and now - self._ends[1][0] >= WAIT_REPORT:
+            self._ends.popleft()
+        at, then = self._ends[0]
+        return now - at >= WAIT_REPORT and any(
+            getattr(self.cursor, t) < end for t, end in zip(Table, then, strict=True)
+        )
+
+    def _say_waiting(self, waiting: int, stalled: bool) -> None:
+        why = self._last_error
+        if not stalled:
+            reason = "catching up"
+        elif why:
+            reason = failure(why)
+        else:
+            reason = "connecting" if self._nc is None else "not acknowledged yet"
+        rows = f"{waiting:,} row waits" if waiting == 1 else f"{waiting:,} rows wait"
+        self._on_status(f"shipping: {rows} for {shown(self.servers)} ({reason})")
+
+    def _caught_up(self) -> None:
+        self._reported_at = None
+        self._on_status(f"shipping: caught up ({self.cursor.rows:,} rows shipped in all)")
 
     def _shipped(self) -> None:
         """A round shipped all it found, or found nothing."""
@@ -646,8 +715,7 @@ class Shipper:
             self._paused = False
             self._on_status(f"shipping: {shown(self.servers)} took the user and password: shipping again")
         if self._reported_at is not None and not self.waiting():
-            self._reported_at = None
-            self._on_status(f"shipping: caught up ({self.cursor.rows:,} rows shipped in all)")
+            self._caught_up()
 
     # -- running ------------------------------------------------------------------------------
 
@@ -688,6 +756,7 @@ class Shipper:
             if self._hints is not None:
                 self._hints.arrived.clear()
             r = self._read_round()
+            self.stats.rounds += 1
             if started - self._checked_at > RECHECK:
                 self._checked_at = started
                 if await self._stream_changed(js):

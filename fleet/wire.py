@@ -6,21 +6,25 @@ message, ``exchanges.capture_id`` travels as ``capture_uid``, and ``exchange_id`
 ``new_exchange_id``) as ``exchange_uid`` (``new_exchange_uid``). Chunks and events
 encoded by the log writer as it commits them (see ``hints``) keep their local
 ``exchange_id`` and carry the map from it to the uid instead, so that the writer never
-rebuilds a row: ``decode`` gives every message in the first form. Each message has an id
-derived from its encoded rows, which JetStream deduplicates a resend by.
+rebuilds a row: ``decode`` gives every message in the first form. An event's row too big
+to travel with its ``text`` (its data's text, which the row holds twice) travels with
+``text_from`` instead, the protocol that derives it again: ``decode`` gives it back as
+``text``. Each message has an id derived from its encoded rows, which JetStream
+deduplicates a resend by.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from enum import StrEnum
 from typing import Any
 
 import msgspec
 
 from tasktape.errors import LogError
+from tasktape.eventlog.protocols import Protocol, by_name
 
 MSG_ID = "Nats-Msg-Id"  # JetStream's deduplication header
 
@@ -135,6 +139,62 @@ def trimmed(message: Message, limit: int) -> Message | None:
     return None
 
 
+# In place of an event's text, in a row too big to travel with it: the protocol (a built-in
+# one's name, as ``exchanges.protocol`` has it) whose reader derived it from the row's data.
+TEXT_FROM = "text_from"
+
+
+def without_text(message: Message, limit: int, protocol_of: Callable[[str], str | None]) -> Message | None:
+    """An event's row alone bigger than ``limit`` bytes, with its text left out where the
+    protocol of its exchange (``protocol_of`` its uid) derives the same text from its data
+    again, as ``decode`` does: None when it still does not fit, or the text is not derived
+    so, or it is no such row."""
+    if message.table is not Table.EVENTS or message.rows != 1:
+        return None
+    rows = _mapped(_decoder.decode(message.payload), nan_nulls=False)
+    if "text" not in rows.columns:
+        return None
+    row = dict(zip(rows.columns, rows.rows[0], strict=True))
+    texts = (row["text"], row["data"], row["event_type"])
+    if not all(isinstance(v, str) for v in texts[:2]) or not isinstance(texts[2], str | None):
+        return None
+    protocol = protocol_of(row["exchange_uid"])
+    known = by_name(protocol)
+    if known is None or _text(known, row["data"], row["event_type"]) != row["text"]:
+        return None
+    columns = tuple(TEXT_FROM if c == "text" else c for c in rows.columns)
+    values = tuple(protocol if c == "text" else v for c, v in zip(rows.columns, rows.rows[0], strict=True))
+    payload = encode(Rows(rows.table, rows.capture, columns, [values]))
+    return msgspec.structs.replace(message, payload=payload) if len(payload) <= limit else None
+
+
+def _text(protocol: Protocol, data: Any, event_type: Any) -> str | None:
+    """An event's text as the log writer derives it: what a new reader of its exchange's
+    protocol makes of its data and type."""
+    data, event_type = (None if _null(v) else v for v in (data, event_type))
+    if not isinstance(data, str | None) or not isinstance(event_type, str | None):
+        raise msgspec.ValidationError("an event whose data or type is not text")
+    return protocol.reader().event(data or "", event_type).text
+
+
+def _with_text(message: Rows) -> Rows:
+    """Rows of events that travel with ``TEXT_FROM``, their text derived again in its place
+    (rows as wide as their columns: ``_checked``)."""
+    if TEXT_FROM not in message.columns:
+        return message
+    columns = message.columns
+    if message.table is not Table.EVENTS or not {"data", "event_type"} <= set(columns):
+        raise msgspec.ValidationError(f"{message.table} rows with {TEXT_FROM} and no event's data and type")
+    at, data, event_type = (columns.index(c) for c in (TEXT_FROM, "data", "event_type"))
+    rows = []
+    for row in message.rows:
+        known = by_name(row[at]) if isinstance(row[at], str) else None
+        if known is None:
+            raise msgspec.ValidationError(f"an event whose text no protocol known here derives ({row[at]!r})")
+        rows.append((*row[:at], _text(known, row[data], row[event_type]), *row[at + 1 :]))
+    return Rows(message.table, message.capture, (*columns[:at], "text", *columns[at + 1 :]), rows)
+
+
 def _fitted(
     rows: Rows, limit: int, rowids: Sequence[int] | None, span: tuple[int, int] = (0, 0)
 ) -> Iterator[Message]:
@@ -174,8 +234,9 @@ def decode(payload: bytes, *, nan_nulls: bool = False) -> Rows:
     lack what names them, or hold values no sink can store: maps, arrays). The NULLs of
     rows a log writer encoded travel as NaN (as it binds them); with ``nan_nulls`` they stay
     NaN, for a sink that binds them into SQLite, which stores NaN as NULL: a third of the
-    cost of decoding them as None."""
-    return _checked(_mapped(_decoder.decode(payload), nan_nulls))
+    cost of decoding them as None. Events that travel without their text (``TEXT_FROM``)
+    get it back, derived from their data."""
+    return _with_text(_checked(_mapped(_decoder.decode(payload), nan_nulls)))
 
 
 def _checked(message: Rows) -> Rows:

@@ -5,6 +5,7 @@ every row exactly once."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sqlite3
 import time
@@ -18,7 +19,7 @@ from nats_servers import NatsCluster
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.hints import HintReader, HintSender
 from tasktape.fleet.names import parse_servers
-from tasktape.fleet.shipper import Shipper
+from tasktape.fleet.shipper import ROUND_ROWS, Shipper
 from tasktape.fleet.wire import Rows, Table, decode
 
 HINTED = (Table.STORED_CHUNKS, Table.EVENTS)
@@ -167,6 +168,44 @@ async def test_shipping_takes_hints_and_reads_the_log_for_what_they_leave_out(
     await collect_until(
         nats_node.url, fleet, lambda: fleet.exists() and shipped_rows(fleet) == shipped_rows(log)
     )
+
+
+async def test_a_backlog_no_hint_holds_goes_out_round_after_round_said_as_it_does(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """Rows committed before the shipper started, while the log writer's hints come (its
+    pipe open): once they have waited for hints, every round reads a round's worth of them
+    back from the log, until none is left; not one look in two, every LOOK_EVERY seconds.
+    The shipper says how many wait while they do, though every round ships."""
+    log = tmp_path / "rec.db"
+    with LogWriter(log) as w:
+        write_streams(w, "before", events=30_000)
+    read_end, write_end = os.pipe()
+    reader = HintReader(read_end)
+    said: list[str] = []
+    shipper = Shipper(log, parse_servers(nats_node.url), hints=reader, on_status=said.append)
+    backlog = shipper.waiting()
+    stop = asyncio.Event()
+    shipping = asyncio.ensure_future(shipper.run(stop))
+    deadline = time.monotonic() + 120  # (only against a hang: what is asserted is counted)
+    try:
+        while shipper.waiting():
+            assert time.monotonic() < deadline, shipper.stats
+            await asyncio.sleep(0.01)
+        rounds = shipper.stats.rounds
+    finally:
+        stop.set()
+        await shipping
+        shipper.close()
+        reader.close()
+        os.close(write_end)
+    read_back = backlog - 5  # all but the 2 captures and 3 exchanges: chunks and events
+    assert shipper.stats.read_back == read_back > 60_000
+    # The rounds before the first look that reads (the rows wait HINT_GRACE for their
+    # hints), then a read each round, and the one that finds none left.
+    assert rounds <= math.ceil(read_back / ROUND_ROWS) + 15, shipper.stats
+    assert any(line.startswith("shipping: ") and line.endswith(" (catching up)") for line in said), said
+    assert said[-1] == f"shipping: caught up ({backlog:,} rows shipped in all)", said
 
 
 class FailingTap:

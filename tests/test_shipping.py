@@ -223,6 +223,32 @@ async def test_a_row_bigger_than_the_servers_take_is_left_out_loudly_and_the_res
     assert (await ship_once(log, nats_node.url)).too_large == 0
 
 
+async def test_an_event_too_big_to_ship_with_its_text_travels_without_it_and_is_collected_with_it(
+    nats_node: NatsCluster, tmp_path: Path
+) -> None:
+    """An event of 700 KB: its row holds its text twice (data and text), 1.4 MB, over the
+    1 MiB the servers take; the collector derives the text from the data again."""
+    log, fleet = tmp_path / "big.db", tmp_path / "fleet.db"
+    message = {"role": "ROLE_AGENT", "parts": [{"text": "y" * 700_000}]}
+    frame = {"statusUpdate": {"taskId": "t", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}}
+    frame["statusUpdate"]["status"]["message"] = message
+    with LogWriter(log) as w:
+        cap = w.begin_capture(source="record")
+        ex = w.begin_exchange(cap, method="POST", path="/message:stream", started_ns=time.time_ns())
+        w.response_head(ex, status=200, headers=SSE, is_sse=True, ttfb_ns=MS)
+        w.chunk(ex, MS, b"data: " + msgspec.json.encode(frame) + b"\n\n")
+        w.end_exchange(ex, duration_ns=2 * MS).result()
+    said: list[str] = []
+    stats = await ship_once(log, nats_node.url, on_status=said.append)
+    assert (stats.too_large, stats.trimmed, stats.waiting) == (0, 0, 0) and not said
+    await collect_until(nats_node.url, fleet, lambda: fleet.exists() and _events(fleet) == 1)
+    query = "SELECT kind, data, text FROM events"
+    with sqlite3.connect(log) as conn:
+        in_log = conn.execute(query).fetchone()
+    with sqlite3.connect(fleet) as conn:
+        assert conn.execute(query).fetchone() == in_log and in_log[2] == "y" * 700_000
+
+
 async def test_an_exchange_too_big_to_ship_travels_without_its_bodies(
     nats_node: NatsCluster, tmp_path: Path
 ) -> None:
