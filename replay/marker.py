@@ -64,17 +64,17 @@ def merged(item: pytest.Item, name: str | None = None) -> dict[str, Any]:
     """Every tasktape marker of the tape ``name`` (None: the markers that name no tape) on
     the test, its class and its module: the closest says each option (a module's cassette,
     a test's speed); a subclass's, what its bases' would; a parametrized case's
-    (``pytest.param(..., marks=...)``), what its test's would. Two markers of a test or a
-    module that say an option otherwise (two cassettes on a test) are a mistake: neither
-    is closer."""
+    (``pytest.param(..., marks=...)``), what its test's would. Two markers of a test, a
+    class or a module that say an option otherwise (two cassettes on a test) are a mistake:
+    neither is closer."""
     options: dict[str, Any] = {}
-    for node, markers in _levels(item, name):  # the closest first
+    for holder, markers in _levels(item, name):  # the closest first
         said: dict[str, Any] = {}
         for marker in markers:
             for option, value in _given(marker).items():
-                if option in said and said[option] != value and not isinstance(node, pytest.Class):
+                if option in said and said[option] != value:
                     raise MarkerError(
-                        f"{option} is given twice on {node.name}, by two markers ({said[option]!r} and "
+                        f"{option} is given twice on {holder}, by two markers ({said[option]!r} and "
                         f"{value!r}): give it once"
                     )
                 said[option] = value
@@ -82,24 +82,43 @@ def merged(item: pytest.Item, name: str | None = None) -> dict[str, Any]:
     return options
 
 
-def _levels(item: pytest.Item, name: str | None) -> list[tuple[Any, list[pytest.Mark]]]:
+def _levels(item: pytest.Item, name: str | None) -> list[tuple[str, list[pytest.Mark]]]:
     """The markers of the tape ``name``, by how close they are to the test: its case's, its
-    own, its class's, its module's... each with the node that holds them."""
+    own, its class's, its class's bases', its module's... each with the name of what holds them."""
     ours = (pair for pair in item.iter_markers_with_node(MARKER) if _name(pair[1].kwargs.get("name")) == name)
-    levels = []
+    levels: list[tuple[str, list[pytest.Mark]]] = []
     for node, pairs in itertools.groupby(ours, key=lambda pair: pair[0]):  # the closest node first
         markers = [marker for _, marker in pairs]
         if isinstance(node, pytest.Class):
-            # pytest gives a class's markers its bases' first (its MRO reversed): its own
-            # marker is the closest.
-            markers.reverse()
+            levels += _by_class(node.obj, markers)
+            continue
         case = getattr(node, "callspec", None)
         of_case = [m for m in markers if case is not None and m in case.marks]
         if of_case:  # (pytest puts a case's markers after its test's, on one node)
-            levels.append((node, of_case))
+            levels.append((node.name, of_case))
             markers = [m for m in markers if m not in of_case]
-        levels.append((node, markers))
+        levels.append((node.name, markers))
     return levels
+
+
+def _by_class(cls: type, markers: list[pytest.Mark]) -> list[tuple[str, list[pytest.Mark]]]:
+    """A class node's ``markers`` (pytest gives it its bases' too) by the class that holds
+    them, the closest first: the class's own (and any added to its node), then each base's
+    along its MRO. A class's own markers clash among themselves, as a test's do."""
+    holder: dict[int, type] = {}
+    for klass in reversed(cls.__mro__):  # the closest last: it keeps a marker a base holds too
+        for mark in _marks_of(klass):
+            holder[id(mark)] = klass
+    by_class: dict[type, list[pytest.Mark]] = {klass: [] for klass in cls.__mro__}
+    for marker in markers:
+        by_class[holder.get(id(marker), cls)].append(marker)
+    return [(klass.__name__, held) for klass, held in by_class.items() if held]
+
+
+def _marks_of(cls: type) -> list[pytest.Mark]:
+    """The marks a class holds itself (its ``pytestmark``, not its bases'), as pytest reads them."""
+    held = cls.__dict__.get("pytestmark", [])
+    return [getattr(mark, "mark", mark) for mark in (held if isinstance(held, list) else [held])]
 
 
 def _given(marker: pytest.Mark) -> dict[str, Any]:
@@ -181,11 +200,35 @@ def default_cassette(item: pytest.Item, tape: str | None = None) -> Path:
     raw = item.name
     name = re.sub(r"[^\w.\-\[\]]", "_", raw)
     if name != raw or len(name) > 120:
-        name = f"{name[:100]}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
+        name = f"{name[:100]}-{_short_hash(raw)}"
     prefix = "".join(f"{part}." for part in _class_path(item))
     test_file = Path(item.path)
     suffix = f".{tape}" if tape else ""
-    return test_file.parent / "cassettes" / test_file.stem / f"{prefix}{name}{suffix}.jsonl"
+    return test_file.parent / "cassettes" / test_file.stem / _within_bound(f"{prefix}{name}{suffix}", raw)
+
+
+# The most bytes a default cassette's file name takes: under the 255 of most file systems,
+# with room for what a temporary file beside it adds to the name while it is written.
+NAME_BYTES = 200
+_EXTENSION = ".jsonl"
+
+
+def _within_bound(stem: str, raw: str) -> str:
+    """``stem.jsonl``, or, when that is over ``NAME_BYTES`` in UTF-8 (classes nest deep,
+    a letter of Japanese takes 3 bytes), as much of ``stem`` as fits, cut between letters,
+    and a short hash of it whole and of the test's name as written (``raw``: ``stem`` may
+    hold it changed), so that two tests cut to the same start keep apart."""
+    whole = f"{stem}{_EXTENSION}"
+    if len(whole.encode()) <= NAME_BYTES:
+        return whole
+    tail = f"-{_short_hash(stem + chr(0) + raw)}{_EXTENSION}"
+    room = NAME_BYTES - len(tail.encode())
+    kept = stem.encode()[:room].decode(errors="ignore")  # (a letter cut in half is dropped)
+    return f"{kept}{tail}"
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _class_path(item: pytest.Item) -> list[str]:

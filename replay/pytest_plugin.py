@@ -121,7 +121,7 @@ class Totals:
     def add(self, tape: Tape, selected: frozenset[str]) -> None:
         """Add ``tape``'s counts; its unused recordings of the tests the run runs (``selected``)."""
         self.tapes += 1
-        self.served += tape.served
+        self.served += tape.server.stats.served  # from cassettes: what was recorded is counted apart
         self.missed += len(tape.missed)
         self.refused += len(tape.refused)
         self.recorded += tape.written

@@ -129,11 +129,14 @@ class Tape:
     # Why mode all could not read the cassette it records anew (not a file, broken); None: it could.
     unreadable: str | None = field(default=None, kw_only=True)
     written: int = 0  # the exchanges a recording run wrote into the cassette, once stopped
+    # What a recording run has recorded so far (none when the tape only replays).
+    anew: Callable[[], list[Recorded]] = field(default=list, kw_only=True, repr=False)
 
     @property
     def served(self) -> int:
-        """Requests answered from the cassette."""
-        return self.server.stats.served
+        """Requests answered: from the cassette, and in a recording run those the upstream
+        answered too, forwarded and recorded (a stream still coming in among them)."""
+        return self.server.stats.served + len(self.anew())
 
     @property
     def missed(self) -> list[Miss]:
@@ -208,9 +211,11 @@ class Tape:
 
     @property
     def events(self) -> list[SSEEvent]:
-        """The SSE events of the cassette's streams, in recorded order."""
+        """The SSE events of the cassette's streams, in recorded order; in a recording run,
+        of the recordings it keeps and then of those the test recorded so far (a stream
+        still coming in, up to what has come), as the cassette is written."""
         events: list[SSEEvent] = []
-        for recorded in self.recorded:
+        for recorded in [*self.recorded, *self.anew()]:
             if recorded.is_sse:
                 decoder = SSEDecoder()
                 for _, data in recorded.chunks:
@@ -374,6 +379,7 @@ class TapeSession:
         self._runner: web.AppRunner | None = None
         self._folder: Path | None = None
         self._writer: LogWriter | None = None
+        self._anew: list[Recorded] = []  # what a recording run recorded, once stopped
 
     async def start(self) -> Tape:
         o = self.options
@@ -444,8 +450,18 @@ class TapeSession:
             o.name,
             gone=self.gone,
             unreadable=self.unreadable,
+            anew=self._recorded_so_far,
         )
         return self.tape
+
+    def _recorded_so_far(self) -> list[Recorded]:
+        """What a recording run has recorded up to now: its log, once everything the recorder
+        handed it is committed (every byte a client was sent is handed over before it is sent)."""
+        writer, folder = self._writer, self._folder
+        if writer is None or folder is None:
+            return self._anew
+        writer.flush()
+        return recordings_in(folder / "recording.db")[0]
 
     def _existing(self) -> list[Recorded] | None:
         """The cassette's recordings now; None when there is no cassette. Mode all, which
@@ -516,6 +532,7 @@ class TapeSession:
         try:
             self._writer.close()
             recorded, failed = recordings_in(self._folder / "recording.db")
+            self._anew = recorded
             new = [dataclasses.replace(r, recorded_by=o.test) for r in recorded]
             cut_short: list[str] = []
             if self._writes(new, failed, passed):

@@ -190,6 +190,43 @@ def test_nested_classes_name_their_default_cassettes_by_the_class_path(
     run(project, "--tasktape-strict").assert_outcomes(passed=2)
 
 
+# Classes nested deep, two tests whose names start alike, one of them with a named tape too,
+# and a test named in Japanese (3 bytes a letter): every default name is over 200 bytes.
+LONG_NAMES = """
+import httpx
+import pytest
+
+def card(url):
+    assert httpx.get(f"{{url}}/.well-known/agent-card.json").status_code == 200
+
+class TestAVeryLongDescriptiveClassNameForTheCheckoutFlowOfTheAgentWithManyWords:
+    class TestWhenTheUserAsksForSomethingThatNeedsMoreInputAndThenCancelsTheTask:
+        def test_the_agent_reports_the_task_as_canceled_and_sends_a_final_event_1(self, tasktape):
+            card(tasktape.url)
+
+        @pytest.mark.tasktape(name="llm")
+        def test_the_agent_reports_the_task_as_canceled_and_sends_a_final_event_2(self, tasktape, tasktapes):
+            card(tasktape.url)
+            card(tasktapes["llm"].url)
+
+def {japanese}(tasktape):
+    card(tasktape.url)
+"""
+
+
+def test_default_cassette_names_stay_within_200_bytes(project: pytest.Pytester, agent: Agent) -> None:
+    """A default name over 200 bytes in UTF-8 (the classes, the test, its tape's name and
+    .jsonl together) is cut there, and ends in a short hash: each test keeps a cassette of
+    its own, which a temporary file beside it has room to be written through."""
+    project.makepyfile(test_long=LONG_NAMES.format(japanese="test_" + "日本語のテストの名前" * 9))
+    upstreams = (f"--tasktape-upstream={agent.url}", f"--tasktape-upstream=llm={agent.url}")
+    run(project, "--tasktape-record-mode=once", *upstreams).assert_outcomes(passed=3)
+    names = [p.name for p in (project.path / "cassettes" / "test_long").iterdir()]
+    assert len(names) == 4
+    assert all(len(name.encode()) <= 200 and name.endswith(".jsonl") for name in names)
+    run(project, "--tasktape-strict").assert_outcomes(passed=3)
+
+
 STREAMING = """
 import httpx
 import pytest

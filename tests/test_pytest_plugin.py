@@ -491,6 +491,50 @@ def test_all_records_everything_again(project: pytest.Pytester, agent: Agent) ->
     run(project).assert_outcomes(passed=2)
 
 
+ASKED = """
+import httpx
+import pytest
+
+QUESTIONS = {questions}
+
+def ask(tasktape, question, seen):
+    \"\"\"Stream ``question``, adding its events' ids to ``seen``; two events in, the tape's
+    events start so too (the stream still coming in: what came is there).\"\"\"
+    body = {{"message": {{"role": "ROLE_USER", "parts": [{{"text": question}}]}}}}
+    url, start = f"{{tasktape.url}}/message:stream", len(seen)
+    with httpx.stream("POST", url, json=body, headers={{"A2A-Version": "1.0"}}) as response:
+        for line in response.iter_lines():
+            seen += [line.removeprefix("id: ")] if line.startswith("id: ") else []
+            if not line and len(seen) == start + 2:
+                assert [e.id for e in tasktape.events][: len(seen)] == seen
+
+@pytest.mark.tasktape("cassettes/asked.jsonl")
+def test_asks(tasktape):
+    seen = []
+    for question in QUESTIONS:
+        ask(tasktape, question, seen)
+    assert [e.id for e in tasktape.events] == seen
+    assert tasktape.served == len(QUESTIONS)
+"""
+
+
+def test_a_recording_run_counts_and_shows_what_it_recorded(project: pytest.Pytester, agent: Agent) -> None:
+    """.events and .served say what the test recorded, as they say what it replays: once
+    records the first question; new_episodes replays it and records the second; all records
+    both again; the replay serves both. The run's summary counts the recorded apart."""
+    upstream = f"--tasktape-upstream={agent.url}"
+    first, second = "What does J45.909 mean?", "This will fail"
+    project.makepyfile(test_asked=ASKED.format(questions=[first]))
+    once = run(project, "--tasktape-record-mode=once", upstream)
+    once.assert_outcomes(passed=1)
+    once.stdout.fnmatch_lines(["tasktape: 0 served, 0 missed, 0 unused, 0 refused, 1 recorded, *"])
+    project.makepyfile(test_asked=ASKED.format(questions=[first, second]))
+    run(project, "--tasktape-record-mode=new_episodes", upstream).assert_outcomes(passed=1)
+    run(project, "--tasktape-record-mode=all", upstream).assert_outcomes(passed=1)
+    assert exchanges(project.path / "cassettes" / "asked.jsonl") == ["POST /message:stream"] * 2
+    run(project).assert_outcomes(passed=1)
+
+
 def test_parallel_workers_record_and_replay_apart(project: pytest.Pytester, agent: Agent) -> None:
     project.makepyfile(
         test_parallel="""
@@ -501,7 +545,7 @@ def test_parallel_workers_record_and_replay_apart(project: pytest.Pytester, agen
         async def test_ask(tasktape, n):
             events = await ask(tasktape.url, f"Question {n}")
             assert final_state(events) == "TASK_STATE_COMPLETED"
-            assert tasktape.served == (2 if tasktape.recorded else 0)
+            assert tasktape.served == 2  # replayed, or forwarded and recorded
         """
     )
     upstream = f"--tasktape-upstream={agent.url}"
@@ -664,6 +708,48 @@ def test_markers_merge_and_other_async_plugins(project: pytest.Pytester) -> None
         """
     )
     run(project).assert_outcomes(passed=8)
+
+
+def test_two_markers_of_one_class_that_disagree_fail_its_tests(project: pytest.Pytester) -> None:
+    """A class's own two markers clash, as a test's do; a subclass's marker says what its
+    base's would, and its own two agreeing do not clash."""
+    sample(project, "completed.jsonl")
+    project.makepyfile(
+        test_classes="""
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", speed=1)
+        @pytest.mark.tasktape("cassettes/completed.jsonl", speed=2)
+        class TestTwoSpeeds:
+            def test_x(self, tasktape):
+                pass
+
+        @pytest.mark.tasktape("cassettes/completed.jsonl", speed=1)
+        class TestBase:
+            speed = 1
+
+            def test_speed(self, tasktape):
+                assert tasktape.server.speed == self.speed
+
+        @pytest.mark.tasktape(speed=2)
+        @pytest.mark.tasktape(speed=2, add_ids=True)
+        class TestAgreeing(TestBase):
+            speed = 2
+
+        @pytest.mark.tasktape(speed=3)
+        @pytest.mark.tasktape(speed=4)
+        class TestDisagreeing(TestBase):
+            speed = 3
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*tasktape: speed is given twice on TestTwoSpeeds, by two markers (2 and 1): give it once",
+            "*tasktape: speed is given twice on TestDisagreeing, by two markers (4 and 3): give it once",
+        ]
+    )
 
 
 def test_an_async_fixture_in_another_loop_than_its_test_reaches_the_tape(project: pytest.Pytester) -> None:
