@@ -184,7 +184,8 @@ class ExchangeRows:
         decoded_from: str | None = None,
     ) -> Statement:
         pairs = _pairs(headers)
-        self._request_encoding = next((v for k, v in pairs if k.lower() == "content-encoding"), None)
+        # Every line of it, joined (RFC 9110 section 5.3): two lines of gzip are gzip, gzip.
+        self._request_encoding = ", ".join(v for k, v in pairs if k.lower() == "content-encoding") or None
         self._request_decoded = decoded_from
         self._request_type = next((v for k, v in pairs if k.lower() == "content-type"), None)
         # The protocols read them redacted too: a redacted value is kept nowhere (an
@@ -314,6 +315,8 @@ class ExchangeRows:
             self.summary.session_id = self._protocol.session(redacted)
         # A response that is not a stream is read whole: no first event to recognise it by.
         self._recognised = self._recognised or not is_sse
+        # A head given again (a 502 in place of an answer that could not be sent) starts afresh.
+        self._encoding, self._inflate, self._decoder = None, None, None
         if content_encoding and content_encoding.strip().lower() != "identity":
             self._encoding = content_encoding
             self._inflate = Inflate.for_encoding(content_encoding, self._max_decoded)

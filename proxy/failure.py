@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 # Where aiohttp's description of what it could not read starts quoting what it read (a
 # request's or a response's bytes, which may hold a token or a cookie): a bytes literal
@@ -25,18 +27,49 @@ def unquoted(text: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """An exception in one line for the log and for the client, without the bytes its
-    message quotes."""
-    text = " ".join(unquoted(_said(exc)).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    message quotes: it and those it was raised from, each by its type and what it says
+    (one that says no more than the exception it caused is left out)."""
+    said: list[str] = []
+    described: list[str] = []
+    for link in _chain(exc):
+        text = " ".join(unquoted(_said(link)).split())
+        if text and any(text in earlier for earlier in said):
+            continue
+        said.append(text)
+        described.append(f"{type(link).__name__}: {text}" if text else type(link).__name__)
+    return "; from ".join(described)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, in turn."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__
+
+
+# How aiohttp quotes an OSError in another exception's message (a body cut short by a
+# reset: "... . ConnectionResetError(104, 'Connection reset by peer')"); the quote would
+# be cut as the bytes of a request.
+_OS_ERROR = re.compile(r"""\b(\w+Error)\(\d+, (['"])([^'"\\]*)\2\)""")
 
 
 def _said(exc: BaseException) -> str:
-    """What ``exc`` says. A response aiohttp could not read: its parser's message, not its
-    ``str()``, which quotes that message (escaping the quotes of the bytes it quotes) and
-    adds the URL, with the client's query the log may redact."""
-    if isinstance(exc, aiohttp.ClientResponseError):
+    """What ``exc`` says. An OSError of the system: its strerror. A response aiohttp could not read: its
+    parser's message, not its ``str()``, which quotes that message (escaping the quotes of
+    the bytes it quotes) and adds the URL, with the client's query the log may redact.
+    Another: its ``str()``, less the exception it was raised from (described on its own)
+    and with an OSError it quotes named as its type and strerror."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, aiohttp.ClientError):
+        return exc.strerror
+    if isinstance(exc, aiohttp.ClientResponseError | HttpProcessingError):
         return exc.message
-    return str(exc)
+    text = str(exc)
+    if exc.__cause__ is not None:
+        text = text.replace(f": {exc.__cause__!r}", "")
+    return _OS_ERROR.sub(r"\1: \3", text)
 
 
 def dropped(why: BaseException | str) -> str:

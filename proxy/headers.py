@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
 
 from aiohttp import hdrs, web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 # How much header a request from a client, or a response from the upstream, may carry.
 # aiohttp's defaults (8 KiB a line, 128 headers) refuse what agents, their frameworks and
@@ -65,12 +67,64 @@ def end_to_end(headers: Iterable[tuple[str, str]], connection: str = "") -> CIMu
 _UNSENDABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+def unsendable(value: str) -> bool:
+    """Whether aiohttp refuses to send ``value`` in a response's head (a header value, or
+    the reason phrase of its status line)."""
+    return _UNSENDABLE.search(value) is not None
+
+
+def standard_reason(status: int) -> str:
+    """The reason phrase RFC 9110 gives ``status`` (none for a status it does not name)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def as_named(headers: CIMultiDictProxy[str], raw: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """Header lines with their names as the sender spelt them: aiohttp's parser spells
+    those it knows its own way (ETag as Etag), and keeps the lines as they came, one for
+    one, in ``raw``. The values are the parsed ones (decoded, trailing blanks off)."""
+    if len(raw) != len(headers):  # (headers not from aiohttp's parser: as they are)
+        return list(headers.items())
+    return [
+        (name.decode("utf-8", "surrogateescape"), value)
+        for (name, _), value in zip(raw, headers.values(), strict=True)
+    ]
+
+
+# A request's header lines as_named, worked out once: both the upstream and the log get them.
+_NAMED: Any = web.RequestKey("tasktape.named", list) if hasattr(web, "RequestKey") else "tasktape.named"
+
+
+def request_lines(request: web.Request) -> list[tuple[str, str]]:
+    """A request's header lines, their names as the client spelt them."""
+    named = request.get(_NAMED)
+    if named is None:
+        named = request[_NAMED] = as_named(request.headers, request.raw_headers)
+    return named
+
+
+def joined(headers: CIMultiDictProxy[str], name: str) -> str | None:
+    """All the lines of a list-valued header as one value (RFC 9110 section 5.3: two
+    ``Content-Encoding: gzip`` lines say ``gzip, gzip``); None without one."""
+    return ", ".join(headers.getall(name, ())) or None
+
+
+def other_transfer_coding(headers: CIMultiDictProxy[str]) -> str | None:
+    """A message's Transfer-Encoding when it holds a coding but chunked, which aiohttp
+    leaves on the bytes it takes the chunks off: passed on, they would be a plain body."""
+    value = joined(headers, hdrs.TRANSFER_ENCODING) or ""
+    codings = (coding.strip().lower() for coding in value.split(","))
+    return value if any(coding not in ("", "chunked") for coding in codings) else None
+
+
 def left_out(headers: CIMultiDict[str]) -> list[str]:
     """Take the headers whose values cannot be sent (a control character) out of
     ``headers``: their names."""
-    names = [name for name, value in headers.items() if _UNSENDABLE.search(value)]
+    names = [name for name, value in headers.items() if unsendable(value)]
     for name in dict.fromkeys(names):
-        kept = [v for v in headers.getall(name) if not _UNSENDABLE.search(v)]
+        kept = [v for v in headers.getall(name) if not unsendable(v)]
         headers.popall(name)
         for value in kept:
             headers.add(name, value)

@@ -48,11 +48,17 @@ from .headers import (
     HEADER_TIMEOUT,
     Relayed,
     RelayedWhole,
+    as_named,
     asks_websocket,
     end_to_end,
     for_upstream,
     head_timeout,
+    joined,
     left_out,
+    other_transfer_coding,
+    request_lines,
+    standard_reason,
+    unsendable,
 )
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
@@ -331,14 +337,13 @@ class RecordingProxy:
                 508,
                 f"the request came back to this recorder: its upstream {self.upstream} leads here",
             )
-        codings = [c.strip().lower() for c in request.headers.get("Transfer-Encoding", "").split(",")]
-        if any(c not in ("", "chunked") for c in codings):
-            # aiohttp takes the chunks off and leaves the coding on: the agent would be sent
-            # its bytes as a plain body (RFC 9112: a coding not understood is a 501).
+        if (coding := other_transfer_coding(request.headers)) is not None:
+            # The agent would be sent its bytes as a plain body (RFC 9112: a coding not
+            # understood is a 501).
             return self._refuse(
                 request,
                 501,
-                f"Transfer-Encoding {request.headers['Transfer-Encoding']!r}: tasktape record passes "
+                f"Transfer-Encoding {coding!r}: tasktape record passes "
                 "request bodies chunked or of a length; send the coding as Content-Encoding",
             )
         if asks_websocket(request.headers):
@@ -592,7 +597,7 @@ class RecordingProxy:
         """The refusal's answer, and its exchange in the log."""
         response = error_response(status, reason)
         body: bytes = response.body  # type: ignore[assignment]
-        headers = list(request.headers.items())
+        headers = request_lines(request)
         path, query = logged_target(request.raw_path)
         return response, self._log_refusal(request.method, path, headers, status, body, reason, query)
 
@@ -654,7 +659,7 @@ class RecordingProxy:
                 method=request.method,
                 path=request.rel_url.raw_path,
                 query=request.rel_url.raw_query_string or None,
-                request_headers=list(request.headers.items()),
+                request_headers=request_lines(request),
                 request_body=body[: self.max_request_body] if cut else body,
                 request_body_truncated=cut,
                 started_ns=started_ns,
@@ -838,6 +843,12 @@ class Exchange:
                     "that asked for no protocol switch: tasktape record carries HTTP exchanges, not "
                     "upgraded connections"
                 )
+            if (coding := other_transfer_coding(upstream.headers)) is not None:
+                # The client would be sent the coded bytes under chunked alone, as a plain body.
+                return await self._bad_gateway(
+                    f"upstream {proxy.upstream} answered with Transfer-Encoding {coding!r}: tasktape "
+                    "record passes response bodies chunked or of a length, not under another coding"
+                )
             return await self._relay(upstream, card)
         finally:
             if not self.held:
@@ -854,32 +865,53 @@ class Exchange:
         self.end(Outcome.UPSTREAM_ERROR, reason)
         return response
 
+    async def _unsent_head(self, exc: ValueError) -> web.StreamResponse:
+        """The client's 502 when aiohttp refused to send the upstream's head. It goes without
+        a length: the refused head set the connection's framing, and chunked, once set, stays."""
+        answer = await self._bad_gateway(
+            f"upstream {self.proxy.upstream} answered with a head that cannot be passed on: {describe(exc)}"
+        )
+        response = web.StreamResponse(status=502, headers={"Content-Type": answer.headers["Content-Type"]})
+        await response.prepare(self.request)
+        await response.write(answer.body)  # type: ignore[arg-type]
+        await response.write_eof()
+        return response
+
     async def _relay(self, upstream: aiohttp.ClientResponse, card: bool) -> web.StreamResponse:
         request = self.request
         is_sse = upstream.content_type == "text/event-stream"
+        named = as_named(upstream.headers, upstream.raw_headers)
+        coding = joined(upstream.headers, "Content-Encoding")
         with self._recording() as writer:
             if self.teed is not None:
                 self.teed.body.log_if_whole(writer, self.id)
             writer.response_head(
                 self.id,
                 status=upstream.status,
-                headers=list(upstream.headers.items()),
+                headers=named,
                 is_sse=is_sse,
                 ttfb_ns=self.offset(),
-                content_encoding=upstream.headers.get("Content-Encoding"),
+                content_encoding=coding,
             )
-        headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection", ""))
+        headers = end_to_end(named, upstream.headers.get("Connection", ""))
         if dropped_headers := left_out(headers):
             self.noted(
                 f"the response header {', '.join(dropped_headers)} was left out of what the client "
                 "was sent: its value holds a control character, which HTTP does not allow"
             )
+        if upstream.reason is not None and unsendable(upstream.reason):
+            # Changed where it is read: a held stream's relay sends it too.
+            upstream.reason = standard_reason(upstream.status)
+            self.noted(
+                f"the reason phrase was sent as {upstream.reason!r}: the upstream's holds a control "
+                "character, which HTTP does not allow"
+            )
         if "Location" in headers:
-            headers["Location"] = self.proxy.local_location(headers["Location"], request)
+            _relocate(headers, self.proxy.local_location(headers["Location"], request))
         if card and not is_sse:
             return await self._relay_card(upstream, headers)
         if is_sse and self.proxy.live is not None:
-            if (coding := upstream.headers.get("Content-Encoding")) is None:
+            if coding is None:
                 self.held = True
                 return await relay_held(self, upstream, headers)
             # An encoded stream cannot be given ids or cut into events: it passes as ever.
@@ -900,7 +932,10 @@ class Exchange:
             tail.append,
         )
         try:
-            await response.prepare(request)
+            try:
+                await response.prepare(request)
+            except ValueError as exc:  # aiohttp refused to send the head: none of it went out
+                return await self._unsent_head(exc)
             while True:
                 try:
                     data = await read()
@@ -1012,6 +1047,12 @@ class Exchange:
                 )
 
 
+def _relocate(headers: CIMultiDict[str], location: str) -> None:
+    """Set the Location of ``headers``, its name spelt as the upstream spelt it."""
+    name = next(name for name in headers if name.lower() == "location")
+    headers[name] = location
+
+
 def closed_by(protocol: Protocol, tail: deque[bytes]) -> bool:
     """Whether a stream's last reads end with an event ``protocol`` says closes it, and
     nothing after it a client reads as an event. Unless ``tail`` begins with an empty read
@@ -1052,7 +1093,7 @@ def _no_status_line(exc: BaseException | None) -> bool:
 def upstream_headers(proxy: RecordingProxy, request: web.Request) -> CIMultiDict[str]:
     """A client's request headers as the upstream is sent them."""
     headers = for_upstream(
-        request.headers.items(),
+        request_lines(request),
         connection=request.headers.get("Connection", ""),
         upstream_host=proxy._upstream_host,
         client_ip=request.remote,

@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from conftest import RecordFactory, Serve
 from loopback import running, stop
+from multidict import CIMultiDict
 
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.content_coding import Inflate, decode_body
@@ -107,6 +108,30 @@ async def test_a_body_that_does_not_decode_is_forwarded_and_kept_as_sent(record:
         (x,) = log.exchanges()
     assert x["request_body"] == body and x["request_body_encoding"] is None
     assert "request body: content decoding failed" in x["error"] and "stored as sent" in x["error"]
+
+
+async def test_a_coding_sent_in_two_lines_is_both_codings(record: RecordFactory) -> None:
+    """Two lines of Content-Encoding: gzip say gzip, gzip (RFC 9110 section 5.3): the log
+    decoded the first alone and stored the bytes still gzip'd as a body decoded from gzip."""
+    twice = gzip.compress(gzip.compress(json.dumps(MESSAGE).encode()))
+    lines = CIMultiDict([("Content-Encoding", "gzip"), ("Content-Encoding", "gzip")])
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=twice, headers=lines, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/message:send", answer)
+    rec = await record(app)
+    async with rec.session.post(f"{rec.url}/message:send", data=twice, headers=lines) as r:
+        assert await r.read() == twice
+    await rec.proxy.wait_idle()
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        body = log.body(x["id"])
+    assert (x["request_body"], x["request_body_encoding"]) == (twice, None)  # stored as they came
+    assert (body, x["body_encoding"]) == (twice, None)
+    assert "request body: cannot decode Content-Encoding gzip, gzip: it is stored as sent" in x["error"]
+    assert "cannot decode Content-Encoding gzip, gzip: the body is stored as received" in x["error"]
 
 
 @pytest.mark.parametrize("mode", [ReplayMode.RECORD_MISSING, ReplayMode.PASSTHROUGH])

@@ -16,7 +16,7 @@ from a2a_frames import sse, status, task
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
-from loopback import answering_anything, raw_upstream, running, serve
+from loopback import answering, answering_anything, raw_upstream, running, serve
 
 from tasktape.agent import create_agent_app
 from tasktape.errors import CassetteError, UsageError
@@ -25,6 +25,7 @@ from tasktape.eventlog.cassette import read_cassette
 from tasktape.eventlog.recorded import Recorded, from_log
 from tasktape.eventlog.redact import Redactor, parse_pointer
 from tasktape.inspector.app import create_datasette
+from tasktape.proxy import recorder
 from tasktape.proxy.unread import reason_for
 from tasktape.replay import ReplayServer
 
@@ -125,6 +126,82 @@ async def test_a_transfer_coding_the_recorder_would_drop_is_refused(record: Reco
     assert (x["status"], x["outcome"]) == (501, "refused") and "Transfer-Encoding 'gzip, chunked'" in x[
         "error"
     ]
+
+
+async def test_a_transfer_coding_the_client_would_not_be_told_of_is_a_502(record: RecordFactory) -> None:
+    """aiohttp takes the chunks off an answer's gzip, chunked body and leaves the gzip on: the
+    client was sent the gzip bytes under chunked alone, nothing saying they were compressed."""
+    body = gzip.compress(b'{"a": 1}')
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+    async with raw_upstream(answering(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))) as upstream:
+        rec = await record(upstream)
+        async with rec.session.get(f"{rec.url}/x") as r:
+            said = (await r.json())["error"]["message"]
+        await rec.proxy.wait_idle()
+        with await rec.log() as log:
+            (x,) = log.exchanges()
+    assert r.status == 502 and "answered with Transfer-Encoding 'gzip, chunked'" in said
+    assert (x["status"], x["outcome"], x["error"]) == (502, "upstream_error", said)
+
+
+async def answer_to(url: str, request: bytes) -> bytes:
+    """All a raw ``request`` (one closing its connection) is answered through ``url``."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("reason", "content_type", "body", "hold"),
+    [
+        (b"O\x01K", b"application/json", b"{}", None),
+        (b"O\x7fK", b"application/json", b"{}", None),
+        (b"O\x1bK", b"text/event-stream", b"data: a\n\n", None),
+        (b"O\x1bK", b"text/event-stream", b"data: a\n\n", 30.0),  # a stream held: relayed apart
+    ],
+)
+async def test_a_reason_phrase_that_cannot_be_sent_is_replaced_by_the_statuss_own(
+    record: RecordFactory, reason: bytes, content_type: bytes, body: bytes, hold: float | None
+) -> None:
+    """aiohttp refuses a control character in a status line it sends: the client got its
+    500 (an event stream, nothing of it), and the log said the client went away."""
+    sent = b"HTTP/1.1 200 %s\r\nContent-Type: %s\r\n\r\n%s" % (reason, content_type, body)
+    async with raw_upstream(answering(sent)) as upstream:
+        rec = await record(upstream, hold=hold)
+        answer = await answer_to(rec.url, b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        await rec.proxy.wait_idle()
+        with await rec.log() as log:
+            (x,) = log.exchanges()
+            kept = log.body(x["id"])
+    head, _, chunked = answer.partition(b"\r\n\r\n")
+    said = body.strip()  # (a stream held is given ids)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and said in chunked and chunked.endswith(b"\r\n0\r\n\r\n")
+    assert (x["status"], x["outcome"]) == (200, "complete") and said in kept
+    assert "the reason phrase was sent as 'OK': the upstream's holds a control character" in x["error"]
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 2\r\n\r\n{}", b"\r\n{}"])
+async def test_a_head_aiohttp_will_not_send_is_a_502(
+    record: RecordFactory, monkeypatch: pytest.MonkeyPatch, framing: bytes
+) -> None:
+    """A head aiohttp refuses to send (here a reason phrase the recorder is made to pass on
+    as it came) was a traceback, aiohttp's 500, and an exchange logged as left by its client.
+    The 502 is framed as the refused head set the connection (chunked, with no length)."""
+    monkeypatch.setattr(recorder, "unsendable", lambda value: False)
+    async with raw_upstream(
+        answering(b"HTTP/1.1 200 O\x01K\r\nContent-Type: text/plain\r\n" + framing)
+    ) as up:
+        rec = await record(up)
+        async with rec.session.get(f"{rec.url}/x") as r:
+            said = (await r.json())["error"]["message"]
+        await rec.proxy.wait_idle()
+        with await rec.log() as log:
+            (x,) = log.exchanges()
+    assert r.status == 502 and "answered with a head that cannot be passed on: ValueError: " in said
+    assert (x["status"], x["outcome"], x["error"]) == (502, "upstream_error", said)
 
 
 async def test_an_answer_the_recorder_cannot_read_is_said_to_be_one(record: RecordFactory) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
 
 import aiohttp
 import pytest
@@ -241,6 +243,43 @@ async def test_upstream_dropping_mid_stream_is_mirrored(record: RecordFactory) -
         assert [e["complete"] for e in events] == [1, 1, 0] and events[-1]["data"] == '{"cut'
 
 
+async def test_an_upstream_reset_is_logged_in_whole_words(record: RecordFactory) -> None:
+    """aiohttp quotes the reset in its error's message; the log cut it mid-token
+    ("ConnectionResetError(104,")."""
+    forwarded = asyncio.Event()
+
+    async def resetting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        writer.write(b"9\r\ndata: a\n\n\r\n")
+        await writer.drain()
+        await forwarded.wait()
+        # A linger of 0: the socket's close resets the connection.
+        writer.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+        )
+        writer.transport.abort()
+
+    async with raw_upstream(resetting) as upstream:
+        rec = await record(upstream)
+        async with rec.session.get(f"{rec.url}/s") as r:
+            assert await r.content.readuntil(b"\n\n") == b"data: a\n\n"
+            forwarded.set()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        await rec.proxy.wait_idle()
+        with await rec.log() as log:
+            (x,) = log.exchanges()
+    assert x["outcome"] == "upstream_disconnected"
+    assert x["error"] == (
+        "the upstream dropped mid-response: ClientPayloadError: Response payload is not completed. "
+        "ConnectionResetError: Connection reset by peer; from TransferEncodingError: Not enough data to "
+        "satisfy transfer length header."
+    )
+
+
 async def test_small_request_bodies_respect_the_cap(record: RecordFactory) -> None:
     rec = await record(echo_app(), max_body=1000)
     body = b"x" * 5000
@@ -365,6 +404,42 @@ async def test_header_bytes_that_are_not_utf8_are_kept_as_latin1(record: RecordF
     with await rec.log() as log:
         (x,) = log.exchanges()
         assert ["X-Note", "café"] in json.loads(x["request_headers"])
+
+
+async def test_header_names_pass_and_are_logged_as_spelt(record: RecordFactory) -> None:
+    """aiohttp's parser spells the names it knows its own way: ETag reached the client as
+    Etag, USER-AGENT the agent as User-Agent, and the log kept them so."""
+    heads: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(
+            b'HTTP/1.1 302 Found\r\nETag: "x"\r\ncontent-type: application/json\r\nx-request-id: 1\r\n'
+        )
+        writer.write(b"location: /next\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    sent = [(b"USER-AGENT", b"me"), (b"content-type", b"text/plain"), (b"x-request-id", b"2")]
+    request = b"".join(b"%s: %s\r\n" % line for line in sent)
+    async with raw_upstream(answer) as upstream:
+        rec = await record(upstream)
+        host, port = rec.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /x HTTP/1.1\r\nHost: a\r\n" + request + b"Connection: close\r\n\r\n")
+        head = (await asyncio.wait_for(reader.read(), 10)).partition(b"\r\n\r\n")[0]
+        writer.close()
+        await rec.proxy.wait_idle()
+        with await rec.log() as log:
+            (x,) = log.exchanges()
+    assert request in heads[0]
+    assert (
+        b'\r\nETag: "x"\r\ncontent-type: application/json\r\nx-request-id: 1\r\nlocation: /next\r\n' in head
+    )
+    assert [[k.decode(), v.decode()] for k, v in sent] == json.loads(x["request_headers"])[1:4]
+    assert [name for name, _ in json.loads(x["response_headers"])] == [
+        *("ETag", "content-type", "x-request-id", "location", "Content-Length")
+    ]
 
 
 async def test_every_x_forwarded_for_line_is_passed_on(record: RecordFactory) -> None:
