@@ -39,7 +39,7 @@ import orjson
 from tasktape.errors import CassetteError, UsageError
 from tasktape.version import __version__
 
-from .file_kinds import FileKind, kind_of_bytes
+from .file_kinds import FileKind, kind_of, kind_of_bytes
 from .http_fields import TOKEN as HTTP_TOKEN
 from .http_fields import read_problem
 from .outcomes import Outcome
@@ -70,6 +70,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _HEADER_TEXTS = ("created_at", "tool_version", "source", "upstream")
 # How a time given in a cassette is to be written, when it cannot be read.
 TIME_FORM = "an ISO 8601 time, such as 2026-11-30T11:30:41.740Z"
+# The fraction of a second of an ISO 8601 time: the digits after its seconds' "." or ",".
+_FRACTION = re.compile(r"\d\d:?\d\d:?\d\d[.,](\d+)")
 # The outcomes an end line can give (StrEnum members are found by their values).
 _OUTCOMES = frozenset(Outcome)
 
@@ -115,6 +117,17 @@ def _ns(ms: float) -> int:
 
 def _ms(ns: int) -> float:
     return round(ns / 1_000_000, 6)
+
+
+def _exact_ns(started_at: str) -> int | None:
+    """An exchange's ``started_at`` (see ``moment_ns``) in nanoseconds, to the nanosecond:
+    ``datetime`` keeps six digits of a fraction of a second, and a log's time has nine."""
+    ns = moment_ns(started_at)
+    fraction = _FRACTION.search(started_at)
+    if ns is None or fraction is None:
+        return ns
+    ns += int(fraction[1][6:9].ljust(3, "0"))
+    return ns if ns < 2**63 else None
 
 
 # The error of a cassette's last exchange that the file ends in (before its end line).
@@ -793,6 +806,8 @@ def replace_with(target: Path, pieces: Iterable[str]) -> None:
             return
     except OSError as exc:
         raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None
+    if mode is not None:
+        _refuse_database(target)
     real = target.resolve()
     partial = real.with_name(f".{real.name}.{os.getpid()}.partial")
     try:
@@ -805,6 +820,20 @@ def replace_with(target: Path, pieces: Iterable[str]) -> None:
         raise CassetteError(f"cannot write {target}: {exc.strerror or exc}") from None
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _refuse_database(target: Path) -> None:
+    """Refuse to write over an event log (or another SQLite database): its path given for
+    the cassette's, the log would be lost, and a writer that has it open would write on
+    into a file no longer there. (One that cannot be read is left to the write.)"""
+    try:
+        kind = kind_of(target)
+    except OSError:
+        return
+    if kind is FileKind.LOG:
+        from .schema import named_kind  # noqa: PLC0415 - sqlite-utils, only for an SQLite file
+
+        raise CassetteError(f"{target} is {named_kind(target)}: a cassette is not written over it")
 
 
 def imported_uid(content: bytes, created_at: str | None = None) -> str:
@@ -842,10 +871,11 @@ def load_into(
     for n, r in enumerate(recorded):
         # A time the log cannot hold (or, in a Recorded made in Python, no time at all) leaves
         # the exchange the time it is loaded at: loaded, not lost.
-        started_ns = moment_ns(r.started_at) if r.started_at else None
+        started_ns = _exact_ns(r.started_at) if r.started_at else None
         uid = r.uid if keeps_uids else None
         if uid is None and capture_uid is not None:
-            uid = derived_uuid7(started_ns or 0, "exchange", capture_uid, n)
+            # (From the time to the microsecond, as ever: imported again, the same uid.)
+            uid = derived_uuid7(iso_ns(r.started_at), "exchange", capture_uid, n)
         if uid in held:  # (a derived uid too: the capture's, written before it was left unfinished)
             ids.append(held[uid])
             continue

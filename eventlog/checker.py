@@ -125,7 +125,17 @@ def _recorded_list(recorded: Iterable[Recorded]) -> list[Recorded]:
         raise UsageError(
             f"the exchanges to check are Recorded (read_log, read_cassette, load), not {type(other).__name__}"
         )
+    _check_shapes(recorded)
     return recorded
+
+
+def _check_shapes(recorded: list[Recorded]) -> None:
+    """Refuse a ``Recorded`` changed since it was made (a chunk of text appended, a header
+    value an int): checked, it failed far inside naming no exchange, or was taken."""
+    for n, r in enumerate(recorded, 1):
+        problem = r.misshapen()
+        if problem is not None:
+            raise UsageError(f"exchange {n} to check ({r.origin or r.request_line}): {problem}")
 
 
 def _check_log_given(log: EventLog, exchange_ids: Iterable[int] | None) -> list[int] | None:

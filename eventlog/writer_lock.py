@@ -10,6 +10,10 @@ from pathlib import Path
 
 from tasktape.errors import LogBusy, LogError
 
+# The locks this process holds, by descriptor: the file each is on, and the process that
+# took it (a child forked since inherits this table; the writers in it are its parent's).
+_HELD: dict[int, tuple[tuple[int, int], int]] = {}
+
 
 def take_writer_lock(path: Path, *, shared: bool = False) -> int:
     """An exclusive lock on the log file itself, held for the writer's lifetime, so a second
@@ -26,11 +30,24 @@ def take_writer_lock(path: Path, *, shared: bool = False) -> int:
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
+        holder = _holder(fd)
         os.close(fd)
-        raise LogBusy(
-            f"{path} is being written by another tasktape writer (by this name or another)"
-        ) from None
+        raise LogBusy(f"{path} is being written by {holder}") from None
+    _HELD[fd] = (_file_id(fd), os.getpid())
     return fd
+
+
+def _file_id(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock the descriptor ``fd`` was refused: a writer this process left
+    open (one dropped without close() keeps it until the process ends) is named as such."""
+    if (_file_id(fd), os.getpid()) in _HELD.values():
+        return f"another tasktape writer in this process (pid {os.getpid()}): close() the first"
+    return "another tasktape writer (by this name or another)"
 
 
 def cannot_open(path: Path, exc: OSError) -> LogError:
@@ -58,4 +75,5 @@ def refuse_unless_file(path: Path) -> None:
 
 
 def release_writer_lock(fd: int) -> None:
+    _HELD.pop(fd, None)
     os.close(fd)  # after the database is closed: see take_writer_lock

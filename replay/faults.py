@@ -148,6 +148,8 @@ class Faults:
     def parse(cls, spec: str) -> Faults:
         """Parse ``spec``: items joined by ``;`` (``content-type=`` takes the rest of it,
         parameters and all)."""
+        if not isinstance(spec, str):  # (None too: no spec is no fault spec, not an empty one)
+            raise FaultError(f"a fault spec is text such as 'drop-after=3', not {type(spec).__name__}")
         faults = cls()
         rest = spec
         given: set[str] = set()  # a name given twice would have its last value win, unsaid

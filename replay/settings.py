@@ -55,7 +55,17 @@ def recordings(value: Any) -> list[Recorded]:
         raise UsageError(
             f"the recordings are Recorded (load, read_log, read_cassette), not {type(other).__name__}"
         )
+    _check_shapes(given)
     return given
+
+
+def _check_shapes(given: list[Recorded]) -> None:
+    """Refuse a ``Recorded`` changed since it was made (a chunk of text appended, a header
+    value an int): served, it would fail mid-answer with a 500 rather than here."""
+    for n, r in enumerate(given, 1):
+        problem = r.misshapen()
+        if problem is not None:
+            raise UsageError(f"recording {n} ({r.origin or r.request_line}): {problem}")
 
 
 def fault_specs(value: Any) -> list[Faults | str]:

@@ -36,6 +36,8 @@ assertion reports).
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TasktapeError(Exception):
     """Base class of every error tasktape raises on purpose."""
@@ -109,10 +111,17 @@ class A2AError(TasktapeError):
         super().__init__(message)
         self.http, self.rpc, self.message = http, rpc, message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle remakes an error from its args, (message,) here: __init__ takes the codes too.
+        return type(self), (self.http, self.rpc, self.message), self.__dict__
+
 
 class NotCancelable(A2AError):
     def __init__(self, message: str) -> None:
         super().__init__(409, -32002, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.message,), self.__dict__
 
 
 class LogError(TasktapeError):

@@ -8,9 +8,11 @@ import hashlib
 import json
 import os
 import re
+import sqlite3
 import stat
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import orjson
@@ -623,6 +625,30 @@ def test_write_cassette_keeps_its_header_readable_and_says_what_it_cannot_write(
     for folder in (".", tmp_path):
         with pytest.raises(CassetteError, match="it is a folder"):
             write_cassette(folder, answer)
+
+
+def test_write_cassette_does_not_write_over_an_event_log(tmp_path: Path) -> None:
+    """Given a log's path (the arguments swapped), it replaced the log with a cassette, and
+    the writer that had it open went on writing into a file no longer there; `tasktape
+    export -o` refused. Another program's database is not written over either."""
+    log_path, answer = tmp_path / "a.db", [Recorded(method="GET", path="/", status=204)]
+    with LogWriter(log_path) as w:
+        capture = w.begin_capture(source="record")
+        w.end_exchange(w.begin_exchange(capture, method="GET", path="/before"), duration_ns=1)
+        w.flush()
+        said = f"{log_path} is an event log: a cassette is not written over it"
+        with pytest.raises(CassetteError, match=f"^{re.escape(said)}$"):
+            write_cassette(log_path, answer)
+        w.end_exchange(w.begin_exchange(capture, method="GET", path="/after"), duration_ns=1)
+    with EventLog(log_path) as log:
+        assert [x["path"] for x in log.exchanges()] == ["/before", "/after"]
+    other = tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE notes (text)")
+    said = f"{other} is an SQLite database that is not a tasktape event log"
+    with pytest.raises(CassetteError, match=f"^{re.escape(said)}: a cassette is not written over it$"):
+        write_cassette(other, answer)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
 def test_write_cassette_writes_through_a_link(tmp_path: Path) -> None:

@@ -138,6 +138,24 @@ def test_a_start_time_that_is_no_time_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "into.db").exists()
 
 
+def test_a_start_time_to_the_nanosecond_is_imported_to_the_nanosecond(tmp_path: Path) -> None:
+    """A start time with nine digits past the second, as a log holds it, was imported with
+    six, its last three lost; one with six, as older cassettes give, imports as it did."""
+    second = 1_796_035_200 * 10**9  # 2026-11-30T10:40:00Z
+    given = {
+        "2026-11-30T10:40:00.123456789Z": second + 123_456_789,
+        "2026-11-30T11:40:00.987654321+01:00": second + 987_654_321,
+        "2026-11-30T10:40:00.1234567Z": second + 123_456_700,
+        "2026-11-30T10:40:00.123456Z": second + 123_456_000,
+        "2026-11-30T10:40:00Z": second,
+    }
+    cassette, db = tmp_path / "times.jsonl", tmp_path / "into.db"
+    write_cassette(cassette, [Recorded(method="GET", path="/", status=204, started_at=t) for t in given])
+    assert cli("import", str(cassette), "--db", str(db))[0] == 0
+    with EventLog(db) as log:
+        assert [x["started_ns"] for x in log.exchanges()] == list(given.values())
+
+
 def test_a_mistyped_outcome_is_refused_naming_the_outcomes(tmp_path: Path) -> None:
     """It was read as a stream that ended whole, by check, import and replay alike."""
     cassette = tmp_path / "typo.jsonl"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from a2a_frames import artifact, completed_run, sse, status, streamed, task
 
+from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.checker import Finding, all_rules, check_recorded, explain, report_log, report_recorded
 from tasktape.eventlog.recorded import Recorded
@@ -168,6 +169,21 @@ def test_a_finding_says_where_and_what() -> None:
         seq=len(frames) - 1,
         message=f"an artifactUpdate after the task ended COMPLETED at event {len(frames) - 2}",
     )
+
+
+def test_an_exchange_changed_after_it_was_made_is_refused_naming_it() -> None:
+    """A text chunk appended, or a header value set to an int, after the Recorded was made:
+    checking it said "SSEDecoder.feed takes bytes" (a TypeError for a body not streamed),
+    naming no exchange, or took the header, where write_cassette refuses both."""
+    texted, numbered = stream(completed_run(T, C)), stream(completed_run(T, C), origin="t.jsonl:7")
+    texted.chunks.append((10**9, "data: {}\n\n"))  # type: ignore[arg-type]
+    numbered.response_headers.append(("X-Attempt", 5))  # type: ignore[arg-type]
+    said = "exchange 1 to check (t.jsonl:2): Recorded's chunks are (offset_ns, bytes) pairs"
+    with pytest.raises(UsageError, match=re.escape(said)):
+        check_recorded([texted])
+    said = "exchange 2 to check (t.jsonl:7): Recorded's response_headers are (name, value) pairs of strings"
+    with pytest.raises(UsageError, match=re.escape(f"{said}, not ('X-Attempt', 5)")):
+        report_recorded([stream(completed_run(T, C)), numbered])
 
 
 def test_every_rule_explains_itself_in_one_line() -> None:

@@ -1,11 +1,13 @@
 """One error tree: every exception class tasktape defines sits under TasktapeError, lives
-in tasktape.errors, is drawn in its docstring and exported from tasktape."""
+in tasktape.errors, is drawn in its docstring, is exported from tasktape, and goes through
+pickle whole."""
 
 from __future__ import annotations
 
 import ast
 import builtins
 import inspect
+import pickle
 
 import pytest
 from package_modules import modules, source_files
@@ -99,3 +101,26 @@ def test_errors_keep_the_bases_callers_already_catch() -> None:
     assert str(tasktape.UnknownExchange("no exchange 7 in x.db")) == "no exchange 7 in x.db"
     assert issubclass(tasktape.NotCancelable, tasktape.A2AError)
     assert tasktape.NotCancelable("done").http == 409
+
+
+# What an error's own __init__ asks for, by name (the others take a message alone).
+SAMPLES = {"http": 404, "rpc": -32001, "message": "task t1 not found"}
+
+
+def made(cls: type[BaseException]) -> BaseException:
+    try:
+        names = list(inspect.signature(cls).parameters)
+    except ValueError:  # (no signature: the builtin base's __init__, which takes a message)
+        names = ["message"]
+    return cls(*(SAMPLES[name] for name in names))
+
+
+@pytest.mark.parametrize("cls", defined_errors(), ids=lambda cls: cls.__name__)
+def test_every_error_goes_through_pickle_whole(cls: type[BaseException]) -> None:
+    """A2AError could not be unpickled (its args are the message alone, its __init__ takes
+    the codes too): one raised in a worker process never reached the parent."""
+    error = made(cls)
+    error.detail = "kept"  # (an attribute set after it was made goes with it too)
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is cls
+    assert (str(back), vars(back)) == (str(error), vars(error))

@@ -327,3 +327,43 @@ async def test_apps_served_again_tell_a_client_leaving_from_a_stop(tmp_path: Pat
     ] * 2
     with tasktape.EventLog(db) as log:
         assert [x["outcome"] for x in log.exchanges()] == ["client_disconnected"] * 2
+
+
+def test_a_recorded_exchange_changed_after_it_was_made_is_refused_by_the_replay_server() -> None:
+    """A text chunk appended, or a header value set to an int, after it was made: the
+    server raised TypeError, or took the header and answered 500 when it was asked for,
+    where write_cassette refused both naming the exchange."""
+    recorded = tasktape.read_cassette(ROOT / "cassettes" / "completed.jsonl")
+    recorded[1].response_headers.append(("X-Attempt", 5))  # type: ignore[arg-type]
+    said = f"recording 2 ({recorded[1].origin}): Recorded's response_headers are (name, value) pairs of"
+    with pytest.raises(tasktape.UsageError, match=re.escape(said)):
+        tasktape.ReplayServer(recorded)
+    added = tasktape.Recorded(method="GET", path="/health", status=200, chunks=[(0, b"ok")])
+    added.chunks.append((1, "text"))  # type: ignore[arg-type]
+    said = "recording 1 (GET /health): Recorded's chunks are (offset_ns, bytes) pairs, an int and bytes"
+    with pytest.raises(tasktape.UsageError, match=re.escape(said)):
+        tasktape.ReplayServer([added])
+
+
+@pytest.mark.parametrize("given", [3, b"drop-after=3", None], ids=["int", "bytes", "None"])
+def test_a_fault_spec_that_is_no_text_is_a_fault_error(given: object) -> None:
+    """Faults.parse(3) raised AttributeError, Faults.parse(b"drop-after=3") TypeError, and
+    Faults.parse(None) gave no faults, unsaid."""
+    said = f"a fault spec is text such as 'drop-after=3', not {type(given).__name__}"
+    with pytest.raises(tasktape.FaultError, match=f"^{re.escape(said)}$"):
+        tasktape.Faults.parse(given)  # type: ignore[arg-type]
+
+
+def test_a_writer_left_open_in_this_process_is_named_when_another_is_refused(tmp_path: Path) -> None:
+    """A LogWriter never closed holds the log for as long as the process lives: the next
+    was told of "another tasktape writer (by this name or another)", as if another
+    program were writing the log."""
+    db = tmp_path / "left.db"
+    first = tasktape.LogWriter(db)
+    try:
+        said = rf"^{re.escape(str(db))} is being written by another tasktape writer in this process"
+        with pytest.raises(tasktape.LogBusy, match=said + r" \(pid \d+\): close\(\) the first$"):
+            tasktape.LogWriter(db)
+    finally:
+        first.close()
+    tasktape.LogWriter(db).close()
