@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,7 +177,7 @@ def _carried_resumes(
     """The resumes of the exchanges ``rows`` (at ``position``), by the exchange that
     carries each: its new exchange, or, with none, the stream resumed. One whose stream
     or new exchange is not among them is left out: a cassette has no name for it."""
-    started = {x["id"]: iso_ns(x["started_at"]) for x in rows}
+    started = {x["id"]: _started_ns(x) for x in rows}
     carried: dict[int, list[CarriedResume]] = {}
     for r in log._rows("SELECT * FROM resumes ORDER BY id"):
         carrier = r["new_exchange_id"] or r["exchange_id"]
@@ -199,6 +200,20 @@ def _carried_resumes(
             )
         )
     return carried
+
+
+def _started_ns(x: Any) -> int:
+    """When a log's exchange started, in nanoseconds (a row may give only its text)."""
+    return iso_ns(x["started_at"]) if x["started_ns"] is None else x["started_ns"]
+
+
+def _started_at(x: Any) -> str | None:
+    """A log's exchange's start time to the nanosecond (its ``started_at`` keeps six digits
+    of the second): a cassette made of it gives a log its ``started_ns`` back."""
+    if x["started_ns"] is None:
+        return x["started_at"]
+    seconds, rest = divmod(x["started_ns"], 1_000_000_000)
+    return f"{datetime.fromtimestamp(seconds, UTC):%Y-%m-%dT%H:%M:%S}.{rest:09d}Z"
 
 
 def headers_from_json(value: str | None) -> Headers:
@@ -256,7 +271,7 @@ def each_from_log(
             duration_ns=x["duration_ns"],
             outcome=x["outcome"],
             error=x["error"],
-            started_at=x["started_at"],
+            started_at=_started_at(x),
             origin=f"{log.path.name} exchange {x['id']}",
             task_id=x["task_id"],
             context_id=x["context_id"],

@@ -1040,3 +1040,15 @@ def test_import_takes_the_redaction_options(tmp_path: Path, kind: str) -> None:
     assert json.loads(x["request_body"])["params"] == {"apiKey": "[REDACTED]", "id": "t1"}
     for path in db.parent.iterdir():
         assert IMPORT_SECRET.encode() not in path.read_bytes(), path.name
+
+
+def test_a_logs_start_times_go_to_a_cassette_and_back_to_the_nanosecond(tmp_path: Path) -> None:
+    """log -> cassette -> log kept started_ns to the microsecond: export wrote started_at
+    with six digits past the second, and import read no more."""
+    log_path, cassette, copy = make_log(tmp_path / "a.db"), tmp_path / "c.jsonl", tmp_path / "b.db"
+    assert CliRunner().invoke(main, ["export", str(log_path), "-o", str(cassette)]).exit_code == 0
+    assert CliRunner().invoke(main, ["import", str(cassette), "--db", str(copy)]).exit_code == 0
+    starts = "SELECT uid, started_ns FROM exchanges ORDER BY uid"
+    with EventLog(log_path) as log, EventLog(copy) as back:
+        assert back.db.execute(starts).fetchall() == log.db.execute(starts).fetchall()
+        assert [ns for _, ns in log.db.execute(starts)].count(1_800_000_000_123_456_789) == 2
