@@ -809,9 +809,10 @@ def replace_with(target: Path, pieces: Iterable[str]) -> None:
     if mode is not None:
         _refuse_database(target)
     real = target.resolve()
-    partial = real.with_name(f".{real.name}.{os.getpid()}.partial")
+    # Named apart from the cassette: a cassette's name may take all the bytes a name can.
+    partial = real.with_name(f".tasktape-{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
     try:
-        with partial.open("w", encoding="utf-8") as out:
+        with partial.open("x", encoding="utf-8") as out:
             out.writelines(pieces)
         if mode is not None:  # (a cassette kept private stays so)
             partial.chmod(stat.S_IMODE(mode))

@@ -6,6 +6,7 @@ tree, or does what was meant."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -93,6 +94,16 @@ def test_text_no_stream_sends_is_classified_or_refused_as_documented() -> None:
     assert tasktape.classify(update).state == "TASK_STATE_WORKING"
     with pytest.raises(tasktape.FrameError, match="not JSON"):
         parse_stream_response('{"task": ' + "[" * 5000 + "]" * 5000 + "}")
+
+
+def test_a_cassette_of_the_longest_name_a_folder_takes_is_written(tmp_path: Path) -> None:
+    """A name of 241 to 255 bytes failed "File name too long": the file written first was
+    named after it, and longer."""
+    recorded = tasktape.read_cassette(ROOT / "cassettes" / "completed.jsonl")
+    target = tmp_path / ("c" * 249 + ".jsonl")
+    write_cassette(target, recorded)
+    assert [r.chunks for r in tasktape.read_cassette(target)] == [r.chunks for r in recorded]
+    assert os.listdir(tmp_path) == [target.name]
 
 
 def test_a_cassette_written_into_no_folder_says_which(tmp_path: Path) -> None:
