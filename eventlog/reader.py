@@ -97,15 +97,24 @@ class EventLog:
             raise UnknownExchange(f"no exchange {exchange_id} in {self.path}")
         return rows[0]
 
+    def _of(self, exchange_id: int, rows: list[Row]) -> list[Row]:
+        """An exchange's rows; none of an exchange the log has not is an error, as
+        ``exchange`` says it, not an empty body."""
+        if not rows:
+            self.exchange(exchange_id)
+        return rows
+
     def chunks(self, exchange_id: int) -> list[Row]:
-        return self._rows("SELECT * FROM chunks WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+        rows = self._rows("SELECT * FROM chunks WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+        return self._of(exchange_id, rows)
 
     def body(self, exchange_id: int) -> bytes:
         """The response body exactly as received: its chunks joined."""
         return b"".join(r["data"] for r in self.chunks(exchange_id))
 
     def events(self, exchange_id: int) -> list[Row]:
-        return self._rows("SELECT * FROM events WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+        rows = self._rows("SELECT * FROM events WHERE exchange_id = ? ORDER BY seq", (exchange_id,))
+        return self._of(exchange_id, rows)
 
     def task_events(self, task_id: str) -> list[Row]:
         """Every event of a task, in time order across its exchanges."""

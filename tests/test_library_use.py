@@ -378,3 +378,17 @@ def test_a_writer_left_open_in_this_process_is_named_when_another_is_refused(tmp
     finally:
         first.close()
     tasktape.LogWriter(db).close()
+
+
+def test_rows_of_an_exchange_the_log_has_not_are_an_error(tmp_path: Path) -> None:
+    """exchange(99) raised UnknownExchange, body(99), chunks(99) and events(99) gave an
+    empty body, as if the exchange had sent none."""
+    db = tmp_path / "one.db"
+    with tasktape.LogWriter(db) as writer:
+        exchange = writer.begin_exchange(writer.begin_capture(source="test"), method="GET", path="/")
+        writer.end_exchange(exchange, duration_ns=1)
+    with tasktape.EventLog(db) as log:
+        assert (log.body(exchange), log.chunks(exchange), log.events(exchange)) == (b"", [], [])
+        for read in (log.exchange, log.body, log.chunks, log.events):
+            with pytest.raises(tasktape.UnknownExchange, match=f"no exchange 99 in {db}"):
+                read(99)
