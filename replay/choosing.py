@@ -34,6 +34,10 @@ class Recordings:
         self._asked_at: dict[int, int] = {}  # and when, in the order of requests served
         self._serial = itertools.count()
         self._by_route: dict[tuple[str, str], list[int]] = {}  # (method, path): indexes
+        # The recorded session each replayed one (by the session id its client sends) stands
+        # for, once a request told which (MCP: two clients at once, started in another order).
+        self._bound: dict[str, str] = {}
+        self._sessions: dict[int, str | None] = {}  # each recording's session, read once
         self.rules = rules
         # What reports show of requests: no value at a place the user redacts, or that any
         # recording added holds redacted.
@@ -137,14 +141,54 @@ class Recordings:
         index = self._next(incoming)
         if index is None:
             return None
+        self._bind(incoming)
         self.used[index] += 1
         return index, True
+
+    def reset_sessions(self) -> None:
+        self._bound.clear()
+
+    def _bind(self, incoming: Incoming) -> None:
+        """Bind the request's session to the recorded one, if it is the first to tell which:
+        every unused recording it matches is of that one session."""
+        session = self.session_of(incoming)
+        if session is None or session in self._bound:
+            return
+        sessions = {self._recorded_session(i) for i in self._matching(incoming) if not self.used[i]}
+        if len(sessions) == 1 and (recorded := sessions.pop()) is not None:
+            self._bound[session] = recorded
+
+    def session_of(self, incoming: Incoming) -> str | None:
+        """The session a request names, as the protocol of a recording of its route reads it."""
+        route = self._by_route.get((incoming.method, incoming.path), [])
+        protocol = by_name(self.recorded[route[0]].protocol) if route else None
+        return None if protocol is None else protocol.request_info(incoming.as_request()).session_id
+
+    def _recorded_session(self, index: int) -> str | None:
+        if index not in self._sessions:
+            recorded = self.recorded[index]
+            protocol = by_name(recorded.protocol)
+            read = None if protocol is None else protocol.request_info(recorded.as_request()).session_id
+            self._sessions[index] = read
+        return self._sessions[index]
+
+    def _own_first(self, incoming: Incoming, indexes: list[int]) -> list[int]:
+        """``indexes`` with those of the recorded session the request's is bound to first;
+        unbound, those of a recorded session no other is bound to."""
+        if not self._bound:
+            return indexes
+        session = self.session_of(incoming)
+        mine = self._bound.get(session) if session is not None else None
+        if mine is not None:
+            return sorted(indexes, key=lambda i: self._recorded_session(i) != mine)
+        taken = set(self._bound.values())
+        return sorted(indexes, key=lambda i: self._recorded_session(i) in taken)
 
     def _next(self, incoming: Incoming) -> int | None:
         """The recording ``incoming`` gets next (None: a miss), without using it."""
         # (A recorded empty Last-Event-ID named no event: that request was a fresh one too.)
         matching = [i for i in self._matching(incoming) if not self.recorded[i].resumed_from]
-        unused = self._preferred([i for i in matching if not self.used[i]])
+        unused = self._own_first(incoming, self._preferred([i for i in matching if not self.used[i]]))
         if unused:
             return unused[0]  # identical requests are answered in recorded order
         if matching and (self.allow_repeats or is_repeatable(self.recorded[matching[-1]])):

@@ -10,14 +10,14 @@ import fcntl
 import socket
 import struct
 import termios
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 
-from tasktape.eventlog.spans import Chunks
+from tasktape.eventlog.spans import Chunks, events_in
 from tasktape.proxy.headers import Relayed
 
 from .fault_edits import Landing
@@ -27,6 +27,7 @@ from .streams import split_at
 
 DRIP_SLICE_S = 0.02  # a dripping body goes out in pieces this far apart
 DRAIN_TIMEOUT_S = 2.0  # how long a reset waits for the client to have every byte before it
+GONE_POLL_S = 0.05  # how often a stream kept open looks whether its client has left
 
 
 @dataclass
@@ -47,6 +48,71 @@ def cut_short(app: web.Application, served: Served) -> None:
 
 
 @dataclass
+class Message:
+    """A message in an outbox: due at a loop time, ``offset_ns`` into the answer that gave
+    it (whose later chunks wait for it to go out)."""
+
+    when: float
+    data: bytes
+    offset_ns: int
+    outbox: Outbox
+    carried_by: str  # the recording of the stream that carried it ("c.db exchange 3")
+    label: str  # what a report calls it
+    out: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def gone_out(self) -> None:
+        """Until it has gone out, while a stream that sends it is open (with none open, it
+        waits for one in the outbox: the answer that gave it goes on)."""
+        while not self.out.is_set() and self.outbox.streams:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.out.wait(), GONE_POLL_S)
+
+
+class Outbox:
+    """Messages other answers give a stream to send, each due at a loop time of its own (an
+    MCP call's requests, on its session's GET stream, timed from the call's start)."""
+
+    def __init__(self) -> None:
+        self._due: list[Message] = []
+        self._put = asyncio.Event()
+        self.streams = 0  # the streams open that send its messages
+
+    def put(self, when: float, data: bytes, offset_ns: int, carried_by: str, label: str) -> Message:
+        message = Message(when, data, offset_ns, self, carried_by, label)
+        self._due.append(message)
+        self._due.sort(key=lambda m: m.when)
+        self._put.set()
+        return message
+
+    def first_due(self) -> float | None:
+        return self._due[0].when if self._due else None
+
+    def take(self, now: float) -> list[Message]:
+        """The messages due by ``now``, taken out."""
+        n = next((i for i, m in enumerate(self._due) if m.when > now), len(self._due))
+        taken, self._due = self._due[:n], self._due[n:]
+        return taken
+
+    async def wait(self, timeout: float) -> None:
+        """Until a message is put, or ``timeout`` seconds have passed."""
+        self._put.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._put.wait(), max(0.0, timeout))
+
+
+@dataclass
+class Joined:
+    """What a stream sends besides its own recorded chunks: ``outbox``'s messages, between
+    its events. ``staying``: whether more may still come (it stays open past its recorded
+    end until none may); ``held_back``: what it never got to send, as the report says it."""
+
+    outbox: Outbox
+    staying: Callable[[], bool]
+    held_back: Callable[[], list[str]]
+    origin: str  # its own recording: a message another carried is said to be sent here
+
+
+@dataclass
 class Answer:
     """What to send, and when: offsets count from ``start`` (loop time)."""
 
@@ -60,6 +126,10 @@ class Answer:
     end_ns: int | None = None  # a stream ends here (its server closed it some time after its last event)
     hold: bool = False  # the stream stays open until the client leaves (its recorded client ended it)
     framed: bool = False  # recorded with its length, which an edit changed: sent with the new one
+    joined: Joined | None = None  # messages other answers give it to send
+    # Messages it gave another stream: its chunks recorded after one wait for it to go out
+    # (an MCP tool's result never overtakes the sampling request that it followed).
+    gave: list[Message] = field(default_factory=list)
 
     @property
     def whole(self) -> bool:
@@ -93,6 +163,9 @@ async def send(
         # keep-alive client's open (it decides before it sees there is no length).
         response.force_close()
     sent_all = False
+    outbox = answer.joined.outbox if answer.joined is not None else None
+    if outbox is not None:
+        outbox.streams += 1
     try:
         await _until(loop, due(answer.start, answer.ttfb_ns, speed) + shift)
         await response.prepare(request)
@@ -103,7 +176,8 @@ async def send(
         position = 0
         drip = _Drip(faults.drip) if faults.drip else None
         begin, scale, late = answer.start, (1 / 1e9 / speed if speed else 0.0), served.late_s.append
-        served.body = pieces
+        served.body = []  # what goes out, in order: its own chunks and what it is given to send
+        between = _event_ends(pieces) if answer.joined is not None else set()
         for offset, data in [*pieces, (None, b"")]:
             if position == landing.stall_at:
                 shift += faults.stall_ms / 1000
@@ -115,6 +189,12 @@ async def send(
             if offset is None:
                 break
             when = begin + offset * scale + shift
+            if answer.joined is not None and position in between:
+                await _mingle(request, response, answer.joined, served, when)
+            for message in answer.gave:
+                if message.offset_ns <= offset:
+                    await message.gone_out()
+            served.body.append((offset, data))
             if drip is None:
                 now = loop.time()
                 if when > now:
@@ -133,6 +213,12 @@ async def send(
                     late(behind)
                     drip.sent(len(piece), loop.time())
             position += len(data)
+        if answer.joined is not None and not await _mingled_to_end(
+            request, response, answer, served, speed, shift
+        ):
+            if not answer.hold:
+                _left(request.app, served, sent_all)
+            return response  # the client left a stream kept open for it
         if answer.hold:
             await _until_gone(request)
             return response
@@ -157,6 +243,67 @@ async def send(
     except asyncio.CancelledError:
         _left(request.app, served, sent_all)
         raise
+    finally:
+        if outbox is not None:
+            outbox.streams -= 1
+
+
+async def _mingled_to_end(
+    request: web.Request,
+    response: web.StreamResponse,
+    answer: Answer,
+    served: Served,
+    speed: float,
+    shift: float,
+) -> bool:
+    """Past its own chunks, a stream sends what it is given until its recorded end (or
+    break), and on while more may come; held open, until its client leaves. False: the
+    client left."""
+    assert answer.joined is not None
+    end_ns = answer.cut_ns if answer.cut_ns is not None else answer.end_ns
+    until = None if answer.hold else due(answer.start, end_ns or 0, speed) + shift
+    return await _mingle(request, response, answer.joined, served, until, stay=True)
+
+
+async def _mingle(
+    request: web.Request,
+    response: web.StreamResponse,
+    joined: Joined,
+    served: Served,
+    until: float | None,
+    stay: bool = False,
+) -> bool:
+    """Send ``outbox``'s messages as they come due until ``until`` (None: for as long as
+    the client stays), and past it while more may come (``stay``). False: the client left."""
+    loop = asyncio.get_running_loop()
+    outbox = joined.outbox
+    while True:
+        now = loop.time()
+        for message in outbox.take(now):
+            served.body.append((0, message.data))  # (its offset counts for nothing: bytes are compared)
+            await response.write(message.data)
+            message.out.set()
+            if message.carried_by != joined.origin:
+                served.because(
+                    Divergence.REWRITE,
+                    f"{message.label}, recorded on {message.carried_by}, sent with its call",
+                )
+            served.bytes_sent += len(message.data)
+            served.late_s.append(now - message.when)
+        if until is not None and now >= until and not (stay and joined.staying()):
+            return True
+        if (transport := request.transport) is None or transport.is_closing():
+            return False
+        first = outbox.first_due()
+        if first is not None and first <= loop.time():
+            continue  # put while it wrote
+        wake = [t for t in (first, until) if t is not None and t > now]
+        await outbox.wait(min([*wake, now + GONE_POLL_S]) - loop.time())
+
+
+def _event_ends(pieces: Chunks) -> set[int]:
+    """Where a message may go in between a stream's own: its start, and each whole event's end."""
+    return {0, *(e.end for e in events_in(pieces) if e.complete)}
 
 
 def _left(app: web.Application, served: Served, sent_all: bool) -> None:

@@ -57,9 +57,9 @@ from .matching import Incoming, MatchRules, Shown
 from .misses import MISS_HINT, Miss, miss
 from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import error
-from .sending import STOPPING, Answer, Stopping, cut_short, due, send
-from .streams import after, apply_edits, with_ids
-from .tasks import Subscription, Tasks
+from .sending import STOPPING, Answer, Message, Stopping, cut_short, due, send
+from .streams import after, apply_edits, outside, with_ids
+from .tasks import CallMessages, Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
 NO_BODY = Digest.of(b"")  # what a HEAD's answer holds, as its recording is compared
@@ -182,6 +182,7 @@ class ReplayServer:
         # edit made wrong, not redaction; a body cut or decoded in part when recorded).
         self.not_as_recorded: list[str] = []
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
+        self.calls = CallMessages(self.recorded, self.events_of, self._event_id)
         # The protocols (plug-ins found, modules loaded: some 20-30 ms) now, not on the first
         # request, whose answer would start that much behind its recorded pace.
         protocols()
@@ -400,6 +401,7 @@ class ReplayServer:
             log.warning("tasktape replay: %s", said)
         self.recordings.add(recorded, used)
         self.tasks.changed()
+        self.calls.changed()
 
     async def _head(
         self, request: web.Request, incoming: Incoming, index: int, header: Faults | None, start: float
@@ -496,7 +498,7 @@ class ReplayServer:
         last_id = last_event_id(request)
         resumed_after = None
         if recorded.is_sse and last_id is not None and last_id != recorded.resumed_from:
-            resumed = self._resume(recorded, chunks, last_id)
+            resumed = self._resume(index, chunks, last_id)
             if isinstance(resumed, str):
                 # Nothing of it was served: the recording stays for the next request.
                 self.used[index] -= counted
@@ -510,8 +512,12 @@ class ReplayServer:
         if refused is not None:
             self.used[index] -= counted  # nothing of it was served
             return refused
+        session = self.recordings.session_of(incoming)
+        gave: list[Message] = []
         if counted:
             self.recordings.answered(index, incoming)
+            # What it sent on the session's GET stream while this call waited goes out now.
+            gave = self.calls.called(index, session, start, self.speed)
         # Not worked out before sending: hashing a long body would hold back its first chunk.
         served = Served(incoming.method, incoming.path, recorded.origin, lambda: self._digest(index))
         for rewrite in rewrites:
@@ -555,6 +561,8 @@ class ReplayServer:
             and recorded.is_sse
             and recorded.method == "GET",
             framed=framed,
+            joined=self.calls.joined(index, session),
+            gave=gave,
         )
         return await self._send(
             request, incoming, answer, header, served, recorded.protocol, index if counted else None
@@ -612,6 +620,8 @@ class ReplayServer:
             served.head_edited = faults.content_type is not None
             return await send(request, answer, faults, landing, served, self.speed)
         finally:
+            for held in answer.joined.held_back() if answer.joined is not None else ():
+                served.because(Divergence.REWRITE, held)
             self.fidelity.closed(served)  # however it ended: whole, cut short, a status fault
 
     async def _faulty_status(
@@ -667,8 +677,11 @@ class ReplayServer:
             more, said = protocol.answer_edits(answered.as_request(), incoming.as_request(), chunks, events)
             edits += more
             rewrites += said
+        # A call's messages on the GET stream go out with the call (``calls``), not on its clock.
+        cut = self.calls.cut(index)
+        edits += cut
         if self.add_ids and recorded.is_sse:
-            id_edits = with_ids(self.events_of(index), f"{ID_PREFIX}{index + 1}.")
+            id_edits = outside(with_ids(self.events_of(index), f"{ID_PREFIX}{index + 1}."), cut)
             if id_edits:
                 edits += id_edits
                 rewrites.append(f"SSE ids added to {len(id_edits)} events")
@@ -681,10 +694,15 @@ class ReplayServer:
                 return [(chunks[-1][0], card)], [*rewrites, f"the agent card points at {public}"]
         return chunks, rewrites
 
-    def _resume(self, recorded: Recorded, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | str:
+    def _resume(self, index: int, chunks: Chunks, last_id: str) -> tuple[Chunks, int] | str:
         """What follows the event ``last_id``, and that event's offset (the rest's new zero);
         or why there is none. Only whole events count: a client has seen no other (one cut
         off mid-event dispatched nothing)."""
+        recorded = self.recorded[index]
+        call_message = self.calls.resumed_at(index, last_id)  # sent with its call, not in ``chunks``
+        if call_message is not None:
+            end, since_ns = call_message
+            return after(chunks, end, since_ns), since_ns
         events = [e for e in events_in(chunks) if e.complete]
         for event in events:
             if event.id == last_id:
@@ -741,6 +759,8 @@ class ReplayServer:
         """Faults armed as configured (their scopes counting afresh), no task started."""
         self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         self.tasks.reset()
+        self.calls.reset()
+        self.recordings.reset_sessions()
 
     @property
     def served(self) -> list[Served]:

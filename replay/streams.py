@@ -67,6 +67,11 @@ def with_ids(events: list[StreamEvent], prefix: str) -> list[Edit]:
     ]
 
 
+def outside(edits: list[Edit], cuts: list[Edit]) -> list[Edit]:
+    """``edits`` but those falling within what ``cuts`` remove (an id for an event left out)."""
+    return [e for e in edits if not any(at <= e[0] < at + removed for at, removed, _ in cuts)]
+
+
 def id_edit(event: StreamEvent, event_id: str) -> Edit:
     """The edit giving ``event`` the id line ``event_id``: last in the event's block, so it
     is the event's own id."""

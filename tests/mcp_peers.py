@@ -25,7 +25,10 @@ and prints ``ready http://127.0.0.1:PORT/mcp`` (flushed) once it accepts connect
   ``--event-store``) it closes the POST's SSE stream after the K-th report
   (``ctx.close_sse_stream()``, SEP-1699 polling), so the client has to resume with a GET that
   carries ``Last-Event-ID``. Only handshake-era sessions at 2025-11-25 can be cut: the SDK offers
-  the callback only then, and a 2026-07-28 request has no event ids to resume from.
+  the callback only then, and a 2026-07-28 request has no event ids to resume from;
+* ``sample(q: str) -> str`` (1.x only): asks the client to sample a message for ``q``
+  (``ctx.session.create_message``, which mcp 1.x sends on the session's GET stream) and returns
+  ``"sampled: <its text>"``.
 
 ``--event-store`` gives the server an in-memory ``EventStore`` (SSE ``id:`` lines, a priming event
 ``id: X`` / ``data:`` and, with ``--retry-ms``, a ``retry:`` line first on each POST stream).
@@ -145,7 +148,7 @@ class ServerOptions:
 
 
 def build_app(sdk: str, options: ServerOptions) -> Any:
-    """The SDK's Starlette app for the peer server, with its two tools registered."""
+    """The SDK's Starlette app for the peer server, with its tools registered."""
     if sdk == "1":
         from mcp.server.fastmcp import Context, FastMCP  # noqa: PLC0415
 
@@ -179,6 +182,15 @@ def build_app(sdk: str, options: ServerOptions) -> Any:
         return f"counted to {n}"
 
     if sdk == "1":
+        from mcp.types import SamplingMessage, TextContent  # noqa: PLC0415
+
+        @server.tool()
+        async def sample(q: str, ctx: Context) -> str:
+            """Ask the client's model about q (a sampling request, on the session's GET stream)."""
+            message = SamplingMessage(role="user", content=TextContent(type="text", text=q))
+            result = await ctx.session.create_message(messages=[message], max_tokens=10)
+            return f"sampled: {result.content.text}"
+
         return server.streamable_http_app()
     return server.streamable_http_app(
         streamable_http_path=ENDPOINT_PATH,

@@ -1,20 +1,24 @@
 """Replaying MCP to the official mcp 1.x client: progress notifications carry the client's
 progress token, a dropped tool-call stream resumes with a GET, a miss lists the nearest
-recordings, and an injected error status leaves its recording for the SDK's retry."""
+recordings, an injected error status leaves its recording for the SDK's retry, a sampling
+request on the GET stream goes out with its call, and sessions at once each get their own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import pytest
 from conftest import RecordFactory, Serve
-from mcp import ClientSession
+from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_peers import run_mcp_server
 
 from tasktape.eventlog import EventLog, LogWriter
@@ -175,9 +179,8 @@ async def test_a_stream_the_server_closed_early_is_taken_up_from_the_upstream(
         (answer, progress), added = await run(f"{url}/mcp", count, add)
     assert (answer, [done for done, _ in progress], added) == ("counted to 3", [1.0, 2.0, 3.0], "5")
     with EventLog(db) as log:
-        resumed = [
-            x for x in log.exchanges() if x["method"] == "GET" and "Last-Event-ID" in x["request_headers"]
-        ]
+        gets = [x for x in log.exchanges() if x["method"] == "GET"]
+        resumed = [x for x in gets if "last-event-id" in x["request_headers"].lower()]  # (as sent)
     assert resumed and all(x["status"] == 200 for x in resumed)
     # Replayed from what was recorded, the same session runs through, nothing missed.
     again = ReplayServer(load([db]), speed=0)
@@ -311,3 +314,145 @@ async def test_a_refused_resume_of_the_get_stream_says_what_it_carried(
     assert message == (
         "Last-Event-ID 'nope' names no event of the recorded stream (GET /mcp, c.jsonl:2); " + said
     )
+
+
+class Sampler:
+    """A client's sampling callback: answers ``<tag>: <question>``, noting each question."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.asked: list[str] = []
+
+    async def __call__(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult:
+        question = params.messages[-1].content.text  # type: ignore[union-attr]
+        self.asked.append(question)
+        answer = types.TextContent(type="text", text=f"{self.tag}: {question}")
+        return types.CreateMessageResult(role="assistant", content=answer, model="m")
+
+
+def sampling(q: str) -> Call:
+    async def call(session: ClientSession) -> str:
+        result = await session.call_tool("sample", {"q": q})
+        return result.content[0].text  # type: ignore[union-attr]
+
+    return call
+
+
+@dataclass
+class Sessions:
+    """What a client saw of its session: the id it was given, and the session id each answer
+    named (``Mcp-Session-Id``), after the request's JSON-RPC method (or HTTP method)."""
+
+    given: str | None = None
+    answers: list[tuple[str, str | None]] = field(default_factory=list)
+
+    async def answered(self, response: httpx.Response) -> None:
+        body = json.loads(response.request.content or b"null")
+        method = body.get("method", "reply") if isinstance(body, dict) else response.request.method
+        self.answers.append((method, response.headers.get("Mcp-Session-Id")))
+
+
+async def sampled(
+    url: str, sampler: Sampler, *calls: Call, wait: float = 0.0, seen: Sessions | None = None
+) -> list[Any]:
+    """What each call got, in one session of the SDK's client that samples with ``sampler``,
+    started ``wait`` seconds late."""
+    seen = seen or Sessions()
+
+    async def session() -> list[Any]:
+        await asyncio.sleep(wait)
+        hooks = {"response": [seen.answered]}
+        async with (
+            create_mcp_http_client() as http,
+            streamable_http_client(url, http_client=http) as (read, write, given),
+            ClientSession(read, write, sampling_callback=sampler) as s,
+        ):
+            http.event_hooks = hooks
+            await s.initialize()
+            seen.given = given()
+            return [await call(s) for call in calls]
+
+    return await asyncio.wait_for(session(), TIMEOUT)
+
+
+async def ended_get(replay: ReplayServer) -> dict[str, Any]:
+    """The report of the GET stream, once it has ended (it ends as its client leaves)."""
+    while (report := replay.report())["under_way"]:
+        await asyncio.sleep(0.05)
+    (stream,) = [s for s in report["streams"] if s["method"] == "GET"]
+    return stream
+
+
+async def test_a_sampling_request_on_the_get_stream_goes_out_with_its_call(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """mcp 1.x sends a tool's sampling request on the session's GET stream: replayed, the
+    client is asked when it makes that call, and only then."""
+    with run_mcp_server(sdk="1") as server:
+        rec = await record(server.url.removesuffix("/mcp"))
+        live = Sampler("model")
+        got = await sampled(f"{rec.url}/mcp", live, count, sampling("hi"))
+        (await rec.log()).close()  # every exchange committed
+    assert (got[1], live.asked) == ("sampled: model: hi", ["hi"])
+    # Never made, the call's request is never sent; the report names it held back.
+    replay = ReplayServer(load([rec.db]), speed=0, every_answer=True)
+    url = await serve(replay.app)
+    counting_only = Sampler("model")
+    assert await sampled(f"{url}/mcp", counting_only, count) == [got[0]]
+    assert counting_only.asked == []
+    stream = await asyncio.wait_for(ended_get(replay), TIMEOUT)
+    assert not stream["identical"]
+    assert any(
+        r.startswith("rewrite: held back: sampling/createMessage (its event 1), sent during tools/call")
+        for r in stream["reasons"]
+    ), stream
+    # Made alone, at the recorded pace, it is asked, and its answer is the one recorded.
+    replay = ReplayServer(load([rec.db]), speed=1)
+    url = await serve(replay.app)
+    sampling_only = Sampler("model")
+    assert await sampled(f"{url}/mcp", sampling_only, sampling("hi")) == [got[1]]
+    assert sampling_only.asked == ["hi"]
+    assert (replay.stats.missed, replay.stats.refused) == ([], [])
+    assert [(r.method, r.rpc_method) for r in replay.unused()] == [("POST", "tools/call")]  # the count
+
+
+async def test_two_sessions_started_in_another_order_each_get_their_own(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """Two clients at once, each asked to sample during its own call: started in the other
+    order, each gets the other's recorded session id from ``initialize``, but is bound to its
+    own recorded session by its first call: it is asked its own question, and the requests
+    both sessions made alike (``tools/list``, the ``DELETE``) get its own session's answers."""
+    with run_mcp_server(sdk="1") as server:
+        rec = await record(server.url.removesuffix("/mcp"))
+        one, two = Sampler("one"), Sampler("two")
+        lived = Sessions(), Sessions()
+        got = await asyncio.gather(
+            sampled(f"{rec.url}/mcp", one, add, sampling("q1"), seen=lived[0]),
+            sampled(f"{rec.url}/mcp", two, sampling("q2"), wait=0.3, seen=lived[1]),
+        )
+        (await rec.log()).close()  # every exchange committed
+    assert got == [["5", "sampled: one: q1"], ["sampled: two: q2"]]
+    replay = ReplayServer(load([rec.db]), speed=1)
+    url = await serve(replay.app)
+    one, two = Sampler("one"), Sampler("two")
+    seen = Sessions(), Sessions()
+    again = await asyncio.gather(
+        sampled(f"{url}/mcp", one, add, sampling("q1"), wait=0.3, seen=seen[0]),
+        sampled(f"{url}/mcp", two, sampling("q2"), seen=seen[1]),
+    )
+    assert (again, one.asked, two.asked) == (got, ["q1"], ["q2"]), json.dumps(replay.report(), indent=1)
+    assert (replay.stats.missed, replay.stats.refused, replay.unused()) == ([], [], [])
+    # Each GET stream went to the other client: the sampling requests moved with their calls.
+    reasons = [r for s in replay.report()["streams"] if s["method"] == "GET" for r in s["reasons"]]
+    moved = [r for r in reasons if r.startswith("rewrite: sampling/createMessage (its event 1), recorded on")]
+    assert len(moved) == 2, reasons
+    for live, replayed in zip(lived, seen, strict=True):
+        assert replayed.given == ({s.given for s in lived} - {live.given}).pop()  # the other's
+        # (The GET stream, opened before the first call, is the one next in recorded order.)
+        answers = [(method, named) for method, named in replayed.answers if method != "GET"]
+        first_call = [method for method, _ in answers].index("tools/call")
+        assert {method for method, _ in answers[first_call:]} >= {"tools/list", "DELETE"}
+        assert {named for _, named in answers[first_call:]} == {live.given}, replayed.answers

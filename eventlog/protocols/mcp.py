@@ -65,6 +65,7 @@ CLIENT_METHODS = frozenset(
         "notifications/roots/list_changed",
     }
 )
+TOOL_CALL = "tools/call"
 PROGRESS = "notifications/progress"
 LOG = "notifications/message"
 SERVER_ERROR = -32000  # JSON-RPC's first code for errors a server defines
@@ -189,6 +190,52 @@ def log_text(params: Any) -> str | None:
     if isinstance(logger, str) and logger:
         said = f"{said} [{logger}]".lstrip()
     return f"{said}: {line}" if said else line
+
+
+# What a server sends unasked on the session's GET stream, as part of the call it serves
+# (mcp 1.x sends a tool's sampling request, elicitation or log message there when the tool
+# does not name its request): its requests and notifications.
+SENT_FOR_A_CALL = frozenset({MCPKind.REQUEST, MCPKind.NOTIFICATION})
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A client's request from when it was sent until its answer came (or, with no
+    answer, its exchange ended; None: it never did), on one clock."""
+
+    start: float
+    until: float | None
+
+    def at(self, moment: float) -> bool:
+        """Whether it was waiting for its answer at ``moment``: sent, not yet answered."""
+        return self.start <= moment and (self.until is None or moment <= self.until)
+
+
+def is_call(body: Any) -> bool:
+    """Whether a request body is a tool call (``tools/call``)."""
+    return message_kind(body) is MCPKind.REQUEST and body["method"] == TOOL_CALL
+
+
+def is_standing(request: Request) -> bool:
+    """Whether a request opens the session's GET stream afresh (without Last-Event-ID: it
+    resumes no stream)."""
+    return request.method == "GET" and not request.header("Last-Event-ID")
+
+
+def sent_for_a_call(data: str) -> str | None:
+    """The method of an event of the GET stream that a server sends as part of a call
+    under way (a request of its own, a notification); None for any other (a priming event)."""
+    message = parsed(data, MCPKind.OTHER) if data else None
+    if not isinstance(message, dict) or message_kind(message) not in SENT_FOR_A_CALL:
+        return None
+    return message["method"]
+
+
+def during(calls: Sequence[Wait], moment: float) -> list[int]:
+    """The calls a message the GET stream carried at ``moment`` is part of: each waiting
+    for its answer then. MCP gives no other sign of which one it serves (a message on a
+    call's own stream, or naming its progress token, is that call's)."""
+    return [n for n, call in enumerate(calls) if call.at(moment)]
 
 
 class MCP(Protocol):
