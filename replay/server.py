@@ -46,6 +46,7 @@ from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
 
 from .armed import Armed, for_request, give_back, header_faults
+from .call_messages import CallMessages
 from .choosing import ID_PREFIX, Recordings, is_card
 from .fault_edits import clash, land, land_on_head
 from .faults import HEADER as FAULT_HEADER
@@ -59,7 +60,7 @@ from .modes import NOTHING_REPLAYED, ReplayMode
 from .own_answers import error
 from .sending import STOPPING, Answer, Message, Stopping, cut_short, due, send
 from .streams import after, apply_edits, outside, with_ids
-from .tasks import CallMessages, Subscription, Tasks
+from .tasks import Subscription, Tasks
 
 log = logging.getLogger("tasktape.replay")
 NO_BODY = Digest.of(b"")  # what a HEAD's answer holds, as its recording is compared
