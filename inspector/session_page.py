@@ -28,9 +28,11 @@ from tasktape.eventlog.protocols.mcp import (
     FAILED,
     LOG,
     PROGRESS,
+    TOOL_CALL,
     VERSION_HEADER,
     MCPFinish,
     MCPKind,
+    Wait,
     answer_of,
     log_text,
     message_kind,
@@ -43,7 +45,6 @@ from .findings import SavedFinding, saved_findings
 
 _ANSWERS = frozenset({MCPKind.RESPONSE, MCPKind.ERROR})  # a client's POST that answers the server
 STATELESS = "capture-"  # the session name of a capture's exchanges that carry no session id
-TOOL_CALL = "tools/call"
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"  # where 2026-07-28 names the server
 MCP = ProtocolName.MCP.value
 # The page lists a big session's first LISTED_ROWS tool calls and exchanges and its last
@@ -233,8 +234,7 @@ class SessionExchange:
     def waits_at(self, at_ms: float) -> bool:
         """Whether it was waiting for its answer then: sent, and not yet answered (nor its
         exchange ended, when no answer came)."""
-        until = self.answer.at_ms if self.answer is not None else self.end_ms
-        return self.start_ms <= at_ms and (until is None or at_ms <= until)
+        return Wait(self.start_ms, self.answer.at_ms if self.answer is not None else self.end_ms).at(at_ms)
 
     @property
     def duration_ms(self) -> float | None:
