@@ -19,6 +19,7 @@ import orjson
 from .classify import Classification
 from .content_coding import MAX_DECODED, REST_AS_RECEIVED, Inflate, TooLarge, decode_body, too_large
 from .exchange_statements import INSERT_EXCHANGE, UPDATE_BODY, UPDATE_END, UPDATE_HEAD, Statement
+from .http_fields import joined
 from .protocols import recognise, recognise_stream
 from .protocols.base import Protocol, Request, RequestInfo, StreamReader, Summary
 from .recorded import AS_SENT
@@ -185,7 +186,7 @@ class ExchangeRows:
     ) -> Statement:
         pairs = _pairs(headers)
         # Every line of it, joined (RFC 9110 section 5.3): two lines of gzip are gzip, gzip.
-        self._request_encoding = ", ".join(v for k, v in pairs if k.lower() == "content-encoding") or None
+        self._request_encoding = joined(pairs, "Content-Encoding")
         self._request_decoded = decoded_from
         self._request_type = next((v for k, v in pairs if k.lower() == "content-type"), None)
         # The protocols read them redacted too: a redacted value is kept nowhere (an

@@ -6,10 +6,24 @@ be sent again: replay leaves it out. A log keeps what an HTTP parser read, which
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _SPLITS = re.compile(r"[\r\n\x00]")
+
+
+def unsendable(value: str) -> bool:
+    """Whether ``value`` cannot be sent in a response's head (a header value, or the reason
+    phrase of its status line): it holds a control character but tab."""
+    return _CONTROL.search(value) is not None
+
+
+def joined(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """All the lines of a list-valued header as one value (RFC 9110 section 5.3: two
+    ``Content-Encoding: gzip`` lines say ``gzip, gzip``); None without one."""
+    name = name.lower()
+    return ", ".join(value for key, value in headers if key.lower() == name) or None
 
 
 def field_problem(name: str, value: str) -> str | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from tasktape.eventlog.http_fields import joined, unsendable
 
 # How much header a request from a client, or a response from the upstream, may carry.
 # aiohttp's defaults (8 KiB a line, 128 headers) refuse what agents, their frameworks and
@@ -64,15 +65,6 @@ def end_to_end(headers: Iterable[tuple[str, str]], connection: str = "") -> CIMu
 
 # What aiohttp refuses in a header value it sends (RFC 9110 section 5.5): a control
 # character but a tab. The upstream's client read it; passed on it would fail the answer.
-_UNSENDABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def unsendable(value: str) -> bool:
-    """Whether aiohttp refuses to send ``value`` in a response's head (a header value, or
-    the reason phrase of its status line)."""
-    return _UNSENDABLE.search(value) is not None
-
-
 def standard_reason(status: int) -> str:
     """The reason phrase RFC 9110 gives ``status`` (none for a status it does not name)."""
     try:
@@ -105,16 +97,10 @@ def request_lines(request: web.Request) -> list[tuple[str, str]]:
     return named
 
 
-def joined(headers: CIMultiDictProxy[str], name: str) -> str | None:
-    """All the lines of a list-valued header as one value (RFC 9110 section 5.3: two
-    ``Content-Encoding: gzip`` lines say ``gzip, gzip``); None without one."""
-    return ", ".join(headers.getall(name, ())) or None
-
-
 def other_transfer_coding(headers: CIMultiDictProxy[str]) -> str | None:
     """A message's Transfer-Encoding when it holds a coding but chunked, which aiohttp
     leaves on the bytes it takes the chunks off: passed on, they would be a plain body."""
-    value = joined(headers, hdrs.TRANSFER_ENCODING) or ""
+    value = joined(headers.items(), hdrs.TRANSFER_ENCODING) or ""
     codings = (coding.strip().lower() for coding in value.split(","))
     return value if any(coding not in ("", "chunked") for coding in codings) else None
 

@@ -32,6 +32,7 @@ from yarl import URL
 from tasktape.errors import UsageError, WriterClosed
 from tasktape.eventlog import LogProducer
 from tasktape.eventlog.exchange_rows import MAX_BODY, ExchangeSummary
+from tasktape.eventlog.http_fields import joined, unsendable
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter, check_bound
 from tasktape.eventlog.protocols.base import Protocol, Request
@@ -53,12 +54,10 @@ from .headers import (
     end_to_end,
     for_upstream,
     head_timeout,
-    joined,
     left_out,
     other_transfer_coding,
     request_lines,
     standard_reason,
-    unsendable,
 )
 from .held import Hold, follow_again, pump, relay_held
 from .hosts import host_guard
@@ -881,7 +880,7 @@ class Exchange:
         request = self.request
         is_sse = upstream.content_type == "text/event-stream"
         named = as_named(upstream.headers, upstream.raw_headers)
-        coding = joined(upstream.headers, "Content-Encoding")
+        coding = joined(upstream.headers.items(), "Content-Encoding")
         with self._recording() as writer:
             if self.teed is not None:
                 self.teed.body.log_if_whole(writer, self.id)

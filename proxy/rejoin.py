@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import aiohttp
 
 from tasktape.eventlog import SSEEvent
+from tasktape.eventlog.http_fields import joined
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.protocols import recognise
 from tasktape.eventlog.protocols.base import CatchUp, Protocol, Request, Resubscription
@@ -273,7 +274,7 @@ class Rejoin:
             headers=list(response.headers.items()),
             is_sse=response.content_type == "text/event-stream",
             ttfb_ns=recording.offset(),
-            content_encoding=response.headers.get("Content-Encoding"),
+            content_encoding=joined(response.headers.items(), "Content-Encoding"),
         )
         return recording, response
 

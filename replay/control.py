@@ -25,6 +25,7 @@ from yarl import URL
 
 from tasktape.errors import FaultError
 from tasktape.eventlog.content_coding import TooLarge, decode_body
+from tasktape.eventlog.http_fields import joined
 from tasktape.proxy.hosts import LOOPBACK_NAMES, host_name
 
 from .faults import Faults
@@ -55,7 +56,7 @@ def api(server: ReplayServer) -> Handler:
         if len(body) > MAX_BODY:
             return error(413, f"a fault spec is at most {MAX_BODY} bytes")
         # Decoded as the replay decodes the bodies it matches (a client may gzip its POSTs).
-        encoding = request.headers.get("Content-Encoding")
+        encoding = joined(request.headers.items(), "Content-Encoding")
         body, problem = decode_body(body, encoding, MAX_BODY)
         if isinstance(problem, TooLarge):  # (the bound is this API's own, no option's)
             return error(

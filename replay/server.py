@@ -30,7 +30,7 @@ from tasktape.eventlog import LogProducer
 from tasktape.eventlog.content_coding import TooLarge, decode_body
 from tasktape.eventlog.exchange_rows import MAX_BODY
 from tasktape.eventlog.frames import protocol_of
-from tasktape.eventlog.http_fields import field_problem
+from tasktape.eventlog.http_fields import field_problem, joined
 from tasktape.eventlog.jsonrpc_ids import NO_ID, jsonrpc_id_edits, rpc_id, same_id
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.producer import NullWriter, check_bound, check_options
@@ -298,7 +298,7 @@ class ReplayServer:
             return self._too_big(line)
         # Matched as the log keeps request bodies: decoded from their Content-Encoding, within
         # the same bound; one that cannot be decoded, as sent (as a recorder keeps it).
-        encoding = request.headers.get("Content-Encoding")
+        encoding = joined(request.headers.items(), "Content-Encoding")  # (every line of it)
         body, undecodable = (None, None) if sent is None else decode_body(sent, encoding, MAX_BODY)
         if isinstance(undecodable, TooLarge):
             return self._too_big(line, encoding)

@@ -22,7 +22,9 @@ from loopback import running, stop
 from multidict import CIMultiDict
 
 from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.cassette import write_cassette
 from tasktape.eventlog.content_coding import Inflate, decode_body
+from tasktape.eventlog.recorded import Recorded
 from tasktape.replay import ReplayMode, ReplayServer, load
 
 MESSAGE = {
@@ -163,6 +165,22 @@ async def test_a_compressed_request_replays_against_its_recording(
     url = await serve(ReplayServer(load([rec.db]), speed=0).app)
     again = json.dumps({**MESSAGE, "message": {**MESSAGE["message"], "messageId": "m-2"}}).encode()
     assert await post(url, zlib.compress(again), "deflate") == recorded
+
+
+async def test_a_replay_reads_a_coding_in_two_lines_as_both(serve: Serve, tmp_path: Path) -> None:
+    """The replay decoded a body under two Content-Encoding lines once and matched the
+    still-gzipped bytes (a 404 miss); it says it cannot decode gzip, gzip, as for one line."""
+    write_cassette(tmp_path / "c.jsonl", [Recorded(method="POST", path="/ask", request_body=b'{"q": 1}')])
+    url = await serve(ReplayServer(load([tmp_path / "c.jsonl"]), speed=0).app)
+    twice = gzip.compress(gzip.compress(b'{"q": 1}'))
+    said = []
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        for lines in (["gzip", "gzip"], ["gzip, gzip"]):
+            headers = CIMultiDict(("Content-Encoding", line) for line in lines)
+            async with session.post(f"{url}/ask", data=twice, headers=headers) as r:
+                said.append((r.status, (await r.json())["error"]["message"]))
+    assert said[0] == said[1] and said[0][0] == 400
+    assert "cannot decode Content-Encoding gzip, gzip" in said[0][1]
 
 
 def bomb_app(decoded: int) -> tuple[web.Application, bytes]:
