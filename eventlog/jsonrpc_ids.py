@@ -1,10 +1,10 @@
-"""JSON-RPC ids in recorded bytes: a request's id, and the edits that make recorded
-answers carry another request's id, byte-exact elsewhere."""
+"""JSON-RPC ids in recorded bytes: a request's id (or the ids of a batch's requests), and
+the edits that make recorded answers carry another request's id, byte-exact elsewhere."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .spans import Chunks, StreamEvent, events_in
@@ -52,6 +52,92 @@ def jsonrpc_id_edits(
     if span is None or not _is(body, span, old_id):
         return []
     return [(span[0], span[1] - span[0], json.dumps(new_id).encode())]
+
+
+def is_batch(body: Any) -> bool:
+    """Whether a JSON body is a JSON-RPC batch: a non-empty array of JSON-RPC objects."""
+    return isinstance(body, list) and bool(body) and all(isinstance(m, dict) and "jsonrpc" in m for m in body)
+
+
+def batch_ids(body: Any) -> list[Any] | None:
+    """The id of each request of a JSON-RPC batch (a JSON body), message by message: NO_ID
+    for a notification, or a response; None for a body that is no batch."""
+    if not is_batch(body):
+        return None
+    return [m["id"] if "method" in m and "id" in m else NO_ID for m in body]
+
+
+def batch_id_edits(
+    chunks: Chunks, events: Sequence[StreamEvent] | None, old_ids: Sequence[Any], new_ids: Sequence[Any]
+) -> list[Edit]:
+    """Edits making each JSON-RPC response to a request of a recorded batch (``old_ids``,
+    as ``batch_ids`` reads them) carry the id of the request in its place in another batch
+    (``new_ids``), whatever the order of the responses: in the body (an array of responses,
+    or one), or in each event's data (the same); byte-exact elsewhere. The server's own
+    requests and notifications keep theirs."""
+    renamed = _renamed(old_ids, new_ids)
+    if not renamed:
+        return []
+    body = b"".join(data for _, data in chunks)
+    if events is None:
+        return _renamed_ids(0, body.decode("utf-8", "replace"), renamed)
+    edits = []
+    for event in events:
+        if "\n" in event.data:
+            continue  # a JSON-RPC frame on several data lines: left as recorded
+        at = body.find(event.data.encode(), event.start, event.end)
+        if at >= 0:
+            edits += _renamed_ids(at, event.data, renamed)
+    return edits
+
+
+def _renamed(old_ids: Sequence[Any], new_ids: Sequence[Any]) -> dict[tuple[str, Any], Any]:
+    """Each recorded request's id (as ``id_key``) and the id of the request in its place,
+    where the two differ (an id the recorded batch repeats: the first request's)."""
+    renamed: dict[tuple[str, Any], Any] = {}
+    for old, new in zip(old_ids, new_ids, strict=False):
+        key = id_key(old)
+        if key is not None and new is not NO_ID and not same_id(old, new):
+            renamed.setdefault(key, new)
+    return renamed
+
+
+def _renamed_ids(base: int, text: str, renamed: Mapping[tuple[str, Any], Any]) -> list[Edit]:
+    """Edits giving each response in the JSON ``text`` (at byte ``base``: one message, or
+    an array of them) whose id ``renamed`` names its new id."""
+    edits = []
+    for start in _messages_at(text):
+        span = _member_span(text, start, "id")
+        if span is None or _member_span(text, start, "method") is not None:
+            continue
+        try:
+            key = id_key(json.loads(text[span[0] : span[1]]))
+        except ValueError:
+            continue
+        if key in renamed:
+            at = base + len(text[: span[0]].encode())
+            edits.append((at, len(text[span[0] : span[1]].encode()), json.dumps(renamed[key]).encode()))
+    return edits
+
+
+def _messages_at(text: str) -> list[int]:
+    """Where each message of the JSON ``text`` starts: the text's own value, or each item
+    of an array (none of an array that cannot be read)."""
+    i = _skip(text, 0)
+    if not text.startswith("[", i):
+        return [i]
+    decoder, starts = json.JSONDecoder(), []
+    i = _skip(text, i + 1)
+    try:
+        while text[i] != "]":
+            starts.append(i)
+            _, end = decoder.raw_decode(text, i)
+            i = _skip(text, end)
+            if text[i] == ",":
+                i = _skip(text, i + 1)
+    except (ValueError, IndexError):
+        return []
+    return starts
 
 
 def value_edits(

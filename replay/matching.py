@@ -4,11 +4,12 @@ registered by name: each returns None when the two agree, or a short reason why 
 Bodies are compared as JSON, ignoring what the recorded exchange's protocol says its
 clients regenerate on every run (A2A: ``messageId`` anywhere, timestamps; MCP: the
 progress token), the JSON-RPC ``id``, values that were redacted in the recording, and any
-JSON pointer the user names; numbers are compared as numbers (``3`` is ``3.0``), and a
-field at its default is one left out only where the protocol says so (A2A's protobuf
-JSON). Form bodies are compared field by field (a redacted value matches any), other
-bodies byte for byte. Headers are compared only when the
-user names them (most vary with the client: its version, tracing ids, lengths).
+JSON pointer the user names (the id and the pointers in each message of a JSON-RPC batch
+too); numbers are compared as numbers (``3`` is ``3.0``), and a field at its default
+is one left out only where the protocol says so (A2A's protobuf JSON). Form bodies are
+compared field by field (a redacted value matches any), other bodies byte for byte.
+Headers are compared only when the user names them (most vary with the client: its
+version, tracing ids, lengths).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl
@@ -23,6 +25,7 @@ from urllib.parse import parse_qsl
 from tasktape.choices import listed
 from tasktape.counted import counted
 from tasktape.eventlog.frames import protocol_of
+from tasktape.eventlog.jsonrpc_ids import is_batch
 from tasktape.eventlog.protocols.base import Protocol, Regenerated, Request
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import (
@@ -509,7 +512,7 @@ class _Comparison:
 
     rules: MatchRules
     regenerated: Regenerated
-    jsonrpc: bool
+    jsonrpc: JsonRpc
     defaults_are_absent: bool
 
     @classmethod
@@ -518,20 +521,22 @@ class _Comparison:
 
     @classmethod
     def under(cls, protocol: Protocol | None, body: Any, rules: MatchRules) -> _Comparison:
-        jsonrpc = isinstance(body, dict) and "jsonrpc" in body
+        jsonrpc = JsonRpc.of(body)
         if protocol is None:
             return cls(rules, _NOTHING, jsonrpc, defaults_are_absent=False)
         return cls(rules, protocol.regenerated, jsonrpc, protocol.defaults_are_absent)
 
     def ignored(self, path: tuple[str, ...]) -> bool:
+        """Whether the value at ``path`` is left out of the comparison: in each message of a
+        JSON-RPC batch, what is left out of a single message (its id, what the protocol
+        regenerates, what the rules name) is too, as redaction reads a batch."""
         if path and path[-1] in self.regenerated.keys:
             return True
-        if self.jsonrpc and path == ("id",):
+        message = path[1:] if self.jsonrpc is JsonRpc.BATCH and path[:1] and path[0].isdigit() else None
+        if (path if self.jsonrpc is JsonRpc.MESSAGE else message) == ("id",):
             return True
-        return any(
-            len(rule) == len(path) and all(r in ("*", p) for r, p in zip(rule, path, strict=True))
-            for rule in (*self.rules.ignore, *self.regenerated.pointers)
-        )
+        rules = (*self.rules.ignore, *self.regenerated.pointers)
+        return any(_names(rule, path) or (message is not None and _names(rule, message)) for rule in rules)
 
     def left_out(self, value: Any) -> bool:
         """Whether a value says what leaving its field out says. In protobuf JSON, null and
@@ -553,6 +558,25 @@ class _Comparison:
         if b is _MISSING and type(a) is dict:
             return a, {}
         return a, b
+
+
+class JsonRpc(StrEnum):
+    """What a JSON body is to JSON-RPC: one message, a batch of them, or neither."""
+
+    MESSAGE = "message"
+    BATCH = "batch"
+    NONE = "none"
+
+    @classmethod
+    def of(cls, body: Any) -> JsonRpc:
+        if isinstance(body, dict) and "jsonrpc" in body:
+            return cls.MESSAGE
+        return cls.BATCH if is_batch(body) else cls.NONE
+
+
+def _names(rule: Place, path: Place) -> bool:
+    """Whether the pointer ``rule`` (``*``: any key or index) names ``path``."""
+    return len(rule) == len(path) and all(r in ("*", p) for r, p in zip(rule, path, strict=True))
 
 
 def _differences(a: Any, b: Any, at: Place, how: _Comparison) -> Iterable[Difference]:

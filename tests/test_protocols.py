@@ -17,7 +17,7 @@ from test_mcp_sdk import generation, recorded_session
 
 from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter
-from tasktape.eventlog.cassette import load_into, read_cassette
+from tasktape.eventlog.cassette import load_into, read_cassette, write_cassette
 from tasktape.eventlog.checker import check_recorded, report_log
 from tasktape.eventlog.classify import classify
 from tasktape.eventlog.protocols import ProtocolName, Request, recognise, recognise_exchange, recognise_stream
@@ -268,6 +268,61 @@ def test_checking_one_protocol_only() -> None:
     assert {f.rule for f in check_recorded([*a2a, *broken_mcp], protocols={"mcp"})} == {"mcp-one-response"}
     with pytest.raises(UsageError, match="unknown protocol grpc"):
         check_recorded(a2a, protocols={"grpc"})
+
+
+def batch_call(
+    requests: list[dict[str, Any]], events: list[dict[str, Any]] | None, body: Any = None
+) -> Recorded:
+    """A POST of a JSON-RPC batch (MCP 2025-03-26, stateless: no MCP header) answered by an SSE
+    stream of ``events``, or by the JSON ``body``."""
+    content_type = "text/event-stream" if events is not None else "application/json"
+    return Recorded(
+        method="POST",
+        path="/mcp",
+        request_headers=[("Content-Type", "application/json")],
+        request_body=json.dumps(requests).encode(),
+        status=200,
+        response_headers=[("Content-Type", content_type)],
+        is_sse=events is not None,
+        chunks=sse(*events) if events is not None else [(1000, json.dumps(body).encode())],
+        duration_ns=10_000,
+        outcome="complete",
+    )
+
+
+def ask(method: str, rpc_id: Any, **params: Any) -> dict[str, Any]:
+    return json.loads(rpc(method, rpc_id, **params))
+
+
+def test_each_message_of_a_batch_is_checked_as_a_single_one(tmp_path: Path) -> None:
+    """A batch's requests each need their response (on its stream, or in its JSON array), and
+    each response carries a result or an error; each request's progress rises on its own.
+    A batch is no broken frame, and its operation is its messages'."""
+    call = ask("tools/call", 5, name="slow", _meta={"progressToken": 5})
+    answered = batch_call(
+        [call, ask("ping", 6)], [progress(5, 1, 2), result(6), progress(5, 2, 2), result(5)]
+    )
+    unanswered = batch_call([ask("tools/call", 7, name="add"), ask("ping", 8)], [result(7)])
+    notified = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    both = batch_call(
+        [ask("ping", 9), notified, ask("ping", 10)],
+        None,
+        [result(9), result(10, error={"code": -1, "message": "x"})],
+    )
+    write_cassette(tmp_path / "batch.jsonl", [answered, unanswered, both])
+    with LogWriter(tmp_path / "batch.db") as writer:
+        load_into(writer, read_cassette(tmp_path / "batch.jsonl"), writer.begin_capture(source="test"))
+    with EventLog(tmp_path / "batch.db") as log:
+        found = [(f.exchange, f.rule, f.message) for f in report_log(log).findings]
+        operations = [x["rpc_method"] for x in log.exchanges()]
+    assert found == [
+        ("2", "mcp-one-response", "request 8 (ping) got no response"),
+        ("3", "mcp-result-xor-error", "a response with both a result and an error (at /1 of the batch)"),
+    ]
+    assert operations == ["tools/call, ping", "tools/call, ping", "ping, notifications/initialized, ping"]
+    assert [f.message for f in check_recorded(read_cassette(tmp_path / "batch.jsonl"))] == [
+        m for *_, m in found
+    ]
 
 
 # -- a log of all four --------------------------------------------------------------------

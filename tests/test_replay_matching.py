@@ -270,6 +270,90 @@ async def test_a_tool_call_without_a_progress_token_gets_no_progress(
     assert replay.stats.missed == [] and replay.stats.refused == []
 
 
+def message(rpc_id: Any, method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": method, **({"params": params} if params else {})}
+
+
+def answer(rpc_id: Any, text: str | None = None) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "result": {"content": [{"type": "text", "text": text}]} if text else {},
+    }
+
+
+def batch_exchange(requests: list[dict[str, Any]], answers: list[dict[str, Any]], sse: bool) -> Recorded:
+    """A POST of a JSON-RPC batch (MCP 2025-03-26, stateless: no MCP header), answered by an SSE
+    stream of ``answers`` or by a JSON array of them."""
+    events = [(n * 1_000_000, f"data: {json.dumps(a)}\n\n".encode()) for n, a in enumerate(answers)]
+    return Recorded(
+        method="POST",
+        path="/mcp",
+        request_headers=[("Content-Type", "application/json")],
+        request_body=json.dumps(requests).encode(),
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream" if sse else "application/json")],
+        is_sse=sse,
+        chunks=events if sse else [(0, json.dumps(answers).encode())],
+        outcome="complete",
+    )
+
+
+async def posted(url: str, batch: list[dict[str, Any]]) -> tuple[int, list[Any]]:
+    """The status of a batch's answer, and its messages (each SSE event's, or the JSON array)."""
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/mcp", json=batch) as response:
+        text = await response.text()
+    if response.content_type == "text/event-stream":
+        return response.status, [
+            json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")
+        ]
+    return response.status, json.loads(text)
+
+
+async def test_a_json_rpc_batch_matches_whatever_its_ids_and_is_answered_with_them(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """The ids in a batch are ignored, as a single message's id is, and the answers (an SSE
+    stream, a JSON array; in any order) carry the ids of the replayed batch, each the id of
+    the request in the place of the one it answered; progress its request's token. A batch
+    nothing matches gets a JSON-RPC error for each of its requests."""
+    add = message(5, "tools/call", name="add", arguments={"a": 1, "b": 2}, _meta={"progressToken": 5})
+    progress = {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": 5, "progress": 1},
+    }
+    streamed = batch_exchange([add, message(6, "ping")], [answer(6), progress, answer(5, "3")], sse=True)
+    pings = [
+        message(9, "ping"),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        message(10, "ping"),
+    ]
+    in_json = batch_exchange(pings, [answer(10), answer(9)], sse=False)
+    replay, url = await replaying(tmp_path, serve, streamed, in_json)
+    add_again = {**add, "id": 50, "params": {**add["params"], "_meta": {"progressToken": "p50"}}}
+    assert await posted(url, [add_again, message(60, "ping")]) == (
+        200,
+        [answer(60), {**progress, "params": {"progressToken": "p50", "progress": 1}}, answer(50, "3")],
+    )
+    assert await posted(url, [{**pings[0], "id": "a"}, pings[1], {**pings[2], "id": "b"}]) == (
+        200,
+        [answer("b"), answer("a")],
+    )
+    status, errors = await posted(
+        url, [message(70, "tools/call", name="nope"), pings[1], message(80, "ping")]
+    )
+    assert (status, [(e["id"], e["error"]["code"]) for e in errors]) == (400, [(70, -32000), (80, -32000)])
+    reasons = [r for s in replay.report()["streams"] for r in s["reasons"]]
+    assert {
+        "rewrite: the JSON-RPC id 5 is 50",
+        "rewrite: the JSON-RPC id 6 is 60",
+        'rewrite: the progress token 5 is "p50"',
+        'rewrite: the JSON-RPC id 9 is "a"',
+        'rewrite: the JSON-RPC id 10 is "b"',
+    } <= set(reasons)
+
+
 LIVE = "sk-LIVE-SECRET"
 FORM = "application/x-www-form-urlencoded"
 
@@ -382,7 +466,7 @@ async def test_a_miss_hides_a_redacted_field_in_each_message_of_a_json_rpc_batch
     app.router.add_post("/rpc", rpc)
     redactor = Redactor(json_pointers=["/params/apiKey"])
     rec = await record(app, redactor=redactor)
-    batch = [{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "a"}}]
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "search", "params": {"name": "a"}}]
     async with rec.session.post(f"{rec.url}/rpc", json=batch) as r:
         assert r.status == 200
     (await rec.log()).close()

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from ..classify import Classification
+from ..a2a_terms import is_jsonrpc
+from ..classify import Classification, json_or_none
 from ..frames import Frame, Problem, Repeats, Stream, readable
-from ..jsonrpc_ids import Edit, id_key, same_id, value_edits
+from ..jsonrpc_ids import NO_ID, Edit, batch_id_edits, batch_ids, id_key, is_batch, same_id, value_edits
 from ..spans import Chunks, StreamEvent
 from .base import (
     Protocol,
@@ -257,14 +258,17 @@ class MCP(Protocol):
         if request.header(VERSION_HEADER) is not None or request.header(SESSION_HEADER) is not None:
             return True
         body = request.json()
-        return (
-            isinstance(body, dict)
-            and body.get("jsonrpc") == "2.0"
-            and among(body.get("method"), CLIENT_METHODS)
+        return any(
+            isinstance(m, dict) and m.get("jsonrpc") == "2.0" and among(m.get("method"), CLIENT_METHODS)
+            for m in _sent(body)
         )
 
     def request_info(self, request: Request) -> RequestInfo:
+        """A batch's operation is its messages' (``tools/call, ping``); it has no one id."""
         body = request.json()
+        if is_batch(body):
+            names = ", ".join(n for m in body if (n := _operation(m)) is not None)
+            return RequestInfo(None, names or None, None, None, None, request.header(SESSION_HEADER))
         method = rpc_id = None
         if isinstance(body, dict):
             method = body.get("method") if isinstance(body.get("method"), str) else None
@@ -296,8 +300,13 @@ class MCP(Protocol):
 
     def ended(self, stream: Stream) -> bool:
         """A stream that carried the response owes nothing after it: a POST stream's
-        request is answered, and mcp 1.x closes a GET resuming one once the answer came."""
-        return any(f.complete and f.c.kind in ANSWERS for f in stream.frames)
+        request is answered, and mcp 1.x closes a GET resuming one once the answer came. A
+        batch's stream owes the answer to each of its requests."""
+        asked = batch_ids(stream.request_body)
+        if asked is None:
+            return any(f.complete and f.c.kind in ANSWERS for f in stream.frames)
+        answered = {id_key(m["id"]) for _, m in _messages(stream) if message_kind(m) in ANSWERS}
+        return all(id_key(i) in answered for i in asked if i is not NO_ID)
 
     def ends_with_close(self, request: Request) -> bool:
         """A POST's stream ends with the answer to its request; the GET stream has no end."""
@@ -309,26 +318,33 @@ class MCP(Protocol):
 
     def error_answer(self, request: Request, message: str, details: Mapping[str, Any]) -> Any:
         """A JSON-RPC error answering the request by its id: the SDKs show its message (of
-        an HTTP error status alone, they say only that the server failed)."""
+        an HTTP error status alone, they say only that the server failed). A batch's: an
+        array of them, one for each of its requests."""
         body = request.json()
-        if message_kind(body) is not MCPKind.REQUEST:
-            return None
         error = {"code": SERVER_ERROR, "message": message, "data": dict(details)}
-        return {"jsonrpc": "2.0", "id": body["id"], "error": error}
+        answers = [
+            {"jsonrpc": "2.0", "id": m["id"], "error": error}
+            for m in _sent(body)
+            if message_kind(m) is MCPKind.REQUEST
+        ]
+        if not answers:
+            return None
+        return answers if is_batch(body) else answers[0]
 
     def answer_edits(
         self, recorded: Request, incoming: Request, chunks: Chunks, events: Sequence[StreamEvent] | None
     ) -> tuple[list[Edit], list[str]]:
         """The progress notifications carry the client's progress token: replay matching
         ignores it, and a client drops progress of a token it did not give. A client that
-        gave none asked for no progress: its answer has none."""
-        old, new = _progress_token(recorded.json()), _progress_token(incoming.json())
-        if events is None or old is None or (new is not None and same_id(old, new)):
-            return [], []
-        if new is None:
-            return _without_progress(events, old)
-        edits = value_edits(chunks, events, ("params", "progressToken"), old, new, _is_progress)
-        return edits, [f"the progress token {json.dumps(old)} is {json.dumps(new)}"] if edits else []
+        gave none asked for no progress: its answer has none. A batch's answers carry the
+        ids of its requests (a single request's, the replay gives it), and the progress of
+        each request its token."""
+        old, new = recorded.json(), incoming.json()
+        edits, said = _batch_id_edits(old, new, chunks, events)
+        for old_message, new_message in _paired(old, new):
+            more, told = _progress_edits(old_message, new_message, chunks, events)
+            edits, said = edits + more, said + told
+        return edits, said
 
     def resumable(self, resuming: Request, recorded: Request) -> bool:
         """A client resumes a POST stream that broke with a GET of the endpoint carrying
@@ -368,8 +384,24 @@ class MCPReader(StreamReader):
 
     def _message(self, data: bytes | str) -> Classification:
         obj = parsed(data, MCPKind.OTHER)
-        if isinstance(obj, Classification):
-            return obj
+        if not isinstance(obj, Classification):
+            return self._one(obj)
+        batch = json_or_none(data)  # (read again only when it is no JSON object)
+        return self._batch(batch) if isinstance(batch, list) else obj
+
+    def _batch(self, messages: list[Any]) -> Classification:
+        """A batch (answers to one, or the server's messages) read message by message: it
+        takes the kind, state and text of its last answer (else of its last message); a
+        message that is none makes it one broken frame."""
+        if not messages:
+            return Classification(MCPKind.OTHER, parse_error="an empty batch")
+        read = [self._one(m) for m in messages]
+        for n, c in enumerate(read):
+            if c.parse_error:
+                return c._replace(parse_error=f"{c.parse_error} (at /{n} of the batch)")
+        return next((c for c in reversed(read) if c.kind in ANSWERS), read[-1])
+
+    def _one(self, obj: Any) -> Classification:
         kind = message_kind(obj)
         if kind is MCPKind.OTHER:
             return Classification(kind, parse_error="not a JSON-RPC 2.0 message")
@@ -390,9 +422,37 @@ class MCPReader(StreamReader):
 
 
 def _messages(stream: Stream) -> Iterator[tuple[Frame, dict[str, Any]]]:
+    for frame, message, _ in _numbered(stream):
+        yield frame, message
+
+
+def _numbered(stream: Stream) -> Iterator[tuple[Frame, dict[str, Any], int | None]]:
+    """The JSON-RPC messages of a stream's complete frames: each with its place in its
+    batch (None: a frame of one message)."""
     for frame in stream.frames:
-        if frame.complete and isinstance(frame.envelope, dict):
-            yield frame, frame.envelope
+        if not frame.complete:
+            continue
+        if isinstance(frame.envelope, dict):
+            yield frame, frame.envelope, None
+        elif frame.data.lstrip().startswith("["):
+            batch = json_or_none(frame.data)
+            for n, message in enumerate(batch if isinstance(batch, list) else ()):
+                if isinstance(message, dict) and is_jsonrpc(message):
+                    yield frame, message, n
+
+
+def _sent(body: Any) -> list[Any]:
+    """The messages a request body sends: each of a batch's, or the body itself."""
+    return body if is_batch(body) else [body]
+
+
+def _operation(message: Any) -> str | None:
+    """What a message of a batch does, as a single message's ``rpc_method`` says: its
+    method; ``response`` or ``error`` for the client's answer to a request of the server's."""
+    kind = message_kind(message)
+    if kind in (MCPKind.REQUEST, MCPKind.NOTIFICATION):
+        return message["method"]
+    return kind.value if kind in ANSWERS else None
 
 
 def _sessions(streams: Sequence[Stream]) -> list[list[Stream]]:
@@ -417,6 +477,7 @@ class _Request:
 
     stream: Stream
     key: tuple[str, Any]
+    message: dict[str, Any]  # the request (its exchange's body, or one of its batch's messages)
     answer: str | None = None  # the label of the frame that answered it
 
 
@@ -440,23 +501,23 @@ def one_response(streams: Sequence[Stream]) -> Iterator[Problem]:
         for step in steps:
             if not isinstance(step, _Request) or step.answer is not None:
                 continue
-            stream, body = step.stream, step.stream.request_body
+            stream, body = step.stream, step.message
             if stream.status is not None and stream.status < 400 and not _cut_short(stream, session):
                 yield Problem(stream, None, f"request {body['id']!r} ({body['method']}) got no response")
 
 
 def _read_exchange(stream: Stream, again: set[str], steps: list[_Request | _Response]) -> Iterator[Problem]:
-    """An exchange's ids that are no one's, and (into ``steps``) the request it sends and
-    the responses it carries, but for those sent again."""
-    body = stream.request_body
-    # A server's request, and a client's answer to one, need an id the other can match.
-    if message_kind(body) in (MCPKind.RESPONSE, MCPKind.ERROR):
-        yield from _bad_ids(stream, None, body)
-    elif message_kind(body) is MCPKind.REQUEST:
-        if (key := id_key(body["id"])) is not None:
-            steps.append(_Request(stream, key))
-        elif stream.status is not None and stream.status < 400:
+    """An exchange's ids that are no one's, and (into ``steps``) the requests it sends (a
+    batch's each) and the responses it carries, but for those sent again."""
+    for body in _sent(stream.request_body):
+        # A server's request, and a client's answer to one, need an id the other can match.
+        if message_kind(body) in (MCPKind.RESPONSE, MCPKind.ERROR):
             yield from _bad_ids(stream, None, body)
+        elif message_kind(body) is MCPKind.REQUEST:
+            if (key := id_key(body["id"])) is not None:
+                steps.append(_Request(stream, key, body))
+            elif stream.status is not None and stream.status < 400:
+                yield from _bad_ids(stream, None, body)
     for frame, message in _messages(stream):
         kind = message_kind(message)
         if kind is MCPKind.REQUEST:
@@ -495,7 +556,7 @@ def _answered_twice(steps: list[_Request | _Response]) -> Iterator[Problem]:
             request.answer = step.stream.label(step.frame)
             candidates.remove(request)
         elif (first := latest.get(step.key)) is not None:
-            rid = first.stream.request_body["id"]
+            rid = first.message["id"]
             yield Problem(
                 step.stream, step.frame, f"a second response to request {rid!r} (the first: {first.answer})"
             )
@@ -555,6 +616,45 @@ def _number(value: float) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
+def _batch_id_edits(
+    old: Any, new: Any, chunks: Chunks, events: Sequence[StreamEvent] | None
+) -> tuple[list[Edit], list[str]]:
+    """Edits making the answers to the requests of the recorded batch ``old`` carry the ids
+    of the requests in their places in ``new``, and what they change."""
+    old_ids, new_ids = batch_ids(old), batch_ids(new)
+    if old_ids is None or new_ids is None:
+        return [], []
+    edits = batch_id_edits(chunks, events, old_ids, new_ids)
+    written = {inserted for _, _, inserted in edits}
+    said = [
+        f"the JSON-RPC id {json.dumps(a)} is {json.dumps(b)}"
+        for a, b in zip(old_ids, new_ids, strict=False)
+        if a is not NO_ID and b is not NO_ID and not same_id(a, b) and json.dumps(b).encode() in written
+    ]
+    return edits, said
+
+
+def _paired(old: Any, new: Any) -> list[tuple[Any, Any]]:
+    """The recorded request's messages, each with the one in its place in the new request."""
+    if is_batch(old) and is_batch(new):
+        return list(zip(old, new, strict=False))
+    return [(old, new)]
+
+
+def _progress_edits(
+    old_message: Any, new_message: Any, chunks: Chunks, events: Sequence[StreamEvent] | None
+) -> tuple[list[Edit], list[str]]:
+    """Edits making the progress of the recorded request ``old_message`` that of
+    ``new_message`` (its token, or none), and what they change."""
+    old, new = _progress_token(old_message), _progress_token(new_message)
+    if events is None or old is None or (new is not None and same_id(old, new)):
+        return [], []
+    if new is None:
+        return _without_progress(events, old)
+    edits = value_edits(chunks, events, ("params", "progressToken"), old, new, _is_progress)
+    return edits, [f"the progress token {json.dumps(old)} is {json.dumps(new)}"] if edits else []
+
+
 def _without_progress(events: Sequence[StreamEvent], token: Any) -> tuple[list[Edit], list[str]]:
     """Edits leaving out the progress notifications of ``token``, and what they change. A
     complete event keeps its blank line (an empty line is no event): what replay adds to
@@ -577,15 +677,16 @@ def _progress_of(data: str, token: Any) -> bool:
 def result_xor_error(streams: Sequence[Stream]) -> Iterator[Problem]:
     """A response carries a result or an error, never both; an error has a code and a message."""
     for stream in streams:
-        for frame, message in _messages(stream):
+        for frame, message, place in _numbered(stream):
             if "method" in message or "id" not in message:
                 continue
+            at = "" if place is None else f" (at /{place} of the batch)"
             if "result" in message and "error" in message:
-                yield Problem(stream, frame, "a response with both a result and an error")
+                yield Problem(stream, frame, f"a response with both a result and an error{at}")
             elif "result" not in message and "error" not in message:
-                yield Problem(stream, frame, "a response with neither a result nor an error")
+                yield Problem(stream, frame, f"a response with neither a result nor an error{at}")
             elif "error" in message and not _well_formed(message["error"]):
-                yield Problem(stream, frame, "an error without an integer code and a message")
+                yield Problem(stream, frame, f"an error without an integer code and a message{at}")
 
 
 def _well_formed(error: Any) -> bool:
@@ -604,9 +705,10 @@ def progress_rising(streams: Sequence[Stream]) -> Iterator[Problem]:
             again = _sent_again(repeats, stream)
             # A token is unique among the requests under way: a new request that carries one
             # counts its progress afresh (the request that carried it before has been answered).
-            token = _progress_token(stream.request_body)
-            if token is not None and (key := id_key(token)) is not None:
-                last.pop(key, None)
+            for message in _sent(stream.request_body):
+                token = _progress_token(message)
+                if token is not None and (key := id_key(token)) is not None:
+                    last.pop(key, None)
             for frame, message in _messages(stream):
                 if message.get("method") != PROGRESS or frame.sse_id in again:
                     continue
