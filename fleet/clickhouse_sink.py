@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -95,10 +96,7 @@ def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
     embedded engine (its database ``tasktape``). Unless ``create``, an embedded store that
     is not there yet is a UsageError, not made."""
     check_url(url)
-    try:
-        import clickhouse_connect  # noqa: PLC0415 - an extra: tasktape[clickhouse]
-    except ImportError:
-        raise UsageError("ClickHouse needs an extra: pip install 'tasktape[clickhouse]'") from None
+    clickhouse_connect = client_library()
     # Its client logs a warning of its own beside each error it raises, which Python would
     # print, unasked, as a second line: an application that sets up logging still sees it.
     logging.getLogger("clickhouse_connect").addHandler(logging.NullHandler())
@@ -110,6 +108,16 @@ def connect(url: str, *, create: bool = True) -> tuple[Any, str]:
         path.mkdir(parents=True, exist_ok=True)
         return _engine_client(clickhouse_connect, url, path), DATABASE
     return _server_client(clickhouse_connect, url)
+
+
+def client_library() -> ModuleType:
+    """clickhouse-connect, the extra tasktape[clickhouse]; a UsageError that says how to
+    install it where it is not."""
+    try:
+        import clickhouse_connect  # noqa: PLC0415 - an extra: tasktape[clickhouse]
+    except ImportError:
+        raise UsageError("ClickHouse needs an extra: pip install 'tasktape[clickhouse]'") from None
+    return clickhouse_connect
 
 
 def check_url(url: str) -> str:
@@ -208,6 +216,7 @@ def answered(url: str) -> Iterator[None]:
     """What ClickHouse refuses (a query it cannot run, a right the user lacks) as one line
     that names it, with the first line of ClickHouse's own words; one it cannot reach as
     ``reaching`` says it."""
+    client_library()  # (without the extra, said as connect says it, not a traceback)
     from clickhouse_connect.driver.exceptions import DatabaseError  # noqa: PLC0415 - an extra
 
     try:

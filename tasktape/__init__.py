@@ -10,6 +10,7 @@ Datasette. The parts live in subpackages: ``tasktape.eventlog`` (the record),
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from .errors import (
@@ -17,6 +18,7 @@ from .errors import (
     A2AError,
     CassetteError,
     CassetteExpired,
+    CheckoutHidesPackage,
     DecoderClosed,
     FaultError,
     FlowFileError,
@@ -107,6 +109,7 @@ __all__ = [
     "A2AError",
     "CassetteError",
     "CassetteExpired",
+    "CheckoutHidesPackage",
     "Classification",
     "DecoderClosed",
     "EventLog",
@@ -164,6 +167,25 @@ __all__ = [
 
 
 __getattr__ = lazy_getattr(__name__, _WHERE)
+
+
+def _refuse_a_checkout_without_its_parts() -> None:
+    """An ImportError that says why and what to do where this is a checkout's tasktape/
+    folder and no editable install maps in its subpackages (eventlog/, proxy/... beside it):
+    Python started in a checkout's root finds the folder before the installed package."""
+    import importlib.util  # noqa: PLC0415 - only in a checkout (an editable install has it loaded)
+
+    if importlib.util.find_spec(".eventlog", __name__) is None:
+        raise CheckoutHidesPackage(
+            f"tasktape was imported from the source checkout's folder {__path__[0]}, which hides the"
+            " installed package: run Python from outside the checkout, or install the checkout"
+            " with pip install -e . to work in it"
+        )
+
+
+# (A stat, no import, for an installed package: nothing named eventlog sits beside it.)
+if os.path.isfile(os.path.join(os.path.dirname(__path__[0]), "eventlog", "__init__.py")):
+    _refuse_a_checkout_without_its_parts()
 
 
 def __dir__() -> list[str]:

@@ -17,6 +17,7 @@ TasktapeError
 │   └── UnknownTape (KeyError)     tasktapes[NAME] of a name the test gave no tape
 ├── CassetteExpired (UserWarning)  a warning: a test's cassette is older than its age limit
 ├── Unfaithful (AssertionError)    a replay that was not the recording (Tape.assert_faithful)
+├── CheckoutHidesPackage (ImportError) a checkout's tasktape/ folder imported, not the package
 ├── A2AClientError                 the built-in A2A client got no usable answer
 ├── A2AError                       an A2A error answer of the demo agent (HTTP and JSON-RPC codes)
 │   └── NotCancelable              a cancel of a task that has already ended
@@ -100,6 +101,11 @@ class Unfaithful(TasktapeError, AssertionError):
 
 class CassetteExpired(TasktapeError, UserWarning):
     """Warned, not raised: a cassette older than ``--tasktape-max-age`` (``-W error`` raises it)."""
+
+
+class CheckoutHidesPackage(TasktapeError, ImportError):
+    """Python started in a source checkout's root found its tasktape/ folder before the
+    installed package, and no editable install maps in the subpackages beside it."""
 
 
 class A2AClientError(TasktapeError):

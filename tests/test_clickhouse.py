@@ -201,6 +201,39 @@ def test_what_clickhouse_refuses_is_one_line(tmp_path: Path) -> None:
     assert len(pulled.stderr.splitlines()) == 1, pulled.stderr
 
 
+# The command in an install without tasktape[clickhouse]: clickhouse-connect cannot be imported.
+_WITHOUT_THE_EXTRA = """
+import sys
+sys.modules["clickhouse_connect"] = None
+from tasktape.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize("url", ["chdb://ch", "http://127.0.0.1:9"])
+@pytest.mark.parametrize("command", ["collect", "pull"])
+def test_without_the_clickhouse_extra_it_says_how_to_install(tmp_path: Path, command: str, url: str) -> None:
+    """Without clickhouse-connect, collect and pull crashed with its ModuleNotFoundError's
+    traceback."""
+    args = {
+        "collect": ["--from", "nats://127.0.0.1:9", "--clickhouse", url, "--until-idle", "1"],
+        "pull": ["--clickhouse", url, "--task", "x", "-o", str(tmp_path / "p.db")],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_THE_EXTRA, command, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (
+        1,
+        "Error: ClickHouse needs an extra: pip install 'tasktape[clickhouse]'\n",
+    )
+    assert not (tmp_path / "ch").exists() and not (tmp_path / "p.db").exists()
+
+
 @pytest.mark.parametrize("command", ["collect", "pull"])
 def test_a_database_name_that_is_no_plain_name_is_refused(tmp_path: Path, command: str) -> None:
     """A database named with a '-' (http://HOST:8123/team-a) went into SQL as it was: the
