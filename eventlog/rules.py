@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, Binding, TaskState, short_state
+from .a2a_terms import ENDS_A_STREAM, TERMINAL_STATES, A2AKind, Binding, TaskState, from_v03, short_state
 from .frames import Frame, Problem, Repeats, Rule, Stream, readable
 from .protocols.base import quoted
 from .requests import SUBSCRIBE_METHODS
@@ -112,51 +112,100 @@ def stream_end(streams: Sequence[Stream]) -> Iterator[Problem]:
 
 @dataclass
 class _Artifact:
-    texts: list[str]
+    texts: list[str]  # its text so far, piece by piece: a Task snapshot's (when one seeded it), then deltas
+    by: Stream  # the stream whose event last set or added to it
     closed: tuple[Stream, Frame] | None = None  # where its lastChunk came
+    snapshot: tuple[Stream, Frame] | None = None  # the Task whose text it goes on from, if one
+
+    @property
+    def deltas(self) -> int:
+        """How many deltas made its text (after the snapshot's, when one seeded it)."""
+        return len(self.texts) - (self.snapshot is not None)
 
 
-def _new_artifact_updates(streams: Sequence[Stream]) -> list[tuple[Stream, Frame]]:
-    """The artifactUpdates of the streams but those sent again: a task's stream that
-    continues an earlier one (a request with Last-Event-ID, a subscribe to the task) with
-    the id of an event that one sent repeats it (as the log's views read them); a
-    subscribe's event without an id repeats an event without an id of the same content."""
+def _new_artifact_frames(streams: Sequence[Stream]) -> list[tuple[Stream, Frame]]:
+    """The artifactUpdates of the streams, and the Tasks their streams carry, but those sent
+    again: a task's stream that continues an earlier one (a request with Last-Event-ID, a
+    subscribe to the task) with the id of an event that one sent repeats it (as the log's
+    views read them); a subscribe's event without an id repeats an event without an id of
+    the same content."""
     repeats: dict[str | None, Repeats] = {}
-    updates = []
+    found = []
     for stream in streams:
         again: set[int] = set()
-        if stream.is_sse:  # (a plain response sends nothing again)
+        # (A plain response sends nothing again; its Task, a GetTask's, holds no place in
+        # a stream's order: it would restate text a stream's later delta brings.)
+        kinds = (A2AKind.ARTIFACT_UPDATE, A2AKind.TASK) if stream.is_sse else (A2AKind.ARTIFACT_UPDATE,)
+        if stream.is_sse:
             task_repeats = repeats.setdefault(stream.task_id, Repeats())
             subscribe = stream.request.rpc_method in SUBSCRIBE_METHODS
             again = task_repeats.in_frames(stream.frames, stream.last_event_id, subscribe, stream.started_ns)
-        updates += [
-            (stream, f)
-            for i, f in enumerate(stream.frames)
-            if f.c.kind == A2AKind.ARTIFACT_UPDATE and i not in again
-        ]
-    return updates
+        found += [(stream, f) for i, f in enumerate(stream.frames) if f.c.kind in kinds and i not in again]
+    return found
+
+
+def _parts_text(parts: object) -> str:
+    """The text of an artifact's parts, joined (as an artifactUpdate's text is read)."""
+    if not isinstance(parts, list):
+        return ""
+    return "".join(t for p in parts if isinstance(p, dict) and isinstance(t := p.get("text"), str))
+
+
+def _snapshot_texts(frame: Frame) -> dict[str, str]:
+    """The text of each artifact a Task frame holds, by artifact id."""
+    task = from_v03(frame.payload or {}).get("task")
+    artifacts = task.get("artifacts") if isinstance(task, dict) else None
+    if not isinstance(artifacts, list):
+        return {}
+    return {
+        a["artifactId"]: _parts_text(a.get("parts"))
+        for a in artifacts
+        if isinstance(a, dict) and isinstance(a.get("artifactId"), str)
+    }
+
+
+def _seed(artifacts: dict[tuple[str | None, str | None], _Artifact], stream: Stream, frame: Frame) -> None:
+    """Take a Task's artifacts as their text so far: a subscribe that picks a broken stream
+    up again begins with the text the agent sent meanwhile, which no event of the log holds.
+    A snapshot does not reopen an artifact its lastChunk closed, nor restate the text of
+    one another stream that ran to its end is sending (arrival order across streams is not
+    exact: its next delta may be in the snapshot already), nor go back on text already
+    held."""
+    for artifact_id, text in _snapshot_texts(frame).items():
+        key = (frame.task_id, artifact_id)
+        known = artifacts.get(key)
+        if known is not None and (
+            known.closed is not None
+            or (known.by is not stream and known.by.complete)
+            or "".join(known.texts).startswith(text)
+        ):
+            continue
+        artifacts[key] = _Artifact([text], stream, snapshot=(stream, frame))
 
 
 def _artifact_steps(streams: Sequence[Stream]) -> Iterator[tuple[Stream, Frame, _Artifact | None]]:
     """Each artifactUpdate, with what came before it for that artifact in its task: across
     the task's streams in time order (a task resumed on a new stream goes on with the
-    artifacts an earlier one began), else in the order of the exchanges."""
-    updates = _new_artifact_updates(streams)
-    if all(f.at_ns is not None for _, f in updates):
-        updates.sort(key=lambda sf: sf[1].at_ns or 0)
+    artifacts an earlier one began, or a Task snapshot holds), else in the order of the
+    exchanges."""
+    steps = _new_artifact_frames(streams)
+    if all(f.at_ns is not None for _, f in steps):
+        steps.sort(key=lambda sf: sf[1].at_ns or 0)
     artifacts: dict[tuple[str | None, str | None], _Artifact] = {}
-    for stream, frame in updates:
+    for stream, frame in steps:
+        if frame.c.kind == A2AKind.TASK:
+            _seed(artifacts, stream, frame)
+            continue
         c = frame.c
         key = (frame.task_id, c.artifact_id)
         before = artifacts.get(key)
         yield stream, frame, before
         text = c.text or ""
-        if before is None or before.closed is not None:
-            artifacts[key] = _Artifact([text])
-        elif c.append:
-            before.texts.append(text)
+        if before is None or before.closed is not None or not c.append:
+            artifacts[key] = _Artifact([text], stream)  # append false replaces what came before
         else:
-            before.texts = [text]  # append false replaces what came before
+            before.texts.append(text)
+            before.by = stream
         if c.last_chunk:
             artifacts[key].closed = (stream, frame)
 
@@ -177,7 +226,9 @@ def artifact_order(streams: Sequence[Stream]) -> Iterator[Problem]:
                 frame,
                 f"the first event of artifact {c.artifact_id} has append true: nothing to append to",
             )
-        elif before is not None and not c.append and not c.last_chunk:
+        elif before is not None and not c.append and not c.last_chunk and before.deltas:
+            # (Not one replacing a Task snapshot's text alone: another stream's first delta
+            # may arrive after a snapshot that holds it.)
             yield Problem(
                 stream,
                 frame,
@@ -198,10 +249,19 @@ def last_chunk_text(streams: Sequence[Stream]) -> Iterator[Problem]:
             yield Problem(
                 stream,
                 frame,
-                f"the lastChunk of artifact {c.artifact_id} is not its {len(before.texts)} deltas "
-                f"joined: "
+                f"the lastChunk of artifact {c.artifact_id} is not {_pieces(stream, before)} joined: "
                 f"they differ at character {at} ({joined[at : at + 20]!r} vs {text[at : at + 20]!r})",
             )
+
+
+def _pieces(stream: Stream, artifact: _Artifact) -> str:
+    """What an artifact's text so far was made of, for a lastChunk's stream: ``its 3 deltas``,
+    or ``its text in the Task at event 0 and the 2 deltas after it``."""
+    if artifact.snapshot is None:
+        return f"its {artifact.deltas} deltas"
+    by, task = artifact.snapshot
+    where = f"event {task.seq}" if by is stream else by.label(task)
+    return f"its text in the Task at {where} and the {artifact.deltas} deltas after it"
 
 
 def completed_message(streams: Sequence[Stream]) -> Iterator[Problem]:

@@ -5,16 +5,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from a2a_frames import artifact, completed_run, sse, status, streamed, task
+from conftest import RecordFactory
+from test_gateway_rejoin import read_all, slow_subscribes
+from test_replay import events_of
 
+from tasktape.agent import create_agent_app
 from tasktape.errors import UsageError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.checker import Finding, all_rules, check_recorded, explain, report_log, report_recorded
-from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.recorded import Recorded, read_log
+from tasktape.eventlog.resumes import ResumeOutcome
 from tasktape.eventlog.rules import RULES
 
 T, C = "task.1", "ctx.1"
@@ -622,3 +628,97 @@ def test_a_delta_a_subscribe_sends_like_one_sent_before_it_is_a_new_one() -> Non
         "complete",
     )  # fmt: skip
     assert check_recorded([first, subscribe]) == []
+
+
+def test_a_snapshot_does_not_restate_an_artifact_a_stream_that_ran_to_its_end_carries() -> None:
+    """A subscribe opened while the task's stream ran: its snapshot may hold deltas that
+    stream brings a moment later (arrival order across two connections is not exact), so
+    that stream's deltas, all there, make the artifact's text, not the snapshot; and the
+    first delta of an artifact the snapshot began is no later delta replacing its text."""
+    first = [
+        task(T, C),
+        artifact(T, C, "a", "a"),
+        artifact(T, C, "b", "x"),
+        artifact(T, C, "a", "b", append=True),
+        artifact(T, C, "b", "y", append=True),
+        artifact(T, C, "a", "ab", last_chunk=True),
+        artifact(T, C, "b", "xy", last_chunk=True),
+        status(T, C, "TASK_STATE_COMPLETED"),
+    ]
+    running = stream(first, started_at="2026-01-01T00:00:00.000000Z")
+    held = [{"artifactId": "a", "parts": [{"text": "ab"}]}, {"artifactId": "b", "parts": [{"text": "x"}]}]
+    ahead = {"task": {**task(T, C)["task"], "artifacts": held}}
+    # Its snapshot comes after the first stream's "a" and before its "x" and "b", and holds
+    # them; then the events the first stream sends after those, under their ids.
+    joined = dataclasses.replace(
+        stream([*sse([ahead], ids="s"), *sse(first, ids="e")[4:]], started_at="2026-01-01T00:00:00.001500Z"),
+        method="GET",
+        path=f"/tasks/{T}:subscribe",
+        request_body=None,
+    )
+    assert rules_broken(running, joined) == []
+
+
+def _with_snapshot(subscribe: Recorded, change: Callable[[dict[str, Any]], None]) -> Recorded:
+    """A copy of a recorded subscribe whose first event, its Task snapshot, ``change``
+    edits; the events after it as they came."""
+    body, passed = b"".join(data for _, data in subscribe.chunks), 0
+    end = body.index(b"\n\n") + 2
+    fields, data = body[:end].split(b"data: ", 1)
+    snapshot = json.loads(data)
+    change(snapshot["task"])
+    first = fields + b"data: " + json.dumps(snapshot).encode() + b"\n\n"
+    for n, (offset, chunk) in enumerate(subscribe.chunks):
+        passed += len(chunk)
+        if passed >= end:  # the chunk that completed the first event
+            chunks = [(offset, first + body[end:passed]), *subscribe.chunks[n + 1 :]]
+            return dataclasses.replace(subscribe, chunks=chunks)
+    raise AssertionError("the subscribe has no whole first event")
+
+
+async def test_a_stream_rejoined_mid_artifact_goes_on_from_its_subscribe_s_snapshot(
+    record: RecordFactory,
+) -> None:
+    """The agent's stream drops mid-answer; the resume gateway subscribes to the task again,
+    whose first event, a Task, holds the text the agent sent meanwhile, which the log holds
+    no event of: the subscribe's deltas append to it, and its lastChunk is that text and
+    theirs. An append to an artifact the snapshot leaves out still has nothing to append
+    to, and a lastChunk that is not the snapshot's text and the deltas after it is found."""
+    agent = create_agent_app(pace=1.0)  # its thinking streams 0.3-0.6 s in, its answer 0.6-1.3 s
+    slow_subscribes(agent, 0.35)  # its stream drops in the thinking: the subscribe finds it mid-answer
+    rec = await record(agent, hold=30.0)
+    ask = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "drop please"}]}}
+    await read_all(rec.url, ask)
+    with await rec.log() as log:
+        ((broken, (outcome, subscribe_id)),) = log.rejoins().items()
+        report = report_log(log)
+    assert outcome == ResumeOutcome.REJOINED
+    assert report.findings == [] and [n.exchange_id for n in report.cut_short] == [broken]
+    first, subscribe = read_log(rec.db, [broken, subscribe_id])
+    snapshot, *events = [json.loads(e.data) for e in events_of(b"".join(d for _, d in subscribe.chunks))]
+    appended = next(e["artifactUpdate"] for e in events if "artifactUpdate" in e)
+    open_id = appended["artifact"]["artifactId"]
+    held = {a["artifactId"] for a in snapshot["task"]["artifacts"]}
+    assert appended.get("append") and open_id in held  # the case: the snapshot began what they append to
+
+    def leave_out(snapshot: dict[str, Any]) -> None:
+        snapshot["artifacts"] = [a for a in snapshot["artifacts"] if a["artifactId"] != open_id]
+
+    order, text = check_recorded([first, _with_snapshot(subscribe, leave_out)])
+    assert (order.rule, order.seq, order.message) == (
+        "artifact-order",
+        1,
+        f"the first event of artifact {open_id} has append true: nothing to append to",
+    )
+    assert text.rule == "last-chunk-text"  # (nor is its lastChunk the deltas, without what they follow)
+
+    def misquote(snapshot: dict[str, Any]) -> None:
+        (artifact,) = [a for a in snapshot["artifacts"] if a["artifactId"] == open_id]
+        artifact["parts"][0]["text"] = "X" + artifact["parts"][0]["text"][1:]
+
+    deltas = sum(bool(u.get("append")) for e in events if (u := e.get("artifactUpdate")))
+    (finding,) = check_recorded([first, _with_snapshot(subscribe, misquote)])
+    assert finding.rule == "last-chunk-text" and finding.message.startswith(
+        f"the lastChunk of artifact {open_id} is not its text in the Task at event 0 and the {deltas} "
+        "deltas after it joined: they differ at character 0 ('X"
+    )
