@@ -3,7 +3,8 @@ asking the agent, so it asks what the agent would have. A stream is followed onl
 request carrying the credentials the request that opened it carried (the headers the log
 redacts: ``Authorization``, ``Cookie``, ``X-API-Key``... and any ``--redact-header``),
 and only after an id that is not guessed: the recorder's ids carry a key of their stream
-that only its clients were sent.
+that only its clients were sent. A request read back from the log has its query's
+credentials redacted (``?token=[REDACTED]``): they count as its credential headers do.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from collections.abc import Iterable
 from multidict import CIMultiDictProxy
 
 from tasktape.choices import listed
+from tasktape.eventlog.protocols.base import Request
 from tasktape.eventlog.redact import DEFAULT_HEADERS
+
+from .reconnects import redacted_query
 
 # What a stream keeps of its credentials is a digest under this run's key: they are in no
 # memory longer than the request that carried them.
@@ -42,6 +46,11 @@ class Credentials:
     def carried(self, headers: Iterable[tuple[str, str]]) -> bool:
         """Whether a request (as the log holds it: credentials redacted) carried any."""
         return any(name.lower() in self.names for name, _ in headers)
+
+    def carried_by(self, request: Request) -> bool:
+        """Whether a request read back from the log carried any: in its headers, or in its
+        query (a parameter the log redacted, ``?token=[REDACTED]``)."""
+        return self.carried(request.headers) or redacted_query(request.path)
 
 
 # Headers whose value starts with an auth scheme, which HTTP compares case-insensitively

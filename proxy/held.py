@@ -226,9 +226,10 @@ async def follow_again(
         new_exchange_id=exchange_id,
         live=stream.outcome is None,
     )
-    if stream.outcome is not None and position >= stream.size:
+    if stream.outcome is not None and position >= stream.size and _whole(stream):
         # Nothing more will come. A 204 says so: an EventSource given an empty 200 would
-        # come back for ever.
+        # come back for ever. (One cut off ends as it was, below: the client is not told its
+        # task's answer ended.)
         writer.response_head(exchange_id, status=204, headers=None, is_sse=False, ttfb_ns=offset())
         writer.end_exchange(exchange_id, duration_ns=offset(), outcome=Outcome.COMPLETE)
         proxy.resumed(replace(resumed, outcome=ResumeOutcome.ENDED))
@@ -271,6 +272,12 @@ async def follow_again(
             proxy.resumed(resumed)
         writer.end_exchange(exchange_id, duration_ns=offset(), outcome=outcome, error=error)
     return response
+
+
+def _whole(stream: LiveStream) -> bool:
+    """Whether a stream that ended gave its clients everything: it ended whole, or with
+    the event its protocol closes a stream with."""
+    return stream.outcome == Outcome.COMPLETE or stream.closed
 
 
 def reconnect_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

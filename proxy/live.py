@@ -154,6 +154,11 @@ class LiveStream:
         """Where the event of that id ends (None: this stream holds none)."""
         return self._stamper.position(event_id)
 
+    def times_given(self, event_id: str) -> int:
+        """How many events the agent gave that id (more than one: a reconnect after it
+        cannot be placed)."""
+        return self._stamper.times_given(event_id)
+
     def events_after(self, position: int) -> int:
         """How many events end after ``position``."""
         ends = self._stamper.ends

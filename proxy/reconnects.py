@@ -38,17 +38,22 @@ def line_of(method: str, target: str) -> str:
     """A request's line as a reconnect repeats it: its method and target, the query
     included (one endpoint may serve several streams by it: ``/events?topic=alpha``) but
     for the parameters that carry a reconnect's id (``RESUME_PARAMETERS``)."""
+    return f"{method} {_without_resume_parameters(target)}"
+
+
+def _without_resume_parameters(target: str) -> str:
     head, question, query = target.partition("?")
-    if question:
-        kept = _RESUME_PARAMETER.sub("", query).lstrip("&;")
-        target = f"{head}?{kept}" if kept else head
-    return f"{method} {target}"
+    if not question:
+        return target
+    kept = _RESUME_PARAMETER.sub("", query).lstrip("&;")
+    return f"{head}?{kept}" if kept else head
 
 
 def same_line(held: str, asked: str) -> bool:
     """Whether ``asked`` is the request line ``held`` again. A line read back from the
     log has the credentials of its query redacted (``?token=[REDACTED]``): any value of
-    such a parameter repeats it."""
+    such a parameter repeats it, and is a credential the stream's request carried
+    (``redacted_query``), which the agent is asked about as a credential header is."""
     if held == asked:
         return True
     head, question, query = held.partition("?")
@@ -61,6 +66,13 @@ def same_line(held: str, asked: str) -> bool:
 def _same_parameter(held: str, asked: str) -> bool:
     name, _, value = held.partition("=")
     return held == asked or (value == REDACTED and asked.startswith(f"{name}="))
+
+
+def redacted_query(target: str) -> bool:
+    """Whether a request target read back from the log had credentials in its query:
+    a parameter whose value the log redacted (``?token=[REDACTED]``)."""
+    query = target.partition("?")[2]
+    return any(part.partition("=")[2] == REDACTED for part in _QUERY_SEPARATORS.split(query))
 
 
 class Opener(NamedTuple):
@@ -86,7 +98,8 @@ class Opener(NamedTuple):
 
 def opener(request: Request) -> Opener:
     """What a request opens (or, with ``Last-Event-ID``, would continue)."""
-    line = line_of(request.method, request.path)
+    request = _as_opened(request)
+    line = f"{request.method} {request.path}"
     protocol = recognise(request)
     if protocol is None:
         return Opener(line)
@@ -94,8 +107,16 @@ def opener(request: Request) -> Opener:
     return Opener(line, protocol.name, info.binding, info.rpc_method)
 
 
+def _as_opened(request: Request) -> Request:
+    """A request as its protocol reads it: without the parameters that carry a
+    reconnect's id, which make the path none of its operations (``message:stream?lastEventId=7``)."""
+    path = _without_resume_parameters(request.path)
+    return request if path == request.path else Request(request.method, path, request.headers, request.body)
+
+
 def continues(resuming: Request, opened: Request, stream: LiveStream) -> bool:
     """Whether ``resuming`` continues ``stream``, which ``opened`` opened."""
+    resuming = _as_opened(resuming)
     mine = opener(resuming)
     if opener(opened).repeated_by(mine):
         return True

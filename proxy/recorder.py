@@ -68,6 +68,7 @@ from .rejoin import Rejoin, agent_resumes, asked_protocol, named_task
 from .resume_options import UnknownResume
 from .revive import (
     LOOKED_IN,
+    UNFINISHED,
     asleep_in_log,
     capture_uid,
     ended_before,
@@ -399,7 +400,7 @@ class RecordingProxy:
         found = found or await self._let_go(request, resuming, last_id, credentials)
         if found is not None and found[0].letting_go:  # its hold ran out just now: as if it had ended
             await found[0].until_ended()
-        if found is not None and found[0].outcome == Outcome.CLIENT_DISCONNECTED:
+        if found is not None and found[0].outcome in UNFINISHED:
             found = await self._reopen(found, last_id)
         # An agent's id on a stream the agent ended unfinished goes back to it only where
         # its protocol takes streams up again (else the request would start a new task).
@@ -414,6 +415,9 @@ class RecordingProxy:
             if stream.credentials is None and stream.outcome is None:  # taken up from the log after a restart
                 await self._wake(stream, request, credentials)
             if stream.admits(credentials):
+                if (given := stream.times_given(last_id)) > 1:
+                    why = _ambiguous(last_id, given)
+                    return self._not_answered(request, stream.exchange_id, last_id, why, 409)
                 return await follow_again(self, request, body, stream, position, t0, started_ns)
             why = (
                 "the request carries other credentials than the one that opened the stream"
@@ -430,12 +434,13 @@ class RecordingProxy:
         return None
 
     async def _reopen(self, found: tuple[LiveStream, int], last_id: str) -> tuple[LiveStream, int]:
-        """A stream --hold let go before its task ended: its reconnecting client would be
-        told it ended (a 204, or a cut). Rebuilt from the log asleep instead, where its
-        protocol can follow it again, so that the reconnect wakes it (a subscribe)."""
-        stream = found[0]
+        """A stream let go before it ended (--hold let its agent go, or a bound let it go
+        asleep, as taken up from the log after a restart): its reconnecting client would be
+        told it ended (a 204, or a cut). Rebuilt from the log asleep instead, where its task
+        had not ended and its protocol can follow it again, so that the reconnect wakes it
+        (a subscribe)."""
         await self.writer.aflush()  # (the hold may have run out a moment ago: its end is committed)
-        reopened = await asyncio.to_thread(let_go_unfinished, self.writer.path, stream.exchange_id)
+        reopened = await asyncio.to_thread(let_go_unfinished, self.writer.path, found[0].exchange_id)
         if reopened is None:
             return found
         stream, original = reopened
@@ -443,10 +448,11 @@ class RecordingProxy:
         if position is None:
             return found
         assert self.live is not None
-        stream.asleep_because = (
-            f"--hold let the agent's stream go with no client following ({self.hold or 0:g} s)"
-            " before its task ended, and a client came back"
-        )
+        if found[0].outcome == Outcome.CLIENT_DISCONNECTED:  # (else, asleep since a restart: RESTARTED)
+            stream.asleep_because = (
+                f"--hold let the agent's stream go with no client following ({self.hold or 0:g} s)"
+                " before its task ended, and a client came back"
+            )
         self.live.revive(stream, original)
         return stream, position
 
@@ -549,7 +555,7 @@ class RecordingProxy:
         """A stream of an earlier run, followed again: the log keeps no credentials, so
         where the request that opened it carried some, the agent is asked for its task
         with this client's headers, and a 2xx lets this client follow it."""
-        if not self.credentials.carried(original.headers):
+        if not self.credentials.carried_by(original):
             stream.credentials = b""
         elif await Rejoin(self, stream, original, request).lets_follow():
             stream.credentials = credentials
@@ -567,12 +573,22 @@ class RecordingProxy:
 
     def _admitted(self, held: LiveStream | Gone, credentials: bytes) -> Admitted:
         """How far a client with these credentials may follow the stream."""
-        assert self.live is not None
-        let_go = None if isinstance(held, LiveStream) else self.live.let_go(held.exchange_id)
-        kept = held.credentials if isinstance(held, LiveStream) else let_go and let_go.credentials
+        kept = self._kept(held)
         if kept is None or not same(kept, credentials):
             return Admitted.NO
         return Admitted.WITH_CREDENTIALS if kept else Admitted.ANYONE
+
+    def _kept(self, held: LiveStream | Gone) -> bytes | None:
+        """The digest of the credentials that opened the stream (b"": none), None where
+        unknown. A stream read back from the log keeps none, but the log tells whether its
+        request carried any: one that carried none is anyone's, as it was before."""
+        assert self.live is not None
+        if not isinstance(held, LiveStream):
+            let_go = self.live.let_go(held.exchange_id)
+            return let_go and let_go.credentials
+        if held.credentials is None and not self.credentials.carried_by(held.opened()):
+            return b""
+        return held.credentials
 
     def _not_answered(
         self, request: web.Request, exchange_id: int, last_id: str, reason: str, status: int
@@ -1211,3 +1227,12 @@ def logged_target(target: str) -> tuple[str, str | None]:
 def error_response(status: int, message: str) -> web.Response:
     body = json.dumps({"error": {"code": status, "message": message, "source": "tasktape"}})
     return web.Response(status=status, text=body, content_type="application/json")
+
+
+def _ambiguous(last_id: str, given: int) -> str:
+    """Why a reconnect after an id the agent gave several events is refused."""
+    return (
+        f"the agent gave {given} events of the stream the id {shown_id(last_id)}: which of them this "
+        "client got last cannot be told, nor what it missed (it would be sent events twice); the "
+        "stream is resumed only after an id that names one event"
+    )

@@ -141,17 +141,27 @@ def ended_in_log(path: Path, exchange_id: int, capture_id: int) -> tuple[LiveStr
         return stream, original
 
 
+# How a stream let go before it ended was left: --hold let its agent go with nobody
+# following, or a recorder stopped (or was killed, leaving no outcome) while it held it.
+UNFINISHED = (Outcome.CLIENT_DISCONNECTED, *_CUT_SHORT)
+
+
 def let_go_unfinished(path: Path, exchange_id: int) -> tuple[LiveStream, Request] | None:
-    """The stream exchange ``exchange_id`` opened, when --hold let its upstream go with
-    nobody following before its task ended: rebuilt as its clients were sent it, not
-    ended (it goes on through a subscribe to its agent), and the request that opened it;
-    None for any other, or one its protocol cannot follow again."""
+    """The stream exchange ``exchange_id`` opened, when it was let go before its task
+    ended (``UNFINISHED``; a bound let go one taken up from the log after a restart):
+    rebuilt as its clients were sent it, not ended (it goes on through a subscribe to its
+    agent), and the request that opened it; None for any other, one whose closing event
+    was sent, or one its protocol cannot follow again."""
     with _read_only(path) as conn:
         root = conn.execute(_ROOT, (exchange_id,)).fetchone()
         if root is None:
             return None
         chain = _chain(conn, root["id"])
-        return _going_on(conn, root, chain) if _outcome(conn, chain) == Outcome.CLIENT_DISCONNECTED else None
+        if _outcome(conn, chain) not in (*UNFINISHED, None):
+            return None
+        going_on = _going_on(conn, root, chain)
+        closed = going_on is not None and ends_closed(going_on[0], recognise(going_on[1]))
+        return None if closed else going_on
 
 
 def _going_on(

@@ -72,6 +72,7 @@ class Stamper:
     event in them that begins with an id line has the agent's id; the others, the recorder's."""
 
     __slots__ = (
+        "_again",
         "_cr_end",
         "_decoder",
         "_ends",
@@ -112,6 +113,9 @@ class Stamper:
         # that has one.
         self._positions: dict[str, int] = {}
         self._own: dict[int, str] = {}
+        # How many events had each of those ids that more than one had (an agent that gives
+        # all its events one id): a reconnect after one cannot be placed.
+        self._again: dict[str, int] = {}
         self.on_new: Callable[[], None] | None = None  # told when clients have more bytes
         self.restart(None)
 
@@ -160,6 +164,17 @@ class Stamper:
             self._index()
         return self._positions
 
+    def times_given(self, event_id: str) -> int:
+        """How many events the agent gave that id."""
+        positions = self.positions
+        return self._again.get(event_id, int(event_id in positions))
+
+    def _given(self, own: str, end: int) -> None:
+        """An event of the agent's id ``own`` ends at ``end``: where its first one does is
+        kept, and how many had it."""
+        if self._positions.setdefault(own, end) != end:
+            self._again[own] = self._again.get(own, 1) + 1
+
     def position(self, event_id: str) -> int | None:
         """Where the (first) event of that id ends; None: there is none."""
         found = self.positions.get(event_id)
@@ -201,7 +216,7 @@ class Stamper:
     def _index(self) -> None:
         """The ends, and the agent's ids, of the events in the segments not yet indexed."""
         nl, sep = self._lines.nl, self._lines.sep  # type: ignore[union-attr]  # the quick ways know them
-        ends, own, positions, starts = self._ends, self._own, self._positions, self.starts
+        ends, own, given, starts = self._ends, self._own, self._given, self.starts
         for i in range(self._indexed, len(self.segments)):
             at = starts[i]
             for block in self.segments[i].split(sep)[:-1]:  # the last: b"", after the last blank line
@@ -209,7 +224,7 @@ class Stamper:
                 ends.append(at)
                 if block[:4] == ID:
                     agents = own[len(ends)] = _quick_own(block, nl)
-                    positions.setdefault(agents, at)
+                    given(agents, at)
         self._indexed = len(self.segments)
 
     def restart(self, first: Callable[[SSEEvent], bool] | None) -> None:
@@ -396,7 +411,8 @@ class Stamper:
             return
         parts: list[bytes] | None = None  # None while ``whole`` goes out untouched
         at = self.size
-        positions = self.positions
+        if self._indexed < len(self.segments):  # (the events before these first)
+            self._index()
         for i, block in enumerate(blocks):
             own = _own_id(block, nl) if block.startswith(b"id") or id_line in block else None
             if not _has_data(block, lines):
@@ -404,7 +420,7 @@ class Stamper:
                 if parts is not None:
                     parts.append(block + sep)
                 if own is not None:  # an id without data (a priming event) is resumed from too
-                    positions.setdefault(own, at)
+                    self._given(own, at)
                 continue
             if self._first is not None:
                 before = b"".join(parts) if parts is not None else sep.join(blocks[:i]) + sep if i else b""
@@ -576,7 +592,7 @@ class Stamper:
         self.count += 1
         if own is not None:
             self._own[self.count] = own
-            self.positions.setdefault(own, end)
+            self._given(own, end)
         ends.append(end)
 
     def _out(self, segment: bytes) -> None:

@@ -17,8 +17,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import RecordFactory, Serve
+from sdk_agent import run_sdk_agent
 from test_replay import events_of
-from test_resume_gateway import EVENT, REST_BODY, counted, ten_events
+from test_resume_gateway import EVENT, REST_BODY, counted, first_events, rest_of, ten_events
 
 from tasktape.agent import create_agent_app
 from tasktape.eventlog import LogWriter
@@ -167,6 +168,58 @@ async def test_a_stream_taken_up_after_a_restart_is_followed_by_whom_the_agent_l
                 status, rest = await again(url, ALICE, events[-1].id)
                 assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
     assert seen.count("POST /message:stream") == 1  # one task
+
+
+@web.middleware
+async def token_only(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The agent's own check, of a token in the query: only ``?token=SECRET`` is let in."""
+    if request.query.get("token") != "SECRET":
+        return web.json_response({"error": "unauthorized"}, status=401)
+    return await handler(request)
+
+
+async def test_a_token_in_the_query_read_back_from_the_log_is_a_credential(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """The log keeps a query's credentials redacted (``?token=[REDACTED]``): after a
+    restart, a reconnect with any token repeats the stream's request line, and the
+    stream's request counts as one that carried credentials. An agent that cannot be asked
+    (no protocol) leaves every such reconnect refused, as the agent refused it before."""
+    app, seen = counted(web.Application(middlewares=[token_only]))
+    app.router.add_post("/{name}", ten_events)
+    agent = await serve(app)
+    db = tmp_path / "gateway.db"
+    async with gateway(db, agent) as url:
+        events = await first_of(url, {}, 10, "/a?token=SECRET")
+        status, _ = await again(url, {}, events[4].id, "/a?token=WRONG")
+        assert status == 401  # another request line: the agent's to answer
+    async with gateway(db, agent) as url:
+        for token in ("WRONG", "SECRET"):
+            status, body = await again(url, {}, events[4].id, f"/a?token={token}")
+            assert status == 403, body
+            assert "the agent did not let this client see the task" in json.loads(body)["error"]["message"]
+    assert seen == ["POST /a", "POST /a"]  # nothing of the stream went out again
+
+
+async def test_an_id_the_log_lacks_is_refused_naming_its_ids_after_a_restart(tmp_path: Path) -> None:
+    """A stream opened without credentials, taken up from the log after a restart: a
+    client that got an event the log lacks (a kill) and reconnects after it is told the
+    ids the log holds, as before the restart, and can resume after the last of them."""
+    body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "slow one two three"}]}}
+    db = tmp_path / "gateway.db"
+    with run_sdk_agent() as agent:
+        async with gateway(db, agent.url) as url:
+            _, events = await first_events(url, body, 2)  # (its stream is cut short, for the next run)
+        prefix = events[0].id.rpartition(".")[0]  # the recorder's ids: its key right
+        async with gateway(db, agent.url) as url:
+            status, answer = await rest_of(url, body, f"{prefix}.99")
+            message = json.loads(answer)["error"]["message"]
+            assert status == 400 and "names no event of the stream held here" in message
+            key = re.escape(prefix)
+            held = re.search(rf"it holds (\d+) events \('{key}\.1' to '({key}\.\d+)'\)", message)
+            assert held is not None, message
+            status, rest = await rest_of(url, body, held[2])
+    assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
 
 
 @web.middleware

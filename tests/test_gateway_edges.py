@@ -17,6 +17,7 @@ from aiohttp import web
 from conftest import RecordFactory, Serve
 from loopback import answering, raw_upstream
 from test_gateway_credentials import ALICE, first_of, gateway
+from test_gateway_rejoin import breaking, gated, until_broken
 from test_replay import events_of
 from test_resume_gateway import REST_BODY, counted, first_events, rest_of
 
@@ -525,3 +526,63 @@ async def test_a_reconnect_is_not_sent_the_first_responses_own_headers(record: R
 def test_the_id_a_polyfill_puts_in_the_query_is_no_part_of_the_line(target: str, line: str) -> None:
     """Wherever the parameter stands, and whichever separator is before it."""
     assert line_of("GET", target) == line
+
+
+async def one_id_for_several(request: web.Request) -> web.StreamResponse:
+    """Five events, the first three of one id (as an agent that names its run, not its events)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n, event_id in enumerate([b"run-1", b"run-1", b"run-1", b"b", b"c"]):
+        await response.write(b"id: %s\ndata: %d\n\n" % (event_id, n))
+    return response
+
+
+async def test_a_reconnect_after_an_id_the_agent_gave_several_events_is_refused(
+    record: RecordFactory,
+) -> None:
+    """Which of them the client got last cannot be told: answered after the first, it would
+    be sent the others again. An id that names one event is answered as ever."""
+    app = web.Application()
+    app.router.add_post("/s", one_id_for_several)
+    rec = await record(app, hold=30.0)
+    async with aiohttp.ClientSession() as session, session.post(f"{rec.url}/s", data=b"{}") as r:
+        sent = [e for e in events_of(await r.read()) if e.complete]
+    assert [e.id for e in sent] == ["run-1", "run-1", "run-1", "b", "c"]  # as the agent gave them
+    status, message = await refusal(rec.url, {}, "run-1")
+    assert status == 409 and "the agent gave 3 events of the stream the id run-1" in message
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{rec.url}/s", data=b"{}", headers={"Last-Event-ID": "b"}) as r,
+    ):
+        assert [e.data for e in events_of(await r.read()) if e.complete] == ["4"]
+    with await rec.log() as log:
+        outcomes = [row["outcome"] for row in log.db["resumes"].rows]
+    assert outcomes == ["refused", "resumed"]
+
+
+async def test_a_reconnect_after_the_last_event_of_a_stream_cut_off_is_cut_off(
+    record: RecordFactory, serve: Serve
+) -> None:
+    """The agent's stream broke and could not be rejoined: a reconnect after its last event
+    ends as the stream did (the head, then the connection closed), never a 204, which would
+    tell an EventSource the answer ended and stop it for good."""
+    agent = await serve(create_agent_app(pace=0.05))
+    front, seen = breaking(agent, after=4)
+    rec = await record(await serve(gated(front)), hold=30.0, rejoin_for=0.5)
+    got = [e for e in events_of(await until_broken(rec.url, {})) if e.complete]
+    await asyncio.wait_for(rec.proxy.wait_idle(), 10)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{rec.url}/message:stream",
+            json=REST_BODY,
+            headers={"A2A-Version": "1.0", "Last-Event-ID": got[-1].id},
+        ) as r,
+    ):
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    with await rec.log() as log:
+        rows = [(row["side"], row["outcome"]) for row in log.db["resumes"].rows]
+    assert rows == [("upstream", "gave_up"), ("client", "resumed")]
+    assert seen.count("POST /message:stream") == 1

@@ -44,21 +44,7 @@ async def test_a_killed_gateway_restarted_carries_the_stream_on(
     agent = await serve(app)
     db = tmp_path / "gateway.db"
     args = ("record", "--upstream", agent, "--db", str(db), "--resume", "--listen", "127.0.0.1:0")
-    got = b""
-    async with (
-        running(*args) as first,
-        aiohttp.ClientSession() as session,
-        session.post(f"{first.url}{path}", json=body, headers=HEADERS) as r,
-    ):
-        while len([e for e in events_of(got) if e.complete]) < 5:
-            got += await r.content.readany()
-        await asyncio.sleep(0.3)  # the log holds what was forwarded up to 0.1 s before a kill
-        os.kill(first.proc.pid, signal.SIGKILL)
-        await first.proc.wait()
-        with pytest.raises(aiohttp.ClientError):  # its stream broke with the gateway
-            while await r.content.readany():
-                pass  # events the client never took in: it resumes after the fifth
-    kept = b"".join(e.raw for e in events_of(got) if e.complete)
+    kept = await killed_mid_stream(args, path, body)
     last = [e for e in events_of(kept) if e.complete][-1].id
     async with running(*args) as second:
         async with (
@@ -76,6 +62,60 @@ async def test_a_killed_gateway_restarted_carries_the_stream_on(
     assert len([s for s in seen if s.endswith(":subscribe")]) == (path != "/jsonrpc")
     printed = "".join(second.printed)
     assert f"a client reconnected after {last}" in printed
+    assert "tasktape record restarted while it held the stream: rejoined by exchange" in printed
+    with sqlite3.connect(db) as conn:
+        sides = conn.execute("SELECT side, outcome FROM resumes ORDER BY id").fetchall()
+    assert sides == [("client", "resumed"), ("upstream", "rejoined")]
+
+
+async def killed_mid_stream(args: tuple[str, ...], path: str, body: object) -> bytes:
+    """The whole events a client got of a stream through ``tasktape record ARGS``, which
+    is SIGKILLed once the client has five."""
+    got = b""
+    async with (
+        running(*args) as first,
+        aiohttp.ClientSession() as session,
+        session.post(f"{first.url}{path}", json=body, headers=HEADERS) as r,
+    ):
+        while len([e for e in events_of(got) if e.complete]) < 5:
+            got += await r.content.readany()
+        await asyncio.sleep(0.3)  # the log holds what was forwarded up to 0.1 s before a kill
+        os.kill(first.proc.pid, signal.SIGKILL)
+        await first.proc.wait()
+        with pytest.raises(aiohttp.ClientError):  # its stream broke with the gateway
+            while await r.content.readany():
+                pass  # events the client never took in: it resumes after the fifth
+    return b"".join(e.raw for e in events_of(got) if e.complete)
+
+
+async def test_a_stream_taken_up_after_a_restart_and_let_go_by_hold_bytes_is_woken(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """Asleep after the restart, the stream is let go at once (past --hold-bytes): a client
+    that comes back has it read back from the log and woken, as one --hold let go is,
+    never told it ended (its task still running)."""
+    plain = await serve(create_agent_app(pace=0.02))
+    whole = text_of(await read_all(plain, REST_BODY))
+    app, seen = counted(create_agent_app(pace=3.0))
+    agent = await serve(app)
+    db = tmp_path / "gateway.db"
+    args = ("record", "--upstream", agent, "--db", str(db), "--resume", "--listen", "127.0.0.1:0")
+    kept = await killed_mid_stream(args, "/message:stream", REST_BODY)
+    last = [e for e in events_of(kept) if e.complete][-1].id
+    async with running(*args, "--hold-bytes", "1") as second:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{second.url}/message:stream", json=REST_BODY, headers={**HEADERS, "Last-Event-ID": last}
+            ) as r,
+        ):
+            assert r.status == 200, await r.text()
+            rest = await r.read()
+        assert await stop(second) == 0
+    assert text_of(kept + rest) == whole  # nothing lost, nothing twice
+    assert "TASK_STATE_COMPLETED" in str(frames(rest)[-1])
+    assert seen.count("POST /message:stream") == 1
+    printed = "".join(second.printed)
     assert "tasktape record restarted while it held the stream: rejoined by exchange" in printed
     with sqlite3.connect(db) as conn:
         sides = conn.execute("SELECT side, outcome FROM resumes ORDER BY id").fetchall()
@@ -175,7 +215,9 @@ async def test_after_a_kill_streams_that_ended_or_cannot_go_on_are_answered_from
             aiohttp.ClientSession() as session,
             session.post(f"{second.url}/slow", data=b"{}", headers={"Last-Event-ID": following[-1].id}) as r,
         ):
-            assert r.status == 204  # nothing more will come
+            assert r.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):  # nothing more, and cut short as it was
+                await r.read()
         assert await stop(second) == 0
     assert seen == ["POST /a", "POST /slow"]  # no reconnect reached the agent
     printed = "".join(second.printed)

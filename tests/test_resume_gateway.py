@@ -92,6 +92,21 @@ async def test_a_client_that_drops_follows_the_stream_again(record: RecordFactor
     assert "TASK_STATE_COMPLETED" in after.decode().rstrip().splitlines()[-1]
 
 
+async def test_a_last_event_id_parameter_is_no_part_of_the_request_repeated(record: RecordFactory) -> None:
+    """An EventSource polyfill carries the id in the query too (``?lastEventId=``): the
+    reconnect is still the request that opened the stream, as its protocol reads it, and
+    never reaches the agent (where it would start a second task)."""
+    app, seen = counted(create_agent_app(pace=0.3))
+    rec = await record(app, hold=30.0)
+    before, events = await first_events(rec.url, REST_BODY, 3)
+    path = f"/message:stream?lastEventId={events[-1].id}"
+    status, after = await rest_of(rec.url, REST_BODY, events[-1].id, path)
+    assert status == 200
+    await rec.proxy.wait_idle()
+    assert before + after == await upstream_stream(rec)  # the events after it, once each
+    assert seen == ["POST /message:stream"]
+
+
 async def test_events_without_ids_get_the_gateway_s(record: RecordFactory, sdk_agent: SdkAgent) -> None:
     rec = await record(sdk_agent.url, hold=30.0)
     body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "slow hello"}]}}
