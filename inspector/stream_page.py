@@ -53,6 +53,9 @@ class StreamEvent:
     usage: dict[str, Any] | None
     complete: bool
     parse_error: str | None
+    # The model's thinking it carries: a thinking delta's text; an OpenAI chunk's read again
+    # from its data, as its text may hold more (the answer's first piece, other choices').
+    thought: str | None
 
     @property
     def category(self) -> str:
@@ -71,6 +74,7 @@ class StreamEvent:
 
     @property
     def thinking(self) -> bool:
+        """Whether it is a thinking delta (one that carries thinking beside answer text is not)."""
         return self.kind in _THINKING
 
     @property
@@ -138,6 +142,7 @@ class StreamPage:
     answer: str | None
     input_tokens: int | None  # every input token, the cached ones too
     output_tokens: int | None
+    summary_cached_input_tokens: int | None  # as the exchange's summary counts them
     finish: str | None
     failure: str | None  # why the call failed, in the API's words
     tool_calls: list[ShownCall]
@@ -171,13 +176,14 @@ class StreamPage:
 
     @property
     def cached_input_tokens(self) -> int | None:
-        """The input tokens read from the cache, as the last count of them said."""
+        """The input tokens read from the cache, as the last count of them said; else as
+        the summary counts them (an answer not streamed has no events to count them)."""
         counts = [
             e.usage["cached_input_tokens"]
             for e in self.events
             if e.usage and "cached_input_tokens" in e.usage
         ]
-        return counts[-1] if counts else None
+        return counts[-1] if counts else self.summary_cached_input_tokens
 
     @property
     def cut_short(self) -> frozenset[str]:
@@ -196,12 +202,13 @@ class StreamPage:
 
     @cached_property
     def thinking_deltas(self) -> list[StreamEvent]:
-        return [e for e in self.deltas if e.thinking]
+        """The events whose text carries the model's thinking (some, answer text too)."""
+        return [e for e in self.deltas if e.thought]
 
     @property
     def thinking(self) -> str | None:
         """The model's thinking, as it streamed it (no part of the answer)."""
-        return "".join(e.text or "" for e in self.thinking_deltas) or None
+        return "".join(e.thought or "" for e in self.thinking_deltas) or None
 
     @property
     def first_token(self) -> StreamEvent | None:
@@ -264,7 +271,7 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
             return None
         x = rows[0]
         event_rows = list(log.events(exchange_id))
-        events = _events(event_rows)
+        events = _events(x["protocol"], event_rows)
         body = parse_json(x["request_body"])
         body = body if isinstance(body, dict) else {}
         prompt, tool_result = _prompt(body)
@@ -286,6 +293,7 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
             answer=x["answer"],
             input_tokens=x["input_tokens"],
             output_tokens=x["output_tokens"],
+            summary_cached_input_tokens=x["cached_input_tokens"],
             finish=x["finish"],
             failure=_failure(x, events),
             tool_calls=_calls(x["tool_calls"]),
@@ -297,7 +305,7 @@ def load_stream(path: str | Path, exchange_id: int) -> StreamPage | None:
         )
 
 
-def _events(rows: list[dict[str, Any]]) -> list[StreamEvent]:
+def _events(protocol: str, rows: list[dict[str, Any]]) -> list[StreamEvent]:
     events: list[StreamEvent] = []
     for r in rows:
         at = r["offset_ns"] / 1e6
@@ -314,9 +322,18 @@ def _events(rows: list[dict[str, Any]]) -> list[StreamEvent]:
                 usage=usage if isinstance(usage, dict) else None,
                 complete=bool(r["complete"]),
                 parse_error=r["parse_error"],
+                thought=_thought(protocol, r),
             )
         )
     return events
+
+
+def _thought(protocol: str, row: dict[str, Any]) -> str | None:
+    """The thinking an event carries: an OpenAI chunk's is read again from its data, as its
+    text may hold the answer's first piece (or other choices' text) beside it."""
+    if protocol == ProtocolName.OPENAI.value:
+        return openai.thinking(row["data"], row["kind"], row["text"])
+    return row["text"] if row["kind"] in _THINKING else None
 
 
 def _choices(

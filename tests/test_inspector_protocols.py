@@ -17,9 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 import test_inspector_browser
 import test_protocol_meanings
+from aiohttp import web
+from conftest import RecordFactory
 from datasette.app import Datasette
 from inspector_log import Served, page, rows
 from markupsafe import Markup, escape
@@ -277,6 +281,73 @@ async def test_an_error_that_ends_a_stream_is_shown(ds: Datasette, log: Path) ->
     assert f'<p class="tt-text">{escape("".join(PIECES[:2]))}</p>' in html
     svg = svg_of(html)
     assert 'class="tt-cut"' in svg and ">overloaded_error: Overloaded<" in svg
+
+
+CACHED = {"chat": 8, "messages": 2}  # the input tokens each whole answer read from the cache
+
+
+def whole_answers() -> web.Application:
+    """A chat completion and an Anthropic message, answered whole (not streamed), each with
+    input tokens read from the cache."""
+    chat = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": 20,
+            "completion_tokens": 3,
+            "total_tokens": 23,
+            "prompt_tokens_details": {"cached_tokens": CACHED["chat"]},
+        },
+    }
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5-20250929",
+        "content": [{"type": "text", "text": ANSWER}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 5, "output_tokens": 3, "cache_read_input_tokens": CACHED["messages"]},
+    }
+
+    async def completion(request: web.Request) -> web.Response:
+        return web.json_response(chat)
+
+    async def messages(request: web.Request) -> web.Response:
+        return web.json_response(message)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completion)
+    app.router.add_post("/v1/messages", messages)
+    return app
+
+
+async def test_an_answer_not_streamed_shows_its_cached_input_tokens(record: RecordFactory) -> None:
+    """A chat completion and an Anthropic message asked for whole have no events to count
+    their tokens: the stream page shows the cached input tokens as the summary counts them."""
+    rec = await record(whole_answers())
+    asked = [{"role": "user", "content": "Say hello"}]
+    gpt = openai.AsyncOpenAI(base_url=f"{rec.url}/v1", api_key="sk-test", max_retries=0)
+    claude = anthropic.AsyncAnthropic(base_url=rec.url, api_key="sk-ant-test", max_retries=0)
+    async with gpt, claude:
+        completion = await gpt.chat.completions.create(model="gpt-4o-mini", messages=asked)
+        message = await claude.messages.create(model="claude-sonnet-4-5", max_tokens=16, messages=asked)
+    assert completion.usage and completion.usage.prompt_tokens_details
+    assert completion.usage.prompt_tokens_details.cached_tokens == CACHED["chat"]
+    assert message.usage.cache_read_input_tokens == CACHED["messages"]
+    with await rec.log() as recorded:
+        answers = {x["rpc_method"]: x["id"] for x in recorded.exchanges()}
+        assert [recorded.events(x) for x in answers.values()] == [[], []]
+    ds = create_datasette(rec.db)
+    for call, cached in (("chat.completions", CACHED["chat"]), ("messages", CACHED["messages"])):
+        html = await page(ds, f"/{rec.db.stem}/-/stream/{answers[call]}")
+        usage = section(html, "Model and usage")
+        assert f"<tr><th>of which cached</th><td>{cached}</td></tr>" in usage, call
 
 
 async def test_unknown_sessions_and_streams_and_other_protocols_are_404(ds: Datasette, log: Path) -> None:

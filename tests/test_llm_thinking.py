@@ -171,6 +171,82 @@ async def test_openai_reasoning_is_thinking(tmp_path: Path) -> None:
         assert [s["answer"] for s in log.stream_summary()] == [ANSWER, ANSWER]
 
 
+async def test_a_delta_that_ends_the_thinking_and_starts_the_answer_keeps_both(tmp_path: Path) -> None:
+    """A chat delta with both reasoning_content and content (vLLM's reasoning parsers send
+    one where the thinking ends): its reasoning is thinking, searchable and whole on the
+    page; its content is the answer's, and the only part of it the answer takes."""
+    path = tmp_path / f"{DB}.db"
+    thought, rest = THOUGHT.split(" against")
+    x = record(
+        path,
+        "/v1/chat/completions",
+        {"model": "gpt-x", "messages": [{"role": "user", "content": "Which?"}], "stream": True},
+        [
+            (2.0, chunk(0, {"role": "assistant", "reasoning_content": thought})),
+            (3.0, chunk(0, {"reasoning_content": f" against{rest}", "content": "The"})),
+            (4.0, chunk(0, {"content": " quokka."}, "stop")),
+            (5.0, sse("[DONE]")),
+        ],
+    )
+    assert events_of(path, x) == [
+        ("thinking", thought),
+        ("delta", f" against{rest}\nThe"),
+        ("finish", " quokka."),
+        ("done", None),
+    ]
+    assert summary_of(path)["answer"] == ANSWER
+    ds = create_datasette(path)
+    found = await rows(ds, f"/{DB}/search_event_text.json?text=against+the+wombat&_shape=objects")
+    assert [(f["exchange_id"], f["seq"], f["kind"]) for f in found] == [(x, 1, "delta")]
+    html = await page(ds, f"/{DB}/-/stream/{x}")
+    thinking = html.split("<h2>Thinking</h2>")[1].split("</article>")[0]
+    assert f'<p class="tt-text">{escape(THOUGHT)}</p>' in thinking and "reassembled from 2 deltas" in thinking
+    answer = html.split("<h2>Answer</h2>")[1].split("</article>")[0]
+    assert f'<p class="tt-text">{escape(ANSWER)}</p>' in answer and "reassembled from 2 deltas" in answer
+    assert "first answer token after 3.0 ms (event #1)" in html
+
+
+def choices_chunk(*choices: tuple[dict[str, Any], str | None]) -> bytes:
+    """A chat chunk that carries several choices: each one's delta and finish, by index."""
+    listed = [{"index": i, "delta": d, "finish_reason": finish} for i, (d, finish) in enumerate(choices)]
+    return sse({"id": "c1", "object": "chat.completion.chunk", "model": "gpt-x", "choices": listed})
+
+
+async def test_a_chunk_of_several_choices_has_every_choices_text_searchable(tmp_path: Path) -> None:
+    """A chunk that carries choice 0 and choice 1 (n=2) is choice 0's event, choice 1's text
+    on it too (its reasoning as well), where search finds it; the answer and the page's
+    Thinking stay choice 0's, and the page shows each choice's answer."""
+    path = tmp_path / f"{DB}.db"
+    x = record(
+        path,
+        "/v1/chat/completions",
+        {"model": "gpt-x", "n": 2, "messages": [{"role": "user", "content": "two"}], "stream": True},
+        [
+            (2.0, choices_chunk(({"role": "assistant", "content": ""}, None), ({"content": ""}, None))),
+            (3.0, choices_chunk(({"content": "A1 "}, None), ({"reasoning": "Bwhy", "content": "B1 "}, None))),
+            (4.0, choices_chunk(({"content": "A2"}, "stop"), ({"content": "B2"}, "length"))),
+            (5.0, sse("[DONE]")),
+        ],
+    )
+    assert events_of(path, x) == [
+        ("delta", None),
+        ("delta", "A1 \nBwhy\nB1 "),
+        ("finish", "A2\nB2"),
+        ("done", None),
+    ]
+    summary = summary_of(path)
+    assert (summary["answer"], summary["finish"]) == ("A1 A2", "stop")
+    ds = create_datasette(path)
+    for word, seq in (("Bwhy", 1), ("B1", 1), ("B2", 2)):
+        found = await rows(ds, f"/{DB}/search_event_text.json?text={word}&_shape=objects")
+        assert [(f["exchange_id"], f["seq"]) for f in found] == [(x, seq)], word
+    html = await page(ds, f"/{DB}/-/stream/{x}")
+    assert "No thinking was streamed." in html  # (choice 1's is no part of it)
+    shown = r'choice (\d+)\s*<span class="tt-meta">finish: .*?<p class="tt-text">([^<]*)</p>'
+    answers = re.findall(shown, html, re.S)
+    assert answers == [("0", "A1 A2"), ("1", "B1 B2")]
+
+
 async def test_every_choice_of_a_request_for_several_is_shown(tmp_path: Path) -> None:
     """A chat request with n=2: the page shows both answers and how each finished (the
     second cut at the token limit); the log keeps choice 0's as the exchange's answer and

@@ -16,6 +16,9 @@ as servers that copy the API send it), ``finish`` (a choice's finish_reason), ``
 (a chunk of another choice than the first, when a request asks for ``n`` of them: its
 text, its finish_reason), ``usage`` (token counts), ``done`` (the end: ``[DONE]`` or a
 Responses terminal event), ``event`` (any other Responses event), ``error`` and ``other``.
+A chat chunk's event is of choice 0's kind, its text all the text the chunk carries (for
+search): choice 0's reasoning and its piece of the answer (a delta may carry both, where
+the reasoning ends), then every other choice's, one line each.
 """
 
 from __future__ import annotations
@@ -154,7 +157,9 @@ class OpenAI(Protocol):
         return any(f.complete and self.closes(f.data, f.event_type) for f in reversed(stream.frames))
 
     def delta(self, c: Classification) -> str | None:
-        """The text deltas alone (an error's message is no part of the answer)."""
+        """The text deltas alone (an error's message is no part of the answer). An event has
+        one text: a chunk that carries choice 0's reasoning, or other choices' text, beside
+        its piece of the answer gives them too."""
         return c.text if c.kind in _DELTA_KINDS else None
 
 
@@ -247,43 +252,40 @@ class OpenAIReader(StreamReader):
         if counts or (model is not None and model != self._seen_model):
             usage = _usage(self._model(model), counts)
             self._tokens(usage)
-        choices = obj.get("choices")
-        first = None  # choice 0: the answer
-        others: list[dict[str, Any]] = []  # the other choices a request for n of them gets
-        for choice in choices if type(choices) is list else ():
-            if type(choice) is dict:
-                if choice.get("index", 0) == 0:
-                    first = choice
-                else:
-                    others.append(choice)
+        first, others = _split(obj.get("choices"))
+        # Every other choice's text rides on the chunk's event, for search.
+        besides = [text for choice in others for text in _said(choice)]
         if first is not None:
-            return self._first_choice(first, usage)
+            return self._first_choice(first, usage, besides)
         if others:
-            return _other_choices(others, usage)
+            return _other_choices(others, usage, besides)
         # A chunk without choice 0 is there for its counts (a server that counts on every
         # chunk counts on choice 0's too: those are deltas).
         return classified(OpenAIKind.USAGE if type(counts) is dict else OpenAIKind.DELTA, None, None, usage)
 
-    def _first_choice(self, choice: dict[str, Any], usage: dict[str, Any] | None) -> Classification:
-        """Choice 0's piece of the answer (or refusal, or reasoning), its tool calls, its finish."""
+    def _first_choice(
+        self, choice: dict[str, Any], usage: dict[str, Any] | None, besides: list[str]
+    ) -> Classification:
+        """Choice 0's piece of the answer (or refusal, or reasoning), its tool calls, its finish;
+        the event's text is all the chunk says (``besides``: the other choices' text)."""
         holder = _holder(choice)
-        text, kind = _piece(choice, holder), OpenAIKind.DELTA
-        if text is None and type(holder) is dict:
-            refusal = holder.get("refusal")
-            if type(refusal) is str and refusal:  # what the model said instead
-                text, kind = refusal, OpenAIKind.REFUSAL
-            elif reasoning := _reasoning(holder):
-                text, kind = reasoning, OpenAIKind.THINKING
+        piece, kind = _piece(choice, holder), OpenAIKind.DELTA
+        if piece is None and type(holder) is dict:
+            if refusal := _refusal(holder):  # what the model said instead
+                piece, kind = refusal, OpenAIKind.REFUSAL
+            elif _reasoning(holder):
+                kind = OpenAIKind.THINKING
         if calls := _choice_calls(holder):
             self._calls.chat(calls)
         reason = choice.get("finish_reason")
         finish = reason if type(reason) is str else None
         if finish is not None:
             self.summary.finish = finish
+        text = _lines([*_said(choice), *besides])
         if kind is OpenAIKind.THINKING:  # (its finish, if it carries one, as its state)
             return classified(kind, text, finish, usage)
-        if text is not None:
-            self.pieces.append(text)
+        if piece is not None:
+            self.pieces.append(piece)
         if finish is not None:
             return classified(OpenAIKind.FINISH, text, finish, usage)
         return classified(kind, text, None, usage)
@@ -413,6 +415,39 @@ def _choice_calls(holder: Any) -> Any:
     return type(holder) is dict and (holder.get("tool_calls") or holder.get("function_call"))
 
 
+def _split(choices: Any) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A chunk's choice 0 (the answer), and the other choices a request for ``n`` of them gets."""
+    first = None
+    others: list[dict[str, Any]] = []
+    for choice in choices if type(choices) is list else ():
+        if type(choice) is dict:
+            if choice.get("index", 0) == 0:
+                first = choice
+            else:
+                others.append(choice)
+    return first, others
+
+
+def _refusal(holder: dict[str, Any]) -> str | None:
+    refusal = holder.get("refusal")
+    return refusal if type(refusal) is str and refusal else None
+
+
+def _said(choice: dict[str, Any]) -> list[str]:
+    """All the text a choice's chunk carries, in the order the model says it: its reasoning,
+    then its piece of the answer and its refusal."""
+    holder = _holder(choice)
+    if type(holder) is not dict:
+        return [piece] if (piece := _piece(choice, holder)) is not None else []
+    said = (_reasoning(holder), _piece(choice, holder), _refusal(holder))
+    return [text for text in said if text is not None]
+
+
+def _lines(texts: list[str]) -> str | None:
+    """Texts as one event's text: a line each, so that search tells their words apart."""
+    return "\n".join(texts) or None
+
+
 def _reasoning(holder: dict[str, Any]) -> str | None:
     """A chat delta's reasoning, as servers that copy the API send it."""
     for key in _REASONING_KEYS:
@@ -434,12 +469,13 @@ def _piece(choice: dict[str, Any], holder: Any) -> str | None:
     return piece if type(piece) is str and piece else None
 
 
-def _other_choices(choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> Classification:
-    """A chunk of choices other than the first: their text (for search) and finish_reason,
-    kind ``choice``; no part of the answer, which is choice 0's."""
-    text = "".join(p for c in choices if (p := _piece(c, _holder(c))) is not None)
+def _other_choices(
+    choices: list[dict[str, Any]], usage: dict[str, Any] | None, said: list[str]
+) -> Classification:
+    """A chunk of choices other than the first: their text (``said``, for search) and
+    finish_reason, kind ``choice``; no part of the answer, which is choice 0's."""
     reasons = [r for c in choices if type(r := c.get("finish_reason")) is str]
-    return classified(OpenAIKind.CHOICE, text or None, reasons[-1] if reasons else None, usage)
+    return classified(OpenAIKind.CHOICE, _lines(said), reasons[-1] if reasons else None, usage)
 
 
 @dataclass
@@ -473,6 +509,21 @@ def choices(payloads: Iterable[str | bytes | None]) -> list[Choice]:
             if type(reason := choice.get("finish_reason")) is str:
                 into.finish = reason
     return [found[i] for i in sorted(found)]
+
+
+def thinking(data: str | None, kind: str, text: str | None) -> str | None:
+    """The model's thinking an event carries: a chat chunk's choice 0 reasoning, read again
+    from its data (the event's text holds the rest of what the chunk says beside it), or a
+    Responses reasoning delta's text."""
+    # Only data that names reasoning can carry it: the others, most events, are not parsed.
+    if kind != OpenAIKind.THINKING and (not data or "reasoning" not in data):
+        return None
+    obj = parsed(data, OpenAIKind.OTHER) if data else None
+    if type(obj) is not dict or isinstance(obj.get("type"), str):  # (a Responses event, as _read tells)
+        return text if kind == OpenAIKind.THINKING else None
+    first, _ = _split(obj.get("choices"))
+    holder = _holder(first) if first is not None else None
+    return _reasoning(holder) if type(holder) is dict else None
 
 
 def _error_message(response: dict[str, Any]) -> str | None:
