@@ -21,6 +21,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ProgressNotification, ServerNotification
 from mcp_peers import run_mcp_server
+from test_protocols import batch_call
 
 from tasktape.eventlog import protocols as registry
 from tasktape.eventlog.cassette import write_cassette
@@ -282,23 +283,6 @@ def answer(rpc_id: Any, text: str | None = None) -> dict[str, Any]:
     }
 
 
-def batch_exchange(requests: list[dict[str, Any]], answers: list[dict[str, Any]], sse: bool) -> Recorded:
-    """A POST of a JSON-RPC batch (MCP 2025-03-26, stateless: no MCP header), answered by an SSE
-    stream of ``answers`` or by a JSON array of them."""
-    events = [(n * 1_000_000, f"data: {json.dumps(a)}\n\n".encode()) for n, a in enumerate(answers)]
-    return Recorded(
-        method="POST",
-        path="/mcp",
-        request_headers=[("Content-Type", "application/json")],
-        request_body=json.dumps(requests).encode(),
-        status=200,
-        response_headers=[("Content-Type", "text/event-stream" if sse else "application/json")],
-        is_sse=sse,
-        chunks=events if sse else [(0, json.dumps(answers).encode())],
-        outcome="complete",
-    )
-
-
 async def posted(url: str, batch: list[dict[str, Any]]) -> tuple[int, list[Any]]:
     """The status of a batch's answer, and its messages (each SSE event's, or the JSON array)."""
     async with aiohttp.ClientSession() as http, http.post(f"{url}/mcp", json=batch) as response:
@@ -323,13 +307,13 @@ async def test_a_json_rpc_batch_matches_whatever_its_ids_and_is_answered_with_th
         "method": "notifications/progress",
         "params": {"progressToken": 5, "progress": 1},
     }
-    streamed = batch_exchange([add, message(6, "ping")], [answer(6), progress, answer(5, "3")], sse=True)
+    streamed = batch_call([add, message(6, "ping")], [answer(6), progress, answer(5, "3")])
     pings = [
         message(9, "ping"),
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         message(10, "ping"),
     ]
-    in_json = batch_exchange(pings, [answer(10), answer(9)], sse=False)
+    in_json = batch_call(pings, None, [answer(10), answer(9)])
     replay, url = await replaying(tmp_path, serve, streamed, in_json)
     add_again = {**add, "id": 50, "params": {**add["params"], "_meta": {"progressToken": "p50"}}}
     assert await posted(url, [add_again, message(60, "ping")]) == (
