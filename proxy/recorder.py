@@ -476,7 +476,7 @@ class RecordingProxy:
         live.waking[stream.exchange_id] = admitted
         followed = False
         try:
-            carried = self.credentials.carried(original.headers)
+            carried = self.credentials.carried_by(original)
             verdict = await rejoin.lets_follow() if carried else True
             if verdict is False:  # asleep again, for a client the agent lets in
                 live.hold_asleep(stream, original)

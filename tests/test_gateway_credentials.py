@@ -284,3 +284,31 @@ async def test_a_client_that_leaves_while_the_agent_is_asked_leaves_the_stream_t
         await leaving
     status, rest = await asyncio.wait_for(again(rec.url, ALICE, events[-1].id), 20)
     assert status == 200 and "TASK_STATE_COMPLETED" in rest.decode()
+
+
+async def test_a_query_token_of_a_stream_taken_up_asleep_is_asked_about(tmp_path: Path, serve: Serve) -> None:
+    """A JSON-RPC stream opened with ``?token=SECRET`` and still running at a restart is
+    taken up asleep: waking it for a reconnect with ``?token=WRONG`` counted header
+    credentials only, so the reconnect got the private events. The agent is asked now,
+    without the query (it never sees the client's), and refuses: a 403."""
+    app, seen = counted(create_agent_app(pace=0.3))
+    app.middlewares.append(token_only)
+    agent = await serve(app)
+    ask = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": REST_BODY}
+    db = tmp_path / "gateway.db"
+    headers = {"A2A-Version": "1.0"}
+    async with gateway(db, agent) as url:
+        got = b""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/jsonrpc?token=SECRET", json=ask, headers=headers) as r,
+        ):
+            while len([e for e in events_of(got) if e.complete]) < 3:
+                got += await r.content.readany()
+        last = [e for e in events_of(got) if e.complete][2].id
+    async with gateway(db, agent) as url, aiohttp.ClientSession() as session:
+        hs = {**headers, "Last-Event-ID": last}
+        async with session.post(f"{url}/jsonrpc?token=WRONG", json=ask, headers=hs) as r:
+            status, body = r.status, await r.read()
+    assert status == 403 and b"TASK_STATE" not in body
+    assert seen[0] == "POST /jsonrpc"
