@@ -650,6 +650,41 @@ async def test_llm_streams_differ_in_their_answer_not_in_how_many_deltas(record:
     assert aspects(doc) == [["answer"]] and doc["pairs"][0]["a"]["protocol"] == "anthropic"
 
 
+def thinking_chat(answer: str, rest: str) -> list[dict[str, Any]]:
+    """A chat stream as vLLM's reasoning parsers send it: the thinking, then a delta that
+    ends it and starts the answer, then the rest of the answer."""
+
+    def chunk(delta: dict[str, str], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return json.dumps({"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": [choice]})
+
+    events = [
+        chunk({"reasoning_content": "Let me think"}),
+        chunk({"reasoning_content": " hard.", "content": answer}),
+        chunk({"content": rest}, "stop"),
+        "[DONE]",
+    ]
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "2+2?"}]}
+    request = {"method": "POST", "path": "/v1/chat/completions", "body": json.dumps(body)}
+    request["headers"] = [["Content-Type", "application/json"]]
+    head = {"status": 200, "headers": [["Content-Type", "text/event-stream"]], "ttfb_ms": 2}
+    lines: list[dict[str, Any]] = [{"exchange": {"request": request, "response": head}}]
+    for n, data in enumerate(events, 1):
+        lines.append({"chunk": {"offset_ms": 10 * n, "text": f"data: {data}\n\n"}})
+    return [*lines, {"end": {"duration_ms": 10 * len(events) + 5}}]
+
+
+def test_llm_streams_whose_thinking_meets_the_answer_differ_in_their_answer_alone(tmp_path: Path) -> None:
+    """A delta that carries the end of the thinking and the start of the answer adds only
+    its answer to the deltas: they join into the answer on both sides, so only it differs."""
+    a = cassette(tmp_path / "a.jsonl", thinking_chat("The answer", " is 4."))
+    b = cassette(tmp_path / "b.jsonl", thinking_chat("The answer", " is 5."))
+    code, doc = diff_json(a, b)
+    assert code == 1 and aspects(doc) == [["answer"]], doc
+    (difference,) = doc["pairs"][0]["differences"]
+    assert (difference["a"], difference["b"]) == ("The answer is 4.", "The answer is 5.")
+
+
 async def test_tool_calls_differ_in_name_and_arguments_not_in_their_ids(record: RecordFactory) -> None:
     """The calls' ids are made up on every run; what the model called, with what, is compared."""
     logs = []

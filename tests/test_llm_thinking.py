@@ -19,6 +19,7 @@ from markupsafe import escape
 
 from tasktape.cli import main
 from tasktape.eventlog import EventLog, LogWriter
+from tasktape.eventlog.protocols import by_name
 from tasktape.inspector.app import create_datasette
 
 DB = "thinking"
@@ -245,6 +246,36 @@ async def test_a_chunk_of_several_choices_has_every_choices_text_searchable(tmp_
     shown = r'choice (\d+)\s*<span class="tt-meta">finish: .*?<p class="tt-text">([^<]*)</p>'
     answers = re.findall(shown, html, re.S)
     assert answers == [("0", "A1 A2"), ("1", "B1 B2")]
+
+
+def test_what_a_chat_chunk_adds_to_the_answer_is_its_piece_alone() -> None:
+    """A chunk's event text holds all it says (for search), but what it adds to the answer,
+    as ``tasktape diff`` joins the deltas, is choice 0's content (or refusal) alone: not its
+    reasoning, not other choices' text; a whole completion's too."""
+    openai = by_name("openai")
+    assert openai is not None
+    reader = openai.reader()
+    said = [
+        (chunk(0, {"reasoning_content": "Let me think"}), "Let me think", None),
+        (chunk(0, {"reasoning_content": " hard.", "content": "The"}), " hard.\nThe", "The"),
+        (chunk(0, {"reasoning": "No.", "refusal": "I can't."}), "No.\nI can't.", "I can't."),
+        (
+            choices_chunk(({"content": " quokka."}, "stop"), ({"reasoning": "B?", "content": "B"}, None)),
+            " quokka.\nB?\nB",
+            " quokka.",
+        ),
+        (choices_chunk(({}, None), ({"content": "B2"}, "stop")), "B2", None),
+        (chunk(0, {"content": "Plain"}), "Plain", "Plain"),
+    ]
+    for event, text, added in said:
+        data = event.decode().removeprefix("data: ").strip()
+        c = reader.event(data, None)
+        assert (c.text, openai.delta(c)) == (text, added), data
+    message = {"reasoning_content": THOUGHT, "content": ANSWER}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    whole = {"object": "chat.completion", "model": "gpt-x", "choices": [choice]}
+    c = openai.reader().body(json.dumps(whole))
+    assert c is not None and (c.text, openai.delta(c)) == (f"{THOUGHT}\n{ANSWER}", ANSWER)
 
 
 async def test_every_choice_of_a_request_for_several_is_shown(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ text, its finish_reason), ``usage`` (token counts), ``done`` (the end: ``[DONE]`
 Responses terminal event), ``event`` (any other Responses event), ``error`` and ``other``.
 A chat chunk's event is of choice 0's kind, its text all the text the chunk carries (for
 search): choice 0's reasoning and its piece of the answer (a delta may carry both, where
-the reasoning ends), then every other choice's, one line each.
+the reasoning ends), then every other choice's, one line each; what it adds to the answer
+(its delta) is choice 0's piece alone.
 """
 
 from __future__ import annotations
@@ -157,10 +158,32 @@ class OpenAI(Protocol):
         return any(f.complete and self.closes(f.data, f.event_type) for f in reversed(stream.frames))
 
     def delta(self, c: Classification) -> str | None:
-        """The text deltas alone (an error's message is no part of the answer). An event has
-        one text: a chunk that carries choice 0's reasoning, or other choices' text, beside
-        its piece of the answer gives them too."""
-        return c.text if c.kind in _DELTA_KINDS else None
+        """The text deltas alone (an error's message is no part of the answer): a chat
+        chunk's piece of the answer, not the reasoning or other choices' text its event's
+        text holds beside it."""
+        if c.kind not in _DELTA_KINDS:
+            return None
+        return c.piece if isinstance(c, ChatChunk) else c.text
+
+
+class ChatChunk(Classification):
+    """The event of a chat chunk that says more than its piece of the answer (choice 0's
+    reasoning, other choices' text): its text all of it, for search; ``piece`` what the
+    answer takes."""
+
+    piece: str | None = None
+
+
+def _chunk(
+    kind: str, text: str | None, state: str | None, usage: dict[str, Any] | None, piece: str | None
+) -> Classification:
+    """A chat chunk's event; its piece of the answer kept apart when its text says more."""
+    c = classified(kind, text, state, usage)
+    if text == piece:  # most chunks: nothing beside the piece, nothing more to keep
+        return c
+    chunk = ChatChunk._make(c)
+    chunk.piece = piece
+    return chunk
 
 
 # Each count of a usage object, by its path there, and the name tasktape gives it: the
@@ -287,8 +310,8 @@ class OpenAIReader(StreamReader):
         if piece is not None:
             self.pieces.append(piece)
         if finish is not None:
-            return classified(OpenAIKind.FINISH, text, finish, usage)
-        return classified(kind, text, None, usage)
+            return _chunk(OpenAIKind.FINISH, text, finish, usage, piece)
+        return _chunk(kind, text, None, usage, piece)
 
     def _typed(self, kind: str, obj: dict[str, Any]) -> Classification:
         """A Responses API event."""
