@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from tasktape.eventlog.http_fields import joined, unsendable
+
+from .request_keys import request_key
 
 # How much header a request from a client, or a response from the upstream, may carry.
 # aiohttp's defaults (8 KiB a line, 128 headers) refuse what agents, their frameworks and
@@ -86,7 +87,7 @@ def as_named(headers: CIMultiDictProxy[str], raw: Sequence[tuple[bytes, bytes]])
 
 
 # A request's header lines as_named, worked out once: both the upstream and the log get them.
-_NAMED: Any = web.RequestKey("tasktape.named", list) if hasattr(web, "RequestKey") else "tasktape.named"
+_NAMED = request_key("tasktape.named", list)
 
 
 def request_lines(request: web.Request) -> list[tuple[str, str]]:

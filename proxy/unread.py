@@ -6,17 +6,17 @@ both without the bytes aiohttp quotes from the request: those may hold a token."
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .failure import unquoted
+from .request_keys import request_key
 
 # Set on every request the proxy's handlers see; aiohttp answered the others itself.
-# (web.RequestKey came with aiohttp 3.14; before it, a plain key raises no warning.)
-HANDLED: Any = web.RequestKey("tasktape.handled", bool) if hasattr(web, "RequestKey") else "tasktape.handled"
+HANDLED = request_key("tasktape.handled", bool)
 
 
 class Refuser(Protocol):

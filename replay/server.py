@@ -44,6 +44,7 @@ from tasktape.proxy.card import point_card_at
 from tasktape.proxy.headers import HEADER_LIMITS, HEADER_TIMEOUT, end_to_end, head_timeout
 from tasktape.proxy.hosts import host_guard
 from tasktape.proxy.recorder import AS_SENT
+from tasktape.proxy.request_keys import request_key
 
 from .armed import Armed, for_request, give_back, header_faults
 from .call_messages import CallMessages
@@ -123,11 +124,8 @@ class ReplayStats:
         return self.not_applied.items
 
 
-# A forwarded request's X-Tasktape-Fault, until its answer's head (web.RequestKey came with
-# aiohttp 3.14; before it, a plain key raises no warning).
-ASKED_FAULTS: Any = (
-    web.RequestKey("tasktape.asked_faults", Faults) if hasattr(web, "RequestKey") else "tasktape.asked_faults"
-)
+# A forwarded request's X-Tasktape-Fault, until its answer's head.
+ASKED_FAULTS = request_key("tasktape.asked_faults", Faults)
 
 
 class ReplayServer:
