@@ -38,6 +38,8 @@ class Recordings:
         # for, once a request told which (MCP: two clients at once, started in another order).
         self._bound: dict[str, str] = {}
         self._sessions: dict[int, str | None] = {}  # each recording's session, read once
+        # The last request's session, read once: matching it and serving it both ask.
+        self._last_session: tuple[Incoming, str | None] | None = None
         self.rules = rules
         # What reports show of requests: no value at a place the user redacts, or that any
         # recording added holds redacted.
@@ -160,9 +162,13 @@ class Recordings:
 
     def session_of(self, incoming: Incoming) -> str | None:
         """The session a request names, as the protocol of a recording of its route reads it."""
+        if self._last_session is not None and self._last_session[0] is incoming:
+            return self._last_session[1]
         route = self._by_route.get((incoming.method, incoming.path), [])
         protocol = by_name(self.recorded[route[0]].protocol) if route else None
-        return None if protocol is None else protocol.request_info(incoming.as_request()).session_id
+        session = None if protocol is None else protocol.request_info(incoming.as_request()).session_id
+        self._last_session = (incoming, session)
+        return session
 
     def _recorded_session(self, index: int) -> str | None:
         if index not in self._sessions:
