@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from . import scaling
 
+MISSING = 'matplotlib is not installed (python -m pip install -e ".[bench]" brings it)'
 
-def draw(path: Path) -> bool:
-    """Draw what the scaling suite measured into a PNG; False when there is nothing to draw."""
+
+def can_draw() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def draw(path: Path) -> str | None:
+    """Draw what the scaling suite measured into a PNG; the report's markdown that shows it,
+    or says why it could not be drawn; None when there is nothing to draw."""
     if not scaling.RESULTS:
-        return False
+        return None
+    if not can_draw():
+        return f"*No chart: {MISSING}.*"
+    _plot(path)
+    return f"![Throughput by concurrency and by stream length]({path.name})"
+
+
+def _plot(path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file
@@ -49,4 +64,3 @@ def draw(path: Path) -> bool:
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True

@@ -42,7 +42,7 @@ from tasktape.fleet.shipper import Cursor, saved_cursor
 from tasktape.fleet.sqlite_sink import Applied
 from tasktape.fleet.wire import Rows, Table
 
-from .harness import Section, middle_half, percentiles
+from .harness import Section, middle_half, percentiles, pin
 from .proxy_bench import (
     children,
     cpu_seconds,
@@ -406,12 +406,12 @@ def _apart(recorders: Sequence[int]) -> Iterator[tuple[int, int] | None]:
     try:
         for pid in moved:
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(pid, {ours} if pid in trees else {theirs})
+                pin(pid, {ours} if pid in trees else {theirs})
         yield ours, theirs
     finally:
         for pid in moved:
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(pid, allowed)
+                pin(pid, set(allowed))
 
 
 def _drain(tmp: Path, url: str, servers: list[str], sinks: dict[str, str], logs: list[Path]) -> Section:

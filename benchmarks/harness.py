@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sqlite3
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tasktape.event_loop import loop_factory
 
@@ -22,6 +24,19 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Confine every thread of process ``pid`` to ``cpus``: ``os.sched_setaffinity(pid)`` moves
+    only the thread whose id is ``pid``. Threads started later inherit it from the thread that
+    starts them; one started by a thread not yet moved shows in the next listing, so the
+    threads are listed again until no new one turns up."""
+    moved: set[int] = set()
+    while new := {int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()} - moved:
+        for tid in new:
+            with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+                os.sched_setaffinity(tid, cpus)
+        moved |= new
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:

@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .harness import Section, middle_half
+from .harness import Section, middle_half, pin
 from .proxy_bench import (
     BARE,
     CONTROL,
@@ -51,15 +51,15 @@ def run(quick: bool) -> list[Section]:
     forwarding: list[float] = []
     with contextlib.ExitStack() as stack:
         # Every process started from here inherits the traffic's CPU; so does this client.
-        os.sched_setaffinity(0, {traffic})
-        stack.callback(os.sched_setaffinity, 0, allowed)
+        pin(os.getpid(), {traffic})
+        stack.callback(pin, os.getpid(), set(allowed))
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         variants = start_variants(stack, tmp, start_upstream(stack), control=True, mitm=False)
         del variants["direct"]  # no proxy: nothing to compare on the traffic's CPU
         recording = {name: v for name, v in variants.items() if v.db and v.pid}
         for v in recording.values():
             for pid in children(v.pid):  # its log writer process
-                os.sched_setaffinity(pid, {writer_cpu})
+                pin(pid, {writer_cpu})
         record = variants[RECORD]
         logged = warm_up(variants)
         for shape in shapes:
