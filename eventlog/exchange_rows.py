@@ -266,7 +266,7 @@ class ExchangeRows:
         the encoding it was decoded from), then redacted (a form's fields as its
         Content-Type says they are spelt). The client's bytes went to the
         upstream as they were; one that cannot be decoded is kept as sent, or not at all
-        when JSON fields are to be redacted from it."""
+        when redaction could change a body of its type (JSON fields, a form's fields)."""
         if body is None:
             return None, None
         if self._request_decoded is not None:
@@ -274,7 +274,7 @@ class ExchangeRows:
         decoded, why = decode_body(body, self._request_encoding, self._max_decoded)
         if why is not None:
             self.summary.undecoded = why
-            if self._redactor.json_pointers:
+            if self._redactor.changes_body(self._request_type):
                 self._request_error = f"request body: {why}: it is not stored, since it could not be redacted"
                 return None, None
             self._request_error = f"request body: {why}: it is stored as sent"
@@ -285,10 +285,10 @@ class ExchangeRows:
     def _given_body(self, body: bytes) -> tuple[bytes | None, str | None]:
         """A request body given as a log keeps it: decoded already (redacted as decoded
         bodies are), or kept as sent (its error, that it could not be decoded, is given
-        with it: when JSON fields are to be redacted it is not stored, as then)."""
+        with it: when redaction could change it it is not stored, as then)."""
         if self._request_decoded != AS_SENT:
             return self._redactor.body_bytes(body, self._request_type), self._request_decoded
-        if self._redactor.json_pointers:
+        if self._redactor.changes_body(self._request_type):
             self._request_error = (
                 "request body: kept as sent: it is not stored, since it could not be redacted"
             )

@@ -22,18 +22,27 @@ MAX_NAME = 255  # bytes (UTF-8) in a stream's or consumer's name: the servers re
 
 
 def parse_servers(url: str) -> list[str]:
-    """``nats://HOST:PORT[,HOST:PORT...]`` as one URL per server."""
+    """``nats://HOST:PORT[,HOST:PORT...]`` as one URL per server. A usage error quotes
+    them without the user and password they may carry."""
     if not url.startswith(("nats://", "tls://")):
-        raise UsageError(f"{url!r} is not a NATS URL: nats://HOST:PORT[,HOST:PORT...]")
+        raise UsageError(f"{_quoted(url)!r} is not a NATS URL: nats://HOST:PORT[,HOST:PORT...]")
     scheme, _, rest = url.partition("://")
     hosts = [h.strip() for h in rest.split(",") if h.strip()]
     if not hosts:
         raise UsageError(f"{url!r} names no server: nats://HOST:PORT[,HOST:PORT...]")
+    servers = [f"{scheme}://{h}" for h in hosts]
     for host in hosts:
-        _, colon, port = host.rsplit("@", 1)[-1].rpartition(":")  # (after any user:password@)
+        address = host.rsplit("@", 1)[-1]  # (after any user:password@)
+        _, colon, port = address.rpartition(":")
         if colon and not (port.isdigit() and 0 < int(port) <= 65535) and not host.endswith("]"):
-            raise UsageError(f"{url!r}: {host!r} is not HOST:PORT with a port from 1 to 65535")
-    return [f"{scheme}://{h}" for h in hosts]
+            raise UsageError(f"{shown(servers)!r}: {address!r} is not HOST:PORT with a port from 1 to 65535")
+    return servers
+
+
+def _quoted(url: str) -> str:
+    """A URL that is no NATS URL as a usage error quotes it: without user and password, also
+    when no scheme comes before them (``alice:pw@host:4222``)."""
+    return hide_credentials(url) if "://" in url else url.rpartition("@")[2]
 
 
 def shown(servers: list[str]) -> str:

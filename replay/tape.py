@@ -182,6 +182,10 @@ class Tape:
         out of the run (``-k``, a node id, a file not run)."""
         return [r for r in self.unused if r.recorded_by is None or r.recorded_by in tests or self._left(r)]
 
+    def _line(self, recorded: Recorded) -> str:
+        """``recorded``'s request line as a miss shows it: no credential's value."""
+        return self.server.recordings.shown.request_line(recorded)
+
     def _left(self, recorded: Recorded) -> bool:
         """Whether ``recorded`` was left by a test that is gone."""
         return recorded.recorded_by is not None and self.gone(recorded.recorded_by)
@@ -296,7 +300,7 @@ class Tape:
         ]
         if unused and self.strict and not self.recording:
             lines += [
-                f"recorded but never requested: {r.request_line} ({r.origin})"
+                f"recorded but never requested: {self._line(r)} ({r.origin})"
                 + (f", by {r.recorded_by}, which is no test any more" if self._left(r) else "")
                 for r in self.unused_own
             ]
@@ -312,7 +316,7 @@ class Tape:
         where they broke off when recorded (a client that left a stream, the test having
         failed, records it so). None when there is nothing to say."""
         lines = [
-            f"{r.request_line} ({r.origin}) was recorded cut short ({r.outcome}): its replay breaks "
+            f"{self._line(r)} ({r.origin}) was recorded cut short ({r.outcome}): its replay breaks "
             "off at the same byte; if the test failed while recording it, record it again"
             for r in self.cut_short
         ]

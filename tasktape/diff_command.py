@@ -13,8 +13,9 @@ from tasktape.counted import counted
 from tasktape.errors import TasktapeError, UsageError
 from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.redact import Redactor
 from tasktape.replay.diff import Aspect, Difference, Report, Tolerance, diff_recordings
-from tasktape.replay.matching import MatchRules
+from tasktape.replay.matching import MatchRules, Shown
 from tasktape.replay.pairing import Run
 from tasktape.replay.source import load
 
@@ -43,10 +44,19 @@ def _where(run: Run) -> str:
     return origin if n == 1 else f"{origin} (last of {n} identical requests)"
 
 
-def _head(run: Run) -> str:
+def _requests(recorded: list[Recorded]) -> Shown:
+    """What the report shows of requests, as replay's misses do: no value of the redaction
+    defaults' names, nor of a name either recording holds a redacted value of."""
+    requests = Shown.of(Redactor())
+    for r in recorded:
+        requests = requests.learned(r)
+    return requests
+
+
+def _head(run: Run, requests: Shown) -> str:
     first = run.first
     what = " ".join(filter(None, (first.protocol, first.operation)))
-    return first.recorded.request_line + (f" ({what})" if what else "")
+    return requests.request_line(first.recorded) + (f" ({what})" if what else "")
 
 
 def _value(value: Any) -> str:
@@ -80,17 +90,17 @@ def _lines(d: Difference) -> list[str]:
     return [f"  {label}: {_value(d.a)} -> {_value(d.b)}"]
 
 
-def _human(report: Report) -> None:
+def _human(report: Report, requests: Shown) -> None:
     # Requests, answers and deltas as recorded: shown as a console shows them.
     for p in report.pairs:
         if p.differences:
-            click.echo(shown(f"{_head(p.a)}  {_where(p.a)} ~ {_where(p.b)}"))
+            click.echo(shown(f"{_head(p.a, requests)}  {_where(p.a)} ~ {_where(p.b)}"))
             for d in p.differences:
                 for line in _lines(d):
                     click.echo(shown(line))
     for label, runs in (("A", report.only_a), ("B", report.only_b)):
         for run in runs:
-            click.echo(shown(f"only in {label}: {_head(run)}  {_where(run)}"))
+            click.echo(shown(f"only in {label}: {_head(run, requests)}  {_where(run)}"))
     differ = sum(1 for p in report.pairs if p.differences)
     click.echo(
         ("\n" if report.differs else "")
@@ -99,10 +109,10 @@ def _human(report: Report) -> None:
     )
 
 
-def _side(run: Run) -> dict[str, Any]:
+def _side(run: Run, requests: Shown) -> dict[str, Any]:
     first = run.first
     return {
-        "request": first.recorded.request_line,
+        "request": requests.request_line(first.recorded),
         "protocol": first.protocol,
         "operation": first.operation,
         "exchanges": [m.recorded.origin for m in run.members],
@@ -118,22 +128,22 @@ def _difference(d: Difference) -> dict[str, Any]:
     return {"aspect": str(d.aspect), "field": d.field, "a": a, "b": b, "diff": list(d.diff)}
 
 
-def _json(report: Report, a: Path, b: Path, tolerance: Tolerance) -> None:
+def _json(report: Report, a: Path, b: Path, tolerance: Tolerance, requests: Shown) -> None:
     doc = {
         "a": str(a),
         "b": str(b),
         "time_tolerance": {"percent": tolerance.percent, "ms": tolerance.ms},
         "pairs": [
             {
-                "a": _side(p.a),
-                "b": _side(p.b),
+                "a": _side(p.a, requests),
+                "b": _side(p.b, requests),
                 "differs": bool(p.differences),
                 "differences": [_difference(d) for d in p.differences],
             }
             for p in report.pairs
         ],
-        "only_in_a": [_side(run) for run in report.only_a],
-        "only_in_b": [_side(run) for run in report.only_b],
+        "only_in_a": [_side(run, requests) for run in report.only_a],
+        "only_in_b": [_side(run, requests) for run in report.only_b],
         "summary": {
             "pairs": len(report.pairs),
             "differ": sum(1 for p in report.pairs if p.differences),
@@ -185,10 +195,12 @@ def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...],
         tolerance = Tolerance.parse(tolerances)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--time-tolerance") from None
-    report = diff_recordings(_load(a, "A"), _load(b, "B"), tolerance, MatchRules.of(ignore))
+    recorded_a, recorded_b = _load(a, "A"), _load(b, "B")
+    requests = _requests([*recorded_a, *recorded_b])
+    report = diff_recordings(recorded_a, recorded_b, tolerance, MatchRules.of(ignore))
     if as_json:
-        _json(report, a, b, tolerance)
+        _json(report, a, b, tolerance, requests)
     else:
-        _human(report)
+        _human(report, requests)
     if report.differs:
         raise SystemExit(1)

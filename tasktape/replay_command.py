@@ -21,6 +21,7 @@ from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
 from tasktape.replay.kept import times
+from tasktape.replay.matching import Shown
 from tasktape.replay.modes import NOTHING_REPLAYED
 
 from .counted import counted
@@ -164,11 +165,11 @@ def replay(
         recorded = load(list(sources), _warn)
     except TasktapeError as exc:  # (what is wrong with a cassette names what it holds)
         raise click.BadParameter(shown(str(exc)), param_hint="SOURCE") from None
-    under_way = cut_at_log_end(recorded)
     writer = None
     if mode is not ReplayMode.REPLAY and not upstream:
         raise click.BadParameter(f"mode {mode.value} needs --upstream", param_hint="--upstream")
     redactor = Redactor(redact_header, redact_json, query=redact_query)
+    under_way = cut_at_log_end(recorded, Shown.of(redactor))
     if upstream:
         try:
             upstream_url(upstream, redactor)
@@ -284,16 +285,16 @@ def _left_out(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT)
 
 
-def cut_at_log_end(recorded: list[Recorded]) -> list[Recorded]:
+def cut_at_log_end(recorded: list[Recorded], requests: Shown) -> list[Recorded]:
     """The exchanges a log held no end of when it was read (a recorder still writes them, or
     was killed), cut short where the log stops, as every reader of a log takes them: they break
-    off there, as a recording cut short does. Said as they load."""
+    off there, as a recording cut short does. Said as they load, as ``requests`` shows them."""
     under_way = at_log_end(recorded)
     for r in under_way:
         click.echo(
             shown(
-                f"tasktape replay: {r.origin} ({r.request_line}) has no end in the log yet: replayed as "
-                f"cut short there ({Outcome.LOG_CLOSED})"
+                f"tasktape replay: {r.origin} ({requests.request_line(r)}) has no end in the log yet: "
+                f"replayed as cut short there ({Outcome.LOG_CLOSED})"
             ),
             err=True,
         )
@@ -302,8 +303,10 @@ def cut_at_log_end(recorded: list[Recorded]) -> list[Recorded]:
 
 def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
     """What was served, what missed, what was refused, which faults requests asked for
-    were not made, which recordings were never used, and which the log held no end of."""
+    were not made, which recordings were never used, and which the log held no end of;
+    requests with no credential's value, as the misses show them."""
     stats = server.stats
+    requests = server.recordings.shown
     lines = [
         f"tasktape replay: {stats.served:,} served, {stats.misses.total:,} missed"
         + (f", {stats.refusals.total:,} refused" if stats.refusals.total else "")
@@ -323,11 +326,11 @@ def report(server: ReplayServer, under_way: list[Recorded]) -> list[str]:
     if unused:
         were = "was" if len(unused) == 1 else "were"
         lines.append(f"  {counted(len(unused), 'recorded exchange')} {were} never used:")
-        lines += [f"    {r.request_line} ({r.origin})" for r in unused]
+        lines += [f"    {requests.request_line(r)} ({r.origin})" for r in unused]
     if under_way:
         lines.append(
             f"  {counted(len(under_way), 'recorded exchange')} the log held no end of when it was read, "
             f"replayed cut short there ({Outcome.LOG_CLOSED}):"
         )
-        lines += [f"    {r.request_line} ({r.origin})" for r in under_way]
+        lines += [f"    {requests.request_line(r)} ({r.origin})" for r in under_way]
     return lines + fidelity.summary(server.fidelity)

@@ -552,6 +552,42 @@ def test_exchanges_in_one_recording_alone_are_listed(tmp_path: Path) -> None:
     }
 
 
+def test_requests_are_listed_without_a_credential_s_query_value(tmp_path: Path) -> None:
+    """The requests of the pairs and of exchanges in one recording alone were printed with
+    their query as recorded (a cassette written by hand with ?key=...), in text and JSON; a
+    replay's miss hides those values, and the names either recording holds redacted."""
+
+    def asked(path: str, query: str, status: int) -> list[dict[str, Any]]:
+        lines = json_exchange("GET", path, None, {"ok": True})
+        lines[0]["exchange"]["request"]["query"] = query
+        lines[0]["exchange"]["response"]["status"] = status
+        return lines
+
+    a = cassette(
+        tmp_path / "a.jsonl",
+        [*asked("/items", "key=sk-live-8&page=1", 200), *asked("/poll", "sess=sk-live-9", 200)],
+    )
+    b = cassette(
+        tmp_path / "b.jsonl",
+        [*asked("/other", "token=sk-live-10", 200), *asked("/poll", "sess=[REDACTED]", 503)],
+    )
+    result = diff(a, b)
+    assert result.exit_code == 1 and "sk-live" not in result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "GET /poll?sess=[REDACTED]  a.jsonl:5 ~ b.jsonl:5"
+    assert lines[-4:-2] == [
+        "only in A: GET /items?key=[REDACTED]&page=1  a.jsonl:2",
+        "only in B: GET /other?token=[REDACTED]  b.jsonl:2",
+    ]
+    _, doc = diff_json(a, b)
+    assert "sk-live" not in json.dumps(doc)
+    assert [side["request"] for side in (doc["pairs"][0]["a"], doc["only_in_a"][0], doc["only_in_b"][0])] == [
+        "GET /poll?sess=[REDACTED]",
+        "GET /items?key=[REDACTED]&page=1",
+        "GET /other?token=[REDACTED]",
+    ]
+
+
 def test_recorded_text_is_printed_with_its_control_characters_escaped(tmp_path: Path) -> None:
     """An answer is the agent's text: in a diff line, its ESC, BEL or NUL would set the
     terminal's title or clear it (color=True: printed as to a terminal)."""

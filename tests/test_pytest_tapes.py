@@ -185,6 +185,55 @@ def test_a_miss_names_its_tape_and_the_unnamed_tape_goes_along(project: pytest.P
     )
 
 
+def test_what_a_tape_says_of_its_recordings_hides_the_values_its_misses_hide(
+    project: pytest.Pytester,
+) -> None:
+    """Strict mode's "recorded but never requested" and the note of a recording cut short
+    printed their query as recorded (a cassette written by hand with ?key=..., a value of
+    redact_query's mode), though a miss beside them hid those values."""
+    exchange = (
+        '{{"exchange": {{"request": {{"method": "GET", "path": "{}", "query": "{}"}}, '
+        '"response": {{"status": 200, "headers": [["Content-Type", "text/plain"]]}}}}}}'
+    )
+    chunk = '{"chunk": {"offset_ms": 1, "text": "part"}}'
+    lines = [
+        '{"tasktape_cassette": 2}',
+        exchange.format("/a", "key=sk-live-5&mode=sk-live-6&page=2"),
+        chunk,
+        '{"end": {"duration_ms": 2, "outcome": "complete"}}',
+        exchange.format("/b", "mode=sk-live-7"),
+        chunk,
+        '{"end": {"duration_ms": 2, "outcome": "upstream_disconnected"}}',
+        "",
+    ]
+    (project.path / "cassettes" / "by_hand.jsonl").write_text("\n".join(lines))
+    project.makepyfile(
+        test_hidden="""
+        import urllib.request
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/by_hand.jsonl", redact_query=["mode"], strict=True)
+        def test_asks_for_b(tasktape):
+            try:
+                urllib.request.urlopen(tasktape.url + "/b?mode=sk-live-7").read()
+            except Exception:
+                pass
+            assert 0, "the test fails"
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "recorded but never requested: GET /a?key=[[]REDACTED]&mode=[[]REDACTED]&page=2"
+            " (by_hand.jsonl:2)",
+            "GET /b?mode=[[]REDACTED] (by_hand.jsonl:5) was recorded cut short (upstream_disconnected)*",
+        ]
+    )
+    out = result.stdout.str()
+    assert "sk-live-5" not in out and "sk-live-6" not in out and "GET /b?mode=sk-live-7" not in out
+
+
 def test_new_episodes_of_one_upstream_replay_the_others(
     project: pytest.Pytester, upstreams: Upstreams
 ) -> None:

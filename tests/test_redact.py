@@ -545,6 +545,46 @@ async def test_form_fields_are_redacted_by_the_query_parameters_names(record: Re
     assert_secret_nowhere(rec.db)
 
 
+async def test_a_form_that_cannot_be_decoded_is_not_stored_by_default(record: RecordFactory) -> None:
+    """A form under a Content-Encoding the log cannot decode (x-custom, zstd, or gzip on
+    bytes that are no gzip) cannot have its fields redacted: with no redaction option given
+    it was stored as sent, password and all. It is not stored; a body no redaction changes
+    (plain text) is still kept as sent."""
+    received: list[bytes] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application(handler_args={"auto_decompress": False})  # (gzip that is no gzip, as sent)
+    app.router.add_post("/token", answer)
+    rec = await record(app)
+    form = f"grant_type=password&password={SECRET}&client_secret={SECRET}".encode()
+    boundary = "formB"
+    sent = [
+        (form, "application/x-www-form-urlencoded", "x-custom"),
+        (form, "application/x-www-form-urlencoded", "gzip"),
+        (
+            multipart(boundary, [("user", "ann"), ("password", SECRET)]),
+            f"multipart/form-data; boundary={boundary}",
+            "zstd",
+        ),
+        (b"password=plain", "text/plain", "x-custom"),
+    ]
+    for body, content_type, encoding in sent:
+        headers = {"Content-Type": content_type, "Content-Encoding": encoding}
+        async with rec.session.post(f"{rec.url}/token", data=body, headers=headers) as r:
+            assert r.status == 200
+    assert received == [body for body, _, _ in sent]  # the agent got them as sent
+    with await rec.log() as log:
+        stored = [(x["request_body"], x["error"]) for x in log.exchanges()]
+    withheld = "it is not stored, since it could not be redacted"
+    assert [body for body, _ in stored] == [None, None, None, "password=plain"]
+    assert [withheld in error for _, error in stored] == [True, True, True, False]
+    assert "cannot decode Content-Encoding x-custom: it is stored as sent" in stored[3][1]
+    assert_secret_nowhere(rec.db)
+
+
 async def test_json_pointers_reach_every_message_of_a_json_rpc_batch(record: RecordFactory) -> None:
     """A batch is an array: ``/params/apiKey`` names no field of it, but one of each request."""
     batch = [

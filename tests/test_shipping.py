@@ -18,11 +18,13 @@ import nats.errors
 import nats.js.errors
 import pytest
 from a2a_frames import completed_run, sse
+from click.testing import CliRunner
 from fleet_runs import collect_until, raw_messages, raw_rows, ship_once, stream_messages
 from log_rows import MS, SSE, shipped_rows, write_log
 from loopback import running, serve, stop, upstream_app
 from nats_servers import NatsCluster
 
+from tasktape.cli import main
 from tasktape.errors import UsageError
 from tasktape.eventlog import LogWriter
 from tasktape.fleet.jetstream import failure
@@ -342,6 +344,24 @@ def test_a_server_list_names_its_ports() -> None:
     assert parse_servers("nats://user:pw@a:4222,b") == ["nats://user:pw@a:4222", "nats://b"]
     with pytest.raises(UsageError, match="'a:notaport' is not HOST:PORT with a port from 1 to 65535"):
         parse_servers("nats://a:notaport")
+
+
+def test_a_bad_server_list_is_said_without_its_password(tmp_path: Path) -> None:
+    """A usage error of --ship or --from quoted the URL as given, password and all."""
+    upstream = ["record", "--upstream", "http://127.0.0.1:9", "--db", str(tmp_path / "r.db"), "--ship"]
+    runs = [
+        ([*upstream, "nats://alice:pw-n1@127.0.0.1:42x22"], "'nats://127.0.0.1:42x22': '127.0.0.1:42x22' is"),
+        ([*upstream, "nat://alice:pw-n2@127.0.0.1:4222"], "'nat://127.0.0.1:4222' is not a NATS URL"),
+        ([*upstream, "alice:pw-n3@127.0.0.1:4222"], "'127.0.0.1:4222' is not a NATS URL"),
+        (
+            ["collect", "--db", str(tmp_path / "c.db"), "--from", "nats://a:4222,alice:pw-n4@127.0.0.1:4x"],
+            "'nats://a:4222,nats://127.0.0.1:4x': '127.0.0.1:4x' is not HOST:PORT",
+        ),
+    ]
+    for args, said in runs:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert "pw-" not in result.output and "alice" not in result.output
 
 
 def test_a_message_bigger_than_a_server_takes_goes_in_halves_that_fit() -> None:
