@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import sqlite3
+from typing import Any
 
 from .exchange_rows import event_columns
 from .protocols import ProtocolName, recognise_exchange
@@ -26,20 +27,37 @@ _UPDATE_EXCHANGE = (
 _LATER_COLUMNS = ("tool_calls", "cached_input_tokens")
 
 
+_SELECT_EXCHANGES = (
+    "SELECT id, method, path, request_headers, request_body, response_headers, response_body, is_sse,"
+    " binding, rpc_method FROM exchanges"
+)
+# A2A exchanges whose events carry usage that their summary has no token count of: the
+# writers of early schema 7 logs read only snake_case keys, not $usage's camelCase ones.
+_A2A_USAGE_UNREAD = (
+    " WHERE protocol = 'a2a' AND (input_tokens IS NULL OR output_tokens IS NULL)"
+    " AND EXISTS (SELECT 1 FROM events e WHERE e.exchange_id = exchanges.id AND e.usage IS NOT NULL)"
+)
+
+
 def reread_log(conn: sqlite3.Connection, protocols: tuple[str, ...] = ()) -> None:
     """Read every exchange of the log again (in the caller's transaction); or only those
     of ``protocols``. What it writes of the summary is what the log has columns for (a
     migration runs it on the schema of its time)."""
+    only = f" WHERE protocol IN ({', '.join('?' * len(protocols))})" if protocols else ""
+    _reread(conn, conn.execute(f"{_SELECT_EXCHANGES}{only} ORDER BY id", protocols).fetchall())
+
+
+def reread_a2a_usage(conn: sqlite3.Connection) -> None:
+    """Read again the A2A exchanges whose token counts their events' usage was not read
+    for (the others are left as they are: most A2A streams carry no usage)."""
+    _reread(conn, conn.execute(f"{_SELECT_EXCHANGES}{_A2A_USAGE_UNREAD} ORDER BY id").fetchall())
+
+
+def _reread(conn: sqlite3.Connection, exchanges: list[tuple[Any, ...]]) -> None:
     texts_changed = False
     columns = {row[1] for row in conn.execute("PRAGMA table_info(exchanges)")}
     later = [c for c in _LATER_COLUMNS if c in columns]
     update_exchange = _UPDATE_EXCHANGE.format("".join(f", {c} = ?" for c in later))
-    only = f" WHERE protocol IN ({', '.join('?' * len(protocols))})" if protocols else ""
-    exchanges = conn.execute(
-        "SELECT id, method, path, request_headers, request_body, response_headers, response_body, is_sse,"
-        f" binding, rpc_method FROM exchanges{only} ORDER BY id",
-        protocols,
-    ).fetchall()
     for (
         x_id,
         method,

@@ -8,6 +8,8 @@ from the schema the migrations build (``new_log``), at a tenth of their cost.
 
 from __future__ import annotations
 
+import os
+import pwd
 import shlex
 import sqlite3
 import time
@@ -24,10 +26,10 @@ from tasktape.errors import LogError, SchemaTooNew, SchemaTooOld, UsageError
 
 from . import new_log
 from .a2a_terms import V03_STATES
-from .file_kinds import FileKind, damage_note, is_cassette, kind_of, read_only_uri
+from .file_kinds import FileKind, damage_note, is_cassette, kind_of, read_only_uri, result_code
 from .requests import SUBSCRIBE_METHODS
 from .resumes import ResumeOutcome, ResumeSide
-from .writer_lock import release_writer_lock, take_writer_lock
+from .writer_lock import refuse_writer_of_0_1_0, release_writer_lock, take_writer_lock
 
 migrations = Migrations("tasktape")
 MigrationFn = Callable[[sqlite_utils.Database], None]
@@ -913,6 +915,19 @@ def _task_views_of_what_was_sent(db: sqlite_utils.Database) -> None:
     db.create_view("stream_summary", STREAM_SUMMARY_21.strip(), replace=True)
 
 
+@_migration("0022_a2a_usage_openai_and_mcp_texts")
+def _a2a_usage_openai_and_mcp_texts(db: sqlite_utils.Database) -> None:
+    # Read again what the readers read otherwise now: an A2A stream's usage in $usage's own
+    # camelCase (early schema 7 logs left its token counts empty), and an OpenAI chunk's
+    # event text, which holds its reasoning and its other choices' text beside its piece of
+    # the answer (searchable); an MCP event that holds a JSON-RPC batch, read message by
+    # message.
+    from .reread import reread_a2a_usage, reread_log  # noqa: PLC0415 (as in 0007)
+
+    reread_a2a_usage(db.conn)
+    reread_log(db.conn, ("openai", "mcp"))
+
+
 SCHEMA_VERSION = len(KNOWN)
 
 # The writer's catch-up of the full-text index: the text of the events after the last one
@@ -978,8 +993,39 @@ def open_db(
         db = sqlite_utils.Database(conn)
         _check_and_upgrade(db, path, readonly=readonly)
     except sqlite3.DatabaseError as exc:
-        raise LogError(f"cannot open {path} as an event log: {exc}{damage_note(path, exc)}") from exc
+        note = damage_note(path, exc) or _side_files_note(path, exc)
+        raise LogError(f"cannot open {path} as an event log: {exc}{note}") from exc
     return db
+
+
+def _side_files_note(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """What an error writing the log adds when its cause is the log's side files (``-wal``,
+    ``-shm``): made by a read of the log as another user (SQLite gives them the log's
+    mode), this user cannot write them, and SQLite says only "readonly database"."""
+    if result_code(exc) != sqlite3.SQLITE_READONLY:
+        return ""
+    real = Path(os.path.realpath(path))  # (SQLite makes them beside the file a link names)
+    sides = [real.with_name(real.name + suffix) for suffix in ("-wal", "-shm")]
+    unwritable = [side for side in sides if side.exists() and not os.access(side, os.W_OK)]
+    if not unwritable:
+        return ""
+    owners = ", ".join(dict.fromkeys(_owner(side) for side in unwritable))
+    said = f": its side files {', '.join(str(side) for side in unwritable)} belong to {owners}, "
+    wal = sides[0]
+    if wal.exists() and wal.stat().st_size:  # it may hold committed rows: never to be removed
+        return said + "and this user cannot write them: their owner (or root) can give them to this user"
+    return said + (
+        "who read the log, and this user cannot write them: once no process has the log open, "
+        "they can be removed (the -wal is empty; SQLite makes them anew)"
+    )
+
+
+def _owner(path: Path) -> str:
+    uid = path.stat().st_uid
+    try:
+        return f"the user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:  # (a uid without a name here)
+        return f"uid {uid}"
 
 
 def _check_and_upgrade(db: sqlite_utils.Database, path: Path, *, readonly: bool) -> None:
@@ -1022,6 +1068,8 @@ def _make_or_upgrade(db: sqlite_utils.Database, path: Path, applied: list[str]) 
         # before the transaction, in which SQLite no longer changes it; a database that
         # is not empty keeps its own.)
         db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    else:  # (whoever upgrades it, with the writer lock or before taking it, as merge does)
+        refuse_writer_of_0_1_0(path)
     db.execute("BEGIN EXCLUSIVE")
     try:
         applied = _applied(db, path)  # again, under the lock: another may have made it

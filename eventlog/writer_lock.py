@@ -33,8 +33,51 @@ def take_writer_lock(path: Path, *, shared: bool = False) -> int:
         holder = _holder(fd)
         os.close(fd)
         raise LogBusy(f"{path} is being written by {holder}") from None
+    try:
+        refuse_writer_of_0_1_0(path)
+    except LogError:
+        os.close(fd)
+        raise
     _HELD[fd] = (_file_id(fd), os.getpid())
     return fd
+
+
+def refuse_writer_of_0_1_0(path: Path) -> None:
+    """A LogBusy while a writer of tasktape 0.1.0 (schema versions 5 and 6) writes the log:
+    it locked ``<log>-lock`` (flock, exclusive), not the log, so this writer would write
+    beside it, or upgrade the log under it (after which it loses every later exchange).
+    Only a file that is there is looked at (none is made), and only for a moment: such a
+    writer cannot open a log once it is upgraded."""
+    for lock_path in dict.fromkeys((_lock_of_0_1_0(path), _lock_of_0_1_0(path.resolve()))):
+        _refuse_if_held(path, lock_path)
+
+
+def _refuse_if_held(path: Path, lock_path: Path) -> None:
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)  # (flock needs no write access)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise LogError(
+            f"cannot open {lock_path}, the lock of tasktape 0.1.0's writers of {path} "
+            f"({exc.strerror}): remove it if no such writer is running"
+        ) from None
+    try:
+        # Shared: others looking at once do not refuse each other; the writer's exclusive
+        # lock refuses them all.
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LogBusy(
+            f"{path} is being written by another tasktape writer (of tasktape 0.1.0, which holds {lock_path})"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def _lock_of_0_1_0(path: Path) -> Path:
+    """The file tasktape 0.1.0's writer of the log named ``path`` locked: named after the
+    path it was given (a link's beside the link)."""
+    return path.with_name(path.name + "-lock")
 
 
 def _file_id(fd: int) -> tuple[int, int]:

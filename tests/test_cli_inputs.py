@@ -283,6 +283,54 @@ def test_upgrade_of_an_older_log_being_written_fails_not_as_bad_input(tmp_path: 
     assert "is being written by another tasktape writer" in result.output
 
 
+# A writer of tasktape 0.1.0 (schema versions 5 and 6), as far as its lock goes: an exclusive
+# flock on <log>-lock (made if missing), held until its standard input closes.
+_WRITER_OF_0_1_0 = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("upgrade", "{log}"), ("import", str(COMPLETED), "--db", "{log}"), ("merge", "{other}", "-o", "{log}")],
+    ids=lambda args: args[0],
+)
+def test_a_log_a_writer_of_0_1_0_still_writes_is_left_alone(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """tasktape 0.1.0 locked ``<log>-lock``, not the log: while a recorder of that version
+    holds it, the log is neither upgraded nor written, as under a writer of this version."""
+    old, other = older_log(tmp_path / "old.db"), tmp_path / "other.db"
+    assert run("import", COMPLETED, "--db", other).exit_code == 0
+    command = [arg.format(log=old, other=other) for arg in args]
+    with subprocess.Popen(
+        [sys.executable, "-c", _WRITER_OF_0_1_0, f"{old}-lock"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as writer:
+        assert writer.stdout is not None and writer.stdout.readline() == "locked\n"
+        result = run(*command)
+        writer.communicate("")  # (its input closed: it ends, and its lock with it)
+    assert result.exit_code == 1, result.output
+    assert f"{old} is being written by another tasktape writer (of tasktape 0.1.0" in result.output
+    assert len(query(old, "SELECT name FROM _sqlite_migrations")) == 3  # not upgraded
+    # Its writer gone (its lock file left behind, as a killed one leaves it), the log is taken.
+    assert run(*command).exit_code == 0
+    assert query(old, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+
+
+def test_a_writer_makes_no_lock_file_of_0_1_0(tmp_path: Path) -> None:
+    """The ``<log>-lock`` file is looked at only where a writer of tasktape 0.1.0 left one."""
+    old = older_log(tmp_path / "old.db")
+    assert run("upgrade", old).exit_code == 0
+    with LogWriter(old):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("old.db-")) == []
+
+
 def test_import_and_merge_say_what_they_did_on_standard_error(tmp_path: Path) -> None:
     """Standard output stays for data (as export -o - writes there): status lines go to
     standard error, for import and merge as for export."""

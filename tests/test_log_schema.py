@@ -12,9 +12,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlite_utils
@@ -267,6 +268,80 @@ def test_a_log_of_schema_20_reads_its_task_views_anew_once_upgraded(tmp_path: Pa
     old.close()
 
 
+def _stream(w: LogWriter, cap: int, path: str, body: dict[str, object], events: list[bytes]) -> None:
+    x = w.begin_exchange(
+        cap,
+        method="POST",
+        path=path,
+        request_headers=[("content-type", "application/json")],
+        request_body=json.dumps(body).encode(),
+    )
+    w.response_head(x, status=200, headers=[("content-type", "text/event-stream")], is_sse=True, ttfb_ns=1)
+    for data in events:
+        w.chunk(x, 5, b"data: " + data.encode() + b"\n\n")
+    w.end_exchange(x, duration_ns=9)
+
+
+def _chat_chunk(*deltas: dict[str, str]) -> str:
+    choices = [{"index": i, "delta": delta, "finish_reason": None} for i, delta in enumerate(deltas)]
+    return json.dumps({"object": "chat.completion.chunk", "model": "gpt-x", "choices": choices})
+
+
+def test_a_log_of_schema_21_reads_a2a_usage_and_openai_texts_anew_once_upgraded(tmp_path: Path) -> None:
+    """0022 reads again what the readers read otherwise now: an A2A stream's $usage in
+    camelCase (early schema 7 logs left its token counts empty) and an OpenAI chunk's
+    reasoning and other choices' text beside choice 0's piece (its event held that alone)."""
+    new = tmp_path / "new.db"
+    usage = {"model": "m", "inputTokens": 100, "outputTokens": 20, "cachedInputTokens": 64}
+    done = {"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_COMPLETED"}}}
+    with LogWriter(new) as w:
+        cap = w.begin_capture(source="test")
+        _stream(w, cap, "/message:stream", {}, [json.dumps({"task": {"id": "t", "status": {}}})])
+        done["statusUpdate"]["metadata"] = {"$usage": usage}
+        _stream(w, cap, "/message:stream", {}, [json.dumps(done)])
+        chat = {"model": "gpt-x", "n": 2, "stream": True, "messages": []}
+        _stream(
+            w,
+            cap,
+            "/v1/chat/completions",
+            chat,
+            [
+                _chat_chunk({"reasoning_content": "pondering", "content": "The"}),
+                _chat_chunk({"content": " answer"}, {"content": "Another"}),
+            ],
+        )
+    old = sqlite_utils.Database(tmp_path / "old.db")
+    migrations.apply(old, stop_before="0022_a2a_usage_openai_and_mcp_texts")
+    old.execute("PRAGMA user_version = 21")
+    old.execute("ATTACH DATABASE ? AS new", [str(new)])
+    for table in ("captures", "exchanges", "stored_chunks", "events"):
+        old.execute(f"INSERT INTO main.{table} SELECT * FROM new.{table}")
+    # As their writers left them: no A2A token counts, an OpenAI event's text choice 0's piece.
+    old.execute("UPDATE exchanges SET input_tokens = NULL, output_tokens = NULL")
+    old.execute(
+        "UPDATE events SET text = (CASE seq WHEN 0 THEN 'The' ELSE ' answer' END) WHERE exchange_id = 3"
+    )
+    old.execute("INSERT INTO events_fts (events_fts) VALUES ('rebuild')")
+    old.conn.commit()
+    old.execute("DETACH DATABASE new")
+
+    def read() -> tuple[object, ...]:
+        tokens = old.execute("SELECT input_tokens, output_tokens FROM stream_summary")
+        texts = old.execute("SELECT text FROM events WHERE exchange_id = 3 ORDER BY seq")
+        found = old.execute("SELECT rowid FROM events_fts WHERE events_fts MATCH 'pondering OR another'")
+        return tokens.fetchall(), [t for (t,) in texts], len(found.fetchall())
+
+    assert read() == ([(None, None)] * 3, ["The", " answer"], 0)
+    old.close()
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path / "old.db")])
+    assert f"schema version 21 went to {SCHEMA_VERSION}" in result.output, result.output
+    old = sqlite_utils.Database(tmp_path / "old.db")
+    # (the A2A stream without usage, and the OpenAI one without counts, have none)
+    texts = ["pondering\nThe", " answer\nAnother"]
+    assert read() == ([(None, None), (100, 20), (None, None)], texts, 2)
+    old.close()
+
+
 def test_a_newer_log_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     open_db(path).close()
@@ -449,27 +524,37 @@ def _run(args: list[str], *, as_nobody: bool = False) -> tuple[int, str]:
     """``tasktape ARGS``'s exit status and output. ``as_nobody`` (as root, who writes in any
     folder): in a child process that has become nobody first, having loaded all it needs."""
     if not as_nobody:
-        result = CliRunner().invoke(main, args)
-        return result.exit_code, result.output
+        return _invoke(args)
+    code, output = _as_user(NOBODY, lambda: _invoke(args))
+    return code, output
+
+
+def _invoke(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.output
+
+
+def _as_user(uid: int, call: Callable[[], Any]) -> Any:
+    """What ``call`` returns (as JSON), called in a child process that has become the user
+    ``uid`` (and its group) first: as root alone."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its answer through the pipe, then gone without pytest's exit
         try:
             os.close(read)
             os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            result = CliRunner().invoke(main, args)
+            os.setgid(uid)
+            os.setuid(uid)
+            answer = call()
             with os.fdopen(write, "w") as out:
-                json.dump([result.exit_code, result.output], out)
+                json.dump(answer, out)
         finally:
             os._exit(0)
     os.close(write)
     with os.fdopen(read) as answer:
         said = answer.read()
     os.waitpid(pid, 0)
-    code, output = json.loads(said)
-    return code, output
+    return json.loads(said)
 
 
 NOBODY = 65534
@@ -568,6 +653,41 @@ def test_a_log_another_may_still_write_in_a_folder_read_only_to_this_user_is_ref
     assert code == 2, output
     assert f"which it cannot make in {folder} (read-only for this user)" in output, output
     assert "may still be written by another" in output and "chmod a-w" in output, output
+
+
+OWNER = 4242  # a user of no name, who owns the log
+
+
+def _older_log_in_wal_mode(path: Path) -> None:
+    db = sqlite_utils.Database(path)
+    db.enable_wal()
+    migrations.apply(db, stop_before="0004_search_and_findings")
+    db.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs two users, which only root can be in turn")
+def test_side_files_another_user_left_are_named_when_they_stop_an_upgrade(tmp_path: Path) -> None:
+    """A read of the log as another user (upgrade --dry-run) leaves its -wal and -shm
+    files, theirs and read-only to its owner, whose upgrade SQLite then refuses as "attempt
+    to write a readonly database": the error names them and whose they are."""
+    warm = tmp_path / "warm.db"  # (what each command loads is loaded before a child becomes a user)
+    _older_log_in_wal_mode(warm)
+    _run(["upgrade", "--dry-run", str(warm)])
+    _run(["upgrade", str(warm)])
+    top = Path(tempfile.mkdtemp())  # (not under pytest's, which only root can enter)
+    top.chmod(0o1777)  # as /tmp is: anyone makes files in it
+    log = top / "old.db"
+    try:
+        _as_user(OWNER, lambda: _older_log_in_wal_mode(log))
+        assert _run(["upgrade", "--dry-run", str(log)], as_nobody=True)[0] == 1
+        sides = [Path(f"{log}-wal"), Path(f"{log}-shm")]
+        assert [side.stat().st_uid for side in sides] == [NOBODY, NOBODY]
+        code, output = _as_user(OWNER, lambda: _invoke(["upgrade", str(log)]))
+    finally:
+        shutil.rmtree(top)
+    assert code == 2, output
+    assert "attempt to write a readonly database" in output, output
+    assert f"its side files {sides[0]}, {sides[1]} belong to" in output and "(uid 65534)" in output, output
 
 
 def _damaged(log: Path) -> Path:
