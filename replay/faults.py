@@ -170,8 +170,10 @@ class Faults:
                 raise
             except ValueError:
                 raise FaultError(f"cannot read the fault {item!r}: {_wanted(name.strip())}") from None
-        if faults.scope != Scope() and not faults.named():
-            raise FaultError(f"{spec!r} says where a fault applies but names no fault: see {FORMS}")
+        if not faults.named():
+            # (";" too: "$A;$B" with both unset would arm nothing, unsaid)
+            scoped = " says where a fault applies but" if faults.scope != Scope() else ""
+            raise FaultError(f"{spec!r}{scoped} names no fault: see {FORMS}")
         breaks = [n for n in faults.named() if n in BREAKS]
         if len(breaks) > 1:
             raise FaultError(f"{' and '.join(breaks)} both end the connection: give one of them")

@@ -47,12 +47,13 @@ def miss(
     for i, r in enumerate(recordings.recorded):
         facing = recordings.facing(incoming, i)
         reasons = mismatches(facing, r, recordings.rules, shown=shown)
-        used_up = not reasons and not _resume_only(recordings, i, last_id)
-        reasons = reasons or [_why_not_again(recordings, i, last_id)]
-        # The stream the client resumes, ended early: first, saying what is not there.
+        # The stream the client resumes, ended early: first, saying only what is not there
+        # (not that it was served, nor that repeats would help: they would not).
         unrecorded = None if last_id is None else recordings.rest_unrecorded(i, last_id)
+        used_up = unrecorded is None and not reasons and not _resume_only(recordings, i, last_id)
         if unrecorded is not None:
             reasons = [unrecorded]
+        reasons = reasons or [_why_not_again(recordings, i, last_id)]
         scored.append(((unrecorded is None, distance(facing, r, recordings.rules)), i, reasons, used_up))
     nearest = sorted(scored)[:3]
     closest = [

@@ -154,9 +154,9 @@ async def send(
     if landing.chunks is not answer.chunks:  # a fault changed bytes
         headers.popall("Content-Length", None)
     if answer.framed and answer.whole and "Content-Length" not in headers:
-        # The edited body's whole length, also when a fault cuts it: the client gets fewer
-        # bytes than it was told, a broken transfer (as when a real connection drops).
-        headers["Content-Length"] = str(sum(len(data) for _, data in landing.chunks))
+        headers["Content-Length"] = str(_size(landing.chunks))  # the edited body's
+    if landing.break_at is not None and "Content-Length" in headers:
+        _broken_framing(headers, answer, landing.chunks, landing.break_at[0])
     response = Relayed(status=answer.status, headers=headers)  # the recorded headers: no Server added
     if "Content-Length" not in headers and request.version < HttpVersion11:
         # An HTTP/1.0 body of unknown length ends with the connection: aiohttp would keep a
@@ -312,6 +312,23 @@ def _left(app: web.Application, served: Served, sent_all: bool) -> None:
         served.finished = True
     else:
         cut_short(app, served)
+
+
+def _size(chunks: Chunks) -> int:
+    return sum(len(data) for _, data in chunks)
+
+
+def _broken_framing(headers: CIMultiDict[str], answer: Answer, edited: Chunks, break_at: int) -> None:
+    """The framing of a body a fault breaks off at byte ``break_at``: a length longer than
+    what the client gets, a broken transfer (as when a real connection drops), the body's
+    without faults or, if longer, the edited one's (no-final;drop-after=4 keeps the length
+    with the closing event). Broken off after the last byte of both, a length would make it
+    a clean end: it goes out without one (chunked), whose end then never comes."""
+    length = max(_size(answer.chunks), _size(edited))
+    if break_at < length:
+        headers["Content-Length"] = str(length)
+    else:
+        headers.popall("Content-Length")
 
 
 def _cut(chunks: Chunks, marks: list[int]) -> Chunks:

@@ -77,4 +77,17 @@ async def serve_until_stopped(
     click.echo(ready(url))
     await stop.wait()
     click.echo(stopping, err=True)
-    await runner.cleanup()
+    await _stop_serving(runner)
+
+
+async def _stop_serving(runner: web.AppRunner) -> None:
+    """Stop ``runner``'s server: exchanges in flight get ``STOP_GRACE`` to end, then are cut.
+    (aiohttp alone gives them twice its shutdown timeout: it waits that long for them, asks
+    them to end, which a handler writing an answer never hears, and waits as long again.)"""
+    cleanup = asyncio.ensure_future(runner.cleanup())
+    done, _ = await asyncio.wait({cleanup}, timeout=STOP_GRACE)
+    if not done and runner.server is not None:
+        for connection in runner.server.connections:
+            if connection.transport is not None:
+                connection.transport.abort()  # its handler is cancelled, as when its client leaves
+    await cleanup

@@ -109,7 +109,8 @@ async def faulty(serve: Serve, db: Path, spec: str, **options: Any) -> Wire:
 
 async def test_a_clean_answer_for_comparison(serve: Serve, demo: tuple[Path, bytes]) -> None:
     db, recorded = demo
-    got = await faulty(serve, db, "")
+    url = await serve(ReplayServer(load([db]), speed=0).app)
+    got = await wire(url, "/message:stream", message(QUESTION))
     assert got.body == recorded and got.ended and not got.reset
 
 
@@ -553,6 +554,17 @@ async def test_a_malformed_fault_header_is_refused_and_counted(serve: Serve, tmp
     assert server.stats.served == 0
 
 
+@pytest.mark.parametrize("spec", [";", " ; ", ""])
+async def test_a_fault_header_naming_no_fault_is_refused(serve: Serve, tmp_path: Path, spec: str) -> None:
+    """``X-Tasktape-Fault: $A;$B`` with both unset was served as if the header were not there,
+    though the control API refused the same spec: a spec naming no fault is a 400 everywhere."""
+    server = ReplayServer(load([card_and_stream(tmp_path)]), speed=0)
+    url = await serve(server.app)
+    got = await wire(url, "/events", headers={"X-Tasktape-Fault": spec})
+    assert got.status == 400 and f"X-Tasktape-Fault: {spec.strip()!r} names no fault" in got.body.decode()
+    assert server.stats.served == 0
+
+
 async def head(
     url: str, path: str, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], float]:
@@ -700,10 +712,55 @@ def framed_stream(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("spec", ["drop-after=2", "cut-frame=2", "reset-after=2", "skip=1;drop-after=1"])
 async def test_a_body_a_fault_cuts_keeps_its_length(serve: Serve, tmp_path: Path, spec: str) -> None:
-    """A body broken off goes out with the length of the whole (edited) body, as a real
-    connection that drops does: the client sees a broken transfer, whatever its HTTP version."""
+    """A body broken off goes out with the length of the whole body (as recorded, or as
+    edited if longer), as a real connection that drops does: the client sees a broken
+    transfer, whatever its HTTP version."""
     url = await serve(ReplayServer(load([framed_stream(tmp_path)]), speed=0, allow_repeats=True).app)
     got = await wire(url, "/events", headers={"X-Tasktape-Fault": spec})
-    whole = len(SECOND + THIRD) if spec.startswith("skip") else len(FIRST + SECOND + THIRD)
+    whole = len(FIRST + SECOND + THIRD)
     assert got.headers["Content-Length"] == str(whole) and "Transfer-Encoding" not in got.headers
     assert len(got.body) < whole and not got.ended
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "sent", "length"),
+    [
+        ("drop-after=3", FIRST + SECOND + DONE, None),
+        ("reset-after=3", FIRST + SECOND + DONE, None),
+        ("duplicate=1;drop-after=4", FIRST + FIRST + SECOND + DONE, None),
+        ("no-final;drop-after=2", FIRST + SECOND, len(FIRST + SECOND + DONE)),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+async def test_a_body_broken_off_at_its_end_is_still_a_broken_transfer(
+    serve: Serve, tmp_path: Path, spec: str, sent: bytes, length: int | None
+) -> None:
+    """drop-after=N at the last event of a stream recorded with its Content-Length was a
+    clean, complete answer (and no-final;drop-after=N at the one before the closing event),
+    though the report said the fault was made. Left out, the closing event keeps its place
+    in the length; a break after the body's last byte goes out without a length (chunked),
+    whose end never comes."""
+    body = FIRST + SECOND + DONE
+    stream = Recorded(
+        method="POST",
+        path="/v1/chat/completions",
+        request_headers=[("Content-Type", "application/json")],
+        request_body=json.dumps({"model": "m", "stream": True, "messages": []}).encode(),
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream"), ("Content-Length", str(len(body)))],
+        is_sse=True,
+        chunks=[(MS, FIRST), (2 * MS, SECOND), (3 * MS, DONE)],
+        outcome="complete",
+    )
+    write_cassette(tmp_path / "framed.jsonl", [stream])
+    server = ReplayServer(load([tmp_path / "framed.jsonl"]), speed=0)
+    url = await serve(server.app)
+    request = {"model": "m", "stream": True, "messages": []}
+    got = await wire(url, "/v1/chat/completions", request, {"X-Tasktape-Fault": spec})
+    assert got.body == sent and not got.ended
+    assert got.headers.get("Content-Length") == (None if length is None else str(length))
+    (streamed,) = server.report()["streams"]
+    assert streamed["faults"] == spec.split(";") and not streamed["finished"]

@@ -485,3 +485,33 @@ async def test_a_miss_shows_a_value_holding_a_redacted_place_in_another_shape_as
             '/model ("other" vs "m")'
         ],
     ]
+
+
+async def test_a_resume_past_a_recordings_end_says_only_that_the_rest_was_not_recorded(
+    tmp_path: Path, serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With --allow-repeats, a stream never served yet, resumed from the last event it broke
+    off after: the miss said the rest was not recorded, yet its hint (and the console) also
+    said it was already served and to use --allow-repeats, which was on. Only what is not
+    there is said."""
+    stream = Recorded(
+        method="GET",
+        path="/events",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        is_sse=True,
+        chunks=[(0, b"id: 1\ndata: {}\n\n"), (1000, b"id: 2\ndata: {}\n\n")],
+        outcome="upstream_disconnected",
+    )
+    _, url = await replaying(tmp_path, serve, stream)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/events", headers={"Last-Event-ID": "2"}) as response,
+    ):
+        assert response.status == 404
+        error = (await response.json())["error"]
+    assert error["closest"][0]["differs"] == [
+        "its recording breaks off after event 2 (upstream_disconnected): what came after was not recorded"
+    ]
+    assert "--allow-repeats" not in error["hint"]
+    assert "no recording matches GET /events" in caplog.text and "already served" not in caplog.text
