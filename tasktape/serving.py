@@ -11,6 +11,7 @@ from collections.abc import Callable
 import click
 from aiohttp import web
 
+from .cli import let_stdout_go
 from .stop_signals import stop_signals
 
 STOP_GRACE = 1.0  # seconds
@@ -74,10 +75,26 @@ async def serve_until_stopped(
     # the collector's sight, full collections traverse only what serving allocates (in
     # tasktape record, 2% fewer instructions per event on streams of 100 events).
     gc.freeze()
-    click.echo(ready(url))
+    _say_ready(ready(url))
     await stop.wait()
     click.echo(stopping, err=True)
     await _stop_serving(runner)
+
+
+def _say_ready(line: str) -> None:
+    """The listening line, on standard output; where that cannot be written (closed before
+    it, as `| true` does), on standard error, saying so: what a server prints is no part of
+    what it serves, so it serves on (as `tasktape record` goes on once `| head -1` left)."""
+    try:
+        click.echo(line)
+    except OSError as exc:
+        let_stdout_go()  # (what it prints later goes nowhere)
+        why = "it was closed" if isinstance(exc, BrokenPipeError) else (exc.strerror or str(exc))
+        command = line.partition(":")[0]  # (every ready line names its command first)
+        click.echo(line, err=True)
+        click.echo(
+            f"{command}: standard output cannot be written ({why}): nothing more is printed on it", err=True
+        )
 
 
 async def _stop_serving(runner: web.AppRunner) -> None:

@@ -460,3 +460,34 @@ def test_serving_keeps_the_start_up_heap_out_of_collections() -> None:
     finally:
         gc.unfreeze()
     assert frozen[0] > 10_000  # the interpreter's and aiohttp's objects, at the least
+
+
+async def test_a_recorder_whose_output_is_closed_before_it_listens_says_where_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    """`tasktape record ... | true`: standard output closed before the listening line, which
+    failed (BrokenPipeError), and the recorder exited 1 having recorded nothing. The line goes
+    to standard error, saying why, and the recorder records as ever."""
+    db = tmp_path / "captures.db"
+    async with serve(upstream_app(events=5)) as upstream:
+        proc = recorder_process(upstream, db, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()  # (as `| true` does, before the recorder says anything)
+            first = (await asyncio.to_thread(proc.stderr.readline)).decode()
+            url = re.search(r"^tasktape record: listening on (http://\S+)", first)
+            assert url, first
+            said = (await asyncio.to_thread(proc.stderr.readline)).decode()
+            body = await post_stream(url[1])
+            proc.send_signal(signal.SIGINT)
+            status = await asyncio.to_thread(proc.wait, 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+    assert said == (
+        "tasktape record: standard output cannot be written (it was closed): nothing more is printed on it\n"
+    )
+    assert status == 0 and body.count(b"\n\n") == 5
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["complete"]
