@@ -35,6 +35,7 @@ from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.redact import REDACTED, Redactor, parse_pointer
 from tasktape.proxy.mitm_flows import (
     BUFFERED_UNTIMED,
+    STOPPED,
     STREAMED,
     InFlight,
     head_fields,
@@ -328,7 +329,7 @@ class TasktapeRecorder:
             gc.freeze()
 
     def done(self) -> None:
-        self._close(Outcome.PROXY_STOPPED, "mitmproxy stopped during the exchange")
+        self._close(Outcome.PROXY_STOPPED, STOPPED)
 
     def _wanted(self, request: http.Request) -> bool:
         if self._hosts and not any(fnmatch.fnmatchcase(request.pretty_host.lower(), p) for p in self._hosts):
@@ -356,7 +357,10 @@ class TasktapeRecorder:
         return state
 
     def request(self, flow: http.HTTPFlow) -> None:
-        self._begun(flow)
+        # A flow read from a file that was saved in flight with no answer yet gets no later
+        # hook: recorded now.
+        if self._begun(flow) is None and flow.response is None and flow.error is None:
+            self._unfollowed(flow)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = self._begun(flow)
@@ -370,11 +374,11 @@ class TasktapeRecorder:
             state.notes.append(unkept)
             state.answer_unkept = True
             return
-        self.writer.response_head(state.exchange, **head, ttfb_ns=state.offset())
+        state.held = (flow.response, {**head, "ttfb_ns": state.offset()})
         if flow.response.raw_content is not None:
             # Made in the request hook (by an addon, or server replay): mitmproxy sends it
-            # whole and never calls a stream callable, so it is recorded whole, in the
-            # response hook.
+            # whole, after the response hook, and never calls a stream callable, so it is
+            # recorded whole, in the response hook.
             return
         # mitmproxy buffers a body whole unless it streams: live event streams are switched
         # to streaming (unless tasktape_stream_events is off); a body streamed anyway
@@ -383,6 +387,7 @@ class TasktapeRecorder:
         # so as it ends.)
         stream = flow.response.stream
         if stream or (head["is_sse"] and ctx.options.tasktape_stream_events):
+            state.send_head(self.writer)  # mitmproxy sends the head as it starts streaming
             flow.response.stream = state.tee_response(self.writer, stream if callable(stream) else None)
             flow.metadata[STREAMED] = True  # kept in a flow file (-w): its import knows it
         else:
@@ -394,6 +399,7 @@ class TasktapeRecorder:
             self._unfollowed(flow)
             return
         assert self.writer is not None and flow.response is not None
+        state.send_head(self.writer)  # (a buffered body's: mitmproxy sends it after this hook)
         body = flow.response.raw_content
         if state.response_tee is None and body and not state.answer_unkept:
             self.writer.chunk(state.exchange, state.offset(), body)

@@ -15,6 +15,7 @@ from typing import Any
 from mitmproxy import exceptions, http, io
 from mitmproxy.connection import ConnectionState
 from mitmproxy.flow import Error
+from mitmproxy.net.http.http1 import expected_http_body_size
 
 from tasktape.errors import FlowFileError
 from tasktape.eventlog import LogProducer
@@ -36,6 +37,11 @@ UNTIMED = (
     "whole; every chunk and event has the offset of the response's end"
 )
 NOT_KEPT = "the body was streamed through mitmproxy and is not in the flow file"
+# The notes on an exchange whose request body a flow file lacks (see missing_request_body).
+REQUEST_NOT_KEPT = "the request body was streamed through mitmproxy and is not in the flow file"
+REQUEST_CUT = "the request body had not come whole when the flow ended, and is not in the flow file"
+# The note on an exchange that mitmproxy stopped during (live, or saved unfinished).
+STOPPED = "mitmproxy stopped during the exchange"
 # The note on an SSE exchange the addon let mitmproxy buffer whole.
 BUFFERED_UNTIMED = (
     "timing unknown: mitmproxy buffered the event stream whole (tasktape_stream_events is off); "
@@ -109,17 +115,41 @@ def request_body(request: http.Request) -> bytes | None:
     return body
 
 
+def missing_request_body(request: http.Request) -> str | None:
+    """Why mitmproxy holds none of a request's body, when the request had one: it streamed
+    it (mitmproxy keeps no body it streams, and no other request ends without one), or the
+    flow ended before the body its headers announce came whole. None when it holds the
+    body, or the request had none. Said as of a flow file's exchange."""
+    if request.raw_content is not None:
+        return None
+    if request.timestamp_end is not None:
+        return REQUEST_NOT_KEPT
+    return REQUEST_CUT if _announces_body(request) else None
+
+
+def _announces_body(request: http.Request) -> bool:
+    """Whether a request's headers announce a body (a Content-Length above 0, or chunked);
+    an HTTP/2 or HTTP/3 request's may not, and is taken to have none."""
+    try:
+        size = expected_http_body_size(request)
+    except ValueError:  # (a malformed Content-Length: mitmproxy refuses the request)
+        return False
+    return size is None or size > 0
+
+
 def request_fields(request: http.Request, max_body: int) -> dict[str, Any]:
-    """``begin_exchange`` arguments for a request (with its body when it was buffered)."""
+    """``begin_exchange`` arguments for a request (with its body when it was buffered; cut
+    when mitmproxy holds none of the body it had)."""
     path, _, query = request.path.partition("?")
     body = request_body(request)
+    truncated = missing_request_body(request) is not None if body is None else len(body) > max_body
     return {
         "method": request.method,
         "path": path or "/",
         "query": query or None,
         "request_headers": request_headers(request),
         "request_body": None if body is None else body[:max_body],
-        "request_body_truncated": body is not None and len(body) > max_body,
+        "request_body_truncated": truncated,
         "started_ns": round(request.timestamp_start * 1e9),
     }
 
@@ -198,8 +228,9 @@ def record_failure(
 @dataclass
 class InFlight:
     """A live flow being recorded: its exchange once begun, the clock its offsets count
-    from (the request headers' arrival), the addon's stream tees, what was kept of a
-    streamed request body, and notes for the exchange's end."""
+    from (the request headers' arrival), its response head until the client is sent it,
+    the addon's stream tees, what was kept of a streamed request body, and notes for the
+    exchange's end."""
 
     t0: int
     exchange: int = 0  # ids start at 1: 0 until the exchange is begun
@@ -209,10 +240,21 @@ class InFlight:
     response_tee: StreamCallable | None = None
     buffered_events: bool = False  # an event stream left to mitmproxy's buffering (tasktape_stream_events)
     answer_unkept: bool = False  # a response whose status the log cannot keep (unkept_status)
+    # A response and its head's ``response_head`` arguments, held until the client is sent
+    # the head: mitmproxy keeps the head of a body it buffers until the body is whole, and
+    # never sends it if the body never is (the client leaves, mitmproxy stops), as a flow
+    # file's import records it.
+    held: tuple[http.Response, dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
 
     def offset(self) -> int:
         return time.perf_counter_ns() - self.t0
+
+    def send_head(self, writer: LogProducer) -> None:
+        """Record the response head held, once: the client is sent it."""
+        if self.held is not None:
+            writer.response_head(self.exchange, **self.held[1])
+            self.held = None
 
     def tee_request(self, inner: StreamCallable | None, cap: int) -> StreamCallable:
         """A ``request.stream`` callable keeping the first ``cap`` bytes that pass on (what
@@ -266,6 +308,10 @@ class InFlight:
     ) -> Future[ExchangeSummary]:
         """End the exchange: what the writer learns of it, once written."""
         self.ended = True
+        # A body mitmproxy switched to streaming after the response headers hook (past
+        # stream_large_bodies, or by a later addon's callable) had its head sent then.
+        if self.held is not None and self.held[0].stream:
+            self.send_head(writer)
         if self.body is not None:
             self.body.log(writer, self.exchange)
         error = "; ".join(filter(None, (error, *self.notes))) or None
@@ -396,16 +442,36 @@ def record_saved_flow(
     )
     exchange = writer.begin_exchange(capture_id, **fields, uid=uid)
     note, untimed = None, False
-    if response is not None and (flow.error is None or _head_sent(flow, response)):
+    if response is not None and (_finished(flow) or _head_sent(flow, response)):
         note, untimed = _answer(writer, exchange, response, offset)
-    if flow.error is not None:
-        duration = offset(flow.error.timestamp)
-        outcome, failure = record_failure(writer, exchange, flow, duration)
-        note = "; ".join(filter(None, (failure, note)))  # (a body not kept is still not kept)
-    else:
-        duration = offset(response.timestamp_end if response is not None else request.timestamp_end)
-        outcome = Outcome.COMPLETE
+    duration, outcome, failure = _saved_ending(writer, exchange, flow, offset)
+    # (A body not kept is still not kept, whatever the ending.)
+    note = "; ".join(filter(None, (failure, missing_request_body(request), note))) or None
     done = writer.end_exchange(exchange, duration_ns=duration, outcome=outcome, error=note)
     if ended is not None:
         ended(done)
     return untimed
+
+
+def _finished(flow: http.HTTPFlow) -> bool:
+    """Whether a saved flow's response came to its end (mitmproxy then sends what it buffered)."""
+    return flow.error is None and flow.response is not None and flow.response.timestamp_end is not None
+
+
+def _saved_ending(
+    writer: LogProducer, exchange: int, flow: http.HTTPFlow, offset: Callable[[float | None], int]
+) -> tuple[int, str, str | None]:
+    """How a saved flow's exchange ended: its duration, outcome and error. mitmdump -w, as
+    it stops, saves the flows still in flight, with neither an error nor a response's end:
+    they never finished, as the addon records them when mitmproxy stops under them, timed
+    to the last moment the file has of them."""
+    request, response = flow.request, flow.response
+    if flow.error is not None:
+        duration = offset(flow.error.timestamp)
+        outcome, error = record_failure(writer, exchange, flow, duration)
+        return duration, outcome, error
+    if _finished(flow):
+        assert response is not None
+        return offset(response.timestamp_end), Outcome.COMPLETE, None
+    last = request.timestamp_end if response is None else response.timestamp_start
+    return offset(last), Outcome.PROXY_STOPPED, STOPPED

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from click.testing import CliRunner
 from conftest import RecordFactory, Recording
 from loopback import answering, raw_upstream, serve
 from mitmproxy import exceptions, http, optmanager
@@ -31,6 +32,7 @@ from ports import free_port
 from sdk_agent import SdkAgent, run_sdk_agent
 from sdk_client import stream_message
 
+from tasktape.cli import main
 from tasktape.eventlog import EventLog
 from tasktape.mitm_command import addon_path
 from tasktape.proxy.mitm_addon import TasktapeRecorder
@@ -94,6 +96,41 @@ def mitmdump_args(confdir: Path, *modes: str) -> list[str]:
     for mode in modes:
         args += ["--mode", mode]
     return args
+
+
+# An addon noting, in the file MARKS, each response head mitmproxy has read and each flow it
+# ended with an error ("responseheaders /path", "error /path"): a test waits for one before
+# acting on a flow mitmproxy holds (a head it keeps while buffering the body), or on its end.
+SEEN = """
+class Seen:
+    def note(self, hook, flow):
+        with open(MARKS, "a") as f:
+            f.write(f"{hook} {flow.request.path}\\n")
+
+    def responseheaders(self, flow):
+        self.note("responseheaders", flow)
+
+    def error(self, flow):
+        self.note("error", flow)
+
+addons = [Seen()]
+"""
+
+
+def seen_by_mitmproxy(folder: Path) -> tuple[Path, Path]:
+    """The SEEN addon written in ``folder``: its script, and the file it notes in."""
+    script, marks = folder / "seen.py", folder / "seen.txt"
+    script.write_text(f"MARKS = {str(marks)!r}\n{SEEN}")
+    return script, marks
+
+
+def wait_for_mark(marks: Path, mark: str, timeout: float = 10) -> None:
+    """Until the SEEN addon has noted ``mark`` ("responseheaders /path")."""
+    deadline = time.monotonic() + timeout
+    while not (marks.exists() and mark in marks.read_text().splitlines()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"mitmproxy did not get to {mark}")
+        time.sleep(0.05)
 
 
 # -- reading the logs -----------------------------------------------------------------------
@@ -402,6 +439,51 @@ async def test_a_client_leaving_a_body_read_to_the_close_is_one_exchange(mitm: M
         ("/after", "complete"),
     ]
     assert rows[0]["error"] == "the client went away mid-exchange: Client disconnected."
+
+
+async def test_a_head_mitmproxy_kept_from_a_client_that_left_is_not_kept(tmp_path: Path) -> None:
+    """mitmproxy keeps the head of a body it buffers until the body is whole: a client that
+    leaves before then never gets it. The log kept it (status 200) where the import of a flow
+    file of the same traffic kept none; neither does now. A streamed body's head, which the
+    client got, is kept by both."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        kind = b"text/event-stream" if head.startswith(b"GET /streamed ") else b"application/json"
+        # Read until the upstream closes: no Content-Length, not chunked.
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: " + kind + b"\r\nConnection: close\r\n\r\n")
+        writer.write(b"data: 1\n\n")
+        await writer.drain()
+        await reader.read()  # (until mitmproxy closes the connection)
+        writer.close()
+
+    port, db, flows = free_port(), tmp_path / "live.db", tmp_path / "flows.mitm"
+    probe, marks = seen_by_mitmproxy(tmp_path)
+    args = [MITMDUMP, "-s", str(addon_path()), "-s", str(probe), "--set", f"tasktape_db={db}"]
+    async with raw_upstream(answer) as url:
+        args += ["-w", str(flows), *mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")]
+        args += ["--set", "connection_strategy=lazy"]  # (no upstream connection without a request)
+        with running(args, [port], tmp_path / "out.txt"):
+            for path in ("/buffered", "/streamed"):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                await writer.drain()
+                if path == "/streamed":
+                    await reader.readuntil(b"data: 1\n\n")
+                await asyncio.to_thread(wait_for_mark, marks, f"responseheaders {path}")
+                writer.close()
+                await writer.wait_closed()
+            live = await asyncio.to_thread(wait_for_exchanges, db, 0, 2)
+    imported = tmp_path / "imported.db"
+    result = CliRunner().invoke(main, ["import", str(flows), "--db", str(imported)])
+    assert result.exit_code == 0, result.output
+    with EventLog(imported) as log:
+        rows = {"live": live, "imported": log.exchanges()}
+    for how, got in rows.items():
+        assert [(x["path"], x["status"], x["outcome"]) for x in got] == [
+            ("/buffered", None, "client_disconnected"),
+            ("/streamed", 200, "client_disconnected"),
+        ], how
 
 
 async def test_a_body_the_log_cannot_decode_is_said_in_mitmproxys_log(tmp_path: Path) -> None:

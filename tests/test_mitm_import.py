@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,20 +17,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import httpx
 import pytest
+from aiohttp import web
 from click.testing import CliRunner
 from conftest import RecordFactory
+from loopback import in_thread, raw_upstream
 from mitmproxy import http, io
 from mitmproxy.io import tnetstring
 from mitmproxy.test import tflow
 from ports import free_port
 from sdk_agent import run_sdk_agent
 from sdk_client import stream_message
-from test_mitm import MITMDUMP, SECRET, digest, mitmdump_args, recorded_by_tasktape_record, running
+from test_mitm import (
+    MITMDUMP,
+    SECRET,
+    digest,
+    mitmdump_args,
+    recorded_by_tasktape_record,
+    running,
+    seen_by_mitmproxy,
+    wait_for_mark,
+)
 
 from tasktape.cli import main
 from tasktape.eventlog import EventLog
-from tasktape.proxy.mitm_flows import NOT_KEPT, STREAMED, UNTIMED
+from tasktape.mitm_command import addon_path
+from tasktape.proxy.mitm_flows import NOT_KEPT, REQUEST_CUT, REQUEST_NOT_KEPT, STOPPED, STREAMED, UNTIMED
 
 CASES = [("demo", "rest"), ("sdk", "rest"), ("sdk", "jsonrpc")]  # in the order they are saved
 
@@ -350,3 +365,91 @@ def test_a_flow_file_cut_short_is_refused_naming_its_intact_flows(tmp_path: Path
     subprocess.run(rewrite, capture_output=True, check=False, timeout=60)  # (exits 1: the file is damaged)
     result = CliRunner().invoke(main, ["import", str(intact), "--db", str(db)])
     assert result.exit_code == 0 and f"2 exchanges from {intact}" in result.output
+
+
+def posting() -> web.Application:
+    """An upstream answering POST /upload with the length of the body it read."""
+
+    async def upload(request: web.Request) -> web.Response:
+        return web.json_response({"read": len(await request.read())})
+
+    app = web.Application()
+    app.router.add_post("/upload", upload)
+    return app
+
+
+def test_a_request_body_not_in_the_flow_file_is_said_cut(tmp_path: Path) -> None:
+    """mitmproxy keeps no body it streams (stream_large_bodies), nor one whose client left
+    before sending it all: such a request was imported as one with no body at all
+    (request_body NULL, not truncated, not a word); it is cut, and said."""
+    port, flows, db = free_port(), tmp_path / "flows.mitm", tmp_path / "log.db"
+    probe, marks = seen_by_mitmproxy(tmp_path)
+    with in_thread(posting()) as url:
+        args = [MITMDUMP, "-w", str(flows), "-s", str(probe), "--set", "stream_large_bodies=10k"]
+        args += mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")
+        with running(args, [port], tmp_path / "mitmdump.txt"):
+            with httpx.Client() as client:
+                for size in (100, 50_000):
+                    posted = client.post(f"http://127.0.0.1:{port}/upload", content=b"x" * size)
+                    assert posted.json() == {"read": size}
+            with socket.create_connection(("127.0.0.1", port)) as sock:  # leaving 10 bytes in
+                sock.sendall(b"POST /left HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+            wait_for_mark(marks, "error /left")
+    result = CliRunner().invoke(main, ["import", str(flows), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    with EventLog(db) as log:
+        got = [(x["request_body"], x["request_body_truncated"], x["error"]) for x in log.exchanges()]
+    assert got[:2] == [("x" * 100, 0, None), (None, 1, REQUEST_NOT_KEPT)]
+    assert got[2][:2] == (None, 1) and got[2][2].endswith(f"; {REQUEST_CUT}")
+
+
+async def test_flows_saved_in_flight_never_finished(tmp_path: Path) -> None:
+    """A plain mitmdump -w stopped (Ctrl-C) saves the flows in flight, with no error: an
+    event stream whose head mitmproxy kept while buffering the body, a request not yet
+    answered. They were imported complete, the stream said to have been streamed through;
+    they end proxy_stopped, without the head the client never got, as the addon records
+    them when mitmproxy stops under it. So does mitmdump -r with the addon loaded, which
+    left the unanswered one out."""
+    asked = {"/held": asyncio.Event(), "/unanswered": asyncio.Event()}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        path = (await reader.readuntil(b"\r\n\r\n")).split(b" ")[1].decode()
+        if path == "/plain":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        elif path == "/held":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: 1\n\n")
+        await writer.drain()
+        if path in asked:
+            asked[path].set()
+            await reader.read()  # (until mitmdump, stopping, closes the connection)
+        writer.close()
+
+    port, flows = free_port(), tmp_path / "flows.mitm"
+    probe, marks = seen_by_mitmproxy(tmp_path)
+    async with raw_upstream(answer) as url, aiohttp.ClientSession() as session:
+        args = [MITMDUMP, "-w", str(flows), "-s", str(probe), "--set", "connection_strategy=lazy"]
+        args += mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")
+        with running(args, [port], tmp_path / "mitmdump.txt") as proc:
+            proxy = f"http://127.0.0.1:{port}"
+            async with session.get(f"{proxy}/plain") as r:
+                assert await r.read() == b"ok"
+            pending = [asyncio.ensure_future(session.get(f"{proxy}{path}")) for path in asked]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in asked.values())), 10)
+            await asyncio.to_thread(wait_for_mark, marks, "responseheaders /held")
+            assert await asyncio.to_thread(proc.stop) == 0
+        for left in await asyncio.gather(*pending, return_exceptions=True):
+            assert isinstance(left, aiohttp.ClientError)  # (nothing came: mitmproxy had it all)
+    imported, read = tmp_path / "imported.db", tmp_path / "read.db"
+    result = CliRunner().invoke(main, ["import", str(flows), "--db", str(imported)])
+    assert result.exit_code == 0, result.output
+    reading = [MITMDUMP, "-nr", str(flows), "-s", str(addon_path()), "--set", f"tasktape_db={read}"]
+    subprocess.run([*reading, *mitmdump_args(tmp_path / "conf")], check=True, capture_output=True, timeout=60)
+    for db in (imported, read):
+        with EventLog(db) as log:
+            got = {x["path"]: (x["status"], x["outcome"], x["error"]) for x in log.exchanges()}
+            assert [[c["data"] for c in log.chunks(x["id"])] for x in log.exchanges()] == [[b"ok"], [], []]
+        assert got == {
+            "/plain": (200, "complete", None),
+            "/held": (None, "proxy_stopped", STOPPED),
+            "/unanswered": (None, "proxy_stopped", STOPPED),
+        }, db.name
