@@ -8,7 +8,15 @@ import click
 
 from .agent import create_agent_app
 from .agent.tasks import KEPT_ENDED, check_pace
-from .listen import DEFAULT_AGENT_PORT, Exposure, HostPort, public_url, warn_if_exposed
+from .listen import (
+    DEFAULT_AGENT_PORT,
+    Exposure,
+    HostPort,
+    allow_host_option,
+    answered_hosts,
+    public_url,
+    warn_if_exposed,
+)
 from .option_checks import checked
 from .serving import serve_until_stopped
 
@@ -44,7 +52,10 @@ from .serving import serve_until_stopped
     help="Ended tasks kept (GET /tasks/{id}, ListTasks, subscribes); beyond, the earliest "
     "to end are forgotten (TaskNotFound). Running and interrupted tasks are always kept.",
 )
-def agent(listen: tuple[str, int], pace: float, public_url: str | None, keep_ended: int) -> None:
+@allow_host_option()
+def agent(
+    listen: tuple[str, int], pace: float, public_url: str | None, keep_ended: int, allow_host: tuple[str, ...]
+) -> None:
     """Run the built-in A2A v1.0 demo agent (REST and JSON-RPC bindings).
 
     Streams like the hosted API the A2A lifecycle document describes: SSE ids on every
@@ -61,10 +72,18 @@ def agent(listen: tuple[str, int], pace: float, public_url: str | None, keep_end
     long    400 token deltas
     drop    the connection drops mid-answer
     (none)  COMPLETED
+
+    Exit status: 0 stopped (Ctrl-C), 1 it could not serve (a port in use), 2 bad input (an
+    option's value, such as a negative --pace).
     """
     host, port = listen
     warn_if_exposed("tasktape agent", host, Exposure.AGENT)
-    app = create_agent_app(pace=pace, public_url=public_url, kept_ended=keep_ended)
+    app = create_agent_app(
+        pace=pace,
+        public_url=public_url,
+        kept_ended=keep_ended,
+        allowed_hosts=answered_hosts(host, allow_host),
+    )
     asyncio.run(
         serve_until_stopped(
             app,

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import click
 
-from tasktape.errors import LogError
+from tasktape.errors import LogError, UsageError
 from tasktape.eventlog import EventLog, ProcessLogWriter, SSEDecoder
 from tasktape.eventlog.a2a_terms import short_state
 from tasktape.eventlog.outcomes import Outcome
@@ -32,9 +32,29 @@ from .a2a_client import A2AClient, StreamResult
 from .agent import create_agent_app
 from .agent.tasks import check_pace
 from .inspect_command import serve_inspector
-from .listen import DEFAULT_INSPECT_PORT
+from .listen import DEFAULT_INSPECT_PORT, answered_hosts
 from .option_checks import bad_input, checked, refused_log
 from .serving import start_site
+
+# How long the client waits for one call (a whole stream), and so for the slowest scenario:
+# the long token stream, 4.6 s at pace 1. At a pace beyond MAX_PACE it would outlast the
+# wait, and every scenario fail after that long.
+CALL_TIMEOUT = 300.0
+SLOWEST_SCENARIO_S = 6.0
+MAX_PACE = CALL_TIMEOUT / SLOWEST_SCENARIO_S
+POLL_EVERY = 0.05  # seconds between GetTask polls at pace 1 (or faster)
+
+
+def check_demo_pace(value: float) -> float:
+    """``value`` as the demo's pace: the agent's (0, or a finite number above it), and at
+    most ``MAX_PACE``, which the slowest scenario's stream takes ``CALL_TIMEOUT`` at."""
+    pace = check_pace(value)
+    if pace > MAX_PACE:
+        raise UsageError(
+            f"the demo's pace is at most {MAX_PACE:g}, not {value!r}: its slowest scenario would take "
+            f"longer than the client waits for a call ({CALL_TIMEOUT:g} s)"
+        )
+    return pace
 
 
 @dataclass
@@ -48,6 +68,7 @@ class Run:
     task_id: str | None = None
     final_state: str | None = None
     expect_cut: bool = False  # the stream is meant to break off
+    streamed: bool = True  # False: answered without a stream, which the log must hold
     problems: list[str] = field(default_factory=list)
 
 
@@ -59,13 +80,18 @@ async def _stream(client: A2AClient, run: Run, text: str, **kw: Any) -> StreamRe
     return result
 
 
-def scenarios(session: aiohttp.ClientSession, url: str) -> list[tuple[Run, Callable[[], Awaitable[None]]]]:
-    """The scenarios, each with the coroutine that drives it through the proxy at ``url``."""
+def scenarios(
+    session: aiohttp.ClientSession, url: str, pace: float = 1.0
+) -> list[tuple[Run, Callable[[], Awaitable[None]]]]:
+    """The scenarios, each with the coroutine that drives it through the proxy at ``url``,
+    to an agent at ``pace`` (a slower one is polled less often)."""
     plans: list[tuple[Run, Callable[[], Awaitable[None]]]] = []
 
-    def plan(name: str, binding: str, expected: str, *, cut: bool = False):  # noqa: ANN202
+    def plan(  # noqa: ANN202
+        name: str, binding: str, expected: str, *, cut: bool = False, streamed: bool = True
+    ):
         def add(drive: Callable[[A2AClient, Run], Awaitable[None]]) -> None:
-            run = Run(name, binding, expected, expect_cut=cut)
+            run = Run(name, binding, expected, expect_cut=cut, streamed=streamed)
 
             async def go() -> None:
                 await drive(await A2AClient.connect(session, url, binding), run)
@@ -89,7 +115,7 @@ def scenarios(session: aiohttp.ClientSession, url: str) -> list[tuple[Run, Calla
         async def _(client: A2AClient, run: Run, text: str = text) -> None:
             await _stream(client, run, text)
 
-    @plan("completed, not streamed", "rest", "COMPLETED")
+    @plan("completed, not streamed", "rest", "COMPLETED", streamed=False)
     async def _(client: A2AClient, run: Run) -> None:
         task = (await client.send("Summarise the last visit"))["task"]
         run.task_id, run.final_state = task["id"], task["status"]["state"]
@@ -111,19 +137,31 @@ def scenarios(session: aiohttp.ClientSession, url: str) -> list[tuple[Run, Calla
                 answering.set_result(frame["artifactUpdate"]["taskId"])
 
         streaming = asyncio.create_task(_stream(client, run, "Cancel me halfway", on_event=on_event))
-        task_id = await asyncio.wait_for(answering, 30)
-        await client.cancel(task_id)
-        await streaming
+        try:
+            # The stream may end (or fail) before the answer begins: then there is nothing to cancel.
+            await asyncio.wait({answering, streaming}, return_when=asyncio.FIRST_COMPLETED)
+            if not answering.done():
+                await streaming  # (its failure, if it failed, is the client's)
+                run.problems.append("the stream ended before the answer began")
+                return
+            await client.cancel(answering.result())
+            await streaming
+        finally:
+            # However this ends, the stream's task is not left behind, its failure unread.
+            streaming.cancel()
+            await asyncio.gather(streaming, return_exceptions=True)
 
     @plan("dropped connection", "rest", "COMPLETED", cut=True)
     async def _(client: A2AClient, run: Run) -> None:
         await _stream(client, run, "Drop the line mid-answer")
-        # The agent finishes the task anyway: ask for it once it is done.
-        for _ in range(300):
+        # The agent finishes the task anyway: ask for it once it is done, asking less often
+        # as the agent is slower, for as long as a call may take.
+        every = POLL_EVERY * max(pace, 1.0)
+        for _ in range(int(CALL_TIMEOUT / every)):
             task = await client.get_task(run.task_id or "")
             if task["status"]["state"] != "TASK_STATE_WORKING":
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(every)
         run.final_state = task["status"]["state"]
 
     return plans
@@ -136,18 +174,23 @@ async def run_demo(db: Path, pace: float) -> tuple[list[Run], str, str]:
     async with contextlib.AsyncExitStack() as started:
         writer = ProcessLogWriter(db)
         started.push_async_callback(writer.aclose)
-        agent_runner, agent_url = await start_site(create_agent_app(pace=pace), "127.0.0.1", 0)
+        # Both on loopback, answering loopback names only (as `tasktape agent` and `record` do).
+        loopback = answered_hosts("127.0.0.1", ())
+        agent = create_agent_app(pace=pace, allowed_hosts=loopback)
+        agent_runner, agent_url = await start_site(agent, "127.0.0.1", 0)
         started.push_async_callback(agent_runner.cleanup)
-        proxy = RecordingProxy(agent_url, writer)
+        proxy = RecordingProxy(agent_url, writer, allowed_hosts=loopback)
         proxy_runner, proxy_url = await start_site(proxy.app, "127.0.0.1", 0)
         started.push_async_callback(proxy_runner.cleanup)
-        async with aiohttp.ClientSession() as session:
-            plans = scenarios(session, proxy_url)
+        timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            plans = scenarios(session, proxy_url, pace)
             outcomes = await asyncio.gather(*(go() for _, go in plans), return_exceptions=True)
         runs = [run for run, _ in plans]
         for run, outcome in zip(runs, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                run.problems.append(f"the client failed: {type(outcome).__name__}: {outcome}")
+                said = f": {outcome}" if str(outcome) else ""
+                run.problems.append(f"the client failed: {type(outcome).__name__}{said}")
         await asyncio.wait_for(proxy.wait_idle(), 30)
     return runs, agent_url, proxy_url
 
@@ -174,7 +217,7 @@ def check(runs: list[Run], log: EventLog) -> None:
             expected = Outcome.UPSTREAM_DISCONNECTED if run.expect_cut else Outcome.COMPLETE
             if x["outcome"] != expected:
                 run.problems.append(f"exchange {x['id']}: outcome {x['outcome']}, expected {expected}")
-        if not run.streams and not list(
+        if not run.streamed and not list(
             log.db.query("SELECT 1 FROM task_answers WHERE task_id = ?", [run.task_id])
         ):
             run.problems.append("the non-streamed answer is not in the log")
@@ -215,10 +258,10 @@ def report(runs: list[Run], log: EventLog) -> list[str]:
 @click.option(
     "--pace",
     type=float,
-    callback=checked(check_pace),
+    callback=checked(check_demo_pace),
     default=1.0,
     show_default=True,
-    help="Scale the agent's think time and time per token (0: as fast as possible).",
+    help=f"Scale the agent's think time and time per token (0: as fast as possible; at most {MAX_PACE:g}).",
 )
 @click.option(
     "--inspect",

@@ -424,3 +424,103 @@ async def test_a_client_that_leaves_its_stream_ends_it_quietly(
     await asyncio.wait_for(run.settled(), 10)
     assert run.state == "TASK_STATE_COMPLETED"
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def answer_on(reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]]:
+    """Read one HTTP answer (status, JSON body) off a connection."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    length = int(re.search(r"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    return int(head.split()[1]), json.loads(await reader.readexactly(length))
+
+
+def http_request(method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+    data = json.dumps(body).encode() if body is not None else b""
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nA2A-Version: 1.0\r\n"
+    head += "Content-Type: application/json\r\n"
+    return f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+async def at_once(url: str, task_id: str, bodies: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """POST each body to /message:send on a connection of its own, all written before any
+    is answered, so that the agent reads them in one turn of its loop. (Each connection is
+    first answered a GetTask: the agent holds it open, ready, when they are written.)"""
+    host, port = url.removeprefix("http://").split(":")
+    connections = [await asyncio.open_connection(host, int(port)) for _ in bodies]
+    try:
+        for reader, writer in connections:
+            writer.write(http_request("GET", f"/tasks/{task_id}"))
+            assert (await answer_on(reader))[0] == 200
+        for (_, writer), body in zip(connections, bodies, strict=True):
+            writer.write(http_request("POST", "/message:send", body))
+        return [await answer_on(reader) for reader, _ in connections]
+    finally:
+        for _, writer in connections:
+            writer.close()
+            await writer.wait_closed()
+
+
+def resume(task_id: str, text: str, **configuration: Any) -> dict[str, Any]:
+    message = {"messageId": text, "role": "ROLE_USER", "taskId": task_id, "parts": [{"text": text}]}
+    return {"message": message, "configuration": configuration}
+
+
+def refused_as_running(answer: tuple[int, dict[str, Any]], task_id: str) -> bool:
+    """The answer to input for a task that runs already: -32004 (400), as after its WORKING."""
+    status, body = answer
+    error = body.get("error", {})
+    return (
+        status == 400
+        and error.get("details", [{}])[0].get("reason") == "UNSUPPORTED_OPERATION"
+        and error.get("message")
+        == f"task {task_id} is TASK_STATE_WORKING: only an interrupted task takes more input"
+    )
+
+
+@pytest.mark.parametrize("asking", ["input please", "auth needed"])
+async def test_two_resumes_at_once_start_one_run(serve: Serve, asking: str) -> None:
+    """Both started a run (the task stopped being interrupted only at the run's first step):
+    both answered COMPLETED, the task's history held both, its artifacts doubled."""
+    agent = await serve(create_agent_app(pace=0))
+    task_id = (await send_message(agent, asking))["task"]["id"]
+    answers = await at_once(agent, task_id, [resume(task_id, "Record 1"), resume(task_id, "Record 2")])
+    done = [body["task"] for status, body in answers if status == 200]
+    assert len(done) == 1 and done[0]["status"]["state"] == "TASK_STATE_COMPLETED", answers
+    assert sum(refused_as_running(answer, task_id) for answer in answers) == 1, answers
+    task = await get_task(agent, task_id)
+    users = [m["parts"][0]["text"] for m in task["history"] if m["role"] == "ROLE_USER"]
+    assert users == [asking, done[0]["history"][-1]["parts"][0]["text"]]
+    assert [a["name"] for a in task["artifacts"]] == ["thinking", "thinking", "answer"]
+
+
+async def test_a_task_resumed_twice_at_once_and_canceled_stays_canceled(serve: Serve) -> None:
+    """With returnImmediately both resumes ran; a cancel stopped one, answered CANCELED, and
+    the other completed the task after it: a terminal state changed."""
+    agent = await serve(create_agent_app(pace=0.05))
+    task_id = (await send_message(agent, "input please"))["task"]["id"]
+    bodies = [resume(task_id, f"Record {n}", returnImmediately=True) for n in (1, 2)]
+    answers = await at_once(agent, task_id, bodies)
+    assert sorted(status for status, _ in answers) == [200, 400], answers
+    assert sum(refused_as_running(answer, task_id) for answer in answers) == 1, answers
+    assert (await cancel_task(agent, task_id))["status"]["state"] == "TASK_STATE_CANCELED"
+    task = await get_task(agent, task_id)
+    assert task["status"]["state"] == "TASK_STATE_CANCELED"
+    assert sum(m["role"] == "ROLE_USER" for m in task["history"]) == 2  # the question, one resume
+
+
+async def test_a_host_name_not_allowed_is_misdirected() -> None:
+    """On loopback it answered any Host (GET /tasks under a page's own name listed every
+    task: DNS rebinding), unlike record, replay and inspect, which answer 421."""
+    args = ("agent", "--listen", "127.0.0.1:0", "--pace", "0", "--allow-host", "team.example")
+    async with running(*args) as run:
+        task_id = (await send_message(run.url, "What is J45?"))["task"]["id"]  # the official client
+        port = run.url.rsplit(":", 1)[1]
+        answers = {}
+        async with aiohttp.ClientSession() as session:
+            for name in ("rebound.example", "team.example", "localhost", "127.0.0.1"):
+                headers = {"Host": f"{name}:{port}", "A2A-Version": "1.0"}
+                async with session.get(f"{run.url}/tasks", headers=headers) as r:
+                    answers[name] = (r.status, await r.text())
+        assert await stop(run) == 0
+    status, refused = answers.pop("rebound.example")
+    assert status == 421 and "--allow-host rebound.example" in refused and task_id not in refused
+    assert all(status == 200 and task_id in text for status, text in answers.values()), answers

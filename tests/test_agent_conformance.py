@@ -326,3 +326,76 @@ async def test_nan_and_infinity_are_no_json(agent: str, path: str, body: str) ->
         assert status == 200 and answer["error"]["code"] == -32700 and answer["id"] is None
     else:
         assert status == 400 and answer["error"]["message"] == "the body is not JSON"
+
+
+def parse_error(path: str, answer: Answer) -> str:
+    """The parse error's message, once checked it is one, as the binding answers it."""
+    status, body = answer
+    if path == "/jsonrpc":
+        assert status == 200 and body["error"]["code"] == -32700 and body["id"] is None, answer
+        return str(body["error"]["message"])
+    assert status == 400 and body["error"]["details"][0]["reason"] == "PARSE_ERROR", answer
+    return str(body["error"]["message"])
+
+
+async def strictly(method: str, url: str, text: str | None = None) -> Answer:
+    """``text`` sent as it is; the answer read as a client other than Python's reads JSON."""
+    headers = {**V1, "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url, data=text, headers=headers) as r,
+    ):
+        return r.status, strict_json(await r.text())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "number"),
+    [
+        ("/jsonrpc", '{"jsonrpc": "2.0", "id": 1e400, "method": "GetTask", "params": {"id": "t"}}', "1e400"),
+        ("/jsonrpc", '{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": MESSAGE}', "-1e999"),
+        ("/message:send", "MESSAGE", "-1e999"),
+        ("/message:stream", "MESSAGE", "-1e999"),
+    ],
+)
+async def test_a_number_beyond_a_double_is_a_parse_error(
+    agent: str, path: str, body: str, number: str
+) -> None:
+    """Python reads 1e400 as infinity: the id was answered as ``Infinity``, and -1e999 in a
+    message's metadata made every ListTasks after it answer ``-Infinity``: no JSON."""
+    asking = json.dumps({"message": message("hi", metadata={"n": 1.5})}).replace("1.5", "-1e999")
+    said = parse_error(path, await strictly("POST", agent + path, body.replace("MESSAGE", asking)))
+    assert said.endswith(f"the body holds a number beyond a double's range: {number}")
+    status, listed = await strictly("GET", f"{agent}/tasks")
+    assert status == 200 and listed["tasks"] == []
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("path", ["/jsonrpc", "/message:send", "/message:stream"])
+@pytest.mark.parametrize("depth", [101, 1_000, 100_000])
+async def test_a_body_nested_too_deep_is_a_parse_error(agent: str, path: str, depth: int) -> None:
+    """From about 1,000 levels Python's reader fails (RecursionError): the agent answered 500."""
+    said = parse_error(path, await strictly("POST", agent + path, nested(depth)))
+    assert said.endswith("the body nests arrays and objects deeper than 100 levels")
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+async def test_data_nested_deep_is_refused_and_the_tasks_stay_listed(agent: str, binding: Binding) -> None:
+    """A part's data 400 levels deep was taken: then every REST view of its task (a copy,
+    made recursively) failed, GET /tasks with it, 500 for every client after."""
+
+    def asking(levels: int) -> dict[str, Any]:
+        # Levels above the part's data: the body (and JSON-RPC's params), message, parts, the part.
+        above = 5 if binding == "jsonrpc" else 4
+        data = json.loads(nested(levels - above))
+        return {"message": message("auth needed", parts=[{"text": "auth needed"}, {"data": data}])}
+
+    taken = result(binding, await call(agent, binding, "SendMessage", asking(100)))
+    parse_error(
+        "/jsonrpc" if binding == "jsonrpc" else "/message:send",
+        await call(agent, binding, "SendMessage", asking(400)),
+    )
+    listed = result(binding, await call(agent, binding, "ListTasks", {}))
+    assert [task["id"] for task in listed["tasks"]] == [taken["task"]["id"]]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
+import logging
 import os
 import re
 import signal
@@ -10,10 +13,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+from conftest import Serve
 
-from tasktape.demo import Run, check
+from tasktape.agent import create_agent_app
+from tasktape.demo import Run, check, scenarios
 from tasktape.eventlog import EventLog, LogWriter
 
 
@@ -131,12 +138,58 @@ def test_a_pace_that_never_ends_a_delay_is_refused(tmp_path: Path, pace: str) ->
 
 
 def test_a_recording_that_does_not_match_is_reported(tmp_path: Path) -> None:
-    run = Run("completed", "rest", "COMPLETED", task_id="task.missing", final_state="TASK_STATE_FAILED")
+    """A streamed scenario whose client failed, no stream got, was also said to miss "the
+    non-streamed answer": only the scenario answered without a stream has one."""
+    sent = Run("completed, not streamed", "rest", "COMPLETED", task_id="task.1", streamed=False)
+    streamed = Run("completed", "rest", "COMPLETED", task_id="task.2", final_state="TASK_STATE_FAILED")
     db = tmp_path / "empty.db"
     LogWriter(db).close()
     with EventLog(db) as log:
-        check([run], log)
-    assert run.problems == [
-        "the client saw TASK_STATE_FAILED, expected COMPLETED",
+        check([sent, streamed], log)
+    assert sent.problems == [
+        "the client saw None, expected COMPLETED",
         "the non-streamed answer is not in the log",
     ]
+    assert streamed.problems == ["the client saw TASK_STATE_FAILED, expected COMPLETED"]
+
+
+@pytest.mark.parametrize("pace", ["51", "1e308"])
+def test_a_pace_the_client_would_not_wait_for_is_refused(tmp_path: Path, pace: str) -> None:
+    """At --pace 1e308 every scenario waited out the client's 5 minutes, then failed."""
+    result = demo("--pace", pace, "--db", "demo.db", timeout=30, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        f"Invalid value for '--pace': the demo's pace is at most 50, not {float(pace)!r}: its slowest "
+        "scenario would take longer than the client waits for a call (300 s)"
+    ) in " ".join(result.stderr.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+def plan(session: aiohttp.ClientSession, url: str, name: str, pace: float) -> tuple[Run, Any]:
+    (found,) = [(run, go) for run, go in scenarios(session, url, pace) if run.name == name]
+    return found
+
+
+async def test_a_stream_that_fails_before_its_cancel_leaves_nothing_behind(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The canceled scenario waited 30 s for the answer whatever became of its stream, and
+    left the stream's failure unread: "Task exception was never retrieved", a traceback."""
+    agent = await serve(create_agent_app(pace=10))  # its answer starts seconds later
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+        run, go = plan(session, agent, "canceled mid-stream", 10)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(go(), 10)
+    gc.collect()  # (where an unread failure is told)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert run.problems == []  # the client's failure is told by the demo, once
+
+
+async def test_the_dropped_task_is_waited_for_at_a_slow_pace(serve: Serve) -> None:
+    """At --pace 20 the dropped connection's task ends 17 s after its stream is cut: polled
+    for 15 s whatever the pace, the client saw it WORKING, and the demo failed."""
+    agent = await serve(create_agent_app(pace=22))
+    async with aiohttp.ClientSession() as session:
+        run, go = plan(session, agent, "dropped connection", 22)
+        await go()
+    assert run.final_state == "TASK_STATE_COMPLETED"

@@ -355,7 +355,7 @@ async def test_the_task_page_renders_whatever_shape_the_agent_sent(tmp_path: Pat
     assert "Asthma" in response.text
 
 
-@pytest.mark.parametrize("command", ["record", "replay"])
+@pytest.mark.parametrize("command", ["record", "replay", "agent"])
 async def test_loopback_servers_answer_only_loopback_host_names(tmp_path: Path, command: str) -> None:
     """A DNS-rebinding page reaches 127.0.0.1 under a name of its own: refused with a 421
     that says why, unless the name is allowed; loopback names with any port are served."""
@@ -365,6 +365,7 @@ async def test_loopback_servers_answer_only_loopback_host_names(tmp_path: Path, 
         args = {
             "record": ("record", "--upstream", agent, "--db", str(db)),
             "replay": ("replay", cassette, "--allow-repeats"),
+            "agent": ("agent",),
         }[command]
         for extra, evil_status in (((), 421), (("--allow-host", "rebound.example"), 200)):
             async with running(*args, "--listen", "127.0.0.1:0", *extra) as run:

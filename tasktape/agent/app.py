@@ -23,6 +23,7 @@ from aiohttp import web
 from tasktape.errors import A2AError
 from tasktape.eventlog.a2a_terms import TaskState
 from tasktape.eventlog.uids import read_time
+from tasktape.proxy.hosts import host_guard
 
 from .ids import new_id
 from .protocol import (
@@ -34,6 +35,7 @@ from .protocol import (
     boolean,
     check_message,
     check_version,
+    dump_json,
     history_length,
     integer,
     message_text,
@@ -64,13 +66,20 @@ PUBLIC_URL = web.AppKey("public_url", str)
 
 
 def create_agent_app(
-    *, pace: float = 1.0, public_url: str | None = None, kept_ended: int = KEPT_ENDED
+    *,
+    pace: float = 1.0,
+    public_url: str | None = None,
+    kept_ended: int = KEPT_ENDED,
+    allowed_hosts: frozenset[str] | None = None,
 ) -> web.Application:
     """The demo agent as an aiohttp application. ``pace`` scales every delay (0: none; not
     a finite number of 0 or more: a ``UsageError``); ``public_url`` is the base URL its card
     lists (default: the one each request used); ``kept_ended``: how many ended tasks it
-    keeps (the earliest to end are forgotten first: TaskNotFound)."""
-    app = web.Application()
+    keeps (the earliest to end are forgotten first: TaskNotFound); ``allowed_hosts``: the
+    only Host names it answers (421 to others: it lists every task to whoever asks), None
+    all of them."""
+    guard = [host_guard(allowed_hosts, "tasktape agent")] if allowed_hosts is not None else []
+    app = web.Application(middlewares=guard)
     app[STORE] = TaskStore(pace, kept_ended)
     app[PUBLIC_URL] = public_url or ""
     app.router.add_get("/.well-known/agent-card.json", card)
@@ -101,7 +110,7 @@ def _base(request: web.Request) -> str:
 
 async def card(request: web.Request) -> web.Response:
     base = _base(request)
-    return web.json_response(
+    return _answer(
         {
             "name": "tasktape demo agent",
             "description": "Streams realistic A2A v1.0 task runs, chosen by words in the message: "
@@ -159,9 +168,11 @@ def _start(request: web.Request, send: SendRequest) -> tuple[TaskRun, asyncio.Qu
             raise ErrorKind.UNSUPPORTED_OPERATION.error(
                 f"task {run.id} is {run.state}: a terminal task takes no more messages"
             )
-        if run.state not in INTERRUPTED:
+        if not run.takes_input:
+            # Still interrupted, it is being resumed: WORKING is its run's first step.
+            state = TaskState.WORKING if run.state in INTERRUPTED else run.state
             raise ErrorKind.UNSUPPORTED_OPERATION.error(
-                f"task {run.id} is {run.state}: only an interrupted task takes more input"
+                f"task {run.id} is {state}: only an interrupted task takes more input"
             )
         script = script_for(Scenario.COMPLETED, len(store.contexts[run.context_id]))
     else:
@@ -297,7 +308,7 @@ async def _sse(
         await response.prepare(request)
         while (event := await queue.get()) is not None:
             event_id, frame = event
-            data = json.dumps(render(frame), separators=(",", ":"), ensure_ascii=False)
+            data = dump_json(render(frame), separators=(",", ":"), ensure_ascii=False)
             raw = f"id: {event_id}\ndata: {data}\n\n".encode()
             if first and run.drop_after is not None and sent >= run.drop_after:
                 # The connection drops halfway through an event, without the terminating chunk.
@@ -350,21 +361,22 @@ def _rest(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> An
             kind = ErrorKind.of(exc)
             info = {"@type": ERROR_INFO, "reason": kind.name, "domain": ERROR_DOMAIN}
             error = {"code": exc.http, "status": kind.status, "message": exc.message, "details": [info]}
-            return web.json_response({"error": error}, status=exc.http)
+            return _answer({"error": error}, status=exc.http)
 
     return wrapped
 
 
 async def _json(request: web.Request) -> Any:
+    """The request's body; unreadable, a parse error (``A2AError``), on either binding."""
     try:
         return await request.json(loads=read_json)
     except ValueError:
-        raise A2AError(400, -32700, "the body is not JSON") from None
+        raise ErrorKind.PARSE_ERROR.error("the body is not JSON") from None
 
 
 @_rest
 async def rest_send(request: web.Request) -> web.Response:
-    return web.json_response(_for_rest(await _send(request, await _json(request))))
+    return _answer(_for_rest(await _send(request, await _json(request))))
 
 
 @_rest
@@ -377,19 +389,19 @@ async def rest_stream(request: web.Request) -> web.StreamResponse:
 async def rest_get(request: web.Request) -> web.Response:
     run = _task(request, request.match_info["task_id"])
     snapshot = run.snapshot(history_length=history_length(request.query))
-    return web.json_response(_for_rest({"task": snapshot})["task"])
+    return _answer(_for_rest({"task": snapshot})["task"])
 
 
 @_rest
 async def rest_list(request: web.Request) -> web.Response:
-    return web.json_response(_list_tasks(request, request.query, _for_rest))
+    return _answer(_list_tasks(request, request.query, _for_rest))
 
 
 @_rest
 async def rest_cancel(request: web.Request) -> web.Response:
     run = _task(request, request.match_info["task_id"])
     run.cancel()  # NotCancelable is an A2AError: 409 for a task that has ended
-    return web.json_response(run.snapshot())
+    return _answer(run.snapshot())
 
 
 @_rest
@@ -413,9 +425,9 @@ async def rest_extended_card(request: web.Request) -> web.Response:
 
 async def jsonrpc(request: web.Request) -> web.StreamResponse:
     try:
-        body = await request.json(loads=read_json)
-    except ValueError:
-        return _rpc_error(None, ErrorKind.PARSE_ERROR.rpc, "parse error: the body is not JSON")
+        body = await _json(request)
+    except A2AError as exc:
+        return _rpc_error(None, exc.rpc, f"parse error: {exc.message}")
     rpc_id = body.get("id") if isinstance(body, dict) else None
     # JSON-RPC 2.0: an id is a string, a number or null; a request with any other is invalid.
     if not isinstance(rpc_id, str | int | float | None) or isinstance(rpc_id, bool):
@@ -437,19 +449,19 @@ async def jsonrpc(request: web.Request) -> web.StreamResponse:
             raise ErrorKind.INVALID_PARAMS.error("params: an object")
         match Method(body["method"]):
             case Method.SEND_MESSAGE:
-                return web.json_response(wrap(await _send(request, params)))
+                return _answer(wrap(await _send(request, params)))
             case Method.SEND_STREAMING_MESSAGE:
                 run, queue = _start(request, _send_request(params))
                 return await _sse(request, run, queue, wrap, first=True)
             case Method.GET_TASK:
                 run = _task(request, named_task_id(params))
-                return web.json_response(wrap(run.snapshot(history_length=history_length(params))))
+                return _answer(wrap(run.snapshot(history_length=history_length(params))))
             case Method.LIST_TASKS:
-                return web.json_response(wrap(_list_tasks(request, params, _as_sent)))
+                return _answer(wrap(_list_tasks(request, params, _as_sent)))
             case Method.CANCEL_TASK:
                 run = _task(request, named_task_id(params))
                 run.cancel()
-                return web.json_response(wrap(run.snapshot()))
+                return _answer(wrap(run.snapshot()))
             case Method.SUBSCRIBE_TO_TASK:
                 run = _task(request, named_task_id(params))
                 return await _sse(request, run, _subscription(run), wrap, first=False)
@@ -467,4 +479,9 @@ def _as_sent(frame: Frame) -> Frame:
 
 
 def _rpc_error(rpc_id: Any, code: int, message: str) -> web.Response:
-    return web.json_response({"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}})
+    return _answer({"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}})
+
+
+def _answer(body: Any, status: int = 200) -> web.Response:
+    """A JSON answer, never with a NaN or an infinity in it (no JSON to other clients)."""
+    return web.json_response(body, status=status, dumps=dump_json)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from enum import Enum, StrEnum
@@ -19,6 +20,10 @@ ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 ERROR_DOMAIN = "a2a-protocol.org"
 # 1.x: minor versions only add to 1.0, as the official SDK's server also accepts.
 _SPOKEN_VERSION = re.compile(r"1(\.\d+){0,2}")
+# How deep a request body may nest arrays and objects: protobuf's JSON reader, which the
+# official SDK's server reads requests with, allows as much. Deeper ones crashed the reader,
+# or a later walk of the task holding them (the REST rendering of its every listing).
+MAX_DEPTH = 100
 
 
 class ErrorKind(Enum):
@@ -128,10 +133,50 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is no JSON value", name, 0)  # (as the reader's own refusals)
 
 
+def _finite(literal: str) -> float:
+    """A JSON number with a fraction or an exponent, as a double: one beyond a double's range
+    (1e400), which Python reads as infinity, is refused as NaN and Infinity are."""
+    value = float(literal)
+    if not math.isfinite(value):
+        shown = literal if len(literal) <= 24 else literal[:20] + "..."
+        raise ErrorKind.PARSE_ERROR.error(f"the body holds a number beyond a double's range: {shown}")
+    return value
+
+
+def _nests_within(value: Any, levels: int) -> bool:
+    """Whether ``value`` nests no more than ``levels`` arrays and objects deep (walked with
+    a stack of its own: a recursive walk is what fails on deep ones)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        inner = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if inner is None:
+            continue
+        if depth > levels:
+            return False
+        pending.extend((child, depth + 1) for child in inner)
+    return True
+
+
 def read_json(text: str) -> Any:
-    """A request body as JSON has it: Python's reader also takes NaN and Infinity, which an
-    answer echoing them (a JSON-RPC id, a message's metadata) would send on as no JSON."""
-    return json.loads(text, parse_constant=_no_constant)
+    """A request body as JSON has it. Python's reader also takes NaN and Infinity (refused,
+    as any body that is not JSON: a ``ValueError``), and reads 1e400 as infinity: an answer
+    echoing them (a JSON-RPC id, a message's metadata) would be no JSON. Such a number, or a
+    body nested deeper than ``MAX_DEPTH``, is a parse error saying so (``A2AError``)."""
+    too_deep = f"the body nests arrays and objects deeper than {MAX_DEPTH} levels"
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:  # (nested past what the reader itself takes)
+        raise ErrorKind.PARSE_ERROR.error(too_deep) from None
+    if not _nests_within(value, MAX_DEPTH):
+        raise ErrorKind.PARSE_ERROR.error(too_deep)
+    return value
+
+
+def dump_json(value: Any, **style: Any) -> str:
+    """``value`` as JSON every client reads: a NaN or an infinity fails here (``ValueError``)
+    rather than go out as ``NaN`` or ``Infinity``, which are no JSON."""
+    return json.dumps(value, allow_nan=False, **style)
 
 
 def check_version(version: str | None) -> None:

@@ -83,6 +83,13 @@ class TaskRun:
         self._settled.clear()
         self._runner = asyncio.get_running_loop().create_task(self._run(script, message_text(message)))
 
+    @property
+    def takes_input(self) -> bool:
+        """Whether a message may resume it: it is interrupted, and no run is under way. A
+        resume starts a run at once, though the run's WORKING comes at its first step: a
+        second resume in between must not start another (both answered, history doubled)."""
+        return self.state in INTERRUPTED and (self._runner is None or self._runner.done())
+
     async def _run(self, script: Callable[[TaskRun, str], Awaitable[None]], text: str) -> None:
         try:
             await script(self, text)
