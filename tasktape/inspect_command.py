@@ -17,7 +17,7 @@ from tasktape.proxy.hosts import AsgiHostGuard
 
 from .listen import DEFAULT_INSPECT_PORT, Exposure, allow_host_option, answered_hosts, warn_if_exposed
 from .option_checks import bad_input
-from .serving import STOP_GRACE, bind
+from .serving import STOP_GRACE, bind, say_ready
 from .stop_signals import stop_signals
 
 
@@ -56,12 +56,15 @@ def serve_inspector(
     warn_if_exposed("tasktape inspect", host, Exposure.INSPECTOR)
 
     def ready() -> None:
-        click.echo(f"tasktape inspect: {shown(str(path))} on {url}/ (Ctrl-C stops)")
-        click.echo(f"  tasks    {url}{ds.urls.table(name, 'task_summary')}")
-        click.echo(f"  sessions {url}{ds.urls.query(name, 'mcp_sessions')}")
-        click.echo(f"  streams  {url}{ds.urls.query(name, 'llm_streams')}")
-        click.echo(f"  charts   {url}{ds.urls.path('-/dashboards/streams')}")
-        click.echo(f"  queries  {url}{ds.urls.database(name)}")
+        lines = [
+            f"tasktape inspect: {shown(str(path))} on {url}/ (Ctrl-C stops)",
+            f"  tasks    {url}{ds.urls.table(name, 'task_summary')}",
+            f"  sessions {url}{ds.urls.query(name, 'mcp_sessions')}",
+            f"  streams  {url}{ds.urls.query(name, 'llm_streams')}",
+            f"  charts   {url}{ds.urls.path('-/dashboards/streams')}",
+            f"  queries  {url}{ds.urls.database(name)}",
+        ]
+        say_ready("\n".join(lines))
 
     allowed = answered_hosts(host, allow_host)
 

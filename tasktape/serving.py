@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import sys
 from collections.abc import Callable
 
 import click
@@ -75,23 +76,28 @@ async def serve_until_stopped(
     # the collector's sight, full collections traverse only what serving allocates (in
     # tasktape record, 2% fewer instructions per event on streams of 100 events).
     gc.freeze()
-    _say_ready(ready(url))
+    say_ready(ready(url))
     await stop.wait()
     click.echo(stopping, err=True)
     await _stop_serving(runner)
 
 
-def _say_ready(line: str) -> None:
-    """The listening line, on standard output; where that cannot be written (closed before
-    it, as `| true` does), on standard error, saying so: what a server prints is no part of
-    what it serves, so it serves on (as `tasktape record` goes on once `| head -1` left)."""
+def say_ready(lines: str) -> None:
+    """A server's listening lines, on standard output; where that cannot be written (closed
+    before them, as `| true` or `>&-` does), on standard error, saying so: what a server
+    prints is no part of what it serves, so it serves on (as `tasktape record` goes on once
+    `| head -1` left)."""
+    command = lines.partition(":")[0]  # (every ready line names its command first)
+    if sys.stdout is None:  # (started with standard output closed: there is none to write)
+        click.echo(lines, err=True)
+        click.echo(f"{command}: there is no standard output: nothing is printed on it", err=True)
+        return
     try:
-        click.echo(line)
+        click.echo(lines)
     except OSError as exc:
         let_stdout_go()  # (what it prints later goes nowhere)
         why = "it was closed" if isinstance(exc, BrokenPipeError) else (exc.strerror or str(exc))
-        command = line.partition(":")[0]  # (every ready line names its command first)
-        click.echo(line, err=True)
+        click.echo(lines, err=True)
         click.echo(
             f"{command}: standard output cannot be written ({why}): nothing more is printed on it", err=True
         )

@@ -248,3 +248,29 @@ def test_upgrade_while_another_writer_holds_the_log_is_refused(tmp_path: Path) -
     assert f"{old} is being written by another tasktape writer" in done.stderr
     with closing(sqlite3.connect(old)) as conn:
         assert [m.name for m in migrations.applied(sqlite_utils.Database(conn))] == KNOWN[:3]
+
+
+def test_inspect_whose_output_is_closed_before_it_listens_says_where_and_serves_on(log: Path) -> None:
+    """`tasktape inspect LOG | true`: its listening lines failed on the closed pipe and it
+    exited 1, saying nothing, having served nothing. They go to standard error, saying why,
+    and it serves on."""
+    args = [sys.executable, "-m", "tasktape", "inspect", str(log), "--port", "0"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # (as `| true` does, before the inspector says anything)
+        said = [proc.stderr.readline() for _ in range(7)]
+        url = re.search(r"^tasktape inspect: \S+ on (http://\S+)/ \(Ctrl-C stops\)$", said[0])
+        assert url, said
+        assert get(f"{url[1]}/session/task_summary")[0] == 200
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert said[1] == f"  tasks    {url[1]}/session/task_summary\n"
+    assert said[6] == (
+        "tasktape inspect: standard output cannot be written (it was closed): nothing more is printed on it\n"
+    )
+    assert code == 0

@@ -491,3 +491,31 @@ async def test_a_recorder_whose_output_is_closed_before_it_listens_says_where_an
     assert status == 0 and body.count(b"\n\n") == 5
     with EventLog(db) as log:
         assert [x["outcome"] for x in log.exchanges()] == ["complete"]
+
+
+async def test_a_recorder_started_with_no_standard_output_says_its_listening_line(tmp_path: Path) -> None:
+    """`tasktape record ... >&-`: with no standard output, its listening line went nowhere,
+    unsaid. It goes to standard error, saying why."""
+    db = tmp_path / "captures.db"
+    async with serve(upstream_app(events=5)) as upstream:
+        args = ["-m", "tasktape", "record", "--listen", "127.0.0.1:0", "--upstream", upstream]
+        proc = subprocess.Popen(
+            ["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, *args, "--db", str(db)],
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stderr is not None
+            # (a recorder that says nothing would keep a bare read waiting: the kill ends it)
+            first = (await asyncio.wait_for(asyncio.to_thread(proc.stderr.readline), 60)).decode()
+            url = re.search(r"^tasktape record: listening on (http://\S+)", first)
+            assert url, first
+            said = (await asyncio.to_thread(proc.stderr.readline)).decode()
+            body = await post_stream(url[1])
+            proc.send_signal(signal.SIGINT)
+            status = await asyncio.to_thread(proc.wait, 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+    assert said == "tasktape record: there is no standard output: nothing is printed on it\n"
+    assert status == 0 and body.count(b"\n\n") == 5
