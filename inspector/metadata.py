@@ -496,7 +496,10 @@ def dashboards(db: str) -> dict[str, Any]:
                 ),
                 "events": _metric("Events", db, "SELECT count(*) AS n FROM events"),
                 "credits": _metric(
-                    "A2A credits", db, "SELECT round(coalesce(sum(credits), 0), 2) AS n FROM task_summary"
+                    "A2A credits",
+                    db,
+                    # (total(), as the tokens chart has it: integer credits may add up past 64 bits)
+                    "SELECT round(total(credits), 2) AS n FROM task_summary",
                 ),
                 "ttfe": _chart(
                     "Time to first event: the slowest 30 streams",
@@ -543,10 +546,12 @@ FROM stream_summary WHERE ttfe_ms IS NOT NULL""",
                 "tokens": _chart(
                     "Tokens per model, as the responses counted them",
                     db,
-                    """SELECT model, protocol, 'input' AS tokens_of, sum(input_tokens) AS tokens
+                    # total(), not sum(): counts each within 64 bits may add up past them,
+                    # where sum() fails the query ("integer overflow") and the chart with it.
+                    """SELECT model, protocol, 'input' AS tokens_of, total(input_tokens) AS tokens
 FROM stream_summary WHERE model IS NOT NULL GROUP BY model, protocol
 UNION ALL
-SELECT model, protocol, 'output', sum(output_tokens)
+SELECT model, protocol, 'output', total(output_tokens)
 FROM stream_summary WHERE model IS NOT NULL GROUP BY model, protocol""",
                     "bar",
                     y={"field": "model", "type": "nominal", "sort": "-x", "title": None},

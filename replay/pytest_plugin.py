@@ -51,6 +51,8 @@ from .on_expired import OnExpired
 from .record_mode import RecordMode
 
 if TYPE_CHECKING:
+    from tasktape.eventlog.recorded import Recorded
+
     from .tape import Tape, TapeOptions, Tapes, TapeSession, Told
 
 LOOP_SCOPES = ("function", "class", "module", "package", "session")
@@ -69,8 +71,9 @@ _NOT_PASSED = pytest.StashKey[bool]()  # the test failed (or was skipped) in set
 WORKER_OUTPUT = "tasktape"  # the key of a pytest-xdist worker's totals in its workeroutput
 
 
-# A cassette's recording, across tests: the cassette, its origin there, its request line.
-Recording = tuple[str, str, str]
+# A cassette's recording, across tests: the cassette, its origin there, its request's method
+# and path, and its query as recorded ("" for none).
+Recording = tuple[str, str, str, str]
 
 
 @dataclasses.dataclass
@@ -117,6 +120,9 @@ class Totals:
     # (tests sharing a cassette each request their own part of it).
     unused: set[Recording] = dataclasses.field(default_factory=set)
     requested: set[Recording] = dataclasses.field(default_factory=set)
+    # The query parameters the misses of each cassette's tapes hide the values of (tests
+    # may redact others): its unused recordings are listed with all of them hidden.
+    hidden: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
     def add(self, tape: Tape, selected: frozenset[str]) -> None:
         """Add ``tape``'s counts; its unused recordings of the tests the run runs (``selected``)."""
@@ -131,9 +137,10 @@ class Totals:
             self.cassettes.add(cassette)
         # A recording run records what it was asked for: what it left alone says nothing.
         if not tape.recording:
-            unused = {(cassette, r.origin, r.request_line) for r in tape.unused_of(selected)}
+            unused = {_recording(cassette, r) for r in tape.unused_of(selected)}
             self.unused |= unused
-            self.requested |= {(cassette, r.origin, r.request_line) for r in tape.server.recorded} - unused
+            self.requested |= {_recording(cassette, r) for r in tape.server.recorded} - unused
+            self.hidden.setdefault(cassette, set()).update(tape.server.recordings.shown.query_names)
 
     def as_sent(self) -> dict[str, Any]:
         """As a pytest-xdist worker sends it (execnet carries plain values)."""
@@ -142,23 +149,31 @@ class Totals:
             "cassettes": sorted(self.cassettes),
             "unused": sorted(self.unused),
             "requested": sorted(self.requested),
+            "hidden": {cassette: sorted(names) for cassette, names in self.hidden.items()},
         }
 
     def merge(self, sent: dict[str, Any]) -> None:
         for name in ("tapes", "served", "missed", "refused", "recorded"):
             setattr(self, name, getattr(self, name) + sent[name])
         self.cassettes.update(sent["cassettes"])
-        self.unused.update((c, origin, line) for c, origin, line in sent["unused"])
-        self.requested.update((c, origin, line) for c, origin, line in sent["requested"])
+        self.unused.update((c, origin, head, query) for c, origin, head, query in sent["unused"])
+        self.requested.update((c, origin, head, query) for c, origin, head, query in sent["requested"])
+        for cassette, names in sent["hidden"].items():
+            self.hidden.setdefault(cassette, set()).update(names)
 
     def named_unused(self) -> list[str]:
-        """Each recording left unused, as a person finds it: its request, cassette and line."""
-        from .tape import shown  # noqa: PLC0415 - loaded by now: a test used a tape
+        """Each recording left unused, as a person finds it: its request (no credential's
+        value, as its cassette's misses show it), cassette and line."""
+        # (Loaded by now: a test used a tape.)
+        from .matching import Shown  # noqa: PLC0415
+        from .tape import shown  # noqa: PLC0415
 
-        return [
-            f"  {line} ({shown(Path(cassette).parent / origin)})"
-            for cassette, origin, line in sorted(self.unused - self.requested)
-        ]
+        lines = []
+        for cassette, origin, head, query in sorted(self.unused - self.requested):
+            hides = Shown(frozenset(self.hidden[cassette]))
+            request = head + (f"?{hides.query(query)}" if query else "")
+            lines.append(f"  {request} ({shown(Path(cassette).parent / origin)})")
+        return lines
 
     def line(self) -> str:
         asked = self.served + self.missed
@@ -170,6 +185,10 @@ class Totals:
             f"{self.refused} refused{recorded}, match rate {rate} ({counted(asked, 'request')}) "
             f"across {counted(len(self.cassettes), 'cassette')}"
         )
+
+
+def _recording(cassette: str, recorded: Recorded) -> Recording:
+    return cassette, recorded.origin, f"{recorded.method} {recorded.path}", recorded.query or ""
 
 
 def _is_file(path: Path) -> bool:

@@ -170,7 +170,7 @@ class ReplayServer:
         # What the user redacts (the defaults, if none): reports of requests hide it too.
         self.recordings = Recordings(
             MatchRules.of(ignore, match_headers),
-            Shown.of(redactor or Redactor()),
+            _shown(redactor or Redactor(), recorded),
             allow_repeats=allow_repeats,
             prefer=prefer,
             add_ids=add_ids,
@@ -178,8 +178,9 @@ class ReplayServer:
         self._digests: dict[int, Digest] = {}
         self._unframed: set[int] = set()  # recordings whose Content-Length is not their body's
         # What the replay sends otherwise than recorded, said as it loads (a Content-Length an
-        # edit made wrong, not redaction; a body cut or decoded in part when recorded).
-        self.not_as_recorded: list[str] = []
+        # edit made wrong, not redaction; a body cut or decoded in part when recorded): each
+        # with the index of its recording, as what a test was served is told by.
+        self.not_as_recorded: list[tuple[int, str]] = []
         self.tasks = Tasks(self.recorded, self.events_of, self._event_id)
         self.calls = CallMessages(self.recorded, self.events_of, self._event_id)
         # The protocols (plug-ins found, modules loaded: some 20-30 ms) now, not on the first
@@ -385,18 +386,17 @@ class ReplayServer:
         if recorded.protocol is None:  # recognised once, not on every comparison
             protocol = protocol_of(recorded)
             recorded.protocol = None if protocol is None else protocol.name
+        index = len(self.recorded)
         problem = length_problem(recorded)
         if problem is not None:
             # Sent, it would hang the client (too long) or cut the body (too short).
-            self._unframed.add(len(self.recorded))
+            self._unframed.add(index)
+        whys = _not_as_recorded(recorded)
         if problem is not None and not redacted(recorded):
-            where = f"{recorded.request_line} ({recorded.origin})"
-            said = f"{where}: {problem}; it is left out, and the body sent whole"
-            self.not_as_recorded.append(said)
-            log.warning("tasktape replay: %s", said)
-        for why in _not_as_recorded(recorded):
-            said = f"{recorded.request_line} ({recorded.origin}): {why}"
-            self.not_as_recorded.append(said)
+            whys.insert(0, f"{problem}; it is left out, and the body sent whole")
+        for why in whys:
+            said = f"{self.recordings.shown.request_line(recorded)} ({recorded.origin}): {why}"
+            self.not_as_recorded.append((index, said))
             log.warning("tasktape replay: %s", said)
         self.recordings.add(recorded, used)
         self.tasks.changed()
@@ -715,7 +715,7 @@ class ReplayServer:
             hint = f"its event ids run from {known[0]!r} to {known[-1]!r}"
         return (
             f"Last-Event-ID {last_id!r} names no event of the recorded stream "
-            f"({recorded.request_line}, {recorded.origin}); {hint}"
+            f"({self.recordings.shown.request_line(recorded)}, {recorded.origin}); {hint}"
         )
 
     def _event_id(self, index: int, n: int, event: StreamEvent) -> str | None:
@@ -783,6 +783,15 @@ def _closing(protocol_name: str | None) -> Callable[[StreamEvent], bool]:
         return protocol is not None and protocol.closes(event.data, event.event)
 
     return closing
+
+
+def _shown(redactor: Redactor, recorded: list[Recorded]) -> Shown:
+    """What reports show of requests: what ``redactor`` redacts, and what any of the
+    recordings holds redacted, known before the first of them is said as it loads."""
+    shown = Shown.of(redactor)
+    for r in recorded:
+        shown = shown.learned(r)
+    return shown
 
 
 def _not_as_recorded(recorded: Recorded) -> list[str]:

@@ -31,7 +31,7 @@ from .choosing import is_card
 from .faults import Faults
 from .fidelity import Divergence
 from .marker import marker_name, upstream_option
-from .matching import Incoming, mismatches
+from .matching import Incoming, Shown, mismatches
 from .misses import Miss
 from .modes import ReplayMode
 from .on_expired import OnExpired
@@ -45,16 +45,18 @@ if TYPE_CHECKING:
 NOT_RECORDINGS = frozenset({Outcome.UPSTREAM_ERROR, Outcome.REFUSED})
 
 
-def recordings_in(db: Path) -> tuple[list[Recorded], list[str]]:
+def recordings_in(db: Path, requests: Shown | None = None) -> tuple[list[Recorded], list[str]]:
     """What a tape's log recorded of the agent, and what failed (tasktape's own answer to
-    a failed upstream, or a refusal: no recording of the agent). The recordings are read
+    a failed upstream, or a refusal: no recording of the agent), its request as ``requests``
+    shows it (the redaction defaults' names hidden, if not given). The recordings are read
     on their own: a reconnect names its stream by its place among the exchanges read,
     which leaving some out of a list read whole would shift."""
     with contextlib.closing(sqlite3.connect(db)) as conn:
         outcomes = conn.execute("SELECT id, outcome FROM exchanges ORDER BY id").fetchall()
     kept = read_log(db, [n for n, outcome in outcomes if outcome not in NOT_RECORDINGS])
     left_out = read_log(db, [n for n, outcome in outcomes if outcome in NOT_RECORDINGS])
-    return kept, [f"{r.request_line}: {r.error}" for r in left_out]
+    shown = Shown.of(Redactor()) if requests is None else requests
+    return kept, [f"{shown.request_line(r)}: {r.error}" for r in left_out]
 
 
 def miss_hint(name: str | None) -> str:
@@ -202,12 +204,8 @@ class Tape:
         a Content-Length that is not the length of the body it holds (an edit by hand, most
         likely: sent without it), a body cut when recorded (sent cut), one decoded only in
         part (a 502)."""
-        server = self.server
-        # The server says each as "REQUEST (ORIGIN): why", of every recording it loaded.
-        served = tuple(
-            f"{r.request_line} ({r.origin}):" for r, n in zip(server.recorded, server.used, strict=True) if n
-        )
-        return [said for said in server.not_as_recorded if said.startswith(served)]
+        used = self.server.used
+        return [said for index, said in self.server.not_as_recorded if used[index]]
 
     def told(self) -> Told:
         """What :meth:`problems` has said once it said everything up to now."""
@@ -535,7 +533,8 @@ class TapeSession:
         o = self.options
         try:
             self._writer.close()
-            recorded, failed = recordings_in(self._folder / "recording.db")
+            requests = self._requests()
+            recorded, failed = recordings_in(self._folder / "recording.db", requests)
             self._anew = recorded
             new = [dataclasses.replace(r, recorded_by=o.test) for r in recorded]
             cut_short: list[str] = []
@@ -559,8 +558,8 @@ class TapeSession:
                 if self.tape is not None:
                     self.tape.written = len(new)
                 cut_short = [
-                    f"{r.request_line} (exchange {n} of {shown(o.cassette)}) was recorded cut short "
-                    f"({r.outcome})"
+                    f"{requests.request_line(r)} (exchange {n} of {shown(o.cassette)}) was recorded "
+                    f"cut short ({r.outcome})"
                     for n, r in enumerate(new, len(kept) + 1)
                     if r.cut_short
                 ]
@@ -568,6 +567,13 @@ class TapeSession:
         finally:
             self._writer = None
             shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _requests(self) -> Shown:
+        """How a recording run's lines show requests: as its replay's misses do (what the
+        cassette holds redacted hidden too, which the log's redaction may not know of)."""
+        if self.tape is None:  # (it did not start: what it redacts is all it knows)
+            return Shown.of(self.options.redactor)
+        return self.tape.server.recordings.shown
 
     def _writes(self, new: list[Recorded], failed: list[str], passed: bool) -> bool:
         """Whether the recording run writes the cassette: when it recorded something, and,

@@ -133,7 +133,7 @@ def export(
             _say(f"tasktape export: {counted(len(ids), 'exchange')} from {log} -> {output}")
     for r in under_way:
         _say(
-            f"tasktape export: {r.origin} ({r.request_line}) has no end in the log yet: exported as "
+            f"tasktape export: {r.origin} ({_request_line(r)}) has no end in the log yet: exported as "
             f"cut short ({Outcome.LOG_CLOSED})"
         )
 
@@ -142,6 +142,15 @@ def _say(line: str) -> None:
     """A line of what the command did, on standard error: the files it names as the console
     shows them."""
     click.echo(shown(line), err=True)
+
+
+def _request_line(recorded: Recorded) -> str:
+    """``recorded``'s request line as a replay's miss shows it: a log of tasktape 0.1.0 holds
+    the values of defaults' names it did not have yet (``refresh_token``, ``id_token``)."""
+    # (Imported here: matching loads the protocols, which import has no use for.)
+    from tasktape.replay.matching import Shown  # noqa: PLC0415
+
+    return Shown.of(Redactor()).request_line(recorded)
 
 
 def _check_output(target: Path) -> None:
@@ -245,8 +254,8 @@ def import_(
     An import stopped part-way (interrupted, killed) is finished by importing the file
     again; one of the same file when it held other content is refused unless
     --replace-unfinished.
-    Rows that cannot be written (a full disk) stop the import, its capture left unfinished:
-    importing the file again, with room, finishes it.
+    Rows that cannot be written stop the import, its capture left unfinished: when the
+    log was full (a full disk), importing the file again, with room, finishes it.
     Exit status: 0 imported, 1 not (the log busy with another writer, rows not written, an
     unfinished import of other content), 2 bad input (a file no cassette or flow file, --db
     no event log).
@@ -281,8 +290,7 @@ def import_(
     if writer.stats.rows_lost:
         lost = f"{writer.stats.rows_lost} rows could not be written to {db} ({writer.stats.last_error})"
         if stopped is not None:
-            lost += f": {stopped.path} is in it in part, as capture {stopped.capture}, left unfinished"
-            lost += "; importing it again, with room, finishes it"
+            lost += f": {stopped.told(db)}"
         raise click.ClickException(shown(lost))
 
 
@@ -412,11 +420,23 @@ class _Changed:
 
 @dataclass(frozen=True)
 class _Lost:
-    """Rows of a file's import that could not be written (a full disk): its ``capture``,
-    left unfinished."""
+    """Rows of a file's import that could not be written (a full disk, a row SQLite
+    refused): its ``capture``, left unfinished."""
 
     path: Path
     capture: int
+
+    def told(self, db: Path) -> str:
+        """What the import says of the file: importing it again finishes it once there is
+        room, when the log was full (the writer then marks what it kept without its bytes);
+        room does not help rows SQLite refused."""
+        said = f"{self.path} is in it in part, as capture {self.capture}, left unfinished"
+        with EventLog(db) as log:
+            cut = log.db.execute(_CUT_FOR_ROOM, (self.capture, LOG_FULL)).fetchone()
+        return said if cut is None else f"{said}; importing it again, with room, finishes it"
+
+
+_CUT_FOR_ROOM = "SELECT 1 FROM exchanges WHERE capture_id = ? AND instr(error, ?) LIMIT 1"
 
 
 _Stopped = _Changed | _Lost

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from tasktape.errors import TasktapeError, UsageError
 from tasktape.eventlog.console_text import shown
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import Redactor
+from tasktape.finite_json import finite_json
 from tasktape.replay.diff import Aspect, Difference, Report, Tolerance, diff_recordings
 from tasktape.replay.matching import MatchRules, Shown
 from tasktape.replay.pairing import Run
@@ -151,7 +151,7 @@ def _json(report: Report, a: Path, b: Path, tolerance: Tolerance, requests: Show
             "only_in_b": len(report.only_b),
         },
     }
-    click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    click.echo(finite_json(doc))
 
 
 @click.command()
@@ -174,7 +174,13 @@ def _json(report: Report, a: Path, b: Path, tolerance: Tolerance, requests: Show
     help="A JSON pointer of the request body to leave out of pairing, as replay's --ignore "
     "(repeatable; * for any key).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the pairs and their differences as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the pairs and their differences as JSON (a recorded number past a float's range, such as "
+    '1e999, as the string "Infinity" or "-Infinity").',
+)
 def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...], as_json: bool) -> None:
     """Show what changed between two recordings of the same scenarios (logs, cassettes, folders of cassettes).
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 import click
@@ -11,12 +12,14 @@ from click.core import ParameterSource
 
 from tasktape.errors import LogError, TasktapeError, UsageError
 from tasktape.eventlog.console_text import shown
+from tasktape.eventlog.exchange_rows import ExchangeSummary, Kept
 from tasktape.eventlog.file_kinds import is_log
 from tasktape.eventlog.frames import at_log_end
 from tasktape.eventlog.outcomes import Outcome
 from tasktape.eventlog.process_writer import ProcessLogWriter
 from tasktape.eventlog.recorded import Recorded
 from tasktape.eventlog.redact import Redactor
+from tasktape.proxy import RecordingProxy
 from tasktape.proxy.recorder import upstream_url
 from tasktape.replay import ReplayMode, ReplayServer, fidelity, load, settings
 from tasktape.replay.faults import Faults
@@ -34,6 +37,7 @@ from .listen import (
     warn_if_exposed,
 )
 from .option_checks import checked, each_named
+from .record import EXIT_LOG_FAILED
 from .redaction_options import json_pointers, redaction_options
 from .serving import bind, serve_until_stopped
 
@@ -148,6 +152,9 @@ def replay(
     pace (--speed), chunk by chunk, byte for byte; a Last-Event-ID header resumes one after
     that event; tasks/{id}:subscribe gets the task's recorded events. On exit, it says what
     was served, what missed or was refused, and which recordings were never used.
+    Exit status: 0 stopped (Ctrl-C), 1 it could not serve (a port in use, the --db log busy
+    with another writer), 2 bad input (a SOURCE no log or cassette, a bad --fault), 3
+    record-missing forwarded exchanges the log could not keep (rows not written).
     """
     if not sources and mode is not ReplayMode.PASSTHROUGH:  # (passthrough replays nothing)
         raise click.UsageError(
@@ -210,6 +217,7 @@ def replay(
         allowed_hosts=answered_hosts(host, allow_host),
         redactor=redactor,
     )
+    unrecorded = None if writer is None or server.proxy is None else _Unrecorded(server.proxy, writer, db)
     names = ", ".join(str(s) for s in sources)
     try:
         asyncio.run(
@@ -232,6 +240,37 @@ def replay(
             writer.close()
     for line in report(server, under_way):
         click.echo(shown(line), err=True)
+    if unrecorded is not None and unrecorded.stats.rows_lost:
+        for line in unrecorded.said():
+            click.echo(shown(line), err=True)
+        sys.exit(EXIT_LOG_FAILED)
+
+
+class _Unrecorded:
+    """record-missing: the forwarded exchanges the log does not keep whole (rows it could
+    not write), as the writer tells of each once it ends. One it holds nothing of is no
+    recording to replay: it is not read back from the log."""
+
+    def __init__(self, proxy: RecordingProxy, writer: ProcessLogWriter, db: Path | None) -> None:
+        self.exchanges: list[ExchangeSummary] = []
+        self.stats, self._db = writer.stats, db
+        self._replay, proxy.on_exchange = proxy.on_exchange, self._told
+
+    def _told(self, summary: ExchangeSummary) -> None:  # (on the writer's thread)
+        if summary.kept is not None:
+            self.exchanges.append(summary)
+        if summary.kept is not Kept.NOTHING and self._replay is not None:
+            self._replay(summary)
+
+    def said(self) -> list[str]:
+        """The exit summary's lines on what the log lost, as ``tasktape record`` says it."""
+        stats = self.stats
+        lost = f"{stats.rows_lost:,} rows could not be written to {self._db} ({stats.last_error})"
+        if not self.exchanges:
+            return [f"  {lost}"]
+        were = "was" if len(self.exchanges) == 1 else "were"
+        told = f"{counted(len(self.exchanges), 'forwarded exchange')} {were} not recorded whole"
+        return [f"  {told}, {lost}:", *(f"    {x.method} {x.path}: {x.kept}" for x in self.exchanges)]
 
 
 # The options only some modes use, by parameter name: given with another mode, they would

@@ -21,6 +21,7 @@ from tasktape.errors import CassetteError
 from tasktape.eventlog import EventLog, LogWriter
 from tasktape.eventlog.cassette import read_cassette, write_cassette
 from tasktape.eventlog.recorded import Recorded
+from tasktape.eventlog.redact import Redactor
 from tasktape.replay import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +80,28 @@ def test_an_exchange_the_log_holds_no_end_of_is_exported_cut_short(tmp_path: Pat
     assert cli("import", str(cassette), "--db", str(tmp_path / "copy.db"))[0] == 0
     assert cli("export", str(tmp_path / "copy.db"), "-o", str(tmp_path / "again.jsonl"))[0] == 0
     assert lines(tmp_path / "again.jsonl")[1:] == lines(cassette)[1:]
+
+
+def test_an_exchange_the_log_holds_no_end_of_is_said_without_a_credential_s_value(tmp_path: Path) -> None:
+    """tasktape 0.1.0 stored ``refresh_token``, ``id_token`` and ``access-token`` as sent (they
+    are defaults' names since): export's line of such an exchange still under way (its recorder
+    killed, or still writing) printed the value, which a replay's miss hides."""
+    log = tmp_path / "old.db"
+    writer = LogWriter(log, redactor=Redactor(defaults=False))  # (as 0.1.0 stored those names)
+    try:
+        capture = writer.begin_capture(source="record", upstream="http://127.0.0.1:9")
+        exchange = writer.begin_exchange(
+            capture, method="GET", path="/events", query="refresh_token=sk-live-3"
+        )
+        writer.response_head(exchange, status=200, headers=SSE, is_sse=True, ttfb_ns=1_000_000)
+        writer.chunk(exchange, 2_000_000, b"id: 1\ndata: {}\n\n")
+        writer.flush()
+        code, output = cli("export", str(log), "-o", str(tmp_path / "old.jsonl"))
+    finally:
+        writer.close()
+    assert code == 0, output
+    assert "old.db exchange 1 (GET /events?refresh_token=[REDACTED]) has no end in the log yet" in output
+    assert "sk-live" not in output
 
 
 def test_an_exchange_without_a_duration_goes_round_trip_unchanged(tmp_path: Path) -> None:

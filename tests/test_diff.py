@@ -512,6 +512,31 @@ def test_kinds_artifacts_and_usage_show_what_changed(tmp_path: Path) -> None:
     assert (credits["field"], credits["a"], credits["b"]) == ("credits", 1.2, 1.5)
 
 
+def test_a_number_past_a_floats_range_is_valid_json(tmp_path: Path) -> None:
+    """Credits of 1e999 and -1e999 in B (read as infinities) were printed bare, as Infinity
+    and -Infinity, which no JSON parser takes: they are strings now."""
+
+    def answer(credits: str, spent: str) -> list[dict[str, Any]]:
+        t, c = str(uuid.uuid4()), str(uuid.uuid4())
+        usage = {**USAGE, "credits": 1.5, "spent": [0.5]}
+        frames = [task(t, c), status(t, c, "TASK_STATE_COMPLETED", usage=usage)]
+        lines = sse_exchange("/message:stream", message("What does J45.909 mean?"), frames, f"{t}-")
+        for line in lines:  # (written as a recording holds them, not as Python writes infinity)
+            if "chunk" in line:
+                text = line["chunk"]["text"].replace('"credits":1.5', f'"credits":{credits}')
+                line["chunk"]["text"] = text.replace('"spent":[0.5]', f'"spent":[{spent}]')
+        return lines
+
+    a = cassette(tmp_path / "a.jsonl", answer("1.5", "0.5"))
+    b = cassette(tmp_path / "b.jsonl", answer("1e999", "-1e999"))
+    result = diff(a, b, "--json")
+    assert result.exit_code == 1, result.output
+    strict = json.loads(result.stdout, parse_constant=lambda word: pytest.fail(f"{word} is no JSON"))
+    (pair,) = strict["pairs"]
+    usage = {d["field"]: (d["a"], d["b"]) for d in pair["differences"] if d["aspect"] == "usage"}
+    assert usage == {"credits": (1.5, "Infinity"), "spent": ([0.5], ["-Infinity"])}
+
+
 def polled_path(lines: list[dict[str, Any]]) -> str:
     return next(
         line["exchange"]["request"]["path"]

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from log_rows import rows_in
 
+from tasktape.eventlog import LogWriter
+
 EXCHANGES = 6000
 LOG_SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGINT": signal.SIGINT}
 
@@ -250,3 +252,65 @@ def test_an_import_that_fills_the_disk_is_finished_by_running_it_again(tmp_path:
     )
     assert run("import", str(file), "--db", str(clean)).returncode == 0
     assert contents(db) == contents(clean)
+
+
+def a2a_cassette(path: Path, input_tokens: int) -> Path:
+    """A cassette of one A2A stream whose closing statusUpdate's $usage counts
+    ``input_tokens``."""
+    frames = [
+        {"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}},
+        {
+            "statusUpdate": {
+                "taskId": "t1",
+                "contextId": "c1",
+                "status": {"state": "TASK_STATE_COMPLETED"},
+                "metadata": {"$usage": {"model": "m-1", "inputTokens": input_tokens, "outputTokens": 3}},
+            }
+        },
+    ]
+    exchange = {
+        "request": {"method": "POST", "path": "/message:stream", "body": json.dumps({"message": {}})},
+        "response": {"status": 200, "headers": [["Content-Type", "text/event-stream"]]},
+        "started_at": "2026-11-30T11:00:00.000001Z",
+    }
+    lines = [json.dumps({"tasktape_cassette": 1}), json.dumps({"exchange": exchange})]
+    for n, frame in enumerate(frames):
+        lines.append(json.dumps({"chunk": {"offset_ms": n + 1, "text": f"data: {json.dumps(frame)}\n\n"}}))
+    lines.append(json.dumps({"end": {"duration_ms": 3, "outcome": "complete"}}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_token_count_past_64_bits_is_imported_as_none(tmp_path: Path) -> None:
+    """A $usage count SQLite's INTEGER cannot hold once failed every import of the file
+    (saying that importing it again, with room, would finish it): it is imported, the count
+    none and the event's $usage as it was."""
+    file, db = a2a_cassette(tmp_path / "big.jsonl", 10**30), tmp_path / "log.db"
+    done = run("import", str(file), "--db", str(db))
+    assert done.returncode == 0 and done.stderr == f"tasktape import: 1 exchange from {file} -> {db}\n"
+    with contextlib.closing(sqlite3.connect(db)) as read:
+        row = read.execute("SELECT outcome, model, input_tokens, output_tokens FROM exchanges").fetchone()
+        (usage,) = read.execute("SELECT usage FROM events WHERE usage IS NOT NULL").fetchone()
+    assert row == ("complete", "m-1", None, 3)
+    assert json.loads(usage)["inputTokens"] == 10**30
+
+
+def test_rows_sqlite_refuses_are_not_said_to_want_room(tmp_path: Path) -> None:
+    """Rows lost for another reason than room (here a trigger of the log refuses them)
+    stop the import as a full disk does, but room would not finish it: the import does not
+    say it would."""
+    file, db = cassette(tmp_path / "big.jsonl", uids=True), tmp_path / "log.db"
+    with LogWriter(db):
+        pass
+    with contextlib.closing(sqlite3.connect(db)) as log:
+        refuse = "SELECT RAISE(ABORT, 'refused')"
+        log.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.seq > 0 BEGIN {refuse}; END")
+    refused = run("import", str(file), "--db", str(db))
+    assert refused.returncode == 1
+    assert re.fullmatch(
+        rf"Error: \d+ rows could not be written to {re.escape(str(db))} \([^\n]+\): "
+        rf"{re.escape(str(file))} is in it in part, as capture 1, left unfinished\n",
+        refused.stderr,
+    ), refused.stderr
+    assert "IntegrityError: refused" in refused.stderr
+    assert unfinished(db)[1] is None

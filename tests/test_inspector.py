@@ -675,3 +675,32 @@ async def test_an_artifact_that_came_whole_in_a_response_says_where(ds: Datasett
             (f"{a['events']} events · " if a["events"] else "") + whole for a in got["artifacts"]
         ), lines
         assert bool(streamed) == (scenario == "dropped")  # the thinking streamed before the drop
+
+
+async def test_the_charts_add_up_counts_past_64_bits(tmp_path: Path) -> None:
+    """Two streams of the same model, each counting input tokens and credits SQLite holds
+    (2**63 - 1, 2**62), add up past 64 bits: the tokens chart's query and the credits
+    metric's failed with "integer overflow", and the dashboard drew neither."""
+    path = tmp_path / "counts.db"
+    usage = {"model": "m-1", "inputTokens": 2**63 - 1, "outputTokens": 2, "credits": 2**62}
+    with LogWriter(path) as w:
+        cap = w.begin_capture(source="test")
+        for task_id in ("t1", "t2"):
+            ex = w.begin_exchange(cap, method="POST", path="/message:stream")
+            w.response_head(
+                ex, status=200, headers={"content-type": "text/event-stream"}, is_sse=True, ttfb_ns=1
+            )
+            frames = [task(task_id, "c"), status(task_id, "c", "TASK_STATE_COMPLETED", usage=usage)]
+            w.chunk(ex, 1000, b"".join(sse(frames)))
+            w.end_exchange(ex, duration_ns=10_000)
+    ds = create_datasette(path)
+    charts = dashboards("counts")["streams"]["charts"]
+    got = {}
+    for slug in ("tokens", "credits"):
+        query = quote(charts[slug]["query"])
+        got[slug] = await rows(ds, f"/counts.json?sql={query}&_shape=objects")
+    assert sorted((r["tokens_of"], r["tokens"]) for r in got["tokens"]) == [
+        ("input", 2.0 * (2**63 - 1)),
+        ("output", 4.0),
+    ]
+    assert got["credits"] == [{"n": 2.0 * 2**62}]

@@ -363,3 +363,48 @@ async def test_a_token_count_is_the_requests_input_tokens(record: RecordFactory)
         (x,) = log.exchanges()
     assert (x["protocol"], x["rpc_method"]) == ("anthropic", "messages.count_tokens")
     assert x["input_tokens"] == counted.input_tokens == 42
+
+
+async def test_a_token_count_the_log_cannot_hold_is_none(record: RecordFactory) -> None:
+    """Token counts past SQLite's INTEGER (64 bits) once failed the writer's batch, and the
+    exchange was lost: they are none now, the other counts kept. Anthropic's input tokens
+    add the cache's to its own: counts each within 64 bits may add up to one past them."""
+    chat_usage = {
+        "prompt_tokens": 10**30,
+        "completion_tokens": 5,
+        "total_tokens": 10**30 + 5,
+        "prompt_tokens_details": {"cached_tokens": True},
+    }
+    usage_chunk = {**chat_chunk(0, {}, "stop"), "usage": chat_usage}
+    chats = await record(answering([chat_chunk(0, {"content": "Hi"}), usage_chunk, "[DONE]"]))
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": [],
+            "usage": {"input_tokens": 2**63 - 1, "cache_read_input_tokens": 7, "output_tokens": 1},
+        },
+    }
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2**64}}
+    anthropics = await record(answering([start, delta, {"type": "message_stop"}]))
+    for rec, path in ((chats, "/v1/chat/completions"), (anthropics, "/v1/messages")):
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        async with rec.session.post(f"{rec.url}{path}", json=body) as response:
+            assert response.status == 200 and "_tokens" in await response.text()
+    with await chats.log() as chat_log, await anthropics.log() as anthropic_log:
+        (chat_x,), (anthropic_x,) = chat_log.exchanges(), anthropic_log.exchanges()
+        chat_usage_kept = [json.loads(e["usage"]) for e in chat_log.events(chat_x["id"]) if e["usage"]]
+    assert chats.writer.stats.rows_lost == anthropics.writer.stats.rows_lost == 0
+    assert (chat_x["protocol"], chat_x["finish"], chat_x["answer"]) == ("openai", "stop", "Hi")
+    assert (chat_x["input_tokens"], chat_x["output_tokens"], chat_x["cached_input_tokens"]) == (None, 5, None)
+    assert chat_usage_kept[-1] == {"output_tokens": 5}  # (the event's usage: what the log can hold)
+    assert (anthropic_x["protocol"], anthropic_x["finish"]) == ("anthropic", "end_turn")
+    # (the output tokens the message began with stand: the later count is none)
+    assert (
+        anthropic_x["input_tokens"],
+        anthropic_x["output_tokens"],
+        anthropic_x["cached_input_tokens"],
+    ) == (None, 1, 7)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from conftest import RecordFactory
 from llm_servers import anthropic_app, openai_app
 from test_llm_streams import chat, messages, responses
@@ -503,6 +504,60 @@ def test_a2a_usage_reaches_stream_summary(tmp_path: Path) -> None:
         34,
         "TASK_STATE_COMPLETED",
     )
+
+
+def a2a_answering(usage: dict[str, Any]) -> web.Application:
+    """An A2A agent whose stream ends with a statusUpdate carrying ``usage`` as its $usage."""
+    frames = [
+        {"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}},
+        {
+            "statusUpdate": {
+                "taskId": "t1",
+                "contextId": "c1",
+                "status": {"state": "TASK_STATE_COMPLETED"},
+                "metadata": {"$usage": usage},
+            }
+        },
+    ]
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n, frame in enumerate(frames):
+            await response.write(f"id: {n}\ndata: {json.dumps(frame)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/message:stream", stream)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("tokens", "kept"),
+    [
+        ((10**30, 3), (None, 3)),  # past SQLite's INTEGER: once, the whole exchange was lost
+        ((2**63 - 1, -(2**63)), (2**63 - 1, -(2**63))),  # its bounds, kept
+        ((2**63, -(2**63) - 1), (None, None)),
+        ((True, False), (None, None)),  # JSON's true is no count
+    ],
+    ids=["10**30", "int64 bounds", "past them", "booleans"],
+)
+async def test_an_a2a_token_count_the_log_cannot_hold_is_none(
+    record: RecordFactory, tokens: tuple[Any, Any], kept: tuple[int | None, int | None]
+) -> None:
+    usage = {"model": "m-1", "inputTokens": tokens[0], "outputTokens": tokens[1], "credits": 1.5}
+    rec = await record(a2a_answering(usage))
+    async with rec.session.post(f"{rec.url}/message:stream", json={"message": {}}) as response:
+        assert response.status == 200 and b"TASK_STATE_COMPLETED" in await response.read()
+    with await rec.log() as log:
+        (x,) = log.exchanges()
+        (row,) = log.stream_summary(x["id"])
+        (usage_event,) = [e for e in log.events(x["id"]) if e["usage"]]
+    assert rec.writer.stats.rows_lost == 0
+    assert (x["outcome"], row["finish"], row["model"]) == ("complete", "TASK_STATE_COMPLETED", "m-1")
+    assert (row["input_tokens"], row["output_tokens"]) == kept
+    assert json.loads(usage_event["usage"]) == usage  # the event keeps $usage as it came
 
 
 def test_a_requests_header_is_its_first_value_whatever_the_names_case() -> None:

@@ -816,6 +816,53 @@ def test_recording_from_an_upstream_that_is_down(project: pytest.Pytester) -> No
     assert not (project.path / "cassettes").exists()
 
 
+def test_what_a_recording_run_did_not_get_or_got_cut_short_hides_what_its_cassette_redacts(
+    project: pytest.Pytester, agent: Agent
+) -> None:
+    """A query parameter the cassette holds redacted (``sess=[REDACTED]``, recorded with
+    redact_query=["sess"] once) is a credential to the replay's misses; the lines of what the
+    upstream failed to answer and of a recording cut short printed its value as sent."""
+    (project.path / "cassettes").mkdir()
+    (project.path / "cassettes" / "sess.jsonl").write_text(
+        '{"tasktape_cassette": 2}\n'
+        '{"exchange": {"request": {"method": "GET", "path": "/a", "query": "sess=[REDACTED]"}, '
+        '"response": {"status": 204}}}\n'
+        '{"end": {"duration_ms": 1, "outcome": "complete"}}\n'
+    )
+    project.makepyfile(
+        test_sess="""
+        import os
+        import httpx
+        import pytest
+
+        BODY = {"message": {"role": "ROLE_USER", "parts": [{"text": "What does J45.909 mean?"}]}}
+        SESS = "sk-live-" + "8"  # (a failure's source shows no sess=sk-live-...)
+
+        @pytest.mark.tasktape("cassettes/sess.jsonl", upstream="http://127.0.0.1:9")
+        def test_down(tasktape):
+            assert httpx.get(f"{tasktape.url}/b?sess={SESS}").status_code == 502
+
+        @pytest.mark.tasktape("cassettes/sess.jsonl")
+        def test_stream(tasktape):
+            url = f"{tasktape.url}/message:stream?sess={SESS}"
+            with httpx.stream("POST", url, json=BODY) as response:
+                for n, _ in enumerate(response.iter_lines()):
+                    if n == 3:
+                        raise RuntimeError("a bug in the client")
+        """
+    )
+    result = run(project, "--tasktape-record-mode=new_episodes", f"--tasktape-upstream={agent.url}")
+    result.assert_outcomes(passed=1, failed=1, errors=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  GET /b?sess=[[]REDACTED]: upstream http://127.0.0.1:9 failed before answering: *",
+            "*PytestWarning: tasktape: POST /message:stream?sess=[[]REDACTED] (exchange 2 of "
+            "cassettes/sess.jsonl) was recorded cut short (client_disconnected)*",
+        ]
+    )
+    assert "sess=sk-live" not in result.stdout.str()
+
+
 def test_once_leaves_no_cassette_for_a_test_that_did_not_pass_before_any_request(
     project: pytest.Pytester, agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

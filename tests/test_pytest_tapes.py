@@ -234,6 +234,62 @@ def test_what_a_tape_says_of_its_recordings_hides_the_values_its_misses_hide(
     assert "sk-live-5" not in out and "sk-live-6" not in out and "GET /b?mode=sk-live-7" not in out
 
 
+def test_the_run_s_unused_recordings_and_warnings_hide_the_values_misses_hide(
+    project: pytest.Pytester,
+) -> None:
+    """The list of unused recordings that ends a run (-v) and the warning of a Content-Length
+    edited by hand printed their query as recorded (a cassette written by hand with ?key=...);
+    the list hides what any test of the cassette hides (one marker's redact_query names)."""
+    exchange = (
+        '{{"exchange": {{"request": {{"method": "GET", "path": "{}", "query": "{}"}}, '
+        '"response": {{"status": 200, "headers": [["Content-Type", "text/plain"]{}]}}}}}}'
+    )
+    lines = [
+        '{"tasktape_cassette": 2}',
+        exchange.format("/a", "key=sk-live-5&mode=sk-live-6&page=2", ""),
+        '{"chunk": {"offset_ms": 1, "text": "part"}}',
+        '{"end": {"duration_ms": 2, "outcome": "complete"}}',
+        exchange.format("/c", "key=sk-live-7", ', ["Content-Length", "99"]'),
+        '{"chunk": {"offset_ms": 1, "text": "part"}}',
+        '{"end": {"duration_ms": 2, "outcome": "complete"}}',
+        "",
+    ]
+    (project.path / "cassettes" / "by_hand.jsonl").write_text("\n".join(lines))
+    project.makepyfile(
+        test_hidden="""
+        import urllib.request
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/by_hand.jsonl", redact_query=["mode"])
+        def test_asks_for_c(tasktape):
+            assert urllib.request.urlopen(tasktape.url + "/c?key=sk-live-7").read() == b"part"
+
+        @pytest.mark.tasktape("cassettes/by_hand.jsonl")
+        def test_asks_for_nothing(tasktape):
+            pass
+        """
+    )
+    result = run(project, "-v")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*PytestWarning: tasktape: GET /c?key=[[]REDACTED] (by_hand.jsonl:5): its Content-Length 99 "
+            "is not the length of the body it holds (4 bytes); it is left out, and the body sent whole",
+            "tasktape: 1 served, 0 missed, 1 unused, 0 refused, *",
+            "tasktape: unused recordings:",
+            "  GET /a?key=[[]REDACTED]&mode=[[]REDACTED]&page=2 (cassettes/by_hand.jsonl:2)",
+        ]
+    )
+    assert "sk-live" not in result.stdout.str()
+    # The tests on two pytest-xdist workers: what each worker's tapes hide is sent along.
+    parallel = run(project, "-v", "-n", "2")
+    parallel.assert_outcomes(passed=2)
+    parallel.stdout.fnmatch_lines(
+        ["  GET /a?key=[[]REDACTED]&mode=[[]REDACTED]&page=2 (cassettes/by_hand.jsonl:2)"]
+    )
+    assert "sk-live" not in parallel.stdout.str()
+
+
 def test_new_episodes_of_one_upstream_replay_the_others(
     project: pytest.Pytester, upstreams: Upstreams
 ) -> None:

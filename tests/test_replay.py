@@ -795,6 +795,68 @@ async def test_a_recorded_length_that_is_not_the_body_s_is_left_out(
     assert [r for r in caplog.records if r.name == "tasktape.replay"] == []
 
 
+def test_what_a_load_says_of_a_recording_hides_the_values_misses_hide(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Content-Length edited by hand and a body cut when recorded were said with the query
+    as recorded (a cassette written by hand with ?key=...): a miss hides the defaults' names,
+    those the replay is told to redact, and those any recording holds redacted, a later one too."""
+
+    def answer(query: str, **fields: Any) -> Recorded:
+        return Recorded(
+            method="GET",
+            path="/x",
+            query=query,
+            status=200,
+            response_headers=[("Content-Type", "application/json")],
+            chunks=[(0, BODY)],
+            outcome="complete",
+            **fields,
+        )
+
+    wrong_length = answer("key=sk-live-1&mode=sk-live-2&sess=sk-live-3&page=1")
+    wrong_length.response_headers.append(("Content-Length", "99"))
+    recorded = [
+        wrong_length,
+        answer("mode=sk-live-4", response_body_truncated=True),
+        answer("sess=[REDACTED]"),
+    ]
+    write_cassette(tmp_path / "c.jsonl", recorded)
+    ReplayServer(load([tmp_path / "c.jsonl"]), speed=0, redactor=Redactor(query=["mode"]))
+    said = [r.getMessage() for r in caplog.records if r.name == "tasktape.replay"]
+    assert [line.split(": ", 2)[1] for line in said] == [
+        "GET /x?key=[REDACTED]&mode=[REDACTED]&sess=[REDACTED]&page=1 (c.jsonl:2)",
+        "GET /x?mode=[REDACTED] (c.jsonl:5)",
+    ]
+    assert "sk-live" not in "".join(said)
+
+
+async def test_a_resume_from_no_recorded_event_is_refused_without_a_credential_s_value(
+    serve: Serve,
+) -> None:
+    """The refusal named the recorded stream by its request as recorded (``?key=...``), which
+    a client's test output shows, though a miss's answer hides it."""
+    stream = Recorded(
+        method="GET",
+        path="/events",
+        query="key=sk-live-1",
+        status=200,
+        response_headers=[("Content-Type", "text/event-stream")],
+        chunks=[(0, b"id: 1\ndata: a\n\n")],
+        outcome="complete",
+        is_sse=True,
+        origin="c.jsonl:2",
+    )
+    url = await serve(ReplayServer([stream], speed=0).app)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/events?key=sk-live-1", headers={"Last-Event-ID": "nope"}) as r,
+    ):
+        text = await r.text()
+    assert r.status == 400 and "sk-live" not in text
+    assert "names no event of the recorded stream (GET /events?key=[REDACTED], c.jsonl:2)" in text
+
+
 async def test_a_replayed_answer_has_the_recorded_headers_and_a_date(tmp_path: Path, serve: Serve) -> None:
     """aiohttp names itself in a Server header and types an untyped body: a replayed answer
     gets neither, only a Date where the recording has none (as the recorder passes it on)."""

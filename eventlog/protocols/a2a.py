@@ -26,6 +26,7 @@ from ..a2a_terms import (
 from ..classify import Classification, classify, load_json
 from ..requests import A2A_METHODS, READ_METHODS, classify_parsed, rest_operation
 from ..rules import RULES
+from ..stored_counts import stored_count
 from . import a2a_rejoin
 from .base import (
     CatchUp,
@@ -213,14 +214,15 @@ class A2AReader(StreamReader):
             texts[:] = [text or ""]  # a lastChunk's consolidation (or a restart) replaces the deltas
 
     def _usage(self, usage: dict[str, Any]) -> None:
-        """$usage is protobuf JSON: camelCase (snake_case is read too)."""
+        """$usage is protobuf JSON: camelCase (snake_case is read too). A count the log
+        cannot hold (past 64 bits) is none."""
         s = self.summary
         model = usage.get("model")
-        tokens_in = usage.get("inputTokens", usage.get("input_tokens"))
-        tokens_out = usage.get("outputTokens", usage.get("output_tokens"))
+        tokens_in = stored_count(usage.get("inputTokens", usage.get("input_tokens")))
+        tokens_out = stored_count(usage.get("outputTokens", usage.get("output_tokens")))
         s.model = model if isinstance(model, str) else s.model
-        s.input_tokens = tokens_in if isinstance(tokens_in, int) else s.input_tokens
-        s.output_tokens = tokens_out if isinstance(tokens_out, int) else s.output_tokens
+        s.input_tokens = s.input_tokens if tokens_in is None else tokens_in
+        s.output_tokens = s.output_tokens if tokens_out is None else tokens_out
 
     def finished(self) -> Summary:
         answer = [

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from ..classify import Classification, is_json, load_json
 from ..frames import Problem, Stream, readable
+from ..stored_counts import stored_count
 from .base import (
     Protocol,
     Request,
@@ -53,8 +54,14 @@ class AnthropicKind(StrEnum):
 _KINDS = {k.value: k for k in AnthropicKind if k is not AnthropicKind.THINKING}  # (no event type)
 _DELTA_KINDS = frozenset({AnthropicKind.CONTENT_BLOCK_DELTA})
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})  # a block that calls a tool
-_TOKENS = ("input_tokens", "output_tokens")
 _CACHE_READ, _CACHE_WRITE = "cache_read_input_tokens", "cache_creation_input_tokens"
+# The counts of a usage object, and the names tasktape gives them (as OpenAI's mean them).
+_NAMES = {
+    "input_tokens": "input_tokens",
+    "output_tokens": "output_tokens",
+    _CACHE_READ: "cached_input_tokens",
+    _CACHE_WRITE: _CACHE_WRITE,
+}
 REFUSAL = "refusal"  # the stop_reason of an answer the model declined to give
 
 
@@ -242,18 +249,18 @@ class AnthropicReader(StreamReader):
         """Token counts as OpenAI's mean them: the input is every input token (Anthropic's
         ``input_tokens`` leaves out those read from the cache and those written to it),
         ``cached_input_tokens`` those read from the cache; ``cache_creation_input_tokens``
-        those written to it. A count that comes later (message_delta) is a running total."""
+        those written to it. A count that comes later (message_delta) is a running total. A
+        count the log cannot hold (past 64 bits) is none."""
         out: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
         if not isinstance(usage, dict):
             return out or None
-        self._cache.update((k, usage[k]) for k in self._cache if type(usage.get(k)) is int)
-        out.update((k, usage[k]) for k in _TOKENS if type(usage.get(k)) is int)
-        if "input_tokens" in out:
-            out["input_tokens"] += self._cache[_CACHE_READ] + self._cache[_CACHE_WRITE]
-        if type(usage.get(_CACHE_READ)) is int:
-            out["cached_input_tokens"] = usage[_CACHE_READ]
-        if type(usage.get(_CACHE_WRITE)) is int:
-            out[_CACHE_WRITE] = usage[_CACHE_WRITE]
+        counts = {k: stored_count(usage.get(k)) for k in _NAMES}
+        self._cache.update((k, counts[k]) for k in self._cache if counts[k] is not None)
+        if (given := counts["input_tokens"]) is not None:
+            cached = self._cache[_CACHE_READ] + self._cache[_CACHE_WRITE]
+            # (counts the log holds may add up to one it does not)
+            counts["input_tokens"] = stored_count(given + cached)
+        out.update((_NAMES[k], n) for k, n in counts.items() if n is not None)
         return out or None
 
     def _count(self, usage: dict[str, Any] | None) -> None:

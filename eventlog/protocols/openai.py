@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from ..classify import Classification, is_json
 from ..frames import Problem, Stream, readable
+from ..stored_counts import stored_count
 from .base import (
     Protocol,
     Request,
@@ -203,7 +204,8 @@ _COUNTS = (
 
 
 def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
-    """Token counts in one vocabulary (``_COUNTS``), and the model."""
+    """Token counts in one vocabulary (``_COUNTS``), and the model; a count the log cannot
+    hold (past 64 bits) is none."""
     out: dict[str, Any] = {}
     if isinstance(model, str):
         out["model"] = model
@@ -211,8 +213,8 @@ def _usage(model: Any, usage: Any) -> dict[str, Any] | None:
         value: Any = usage
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
-        if type(value) is int:
-            out[ours] = value
+        if (count := stored_count(value)) is not None:
+            out[ours] = count
     return out or None
 
 
