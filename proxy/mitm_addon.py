@@ -10,6 +10,7 @@ process, never on mitmproxy's event loop.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import gc
 import logging
@@ -44,6 +45,7 @@ from tasktape.proxy.mitm_flows import (
     request_fields,
     unimportable,
     unkept_status,
+    unsent,
 )
 from tasktape.proxy.mitm_options import WRITER_OPTIONS, WriterSettings
 
@@ -394,13 +396,34 @@ class TasktapeRecorder:
             state.buffered_events = head["is_sse"]
 
     def response(self, flow: http.HTTPFlow) -> None:
-        state = self.flows.pop(flow.id, None)
+        state = self.flows.get(flow.id)
         if state is None:
             self._unfollowed(flow)
             return
-        assert self.writer is not None and flow.response is not None
-        state.send_head(self.writer)  # (a buffered body's: mitmproxy sends it after this hook)
-        body = flow.response.raw_content
+        assert flow.response is not None
+        body = flow.response.raw_content  # as it stands now, as the addon records a flow
+        # mitmproxy sends the response (a buffered body's head and body; a streamed one's
+        # end) only once every addon's response hook has run, and sends nothing, calling no
+        # error hook, if one of them killed the flow or its client left meanwhile. It runs
+        # the hooks, then acts on them, in one task: what it did is known once that is done.
+        hook = _running_task()
+        if hook is None:  # (mitmproxy's test harness calls hooks outside a proxy)
+            self._answered(flow, state, body)
+        else:
+            hook.add_done_callback(lambda _: self._answered(flow, state, body))
+
+    def _answered(self, flow: http.HTTPFlow, state: InFlight, body: bytes | None) -> None:
+        """End a flow's exchange as mitmproxy ended it after its response hook: the
+        response (``body``, if buffered) sent, or not (the flow killed, its client gone).
+        Nothing if the log was closed in between (it ended the exchange)."""
+        if state.ended:
+            return
+        del self.flows[flow.id]
+        assert self.writer is not None
+        if flow.error is not None:
+            self._end(flow, state, *unsent(flow))
+            return
+        state.send_head(self.writer)  # (a buffered body's)
         if state.response_tee is None and body and not state.answer_unkept:
             self.writer.chunk(state.exchange, state.offset(), body)
             if state.buffered_events:
@@ -459,6 +482,13 @@ class TasktapeRecorder:
         self._read[flow_id] = None
         if len(self._read) > _REMEMBERED:
             del self._read[next(iter(self._read))]
+
+
+def _running_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop runs
+        return None
 
 
 def _say_undecoded(done: Future[ExchangeSummary]) -> None:

@@ -30,6 +30,7 @@ from .kept_body import KeptBody
 # What mitmproxy says when the client side went away (HTTP/1; an HTTP/2 stream reset; an
 # HTTP/3 stream closed).
 _CLIENT_GONE = ("Client disconnected.", "stream reset by client", "stream closed by client")
+_KILLED = "killed in mitmproxy (by an addon or by hand)"  # (an exchange's error)
 
 # The note on an SSE exchange whose body mitmproxy buffered whole before saving it.
 UNTIMED = (
@@ -176,13 +177,17 @@ def head_fields(response: http.Response) -> dict[str, Any]:
     }
 
 
+def _client_gone(message: str) -> str:
+    return f"the client went away mid-exchange: {message}"
+
+
 def ending(flow: http.HTTPFlow) -> tuple[str, str]:
     """The outcome and error of a flow that mitmproxy ended with an error, named as
     ``tasktape record`` names them."""
     assert flow.error is not None
     message = flow.error.msg
     if message == Error.KILLED_MESSAGE:
-        return Outcome.KILLED, "killed in mitmproxy (by an addon or by hand)"
+        return Outcome.KILLED, _KILLED
     # A live flow also tells by its connections: mitmproxy stops reading the client's as
     # the client leaves, before this hook (and may have closed the upstream's on passing
     # that on). An HTTP/2 client's close or GOAWAY has no message of its own ("peer closed
@@ -191,13 +196,25 @@ def ending(flow: http.HTTPFlow) -> tuple[str, str]:
         flow.live and not flow.client_conn.state & ConnectionState.CAN_READ
     )
     if client_gone:
-        return Outcome.CLIENT_DISCONNECTED, f"the client went away mid-exchange: {message}"
+        return Outcome.CLIENT_DISCONNECTED, _client_gone(message)
     if flow.response is None:
         return Outcome.UPSTREAM_ERROR, f"the upstream failed before answering: {message}"
     if not _head_sent(flow, flow.response):
         why = "the upstream broke off mid-response, whose head mitmproxy had kept (buffering the body)"
         return Outcome.UPSTREAM_ERROR, f"{why}: {message}"
     return Outcome.UPSTREAM_DISCONNECTED, dropped(message)
+
+
+def unsent(flow: http.HTTPFlow) -> tuple[str, str]:
+    """The outcome and error of a flow that mitmproxy, once every addon's response hook
+    had run, found with an error: it sent the client nothing more and called no error
+    hook. It looks for two things only: the flow killed (by an addon or by hand), or its
+    client gone meanwhile (a request protocol error queued)."""
+    assert flow.error is not None
+    message = flow.error.msg
+    if message == Error.KILLED_MESSAGE:
+        return Outcome.KILLED, _KILLED
+    return Outcome.CLIENT_DISCONNECTED, _client_gone(message)
 
 
 # A flow's metadata key: its response was streamed through by tasktape's addon.

@@ -486,6 +486,88 @@ async def test_a_head_mitmproxy_kept_from_a_client_that_left_is_not_kept(tmp_pat
         ], how
 
 
+# An addon loaded after tasktape's: its response hook, once it has let the event loop run,
+# kills /kill* flows, and holds /left until the client has gone (noting "response /left").
+LATER = """
+import asyncio
+from mitmproxy.connection import ConnectionState
+
+class Later:
+    async def response(self, flow):
+        await asyncio.sleep(0)
+        if flow.request.path.startswith("/kill"):
+            flow.kill()
+        elif flow.request.path == "/left":
+            with open(MARKS, "a") as f:
+                f.write("response /left\\n")
+            for _ in range(1000):  # (at most 10 s)
+                if not flow.client_conn.state & ConnectionState.CAN_READ:
+                    break
+                await asyncio.sleep(0.01)
+
+addons = [Later()]
+"""
+
+
+async def _answer_by_path(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    if head.startswith(b"GET /kill-streamed "):  # chunked: its end is sent after the response hook
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n")
+        writer.write(b"\r\n9\r\ndata: 1\n\n\r\n0\r\n\r\n")
+    else:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    await writer.drain()
+    writer.close()
+
+
+async def _got(port: int, path: str) -> bytes:
+    """What a client asking ``path`` (on a connection of its own) got, until the connection closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    got = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    return got
+
+
+async def test_a_response_a_later_addon_kills_or_its_client_leaves_is_not_recorded_sent(
+    tmp_path: Path,
+) -> None:
+    """mitmproxy sends a buffered body's response only after every addon's response hook,
+    and nothing (with no error hook) if one killed the flow or the client left meanwhile:
+    such exchanges were recorded complete, status 200, body kept. A streamed body's client
+    had the head and chunks, not the end."""
+    port, db = free_port(), tmp_path / "later.db"
+    later, marks = tmp_path / "later.py", tmp_path / "marks.txt"
+    later.write_text(f"MARKS = {str(marks)!r}\n{LATER}")
+    args = [MITMDUMP, "-s", str(addon_path()), "-s", str(later), "--set", f"tasktape_db={db}"]
+    async with raw_upstream(_answer_by_path) as url:
+        args += mitmdump_args(tmp_path / "conf", f"reverse:{url}@{port}")
+        args += ["--set", "connection_strategy=lazy"]  # (no upstream connection without a request)
+        with running(args, [port], tmp_path / "out.txt"):
+            assert (await _got(port, "/kept")).endswith(b"\r\n\r\n{}")
+            assert await _got(port, "/kill") == b""
+            streamed = await _got(port, "/kill-streamed")  # (its last chunk, the empty one, missing)
+            assert streamed.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert streamed.endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n")
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /left HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            await asyncio.to_thread(wait_for_mark, marks, "response /left")
+            writer.close()
+            await writer.wait_closed()
+            rows = await asyncio.to_thread(wait_for_exchanges, db, 0, 4)
+    with EventLog(db) as log:
+        got = [(x["path"], x["status"], x["outcome"], log.body(x["id"])) for x in rows]
+    assert got == [
+        ("/kept", 200, "complete", b"{}"),
+        ("/kill", None, "killed", b""),
+        ("/kill-streamed", 200, "killed", b"data: 1\n\n"),
+        ("/left", None, "client_disconnected", b""),
+    ]
+    assert rows[3]["error"] == "the client went away mid-exchange: Client disconnected."
+
+
 async def test_a_body_the_log_cannot_decode_is_said_in_mitmproxys_log(tmp_path: Path) -> None:
     """As tasktape record says it on stderr: the log keeps such a body as it came, which
     search and replay matching cannot read. It was only in the exchange's error."""
