@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from a2a_frames import status, task
 from log_rows import rows_in
 
 from tasktape.eventlog import LogWriter
@@ -257,17 +258,8 @@ def test_an_import_that_fills_the_disk_is_finished_by_running_it_again(tmp_path:
 def a2a_cassette(path: Path, input_tokens: int) -> Path:
     """A cassette of one A2A stream whose closing statusUpdate's $usage counts
     ``input_tokens``."""
-    frames = [
-        {"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}},
-        {
-            "statusUpdate": {
-                "taskId": "t1",
-                "contextId": "c1",
-                "status": {"state": "TASK_STATE_COMPLETED"},
-                "metadata": {"$usage": {"model": "m-1", "inputTokens": input_tokens, "outputTokens": 3}},
-            }
-        },
-    ]
+    usage = {"model": "m-1", "inputTokens": input_tokens, "outputTokens": 3}
+    frames = [task("t1", "c1"), status("t1", "c1", "TASK_STATE_COMPLETED", usage)]
     exchange = {
         "request": {"method": "POST", "path": "/message:stream", "body": json.dumps({"message": {}})},
         "response": {"status": 200, "headers": [["Content-Type", "text/event-stream"]]},

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from a2a_frames import status, task
 from aiohttp import web
 from conftest import RecordFactory
 from llm_servers import anthropic_app, openai_app
@@ -508,17 +509,7 @@ def test_a2a_usage_reaches_stream_summary(tmp_path: Path) -> None:
 
 def a2a_answering(usage: dict[str, Any]) -> web.Application:
     """An A2A agent whose stream ends with a statusUpdate carrying ``usage`` as its $usage."""
-    frames = [
-        {"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}},
-        {
-            "statusUpdate": {
-                "taskId": "t1",
-                "contextId": "c1",
-                "status": {"state": "TASK_STATE_COMPLETED"},
-                "metadata": {"$usage": usage},
-            }
-        },
-    ]
+    frames = [task("t1", "c1"), status("t1", "c1", "TASK_STATE_COMPLETED", usage)]
 
     async def stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

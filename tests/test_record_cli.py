@@ -462,54 +462,35 @@ def test_serving_keeps_the_start_up_heap_out_of_collections() -> None:
     assert frozen[0] > 10_000  # the interpreter's and aiohttp's objects, at the least
 
 
-async def test_a_recorder_whose_output_is_closed_before_it_listens_says_where_and_goes_on(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("stdout", "said"),
+    [
+        ("closed", "standard output cannot be written (it was closed): nothing more is printed on it"),
+        ("none", "there is no standard output: nothing is printed on it"),
+    ],
+)
+async def test_a_recorder_whose_output_is_gone_before_it_listens_says_where_and_goes_on(
+    tmp_path: Path, stdout: str, said: str
 ) -> None:
     """`tasktape record ... | true`: standard output closed before the listening line, which
-    failed (BrokenPipeError), and the recorder exited 1 having recorded nothing. The line goes
-    to standard error, saying why, and the recorder records as ever."""
+    failed (BrokenPipeError), and the recorder exited 1 having recorded nothing; with none at
+    all (`>&-`), the line went nowhere, unsaid. It goes to standard error, saying why, and the
+    recorder records as ever."""
     db = tmp_path / "captures.db"
+    args = ["-m", "tasktape", "record", "--listen", "127.0.0.1:0", "--upstream"]
     async with serve(upstream_app(events=5)) as upstream:
-        proc = recorder_process(upstream, db, stderr=subprocess.PIPE)
+        command = [sys.executable, *args, upstream, "--db", str(db)]
+        if stdout == "none":
+            command = ["bash", "-c", 'exec "$@" >&-', "bash", *command]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert proc.stdout is not None and proc.stderr is not None
             proc.stdout.close()  # (as `| true` does, before the recorder says anything)
-            first = (await asyncio.to_thread(proc.stderr.readline)).decode()
-            url = re.search(r"^tasktape record: listening on (http://\S+)", first)
-            assert url, first
-            said = (await asyncio.to_thread(proc.stderr.readline)).decode()
-            body = await post_stream(url[1])
-            proc.send_signal(signal.SIGINT)
-            status = await asyncio.to_thread(proc.wait, 30)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
-    assert said == (
-        "tasktape record: standard output cannot be written (it was closed): nothing more is printed on it\n"
-    )
-    assert status == 0 and body.count(b"\n\n") == 5
-    with EventLog(db) as log:
-        assert [x["outcome"] for x in log.exchanges()] == ["complete"]
-
-
-async def test_a_recorder_started_with_no_standard_output_says_its_listening_line(tmp_path: Path) -> None:
-    """`tasktape record ... >&-`: with no standard output, its listening line went nowhere,
-    unsaid. It goes to standard error, saying why."""
-    db = tmp_path / "captures.db"
-    async with serve(upstream_app(events=5)) as upstream:
-        args = ["-m", "tasktape", "record", "--listen", "127.0.0.1:0", "--upstream", upstream]
-        proc = subprocess.Popen(
-            ["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, *args, "--db", str(db)],
-            stderr=subprocess.PIPE,
-        )
-        try:
-            assert proc.stderr is not None
             # (a recorder that says nothing would keep a bare read waiting: the kill ends it)
             first = (await asyncio.wait_for(asyncio.to_thread(proc.stderr.readline), 60)).decode()
             url = re.search(r"^tasktape record: listening on (http://\S+)", first)
             assert url, first
-            said = (await asyncio.to_thread(proc.stderr.readline)).decode()
+            second = (await asyncio.to_thread(proc.stderr.readline)).decode()
             body = await post_stream(url[1])
             proc.send_signal(signal.SIGINT)
             status = await asyncio.to_thread(proc.wait, 30)
@@ -517,5 +498,7 @@ async def test_a_recorder_started_with_no_standard_output_says_its_listening_lin
             if proc.returncode is None:
                 proc.kill()
                 proc.wait()
-    assert said == "tasktape record: there is no standard output: nothing is printed on it\n"
+    assert second == f"tasktape record: {said}\n"
     assert status == 0 and body.count(b"\n\n") == 5
+    with EventLog(db) as log:
+        assert [x["outcome"] for x in log.exchanges()] == ["complete"]
