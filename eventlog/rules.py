@@ -100,9 +100,12 @@ def stream_end(streams: Sequence[Stream]) -> Iterator[Problem]:
             continue
         if all(f.c.kind == A2AKind.MESSAGE for f in frames):
             continue  # the agent answered with a Message: no task, no lifecycle
-        if any(f.c.kind in _STATEFUL and f.c.state in TERMINAL_STATES for f in frames):
+        # Its own task's states alone (its first event's task): another task's end, in an event
+        # that named the wrong task, ends nothing of it.
+        own = [f for f in frames if f.task_id == stream.task_id] or frames
+        if any(f.c.kind in _STATEFUL and f.c.state in TERMINAL_STATES for f in own):
             continue  # it did end; what came after is after-terminal's to report
-        last = frames[-1]
+        last = own[-1]
         if last.c.kind in _STATEFUL and last.c.state in ENDS_A_STREAM:
             continue
         yield Problem(

@@ -295,6 +295,15 @@ def test_plain_responses_carry_a_state_too() -> None:
     assert report_recorded([card]).exchanges == 0
 
 
+def test_another_tasks_end_in_a_stream_does_not_end_its_own() -> None:
+    """A stream whose task stayed WORKING, an event naming another task COMPLETED at its end:
+    no finding at all (any task's end counted as the stream's), though the log's views leave
+    its task WORKING. The stream's own task (its first event's) decides."""
+    frames = [*run_ending("TASK_STATE_WORKING")[:2], status("task.other", C, "TASK_STATE_COMPLETED")]
+    (finding,) = check_recorded([stream(frames)])
+    assert (finding.rule, finding.seq, finding.task_id) == ("stream-end", 1, T)
+
+
 def test_a_stream_cut_short_is_noted_not_broken() -> None:
     events = [*sse(run_ending("TASK_STATE_COMPLETED")[:2], ids="e"), b'data: {"artifactUpd']
     report = report_recorded([stream(events, outcome="upstream_disconnected")])
