@@ -344,7 +344,12 @@ def streams_of(
                 )
                 task_id = frame.task_id
                 stream.frames.append(frame)
-        elif recorded.chunks and stream.complete and not recorded.response_body_truncated:
+        elif (
+            recorded.chunks
+            and stream.complete
+            and not recorded.response_body_truncated
+            and not recorded.still_encoded  # (as kept: not what the client read)
+        ):
             body = recorded.body.decode("utf-8", "replace")
             c = reader.body(body)
             if c is not None:

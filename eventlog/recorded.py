@@ -108,6 +108,16 @@ class Recorded:
         return rest_undecoded(self.error) if self.decoded_from else None
 
     @property
+    def still_encoded(self) -> bool:
+        """Whether its body is held, in whole or in part, in a Content-Encoding the log could
+        not decode (zstd, a broken gzip): bytes no protocol reads as what they say."""
+        coded = any(
+            name.lower() == "content-encoding" and value.strip().lower() not in ("", "identity")
+            for name, value in self.response_headers
+        )
+        return (coded and not self.decoded_from) or self.partly_decoded is not None
+
+    @property
     def resumed_from(self) -> str | None:
         """The Last-Event-ID the recorded request resumed from."""
         return next((v for k, v in self.request_headers if k.lower() == "last-event-id"), None)

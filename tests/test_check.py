@@ -731,3 +731,24 @@ async def test_a_stream_rejoined_mid_artifact_goes_on_from_its_subscribe_s_snaps
         f"the lastChunk of artifact {open_id} is not its text in the Task at event 0 and the {deltas} "
         "deltas after it joined: they differ at character 0 ('X"
     )
+
+
+def test_an_answer_the_log_holds_in_a_coding_it_could_not_decode_is_not_read() -> None:
+    """A valid OpenAI answer sent with Content-Encoding: zstd (which the log cannot decode)
+    was read as its compressed bytes: an openai-frame finding, exit 1, on a recording the
+    client read whole. Such a body is not checked, as one cut at --max-body is not."""
+    request = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+    def answer(*coding: tuple[str, str]) -> Recorded:
+        return Recorded(
+            method="POST",
+            path="/v1/chat/completions",
+            request_body=request,
+            status=200,
+            response_headers=[("Content-Type", "application/json"), *coding],
+            chunks=[(1_000_000, b"\x28\xb5\x2f\xfd\x00\x58not json to a reader")],
+            outcome="complete",
+        )
+
+    assert rules_broken(answer(("Content-Encoding", "zstd"))) == []
+    assert rules_broken(answer()) == ["openai-frame"]  # (the same bytes said to be plain: read)
