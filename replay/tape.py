@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import math
 import os
 import shutil
 import sqlite3
@@ -16,10 +17,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from aiohttp import web
 
 from tasktape.choices import parse_choice
-from tasktape.errors import CassetteError, TapeError, TasktapeError, Unfaithful, UnknownTape
+from tasktape.errors import CassetteError, TapeError, TasktapeError, Unfaithful, UnknownTape, UsageError
 from tasktape.eventlog import SSEDecoder, SSEEvent
 from tasktape.eventlog.cassette import read_cassette, read_header, write_cassette
 from tasktape.eventlog.outcomes import Outcome
@@ -215,15 +217,30 @@ class Tape:
     def events(self) -> list[SSEEvent]:
         """The SSE events of the cassette's streams, in recorded order; in a recording run,
         of the recordings it keeps and then of those the test recorded so far (a stream
-        still coming in, up to what has come), as the cassette is written."""
+        still coming in, up to what has come), as the cassette is written. Their ids are
+        those a client is sent (with add_ids, the ones added to events recorded without)."""
+        # A recording is known to the server by its place among those it serves.
+        served = {id(r): index for index, r in enumerate(self.server.recorded)}
         events: list[SSEEvent] = []
         for recorded in [*self.recorded, *self.anew()]:
             if recorded.is_sse:
                 decoder = SSEDecoder()
-                for _, data in recorded.chunks:
-                    events += decoder.feed(data)
-                events += decoder.close()
+                decoded = [e for _, data in recorded.chunks for e in decoder.feed(data)]
+                events += self._as_sent(served.get(id(recorded)), [*decoded, *decoder.close()])
         return events
+
+    def _as_sent(self, index: int | None, decoded: list[SSEEvent]) -> list[SSEEvent]:
+        """``decoded``, the events of the server's recording ``index``, with the ids its replay
+        gives them (add_ids: those recorded without one get the server's); as recorded when
+        the server does not serve it (``index`` None: what a recording run forwarded)."""
+        if index is None:
+            return decoded
+        spans = self.server.events_of(index)  # the same decoder's events: one span each
+        given = [self.server._event_id(index, n, span) for n, span in enumerate(spans, 1)]
+        return [
+            msgspec.structs.replace(event, id=event_id) if event.complete else event
+            for event, event_id in zip(decoded, given, strict=True)
+        ]
 
     def fault(self, spec: str | Faults) -> None:
         """Arm a fault spec from the test, as ``POST /_tasktape/faults`` does: its scope
@@ -252,9 +269,9 @@ class Tape:
         ``"client-left"``, ``"stopped"``: one, or a list of them), and, given ``max_lateness_ms``, on time
         to within it."""
         __tracebackhide__ = True  # a failure (or a mistake in ``allow``) is shown at the test's line
-        kinds = (allow,) if isinstance(allow, str) else allow  # one kind, never its letters
         try:
-            allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in kinds}
+            allowed = {parse_choice(Divergence, kind, "a kind of difference") for kind in _kinds(allow)}
+            _check_lateness(max_lateness_ms)
         except TasktapeError as exc:
             raise exc.with_traceback(None) from None  # without tasktape's frames below
         lines = []
@@ -319,6 +336,35 @@ class Tape:
             for r in self.cut_short
         ]
         return "\n".join(lines) or None
+
+
+def _kinds(allow: object) -> list[str]:
+    """The kinds of difference ``allow`` names: one (never its letters), or an iterable of them."""
+    if isinstance(allow, str):
+        return [allow]
+    said = f"allow={allow!r}: give a kind of difference (a str) or an iterable of them"
+    if not isinstance(allow, Iterable):
+        raise UsageError(said)
+    kinds = list(allow)
+    if not all(isinstance(kind, str) for kind in kinds):
+        raise UsageError(said)
+    return kinds
+
+
+def _check_lateness(max_lateness_ms: object) -> None:
+    """Refuse a ``max_lateness_ms`` no lateness compares with as meant: not a number (a bool
+    would pass for 0 or 1 ms), NaN (every comparison false: nothing would fail), negative."""
+    if max_lateness_ms is None:
+        return
+    if (
+        isinstance(max_lateness_ms, bool)
+        or not isinstance(max_lateness_ms, int | float)
+        or not math.isfinite(max_lateness_ms)
+        or max_lateness_ms < 0
+    ):
+        raise UsageError(
+            f"max_lateness_ms={max_lateness_ms!r}: give a finite number of milliseconds, 0 or more (or None)"
+        )
 
 
 class Tapes(Mapping[str, Tape]):

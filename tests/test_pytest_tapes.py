@@ -432,3 +432,65 @@ def test_the_last_upstream_given_for_a_name_wins(project: pytest.Pytester, upstr
     given = (f"--tasktape-upstream={upstreams.agent}", f"--tasktape-upstream=llm={upstreams.llm}")
     run(project, "--tasktape-record-mode=once", *given).assert_outcomes(passed=1)
     assert upstreams.requests == ["POST /v1/chat/completions", "POST /message:stream"]
+
+
+def test_a_tape_s_events_carry_the_ids_add_ids_sends(project: pytest.Pytester) -> None:
+    """The ids a client resumes with are those of ``tasktape.events``: with add_ids, the ones
+    the replay adds to events recorded without an id."""
+    project.makepyfile(
+        test_ids="""
+        import httpx
+        import pytest
+
+        MESSAGES = [{"role": "user", "content": "Say hello"}]
+        BODY = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+
+        @pytest.mark.tasktape("cassettes/chat.jsonl", add_ids=True)
+        def test_ids(tasktape):
+            with httpx.stream("POST", f"{tasktape.url}/v1/chat/completions", json=BODY) as response:
+                seen = [line[4:] for line in response.iter_lines() if line.startswith("id: ")]
+            assert seen == ["tt1.1", "tt1.2", "tt1.3"]
+            assert [event.id for event in tasktape.events] == seen
+
+        @pytest.mark.tasktape("cassettes/chat.jsonl")
+        def test_no_ids(tasktape):
+            httpx.post(f"{tasktape.url}/v1/chat/completions", json=BODY)
+            assert [event.id for event in tasktape.events] == [None, None, None]
+        """
+    )
+    run(project).assert_outcomes(passed=2)
+
+
+def test_assert_faithful_refuses_arguments_it_cannot_use(project: pytest.Pytester) -> None:
+    """Before any stream is served too: a mistake shows at once, not on a later run."""
+    project.makepyfile(
+        test_faithful="""
+        import pytest
+
+        @pytest.mark.tasktape("cassettes/chat.jsonl", allow_repeats=True)
+        @pytest.mark.parametrize(
+            "given", [{"allow": None}, {"allow": 3}, {"allow": ["fault", 3]}, {"max_lateness_ms": "5"},
+                      {"max_lateness_ms": float("nan")}, {"max_lateness_ms": True}, {"max_lateness_ms": -1}]
+        )
+        def test_refused(tasktape, given):
+            tasktape.assert_faithful(**given)
+
+        @pytest.mark.tasktape("cassettes/chat.jsonl", allow_repeats=True)
+        def test_accepted(tasktape):
+            tasktape.assert_faithful(allow=("fault", "resume"), max_lateness_ms=0)
+            tasktape.assert_faithful(allow="fault", max_lateness_ms=2.5)
+        """
+    )
+    result = run(project)
+    result.assert_outcomes(failed=7, passed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "E *UsageError: allow=None: give a kind of difference (a str) or an iterable of them",
+            "E *UsageError: allow=3: give a kind of difference (a str) or an iterable of them",
+            "E *UsageError: allow=['fault', 3]: give a kind of difference (a str) or an *",
+            "E *UsageError: max_lateness_ms='5': give a finite number of milliseconds, 0 or *",
+            "E *UsageError: max_lateness_ms=nan: give a finite number of milliseconds, 0 or *",
+            "E *UsageError: max_lateness_ms=True: give a finite number of milliseconds, 0 or *",
+            "E *UsageError: max_lateness_ms=-1: give a finite number of milliseconds, 0 or *",
+        ]
+    )
