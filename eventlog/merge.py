@@ -3,7 +3,9 @@
 Integer ids are local to a file, so every row merged gets the output's next ones; what
 names a capture or an exchange across logs is its ``uid``. A merge is idempotent: an
 exchange whose uid the output holds adds nothing, except what it gained since (a log still
-being recorded, merged again: the rest of an exchange that was under way, and its end).
+being recorded, merged again: the rest of an exchange that was under way, and its end). One
+whose rows differ from the source's at the same seq is another exchange under that uid (a
+cassette edited by hand, imported): it is left as the output holds it, and reported.
 
 Each input is merged in one transaction that reads it as one snapshot, so a log a recorder
 is still writing can be merged; the output is held as its writer for the whole merge.
@@ -16,7 +18,7 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -58,6 +60,20 @@ def _no_end(row: str) -> str:
     return f"({row}.outcome = '{Outcome.LOG_CLOSED}' AND {row}.duration_ns IS NULL)"
 
 
+# The columns that hold a row's bytes, compared to tell a continuation from another exchange
+# under the same uid (times are not: an import may hold them otherwise).
+_CONTENT = {"stored_chunks": ("data",), "events": ("event_id", "event_type", "data")}
+
+
+def _differs(table: str) -> str:
+    """Whether a row of the output's exchange m differs from source exchange s's at its seq."""
+    same = " AND ".join(f"o.{c} IS r.{c}" for c in _CONTENT[table])
+    return (
+        f"EXISTS (SELECT 1 FROM main.{table} o JOIN src.{table} r ON r.exchange_id = s.id"
+        f" AND r.seq = o.seq WHERE o.exchange_id = m.id AND NOT ({same}))"
+    )
+
+
 _UNDER_WAY = (
     f"m.id IS NULL OR m.outcome IS NULL OR ({_no_end('m')} AND s.outcome IS NOT NULL AND NOT {_no_end('s')})"
 )
@@ -81,11 +97,16 @@ _HEAD_COLUMNS = frozenset(
         "body_encoding",
     }
 )
+# An exchange the output holds whose rows differ from the source's is neither under way
+# nor fresh: nothing of the source's is spliced into it.
+_DIFFERS = f"m.id IS NOT NULL AND ({_differs('stored_chunks')} OR {_differs('events')})"
 _FRESH = (
     "CREATE TEMP TABLE merged_exchanges AS"
-    f" SELECT s.id AS src_id, m.id AS dst_id, {_UNDER_WAY} AS under_way,"
-    f" {_UNDER_WAY} OR {_fewer('stored_chunks')} OR {_fewer('events')} AS fresh"
-    " FROM src.exchanges s LEFT JOIN main.exchanges m ON m.uid = s.uid"
+    " SELECT src_id, dst_id, differs, NOT differs AND under_way AS under_way,"
+    " NOT differs AND (under_way OR fewer) AS fresh FROM ("
+    f" SELECT s.id AS src_id, m.id AS dst_id, {_DIFFERS} AS differs, {_UNDER_WAY} AS under_way,"
+    f" {_fewer('stored_chunks')} OR {_fewer('events')} AS fewer"
+    " FROM src.exchanges s LEFT JOIN main.exchanges m ON m.uid = s.uid)"
 )
 
 # Whether the source holds an exchange the output holds under way further along: ended
@@ -103,6 +124,7 @@ class MergeReport:
     """What merging one log added to the output."""
 
     source: Path
+    output: Path | None = None
     captures: int = 0
     ended: int = 0  # captures the output held under way, ended since
     exchanges: int = 0
@@ -111,6 +133,9 @@ class MergeReport:
     events: int = 0
     findings: int = 0
     resumes: int = 0
+    # (output's id, source's id) of each exchange under a uid both hold whose rows differ:
+    # left as the output holds it
+    conflicts: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def added(self) -> bool:
@@ -118,6 +143,9 @@ class MergeReport:
 
     def describe(self) -> str:
         """One line for the console."""
+        return "; ".join((self._what_added(), *self._conflicts_said()))
+
+    def _what_added(self) -> str:
         if not self.added and not self.findings and not self.resumes:
             return f"{self.source}: nothing new"
         counts = (
@@ -132,6 +160,13 @@ class MergeReport:
         )
         parts = [f"{n:,} {_plural(what, n)}" for n, what in counts if n]
         return f"{self.source}: added {', '.join(parts)}"
+
+    def _conflicts_said(self) -> list[str]:
+        return [
+            f"uid conflict: exchange {kept} kept as {self.output} holds it;"
+            f" {self.source} exchange {other} differs"
+            for kept, other in self.conflicts
+        ]
 
 
 def _plural(what: str, n: int) -> str:
@@ -190,7 +225,7 @@ def _merge_one(conn: sqlite3.Connection, source: Path, output: Path) -> MergeRep
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                report = _copy(conn, MergeReport(source))
+                report = _copy(conn, MergeReport(source, output))
                 conn.execute("COMMIT")
             except sqlite3.DatabaseError as exc:
                 _roll_back(conn)
@@ -286,6 +321,12 @@ def _copy(conn: sqlite3.Connection, report: MergeReport) -> MergeReport:
         " JOIN src.exchanges s ON s.uid = m.uid WHERE s.id = src_id) WHERE dst_id IS NULL"
     )
     conn.execute("CREATE UNIQUE INDEX temp.merged_exchanges_src ON merged_exchanges (src_id)")
+    report.conflicts = [
+        (dst, src)
+        for src, dst in conn.execute(
+            "SELECT src_id, dst_id FROM temp.merged_exchanges WHERE differs ORDER BY dst_id"
+        )
+    ]
 
     # The rows of fresh exchanges, in the order they were written (rowids follow arrival).
     stored = _copy_rows(conn, "stored_chunks")
@@ -320,7 +361,7 @@ def _copy_findings(conn: sqlite3.Connection) -> int:
     output's id."""
     conn.execute(
         "CREATE TEMP TABLE merged_checks AS SELECT f.src_id, f.dst_id FROM src.findings r"
-        " JOIN merged_exchanges f ON f.src_id = r.exchange_id GROUP BY f.src_id"
+        " JOIN merged_exchanges f ON f.src_id = r.exchange_id WHERE NOT f.differs GROUP BY f.src_id"
         " HAVING max(r.checked_at) > coalesce((SELECT max(o.checked_at) FROM main.findings o"
         " WHERE o.exchange_id = f.dst_id), '')"
     )

@@ -430,6 +430,33 @@ def test_a_copy_imported_from_a_mid_recording_export_is_continued_by_the_finishe
     assert not merge_logs([path], copy)[0].added
 
 
+def test_an_exchange_of_the_same_uid_whose_rows_differ_is_kept_as_the_output_holds_it(tmp_path: Path) -> None:
+    """A cassette with a chunk deleted by hand, imported, keeps the exchange's uid: merging
+    the log it was exported from appended the source's last chunk again (a second COMPLETED
+    event, findings neither log had), and said nothing of it."""
+    path, cassette, copy = tmp_path / "live.db", tmp_path / "edited.jsonl", tmp_path / "copy.db"
+    recorded_in_halves(path, lambda: None)
+    runner = CliRunner()
+    assert runner.invoke(main, ["export", str(path), "--no-cards", "-o", str(cassette)]).exit_code == 0
+    lines = cassette.read_text().splitlines(keepends=True)
+    second = [n for n, line in enumerate(lines) if line.startswith('{"chunk"')][1]  # WORKING
+    cassette.write_text("".join(lines[:second] + lines[second + 1 :]))
+    assert runner.invoke(main, ["import", str(cassette), "--db", str(copy)]).exit_code == 0
+    held = {t: rows for t, rows in rows_by_uid(copy).items() if t != "captures"}
+    result = runner.invoke(main, ["merge", str(path), "-o", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert result.output == (
+        f"tasktape merge: {path}: added 1 capture;"  # (the recording's: the import made its own)
+        f" uid conflict: exchange 1 kept as {copy} holds it; {path} exchange 1 differs\n"
+    )
+    assert {t: rows for t, rows in rows_by_uid(copy).items() if t != "captures"} == held
+    with EventLog(copy) as log:
+        (x,) = log.exchanges()
+        assert log.body(x["id"]) == b"".join(LIVE_CHUNKS[:1] + LIVE_CHUNKS[2:])
+    (again,) = merge_logs([path], copy)
+    assert (again.added, again.conflicts) == (False, [(1, 1)])
+
+
 def test_a_copy_imported_redacted_keeps_its_request_redacted_when_continued(tmp_path: Path) -> None:
     """Continuing an import's exchange took every column from the source: the values the
     import had redacted came back in clear."""
