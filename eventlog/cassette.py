@@ -733,10 +733,11 @@ def _escaped(m: re.Match[str]) -> str:
 
 
 def _check_json(value: Any, what: str) -> None:
-    """A value written into a cassette as it is: one JSON has no form for (a datetime) is
-    a :class:`CassetteError` naming it."""
+    """A value written into a cassette as it is: one JSON has no form for (a datetime, NaN or
+    infinity, which Python would write as no JSON reader takes) is a :class:`CassetteError`
+    naming it."""
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:  # (ValueError: a list that holds itself)
         raise CassetteError(f"{what} is written as JSON, which has no form for it: {exc}") from None
 

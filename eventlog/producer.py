@@ -25,6 +25,7 @@ from tasktape.errors import LogError, UnknownExchange, UsageError, WriterClosed
 from tasktape.version import __version__
 
 from .exchange_rows import ExchangeSummary, Headers, utc_iso
+from .listed import header_problem, headers_listed
 from .outcomes import Outcome
 from .redact import Redactor
 from .resumes import Resume
@@ -157,8 +158,11 @@ class LogProducer:
         ``request_decoded_from``: the body is given as a log keeps it, decoded already from
         this Content-Encoding (``"identity"``: kept as sent), and is stored so, not decoded
         by its headers (an import's). None: as the client sent it."""
+        _text("method", method, "the request's method, such as 'GET'")
+        _text("path", path, "the request's path, such as '/'")
         _text_or_none("request_decoded_from", request_decoded_from, "a Content-Encoding")
         request_body = checked_body(request_body)
+        request_headers = _pairs(request_headers, "request_headers")
         _text_or_none("query", query, "the URL's query string")
         exchange_id = next(self._exchange_ids)
         if request_body and not self._admit(len(request_body)):
@@ -177,7 +181,7 @@ class LogProducer:
                     method,
                     path,
                     query,
-                    _pairs(request_headers),
+                    request_headers,
                     request_body,
                     request_body_truncated,
                     uid,
@@ -218,10 +222,13 @@ class LogProducer:
         if isinstance(status, bool) or not isinstance(status, int) or not MIN_STATUS <= status <= MAX_STATUS:
             raise UsageError(f"status is an HTTP status, {MIN_STATUS} to {MAX_STATUS}, not {status!r}")
         check_bound("ttfb_ns", ttfb_ns, whole=True, least=0)
+        if type(is_sse) is not bool:  # the writer's thread would lose the head for it
+            raise UsageError(f"is_sse is True or False, not {is_sse!r}")
+        pairs = _pairs(headers, "the response headers")
         self._check_open(exchange_id, "response_head()")
         self._put(
             (
-                *(HEAD, exchange_id, status, _pairs(headers), is_sse, ttfb_ns),
+                *(HEAD, exchange_id, status, pairs, is_sse, ttfb_ns),
                 *(content_encoding, decoded_from, bool(body_truncated)),
             )
         )
@@ -485,6 +492,13 @@ def checked_piece(offset_ns: Any, data: Any) -> tuple[int, bytes]:
     return int(offset_ns), bytes(data)
 
 
+def _text(name: str, value: Any, meaning: str) -> None:
+    """A UsageError at the call for a value that is not text: the log would keep an exchange
+    that no replay or cassette can take."""
+    if not isinstance(value, str):
+        raise UsageError(f"{name} is {meaning} (str), not {type(value).__name__}")
+
+
 def _text_or_none(name: str, value: Any, meaning: str) -> None:
     """A UsageError at the call for a value that is neither text nor None."""
     if value is not None and type(value) is not str:
@@ -545,12 +559,17 @@ def check_options(redactor: Any, tap: Any) -> None:
         )
 
 
-def _pairs(headers: Headers | None) -> list[tuple[str, str]] | None:
-    """Headers as a plain list of pairs: what any writer can keep, or send to a process."""
+def _pairs(headers: Headers | Mapping[str, str] | None, what: str) -> list[tuple[str, str]] | None:
+    """Headers as a plain list of pairs: what any writer can keep, or send to a process. Pairs
+    of another kind (bytes, None values, three items) are a UsageError at the call: they were
+    kept as Python's writing of them ("b'X-N'", "None")."""
     if headers is None:
         return None
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    return [(str(k), str(v)) for k, v in items]
+    pairs = list(headers.items()) if isinstance(headers, Mapping) else headers_listed(headers, what)
+    problem = header_problem(pairs, what)
+    if problem is not None:
+        raise UsageError(problem)
+    return [(str(k), str(v)) for k, v in pairs]  # (str: a name as multidict's istr, kept as plain text)
 
 
 _open_writers: weakref.WeakSet[LogProducer] = weakref.WeakSet()

@@ -88,10 +88,12 @@ class Recorded:
             raise UsageError(problem)
 
     def misshapen(self) -> str | None:
-        """What keeps its headers and chunks from the shapes they have (None: nothing):
+        """What keeps its request line, headers and chunks from the shapes they have (None:
+        nothing): method and path text, a query text or None, a request body bytes or None,
         ``(name, value)`` pairs of strings, and ``(offset_ns, bytes)`` pairs."""
         return (
-            header_problem(self.request_headers, "Recorded's request_headers")
+            _request_problem(self)
+            or header_problem(self.request_headers, "Recorded's request_headers")
             or header_problem(self.response_headers, "Recorded's response_headers")
             or _chunks_problem(self.chunks)
         )
@@ -135,6 +137,20 @@ class Recorded:
         from .protocols.base import Request  # noqa: PLC0415 - loaded with the protocols
 
         return Request(self.method, self.path, self.request_headers, self.request_body)
+
+
+def _request_problem(r: Recorded) -> str | None:
+    """What keeps the request line and body from text and bytes (None: nothing): served,
+    checked or written, they failed with TypeError far from where they were made."""
+    for name in ("method", "path"):
+        if not isinstance(getattr(r, name), str):
+            return f"Recorded's {name} is text (str), not {type(getattr(r, name)).__name__}"
+    if not isinstance(r.query, str | None):
+        return f"Recorded's query is the URL's query string (str) or None, not {type(r.query).__name__}"
+    if not isinstance(r.request_body, bytes | None):
+        hint = ": encode it" if isinstance(r.request_body, str) else ""
+        return f"Recorded's request_body is bytes or None, not {type(r.request_body).__name__}{hint}"
+    return None
 
 
 def _chunks_problem(chunks: Any) -> str | None:

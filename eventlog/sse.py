@@ -302,7 +302,9 @@ class SSEDecoder:
         if self._closed:
             raise DecoderClosed("feed() called on a closed SSEDecoder")
         if not chunk:
-            return []
+            if isinstance(chunk, bytes | bytearray):
+                return []
+            raise _not_bytes(chunk)  # (None, "", 0: read as no bytes, they were taken)
         buf = self._buf
         buf += chunk
         if self._at_start:

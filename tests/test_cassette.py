@@ -594,7 +594,7 @@ def test_exchange_uids_are_read_as_a_log_holds_them(tmp_path: Path) -> None:
     [
         (Recorded(method="GET", path="/", status=200, chunks=[(5, b"b"), (1, b"a")]), "goes back in time"),
         (Recorded(method="GET", path="/", status=200, chunks=[(-1, b"a")]), "offset_ms"),
-        (Recorded(method=None, path="/"), "method"),  # type: ignore[arg-type]
+        (Recorded(method="", path="/"), "method"),
         (Recorded(method="GET", path="no-slash"), "path"),
     ],
 )

@@ -6,6 +6,7 @@ tree, or does what was meant."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 from datetime import UTC, datetime
@@ -234,22 +235,53 @@ def test_exchange_ids_given_as_one_id_or_text_are_refused_saying_how(tmp_path: P
             {"request_headers": [("Accept",)]},
             "request_headers are (name, value) pairs of strings, not ('Accept',)",
         ),
+        ({"request_body": "hello"}, "request_body is bytes or None, not str: encode it"),
+        ({"path": None}, "path is text (str), not NoneType"),
+        ({"method": b"GET"}, "method is text (str), not bytes"),
+        ({"query": 5}, "query is the URL's query string (str) or None, not int"),
     ],
-    ids=["text chunk", "float offset", "bytes for chunks", "dict of headers", "header without value"],
+    ids=[
+        "text chunk",
+        "float offset",
+        "bytes for chunks",
+        "dict of headers",
+        "header without value",
+        "text request body",
+        "no path",
+        "bytes method",
+        "int query",
+    ],
 )
 def test_a_recorded_exchange_made_in_another_shape_says_what_to_pass(
     given: dict[str, object], said: str
 ) -> None:
     """Made by hand so, it was taken: then its body raised TypeError, serving it ValueError
-    (not enough values to unpack), far from where it was made."""
+    (not enough values to unpack), far from where it was made; a request line or body that
+    is no text and bytes crashed serving, checking and writing it with TypeError."""
     with pytest.raises(tasktape.UsageError, match=re.escape(f"Recorded's {said}")):
-        tasktape.Recorded(method="GET", path="/", status=200, **given)  # type: ignore[arg-type]
+        tasktape.Recorded(**{"method": "GET", "path": "/", "status": 200, **given})  # type: ignore[arg-type]
+
+
+def test_a_recorded_request_changed_to_no_text_is_refused_by_what_takes_it(tmp_path: Path) -> None:
+    """A path set to None after it was made: the replay server, check_recorded and
+    write_cassette raised TypeError; now each says which exchange, and nothing is written."""
+    recorded = tasktape.Recorded(method="GET", path="/health", status=200, chunks=[(0, b"ok")])
+    recorded.path = None  # type: ignore[assignment]
+    said = re.escape("Recorded's path is text (str), not NoneType")
+    with pytest.raises(tasktape.UsageError, match=f"^recording 1 .*: {said}$"):
+        tasktape.ReplayServer([recorded])
+    with pytest.raises(tasktape.UsageError, match=f"^exchange 1 to check .*: {said}$"):
+        tasktape.check_recorded([recorded])
+    with pytest.raises(tasktape.CassetteError, match=f"exchange 1: {said}$"):
+        tasktape.write_cassette(tmp_path / "c.jsonl", [recorded])
+    assert not (tmp_path / "c.jsonl").exists()
 
 
 def test_write_cassette_given_one_exchange_or_what_json_cannot_hold_says_so(tmp_path: Path) -> None:
     """One Recorded raised TypeError ('Recorded' object is not iterable), a datetime in the
     header TypeError (not JSON serializable), a text chunk added after it was made
-    AttributeError; none wrote anything, and none now does."""
+    AttributeError; none wrote anything, and none now does. A NaN or infinity in the header
+    was written as NaN or Infinity, which no JSON reader takes."""
     target = tmp_path / "c.jsonl"
     answer = tasktape.Recorded(method="GET", path="/health", status=200, chunks=[(0, b"ok")])
     with pytest.raises(tasktape.UsageError, match=re.escape("not one: write [recorded]")):
@@ -261,6 +293,12 @@ def test_write_cassette_given_one_exchange_or_what_json_cannot_hold_says_so(tmp_
         match=f"cannot write {target}: the header's made is written as JSON, which has no form .*datetime",
     ):
         tasktape.write_cassette(target, [answer], made=datetime.now(UTC))
+    for number in (math.nan, math.inf):  # (written as NaN, Infinity: no JSON)
+        with pytest.raises(
+            tasktape.CassetteError,
+            match=f"cannot write {target}: the header's x is written as JSON, which has no form for it",
+        ):
+            tasktape.write_cassette(target, [answer], x={"n": number})
     added = tasktape.Recorded(method="GET", path="/later", status=200)
     added.chunks.append((0, "text"))  # type: ignore[arg-type]
     with pytest.raises(
@@ -270,6 +308,16 @@ def test_write_cassette_given_one_exchange_or_what_json_cannot_hold_says_so(tmp_
     assert not target.exists()
     tasktape.write_cassette(target, [answer], made=datetime.now(UTC).isoformat())
     assert tasktape.read_cassette(target)[0].body == b"ok"
+
+
+@pytest.mark.parametrize("given", [None, "", 0, []], ids=repr)
+def test_a_decoder_fed_no_bytes_at_its_start_says_what_to_feed(given: object) -> None:
+    """Falsy, they were read as a chunk of no bytes and gave no events, without a word."""
+    decoder = tasktape.SSEDecoder()
+    said = f"^SSEDecoder.feed takes bytes, as received, not {type(given).__name__}"
+    with pytest.raises(tasktape.UsageError, match=said):
+        decoder.feed(given)  # type: ignore[arg-type]
+    assert [e.data for e in decoder.feed(b"data: x\n\n")] == ["x"]
 
 
 def test_a_replay_server_given_paths_or_values_of_another_kind_says_what_to_pass() -> None:

@@ -868,18 +868,31 @@ def test_a_request_that_cannot_become_rows_lends_nothing_to_the_next_exchange(tm
         ({"request_body": '{"message": {}}'}, r"^a request body is bytes .*, not str: encode it$"),
         ({"request_body": 5}, r"^a request body is bytes .*, not int$"),
         ({"query": {"q": "1"}}, r"^query is the URL's query string \(str\) or None, not dict$"),
+        ({"method": None}, r"^method is the request's method, such as 'GET' \(str\), not NoneType$"),
+        ({"path": None}, r"^path is the request's path, such as '/' \(str\), not NoneType$"),
+        ({"path": b"/b"}, r"^path is the request's path, such as '/' \(str\), not bytes$"),
+        (
+            {"request_headers": [(b"X-N", b"v")]},
+            r"^request_headers are \(name, value\) pairs of strings, not \(b'X-N', b'v'\)$",
+        ),
+        (
+            {"request_headers": [("X-N", "v", "w")]},
+            r"^request_headers are \(name, value\) pairs of strings, not \('X-N', 'v', 'w'\)$",
+        ),
     ],
 )
 def test_a_request_the_writer_cannot_store_is_refused_at_the_call(
     tmp_path: Path, writer_class: type[LogProducer], given: dict[str, object], said: str
 ) -> None:
     """Taken as given, such a request was lost in the writer's thread, and lent its
-    response to the next exchange begun in the same batch."""
+    response to the next exchange begun in the same batch; or (a method or path that is no
+    text) stored, and the log then crashed replay and exported a cassette tasktape refused;
+    or (headers as bytes, a pair of three) stored as Python's writing of them, "b'X-N'"."""
     db = tmp_path / "log.db"
     with writer_class(db) as w:
         cap = w.begin_capture(source="test")
         with pytest.raises(UsageError, match=said):
-            w.begin_exchange(cap, method="POST", path="/refused", **given)  # type: ignore[arg-type]
+            w.begin_exchange(cap, **{"method": "POST", "path": "/refused", **given})  # type: ignore[arg-type]
         ex = w.begin_exchange(cap, method="GET", path="/next")
         w.response_head(ex, status=200, headers=None, is_sse=False, ttfb_ns=1)
         assert w.end_exchange(ex, duration_ns=2).result(timeout=10).status == 200
@@ -950,13 +963,27 @@ def test_an_operation_that_cannot_travel_to_the_writer_process_is_lost_alone(tmp
         ("head", {"status": 42}, r"^status is an HTTP status, 100 to 999, not 42$"),
         ("head", {"status": True}, r"^status is an HTTP status, 100 to 999, not True$"),
         ("head", {"ttfb_ns": None}, r"^ttfb_ns is a whole number, at least 0, not None$"),
+        ("head", {"is_sse": None}, r"^is_sse is True or False, not None$"),
+        ("head", {"is_sse": "false"}, r"^is_sse is True or False, not 'false'$"),
+        (
+            "head",
+            {"headers": [("X-N", None)]},
+            r"^the response headers are \(name, value\) pairs of strings, not \('X-N', None\)$",
+        ),
+        (
+            "head",
+            {"headers": [(b"X-N", b"v")]},
+            r"^the response headers are \(name, value\) pairs of strings, not \(b'X-N', b'v'\)$",
+        ),
     ],
 )
 def test_what_no_reader_could_read_back_is_refused_at_the_call(
     tmp_path: Path, writer_class: type[LogProducer], call: str, given: dict[str, object], said: str
 ) -> None:
     """Taken as given, these were stored and the log then refused to become a cassette
-    (or, an error that is no text, its exchange was left looking under way); refused,
+    (or, an error that is no text, its exchange was left looking under way; an is_sse that
+    is no bool lost the head in the writer's thread, while the future said complete; headers
+    as bytes or None values were kept as Python's writing of them, "b'X-N'"); refused,
     the exchange stays open for the call meant."""
     db = tmp_path / "log.db"
     head = {"status": 200, "headers": None, "is_sse": False, "ttfb_ns": 1}
