@@ -614,11 +614,10 @@ def test_resume_with_last_event_id(project: pytest.Pytester) -> None:
 
         @pytest.mark.tasktape("cassettes/sdk_echo.jsonl", add_ids=True)
         def test_resume_a_stream_recorded_without_ids(tasktape):
-            assert all(e.id is None for e in tasktape.events)
             body = {"message": {"role": "ROLE_USER", "parts": [{"text": "hello"}]}}
             first = httpx.post(f"{tasktape.url}/message:stream", json=body).text
             ids = [f"tt2.{n}" for n in range(1, len(tasktape.events) + 1)]  # the card is exchange 1
-            assert ids_in(first) == ids
+            assert ids_in(first) == ids == [e.id for e in tasktape.events]  # (the ids add_ids sends)
             rest = httpx.post(f"{tasktape.url}/message:stream", json=body, headers={"Last-Event-ID": "tt2.2"})
             assert ids_in(rest.text) == ids[2:] and "Echo: hello -- done." in rest.text
         """
