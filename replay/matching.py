@@ -83,6 +83,15 @@ class Shown:
         paths = [parse_pointer(p) for p in redactor.json_pointers]
         return cls(redactor.query_params, redactor.headers, frozenset(paths), frozenset(batch_forms(paths)))
 
+    @classmethod
+    def knowing(cls, redactor: Redactor, recorded: Iterable[Recorded]) -> Shown:
+        """What ``redactor`` redacts and what any of ``recorded`` holds redacted: known
+        before the first of them is said."""
+        shown = cls.of(redactor)
+        for r in recorded:
+            shown = shown.learned(r)
+        return shown
+
     def learned(self, recorded: Recorded) -> Shown:
         """These places and those ``recorded`` holds a redacted value at (list indexes as
         any: a field redacted in one item is a credential in every other); a form field's

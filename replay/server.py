@@ -162,7 +162,7 @@ class ReplayServer:
         check_bound("header_timeout", header_timeout, whole=False, least=0)
         check_options(redactor, None)
         given = [Faults.checked(f) for f in settings.fault_specs(faults)]
-        if mode is ReplayMode.PASSTHROUGH and any(given):
+        if mode is ReplayMode.PASSTHROUGH and given:
             raise UsageError(NOTHING_REPLAYED)
         self.speed = settings.speed(speed)
         self.miss_status = None if miss_status is None else settings.miss_status(miss_status)
@@ -170,7 +170,7 @@ class ReplayServer:
         # What the user redacts (the defaults, if none): reports of requests hide it too.
         self.recordings = Recordings(
             MatchRules.of(ignore, match_headers),
-            _shown(redactor or Redactor(), recorded),
+            Shown.knowing(redactor or Redactor(), recorded),
             allow_repeats=allow_repeats,
             prefer=prefer,
             add_ids=add_ids,
@@ -189,7 +189,7 @@ class ReplayServer:
         for r in recorded:
             self._add(r)
         self.mode = mode
-        self._configured = [f for f in given if f]  # armed again by a reset
+        self._configured = given  # armed again by a reset (each names a fault: checked)
         self.armed = [Armed(f, CONFIGURED) for f in self._configured]
         # The fidelity record: all answers counted, the latest and the first that differed in
         # full (``every_answer``: all in full, for a server as short-lived as a test).
@@ -783,15 +783,6 @@ def _closing(protocol_name: str | None) -> Callable[[StreamEvent], bool]:
         return protocol is not None and protocol.closes(event.data, event.event)
 
     return closing
-
-
-def _shown(redactor: Redactor, recorded: list[Recorded]) -> Shown:
-    """What reports show of requests: what ``redactor`` redacts, and what any of the
-    recordings holds redacted, known before the first of them is said as it loads."""
-    shown = Shown.of(redactor)
-    for r in recorded:
-        shown = shown.learned(r)
-    return shown
 
 
 def _not_as_recorded(recorded: Recorded) -> list[str]:

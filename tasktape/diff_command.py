@@ -44,15 +44,6 @@ def _where(run: Run) -> str:
     return origin if n == 1 else f"{origin} (last of {n} identical requests)"
 
 
-def _requests(recorded: list[Recorded]) -> Shown:
-    """What the report shows of requests, as replay's misses do: no value of the redaction
-    defaults' names, nor of a name either recording holds a redacted value of."""
-    requests = Shown.of(Redactor())
-    for r in recorded:
-        requests = requests.learned(r)
-    return requests
-
-
 def _head(run: Run, requests: Shown) -> str:
     first = run.first
     what = " ".join(filter(None, (first.protocol, first.operation)))
@@ -202,7 +193,8 @@ def diff(a: Path, b: Path, tolerances: tuple[str, ...], ignore: tuple[str, ...],
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="--time-tolerance") from None
     recorded_a, recorded_b = _load(a, "A"), _load(b, "B")
-    requests = _requests([*recorded_a, *recorded_b])
+    # (as replay's misses show them: the defaults' names, and what either holds redacted)
+    requests = Shown.knowing(Redactor(), [*recorded_a, *recorded_b])
     report = diff_recordings(recorded_a, recorded_b, tolerance, MatchRules.of(ignore))
     if as_json:
         _json(report, a, b, tolerance, requests)
